@@ -1,0 +1,1 @@
+"""One module per subcommand (memray's layout); see `allocsim.cli`."""

@@ -1,0 +1,66 @@
+"""Arguments and helpers shared by the replay-style subcommands."""
+from __future__ import annotations
+
+import json
+import sys
+
+from ..costs import CostModel
+from ..errors import UsageError
+from ..trace import Trace
+from ..units import parse_size
+
+
+def add_replay_arguments(p, *, multi: bool = False) -> None:
+    """--cap, --capacity, --runtime, --policy-opt, --cost-model, --gc-every, --keep-going."""
+    if not multi:
+        p.add_argument("--cap", default="none", help="pool cap, e.g. 8GB (CUARRAYS_MEMORY_LIMIT); default none")
+        p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
+                       help="eager: frees reach the pool at once; gc: frees wait for a collection")
+    p.add_argument("--capacity", default="trace",
+                   help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
+    p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy option (repeatable; comma-separated lists allowed)")
+    p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from `allocsim calibrate`)")
+    p.add_argument("--gc-every", metavar="SIZE", help="gc runtime: an incremental collection every SIZE allocated")
+    p.add_argument("--keep-going", action="store_true", help="count OOMs and continue instead of stopping")
+
+
+def capacity_arg(text: str):
+    if text == "trace":
+        return "trace"
+    return parse_size(text, what="--capacity", allow_none=True)
+
+
+def cost_model_arg(path):
+    return CostModel.load(path) if path else None
+
+
+def load_trace(path: str) -> Trace:
+    return Trace.load(path)
+
+
+def progress_bar(total: int, desc: str, quiet: bool = False):
+    """A tqdm progress callable for long jobs, silent when not a terminal or with --quiet."""
+    if quiet or not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+    bar = tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5)
+    state = {"n": 0}
+
+    def update(n):
+        bar.update(n - state["n"])
+        state["n"] = n
+
+    return update, bar.close
+
+
+def dump_json(obj, out=None) -> None:
+    json.dump(obj, out or sys.stdout, indent=1, default=str)
+    (out or sys.stdout).write("\n")
+
+
+def split_list(text: str, what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"{what}: empty list")
+    return items

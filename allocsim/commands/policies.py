@@ -1,0 +1,26 @@
+"""`allocsim policies`: the registered policies and their options, from their declarations."""
+from __future__ import annotations
+
+from .. import policies
+
+NAME = "policies"
+HELP = "list allocator policies and their options"
+EXAMPLE = "allocsim policies split"
+
+
+def add_arguments(p):
+    p.add_argument("name", nargs="?", help="show one policy's options")
+
+
+def run(args) -> int:
+    names = [args.name] if args.name else policies.names()
+    for n in names:
+        cls = policies.get(n)
+        print(f"{cls.name:<12} {cls.summary}")
+        if args.name:
+            if cls.models:
+                print(f"  models: {cls.models}")
+            for p in cls.params:
+                kind = "|".join(p.kind) if isinstance(p.kind, tuple) else p.kind
+                print(f"  --policy-opt {p.name}=<{kind}>  (default {p.default})  {p.help}")
+    return 0

@@ -1,0 +1,40 @@
+"""`allocsim replay`: one trace, one policy, one cap; a summary and the section table."""
+from __future__ import annotations
+
+from .. import engine
+from ..units import parse_size
+from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, progress_bar)
+
+NAME = "replay"
+HELP = "replay a trace against one allocator policy"
+EXAMPLE = "allocsim replay traces/resnet50.bin --policy split --cap 8GB --runtime gc"
+
+
+def add_arguments(p):
+    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`)")
+    add_replay_arguments(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    p.add_argument("--no-sections", action="store_true", help="omit the section table")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    trace = load_trace(args.trace)
+    update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", args.quiet or args.json)
+    try:
+        res = engine.replay(
+            trace, args.policy, runtime=args.runtime, cap=parse_size(args.cap, what="--cap", allow_none=True),
+            capacity=capacity_arg(args.capacity), options=args.policy_opt, costs=cost_model_arg(args.cost_model),
+            keep_going=args.keep_going, gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
+            progress=update)
+    finally:
+        close()
+    if args.json:
+        dump_json(res.to_dict())
+    else:
+        print(res.summary())
+        if not args.no_sections:
+            print()
+            print(res.section_table)
+    return 1 if res.ooms and not args.keep_going else 0

@@ -1,0 +1,97 @@
+"""Cost model: modeled latency of device calls, pool operations and GC pauses.
+
+Defaults are the H100 medians of `reference/metrics-and-anchors.md` §3
+(cudaMalloc flat at 33 µs up to 20 MiB, then ~110-120 µs per GiB; cudaFree 29 µs up
+to 2 MiB, ~320-390 µs per GiB beyond 256 MiB), a 1 µs pool hit (CuPy, H100), a
+~0.4 µs pooled free (CuArrays tables) and GC pauses from the CuArrays tables
+(gc(false) 3-300 ms, gc(true) 100-291 ms). Sizes between measured points are
+interpolated piecewise-linearly; beyond the last point the last slope continues.
+`allocsim calibrate` writes a file of the same shape for another GPU.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import asdict, dataclass, field
+
+from .errors import InputError
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@dataclass
+class CostModel:
+    malloc_points: list = field(default_factory=lambda: [
+        [512, 33e-6], [20 * MiB, 33e-6], [256 * MiB, 46e-6], [GiB, 129e-6], [4 * GiB, 491e-6]])
+    free_points: list = field(default_factory=lambda: [
+        [512, 29e-6], [2 * MiB, 29e-6], [20 * MiB, 40e-6], [256 * MiB, 118e-6], [GiB, 359e-6],
+        [4 * GiB, 1.53e-3]])
+    pool_hit_s: float = 1.0e-6        # a cached block served (scan + split + bookkeeping)
+    pool_free_s: float = 0.4e-6       # a block returned to the pool
+    gc_incremental_s: float = 50e-3   # gc(false) pause in the gc runtime
+    gc_full_s: float = 150e-3         # gc(true) pause in the gc runtime
+    eager_collect_s: float = 5e-3     # a Python gc.collect() in the eager runtime (CuPy's OOM path)
+    source: str = "H100 defaults (reference/metrics-and-anchors.md §3)"
+
+    def __post_init__(self):
+        self._malloc_cache: dict[int, float] = {}
+        self._free_cache: dict[int, float] = {}
+
+    @staticmethod
+    def _interp(points, n):
+        xs = [p[0] for p in points]
+        i = bisect.bisect_left(xs, n)
+        if i == 0:
+            return points[0][1]
+        if i == len(points):
+            (x0, y0), (x1, y1) = points[-2], points[-1]
+        else:
+            (x0, y0), (x1, y1) = points[i - 1], points[i]
+        return max(0.0, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+
+    def malloc_cost(self, n: int) -> float:
+        c = self._malloc_cache.get(n)
+        if c is None:
+            c = self._malloc_cache[n] = self._interp(self.malloc_points, n)
+        return c
+
+    def free_cost(self, n: int) -> float:
+        c = self._free_cache.get(n)
+        if c is None:
+            c = self._free_cache[n] = self._interp(self.free_points, n)
+        return c
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+
+    @classmethod
+    def load(cls, path: str) -> "CostModel":
+        """Read a JSON cost model; any key left out keeps its default."""
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except OSError as e:
+            raise InputError(e.strerror or str(e), path=path)
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON: {e.msg}", path=path, position=f"line {e.lineno} column {e.colno}")
+        if not isinstance(data, dict):
+            raise InputError("a cost model is a JSON object", path=path, position="line 1")
+        known = set(cls.__dataclass_fields__)
+        for k, v in data.items():
+            if k not in known:
+                raise InputError(f"unknown key {k!r} (known: {', '.join(sorted(known))})", path=path, position=f"key {k!r}")
+            if k.endswith("_points"):
+                ok = (isinstance(v, list) and len(v) >= 2 and all(
+                    isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in p)
+                    for p in v) and all(v[i][0] < v[i + 1][0] for i in range(len(v) - 1)))
+                if not ok:
+                    raise InputError("expected at least two [bytes, seconds] pairs in increasing size",
+                                     path=path, position=f"key {k!r}")
+            elif k != "source" and not (isinstance(v, (int, float)) and v >= 0):
+                raise InputError(f"expected a non-negative number of seconds, got {v!r}", path=path,
+                                 position=f"key {k!r}")
+        return cls(**data)

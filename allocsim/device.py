@@ -1,0 +1,70 @@
+"""The memory below the pool: a simulated GPU with a capacity and an optional cap.
+
+`malloc(n)` fails (returns None) when the pool cap or the device capacity would be
+exceeded, as CuArrays' `actual_alloc` does: the pools cannot tell the two apart.
+Addresses come from a bump pointer (256-byte aligned, never reused), so blocks of
+different device allocations never overlap; the device keeps no free-list of its
+own because `cudaMalloc` maps physical pages into fresh virtual ranges.
+
+The device also carries the replay's modeled clock (`clock`, seconds), to which
+every device call, pool operation and GC pause adds its modeled cost.
+Each call is O(1).
+"""
+from __future__ import annotations
+
+from .costs import CostModel
+
+ALIGN = 256
+BASE_ADDR = 0x7F0000000000
+
+
+class SimulatedDevice:
+    def __init__(self, capacity: int | None = None, cap: int | None = None, costs: CostModel | None = None):
+        self.capacity = capacity
+        self.cap = cap
+        self.costs = costs or CostModel()
+        self.limit = min(x for x in (capacity, cap, 2**63) if x is not None)
+        self.reserved = 0
+        self.peak_reserved = 0
+        self.n_malloc = self.n_free = 0
+        self.bytes_malloc = self.bytes_free = 0
+        self.n_failed = 0
+        self.clock = 0.0
+        self.malloc_time = self.free_time = 0.0
+        self._next = BASE_ADDR
+
+    def malloc(self, n: int) -> int | None:
+        """Reserve ``n`` bytes; return the address, or None if cap or capacity is reached."""
+        if self.reserved + n > self.limit:
+            self.n_failed += 1
+            return None
+        c = self.costs.malloc_cost(n)
+        self.clock += c
+        self.malloc_time += c
+        addr = self._next
+        self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        self.reserved += n
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
+        self.n_malloc += 1
+        self.bytes_malloc += n
+        return addr
+
+    def free(self, addr: int, n: int) -> None:
+        """Release ``n`` bytes obtained at ``addr``."""
+        c = self.costs.free_cost(n)
+        self.clock += c
+        self.free_time += c
+        self.reserved -= n
+        self.n_free += 1
+        self.bytes_free += n
+
+    def fits(self, n: int) -> bool:
+        """Whether a malloc of ``n`` bytes would succeed now."""
+        return self.reserved + n <= self.limit
+
+    def reserve_address_range(self, n: int) -> int:
+        """A fresh virtual range of ``n`` bytes that holds no memory (expandable segments)."""
+        addr = self._next
+        self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        return addr

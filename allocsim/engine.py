@@ -1,0 +1,207 @@
+"""The replay engine: walk the driving events once, in order, through a runtime into a policy.
+
+The loop is the hot path. It touches only plain Python lists made once from the
+trace's columns, binds every method it calls to a local, and tracks just what
+cannot be derived afterwards: peak allocated and reserved (with the free-space
+shape at the reserved peak), per-malloc modeled latency, and OOMs. Live bytes and
+LOAD come from the trace itself (`Trace.live_curve`), vectorised.
+"""
+from __future__ import annotations
+
+import time
+from array import array
+
+import numpy as np
+
+from . import policies
+from .costs import CostModel
+from .device import SimulatedDevice
+from .errors import UsageError
+from .metrics import OOMRecord, ReplayResult, largest_free_fragmentation, latency_summary
+from .runtime import RUNTIMES
+from .sections import ALLOC_ROOT, FREE_ROOT, Sections
+from .trace import ALLOC, FREE, Trace
+
+ZERO = object()   # the handle of a 0-byte request, which never reaches the policy
+
+
+def trace_capacity(trace: Trace) -> int | None:
+    """The recorded device's total memory, if the trace's metadata names it."""
+    dev = trace.meta.get("device") or {}
+    total = dev.get("total_memory") if isinstance(dev, dict) else None
+    return int(total) if total else None
+
+
+def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
+          costs: CostModel | None = None, gc_every=None, device=None):
+    """Make (policy object, runtime, device, sections) ready to replay ``trace``."""
+    cls = policies.get(policy)
+    if isinstance(options, dict):
+        opts = options
+    else:
+        opts = cls.parse_options(options)
+    if runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r} (known: {', '.join(RUNTIMES)})")
+    if capacity == "trace":
+        capacity = trace_capacity(trace)
+    sections = Sections()
+    if device is None:
+        device = SimulatedDevice(capacity=capacity, cap=cap, costs=costs or CostModel())
+    rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
+    pol = cls(device, rt, sections, opts, trace=trace)
+    return pol, rt, device, sections
+
+
+def replay(trace: Trace | str, policy: str = "split", *, runtime: str = "eager", cap=None, capacity="trace",
+           options=None, costs: CostModel | None = None, keep_going: bool = False, gc_every=None,
+           timeline: bool = False, progress=None, device=None, observer=None) -> ReplayResult:
+    """Replay ``trace`` against ``policy``; return its `ReplayResult`.
+
+    ``capacity="trace"`` takes the device memory recorded in the trace (else
+    unlimited). ``observer(event_index, kind, id, handle)`` is called after each
+    driving event (tests use it to check invariants; it slows the replay).
+    ``progress`` is a callable taking the number of driving events done.
+    """
+    if isinstance(trace, str):
+        trace = Trace.load(trace)
+    pol, rt, dev, sections = build(trace, policy, runtime=runtime, cap=cap, capacity=capacity, options=options,
+                                   costs=costs, gc_every=gc_every, device=device)
+    try:
+        return _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
+                    observer=observer)
+    finally:
+        pol.close()
+
+
+def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer) -> ReplayResult:
+    t_start = time.perf_counter()
+    kind_col = np.asarray(trace.kind)
+    drive = np.flatnonzero((kind_col == ALLOC) | (kind_col == FREE))
+    kinds = kind_col[drive].tolist()
+    ids = trace.id[drive].tolist()
+    sizes = trace.size[drive].tolist()
+    streams = trace.stream[drive].tolist()
+    id_size = trace.id_size.tolist()
+    tick = pol.tick
+    times = trace.time_ns[drive].tolist() if tick is not None else None
+    handles = [None] * trace.n_ids
+    rt.attach(pol, handles, id_size)
+
+    malloc, free = pol.malloc, pol.free
+    eager = rt.eager
+    on_alloc = None if eager else rt.on_alloc
+    on_free = None if eager else rt.on_free
+    gc_every = rt.gc_every or 0
+    since_gc = 0
+    lat = array("d")
+    lat_append = lat.append
+    peak_alloc = peak_res = 0
+    frag_at_peak = 0.0
+    ooms: list[OOMRecord] = []
+    n_allocs = n_frees = 0
+    tl_idx, tl_alloc, tl_res = array("q"), array("q"), array("q")
+    tl_step = max(1, len(kinds) // 4000)
+    done = len(kinds)
+    prog_step = max(1, len(kinds) // 200)
+
+    for j in range(len(kinds)):
+        i = ids[j]
+        if tick is not None:
+            tick(times[j])
+        if kinds[j] == ALLOC:
+            size = sizes[j]
+            if gc_every:
+                since_gc += size
+                if since_gc >= gc_every:
+                    since_gc = 0
+                    sections.stack[:] = []
+                    sections.push("gc(false) (periodic)", dev.clock)
+                    rt.collect(False)
+                    sections.pop(dev.clock)
+                    sections.stack[:] = [ALLOC_ROOT]
+            if size == 0:      # every allocator modeled here bypasses the pool for 0 bytes
+                handles[i] = ZERO
+                n_allocs += 1
+                continue
+            before = dev.clock
+            h = malloc(size, streams[j])
+            lat_append(dev.clock - before)
+            n_allocs += 1
+            if h is None:
+                ev_index = int(drive[j])
+                ooms.append(OOMRecord(ev_index, size, streams[j], int(trace.live_curve[ev_index]) - size,
+                                      pol.allocated, dev.reserved,
+                                      largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free())))
+                if not keep_going:
+                    done = j + 1
+                    break
+                continue
+            handles[i] = h
+            if on_alloc is not None:
+                on_alloc(i)
+            a = pol.allocated
+            if a > peak_alloc:
+                peak_alloc = a
+            r = dev.reserved
+            if r > peak_res:
+                peak_res = r
+                frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
+        else:
+            h = handles[i]
+            if h is None:          # its ALLOC failed under --keep-going
+                continue
+            if h is ZERO:
+                handles[i] = None
+                n_frees += 1
+                continue
+            n_frees += 1
+            if eager:
+                handles[i] = None
+                free(h)
+            else:
+                on_free(i)
+        if timeline and (j % tl_step == 0 or dev.reserved != (tl_res[-1] if tl_res else -1)):
+            tl_idx.append(int(drive[j]))
+            tl_alloc.append(pol.allocated)
+            tl_res.append(dev.reserved)
+        if observer is not None:
+            observer(int(drive[j]), kinds[j], i, h)
+        if progress is not None and j % prog_step == 0:
+            progress(j)
+    if progress is not None:
+        progress(len(kinds))
+
+    pol.finish()
+    lat_np = np.frombuffer(lat, dtype=np.float64) if len(lat) else np.zeros(0)
+    alloc_time = float(lat_np.sum())
+    gc_periodic = sum(v[1] for k, v in sections.stats.items() if k[0] != ALLOC_ROOT and k[0] != FREE_ROOT)
+    eager_free_time = max(0.0, dev.clock - alloc_time - gc_periodic)
+    sections.add(ALLOC_ROOT, alloc_time, n_allocs, path=(ALLOC_ROOT,))
+    gc_frees = sum(v[0] for k, v in sections.stats.items() if k[-1] == FREE_ROOT)
+    if n_frees - gc_frees > 0 or eager_free_time > 0:
+        sections.add(FREE_ROOT, eager_free_time, max(0, n_frees - gc_frees) if eager else 0, path=(FREE_ROOT,))
+
+    counters = pol.counters()
+    res = ReplayResult(
+        policy=pol.name, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity, trace=trace.path,
+        options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
+        events=len(trace), driving_events=done, allocs=n_allocs, frees=n_frees, completed=not ooms or keep_going,
+        load_bytes=trace.load_bytes, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=dev.peak_reserved,
+        final_reserved_bytes=dev.reserved,
+        largest_free_fragmentation_at_peak=frag_at_peak,
+        device_mallocs=dev.n_malloc, device_frees=dev.n_free, device_malloc_bytes=dev.bytes_malloc,
+        device_free_bytes=dev.bytes_free, cache_flushes=int(counters.get("cache_flushes", 0)),
+        gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
+        gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=ooms, alloc_time_seconds=alloc_time,
+        total_time_seconds=dev.clock, latency=latency_summary(lat_np), counters=counters,
+        sections=sections.rows(), section_table=sections.table(),
+    )
+    if res.peak_reserved_bytes:
+        res.utilization = res.peak_allocated_bytes / res.peak_reserved_bytes
+        res.fragmentation = 1.0 - res.utilization
+    if res.load_bytes:
+        res.overhead_vs_load = res.peak_reserved_bytes / res.load_bytes - 1.0
+    if timeline:
+        res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res)}
+    res.replay_seconds = time.perf_counter() - t_start
+    return res

@@ -1,0 +1,129 @@
+"""The figures a replay reports, with the field's definitions
+(`reference/metrics-and-anchors.md` §1), and their human summary."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .units import fmt_bytes, fmt_count, fmt_seconds
+
+
+@dataclass
+class OOMRecord:
+    """One failed request: where, how big, and the state at that moment."""
+
+    event: int
+    size: int
+    stream: int
+    live_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    largest_free_fragmentation: float
+
+
+@dataclass
+class ReplayResult:
+    policy: str
+    runtime: str
+    cap_bytes: int | None
+    capacity_bytes: int | None
+    trace: str | None
+    options: dict
+    events: int = 0
+    driving_events: int = 0
+    allocs: int = 0
+    frees: int = 0
+    completed: bool = True
+    load_bytes: int = 0
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    final_reserved_bytes: int = 0
+    utilization: float = 0.0
+    fragmentation: float = 0.0
+    overhead_vs_load: float = 0.0
+    largest_free_fragmentation_at_peak: float = 0.0
+    device_mallocs: int = 0
+    device_frees: int = 0
+    device_malloc_bytes: int = 0
+    device_free_bytes: int = 0
+    cache_flushes: int = 0
+    gc_incremental: int = 0
+    gc_full: int = 0
+    gc_time_seconds: float = 0.0
+    gc_reclaimed_bytes: int = 0
+    ooms: int = 0
+    oom_events: list = field(default_factory=list)
+    alloc_time_seconds: float = 0.0
+    total_time_seconds: float = 0.0
+    latency: dict = field(default_factory=dict)
+    counters: dict = field(default_factory=dict)
+    sections: list = field(default_factory=list)
+    replay_seconds: float = 0.0
+    timeline: dict | None = None
+    section_table: str = ""
+
+    @property
+    def first_oom(self) -> OOMRecord | None:
+        return self.oom_events[0] if self.oom_events else None
+
+    def to_dict(self, *, timeline: bool = False) -> dict:
+        d = asdict(self)
+        d.pop("section_table")
+        if not timeline:
+            d.pop("timeline")
+        return d
+
+    def summary(self) -> str:
+        """The human summary printed by ``allocsim replay``."""
+        r = self
+        cap = fmt_bytes(r.cap_bytes) if r.cap_bytes is not None else "none"
+        capacity = fmt_bytes(r.capacity_bytes) if r.capacity_bytes is not None else "unlimited"
+        lat = r.latency
+        lines = [
+            f"policy {r.policy}  runtime {r.runtime}  cap {cap}  capacity {capacity}"
+            + (f"  options {','.join(f'{k}={v}' for k, v in r.options.items())}" if r.options else ""),
+            f"trace {r.trace or '-'}: {fmt_count(r.events)} events, {fmt_count(r.allocs)} allocs"
+            + ("" if r.completed else "  (stopped at the first OOM)"),
+            "",
+            f"  LOAD (peak live)         {fmt_bytes(r.load_bytes):>12}",
+            f"  peak allocated           {fmt_bytes(r.peak_allocated_bytes):>12}",
+            f"  peak reserved            {fmt_bytes(r.peak_reserved_bytes):>12}   (final {fmt_bytes(r.final_reserved_bytes)})",
+            f"  utilization              {100 * r.utilization:>11.1f}%   fragmentation {100 * r.fragmentation:.1f}%",
+            f"  overhead vs LOAD         {100 * r.overhead_vs_load:>11.1f}%",
+            f"  largest-free frag @peak  {100 * r.largest_free_fragmentation_at_peak:>11.1f}%",
+            f"  device mallocs / frees   {r.device_mallocs:>12,} / {r.device_frees:,}"
+            f"   ({fmt_bytes(r.device_malloc_bytes)} / {fmt_bytes(r.device_free_bytes)})",
+            f"  cache flushes            {r.cache_flushes:>12,}",
+            f"  GC calls incr / full     {r.gc_incremental:>12,} / {r.gc_full:,}"
+            f"   ({fmt_seconds(r.gc_time_seconds)} paused, {fmt_bytes(r.gc_reclaimed_bytes)} reclaimed)",
+            f"  OOMs                     {r.ooms:>12,}",
+        ]
+        for o in r.oom_events[:5]:
+            lines.append(f"    event {o.event}: {fmt_bytes(o.size)} request with {fmt_bytes(o.live_bytes)} live, "
+                         f"{fmt_bytes(o.allocated_bytes)} allocated, {fmt_bytes(o.reserved_bytes)} reserved, "
+                         f"largest-free frag {100 * o.largest_free_fragmentation:.1f}%")
+        if lat:
+            lines.append(f"  malloc latency (modeled) p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
+                         f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r.alloc_time_seconds)}")
+        for k, v in r.counters.items():
+            if k != "cache_flushes":
+                lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
+        lines.append(f"  replay took {r.replay_seconds:.3f}s")
+        return "\n".join(lines)
+
+
+def latency_summary(lat: np.ndarray) -> dict:
+    if len(lat) == 0:
+        return {}
+    p50, p99 = np.percentile(lat, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "max": float(lat.max()), "mean": float(lat.mean()),
+            "count": int(len(lat))}
+
+
+def largest_free_fragmentation(reserved: int, allocated: int, largest_free: int) -> float:
+    """RMM arena's external fragmentation: 1 - largest free block / total free bytes."""
+    total_free = reserved - allocated
+    if total_free <= 0:
+        return 0.0
+    return max(0.0, 1.0 - largest_free / total_free)

@@ -1,0 +1,144 @@
+"""What every policy shares: the parameter declaration and the `Policy` interface.
+
+A policy is one class in one module, registered by name with `@register`. Its
+parameters are declared once, as `Param`s in ``params``; ``--policy-opt key=value``,
+``allocsim policies`` and the docs all come from that declaration.
+
+The contract with the engine:
+
+- ``malloc(size, stream) -> handle | None``: serve a request of ``size`` requested
+  bytes on ``stream`` (a small integer index), running the allocator's own
+  escalation (scan, split, reclaim, ``self.runtime.collect(...)``, retry). None
+  means OOM, after the escalation is exhausted.
+- ``free(handle)``: the block returns to the pool (for the ``gc`` runtime this
+  happens inside a collection).
+- ``allocated``: bytes of blocks handed out and not returned (rounded, with slack).
+- ``block(handle) -> (addr, size)``: where a live block lies (tests check overlaps).
+- ``largest_free() -> int``: largest free block inside reserved memory.
+- ``counters() -> dict``: policy-specific counters (cache flushes, retries, ...).
+- ``finish()``: report hot-path section totals to ``self.sections``.
+- ``tick(time_ns)`` (optional): called before each driving event when defined.
+- Streams arrive as small indices (the trace's stream table); requests of 0 bytes
+  never reach a policy (every modeled allocator bypasses its pool for them).
+
+Device memory is taken with ``self.device.malloc(n)`` / ``self.device.free(addr, n)``,
+which also charge modeled time to ``self.device.clock``; a policy charges its own
+pool operations with ``self.device.clock += self.costs.pool_hit_s`` and the like.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import UsageError
+from ..units import parse_size
+
+
+def _bool(v: str) -> bool:
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {v!r}")
+
+
+def _size(v: str) -> int | None:
+    return parse_size(v, allow_none=True)
+
+
+PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _bool, "size": _size, "str": str}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One policy parameter: name, kind (int, float, bool, size, str or a choice list), default, help."""
+
+    name: str
+    kind: str | tuple
+    default: Any
+    help: str
+
+    def parse(self, text: str):
+        if isinstance(self.kind, tuple):
+            if text not in self.kind:
+                raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
+            return text
+        return PARSERS[self.kind](text)
+
+
+class Policy:
+    """Base class of allocator policies. Subclasses set ``name``, ``summary``, ``params``."""
+
+    name: str = ""
+    summary: str = ""
+    models: str = ""                 # which real allocator, and the reference file
+    params: tuple[Param, ...] = ()
+    real_gpu: bool = False           # runs against a real GPU allocator
+
+    #: Optional ``tick(time_ns)``: set it to a method to be called with the trace's
+    #: timestamp before each driving event (time-driven behaviour such as the binned
+    #: pool's background task). None keeps the hot path free of it.
+    tick = None
+
+    def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
+        self.device = device
+        self.runtime = runtime
+        self.sections = sections
+        self.costs = device.costs
+        self.trace = trace                      # the whole trace (offline policies use it)
+        self.trace_meta = trace.meta if trace is not None else {}
+        self.allocated = 0
+        opts = {p.name: p.default for p in self.params}
+        opts.update(options or {})
+        self.options = opts
+        for k, v in opts.items():
+            setattr(self, k, v)
+
+    # ---- options ---------------------------------------------------------------------
+    @classmethod
+    def parse_options(cls, texts) -> dict:
+        """``["k=v,k2=v2", "k3=v3"]`` -> typed dict; UsageError on unknown keys or bad values."""
+        known = {p.name: p for p in cls.params}
+        out = {}
+        for text in texts or ():
+            for item in filter(None, (s.strip() for s in str(text).split(","))):
+                key, sep, value = item.partition("=")
+                if not sep:
+                    raise UsageError(f"policy option {item!r}: expected key=value")
+                out.update(cls._parse_one(known, key.strip(), value.strip()))
+        return out
+
+    @classmethod
+    def _parse_one(cls, known, key, value):
+        p = known.get(key)
+        if p is None:
+            names = ", ".join(sorted(known)) or "none"
+            raise UsageError(f"unknown option {key!r} for policy {cls.name!r} (known: {names})")
+        try:
+            return {key: p.parse(value)}
+        except (ValueError, UsageError) as e:
+            msg = e.args[0] if e.args else str(e)
+            raise UsageError(f"policy {cls.name!r} option {key}: {msg}") from None
+
+    # ---- the interface ------------------------------------------------------------------
+    def malloc(self, size: int, stream: int):
+        raise NotImplementedError
+
+    def free(self, handle) -> None:
+        raise NotImplementedError
+
+    def block(self, handle) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def largest_free(self) -> int:
+        return 0
+
+    def counters(self) -> dict:
+        return {}
+
+    def finish(self) -> None:
+        pass
+
+    def close(self) -> None:
+        """Release real resources (GPU policies)."""

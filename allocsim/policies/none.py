@@ -1,0 +1,52 @@
+"""`none`: CuArrays' DummyPool — a device malloc per request, a device free per free.
+
+Source: `reference/cuarrays-knet-pools.md` §4 (`src/memory/dummy.jl` @ a6fc8af).
+Phases: ``1.1 alloc``; ``2.0 gc(false)`` + ``2.1 alloc``; ``3.0 gc(true)`` + ``3.1 alloc``.
+With no caching the GC runs only when the device (or cap) is full.
+"""
+from __future__ import annotations
+
+from . import register
+from .base import Policy
+
+
+@register
+class DummyPool(Policy):
+    name = "none"
+    summary = "no pool: cudaMalloc/cudaFree per request (CuArrays DummyPool)"
+    models = "CuArrays DummyPool (cuarrays-knet-pools.md §4)"
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._n_first = 0
+        self._t_first = 0.0
+
+    def malloc(self, size, stream):
+        dev, sec = self.device, self.sections
+        t0 = dev.clock
+        addr = dev.malloc(size)
+        self._n_first += 1
+        self._t_first += dev.clock - t0
+        for phase, full in ((2, False), (3, True)):
+            if addr is not None:
+                break
+            sec.push(f"{phase}.0 gc({'true' if full else 'false'})", dev.clock)
+            self.runtime.collect(full)
+            sec.pop(dev.clock)
+            sec.push(f"{phase}.1 alloc", dev.clock)
+            addr = dev.malloc(size)
+            sec.pop(dev.clock)
+        if addr is None:
+            return None
+        self.allocated += size
+        return (addr, size)
+
+    def free(self, handle):
+        self.device.free(*handle)
+        self.allocated -= handle[1]
+
+    def block(self, handle):
+        return handle
+
+    def finish(self):
+        self.sections.add("1.1 alloc", self._t_first, self._n_first)

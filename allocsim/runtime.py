@@ -1,0 +1,121 @@
+"""Runtimes: when a program's FREE reaches the pool, and what a collection does.
+
+`eager` hands each FREE to the policy at once (Python refcounting, PyTorch, CuPy);
+a collection there frees nothing and only costs a pause (CuPy's ``gc.collect()``
+on its OOM path).
+
+`gc` models a tracing, generational collector (Julia, the CuArrays setting): a
+FREE only marks the object dead. `collect(full=False)` — ``gc(false)`` — reclaims
+objects that died before being promoted, i.e. allocated since the last
+collection; survivors are then promoted. `collect(full=True)` — ``gc(true)`` —
+reclaims every dead object. Reclaimed objects go back to the policy through its
+``free``, inside the collection, as Julia finalizers do. Collections run when a
+policy's escalation asks, and every ``gc_every`` allocated bytes if set.
+
+Costs: marking a FREE is O(1); a collection is O(objects reclaimed).
+"""
+from __future__ import annotations
+
+from .sections import FREE_ROOT
+
+
+class Runtime:
+    name = ""
+
+    def __init__(self, device, sections, *, gc_every: int | None = None):
+        self.device = device
+        self.sections = sections
+        self.costs = device.costs
+        self.gc_every = gc_every
+        self.gc_incremental = 0
+        self.gc_full = 0
+        self.gc_time = 0.0
+        self.reclaimed_bytes = 0
+        self.reclaimed_objects = 0
+        self.policy = None
+        self.handles = None
+        self.id_size = None
+
+    def attach(self, policy, handles: list, id_size: list) -> None:
+        """Bind to the policy and the engine's id -> handle table."""
+        self.policy = policy
+        self.handles = handles
+        self.id_size = id_size
+
+    def _charge(self, full: bool) -> float:
+        raise NotImplementedError
+
+    def collect(self, full: bool = False) -> int:
+        """Run a collection; return the number of objects it reclaimed."""
+        pause = self._charge(full)
+        self.device.clock += pause
+        self.gc_time += pause
+        if full:
+            self.gc_full += 1
+        else:
+            self.gc_incremental += 1
+        return self._reclaim(full)
+
+    def _reclaim(self, full: bool) -> int:
+        return 0
+
+
+class EagerRuntime(Runtime):
+    """Frees reach the policy at once; collections only cost a pause."""
+
+    name = "eager"
+    eager = True
+
+    def _charge(self, full):
+        return self.costs.eager_collect_s
+
+
+class GCRuntime(Runtime):
+    """Deferred frees, reclaimed by incremental (young) or full (all) collections."""
+
+    name = "gc"
+    eager = False
+
+    def attach(self, policy, handles, id_size):
+        super().attach(policy, handles, id_size)
+        self.epoch = 0
+        self.born = {}          # id -> epoch of its allocation, for live objects
+        self.dead_young = []    # ids dead and allocated in the current epoch
+        self.dead_old = []      # ids dead and promoted by an earlier collection
+
+    def _charge(self, full):
+        return self.costs.gc_full_s if full else self.costs.gc_incremental_s
+
+    def on_alloc(self, id_: int) -> None:
+        self.born[id_] = self.epoch
+
+    def on_free(self, id_: int) -> None:
+        (self.dead_young if self.born.pop(id_) == self.epoch else self.dead_old).append(id_)
+
+    def dead_bytes(self) -> int:
+        s = self.id_size
+        return sum(s[i] for i in self.dead_young) + sum(s[i] for i in self.dead_old)
+
+    def _reclaim(self, full):
+        ids = self.dead_young
+        if full:
+            ids = ids + self.dead_old
+            self.dead_old = []
+        self.dead_young = []
+        self.epoch += 1
+        if not ids:
+            return 0
+        handles, free, size = self.handles, self.policy.free, self.id_size
+        t0 = self.device.clock
+        nbytes = 0
+        for i in ids:
+            free(handles[i])
+            handles[i] = None
+            nbytes += size[i]
+        self.sections.add(FREE_ROOT, self.device.clock - t0, len(ids))
+        self.reclaimed_bytes += nbytes
+        self.reclaimed_objects += len(ids)
+        return len(ids)
+
+
+RUNTIMES = {"eager": EagerRuntime, "gc": GCRuntime}

@@ -1,0 +1,51 @@
+"""The event model: kinds, flags and the fixed-width record layout.
+
+Driving events (`ALLOC`, `FREE`) drive a replay. The others record what the
+traced program's own allocator and runtime did, for validation and plots.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+ALLOC = 1            # id, size (requested bytes), stream, addr (original pointer, 0 unknown), site
+FREE = 2             # id (of the ALLOC it ends); for PyTorch this is free_completed
+SEGMENT_ALLOC = 3    # upstream device allocation by the recorded allocator: addr, size, stream
+SEGMENT_FREE = 4     # upstream release: addr, size, stream
+SEGMENT_MAP = 5      # expandable segments: pages mapped at addr, size bytes
+SEGMENT_UNMAP = 6    # expandable segments: pages unmapped
+GC = 7               # the program ran a collection; aux = 0 incremental, 1 full
+OOM = 8              # the recorded allocator raised OOM: size = request, addr = device free bytes
+MARK = 9             # iteration boundary or user label; aux = index into the label table
+FREE_REQUESTED = 10  # PyTorch free_requested (informational; FREE is free_completed): id
+
+KIND_NAMES = {
+    ALLOC: "ALLOC", FREE: "FREE", SEGMENT_ALLOC: "SEGMENT_ALLOC", SEGMENT_FREE: "SEGMENT_FREE",
+    SEGMENT_MAP: "SEGMENT_MAP", SEGMENT_UNMAP: "SEGMENT_UNMAP", GC: "GC", OOM: "OOM",
+    MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED",
+}
+KINDS_BY_NAME = {v: k for k, v in KIND_NAMES.items()}
+DRIVING = (ALLOC, FREE)
+
+# flags
+PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
+FAILED = 2           # ALLOC that failed in the recorded run (it has no FREE)
+
+NO_SITE = 0xFFFFFFFF
+NO_ID = 0xFFFFFFFF
+
+#: Largest size a single event may carry (1 PiB). Anything larger is a corrupt trace.
+MAX_SIZE = 2**50
+
+#: One record, 40 bytes, little-endian; `numpy.memmap` reads the records region directly.
+RECORD_DTYPE = np.dtype([
+    ("kind", "<u1"),
+    ("flags", "<u1"),
+    ("stream", "<u2"),   # index into the stream table (footer); 0 is the first stream seen
+    ("id", "<u4"),       # dense object id (ALLOC/FREE/FREE_REQUESTED), else NO_ID
+    ("site", "<u4"),     # index into the call-site table, NO_SITE if none
+    ("aux", "<u4"),      # kind-specific: GC full flag, MARK label index
+    ("size", "<u8"),     # requested bytes (ALLOC), segment bytes, OOM request
+    ("time_ns", "<u8"),  # nanoseconds since the start of the trace
+    ("addr", "<u8"),     # original address where known, else 0; OOM: device free bytes
+])
+assert RECORD_DTYPE.itemsize == 40

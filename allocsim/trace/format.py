@@ -1,0 +1,181 @@
+"""The `.bin` trace file: a versioned header, fixed-width records, a footer.
+
+Layout (all integers little-endian; documented in ``docs/trace-format.md``)::
+
+    offset  size  field
+    0       8     magic b"ALLOCSIM"
+    8       2     version (1)
+    10      2     record size (40)
+    12      4     metadata length M (bytes of UTF-8 JSON)
+    16      8     record count N, or 2**64-1 while the writer is still running
+    24      8     footer offset F, or 0 while the writer is still running
+    32      8     records offset R (64 + M rounded up to 8)
+    40      24    reserved, zero
+    64      M     metadata JSON, then zero padding to R
+    R       40*N  records (`RECORD_DTYPE`)
+    F       ...   footer JSON: tables (streams, sites, labels) and a summary
+
+The writer streams records as they come and patches N and F when it closes, so a
+recording that dies leaves a header marked "unfinished" followed by a readable
+prefix of whole records; the reader loads that prefix and says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import numpy as np
+
+from ..errors import InputError
+from .events import RECORD_DTYPE
+
+MAGIC = b"ALLOCSIM"
+VERSION = 1
+HEADER = struct.Struct("<8sHHIQQQ24x")
+HEADER_SIZE = 64
+UNFINISHED = 2**64 - 1
+assert HEADER.size == HEADER_SIZE
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+class TraceFileWriter:
+    """Streams records to a `.bin` file; `close()` writes the footer and patches the header.
+
+    Records are buffered and written in whole-record chunks of `chunk` records, so
+    a killed writer leaves at most a partial last chunk, of whole records.
+    Writes go to ``path`` directly (the file is the recording); use
+    :func:`write_trace_atomic` to publish a finished trace without a half-written file.
+    """
+
+    def __init__(self, path: str, meta: dict, chunk: int = 4096):
+        self.path = path
+        blob = json.dumps(meta, sort_keys=True, default=str).encode()
+        self._records_offset = _align8(HEADER_SIZE + len(blob))
+        self._f = open(path, "wb")
+        self._f.write(HEADER.pack(MAGIC, VERSION, RECORD_DTYPE.itemsize, len(blob), UNFINISHED, 0,
+                                  self._records_offset))
+        self._f.write(blob)
+        self._f.write(b"\0" * (self._records_offset - HEADER_SIZE - len(blob)))
+        self._f.flush()
+        self._buf = np.zeros(chunk, RECORD_DTYPE)
+        self._n_buf = 0
+        self.count = 0
+
+    def write(self, records: np.ndarray) -> None:
+        """Append an array of `RECORD_DTYPE` records."""
+        self.flush()
+        self._f.write(np.ascontiguousarray(records, RECORD_DTYPE).tobytes())
+        self.count += len(records)
+
+    def append(self, kind, flags, stream, id_, site, aux, size, time_ns, addr) -> None:
+        """Append one record (buffered)."""
+        self._buf[self._n_buf] = (kind, flags, stream, id_, site, aux, size, time_ns, addr)
+        self._n_buf += 1
+        if self._n_buf == len(self._buf):
+            self.flush()
+
+    def flush(self) -> None:
+        if self._n_buf:
+            self._f.write(self._buf[: self._n_buf].tobytes())
+            self.count += self._n_buf
+            self._n_buf = 0
+        self._f.flush()
+
+    def close(self, footer: dict) -> None:
+        self.flush()
+        footer_offset = self._f.tell()
+        self._f.write(json.dumps(footer, sort_keys=True, default=str).encode())
+        self._f.seek(16)
+        self._f.write(struct.pack("<QQ", self.count, footer_offset))
+        self._f.close()
+
+    def abort(self) -> None:
+        """Close without a footer (the file stays 'unfinished')."""
+        try:
+            self.flush()
+        finally:
+            self._f.close()
+
+
+def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict) -> None:
+    """Write a complete trace to ``path`` via a temporary file and a rename."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        w = TraceFileWriter(tmp, meta)
+        w.write(records)
+        w.close(footer)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_trace_file(path: str, *, mmap: bool = True):
+    """Read and check a `.bin` file; return ``(meta, records, footer, finished)``.
+
+    ``records`` is a read-only memmap (or array) of `RECORD_DTYPE`. An unfinished
+    file (writer died) yields its whole-record prefix with ``finished=False`` and
+    an empty footer. Every structural defect raises `InputError` naming the file
+    and the byte offset.
+    """
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+            if len(head) < 8 or head[:8] != MAGIC:
+                raise InputError(f"not an allocsim trace (bad magic {head[:8]!r}; expected {MAGIC!r})",
+                                 path=path, position="byte 0")
+            if len(head) < HEADER_SIZE:
+                raise InputError(f"truncated header: {len(head)} of {HEADER_SIZE} bytes", path=path,
+                                 position=f"byte {len(head)}")
+            magic, version, rec_size, meta_len, n, footer_off, rec_off = HEADER.unpack(head)
+            if version != VERSION:
+                raise InputError(f"unsupported trace version {version} (this allocsim reads version {VERSION})",
+                                 path=path, position="byte 8")
+            if rec_size != RECORD_DTYPE.itemsize:
+                raise InputError(f"record size {rec_size} does not match version {VERSION} ({RECORD_DTYPE.itemsize})",
+                                 path=path, position="byte 10")
+            if rec_off != _align8(HEADER_SIZE + meta_len):
+                raise InputError(f"records offset {rec_off} inconsistent with metadata length {meta_len}",
+                                 path=path, position="byte 32")
+            blob = f.read(meta_len)
+            if len(blob) < meta_len:
+                raise InputError(f"truncated header: metadata is {meta_len} bytes, file has {len(blob)}",
+                                 path=path, position=f"byte {HEADER_SIZE + len(blob)}")
+            try:
+                meta = json.loads(blob)
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                raise InputError(f"metadata is not valid JSON ({e})", path=path, position=f"byte {HEADER_SIZE}")
+            if not isinstance(meta, dict):
+                raise InputError("metadata is not a JSON object", path=path, position=f"byte {HEADER_SIZE}")
+            finished = n != UNFINISHED
+            if finished:
+                end = rec_off + n * rec_size
+                if footer_off != end or end > size:
+                    have = max(0, (min(size, footer_off or size) - rec_off)) // rec_size
+                    raise InputError(f"truncated records: header says {n} records, file holds {have}",
+                                     path=path, position=f"byte {min(size, end)}")
+                f.seek(footer_off)
+                try:
+                    footer = json.loads(f.read())
+                except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise InputError(f"footer is not valid JSON ({e})", path=path, position=f"byte {footer_off}")
+                if not isinstance(footer, dict):
+                    raise InputError("footer is not a JSON object", path=path, position=f"byte {footer_off}")
+            else:
+                n = max(0, size - rec_off) // rec_size
+                footer = {}
+    except OSError as e:
+        raise InputError(e.strerror or str(e), path=path)
+    if n == 0:
+        records = np.zeros(0, RECORD_DTYPE)
+    elif mmap:
+        records = np.memmap(path, RECORD_DTYPE, mode="r", offset=rec_off, shape=(n,))
+    else:
+        records = np.fromfile(path, RECORD_DTYPE, count=n, offset=rec_off)
+    return meta, records, footer, finished

@@ -1,0 +1,272 @@
+"""`Trace`: an ordered list of allocation events with numpy column access.
+
+A trace is one structured numpy array of `RECORD_DTYPE` records plus metadata
+(producer, framework, device, allocator settings, command line) and three tables
+the records index into: streams, call sites and mark labels.
+
+Costs: `Trace.load` memory-maps the records (O(1) until touched) and validates
+them in a few vectorised passes (O(n)); column access is a view; iteration builds
+one small tuple per event and is meant for inspection, not for replay.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+from functools import cached_property
+
+import numpy as np
+
+from ..errors import InputError
+from . import events as ev
+from .events import RECORD_DTYPE
+from .format import TraceFileWriter, read_trace_file, write_trace_atomic
+
+Event = namedtuple("Event", "index kind flags stream id site aux size time_ns addr")
+
+
+class Trace:
+    """An allocation trace. Build one with `TraceWriter`, read one with `Trace.load`."""
+
+    def __init__(self, records: np.ndarray, meta: dict | None = None, *, streams=None, sites=None,
+                 labels=None, finished: bool = True, path: str | None = None):
+        self.records = records
+        self.meta = dict(meta or {})
+        self.streams = list(streams if streams is not None else [0])
+        self.sites = list(sites or [])
+        self.labels = list(labels or [])
+        self.finished = finished
+        self.path = path
+
+    # ---- I/O -------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str, *, validate: bool = True, mmap: bool = True) -> "Trace":
+        """Read a `.bin` trace; raise `InputError` (file, position, what) if it is malformed."""
+        meta, records, footer, finished = read_trace_file(path, mmap=mmap)
+        t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
+                labels=footer.get("labels"), finished=finished, path=path)
+        if validate:
+            t.validate()
+        return t
+
+    def save(self, path: str) -> None:
+        """Write this trace to ``path`` atomically (no half-written file on failure)."""
+        write_trace_atomic(path, self.meta, np.asarray(self.records), self._footer())
+
+    def _footer(self) -> dict:
+        return {"streams": self.streams, "sites": self.sites, "labels": self.labels,
+                "summary": {"events": len(self), "allocs": self.n_allocs}}
+
+    # ---- access ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        for i, r in enumerate(self.records.tolist()):
+            yield Event(i, *r)
+
+    def __repr__(self) -> str:
+        return f"<Trace {self.path or ''} events={len(self)} allocs={self.n_allocs}>"
+
+    def column(self, name: str) -> np.ndarray:
+        return self.records[name]
+
+    kind = property(lambda self: self.records["kind"])
+    flags = property(lambda self: self.records["flags"])
+    stream = property(lambda self: self.records["stream"])
+    id = property(lambda self: self.records["id"])
+    site = property(lambda self: self.records["site"])
+    aux = property(lambda self: self.records["aux"])
+    size = property(lambda self: self.records["size"])
+    time_ns = property(lambda self: self.records["time_ns"])
+    addr = property(lambda self: self.records["addr"])
+
+    @cached_property
+    def n_allocs(self) -> int:
+        return int(np.count_nonzero(self.kind == ev.ALLOC))
+
+    @cached_property
+    def n_ids(self) -> int:
+        """One more than the largest object id (ids are dense)."""
+        ids = self.id[self.kind == ev.ALLOC]
+        return int(ids.max()) + 1 if len(ids) else 0
+
+    @cached_property
+    def id_size(self) -> np.ndarray:
+        """Requested size of each object id."""
+        out = np.zeros(self.n_ids, np.int64)
+        a = self.kind == ev.ALLOC
+        out[self.id[a].astype(np.int64)] = self.size[a]
+        return out
+
+    @cached_property
+    def live_curve(self) -> np.ndarray:
+        """Live requested bytes after each event (int64, one entry per event)."""
+        kind = self.kind
+        delta = np.zeros(len(self), np.int64)
+        a = kind == ev.ALLOC
+        delta[a] = self.size[a]
+        f = kind == ev.FREE
+        delta[f] = -self.id_size[self.id[f].astype(np.int64)]
+        return np.cumsum(delta)
+
+    @cached_property
+    def load_bytes(self) -> int:
+        """LOAD: peak live requested bytes, the lower bound for any allocator."""
+        return int(self.live_curve.max()) if len(self) else 0
+
+    def marks(self) -> list[tuple[int, str]]:
+        """``(event index, label)`` of every MARK."""
+        idx = np.flatnonzero(self.kind == ev.MARK)
+        aux = self.aux[idx]
+        return [(int(i), self.labels[a] if a < len(self.labels) else f"mark {a}") for i, a in zip(idx, aux)]
+
+    # ---- validation --------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check the event stream; raise `InputError` at the first bad event."""
+        where = self.path or "<trace>"
+        kind = np.asarray(self.kind)
+        bad = ~np.isin(kind, list(ev.KIND_NAMES))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(f"unknown event kind {int(kind[i])}", path=where, position=f"event {i}")
+        a_idx = np.flatnonzero(kind == ev.ALLOC)
+        size = np.asarray(self.size)
+        big = size[a_idx] > ev.MAX_SIZE
+        if big.any():
+            i = int(a_idx[np.flatnonzero(big)[0]])
+            raise InputError(f"absurd allocation size {int(size[i])} bytes (> 1 PiB)", path=where,
+                             position=f"event {i}")
+        ids = np.asarray(self.id).astype(np.int64)
+        a_ids = ids[a_idx]
+        if len(a_ids) and a_ids.max() >= ev.NO_ID:
+            i = int(a_idx[np.argmax(a_ids)])
+            raise InputError("ALLOC without an object id", path=where, position=f"event {i}")
+        n_ids = int(a_ids.max()) + 1 if len(a_ids) else 0
+        order = np.argsort(a_ids, kind="stable")
+        dup = np.flatnonzero(a_ids[order][1:] == a_ids[order][:-1])
+        if len(dup):
+            i = int(a_idx[order[dup[0] + 1]])
+            raise InputError(f"id {int(ids[i])} allocated twice", path=where, position=f"event {i}")
+        born = np.full(n_ids + 1, -1, np.int64)
+        born[a_ids] = a_idx
+        for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
+            f_idx = np.flatnonzero(kind == k)
+            f_ids = ids[f_idx]
+            unknown = (f_ids >= n_ids) | (born[np.minimum(f_ids, n_ids)] < 0) | (born[np.minimum(f_ids, n_ids)] > f_idx)
+            if unknown.any():
+                i = int(f_idx[np.flatnonzero(unknown)[0]])
+                raise InputError(f"{label} of unknown id {int(ids[i])} (never allocated before this event)",
+                                 path=where, position=f"event {i}")
+            order = np.argsort(f_ids, kind="stable")
+            dup = np.flatnonzero(f_ids[order][1:] == f_ids[order][:-1])
+            if len(dup):
+                second = f_idx[order[dup + 1]]
+                i = int(second.min())
+                raise InputError(f"double {label} of id {int(ids[i])}", path=where, position=f"event {i}")
+
+
+class TraceWriter:
+    """Builds a trace event by event, in memory or streamed to a `.bin` file.
+
+    ``w = TraceWriter(meta={...})``; ``i = w.alloc(size)``; ``w.free(i)``; ``w.mark("iter 1")``;
+    ``trace = w.finish()``. With ``path=``, records stream to that file as they come
+    (a crash leaves a readable prefix) and `finish()` writes the footer.
+    Each call is O(1); in-memory records are kept in a growing numpy buffer.
+    """
+
+    def __init__(self, meta: dict | None = None, path: str | None = None, chunk: int = 4096):
+        self.meta = dict(meta or {})
+        self.path = path
+        self._file = TraceFileWriter(path, self.meta, chunk) if path else None
+        self._buf = np.zeros(max(chunk, 16), RECORD_DTYPE)
+        self._n = 0
+        self._streams: dict[int, int] = {}
+        self._sites: dict[str, int] = {}
+        self._labels: dict[str, int] = {}
+        self.next_id = 0
+        self.now = 0
+
+    # ---- tables ----------------------------------------------------------------
+    def stream_index(self, stream: int) -> int:
+        s = self._streams.get(stream)
+        if s is None:
+            s = self._streams[stream] = len(self._streams)
+            if s > 0xFFFF:
+                raise ValueError("more than 65535 streams")
+        return s
+
+    def site_index(self, site: str | None) -> int:
+        if site is None:
+            return ev.NO_SITE
+        s = self._sites.get(site)
+        if s is None:
+            s = self._sites[site] = len(self._sites)
+        return s
+
+    # ---- events ----------------------------------------------------------------
+    def record(self, kind, *, flags=0, stream=0, id_=ev.NO_ID, site=ev.NO_SITE, aux=0, size=0, t=None, addr=0):
+        """Append one raw record; ``stream`` is the original stream value."""
+        if t is not None:
+            self.now = int(t)
+        if self._n == len(self._buf):
+            if self._file:
+                self._flush()
+            else:
+                self._buf = np.resize(self._buf, 2 * len(self._buf))
+        self._buf[self._n] = (kind, flags, self.stream_index(stream), id_, site, aux, size, self.now, addr)
+        self._n += 1
+
+    def alloc(self, size: int, stream: int = 0, *, t=None, addr: int = 0, site: str | None = None,
+              flags: int = 0) -> int:
+        """Record an ALLOC; return its dense id."""
+        if size < 0 or size > ev.MAX_SIZE:
+            raise ValueError(f"bad allocation size {size}")
+        i = self.next_id
+        self.next_id += 1
+        self.record(ev.ALLOC, flags=flags, stream=stream, id_=i, site=self.site_index(site), size=size,
+                    t=t, addr=addr)
+        return i
+
+    def free(self, id_: int, *, t=None, stream: int = 0, addr: int = 0, size: int = 0) -> None:
+        self.record(ev.FREE, id_=id_, t=t, stream=stream, addr=addr, size=size)
+
+    def free_requested(self, id_: int, *, t=None, stream: int = 0, addr: int = 0, size: int = 0) -> None:
+        self.record(ev.FREE_REQUESTED, id_=id_, t=t, stream=stream, addr=addr, size=size)
+
+    def segment(self, kind: int, addr: int, size: int, stream: int = 0, *, t=None) -> None:
+        """SEGMENT_ALLOC / SEGMENT_FREE / SEGMENT_MAP / SEGMENT_UNMAP."""
+        self.record(kind, addr=addr, size=size, stream=stream, t=t)
+
+    def gc(self, full: bool, *, t=None) -> None:
+        self.record(ev.GC, aux=int(bool(full)), t=t)
+
+    def oom(self, size: int, *, device_free: int = 0, stream: int = 0, t=None) -> None:
+        self.record(ev.OOM, size=size, addr=device_free, stream=stream, t=t)
+
+    def mark(self, label: str = "", *, t=None) -> None:
+        s = self._labels.get(label)
+        if s is None:
+            s = self._labels[label] = len(self._labels)
+        self.record(ev.MARK, aux=s, t=t)
+
+    # ---- output ----------------------------------------------------------------
+    def _flush(self) -> None:
+        self._file.write(self._buf[: self._n])
+        self._n = 0
+
+    def tables(self) -> dict:
+        return {"streams": list(self._streams) or [0], "sites": list(self._sites), "labels": list(self._labels)}
+
+    def finish(self) -> Trace:
+        """Close the writer; return the trace (memory-mapped from the file when streaming)."""
+        t = self.tables()
+        if self._file:
+            self._flush()
+            self._file.close({**t, "summary": {"events": self._file.count, "allocs": self.next_id}})
+            return Trace.load(self.path, validate=False)
+        return Trace(self._buf[: self._n].copy(), self.meta, streams=t["streams"], sites=t["sites"],
+                     labels=t["labels"])
+
+    def abort(self) -> None:
+        if self._file:
+            self._flush()
+            self._file.abort()

@@ -1,0 +1,73 @@
+"""Parsing and printing of byte sizes and durations.
+
+Sizes accept ``8GB`` (10^9), ``8GiB`` (2^30), ``512MiB``, ``1.5TB``, ``4k``/``4K``
+(taken as KiB, as PyTorch and Julia users write it), plain bytes, and
+``none``/``inf``/``unlimited`` for "no limit" where a limit is expected.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import UsageError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1024, "kb": 1000, "kib": 1024,
+    "m": 1024**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1024**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
+    "p": 1024**5, "pb": 1000**5, "pib": 1024**5,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([0-9]+))?\s*([a-zA-Z]*)\s*$")
+_NO_LIMIT = {"none", "inf", "unlimited", "off", "no"}
+
+
+def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False) -> int | None:
+    """Parse a byte size; ``None`` for "no limit" when ``allow_none``."""
+    if isinstance(text, int):
+        if text < 0:
+            raise UsageError(f"{what}: negative size {text}")
+        return text
+    s = str(text).strip()
+    if allow_none and s.lower() in _NO_LIMIT:
+        return None
+    m = _SIZE.match(s)
+    if not m or m.group(3).lower() not in _UNITS:
+        raise UsageError(f"{what}: cannot parse size {text!r} (examples: 8GB, 8GiB, 512MiB, 1.5TB, 1048576)")
+    value = float(m.group(1)) * (10 ** int(m.group(2) or 0)) * _UNITS[m.group(3).lower()]
+    if value != value or value > 2**62:
+        raise UsageError(f"{what}: size {text!r} is out of range")
+    return int(round(value))
+
+
+def fmt_bytes(n: float | None, digits: int = 2) -> str:
+    """Binary-prefixed size, e.g. ``6.58 GiB``; ``none`` for None."""
+    if n is None:
+        return "none"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.{digits}f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def fmt_seconds(t: float) -> str:
+    """TimerOutputs-style duration: ``282ms``, ``8.29μs``, ``48.3s``."""
+    t = float(t)
+    if t == 0:
+        return "0.00ns"
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "μs"), (1e-9, "ns")):
+        if abs(t) >= scale or unit == "ns":
+            v = t / scale
+            return f"{v:.3g}{unit}" if v >= 100 else f"{v:.3g}{unit}"
+    raise AssertionError
+
+
+def fmt_count(n: float) -> str:
+    """TimerOutputs-style count: ``1.01M``, ``58.3k``, ``127``."""
+    n = float(n)
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{int(n)}"
