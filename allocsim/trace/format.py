@@ -69,6 +69,7 @@ class TraceFileWriter:
         """Append an array of `RECORD_DTYPE` records."""
         self.flush()
         self._f.write(np.ascontiguousarray(records, RECORD_DTYPE).tobytes())
+        self._f.flush()      # each chunk reaches the OS whole: a killed writer loses only what is unwritten
         self.count += len(records)
 
     def append(self, kind, flags, stream, id_, site, aux, size, time_ns, addr) -> None:

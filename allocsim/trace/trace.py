@@ -140,6 +140,10 @@ class Trace:
         if len(a_ids) and a_ids.max() >= ev.NO_ID:
             i = int(a_idx[np.argmax(a_ids)])
             raise InputError("ALLOC without an object id", path=where, position=f"event {i}")
+        if len(a_ids) and a_ids.max() >= len(kind):   # dense ids: each needs its own ALLOC event
+            i = int(a_idx[np.argmax(a_ids)])
+            raise InputError(f"object id {int(ids[i])} is out of range (ids are dense; the trace has "
+                             f"{len(kind)} events)", path=where, position=f"event {i}")
         n_ids = int(a_ids.max()) + 1 if len(a_ids) else 0
         order = np.argsort(a_ids, kind="stable")
         dup = np.flatnonzero(a_ids[order][1:] == a_ids[order][:-1])
