@@ -202,6 +202,8 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     if res.load_bytes:
         res.overhead_vs_load = res.peak_reserved_bytes / res.load_bytes - 1.0
     if timeline:
-        res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res)}
+        res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res),
+                        "latency_quantiles": np.quantile(lat_np, np.linspace(0, 1, 501)).tolist() if len(lat_np) else [],
+                        "oom_events": [o.event for o in ooms]}
     res.replay_seconds = time.perf_counter() - t_start
     return res

@@ -1,0 +1,76 @@
+"""`allocsim compare`: policies × caps × runtimes side by side, one replay per cell, in parallel."""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..sweep import Cell, Settings, format_table, parse_policy_spec, run_cells, split_top, write_rows
+from ..units import parse_size
+from ._common import add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, split_list
+
+NAME = "compare"
+HELP = "replay one trace under several policies, caps and runtimes; one table"
+EXAMPLE = ("allocsim compare traces/resnet50.bin --policies binned,split,knet,torch,cupy,bestfit "
+           "--caps none,8GB,12GB --runtime eager,gc -j 2")
+
+
+def add_arguments(p):
+    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit",
+                   help="comma-separated; options in brackets: torch[expandable_segments:True]")
+    p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
+    p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
+    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="parallel processes")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--csv", metavar="OUT", help="also write the rows as CSV to OUT")
+    p.add_argument("--sections", action="store_true", help="print each run's section table")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_replay_arguments(p, multi=True)
+
+
+def build_cells(args) -> tuple[list[Cell], Settings]:
+    from .. import policies
+    load_trace(args.trace)                      # validate once, up front
+    specs = [parse_policy_spec(s) for s in split_top(args.policies)]
+    for name, opts in specs:
+        policies.get(name).parse_options(list(opts) + list(args.policy_opt))
+    caps = [parse_size(c, what="--caps", allow_none=True) for c in split_list(args.caps, "--caps")]
+    runtimes = split_list(args.runtime, "--runtime")
+    from ..runtime import RUNTIMES
+    from ..errors import UsageError
+    for r in runtimes:
+        if r not in RUNTIMES:
+            raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
+    capacity = capacity_arg(args.capacity)
+    costs = cost_model_arg(args.cost_model)
+    settings = Settings(costs=costs.to_dict() if costs else None, keep_going=args.keep_going,
+                        gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
+                        sections=getattr(args, "sections", False))
+    cells = [Cell(args.trace, name, cap, rt, tuple(opts) + tuple(args.policy_opt), capacity)
+             for name, opts in specs for cap in caps for rt in runtimes]
+    return cells, settings
+
+
+def run(args) -> int:
+    cells, settings = build_cells(args)
+    bar = None
+    if not (args.quiet or args.json) and sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(total=len(cells), desc="compare", unit="run", leave=False)
+    rows = run_cells(cells, settings, jobs=args.jobs, on_row=(lambda c, r: bar.update()) if bar else None)
+    if bar:
+        bar.close()
+    if args.csv:
+        write_rows(rows, args.csv, "csv")
+    if args.json:
+        dump_json(rows)
+        return 0
+    t = load_trace(args.trace)
+    from ..units import fmt_bytes
+    print(f"{args.trace}: {len(t):,} events, {t.n_allocs:,} allocs, LOAD {fmt_bytes(t.load_bytes)}")
+    print(format_table(rows))
+    if args.sections:
+        for r in rows:
+            print(f"\n{r['policy']} cap {fmt_bytes(r['cap_bytes'])} {r['runtime']}")
+            print(r["section_table"])
+    return 0

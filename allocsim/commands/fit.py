@@ -1,0 +1,64 @@
+"""`allocsim fit`: the smallest device capacity each policy survives (the capacity frontier)."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+from ..fit import MiB, _fit_job
+from ..sweep import Settings, parse_policy_spec, split_top
+from ..units import fmt_bytes, parse_size
+from ._common import cost_model_arg, dump_json, load_trace
+
+NAME = "fit"
+HELP = "find each policy's smallest capacity without OOM (bisection), beside LOAD and the oracle"
+EXAMPLE = "allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,bestfit -j 2"
+
+
+def add_arguments(p):
+    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit")
+    p.add_argument("--runtime", default="eager", choices=["eager", "gc"])
+    p.add_argument("--resolution", default="1MiB", help="bisection resolution (default 1MiB)")
+    p.add_argument("--cost-model", metavar="FILE")
+    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
+    p.add_argument("--json", action="store_true")
+
+
+def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True) -> dict:
+    from .. import policies
+    from ..sweep import Cell, run_cell
+    t = load_trace(trace)
+    for name, opts in specs:
+        policies.get(name).parse_options(list(opts))
+    jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution})
+                 for name, opts in specs]
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as ex:
+            fits = list(ex.map(_fit_job, jobs_args))
+    else:
+        fits = [_fit_job(a) for a in jobs_args]
+    out = {"trace": trace, "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
+    if oracle and "oracle" in policies.names():
+        out["oracle_peak_bytes"] = run_cell(Cell(trace, "oracle", None, runtime, (), None), settings)["peak_reserved_bytes"]
+    return out
+
+
+def run(args) -> int:
+    specs = [parse_policy_spec(s) for s in split_top(args.policies)]
+    costs = cost_model_arg(args.cost_model)
+    res = frontier(args.trace, specs, runtime=args.runtime, resolution=parse_size(args.resolution, what="--resolution"),
+                   jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),
+                   oracle=not args.no_oracle)
+    if args.json:
+        dump_json(res)
+        return 0
+    load = res["load_bytes"]
+    print(f"{args.trace}: LOAD {fmt_bytes(load)}" + (f", oracle peak {fmt_bytes(res['oracle_peak_bytes'])}"
+                                                     if "oracle_peak_bytes" in res else ""))
+    print(f"{'policy':<28}{'smallest capacity':>18}{'vs LOAD':>10}{'no-limit peak':>16}{'replays':>9}")
+    for f in sorted(res["fits"], key=lambda f: f["capacity_bytes"]):
+        label = f["policy"] + (f"[{f['options']}]" if f["options"] else "")
+        print(f"{label:<28}{fmt_bytes(f['capacity_bytes']):>18}{100 * (f['capacity_bytes'] / load - 1) if load else 0:>+9.1f}%"
+              f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
+    return 0

@@ -1,0 +1,113 @@
+"""`allocsim sweep`: traces × policies × caps × runtimes -> one CSV or JSON-lines table.
+
+Rows are appended to ``OUT.partial`` as cells finish, so an interrupted sweep
+restarted with the same ``-o OUT`` skips the cells it already has; when every
+cell is done the rows are written, sorted by cell, to ``OUT`` atomically.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from ..errors import InputError, UsageError
+from ..sweep import Cell, dask_executor, run_cells, write_rows
+from ._common import dump_json
+from .compare import add_arguments as _compare_arguments
+from .compare import build_cells
+
+NAME = "sweep"
+HELP = "run many traces × policies × caps × runtimes to one result table, locally or on Dask"
+EXAMPLE = ("allocsim sweep traces/*.bin --policies split,binned,torch --caps none,4GB,8GB "
+           "--runtime eager,gc -o results.csv --dask-local 2")
+
+
+def add_arguments(p):
+    _compare_arguments(p)
+    p.add_argument("-o", "--output", required=True, help="result table: .csv or .jsonl")
+    p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the output's extension")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
+    g.add_argument("--dask-local", type=int, metavar="N", help="run on a local Dask cluster of N workers")
+    # `trace` from compare's arguments becomes a list here
+    for a in p._actions:
+        if a.dest == "trace":
+            a.nargs = "+"
+            a.help = "trace files (.bin)"
+
+
+def _done_rows(partial: str) -> dict[str, dict]:
+    """Rows already finished, keyed by cell; a torn last line (a crash mid-write) is dropped."""
+    done = {}
+    if not os.path.exists(partial):
+        return done
+    with open(partial) as f:
+        lines = f.read().split("\n")
+    good = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
+                break
+            raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
+        done[row["cell"]] = row
+        good.append(line)
+    with open(partial, "w") as f:        # drop a torn tail before appending again
+        f.write("".join(l + "\n" for l in good))
+    return done
+
+
+def run(args) -> int:
+    fmt = args.format or ("csv" if args.output.endswith(".csv") else "jsonl" if args.output.endswith((".jsonl", ".json")) else None)
+    if fmt is None:
+        raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
+    traces = args.trace
+    cells: list[Cell] = []
+    settings = None
+    for t in traces:
+        args.trace = t
+        c, settings = build_cells(args)
+        cells += c
+    partial = args.output + ".partial"
+    done = _done_rows(partial)
+    todo = [c for c in cells if c.key() not in done]
+    if done:
+        print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
+    executor = client = None
+    if args.scheduler or args.dask_local:
+        client = dask_executor(args.scheduler, args.dask_local)
+        executor = client.get_executor()
+    bar = None
+    if not args.quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
+    with open(partial, "a") as log:
+        def on_row(cell, row):
+            row = dict(row, cell=cell.key())
+            row.pop("section_table", None)
+            row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
+            log.write(json.dumps(row, sort_keys=True) + "\n")
+            log.flush()
+            if bar:
+                bar.update()
+        try:
+            run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
+        finally:
+            if bar:
+                bar.close()
+            if client is not None:
+                client.close()
+    rows = _done_rows(partial)
+    ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
+    for r in ordered:
+        r.pop("cell", None)
+    write_rows(ordered, args.output, fmt)
+    os.unlink(partial)
+    if args.json:
+        dump_json(ordered)
+    else:
+        print(f"sweep: {len(ordered)} rows -> {args.output}")
+    return 0

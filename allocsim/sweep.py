@@ -1,0 +1,210 @@
+"""Many replays: cells of trace × policy × cap × runtime, run by an executor.
+
+A `Cell` names one replay; `run_cell` performs it and returns one flat row — the
+same figures `allocsim replay --json` reports, so a table built from rows equals
+the single replays. Executors: in-process (``jobs=1``), a local process pool, or a
+Dask cluster (`dask_executor`); all give identical rows because a replay is
+deterministic and rows are sorted by cell at the end.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+
+from .costs import CostModel
+from .engine import replay
+from .trace import Trace
+from .units import fmt_bytes
+
+#: The row columns, in table order.
+COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
+           "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
+           "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
+           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds"]
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    trace: str
+    policy: str
+    cap: int | None = None
+    runtime: str = "eager"
+    options: tuple = ()
+    capacity: object = "trace"
+
+    def key(self) -> str:
+        return json.dumps([self.trace, self.policy, self.cap, self.runtime, list(self.options), self.capacity])
+
+    def sort_key(self):
+        return (self.trace, self.policy, -1 if self.cap is None else self.cap, self.runtime, self.options,
+                str(self.capacity))
+
+
+@dataclass
+class Settings:
+    """What every cell of one sweep shares."""
+
+    costs: dict | None = None          # CostModel fields
+    gc_every: int | None = None
+    keep_going: bool = False
+    sections: bool = False
+    timeline: bool = False
+    extra: dict = field(default_factory=dict)
+
+
+_TRACES: dict[str, Trace] = {}
+
+
+def _trace(path: str) -> Trace:
+    t = _TRACES.get(path)
+    if t is None:
+        t = _TRACES[path] = Trace.load(path)
+    return t
+
+
+def run_cell(cell: Cell, settings: Settings | None = None, *, full: bool = False):
+    """Replay one cell; return its row (and the full result with ``full=True``)."""
+    s = settings or Settings()
+    res = replay(_trace(cell.trace), cell.policy, runtime=cell.runtime, cap=cell.cap, capacity=cell.capacity,
+                 options=list(cell.options), costs=CostModel(**s.costs) if s.costs else None,
+                 gc_every=s.gc_every, keep_going=s.keep_going, timeline=s.timeline)
+    row = result_row(res, cell)
+    if s.sections:
+        row["section_table"] = res.section_table
+    return (row, res) if full else row
+
+
+def result_row(res, cell: Cell) -> dict:
+    d = res.to_dict()
+    row = {k: d.get(k) for k in COLUMNS}
+    row.update(trace=cell.trace, policy=cell.policy, cap_bytes=cell.cap, runtime=cell.runtime,
+               options=";".join(cell.options),
+               first_oom_event=res.first_oom.event if res.first_oom else None,
+               latency_p50=res.latency.get("p50"), latency_p99=res.latency.get("p99"))
+    return row
+
+
+def _pool_run(args):
+    cell, settings = args
+    return cell, run_cell(cell, settings)
+
+
+def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executor=None, on_row=None) -> list[dict]:
+    """Run ``cells``; return rows in cell order. ``on_row(cell, row)`` sees each as it finishes.
+
+    ``executor`` may be any `concurrent.futures.Executor` (a Dask ``Client.get_executor()``
+    included); otherwise ``jobs > 1`` uses a local process pool.
+    """
+    cells = list(cells)
+    settings = settings or Settings()
+    rows: dict[Cell, dict] = {}
+    if executor is None and jobs <= 1:
+        for c in cells:
+            rows[c] = run_cell(c, settings)
+            if on_row:
+                on_row(c, rows[c])
+    else:
+        own = executor is None
+        ex = executor or ProcessPoolExecutor(max_workers=jobs)
+        try:
+            futs = [ex.submit(_pool_run, (c, settings)) for c in cells]
+            for f in as_completed(futs):
+                c, row = f.result()
+                rows[c] = row
+                if on_row:
+                    on_row(c, row)
+        finally:
+            if own:
+                ex.shutdown()
+    return [rows[c] for c in sorted(cells, key=Cell.sort_key)]
+
+
+def dask_executor(scheduler: str | None = None, local_workers: int | None = None):
+    """A Dask executor: connect to ``scheduler`` (tcp://host:8786) or start a LocalCluster."""
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        from .errors import UsageError
+        raise UsageError("Dask is not installed: pip install 'allocsim[dask]'") from None
+    if scheduler:
+        client = Client(scheduler)
+    else:
+        cluster = LocalCluster(n_workers=local_workers or os.cpu_count(), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+    return client
+
+
+# ---- output ------------------------------------------------------------------------------
+def write_rows(rows: list[dict], path: str, fmt: str) -> None:
+    """Write rows as CSV or JSON lines atomically."""
+    from .outputs import atomic_open
+    with atomic_open(path) as f:
+        if fmt == "csv":
+            names = [c for c in COLUMNS if not rows or c in rows[0]]
+            names += [c for c in (rows[0] if rows else ()) if c not in names]
+            w = csv.DictWriter(f, fieldnames=names, extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow(r)
+        else:
+            for r in rows:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def format_table(rows: list[dict]) -> str:
+    """The comparison table: one line per policy × cap × runtime."""
+    head = ["policy", "cap", "runtime", "peak reserved", "util", "over LOAD", "dev mallocs", "flushes",
+            "GC inc/full", "OOM", "alloc time", "p99 malloc"]
+    from .units import fmt_seconds
+    body = []
+    for r in rows:
+        oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
+        body.append([
+            policy_label(r["policy"], tuple(filter(None, (r.get("options") or "").split(";")))),
+            fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none", r["runtime"],
+            fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
+            f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
+            f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
+            fmt_seconds(r["latency_p99"] or 0)])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    fmt = lambda cols: "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+    lines = [fmt(head), fmt(["─" * w for w in widths])] + [fmt(b) for b in body]
+    return "\n".join(lines)
+
+
+def cell_from_row(r: dict) -> Cell:
+    return Cell(r["trace"], r["policy"], r["cap_bytes"], r["runtime"],
+                tuple(filter(None, (r.get("options") or "").split(";"))))
+
+
+def split_top(text: str) -> list[str]:
+    """Split on commas outside brackets: ``"split,torch[a:1,b:[1,2]]"`` -> two items."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        depth += (ch == "[") - (ch == "]")
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    return [x for x in out if x]
+
+
+def parse_policy_spec(spec: str) -> tuple[str, tuple]:
+    """``"torch[expandable_segments:True]"`` -> ("torch", ("expandable_segments:True",))."""
+    name, bracket, rest = spec.partition("[")
+    if not bracket:
+        return spec.strip(), ()
+    if not rest.endswith("]"):
+        from .errors import UsageError
+        raise UsageError(f"policy spec {spec!r}: expected name[options]")
+    return name.strip(), (rest[:-1],)
+
+
+def policy_label(policy: str, options: tuple) -> str:
+    return f"{policy}[{';'.join(options)}]" if options else policy
