@@ -43,7 +43,8 @@ def _time_axis(trace):
 def _save(fig, path: str):
     from .outputs import atomic_path
     fmt = "svg" if path.endswith(".svg") else "png"
-    with atomic_path(path) as tmp:
+    import matplotlib
+    with atomic_path(path) as tmp, matplotlib.rc_context({"svg.fonttype": "none"}):   # SVG keeps text as text
         fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
     _plt().close(fig)
     return path

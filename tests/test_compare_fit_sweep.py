@@ -1,0 +1,114 @@
+"""compare / fit / sweep: tables equal single replays; fit is exact and monotone; executors agree."""
+import json
+import os
+
+import pytest
+
+from allocsim import engine, policies
+from allocsim.fit import fit_capacity
+from allocsim.sweep import COLUMNS, Cell, Settings, run_cells
+from allocsim.trace import TraceWriter
+
+from conftest import random_trace, run_cli
+
+SIM = [n for n in policies.names() if not policies.get(n).real_gpu]
+ONLINE = [n for n in SIM if n != "oracle"]
+
+
+def test_compare_rows_equal_single_replays(small_trace_path):
+    pols = [p for p in ("none", "split", "bestfit", "binned") if p in SIM]
+    cells = [Cell(small_trace_path, p, cap, rt) for p in pols for cap in (None, 40 << 20) for rt in ("eager", "gc")]
+    rows = run_cells(cells, Settings(), jobs=2)
+    assert len(rows) == len(cells)
+    for row in rows:
+        single = engine.replay(small_trace_path, row["policy"], cap=row["cap_bytes"], runtime=row["runtime"]).to_dict()
+        for k in COLUMNS:
+            if k in single and k not in ("replay_seconds", "options", "trace"):
+                assert row[k] == single[k], (row["policy"], k)
+
+
+def test_compare_cli_json_matches_replay_cli(small_trace_path):
+    out = run_cli("compare", small_trace_path, "--policies", "none", "--caps", "none,30MB", "-j", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [r["cap_bytes"] for r in rows] == [None, 30_000_000]
+    for r in rows:
+        args = ["replay", small_trace_path, "--policy", "none", "--json"]
+        if r["cap_bytes"]:
+            args += ["--cap", str(r["cap_bytes"])]
+        single = json.loads(run_cli(*args).stdout)
+        for k in ("peak_reserved_bytes", "device_mallocs", "gc_incremental", "gc_full", "ooms", "utilization"):
+            assert r[k] == single[k], k
+
+
+def _known_trace():
+    """LOAD = 350 bytes; the `none` policy needs exactly LOAD."""
+    w = TraceWriter()
+    a = w.alloc(100)
+    b = w.alloc(200)
+    w.free(a)
+    c = w.alloc(150)
+    w.free(b)
+    w.free(c)
+    return w.finish()
+
+
+def test_fit_exact_on_known_answer(tmp_path):
+    p = str(tmp_path / "k.bin")
+    _known_trace().save(p)
+    f = fit_capacity(p, "none", resolution=1)
+    assert f["load_bytes"] == 350
+    assert f["capacity_bytes"] == 350
+
+
+@pytest.mark.parametrize("policy", ONLINE)
+def test_fit_frontier_is_tight(tmp_path, policy):
+    """At the answer the replay succeeds; one resolution step below it fails."""
+    p = str(tmp_path / "r.bin")
+    random_trace(600, seed=5, max_size=1 << 21).save(p)
+    res = 1 << 16
+    f = fit_capacity(p, policy, resolution=res)
+    assert f["capacity_bytes"] >= f["load_bytes"]
+    ok = engine.replay(p, policy, capacity=f["capacity_bytes"])
+    assert ok.ooms == 0
+    if f["capacity_bytes"] - res >= f["load_bytes"]:
+        bad = engine.replay(p, policy, capacity=f["capacity_bytes"] - res)
+        assert bad.ooms >= 1 or f["capacity_bytes"] - res < f["load_bytes"]
+
+
+def test_fit_cli(small_trace_path):
+    out = run_cli("fit", small_trace_path, "--policies", "none", "--json", "-j", "1", "--no-oracle")
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    assert res["fits"][0]["capacity_bytes"] - res["load_bytes"] <= 1 << 20
+
+
+def test_sweep_dask_equals_local(tmp_path, small_trace_path):
+    pytest.importorskip("distributed")
+    local, dask = str(tmp_path / "local.jsonl"), str(tmp_path / "dask.jsonl")
+    args = ["--policies", "none", "--caps", "none,30MB", "--runtime", "eager,gc", "-q"]
+    assert run_cli("sweep", small_trace_path, *args, "-o", local, "-j", "2").returncode == 0
+    out = run_cli("sweep", small_trace_path, *args, "-o", dask, "--dask-local", "2")
+    assert out.returncode == 0, out.stderr
+    a = [json.loads(l) for l in open(local)]
+    b = [json.loads(l) for l in open(dask)]
+    assert len(a) == 4 and a == b
+
+
+def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
+    out = str(tmp_path / "s.csv")
+    args = ["sweep", small_trace_path, "--policies", "none", "--caps", "none,30MB,60MB", "-o", out, "-j", "1", "-q"]
+    assert run_cli(*args).returncode == 0
+    full = open(out).read()
+    os.unlink(out)
+    # an interrupted sweep: one finished row and a torn second line
+    cell = Cell(small_trace_path, "none", None, "eager", (), "trace")
+    row = run_cells([cell], Settings())[0]
+    row.pop("replay_seconds")
+    with open(out + ".partial", "w") as f:
+        f.write(json.dumps(dict(row, cell=cell.key())) + "\n" + '{"trace": "tor')
+    res = run_cli(*args)
+    assert res.returncode == 0, res.stderr
+    assert "1 of 3 cells already done" in res.stderr
+    assert open(out).read() == full
+    assert not os.path.exists(out + ".partial")
