@@ -34,7 +34,10 @@ def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False)
     m = _SIZE.match(s)
     if not m or m.group(3).lower() not in _UNITS:
         raise UsageError(f"{what}: cannot parse size {text!r} (examples: 8GB, 8GiB, 512MiB, 1.5TB, 1048576)")
-    value = float(m.group(1)) * (10 ** int(m.group(2) or 0)) * _UNITS[m.group(3).lower()]
+    try:
+        value = float(m.group(1)) * (10 ** int(m.group(2) or 0)) * _UNITS[m.group(3).lower()]
+    except (OverflowError, ValueError):      # an exponent too large for a float (or for int())
+        value = float("inf")
     if value != value or value > 2**62:
         raise UsageError(f"{what}: size {text!r} is out of range")
     return int(round(value))
