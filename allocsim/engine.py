@@ -33,7 +33,7 @@ def trace_capacity(trace: Trace) -> int | None:
 
 
 def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
-          costs: CostModel | None = None, gc_every=None, device=None):
+          costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim"):
     """Make (policy object, runtime, device, sections) ready to replay ``trace``."""
     cls = policies.get(policy)
     if isinstance(options, dict):
@@ -45,7 +45,12 @@ def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capaci
     if capacity == "trace":
         capacity = trace_capacity(trace)
     sections = Sections()
-    if device is None:
+    if device is None and backend == "cuda" and not cls.real_gpu:
+        from .gpu import CudaDevice
+        device = CudaDevice(capacity=capacity, cap=cap, costs=costs)
+    elif device is None:
+        if backend not in ("sim", "cuda"):
+            raise UsageError(f"unknown backend {backend!r} (known: sim, cuda)")
         device = SimulatedDevice(capacity=capacity, cap=cap, costs=costs or CostModel())
     rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
     pol = cls(device, rt, sections, opts, trace=trace)
@@ -54,18 +59,20 @@ def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capaci
 
 def replay(trace: Trace | str, policy: str = "split", *, runtime: str = "eager", cap=None, capacity="trace",
            options=None, costs: CostModel | None = None, keep_going: bool = False, gc_every=None,
-           timeline: bool = False, progress=None, device=None, observer=None) -> ReplayResult:
+           timeline: bool = False, progress=None, device=None, observer=None, backend: str = "sim") -> ReplayResult:
     """Replay ``trace`` against ``policy``; return its `ReplayResult`.
 
     ``capacity="trace"`` takes the device memory recorded in the trace (else
     unlimited). ``observer(event_index, kind, id, handle)`` is called after each
     driving event (tests use it to check invariants; it slows the replay).
     ``progress`` is a callable taking the number of driving events done.
+    ``backend="cuda"`` makes a simulated policy's device calls real `cudaMalloc`/`cudaFree`
+    on this GPU (measured latency); real-allocator policies always run on the GPU.
     """
     if isinstance(trace, str):
         trace = Trace.load(trace)
     pol, rt, dev, sections = build(trace, policy, runtime=runtime, cap=cap, capacity=capacity, options=options,
-                                   costs=costs, gc_every=gc_every, device=device)
+                                   costs=costs, gc_every=gc_every, device=device, backend=backend)
     try:
         return _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
                     observer=observer)
@@ -172,6 +179,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         progress(len(kinds))
 
     pol.finish()
+    peak_alloc = getattr(pol, "peak_allocated_override", None) or peak_alloc   # real allocators report their own
     lat_np = np.frombuffer(lat, dtype=np.float64) if len(lat) else np.zeros(0)
     alloc_time = float(lat_np.sum())
     gc_periodic = sum(v[1] for k, v in sections.stats.items() if k[0] != ALLOC_ROOT and k[0] != FREE_ROOT)

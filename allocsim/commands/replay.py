@@ -14,6 +14,8 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`)")
     add_replay_arguments(p)
+    p.add_argument("--backend", choices=["sim", "cuda"], default="sim",
+                   help="cuda: make the policy's device calls real cudaMalloc/cudaFree on this GPU (measured)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
     p.add_argument("--no-sections", action="store_true", help="omit the section table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -27,7 +29,7 @@ def run(args) -> int:
             trace, args.policy, runtime=args.runtime, cap=parse_size(args.cap, what="--cap", allow_none=True),
             capacity=capacity_arg(args.capacity), options=args.policy_opt, costs=cost_model_arg(args.cost_model),
             keep_going=args.keep_going, gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
-            progress=update)
+            progress=update, backend=args.backend)
     finally:
         close()
     if args.json:

@@ -1,0 +1,31 @@
+"""`allocsim calibrate`: measure this GPU's cudaMalloc/cudaFree and pool latencies into a cost model."""
+from __future__ import annotations
+
+import json
+
+from ..outputs import atomic_open
+from ..units import fmt_bytes, fmt_seconds
+
+NAME = "calibrate"
+HELP = "measure this GPU's device-call and pool latencies; write a cost model for --cost-model"
+EXAMPLE = "allocsim calibrate -o costs.json && allocsim replay t.bin --policy split --cost-model costs.json"
+
+
+def add_arguments(p):
+    p.add_argument("-o", "--output", default="costs.json", help="cost model JSON to write (default costs.json)")
+    p.add_argument("--reps", type=int, default=20, help="repetitions per size (default 20)")
+
+
+def run(args) -> int:
+    from ..calibrate import measure
+    model, extra = measure(args.reps)
+    with atomic_open(args.output) as f:
+        json.dump(model.to_dict(), f, indent=1)
+    print(f"{extra['device']}:")
+    print(f"  {'size':>10} {'cudaMalloc':>11} {'cudaFree':>10}")
+    for n, row in extra["table"].items():
+        print(f"  {fmt_bytes(int(n)):>10} {fmt_seconds(row['cudaMalloc_s']):>11} {fmt_seconds(row['cudaFree_s']):>10}")
+    print(f"  CuPy pool hit (1 MiB) {fmt_seconds(extra['cupy_pool_hit_s'])}"
+          + (f", cudaMallocAsync {fmt_seconds(extra['cupy_async_malloc_s'])}" if extra["cupy_async_malloc_s"] else ""))
+    print(f"wrote {args.output}")
+    return 0

@@ -1,0 +1,31 @@
+"""`cupy-async`: CuPy's `MemoryAsyncPool` (the driver's `cudaMallocAsync` pool), measured.
+
+The driver's sub-allocation is invisible, so this policy can only be measured on
+a GPU, never simulated: reserved bytes are the pool's `total_bytes()` (driver
+attribute `cudaMemPoolAttrReservedMemCurrent`); device malloc/free counts are not
+visible and stay 0. `--cap` becomes `set_limit` (enforced by CuPy in software).
+See `reference/cupy-pool-and-hooks.md` §5.
+"""
+from __future__ import annotations
+
+from ..gpu import require_cupy
+from . import register
+from .cupy_real import CupyRealPool
+
+
+@register
+class CupyAsyncPool(CupyRealPool):
+    name = "cupy-async"
+    summary = "CuPy MemoryAsyncPool (cudaMallocAsync) on this GPU (measured; driver internals invisible)"
+    models = "cupy.cuda.MemoryAsyncPool, run for real"
+
+    def __init__(self, *a, **k):
+        super(CupyRealPool, self).__init__(*a, **k)
+        cp = self.cp = require_cupy()
+        self.pool = cp.cuda.MemoryAsyncPool()
+        if self.device.cap:
+            self.pool.set_limit(size=self.device.cap)
+        self._streams = {0: None}
+
+    def counters(self):
+        return {"pool_total_bytes": int(self.pool.total_bytes())}

@@ -1,0 +1,79 @@
+"""`cupy-real`: the real CuPy `MemoryPool` on this GPU, every call measured.
+
+The pool's upstream is a `PythonFunctionAllocator` around `cudaMalloc`/`cudaFree`,
+so device allocations and releases (including `free_all_blocks` on the OOM path)
+are counted and timed; reserved bytes are the pool's own `total_bytes()`.
+`--cap` becomes the pool's `set_limit`. Streams map to CuPy streams (index 0 is
+the null stream). See `reference/cupy-pool-and-hooks.md` §1-§4, §8.
+"""
+from __future__ import annotations
+
+from ..gpu import require_cupy
+from . import register
+from ._real import RealPolicy, _now
+
+
+@register
+class CupyRealPool(RealPolicy):
+    name = "cupy-real"
+    summary = "the real CuPy MemoryPool on this GPU (latency measured)"
+    models = "cupy.cuda.MemoryPool, run for real"
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        cp = self.cp = require_cupy()
+        rt, dev, sizes = cp.cuda.runtime, self.device, {}
+
+        def upstream_malloc(size, device_id):
+            t0 = _now()
+            ptr = rt.malloc(size)
+            dev.malloc_time += (_now() - t0) * 1e-9
+            dev.n_malloc += 1
+            dev.bytes_malloc += size
+            sizes[ptr] = size
+            return ptr
+
+        def upstream_free(ptr, device_id):
+            t0 = _now()
+            rt.free(ptr)
+            dev.free_time += (_now() - t0) * 1e-9
+            dev.n_free += 1
+            dev.bytes_free += sizes.pop(ptr)
+
+        self.pool = cp.cuda.MemoryPool(cp.cuda.memory.PythonFunctionAllocator(upstream_malloc, upstream_free).malloc)
+        if dev.cap:
+            self.pool.set_limit(size=dev.cap)
+        self._streams = {0: None}
+        self.flushes_seen = 0
+
+    def _stream(self, s):
+        st = self._streams.get(s, False)
+        if st is False:
+            st = self._streams[s] = self.cp.cuda.Stream(non_blocking=True)
+        return st
+
+    def malloc(self, size, stream):
+        pool, st = self.pool, self._stream(stream)
+        t0 = _now()
+        try:
+            if st is None:
+                mem = pool.malloc(size)
+            else:
+                with st:
+                    mem = pool.malloc(size)
+        except self.cp.cuda.memory.OutOfMemoryError:
+            self._account(_now() - t0, pool.total_bytes(), pool.used_bytes())
+            return None
+        self._account(_now() - t0, pool.total_bytes(), pool.used_bytes())
+        return [mem, mem.ptr, size]
+
+    def free(self, handle):
+        t0 = _now()
+        handle[0] = None              # the PooledMemory's last reference: the chunk returns to its arena
+        self._account(_now() - t0, self.pool.total_bytes(), self.pool.used_bytes())
+
+    def counters(self):
+        return {"pool_total_bytes": int(self.pool.total_bytes()), "pool_n_free_blocks": int(self.pool.n_free_blocks())}
+
+    def close(self):
+        self.pool.free_all_blocks()

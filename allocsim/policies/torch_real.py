@@ -1,0 +1,87 @@
+"""`torch-real`: PyTorch's own caching allocator on this GPU, through
+`torch.cuda.caching_allocator_alloc` / `caching_allocator_delete`, measured.
+
+Settings: the `conf` option (PYTORCH_CUDA_ALLOC_CONF syntax), else those recorded
+in the trace, applied with `torch.cuda.memory._set_allocator_settings` after an
+`empty_cache()`. `--cap` becomes `set_per_process_memory_fraction(cap / total)`.
+Reserved and allocated figures come from `torch.cuda.memory_stats()` — read once
+at the end (peaks are reset at the start), because reading them per call costs
+more than the call; so the engine's per-event reserved curve is not available.
+"""
+from __future__ import annotations
+
+from ..gpu import require_torch
+from . import register
+from ._real import RealPolicy, _now
+from .base import Param
+
+
+@register
+class TorchReal(RealPolicy):
+    name = "torch-real"
+    summary = "PyTorch's CUDA caching allocator on this GPU (measured)"
+    models = "torch.cuda caching allocator, run for real"
+    params = RealPolicy.params + (Param("conf", "str", "", "PYTORCH_CUDA_ALLOC_CONF settings; default: the trace's"),)
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        torch = self.torch = require_torch()
+        conf = self.conf or (self.trace_meta.get("allocator_settings") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        if conf:
+            torch.cuda.memory._set_allocator_settings(conf)
+        self.applied_conf = conf
+        total = torch.cuda.get_device_properties(0).total_memory
+        if self.device.cap:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.device.cap / total))
+        torch.cuda.reset_peak_memory_stats()
+        self._base = torch.cuda.memory_stats()
+        self._streams = {0: torch.cuda.current_stream()}
+
+    def _stream(self, s):
+        st = self._streams.get(s)
+        if st is None:
+            st = self._streams[s] = self.torch.cuda.Stream()
+        return st
+
+    def malloc(self, size, stream):
+        torch = self.torch
+        t0 = _now()
+        try:
+            ptr = torch.cuda.caching_allocator_alloc(size, 0, self._stream(stream))
+        except torch.cuda.OutOfMemoryError:
+            self.device.clock += (_now() - t0) * 1e-9
+            return None
+        self.device.clock += (_now() - t0) * 1e-9
+        self.allocated += size
+        return [ptr, ptr, size]
+
+    def free(self, handle):
+        t0 = _now()
+        self.torch.cuda.caching_allocator_delete(handle[1])
+        self.device.clock += (_now() - t0) * 1e-9
+        self.allocated -= handle[2]
+
+    def finish(self):
+        s, b, dev = self.torch.cuda.memory_stats(), self._base, self.device
+        dev.reserved = s.get("reserved_bytes.all.current", 0)
+        dev.peak_reserved = s.get("reserved_bytes.all.peak", 0)
+        dev.n_malloc = s.get("num_device_alloc", 0) - b.get("num_device_alloc", 0)
+        dev.n_free = s.get("num_device_free", 0) - b.get("num_device_free", 0)
+        self.peak_allocated_override = s.get("allocated_bytes.all.peak", 0)
+        self._stats = s
+
+    def counters(self):
+        s, b = getattr(self, "_stats", {}), self._base
+        return {"num_alloc_retries": s.get("num_alloc_retries", 0) - b.get("num_alloc_retries", 0),
+                "num_ooms": s.get("num_ooms", 0) - b.get("num_ooms", 0),
+                "cache_flushes": s.get("num_alloc_retries", 0) - b.get("num_alloc_retries", 0),
+                "segments_allocated": s.get("segment.all.allocated", 0) - b.get("segment.all.allocated", 0),
+                "settings": self.applied_conf}
+
+    def close(self):
+        torch = self.torch
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(1.0)

@@ -1,0 +1,113 @@
+"""Real-GPU replay: the real allocators against their models, --backend cuda, calibrate.
+
+GPU tests run only where CuPy (and, for torch-real, PyTorch) sees a GPU; elsewhere
+they are skipped with the reason. The CPU test checks the one-line failure.
+"""
+import glob
+import json
+import os
+
+import pytest
+
+from allocsim import engine, policies
+from allocsim.costs import CostModel
+from allocsim.gpu import gpu_available
+from allocsim.trace import Trace
+
+from conftest import ROOT, random_trace, run_cli
+
+HAVE_GPU, WHY = gpu_available()
+gpu = pytest.mark.skipif(not HAVE_GPU, reason=f"no GPU: {WHY}")
+TRACES = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+
+
+def _framework(path):
+    return Trace.load(path).meta.get("framework")
+
+
+CUPY_TRACES = [p for p in TRACES if _framework(p) == "cupy"]
+TORCH_TRACES = [p for p in TRACES if _framework(p) == "torch"]
+
+
+def reserved_after_each_event(trace, policy, **kw):
+    pol, rt, dev, sec = engine.build(trace, policy, capacity=None, **kw)
+    seen = []
+    try:
+        engine._run(trace, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None,
+                    observer=lambda i, k, id_, h: seen.append(dev.reserved))
+    finally:
+        pol.close()
+    return seen, dev
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU message; this machine has a GPU")
+@pytest.mark.parametrize("policy", ["cupy-real", "cupy-async", "cuda-direct", "torch-real"])
+def test_real_policies_fail_cleanly_without_gpu(small_trace_path, policy):
+    out = run_cli("replay", small_trace_path, "--policy", policy)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "GPU" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU message; this machine has a GPU")
+def test_calibrate_and_cuda_backend_fail_cleanly_without_gpu(small_trace_path, tmp_path):
+    out = run_cli("calibrate", "-o", str(tmp_path / "c.json"))
+    assert out.returncode == 2 and not (tmp_path / "c.json").exists()
+    out = run_cli("replay", small_trace_path, "--policy", "split", "--backend", "cuda")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("path", CUPY_TRACES or [pytest.param(None, marks=pytest.mark.skip("no CuPy trace shipped"))])
+def test_cupy_real_matches_cupy_model_after_every_event(path):
+    trace = Trace.load(path)
+    model, _ = reserved_after_each_event(trace, "cupy")
+    real, _ = reserved_after_each_event(trace, "cupy-real")
+    assert len(model) == len(real)
+    first = next((i for i, (a, b) in enumerate(zip(model, real)) if a != b), None)
+    assert first is None, f"total bytes diverge at driving event {first}: model {model[first]} real {real[first]}"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("path", TORCH_TRACES or [pytest.param(None, marks=pytest.mark.skip("no torch trace shipped"))])
+def test_torch_real_matches_torch_model(path):
+    pytest.importorskip("torch")
+    trace = Trace.load(path)
+    model = engine.replay(trace, "torch", capacity=None)
+    real = engine.replay(trace, "torch-real", capacity=None)
+    assert real.peak_reserved_bytes == model.peak_reserved_bytes
+    assert real.final_reserved_bytes == model.final_reserved_bytes
+    assert real.device_mallocs == model.device_mallocs
+
+
+@pytest.mark.gpu
+@gpu
+def test_cuda_backend_makes_the_same_device_calls():
+    trace = random_trace(800, seed=9, max_size=1 << 22)
+    sim = engine.replay(trace, "split", capacity=None)
+    real = engine.replay(trace, "split", capacity=None, backend="cuda")
+    assert (real.device_mallocs, real.device_frees, real.peak_reserved_bytes) == \
+           (sim.device_mallocs, sim.device_frees, sim.peak_reserved_bytes)
+    assert real.alloc_time_seconds > 0
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("policy", ["cupy-real", "cupy-async", "cuda-direct"])
+def test_real_policies_replay_and_honour_cap(policy):
+    trace = random_trace(600, seed=2, max_size=1 << 22)
+    ok = engine.replay(trace, policy, capacity=None)
+    assert ok.ooms == 0 and ok.latency["count"] == trace.n_allocs
+    capped = engine.replay(trace, policy, capacity=None, cap=trace.load_bytes // 4)
+    assert capped.ooms == 1
+
+
+@pytest.mark.gpu
+@gpu
+def test_calibrate_writes_a_cost_model(tmp_path):
+    out = run_cli("calibrate", "-o", str(tmp_path / "c.json"), "--reps", "5")
+    assert out.returncode == 0, out.stderr
+    model = CostModel.load(str(tmp_path / "c.json"))
+    assert 1e-6 < model.malloc_cost(2 << 20) < 1e-2
+    assert model.pool_hit_s < model.malloc_cost(2 << 20)
