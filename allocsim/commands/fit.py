@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from ..fit import MiB, _fit_job
@@ -23,9 +24,11 @@ def add_arguments(p):
     p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
     p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
-def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True) -> dict:
+def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True,
+             quiet=True) -> dict:
     from .. import policies
     from ..sweep import Cell, run_cell
     t = load_trace(trace)
@@ -33,11 +36,25 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
         policies.get(name).parse_options(list(opts))
     jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution})
                  for name, opts in specs]
+    bar = None
+    if not quiet and sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(total=len(jobs_args), desc="fit", unit="policy", leave=False)
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as ex:
-            fits = list(ex.map(_fit_job, jobs_args))
+            fits = []
+            for f in ex.map(_fit_job, jobs_args):
+                fits.append(f)
+                if bar:
+                    bar.update()
     else:
-        fits = [_fit_job(a) for a in jobs_args]
+        fits = []
+        for a in jobs_args:
+            fits.append(_fit_job(a))
+            if bar:
+                bar.update()
+    if bar:
+        bar.close()
     out = {"trace": trace, "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
     if oracle and "oracle" in policies.names():
         out["oracle_peak_bytes"] = run_cell(Cell(trace, "oracle", None, runtime, (), None), settings)["peak_reserved_bytes"]
@@ -49,7 +66,7 @@ def run(args) -> int:
     costs = cost_model_arg(args.cost_model)
     res = frontier(args.trace, specs, runtime=args.runtime, resolution=parse_size(args.resolution, what="--resolution"),
                    jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),
-                   oracle=not args.no_oracle)
+                   oracle=not args.no_oracle, quiet=args.quiet or args.json)
     if args.json:
         dump_json(res)
         return 0
