@@ -93,6 +93,8 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     times = trace.time_ns[drive].tolist() if tick is not None else None
     handles = [None] * trace.n_ids
     rt.attach(pol, handles, id_size)
+    # policies that log what they do per event (validate) get the trace index of each ALLOC
+    drive_idx = drive.tolist() if getattr(pol, "wants_event_index", False) else None
 
     malloc, free = pol.malloc, pol.free
     eager = rt.eager
@@ -130,6 +132,8 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
                 handles[i] = ZERO
                 n_allocs += 1
                 continue
+            if drive_idx is not None:
+                pol.event_index = drive_idx[j]
             before = dev.clock
             h = malloc(size, streams[j])
             lat_append(dev.clock - before)

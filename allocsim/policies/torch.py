@@ -1,0 +1,833 @@
+"""`torch`: PyTorch's CUDA caching allocator (native backend), step for step.
+
+Source: `reference/pytorch-caching-allocator.md` (c10/cuda/CUDACachingAllocator.cpp,
+rev A 001074d2 and later; option parsing as in c10/core/AllocatorConfig.cpp, rev B).
+
+What is modeled: 512-byte rounding and ``roundup_power2_divisions``; small (<= 1 MiB)
+and large pools, one best-fit set of free blocks per (pool, stream) ordered by
+(size, address) -- PyTorch's single set ordered by (stream, size, address) split by
+stream; ``get_allocation_size`` (2 MiB, 20 MiB, 2 MiB-rounded from 10 MiB);
+``should_split``; ``max_split_size_mb`` and ``max_non_split_rounding_mb`` in
+``get_free_block``; merging a freed block with free neighbours; the escalation
+``get_free_block`` -> (free-memory callbacks: none) -> ``garbage_collect_cached_blocks``
+-> ``alloc_block`` -> ``release_available_cached_blocks`` -> ``release_cached_blocks``
++ ``alloc_block`` (retry) -> OOM; expandable segments (per stream and pool, a virtual
+range of 1.125 x device memory mapped in 2 MiB / 20 MiB pages).
+
+Where the model knowingly differs:
+- A trace's FREE is ``free_completed``: cross-stream frees (``record_stream``) are
+  already resolved, so there are never pending events. ``release_cached_blocks``'s
+  ``synchronize_and_free_events`` therefore frees nothing, and issue #189504 (no pool
+  re-search after that synchronisation) cannot bite; ``fix_189504`` adds the re-search
+  for fidelity with the fix, and it only matters for blocks the flush itself made fit.
+- No CUDA graphs, private pools or MemPools; ``cudaMallocAsync`` backend is not modeled.
+- ``alloc_block`` fails on the simulated device's cap/capacity; the real limit is the
+  device's total memory minus the CUDA context, workspaces and other processes.
+- Expandable segments map pages one ``device.malloc(page)`` at a time (after checking the
+  whole range fits, as PyTorch maps all or nothing); ``num_device_alloc`` counts maps.
+
+Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
+to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+
+from ..errors import InputError, UsageError
+from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from . import register
+from .base import Param, Policy
+
+MiB = 1 << 20
+K_MIN_BLOCK = 512
+K_SMALL_SIZE = MiB
+K_SMALL_BUFFER = 2 * MiB
+K_LARGE_BUFFER = 20 * MiB
+K_MIN_LARGE_ALLOC = 10 * MiB
+K_ROUND_LARGE = 2 * MiB
+N_DIVISION_INTERVALS = 16          # 1 MiB .. 64 GiB
+SIZE_MAX = 2**64 - 1
+NO_DIVISIONS = (0,) * N_DIVISION_INTERVALS
+SHIFT = 64                         # sort key = size << SHIFT | address
+
+
+# ---- sizes -------------------------------------------------------------------------
+def roundup_power2_next_division(n: int, d: int) -> int:
+    """Round ``n`` up to the next of ``d`` equal steps between two powers of two."""
+    if n & (n - 1) == 0:
+        return n
+    floor2 = 1 << (n.bit_length() - 1)
+    step = floor2 >> (d.bit_length() - 1)
+    if step == 0:
+        return floor2 << 1
+    lo = n & ~(step - 1)
+    return n if lo == n else lo + step
+
+
+def round_size(n: int, divisions=NO_DIVISIONS) -> int:
+    """The block size PyTorch hands out for a request of ``n`` bytes."""
+    if n < K_MIN_BLOCK:
+        return K_MIN_BLOCK
+    idx = min(max(n.bit_length() - 21, 0), N_DIVISION_INTERVALS - 1)
+    d = divisions[idx]
+    if d > 1 and n > K_MIN_BLOCK * d:
+        return roundup_power2_next_division(n, d)
+    return (n + K_MIN_BLOCK - 1) // K_MIN_BLOCK * K_MIN_BLOCK
+
+
+def get_allocation_size(n: int) -> int:
+    """Size of a new segment for a rounded request of ``n`` bytes."""
+    if n <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if n < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return (n + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
+
+
+# ---- PYTORCH_CUDA_ALLOC_CONF ------------------------------------------------------------
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def parse_divisions(text: str) -> tuple:
+    """``roundup_power2_divisions``: ``4`` or ``[256:1,512:2,>:8]`` (keys in MiB) -> 16 entries.
+
+    As AllocatorConfig::parseRoundUpPower2Divisions: the first key also fills every
+    interval below it; ``>`` fills every interval after the last key.
+    """
+    text = str(text).replace(" ", "")
+    if not (text.startswith("[") and text.endswith("]")):
+        v = int(text)
+        if not _pow2(v):
+            raise ValueError("the divisions have to be a power of 2")
+        return (v,) * N_DIVISION_INTERVALS
+    table = [0] * N_DIVISION_INTERVALS
+    first, last = True, 0
+    for item in filter(None, text[1:-1].split(",")):
+        key, sep, val = item.partition(":")
+        if not sep:
+            raise ValueError(f"expected interval:divisions, got {item!r}")
+        d = int(val)
+        if d != 0 and not _pow2(d):
+            raise ValueError("the divisions have to be a power of 2 or 0 to disable roundup")
+        if key == ">":
+            table[last + 1:] = [d] * (N_DIVISION_INTERVALS - last - 1)
+            continue
+        mb = int(key)
+        if not _pow2(mb):
+            raise ValueError(f"the intervals have to be powers of 2, got {mb}")
+        idx = min(mb.bit_length() - 1, N_DIVISION_INTERVALS - 1)
+        if first:
+            table[:idx] = [d] * idx
+            first = False
+        table[idx] = d
+        last = idx
+    return tuple(table)
+
+
+def split_conf(text: str) -> list[tuple[str, str]]:
+    """``"k:v,k2:[a:1,b:2]"`` -> ``[(k, v), (k2, "[a:1,b:2]")]``; ``=`` works as ``:``."""
+    items, depth, cur = [], 0, []
+    for ch in str(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur))
+    out = []
+    for item in (s.strip() for s in items):
+        if not item:
+            continue
+        cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
+        if cut < 0:
+            raise UsageError(f"policy option {item!r}: expected key:value or key=value")
+        out.append((item[:cut].strip(), item[cut + 1:].strip()))
+    return out
+
+
+def _mb_at_least_20(v: str) -> int:
+    mb = int(v)
+    if mb < K_LARGE_BUFFER // MiB:
+        raise ValueError(f"too small, must be >= {K_LARGE_BUFFER // MiB}")
+    return mb
+
+
+def _gc_threshold(v: str) -> float:
+    x = float(v)
+    if not 0.0 < x < 1.0:
+        raise ValueError("must lie in (0.0, 1.0)")
+    return x
+
+
+def _fraction(v: str) -> float:
+    x = float(v)
+    if not 0.0 < x <= 1.0:
+        raise ValueError("must lie in (0.0, 1.0]")
+    return x
+
+
+def _divisions(v):
+    return v if isinstance(v, tuple) else parse_divisions(v)
+
+
+#: Keys PyTorch accepts that change nothing in the model.
+IGNORED_CONF_KEYS = ("backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
+                     "pinned_num_register_threads", "pinned_use_background_threads", "large_segment_size_mb")
+
+
+def settings_from_trace(meta: dict, path=None) -> dict:
+    """Option values in force when the trace was recorded (``meta["allocator_settings"]``).
+
+    The settings string (``PYTORCH_CUDA_ALLOC_CONF``) is applied first, then the
+    structured fields of the snapshot, which are the values actually in force.
+    """
+    s = meta.get("allocator_settings") or {}
+    if not isinstance(s, dict):
+        raise InputError("allocator_settings is not a dict", path=path, position="metadata")
+    out: dict = {}
+    try:
+        conf = s.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+        for key, value in split_conf(conf):
+            if key == "backend" and value != "native":
+                raise ValueError(f"backend {value} is not modeled by the torch policy")
+            if key in IGNORED_CONF_KEYS:
+                continue
+            out.update(TorchCachingAllocator._parse_one({p.name: p for p in TorchCachingAllocator.params},
+                                                        key, value))
+        if s.get("max_split_size") is not None:
+            v = int(s["max_split_size"])
+            out["max_split_size_mb"] = None if v >= SIZE_MAX or v <= 0 else v // MiB
+        if s.get("garbage_collection_threshold") is not None:
+            out["garbage_collection_threshold"] = float(s["garbage_collection_threshold"])
+        if s.get("expandable_segments") is not None:
+            out["expandable_segments"] = bool(s["expandable_segments"])
+        div = s.get("roundup_power2_divisions")
+        if isinstance(div, dict) and div:
+            table = [0] * N_DIVISION_INTERVALS
+            for k, d in div.items():
+                mb = int(k)
+                if not _pow2(mb):
+                    raise ValueError(f"roundup_power2_divisions key {k!r} is not a power of two")
+                table[min(mb.bit_length() - 1, N_DIVISION_INTERVALS - 1)] = int(d)
+            out["roundup_power2_divisions"] = tuple(table)
+        elif isinstance(div, (list, tuple)) and div:
+            out["roundup_power2_divisions"] = tuple(int(d) for d in div)
+    except (ValueError, TypeError, UsageError) as e:
+        raise InputError(f"allocator_settings: {e.args[0] if e.args else e}", path=path, position="metadata")
+    return out
+
+
+# ---- data structures --------------------------------------------------------------------
+class SortedKeys:
+    """An ordered set of int keys: sorted runs of at most 2*LOAD keys plus each run's
+    maximum (sortedcontainers' layout without its positional index).
+
+    ``add``/``remove``/``ceiling``: O(log n) bisects plus an O(LOAD) list shift with a
+    small constant; iteration O(n).
+    """
+
+    __slots__ = ("lists", "maxes")
+    LOAD = 256
+
+    def __init__(self):
+        self.lists: list[list[int]] = []
+        self.maxes: list[int] = []
+
+    def __len__(self):
+        return sum(len(x) for x in self.lists)
+
+    def __iter__(self):
+        for lst in self.lists:
+            yield from lst
+
+    def add(self, k: int) -> None:
+        maxes = self.maxes
+        if not maxes:
+            self.lists.append([k])
+            maxes.append(k)
+            return
+        pos = bisect_left(maxes, k)
+        if pos == len(maxes):
+            pos -= 1
+            lst = self.lists[pos]
+            lst.append(k)
+            maxes[pos] = k
+        else:
+            lst = self.lists[pos]
+            insort(lst, k)
+        if len(lst) > 2 * self.LOAD:
+            half = lst[self.LOAD:]
+            del lst[self.LOAD:]
+            maxes[pos] = lst[-1]
+            self.lists.insert(pos + 1, half)
+            maxes.insert(pos + 1, half[-1])
+
+    def remove(self, k: int) -> None:
+        maxes = self.maxes
+        pos = bisect_left(maxes, k)
+        lst = self.lists[pos]
+        idx = bisect_left(lst, k)
+        del lst[idx]
+        if not lst:
+            del self.lists[pos]
+            del maxes[pos]
+        elif idx == len(lst):
+            maxes[pos] = lst[-1]
+
+    def ceiling(self, k: int) -> int:
+        """The smallest key >= ``k``, or -1."""
+        maxes = self.maxes
+        pos = bisect_left(maxes, k)
+        if pos == len(maxes):
+            return -1
+        lst = self.lists[pos]
+        return lst[bisect_left(lst, k)]
+
+    def irange(self, k: int):
+        """Keys >= ``k`` in order."""
+        pos = bisect_left(self.maxes, k)
+        if pos == len(self.maxes):
+            return
+        lst = self.lists[pos]
+        yield from lst[bisect_left(lst, k):]
+        for lst in self.lists[pos + 1:]:
+            yield from lst
+
+
+class Block:
+    """A block of a segment: address neighbours ``prev``/``next`` in the same segment."""
+
+    __slots__ = ("ptr", "size", "pool", "allocated", "prev", "next", "requested", "es", "mapped", "gc_base")
+
+    def __init__(self, ptr, size, pool, es=None, mapped=True):
+        self.ptr = ptr
+        self.size = size
+        self.pool = pool
+        self.allocated = False
+        self.prev = None
+        self.next = None
+        self.requested = 0
+        self.es = es
+        self.mapped = mapped
+        self.gc_base = 0
+
+
+class BlockPool:
+    """Free blocks of one (small|large, stream): ``keys`` orders mapped free blocks by
+    (size, address) with ``blocks`` mapping key -> Block; ``unmapped`` orders the
+    unmapped ranges of expandable segments by address (``unmapped_blocks``: ptr -> Block)."""
+
+    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks")
+
+    def __init__(self, small: bool, stream: int):
+        self.small = small
+        self.stream = stream
+        self.keys = SortedKeys()
+        self.blocks: dict[int, Block] = {}
+        self.unmapped = SortedKeys()
+        self.unmapped_blocks: dict[int, Block] = {}
+
+    def insert(self, b: Block) -> None:
+        if b.mapped:
+            k = b.size << SHIFT | b.ptr
+            self.keys.add(k)
+            self.blocks[k] = b
+        else:
+            self.unmapped.add(b.ptr)
+            self.unmapped_blocks[b.ptr] = b
+
+    def erase(self, b: Block) -> None:
+        if b.mapped:
+            k = b.size << SHIFT | b.ptr
+            self.keys.remove(k)
+            del self.blocks[k]
+        else:
+            self.unmapped.remove(b.ptr)
+            del self.unmapped_blocks[b.ptr]
+
+
+class ExpandableSegment:
+    """A reserved virtual range mapped page by page; ``pages`` holds the mapped page indices."""
+
+    __slots__ = ("base", "size", "page", "pages")
+
+    def __init__(self, base, size, page):
+        self.base, self.size, self.page = base, size, page
+        self.pages: set[int] = set()
+
+
+def _expandable_size(b: Block) -> int:
+    nxt = b.next
+    return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
+# ---- the policy -------------------------------------------------------------------------
+@register
+class TorchCachingAllocator(Policy):
+    name = "torch"
+    summary = "PyTorch CUDA caching allocator (best fit, split, max_split, expandable segments)"
+    models = "c10/cuda/CUDACachingAllocator.cpp (pytorch-caching-allocator.md)"
+    params = (
+        Param("expandable_segments", "bool", False, "map 2 MiB / 20 MiB pages into per-stream virtual segments"),
+        Param("max_split_size_mb", "int", None, "blocks this large (MiB, >= 20) are never split; default unlimited"),
+        Param("max_non_split_rounding_mb", "int", 20, "slack (MiB, >= 20) an oversize request accepts"),
+        Param("roundup_power2_divisions", "str", None, "4 or [256:1,512:2,>:8] (MiB keys); default 512 B rounding"),
+        Param("garbage_collection_threshold", "float", 0.0, "in (0,1): reclaim old cached blocks above this "
+              "fraction of the allowed memory (needs per_process_memory_fraction)"),
+        Param("per_process_memory_fraction", "float", None, "torch.cuda.set_per_process_memory_fraction: "
+              "fraction of device memory the allocator may reserve"),
+        Param("fix_189504", "bool", False, "search the pool again after release_cached_blocks (PR #191302)"),
+        Param("trace_settings", "bool", True, "start from the allocator settings recorded in the trace"),
+    )
+    _VALUE_PARSERS = {"max_split_size_mb": _mb_at_least_20, "max_non_split_rounding_mb": _mb_at_least_20,
+                      "roundup_power2_divisions": _divisions, "garbage_collection_threshold": _gc_threshold,
+                      "per_process_memory_fraction": _fraction}
+
+    #: the engine sets ``event_index`` (trace index of the current ALLOC) before each malloc
+    wants_event_index = True
+
+    # ---- options --------------------------------------------------------------------------
+    @classmethod
+    def parse_options(cls, texts) -> dict:
+        """PYTORCH_CUDA_ALLOC_CONF syntax (``k:v,k2:[a:1,>:8]``) or ``k=v``; typed dict."""
+        known = {p.name: p for p in cls.params}
+        out = {}
+        for text in texts or ():
+            for key, value in split_conf(text):
+                out.update(cls._parse_one(known, key, value))
+        return out
+
+    @classmethod
+    def _parse_one(cls, known, key, value):
+        parse = cls._VALUE_PARSERS.get(key)
+        if parse is None or key not in known:
+            return super()._parse_one(known, key, value)
+        if value.lower() == "none" and known[key].default is None:
+            return {key: None}
+        try:
+            return {key: parse(value)}
+        except ValueError as e:
+            raise UsageError(f"policy {cls.name!r} option {key}: {e.args[0] if e.args else e}") from None
+
+    def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
+        explicit = dict(options or {})
+        opts = {}
+        if explicit.get("trace_settings", True) and trace is not None:
+            opts.update(settings_from_trace(trace.meta, trace.path))
+        opts.update(explicit)
+        super().__init__(device, runtime, sections, opts, trace=trace)
+        ms = self.max_split_size_mb
+        self.max_split = SIZE_MAX if ms is None else ms * MiB
+        self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
+        div = self.roundup_power2_divisions
+        self.divisions = NO_DIVISIONS if div is None else _divisions(div)
+        self._plain_rounding = not any(d > 1 for d in self.divisions)
+        self.expandable = bool(self.expandable_segments)
+        self.total_memory = device.capacity if device.capacity is not None else device.cap
+        frac = self.per_process_memory_fraction
+        self.fraction_set = frac is not None
+        if self.fraction_set:
+            if self.total_memory is None:
+                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
+            self.allowed_max = int(frac * self.total_memory)
+        else:
+            self.allowed_max = SIZE_MAX
+        self.gc_on = self.fraction_set and (self.garbage_collection_threshold or 0.0) > 0.0
+        # pools: stream index -> (small, large); release paths visit them in cudaStream_t order
+        self._pools: dict[int, tuple[BlockPool, BlockPool]] = {}
+        self._stream_values = list(trace.streams) if trace is not None else []
+        self._segments: list[ExpandableSegment] = []
+        self.gfb_calls = [0, 0]          # get_free_block calls per pool (large, small) while GC is on
+        self.event_index = -1
+        self.segment_log: list[tuple[int, int, int]] = []
+        # memory_stats counters
+        self.num_device_alloc = self.num_device_free = 0
+        self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
+        self.cache_flushes = 0
+        self.segments = self.segments_allocated = 0
+        self.inactive_split_bytes = self.inactive_split_bytes_peak = 0
+        self.n_malloc = self.n_free = 0
+        self._hit_s = self.costs.pool_hit_s
+        self._free_s = self.costs.pool_free_s
+
+    def _make_pools(self, stream: int) -> tuple[BlockPool, BlockPool]:
+        pp = self._pools[stream] = (BlockPool(True, stream), BlockPool(False, stream))
+        return pp
+
+    def _pools_in_order(self, small: bool) -> list[BlockPool]:
+        vals = self._stream_values
+        order = sorted(self._pools, key=lambda s: (vals[s] if s < len(vals) else s, s))
+        return [self._pools[s][0 if small else 1] for s in order]
+
+    def _insert(self, pool: BlockPool, b: Block) -> None:
+        if self.gc_on:
+            b.gc_base = self.gfb_calls[pool.small]
+        pool.insert(b)
+
+    # ---- malloc ---------------------------------------------------------------------------
+    def malloc(self, size, stream):
+        self.device.clock += self._hit_s
+        self.n_malloc += 1
+        if self._plain_rounding:
+            n = (size + 511) & ~511
+        else:
+            n = round_size(size, self.divisions)
+        pp = self._pools.get(stream) or self._make_pools(stream)
+        small = n <= K_SMALL_SIZE
+        pool = pp[0] if small else pp[1]
+        b = self._get_free_block(pool, n)
+        if b is None:
+            b = self._escalate(pool, n)
+            if b is None:
+                return None
+        # should_split + alloc_found_block
+        rem = b.size - n
+        already_split = b.prev is not None or b.next is not None
+        if (rem >= K_MIN_BLOCK) if (small or self.expandable) else (n < self.max_split and rem > K_SMALL_SIZE):
+            r = Block(b.ptr + n, rem, pool, b.es)
+            nxt = b.next
+            r.prev = b
+            r.next = nxt
+            if nxt is not None:
+                nxt.prev = r
+            b.next = r
+            b.size = n
+            self._insert(pool, r)
+            if b.es is None:
+                self._inactive_split(-n if already_split else rem)
+        elif already_split and b.es is None:
+            self._inactive_split(-b.size)
+        b.allocated = True
+        b.requested = size
+        self.allocated += b.size
+        return b
+
+    def _inactive_split(self, delta: int) -> None:
+        v = self.inactive_split_bytes = self.inactive_split_bytes + delta
+        if v > self.inactive_split_bytes_peak:
+            self.inactive_split_bytes_peak = v
+
+    def _get_free_block(self, pool: BlockPool, n: int):
+        """Best fit on this stream: smallest size >= n, lowest address; oversize rules."""
+        if self.gc_on:
+            self.gfb_calls[pool.small] += 1
+        keys = pool.keys
+        k = keys.ceiling(n << SHIFT)
+        if k < 0:
+            return None
+        b = pool.blocks[k]
+        if b.es is not None and self.expandable:
+            # prefer the candidate that can grow least: size + the unmapped space after it
+            for k2 in keys.irange(k + 1):
+                b2 = pool.blocks[k2]
+                if b.es is None or _expandable_size(b2) >= _expandable_size(b):
+                    break
+                k, b = k2, b2
+        size, ms = b.size, self.max_split
+        if n < ms and size >= ms:
+            return None
+        if n >= ms and size >= n + self.max_non_split_rounding:
+            return None
+        keys.remove(k)
+        del pool.blocks[k]
+        return b
+
+    def _escalate(self, pool: BlockPool, n: int):
+        """Steps 2-6 after a pool miss; None after counting an OOM."""
+        sec, dev = self.sections, self.device
+        # free-memory callbacks: none registered in a replay, so no second search
+        if self.gc_on:
+            sec.push("2. garbage_collect_cached_blocks", dev.clock)
+            self.garbage_collect_cached_blocks()
+            sec.pop(dev.clock)
+        seg = get_allocation_size(n)
+        sec.push("3. alloc_block", dev.clock)
+        b = self._alloc_block(pool, n, seg)
+        sec.pop(dev.clock)
+        if b is None and self.max_split != SIZE_MAX:
+            sec.push("4. release_available_cached_blocks", dev.clock)
+            if self.release_available_cached_blocks(pool, n):
+                sec.push("alloc_block", dev.clock)
+                b = self._alloc_block(pool, n, seg)
+                sec.pop(dev.clock)
+            sec.pop(dev.clock)
+        if b is None:
+            sec.push("5. release_cached_blocks", dev.clock)
+            self.release_cached_blocks()
+            sec.pop(dev.clock)
+            if self.fix_189504:
+                sec.push("5.1 get_free_block (fix #189504)", dev.clock)
+                b = self._get_free_block(pool, n)
+                sec.pop(dev.clock)
+            if b is None:
+                sec.push("6. alloc_block (retry)", dev.clock)
+                self.num_alloc_retries += 1
+                b = self._alloc_block(pool, n, seg)
+                sec.pop(dev.clock)
+        if b is None:
+            self.num_ooms += 1
+        return b
+
+    def _log(self, kind: int, size: int) -> None:
+        self.segment_log.append((kind, size, self.event_index))
+
+    def _alloc_block(self, pool: BlockPool, n: int, seg: int):
+        """A new segment (or expandable pages) for ``n`` bytes; None if the device refuses."""
+        if self.fraction_set and self.device.reserved + seg > self.allowed_max:
+            return None
+        if self.expandable:
+            return self._try_allocate_expandable_block(pool, n)
+        ptr = self.device.malloc(seg)
+        if ptr is None:
+            return None
+        self.num_device_alloc += 1
+        self.segments += 1
+        self.segments_allocated += 1
+        self._log(SEGMENT_ALLOC, seg)
+        return Block(ptr, seg, pool)
+
+    # ---- free -----------------------------------------------------------------------------
+    def free(self, b):
+        self.device.clock += self._free_s
+        self.n_free += 1
+        b.allocated = False
+        self.allocated -= b.size
+        pool = b.pool
+        prev, nxt = b.prev, b.next
+        if prev is None and nxt is None:
+            self._insert(pool, b)
+            return
+        subsumed = self._try_merge(b, prev) + self._try_merge(b, nxt)
+        self._insert(pool, b)
+        if b.es is None:
+            delta = -subsumed
+            if b.prev is not None or b.next is not None:
+                delta += b.size
+            if delta:
+                self._inactive_split(delta)
+
+    @staticmethod
+    def _try_merge(dst: Block, src: Block | None) -> int:
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return 0
+        src.pool.erase(src)
+        if dst.prev is src:
+            dst.ptr = src.ptr
+            p = dst.prev = src.prev
+            if p is not None:
+                p.next = dst
+        else:
+            nx = dst.next = src.next
+            if nx is not None:
+                nx.prev = dst
+        dst.size += src.size
+        return src.size
+
+    # ---- releasing cached memory ----------------------------------------------------------
+    def _release_block(self, b: Block) -> None:
+        """cudaFree a whole free non-expandable segment."""
+        b.pool.erase(b)
+        self.device.free(b.ptr, b.size)
+        self.num_device_free += 1
+        self.segments -= 1
+        self._log(SEGMENT_FREE, b.size)
+
+    def release_available_cached_blocks(self, pool: BlockPool, n: int) -> bool:
+        """Free one cached oversize block >= max(n, max_split), else the largest ones."""
+        ms = self.max_split
+        if ms == SIZE_MAX:
+            return False
+        key_size = max(n, ms)
+        keys = list(pool.keys)
+        pos = bisect_left(keys, key_size << SHIFT)
+        if pos < len(keys) and pool.blocks[keys[pos]].es is None:
+            self._release_block(pool.blocks[keys[pos]])
+            return True
+        released = 0
+        for k in reversed(keys[:pos]):
+            b = pool.blocks[k]
+            if released >= key_size or b.size < ms:
+                break
+            if b.es is None:
+                released += b.size
+                self._release_block(b)
+        return released >= key_size
+
+    def release_cached_blocks(self) -> None:
+        """empty_cache(): sync events, free every whole cached segment, unmap free pages."""
+        self.num_sync_all_streams += 1          # synchronize_and_free_events: nothing is pending
+        self.cache_flushes += 1
+        for small in (False, True):
+            for pool in self._pools_in_order(small):
+                to_unmap = []
+                for k in list(pool.keys):
+                    b = pool.blocks[k]
+                    if b.es is not None:
+                        to_unmap.append(b)
+                    elif b.prev is None and b.next is None:
+                        self._release_block(b)
+                for b in to_unmap:
+                    self._unmap_block(b)
+                    if b.prev is None and b.next is None and not b.mapped:
+                        pool.erase(b)                       # release_expandable_segment
+                        self._segments.remove(b.es)
+
+    def garbage_collect_cached_blocks(self) -> None:
+        """Free large-pool cached segments at least as old as the average, down to the threshold."""
+        gc_thr = int(self.garbage_collection_threshold * self.allowed_max)
+        dev = self.device
+        if dev.reserved <= gc_thr:
+            return
+        target = dev.reserved - gc_thr
+        now = self.gfb_calls[False]
+        large = self._pools_in_order(False)
+        total_age = count = 0
+        for pool in large:
+            for b in pool.blocks.values():
+                if b.prev is None and b.next is None:
+                    total_age += now - b.gc_base
+                    count += 1
+        reclaimed, freed = 0, True
+        while reclaimed < target and freed and count > 0:
+            threshold = total_age / count
+            freed = False
+            for pool in large:
+                for k in list(pool.keys):
+                    b = pool.blocks[k]
+                    if b.prev is None and b.next is None and b.es is None and now - b.gc_base >= threshold:
+                        freed = True
+                        reclaimed += b.size
+                        total_age -= now - b.gc_base
+                        count -= 1
+                        self._release_block(b)
+
+    # ---- expandable segments --------------------------------------------------------------
+    def _find_expandable_block(self, pool: BlockPool, n: int) -> Block:
+        """Lowest-address free+unmapped run that fits ``n``, else a new segment's range."""
+        def allocatable(b):
+            return b is not None and not b.allocated
+
+        for ptr in pool.unmapped:
+            c = pool.unmapped_blocks[ptr]
+            if allocatable(c.prev):
+                c = c.prev
+            room, x = 0, c
+            while room < n and allocatable(x):
+                room += x.size
+                x = x.next
+            if room >= n:
+                return c
+        page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
+        total = self.total_memory or (1 << 44)
+        size = (total + total // 8 + page - 1) // page * page
+        es = ExpandableSegment(self.device.reserve_address_range(size), size, page)
+        self._segments.append(es)
+        c = Block(es.base, size, pool, es, mapped=False)
+        pool.insert(c)
+        return c
+
+    def _try_allocate_expandable_block(self, pool: BlockPool, n: int):
+        c = self._find_expandable_block(pool, n)
+        if not c.mapped and not self._map_block(c, min(c.size, n)):
+            return None
+        while c.size < n:
+            nc = c.next
+            if not self._map_block(nc, min(n - c.size, nc.size)):
+                return None
+            c = nc
+        pool.erase(c)
+        return c
+
+    def _map_block(self, b: Block, size: int) -> bool:
+        es, dev = b.es, self.device
+        page = es.page
+        begin = (b.ptr - es.base) // page
+        end = (b.ptr + size - es.base + page - 1) // page
+        mapped = (end - begin) * page
+        if not dev.fits(mapped):
+            return False
+        for i in range(begin, end):
+            dev.malloc(page)
+            es.pages.add(i)
+        pool = b.pool
+        pool.erase(b)
+        b.mapped = True
+        if mapped < b.size:
+            r = Block(b.ptr + mapped, b.size - mapped, pool, es, mapped=False)
+            r.prev, r.next = b, b.next
+            if b.next is not None:
+                b.next.prev = r
+            b.next = r
+            b.size = mapped
+            pool.insert(r)
+        self._try_merge(b, b.prev)
+        self._try_merge(b, b.next)
+        self._insert(pool, b)
+        self.num_device_alloc += 1
+        self._log(SEGMENT_MAP, mapped)
+        return True
+
+    def _unmap_block(self, b: Block) -> None:
+        """Unmap the whole pages inside free block ``b``; the partial ends stay mapped."""
+        es, pool = b.es, b.pool
+        page = es.page
+        begin = (b.ptr - es.base + page - 1) // page
+        end = (b.ptr + b.size - es.base) // page
+        if begin >= end:
+            return
+        pool.erase(b)
+        uptr, usize = es.base + begin * page, (end - begin) * page
+        before = uptr - b.ptr
+        after = b.size - before - usize
+        if before > 0:
+            f = Block(b.ptr, before, pool, es)
+            f.prev, f.next = b.prev, b
+            if b.prev is not None:
+                b.prev.next = f
+            b.prev = f
+            self._insert(pool, f)
+        if after > 0:
+            f = Block(uptr + usize, after, pool, es)
+            f.prev, f.next = b, b.next
+            if b.next is not None:
+                b.next.prev = f
+            b.next = f
+            self._insert(pool, f)
+        b.ptr, b.size, b.mapped = uptr, usize, False
+        self._try_merge(b, b.prev)
+        self._try_merge(b, b.next)
+        pool.insert(b)
+        for i in range(begin, end):
+            es.pages.discard(i)
+            self.device.free(es.base + i * page, page)
+        self.num_device_free += 1
+        self._log(SEGMENT_UNMAP, usize)
+
+    # ---- reporting ------------------------------------------------------------------------
+    def block(self, handle):
+        return handle.ptr, handle.size
+
+    def largest_free(self) -> int:
+        best = 0
+        for pp in self._pools.values():
+            for pool in pp:
+                if pool.keys.maxes:
+                    best = max(best, pool.keys.maxes[-1] >> SHIFT)
+        return best
+
+    def counters(self) -> dict:
+        return {
+            "num_device_alloc": self.num_device_alloc, "num_device_free": self.num_device_free,
+            "num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms,
+            "num_sync_all_streams": self.num_sync_all_streams, "cache_flushes": self.cache_flushes,
+            "segment_current": self.segments, "segment_allocated": self.segments_allocated,
+            "inactive_split_bytes_peak": self.inactive_split_bytes_peak,
+        }
+
+    def finish(self):
+        self.sections.add("1. get_free_block", self.n_malloc * self._hit_s, self.n_malloc)
