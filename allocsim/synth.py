@@ -455,8 +455,9 @@ def generate(preset: str, *, seed: int = 0, iterations: int | None = None, scale
     writer = TraceWriter(meta=meta, path=path)
     try:
         em = _Emitter(writer, rng, float(scale), p["event_ns"])
-        loop = _TrainingLoop(em, spec.build(p), p["iter_ms"] * 1e6)
-        loop.setup(spec.build(p))
+        nominal = spec.build(p)
+        loop = _TrainingLoop(em, nominal, p["iter_ms"] * 1e6)
+        loop.setup(nominal)
         for k in range(int(iterations)):
             shape = {**p, **spec.vary(p, rng)} if variable else p
             loop.iteration(k, spec.build(shape))
