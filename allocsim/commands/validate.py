@@ -1,0 +1,31 @@
+"""`allocsim validate`: does the allocator model reproduce what the recorded allocator did?
+
+Exit status 0 when every check matches, 1 on a mismatch (the first diverging
+segment event is printed), 2 on bad input.
+"""
+from __future__ import annotations
+
+from ..validate import validate
+from ._common import capacity_arg, dump_json, load_trace
+
+NAME = "validate"
+HELP = "replay a trace with its recorder's allocator model and compare segment calls"
+EXAMPLE = "allocsim validate traces/resnet50.bin --json"
+
+
+def add_arguments(p):
+    p.add_argument("trace", help="trace file (.bin) recorded under torch or cupy")
+    p.add_argument("--capacity", default="trace",
+                   help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
+    p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recorded allocator setting (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args) -> int:
+    v = validate(load_trace(args.trace), options=args.policy_opt, capacity=capacity_arg(args.capacity))
+    if args.json:
+        dump_json(v.to_dict())
+    else:
+        print(v.summary())
+    return 0 if v.match else 1

@@ -1,0 +1,201 @@
+"""Fidelity check: replay a trace with the model of the allocator that recorded it and
+compare the model's device calls with the recorded allocator's own upstream events.
+
+A trace recorded under PyTorch carries SEGMENT_ALLOC/FREE/MAP/UNMAP events (the
+snapshot's ``segment_*`` entries); one recorded under CuPy carries SEGMENT_ALLOC
+(memory hooks) and SEGMENT_FREE when the recorder wrapped the upstream allocator.
+The matching model (`torch`, `cupy`) is replayed with the recorded settings (each
+model reads ``trace.meta`` itself) and logs its own device calls in
+``policy.segment_log`` as ``(kind, size, event_index)``, kinds from
+`allocsim.trace.events`. A new model plugs in with one `Spec` in ``SPECS``.
+
+Compared: the number of segment allocations (cudaMalloc + page maps) and releases,
+their kinds and sizes in order, peak and final reserved bytes (from each side's
+segment events, starting from the recorded initial segments when the trace had
+them), and OOM counts. On a mismatch the first diverging segment event is reported
+with both sides' trace event index, kind, size and reserved bytes.
+
+Limitation: a trace whose ring buffer wrapped starts with PRE_EXISTING blocks and
+``meta["initial_segments"]``. The reserved totals start from those segments on the
+recorded side, but the models are not seeded with that layout: they place the
+pre-existing blocks themselves, so their segment calls during the first iteration
+differ. Such a result is labelled ``unseeded``.
+
+Costs: one replay, plus O(segment events) to compare.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import engine
+from .errors import InputError
+from .trace import Trace
+from .trace import events as ev
+from .units import fmt_bytes
+
+GROW = (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP)
+SHRINK = (ev.SEGMENT_FREE, ev.SEGMENT_UNMAP)
+SEGMENT_KINDS = GROW + SHRINK
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How to validate one framework's traces: the model and what its recorder sees."""
+
+    framework: str
+    policy: str
+    #: segment kinds the recorder always writes; kinds not listed are compared only
+    #: when the trace holds at least one (CuPy's hooks cannot see upstream frees)
+    always: tuple = (ev.SEGMENT_ALLOC,)
+
+
+SPECS = {
+    "torch": Spec("torch", "torch", always=SEGMENT_KINDS),
+    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,)),
+}
+
+
+@dataclass
+class Side:
+    """One side's segment events: kinds, sizes, trace event indices; derived totals."""
+
+    kinds: list
+    sizes: list
+    events: list
+    initial_reserved: int = 0
+
+    def reserved_after(self) -> np.ndarray:
+        sign = np.where(np.isin(np.asarray(self.kinds, np.int64), SHRINK), -1, 1)
+        return self.initial_reserved + np.cumsum(sign * np.asarray(self.sizes, np.int64))
+
+    def totals(self) -> dict:
+        r = self.reserved_after()
+        grows = sum(1 for k in self.kinds if k in GROW)
+        return {"segment_allocs": grows, "segment_frees": len(self.kinds) - grows,
+                "peak_reserved": int(max(self.initial_reserved, r.max())) if len(r) else self.initial_reserved,
+                "final_reserved": int(r[-1]) if len(r) else self.initial_reserved}
+
+
+@dataclass
+class Validation:
+    trace: str | None
+    framework: str
+    policy: str
+    options: dict
+    kinds_compared: list
+    match: bool
+    seeded: bool
+    pre_existing: int
+    checks: list = field(default_factory=list)          # {name, recorded, model, ok}
+    first_divergence: dict | None = None
+    recorded_events: int = 0
+    model_events: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        lines = [f"validate {self.trace or '-'}: framework {self.framework}, model {self.policy}"
+                 + (f" ({','.join(f'{k}={v}' for k, v in self.options.items())})" if self.options else ""),
+                 f"  compared: {', '.join(ev.KIND_NAMES[k] for k in self.kinds_compared)}"]
+        if self.pre_existing:
+            lines.append(f"  note: {self.pre_existing} pre-existing blocks (ring buffer wrapped); the model is not "
+                         f"seeded with the recorded layout, so early segment calls may differ (unseeded)")
+        lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
+        for c in self.checks:
+            fmt = fmt_bytes if c["name"].endswith("reserved") else str
+            lines.append(f"  {c['name']:<22}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
+                         f"{'ok' if c['ok'] else 'MISMATCH'}")
+        d = self.first_divergence
+        if d:
+            lines.append(f"  first divergence at segment event #{d['index']}:")
+            for side in ("recorded", "model"):
+                s = d[side]
+                if s is None:
+                    lines.append(f"    {side:<9} (no more segment events; reserved {fmt_bytes(d[side + '_reserved'])})")
+                else:
+                    lines.append(f"    {side:<9} event {s['event']}: {s['kind']} {fmt_bytes(s['size'])} "
+                                 f"(reserved {fmt_bytes(s['reserved_before'])} -> {fmt_bytes(s['reserved_after'])})")
+        verdict = "MATCH" if self.match else "MISMATCH"
+        lines.append(f"verdict: {verdict}" + (" (unseeded)" if self.pre_existing and not self.seeded else ""))
+        return "\n".join(lines)
+
+
+def recorded_side(trace: Trace, kinds) -> Side:
+    kind = np.asarray(trace.kind)
+    idx = np.flatnonzero(np.isin(kind, list(kinds)))
+    initial = sum(int(s.get("total_size", 0)) for s in trace.meta.get("initial_segments") or []
+                  if isinstance(s, dict))
+    return Side(kind[idx].tolist(), np.asarray(trace.size)[idx].tolist(), idx.tolist(), initial)
+
+
+def model_side(log, kinds, initial_reserved: int) -> Side:
+    keep = [(k, s, e) for k, s, e in log if k in kinds]
+    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], [e for _, _, e in keep], initial_reserved)
+
+
+def first_divergence(rec: Side, mod: Side) -> dict | None:
+    """The first position where the two sequences of (kind, size) differ, with context."""
+    n = min(len(rec.kinds), len(mod.kinds))
+    i = next((j for j in range(n) if rec.kinds[j] != mod.kinds[j] or rec.sizes[j] != mod.sizes[j]), n)
+    if i == n and len(rec.kinds) == len(mod.kinds):
+        return None
+    out = {"index": i}
+    for name, side in (("recorded", rec), ("model", mod)):
+        after = side.reserved_after()
+        before = int(after[i - 1]) if i > 0 else side.initial_reserved
+        out[name + "_reserved"] = before
+        if i < len(side.kinds):
+            out[name] = {"event": int(side.events[i]), "kind": ev.KIND_NAMES[side.kinds[i]],
+                         "size": int(side.sizes[i]), "reserved_before": before,
+                         "reserved_after": int(after[i])}
+        else:
+            out[name] = None
+    return out
+
+
+def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) -> Validation:
+    """Replay ``trace`` with its recorder's allocator model; compare the segment calls."""
+    if isinstance(trace, str):
+        trace = Trace.load(trace)
+    where = trace.path or "<trace>"
+    fw = str(trace.meta.get("framework") or "")
+    spec = SPECS.get(fw)
+    if spec is None:
+        raise InputError(f"framework {fw or 'unknown'!r} has no allocator model to validate against "
+                         f"(known: {', '.join(sorted(SPECS))})", path=where, position="metadata")
+    present = set(np.unique(np.asarray(trace.kind)).tolist())
+    kinds = tuple(k for k in SEGMENT_KINDS if k in spec.always or k in present)
+    if not present & set(SEGMENT_KINDS):
+        raise InputError("the trace holds no upstream segment events of the recorded allocator; nothing to "
+                         "validate", path=where, position="events")
+    pol, rt, dev, sections = engine.build(trace, spec.policy, options=options, capacity=capacity, cap=cap)
+    if not hasattr(pol, "segment_log"):
+        raise InputError(f"policy {spec.policy!r} keeps no segment_log", path=where)
+    try:
+        res = engine._run(trace, pol, rt, dev, sections, keep_going=True, timeline=False, progress=None,
+                          observer=None)
+    finally:
+        pol.close()
+    flags = np.asarray(trace.flags)
+    pre = int(np.count_nonzero((np.asarray(trace.kind) == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
+    rec = recorded_side(trace, kinds)
+    seeded = bool(getattr(pol, "seeded", False))
+    mod = model_side(pol.segment_log, kinds, rec.initial_reserved if seeded else 0)
+    rt_, mt = rec.totals(), mod.totals()
+    checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
+              for k in ("segment_allocs", "segment_frees")]
+    div = first_divergence(rec, mod)
+    checks.append({"name": "sizes in order", "recorded": len(rec.kinds), "model": len(mod.kinds), "ok": div is None})
+    compare_reserved = ev.SEGMENT_FREE in kinds or ev.SEGMENT_UNMAP in kinds
+    if compare_reserved:
+        checks += [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
+                   for k in ("peak_reserved", "final_reserved")]
+    n_oom = int(np.count_nonzero(np.asarray(trace.kind) == ev.OOM))
+    checks.append({"name": "OOMs", "recorded": n_oom, "model": res.ooms, "ok": n_oom == res.ooms})
+    return Validation(trace=trace.path, framework=fw, policy=spec.policy, options=res.options,
+                      kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
+                      pre_existing=pre, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
+                      model_events=len(mod.kinds))
