@@ -361,6 +361,18 @@ class ExpandableSegment:
         self.pages: set[int] = set()
 
 
+def _carve(b: Block, n: int, pool: BlockPool) -> Block:
+    """Split ``b`` after its first ``n`` bytes; return the remainder, linked after ``b``."""
+    r = Block(b.ptr + n, b.size - n, pool, b.es)
+    nxt = r.next = b.next
+    r.prev = b
+    if nxt is not None:
+        nxt.prev = r
+    b.next = r
+    b.size = n
+    return r
+
+
 def _expandable_size(b: Block) -> int:
     nxt = b.next
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
@@ -454,6 +466,9 @@ class TorchCachingAllocator(Policy):
         self.n_malloc = self.n_free = 0
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        if not self.expandable and not self.gc_on:      # the common case gets the inlined hot path
+            self.malloc = self._malloc_fast
+            self.free = self._free_fast
 
     def _make_pools(self, stream: int) -> tuple[BlockPool, BlockPool]:
         pp = self._pools[stream] = (BlockPool(True, stream), BlockPool(False, stream))
@@ -489,15 +504,7 @@ class TorchCachingAllocator(Policy):
         rem = b.size - n
         already_split = b.prev is not None or b.next is not None
         if (rem >= K_MIN_BLOCK) if (small or self.expandable) else (n < self.max_split and rem > K_SMALL_SIZE):
-            r = Block(b.ptr + n, rem, pool, b.es)
-            nxt = b.next
-            r.prev = b
-            r.next = nxt
-            if nxt is not None:
-                nxt.prev = r
-            b.next = r
-            b.size = n
-            self._insert(pool, r)
+            self._insert(pool, _carve(b, n, pool))
             if b.es is None:
                 self._inactive_split(-n if already_split else rem)
         elif already_split and b.es is None:
@@ -506,6 +513,92 @@ class TorchCachingAllocator(Policy):
         b.requested = size
         self.allocated += b.size
         return b
+
+    def _malloc_fast(self, size, stream):
+        """`malloc` without expandable segments or GC, with get_free_block and the split inlined."""
+        self.device.clock += self._hit_s
+        self.n_malloc += 1
+        n = (size + 511) & ~511 if self._plain_rounding else round_size(size, self.divisions)
+        pp = self._pools.get(stream) or self._make_pools(stream)
+        small = n <= K_SMALL_SIZE
+        pool = pp[0] if small else pp[1]
+        keys = pool.keys
+        maxes = keys.maxes
+        k = n << SHIFT
+        pos = bisect_left(maxes, k)
+        b = None
+        ms = self.max_split
+        if pos < len(maxes):
+            lst = keys.lists[pos]
+            idx = bisect_left(lst, k)
+            k = lst[idx]
+            bsize = k >> SHIFT
+            if not ((n < ms and bsize >= ms) or (n >= ms and bsize >= n + self.max_non_split_rounding)):
+                del lst[idx]
+                if not lst:
+                    del keys.lists[pos]
+                    del maxes[pos]
+                elif idx == len(lst):
+                    maxes[pos] = lst[-1]
+                b = pool.blocks.pop(k)
+        if b is None:
+            b = self._escalate(pool, n)
+            if b is None:
+                return None
+        rem = b.size - n
+        if (rem >= K_MIN_BLOCK) if small else (n < ms and rem > K_SMALL_SIZE):
+            split = b.prev is not None or b.next is not None
+            r = _carve(b, n, pool)
+            rk = rem << SHIFT | r.ptr
+            keys.add(rk)
+            pool.blocks[rk] = r
+            v = self.inactive_split_bytes = self.inactive_split_bytes + (-n if split else rem)
+            if v > self.inactive_split_bytes_peak:
+                self.inactive_split_bytes_peak = v
+        elif b.prev is not None or b.next is not None:
+            self.inactive_split_bytes -= b.size
+        b.allocated = True
+        b.requested = size
+        self.allocated += b.size
+        return b
+
+    def _free_fast(self, b):
+        """`free` without expandable segments or GC: merge with free neighbours inline."""
+        self.device.clock += self._free_s
+        b.allocated = False
+        size = b.size
+        self.allocated -= size
+        pool = b.pool
+        keys, blocks = pool.keys, pool.blocks
+        prev, nxt = b.prev, b.next
+        if prev is not None and not prev.allocated:
+            pk = prev.size << SHIFT | prev.ptr
+            keys.remove(pk)
+            del blocks[pk]
+            b.ptr = prev.ptr
+            prev = b.prev = prev.prev
+            if prev is not None:
+                prev.next = b
+            size += pk >> SHIFT
+        if nxt is not None and not nxt.allocated:
+            nk = nxt.size << SHIFT | nxt.ptr
+            keys.remove(nk)
+            del blocks[nk]
+            nxt = b.next = nxt.next
+            if nxt is not None:
+                nxt.prev = b
+            size += nk >> SHIFT
+        delta = b.size - size                   # minus the bytes subsumed from free neighbours
+        b.size = size
+        k = size << SHIFT | b.ptr
+        keys.add(k)
+        blocks[k] = b
+        if prev is not None or nxt is not None:
+            delta += size
+        if delta:
+            v = self.inactive_split_bytes = self.inactive_split_bytes + delta
+            if v > self.inactive_split_bytes_peak:
+                self.inactive_split_bytes_peak = v
 
     def _inactive_split(self, delta: int) -> None:
         v = self.inactive_split_bytes = self.inactive_split_bytes + delta
