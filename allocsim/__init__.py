@@ -10,6 +10,7 @@ Python API (the same names as the command line)::
 from .costs import CostModel
 from .engine import replay
 from .metrics import ReplayResult
+from .recorders import mark
 from .trace import Trace, TraceWriter
 from .units import fmt_bytes, parse_size
 

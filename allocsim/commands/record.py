@@ -1,0 +1,53 @@
+"""`allocsim record`: run a training script under a recorder and write its allocation trace."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..errors import UsageError
+
+NAME = "record"
+HELP = "run a PyTorch or CuPy training script and record its GPU allocation trace"
+EXAMPLE = "allocsim record -o traces/resnet50.bin examples/resnet50_train.py --iters 8"
+
+
+def add_arguments(p):
+    p.add_argument("-o", "--output", metavar="TRACE", help="trace file to write (default: <script name>.bin)")
+    p.add_argument("--framework", default="auto", choices=["auto", "torch", "cupy"],
+                   help="recorder to use; auto reads the script's imports")
+    p.add_argument("--stacks", action="store_true",
+                   help="torch: keep Python stacks of allocations (call sites; slower)")
+    p.add_argument("--max-events", type=int, metavar="N",
+                   help="torch: ring-buffer entries per drain (default 1000000; drained every optimizer step)")
+    p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+                   help="run a module as `python -m MODULE args` would (the rest of the line is its arguments)")
+    p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
+                   help="the script and its arguments, as you would pass them to python")
+
+
+def parse_target(args):
+    """``(Target, default output name)`` from the parsed arguments."""
+    from ..recorders import Target
+    target = list(args.target or [])
+    if target and target[0] == "--":
+        target = target[1:]
+    if args.module is not None:
+        if not args.module:
+            raise UsageError("-m needs a module name")
+        if target:
+            raise UsageError("give either a script or -m MODULE, not both")
+        t = Target(module=args.module[0], args=args.module[1:])
+        return t, args.module[0].rsplit(".", 1)[-1] + ".bin"
+    if not target:
+        raise UsageError("no script given (allocsim record [options] train.py [args ...])")
+    return Target(script=target[0], args=target[1:]), os.path.splitext(os.path.basename(target[0]))[0] + ".bin"
+
+
+def run(args) -> int:
+    from ..recorders import record
+    if args.max_events is not None and args.max_events < 1:
+        raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
+    target, default_out = parse_target(args)
+    status, _ = record(target, args.output or default_out, args.framework, stacks=args.stacks,
+                       max_events=args.max_events)
+    return status

@@ -1,0 +1,93 @@
+"""What the framework recorders share: the streamed output file, notes and the stats file."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+
+from .. import __version__
+from ..outputs import atomic_open
+from ..trace import TraceWriter
+
+
+class Recorder:
+    """Base of the torch and cupy recorders.
+
+    Records stream to ``<out>.partial`` while the program runs (a recorder killed
+    with SIGKILL leaves that readable prefix and no ``<out>``); `close_trace`
+    finishes the file and renames it to ``out``, so ``out`` appears whole or not
+    at all. Subclasses implement `check_gpu`, `start`, `mark` and `finish`.
+    """
+
+    framework = ""
+
+    def __init__(self, out: str, *, command: list[str], stacks: bool = False, max_events: int | None = None):
+        self.out = out
+        self.command = command
+        self.stacks = stacks
+        self.max_events = max_events
+        self.notes: list[str] = []
+        self.writer: TraceWriter | None = None
+        self.t_start = time.time()
+
+    @classmethod
+    def check_gpu(cls) -> None:   # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def base_meta(self) -> dict:
+        return {"producer": f"allocsim {__version__} record", "framework": self.framework,
+                "command": self.command, "cwd": os.getcwd(), "python": platform.python_version(),
+                "host": platform.node(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "env": {k: v for k, v in os.environ.items()
+                        if k.startswith(("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                                         "CUPY_GPU_MEMORY_LIMIT", "CUDA_VISIBLE_DEVICES"))}}
+
+    def open_trace(self, meta: dict) -> TraceWriter:
+        self.writer = TraceWriter(meta, path=f"{self.out}.partial")
+        return self.writer
+
+    def abort(self) -> None:
+        """Start failed: remove the partial file, leave nothing behind."""
+        w, self.writer = self.writer, None
+        if w is not None and w._file is not None:
+            w._file.abort()
+        if os.path.exists(f"{self.out}.partial"):
+            os.unlink(f"{self.out}.partial")
+
+    def note(self, text: str) -> None:
+        """A remark for the stats file (program interrupted, ring buffer wrapped, ...)."""
+        self.notes.append(text)
+
+    def close_trace(self):
+        """Finish the streamed trace, publish it as ``out``; return the `Trace`."""
+        w, self.writer = self.writer, None
+        trace = w.finish()
+        os.replace(w.path, self.out)
+        trace.path = self.out
+        return trace
+
+    def write_stats(self, stats: dict) -> dict:
+        """Write ``<out>.stats.json`` (atomically) with the common fields added."""
+        stats = {"framework": self.framework, "trace": os.path.basename(self.out), "command": self.command,
+                 "wall_s": round(time.time() - self.t_start, 3), "notes": self.notes, **stats}
+        with atomic_open(f"{self.out}.stats.json") as f:
+            json.dump(stats, f, indent=1, sort_keys=True, default=str)
+            f.write("\n")
+        return stats
+
+    @staticmethod
+    def trace_summary(trace) -> dict:
+        from ..trace import events as ev
+        kind = trace.kind
+        return {"events": len(trace), "allocs": int((kind == ev.ALLOC).sum()), "frees": int((kind == ev.FREE).sum()),
+                "segment_allocs": int((kind == ev.SEGMENT_ALLOC).sum()),
+                "segment_frees": int((kind == ev.SEGMENT_FREE).sum()),
+                "marks": int((kind == ev.MARK).sum()), "gcs": int((kind == ev.GC).sum()),
+                "ooms": int((kind == ev.OOM).sum()), "load_bytes": trace.load_bytes,
+                "finished_cleanly": True}
+
+
+def stderr(msg: str) -> None:
+    print(f"allocsim record: {msg}", file=sys.stderr, flush=True)
