@@ -36,6 +36,18 @@ class CostModel:
     def __post_init__(self):
         self._malloc_cache: dict[int, float] = {}
         self._free_cache: dict[int, float] = {}
+        # Below the first change of slope the cost is flat: callers test `n <= flat_end` first.
+        self.malloc_flat_end, self.malloc_flat = self._flat(self.malloc_points)
+        self.free_flat_end, self.free_flat = self._flat(self.free_points)
+
+    @staticmethod
+    def _flat(points):
+        end = points[0][0]
+        for x, y in points[1:]:
+            if y != points[0][1]:
+                break
+            end = x
+        return end, points[0][1]
 
     @staticmethod
     def _interp(points, n):
@@ -50,12 +62,16 @@ class CostModel:
         return max(0.0, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
 
     def malloc_cost(self, n: int) -> float:
+        if n <= self.malloc_flat_end:
+            return self.malloc_flat
         c = self._malloc_cache.get(n)
         if c is None:
             c = self._malloc_cache[n] = self._interp(self.malloc_points, n)
         return c
 
     def free_cost(self, n: int) -> float:
+        if n <= self.free_flat_end:
+            return self.free_flat
         c = self._free_cache.get(n)
         if c is None:
             c = self._free_cache[n] = self._interp(self.free_points, n)

@@ -38,7 +38,8 @@ class SimulatedDevice:
         if self.reserved + n > self.limit:
             self.n_failed += 1
             return None
-        c = self.costs.malloc_cost(n)
+        costs = self.costs
+        c = costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n)
         self.clock += c
         self.malloc_time += c
         addr = self._next
@@ -52,7 +53,8 @@ class SimulatedDevice:
 
     def free(self, addr: int, n: int) -> None:
         """Release ``n`` bytes obtained at ``addr``."""
-        c = self.costs.free_cost(n)
+        costs = self.costs
+        c = costs.free_flat if n <= costs.free_flat_end else costs.free_cost(n)
         self.clock += c
         self.free_time += c
         self.reserved -= n

@@ -22,7 +22,6 @@ from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
 from .trace import ALLOC, FREE, Trace
 
-ZERO = object()   # the handle of a 0-byte request, which never reaches the policy
 
 
 def trace_capacity(trace: Trace) -> int | None:
@@ -59,13 +58,16 @@ def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capaci
 
 def replay(trace: Trace | str, policy: str = "split", *, runtime: str = "eager", cap=None, capacity="trace",
            options=None, costs: CostModel | None = None, keep_going: bool = False, gc_every=None,
-           timeline: bool = False, progress=None, device=None, observer=None, backend: str = "sim") -> ReplayResult:
+           timeline: bool = False, progress=None, device=None, observer=None, backend: str = "sim",
+           log_events: bool = False) -> ReplayResult:
     """Replay ``trace`` against ``policy``; return its `ReplayResult`.
 
     ``capacity="trace"`` takes the device memory recorded in the trace (else
     unlimited). ``observer(event_index, kind, id, handle)`` is called after each
     driving event (tests use it to check invariants; it slows the replay).
     ``progress`` is a callable taking the number of driving events done.
+    ``log_events=True`` gives policies that keep a per-event log (``wants_event_index``)
+    the trace index of each ALLOC (`allocsim validate` asks for it; it slows the walk).
     ``backend="cuda"`` makes a simulated policy's device calls real `cudaMalloc`/`cudaFree`
     on this GPU (measured latency); real-allocator policies always run on the GPU.
     """
@@ -75,77 +77,46 @@ def replay(trace: Trace | str, policy: str = "split", *, runtime: str = "eager",
                                    costs=costs, gc_every=gc_every, device=device, backend=backend)
     try:
         return _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
-                    observer=observer)
+                    observer=observer, log_events=log_events)
     finally:
         pol.close()
 
 
-def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer) -> ReplayResult:
-    t_start = time.perf_counter()
-    kind_col = np.asarray(trace.kind)
-    drive = np.flatnonzero((kind_col == ALLOC) | (kind_col == FREE))
-    kinds = kind_col[drive].tolist()
-    ids = trace.id[drive].tolist()
-    sizes = trace.size[drive].tolist()
-    streams = trace.stream[drive].tolist()
-    id_size = trace.id_size.tolist()
-    tick = pol.tick
-    times = trace.time_ns[drive].tolist() if tick is not None else None
-    handles = [None] * trace.n_ids
-    rt.attach(pol, handles, id_size)
-    # policies that log what they do per event (validate) get the trace index of each ALLOC
-    drive_idx = drive.tolist() if getattr(pol, "wants_event_index", False) else None
+class _Walk:
+    """What the walk over the driving events keeps: peaks, counts, OOMs, where it stopped."""
 
+    def __init__(self, n: int):
+        self.peak_alloc = self.peak_res = 0
+        self.frag_at_peak = 0.0
+        self.n_allocs = self.n_frees = 0
+        self.ooms: list[OOMRecord] = []
+        self.done = n
+        self.stopped = False
+
+
+CHUNK = 1 << 16
+
+
+def _fast_chunk(w, j0, kinds, ids, sizes, streams, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
+    """The lean walk over one chunk: no tick, timeline, observer, event index or periodic GC.
+
+    The same steps as the general loop in `_run`, minus the per-event checks for
+    those features; `tests/test_engine.py` checks that both give identical results.
+    """
     malloc, free = pol.malloc, pol.free
-    eager = rt.eager
-    on_alloc = None if eager else rt.on_alloc
-    on_free = None if eager else rt.on_free
-    gc_every = rt.gc_every or 0
-    since_gc = 0
-    lat = array("d")
-    lat_append = lat.append
-    peak_alloc = peak_res = 0
-    frag_at_peak = 0.0
-    ooms: list[OOMRecord] = []
-    n_allocs = n_frees = 0
-    tl_idx, tl_alloc, tl_res = array("q"), array("q"), array("q")
-    tl_step = max(1, len(kinds) // 4000)
-    done = len(kinds)
-    prog_step = max(1, len(kinds) // 200)
-
-    for j in range(len(kinds)):
-        i = ids[j]
-        if tick is not None:
-            tick(times[j])
-        if kinds[j] == ALLOC:
-            size = sizes[j]
-            if gc_every:
-                since_gc += size
-                if since_gc >= gc_every:
-                    since_gc = 0
-                    sections.stack[:] = []
-                    sections.push("gc(false) (periodic)", dev.clock)
-                    rt.collect(False)
-                    sections.pop(dev.clock)
-                    sections.stack[:] = [ALLOC_ROOT]
-            if size == 0:      # every allocator modeled here bypasses the pool for 0 bytes
-                handles[i] = ZERO
-                n_allocs += 1
-                continue
-            if drive_idx is not None:
-                pol.event_index = drive_idx[j]
+    peak_alloc, peak_res, n_allocs, n_frees = w.peak_alloc, w.peak_res, w.n_allocs, w.n_frees
+    j = j0 - 1
+    for k, i, size, st in zip(kinds, ids, sizes, streams):
+        j += 1
+        if k == ALLOC:
             before = dev.clock
-            h = malloc(size, streams[j])
+            h = malloc(size, st)
             lat_append(dev.clock - before)
             n_allocs += 1
             if h is None:
-                ev_index = int(drive[j])
-                ooms.append(OOMRecord(ev_index, size, streams[j], int(trace.live_curve[ev_index]) - size,
-                                      pol.allocated, dev.reserved,
-                                      largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free())))
-                if not keep_going:
-                    done = j + 1
-                    break
+                w.peak_alloc, w.peak_res, w.n_allocs, w.n_frees = peak_alloc, peak_res, n_allocs, n_frees
+                if on_oom(j, size, st):
+                    return
                 continue
             handles[i] = h
             if on_alloc is not None:
@@ -156,42 +127,97 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
             r = dev.reserved
             if r > peak_res:
                 peak_res = r
-                frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
+                w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
         else:
             h = handles[i]
             if h is None:          # its ALLOC failed under --keep-going
                 continue
-            if h is ZERO:
-                handles[i] = None
-                n_frees += 1
-                continue
             n_frees += 1
-            if eager:
+            if on_free is None:
                 handles[i] = None
                 free(h)
             else:
                 on_free(i)
-        if timeline and (j % tl_step == 0 or dev.reserved != (tl_res[-1] if tl_res else -1)):
-            tl_idx.append(int(drive[j]))
-            tl_alloc.append(pol.allocated)
-            tl_res.append(dev.reserved)
-        if observer is not None:
-            observer(int(drive[j]), kinds[j], i, h)
-        if progress is not None and j % prog_step == 0:
-            progress(j)
+    w.peak_alloc, w.peak_res, w.n_allocs, w.n_frees = peak_alloc, peak_res, n_allocs, n_frees
+
+
+def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer, log_events=False) -> ReplayResult:
+    t_start = time.perf_counter()
+    kind_col = np.asarray(trace.kind)
+    is_alloc = kind_col == ALLOC
+    driving = is_alloc | (kind_col == FREE)
+    # Every allocator modeled here bypasses its pool for 0-byte requests: drop them (and their frees).
+    zero = is_alloc & (np.asarray(trace.size) == 0)
+    n_zero_allocs = n_zero_frees = 0
+    if zero.any():
+        zero_ids = np.zeros(trace.n_ids, bool)
+        zero_ids[np.asarray(trace.id)[zero].astype(np.int64)] = True
+        zero_free = (kind_col == FREE) & zero_ids[np.minimum(np.asarray(trace.id), max(trace.n_ids - 1, 0)).astype(np.int64)]
+        n_zero_allocs, n_zero_frees = int(zero.sum()), int(zero_free.sum())
+        driving &= ~zero & ~zero_free
+    drive = np.flatnonzero(driving)
+    kinds = kind_col[drive].tolist()
+    ids = trace.id[drive].tolist()
+    sizes = trace.size[drive].tolist()
+    streams = trace.stream[drive].tolist()
+    id_size = trace.id_size.tolist()
+    tick = pol.tick
+    times = trace.time_ns[drive].tolist() if tick is not None else None
+    handles = [None] * trace.n_ids
+    rt.attach(pol, handles, id_size)
+    # policies that log what they do per event get the trace index of each ALLOC, when validate asks
+    drive_idx = drive.tolist() if log_events and getattr(pol, "wants_event_index", False) else None
+
+    eager = rt.eager
+    on_alloc = None if eager else rt.on_alloc
+    on_free = None if eager else rt.on_free
+    gc_every = rt.gc_every or 0
+    lat = array("d")
+    lat_append = lat.append
+    w = _Walk(len(kinds))
+
+    def on_oom(j, size, stream) -> bool:
+        """Record an OOM at driving event j; True if the walk stops here."""
+        ev_index = int(drive[j])
+        w.ooms.append(OOMRecord(ev_index, size, stream, int(trace.live_curve[ev_index]) - size, pol.allocated,
+                                dev.reserved,
+                                largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free())))
+        if keep_going:
+            return False
+        w.done, w.stopped = j + 1, True
+        return True
+
+    general = tick is not None or timeline or observer is not None or drive_idx is not None or gc_every
+    if not general:
+        for j0 in range(0, len(kinds), CHUNK):
+            j1 = j0 + CHUNK
+            _fast_chunk(w, j0, kinds[j0:j1], ids[j0:j1], sizes[j0:j1], streams[j0:j1], pol, dev, handles,
+                        lat_append, on_alloc, on_free, on_oom)
+            if progress is not None:
+                progress(min(j1, len(kinds)))
+            if w.stopped:
+                break
+    else:
+        _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, rt, dev, sections, handles,
+                      lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress)
     if progress is not None:
         progress(len(kinds))
+    w.n_allocs += n_zero_allocs
+    w.n_frees += n_zero_frees
+    peak_alloc, n_allocs, n_frees, ooms, done = w.peak_alloc, w.n_allocs, w.n_frees, w.ooms, w.done
+    frag_at_peak = w.frag_at_peak
 
     pol.finish()
     peak_alloc = getattr(pol, "peak_allocated_override", None) or peak_alloc   # real allocators report their own
     lat_np = np.frombuffer(lat, dtype=np.float64) if len(lat) else np.zeros(0)
     alloc_time = float(lat_np.sum())
-    gc_periodic = sum(v[1] for k, v in sections.stats.items() if k[0] != ALLOC_ROOT and k[0] != FREE_ROOT)
+    gc_periodic = sum(v[1] for k, v in sections.stats.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
     eager_free_time = max(0.0, dev.clock - alloc_time - gc_periodic)
     sections.add(ALLOC_ROOT, alloc_time, n_allocs, path=(ALLOC_ROOT,))
     gc_frees = sum(v[0] for k, v in sections.stats.items() if k[-1] == FREE_ROOT)
-    if n_frees - gc_frees > 0 or eager_free_time > 0:
-        sections.add(FREE_ROOT, eager_free_time, max(0, n_frees - gc_frees) if eager else 0, path=(FREE_ROOT,))
+    eager_frees = max(0, n_frees - gc_frees) if eager else 0
+    if eager_frees or eager_free_time > 1e-12:
+        sections.add(FREE_ROOT, eager_free_time, eager_frees, path=(FREE_ROOT,))
 
     counters = pol.counters()
     res = ReplayResult(
@@ -214,8 +240,73 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     if res.load_bytes:
         res.overhead_vs_load = res.peak_reserved_bytes / res.load_bytes - 1.0
     if timeline:
+        tl_idx, tl_alloc, tl_res = w.timeline
         res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res),
                         "latency_quantiles": np.quantile(lat_np, np.linspace(0, 1, 501)).tolist() if len(lat_np) else [],
                         "oom_events": [o.event for o in ooms]}
     res.replay_seconds = time.perf_counter() - t_start
     return res
+
+
+def _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, rt, dev, sections, handles,
+                  lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress):
+    """The walk with every feature: tick, periodic GC, event index, timeline samples, observer."""
+    malloc, free = pol.malloc, pol.free
+    since_gc = 0
+    tl_idx, tl_alloc, tl_res = array("q"), array("q"), array("q")
+    tl_step = max(1, len(kinds) // 4000)
+    prog_step = max(1, len(kinds) // 200)
+    for j in range(len(kinds)):
+        i = ids[j]
+        if tick is not None:
+            tick(times[j])
+        if kinds[j] == ALLOC:
+            size = sizes[j]
+            if gc_every:
+                since_gc += size
+                if since_gc >= gc_every:
+                    since_gc = 0
+                    sections.stack[:] = []
+                    sections.push("gc(false) (periodic)", dev.clock)
+                    rt.collect(False)
+                    sections.pop(dev.clock)
+                    sections.stack[:] = [ALLOC_ROOT]
+            if drive_idx is not None:
+                pol.event_index = drive_idx[j]
+            before = dev.clock
+            h = malloc(size, streams[j])
+            lat_append(dev.clock - before)
+            w.n_allocs += 1
+            if h is None:
+                if on_oom(j, size, streams[j]):
+                    break
+                continue
+            handles[i] = h
+            if on_alloc is not None:
+                on_alloc(i)
+            a = pol.allocated
+            if a > w.peak_alloc:
+                w.peak_alloc = a
+            r = dev.reserved
+            if r > w.peak_res:
+                w.peak_res = r
+                w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
+        else:
+            h = handles[i]
+            if h is None:          # its ALLOC failed under --keep-going
+                continue
+            w.n_frees += 1
+            if on_free is None:
+                handles[i] = None
+                free(h)
+            else:
+                on_free(i)
+        if timeline and (j % tl_step == 0 or dev.reserved != (tl_res[-1] if tl_res else -1)):
+            tl_idx.append(int(drive[j]))
+            tl_alloc.append(pol.allocated)
+            tl_res.append(dev.reserved)
+        if observer is not None:
+            observer(int(drive[j]), kinds[j], i, h)
+        if progress is not None and j % prog_step == 0:
+            progress(j)
+    w.timeline = (tl_idx, tl_alloc, tl_res)

@@ -176,7 +176,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
         raise InputError(f"policy {spec.policy!r} keeps no segment_log", path=where)
     try:
         res = engine._run(trace, pol, rt, dev, sections, keep_going=True, timeline=False, progress=None,
-                          observer=None)
+                          observer=None, log_events=True)
     finally:
         pol.close()
     flags = np.asarray(trace.flags)

@@ -1,0 +1,101 @@
+"""The engine: lean and general walks agree; runtime semantics; 0-byte bypass; sections."""
+import pytest
+
+from allocsim import engine, policies
+from allocsim.trace import TraceWriter
+
+from conftest import random_trace
+
+SIM = [n for n in policies.names() if not policies.get(n).real_gpu]
+
+
+def _strip(d):
+    d = dict(d)
+    d.pop("replay_seconds")
+    return d
+
+
+@pytest.mark.parametrize("policy", SIM)
+@pytest.mark.parametrize("runtime", ["eager", "gc"])
+def test_lean_and_general_walks_agree(policy, runtime):
+    t = random_trace(1200, seed=11, max_size=1 << 22, streams=2)
+    for cap in (None, t.load_bytes + (t.load_bytes >> 2)):
+        lean = engine.replay(t, policy, runtime=runtime, cap=cap, keep_going=True)
+        general = engine.replay(t, policy, runtime=runtime, cap=cap, keep_going=True, observer=lambda *a: None)
+        assert _strip(lean.to_dict()) == _strip(general.to_dict())
+
+
+def _gc_trace():
+    w = TraceWriter()
+    a = w.alloc(1000)          # will be promoted by the first collection, then die
+    b = w.alloc(1000)
+    w.free(b)                  # dies young
+    return w, a
+
+
+def test_incremental_collection_reclaims_only_young_dead():
+    w, a = _gc_trace()
+    t = w.finish()
+    pol, rt, dev, sec = engine.build(t, "none", runtime="gc")
+    engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    assert pol.allocated == 2000          # the free of b only marked it dead
+    assert rt.collect(False) == 1 and pol.allocated == 1000
+    w2, a2 = _gc_trace()
+    w2.free(a2)
+    t2 = w2.finish()
+    pol, rt, dev, sec = engine.build(t2, "none", runtime="gc")
+    engine._run(t2, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    assert rt.collect(False) == 2         # nothing was promoted yet: both died young
+    w3 = TraceWriter()
+    a3 = w3.alloc(1000)
+    t3 = w3.finish()
+    pol, rt, dev, sec = engine.build(t3, "none", runtime="gc")
+    engine._run(t3, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    rt.collect(False)                     # a3 survives: promoted
+    rt.on_free(a3)
+    assert rt.collect(False) == 0 and pol.allocated == 1000   # old dead: only a full collection
+    assert rt.collect(True) == 1 and pol.allocated == 0
+    assert (rt.gc_incremental, rt.gc_full) == (2, 1)
+
+
+def test_periodic_collection_every_n_bytes():
+    w = TraceWriter()
+    for _ in range(10):
+        w.free(w.alloc(1 << 20))
+    t = w.finish()
+    r = engine.replay(t, "none", runtime="gc", gc_every=3 << 20)
+    # collections run before the 3rd, 6th and 9th allocation: they reclaim 2, 3 and 3 dead MiB
+    assert r.gc_incremental == 3 and r.gc_reclaimed_bytes == 8 << 20
+    assert any(s["name"] == "gc(false) (periodic)" for s in r.sections)
+
+
+def test_zero_byte_requests_bypass_the_pool():
+    w = TraceWriter()
+    z = w.alloc(0)
+    a = w.alloc(512)
+    w.free(z)
+    w.free(a)
+    r = engine.replay(w.finish(), "none")
+    assert (r.allocs, r.frees, r.device_mallocs) == (2, 2, 1)
+
+
+def test_oom_stops_unless_keep_going():
+    w = TraceWriter()
+    a = w.alloc(600)
+    b = w.alloc(600)
+    c = w.alloc(100)
+    for i in (a, b, c):
+        w.free(i)
+    t = w.finish()
+    r = engine.replay(t, "none", cap=1000)
+    assert r.ooms == 1 and r.oom_events[0].event == 1 and not r.completed and r.driving_events == 2
+    assert r.oom_events[0].live_bytes == 600 and r.oom_events[0].reserved_bytes == 600
+    k = engine.replay(t, "none", cap=1000, keep_going=True)
+    assert k.ooms == 1 and k.completed and k.allocs == 3 and k.frees == 2
+
+
+def test_section_roots_add_up_to_the_modeled_clock():
+    t = random_trace(800, seed=4)
+    r = engine.replay(t, "none", runtime="gc", cap=t.load_bytes, keep_going=True, gc_every=8 << 20)
+    roots = sum(s["seconds"] for s in r.sections if s["depth"] == 0)
+    assert roots == pytest.approx(r.total_time_seconds, rel=1e-9)
