@@ -36,7 +36,7 @@ def workload(seed=0, n_iter=6, streams=(0, 1)):
 def with_model_segments(trace, conf="", perturb=None):
     """``trace`` with the torch model's own segment calls written in, each before its ALLOC."""
     pol, rt, dev, sec = engine.build(trace, "torch", options=[conf] if conf else [])
-    engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=None)
+    engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=None, log_events=True)
     log = list(pol.segment_log)
     if perturb is not None:
         k, s, e = log[perturb]
