@@ -1,0 +1,219 @@
+"""`bestfit`: a plain online baseline, address-ordered best fit with coalescing over segments.
+
+Source: `reference/metrics-and-anchors.md` §4.2 (TensorFlow's BFC allocator is
+the nearest real design; this one has no bins and no power-of-two rounding).
+
+- Requests are rounded up to 512 B. The smallest free block that fits is taken,
+  ties to the lowest address, and split; the rest stays free.
+- Memory comes from the device in segments obtained on demand: ``segment`` bytes
+  (default 2 MiB), or a request larger than that rounded up to a multiple of it
+  (its own segment, whose tail is free for others). Blocks never span segments.
+- A freed block merges with free address neighbours in its segment at once.
+- Fully free segments are kept (``release=true`` returns each to the device as
+  soon as it is wholly free).
+- When the device refuses a segment: release every wholly free segment and retry
+  once (a cache flush); under the ``gc`` runtime, then a full collection and one
+  more best fit + retry; then OOM.
+
+Sections: ``1. best fit`` (every request, counted on the hot path), then
+``2. segment alloc``, ``3a. release free segments`` + ``3b. segment alloc``,
+``4.0 gc(true)`` + ``4.1 best fit`` + ``4.2 segment alloc`` (gc runtime).
+
+Data structures: ``start`` (address -> size) and ``end`` (end address -> size)
+dicts of the free blocks, so both neighbours of a freed block are found in O(1);
+``segments`` (start address -> size); `SizeBuckets` keyed by address for best
+fit in O(log k + log h) with O(1) lazy removal (a block is free at ``a`` with
+size ``s`` iff ``start[a] == s``). A handle is the tuple (address, size).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from heapq import heappop, heappush
+
+from . import register
+from ._freelists import SizeBuckets
+from ._pools import step
+from .base import Param, Policy
+from ..errors import UsageError
+
+
+@register
+class BestFit(Policy):
+    name = "bestfit"
+    summary = "baseline: address-ordered best fit with coalescing over on-demand segments"
+    models = "no real allocator: an online best-fit baseline (metrics-and-anchors.md §4.2)"
+    params = (
+        Param("segment", "size", 2 << 20, "segment size; a larger request gets a segment rounded up to a multiple"),
+        Param("release", "bool", False, "return a segment to the device as soon as it is wholly free"),
+    )
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        if not self.segment or self.segment % 512:
+            raise UsageError(f"policy 'bestfit' option segment: expected a positive multiple of 512 bytes, "
+                             f"got {self.segment!r}")
+        self._start: dict[int, int] = {}        # free block address -> size
+        self._end: dict[int, int] = {}          # free block end address -> size
+        self._segments: dict[int, int] = {}     # segment address -> size
+        self._avail = SizeBuckets(self._start.get)
+        self._flushes = 0
+        self._build_hot_path()
+
+    def _build_hot_path(self) -> None:
+        """`malloc` and `free` as closures over the free-block maps (no ``self`` lookups per event)."""
+        pol, dev, hit_s, free_s = self, self.device, self.costs.pool_hit_s, self.costs.pool_free_s
+        start, end, segments = self._start, self._end, self._segments
+        start_get, end_get = start.get, end.get
+        sizes, heaps, grow = self._avail.sizes, self._avail.heaps, self._grow
+        release = self.release
+        fits = 0
+
+        def malloc(req, stream):
+            nonlocal fits
+            n = (req + 511) & -512
+            fits += 1
+            dev.clock += hit_s
+            i = bisect_left(sizes, n)       # SizeBuckets.pop_fit(n), inlined
+            a = 0
+            while i < len(sizes):
+                s = sizes[i]
+                h = heaps[s]
+                while h:
+                    a = heappop(h)
+                    if start_get(a) == s:
+                        break
+                    a = 0
+                if a:
+                    break
+                del heaps[s], sizes[i]
+            if a:
+                s = start.pop(a)
+                rem = s - n
+                if rem:                     # split: the tail stays free
+                    b = a + n
+                    start[b] = end[a + s] = rem
+                    h = heaps.get(rem)      # SizeBuckets.push, inlined
+                    if h is None:
+                        heaps[rem] = [b]
+                        insort(sizes, rem)
+                    else:
+                        heappush(h, b)
+                else:
+                    del end[a + s]
+            else:
+                a = grow(n)
+                if not a:
+                    return None
+            pol.allocated += n
+            return a, n
+
+        def free(h):
+            a, n = h
+            pol.allocated -= n
+            dev.clock += free_s
+            e = a + n
+            ls = end_get(a)
+            if ls is not None and a not in segments:    # merge with the free block before
+                del end[a]
+                a -= ls
+                n += ls                     # start[a] is rewritten below, voiding its old entry
+            rs = start_get(e)
+            if rs is not None and e not in segments:    # merge with the free block after
+                del start[e]
+                e += rs
+                n += rs                     # end[e] is rewritten below
+            if release and segments.get(a) == n:
+                pol._release(a, n, e)
+                return
+            start[a] = end[e] = n
+            h = heaps.get(n)                # SizeBuckets.push, inlined
+            if h is None:
+                heaps[n] = [a]
+                insort(sizes, n)
+            else:
+                heappush(h, a)
+
+        def fit_count():
+            return fits
+
+        self.malloc, self.free, self._fit_count = malloc, free, fit_count
+
+    # ---- the slow path ---------------------------------------------------------------
+    def _release(self, a: int, n: int, e: int) -> None:
+        """Return the wholly free segment at ``a`` to the device (its free-list entry, if any, is voided)."""
+        self._start.pop(a, None)
+        self._end.pop(e, None)
+        del self._segments[a]
+        self.device.free(a, n)
+
+    def _release_free_segments(self) -> int:
+        freed = 0
+        for a, n in list(self._segments.items()):
+            if self._start.get(a) == n:
+                self._release(a, n, a + n)
+                freed += n
+        return freed
+
+    def _new_segment(self, n: int) -> int:
+        seg = -(-n // self.segment) * self.segment
+        a = self.device.malloc(seg)
+        if a is None:
+            return 0
+        self._segments[a] = seg
+        if seg > n:
+            self._add_free(a + n, seg - n)
+        return a
+
+    def _grow(self, n: int) -> int:
+        """A new segment for ``n`` bytes, escalating as the module docstring says; its address, 0 if OOM."""
+        sec, dev = self.sections, self.device
+        with step(sec, dev, "2. segment alloc"):
+            a = self._new_segment(n)
+        if a:
+            return a
+        self._flushes += 1
+        with step(sec, dev, "3a. release free segments"):
+            self._release_free_segments()
+        with step(sec, dev, "3b. segment alloc"):
+            a = self._new_segment(n)
+        if a or self.runtime.eager:
+            return a
+        with step(sec, dev, "4.0 gc(true)"):
+            self.runtime.collect(True)
+        with step(sec, dev, "4.1 best fit"):
+            a = self._avail.pop_fit(n)
+            if a:
+                self._take(a, n)
+                return a
+        with step(sec, dev, "4.2 segment alloc"):
+            return self._new_segment(n)
+
+    def _take(self, a: int, n: int) -> None:
+        """Allocate ``n`` bytes at the start of free block ``a`` (just popped); the tail stays free."""
+        s = self._start.pop(a)
+        del self._end[a + s]
+        if s > n:
+            self._add_free(a + n, s - n)
+
+    def _add_free(self, a: int, n: int) -> None:
+        self._start[a] = self._end[a + n] = n
+        self._avail.push(a, n)
+
+    # ---- reporting -----------------------------------------------------------------
+    def block(self, h):
+        return h
+
+    def largest_free(self):
+        return self._avail.largest()
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        """``(address, size)`` of every free block, by address (tests)."""
+        return sorted(self._start.items())
+
+    def counters(self):
+        return {"cache_flushes": self._flushes, "segments": len(self._segments), "free_blocks": len(self._start)}
+
+    def finish(self):
+        fits = self._fit_count()
+        if fits:
+            self.sections.add("1. best fit", fits * self.costs.pool_hit_s, fits)

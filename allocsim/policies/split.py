@@ -1,0 +1,369 @@
+"""`split`: CuArrays' SplittingPool after PR #427, step for step.
+
+Source: `reference/cuarrays-knet-pools.md` §3 and the §5 pseudo-code
+(`src/memory/split.jl` @ a6fc8af, the same code as v1.3.0).
+
+- Classes: SMALL <= 1 MiB < LARGE <= 32 MiB < HUGE. A request is rounded up to
+  512 B / 128 KiB / 1 MiB by its class, then the class is recomputed from the
+  rounded size. A device malloc asks for exactly the rounded size.
+- Free lists: one per class, ordered by (size, block id); best fit, ties to the
+  lowest id (the oldest block). Ids grow monotonically, and a split remainder gets
+  a fresh id, as `Block(...)` does. We order by the v1.6 key (size, id); the
+  #516 key collision of the 24-bit shift is not modeled.
+- `free` only marks the block FREED and appends it to `freed`; the pool sees it
+  at the next `malloc`, under any runtime.
+- Each phase (1: none, 2: after ``gc(false)``, 3: after ``gc(true)``):
+  ``x.1a repopulate`` + ``x.1b compact`` (merge each newly freed block with its
+  AVAILABLE address neighbours, nothing else), ``x.2 scan`` (best fit),
+  ``x.3 alloc`` (device malloc), then for HUGE, LARGE, SMALL in turn
+  ``x.4a reclaim`` (whole blocks, ascending key, until the target is freed) +
+  ``x.4b alloc``, then ``x.5a reclaim`` (every whole block; a cache flush) +
+  ``x.5b alloc``. The pool reclaims its cache before it asks for a collection.
+- Split: only if class != HUGE, the remainder is > 0 and of the same class; so a
+  LARGE block keeps up to 1 MiB of slack, and HUGE blocks are never split.
+- The HUGE "exact size only" check is dead in the merged code: a HUGE request
+  takes the smallest larger cached HUGE block whole. ``huge_exact=true`` gives
+  the intended behaviour (exact size only).
+
+Knowing differences: repopulate and compact run as one pass over the batch
+(same resulting free lists: the same heads, sizes and ids); their modeled time
+is ``pool_free_s`` per repopulated block (1a) and per block merged away (1b).
+A scan costs ``pool_hit_s`` (hit or miss). The pre-#427 form is not modeled.
+
+Data structures (the hot path): blocks are parallel Python lists indexed by
+block id (size, address, prev, next, state, free size), grown by doubling, so a
+block costs no object and each field is O(1); id 0 is a sentinel "no
+neighbour" that is never AVAILABLE, so neighbour walks need no None test. The
+free lists are `SizeBuckets` (``_freelists.py``): best fit O(log k + log h),
+removal O(1) (lazy). A handle is the block id.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from heapq import heappop, heappush
+
+from . import register
+from ._freelists import SizeBuckets
+from ._pools import step
+from .base import Param, Policy
+
+SMALL, LARGE, HUGE = 0, 1, 2
+CLASS_NAMES = ("small", "large", "huge")
+SMALL_CUTOFF = 1 << 20          # SMALL <= 1 MiB
+LARGE_CUTOFF = 1 << 25          # LARGE <= 32 MiB
+ROUNDOFF = (1 << 9, 1 << 17, 1 << 20)
+CLASS_LIMIT = (SMALL_CUTOFF, LARGE_CUTOFF, 1 << 62)
+CLASS_RANGE = ((0, SMALL_CUTOFF), (SMALL_CUTOFF, LARGE_CUTOFF), (LARGE_CUTOFF, 1 << 62))
+
+INVALID, ALLOCATED, FREED, AVAILABLE = 0, 1, 2, 3     # FREED and AVAILABLE are both >= FREED
+
+
+def size_class(n: int) -> int:
+    return SMALL if n <= SMALL_CUTOFF else LARGE if n <= LARGE_CUTOFF else HUGE
+
+
+assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
+
+
+def round_request(req: int) -> tuple[int, int]:
+    """(rounded size, class of the rounded size), as `pool_alloc` computes them."""
+    r = ROUNDOFF[size_class(req)]
+    n = -(-req // r) * r
+    return n, size_class(n)
+
+
+@register
+class SplittingPool(Policy):
+    name = "split"
+    summary = "CuArrays SplittingPool: small/large/huge classes, best fit, split, incremental compaction"
+    models = "CuArrays SplittingPool post-#427, a6fc8af (cuarrays-knet-pools.md §3, §5)"
+    params = (
+        Param("huge_exact", "bool", False,
+              "HUGE requests reuse only a cached block of exactly their size (the intended check; "
+              "the merged code's check is dead and takes the smallest larger block)"),
+    )
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        cap = 1024
+        self._size = [0] * cap      # block id -> size
+        self._addr = [0] * cap      # block id -> device address
+        self._prev = [0] * cap      # block id -> address-preceding piece of the same buffer, 0 if none
+        self._next = [0] * cap      # block id -> address-following piece, 0 if none
+        self._state = [INVALID] * cap
+        self._fsize = [0] * cap     # block id -> size while in a free list, else 0 (the lazy-deletion map)
+        self._avail = SizeBuckets(self._fsize.__getitem__)     # every class: their size ranges are disjoint
+        self._freed: list[int] = []
+        self._slow_blocks = self._slow_merged = 0       # repopulated / merged in phases 2 and 3
+        self._flushes = self._reclaimed = 0
+        self._build_hot_path()
+
+    def _grow(self) -> None:
+        for lst in (self._size, self._addr, self._prev, self._next, self._state, self._fsize):
+            lst.extend([0] * len(lst))          # in place: the closures keep seeing the same lists
+
+    def _new_block(self, n: int) -> int:
+        """``actual_alloc(n)``: a whole block of a fresh device buffer, 0 if the device refuses."""
+        addr = self.device.malloc(n)
+        if addr is None:
+            return 0
+        b = self._new_id()
+        self._size[b] = n
+        self._addr[b] = addr
+        self._prev[b] = self._next[b] = 0
+        self._state[b] = AVAILABLE
+        return b
+
+    # ---- the hot path ----------------------------------------------------------------
+    def _build_hot_path(self) -> None:
+        """Make `malloc`, `free`, `_repopulate` and `_new_id` as closures over the block lists.
+
+        They run once or twice per driving event, so they read every list and
+        constant from closure cells rather than from ``self``, and they inline
+        `SizeBuckets.push` / `pop_fit` (same logic; see ``_freelists.py``).
+        Counters are closure variables, read back by `_hot_counts`.
+        """
+        pol, dev, grow, escalate = self, self.device, self._grow, self._escalate
+        hit_s, free_s = self.costs.pool_hit_s, self.costs.pool_free_s
+        size, addr, prev, nxt, state, fsize = (self._size, self._addr, self._prev, self._next, self._state,
+                                               self._fsize)
+        sizes, heaps = self._avail.sizes, self._avail.heaps
+        freed = self._freed
+        freed_append = freed.append
+        limits = (SMALL_CUTOFF, LARGE_CUTOFF, 0 if self.huge_exact else 1 << 62)   # 0: exact size only
+        next_id, id_cap = 1, len(size)          # block 0 is the sentinel "no neighbour"
+        scans = repops = repop_blocks = merged = splits = 0
+
+        def new_id() -> int:
+            nonlocal next_id, id_cap
+            b = next_id
+            if b == id_cap:
+                grow()
+                id_cap = len(size)
+            next_id = b + 1
+            return b
+
+        def repopulate() -> None:
+            """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
+
+            Every block of the batch is FREED (so chain walks see the whole batch, as
+            after the real repopulate); each one not yet merged is merged with its
+            run of FREED/AVAILABLE neighbours into the run's head, which goes into
+            the free list of its class. Pieces merged away become INVALID, and their
+            free-list entries void.
+            """
+            nonlocal repop_blocks, merged
+            k = 0
+            for b in freed:
+                if state[b] != FREED:
+                    continue            # merged into an earlier head of this batch
+                head = b
+                while state[prev[head]] >= FREED:
+                    head = prev[head]
+                m = nxt[b]
+                if head == b and state[m] < FREED:
+                    s = size[b]         # no free neighbour: plain repopulate
+                else:
+                    s = size[head]
+                    m = nxt[head]
+                    while state[m] >= FREED:
+                        s += size[m]
+                        state[m] = INVALID
+                        fsize[m] = 0
+                        k += 1
+                        m = nxt[m]
+                    nxt[head] = m
+                    prev[m] = head      # m may be the sentinel 0: harmless
+                    size[head] = s
+                    b = head
+                state[b] = AVAILABLE
+                fsize[b] = s
+                h = heaps.get(s)        # SizeBuckets.push
+                if h is None:
+                    heaps[s] = [b]
+                    insort(sizes, s)
+                else:
+                    heappush(h, b)
+            nb = len(freed)
+            freed.clear()
+            repop_blocks += nb
+            merged += k
+            dev.clock += (nb + k) * free_s
+
+        def malloc(req, stream):
+            nonlocal scans, repops, splits, next_id
+            # round by class; the cutoffs are multiples of the roundoffs, so the
+            # class recomputed from the rounded size is the same (see round_request)
+            if req <= SMALL_CUTOFF:
+                n = (req + 511) & -512
+                c = SMALL
+            elif req <= LARGE_CUTOFF:
+                n = (req + 131071) & -131072
+                c = LARGE
+            else:
+                n = (req + 1048575) & -1048576
+                c = HUGE
+            if freed:
+                repops += 1
+                repopulate()
+            scans += 1
+            dev.clock += hit_s
+            # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
+            limit = limits[c] or n
+            i = bisect_left(sizes, n)
+            b = 0
+            while i < len(sizes):
+                s = sizes[i]
+                if s > limit:
+                    break
+                h = heaps[s]
+                while h:
+                    b = heappop(h)
+                    if fsize[b] == s:
+                        break
+                    b = 0
+                if b:
+                    break
+                del heaps[s], sizes[i]
+            if b:
+                fsize[b] = 0
+            else:
+                b = escalate(n, c)
+                if not b:
+                    return None
+                s = size[b]
+            rem = s - n
+            if rem and c != HUGE and (c == SMALL or rem > SMALL_CUTOFF):   # size_class(rem) == c
+                r = next_id             # new_id(), inlined
+                if r == id_cap:
+                    r = new_id()
+                else:
+                    next_id = r + 1
+                m = nxt[b]
+                size[r] = rem
+                addr[r] = addr[b] + n
+                prev[r] = b
+                nxt[r] = m
+                prev[m] = r             # m may be the sentinel 0: harmless
+                nxt[b] = r
+                state[r] = AVAILABLE
+                fsize[r] = rem
+                h = heaps.get(rem)      # SizeBuckets.push
+                if h is None:
+                    heaps[rem] = [r]
+                    insort(sizes, rem)
+                else:
+                    heappush(h, r)
+                size[b] = s = n
+                splits += 1
+            state[b] = ALLOCATED
+            pol.allocated += s
+            return b
+
+        def free(b):
+            state[b] = FREED
+            freed_append(b)
+            pol.allocated -= size[b]
+
+        def hot_counts() -> dict:
+            return {"scans": scans, "repopulates": repops, "repopulated": repop_blocks, "merged": merged,
+                    "splits": splits}
+
+        self.malloc, self.free = malloc, free
+        self._repopulate, self._new_id, self._hot_counts = repopulate, new_id, hot_counts
+
+    def block(self, b):
+        return self._addr[b], self._size[b]
+
+    # ---- the slow path ---------------------------------------------------------------
+    def _scan(self, n: int, c: int) -> int:
+        """``scan!``: best fit in class ``c``'s free list, taken out of it; 0 if none."""
+        limit = n if c == HUGE and self.huge_exact else CLASS_LIMIT[c]
+        b = self._avail.pop_fit(n, limit)
+        if b:
+            self._fsize[b] = 0
+        return b
+
+    def _reclaim(self, cls: int, target: float) -> int:
+        """``reclaim!(set, target)``: device-free whole blocks in ascending (size, id) until ``target`` bytes."""
+        freed = 0
+        prev, nxt, fsize, state = self._prev, self._next, self._fsize, self._state
+        lo, hi = CLASS_RANGE[cls]
+        for s, b in self._avail.members():
+            if not lo < s <= hi:
+                continue
+            if prev[b] or nxt[b]:
+                continue            # a piece of a buffer, not the whole buffer
+            fsize[b] = 0
+            state[b] = INVALID
+            self.device.free(self._addr[b], s)
+            self._reclaimed += 1
+            freed += s
+            if freed >= target:
+                break
+        return freed
+
+    def _escalate(self, n: int, c: int) -> int:
+        """The rest of phase 1 after a missed scan, then phases 2 and 3; 0 means OOM."""
+        dev, sec, costs = self.device, self.sections, self.costs
+        for phase in (1, 2, 3):
+            if phase > 1:
+                with step(sec, dev, f"{phase}.0 gc({'true' if phase == 3 else 'false'})"):
+                    self.runtime.collect(phase == 3)
+                if self._freed:
+                    before = self._hot_counts()
+                    self._repopulate()
+                    after = self._hot_counts()
+                    nb = after["repopulated"] - before["repopulated"]
+                    nm = after["merged"] - before["merged"]
+                    self._slow_blocks += nb
+                    self._slow_merged += nm
+                    sec.add(f"{phase}.1a repopulate", nb * costs.pool_free_s)
+                    sec.add(f"{phase}.1b compact", nm * costs.pool_free_s)
+                dev.clock += costs.pool_hit_s
+                sec.add(f"{phase}.2 scan", costs.pool_hit_s)
+                b = self._scan(n, c)
+                if b:
+                    return b
+            with step(sec, dev, f"{phase}.3 alloc"):
+                b = self._new_block(n)
+            if b:
+                return b
+            for cls in (HUGE, LARGE, SMALL):
+                with step(sec, dev, f"{phase}.4a reclaim"):
+                    self._reclaim(cls, n)
+                with step(sec, dev, f"{phase}.4b alloc"):
+                    b = self._new_block(n)
+                if b:
+                    return b
+            self._flushes += 1
+            with step(sec, dev, f"{phase}.5a reclaim"):
+                for cls in (SMALL, LARGE, HUGE):
+                    self._reclaim(cls, float("inf"))
+            with step(sec, dev, f"{phase}.5b alloc"):
+                b = self._new_block(n)
+            if b:
+                return b
+        return 0
+
+    # ---- reporting -----------------------------------------------------------------
+    def largest_free(self):
+        pending = max((self._size[b] for b in self._freed), default=0)
+        return max(pending, self._avail.largest())
+
+    def free_blocks(self) -> list[tuple[int, int, int]]:
+        """``(class, size, id)`` of every block in the free lists, in (class, size, id) order (tests, dumps)."""
+        return [(size_class(s), s, b) for s, b in self._avail.members()]
+
+    def counters(self):
+        hot = self._hot_counts()
+        return {"cache_flushes": self._flushes, "splits": hot["splits"], "compacted_blocks": hot["merged"],
+                "reclaimed_blocks": self._reclaimed, "pending_freed": len(self._freed)}
+
+    def finish(self):
+        sec, fr, hot = self.sections, self.costs.pool_free_s, self._hot_counts()
+        if hot["repopulates"]:
+            sec.add("1.1a repopulate", (hot["repopulated"] - self._slow_blocks) * fr, hot["repopulates"])
+            sec.add("1.1b compact", (hot["merged"] - self._slow_merged) * fr, hot["repopulates"])
+        if hot["scans"]:
+            sec.add("1.2 scan", hot["scans"] * self.costs.pool_hit_s, hot["scans"])
