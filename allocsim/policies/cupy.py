@@ -1,0 +1,339 @@
+"""`cupy`: CuPy's ``SingleDeviceMemoryPool``, step for step.
+
+Source: `reference/cupy-pool-and-hooks.md` §1-§4 (``cupy/cuda/memory.pyx``, v13.6 and
+v14.1/main). What the model does, as CuPy does:
+
+- every request is rounded up to 512 B (``_round_size``);
+- one arena per stream; a free chunk goes back to its own stream's arena and no
+  other stream ever takes it (no cross-stream reuse, no events);
+- best fit: the smallest free chunk whose size is >= the rounded request; a larger
+  chunk is split, the remainder (a multiple of 512 B, no minimum) goes back into
+  the arena without merging;
+- the chunks of one device allocation (one ``Memory``) are a doubly linked list;
+  on free a chunk merges with a free ``next`` and then a free ``prev``, so chunks of
+  different device allocations never merge;
+- ``free_all_blocks`` releases only whole chunks (no ``prev`` and no ``next``): a
+  split allocation stays reserved until its pieces have merged back into one;
+- ``_try_malloc``'s escalation: over the limit -> ``free_all_blocks``; still over ->
+  ``gc.collect()`` + ``free_all_blocks``; still over -> OOM. Device allocation
+  failure -> ``free_all_blocks`` + retry -> ``gc.collect()`` (twice in v14, once in
+  v13) + ``free_all_blocks`` + retry -> OOM. ``gc.collect()`` is
+  ``runtime.collect(full=True)``.
+
+The limit is the smaller of the ``limit`` option (``set_limit(size=...)`` /
+``CUPY_GPU_MEMORY_LIMIT``) and the engine's ``--cap``; it is checked against the
+pool's total (reserved) bytes, so cached free chunks count against it. The device
+capacity (the GPU) is what makes a device allocation fail.
+
+Ties between free chunks of the same size (the only place v13 and v14 differ in
+the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
+
+- ``version=14`` (default, ``std::set<(size, id(chunk))>``): CuPy breaks ties by the
+  address of the chunk *object*, which is arbitrary; the model takes the chunk at
+  the lowest device address instead, deterministically.
+- ``version=13`` (``set.pop()`` from the first non-empty bin): arbitrary in CuPy; the
+  model takes the most recently freed chunk (LIFO).
+
+Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
+only locking and speed, not placement, and are not modeled; hooks are not modeled.
+
+Data structures and costs, per arena: ``buckets`` maps a free size to a dict
+{address: chunk} (O(1) insert/remove, LIFO pop); ``sizes`` is the sorted list of
+sizes with a non-empty bucket (bisect, O(log s) search, O(s) insert/delete for s
+distinct free sizes, small in practice); for v14, ``heaps`` keeps per size a heap
+of addresses with lazy deletion (O(log k) for k chunks of that size; rebuilt when
+stale entries outnumber live ones). A hit is O(log s + log k); a free is O(1)
+plus the same index updates; ``free_all_blocks`` is O(free chunks).
+
+Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
+size, event_index)``, one per device call; ``track_total=True`` keeps
+``total_log``, an ``array('q')`` of the pool's total bytes after each malloc/free
+call that reached the pool.
+"""
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, insort
+
+from ..errors import UsageError
+from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
+from . import register
+from .base import Param, Policy
+
+UNIT = 512          # ALLOCATION_UNIT_SIZE
+
+# Section names, numbered in escalation order (sections print children by name).
+S_LOOKUP = "1.1 best fit"
+S_MALLOC = "1.2 cudaMalloc"
+S_LIMIT_FLUSH = "2.1 free_all_blocks (limit)"
+S_LIMIT_GC = "2.2 gc.collect (limit)"
+S_LIMIT_FLUSH2 = "2.3 free_all_blocks (limit)"
+S_FAIL_FLUSH = "3.1 free_all_blocks"
+S_FAIL_RETRY = "3.2 cudaMalloc"
+S_FAIL_GC = "3.3 gc.collect"
+S_FAIL_FLUSH2 = "3.4 free_all_blocks"
+S_FAIL_RETRY2 = "3.5 cudaMalloc"
+
+
+class _Chunk:
+    """A piece of one device allocation; ``prev``/``next`` link the pieces of the same one."""
+
+    __slots__ = ("ptr", "size", "prev", "next", "stream", "is_free")
+
+    def __init__(self, ptr, size, prev, next_, stream):
+        self.ptr = ptr
+        self.size = size
+        self.prev = prev
+        self.next = next_
+        self.stream = stream
+        self.is_free = False
+
+
+class _Arenas(dict):
+    """Stream -> `_Arena`, made on first use (as ``SingleDeviceMemoryPool._arena``)."""
+
+    def __missing__(self, stream):
+        arena = self[stream] = _Arena()
+        return arena
+
+
+class _Arena:
+    """The free chunks of one stream (see the module docstring for the costs)."""
+
+    __slots__ = ("buckets", "sizes", "free_at")
+
+    def __init__(self):
+        self.buckets: dict[int, list[int]] = {}     # size -> negated addresses of its free chunks
+        self.sizes: list[int] = []                  # sorted sizes with a non-empty bucket
+        self.free_at: dict[int, _Chunk] = {}        # address -> free chunk
+
+
+@register
+class CuPyPool(Policy):
+    name = "cupy"
+    summary = "CuPy MemoryPool: 512 B rounding, per-stream best fit, split/merge per cudaMalloc, flush + gc.collect"
+    models = "CuPy SingleDeviceMemoryPool v13/v14 (cupy-pool-and-hooks.md §1-§4)"
+    params = (
+        Param("version", ("14", "13"), "14",
+              "14: std::set lookup, ties to the lowest address, gc.collect() x2 on a failed cudaMalloc; "
+              "13: binned lookup, ties to the most recently freed chunk, gc.collect() x1"),
+        Param("limit", "size", None, "pool limit (set_limit / CUPY_GPU_MEMORY_LIMIT); with --cap the smaller wins"),
+        Param("track_total", "bool", False, "keep total_log: pool total bytes after each malloc/free (validation)"),
+    )
+    wants_event_index = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        if str(self.version) not in ("13", "14"):
+            raise UsageError(f"policy 'cupy' option version: expected 13 or 14, got {self.version!r}")
+        self.version = int(self.version)
+        self._lowest = self.version >= 14
+        self._gc_calls = 2 if self.version >= 14 else 1
+        limits = [x for x in (self.limit, self.device.cap) if x]
+        self._limit = min(limits) if limits else 0
+        self._arenas = _Arenas()
+        self.total = 0                      # total_bytes(): reserved from the device
+        self.cache_flushes = 0              # free_all_blocks calls
+        self.limit_ooms = 0
+        self.device_ooms = 0
+        self._n_lookup = 0
+        self._n_malloc = 0
+        self._t_malloc = 0.0
+        self._hit_s = self.costs.pool_hit_s
+        self._free_s = self.costs.pool_free_s
+        self.event_index = -1               # set by the engine before each malloc
+        self.segment_log: list[tuple[int, int, int]] = []
+        self.total_log = array("q") if self.track_total else None
+        if self.track_total:                # keeps the check off the untracked hot path
+            self.malloc, self.free = self._malloc_tracked, self._free_tracked
+
+    # ---- free index --------------------------------------------------------------------
+    def _insert(self, arena: _Arena, c: _Chunk) -> None:
+        c.is_free = True
+        s, p = c.size, c.ptr
+        arena.free_at[p] = c
+        b = arena.buckets.get(s)
+        if b is None:
+            arena.buckets[s] = [-p]
+            insort(arena.sizes, s)
+        elif self._lowest:
+            insort(b, -p)
+        else:
+            b.append(-p)
+
+    def _remove(self, arena: _Arena, c: _Chunk) -> None:
+        c.is_free = False
+        s, p = c.size, c.ptr
+        del arena.free_at[p]
+        b = arena.buckets[s]
+        if len(b) == 1:
+            del arena.buckets[s]
+            sizes = arena.sizes
+            del sizes[bisect_left(sizes, s)]
+        elif self._lowest:
+            del b[bisect_left(b, -p)]
+        else:
+            b.remove(-p)
+
+    # ---- malloc / free (the hot path; _insert is inlined in free) -----------------------
+    def malloc(self, size, stream):
+        n = (size + UNIT - 1) // UNIT * UNIT
+        self._n_lookup += 1
+        self.device.clock += self._hit_s
+        arena = self._arenas[stream]
+        buckets = arena.buckets
+        s = n
+        b = buckets.get(n)
+        if b is None:
+            sizes = arena.sizes
+            i = bisect_left(sizes, n)
+            if i == len(sizes):
+                c = self._try_malloc(n, stream)
+                if c is None:
+                    return None
+                self.allocated += n
+                return c
+            s = sizes[i]
+            b = buckets[s]
+        c = arena.free_at.pop(-b.pop())          # lowest address (v14) / last freed (v13)
+        if not b:
+            del buckets[s]
+            sizes = arena.sizes
+            del sizes[bisect_left(sizes, s)]
+        c.is_free = False
+        if s > n:                                # split: the remainder goes back, unmerged
+            nx = c.next
+            c.next = rest = _Chunk(c.ptr + n, s - n, c, nx, stream)
+            if nx is not None:
+                nx.prev = rest
+            c.size = n
+            self._insert(arena, rest)
+        self.allocated += n
+        return c
+
+    def free(self, c):
+        self.allocated -= c.size
+        self.device.clock += self._free_s
+        arena = self._arenas[c.stream]
+        nx = c.next
+        if nx is not None and nx.is_free:
+            self._remove(arena, nx)
+            c.size += nx.size
+            c.next = nn = nx.next
+            if nn is not None:
+                nn.prev = c
+        pv = c.prev
+        if pv is not None and pv.is_free:
+            self._remove(arena, pv)
+            pv.size += c.size
+            pv.next = nn = c.next
+            if nn is not None:
+                nn.prev = pv
+            c = pv
+        c.is_free = True
+        s, p = c.size, c.ptr
+        arena.free_at[p] = c
+        b = arena.buckets.get(s)
+        if b is None:
+            arena.buckets[s] = [-p]
+            insort(arena.sizes, s)
+        elif self._lowest:
+            insort(b, -p)
+        else:
+            b.append(-p)
+
+    def _malloc_tracked(self, size, stream):
+        c = CuPyPool.malloc(self, size, stream)
+        self.total_log.append(self.total)
+        return c
+
+    def _free_tracked(self, c):
+        CuPyPool.free(self, c)
+        self.total_log.append(self.total)
+
+    # ---- the miss path -------------------------------------------------------------------
+    def _step(self, name, fn, *args):
+        sec, dev = self.sections, self.device
+        sec.push(name, dev.clock)
+        try:
+            return fn(*args)
+        finally:
+            sec.pop(dev.clock)
+
+    def _over(self, n) -> bool:
+        return bool(self._limit) and self.total + n > self._limit
+
+    def _gc(self) -> None:
+        for _ in range(self._gc_calls):
+            self.runtime.collect(True)
+
+    def _device_malloc(self, n):
+        addr = self.device.malloc(n)
+        if addr is not None:
+            self.total += n
+            self.segment_log.append((SEGMENT_ALLOC, n, self.event_index))
+        return addr
+
+    def _try_malloc(self, n, stream):
+        """A new device allocation of ``n`` bytes, with CuPy's escalation; None on OOM."""
+        if self._over(n):
+            self._step(S_LIMIT_FLUSH, self.free_all_blocks)
+            if self._over(n):
+                self._step(S_LIMIT_GC, self.runtime.collect, True)
+                self._step(S_LIMIT_FLUSH2, self.free_all_blocks)
+                if self._over(n):
+                    self.limit_ooms += 1
+                    return None
+        dev = self.device
+        t0 = dev.clock
+        addr = self._device_malloc(n)
+        self._n_malloc += 1
+        self._t_malloc += dev.clock - t0
+        if addr is None:
+            self._step(S_FAIL_FLUSH, self.free_all_blocks)
+            addr = self._step(S_FAIL_RETRY, self._device_malloc, n)
+        if addr is None:
+            self._step(S_FAIL_GC, self._gc)
+            self._step(S_FAIL_FLUSH2, self.free_all_blocks)
+            addr = self._step(S_FAIL_RETRY2, self._device_malloc, n)
+        if addr is None:
+            self.device_ooms += 1
+            return None
+        return _Chunk(addr, n, None, None, stream)
+
+    def free_all_blocks(self, stream=None) -> int:
+        """Release every free chunk that is a whole device allocation; return the bytes released."""
+        self.cache_flushes += 1
+        released = 0
+        ev = self.event_index
+        arenas = self._arenas.values() if stream is None else [self._arenas[stream]]
+        for arena in arenas:
+            whole = [c for c in arena.free_at.values() if c.prev is None and c.next is None]
+            for c in whole:
+                self._remove(arena, c)
+                self.device.free(c.ptr, c.size)
+                self.total -= c.size
+                released += c.size
+                self.segment_log.append((SEGMENT_FREE, c.size, ev))
+        return released
+
+    # ---- reporting ----------------------------------------------------------------------
+    def block(self, handle):
+        return handle.ptr, handle.size
+
+    def largest_free(self):
+        return max((a.sizes[-1] for a in self._arenas.values() if a.sizes), default=0)
+
+    def n_free_blocks(self) -> int:
+        return sum(len(a.free_at) for a in self._arenas.values())
+
+    def counters(self):
+        return {"cache_flushes": self.cache_flushes, "used_bytes": self.allocated, "total_bytes": self.total,
+                "free_bytes": self.total - self.allocated, "n_free_blocks": self.n_free_blocks(),
+                "limit": self._limit, "limit_ooms": self.limit_ooms, "device_ooms": self.device_ooms,
+                "version": self.version}
+
+    def finish(self):
+        self.sections.add(S_LOOKUP, self._n_lookup * self._hit_s, self._n_lookup)
+        if self._n_malloc:
+            self.sections.add(S_MALLOC, self._t_malloc, self._n_malloc)
