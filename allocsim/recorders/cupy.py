@@ -90,6 +90,12 @@ class CupyRecorder(Recorder):
             return
         size, rounded, ptr = kw["size"], kw["mem_size"], kw["mem_ptr"]
         stream = self.cupy.cuda.get_current_stream().ptr
+        if not ptr and rounded == 0:
+            # A 0-byte request: CuPy hands back a null pointer without touching the pool, and no
+            # free hook ever fires for it. It is a request, not a failure.
+            w.alloc(0, stream, t=self._now())
+            self.counts["zero_malloc"] += 1
+            return
         if not ptr:
             w.alloc(size, stream, t=self._now(), flags=ev.FAILED)
             w.oom(rounded, stream=stream)
