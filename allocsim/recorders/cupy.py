@@ -61,7 +61,7 @@ class CupyRecorder(Recorder):
         self.w = self.open_trace(meta)
         self.open: dict[int, list[int]] = {}        # pmem_id -> ids of open mallocs, most recent last
         self.segments: dict[int, int] = {}          # upstream pointer -> bytes
-        self.counts = {"malloc": 0, "free": 0, "failed_malloc": 0, "unmatched_free": 0, "segment_alloc": 0,
+        self.counts = {"malloc": 0, "zero_malloc": 0, "free": 0, "failed_malloc": 0, "unmatched_free": 0, "segment_alloc": 0,
                        "segment_free": 0, "gc": 0}
         rec = self
 
