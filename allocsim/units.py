@@ -56,14 +56,18 @@ def fmt_bytes(n: float | None, digits: int = 2) -> str:
 
 
 def fmt_seconds(t: float) -> str:
-    """TimerOutputs-style duration: ``282ms``, ``8.29μs``, ``48.3s``."""
+    """TimerOutputs-style duration with 3 significant digits: ``282ms``, ``8.29μs``, ``48.3s``."""
     t = float(t)
     if t == 0:
-        return "0.00ns"
-    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "μs"), (1e-9, "ns")):
+        return "0ns"
+    units = ((1, "s"), (1e-3, "ms"), (1e-6, "μs"), (1e-9, "ns"))
+    for k, (scale, unit) in enumerate(units):
         if abs(t) >= scale or unit == "ns":
-            v = t / scale
-            return f"{v:.3g}{unit}" if v >= 100 else f"{v:.3g}{unit}"
+            text = f"{t / scale:.3g}"
+            if "e" in text or (float(text) >= 1000 and k > 0):      # 999.7μs rounds to 1.00ms
+                scale, unit = units[k - 1]
+                text = f"{t / scale:.3g}"
+            return text + unit
     raise AssertionError
 
 
