@@ -64,6 +64,8 @@ def fmt_seconds(t: float) -> str:
     for k, (scale, unit) in enumerate(units):
         if abs(t) >= scale or unit == "ns":
             text = f"{t / scale:.3g}"
+            if k == 0 and "e" in text:
+                return f"{t:.0f}s"
             if "e" in text or (float(text) >= 1000 and k > 0):      # 999.7μs rounds to 1.00ms
                 scale, unit = units[k - 1]
                 text = f"{t / scale:.3g}"
