@@ -6,7 +6,6 @@ reference models (linear scans over plain lists) written here from the rules.
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -12,14 +12,16 @@ free block ``key`` while it is free, anything else once it is not. An entry
 owner removes a block from the free lists (a merge, a reclaim) by changing its
 map alone, in O(1). A key pushed twice under the same size is harmless: the
 first pop takes the block, and the owner's map then voids the other copy. A heap
-left with only void entries is dropped when a pop empties it.
+emptied by a pop stays (the next free block of that size reuses it); a best-fit
+search that meets an empty or all-void heap drops it.
 
-Costs (k = distinct free sizes, h = entries in one size's heap, void ones
+Costs (k = sizes with a heap, h = entries in one size's heap, void ones
 included): `push` O(log h), plus O(k) memmove (in C) when it opens a new size;
-`pop_fit` / `pop_exact` O(log k + log h) amortised over the void entries they
-discard; `members` and `largest` O(entries), for the rare paths (reclaim, metrics).
-Sizes are quantised by the allocators (512 B and up), so k stays in the
-thousands while the number of free blocks can be far larger.
+`pop_fit` O(log k + log h), amortised over the void entries and empty heaps it
+discards; `members` and `largest` O(entries), for the rare paths (reclaim,
+metrics). Sizes are quantised by the allocators (512 B and up), so k stays in
+the thousands while the number of free blocks can be far larger. The policies'
+hot paths inline `push` and `pop_fit` (a call costs as much as the work).
 """
 from __future__ import annotations
 
@@ -73,10 +75,6 @@ class SizeBuckets:
 
         self.push = push
         self.pop_fit = pop_fit
-
-    def pop_exact(self, n: int) -> int:
-        """Take the lowest-key block of size exactly ``n``; 0 if none."""
-        return self.pop_fit(n, n)
 
     def members(self) -> list[tuple[int, int]]:
         """Every free block as ``(size, key)`` in ascending order; drops void entries on the way."""

@@ -143,14 +143,14 @@ class SplittingPool(Policy):
             next_id = b + 1
             return b
 
-        def repopulate() -> None:
+        def repopulate() -> float:
             """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
 
             Every block of the batch is FREED (so chain walks see the whole batch, as
             after the real repopulate); each one not yet merged is merged with its
             run of FREED/AVAILABLE neighbours into the run's head, which goes into
             the free list of its class. Pieces merged away become INVALID, and their
-            free-list entries void.
+            free-list entries void. Returns the modeled time, for the caller to charge.
             """
             nonlocal repop_blocks, merged
             k = 0
@@ -188,7 +188,7 @@ class SplittingPool(Policy):
             freed.clear()
             repop_blocks += nb
             merged += k
-            dev.clock += (nb + k) * free_s
+            return (nb + k) * free_s
 
         def malloc(req, stream):
             nonlocal scans, repops, splits, next_id
@@ -203,11 +203,12 @@ class SplittingPool(Policy):
             else:
                 n = (req + 1048575) & -1048576
                 c = HUGE
+            scans += 1
             if freed:
                 repops += 1
-                repopulate()
-            scans += 1
-            dev.clock += hit_s
+                dev.clock += hit_s + repopulate()
+            else:
+                dev.clock += hit_s
             # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
             limit = limits[c] or n
             i = bisect_left(sizes, n)
@@ -312,7 +313,7 @@ class SplittingPool(Policy):
                     self.runtime.collect(phase == 3)
                 if self._freed:
                     before = self._hot_counts()
-                    self._repopulate()
+                    dev.clock += self._repopulate()
                     after = self._hot_counts()
                     nb = after["repopulated"] - before["repopulated"]
                     nm = after["merged"] - before["merged"]
