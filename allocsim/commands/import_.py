@@ -1,0 +1,54 @@
+"""`allocsim import`: turn a PyTorch snapshot, an RMM CSV log or a CuPy hook log into a trace file."""
+from __future__ import annotations
+
+import sys
+
+from ..errors import UsageError
+from ..importers import FORMATS, import_file
+from ..units import fmt_count, parse_size
+
+NAME = "import"
+HELP = "convert a PyTorch snapshot pickle, an RMM CSV log or a CuPy DebugPrintHook JSONL into a trace"
+EXAMPLE = "allocsim import snapshot.pickle -o resnet50.bin --total-memory 80GiB --device-name 'NVIDIA H100'"
+
+
+def add_arguments(p):
+    p.add_argument("file", help="input: snapshot.pickle, log.csv or hooks.jsonl (format found from the content)")
+    p.add_argument("-o", "--output", required=True, metavar="TRACE", help="trace file to write (.bin)")
+    p.add_argument("--format", default="auto", choices=("auto",) + FORMATS, help="input format (default: auto)")
+    p.add_argument("--device", type=int, default=0, metavar="N",
+                   help="device index to import (torch: device_traces[N]; cupy: device_id N); default 0")
+    p.add_argument("--total-memory", metavar="SIZE",
+                   help="the recorded GPU's memory, e.g. 80GiB (the inputs do not carry it); replays use it "
+                        "as the default capacity")
+    p.add_argument("--device-name", metavar="NAME", help="the recorded GPU's name, kept in the metadata")
+
+
+def run(args) -> int:
+    if args.device < 0:
+        raise UsageError(f"--device: negative device index {args.device}")
+    total = parse_size(args.total_memory, what="--total-memory") if args.total_memory else None
+    st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
+                     device_name=args.device_name)
+    for w in st.get("warnings", []):
+        print(f"allocsim: warning: {args.file}: {w}", file=sys.stderr)
+    print(summary(args.file, args.output, st))
+    return 0
+
+
+def summary(src: str, out: str, st: dict) -> str:
+    """One line: what was written, and whether the trace was seeded with blocks from before its start."""
+    parts = [_n(st["events"], "event"), _n(st["allocs"], "alloc"), _n(st["frees"], "free")]
+    segs = st.get("segment_allocs", 0) + st.get("segment_maps", 0)
+    if segs or st["format"] != "rmm":
+        parts.append(_n(segs, "segment"))
+    if st.get("ooms"):
+        parts.append(_n(st["ooms"], "OOM"))
+    if st["format"] == "torch":
+        parts.append(f"wrapped: {'yes' if st['wrapped'] else 'no'}, seeded {_n(st['seeded'], 'pre-existing block')}, "
+                     f"{_n(st['initial_segments'], 'starting segment')}")
+    return f"{src} ({st['format']}) -> {out}: " + ", ".join(parts)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{fmt_count(count)} {noun}{'' if count == 1 else 's'}"

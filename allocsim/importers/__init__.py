@@ -1,0 +1,99 @@
+"""Import allocation logs written by other tools into allocsim traces.
+
+Formats, told apart by content (never by file name):
+
+    torch   PyTorch memory snapshot pickle (`torch.cuda.memory._dump_snapshot`), see `torch_snapshot`
+    rmm     RMM logging_resource_adaptor CSV, see `rmm_csv`
+    cupy    CuPy DebugPrintHook JSONL, see `cupy_jsonl`
+
+``import_file(path, out)`` streams the events to a temporary file beside
+``out`` and renames it into place only when the whole input converted, so a
+malformed input leaves no output file.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..errors import InputError, UsageError
+from ..outputs import atomic_path
+from ..trace import TraceWriter
+from ..trace.format import MAGIC
+from . import safe_pickle
+from .cupy_jsonl import HookLog
+from .rmm_csv import COLUMNS, RmmLog
+from .torch_snapshot import SnapshotConversion, convert
+
+FORMATS = ("torch", "rmm", "cupy")
+
+__all__ = ["FORMATS", "convert", "detect", "import_file", "open_source"]
+
+
+def detect(path: str) -> str:
+    """``"torch"``, ``"rmm"`` or ``"cupy"``, from the first bytes of ``path``; `InputError` if none fits."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), path=path)
+    if head[:1] == b"\x80":                 # PROTO opcode: pickle protocol >= 2
+        return "torch"
+    if head.startswith(MAGIC):
+        raise InputError("already an allocsim trace; nothing to import", path=path, position="byte 0")
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
+    if set(COLUMNS) <= {c.strip() for c in first.decode("utf-8", "replace").split(",")}:
+        return "rmm"
+    if first.startswith(b"{"):
+        try:
+            obj = json.loads(first)
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and "hook" in obj:
+            return "cupy"
+    raise InputError("cannot tell the format: not a pickle (PyTorch snapshot), an RMM CSV log (header "
+                     f"{','.join(COLUMNS)}) or a CuPy DebugPrintHook JSONL (objects with \"hook\"); "
+                     "pass --format", path=path, position="byte 0")
+
+
+def open_source(path: str, fmt: str | None = None, *, device: int = 0, device_name: str | None = None,
+                total_memory: int | None = None):
+    """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``."""
+    fmt = fmt or detect(path)
+    kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
+    if fmt == "torch":
+        return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
+    if fmt == "rmm":
+        return RmmLog(path, **kw)
+    if fmt == "cupy":
+        return HookLog(path, **kw)
+    raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def import_file(path: str, out: str, *, format: str | None = None, device: int = 0, total_memory: int | None = None,
+                device_name: str | None = None) -> dict:
+    """Convert ``path`` into the trace file ``out``; return stats (counts, warnings, events written).
+
+    ``format`` None or ``"auto"`` detects it from the content. The output
+    appears whole, validated, or not at all.
+    """
+    if os.path.exists(out) and os.path.samefile(path, out):
+        raise UsageError(f"output {out} is the input file")
+    src = open_source(path, None if format in (None, "auto") else format, device=device, device_name=device_name,
+                      total_memory=total_memory)
+    with atomic_path(out) as tmp:
+        writer = TraceWriter(meta=src.meta, path=tmp, chunk=1 << 16)
+        try:
+            stats = src.emit(writer)
+        except BaseException:
+            writer.abort()
+            raise
+        trace = writer.finish()
+        try:
+            trace.validate()
+        except InputError as e:   # the input contradicts itself in a way the importer did not catch
+            raise InputError(f"the converted trace is invalid: {e.what}", path=path, position=e.position)
+        stats["events"] = len(trace)
+        stats["streams"] = len(trace.streams)
+        stats["sites"] = len(trace.sites)
+        del trace
+    return stats

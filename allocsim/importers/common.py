@@ -1,0 +1,76 @@
+"""What the importers share: trace metadata and line-oriented logs whose tail may be cut off."""
+from __future__ import annotations
+
+from ..errors import InputError
+
+
+def base_meta(fmt: str, framework: str, source: str, *, device: int = 0, device_name: str | None = None,
+              total_memory: int | None = None, time_source: str) -> dict:
+    """Trace metadata common to every import: producer, format, source file, device."""
+    dev = {"index": device}
+    if device_name:
+        dev["name"] = device_name
+    if total_memory:
+        dev["total_memory"] = int(total_memory)
+    return {"producer": "allocsim import", "framework": framework, "format": fmt, "source_file": source,
+            "device": dev, "time_source": time_source}
+
+
+class LineLog:
+    """A text log read line by line, each line parsed by the caller.
+
+    Logs written through a buffer (RMM's Python API) lose their tail when the
+    process dies, so the last line may be cut short. `each(handle)` calls
+    ``handle(text)`` per non-blank line; the handler checks everything before it
+    writes anything and reports a defect with `bad(what)`: on an unterminated
+    last line that is a warning and the line is dropped, anywhere else it is an
+    `InputError` naming the line. Reading is O(1) memory per line.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        self.warnings: list[str] = []
+        self.dropped_line: int | None = None
+        self._cut = False
+        self._line = 0
+
+    def each(self, handle) -> None:
+        try:
+            f = open(self.path, encoding="utf-8", errors="replace", newline="")
+        except OSError as e:
+            raise InputError(e.strerror or str(e), path=self.path)
+        with f:
+            for n, line in enumerate(f, 1):
+                self._line = n
+                self._cut = not line.endswith("\n")
+                text = line.rstrip("\r\n")
+                if text.strip():
+                    try:
+                        handle(text)
+                    except _Dropped:
+                        return
+
+    @property
+    def line(self) -> int:
+        return self._line
+
+    def error(self, what: str) -> InputError:
+        return InputError(what, path=self.path, position=f"line {self._line}")
+
+    def bad(self, what: str):
+        """Report a defect in the current line: raises `InputError`, or `_Dropped` for a cut-off last line."""
+        if self._cut:
+            self.dropped_line = self._line
+            self.warnings.append(f"line {self._line}: last line is cut short ({what}); dropped it, kept the rest")
+            raise _Dropped
+        raise self.error(what)
+
+    def parse_int(self, text: str, what: str, base: int = 10) -> int:
+        try:
+            return int(text, base)
+        except ValueError:
+            self.bad(f"bad {what} {text!r}")
+
+
+class _Dropped(Exception):
+    """Raised by `LineLog.bad` for a cut-off last line; `LineLog.each` then stops."""

@@ -1,0 +1,379 @@
+"""PyTorch memory snapshots (`torch.cuda.memory._snapshot()` / `_dump_snapshot`) -> trace events.
+
+A snapshot holds the allocator's final state (``segments``, each with its
+``blocks``) and a per-device ring buffer of what it did (``device_traces``).
+The mapping (pytorch-caching-allocator.md §10-§12):
+
+    alloc            -> ALLOC (requested size, addr, stream, call site when frames are present)
+    free_requested   -> FREE_REQUESTED of the block live at that address
+    free_completed   -> FREE of that block (the block leaves the live set here)
+    segment_alloc/free/map/unmap -> SEGMENT_* (informational)
+    oom              -> OOM (size, device_free)
+    snapshot         -> ignored; unknown actions are ignored and counted
+
+Times are ``time_us`` * 1000 relative to the earliest entry, or the entry index
+when the snapshot has no ``time_us`` (before PyTorch 2.2).
+
+A trace that wrapped its ring buffer, or that started after the model was
+built, frees blocks it never saw allocated. `StartState` rebuilds the allocator
+state at the first retained entry by undoing the entries one by one from the
+final ``segments`` backwards, as MemoryViz does; its live blocks become ALLOCs
+at t=0 flagged PRE_EXISTING, in address order, and its segments go to
+``meta["initial_segments"]``.
+
+Costs: one validating pass, one backward pass and one forward pass over the
+entries, each O(1) per entry (dicts keyed by address); expandable-segment map
+and unmap entries also scan the segments, O(#segments) each.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from ..errors import InputError
+from ..trace import events as ev
+
+SMALL_SEGMENT = 2 * 1024**2     # kSmallBuffer: every small-pool segment is exactly this size
+LARGE_PAGE = 20 * 1024**2       # kLargeBuffer: large expandable segments map pages of this size
+
+#: Block states that hold a live allocation, and whether the free was already requested.
+LIVE_STATES = {"active_allocated": False, "active_pending_free": True}
+
+SEGMENT_KINDS = {"segment_alloc": ev.SEGMENT_ALLOC, "segment_free": ev.SEGMENT_FREE,
+                 "segment_map": ev.SEGMENT_MAP, "segment_unmap": ev.SEGMENT_UNMAP}
+BLOCK_ACTIONS = ("alloc", "free_requested", "free_completed")
+#: Actions whose entries must carry an address and a size.
+SIZED_ACTIONS = frozenset(BLOCK_ACTIONS) | frozenset(SEGMENT_KINDS)
+
+
+def convert(snapshot: dict, writer, *, device: int = 0, source: str = "<snapshot>", device_name: str | None = None,
+            total_memory: int | None = None) -> dict:
+    """Append ``snapshot``'s device ``device`` history to ``writer``; return stats.
+
+    The conversion's metadata (framework, allocator settings, initial segments)
+    is merged into ``writer.meta``. A writer streaming to a file wrote its header
+    when it was made: build it with ``SnapshotConversion(...).meta`` instead
+    (as `allocsim.importers.import_file` does). Malformed input -> `InputError`.
+    """
+    conv = SnapshotConversion(snapshot, device=device, source=source, device_name=device_name,
+                              total_memory=total_memory)
+    writer.meta.update(conv.meta)
+    return conv.emit(writer)
+
+
+def site_of(frames) -> str | None:
+    """Call-site string ``file:line:function`` of the first Python frame outside torch, else the first frame."""
+    if not frames or not isinstance(frames, list):
+        return None
+    first_py = None
+    for f in frames:
+        if not isinstance(f, dict):
+            continue
+        name = str(f.get("filename", "?"))
+        if name.endswith(".py"):
+            if "/torch/" not in name:
+                return f"{name}:{f.get('line', '?')}:{f.get('name', '?')}"
+            first_py = first_py or f
+    f = first_py or (frames[0] if isinstance(frames[0], dict) else {})
+    return f"{f.get('filename', '?')}:{f.get('line', '?')}:{f.get('name', '?')}"
+
+
+def _is_uint(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64
+
+
+class _Where:
+    """Builds `InputError`s that name the snapshot and a path inside it."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def error(self, what: str, position: str) -> InputError:
+        return InputError(what, path=self.source, position=position)
+
+    def uint(self, d: dict, key: str, position: str, default=None) -> int:
+        x = d.get(key, default)
+        if x is None:
+            raise self.error(f"missing key {key!r}", position)
+        if not _is_uint(x):
+            raise self.error(f"{key} is {x!r}, expected a non-negative integer", position)
+        return x
+
+
+class StartState:
+    """The allocator state just before the first retained trace entry (§12).
+
+    ``blocks``: address -> [requested size, stream, free requested?, freed in the trace?, frames];
+    ``segments``: base address -> {total_size, stream, is_expandable, segment_type}.
+    Built from the final state by undoing entries newest first; each undo is O(1)
+    except expandable map/unmap (O(#segments)). ``inconsistent`` counts undo steps
+    that did not find what the final state should have held.
+    """
+
+    def __init__(self, snapshot: dict, entries: list, device: int, where: _Where):
+        self.blocks: dict[int, list] = {}
+        self.segments: dict[int, dict] = {}
+        self.inconsistent = 0
+        self._load_final(snapshot, device, where)
+        self.final_live: set[int] = set(self.blocks)     # addresses of the snapshot's active blocks
+        self._walk_back(entries)
+
+    def _load_final(self, snapshot, device, where):
+        segments = snapshot.get("segments", [])
+        if not isinstance(segments, list):
+            raise where.error("'segments' is not a list", "segments")
+        for k, seg in enumerate(segments):
+            pos = f"segments[{k}]"
+            if not isinstance(seg, dict):
+                raise where.error("segment is not a dict", pos)
+            if seg.get("device", device) != device:
+                continue
+            base = where.uint(seg, "address", pos)
+            stream = where.uint(seg, "stream", pos, 0)
+            self.segments[base] = {"total_size": where.uint(seg, "total_size", pos), "stream": stream,
+                                   "is_expandable": bool(seg.get("is_expandable", False)),
+                                   "segment_type": str(seg.get("segment_type", "unknown"))}
+            blocks = seg.get("blocks", [])
+            if not isinstance(blocks, list):
+                raise where.error("'blocks' is not a list", pos)
+            for j, b in enumerate(blocks):
+                bpos = f"{pos}.blocks[{j}]"
+                if not isinstance(b, dict):
+                    raise where.error("block is not a dict", bpos)
+                pending = LIVE_STATES.get(b.get("state"))
+                if pending is None:
+                    continue
+                size = where.uint(b, "requested_size", bpos, b.get("size"))
+                if size > ev.MAX_SIZE:
+                    raise where.error(f"absurd block size {size} (> 1 PiB)", bpos)
+                self.blocks[where.uint(b, "address", bpos)] = [size, stream, pending, False, b.get("frames")]
+
+    def _walk_back(self, entries):
+        blocks, segments = self.blocks, self.segments
+        bad = 0
+        for e in reversed(entries):
+            a = e["action"]
+            if a == "free_completed":
+                addr = e["addr"]
+                bad += addr in blocks
+                blocks[addr] = [e["size"], e.get("stream", 0), True, True, e.get("frames")]
+            elif a == "free_requested":
+                b = blocks.get(e["addr"])
+                if b is None:
+                    bad += 1
+                    blocks[e["addr"]] = [e["size"], e.get("stream", 0), False, True, e.get("frames")]
+                else:
+                    b[2] = False
+                    b[3] = True
+            elif a == "alloc":
+                bad += blocks.pop(e["addr"], None) is None
+            elif a == "segment_alloc":
+                bad += segments.pop(e["addr"], None) is None
+            elif a == "segment_free":
+                size = e["size"]
+                bad += e["addr"] in segments
+                segments[e["addr"]] = {"total_size": size, "stream": e.get("stream", 0), "is_expandable": False,
+                                       "segment_type": "small" if size == SMALL_SEGMENT else "large",
+                                       "freed_in_trace": True}
+            elif a == "segment_map":
+                bad += not self._unmap_range(e["addr"], e["size"])
+            elif a == "segment_unmap":
+                self._map_range(e["addr"], e["size"], e.get("stream", 0))
+        self.inconsistent = bad
+
+    def _unmap_range(self, addr: int, size: int) -> bool:
+        """Undo a map: take [addr, addr+size) out of the expandable segment holding it."""
+        end = addr + size
+        for base, seg in self.segments.items():
+            top = base + seg["total_size"]
+            if base <= addr and end <= top:
+                del self.segments[base]
+                if base < addr:
+                    self.segments[base] = {**seg, "total_size": addr - base}
+                if end < top:
+                    self.segments[end] = {**seg, "total_size": top - end}
+                return True
+        return False
+
+    def _map_range(self, addr: int, size: int, stream: int) -> None:
+        """Undo an unmap: [addr, addr+size) was mapped; merge it with touching expandable ranges."""
+        seg = {"total_size": size, "stream": stream, "is_expandable": True,
+               "segment_type": "large" if size % LARGE_PAGE == 0 else "small", "freed_in_trace": True}
+        for base, other in list(self.segments.items()):
+            if not other["is_expandable"] or other["stream"] != stream:
+                continue
+            if base + other["total_size"] == addr:
+                del self.segments[base]
+                addr, size = base, size + other["total_size"]
+                seg["segment_type"] = other["segment_type"]
+            elif base == addr + size:
+                del self.segments[base]
+                size += other["total_size"]
+                seg["segment_type"] = other["segment_type"]
+        seg["total_size"] = size
+        self.segments[addr] = seg
+
+    @property
+    def wrapped(self) -> bool:
+        """Did the trace free a block or segment that existed before its first entry?"""
+        return any(b[3] for b in self.blocks.values()) or any(s.get("freed_in_trace") for s in self.segments.values())
+
+    def initial_segments(self) -> list[dict]:
+        return [{"address": base, "total_size": s["total_size"], "stream": s["stream"],
+                 "is_expandable": s["is_expandable"], "segment_type": s["segment_type"]}
+                for base, s in sorted(self.segments.items())]
+
+
+class SnapshotConversion:
+    """One device's history in a snapshot, checked and ready to emit.
+
+    ``meta`` is known before any event is written (so a streaming writer can be
+    made with it); `emit` writes the events and returns the stats.
+    """
+
+    def __init__(self, snapshot, *, device: int = 0, source: str = "<snapshot>", device_name: str | None = None,
+                 total_memory: int | None = None):
+        self.where = where = _Where(source)
+        self.device = device
+        self.entries = _device_entries(snapshot, device, where)
+        self.t0 = _check_entries(self.entries, device, where)
+        self.start = StartState(snapshot, self.entries, device, where)
+        dev = {"index": device}
+        if device_name:
+            dev["name"] = device_name
+        if total_memory:
+            dev["total_memory"] = int(total_memory)
+        settings = snapshot.get("allocator_settings")
+        self.meta = {
+            "producer": "allocsim import", "framework": "torch", "format": "torch-snapshot",
+            "source_file": source, "device": dev,
+            "allocator_settings": settings if isinstance(settings, dict) else {},
+            "time_source": "time_us" if self.t0 is not None else "entry index",
+            "wrapped": self.start.wrapped, "pre_existing": len(self.start.blocks),
+            "initial_segments": self.start.initial_segments(),
+        }
+
+    def emit(self, writer) -> dict:
+        """Write the seeded live blocks, then every entry; return counts."""
+        start, where = self.start, self.where
+        live: dict[int, int] = {}
+        alloc, free, free_requested, segment, oom = (writer.alloc, writer.free, writer.free_requested,
+                                                     writer.segment, writer.oom)
+        seeded_pending = 0
+        for addr in sorted(start.blocks):
+            size, stream, pending, _, frames = start.blocks[addr]
+            live[addr] = alloc(size, stream, t=0, addr=addr, site=site_of(frames), flags=ev.PRE_EXISTING)
+            seeded_pending += pending
+        counts = Counter()
+        unknown = Counter()
+        t0 = self.t0
+        for idx, e in enumerate(self.entries):
+            a = e["action"]
+            t = (e["time_us"] - t0) * 1000 if t0 is not None else idx
+            if a == "alloc":
+                addr = e["addr"]
+                if addr in live:
+                    raise where.error(f"alloc at address {addr:#x}, which is still live (id {live[addr]})",
+                                      f"device_traces[{self.device}][{idx}]")
+                frames = e.get("frames")
+                live[addr] = alloc(e["size"], e.get("stream", 0), t=t, addr=addr,
+                                   site=site_of(frames) if frames else None)
+            elif a == "free_requested" or a == "free_completed":
+                addr = e["addr"]
+                i = live.get(addr) if a == "free_requested" else live.pop(addr, None)
+                if i is None:
+                    raise where.error(f"{a} of address {addr:#x}, which holds no live block",
+                                      f"device_traces[{self.device}][{idx}]")
+                (free_requested if a == "free_requested" else free)(i, t=t, stream=e.get("stream", 0), addr=addr,
+                                                                     size=e["size"])
+            elif a in SEGMENT_KINDS:
+                segment(SEGMENT_KINDS[a], e["addr"], e["size"], e.get("stream", 0), t=t)
+            elif a == "oom":
+                oom(e["size"], device_free=e.get("device_free", 0), stream=e.get("stream", 0), t=t)
+            else:
+                (counts if a == "snapshot" else unknown)[a] += 1
+                continue
+            counts[a] += 1
+        final_mismatch = len(set(live) ^ start.final_live)
+        warnings = []
+        if start.inconsistent or final_mismatch:
+            warnings.append(f"history and final segments disagree: {start.inconsistent} entries undone without "
+                            f"a matching block or segment, {final_mismatch} blocks live at the end differ from "
+                            f"the snapshot's active blocks")
+        if unknown:
+            warnings.append("ignored unknown actions: " + ", ".join(f"{k} x{n}" for k, n in sorted(unknown.items())))
+        return {
+            "format": "torch", "entries": len(self.entries),
+            "allocs": counts["alloc"], "frees": counts["free_completed"], "free_requested": counts["free_requested"],
+            "segment_allocs": counts["segment_alloc"], "segment_frees": counts["segment_free"],
+            "segment_maps": counts["segment_map"], "segment_unmaps": counts["segment_unmap"],
+            "ooms": counts["oom"], "snapshots_ignored": counts["snapshot"], "unknown_actions": dict(unknown),
+            "seeded": len(start.blocks), "seeded_pending_free": seeded_pending, "wrapped": start.wrapped,
+            "initial_segments": len(start.segments), "inconsistent": start.inconsistent,
+            "final_mismatch": final_mismatch, "live_at_end": len(live), "warnings": warnings,
+        }
+
+
+def _device_entries(snapshot, device: int, where: _Where) -> list:
+    if isinstance(snapshot, list):
+        raise where.error("a bare segment list (torch.cuda.memory_snapshot()) has no history; dump one with "
+                          "torch.cuda.memory._record_memory_history() then _dump_snapshot()", "top level")
+    if not isinstance(snapshot, dict):
+        raise where.error(f"not a memory snapshot (top level is {type(snapshot).__name__}, expected dict)",
+                          "top level")
+    traces = snapshot.get("device_traces")
+    if traces is None:
+        segs = snapshot.get("segments")
+        legacy = isinstance(segs, list) and any(isinstance(s, dict) and any(
+            isinstance(b, dict) and "history" in b for b in s.get("blocks", []) or []) for s in segs)
+        if legacy:
+            raise where.error("legacy snapshot format (blocks with 'history', PyTorch < 2.1) is not supported; "
+                              "record again with PyTorch >= 2.1 and torch.cuda.memory._record_memory_history()",
+                              "segments")
+        raise where.error("not a memory snapshot: no 'device_traces' key", "top level")
+    if not isinstance(traces, list):
+        raise where.error("'device_traces' is not a list", "device_traces")
+    if not 0 <= device < len(traces):
+        have = f"devices 0..{len(traces) - 1}" if traces else "no devices"
+        raise where.error(f"no trace for device {device} (the snapshot has {have})", "device_traces")
+    entries = traces[device]
+    if not isinstance(entries, list):
+        raise where.error("trace is not a list", f"device_traces[{device}]")
+    return entries
+
+
+def _check_entries(entries: list, device: int, where: _Where) -> int | None:
+    """Validate every entry the conversion reads; return the time origin (µs) or None if untimed."""
+    timed = True
+    t0 = None
+    uint = _is_uint
+    for i, e in enumerate(entries):
+        if type(e) is not dict:
+            raise where.error("entry is not a dict", f"device_traces[{device}][{i}]")
+        a = e.get("action")
+        if a in SIZED_ACTIONS:
+            if not (uint(e.get("addr")) and uint(e.get("size"))):
+                pos = f"device_traces[{device}][{i}]"
+                where.uint(e, "addr", pos)
+                where.uint(e, "size", pos)
+            if e["size"] > ev.MAX_SIZE:
+                raise where.error(f"absurd size {e['size']} (> 1 PiB)", f"device_traces[{device}][{i}]")
+        elif a == "oom":
+            pos = f"device_traces[{device}][{i}]"
+            where.uint(e, "size", pos)
+            where.uint(e, "device_free", pos, 0)
+        elif not isinstance(a, str):
+            raise where.error(f"action is {a!r}, expected a string", f"device_traces[{device}][{i}]")
+        s = e.get("stream", 0)
+        if not uint(s):
+            raise where.error(f"stream is {s!r}, expected a non-negative integer", f"device_traces[{device}][{i}]")
+        if timed:
+            tu = e.get("time_us")
+            if tu is None:
+                timed = False
+            elif type(tu) not in (int, float) or tu != tu:
+                raise where.error(f"time_us is {tu!r}, expected a number", f"device_traces[{device}][{i}]")
+            elif t0 is None or tu < t0:
+                t0 = tu
+    if not timed:
+        return None
+    return t0 if t0 is not None else 0
