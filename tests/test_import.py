@@ -238,6 +238,83 @@ def test_wrapped_seeding_matches_the_true_state_at_the_cut(seed, n, cut_frac):
         assert t.meta["wrapped"]
 
 
+# ---- real snapshots (recorded on an H100 by tests/fixtures/record_real_fixtures.py, torch 2.11) ----
+
+def _forward_state(entries):
+    """Live blocks {addr: requested}, regular segments {addr: size} and mapped bytes after ``entries``."""
+    blocks, segments, mapped = {}, {}, 0
+    for e in entries:
+        a = e["action"]
+        if a == "alloc":
+            blocks[e["addr"]] = e["size"]
+        elif a == "free_completed":
+            del blocks[e["addr"]]
+        elif a == "segment_alloc":
+            segments[e["addr"]] = e["size"]
+        elif a == "segment_free":
+            del segments[e["addr"]]
+        elif a in ("segment_map", "segment_unmap"):
+            mapped += e["size"] if a == "segment_map" else -e["size"]
+    return blocks, segments, mapped
+
+
+@pytest.mark.parametrize("name", ["torch_real.pickle", "torch_real_expandable.pickle"])
+def test_real_snapshot_counts_match_the_allocator(tmp_path, name):
+    import json
+    snap = load_fixture_dict(name)
+    with open(fixture("torch_real_stats.json")) as f:
+        counters = json.load(f)[name]
+    t, s = imported(tmp_path, name)
+    entries = snap["device_traces"][0]
+    assert s["allocs"] == counters["allocation.all.allocated"] == sum(e["action"] == "alloc" for e in entries)
+    assert s["segment_allocs"] == counters["segment.all.allocated"]
+    assert s["segment_frees"] == counters["segment.all.freed"]
+    # the allocator counts a block freed at free_requested; the trace keeps it live until free_completed
+    assert s["allocs"] - s["free_requested"] == counters["allocation.all.current"]
+    assert (s["seeded"], s["wrapped"], s["inconsistent"], s["final_mismatch"]) == (0, False, 0, 0)
+    assert sorted(t.size[t.kind == ev.ALLOC]) == sorted(e["size"] for e in entries if e["action"] == "alloc")
+    final_active = sorted(b["address"] for seg in snap["segments"] for b in seg["blocks"]
+                          if b["state"].startswith("active"))
+    assert live_addresses(t) == final_active
+
+
+@pytest.mark.parametrize("name", ["torch_real.pickle", "torch_real_expandable.pickle"])
+def test_real_snapshot_cut_anywhere_seeds_the_true_state(name):
+    snap = load_fixture_dict(name)
+    entries = snap["device_traces"][0]
+    for cut in range(0, len(entries), 23):
+        blocks, segments, mapped = _forward_state(entries[:cut])
+        w = TraceWriter()
+        stats = convert({**snap, "device_traces": [entries[cut:]]}, w)
+        t = w.finish()
+        t.validate()
+        assert {e.addr: e.size for e in t if e.flags & ev.PRE_EXISTING} == blocks, cut
+        init = t.meta["initial_segments"]
+        assert {s["address"]: s["total_size"] for s in init if not s["is_expandable"]} == segments, cut
+        assert sum(s["total_size"] for s in init if s["is_expandable"]) == mapped, cut
+        assert stats["inconsistent"] == 0 and stats["final_mismatch"] == 0
+
+
+def test_real_wrapped_snapshot(tmp_path):
+    snap = load_fixture_dict("torch_real_wrapped.pickle")
+    t, s = imported(tmp_path, "torch_real_wrapped.pickle")
+    assert len(snap["device_traces"][0]) == 400          # max_entries: the ring buffer is full
+    assert s["wrapped"] and s["seeded"] > 0 and s["inconsistent"] == 0 and s["final_mismatch"] == 0
+    final_active = sorted(b["address"] for seg in snap["segments"] for b in seg["blocks"]
+                          if b["state"].startswith("active"))
+    assert live_addresses(t) == final_active
+
+
+def test_real_cupy_log(tmp_path):
+    import json
+    with open(fixture("cupy_real.jsonl")) as f:
+        hooks = [json.loads(line) for line in f]
+    t, s = imported(tmp_path, "cupy_real.jsonl")
+    assert [e.size for e in t if e.kind == ev.ALLOC] == [h["size"] for h in hooks if h["hook"] == "malloc"]
+    assert s["frees"] == sum(h["hook"] == "free" for h in hooks) and s["live_at_end"] == 0
+    assert s["segment_allocs"] == sum(h["hook"] == "alloc" for h in hooks)
+
+
 @pytest.mark.parametrize("snap, message", [
     ([{"address": 1}], "bare segment list"),
     ({"segments": [{"address": 1, "blocks": [{"address": 1, "history": []}]}]}, "legacy snapshot format"),

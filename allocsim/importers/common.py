@@ -36,7 +36,7 @@ class LineLog:
 
     def each(self, handle) -> None:
         try:
-            f = open(self.path, encoding="utf-8", errors="replace", newline="")
+            f = open(self.path, encoding="utf-8-sig", errors="replace", newline="")
         except OSError as e:
             raise InputError(e.strerror or str(e), path=self.path)
         with f:
