@@ -37,13 +37,15 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
 Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
 
-Data structures and costs, per arena: ``buckets`` maps a free size to a dict
-{address: chunk} (O(1) insert/remove, LIFO pop); ``sizes`` is the sorted list of
-sizes with a non-empty bucket (bisect, O(log s) search, O(s) insert/delete for s
-distinct free sizes, small in practice); for v14, ``heaps`` keeps per size a heap
-of addresses with lazy deletion (O(log k) for k chunks of that size; rebuilt when
-stale entries outnumber live ones). A hit is O(log s + log k); a free is O(1)
-plus the same index updates; ``free_all_blocks`` is O(free chunks).
+Data structures and costs, per arena: ``free_at`` maps the address of each free
+chunk to it (O(1)); ``buckets`` maps a free size to the negated addresses of its
+chunks, kept sorted for v14 (``pop()`` gives the lowest address; insert/remove
+O(log k) search + O(k) memmove for k chunks of that size) and in free order for
+v13 (``pop()`` gives the last freed; insert O(1), remove O(k)); ``sizes`` is the
+sorted list of sizes with a non-empty bucket (O(log s) search, O(s) memmove for s
+distinct free sizes). k and s stay small in practice (tens), so a hit, a split
+and a free with merges are each a handful of dict/list operations;
+``free_all_blocks`` is O(free chunks).
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
@@ -89,14 +91,6 @@ class _Chunk:
         self.is_free = False
 
 
-class _Arenas(dict):
-    """Stream -> `_Arena`, made on first use (as ``SingleDeviceMemoryPool._arena``)."""
-
-    def __missing__(self, stream):
-        arena = self[stream] = _Arena()
-        return arena
-
-
 class _Arena:
     """The free chunks of one stream (see the module docstring for the costs)."""
 
@@ -131,7 +125,7 @@ class CuPyPool(Policy):
         self._gc_calls = 2 if self.version >= 14 else 1
         limits = [x for x in (self.limit, self.device.cap) if x]
         self._limit = min(limits) if limits else 0
-        self._arenas = _Arenas()
+        self._arenas: dict[int, _Arena] = {}
         self.total = 0                      # total_bytes(): reserved from the device
         self.cache_flushes = 0              # free_all_blocks calls
         self.limit_ooms = 0
@@ -146,6 +140,13 @@ class CuPyPool(Policy):
         self.total_log = array("q") if self.track_total else None
         if self.track_total:                # keeps the check off the untracked hot path
             self.malloc, self.free = self._malloc_tracked, self._free_tracked
+
+    def _arena(self, stream) -> _Arena:
+        """The stream's arena, made on first use (``SingleDeviceMemoryPool._arena``)."""
+        arena = self._arenas.get(stream)
+        if arena is None:
+            arena = self._arenas[stream] = _Arena()
+        return arena
 
     # ---- free index --------------------------------------------------------------------
     def _insert(self, arena: _Arena, c: _Chunk) -> None:
@@ -175,12 +176,12 @@ class CuPyPool(Policy):
         else:
             b.remove(-p)
 
-    # ---- malloc / free (the hot path; _insert is inlined in free) -----------------------
+    # ---- malloc / free: the hot path ------------------------------------------------------
     def malloc(self, size, stream):
         n = (size + UNIT - 1) // UNIT * UNIT
         self._n_lookup += 1
         self.device.clock += self._hit_s
-        arena = self._arenas[stream]
+        arena = self._arenas.get(stream) or self._arena(stream)
         buckets = arena.buckets
         s = n
         b = buckets.get(n)
@@ -216,31 +217,21 @@ class CuPyPool(Policy):
         self.device.clock += self._free_s
         arena = self._arenas[c.stream]
         nx = c.next
-        if nx is not None and nx.is_free:
+        if nx is not None and nx.is_free:        # merge the next chunk into this one
             self._remove(arena, nx)
             c.size += nx.size
             c.next = nn = nx.next
             if nn is not None:
                 nn.prev = c
         pv = c.prev
-        if pv is not None and pv.is_free:
+        if pv is not None and pv.is_free:        # merge this chunk into the previous one
             self._remove(arena, pv)
             pv.size += c.size
             pv.next = nn = c.next
             if nn is not None:
                 nn.prev = pv
             c = pv
-        c.is_free = True
-        s, p = c.size, c.ptr
-        arena.free_at[p] = c
-        b = arena.buckets.get(s)
-        if b is None:
-            arena.buckets[s] = [-p]
-            insort(arena.sizes, s)
-        elif self._lowest:
-            insort(b, -p)
-        else:
-            b.append(-p)
+        self._insert(arena, c)
 
     def _malloc_tracked(self, size, stream):
         c = CuPyPool.malloc(self, size, stream)
@@ -306,7 +297,7 @@ class CuPyPool(Policy):
         self.cache_flushes += 1
         released = 0
         ev = self.event_index
-        arenas = self._arenas.values() if stream is None else [self._arenas[stream]]
+        arenas = self._arenas.values() if stream is None else [self._arena(stream)]
         for arena in arenas:
             whole = [c for c in arena.free_at.values() if c.prev is None and c.next is None]
             for c in whole:

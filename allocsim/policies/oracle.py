@@ -37,6 +37,8 @@ with a clear message instead of running for minutes.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..errors import UsageError
@@ -201,7 +203,9 @@ class OraclePool(Policy):
                              f"max_buffers={self.max_buffers:,} (raise it with --policy-opt max_buffers=N; "
                              f"placement time grows faster than linearly)")
         rounded = (req + UNIT - 1) // UNIT * UNIT
+        t0 = time.perf_counter()
         off, heap, chosen, heaps = plan(start, end, rounded, orders)
+        self.plan_seconds = time.perf_counter() - t0       # not part of the replay's own time
         self.heap = heap
         self.chosen_order = chosen
         self.heaps = heaps
@@ -209,6 +213,7 @@ class OraclePool(Policy):
         self._req = req.tolist()
         self._size = rounded.tolist()
         self._next = 0
+        self._live: dict[int, int] = {}          # address -> size of the live blocks
         self.base = self.device.malloc(heap) if heap else 0
 
     def malloc(self, size, stream):
@@ -220,15 +225,28 @@ class OraclePool(Policy):
             raise RuntimeError(f"oracle: malloc #{i} of {size} bytes does not match the trace it was planned on")
         n = self._size[i]
         self.allocated += n
-        return self.base + self._off[i], n
+        addr = self.base + self._off[i]
+        self._live[addr] = n
+        return addr, n
 
     def free(self, handle):
+        del self._live[handle[0]]
         self.allocated -= handle[1]
+
+    def largest_free(self):
+        """Largest gap between live blocks inside the heap (O(live log live); the engine asks rarely)."""
+        if not self.base:
+            return 0
+        top, best = self.base, 0
+        for addr, n in sorted(self._live.items()):
+            best = max(best, addr - top)
+            top = max(top, addr + n)
+        return max(best, self.base + self.heap - top)
 
     def block(self, handle):
         return handle
 
     def counters(self):
-        c = {"heap_bytes": self.heap, "order": self.chosen_order}
+        c = {"heap_bytes": self.heap, "order": self.chosen_order, "plan_seconds": round(self.plan_seconds, 3)}
         c.update({f"heap_{k}_bytes": v for k, v in self.heaps.items()})
         return c
