@@ -31,9 +31,14 @@ is ``pool_free_s`` per repopulated block (1a) and per block merged away (1b).
 A scan costs ``pool_hit_s`` (hit or miss). The pre-#427 form is not modeled.
 
 Data structures (the hot path): blocks are parallel Python lists indexed by
-block id (size, address, prev, next, state, free size), grown by doubling, so a
-block costs no object and each field is O(1); id 0 is a sentinel "no
-neighbour" that is never AVAILABLE, so neighbour walks need no None test. The
+block id (size, address, prev, next, free state), grown by doubling, so a
+block costs no object and each field is O(1). The free state is the block's
+size while it is AVAILABLE (in a free list), FREED (-1) while it waits in
+``freed``, and 0 otherwise (ALLOCATED, or merged away); so "free or freed" is
+one truth test, and the same list voids stale free-list entries. Id 0 is a
+sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. Ids
+are never reused (the tie order needs creation order), so memory is O(blocks
+ever created): about 100 bytes each, ~90 MB for a 1 M-allocation trace. The
 free lists are `SizeBuckets` (``_freelists.py``): best fit O(log k + log h),
 removal O(1) (lazy). A handle is the block id.
 """
@@ -55,7 +60,7 @@ ROUNDOFF = (1 << 9, 1 << 17, 1 << 20)
 CLASS_LIMIT = (SMALL_CUTOFF, LARGE_CUTOFF, 1 << 62)
 CLASS_RANGE = ((0, SMALL_CUTOFF), (SMALL_CUTOFF, LARGE_CUTOFF), (LARGE_CUTOFF, 1 << 62))
 
-INVALID, ALLOCATED, FREED, AVAILABLE = 0, 1, 2, 3     # FREED and AVAILABLE are both >= FREED
+FREED = -1          # free-state value of a block waiting in `freed`; AVAILABLE blocks hold their size
 
 
 def size_class(n: int) -> int:
@@ -63,6 +68,7 @@ def size_class(n: int) -> int:
 
 
 assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
+assert (SMALL_CUTOFF, LARGE_CUTOFF) == (1048576, 33554432)     # written as literals in the hot path
 
 
 def round_request(req: int) -> tuple[int, int]:
@@ -90,8 +96,7 @@ class SplittingPool(Policy):
         self._addr = [0] * cap      # block id -> device address
         self._prev = [0] * cap      # block id -> address-preceding piece of the same buffer, 0 if none
         self._next = [0] * cap      # block id -> address-following piece, 0 if none
-        self._state = [INVALID] * cap
-        self._fsize = [0] * cap     # block id -> size while in a free list, else 0 (the lazy-deletion map)
+        self._fsize = [0] * cap     # block id -> free state: size if AVAILABLE, FREED, or 0
         self._avail = SizeBuckets(self._fsize.__getitem__)     # every class: their size ranges are disjoint
         self._freed: list[int] = []
         self._slow_blocks = self._slow_merged = 0       # repopulated / merged in phases 2 and 3
@@ -99,7 +104,7 @@ class SplittingPool(Policy):
         self._build_hot_path()
 
     def _grow(self) -> None:
-        for lst in (self._size, self._addr, self._prev, self._next, self._state, self._fsize):
+        for lst in (self._size, self._addr, self._prev, self._next, self._fsize):
             lst.extend([0] * len(lst))          # in place: the closures keep seeing the same lists
 
     def _new_block(self, n: int) -> int:
@@ -111,7 +116,6 @@ class SplittingPool(Policy):
         self._size[b] = n
         self._addr[b] = addr
         self._prev[b] = self._next[b] = 0
-        self._state[b] = AVAILABLE
         return b
 
     # ---- the hot path ----------------------------------------------------------------
@@ -125,12 +129,11 @@ class SplittingPool(Policy):
         """
         pol, dev, grow, escalate = self, self.device, self._grow, self._escalate
         hit_s, free_s = self.costs.pool_hit_s, self.costs.pool_free_s
-        size, addr, prev, nxt, state, fsize = (self._size, self._addr, self._prev, self._next, self._state,
-                                               self._fsize)
+        size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         sizes, heaps = self._avail.sizes, self._avail.heaps
         freed = self._freed
         freed_append = freed.append
-        limits = (SMALL_CUTOFF, LARGE_CUTOFF, 0 if self.huge_exact else 1 << 62)   # 0: exact size only
+        huge_limit = 0 if self.huge_exact else 1 << 62      # 0: exact size only
         next_id, id_cap = 1, len(size)          # block 0 is the sentinel "no neighbour"
         scans = repops = repop_blocks = merged = splits = 0
 
@@ -149,26 +152,25 @@ class SplittingPool(Policy):
             Every block of the batch is FREED (so chain walks see the whole batch, as
             after the real repopulate); each one not yet merged is merged with its
             run of FREED/AVAILABLE neighbours into the run's head, which goes into
-            the free list of its class. Pieces merged away become INVALID, and their
-            free-list entries void. Returns the modeled time, for the caller to charge.
+            the free list of its class. Pieces merged away get state 0, which voids
+            their free-list entries. Returns the modeled time, for the caller to charge.
             """
             nonlocal repop_blocks, merged
             k = 0
             for b in freed:
-                if state[b] != FREED:
+                if fsize[b] != FREED:
                     continue            # merged into an earlier head of this batch
                 head = b
-                while state[prev[head]] >= FREED:
+                while fsize[prev[head]]:
                     head = prev[head]
                 m = nxt[b]
-                if head == b and state[m] < FREED:
+                if head == b and not fsize[m]:
                     s = size[b]         # no free neighbour: plain repopulate
                 else:
                     s = size[head]
                     m = nxt[head]
-                    while state[m] >= FREED:
+                    while fsize[m]:
                         s += size[m]
-                        state[m] = INVALID
                         fsize[m] = 0
                         k += 1
                         m = nxt[m]
@@ -176,7 +178,6 @@ class SplittingPool(Policy):
                     prev[m] = head      # m may be the sentinel 0: harmless
                     size[head] = s
                     b = head
-                state[b] = AVAILABLE
                 fsize[b] = s
                 h = heaps.get(s)        # SizeBuckets.push
                 if h is None:
@@ -192,17 +193,20 @@ class SplittingPool(Policy):
 
         def malloc(req, stream):
             nonlocal scans, repops, splits, next_id
-            # round by class; the cutoffs are multiples of the roundoffs, so the
-            # class recomputed from the rounded size is the same (see round_request)
-            if req <= SMALL_CUTOFF:
+            # round by class; the cutoffs are multiples of the roundoffs, so the class
+            # recomputed from the rounded size is the same (see round_request).
+            # Literals: SMALL_CUTOFF = 1048576, LARGE_CUTOFF = 33554432 (constants load fastest).
+            # `cut` names the class by its cutoff: 1048576 SMALL, 33554432 LARGE, 0 HUGE.
+            if req <= 1048576:
                 n = (req + 511) & -512
-                c = SMALL
-            elif req <= LARGE_CUTOFF:
+                cut = limit = 1048576   # best fit among the sizes of the class
+            elif req <= 33554432:
                 n = (req + 131071) & -131072
-                c = LARGE
+                cut = limit = 33554432
             else:
                 n = (req + 1048575) & -1048576
-                c = HUGE
+                cut = 0
+                limit = huge_limit or n
             scans += 1
             if freed:
                 repops += 1
@@ -210,7 +214,6 @@ class SplittingPool(Policy):
             else:
                 dev.clock += hit_s
             # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
-            limit = limits[c] or n
             i = bisect_left(sizes, n)
             b = 0
             while i < len(sizes):
@@ -229,12 +232,12 @@ class SplittingPool(Policy):
             if b:
                 fsize[b] = 0
             else:
-                b = escalate(n, c)
+                b = escalate(n, size_class(n))
                 if not b:
                     return None
                 s = size[b]
             rem = s - n
-            if rem and c != HUGE and (c == SMALL or rem > SMALL_CUTOFF):   # size_class(rem) == c
+            if rem and cut and (cut == 1048576 or rem > 1048576):   # not HUGE, and class(rem) == class
                 r = next_id             # new_id(), inlined
                 if r == id_cap:
                     r = new_id()
@@ -247,7 +250,6 @@ class SplittingPool(Policy):
                 nxt[r] = m
                 prev[m] = r             # m may be the sentinel 0: harmless
                 nxt[b] = r
-                state[r] = AVAILABLE
                 fsize[r] = rem
                 h = heaps.get(rem)      # SizeBuckets.push
                 if h is None:
@@ -257,12 +259,11 @@ class SplittingPool(Policy):
                     heappush(h, r)
                 size[b] = s = n
                 splits += 1
-            state[b] = ALLOCATED
             pol.allocated += s
             return b
 
         def free(b):
-            state[b] = FREED
+            fsize[b] = FREED
             freed_append(b)
             pol.allocated -= size[b]
 
@@ -288,7 +289,7 @@ class SplittingPool(Policy):
     def _reclaim(self, cls: int, target: float) -> int:
         """``reclaim!(set, target)``: device-free whole blocks in ascending (size, id) until ``target`` bytes."""
         freed = 0
-        prev, nxt, fsize, state = self._prev, self._next, self._fsize, self._state
+        prev, nxt, fsize = self._prev, self._next, self._fsize
         lo, hi = CLASS_RANGE[cls]
         for s, b in self._avail.members():
             if not lo < s <= hi:
@@ -296,7 +297,6 @@ class SplittingPool(Policy):
             if prev[b] or nxt[b]:
                 continue            # a piece of a buffer, not the whole buffer
             fsize[b] = 0
-            state[b] = INVALID
             self.device.free(self._addr[b], s)
             self._reclaimed += 1
             freed += s
