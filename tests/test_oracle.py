@@ -51,6 +51,14 @@ def test_beats_online_best_fit_where_the_optimum_is_known():
     assert naive_best_fit_heap(t) == 2560
 
 
+def test_unit_option_rounds_or_keeps_exact_bytes():
+    t = trace_of([("a", "x", 1000), ("a", "y", 100), ("f", "x"), ("f", "y")])
+    assert oracle_heap(t) == 1536            # 1024 + 512
+    assert oracle_heap(t, unit=1) == 1100 == engine.replay(t, "none").peak_reserved_bytes
+    with pytest.raises(UsageError, match="unit"):
+        engine.replay(t, "oracle", options={"unit": 0})
+
+
 def test_never_freed_objects_live_to_the_end():
     t = trace_of([("a", "x", 1024), ("a", "y", 1024), ("f", "y"), ("a", "z", 1024)])
     start, end, size = buffer_lifetimes(t)

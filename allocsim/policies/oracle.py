@@ -5,8 +5,10 @@ Source: `reference/metrics-and-anchors.md` §1 (the offline oracle) and §4.2 (X
 
 Model. Every non-empty ALLOC is a buffer living from its ALLOC to its FREE, in
 driving-event order (objects never freed live to the end of the trace). Sizes are
-rounded up to 512 B, CuPy's and PyTorch's small unit, so that the bound compares
-with the allocators' own rounding. Buffers are placed one by one, each at the
+rounded up to 512 B (option ``unit``), CuPy's and PyTorch's small unit, so that the
+bound compares with the allocators' own rounding; a policy that does not round
+(``none``) can then sit below it by the rounding slack, and ``unit=1`` gives the
+bound on exact bytes. Buffers are placed one by one, each at the
 best-fit offset among the address ranges free over its whole lifetime: the
 smallest gap between the buffers already placed that overlap it in time (ties: the
 lowest offset), else just above the highest of them. The placement is tried in
@@ -22,9 +24,12 @@ returns the precomputed offset (handle ``(addr, size)``) and ``free`` is
 bookkeeping. LOAD <= oracle peak always holds (the live buffers lie disjoint in
 the heap, and rounding only grows them). With a cap (or capacity) smaller than
 the heap the segment cannot be taken and every malloc is an OOM, the first one
-at the first ALLOC. Streams are ignored (one address space for all), and so is
-the runtime: placement follows the trace's own lifetimes, so under the ``gc``
-runtime, whose frees come later, the oracle still reports the eager bound.
+at the first ALLOC. Streams are ignored (one address space for all). Placement
+follows the trace's own lifetimes; under the ``gc`` runtime, where a dead object
+returns only at a collection, a malloc whose planned slot is still held by
+objects dead in the trace first runs one full collection (counted in
+``planned_collections``; never under ``eager``). The planning time is kept in
+``plan_seconds`` (it runs at ``__init__``, outside the replay's own time).
 
 Cost. Finding the buffers that overlap a buffer [s, e) in time uses two arrays
 built once: per time block (W driving events) the buffers alive in that block,
@@ -38,6 +43,7 @@ with a clear message instead of running for minutes.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 
 import numpy as np
 
@@ -185,6 +191,8 @@ class OraclePool(Policy):
     params = (
         Param("orders", "str", ",".join(ORDERS),
               "placement orders tried, smallest heap kept: any of spatial, temporal, arrival"),
+        Param("unit", "size", UNIT, "round every size up to a multiple of this (512: CuPy/PyTorch; 1: exact bytes, "
+                                    "a bound also below policies that do not round, such as none)"),
         Param("max_buffers", "int", 1_500_000, "refuse traces with more non-empty allocations than this"),
     )
 
@@ -202,7 +210,10 @@ class OraclePool(Policy):
             raise UsageError(f"policy 'oracle': the trace has {len(start):,} allocations, more than "
                              f"max_buffers={self.max_buffers:,} (raise it with --policy-opt max_buffers=N; "
                              f"placement time grows faster than linearly)")
-        rounded = (req + UNIT - 1) // UNIT * UNIT
+        unit = UNIT if self.unit is None else int(self.unit)
+        if unit < 1:
+            raise UsageError(f"policy 'oracle' option unit: expected a positive size, got {self.unit!r}")
+        rounded = (req + unit - 1) // unit * unit
         t0 = time.perf_counter()
         off, heap, chosen, heaps = plan(start, end, rounded, orders)
         self.plan_seconds = time.perf_counter() - t0       # not part of the replay's own time
@@ -214,6 +225,10 @@ class OraclePool(Policy):
         self._size = rounded.tolist()
         self._next = 0
         self._live: dict[int, int] = {}          # address -> size of the live blocks
+        self._start = start.tolist()
+        self._ends_sorted = np.sort(end).tolist()
+        self._n_freed = 0
+        self.collections = 0
         self.base = self.device.malloc(heap) if heap else 0
 
     def malloc(self, size, stream):
@@ -224,13 +239,24 @@ class OraclePool(Policy):
         if i >= len(self._req) or self._req[i] != size:
             raise RuntimeError(f"oracle: malloc #{i} of {size} bytes does not match the trace it was planned on")
         n = self._size[i]
-        self.allocated += n
         addr = self.base + self._off[i]
+        if bisect_right(self._ends_sorted, self._start[i]) > self._n_freed and self._held(addr, n):
+            # gc runtime: objects dead in the trace still hold the planned slot; the
+            # oracle schedules the full collection that returns them (eager: never)
+            self.collections += 1
+            self.sections.push("0.1 gc(true) (planned)", self.device.clock)
+            self.runtime.collect(True)
+            self.sections.pop(self.device.clock)
+        self.allocated += n
         self._live[addr] = n
         return addr, n
 
+    def _held(self, addr, n) -> bool:
+        return any(a < addr + n and addr < a + m for a, m in self._live.items())
+
     def free(self, handle):
         del self._live[handle[0]]
+        self._n_freed += 1
         self.allocated -= handle[1]
 
     def largest_free(self):
@@ -247,6 +273,6 @@ class OraclePool(Policy):
         return handle
 
     def counters(self):
-        c = {"heap_bytes": self.heap, "order": self.chosen_order, "plan_seconds": round(self.plan_seconds, 3)}
+        c = {"heap_bytes": self.heap, "order": self.chosen_order, "planned_collections": self.collections}
         c.update({f"heap_{k}_bytes": v for k, v in self.heaps.items()})
         return c
