@@ -174,3 +174,11 @@ def test_load_le_oracle_le_online_best_fit(t):
     r = engine.replay(t, "oracle")
     assert r.load_bytes <= r.peak_reserved_bytes <= naive_best_fit_heap(t)
     assert r.counters["heap_arrival_bytes"] == naive_best_fit_heap(t)   # arrival order is online best fit
+
+
+def test_gc_runtime_collects_when_dead_objects_hold_the_planned_slot():
+    t = trace_of([("a", "x", 1024), ("f", "x"), ("a", "y", 1024), ("f", "y")])
+    r = engine.replay(t, "oracle", runtime="gc")
+    assert r.peak_reserved_bytes == 1024 and r.gc_full == 1 and r.counters["planned_collections"] == 1
+    r = engine.replay(t, "oracle", runtime="eager")
+    assert r.gc_full == 0 and r.counters["planned_collections"] == 0
