@@ -148,12 +148,12 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     driving = is_alloc | (kind_col == FREE)
     # Every allocator modeled here bypasses its pool for 0-byte requests: drop them (and their frees).
     zero = is_alloc & (np.asarray(trace.size) == 0)
-    n_zero_allocs = n_zero_frees = 0
+    zero_events = np.zeros(0, np.int64)      # trace indices of 0-byte ALLOCs and their FREEs
     if zero.any():
         zero_ids = np.zeros(trace.n_ids, bool)
         zero_ids[np.asarray(trace.id)[zero].astype(np.int64)] = True
         zero_free = (kind_col == FREE) & zero_ids[np.minimum(np.asarray(trace.id), max(trace.n_ids - 1, 0)).astype(np.int64)]
-        n_zero_allocs, n_zero_frees = int(zero.sum()), int(zero_free.sum())
+        zero_events = np.flatnonzero(zero | zero_free)
         driving &= ~zero & ~zero_free
     drive = np.flatnonzero(driving)
     kinds = kind_col[drive].tolist()
@@ -202,8 +202,12 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
                       lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress)
     if progress is not None:
         progress(len(kinds))
-    w.n_allocs += n_zero_allocs
-    w.n_frees += n_zero_frees
+    if len(zero_events):                     # count the bypassed 0-byte requests the walk got past
+        end = int(drive[w.done - 1]) if w.stopped else len(trace)
+        passed = zero_events[zero_events < end]
+        n_zero_allocs = int(np.count_nonzero(kind_col[passed] == ALLOC))
+        w.n_allocs += n_zero_allocs
+        w.n_frees += len(passed) - n_zero_allocs
     peak_alloc, n_allocs, n_frees, ooms, done = w.peak_alloc, w.n_allocs, w.n_frees, w.ooms, w.done
     frag_at_peak = w.frag_at_peak
 

@@ -75,6 +75,7 @@ class Policy:
     models: str = ""                 # which real allocator, and the reference file
     params: tuple[Param, ...] = ()
     real_gpu: bool = False           # runs against a real GPU allocator
+    offline: bool = False            # plans the whole trace up front (a bound, not an online allocator)
 
     #: Optional ``tick(time_ns)``: set it to a method to be called with the trace's
     #: timestamp before each driving event (time-driven behaviour such as the binned

@@ -186,6 +186,7 @@ def plan(start, end, size, orders=ORDERS, min_block=MIN_BLOCK):
 @register
 class OraclePool(Policy):
     name = "oracle"
+    offline = True
     summary = "offline best fit over known lifetimes (XLA decreasing-size heap), one segment: a near-lower bound"
     models = "XLA GlobalDecreasingSizeBestFitHeap + ChooseBestHeapAlgorithm (metrics-and-anchors.md §1, §4.2)"
     params = (
