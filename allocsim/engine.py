@@ -236,6 +236,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
         gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=ooms, alloc_time_seconds=alloc_time,
         total_time_seconds=dev.clock, latency=latency_summary(lat_np), counters=counters,
+        latency_measured=pol.real_gpu or getattr(dev, "measured", False),
         sections=sections.rows(), section_table=sections.table(),
     )
     if res.peak_reserved_bytes:

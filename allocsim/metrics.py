@@ -42,7 +42,7 @@ class ReplayResult:
     utilization: float = 0.0
     fragmentation: float = 0.0
     overhead_vs_load: float = 0.0
-    largest_free_fragmentation_at_peak: float = 0.0
+    largest_free_fragmentation_at_peak: float | None = 0.0
     device_mallocs: int = 0
     device_frees: int = 0
     device_malloc_bytes: int = 0
@@ -57,6 +57,7 @@ class ReplayResult:
     alloc_time_seconds: float = 0.0
     total_time_seconds: float = 0.0
     latency: dict = field(default_factory=dict)
+    latency_measured: bool = False     # True: wall time on a GPU; False: the cost model
     counters: dict = field(default_factory=dict)
     sections: list = field(default_factory=list)
     replay_seconds: float = 0.0
@@ -91,7 +92,7 @@ class ReplayResult:
             f"  peak reserved            {fmt_bytes(r.peak_reserved_bytes):>12}   (final {fmt_bytes(r.final_reserved_bytes)})",
             f"  utilization              {100 * r.utilization:>11.1f}%   fragmentation {100 * r.fragmentation:.1f}%",
             f"  overhead vs LOAD         {100 * r.overhead_vs_load:>11.1f}%",
-            f"  largest-free frag @peak  {100 * r.largest_free_fragmentation_at_peak:>11.1f}%",
+            f"  largest-free frag @peak  {_pct(r.largest_free_fragmentation_at_peak):>12}",
             f"  device mallocs / frees   {r.device_mallocs:>12,} / {r.device_frees:,}"
             f"   ({fmt_bytes(r.device_malloc_bytes)} / {fmt_bytes(r.device_free_bytes)})",
             f"  cache flushes            {r.cache_flushes:>12,}",
@@ -102,15 +103,19 @@ class ReplayResult:
         for o in r.oom_events[:5]:
             lines.append(f"    event {o.event}: {fmt_bytes(o.size)} request with {fmt_bytes(o.live_bytes)} live, "
                          f"{fmt_bytes(o.allocated_bytes)} allocated, {fmt_bytes(o.reserved_bytes)} reserved, "
-                         f"largest-free frag {100 * o.largest_free_fragmentation:.1f}%")
+                         f"largest-free frag {_pct(o.largest_free_fragmentation)}")
         if lat:
-            lines.append(f"  malloc latency (modeled) p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
+            lines.append(f"  malloc latency ({'measured' if r.latency_measured else 'modeled'}) p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
                          f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r.alloc_time_seconds)}")
         for k, v in r.counters.items():
             if k != "cache_flushes":
                 lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
         lines.append(f"  replay took {r.replay_seconds:.3f}s")
         return "\n".join(lines)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def latency_summary(lat: np.ndarray) -> dict:
@@ -121,8 +126,10 @@ def latency_summary(lat: np.ndarray) -> dict:
             "count": int(len(lat))}
 
 
-def largest_free_fragmentation(reserved: int, allocated: int, largest_free: int) -> float:
+def largest_free_fragmentation(reserved: int, allocated: int, largest_free: int | None) -> float | None:
     """RMM arena's external fragmentation: 1 - largest free block / total free bytes."""
+    if largest_free is None:       # not observable (a real allocator)
+        return None
     total_free = reserved - allocated
     if total_free <= 0:
         return 0.0

@@ -72,13 +72,27 @@ def test_cupy_real_matches_cupy_model_after_every_event(path):
 @gpu
 @pytest.mark.parametrize("path", TORCH_TRACES or [pytest.param(None, marks=pytest.mark.skip("no torch trace shipped"))])
 def test_torch_real_matches_torch_model(path):
+    """PyTorch's allocator settings cannot be reset in a process: each real replay runs in its own."""
     pytest.importorskip("torch")
-    trace = Trace.load(path)
-    model = engine.replay(trace, "torch", capacity=None)
-    real = engine.replay(trace, "torch-real", capacity=None)
-    assert real.peak_reserved_bytes == model.peak_reserved_bytes
-    assert real.final_reserved_bytes == model.final_reserved_bytes
-    assert real.device_mallocs == model.device_mallocs
+    model = engine.replay(Trace.load(path), "torch", capacity=None)
+    out = run_cli("replay", path, "--policy", "torch-real", "--capacity", "none", "--json")
+    assert out.returncode == 0, out.stderr
+    real = json.loads(out.stdout)
+    assert real["peak_reserved_bytes"] == model.peak_reserved_bytes
+    assert real["final_reserved_bytes"] == model.final_reserved_bytes
+    assert real["device_mallocs"] == model.device_mallocs
+    assert real["latency_measured"] and not model.latency_measured
+
+
+@pytest.mark.gpu
+@gpu
+def test_torch_real_refuses_other_settings_in_the_same_process():
+    pytest.importorskip("torch")
+    from allocsim.errors import UsageError
+    trace = random_trace(200, seed=3)
+    engine.replay(trace, "torch-real", capacity=None)
+    with pytest.raises(UsageError, match="fresh process"):
+        engine.replay(trace, "torch-real", capacity=None, options=["conf=expandable_segments:True"])
 
 
 @pytest.mark.gpu

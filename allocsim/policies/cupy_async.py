@@ -3,7 +3,8 @@
 The driver's sub-allocation is invisible, so this policy can only be measured on
 a GPU, never simulated: reserved bytes are the pool's `total_bytes()` (driver
 attribute `cudaMemPoolAttrReservedMemCurrent`); device malloc/free counts are not
-visible and stay 0. `--cap` becomes `set_limit` (enforced by CuPy in software).
+visible and stay 0. `--cap` is enforced here on the pool's used bytes (CuPy's own
+software `set_limit` did not stop a request over the cap on an H200 with CuPy 14.2).
 See `reference/cupy-pool-and-hooks.md` §5.
 """
 from __future__ import annotations
@@ -23,9 +24,12 @@ class CupyAsyncPool(CupyRealPool):
         super(CupyRealPool, self).__init__(*a, **k)
         cp = self.cp = require_cupy()
         self.pool = cp.cuda.MemoryAsyncPool()
-        if self.device.cap:
-            self.pool.set_limit(size=self.device.cap)
         self._streams = {0: None}
+
+    def malloc(self, size, stream):
+        if self._over_cap(size):
+            return None
+        return super().malloc(size, stream)
 
     def counters(self):
         return {"pool_total_bytes": int(self.pool.total_bytes())}

@@ -3,17 +3,24 @@
 
 Settings: the `conf` option (PYTORCH_CUDA_ALLOC_CONF syntax), else those recorded
 in the trace, applied with `torch.cuda.memory._set_allocator_settings` after an
-`empty_cache()`. `--cap` becomes `set_per_process_memory_fraction(cap / total)`.
+`empty_cache()`. PyTorch cannot put settings back to their defaults inside a process,
+so a second `torch-real` replay in one process must ask for the same settings as the
+first (the CLI runs one replay per process; `compare`/`sweep` run one per cell with -j).
+`--cap` becomes `set_per_process_memory_fraction(cap / total)`.
 Reserved and allocated figures come from `torch.cuda.memory_stats()` — read once
 at the end (peaks are reset at the start), because reading them per call costs
 more than the call; so the engine's per-event reserved curve is not available.
 """
 from __future__ import annotations
 
+from ..errors import UsageError
 from ..gpu import require_torch
 from . import register
 from ._real import RealPolicy, _now
 from .base import Param
+
+
+_APPLIED: list[str] = []     # the settings this process's allocator was given
 
 
 @register
@@ -27,10 +34,16 @@ class TorchReal(RealPolicy):
         super().__init__(*a, **k)
         torch = self.torch = require_torch()
         conf = self.conf or (self.trace_meta.get("allocator_settings") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
+        if _APPLIED and _APPLIED[0] != conf:
+            raise UsageError(f"torch-real: this process's allocator already runs with settings {_APPLIED[0]!r}; "
+                             f"PyTorch cannot reset them to replay with {conf!r} — run it in a fresh process")
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        if conf:
-            torch.cuda.memory._set_allocator_settings(conf)
+        if conf and not _APPLIED:
+            setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) \
+                or torch.cuda.memory._set_allocator_settings
+            setter(conf)
+        _APPLIED[:] = [conf]
         self.applied_conf = conf
         total = torch.cuda.get_device_properties(0).total_memory
         if self.device.cap:
