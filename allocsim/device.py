@@ -19,6 +19,8 @@ BASE_ADDR = 0x7F0000000000
 
 
 class SimulatedDevice:
+    measured = False          # device-call latency comes from the cost model
+
     def __init__(self, capacity: int | None = None, cap: int | None = None, costs: CostModel | None = None):
         self.capacity = capacity
         self.cap = cap
@@ -38,12 +40,13 @@ class SimulatedDevice:
         if self.reserved + n > self.limit:
             self.n_failed += 1
             return None
-        costs = self.costs
-        c = costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n)
+        got = self._obtain(n)
+        if got is None:
+            self.n_failed += 1
+            return None
+        addr, c = got
         self.clock += c
         self.malloc_time += c
-        addr = self._next
-        self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
         self.reserved += n
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
@@ -53,13 +56,24 @@ class SimulatedDevice:
 
     def free(self, addr: int, n: int) -> None:
         """Release ``n`` bytes obtained at ``addr``."""
-        costs = self.costs
-        c = costs.free_flat if n <= costs.free_flat_end else costs.free_cost(n)
+        c = self._release(addr, n)
         self.clock += c
         self.free_time += c
         self.reserved -= n
         self.n_free += 1
         self.bytes_free += n
+
+    # What a device does below the accounting: here, a bump pointer and the cost model.
+    def _obtain(self, n: int):
+        """``(address, seconds)`` for a new range of ``n`` bytes, or None if the device refuses."""
+        costs = self.costs
+        addr = self._next
+        self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        return addr, (costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n))
+
+    def _release(self, addr: int, n: int) -> float:
+        costs = self.costs
+        return costs.free_flat if n <= costs.free_flat_end else costs.free_cost(n)
 
     def fits(self, n: int) -> bool:
         """Whether a malloc of ``n`` bytes would succeed now."""

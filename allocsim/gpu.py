@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import time
 
+from .device import SimulatedDevice
 from .errors import GPUUnavailable
 
 _now = time.perf_counter_ns
@@ -51,60 +52,34 @@ def gpu_available() -> tuple[bool, str]:
         return False, str(e)
 
 
-class CudaDevice:
-    """The `SimulatedDevice` interface over real `cudaMalloc`/`cudaFree`, measured.
+class CudaDevice(SimulatedDevice):
+    """The simulated device's accounting over real `cudaMalloc`/`cudaFree`, measured.
 
     `--backend cuda` replays a simulated policy with its segment allocations made
     on the GPU, so the latency of device calls is measured, not modeled. The cap
     is enforced in software; the capacity is the GPU's (or ``capacity`` if smaller).
     """
 
+    measured = True
+
     def __init__(self, capacity: int | None = None, cap: int | None = None, costs=None):
-        from .costs import CostModel
         self.cp = require_cupy()
         self.rt = self.cp.cuda.runtime
         total = self.rt.memGetInfo()[1]
-        self.capacity = min(capacity, total) if capacity else total
-        self.cap = cap
-        self.costs = costs or CostModel()
-        self.limit = min(x for x in (self.capacity, cap) if x is not None)
-        self.reserved = self.peak_reserved = 0
-        self.n_malloc = self.n_free = self.bytes_malloc = self.bytes_free = self.n_failed = 0
-        self.clock = self.malloc_time = self.free_time = 0.0
-        self.measured = True
-        self._ranges = {}
+        super().__init__(min(capacity, total) if capacity else total, cap, costs)
 
-    def malloc(self, n: int):
-        if self.reserved + n > self.limit:
-            self.n_failed += 1
-            return None
+    def _obtain(self, n: int):
         t0 = _now()
         try:
             addr = self.rt.malloc(n)
         except self.rt.CUDARuntimeError:
-            self.n_failed += 1
             return None
-        dt = (_now() - t0) * 1e-9
-        self.clock += dt
-        self.malloc_time += dt
-        self.reserved += n
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
-        self.n_malloc += 1
-        self.bytes_malloc += n
-        return addr
+        return addr, (_now() - t0) * 1e-9
 
-    def free(self, addr: int, n: int) -> None:
+    def _release(self, addr: int, n: int) -> float:
         t0 = _now()
         self.rt.free(addr)
-        dt = (_now() - t0) * 1e-9
-        self.clock += dt
-        self.free_time += dt
-        self.reserved -= n
-        self.n_free += 1
-        self.bytes_free += n
-
-    def fits(self, n: int) -> bool:
-        return self.reserved + n <= self.limit
+        return (_now() - t0) * 1e-9
 
     def reserve_address_range(self, n: int) -> int:
         raise GPUUnavailable("--backend cuda cannot model expandable segments (virtual ranges); use the simulated device")
