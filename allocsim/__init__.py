@@ -6,14 +6,25 @@ Python API (the same names as the command line)::
     t = allocsim.Trace.load("traces/resnet50.bin")
     r = allocsim.replay(t, "split", cap=allocsim.parse_size("8GB"), runtime="gc")
     print(r.summary()); print(r.section_table)
+    rows = allocsim.compare("traces/resnet50.bin", ["split", "torch"], caps=[None, 4 << 30])
+    allocsim.fit_capacity("traces/resnet50.bin", "torch")["capacity_bytes"]
+    allocsim.validate_trace("traces/resnet50.bin").match
+    allocsim.synthesize("transformer", seed=1); allocsim.import_trace("snapshot.pickle", "t.bin")
+    allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
 """
 from .costs import CostModel
 from .engine import replay
+from .fit import fit_capacity
+from .importers import import_file as import_trace
 from .metrics import ReplayResult
 from .recorders import mark
+from .sweep import compare
+from .synth import generate as synthesize
 from .trace import Trace, TraceWriter
 from .units import fmt_bytes, parse_size
+from .validate import validate as validate_trace
 
 __version__ = "0.1.0"
 
-__all__ = ["CostModel", "ReplayResult", "Trace", "TraceWriter", "fmt_bytes", "parse_size", "replay", "__version__"]
+__all__ = ["CostModel", "ReplayResult", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
+           "import_trace", "mark", "parse_size", "replay", "synthesize", "validate_trace", "__version__"]

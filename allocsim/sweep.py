@@ -122,6 +122,17 @@ def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executo
     return [rows[c] for c in sorted(cells, key=Cell.sort_key)]
 
 
+def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit"), caps=(None,),
+            runtimes=("eager",), *, jobs: int = 1, settings: Settings | None = None) -> list[dict]:
+    """The `allocsim compare` table as rows: one replay per policy × cap × runtime.
+
+    ``policies`` entries may carry options: ``"torch[expandable_segments:True]"``.
+    """
+    cells = [Cell(trace, name, cap, rt, opts) for name, opts in map(parse_policy_spec, policies)
+             for cap in caps for rt in runtimes]
+    return run_cells(cells, settings, jobs=jobs)
+
+
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):
     """A Dask executor: connect to ``scheduler`` (tcp://host:8786) or start a LocalCluster."""
     try:

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from allocsim import engine, policies
+from allocsim import engine
 from allocsim.costs import CostModel
 from allocsim.gpu import gpu_available
 from allocsim.trace import Trace

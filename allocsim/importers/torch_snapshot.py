@@ -254,45 +254,17 @@ class SnapshotConversion:
 
     def emit(self, writer) -> dict:
         """Write the seeded live blocks, then every entry; return counts."""
-        start, where = self.start, self.where
-        live: dict[int, int] = {}
-        alloc, free, free_requested, segment, oom = (writer.alloc, writer.free, writer.free_requested,
-                                                     writer.segment, writer.oom)
+        start = self.start
+        conv = EntryConverter(writer, where=self.where, device=self.device, t0_us=self.t0,
+                              untimed=self.t0 is None)
         seeded_pending = 0
         for addr in sorted(start.blocks):
             size, stream, pending, _, frames = start.blocks[addr]
-            live[addr] = alloc(size, stream, t=0, addr=addr, site=site_of(frames), flags=ev.PRE_EXISTING)
+            conv.live[addr] = writer.alloc(size, stream, t=0, addr=addr, site=site_of(frames),
+                                           flags=ev.PRE_EXISTING)
             seeded_pending += pending
-        counts = Counter()
-        unknown = Counter()
-        t0 = self.t0
-        for idx, e in enumerate(self.entries):
-            a = e["action"]
-            t = (e["time_us"] - t0) * 1000 if t0 is not None else idx
-            if a == "alloc":
-                addr = e["addr"]
-                if addr in live:
-                    raise where.error(f"alloc at address {addr:#x}, which is still live (id {live[addr]})",
-                                      f"device_traces[{self.device}][{idx}]")
-                frames = e.get("frames")
-                live[addr] = alloc(e["size"], e.get("stream", 0), t=t, addr=addr,
-                                   site=site_of(frames) if frames else None)
-            elif a == "free_requested" or a == "free_completed":
-                addr = e["addr"]
-                i = live.get(addr) if a == "free_requested" else live.pop(addr, None)
-                if i is None:
-                    raise where.error(f"{a} of address {addr:#x}, which holds no live block",
-                                      f"device_traces[{self.device}][{idx}]")
-                (free_requested if a == "free_requested" else free)(i, t=t, stream=e.get("stream", 0), addr=addr,
-                                                                     size=e["size"])
-            elif a in SEGMENT_KINDS:
-                segment(SEGMENT_KINDS[a], e["addr"], e["size"], e.get("stream", 0), t=t)
-            elif a == "oom":
-                oom(e["size"], device_free=e.get("device_free", 0), stream=e.get("stream", 0), t=t)
-            else:
-                (counts if a == "snapshot" else unknown)[a] += 1
-                continue
-            counts[a] += 1
+        conv.feed(self.entries)
+        counts, unknown, live = conv.counts, conv.unknown, conv.live
         final_mismatch = len(set(live) ^ start.final_live)
         warnings = []
         if start.inconsistent or final_mismatch:
@@ -311,6 +283,76 @@ class SnapshotConversion:
             "initial_segments": len(start.segments), "inconsistent": start.inconsistent,
             "final_mismatch": final_mismatch, "live_at_end": len(live), "warnings": warnings,
         }
+
+
+class EntryConverter:
+    """Writes PyTorch ``device_traces`` entries as allocsim events, chunk after chunk.
+
+    The one forward conversion, used by the importer (a whole history at once,
+    ``where`` given: an inconsistent entry is an `InputError` at its position) and by
+    the recorder (each drained chunk, ``where=None``: a free of a block allocated
+    before recording began is counted in ``counts["unmatched_free"]`` and skipped).
+    ``live`` maps a block address to the dense id of the block live there.
+    Times are µs from ``t0_us`` (default: the first timed entry), in ns; untimed
+    entries take their index. O(1) per entry.
+    """
+
+    def __init__(self, writer, *, stacks: bool = True, where: _Where | None = None, device: int = 0,
+                 t0_us=None, untimed: bool = False):
+        self.w = writer
+        self.stacks = stacks
+        self.where = where
+        self.device = device
+        self.t0_us = t0_us
+        self.untimed = untimed
+        self.live: dict[int, int] = {}
+        self.n = 0
+        self.counts: Counter = Counter()
+        self.unknown: Counter = Counter()
+
+    def _problem(self, key: str, what: str, idx: int) -> None:
+        if self.where is not None:
+            raise self.where.error(what, f"device_traces[{self.device}][{idx}]")
+        self.counts[key] += 1
+
+    def feed(self, entries) -> None:
+        w, live, counts = self.w, self.live, self.counts
+        alloc, free, free_requested, segment, oom = w.alloc, w.free, w.free_requested, w.segment, w.oom
+        for e in entries:
+            idx = self.n
+            self.n += 1
+            a = e.get("action")
+            tu = None if self.untimed else e.get("time_us")
+            if tu is None:
+                t = idx
+            else:
+                if self.t0_us is None:
+                    self.t0_us = tu
+                t = max(0, int((tu - self.t0_us) * 1000))
+            stream = e.get("stream", 0) or 0
+            if a == "alloc":
+                addr = e["addr"]
+                if addr in live:
+                    self._problem("alloc_at_live_address",
+                                  f"alloc at address {addr:#x}, which is still live (id {live[addr]})", idx)
+                frames = e.get("frames") if self.stacks else None
+                live[addr] = alloc(e["size"], stream, t=t, addr=addr, site=site_of(frames) if frames else None)
+            elif a == "free_requested" or a == "free_completed":
+                addr = e["addr"]
+                i = live.get(addr) if a == "free_requested" else live.pop(addr, None)
+                if i is None:
+                    self._problem("unmatched_free", f"{a} of address {addr:#x}, which holds no live block", idx)
+                    continue
+                (free_requested if a == "free_requested" else free)(i, t=t, stream=stream, addr=addr,
+                                                                     size=e["size"])
+            elif a in SEGMENT_KINDS:
+                segment(SEGMENT_KINDS[a], e["addr"], e["size"], stream, t=t)
+            elif a == "oom":
+                oom(e["size"], device_free=e.get("device_free", 0) or 0, stream=stream, t=t)
+            else:
+                (counts if a == "snapshot" else self.unknown)[a] += 1
+                continue
+            counts[a] += 1
 
 
 def _device_entries(snapshot, device: int, where: _Where) -> list:

@@ -31,61 +31,10 @@ final segments; that reconstruction is not needed here.
 from __future__ import annotations
 
 from ..errors import GPUUnavailable
-from ..importers.torch_snapshot import SEGMENT_KINDS, site_of
-from ..trace import events as ev
+from ..importers.torch_snapshot import EntryConverter
 from ._base import Recorder, stderr
 
 DEFAULT_MAX_ENTRIES = 1_000_000
-
-
-class EntryConverter:
-    """Streams ``device_traces`` entries of one device into a `TraceWriter`, chunk after chunk."""
-
-    def __init__(self, writer, *, stacks: bool = False):
-        self.w = writer
-        self.stacks = stacks
-        self.live: dict[int, int] = {}          # block address -> dense id of the live block
-        self.t0_us: float | None = None
-        self.counts = {"entries": 0, "alloc": 0, "free_requested": 0, "free_completed": 0, "segment": 0,
-                       "oom": 0, "skipped": 0, "unmatched_free": 0}
-
-    def _t(self, e) -> int | None:
-        t = e.get("time_us")
-        if t is None:
-            return None
-        if self.t0_us is None:
-            self.t0_us = t
-        return max(0, int((t - self.t0_us) * 1000))
-
-    def feed(self, entries) -> None:
-        w, live, c = self.w, self.live, self.counts
-        for e in entries:
-            c["entries"] += 1
-            action = e.get("action")
-            t = self._t(e)
-            stream = int(e.get("stream", 0) or 0)
-            if action == "alloc":
-                site = site_of(e.get("frames")) if self.stacks else None
-                live[e["addr"]] = w.alloc(int(e["size"]), stream, t=t, addr=int(e["addr"]), site=site)
-                c["alloc"] += 1
-            elif action in ("free_requested", "free_completed"):
-                i = live.get(e["addr"]) if action == "free_requested" else live.pop(e["addr"], None)
-                if i is None:
-                    c["unmatched_free"] += 1
-                    continue
-                if action == "free_requested":
-                    w.free_requested(i, t=t, stream=stream, addr=int(e["addr"]), size=int(e["size"]))
-                else:
-                    w.free(i, t=t, stream=stream, addr=int(e["addr"]), size=int(e["size"]))
-                c[action] += 1
-            elif action in SEGMENT_KINDS:
-                w.segment(SEGMENT_KINDS[action], int(e["addr"]), int(e["size"]), stream, t=t)
-                c["segment"] += 1
-            elif action == "oom":
-                w.oom(int(e["size"]), device_free=int(e.get("device_free", 0) or 0), stream=stream, t=t)
-                c["oom"] += 1
-            else:                                  # snapshot, annotate, future actions
-                c["skipped"] += 1
 
 
 class TorchRecorder(Recorder):
