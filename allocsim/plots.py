@@ -93,19 +93,27 @@ def _label(r):
     return cap + ("" if r["runtime"] == "eager" else f" ({r['runtime']})")
 
 
-def _grouped(ax, rows, value, ylabel):
+def _grouped(ax, rows, value, ylabel, log=False):
+    """Bars per policy, one colour per cap/runtime; runs that stopped at an OOM are hatched."""
     from .sweep import policy_label
     pols = list(dict.fromkeys(policy_label(r["policy"], tuple(filter(None, (r.get("options") or "").split(";"))))
                               for r in rows))
     groups = list(dict.fromkeys(_label(r) for r in rows))
     width = 0.8 / max(1, len(groups))
     for gi, g in enumerate(groups):
-        vals = []
+        vals, oom = [], []
         for p in pols:
             match = [r for r in rows if _label(r) == g and
                      policy_label(r["policy"], tuple(filter(None, (r.get("options") or "").split(";")))) == p]
             vals.append(value(match[0]) if match else np.nan)
-        ax.bar(np.arange(len(pols)) + gi * width - 0.4 + width / 2, vals, width, label=g)
+            oom.append(bool(match and match[0]["ooms"]))
+        bars = ax.bar(np.arange(len(pols)) + gi * width - 0.4 + width / 2, vals, width, label=g)
+        for b, o in zip(bars, oom):
+            if o:
+                b.set_hatch("///")
+                b.set_edgecolor("k")
+    if log:
+        ax.set_yscale("log")
     ax.set_xticks(np.arange(len(pols)))
     ax.set_xticklabels(pols, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -121,13 +129,17 @@ def comparison_bars(trace, rows: list[dict], path: str):
     _grouped(axes[0, 0], rows, lambda r: r["peak_reserved_bytes"] / scale, f"peak reserved ({unit})")
     axes[0, 0].axhline(trace.load_bytes / scale, color="k", ls="--", lw=1, label="LOAD")
     _grouped(axes[0, 1], rows, lambda r: 100 * r["utilization"], "utilization (%)")
-    _grouped(axes[1, 0], rows, lambda r: r["device_mallocs"], "device mallocs")
-    _grouped(axes[1, 1], rows, lambda r: 1e3 * r["alloc_time_seconds"], "modeled allocation time (ms)")
-    for r in rows:
-        if r["ooms"]:
-            axes[0, 0].annotate("", (0, 0))
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle(_title(trace, "Policies side by side" + (" (OOM runs stop at their first OOM)" if any(r["ooms"] for r in rows) else "")))
+    _grouped(axes[1, 0], rows, lambda r: max(r["device_mallocs"], 1), "device mallocs (log)", log=True)
+    _grouped(axes[1, 1], rows, lambda r: max(1e3 * r["alloc_time_seconds"], 1e-3), "modeled allocation time (ms, log)",
+             log=True)
+    if any(r["ooms"] for r in rows):
+        from matplotlib.patches import Patch
+        axes[0, 0].legend(handles=axes[0, 0].get_legend_handles_labels()[0]
+                          + [Patch(facecolor="white", edgecolor="k", hatch="///", label="stopped at an OOM")],
+                          fontsize=7)
+    else:
+        axes[0, 0].legend(fontsize=7)
+    fig.suptitle(_title(trace, "Policies side by side"))
     fig.tight_layout()
     return _save(fig, path)
 
@@ -172,6 +184,7 @@ def gc_plot(trace, rows: list[dict], path: str):
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     _grouped(axes[0], rows, lambda r: r["gc_incremental"] + r["gc_full"], "GC calls (incremental + full)")
+    axes[0].set_title("hatched: stopped at an OOM", fontsize=8)
     _grouped(axes[1], rows, lambda r: r["gc_time_seconds"], "GC pause time (s, modeled)")
     axes[0].legend(fontsize=7)
     fig.suptitle(_title(trace, "Garbage collections per policy and cap"))

@@ -35,8 +35,17 @@ def cost_model_arg(path):
     return CostModel.load(path) if path else None
 
 
-def load_trace(path: str) -> Trace:
-    return Trace.load(path)
+DEFAULT_TRACE = "resnet50.bin"     # traces/resnet50.bin: ResNet-50 training on an H100, recorded
+
+
+def default_trace_path() -> str:
+    """The trace embedded in the package, replayed when no trace is named."""
+    import os
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", DEFAULT_TRACE)
+
+
+def load_trace(path: str | None) -> Trace:
+    return Trace.load(path or default_trace_path())
 
 
 def progress_bar(total: int, desc: str, quiet: bool = False):

@@ -73,9 +73,11 @@ def run(args) -> int:
     load = res["load_bytes"]
     print(f"{args.trace}: LOAD {fmt_bytes(load)}" + (f", oracle peak {fmt_bytes(res['oracle_peak_bytes'])}"
                                                      if "oracle_peak_bytes" in res else ""))
-    print(f"{'policy':<28}{'smallest capacity':>18}{'vs LOAD':>10}{'no-limit peak':>16}{'replays':>9}")
+    labels = [f["policy"] + (f"[{f['options']}]" if f["options"] else "") for f in res["fits"]]
+    w = max([len("policy")] + [len(x) for x in labels]) + 2
+    print(f"{'policy':<{w}}{'smallest capacity':>18}{'vs LOAD':>10}{'no-limit peak':>16}{'replays':>9}")
     for f in sorted(res["fits"], key=lambda f: f["capacity_bytes"]):
         label = f["policy"] + (f"[{f['options']}]" if f["options"] else "")
-        print(f"{label:<28}{fmt_bytes(f['capacity_bytes']):>18}{100 * (f['capacity_bytes'] / load - 1) if load else 0:>+9.1f}%"
+        print(f"{label:<{w}}{fmt_bytes(f['capacity_bytes']):>18}{100 * (f['capacity_bytes'] / load - 1) if load else 0:>+9.1f}%"
               f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
     return 0

@@ -11,7 +11,8 @@ EXAMPLE = "allocsim replay traces/resnet50.bin --policy split --cap 8GB --runtim
 
 
 def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("trace", nargs="?", help="trace file (.bin); default: the embedded ResNet-50 trace "
+                                          "(traces/resnet50.bin, recorded on an H100)")
     p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`)")
     add_replay_arguments(p)
     p.add_argument("--backend", choices=["sim", "cuda"], default="sim",
