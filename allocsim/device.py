@@ -6,6 +6,12 @@ Addresses come from a bump pointer (256-byte aligned, never reused), so blocks o
 different device allocations never overlap; the device keeps no free-list of its
 own because `cudaMalloc` maps physical pages into fresh virtual ranges.
 
+With ``address_hints`` — the recorded allocator's segment allocations, ``(size,
+address)`` in order — the device hands out the recorded address to the next
+allocation of the recorded size, when that range overlaps no live one. Best fit in
+PyTorch and CuPy breaks ties by address, so a model replaying its own allocator's
+trace needs the addresses `cudaMalloc` really returned to choose as it chose.
+
 The device also carries the replay's modeled clock (`clock`, seconds), to which
 every device call, pool operation and GC pause adds its modeled cost.
 Each call is O(1).
@@ -21,7 +27,8 @@ BASE_ADDR = 0x7F0000000000
 class SimulatedDevice:
     measured = False          # device-call latency comes from the cost model
 
-    def __init__(self, capacity: int | None = None, cap: int | None = None, costs: CostModel | None = None):
+    def __init__(self, capacity: int | None = None, cap: int | None = None, costs: CostModel | None = None,
+                 address_hints=None):
         self.capacity = capacity
         self.cap = cap
         self.costs = costs or CostModel()
@@ -34,6 +41,11 @@ class SimulatedDevice:
         self.clock = 0.0
         self.malloc_time = self.free_time = 0.0
         self._next = BASE_ADDR
+        self._hints = list(address_hints or ())
+        self._hint = 0
+        self._live: dict[int, int] = {}          # hinted device: address -> size of live ranges
+        if self._hints:
+            self._next = max(BASE_ADDR, max(a + n for n, a in self._hints) + ALIGN)
 
     def malloc(self, n: int) -> int | None:
         """Reserve ``n`` bytes; return the address, or None if cap or capacity is reached."""
@@ -56,6 +68,8 @@ class SimulatedDevice:
 
     def free(self, addr: int, n: int) -> None:
         """Release ``n`` bytes obtained at ``addr``."""
+        if self._hints:
+            self._live.pop(addr, None)
         c = self._release(addr, n)
         self.clock += c
         self.free_time += c
@@ -67,9 +81,23 @@ class SimulatedDevice:
     def _obtain(self, n: int):
         """``(address, seconds)`` for a new range of ``n`` bytes, or None if the device refuses."""
         costs = self.costs
-        addr = self._next
-        self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        addr = self._hinted(n) if self._hints else None
+        if addr is None:
+            addr = self._next
+            self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        if self._hints:
+            self._live[addr] = n
         return addr, (costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n))
+
+    def _hinted(self, n: int) -> int | None:
+        """The next recorded address, if its recorded size is ``n`` and its range is free. O(live)."""
+        if self._hint >= len(self._hints) or self._hints[self._hint][0] != n:
+            return None
+        addr = self._hints[self._hint][1]
+        self._hint += 1
+        if any(a < addr + n and addr < a + m for a, m in self._live.items()):
+            return None
+        return addr
 
     def _release(self, addr: int, n: int) -> float:
         costs = self.costs

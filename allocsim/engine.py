@@ -20,7 +20,7 @@ from .errors import UsageError
 from .metrics import OOMRecord, ReplayResult, largest_free_fragmentation, latency_summary
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
-from .trace import ALLOC, FREE, Trace
+from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 
 
 
@@ -29,6 +29,12 @@ def trace_capacity(trace: Trace) -> int | None:
     dev = trace.meta.get("device") or {}
     total = dev.get("total_memory") if isinstance(dev, dict) else None
     return int(total) if total else None
+
+
+def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
+    """``(size, address)`` of the recorded allocator's segment allocations, in order."""
+    seg = np.flatnonzero(np.asarray(trace.kind) == SEGMENT_ALLOC)
+    return list(zip(trace.size[seg].tolist(), trace.addr[seg].tolist()))
 
 
 def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
@@ -50,7 +56,9 @@ def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capaci
     elif device is None:
         if backend not in ("sim", "cuda"):
             raise UsageError(f"unknown backend {backend!r} (known: sim, cuda)")
-        device = SimulatedDevice(capacity=capacity, cap=cap, costs=costs or CostModel())
+        device = SimulatedDevice(capacity=capacity, cap=cap, costs=costs or CostModel(),
+                                 address_hints=recorded_segments(trace) if cls.framework and
+                                 cls.framework == trace.meta.get("framework") else None)
     rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
     pol = cls(device, rt, sections, opts, trace=trace)
     return pol, rt, device, sections

@@ -59,12 +59,18 @@ SPECS = {
 
 @dataclass
 class Side:
-    """One side's segment events: kinds, sizes, trace event indices; derived totals."""
+    """One side's segment events: kinds, sizes, trace event indices; derived totals.
+
+    ``requests`` names the request each call served: the trace index of the ALLOC whose
+    malloc made it (a recorded segment event precedes the ALLOC it was made for).
+    Equal (kind, size, request) sequences mean equal reserved bytes after every event.
+    """
 
     kinds: list
     sizes: list
     events: list
     initial_reserved: int = 0
+    requests: list | None = None
 
     def reserved_after(self) -> np.ndarray:
         sign = np.where(np.isin(np.asarray(self.kinds, np.int64), SHRINK), -1, 1)
@@ -116,7 +122,8 @@ class Validation:
                 if s is None:
                     lines.append(f"    {side:<9} (no more segment events; reserved {fmt_bytes(d[side + '_reserved'])})")
                 else:
-                    lines.append(f"    {side:<9} event {s['event']}: {s['kind']} {fmt_bytes(s['size'])} "
+                    lines.append(f"    {side:<9} event {s['event']} (for the ALLOC at {s['request']}): "
+                                 f"{s['kind']} {fmt_bytes(s['size'])} "
                                  f"(reserved {fmt_bytes(s['reserved_before'])} -> {fmt_bytes(s['reserved_after'])})")
         verdict = "MATCH" if self.match else "MISMATCH"
         lines.append(f"verdict: {verdict}" + (" (unseeded)" if self.pre_existing and not self.seeded else ""))
@@ -128,18 +135,24 @@ def recorded_side(trace: Trace, kinds) -> Side:
     idx = np.flatnonzero(np.isin(kind, list(kinds)))
     initial = sum(int(s.get("total_size", 0)) for s in trace.meta.get("initial_segments") or []
                   if isinstance(s, dict))
-    return Side(kind[idx].tolist(), np.asarray(trace.size)[idx].tolist(), idx.tolist(), initial)
+    allocs = np.flatnonzero(kind == ev.ALLOC)
+    nxt = np.searchsorted(allocs, idx)            # the first ALLOC after each segment event
+    requests = np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1)
+    return Side(kind[idx].tolist(), np.asarray(trace.size)[idx].tolist(), idx.tolist(), initial,
+                requests.tolist())
 
 
 def model_side(log, kinds, initial_reserved: int) -> Side:
     keep = [(k, s, e) for k, s, e in log if k in kinds]
-    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], [e for _, _, e in keep], initial_reserved)
+    events = [e for _, _, e in keep]
+    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], events, initial_reserved, events)
 
 
 def first_divergence(rec: Side, mod: Side) -> dict | None:
-    """The first position where the two sequences of (kind, size) differ, with context."""
+    """The first position where the two sequences of (kind, size, request) differ, with context."""
     n = min(len(rec.kinds), len(mod.kinds))
-    i = next((j for j in range(n) if rec.kinds[j] != mod.kinds[j] or rec.sizes[j] != mod.sizes[j]), n)
+    i = next((j for j in range(n) if rec.kinds[j] != mod.kinds[j] or rec.sizes[j] != mod.sizes[j]
+              or rec.requests[j] != mod.requests[j]), n)
     if i == n and len(rec.kinds) == len(mod.kinds):
         return None
     out = {"index": i}
@@ -148,7 +161,8 @@ def first_divergence(rec: Side, mod: Side) -> dict | None:
         before = int(after[i - 1]) if i > 0 else side.initial_reserved
         out[name + "_reserved"] = before
         if i < len(side.kinds):
-            out[name] = {"event": int(side.events[i]), "kind": ev.KIND_NAMES[side.kinds[i]],
+            out[name] = {"event": int(side.events[i]), "request": int(side.requests[i]),
+                         "kind": ev.KIND_NAMES[side.kinds[i]],
                          "size": int(side.sizes[i]), "reserved_before": before,
                          "reserved_after": int(after[i])}
         else:
@@ -188,7 +202,8 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
               for k in ("segment_allocs", "segment_frees")]
     div = first_divergence(rec, mod)
-    checks.append({"name": "sizes in order", "recorded": len(rec.kinds), "model": len(mod.kinds), "ok": div is None})
+    checks.append({"name": "same calls, same requests", "recorded": len(rec.kinds), "model": len(mod.kinds),
+                   "ok": div is None})
     compare_reserved = ev.SEGMENT_FREE in kinds or ev.SEGMENT_UNMAP in kinds
     if compare_reserved:
         checks += [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}

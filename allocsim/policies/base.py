@@ -76,6 +76,9 @@ class Policy:
     params: tuple[Param, ...] = ()
     real_gpu: bool = False           # runs against a real GPU allocator
     offline: bool = False            # plans the whole trace up front (a bound, not an online allocator)
+    #: the framework whose allocator this models; replaying that framework's traces, the
+    #: simulated device hands out the recorded segment addresses (see `SimulatedDevice`)
+    framework: str | None = None
 
     #: Optional ``tick(time_ns)``: set it to a method to be called with the trace's
     #: timestamp before each driving event (time-driven behaviour such as the binned

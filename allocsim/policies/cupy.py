@@ -105,6 +105,7 @@ class _Arena:
 @register
 class CuPyPool(Policy):
     name = "cupy"
+    framework = "cupy"
     summary = "CuPy MemoryPool: 512 B rounding, per-stream best fit, split/merge per cudaMalloc, flush + gc.collect"
     models = "CuPy SingleDeviceMemoryPool v13/v14 (cupy-pool-and-hooks.md §1-§4)"
     params = (

@@ -383,6 +383,7 @@ def _expandable_size(b: Block) -> int:
 @register
 class TorchCachingAllocator(Policy):
     name = "torch"
+    framework = "torch"
     summary = "PyTorch CUDA caching allocator (best fit, split, max_split, expandable segments)"
     models = "c10/cuda/CUDACachingAllocator.cpp (pytorch-caching-allocator.md)"
     params = (
