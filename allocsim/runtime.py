@@ -92,10 +92,6 @@ class GCRuntime(Runtime):
     def on_free(self, id_: int) -> None:
         (self.dead_young if self.born.pop(id_) == self.epoch else self.dead_old).append(id_)
 
-    def dead_bytes(self) -> int:
-        s = self.id_size
-        return sum(s[i] for i in self.dead_young) + sum(s[i] for i in self.dead_old)
-
     def _reclaim(self, full):
         ids = self.dead_young
         if full:

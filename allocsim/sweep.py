@@ -187,11 +187,6 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cell_from_row(r: dict) -> Cell:
-    return Cell(r["trace"], r["policy"], r["cap_bytes"], r["runtime"],
-                tuple(filter(None, (r.get("options") or "").split(";"))))
-
-
 def split_top(text: str) -> list[str]:
     """Split on commas outside brackets: ``"split,torch[a:1,b:[1,2]]"`` -> two items."""
     out, depth, cur = [], 0, []
