@@ -16,6 +16,9 @@ MiB = 1 << 20
 def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tuple = (),
                  settings: Settings | None = None, resolution: int = MiB) -> dict:
     """Bisect the smallest capacity at which ``trace`` replays under ``policy`` without OOM."""
+    if resolution < 1:
+        from .errors import UsageError
+        raise UsageError(f"fit resolution must be at least 1 byte, got {resolution}")
     unlimited = run_cell(Cell(trace, policy, None, runtime, options, None), settings)
     load = unlimited["load_bytes"]
     hi = unlimited["peak_reserved_bytes"]

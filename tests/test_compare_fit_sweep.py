@@ -112,3 +112,8 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
     assert "1 of 3 cells already done" in res.stderr
     assert open(out).read() == full
     assert not os.path.exists(out + ".partial")
+
+
+def test_fit_rejects_a_zero_resolution(small_trace_path):
+    out = run_cli("fit", small_trace_path, "--policies", "none", "--resolution", "0")
+    assert out.returncode == 2 and "at least 1 byte" in out.stderr and out.stderr.count("\n") == 1

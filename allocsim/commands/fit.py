@@ -5,6 +5,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from ..errors import UsageError
 from ..fit import MiB, _fit_job
 from ..sweep import Settings, parse_policy_spec, split_top
 from ..units import fmt_bytes, parse_size
@@ -63,8 +64,11 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
 
 def run(args) -> int:
     specs = [parse_policy_spec(s) for s in split_top(args.policies)]
+    resolution = parse_size(args.resolution, what="--resolution")
+    if resolution < 1:
+        raise UsageError(f"--resolution: must be at least 1 byte, got {args.resolution!r}")
     costs = cost_model_arg(args.cost_model)
-    res = frontier(args.trace, specs, runtime=args.runtime, resolution=parse_size(args.resolution, what="--resolution"),
+    res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution,
                    jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),
                    oracle=not args.no_oracle, quiet=args.quiet or args.json)
     if args.json:
