@@ -54,6 +54,12 @@ def main(argv=None) -> int:
             raise
         print(f"allocsim: {e}", file=sys.stderr)
         return e.exit_status
+    except OSError as e:          # a file system refusal the command did not foresee: still one line
+        if getattr(args, "debug", False):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"allocsim: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("allocsim: interrupted", file=sys.stderr)
         return 130

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..outputs import atomic_open
+from ..outputs import atomic_open, check_writable
 from ..units import fmt_bytes, fmt_seconds
 
 NAME = "calibrate"
@@ -18,6 +18,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..calibrate import measure
+    check_writable(args.output)             # before minutes of measuring, not after
     model, extra = measure(args.reps)
     with atomic_open(args.output) as f:
         json.dump(model.to_dict(), f, indent=1)

@@ -69,6 +69,8 @@ def run(args) -> int:
         raise AssertionError(kind)
 
     if not args.report:
+        from ..outputs import check_writable
+        check_writable(args.output)             # before the replays, not after
         print(draw(args.kind, args.output))
         return 0
     os.makedirs(args.report, exist_ok=True)
