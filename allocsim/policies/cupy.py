@@ -38,13 +38,15 @@ Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
 
 Data structures and costs, per arena: ``free_at`` maps the address of each free
-chunk to it (O(1)); ``buckets`` maps a free size to the negated addresses of its
-chunks, kept sorted for v14 (``pop()`` gives the lowest address; insert/remove
-O(log k) search + O(k) memmove for k chunks of that size) and in free order for
-v13 (``pop()`` gives the last freed; insert O(1), remove O(k)); ``sizes`` is the
-sorted list of sizes with a non-empty bucket (O(log s) search, O(s) memmove for s
-distinct free sizes). k and s stay small in practice (tens), so a hit, a split
-and a free with merges are each a handful of dict/list operations;
+chunk to it (O(1)); ``keys`` is the sorted list of the free chunks' keys, one int
+per chunk that orders them as the lookup prefers: ``size << 64 | address`` for v14
+(lowest address first), ``size << 128 | tie << 64 | address`` for v13, where
+``tie`` falls with every chunk filed (last freed first). Best fit is one bisect
+for the first key >= the request's ``n << shift``; the address is the key's low
+64 bits. Insert/remove: O(log f) search + O(f) memmove (in C) for f free chunks
+in the arena; f stays small in practice (tens), so a hit, a split and a free
+with merges are each a handful of dict/list operations (one int key per chunk
+replaced size buckets plus a sorted size list: fewer operations per step).
 ``free_all_blocks`` is O(free chunks).
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
@@ -63,6 +65,8 @@ from . import register
 from .base import Param, Policy
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE
+ADDR_BITS = 64      # a free chunk's key ends with its address
+ADDR_MASK = (1 << ADDR_BITS) - 1
 
 # Section names, numbered in escalation order (sections print children by name).
 S_LOOKUP = "1.1 best fit"
@@ -78,9 +82,13 @@ S_FAIL_RETRY2 = "3.5 cudaMalloc"
 
 
 class _Chunk:
-    """A piece of one device allocation; ``prev``/``next`` link the pieces of the same one."""
+    """A piece of one device allocation; ``prev``/``next`` link the pieces of the same one.
 
-    __slots__ = ("ptr", "size", "prev", "next", "stream", "is_free")
+    ``key``: the chunk's key in its arena's ``keys`` while it is free, 0 while in use
+    (one slot serves as both the free flag and the handle to remove it by).
+    """
+
+    __slots__ = ("ptr", "size", "prev", "next", "stream", "key")
 
     def __init__(self, ptr, size, prev, next_, stream):
         self.ptr = ptr
@@ -88,17 +96,20 @@ class _Chunk:
         self.prev = prev
         self.next = next_
         self.stream = stream
-        self.is_free = False
+        self.key = 0
+
+    @property
+    def is_free(self) -> bool:
+        return self.key != 0
 
 
 class _Arena:
     """The free chunks of one stream (see the module docstring for the costs)."""
 
-    __slots__ = ("buckets", "sizes", "free_at")
+    __slots__ = ("keys", "free_at")
 
     def __init__(self):
-        self.buckets: dict[int, list[int]] = {}     # size -> negated addresses of its free chunks
-        self.sizes: list[int] = []                  # sorted sizes with a non-empty bucket
+        self.keys: list[int] = []                   # sorted keys of the free chunks
         self.free_at: dict[int, _Chunk] = {}        # address -> free chunk
 
 
@@ -122,7 +133,9 @@ class CuPyPool(Policy):
         if str(self.version) not in ("13", "14"):
             raise UsageError(f"policy 'cupy' option version: expected 13 or 14, got {self.version!r}")
         self.version = int(self.version)
-        self._lowest = self.version >= 14
+        self._lifo = self.version < 14           # v13: ties go to the last freed chunk
+        self._shift = 2 * ADDR_BITS if self._lifo else ADDR_BITS    # key = size << _shift | ...
+        self._tie = 1 << ADDR_BITS                  # v13: falls with every chunk filed
         self._gc_calls = 2 if self.version >= 14 else 1
         limits = [x for x in (self.limit, self.device.cap) if x]
         self._limit = min(limits) if limits else 0
@@ -150,66 +163,55 @@ class CuPyPool(Policy):
         return arena
 
     # ---- free index --------------------------------------------------------------------
+    def _key(self, c: _Chunk) -> int:
+        """The key that files free chunk ``c`` in its arena (see the module docstring)."""
+        k = c.size << self._shift | c.ptr
+        if self._lifo:
+            self._tie -= 1
+            k |= self._tie << ADDR_BITS
+        return k
+
     def _insert(self, arena: _Arena, c: _Chunk) -> None:
-        c.is_free = True
-        s, p = c.size, c.ptr
-        arena.free_at[p] = c
-        b = arena.buckets.get(s)
-        if b is None:
-            arena.buckets[s] = [-p]
-            insort(arena.sizes, s)
-        elif self._lowest:
-            insort(b, -p)
-        else:
-            b.append(-p)
+        c.key = k = self._key(c)
+        arena.free_at[c.ptr] = c
+        insort(arena.keys, k)
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
-        c.is_free = False
-        s, p = c.size, c.ptr
-        del arena.free_at[p]
-        b = arena.buckets[s]
-        if len(b) == 1:
-            del arena.buckets[s]
-            sizes = arena.sizes
-            del sizes[bisect_left(sizes, s)]
-        elif self._lowest:
-            del b[bisect_left(b, -p)]
-        else:
-            b.remove(-p)
+        keys = arena.keys
+        del keys[bisect_left(keys, c.key)]
+        del arena.free_at[c.ptr]
+        c.key = 0
 
     # ---- malloc / free: the hot path ------------------------------------------------------
+    # Both inline `_insert`/`_remove` (a call costs as much as the work), and `_key` for v14.
     def malloc(self, size, stream):
-        n = (size + UNIT - 1) // UNIT * UNIT
+        n = (size + UNIT - 1) & -UNIT
         self._n_lookup += 1
         self.device.clock += self._hit_s
         arena = self._arenas.get(stream) or self._arena(stream)
-        buckets = arena.buckets
-        s = n
-        b = buckets.get(n)
-        if b is None:
-            sizes = arena.sizes
-            i = bisect_left(sizes, n)
-            if i == len(sizes):
-                c = self._try_malloc(n, stream)
-                if c is None:
-                    return None
-                self.allocated += n
-                return c
-            s = sizes[i]
-            b = buckets[s]
-        c = arena.free_at.pop(-b.pop())          # lowest address (v14) / last freed (v13)
-        if not b:
-            del buckets[s]
-            sizes = arena.sizes
-            del sizes[bisect_left(sizes, s)]
-        c.is_free = False
+        keys = arena.keys
+        shift = self._shift
+        i = bisect_left(keys, n << shift)        # best fit: smallest size, then the tie order
+        if i == len(keys):
+            c = self._try_malloc(n, stream)
+            if c is None:
+                return None
+            self.allocated += n
+            return c
+        free_at = arena.free_at
+        c = free_at.pop(keys.pop(i) & ADDR_MASK)
+        c.key = 0
+        s = c.size
         if s > n:                                # split: the remainder goes back, unmerged
             nx = c.next
-            c.next = rest = _Chunk(c.ptr + n, s - n, c, nx, stream)
+            p = c.ptr + n
+            c.next = rest = _Chunk(p, s - n, c, nx, stream)
             if nx is not None:
                 nx.prev = rest
             c.size = n
-            self._insert(arena, rest)
+            rest.key = k = self._key(rest) if self._lifo else (s - n) << shift | p
+            free_at[p] = rest
+            insort(keys, k)
         self.allocated += n
         return c
 
@@ -217,22 +219,28 @@ class CuPyPool(Policy):
         self.allocated -= c.size
         self.device.clock += self._free_s
         arena = self._arenas[c.stream]
+        keys, free_at = arena.keys, arena.free_at
         nx = c.next
-        if nx is not None and nx.is_free:        # merge the next chunk into this one
-            self._remove(arena, nx)
+        if nx is not None and nx.key:            # merge the next chunk into this one
+            del keys[bisect_left(keys, nx.key)]
+            del free_at[nx.ptr]
             c.size += nx.size
             c.next = nn = nx.next
             if nn is not None:
                 nn.prev = c
         pv = c.prev
-        if pv is not None and pv.is_free:        # merge this chunk into the previous one
-            self._remove(arena, pv)
+        if pv is not None and pv.key:            # merge this chunk into the previous one
+            del keys[bisect_left(keys, pv.key)]
+            del free_at[pv.ptr]
             pv.size += c.size
             pv.next = nn = c.next
             if nn is not None:
                 nn.prev = pv
             c = pv
-        self._insert(arena, c)
+        p = c.ptr
+        c.key = k = self._key(c) if self._lifo else c.size << ADDR_BITS | p
+        free_at[p] = c
+        insort(keys, k)
 
     def _malloc_tracked(self, size, stream):
         c = CuPyPool.malloc(self, size, stream)
@@ -314,7 +322,7 @@ class CuPyPool(Policy):
         return handle.ptr, handle.size
 
     def largest_free(self):
-        return max((a.sizes[-1] for a in self._arenas.values() if a.sizes), default=0)
+        return max((a.keys[-1] >> self._shift for a in self._arenas.values() if a.keys), default=0)
 
     def n_free_blocks(self) -> int:
         return sum(len(a.free_at) for a in self._arenas.values())
