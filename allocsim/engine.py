@@ -105,25 +105,26 @@ class _Walk:
 CHUNK = 1 << 16
 
 
-def _fast_chunk(w, j0, kinds, ids, sizes, streams, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
+def _fast_chunk(w, is_alloc, ids, sizes, streams, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
     """The lean walk over one chunk: no tick, timeline, observer, event index or periodic GC.
 
-    The same steps as the general loop in `_run`, minus the per-event checks for
-    those features; `tests/test_engine.py` checks that both give identical results.
+    The same steps as the general loop in `_general_walk`, minus the per-event checks for
+    those features and the per-event counters: `_run` derives the number of allocs
+    (one latency each) and frees (where the walk stopped, less the skipped frees)
+    afterwards, and ``on_oom`` finds the event from the latency count.
+    ``is_alloc`` holds one bool per event. `tests/test_engine.py` checks that both
+    walks give identical results.
     """
     malloc, free = pol.malloc, pol.free
-    peak_alloc, peak_res, n_allocs, n_frees = w.peak_alloc, w.peak_res, w.n_allocs, w.n_frees
-    j = j0 - 1
-    for k, i, size, st in zip(kinds, ids, sizes, streams):
-        j += 1
-        if k == ALLOC:
+    peak_alloc, peak_res = w.peak_alloc, w.peak_res
+    for k, i, size, st in zip(is_alloc, ids, sizes, streams):
+        if k:
             before = dev.clock
             h = malloc(size, st)
             lat_append(dev.clock - before)
-            n_allocs += 1
             if h is None:
-                w.peak_alloc, w.peak_res, w.n_allocs, w.n_frees = peak_alloc, peak_res, n_allocs, n_frees
-                if on_oom(j, size, st):
+                w.peak_alloc, w.peak_res = peak_alloc, peak_res
+                if on_oom(size, st):
                     return
                 continue
             handles[i] = h
@@ -139,14 +140,14 @@ def _fast_chunk(w, j0, kinds, ids, sizes, streams, pol, dev, handles, lat_append
         else:
             h = handles[i]
             if h is None:          # its ALLOC failed under --keep-going
+                w.n_frees -= 1     # not a free: `_run` counts the others from where the walk ended
                 continue
-            n_frees += 1
             if on_free is None:
                 handles[i] = None
                 free(h)
             else:
                 on_free(i)
-    w.peak_alloc, w.peak_res, w.n_allocs, w.n_frees = peak_alloc, peak_res, n_allocs, n_frees
+    w.peak_alloc, w.peak_res = peak_alloc, peak_res
 
 
 def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer, log_events=False) -> ReplayResult:
@@ -164,25 +165,24 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         zero_events = np.flatnonzero(zero | zero_free)
         driving &= ~zero & ~zero_free
     drive = np.flatnonzero(driving)
-    kinds = kind_col[drive].tolist()
+    n_drive = len(drive)
     ids = trace.id[drive].tolist()
     sizes = trace.size[drive].tolist()
     streams = trace.stream[drive].tolist()
-    id_size = trace.id_size.tolist()
     tick = pol.tick
     times = trace.time_ns[drive].tolist() if tick is not None else None
     handles = [None] * trace.n_ids
-    rt.attach(pol, handles, id_size)
+    eager = rt.eager
+    rt.attach(pol, handles, None if eager else trace.id_size.tolist())   # eager runtimes never look sizes up
     # policies that log what they do per event get the trace index of each ALLOC, when validate asks
     drive_idx = drive.tolist() if log_events and getattr(pol, "wants_event_index", False) else None
 
-    eager = rt.eager
     on_alloc = None if eager else rt.on_alloc
     on_free = None if eager else rt.on_free
     gc_every = rt.gc_every or 0
     lat = array("d")
     lat_append = lat.append
-    w = _Walk(len(kinds))
+    w = _Walk(n_drive)
 
     def on_oom(j, size, stream) -> bool:
         """Record an OOM at driving event j; True if the walk stops here."""
@@ -195,21 +195,33 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         w.done, w.stopped = j + 1, True
         return True
 
+    alloc_at = []       # driving-event positions of the ALLOCs, made at the lean walk's first OOM
+
+    def on_lean_oom(size, stream) -> bool:
+        """`on_oom` for the lean walk: the failed ALLOC is the one whose latency was just appended."""
+        if not alloc_at:
+            alloc_at[:] = np.flatnonzero(is_alloc[drive]).tolist()
+        return on_oom(alloc_at[len(lat) - 1], size, stream)
+
     general = tick is not None or timeline or observer is not None or drive_idx is not None or gc_every
     if not general:
-        for j0 in range(0, len(kinds), CHUNK):
+        alloc_flags = is_alloc[drive].tolist()
+        for j0 in range(0, n_drive, CHUNK):
             j1 = j0 + CHUNK
-            _fast_chunk(w, j0, kinds[j0:j1], ids[j0:j1], sizes[j0:j1], streams[j0:j1], pol, dev, handles,
-                        lat_append, on_alloc, on_free, on_oom)
+            _fast_chunk(w, alloc_flags[j0:j1], ids[j0:j1], sizes[j0:j1], streams[j0:j1], pol, dev, handles,
+                        lat_append, on_alloc, on_free, on_lean_oom)
             if progress is not None:
-                progress(min(j1, len(kinds)))
+                progress(min(j1, n_drive))
             if w.stopped:
                 break
+        w.n_allocs = len(lat)                       # one latency per ALLOC walked
+        w.n_frees += w.done - len(lat)              # every other event walked is a FREE (less the skipped ones)
     else:
+        kinds = kind_col[drive].tolist()
         _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, rt, dev, sections, handles,
                       lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress)
     if progress is not None:
-        progress(len(kinds))
+        progress(n_drive)
     if len(zero_events):                     # count the bypassed 0-byte requests the walk got past
         end = int(drive[w.done - 1]) if w.stopped else len(trace)
         passed = zero_events[zero_events < end]
