@@ -151,6 +151,7 @@ class CuPyPool(Policy):
         self._free_s = self.costs.pool_free_s
         self.event_index = -1               # set by the engine before each malloc
         self.segment_log: list[tuple[int, int, int]] = []
+        self._spare: list[_Chunk] = []      # chunks `free` merged away, reused by `malloc`'s splits
         self.total_log = array("q") if self.track_total else None
         if self.track_total:                # keeps the check off the untracked hot path
             self.malloc, self.free = self._malloc_tracked, self._free_tracked
@@ -198,14 +199,19 @@ class CuPyPool(Policy):
                 return None
             self.allocated += n
             return c
-        free_at = arena.free_at
+        free_at, spare = arena.free_at, self._spare
         c = free_at.pop(keys.pop(i) & ADDR_MASK)
         c.key = 0
         s = c.size
         if s > n:                                # split: the remainder goes back, unmerged
             nx = c.next
             p = c.ptr + n
-            c.next = rest = _Chunk(p, s - n, c, nx, stream)
+            if spare:                            # a chunk `free` merged away: reset it
+                rest = spare.pop()
+                rest.ptr, rest.size, rest.prev, rest.next, rest.stream = p, s - n, c, nx, stream
+            else:
+                rest = _Chunk(p, s - n, c, nx, stream)
+            c.next = rest
             if nx is not None:
                 nx.prev = rest
             c.size = n
@@ -228,6 +234,7 @@ class CuPyPool(Policy):
             c.next = nn = nx.next
             if nn is not None:
                 nn.prev = c
+            self._spare.append(nx)
         pv = c.prev
         if pv is not None and pv.key:            # merge this chunk into the previous one
             del keys[bisect_left(keys, pv.key)]
@@ -236,6 +243,7 @@ class CuPyPool(Policy):
             pv.next = nn = c.next
             if nn is not None:
                 nn.prev = pv
+            self._spare.append(c)
             c = pv
         p = c.ptr
         c.key = k = self._key(c) if self._lifo else c.size << ADDR_BITS | p

@@ -224,82 +224,6 @@ def settings_from_trace(meta: dict, path=None) -> dict:
 
 
 # ---- data structures --------------------------------------------------------------------
-class SortedKeys:
-    """An ordered set of int keys: sorted runs of at most 2*LOAD keys plus each run's
-    maximum (sortedcontainers' layout without its positional index).
-
-    ``add``/``remove``/``ceiling``: O(log n) bisects plus an O(LOAD) list shift with a
-    small constant; iteration O(n).
-    """
-
-    __slots__ = ("lists", "maxes")
-    LOAD = 256
-
-    def __init__(self):
-        self.lists: list[list[int]] = []
-        self.maxes: list[int] = []
-
-    def __len__(self):
-        return sum(len(x) for x in self.lists)
-
-    def __iter__(self):
-        for lst in self.lists:
-            yield from lst
-
-    def add(self, k: int) -> None:
-        maxes = self.maxes
-        if not maxes:
-            self.lists.append([k])
-            maxes.append(k)
-            return
-        pos = bisect_left(maxes, k)
-        if pos == len(maxes):
-            pos -= 1
-            lst = self.lists[pos]
-            lst.append(k)
-            maxes[pos] = k
-        else:
-            lst = self.lists[pos]
-            insort(lst, k)
-        if len(lst) > 2 * self.LOAD:
-            half = lst[self.LOAD:]
-            del lst[self.LOAD:]
-            maxes[pos] = lst[-1]
-            self.lists.insert(pos + 1, half)
-            maxes.insert(pos + 1, half[-1])
-
-    def remove(self, k: int) -> None:
-        maxes = self.maxes
-        pos = bisect_left(maxes, k)
-        lst = self.lists[pos]
-        idx = bisect_left(lst, k)
-        del lst[idx]
-        if not lst:
-            del self.lists[pos]
-            del maxes[pos]
-        elif idx == len(lst):
-            maxes[pos] = lst[-1]
-
-    def ceiling(self, k: int) -> int:
-        """The smallest key >= ``k``, or -1."""
-        maxes = self.maxes
-        pos = bisect_left(maxes, k)
-        if pos == len(maxes):
-            return -1
-        lst = self.lists[pos]
-        return lst[bisect_left(lst, k)]
-
-    def irange(self, k: int):
-        """Keys >= ``k`` in order."""
-        pos = bisect_left(self.maxes, k)
-        if pos == len(self.maxes):
-            return
-        lst = self.lists[pos]
-        yield from lst[bisect_left(lst, k):]
-        for lst in self.lists[pos + 1:]:
-            yield from lst
-
-
 class Block:
     """A block of a segment: address neighbours ``prev``/``next`` in the same segment."""
 
@@ -319,36 +243,44 @@ class Block:
 
 
 class BlockPool:
-    """Free blocks of one (small|large, stream): ``keys`` orders mapped free blocks by
-    (size, address) with ``blocks`` mapping key -> Block; ``unmapped`` orders the
-    unmapped ranges of expandable segments by address (``unmapped_blocks``: ptr -> Block)."""
+    """Free blocks of one (small|large, stream): ``keys`` is the sorted list of the mapped
+    free blocks' keys ``size << SHIFT | address``, with ``blocks`` mapping key -> Block;
+    ``unmapped`` is the sorted list of the addresses of the unmapped ranges of expandable
+    segments (``unmapped_blocks``: ptr -> Block).
+
+    Plain sorted lists: insert/remove is a bisect plus an O(f) memmove in C for f free
+    blocks in the pool, which stays small (tens to thousands); fewer Python steps per
+    operation than sorted runs with an index of their maxima.
+    """
 
     __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks")
 
     def __init__(self, small: bool, stream: int):
         self.small = small
         self.stream = stream
-        self.keys = SortedKeys()
+        self.keys: list[int] = []
         self.blocks: dict[int, Block] = {}
-        self.unmapped = SortedKeys()
+        self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
 
     def insert(self, b: Block) -> None:
         if b.mapped:
             k = b.size << SHIFT | b.ptr
-            self.keys.add(k)
+            insort(self.keys, k)
             self.blocks[k] = b
         else:
-            self.unmapped.add(b.ptr)
+            insort(self.unmapped, b.ptr)
             self.unmapped_blocks[b.ptr] = b
 
     def erase(self, b: Block) -> None:
         if b.mapped:
             k = b.size << SHIFT | b.ptr
-            self.keys.remove(k)
+            keys = self.keys
+            del keys[bisect_left(keys, k)]
             del self.blocks[k]
         else:
-            self.unmapped.remove(b.ptr)
+            unmapped = self.unmapped
+            del unmapped[bisect_left(unmapped, b.ptr)]
             del self.unmapped_blocks[b.ptr]
 
 
@@ -468,6 +400,7 @@ class TorchCachingAllocator(Policy):
         self.n_malloc = self.n_free = 0
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._spare: list[Block] = []  # free blocks `_free_fast` merged away, reused by `_malloc_fast`'s splits
         if not self.expandable and not self.gc_on:      # the common case gets the inlined hot path
             self.malloc = self._malloc_fast
             self.free = self._free_fast
@@ -517,7 +450,12 @@ class TorchCachingAllocator(Policy):
         return b
 
     def _malloc_fast(self, size, stream):
-        """`malloc` without expandable segments or GC, with get_free_block and the split inlined."""
+        """`malloc` without expandable segments or GC; inlines `_get_free_block` and `_carve`.
+
+        A block of ``bsize`` passes the oversize rules when ``bsize < max_split`` or
+        (``n >= max_split`` and ``bsize < n + max_non_split_rounding``): `_get_free_block`'s
+        test, negated and reordered so that the default (no max_split) takes one compare.
+        """
         self.device.clock += self._hit_s
         self.n_malloc += 1
         n = (size + 511) & ~511 if self._plain_rounding else round_size(size, self.divisions)
@@ -525,43 +463,49 @@ class TorchCachingAllocator(Policy):
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
         keys = pool.keys
-        maxes = keys.maxes
-        k = n << SHIFT
-        pos = bisect_left(maxes, k)
+        i = bisect_left(keys, n << SHIFT)
         b = None
         ms = self.max_split
-        if pos < len(maxes):
-            lst = keys.lists[pos]
-            idx = bisect_left(lst, k)
-            k = lst[idx]
+        spare = self._spare
+        if i < len(keys):
+            k = keys[i]
             bsize = k >> SHIFT
-            if not ((n < ms and bsize >= ms) or (n >= ms and bsize >= n + self.max_non_split_rounding)):
-                del lst[idx]
-                if not lst:
-                    del keys.lists[pos]
-                    del maxes[pos]
-                elif idx == len(lst):
-                    maxes[pos] = lst[-1]
+            if bsize < ms or (n >= ms and bsize < n + self.max_non_split_rounding):
+                del keys[i]
                 b = pool.blocks.pop(k)
         if b is None:
             b = self._escalate(pool, n)
             if b is None:
                 return None
-        rem = b.size - n
+            bsize = b.size
+        rem = bsize - n
         if (rem >= K_MIN_BLOCK) if small else (n < ms and rem > K_SMALL_SIZE):
-            split = b.prev is not None or b.next is not None
-            r = _carve(b, n, pool)
-            rk = rem << SHIFT | r.ptr
-            keys.add(rk)
+            nxt = b.next
+            split = nxt is not None or b.prev is not None
+            # _carve: the remainder r follows b in its segment
+            rptr = b.ptr + n
+            if spare:                           # a free block `_free_fast` merged away: reset it
+                r = spare.pop()
+                r.ptr, r.size, r.pool, r.next = rptr, rem, pool, nxt
+            else:
+                r = Block(rptr, rem, pool)
+                r.next = nxt
+            r.prev = b
+            if nxt is not None:
+                nxt.prev = r
+            b.next = r
+            b.size = bsize = n
+            rk = rem << SHIFT | rptr
+            insort(keys, rk)
             pool.blocks[rk] = r
             v = self.inactive_split_bytes = self.inactive_split_bytes + (-n if split else rem)
             if v > self.inactive_split_bytes_peak:
                 self.inactive_split_bytes_peak = v
         elif b.prev is not None or b.next is not None:
-            self.inactive_split_bytes -= b.size
+            self.inactive_split_bytes -= bsize
         b.allocated = True
         b.requested = size
-        self.allocated += b.size
+        self.allocated += bsize
         return b
 
     def _free_fast(self, b):
@@ -573,30 +517,30 @@ class TorchCachingAllocator(Policy):
         pool = b.pool
         keys, blocks = pool.keys, pool.blocks
         prev, nxt = b.prev, b.next
+        subsumed = 0                            # bytes taken over from free neighbours
         if prev is not None and not prev.allocated:
-            pk = prev.size << SHIFT | prev.ptr
-            keys.remove(pk)
-            del blocks[pk]
+            subsumed = prev.size
+            pk = subsumed << SHIFT | prev.ptr
+            del keys[bisect_left(keys, pk)], blocks[pk]
             b.ptr = prev.ptr
+            self._spare.append(prev)
             prev = b.prev = prev.prev
             if prev is not None:
                 prev.next = b
-            size += pk >> SHIFT
         if nxt is not None and not nxt.allocated:
-            nk = nxt.size << SHIFT | nxt.ptr
-            keys.remove(nk)
-            del blocks[nk]
+            nsize = nxt.size
+            nk = nsize << SHIFT | nxt.ptr
+            del keys[bisect_left(keys, nk)], blocks[nk]
+            self._spare.append(nxt)
             nxt = b.next = nxt.next
             if nxt is not None:
                 nxt.prev = b
-            size += nk >> SHIFT
-        delta = b.size - size                   # minus the bytes subsumed from free neighbours
-        b.size = size
+            subsumed += nsize
+        b.size = size = size + subsumed
         k = size << SHIFT | b.ptr
-        keys.add(k)
+        insort(keys, k)
         blocks[k] = b
-        if prev is not None or nxt is not None:
-            delta += size
+        delta = size - subsumed if prev is not None or nxt is not None else -subsumed
         if delta:
             v = self.inactive_split_bytes = self.inactive_split_bytes + delta
             if v > self.inactive_split_bytes_peak:
@@ -612,13 +556,14 @@ class TorchCachingAllocator(Policy):
         if self.gc_on:
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
-        k = keys.ceiling(n << SHIFT)
-        if k < 0:
+        i = bisect_left(keys, n << SHIFT)
+        if i == len(keys):
             return None
+        k = keys[i]
         b = pool.blocks[k]
         if b.es is not None and self.expandable:
             # prefer the candidate that can grow least: size + the unmapped space after it
-            for k2 in keys.irange(k + 1):
+            for k2 in keys[i + 1:]:
                 b2 = pool.blocks[k2]
                 if b.es is None or _expandable_size(b2) >= _expandable_size(b):
                     break
@@ -628,7 +573,7 @@ class TorchCachingAllocator(Policy):
             return None
         if n >= ms and size >= n + self.max_non_split_rounding:
             return None
-        keys.remove(k)
+        del keys[bisect_left(keys, k)]
         del pool.blocks[k]
         return b
 
@@ -909,8 +854,8 @@ class TorchCachingAllocator(Policy):
         best = 0
         for pp in self._pools.values():
             for pool in pp:
-                if pool.keys.maxes:
-                    best = max(best, pool.keys.maxes[-1] >> SHIFT)
+                if pool.keys:
+                    best = max(best, pool.keys[-1] >> SHIFT)
         return best
 
     def counters(self) -> dict:
