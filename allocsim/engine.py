@@ -166,9 +166,6 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         driving &= ~zero & ~zero_free
     drive = np.flatnonzero(driving)
     n_drive = len(drive)
-    ids = trace.id[drive].tolist()
-    sizes = trace.size[drive].tolist()
-    streams = trace.stream[drive].tolist()
     tick = pol.tick
     times = trace.time_ns[drive].tolist() if tick is not None else None
     handles = [None] * trace.n_ids
@@ -205,11 +202,12 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
 
     general = tick is not None or timeline or observer is not None or drive_idx is not None or gc_every
     if not general:
-        alloc_flags = is_alloc[drive].tolist()
+        id_col, size_col, stream_col = trace.id, trace.size, trace.stream
         for j0 in range(0, n_drive, CHUNK):
             j1 = j0 + CHUNK
-            _fast_chunk(w, alloc_flags[j0:j1], ids[j0:j1], sizes[j0:j1], streams[j0:j1], pol, dev, handles,
-                        lat_append, on_alloc, on_free, on_lean_oom)
+            at = drive[j0:j1]      # columns become lists a chunk at a time: their ints stay in cache
+            _fast_chunk(w, is_alloc[at].tolist(), id_col[at].tolist(), size_col[at].tolist(), stream_col[at].tolist(),
+                        pol, dev, handles, lat_append, on_alloc, on_free, on_lean_oom)
             if progress is not None:
                 progress(min(j1, n_drive))
             if w.stopped:
@@ -217,7 +215,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         w.n_allocs = len(lat)                       # one latency per ALLOC walked
         w.n_frees += w.done - len(lat)              # every other event walked is a FREE (less the skipped ones)
     else:
-        kinds = kind_col[drive].tolist()
+        kinds, ids, sizes, streams = (col[drive].tolist() for col in (kind_col, trace.id, trace.size, trace.stream))
         _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, rt, dev, sections, handles,
                       lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress)
     if progress is not None:
