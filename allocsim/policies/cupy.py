@@ -82,20 +82,21 @@ S_FAIL_RETRY2 = "3.5 cudaMalloc"
 
 
 class _Chunk:
-    """A piece of one device allocation; ``prev``/``next`` link the pieces of the same one.
+    """A piece of one device allocation; ``prev``/``next`` link the pieces of the same one,
+    ``arena`` is its stream's arena.
 
     ``key``: the chunk's key in its arena's ``keys`` while it is free, 0 while in use
     (one slot serves as both the free flag and the handle to remove it by).
     """
 
-    __slots__ = ("ptr", "size", "prev", "next", "stream", "key")
+    __slots__ = ("ptr", "size", "prev", "next", "arena", "key")
 
-    def __init__(self, ptr, size, prev, next_, stream):
+    def __init__(self, ptr, size, prev, next_, arena):
         self.ptr = ptr
         self.size = size
         self.prev = prev
         self.next = next_
-        self.stream = stream
+        self.arena = arena
         self.key = 0
 
     @property
@@ -194,7 +195,7 @@ class CuPyPool(Policy):
         shift = self._shift
         i = bisect_left(keys, n << shift)        # best fit: smallest size, then the tie order
         if i == len(keys):
-            c = self._try_malloc(n, stream)
+            c = self._try_malloc(n, arena)
             if c is None:
                 return None
             self.allocated += n
@@ -208,9 +209,13 @@ class CuPyPool(Policy):
             p = c.ptr + n
             if spare:                            # a chunk `free` merged away: reset it
                 rest = spare.pop()
-                rest.ptr, rest.size, rest.prev, rest.next, rest.stream = p, s - n, c, nx, stream
+                rest.ptr = p
+                rest.size = s - n
+                rest.prev = c
+                rest.next = nx
+                rest.arena = arena
             else:
-                rest = _Chunk(p, s - n, c, nx, stream)
+                rest = _Chunk(p, s - n, c, nx, arena)
             c.next = rest
             if nx is not None:
                 nx.prev = rest
@@ -224,7 +229,7 @@ class CuPyPool(Policy):
     def free(self, c):
         self.allocated -= c.size
         self.device.clock += self._free_s
-        arena = self._arenas[c.stream]
+        arena = c.arena
         keys, free_at = arena.keys, arena.free_at
         nx = c.next
         if nx is not None and nx.key:            # merge the next chunk into this one
@@ -282,7 +287,7 @@ class CuPyPool(Policy):
             self.segment_log.append((SEGMENT_ALLOC, n, self.event_index))
         return addr
 
-    def _try_malloc(self, n, stream):
+    def _try_malloc(self, n, arena: _Arena):
         """A new device allocation of ``n`` bytes, with CuPy's escalation; None on OOM."""
         if self._over(n):
             self._step(S_LIMIT_FLUSH, self.free_all_blocks)
@@ -307,7 +312,7 @@ class CuPyPool(Policy):
         if addr is None:
             self.device_ooms += 1
             return None
-        return _Chunk(addr, n, None, None, stream)
+        return _Chunk(addr, n, None, None, arena)
 
     def free_all_blocks(self, stream=None) -> int:
         """Release every free chunk that is a whole device allocation; return the bytes released."""

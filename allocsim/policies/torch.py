@@ -464,16 +464,11 @@ class TorchCachingAllocator(Policy):
         pool = pp[0] if small else pp[1]
         keys = pool.keys
         i = bisect_left(keys, n << SHIFT)
-        b = None
         ms = self.max_split
-        spare = self._spare
-        if i < len(keys):
-            k = keys[i]
-            bsize = k >> SHIFT
-            if bsize < ms or (n >= ms and bsize < n + self.max_non_split_rounding):
-                del keys[i]
-                b = pool.blocks.pop(k)
-        if b is None:
+        if i < len(keys) and ((bsize := keys[i] >> SHIFT) < ms
+                              or (n >= ms and bsize < n + self.max_non_split_rounding)):
+            b = pool.blocks.pop(keys.pop(i))
+        else:
             b = self._escalate(pool, n)
             if b is None:
                 return None
@@ -484,9 +479,13 @@ class TorchCachingAllocator(Policy):
             split = nxt is not None or b.prev is not None
             # _carve: the remainder r follows b in its segment
             rptr = b.ptr + n
+            spare = self._spare
             if spare:                           # a free block `_free_fast` merged away: reset it
                 r = spare.pop()
-                r.ptr, r.size, r.pool, r.next = rptr, rem, pool, nxt
+                r.ptr = rptr
+                r.size = rem
+                r.pool = pool
+                r.next = nxt
             else:
                 r = Block(rptr, rem, pool)
                 r.next = nxt
