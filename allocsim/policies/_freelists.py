@@ -1,103 +1,89 @@
-"""Free lists by exact size with best fit, shared by the `split` and `bestfit` policies.
+"""Free lists with best fit, shared by the `split` and `bestfit` policies.
 
-`SizeBuckets` holds free blocks named by an integer key (a block id, an address):
-one min-heap of keys per exact size, and a sorted plain list of the sizes that
-have a heap. Best fit is ``bisect`` on the size list, then ``heappop`` on that
-size's heap, so ties go to the lowest key (the oldest block id, the lowest
-address).
+`SizeBuckets` holds free blocks named by an integer key (a block id, an address)
+as one sorted plain list of ints ``size << KEY_BITS | key``: best fit is one
+``bisect`` for ``n << KEY_BITS`` (the smallest size >= n, ties to the lowest key:
+the oldest block id, the lowest address) and a ``del`` at that index.
 
 Deletion is lazy. The owner keeps its own map ``size_of(key)``: the size of the
 free block ``key`` while it is free, anything else once it is not. An entry
-``key`` in the heap of size ``s`` counts only while ``size_of(key) == s``; the
-owner removes a block from the free lists (a merge, a reclaim) by changing its
-map alone, in O(1). A key pushed twice under the same size is harmless: the
-first pop takes the block, and the owner's map then voids the other copy. A heap
-emptied by a pop stays (the next free block of that size reuses it); a best-fit
-search that meets an empty or all-void heap drops it.
+``size << KEY_BITS | key`` counts only while ``size_of(key) == size``; the owner
+removes a block from the free lists (a merge, a reclaim) by changing its map
+alone, in O(1). A key pushed twice under the same size is harmless: the first
+fit takes the block, and the owner's map then voids the other copy. A best-fit
+search drops the void entries it meets.
 
-Costs (k = sizes with a heap, h = entries in one size's heap, void ones
-included): `push` O(log h), plus O(k) memmove (in C) when it opens a new size;
-`pop_fit` O(log k + log h), amortised over the void entries and empty heaps it
-discards; `members` and `largest` O(entries), for the rare paths (reclaim,
-metrics). Sizes are quantised by the allocators (512 B and up), so k stays in
-the thousands while the number of free blocks can be far larger. The policies'
-hot paths inline `push` and `pop_fit` (a call costs as much as the work).
+Costs (k = entries, void ones included): `push` O(log k) plus O(k) memmove (in
+C); `pop_fit` the same, amortised over the void entries it discards; `members`
+and `largest` O(k), for the rare paths (reclaim, metrics). The allocators keep
+few free blocks (tens to hundreds), so the memmoves are short; one list of ints
+also costs fewer interpreter steps than a heap per size plus a list of sizes.
+The policies' hot paths inline `push` and `pop_fit` (a call costs as much as
+the work).
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heappop, heappush
+
+KEY_BITS = 64                   # keys (block ids, device addresses) are below 2**64
+KEY_MASK = (1 << KEY_BITS) - 1
 
 
 class SizeBuckets:
-    """Best-fit free lists: ``{size: heap of keys}`` and a sorted list of those sizes.
+    """Best-fit free lists: a sorted list of ``size << KEY_BITS | key``.
 
-    `push` and `pop_fit` are closures over the two containers, made once, so a
-    policy's hot path calls them with no attribute lookups.
+    `push` and `pop_fit` are closures over the list, made once, so a policy's
+    hot path calls them with no attribute lookups.
     """
 
-    __slots__ = ("sizes", "heaps", "size_of", "push", "pop_fit")
+    __slots__ = ("entries", "size_of", "push", "pop_fit")
 
     def __init__(self, size_of):
-        self.sizes: list[int] = []          # sorted sizes that have a heap (possibly empty)
-        self.heaps: dict[int, list] = {}    # size -> min-heap of keys (some may be void)
+        self.entries: list[int] = []        # sorted ``size << KEY_BITS | key`` (some may be void)
         self.size_of = size_of              # owner's map: key -> current free size
-        sizes, heaps = self.sizes, self.heaps
+        entries = self.entries
 
         def push(key: int, size: int) -> None:
             """Add free block ``key`` of ``size`` (the owner has set ``size_of(key) == size``)."""
-            h = heaps.get(size)
-            if h is None:
-                heaps[size] = [key]
-                insort(sizes, size)
-            else:
-                heappush(h, key)
+            insort(entries, size << KEY_BITS | key)
 
         def pop_fit(n: int, limit: int = 1 << 62) -> int:
             """Take the smallest block of size >= ``n`` (and <= ``limit``), lowest key first; 0 if none.
 
-            The owner must then mark the key as no longer free in its map. A heap
-            emptied by the pop stays (the next free of that size reuses it); one
-            found empty or void is dropped.
+            The owner must then mark the key as no longer free in its map. Void
+            entries met on the way are dropped.
             """
-            i = bisect_left(sizes, n)
-            while i < len(sizes):
-                s = sizes[i]
+            i = bisect_left(entries, n << KEY_BITS)
+            while i < len(entries):
+                e = entries[i]
+                s = e >> KEY_BITS
                 if s > limit:
                     return 0
-                h = heaps[s]
-                while h:
-                    k = heappop(h)
-                    if size_of(k) == s:
-                        return k
-                del heaps[s], sizes[i]
+                del entries[i]
+                k = e & KEY_MASK
+                if size_of(k) == s:
+                    return k
             return 0
 
         self.push = push
         self.pop_fit = pop_fit
 
     def members(self) -> list[tuple[int, int]]:
-        """Every free block as ``(size, key)`` in ascending order; drops void entries on the way."""
-        size_of, out = self.size_of, []
-        for s in list(self.sizes):
-            keys = sorted({k for k in self.heaps[s] if size_of(k) == s})
-            if keys:
-                self.heaps[s][:] = keys         # a sorted list is a valid heap
-                out.extend((s, k) for k in keys)
-            else:
-                self._drop(s)
-        return out
+        """Every free block as ``(size, key)`` in ascending order; drops void and repeated entries on the way."""
+        size_of, live = self.size_of, []
+        for e in self.entries:
+            s, k = e >> KEY_BITS, e & KEY_MASK
+            if size_of(k) == s and (not live or live[-1] != e):
+                live.append(e)
+        self.entries[:] = live
+        return [(e >> KEY_BITS, e & KEY_MASK) for e in live]
 
     def largest(self) -> int:
         """Size of the largest free block, 0 if none."""
-        size_of = self.size_of
-        while self.sizes:
-            s = self.sizes[-1]
-            if any(size_of(k) == s for k in self.heaps[s]):
+        entries, size_of = self.entries, self.size_of
+        while entries:
+            s = entries[-1] >> KEY_BITS
+            if size_of(entries[-1] & KEY_MASK) == s:
                 return s
-            self._drop(s)
+            entries.pop()
         return 0
-
-    def _drop(self, s: int) -> None:
-        del self.heaps[s]
-        del self.sizes[bisect_left(self.sizes, s)]

@@ -22,19 +22,20 @@ Sections: ``1. best fit`` (every request, counted on the hot path), then
 Data structures: ``start`` (address -> size) and ``end`` (end address -> size)
 dicts of the free blocks, so both neighbours of a freed block are found in O(1);
 ``segments`` (start address -> size); `SizeBuckets` keyed by address for best
-fit in O(log k + log h) with O(1) lazy removal (a block is free at ``a`` with
+fit in O(log k) plus a short memmove, with O(1) lazy removal (a block is free at ``a`` with
 size ``s`` iff ``start[a] == s``). A handle is the tuple (address, size).
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heappop, heappush
 
 from . import register
-from ._freelists import SizeBuckets
+from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
 from ._pools import step
 from .base import Param, Policy
 from ..errors import UsageError
+
+assert (KEY_BITS, KEY_MASK) == (64, 0xFFFFFFFFFFFFFFFF)         # written as literals in the hot path
 
 
 @register
@@ -64,7 +65,7 @@ class BestFit(Policy):
         pol, dev, hit_s, free_s = self, self.device, self.costs.pool_hit_s, self.costs.pool_free_s
         start, end, segments = self._start, self._end, self._segments
         start_get, end_get = start.get, end.get
-        sizes, heaps, grow = self._avail.sizes, self._avail.heaps, self._grow
+        entries, grow = self._avail.entries, self._grow     # sorted size << 64 | address
         release = self.release
         fits = 0
 
@@ -73,31 +74,22 @@ class BestFit(Policy):
             n = (req + 511) & -512
             fits += 1
             dev.clock += hit_s
-            i = bisect_left(sizes, n)       # SizeBuckets.pop_fit(n), inlined
-            a = 0
-            while i < len(sizes):
-                s = sizes[i]
-                h = heaps[s]
-                while h:
-                    a = heappop(h)
-                    if start_get(a) == s:
-                        break
-                    a = 0
-                if a:
+            i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined
+            while i < len(entries):
+                e = entries[i]
+                del entries[i]
+                a = e & 0xFFFFFFFFFFFFFFFF
+                if start_get(a) == e >> 64:
                     break
-                del heaps[s], sizes[i]
+            else:
+                a = 0
             if a:
                 s = start.pop(a)
                 rem = s - n
                 if rem:                     # split: the tail stays free
                     b = a + n
                     start[b] = end[a + s] = rem
-                    h = heaps.get(rem)      # SizeBuckets.push, inlined
-                    if h is None:
-                        heaps[rem] = [b]
-                        insort(sizes, rem)
-                    else:
-                        heappush(h, b)
+                    insort(entries, rem << 64 | b)      # SizeBuckets.push, inlined
                 else:
                     del end[a + s]
             else:
@@ -126,12 +118,7 @@ class BestFit(Policy):
                 pol._release(a, n, e)
                 return
             start[a] = end[e] = n
-            h = heaps.get(n)                # SizeBuckets.push, inlined
-            if h is None:
-                heaps[n] = [a]
-                insort(sizes, n)
-            else:
-                heappush(h, a)
+            insort(entries, n << 64 | a)    # SizeBuckets.push, inlined
 
         def fit_count():
             return fits

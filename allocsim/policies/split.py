@@ -39,16 +39,16 @@ one truth test, and the same list voids stale free-list entries. Id 0 is a
 sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. Ids
 are never reused (the tie order needs creation order), so memory is O(blocks
 ever created): about 100 bytes each, ~90 MB for a 1 M-allocation trace. The
-free lists are `SizeBuckets` (``_freelists.py``): best fit O(log k + log h),
-removal O(1) (lazy). A handle is the block id.
+free lists are `SizeBuckets` (``_freelists.py``): one sorted list of
+``size << 64 | id``, best fit O(log k) plus a short memmove, removal O(1) (lazy).
+A handle is the block id.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from heapq import heappop, heappush
 
 from . import register
-from ._freelists import SizeBuckets
+from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
 from ._pools import step
 from .base import Param, Policy
 
@@ -69,6 +69,7 @@ def size_class(n: int) -> int:
 
 assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
 assert (SMALL_CUTOFF, LARGE_CUTOFF) == (1048576, 33554432)     # written as literals in the hot path
+assert (KEY_BITS, KEY_MASK) == (64, 0xFFFFFFFFFFFFFFFF)         # likewise
 
 
 def round_request(req: int) -> tuple[int, int]:
@@ -130,7 +131,7 @@ class SplittingPool(Policy):
         pol, dev, grow, escalate = self, self.device, self._grow, self._escalate
         hit_s, free_s = self.costs.pool_hit_s, self.costs.pool_free_s
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        sizes, heaps = self._avail.sizes, self._avail.heaps
+        entries = self._avail.entries       # sorted size << 64 | block id
         freed = self._freed
         freed_append = freed.append
         huge_limit = 0 if self.huge_exact else 1 << 62      # 0: exact size only
@@ -179,12 +180,7 @@ class SplittingPool(Policy):
                     size[head] = s
                     b = head
                 fsize[b] = s
-                h = heaps.get(s)        # SizeBuckets.push
-                if h is None:
-                    heaps[s] = [b]
-                    insort(sizes, s)
-                else:
-                    heappush(h, b)
+                insort(entries, s << 64 | b)        # SizeBuckets.push
             nb = len(freed)
             freed.clear()
             repop_blocks += nb
@@ -214,21 +210,19 @@ class SplittingPool(Policy):
             else:
                 dev.clock += hit_s
             # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
-            i = bisect_left(sizes, n)
-            b = 0
-            while i < len(sizes):
-                s = sizes[i]
+            i = bisect_left(entries, n << 64)
+            while i < len(entries):
+                e = entries[i]
+                s = e >> 64
                 if s > limit:
-                    break
-                h = heaps[s]
-                while h:
-                    b = heappop(h)
-                    if fsize[b] == s:
-                        break
                     b = 0
-                if b:
                     break
-                del heaps[s], sizes[i]
+                del entries[i]
+                b = e & 0xFFFFFFFFFFFFFFFF
+                if fsize[b] == s:
+                    break
+            else:
+                b = 0
             if b:
                 fsize[b] = 0
             else:
@@ -251,12 +245,7 @@ class SplittingPool(Policy):
                 prev[m] = r             # m may be the sentinel 0: harmless
                 nxt[b] = r
                 fsize[r] = rem
-                h = heaps.get(rem)      # SizeBuckets.push
-                if h is None:
-                    heaps[rem] = [r]
-                    insort(sizes, rem)
-                else:
-                    heappush(h, r)
+                insort(entries, rem << 64 | r)      # SizeBuckets.push
                 size[b] = s = n
                 splits += 1
             pol.allocated += s
