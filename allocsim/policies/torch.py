@@ -249,8 +249,10 @@ class BlockPool:
     segments (``unmapped_blocks``: ptr -> Block).
 
     Plain sorted lists: insert/remove is a bisect plus an O(f) memmove in C for f free
-    blocks in the pool, which stays small (tens to thousands); fewer Python steps per
-    operation than sorted runs with an index of their maxima.
+    blocks in the pool. f stays small in practice (at most ~190 in every recorded and
+    synthetic trace), where this takes fewer Python steps than sorted runs with an index
+    of their maxima (about 10 % less time per replay); past a few thousand free blocks in
+    one pool the memmove dominates (10 k: about 1.7 x slower than the runs).
     """
 
     __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks")
