@@ -478,7 +478,12 @@ class TorchCachingAllocator(Policy):
         rem = bsize - n
         if (rem >= K_MIN_BLOCK) if small else (n < ms and rem > K_SMALL_SIZE):
             nxt = b.next
-            split = nxt is not None or b.prev is not None
+            if nxt is not None or b.prev is not None:   # already split: n bytes leave the inactive split
+                self.inactive_split_bytes -= n
+            else:                                       # a whole segment: the remainder joins it
+                v = self.inactive_split_bytes = self.inactive_split_bytes + rem
+                if v > self.inactive_split_bytes_peak:
+                    self.inactive_split_bytes_peak = v
             # _carve: the remainder r follows b in its segment
             rptr = b.ptr + n
             spare = self._spare
@@ -499,9 +504,6 @@ class TorchCachingAllocator(Policy):
             rk = rem << SHIFT | rptr
             insort(keys, rk)
             pool.blocks[rk] = r
-            v = self.inactive_split_bytes = self.inactive_split_bytes + (-n if split else rem)
-            if v > self.inactive_split_bytes_peak:
-                self.inactive_split_bytes_peak = v
         elif b.prev is not None or b.next is not None:
             self.inactive_split_bytes -= bsize
         b.allocated = True
