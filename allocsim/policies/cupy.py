@@ -175,11 +175,6 @@ class CuPyPool(Policy):
             k |= self._tie << ADDR_BITS
         return k
 
-    def _insert(self, arena: _Arena, c: _Chunk) -> None:
-        c.key = k = self._key(c)
-        arena.free_at[c.ptr] = c
-        insort(arena.keys, k)
-
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
         keys = arena.keys
         del keys[bisect_left(keys, c.key)]
@@ -187,7 +182,8 @@ class CuPyPool(Policy):
         c.key = 0
 
     # ---- malloc / free: the hot path ------------------------------------------------------
-    # Both inline `_insert`/`_remove` (a call costs as much as the work), and `_key` for v14.
+    # Both file free chunks inline (key, ``free_at``, ``keys``) and unfile merged ones as
+    # `_remove` does (a call costs as much as the work); v13's keys come from `_key`.
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
         self._n_lookup += 1
