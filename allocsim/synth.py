@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import UsageError
-from .policies.base import Param
+from .params import Param
 from .trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace, TraceWriter
 from .trace.events import NO_ID, NO_SITE
 
