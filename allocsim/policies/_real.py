@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import time
 
-from .base import Param, Policy
+from .base import Policy
 
 _now = time.perf_counter_ns
 
 
 class RealPolicy(Policy):
     real_gpu = True
-    params = (Param("warmup", "bool", False, "serve and drop one block first so the first call is not a cold start"),)
 
     def _account(self, dt_ns: int, reserved: int, allocated: int | None = None) -> None:
         dev = self.device

@@ -28,7 +28,7 @@ class TorchReal(RealPolicy):
     name = "torch-real"
     summary = "PyTorch's CUDA caching allocator on this GPU (measured)"
     models = "torch.cuda caching allocator, run for real"
-    params = RealPolicy.params + (Param("conf", "str", "", "PYTORCH_CUDA_ALLOC_CONF settings; default: the trace's"),)
+    params = (Param("conf", "str", "", "PYTORCH_CUDA_ALLOC_CONF settings; default: the trace's"),)
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
