@@ -84,6 +84,26 @@ def test_the_check_catches_stray_citations(tmp_path):
                    "docs/models/x.md:1: ../shared points outside the repository"]
 
 
+#: a Markdown link to a section: ``[text](file.md#anchor)`` or ``[text](#anchor)``
+SECTION_LINK = re.compile(r"\]\(([^)\s#]*)#([^)\s]+)\)")
+
+
+def heading_anchors(md: Path) -> set[str]:
+    """GitHub's anchors of the headings of ``md``: lower case, punctuation dropped, spaces to hyphens."""
+    heads = (line.lstrip("#").strip() for line in md.read_text(encoding="utf-8").splitlines() if line.startswith("#"))
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_section_links_in_the_notes_resolve():
+    notes = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    links = [(md, target, anchor) for md in notes
+             for target, anchor in SECTION_LINK.findall(md.read_text(encoding="utf-8"))]
+    assert links, "the notes link to no section"
+    for md, target, anchor in links:
+        dest = (md.parent / target) if target else md
+        assert dest.is_file() and anchor in heading_anchors(dest), f"{md.relative_to(ROOT)}: {target}#{anchor}"
+
+
 @pytest.mark.parametrize("name", policies.names())
 def test_every_registered_policy_has_a_model_note(name):
     notes = {p.name: p.read_text(encoding="utf-8") for p in MODELS.glob("*.md")}
