@@ -1,6 +1,6 @@
 """Measure this GPU's device-call and pool latencies and build a `CostModel` from them.
 
-`cudaMalloc`/`cudaFree` medians at the sizes of the reference H100 table
+`cudaMalloc`/`cudaFree` medians at the sizes of the H100 table in ``docs/metrics.md``
 (512 B … 4 GiB, skipping sizes that do not fit in free memory), the CuPy pool's
 hit and free latency (1 MiB, cached) and `cudaMallocAsync` through CuPy's
 `MemoryAsyncPool`. GC pauses are not a property of the GPU and keep their defaults.

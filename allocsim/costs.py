@@ -1,6 +1,6 @@
 """Cost model: modeled latency of device calls, pool operations and GC pauses.
 
-Defaults are the H100 medians of `reference/metrics-and-anchors.md` §3
+Defaults are the H100 medians of `docs/metrics.md` ("The cost model")
 (cudaMalloc flat at 33 µs up to 20 MiB, then ~110-120 µs per GiB; cudaFree 29 µs up
 to 2 MiB, ~320-390 µs per GiB beyond 256 MiB), a 1 µs pool hit (CuPy, H100), a
 ~0.4 µs pooled free (CuArrays tables) and GC pauses from the CuArrays tables
@@ -31,7 +31,7 @@ class CostModel:
     gc_incremental_s: float = 50e-3   # gc(false) pause in the gc runtime
     gc_full_s: float = 150e-3         # gc(true) pause in the gc runtime
     eager_collect_s: float = 5e-3     # a Python gc.collect() in the eager runtime (CuPy's OOM path)
-    source: str = "H100 defaults (reference/metrics-and-anchors.md §3)"
+    source: str = "H100 defaults (docs/metrics.md, The cost model)"
 
     def __post_init__(self):
         self._malloc_cache: dict[int, float] = {}

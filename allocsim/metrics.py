@@ -1,5 +1,5 @@
 """The figures a replay reports, with the field's definitions
-(`reference/metrics-and-anchors.md` §1), and their human summary."""
+(`docs/metrics.md`), and their human summary."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -13,9 +13,9 @@ Two families of generators:
   ``torch.optim.Adam`` does) plus a foreach temporary per parameter every step.
   Shapes follow torchvision's ResNet and a GPT-2-style decoder with materialised
   attention scores, so sizes, counts and peaks resemble the reference traces in
-  ``reference/metrics-and-anchors.md`` §2 and §5.
+  ``docs/metrics.md`` ("Reference measurements").
 - **alloc-heavy** reproduces the seeds' artificial allocation-heavy workload
-  (``cuarrays-knet-pools.md`` §7: ~1 M small and medium short-lived allocations)
+  (``docs/models/cuarrays.md``, "Measured numbers": ~1 M small and medium short-lived allocations)
   vectorised with numpy: 1 M allocations generate in well under a second.
 
 ``variable=True`` redraws the batch (mlp), image size (cnn) or sequence length

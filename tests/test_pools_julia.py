@@ -1,7 +1,7 @@
 """The Julia pools: `binned` (CuArrays BinnedPool), `simple` (SimplePool), `knet` (Knet v1.1.1).
 
 Each test builds a small trace by hand and works out, from the rules in
-reference/cuarrays-knet-pools.md, what the real allocator would do: which
+docs/models/cuarrays.md and docs/models/knet.md, what the real allocator would do: which
 section runs, in which order, which block is reused, when memory goes back.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `split` pool (CuArrays SplittingPool) and the `bestfit` baseline.
 
-Rules come from `reference/cuarrays-knet-pools.md` §3/§5 (split) and the bestfit
-docstring; the randomized tests compare both policies with deliberately naive
+Rules come from `docs/models/cuarrays.md` (split) and `docs/models/bestfit-oracle.md` (bestfit);
+the randomized tests compare both policies with deliberately naive
 reference models (linear scans over plain lists) written here from the rules.
 """
 from __future__ import annotations

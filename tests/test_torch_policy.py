@@ -1,6 +1,6 @@
 """The `torch` policy: each rule of PyTorch's caching allocator on small hand-made traces.
 
-Expected values come from the allocator's rules (pytorch-caching-allocator.md §3-§8),
+Expected values come from the allocator's rules (docs/models/torch.md, Rules),
 worked by hand, not from the model's own output.
 """
 from __future__ import annotations

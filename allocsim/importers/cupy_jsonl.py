@@ -1,4 +1,4 @@
-"""CuPy `DebugPrintHook` JSONL -> trace events (cupy-pool-and-hooks.md §6-§7).
+"""CuPy `DebugPrintHook` JSONL -> trace events (``docs/importers.md``).
 
 One JSON object per line, printed at postprocess time:
 

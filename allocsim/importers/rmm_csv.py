@@ -1,4 +1,4 @@
-"""RMM `logging_resource_adaptor` CSV logs -> trace events (rmm-and-trace-tools.md §A, §G).
+"""RMM `logging_resource_adaptor` CSV logs -> trace events (``docs/importers.md``).
 
 Header ``Thread,Time,Action,Pointer,Size,Stream`` (columns found by name), then
 one row per call, in a valid global order:

@@ -2,7 +2,7 @@
 
 A snapshot holds the allocator's final state (``segments``, each with its
 ``blocks``) and a per-device ring buffer of what it did (``device_traces``).
-The mapping (pytorch-caching-allocator.md §10-§12):
+The mapping (``docs/importers.md``, "PyTorch memory snapshots"):
 
     alloc            -> ALLOC (requested size, addr, stream, call site when frames are present)
     free_requested   -> FREE_REQUESTED of the block live at that address
@@ -100,7 +100,7 @@ class _Where:
 
 
 class StartState:
-    """The allocator state just before the first retained trace entry (§12).
+    """The allocator state just before the first retained trace entry (``docs/importers.md``, "A wrapped ring buffer").
 
     ``blocks``: address -> [requested size, stream, free requested?, freed in the trace?, frames];
     ``segments``: base address -> {total_size, stream, is_expandable, segment_type}.

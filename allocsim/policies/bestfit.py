@@ -1,6 +1,6 @@
 """`bestfit`: a plain online baseline, address-ordered best fit with coalescing over segments.
 
-Source: `reference/metrics-and-anchors.md` §4.2 (TensorFlow's BFC allocator is
+Source: `docs/models/bestfit-oracle.md`, section "bestfit" (TensorFlow's BFC allocator is
 the nearest real design; this one has no bins and no power-of-two rounding).
 
 - Requests are rounded up to 512 B. The smallest free block that fits is taken,
@@ -42,7 +42,7 @@ assert (KEY_BITS, KEY_MASK) == (64, 0xFFFFFFFFFFFFFFFF)         # written as lit
 class BestFit(Policy):
     name = "bestfit"
     summary = "baseline: address-ordered best fit with coalescing over on-demand segments"
-    models = "no real allocator: an online best-fit baseline (metrics-and-anchors.md §4.2)"
+    models = "no real allocator: an online best-fit baseline (docs/models/bestfit-oracle.md)"
     params = (
         Param("segment", "size", 2 << 20, "segment size; a larger request gets a segment rounded up to a multiple"),
         Param("release", "bool", False, "return a segment to the device as soon as it is wholly free"),

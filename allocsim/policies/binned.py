@@ -1,6 +1,6 @@
 """`binned`: CuArrays' BinnedPool, the default pool of CuArrays 1.x.
 
-Source: `reference/cuarrays-knet-pools.md` §2 and the pseudo-code of §5
+Source: `docs/models/cuarrays.md`, section "binned: BinnedPool"
 (`src/memory/binned.jl` @ a6fc8af, identical in v1.3.0), followed step for step:
 
 - Requests up to ``max_pool`` (MAX_POOL = 2^27; ``max_pool=100MiB`` gives v1.2.1)
@@ -63,7 +63,7 @@ ESCALATION = (
 class BinnedPool(FreeListReporting, Policy):
     name = "binned"
     summary = "power-of-two bins, exact-bin LIFO reuse, GC before reclaim, usage-window background reclaim"
-    models = "CuArrays BinnedPool @ a6fc8af / v1.3.0 (cuarrays-knet-pools.md §2, §5)"
+    models = "CuArrays BinnedPool @ a6fc8af / v1.3.0 (docs/models/cuarrays.md)"
     params = (
         Param("max_pool", "size", MAX_POOL, "largest pooled request; larger ones are exact-size and unpooled "
               "(2^27 = 128 MiB; 100MiB models v1.2.1)"),

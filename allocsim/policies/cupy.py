@@ -1,6 +1,6 @@
 """`cupy`: CuPy's ``SingleDeviceMemoryPool``, step for step.
 
-Source: `reference/cupy-pool-and-hooks.md` §1-§4 (``cupy/cuda/memory.pyx``, v13.6 and
+Source: `docs/models/cupy.md` (``cupy/cuda/memory.pyx``, v13.6 and
 v14.1/main). What the model does, as CuPy does:
 
 - every request is rounded up to 512 B (``_round_size``);
@@ -121,7 +121,7 @@ class CuPyPool(Policy):
     name = "cupy"
     framework = "cupy"
     summary = "CuPy MemoryPool: 512 B rounding, per-stream best fit, split/merge per cudaMalloc, flush + gc.collect"
-    models = "CuPy SingleDeviceMemoryPool v13/v14 (cupy-pool-and-hooks.md §1-§4)"
+    models = "CuPy SingleDeviceMemoryPool v13/v14 (docs/models/cupy.md)"
     params = (
         Param("version", ("14", "13"), "14",
               "14: std::set lookup, ties to the lowest address, gc.collect() x2 on a failed cudaMalloc; "

@@ -5,7 +5,7 @@ a GPU, never simulated: reserved bytes are the pool's `total_bytes()` (driver
 attribute `cudaMemPoolAttrReservedMemCurrent`); device malloc/free counts are not
 visible and stay 0. `--cap` is enforced here on the pool's used bytes (CuPy's own
 software `set_limit` did not stop a request over the cap on an H200 with CuPy 14.2).
-See `reference/cupy-pool-and-hooks.md` §5.
+See `docs/models/cupy.md`, section "The real policies".
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The pool's upstream is a `PythonFunctionAllocator` around `cudaMalloc`/`cudaFree
 so device allocations and releases (including `free_all_blocks` on the OOM path)
 are counted and timed; reserved bytes are the pool's own `total_bytes()`.
 `--cap` becomes the pool's `set_limit`. Streams map to CuPy streams (index 0 is
-the null stream). See `reference/cupy-pool-and-hooks.md` §1-§4, §8.
+the null stream). See `docs/models/cupy.md`, section "The real policies".
 """
 from __future__ import annotations
 

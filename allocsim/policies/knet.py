@@ -1,6 +1,6 @@
 """`knet`: Knet.jl's own GPU memory manager (v1.1.1, "new GPU memory manager").
 
-Source: `reference/cuarrays-knet-pools.md` §6 (Knet.jl `src/kptr.jl`).
+Source: `docs/models/knet.md` (Knet.jl `src/kptr.jl`).
 
 - Blocks come in geometric bins, three per octave:
   ``blocksize(n) = floor(b^ceil(log_b n))`` with ``b = cbrt(2)``, at most ~26 %
@@ -59,7 +59,7 @@ def blocksize(n: int) -> int:
 class KnetPool(FreeListReporting, Policy):
     name = "knet"
     summary = "cube-root-of-2 bins, per-size free lists, soft limit grown x6/5 after a full GC (Knet v1.1.1)"
-    models = "Knet.jl v1.1.1 KnetPtr allocator (cuarrays-knet-pools.md §6)"
+    models = "Knet.jl v1.1.1 KnetPtr allocator (docs/models/knet.md)"
     params = (
         Param("meminit", "size", KNETMEMINIT, "initial soft limit (KNETMEMINIT = 16 MiB)"),
         Param("headroom", "size", HEADROOM, "the soft limit stays below device memory minus this (500 MB)"),

@@ -1,6 +1,6 @@
 """`none`: CuArrays' DummyPool — a device malloc per request, a device free per free.
 
-Source: `reference/cuarrays-knet-pools.md` §4 (`src/memory/dummy.jl` @ a6fc8af).
+Source: `docs/models/cuarrays.md`, section "none: DummyPool" (`src/memory/dummy.jl` @ a6fc8af).
 Phases: ``1.1 alloc``; ``2.0 gc(false)`` + ``2.1 alloc``; ``3.0 gc(true)`` + ``3.1 alloc``.
 With no caching the GC runs only when the device (or cap) is full.
 """
@@ -14,7 +14,7 @@ from .base import Policy
 class DummyPool(Policy):
     name = "none"
     summary = "no pool: cudaMalloc/cudaFree per request (CuArrays DummyPool)"
-    models = "CuArrays DummyPool (cuarrays-knet-pools.md §4)"
+    models = "CuArrays DummyPool (docs/models/cuarrays.md)"
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)

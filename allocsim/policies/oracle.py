@@ -1,6 +1,6 @@
 """`oracle`: offline placement of the whole trace, a near-lower bound on peak reserved.
 
-Source: `reference/metrics-and-anchors.md` §1 (the offline oracle) and §4.2 (XLA's
+Source: `docs/models/bestfit-oracle.md`, section "oracle" (XLA's
 ``GlobalDecreasingSizeBestFitHeap`` and ``ChooseBestHeapAlgorithm``).
 
 Model. Every non-empty ALLOC is a buffer living from its ALLOC to its FREE, in
@@ -188,7 +188,7 @@ class OraclePool(Policy):
     name = "oracle"
     offline = True
     summary = "offline best fit over known lifetimes (XLA decreasing-size heap), one segment: a near-lower bound"
-    models = "XLA GlobalDecreasingSizeBestFitHeap + ChooseBestHeapAlgorithm (metrics-and-anchors.md §1, §4.2)"
+    models = "XLA GlobalDecreasingSizeBestFitHeap + ChooseBestHeapAlgorithm (docs/models/bestfit-oracle.md)"
     params = (
         Param("orders", "str", ",".join(ORDERS),
               "placement orders tried, smallest heap kept: any of spatial, temporal, arrival"),

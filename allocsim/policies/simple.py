@@ -1,6 +1,6 @@
 """`simple`: CuArrays' SimplePool — exact-size buffers, first fit over one set of cached buffers.
 
-Source: `reference/cuarrays-knet-pools.md` §4 (`src/memory/simple.jl` @ a6fc8af).
+Source: `docs/models/cuarrays.md`, section "simple: SimplePool" (`src/memory/simple.jl` @ a6fc8af).
 
 - Requests are allocated at their exact size: no rounding, no splitting.
 - ``scan(sz)`` takes the first cached buffer with ``sz <= size <= max_oversize(sz)``,
@@ -51,7 +51,7 @@ def max_oversize(sz: int) -> float:
 class SimplePool(Policy):
     name = "simple"
     summary = "exact-size buffers, first fit in one cached set; buffers over 4 MiB reused only by requests <= 1 MiB"
-    models = "CuArrays SimplePool @ a6fc8af (cuarrays-knet-pools.md §4)"
+    models = "CuArrays SimplePool @ a6fc8af (docs/models/cuarrays.md)"
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)

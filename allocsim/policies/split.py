@@ -1,6 +1,6 @@
 """`split`: CuArrays' SplittingPool after PR #427, step for step.
 
-Source: `reference/cuarrays-knet-pools.md` §3 and the §5 pseudo-code
+Source: `docs/models/cuarrays.md`, section "split: SplittingPool"
 (`src/memory/split.jl` @ a6fc8af, the same code as v1.3.0).
 
 - Classes: SMALL <= 1 MiB < LARGE <= 32 MiB < HUGE. A request is rounded up to
@@ -83,7 +83,7 @@ def round_request(req: int) -> tuple[int, int]:
 class SplittingPool(Policy):
     name = "split"
     summary = "CuArrays SplittingPool: small/large/huge classes, best fit, split, incremental compaction"
-    models = "CuArrays SplittingPool post-#427, a6fc8af (cuarrays-knet-pools.md §3, §5)"
+    models = "CuArrays SplittingPool post-#427, a6fc8af (docs/models/cuarrays.md)"
     params = (
         Param("huge_exact", "bool", False,
               "HUGE requests reuse only a cached block of exactly their size (the intended check; "

@@ -1,6 +1,6 @@
 """`torch`: PyTorch's CUDA caching allocator (native backend), step for step.
 
-Source: `reference/pytorch-caching-allocator.md` (c10/cuda/CUDACachingAllocator.cpp,
+Source: `docs/models/torch.md` (c10/cuda/CUDACachingAllocator.cpp,
 rev A 001074d2 and later; option parsing as in c10/core/AllocatorConfig.cpp, rev B).
 
 What is modeled: 512-byte rounding and ``roundup_power2_divisions``; small (<= 1 MiB)
@@ -319,7 +319,7 @@ class TorchCachingAllocator(Policy):
     name = "torch"
     framework = "torch"
     summary = "PyTorch CUDA caching allocator (best fit, split, max_split, expandable segments)"
-    models = "c10/cuda/CUDACachingAllocator.cpp (pytorch-caching-allocator.md)"
+    models = "c10/cuda/CUDACachingAllocator.cpp (docs/models/torch.md)"
     params = (
         Param("expandable_segments", "bool", False, "map 2 MiB / 20 MiB pages into per-stream virtual segments"),
         Param("max_split_size_mb", "int", None, "blocks this large (MiB, >= 20) are never split; default unlimited"),
