@@ -120,7 +120,7 @@ def _outside_legend(fig, handles, ncol=None):
     return fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
 
 
-def memory_figure(trace, results: dict, *, styles=None, setting=""):
+def memory_figure(trace, results: dict, *, styles=None, cap_text=None, setting=""):
     """Live bytes and each policy's reserved bytes on one time axis; iterations shaded; OOMs marked."""
     plt = _plt()
     styles = styles or policy_styles(results)
@@ -143,6 +143,10 @@ def memory_figure(trace, results: dict, *, styles=None, setting=""):
         ax.step(tx[ev], res / scale, where="post", lw=1.3, color=st["color"], ls=st["ls"], label=f"{label} reserved")
         for o in r.oom_events:
             ax.plot([tx[o.event]], [o.reserved_bytes / scale], "X", ms=11, mec="k", color=st["color"])
+    caps = {r.cap_bytes for r in results.values()}
+    if len(caps) == 1 and None not in caps:
+        cap = caps.pop()
+        ax.axhline(cap / scale, color="0.3", ls=(0, (1, 3)), lw=1.2, label=cap_label(cap, cap_text))
     if any(r.ooms for r in results.values()):
         ax.plot([], [], "X", ms=9, mec="k", color="0.6", ls="none", label="OOM (the replay stopped)")
     ax.set_xlabel(xlabel)
@@ -277,7 +281,8 @@ def latency_figure(trace, results: dict, *, styles=None, setting="", measured: b
         at_least = 1 - np.searchsorted(q, x, side="left") / len(q)
         st = styles[label]
         ax.step(x * 1e6, at_least, where="pre", color=st["color"], ls=st["ls"], lw=1.4, marker=st["marker"],
-                mfc="none", mew=1.4, ms=8, markevery=slice(int(len(x) > 1), None, max(1, len(x) // 25)), label=label)
+                mfc="none", mew=1.4, ms=8, markevery=slice(int(len(x) > 1), None, max(1, len(x) // 25)),
+                label=label + (" (stopped at an OOM: mallocs up to it)" if r.ooms else ""))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel(f"malloc latency x, {'measured' if measured else 'modeled'} (μs, log)")

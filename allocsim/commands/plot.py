@@ -110,7 +110,7 @@ def run(args) -> int:
 
     def draw(kind, path):
         if kind == "memory":
-            return plots.memory_timeline(trace, need("timeline"), path, setting=first, **style)
+            return plots.memory_timeline(trace, need("timeline"), path, setting=first, cap_text=cap_text, **style)
         if kind == "latency":
             return plots.latency_plot(trace, need("timeline"), path, setting=first, **style)
         if kind == "bars":
