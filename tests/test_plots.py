@@ -193,3 +193,17 @@ def test_pdf_picture(tmp_path, shipped):
     out = run_cli("plot", shipped, "--policies", "none", "-o", pdf, "-j", "1")
     assert out.returncode == 0, out.stderr
     assert open(pdf, "rb").read(5) == b"%PDF-"
+
+
+def test_capped_timeline_marks_the_cap_and_the_ooms(small):
+    import matplotlib.pyplot as plt
+    cap_text = parse_caps("3MB")
+    res = {p: run_cell(Cell(small.path, p, 3_000_000), Settings(timeline=True), full=True)[1] for p in POLICIES}
+    assert all(r.ooms for r in res.values())
+    mem = plots.memory_figure(small, res, cap_text=cap_text)
+    labels = [ln.get_label() for ln in mem.axes[0].get_lines()]
+    assert "cap 3MB (2.86 MiB)" in labels and any(lab.startswith("OOM") for lab in labels)
+    lat = plots.latency_figure(small, res)
+    assert all("OOM" in ln.get_label() for ln in lat.axes[0].get_lines())
+    plt.close(mem)
+    plt.close(lat)
