@@ -160,6 +160,27 @@ def memory_figure(trace, results: dict, *, styles=None, cap_text=None, setting="
     return fig
 
 
+def _plain(v, _pos=None) -> str:
+    """A tick label as a plain number: 0.1, 1, 10, 1,000 (no 10^x, no 2×10^0)."""
+    return f"{v:,.6g}"
+
+
+def _log_axis(ax, which: str, lo: float, hi: float, *, bars: bool = False) -> None:
+    """A log axis from just below ``lo`` to ``hi``, at least two decades, ticks as plain numbers.
+
+    Two decades keep labelled powers of ten on the axis (a narrower log axis is
+    labelled with 2×10^0-style minor ticks). For ``bars`` it starts at a power of
+    ten at least twice below ``lo``, so that the shortest bar stays visible.
+    """
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    e = np.floor(np.log10(lo))
+    bottom = 10.0 ** (e - (lo < 2 * 10.0 ** e)) if bars else lo / 1.6
+    getattr(ax, f"set_{which}scale")("log")
+    getattr(ax, f"set_{which}lim")(bottom, max(hi, bottom * 100))
+    getattr(ax, f"{which}axis").set_major_formatter(FuncFormatter(_plain))
+    getattr(ax, f"{which}axis").set_minor_formatter(NullFormatter())
+
+
 def _grouped(ax, rows, value, ylabel, *, styles, cap_text=None, log=False, fmt="{:.3g}"):
     """Bars grouped by cap, one bar (and colour) per policy; OOM runs hatched and labelled, zeros written."""
     import matplotlib.transforms as mtrans
@@ -183,15 +204,12 @@ def _grouped(ax, rows, value, ylabel, *, styles, cap_text=None, log=False, fmt="
                 ax.annotate("OOM", (x, 0.01) if zero else (x, v), xycoords=base if zero else "data",
                             xytext=(0, 12 if zero else 2), textcoords="offset points", rotation=90, ha="center",
                             va="bottom", fontsize=8)
-    top = max([v for v in map(value, rows) if v > 0], default=0)
+    positive = [v for v in map(value, rows) if v > 0]
     if log:
-        ax.set_yscale("log")
-        if top:
-            ax.set_ylim(top=top * 4)                # headroom for the OOM labels
-        else:
-            ax.set_ylim(0.1, 10)                    # nothing but zeros: a decade around 1
+        _log_axis(ax, "y", min(positive, default=1), max(positive, default=1) * 4, bars=True)   # headroom for OOM labels
     else:
-        ax.set_ylim(0, (top or 1) * 1.2)
+        ax.set_ylim(0, max(positive, default=1) * 1.2)
+    ax.set_xlim(-0.5, len(caps) - 0.5)              # every group shown, even one of zeros only
     ax.set_xticks(np.arange(len(caps)), [cap_label(c, cap_text).replace(" (", "\n(") for c in caps])
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3, which="major")
@@ -273,6 +291,7 @@ def latency_figure(trace, results: dict, *, styles=None, setting="", measured: b
     plt = _plt()
     styles = styles or policy_styles(results)
     fig, ax = plt.subplots(figsize=(9, 5.2), layout="constrained")
+    lat_us, frac = [1.0], [1.0]                     # the axes' extent, seeded for a trace without mallocs
     for label, r in results.items():
         q = np.sort(np.maximum(np.asarray(r.timeline.get("latency_quantiles") or [], dtype=np.float64), 1e-9))
         if not len(q):
@@ -283,8 +302,10 @@ def latency_figure(trace, results: dict, *, styles=None, setting="", measured: b
         ax.step(x * 1e6, at_least, where="pre", color=st["color"], ls=st["ls"], lw=1.4, marker=st["marker"],
                 mfc="none", mew=1.4, ms=8, markevery=slice(int(len(x) > 1), None, max(1, len(x) // 25)),
                 label=label + (" (stopped at an OOM: mallocs up to it)" if r.ooms else ""))
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+        lat_us += [x[0] * 1e6, x[-1] * 1e6]
+        frac.append(at_least[-1])
+    _log_axis(ax, "x", min(lat_us), max(lat_us) * 2)
+    _log_axis(ax, "y", min(frac), 1.3)
     ax.set_xlabel(f"malloc latency x, {'measured' if measured else 'modeled'} (μs, log)")
     ax.set_ylabel("fraction of mallocs taking ≥ x (log)")
     ax.set_title(_title(trace, "Malloc latency: how many mallocs are at least this slow", setting))

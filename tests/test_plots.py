@@ -137,6 +137,11 @@ def test_log_scales_where_counts_span_decades(figures):
     assert [a.get_yscale() for a in figs["gc"].axes] == ["log", "log"]
     lat = figs["latency"].axes[0]
     assert (lat.get_xscale(), lat.get_yscale()) == ("log", "log")
+    for ax in bars[2:] + list(figs["gc"].axes) + [lat]:          # plain numbers, at least two of them
+        for axis in ([ax.yaxis] if ax is not lat else [ax.xaxis, ax.yaxis]):
+            lo, hi = sorted(axis.get_view_interval())
+            shown = [t.get_text() for t in axis.get_ticklabels() if lo <= t.get_position()[axis is ax.yaxis] <= hi]
+            assert len([t for t in shown if t]) >= 2 and not any("$" in t for t in shown), shown
 
 
 @pytest.mark.parametrize("kind", ["bars", "gc", "memory", "latency", "frontier"])
