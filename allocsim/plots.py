@@ -269,7 +269,7 @@ def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
         over = f" ({100 * (f['capacity_bytes'] / load - 1):+.1f}% vs LOAD)" if load else ""
         ax.annotate(fmt_bytes(f["capacity_bytes"]) + over, (x, y), xytext=(9, 0), textcoords="offset points",
                     va="center", fontsize=9)
-    ax.axvline(load / scale, color="k", ls="--", lw=1.2, label=f"LOAD {fmt_bytes(load)}")
+    ax.axvline(load / scale, color="k", ls="--", lw=1.2, label=f"LOAD (peak live bytes) {fmt_bytes(load)}")
     if "oracle_peak_bytes" in fit:
         ax.axvline(fit["oracle_peak_bytes"] / scale, color="0.35", ls=":", lw=1.5,
                    label=f"oracle peak {fmt_bytes(fit['oracle_peak_bytes'])}")
