@@ -1,9 +1,18 @@
 """Pictures of replays, drawn with matplotlib's Agg backend (no display needed).
 
-Each function takes figures already computed (replay results, comparison rows, a
-fit frontier) and writes one PNG (or SVG): readers and reporters stay separate.
-Long traces are decimated to a few thousand points, keeping each bucket's maximum
-so peaks survive.
+Each ``*_figure`` function takes figures already computed (replay results,
+comparison rows, a fit frontier) and returns a matplotlib figure; the writer
+beside it saves that figure as PNG, SVG or PDF: readers and reporters stay
+separate, and tests can inspect the figure.
+
+Conventions shared by every picture, so that a report reads as one:
+each policy keeps one colour, marker and line style (`policy_styles`); caps are
+labelled as the user wrote them, with the binary size beside a decimal one
+(``cap 3.5GB (3.26 GiB)``); legends sit outside the data area; runs that
+stopped at an OOM are hatched and labelled; counts and times spanning decades
+use log axes, where a zero is written as "0" instead of vanishing.
+Long traces are decimated to a few thousand points, keeping each bucket's
+maximum so peaks survive.
 """
 from __future__ import annotations
 
@@ -13,12 +22,18 @@ import os
 import numpy as np
 
 GiB, MiB = 1 << 30, 1 << 20
+FORMATS = (".png", ".svg", ".pdf")
+MARKERS = "osD^vP<X>*"
+LINESTYLES = ("-", "--", "-.", ":")
+OOM_HATCH = "///"
 
 
 def _plt():
     import matplotlib
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9,
+                         "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 12})
     return plt
 
 
@@ -34,162 +49,304 @@ def _decimate_max(x: np.ndarray, y: np.ndarray, n: int = 4000):
 
 
 def _time_axis(trace):
+    """Seconds since the trace's first event (a recording starts when the program does, not at 0)."""
     t = np.asarray(trace.time_ns, dtype=np.float64)
     if len(t) and t[-1] > t[0]:
-        return t / 1e9, "time (s)"
-    return np.arange(len(trace), dtype=np.float64), "event"
+        return (t - t[0]) / 1e9, "time since the trace's first event (s)"
+    return np.arange(len(trace), dtype=np.float64), "event index"
 
 
-def _save(fig, path: str):
+def picture_format(path: str) -> str:
+    """The format a picture path asks for (png, svg, pdf), from its extension; '' if none of them."""
+    ext = os.path.splitext(path)[1].lower()
+    return ext[1:] if ext in FORMATS else ""
+
+
+def save(fig, path: str) -> str:
+    """Write ``fig`` whole to ``path`` (PNG, SVG or PDF by extension) and close it."""
     from .outputs import atomic_path
-    fmt = "svg" if path.endswith(".svg") else "png"
     import matplotlib
+    fmt = picture_format(path)
+    if not fmt:
+        raise ValueError(f"{path}: not a .png, .svg or .pdf path")
     with atomic_path(path) as tmp, matplotlib.rc_context({"svg.fonttype": "none"}):   # SVG keeps text as text
         fig.savefig(tmp, format=fmt, dpi=110, bbox_inches="tight")
     _plt().close(fig)
     return path
 
 
-def _title(trace, what: str) -> str:
+def _title(trace, what: str, setting: str = "") -> str:
     name = os.path.basename(trace.path) if trace.path else "trace"
-    return f"{what} — {name}"
+    return f"{what} — {name}" + (f"\n{setting}" if setting else "")
 
 
-def memory_timeline(trace, results: dict, path: str):
-    """Live bytes and each policy's reserved bytes on one time axis; marks shaded; OOMs marked."""
+def policy_of(row: dict) -> str:
+    """The policy label of a comparison row or a fit entry: ``torch[expandable_segments:True]``."""
+    from .sweep import policy_label
+    return policy_label(row["policy"], tuple(filter(None, (row.get("options") or "").split(";"))))
+
+
+def policy_styles(labels) -> dict:
+    """One colour, marker and line style per policy label, in the order given.
+
+    The command computes this once from ``--policies`` so that a policy looks the
+    same in every picture of a report.
+    """
+    import matplotlib
+    labels = list(dict.fromkeys(labels))
+    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
+    return {lab: {"color": cmap(i % cmap.N), "marker": MARKERS[i % len(MARKERS)],
+                  "ls": LINESTYLES[i % len(LINESTYLES)]} for i, lab in enumerate(labels)}
+
+
+def cap_label(cap_bytes: int | None, cap_text: dict | None = None) -> str:
+    """``no cap``, ``cap 4GiB``, or ``cap 3.5GB (3.26 GiB)``: the user's spelling, then the binary size.
+
+    The binary size is added when the user's text is not already in binary units,
+    so that a ``4GB`` cap is not mistaken for the ``3.73 GiB`` the tables print.
+    """
+    from .units import fmt_bytes
+    if cap_bytes is None:
+        return "no cap"
+    text = (cap_text or {}).get(cap_bytes)
+    if not text:
+        return f"cap {fmt_bytes(cap_bytes)}"
+    return f"cap {text}" + ("" if text.lower().endswith("ib") else f" ({fmt_bytes(cap_bytes)})")
+
+
+def _outside_legend(fig, handles, ncol=None):
+    """A figure legend below every axes, so that it never covers data."""
+    ncol = ncol or min(4, len(handles))
+    return fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
+
+
+def memory_figure(trace, results: dict, *, styles=None, cap_text=None, setting=""):
+    """Live bytes and each policy's reserved bytes on one time axis; iterations shaded; OOMs marked."""
     plt = _plt()
+    styles = styles or policy_styles(results)
     tx, xlabel = _time_axis(trace)
     live = trace.live_curve
     peak = max([int(live.max()) if len(live) else 0] + [max(r.timeline["reserved"] or [0]) for r in results.values()])
     scale, unit = _unit(peak)
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 5), layout="constrained")
     marks = [i for i, _ in trace.marks()]
     for k in range(0, len(marks) - 1, 2):
         ax.axvspan(tx[marks[k]], tx[marks[k + 1]], color="0.92", lw=0)
     xs, ys = _decimate_max(tx, live)
-    ax.plot(xs, ys / scale, color="k", lw=1.2, label="live (requested)")
+    ax.plot(xs, ys / scale, color="k", lw=1.4, label="live (requested)")
     for label, r in results.items():
         ev = np.asarray(r.timeline["event"], dtype=np.int64)
         if not len(ev):
             continue
+        st = styles[label]
         res = np.asarray(r.timeline["reserved"], dtype=np.float64)
-        line, = ax.step(tx[ev], res / scale, where="post", lw=1.1, label=f"{label} reserved")
-        for o in r.timeline.get("oom_events", []):
-            ax.plot([tx[o]], [r.oom_events[0].reserved_bytes / scale], "x", ms=10, mew=2, color=line.get_color())
+        ax.step(tx[ev], res / scale, where="post", lw=1.3, color=st["color"], ls=st["ls"], label=f"{label} reserved")
+        for o in r.oom_events:
+            ax.plot([tx[o.event]], [o.reserved_bytes / scale], "X", ms=11, mec="k", color=st["color"])
+    caps = {r.cap_bytes for r in results.values()}
+    if len(caps) == 1 and None not in caps:
+        cap = caps.pop()
+        ax.axhline(cap / scale, color="0.3", ls=(0, (1, 3)), lw=1.2, label=cap_label(cap, cap_text))
     if any(r.ooms for r in results.values()):
-        ax.plot([], [], "kx", label="OOM")
+        ax.plot([], [], "X", ms=9, mec="k", color="0.6", ls="none", label="OOM (the replay stopped)")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"memory ({unit})")
     ax.set_ylim(bottom=0)
-    ax.set_title(_title(trace, "Memory over time" + (" (iterations shaded)" if marks else "")))
-    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    ax.set_xlim(tx[0] if len(tx) else 0, tx[-1] if len(tx) else 1)
+    shaded = "; alternate iterations shaded" if len(marks) > 1 else ""
+    ax.set_title(_title(trace, "Memory over time", setting + shaded))
+    _outside_legend(fig, ax.get_legend_handles_labels()[0], ncol=3)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
-def _label(r):
-    from .units import fmt_bytes
-    cap = "no cap" if r["cap_bytes"] is None else f"cap {fmt_bytes(r['cap_bytes'], 1)}"
-    return cap + ("" if r["runtime"] == "eager" else f" ({r['runtime']})")
+def _plain(v, _pos=None) -> str:
+    """A tick label as a plain number: 0.1, 1, 10, 1,000 (no 10^x, no 2×10^0)."""
+    return f"{v:,.6g}"
 
 
-def _grouped(ax, rows, value, ylabel, log=False):
-    """Bars per policy, one colour per cap/runtime; runs that stopped at an OOM are hatched."""
-    from .sweep import policy_label
-    pols = list(dict.fromkeys(policy_label(r["policy"], tuple(filter(None, (r.get("options") or "").split(";"))))
-                              for r in rows))
-    groups = list(dict.fromkeys(_label(r) for r in rows))
-    width = 0.8 / max(1, len(groups))
-    for gi, g in enumerate(groups):
-        vals, oom = [], []
-        for p in pols:
-            match = [r for r in rows if _label(r) == g and
-                     policy_label(r["policy"], tuple(filter(None, (r.get("options") or "").split(";")))) == p]
-            vals.append(value(match[0]) if match else np.nan)
-            oom.append(bool(match and match[0]["ooms"]))
-        bars = ax.bar(np.arange(len(pols)) + gi * width - 0.4 + width / 2, vals, width, label=g)
-        for b, o in zip(bars, oom):
-            if o:
-                b.set_hatch("///")
-                b.set_edgecolor("k")
+def _log_axis(ax, which: str, lo: float, hi: float, *, bars: bool = False) -> None:
+    """A log axis from just below ``lo`` to ``hi``, at least two decades, ticks as plain numbers.
+
+    Two decades keep labelled powers of ten on the axis (a narrower log axis is
+    labelled with 2×10^0-style minor ticks). For ``bars`` it starts at a power of
+    ten at least twice below ``lo``, so that the shortest bar stays visible.
+    """
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    e = np.floor(np.log10(lo))
+    bottom = 10.0 ** (e - (lo < 2 * 10.0 ** e)) if bars else lo / 1.6
+    getattr(ax, f"set_{which}scale")("log")
+    getattr(ax, f"set_{which}lim")(bottom, max(hi, bottom * 100))
+    getattr(ax, f"{which}axis").set_major_formatter(FuncFormatter(_plain))
+    getattr(ax, f"{which}axis").set_minor_formatter(NullFormatter())
+
+
+def _grouped(ax, rows, value, ylabel, *, styles, cap_text=None, log=False, fmt="{:.3g}"):
+    """Bars grouped by cap, one bar (and colour) per policy; OOM runs hatched and labelled, zeros written."""
+    import matplotlib.transforms as mtrans
+    pols = list(styles)
+    caps = list(dict.fromkeys(r["cap_bytes"] for r in rows))
+    caps = [c for c in cap_text or {} if c in caps] or caps      # in the order the user gave them
+    width = 0.84 / max(1, len(pols))
+    base = mtrans.blended_transform_factory(ax.transData, ax.transAxes)
+    by = {(policy_of(r), r["cap_bytes"]): r for r in rows}
+    for pi, p in enumerate(pols):
+        xs = np.arange(len(caps)) - 0.42 + (pi + 0.5) * width
+        runs = [by.get((p, c)) for c in caps]
+        vals = [np.nan if r is None else value(r) for r in runs]
+        ax.bar(xs, [v if not (log and v <= 0) else np.nan for v in vals], width, color=styles[p]["color"], label=p)
+        for x, v, r in zip(xs, vals, runs):
+            zero = log and v <= 0                   # no bar on a log axis: write the 0 at its foot
+            if zero:
+                ax.annotate("0", (x, 0.01), xycoords=base, ha="center", va="bottom", fontsize=8)
+            if r is not None and r["ooms"]:
+                ax.bar([x], [np.nan if zero else v], width, fill=False, hatch=OOM_HATCH, edgecolor="k")
+                ax.annotate("OOM", (x, 0.01) if zero else (x, v), xycoords=base if zero else "data",
+                            xytext=(0, 12 if zero else 2), textcoords="offset points", rotation=90, ha="center",
+                            va="bottom", fontsize=8)
+    positive = [v for v in map(value, rows) if v > 0]
     if log:
-        ax.set_yscale("log")
-    ax.set_xticks(np.arange(len(pols)))
-    ax.set_xticklabels(pols, rotation=30, ha="right", fontsize=8)
+        _log_axis(ax, "y", min(positive, default=1), max(positive, default=1) * 4, bars=True)   # headroom for OOM labels
+    else:
+        ax.set_ylim(0, max(positive, default=1) * 1.2)
+    ax.set_xlim(-0.5, len(caps) - 0.5)              # every group shown, even one of zeros only
+    ax.set_xticks(np.arange(len(caps)), [cap_label(c, cap_text).replace(" (", "\n(") for c in caps])
     ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
+    ax.grid(axis="y", alpha=0.3, which="major")
 
 
-def comparison_bars(trace, rows: list[dict], path: str):
-    """Peak reserved, utilization, device mallocs and modeled allocation time per policy × cap."""
+def _oom_handles(rows):
+    from matplotlib.patches import Patch
+    if not any(r["ooms"] for r in rows):
+        return []
+    return [Patch(facecolor="white", edgecolor="k", hatch=OOM_HATCH, label="hatched, OOM: the run stopped at an OOM (figures up to it)")]
+
+
+def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
+    """Peak reserved, utilization, device mallocs and modeled allocation time per cap × policy."""
+    from matplotlib.lines import Line2D
     plt = _plt()
+    styles = styles or policy_styles(policy_of(r) for r in rows)
     peak = max([r["peak_reserved_bytes"] for r in rows] + [trace.load_bytes, 1])
     scale, unit = _unit(peak)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    _grouped(axes[0, 0], rows, lambda r: r["peak_reserved_bytes"] / scale, f"peak reserved ({unit})")
-    axes[0, 0].axhline(trace.load_bytes / scale, color="k", ls="--", lw=1, label="LOAD")
-    _grouped(axes[0, 1], rows, lambda r: 100 * r["utilization"], "utilization (%)")
-    _grouped(axes[1, 0], rows, lambda r: max(r["device_mallocs"], 1), "device mallocs (log)", log=True)
-    _grouped(axes[1, 1], rows, lambda r: max(1e3 * r["alloc_time_seconds"], 1e-3), "modeled allocation time (ms, log)",
-             log=True)
-    if any(r["ooms"] for r in rows):
-        from matplotlib.patches import Patch
-        axes[0, 0].legend(handles=axes[0, 0].get_legend_handles_labels()[0]
-                          + [Patch(facecolor="white", edgecolor="k", hatch="///", label="stopped at an OOM")],
-                          fontsize=7)
-    else:
-        axes[0, 0].legend(fontsize=7)
-    fig.suptitle(_title(trace, "Policies side by side"))
-    fig.tight_layout()
-    return _save(fig, path)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
+    kw = {"styles": styles, "cap_text": cap_text}
+    _grouped(axes[0, 0], rows, lambda r: r["peak_reserved_bytes"] / scale, f"peak reserved ({unit})", **kw)
+    axes[0, 0].axhline(trace.load_bytes / scale, color="k", ls="--", lw=1)
+    _grouped(axes[0, 1], rows, lambda r: 100 * r["utilization"], "utilization (%)", **kw)
+    axes[0, 1].set_ylim(0, 120)
+    axes[0, 1].set_yticks(range(0, 101, 20))
+    _grouped(axes[1, 0], rows, lambda r: r["device_mallocs"], "device mallocs (count, log)", log=True, **kw)
+    _grouped(axes[1, 1], rows, lambda r: 1e3 * r["alloc_time_seconds"], "allocation time, modeled (ms, log)",
+             log=True, **kw)
+    handles = [Line2D([], [], color=s["color"], lw=8, label=p) for p, s in styles.items()]
+    handles.append(Line2D([], [], color="k", ls="--", lw=1, label="LOAD (peak live bytes)"))
+    _outside_legend(fig, handles + _oom_handles(rows))
+    fig.suptitle(_title(trace, "Policies side by side", setting))
+    return fig
 
 
-def frontier_plot(trace, fit: dict, path: str):
-    """Smallest capacity each policy survives, against LOAD and the oracle's peak."""
+def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
+    """Smallest capacity each policy survives, as dots against LOAD and the oracle's peak.
+
+    Dots, not bars: the axis starts near LOAD, where the differences are, and a bar
+    cut off at a non-zero origin would exaggerate them.
+    """
+    from .units import fmt_bytes
     plt = _plt()
     fits = sorted(fit["fits"], key=lambda f: f["capacity_bytes"])
-    scale, unit = _unit(max([f["capacity_bytes"] for f in fits] + [fit["load_bytes"], 1]))
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(fits) + 2))
-    labels = [f["policy"] + (f"[{f['options']}]" if f["options"] else "") for f in fits]
-    ax.barh(labels, [f["capacity_bytes"] / scale for f in fits], color="tab:blue", label="smallest capacity")
-    ax.axvline(fit["load_bytes"] / scale, color="k", ls="--", label="LOAD")
+    styles = styles or policy_styles(policy_of(f) for f in fits)
+    load = fit["load_bytes"]
+    refs = [load] + ([fit["oracle_peak_bytes"]] if "oracle_peak_bytes" in fit else [])
+    scale, unit = _unit(max([f["capacity_bytes"] for f in fits] + refs + [1]))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(fits) + 2.6), layout="constrained")
+    ys = np.arange(len(fits))
+    for y, f in zip(ys, fits):
+        st = styles[policy_of(f)]
+        x = f["capacity_bytes"] / scale
+        ax.hlines(y, 0, x, color="0.85", lw=1)
+        ax.plot([x], [y], st["marker"], ms=10, color=st["color"], mec="k")
+        over = f" ({100 * (f['capacity_bytes'] / load - 1):+.1f}% vs LOAD)" if load else ""
+        ax.annotate(fmt_bytes(f["capacity_bytes"]) + over, (x, y), xytext=(9, 0), textcoords="offset points",
+                    va="center", fontsize=9)
+    ax.axvline(load / scale, color="k", ls="--", lw=1.2, label=f"LOAD (peak live bytes) {fmt_bytes(load)}")
     if "oracle_peak_bytes" in fit:
-        ax.axvline(fit["oracle_peak_bytes"] / scale, color="tab:green", ls=":", label="oracle peak")
-    ax.set_xlabel(f"device capacity ({unit})")
-    ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator fits on"))
-    ax.legend(fontsize=8, loc="lower right")
+        ax.axvline(fit["oracle_peak_bytes"] / scale, color="0.35", ls=":", lw=1.5,
+                   label=f"oracle peak {fmt_bytes(fit['oracle_peak_bytes'])}")
+    lo = min([f["capacity_bytes"] for f in fits] + refs) / scale
+    hi = max([f["capacity_bytes"] for f in fits] + refs) / scale
+    span = max(hi - lo, 0.02 * hi, 1e-9)
+    ax.set_xlim(lo - 0.08 * span, hi + 0.45 * span)        # room on the right for the value labels
+    ax.set_yticks(ys, [policy_of(f) for f in fits])
+    ax.set_ylim(len(fits) - 0.5, -0.5)                      # the best fit on top
+    ax.set_xlabel(f"smallest device capacity without an OOM ({unit}; the axis starts near LOAD, not at 0)")
+    ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator fits on", setting))
+    _outside_legend(fig, ax.get_legend_handles_labels()[0], ncol=2)
     ax.grid(axis="x", alpha=0.3)
-    return _save(fig, path)
+    return fig
 
 
-def latency_cdf(trace, results: dict, path: str, measured: bool = False):
-    """Cumulative distribution of per-malloc latency per policy (log scale)."""
+def latency_figure(trace, results: dict, *, styles=None, setting="", measured: bool = False):
+    """Per-malloc latency as the fraction of mallocs at least x slow, log-log: tails stay apart."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    styles = styles or policy_styles(results)
+    fig, ax = plt.subplots(figsize=(9, 5.2), layout="constrained")
+    lat_us, frac = [1.0], [1.0]                     # the axes' extent, seeded for a trace without mallocs
     for label, r in results.items():
-        q = np.asarray(r.timeline.get("latency_quantiles") or [], dtype=np.float64)
-        if len(q):
-            ax.step(np.maximum(q, 1e-9) * 1e6, np.linspace(0, 1, len(q)), where="post", label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel(f"malloc latency, {'measured' if measured else 'modeled'} (μs)")
-    ax.set_ylabel("fraction of mallocs")
-    ax.set_title(_title(trace, "Malloc latency CDF"))
-    ax.legend(fontsize=8)
+        q = np.sort(np.maximum(np.asarray(r.timeline.get("latency_quantiles") or [], dtype=np.float64), 1e-9))
+        if not len(q):
+            continue
+        x = np.unique(q)
+        at_least = 1 - np.searchsorted(q, x, side="left") / len(q)
+        st = styles[label]
+        ax.step(x * 1e6, at_least, where="pre", color=st["color"], ls=st["ls"], lw=1.4, marker=st["marker"],
+                mfc="none", mew=1.4, ms=8, markevery=slice(int(len(x) > 1), None, max(1, len(x) // 25)),
+                label=label + (" (stopped at an OOM: mallocs up to it)" if r.ooms else ""))
+        lat_us += [x[0] * 1e6, x[-1] * 1e6]
+        frac.append(at_least[-1])
+    _log_axis(ax, "x", min(lat_us), max(lat_us) * 2)
+    _log_axis(ax, "y", min(frac), 1.3)
+    ax.set_xlabel(f"malloc latency x, {'measured' if measured else 'modeled'} (μs, log)")
+    ax.set_ylabel("fraction of mallocs taking ≥ x (log)")
+    ax.set_title(_title(trace, "Malloc latency: how many mallocs are at least this slow", setting))
+    _outside_legend(fig, ax.get_legend_handles_labels()[0], ncol=3)
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return fig
 
 
-def gc_plot(trace, rows: list[dict], path: str):
-    """GC calls (incremental, full) and GC time per policy under each cap."""
+def gc_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="gc runtime"):
+    """GC calls (incremental + full) and modeled GC pause time per cap × policy, log scale."""
+    from matplotlib.lines import Line2D
     plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    _grouped(axes[0], rows, lambda r: r["gc_incremental"] + r["gc_full"], "GC calls (incremental + full)")
-    axes[0].set_title("hatched: stopped at an OOM", fontsize=8)
-    _grouped(axes[1], rows, lambda r: r["gc_time_seconds"], "GC pause time (s, modeled)")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(_title(trace, "Garbage collections per policy and cap"))
-    fig.tight_layout()
-    return _save(fig, path)
+    styles = styles or policy_styles(policy_of(r) for r in rows)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), layout="constrained")
+    kw = {"styles": styles, "cap_text": cap_text, "log": True}
+    _grouped(axes[0], rows, lambda r: r["gc_incremental"] + r["gc_full"], "GC calls, incremental + full (log)", **kw)
+    _grouped(axes[1], rows, lambda r: r["gc_time_seconds"], "GC pause time, modeled (s, log)", **kw)
+    handles = [Line2D([], [], color=s["color"], lw=8, label=p) for p, s in styles.items()]
+    _outside_legend(fig, handles + _oom_handles(rows))
+    fig.suptitle(_title(trace, "Garbage collections per policy and cap", setting))
+    return fig
+
+
+def memory_timeline(trace, results: dict, path: str, **kw):
+    return save(memory_figure(trace, results, **kw), path)
+
+
+def comparison_bars(trace, rows: list[dict], path: str, **kw):
+    return save(bars_figure(trace, rows, **kw), path)
+
+
+def frontier_plot(trace, fit: dict, path: str, **kw):
+    return save(frontier_figure(trace, fit, **kw), path)
+
+
+def latency_plot(trace, results: dict, path: str, **kw):
+    return save(latency_figure(trace, results, **kw), path)
+
+
+def gc_plot(trace, rows: list[dict], path: str, **kw):
+    return save(gc_figure(trace, rows, **kw), path)
 
 
 def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: list[dict], fit: dict | None) -> str:
@@ -206,7 +363,7 @@ def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: li
              "<h2>Comparison</h2><pre>" + html.escape(format_table(table_rows)) + "</pre>"]
     if fit:
         parts.append("<h2>Capacity frontier</h2><pre>" + "\n".join(
-            f"{f['policy'] + (f'[{o}]' if (o := f['options']) else ''):<28} {fmt_bytes(f['capacity_bytes'])}"
+            f"{policy_of(f):<28} {fmt_bytes(f['capacity_bytes'])}"
             for f in sorted(fit["fits"], key=lambda f: f["capacity_bytes"])) + "</pre>")
     for title, img in images:
         parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(img)}' alt='{html.escape(title)}'>")

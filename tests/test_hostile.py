@@ -94,6 +94,30 @@ NONSENSE: list[Case] = [
 # ---------------------------------------------------------------------------------------------
 # plots and reports
 REPORTS: list[Case] = [
+    Case("plot-output-not-a-picture", ["plot", "{trace}", "-o", "{d}/k.txt"], expect="k.txt", outputs=["k.txt"],
+         stdout_empty=True),
+    Case("plot-output-no-extension", ["plot", "{trace}", "-o", "{d}/k"], expect=".png", outputs=["k"]),
+    Case("plot-output-checked-before-the-trace", ["plot", "{d}/nosuch.bin", "-o", "{d}/k.txt"], expect="k.txt"),
+    Case("plot-output-dir-missing", ["plot", "{trace}", "-o", "{d}/no/k.png"], expect="does not exist"),
+    Case("plot-output-and-report", ["plot", "{trace}", "-o", "{d}/k.png", "--report", "{d}/rep"], expect="not both",
+         outputs=["k.png", "rep/index.html"]),
+    Case("plot-no-output", ["plot", "{trace}"], expect="--report"),
+    Case("plot-svg-with-output", ["plot", "{trace}", "-o", "{d}/k.png", "--svg"], expect="--svg",
+         outputs=["k.png"]),
+    Case("plot-kind-with-report", ["plot", "{trace}", "--kind", "gc", "--report", "{d}/rep"], expect="--kind",
+         outputs=["rep/index.html"]),
+    Case("plot-unknown-kind", ["plot", "{trace}", "--kind", "pie", "-o", "{d}/k.png"], expect="pie",
+         outputs=["k.png"]),
+    Case("plot-report-is-a-file", ["plot", "{trace}", "--report", "{d}/rep"],
+         setup=lambda d: open(os.path.join(d, "rep"), "w").close(), expect="not a directory"),
+    Case("plot-zero-jobs", ["plot", "{trace}", "-o", "{d}/k.png", "-j", "0"], expect="-j 0", outputs=["k.png"]),
+    Case("plot-cap-twice", ["plot", "{trace}", "-o", "{d}/k.png", "--caps", "none,4GB,4000000000"],
+         expect="same cap", outputs=["k.png"]),
+    Case("plot-bad-cap", ["plot", "{trace}", "-o", "{d}/k.png", "--caps", "4XB"], expect="4XB", outputs=["k.png"]),
+    Case("plot-empty-policies", ["plot", "{trace}", "-o", "{d}/k.png", "--policies", ","], expect="--policies",
+         outputs=["k.png"]),
+    Case("plot-policy-twice", ["plot", "{trace}", "-o", "{d}/k.png", "--policies", "split,torch,split"],
+         expect="split given twice", outputs=["k.png"]),
 ]
 
 

@@ -9,7 +9,7 @@ from conftest import ROOT, run_cli
 
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")), key=os.path.getsize)
 TITLES = {"memory": "Memory over time", "bars": "Policies side by side", "frontier": "Capacity frontier",
-          "latency": "Malloc latency CDF", "gc": "Garbage collections"}
+          "latency": "Malloc latency", "gc": "Garbage collections"}
 
 
 def png_size(path):
@@ -53,3 +53,162 @@ def test_report_writes_index(tmp_path, shipped):
 def test_plot_needs_an_output(shipped):
     out = run_cli("plot", shipped)
     assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# what a reader sees: labels, scales, legends, colours (figures inspected, not just files)
+
+import numpy as np  # noqa: E402
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from allocsim import plots  # noqa: E402
+from allocsim.commands.plot import parse_caps  # noqa: E402
+from allocsim.sweep import Cell, Settings, run_cell, run_cells  # noqa: E402
+from allocsim.units import parse_size  # noqa: E402
+
+POLICIES = ["split", "bestfit"]
+CAPS = "none,100MB,3MB"          # 3MB stops both at an OOM; given out of order on purpose
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    from conftest import random_trace
+    from allocsim.trace import Trace
+    p = str(tmp_path_factory.mktemp("plots") / "small.bin")
+    random_trace(1500, seed=3, marks_every=300).save(p)
+    return Trace.load(p)
+
+
+@pytest.fixture(scope="module")
+def figures(small):
+    """Every figure of one small report, drawn the way the command draws them."""
+    import matplotlib.pyplot as plt
+    cap_text = parse_caps(CAPS)
+    styles = plots.policy_styles(POLICIES)
+    rows = run_cells([Cell(small.path, p, c, rt, ()) for p in POLICIES for c in cap_text for rt in ("eager",)])
+    gc_rows = run_cells([Cell(small.path, p, c, "gc", ()) for p in POLICIES for c in cap_text])
+    timeline = {p: run_cell(Cell(small.path, p, None), Settings(timeline=True), full=True)[1] for p in POLICIES}
+    fit = {"load_bytes": small.load_bytes, "oracle_peak_bytes": small.load_bytes + 1000,
+           "fits": [{"policy": p, "options": "", "capacity_bytes": small.load_bytes * (1.1 + i / 10)}
+                    for i, p in enumerate(POLICIES)]}
+    figs = {"bars": plots.bars_figure(small, rows, styles=styles, cap_text=cap_text),
+            "gc": plots.gc_figure(small, gc_rows, styles=styles, cap_text=cap_text),
+            "memory": plots.memory_figure(small, timeline, styles=styles),
+            "latency": plots.latency_figure(small, timeline, styles=styles),
+            "frontier": plots.frontier_figure(small, fit, styles=styles)}
+    for f in figs.values():
+        f.canvas.draw()
+    yield figs, styles, rows
+    for f in figs.values():
+        plt.close(f)
+
+
+def _texts(ax):
+    return [t.get_text() for t in ax.texts]
+
+
+@pytest.mark.parametrize("kind", ["bars", "gc"])
+def test_cap_labels_follow_the_users_text(figures, kind):
+    figs, *_ = figures
+    ticks = [t.get_text() for t in figs[kind].axes[0].get_xticklabels()]
+    assert ticks == ["no cap", "cap 100MB\n(95.37 MiB)", "cap 3MB\n(2.86 MiB)"]
+
+
+@given(st.sampled_from(["GB", "GiB", "MB", "MiB", "gb", "gib"]), st.integers(1, 999))
+@settings(max_examples=40, deadline=None)
+def test_cap_label_keeps_the_spelling_and_adds_binary_only_when_decimal(unit, n):
+    text = f"{n}{unit}"
+    b = parse_size(text)
+    label = plots.cap_label(b, {b: text})
+    assert label.startswith(f"cap {text}")
+    assert ("(" in label) == (not unit.lower().endswith("ib"))
+
+
+def test_caps_given_twice_are_refused():
+    from allocsim.errors import UsageError
+    with pytest.raises(UsageError, match="same cap"):
+        parse_caps("4GB,4000000000")
+
+
+def test_log_scales_where_counts_span_decades(figures):
+    figs, *_ = figures
+    bars = figs["bars"].axes
+    assert [a.get_yscale() for a in bars] == ["linear", "linear", "log", "log"]
+    assert [a.get_yscale() for a in figs["gc"].axes] == ["log", "log"]
+    lat = figs["latency"].axes[0]
+    assert (lat.get_xscale(), lat.get_yscale()) == ("log", "log")
+    for ax in bars[2:] + list(figs["gc"].axes) + [lat]:          # plain numbers, at least two of them
+        for axis in ([ax.yaxis] if ax is not lat else [ax.xaxis, ax.yaxis]):
+            lo, hi = sorted(axis.get_view_interval())
+            shown = [t.get_text() for t in axis.get_ticklabels() if lo <= t.get_position()[axis is ax.yaxis] <= hi]
+            assert len([t for t in shown if t]) >= 2 and not any("$" in t for t in shown), shown
+
+
+@pytest.mark.parametrize("kind", ["bars", "gc", "memory", "latency", "frontier"])
+def test_legend_stays_off_the_data_area(figures, kind):
+    fig = figures[0][kind]
+    r = fig.canvas.get_renderer()
+    legends = fig.legends + [a.get_legend() for a in fig.axes if a.get_legend()]
+    assert legends, "no legend"
+    for leg in legends:
+        box = leg.get_window_extent(r)
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent(r)), (kind, box, ax.get_window_extent(r))
+
+
+def test_one_colour_per_policy_in_every_picture(figures):
+    figs, styles, _ = figures
+    from matplotlib.colors import to_rgba
+    for p in POLICIES:
+        want = to_rgba(styles[p]["color"])
+        for kind in ("bars", "gc"):
+            bars = [c.patches[0] for c in figs[kind].axes[0].containers if c.get_label() == p]
+            assert bars and to_rgba(bars[0].get_facecolor()) == want, kind
+        for kind, suffix in (("memory", " reserved"), ("latency", "")):
+            lines = [ln for ln in figs[kind].axes[0].get_lines() if ln.get_label() == p + suffix]
+            assert lines and to_rgba(lines[0].get_color()) == want, kind
+    assert len({str(s["color"]) for s in styles.values()}) == len(styles)
+    assert len({s["marker"] for s in styles.values()}) == len(styles)
+
+
+def test_oom_runs_are_labelled(figures):
+    figs, _, rows = figures
+    stopped = sum(1 for r in rows if r["ooms"])
+    assert stopped >= len(POLICIES)                # each policy stops at the 3MB cap at least
+    assert sum(_texts(a).count("OOM") for a in figs["bars"].axes) == 4 * stopped       # in each of 4 panels
+    assert any(b.get_hatch() == plots.OOM_HATCH for b in figs["bars"].axes[0].patches)
+
+
+def test_frontier_axis_starts_near_load_not_zero(figures, small):
+    ax = figures[0]["frontier"].axes[0]
+    lo, hi = ax.get_xlim()
+    load = small.load_bytes / plots._unit(small.load_bytes)[0]
+    assert 0.8 * load < lo < load < hi
+
+
+def test_memory_timeline_starts_at_the_first_event(figures):
+    ax = figures[0]["memory"].axes[0]
+    assert ax.get_xlim()[0] == 0 and "first event" in ax.get_xlabel()
+    live = [ln for ln in ax.get_lines() if ln.get_label().startswith("live")][0]
+    assert np.min(live.get_xdata()) == 0
+
+
+def test_pdf_picture(tmp_path, shipped):
+    pdf = str(tmp_path / "m.pdf")
+    out = run_cli("plot", shipped, "--policies", "none", "-o", pdf, "-j", "1")
+    assert out.returncode == 0, out.stderr
+    assert open(pdf, "rb").read(5) == b"%PDF-"
+
+
+def test_capped_timeline_marks_the_cap_and_the_ooms(small):
+    import matplotlib.pyplot as plt
+    cap_text = parse_caps("3MB")
+    res = {p: run_cell(Cell(small.path, p, 3_000_000), Settings(timeline=True), full=True)[1] for p in POLICIES}
+    assert all(r.ooms for r in res.values())
+    mem = plots.memory_figure(small, res, cap_text=cap_text)
+    labels = [ln.get_label() for ln in mem.axes[0].get_lines()]
+    assert "cap 3MB (2.86 MiB)" in labels and any(lab.startswith("OOM") for lab in labels)
+    lat = plots.latency_figure(small, res)
+    assert all("OOM" in ln.get_label() for ln in lat.axes[0].get_lines())
+    plt.close(mem)
+    plt.close(lat)

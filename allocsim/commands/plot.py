@@ -1,4 +1,4 @@
-"""`allocsim plot`: memory over time, comparison bars, capacity frontier, latency CDF, GC calls."""
+"""`allocsim plot`: memory over time, comparison bars, capacity frontier, malloc latency, GC calls."""
 from __future__ import annotations
 
 import os
@@ -9,22 +9,56 @@ from ..units import parse_size
 from ._common import cost_model_arg, load_trace, split_list
 
 NAME = "plot"
-HELP = "draw pictures of replays (PNG, or SVG); --report writes them all plus index.html"
+HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
 EXAMPLE = ("allocsim plot traces/resnet50.bin --policies split,binned,torch --caps none,4GB --report plots/")
 
 KINDS = ["memory", "bars", "frontier", "latency", "gc"]
+TITLES = {"memory": "Memory over time", "bars": "Policies side by side", "frontier": "Capacity frontier",
+          "latency": "Malloc latency: how many mallocs are at least this slow",
+          "gc": "GC calls and pause time (gc runtime)"}
 
 
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--policies", "-p", default="split,binned,torch,cupy,bestfit")
-    p.add_argument("--caps", default="none", help="caps for the bars and GC pictures, e.g. none,4GB")
-    p.add_argument("--kind", choices=KINDS, default="memory", help="which picture (default memory)")
-    p.add_argument("-o", "--output", help="output file (.png or .svg) for one picture")
+    p.add_argument("--caps", default="none",
+                   help="caps for the bars and GC pictures, e.g. none,4GB; the first also for memory and latency")
+    p.add_argument("--kind", choices=KINDS, help="which picture with -o (default memory)")
+    p.add_argument("-o", "--output", help="output file (.png, .svg or .pdf) for one picture")
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
     p.add_argument("--cost-model", metavar="FILE")
     p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
+
+
+def check_arguments(args) -> None:
+    """Refuse contradictory or unusable plotting options at once, before any replay."""
+    from ..plots import FORMATS, picture_format
+    if args.output and args.report:
+        raise UsageError("give -o FILE for one picture or --report DIR for all, not both")
+    if not args.report and not args.output:
+        raise UsageError("say -o FILE.png for one picture or --report DIR for all")
+    if args.output and not picture_format(args.output):
+        raise UsageError(f"-o {args.output}: not a picture name; end it in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
+    if args.output and args.svg:
+        raise UsageError("--svg is for --report; for one SVG picture name it -o FILE.svg")
+    if args.report and args.kind:
+        raise UsageError("--kind is for -o; --report draws every kind")
+    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
+        raise UsageError(f"--report {args.report}: exists and is not a directory")
+    if args.jobs < 1:
+        raise UsageError(f"-j {args.jobs}: needs at least 1 job")
+
+
+def parse_caps(text: str) -> dict:
+    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order."""
+    caps = {}
+    for c in split_list(text, "--caps"):
+        b = parse_size(c, what="--caps", allow_none=True)
+        if b in caps:
+            raise UsageError(f"--caps: {c!r} is the same cap as {caps[b]!r}")
+        caps[b] = c
+    return caps
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
@@ -44,51 +78,58 @@ def _rows(trace_path, specs, caps, runtime, settings, jobs):
 def run(args) -> int:
     from .. import plots, policies
     from .fit import frontier
+    check_arguments(args)
+    if args.output:
+        from ..outputs import check_writable
+        check_writable(args.output)             # before the replays, not after
     trace = load_trace(args.trace)
     specs = [parse_policy_spec(s) for s in split_top(args.policies)]
+    if not specs:
+        raise UsageError("--policies: empty list")
     for name, opts in specs:
         policies.get(name).parse_options(list(opts))
-    caps = [parse_size(c, what="--caps", allow_none=True) for c in split_list(args.caps, "--caps")]
+    labels = [policy_label(n, o) for n, o in specs]
+    if len(set(labels)) < len(labels):
+        raise UsageError(f"--policies: {next(lab for lab in labels if labels.count(lab) > 1)} given twice")
+    cap_text = parse_caps(args.caps)
+    caps = list(cap_text)
     costs = cost_model_arg(args.cost_model)
     settings = Settings(costs=costs.to_dict() if costs else None)
-    if not args.report and not args.output:
-        raise UsageError("say -o FILE.png for one picture or --report DIR for all")
-    ext = ".svg" if args.svg else ".png"
+    style = {"styles": plots.policy_styles(labels)}
+    first = f"eager runtime, {plots.cap_label(caps[0], cap_text)}"
+    compute = {"timeline": lambda: _timeline_results(args.trace, specs, settings, caps[0]),
+               "rows": lambda: _rows(args.trace, specs, caps, "eager", settings, args.jobs),
+               "gc_rows": lambda: _rows(args.trace, specs, caps, "gc", settings, args.jobs),
+               "fit": lambda: frontier(args.trace, specs, jobs=args.jobs, settings=settings)}
+    data = {}
+
+    def need(what):
+        if what not in data:
+            data[what] = compute[what]()
+        return data[what]
 
     def draw(kind, path):
         if kind == "memory":
-            return plots.memory_timeline(trace, _timeline_results(args.trace, specs, settings, caps[0]), path)
+            return plots.memory_timeline(trace, need("timeline"), path, setting=first, cap_text=cap_text, **style)
         if kind == "latency":
-            return plots.latency_cdf(trace, _timeline_results(args.trace, specs, settings, caps[0]), path)
+            return plots.latency_plot(trace, need("timeline"), path, setting=first, **style)
         if kind == "bars":
-            return plots.comparison_bars(trace, _rows(args.trace, specs, caps, "eager", settings, args.jobs), path)
+            return plots.comparison_bars(trace, need("rows"), path, cap_text=cap_text, **style)
         if kind == "gc":
-            return plots.gc_plot(trace, _rows(args.trace, specs, caps, "gc", settings, args.jobs), path)
-        if kind == "frontier":
-            return plots.frontier_plot(trace, frontier(args.trace, specs, jobs=args.jobs, settings=settings), path)
-        raise AssertionError(kind)
+            return plots.gc_plot(trace, need("gc_rows"), path, cap_text=cap_text, **style)
+        return plots.frontier_plot(trace, need("fit"), path, **style)
 
     if not args.report:
-        from ..outputs import check_writable
-        check_writable(args.output)             # before the replays, not after
-        print(draw(args.kind, args.output))
+        print(draw(args.kind or "memory", args.output))
         return 0
+    for what in compute:                        # every replay before the first picture is written
+        need(what)
     os.makedirs(args.report, exist_ok=True)
-    timeline = _timeline_results(args.trace, specs, settings, caps[0])
-    rows = _rows(args.trace, specs, caps, "eager", settings, args.jobs)
-    gc_rows = _rows(args.trace, specs, caps, "gc", settings, args.jobs)
-    fit = frontier(args.trace, specs, jobs=args.jobs, settings=settings)
-    J = lambda n: os.path.join(args.report, n + ext)
-    images = [
-        ("Memory over time", plots.memory_timeline(trace, timeline, J("memory"))),
-        ("Policies side by side", plots.comparison_bars(trace, rows, J("bars"))),
-        ("Capacity frontier", plots.frontier_plot(trace, fit, J("frontier"))),
-        ("Malloc latency CDF", plots.latency_cdf(trace, timeline, J("latency"))),
-        ("GC calls and time (gc runtime)", plots.gc_plot(trace, gc_rows, J("gc"))),
-    ]
-    images = [(t, os.path.basename(p)) for t, p in images]
-    idx = plots.index_html(args.report, trace, images, rows + gc_rows, fit)
-    for _, p in images:
-        print(os.path.join(args.report, p))
+    ext = ".svg" if args.svg else ".png"
+    written = {kind: draw(kind, os.path.join(args.report, kind + ext)) for kind in KINDS}
+    images = [(TITLES[k], os.path.basename(p)) for k, p in written.items()]
+    idx = plots.index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"))
+    for p in written.values():
+        print(p)
     print(idx)
     return 0
