@@ -11,7 +11,7 @@ import os
 import sys
 
 from ..errors import InputError, UsageError
-from ..sweep import Cell, dask_executor, run_cells, write_rows
+from ..sweep import COLUMNS, Cell, dask_executor, run_cells, write_rows
 from ._common import dump_json
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
@@ -41,18 +41,24 @@ def _done_rows(partial: str) -> dict[str, dict]:
     done = {}
     if not os.path.exists(partial):
         return done
-    with open(partial) as f:
-        lines = f.read().split("\n")
+    try:
+        with open(partial, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason})", path=partial, position=f"byte {e.start}") from None
     good = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
                 break
             raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
+        if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and set(COLUMNS) - {"replay_seconds"} <= set(row)):
+            raise InputError("not a row of this sweep (a JSON object with every column and the cell)", path=partial,
+                             position=f"line {n}")
         done[row["cell"]] = row
         good.append(line)
     with open(partial, "w") as f:        # drop a torn tail before appending again

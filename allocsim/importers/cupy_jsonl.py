@@ -52,10 +52,12 @@ class HookLog:
                 h = json.loads(text)
             except ValueError as e:
                 return log.bad(f"bad JSON ({e})")
+            except RecursionError:
+                return log.bad("bad JSON (nested too deeply)")
             if not isinstance(h, dict):
                 return log.bad("not a JSON object")
             hook = h.get("hook")
-            keys = REQUIRED.get(hook)
+            keys = REQUIRED.get(hook) if isinstance(hook, str) else None
             if keys is None:
                 return log.bad(f"unknown hook {hook!r} (expected malloc, free or alloc)")
             missing = [k for k in keys if k not in h]
