@@ -7,8 +7,8 @@ seed the torch policy, the starting segments seed `validate`. Each of those, whe
 present, must have the type and range checked here, so no consumer meets a
 string where it expects bytes. Unknown fields are kept and never read.
 
-Each check raises `InputError` naming the file, ``metadata: FIELD`` or
-``footer: FIELD``, and what is wrong.
+Each check raises `InputError` naming the file, the field (``metadata: device.total_memory``,
+``footer: streams``) and what is wrong.
 """
 from __future__ import annotations
 
@@ -21,14 +21,13 @@ def _is_int(v) -> bool:
 
 
 class _Fields:
-    """Reads fields of one JSON object, raising `InputError` at ``section: name`` when one is wrong."""
+    """Reads fields of one JSON object, raising `InputError` at ``metadata: device.total_memory`` when one is wrong."""
 
-    def __init__(self, obj: dict, path: str, section: str):
-        self.obj, self.path, self.section = obj, path, section
+    def __init__(self, obj: dict, path: str, where: str):
+        self.obj, self.path, self.where = obj, path, where
 
     def bad(self, name: str, what: str):
-        raise InputError(f"{what}, got {_show(self.obj.get(name) if name in self.obj else None)}",
-                         path=self.path, position=f"{self.section}: {name}")
+        raise InputError(f"{what}, got {_show(self.obj.get(name))}", path=self.path, position=self.where + name)
 
     def get(self, name: str, ok, what: str):
         """The field's value (None when absent or null), refused unless ``ok(value)``."""
@@ -40,7 +39,7 @@ class _Fields:
     def sub(self, name: str) -> "_Fields | None":
         """The nested object ``name`` as `_Fields`, or None when absent."""
         v = self.get(name, lambda x: isinstance(x, dict), "expected a JSON object")
-        return None if v is None else _Fields(v, self.path, f"{self.section}: {name}")
+        return None if v is None else _Fields(v, self.path, f"{self.where}{name}.")
 
 
 def _show(v) -> str:
@@ -50,7 +49,7 @@ def _show(v) -> str:
 
 def check_meta(meta: dict, path: str) -> None:
     """Refuse metadata whose read fields have the wrong type or range."""
-    m = _Fields(meta, path, "metadata")
+    m = _Fields(meta, path, "metadata: ")
     for name in ("producer", "framework"):
         m.get(name, lambda v: isinstance(v, str), "expected a string")
     m.get("framework_version", lambda v: isinstance(v, (str, int, float)) and not isinstance(v, bool),
@@ -60,7 +59,7 @@ def check_meta(meta: dict, path: str) -> None:
     dev = m.sub("device")
     if dev is not None:
         dev.get("total_memory", lambda v: _is_int(v) and 0 < v <= MAX_SIZE,
-                f"expected a size in bytes (an integer, 1 to {MAX_SIZE})")
+                "expected a size in bytes (a positive integer up to 1 PiB)")
         dev.get("name", lambda v: isinstance(v, str), "expected a string")
         dev.get("index", lambda v: _is_int(v) and v >= 0, "expected a device index (an integer >= 0)")
     m.sub("allocator_settings")          # its fields are checked by the torch policy that reads them
@@ -68,13 +67,13 @@ def check_meta(meta: dict, path: str) -> None:
     for k, s in enumerate(segs or []):
         if not isinstance(s, dict):
             m.bad("initial_segments", f"segment {k}: expected a JSON object")
-        _Fields(s, path, f"metadata: initial_segments[{k}]").get(
-            "total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE, "expected a size in bytes")
+        _Fields(s, path, f"metadata: initial_segments[{k}].").get(
+            "total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE, "expected a size in bytes (an integer, 0 to 1 PiB)")
 
 
 def check_footer(footer: dict, path: str) -> None:
     """Refuse footer tables of the wrong shape: streams are integers, sites and labels strings."""
-    f = _Fields(footer, path, "footer")
+    f = _Fields(footer, path, "footer: ")
     streams = f.get("streams", lambda v: isinstance(v, list) and v and all(_is_int(x) for x in v),
                     "expected a non-empty list of integer stream handles")
     if streams is not None and len(set(streams)) != len(streams):
