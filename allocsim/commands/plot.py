@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
-from ..sweep import Cell, Settings, parse_policy_spec, policy_label, run_cell, run_cells, split_top
-from ..units import parse_size
-from ._common import cost_model_arg, load_trace, split_list
+from ..sweep import Cell, Settings, policy_label, run_cell, run_cells
+from ._common import add_jobs_argument, caps_arg, cost_model_arg, load_trace, policy_specs
 
 NAME = "plot"
 HELP = "draw pictures of replays (PNG, or SVG); --report writes them all plus index.html"
@@ -24,7 +23,7 @@ def add_arguments(p):
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
     p.add_argument("--cost-model", metavar="FILE")
-    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    add_jobs_argument(p)
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
@@ -45,10 +44,10 @@ def run(args) -> int:
     from .. import plots, policies
     from .fit import frontier
     trace = load_trace(args.trace)
-    specs = [parse_policy_spec(s) for s in split_top(args.policies)]
+    specs = policy_specs(args.policies)
     for name, opts in specs:
         policies.get(name).parse_options(list(opts))
-    caps = [parse_size(c, what="--caps", allow_none=True) for c in split_list(args.caps, "--caps")]
+    caps = caps_arg(args.caps)
     costs = cost_model_arg(args.cost_model)
     settings = Settings(costs=costs.to_dict() if costs else None)
     if not args.report and not args.output:

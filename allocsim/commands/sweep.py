@@ -12,7 +12,7 @@ import sys
 
 from ..errors import InputError, UsageError
 from ..sweep import COLUMNS, Cell, dask_executor, run_cells, write_rows
-from ._common import dump_json
+from ._common import distinct, dump_json, positive_int
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 
@@ -28,7 +28,7 @@ def add_arguments(p):
     p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the output's extension")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
-    g.add_argument("--dask-local", type=int, metavar="N", help="run on a local Dask cluster of N workers")
+    g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
     # `trace` from compare's arguments becomes a list here
     for a in p._actions:
         if a.dest == "trace":
@@ -70,7 +70,7 @@ def run(args) -> int:
     fmt = args.format or ("csv" if args.output.endswith(".csv") else "jsonl" if args.output.endswith((".jsonl", ".json")) else None)
     if fmt is None:
         raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
-    traces = args.trace
+    traces = distinct(args.trace, "traces", key=os.path.realpath)
     cells: list[Cell] = []
     settings = None
     for t in traces:
