@@ -252,6 +252,8 @@ class SnapshotConversion:
             "wrapped": self.start.wrapped, "pre_existing": len(self.start.blocks),
             "initial_segments": self.start.initial_segments(),
         }
+        from ..policies.torch import settings_from_trace
+        settings_from_trace(self.meta, source)     # the torch policy reads them at replay: refuse bad ones now
 
     def emit(self, writer) -> dict:
         """Write the seeded live blocks, then every entry; return counts."""
