@@ -67,6 +67,8 @@ def _done_rows(partial: str) -> dict[str, dict]:
 
 
 def run(args) -> int:
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
     fmt = args.format or ("csv" if args.output.endswith(".csv") else "jsonl" if args.output.endswith((".jsonl", ".json")) else None)
     if fmt is None:
         raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")

@@ -23,6 +23,7 @@ import json
 
 from ..trace import SEGMENT_ALLOC, TraceWriter
 from ..trace.events import MAX_SIZE
+from ..errors import InputError
 from .common import LineLog, base_meta
 
 #: Keys each hook must carry (``device_id`` defaults to the device being imported).
@@ -93,6 +94,9 @@ class HookLog:
                 counts["failed_upstream"] += 1
 
         log.each(line)
+        if counts["other_devices"] and not sum(v for k, v in counts.items() if k != "other_devices"):
+            raise InputError(f"none of its {counts['other_devices']} hook lines is for device {device} "
+                             "(pass --device N)", path=self.path)
         return {"format": "cupy", "lines": log.line, "allocs": counts["malloc"], "frees": counts["free"],
                 "segment_allocs": counts["alloc"], "ooms": counts["oom"],
                 "failed_upstream": counts["failed_upstream"], "other_devices": counts["other_devices"],

@@ -347,7 +347,7 @@ class TorchCachingAllocator(Policy):
         out = {}
         for text in texts or ():
             for key, value in split_conf(text):
-                out.update(cls._parse_one(known, key, value))
+                cls._merge(out, cls._parse_one(known, key, value))
         return out
 
     @classmethod
