@@ -24,7 +24,8 @@ from conftest import ROOT, random_trace
 from test_hostile import _run
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
-FUZZ = settings(max_examples=int(os.environ.get("ALLOCSIM_FUZZ_EXAMPLES", 40)), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("ALLOCSIM_FUZZ_EXAMPLES", 40)), deadline=None,
+               suppress_health_check=[HealthCheck.too_slow])
 
 #: Values a careless or hostile writer puts where a field belongs.
 HOSTILE = st.one_of(
@@ -112,8 +113,8 @@ _META = {"producer": "test", "framework": "torch", "device": {"name": "test", "t
          "initial_segments": [{"total_size": 1 << 21, "address": 1 << 28, "stream": 0}]}
 _FOOTER = _TRACE._footer()
 TRACE_COMMANDS = [["info"], ["info", "--json"], ["replay", "--policy", "torch", "--no-sections"],
-                  ["replay", "--policy", "split", "--no-sections"], ["validate"], ["fit", "-j", "1",
-                                                                                     "--policies", "torch"]]
+                  ["replay", "--policy", "split", "--no-sections"], ["validate"],
+                  ["fit", "-j", "1", "--policies", "torch"], ["compare", "-j", "1", "--policies", "torch,cupy"]]
 
 
 def _write_trace(path, meta, footer):
@@ -152,6 +153,23 @@ def _valid_trace_bytes():
 @FUZZ
 @given(data=corrupted_bytes(_valid_trace_bytes()), command=st.sampled_from(TRACE_COMMANDS))
 def test_trace_bytes(data, command):
+    with _workdir() as d:
+        p = os.path.join(d, "t.bin")
+        with open(p, "wb") as f:
+            f.write(data)
+        _cli([command[0], p, *command[1:]], d)
+
+
+_HEADER_FIELDS = [(8, 2), (10, 2), (12, 4), (16, 8), (24, 8), (32, 8)]     # version .. records offset
+
+
+@FUZZ
+@given(field=st.sampled_from(_HEADER_FIELDS), command=st.sampled_from(TRACE_COMMANDS),
+       value=st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 63, 64])))
+def test_trace_header_fields(field, value, command):
+    offset, width = field
+    data = bytearray(_valid_trace_bytes())
+    data[offset:offset + width] = (value % 2**(8 * width)).to_bytes(width, "little")
     with _workdir() as d:
         p = os.path.join(d, "t.bin")
         with open(p, "wb") as f:

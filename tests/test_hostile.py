@@ -108,6 +108,8 @@ MALFORMED: list[Case] = [
     Case("meta-initial-segment-size", ["validate", "{d}/bad.bin"],
          trace_with({"framework": "torch", "initial_segments": [{"total_size": "big"}]}),
          expect="metadata: initial_segments[0].total_size"),
+    Case("meta-initial-segment-not-object", ["info", "{d}/bad.bin"], trace_with({"initial_segments": [{}, 3]}),
+         expect="metadata: initial_segments[1]: expected a JSON object, got 3"),
     Case("meta-nested-too-deeply", ["info", "{d}/bad.bin"], trace_with(nested="metadata"),
          expect="metadata is not valid JSON (nested too deeply)"),
     Case("footer-nested-too-deeply", ["replay", "{d}/bad.bin"], trace_with(nested="footer"),

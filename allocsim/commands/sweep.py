@@ -36,6 +36,9 @@ def add_arguments(p):
             a.help = "trace files (.bin)"
 
 
+_ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
+
+
 def _done_rows(partial: str) -> dict[str, dict]:
     """Rows already finished, keyed by cell; a torn last line (a crash mid-write) is dropped."""
     done = {}
@@ -56,7 +59,7 @@ def _done_rows(partial: str) -> dict[str, dict]:
             if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
                 break
             raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
-        if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and set(COLUMNS) - {"replay_seconds"} <= set(row)):
+        if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
             raise InputError("not a row of this sweep (a JSON object with every column and the cell)", path=partial,
                              position=f"line {n}")
         done[row["cell"]] = row

@@ -65,10 +65,11 @@ def check_meta(meta: dict, path: str) -> None:
     m.sub("allocator_settings")          # its fields are checked by the torch policy that reads them
     segs = m.get("initial_segments", lambda v: isinstance(v, list), "expected a list of segments")
     for k, s in enumerate(segs or []):
+        where = f"metadata: initial_segments[{k}]"
         if not isinstance(s, dict):
-            m.bad("initial_segments", f"segment {k}: expected a JSON object")
-        _Fields(s, path, f"metadata: initial_segments[{k}].").get(
-            "total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE, "expected a size in bytes (an integer, 0 to 1 PiB)")
+            raise InputError(f"expected a JSON object, got {_show(s)}", path=path, position=where)
+        _Fields(s, path, where + ".").get("total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE,
+                                          "expected a size in bytes (an integer, 0 to 1 PiB)")
 
 
 def check_footer(footer: dict, path: str) -> None:
