@@ -238,6 +238,8 @@ NONSENSE: list[Case] = [
     Case("synth-param-infinite", _SYNTH + ["mlp", "-P", "iter_ms=inf"], expect="parameter iter_ms", outputs=["s.bin"]),
     Case("synth-min-above-max", _SYNTH + ["alloc-heavy", "-P", "min_size=10MB"],
          expect="min_size 10000000 is larger than max_size", outputs=["s.bin"]),
+    Case("synth-param-twice", _SYNTH + ["mlp", "-P", "batch=8", "-P", "batch=16"], expect="--param batch is given twice",
+         outputs=["s.bin"]),
     Case("synth-sizes-past-1-pib", _SYNTH + ["mlp", "-P", "hidden=100000000000"], expect="out of range",
          outputs=["s.bin"]),
     Case("synth-times-past-64-bits", _SYNTH + ["alloc-heavy", "-P", "event_ns=100000000000000000", "-P",
