@@ -141,6 +141,10 @@ MALFORMED: list[Case] = [
     Case("rmm-csv-negative-stream", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
          fixture_line("log.csv", 2, "1,23:59:59.100000,allocate,0x10,256,-1"), expect="line 2: negative stream",
          outputs=["o.bin"]),
+    Case("rmm-csv-too-many-streams", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         text_file("log.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
+             f"1,10:00:00.{i:06d},allocate,{16 * (i + 1):#x},16,{i:#x}\n" for i in range(66_000))),
+         expect="log.csv: cannot be a trace: more than 65535 streams", outputs=["o.bin"]),
     Case("torch-snapshot-time-infinite", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          snapshot_with(lambda s: s["device_traces"][0][1].update(time_us=float("inf"))),
          expect="snap.pickle: device_traces[0][1]: time_us is inf", outputs=["o.bin"]),

@@ -86,6 +86,9 @@ def import_file(path: str, out: str, *, format: str | None = None, device: int =
         writer = TraceWriter(meta=src.meta, path=tmp, chunk=1 << 16)
         try:
             stats = src.emit(writer)
+        except ValueError as e:     # past a limit of the trace format, e.g. more than 65535 streams
+            writer.abort()
+            raise InputError(f"cannot be a trace: {e}", path=path) from None
         except BaseException:
             writer.abort()
             raise
