@@ -19,6 +19,11 @@ from .errors import InputError
 MiB, GiB = 1 << 20, 1 << 30
 
 
+def _non_negative(x) -> bool:
+    """A finite number >= 0 (JSON's true/false are not numbers here)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
+
+
 @dataclass
 class CostModel:
     malloc_points: list = field(default_factory=lambda: [
@@ -94,6 +99,10 @@ class CostModel:
             raise InputError(e.strerror or str(e), path=path)
         except json.JSONDecodeError as e:
             raise InputError(f"not valid JSON: {e.msg}", path=path, position=f"line {e.lineno} column {e.colno}")
+        except UnicodeDecodeError as e:
+            raise InputError(f"not UTF-8 text ({e.reason})", path=path, position=f"byte {e.start}")
+        except RecursionError:
+            raise InputError("not valid JSON: nested too deeply", path=path, position="line 1") from None
         if not isinstance(data, dict):
             raise InputError("a cost model is a JSON object", path=path, position="line 1")
         known = set(cls.__dataclass_fields__)
@@ -102,12 +111,14 @@ class CostModel:
                 raise InputError(f"unknown key {k!r} (known: {', '.join(sorted(known))})", path=path, position=f"key {k!r}")
             if k.endswith("_points"):
                 ok = (isinstance(v, list) and len(v) >= 2 and all(
-                    isinstance(p, list) and len(p) == 2 and all(isinstance(x, (int, float)) and x >= 0 for x in p)
+                    isinstance(p, list) and len(p) == 2 and all(_non_negative(x) for x in p)
                     for p in v) and all(v[i][0] < v[i + 1][0] for i in range(len(v) - 1)))
                 if not ok:
                     raise InputError("expected at least two [bytes, seconds] pairs in increasing size",
                                      path=path, position=f"key {k!r}")
-            elif k != "source" and not (isinstance(v, (int, float)) and v >= 0):
+            elif k == "source" and not isinstance(v, str):
+                raise InputError(f"expected a string, got {v!r}", path=path, position=f"key {k!r}")
+            elif k != "source" and not _non_negative(v):
                 raise InputError(f"expected a non-negative number of seconds, got {v!r}", path=path,
                                  position=f"key {k!r}")
         return cls(**data)

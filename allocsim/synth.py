@@ -33,7 +33,7 @@ import numpy as np
 from .errors import UsageError
 from .params import Param
 from .trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace, TraceWriter
-from .trace.events import NO_ID, NO_SITE
+from .trace.events import MAX_SIZE, NO_ID, NO_SITE
 
 GiB = 1024**3
 DEVICE = {"name": "synthetic", "total_memory": 80 * GiB}
@@ -416,7 +416,7 @@ def resolve_params(preset: Preset, given: dict) -> dict:
                                      f"got {value!r}") from None
             elif isinstance(value, str):
                 value = decl.parse(value)
-            if decl.kind in ("int", "size", "float") and (isinstance(value, bool) or not value > 0):
+            if decl.kind in ("int", "size", "float") and (isinstance(value, bool) or not 0 < value < float("inf")):
                 raise ValueError(f"expected a positive number, got {value!r}")
         except (ValueError, TypeError, UsageError) as e:
             msg = e.args[0] if e.args else str(e)
@@ -439,6 +439,10 @@ def generate(preset: str, *, seed: int = 0, iterations: int | None = None, scale
     if spec is None:
         raise UsageError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
     p = resolve_params(spec, params)
+    if p.get("min_size", 0) > p.get("max_size", MAX_SIZE):
+        raise UsageError(f"preset {preset!r}: min_size {p['min_size']} is larger than max_size {p['max_size']}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise UsageError(f"seed must be a non-negative integer, got {seed!r}")
     iterations = spec.iterations if iterations is None else iterations
     if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
         raise UsageError(f"iterations must be a positive integer, got {iterations!r}")
@@ -450,15 +454,24 @@ def generate(preset: str, *, seed: int = 0, iterations: int | None = None, scale
             "iterations": int(iterations), "scale": scale, "variable": bool(variable),
             "framework": "synthetic", "device": dict(DEVICE)}
     rng = np.random.default_rng(seed)
-    if spec.build is None:
-        return _alloc_heavy(p, int(iterations), scale, rng, meta, path)
+    try:
+        if spec.build is None:
+            return _alloc_heavy(p, int(iterations), scale, rng, meta, path)
+        return _training(spec, p, int(iterations), scale, variable, rng, meta, path)
+    except (ValueError, OverflowError) as e:     # sizes past 1 PiB, times past 2**64 ns
+        why = "a time or size past 64 bits" if isinstance(e, OverflowError) else e
+        raise UsageError(f"preset {preset!r}: these parameters make a trace out of range ({why})") from None
+
+
+def _training(spec, p: dict, iterations: int, scale: float, variable: bool, rng, meta: dict, path) -> Trace:
+    """A training loop of ``spec``'s model, event by event through a `TraceWriter`."""
     writer = TraceWriter(meta=meta, path=path)
     try:
         em = _Emitter(writer, rng, float(scale), p["event_ns"])
         nominal = spec.build(p)
         loop = _TrainingLoop(em, nominal, p["iter_ms"] * 1e6)
         loop.setup(nominal)
-        for k in range(int(iterations)):
+        for k in range(iterations):
             shape = {**p, **spec.vary(p, rng)} if variable else p
             loop.iteration(k, spec.build(shape))
     except BaseException:
@@ -478,6 +491,8 @@ def _alloc_heavy(p: dict, iterations: int, scale: float, rng, meta: dict, path: 
     n = p["n_allocs"]
     lo, hi = np.log(p["min_size"]), np.log(max(p["max_size"], p["min_size"]))
     sizes = np.exp(rng.uniform(lo, hi, n)) * scale
+    if n and sizes.max() > MAX_SIZE:
+        raise ValueError(f"an allocation of {sizes.max():.3g} bytes (> 1 PiB)")
     sizes = np.maximum(4, (sizes.astype(np.int64) + 3) // 4 * 4)        # float32 arrays: multiples of 4
     life = rng.geometric(1.0 / max(1.0, p["lifetime"]), n)
     marks = (np.arange(iterations, dtype=np.int64) * n) // iterations
@@ -494,7 +509,10 @@ def _alloc_heavy(p: dict, iterations: int, scale: float, rng, meta: dict, path: 
     rec["site"] = NO_SITE
     rec["aux"] = np.where(is_mark, order - 2 * n, 0)
     rec["size"] = np.where(is_alloc, sizes[np.minimum(order, n - 1)], 0)
-    gaps = rng.exponential(p["event_ns"], total).astype(np.int64)
+    gaps = rng.exponential(p["event_ns"], total)
+    if gaps.sum() >= 2**63:
+        raise ValueError("event times past 2**63 ns")
+    gaps = gaps.astype(np.int64)
     gaps[0] = 0
     rec["time_ns"] = np.cumsum(gaps)
     trace = Trace(rec, meta, labels=[f"iter {k}" for k in range(iterations)])

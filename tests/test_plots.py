@@ -126,7 +126,7 @@ def test_cap_label_keeps_the_spelling_and_adds_binary_only_when_decimal(unit, n)
 
 def test_caps_given_twice_are_refused():
     from allocsim.errors import UsageError
-    with pytest.raises(UsageError, match="same cap"):
+    with pytest.raises(UsageError, match="named twice"):
         parse_caps("4GB,4000000000")
 
 

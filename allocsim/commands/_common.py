@@ -1,13 +1,16 @@
 """Arguments and helpers shared by the replay-style subcommands."""
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 
 from ..costs import CostModel
 from ..errors import UsageError
 from ..trace import Trace
-from ..units import parse_size
+from ..trace.events import MAX_SIZE
+from ..units import fmt_bytes, parse_size
 
 
 def add_replay_arguments(p, *, multi: bool = False) -> None:
@@ -25,10 +28,68 @@ def add_replay_arguments(p, *, multi: bool = False) -> None:
     p.add_argument("--keep-going", action="store_true", help="count OOMs and continue instead of stopping")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (worker counts, repetitions)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
+    return n
+
+
+def jobs_arg(text: str) -> int:
+    """argparse type of -j: a positive integer, capped at this machine's cores with a note."""
+    n = positive_int(text)
+    cores = os.cpu_count() or 1
+    if n > cores:
+        print(f"allocsim: note: -j {n} is more than the {cores} cores here; using {cores}", file=sys.stderr)
+        return cores
+    return n
+
+
+def add_jobs_argument(p) -> None:
+    """-j/--jobs, the same for every command that runs replays in parallel."""
+    default = min(4, os.cpu_count() or 1)
+    p.add_argument("-j", "--jobs", type=jobs_arg, default=default,
+                   help=f"parallel processes, at most the number of cores (default {default})")
+
+
+def positive_size(text: str, what: str, *, allow_none: bool = False) -> int | None:
+    """A byte size of 1 B to 1 PiB (``none`` for no limit where allowed): 0 bytes of anything is nonsense."""
+    n = parse_size(text, what=what, allow_none=allow_none)
+    if n is not None and not 0 < n <= MAX_SIZE:
+        raise UsageError(f"{what}: expected at least 1 byte and at most 1 PiB"
+                         + (" (or none for no limit)" if allow_none else "") + f", got {text!r}")
+    return n
+
+
 def capacity_arg(text: str):
     if text == "trace":
         return "trace"
-    return parse_size(text, what="--capacity", allow_none=True)
+    return positive_size(text, "--capacity", allow_none=True)
+
+
+def check_caps(caps, capacity, what: str = "--cap") -> None:
+    """Refuse a pool cap above an explicit --capacity: the device would run out first, the cap would mean nothing."""
+    if capacity in ("trace", None):
+        return
+    for cap in caps:
+        if cap is not None and cap > capacity:
+            raise UsageError(f"{what} {fmt_bytes(cap)} is larger than --capacity {fmt_bytes(capacity)}: "
+                             f"the device runs out first; lower the cap or raise the capacity")
+
+
+def caps_arg(text: str) -> list[int | None]:
+    """``--caps``: distinct pool caps, ``none`` for no cap."""
+    def size(c):
+        return positive_size(c, "--caps", allow_none=True)
+    return [size(c) for c in distinct(split_list(text, "--caps"), "--caps", key=size)]
+
+
+def gc_every_arg(text: str | None) -> int | None:
+    return positive_size(text, "--gc-every") if text else None
 
 
 def cost_model_arg(path):
@@ -69,7 +130,23 @@ def dump_json(obj, out=None) -> None:
 
 
 def split_list(text: str, what: str) -> list[str]:
-    items = [s.strip() for s in text.split(",") if s.strip()]
+    """A comma-separated option: neither empty nor naming one item twice."""
+    return distinct([s.strip() for s in text.split(",") if s.strip()], what)
+
+
+def policy_specs(text: str, what: str = "--policies") -> list[tuple[str, tuple]]:
+    """``--policies``: ``(name, options)`` of each comma-separated policy (options in brackets), each once."""
+    from ..sweep import parse_policy_spec, split_top
+    return [parse_policy_spec(s) for s in distinct(split_top(text), what)]
+
+
+def distinct(items: list, what: str, key=lambda x: x) -> list:
+    """``items`` unless empty or naming one item twice (``key`` says when two are the same)."""
     if not items:
         raise UsageError(f"{what}: empty list")
+    seen = set()
+    for x in items:
+        if key(x) in seen:
+            raise UsageError(f"{what}: {x} is named twice")
+        seen.add(key(x))
     return items

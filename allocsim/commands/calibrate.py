@@ -5,6 +5,7 @@ import json
 
 from ..outputs import atomic_open, check_writable
 from ..units import fmt_bytes, fmt_seconds
+from ._common import positive_int
 
 NAME = "calibrate"
 HELP = "measure this GPU's device-call and pool latencies; write a cost model for --cost-model"
@@ -13,7 +14,7 @@ EXAMPLE = "allocsim calibrate -o costs.json && allocsim replay t.bin --policy sp
 
 def add_arguments(p):
     p.add_argument("-o", "--output", default="costs.json", help="cost model JSON to write (default costs.json)")
-    p.add_argument("--reps", type=int, default=20, help="repetitions per size (default 20)")
+    p.add_argument("--reps", type=positive_int, default=20, help="repetitions per size (default 20)")
 
 
 def run(args) -> int:

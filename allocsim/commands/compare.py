@@ -1,12 +1,11 @@
 """`allocsim compare`: policies × caps × runtimes side by side, one replay per cell, in parallel."""
 from __future__ import annotations
 
-import os
 import sys
 
-from ..sweep import Cell, Settings, format_table, parse_policy_spec, run_cells, split_top, write_rows
-from ..units import parse_size
-from ._common import add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, split_list
+from ..sweep import Cell, Settings, format_table, run_cells, write_rows
+from ._common import (add_jobs_argument, add_replay_arguments, capacity_arg, caps_arg, check_caps, cost_model_arg,
+                      dump_json, gc_every_arg, load_trace, policy_specs, split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -20,7 +19,7 @@ def add_arguments(p):
                    help="comma-separated; options in brackets: torch[expandable_segments:True]")
     p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
-    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="parallel processes")
+    add_jobs_argument(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--csv", metavar="OUT", help="also write the rows as CSV to OUT")
     p.add_argument("--sections", action="store_true", help="print each run's section table")
@@ -31,10 +30,10 @@ def add_arguments(p):
 def build_cells(args) -> tuple[list[Cell], Settings]:
     from .. import policies
     load_trace(args.trace)                      # validate once, up front
-    specs = [parse_policy_spec(s) for s in split_top(args.policies)]
+    specs = policy_specs(args.policies)
     for name, opts in specs:
         policies.get(name).parse_options(list(opts) + list(args.policy_opt))
-    caps = [parse_size(c, what="--caps", allow_none=True) for c in split_list(args.caps, "--caps")]
+    caps = caps_arg(args.caps)
     runtimes = split_list(args.runtime, "--runtime")
     from ..runtime import RUNTIMES
     from ..errors import UsageError
@@ -42,9 +41,10 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
         if r not in RUNTIMES:
             raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
     capacity = capacity_arg(args.capacity)
+    check_caps(caps, capacity, "--caps")
     costs = cost_model_arg(args.cost_model)
     settings = Settings(costs=costs.to_dict() if costs else None, keep_going=args.keep_going,
-                        gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
+                        gc_every=gc_every_arg(args.gc_every),
                         sections=getattr(args, "sections", False))
     cells = [Cell(args.trace, name, cap, rt, tuple(opts) + tuple(args.policy_opt), capacity)
              for name, opts in specs for cap in caps for rt in runtimes]

@@ -1,15 +1,13 @@
 """`allocsim fit`: the smallest device capacity each policy survives (the capacity frontier)."""
 from __future__ import annotations
 
-import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from ..errors import UsageError
 from ..fit import MiB, _fit_job
-from ..sweep import Settings, parse_policy_spec, split_top
-from ..units import fmt_bytes, parse_size
-from ._common import cost_model_arg, dump_json, load_trace
+from ..sweep import Settings
+from ..units import fmt_bytes
+from ._common import add_jobs_argument, cost_model_arg, dump_json, load_trace, policy_specs, positive_size
 
 NAME = "fit"
 HELP = "find each policy's smallest capacity without OOM (bisection), beside LOAD and the oracle"
@@ -22,7 +20,7 @@ def add_arguments(p):
     p.add_argument("--runtime", default="eager", choices=["eager", "gc"])
     p.add_argument("--resolution", default="1MiB", help="bisection resolution (default 1MiB)")
     p.add_argument("--cost-model", metavar="FILE")
-    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    add_jobs_argument(p)
     p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -63,10 +61,8 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
 
 
 def run(args) -> int:
-    specs = [parse_policy_spec(s) for s in split_top(args.policies)]
-    resolution = parse_size(args.resolution, what="--resolution")
-    if resolution < 1:
-        raise UsageError(f"--resolution: must be at least 1 byte, got {args.resolution!r}")
+    specs = policy_specs(args.policies)
+    resolution = positive_size(args.resolution, "--resolution")
     costs = cost_model_arg(args.cost_model)
     res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution,
                    jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),

@@ -5,7 +5,8 @@ import sys
 
 from ..errors import UsageError
 from ..importers import FORMATS, import_file
-from ..units import fmt_count, parse_size
+from ..units import fmt_count
+from ._common import positive_size
 
 NAME = "import"
 HELP = "convert a PyTorch snapshot pickle, an RMM CSV log or a CuPy DebugPrintHook JSONL into a trace"
@@ -27,7 +28,7 @@ def add_arguments(p):
 def run(args) -> int:
     if args.device < 0:
         raise UsageError(f"--device: negative device index {args.device}")
-    total = parse_size(args.total_memory, what="--total-memory") if args.total_memory else None
+    total = positive_size(args.total_memory, "--total-memory") if args.total_memory else None
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
                      device_name=args.device_name)
     for w in st.get("warnings", []):

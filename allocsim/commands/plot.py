@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
-from ..sweep import Cell, Settings, parse_policy_spec, policy_label, run_cell, run_cells, split_top
-from ..units import parse_size
-from ._common import cost_model_arg, load_trace, split_list
+from ..sweep import Cell, Settings, policy_label, run_cell, run_cells
+from ._common import add_jobs_argument, caps_arg, cost_model_arg, load_trace, policy_specs, split_list
 
 NAME = "plot"
 HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
@@ -28,7 +27,7 @@ def add_arguments(p):
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
     p.add_argument("--cost-model", metavar="FILE")
-    p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
+    add_jobs_argument(p)
 
 
 def check_arguments(args) -> None:
@@ -46,19 +45,11 @@ def check_arguments(args) -> None:
         raise UsageError("--kind is for -o; --report draws every kind")
     if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
         raise UsageError(f"--report {args.report}: exists and is not a directory")
-    if args.jobs < 1:
-        raise UsageError(f"-j {args.jobs}: needs at least 1 job")
 
 
 def parse_caps(text: str) -> dict:
     """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order."""
-    caps = {}
-    for c in split_list(text, "--caps"):
-        b = parse_size(c, what="--caps", allow_none=True)
-        if b in caps:
-            raise UsageError(f"--caps: {c!r} is the same cap as {caps[b]!r}")
-        caps[b] = c
-    return caps
+    return dict(zip(caps_arg(text), split_list(text, "--caps")))
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
@@ -83,14 +74,10 @@ def run(args) -> int:
         from ..outputs import check_writable
         check_writable(args.output)             # before the replays, not after
     trace = load_trace(args.trace)
-    specs = [parse_policy_spec(s) for s in split_top(args.policies)]
-    if not specs:
-        raise UsageError("--policies: empty list")
+    specs = policy_specs(args.policies)
     for name, opts in specs:
         policies.get(name).parse_options(list(opts))
     labels = [policy_label(n, o) for n, o in specs]
-    if len(set(labels)) < len(labels):
-        raise UsageError(f"--policies: {next(lab for lab in labels if labels.count(lab) > 1)} given twice")
     cap_text = parse_caps(args.caps)
     caps = list(cap_text)
     costs = cost_model_arg(args.cost_model)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from .. import engine
-from ..units import parse_size
-from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, progress_bar)
+from ._common import (add_replay_arguments, capacity_arg, check_caps, cost_model_arg, dump_json, gc_every_arg,
+                      load_trace, positive_size, progress_bar)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -25,11 +25,12 @@ def add_arguments(p):
 def run(args) -> int:
     trace = load_trace(args.trace)
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", args.quiet or args.json)
+    cap, capacity = positive_size(args.cap, "--cap", allow_none=True), capacity_arg(args.capacity)
+    check_caps([cap], capacity)
     try:
         res = engine.replay(
-            trace, args.policy, runtime=args.runtime, cap=parse_size(args.cap, what="--cap", allow_none=True),
-            capacity=capacity_arg(args.capacity), options=args.policy_opt, costs=cost_model_arg(args.cost_model),
-            keep_going=args.keep_going, gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
+            trace, args.policy, runtime=args.runtime, cap=cap, capacity=capacity, options=args.policy_opt,
+            costs=cost_model_arg(args.cost_model), keep_going=args.keep_going, gc_every=gc_every_arg(args.gc_every),
             progress=update, backend=args.backend)
     finally:
         close()

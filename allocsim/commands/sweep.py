@@ -11,8 +11,8 @@ import os
 import sys
 
 from ..errors import InputError, UsageError
-from ..sweep import Cell, dask_executor, run_cells, write_rows
-from ._common import dump_json
+from ..sweep import COLUMNS, Cell, dask_executor, run_cells, write_rows
+from ._common import distinct, dump_json, positive_int
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 
@@ -28,7 +28,7 @@ def add_arguments(p):
     p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the output's extension")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
-    g.add_argument("--dask-local", type=int, metavar="N", help="run on a local Dask cluster of N workers")
+    g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
     # `trace` from compare's arguments becomes a list here
     for a in p._actions:
         if a.dest == "trace":
@@ -36,23 +36,32 @@ def add_arguments(p):
             a.help = "trace files (.bin)"
 
 
+_ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
+
+
 def _done_rows(partial: str) -> dict[str, dict]:
     """Rows already finished, keyed by cell; a torn last line (a crash mid-write) is dropped."""
     done = {}
     if not os.path.exists(partial):
         return done
-    with open(partial) as f:
-        lines = f.read().split("\n")
+    try:
+        with open(partial, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text ({e.reason})", path=partial, position=f"byte {e.start}") from None
     good = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
                 break
             raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
+        if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
+            raise InputError("not a row of this sweep (a JSON object with every column and the cell)", path=partial,
+                             position=f"line {n}")
         done[row["cell"]] = row
         good.append(line)
     with open(partial, "w") as f:        # drop a torn tail before appending again
@@ -61,10 +70,12 @@ def _done_rows(partial: str) -> dict[str, dict]:
 
 
 def run(args) -> int:
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
     fmt = args.format or ("csv" if args.output.endswith(".csv") else "jsonl" if args.output.endswith((".jsonl", ".json")) else None)
     if fmt is None:
         raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
-    traces = args.trace
+    traces = distinct(args.trace, "traces", key=os.path.realpath)
     cells: list[Cell] = []
     settings = None
     for t in traces:

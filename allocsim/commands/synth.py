@@ -33,6 +33,8 @@ def _params(items) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--param {item!r}: expected KEY=VALUE")
+        if key.strip() in out:
+            raise UsageError(f"--param {key.strip()} is given twice")
         out[key.strip()] = value.strip()
     return out
 

@@ -19,6 +19,7 @@ from ..errors import InputError, UsageError
 from ..outputs import atomic_path
 from ..trace import TraceWriter
 from ..trace.format import MAGIC
+from ..trace.schema import check_meta
 from . import safe_pickle
 from .cupy_jsonl import HookLog
 from .rmm_csv import COLUMNS, RmmLog
@@ -46,7 +47,7 @@ def detect(path: str) -> str:
     if first.startswith(b"{"):
         try:
             obj = json.loads(first)
-        except ValueError:
+        except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict) and "hook" in obj:
             return "cupy"
@@ -80,10 +81,14 @@ def import_file(path: str, out: str, *, format: str | None = None, device: int =
         raise UsageError(f"output {out} is the input file")
     src = open_source(path, None if format in (None, "auto") else format, device=device, device_name=device_name,
                       total_memory=total_memory)
+    check_meta(src.meta, path)          # what the input says of itself, before a byte is written
     with atomic_path(out) as tmp:
         writer = TraceWriter(meta=src.meta, path=tmp, chunk=1 << 16)
         try:
             stats = src.emit(writer)
+        except ValueError as e:     # past a limit of the trace format, e.g. more than 65535 streams
+            writer.abort()
+            raise InputError(f"cannot be a trace: {e}", path=path) from None
         except BaseException:
             writer.abort()
             raise

@@ -66,10 +66,16 @@ class LineLog:
         raise self.error(what)
 
     def parse_int(self, text: str, what: str, base: int = 10) -> int:
+        """An integer field; a negative one or one past 64 bits is refused (they are sizes, handles, pointers)."""
         try:
-            return int(text, base)
+            v = int(text, base)
         except ValueError:
             self.bad(f"bad {what} {text!r}")
+        if v < 0:
+            self.bad(f"negative {what} {v}")
+        if v >= 2**64:
+            self.bad(f"{what} {text!r} does not fit in 64 bits")
+        return v
 
 
 class _Dropped(Exception):

@@ -23,6 +23,7 @@ import json
 
 from ..trace import SEGMENT_ALLOC, TraceWriter
 from ..trace.events import MAX_SIZE
+from ..errors import InputError
 from .common import LineLog, base_meta
 
 #: Keys each hook must carry (``device_id`` defaults to the device being imported).
@@ -52,10 +53,12 @@ class HookLog:
                 h = json.loads(text)
             except ValueError as e:
                 return log.bad(f"bad JSON ({e})")
+            except RecursionError:
+                return log.bad("bad JSON (nested too deeply)")
             if not isinstance(h, dict):
                 return log.bad("not a JSON object")
             hook = h.get("hook")
-            keys = REQUIRED.get(hook)
+            keys = REQUIRED.get(hook) if isinstance(hook, str) else None
             if keys is None:
                 return log.bad(f"unknown hook {hook!r} (expected malloc, free or alloc)")
             missing = [k for k in keys if k not in h]
@@ -91,6 +94,9 @@ class HookLog:
                 counts["failed_upstream"] += 1
 
         log.each(line)
+        if counts["other_devices"] and not sum(v for k, v in counts.items() if k != "other_devices"):
+            raise InputError(f"none of its {counts['other_devices']} hook lines is for device {device} "
+                             "(pass --device N)", path=self.path)
         return {"format": "cupy", "lines": log.line, "allocs": counts["malloc"], "frees": counts["free"],
                 "segment_allocs": counts["alloc"], "ooms": counts["oom"],
                 "failed_upstream": counts["failed_upstream"], "other_devices": counts["other_devices"],

@@ -62,8 +62,6 @@ class RmmLog:
             if action not in counts:
                 log.bad(f"unknown action {action!r} (expected allocate, allocate failure or free)")
             size = log.parse_int(f[i_size].strip(), "size")
-            if size < 0:
-                log.bad(f"negative size {size}")
             if size > MAX_SIZE:
                 log.bad(f"absurd size {size} (> 1 PiB)")
             stream = log.parse_int(f[i_stream].strip(), "stream", 16)

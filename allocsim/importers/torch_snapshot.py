@@ -139,7 +139,8 @@ class StartState:
                 bpos = f"{pos}.blocks[{j}]"
                 if not isinstance(b, dict):
                     raise where.error("block is not a dict", bpos)
-                pending = LIVE_STATES.get(b.get("state"))
+                state = b.get("state")
+                pending = LIVE_STATES.get(state) if isinstance(state, str) else None
                 if pending is None:
                     continue
                 size = where.uint(b, "requested_size", bpos, b.get("size"))
@@ -251,6 +252,8 @@ class SnapshotConversion:
             "wrapped": self.start.wrapped, "pre_existing": len(self.start.blocks),
             "initial_segments": self.start.initial_segments(),
         }
+        from ..policies.torch import settings_from_trace
+        settings_from_trace(self.meta, source)     # the torch policy reads them at replay: refuse bad ones now
 
     def emit(self, writer) -> dict:
         """Write the seeded live blocks, then every entry; return counts."""
@@ -392,6 +395,8 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
         if type(e) is not dict:
             raise where.error("entry is not a dict", f"device_traces[{device}][{i}]")
         a = e.get("action")
+        if not isinstance(a, str):
+            raise where.error(f"action is {a!r}, expected a string", f"device_traces[{device}][{i}]")
         if a in SIZED_ACTIONS:
             if not (uint(e.get("addr")) and uint(e.get("size"))):
                 pos = f"device_traces[{device}][{i}]"
@@ -403,8 +408,6 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
             pos = f"device_traces[{device}][{i}]"
             where.uint(e, "size", pos)
             where.uint(e, "device_free", pos, 0)
-        elif not isinstance(a, str):
-            raise where.error(f"action is {a!r}, expected a string", f"device_traces[{device}][{i}]")
         s = e.get("stream", 0)
         if not uint(s):
             raise where.error(f"stream is {s!r}, expected a non-negative integer", f"device_traces[{device}][{i}]")
@@ -412,8 +415,9 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
             tu = e.get("time_us")
             if tu is None:
                 timed = False
-            elif type(tu) not in (int, float) or tu != tu:
-                raise where.error(f"time_us is {tu!r}, expected a number", f"device_traces[{device}][{i}]")
+            elif type(tu) not in (int, float) or not 0 <= tu < 2**53:
+                raise where.error(f"time_us is {tu!r}, expected microseconds (a number, 0 to 2**53)",
+                                  f"device_traces[{device}][{i}]")
             elif t0 is None or tu < t0:
                 t0 = tu
     if not timed:

@@ -74,8 +74,16 @@ class Policy:
                 key, sep, value = item.partition("=")
                 if not sep:
                     raise UsageError(f"policy option {item!r}: expected key=value")
-                out.update(cls._parse_one(known, key.strip(), value.strip()))
+                cls._merge(out, cls._parse_one(known, key.strip(), value.strip()))
         return out
+
+    @classmethod
+    def _merge(cls, out: dict, parsed: dict) -> None:
+        """Add parsed options to ``out``; one option given twice is a contradiction, refused."""
+        for key in parsed:
+            if key in out:
+                raise UsageError(f"policy {cls.name!r} option {key} is given twice")
+        out.update(parsed)
 
     @classmethod
     def _parse_one(cls, known, key, value):

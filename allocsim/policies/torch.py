@@ -218,7 +218,7 @@ def settings_from_trace(meta: dict, path=None) -> dict:
             out["roundup_power2_divisions"] = tuple(table)
         elif isinstance(div, (list, tuple)) and div:
             out["roundup_power2_divisions"] = tuple(int(d) for d in div)
-    except (ValueError, TypeError, UsageError) as e:
+    except (ValueError, TypeError, OverflowError, UsageError) as e:
         raise InputError(f"allocator_settings: {e.args[0] if e.args else e}", path=path, position="metadata")
     return out
 
@@ -347,7 +347,7 @@ class TorchCachingAllocator(Policy):
         out = {}
         for text in texts or ():
             for key, value in split_conf(text):
-                out.update(cls._parse_one(known, key, value))
+                cls._merge(out, cls._parse_one(known, key, value))
         return out
 
     @classmethod

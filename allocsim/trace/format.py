@@ -116,6 +116,10 @@ def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict)
         raise
 
 
+def _why(e: Exception) -> str:
+    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
+
+
 def read_trace_file(path: str, *, mmap: bool = True):
     """Read and check a `.bin` file; return ``(meta, records, footer, finished)``.
 
@@ -150,8 +154,8 @@ def read_trace_file(path: str, *, mmap: bool = True):
                                  path=path, position=f"byte {HEADER_SIZE + len(blob)}")
             try:
                 meta = json.loads(blob)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise InputError(f"metadata is not valid JSON ({e})", path=path, position=f"byte {HEADER_SIZE}")
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                raise InputError(f"metadata is not valid JSON ({_why(e)})", path=path, position=f"byte {HEADER_SIZE}")
             if not isinstance(meta, dict):
                 raise InputError("metadata is not a JSON object", path=path, position=f"byte {HEADER_SIZE}")
             finished = n != UNFINISHED
@@ -164,8 +168,8 @@ def read_trace_file(path: str, *, mmap: bool = True):
                 f.seek(footer_off)
                 try:
                     footer = json.loads(f.read())
-                except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                    raise InputError(f"footer is not valid JSON ({e})", path=path, position=f"byte {footer_off}")
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+                    raise InputError(f"footer is not valid JSON ({_why(e)})", path=path, position=f"byte {footer_off}")
                 if not isinstance(footer, dict):
                     raise InputError("footer is not a JSON object", path=path, position=f"byte {footer_off}")
             else:

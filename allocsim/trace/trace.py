@@ -19,6 +19,7 @@ from ..errors import InputError
 from . import events as ev
 from .events import RECORD_DTYPE
 from .format import TraceFileWriter, read_trace_file, write_trace_atomic
+from .schema import check_footer, check_meta
 
 Event = namedtuple("Event", "index kind flags stream id site aux size time_ns addr")
 
@@ -39,8 +40,15 @@ class Trace:
     # ---- I/O -------------------------------------------------------------------------
     @classmethod
     def load(cls, path: str, *, validate: bool = True, mmap: bool = True) -> "Trace":
-        """Read a `.bin` trace; raise `InputError` (file, position, what) if it is malformed."""
+        """Read a `.bin` trace; raise `InputError` (file, position, what) if it is malformed.
+
+        The footer's tables are always checked (the trace is built from them); the
+        metadata's fields and the events only with ``validate``.
+        """
         meta, records, footer, finished = read_trace_file(path, mmap=mmap)
+        check_footer(footer, path)
+        if validate:
+            check_meta(meta, path)
         t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
                 labels=footer.get("labels"), finished=finished, path=path)
         if validate:
@@ -128,6 +136,13 @@ class Trace:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise InputError(f"unknown event kind {int(kind[i])}", path=where, position=f"event {i}")
+        if self.finished and len(kind):         # an unfinished trace lost its table; indices stand for themselves
+            stream = np.asarray(self.stream)
+            beyond = np.flatnonzero(stream >= len(self.streams))
+            if len(beyond):
+                i = int(beyond[0])
+                raise InputError(f"stream index {int(stream[i])} is beyond the footer's table of "
+                                 f"{len(self.streams)} streams", path=where, position=f"event {i}")
         a_idx = np.flatnonzero(kind == ev.ALLOC)
         size = np.asarray(self.size)
         big = size[a_idx] > ev.MAX_SIZE

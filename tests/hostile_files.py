@@ -1,0 +1,64 @@
+"""Setup helpers of the MALFORMED and NONSENSE rows of `test_hostile`: each returns ``setup(d)``
+writing one malformed file into the case's directory."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+from allocsim.trace.format import TraceFileWriter
+from conftest import ROOT, random_trace
+
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+DEEP = "[" * 100_000        # JSON nested past Python's recursion limit
+
+
+def trace_with(meta=None, footer=None, *, name="bad.bin", streams=1, nested: str | None = None):
+    """A small valid trace whose metadata and footer are replaced (``footer`` keys update the real one).
+
+    ``nested="metadata"`` or ``"footer"`` then overwrites that JSON with ``[[[...``, nested
+    past Python's recursion limit, keeping every length and offset as it was.
+    """
+    def setup(d):
+        t = random_trace(60, seed=2, streams=streams)
+        path = os.path.join(d, name)
+        m = {"pad": "x" * 100_000} if nested == "metadata" else meta or {}
+        foot = {**t._footer(), **(footer or {})}
+        if nested == "footer":
+            foot["pad"] = "x" * 100_000
+        w = TraceFileWriter(path, m)
+        w.write(t.records)
+        w.close(foot)
+        if nested:
+            start = 64 if nested == "metadata" else os.path.getsize(path) - len(json.dumps(foot, sort_keys=True))
+            length = len(json.dumps(m if nested == "metadata" else foot, sort_keys=True))
+            with open(path, "r+b") as f:
+                f.seek(start)
+                f.write(b"[" * length)
+    return setup
+
+
+def text_file(name: str, text: str | bytes):
+    def setup(d):
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+    return setup
+
+
+def snapshot_with(edit):
+    """The fixture snapshot pickle after ``edit(snapshot)`` changed it."""
+    def setup(d):
+        with open(os.path.join(FIXTURES, "snapshot.pickle"), "rb") as f:
+            snap = pickle.load(f)
+        edit(snap)
+        with open(os.path.join(d, "snap.pickle"), "wb") as f:
+            pickle.dump(snap, f, protocol=2)
+    return setup
+
+
+def fixture_line(name: str, line: int, text: str):
+    """Fixture ``name`` with its line ``line`` (1-based) replaced by ``text``."""
+    with open(os.path.join(FIXTURES, name)) as f:
+        lines = f.read().splitlines()
+    lines[line - 1] = text
+    return text_file(name, "\n".join(lines) + "\n")
