@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, format_table, parse_policy_spec, run_cells, split_top, write_rows
 from ..units import parse_size
 from ._common import add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, split_list
@@ -23,6 +24,7 @@ def add_arguments(p):
     p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1), help="parallel processes")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--csv", metavar="OUT", help="also write the rows as CSV to OUT")
+    add_force_argument(p)
     p.add_argument("--sections", action="store_true", help="print each run's section table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_replay_arguments(p, multi=True)
@@ -52,6 +54,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
 
 
 def run(args) -> int:
+    claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
     cells, settings = build_cells(args)
     bar = None
     if not (args.quiet or args.json) and sys.stderr.isatty():

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
+from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, parse_policy_spec, policy_label, run_cell, run_cells, split_top
 from ..units import parse_size
 from ._common import cost_model_arg, load_trace, split_list
@@ -22,6 +23,7 @@ def add_arguments(p):
     p.add_argument("--kind", choices=KINDS, default="memory", help="which picture (default memory)")
     p.add_argument("-o", "--output", help="output file (.png or .svg) for one picture")
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
+    add_force_argument(p)
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
     p.add_argument("--cost-model", metavar="FILE")
     p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
@@ -41,9 +43,40 @@ def _rows(trace_path, specs, caps, runtime, settings, jobs):
     return run_cells(cells, settings, jobs=jobs)
 
 
+def _report_is_foreign(index: str) -> bool:
+    """True if ``index`` exists and is not an index.html that `allocsim plot --report` wrote."""
+    try:
+        with open(index, "rb") as f:
+            return b"<title>allocsim report" not in f.read(512)
+    except FileNotFoundError:
+        return False
+
+
+def claim(args, ext: str) -> None:
+    """Refuse, before any replay, a picture or report file that would replace an input, a trace or a page
+    allocsim did not write (unless --force)."""
+    inputs = [args.trace, args.cost_model]
+    if not args.report:
+        return claim_outputs([("-o", args.output)], inputs, force=args.force)
+    if not os.path.exists(args.report):
+        return                                   # a new folder holds nothing to lose
+    if not os.path.isdir(args.report):
+        raise InputError("is not a folder", path=args.report, position="--report")
+    index = os.path.join(args.report, "index.html")
+    claim_outputs([("--report", os.path.join(args.report, k + ext)) for k in KINDS] + [("--report", index)],
+                  inputs, force=args.force)
+    if not args.force and _report_is_foreign(index):
+        raise InputError("exists and is not an allocsim report; pass --force to replace it", path=index,
+                         position="--report")
+
+
 def run(args) -> int:
     from .. import plots, policies
     from .fit import frontier
+    if not args.report and not args.output:
+        raise UsageError("say -o FILE.png for one picture or --report DIR for all")
+    ext = ".svg" if args.svg else ".png"
+    claim(args, ext)
     trace = load_trace(args.trace)
     specs = [parse_policy_spec(s) for s in split_top(args.policies)]
     for name, opts in specs:
@@ -51,9 +84,6 @@ def run(args) -> int:
     caps = [parse_size(c, what="--caps", allow_none=True) for c in split_list(args.caps, "--caps")]
     costs = cost_model_arg(args.cost_model)
     settings = Settings(costs=costs.to_dict() if costs else None)
-    if not args.report and not args.output:
-        raise UsageError("say -o FILE.png for one picture or --report DIR for all")
-    ext = ".svg" if args.svg else ".png"
 
     def draw(kind, path):
         if kind == "memory":
@@ -69,8 +99,6 @@ def run(args) -> int:
         raise AssertionError(kind)
 
     if not args.report:
-        from ..outputs import check_writable
-        check_writable(args.output)             # before the replays, not after
         print(draw(args.kind, args.output))
         return 0
     os.makedirs(args.report, exist_ok=True)

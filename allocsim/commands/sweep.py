@@ -11,6 +11,7 @@ import os
 import sys
 
 from ..errors import InputError, UsageError
+from ..outputs import claim_outputs
 from ..sweep import Cell, dask_executor, run_cells, write_rows
 from ._common import dump_json
 from .compare import add_arguments as _compare_arguments
@@ -65,6 +66,8 @@ def run(args) -> int:
     if fmt is None:
         raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
     traces = args.trace
+    claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
+                  force=args.force)
     cells: list[Cell] = []
     settings = None
     for t in traces:

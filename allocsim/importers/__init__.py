@@ -13,10 +13,9 @@ malformed input leaves no output file.
 from __future__ import annotations
 
 import json
-import os
 
 from ..errors import InputError, UsageError
-from ..outputs import atomic_path
+from ..outputs import atomic_path, claim_outputs
 from ..trace import TraceWriter
 from ..trace.format import MAGIC
 from . import safe_pickle
@@ -76,8 +75,7 @@ def import_file(path: str, out: str, *, format: str | None = None, device: int =
     ``format`` None or ``"auto"`` detects it from the content. The output
     appears whole, validated, or not at all.
     """
-    if os.path.exists(out) and os.path.samefile(path, out):
-        raise UsageError(f"output {out} is the input file")
+    claim_outputs([("output", out)], [path], force=True)
     src = open_source(path, None if format in (None, "auto") else format, device=device, device_name=device_name,
                       total_memory=total_memory)
     with atomic_path(out) as tmp:

@@ -28,6 +28,7 @@ import struct
 import numpy as np
 
 from ..errors import InputError
+from ..outputs import atomic_path
 from .events import RECORD_DTYPE
 
 MAGIC = b"ALLOCSIM"
@@ -103,17 +104,11 @@ class TraceFileWriter:
 
 
 def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict) -> None:
-    """Write a complete trace to ``path`` via a temporary file and a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    """Write a complete trace to ``path`` via a temporary file and a rename (see `atomic_path`)."""
+    with atomic_path(path) as tmp:
         w = TraceFileWriter(tmp, meta)
         w.write(records)
         w.close(footer)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def read_trace_file(path: str, *, mmap: bool = True):
