@@ -89,15 +89,16 @@ def test_sweep_over_its_existing_table_still_resumes(tmp_path, small_trace_path)
 
 # ---- signals: a killed write leaves no temporaries -----------------------------------------------
 def _kill_when(proc, ready, signum, timeout=60):
-    """Send ``signum`` to ``proc`` once ``ready()`` holds; return (status, stderr)."""
+    """Send ``signum`` to ``proc`` once ``ready()`` holds; return (status, stderr, seconds it took to end)."""
     t0 = time.time()
     while not ready():
         assert proc.poll() is None, proc.communicate()
         assert time.time() - t0 < timeout, "never got ready"
         time.sleep(0.02)
     proc.send_signal(signum)
+    t1 = time.time()
     _, err = proc.communicate(timeout=120)
-    return proc.returncode, err
+    return proc.returncode, err, time.time() - t1
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -106,7 +107,7 @@ def test_killed_atomic_write_leaves_no_temporaries(tmp_path, signum):
     p = subprocess.Popen([sys.executable, "-m", "allocsim", "synth", "alloc-heavy", "-o", str(out),
                           "--param", "n_allocs=1500000"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    status, err = _kill_when(p, lambda: _temporaries(tmp_path), signum)
+    status, err, _ = _kill_when(p, lambda: _temporaries(tmp_path), signum)
     assert status == (130 if signum == signal.SIGINT else 128 + signum), err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert os.listdir(tmp_path) == []                  # no temporary, no half-written x.bin
@@ -144,7 +145,7 @@ def test_killed_recording_finishes_its_trace_and_leaves_no_temporaries(tmp_path,
     out = tmp_path / "t.bin"
     p = subprocess.Popen([sys.executable, str(driver), str(out), str(script)], cwd=tmp_path, env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    status, err = _kill_when(p, (tmp_path / "started").exists, signum)
+    status, err, _ = _kill_when(p, (tmp_path / "started").exists, signum)
     assert status == (130 if signum == signal.SIGINT else 128 + signum), err
     assert "Traceback" not in err, err
     assert _temporaries(tmp_path) == []
@@ -175,10 +176,37 @@ def test_killed_real_recording_leaves_a_whole_trace_and_no_temporaries(tmp_path)
     out = tmp_path / "t.bin"
     p = subprocess.Popen([sys.executable, "-m", "allocsim", "record", "-o", str(out), str(script)], cwd=tmp_path,
                          env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    status, err = _kill_when(p, (tmp_path / "started").exists, signal.SIGTERM, timeout=240)
+    status, err, _ = _kill_when(p, (tmp_path / "started").exists, signal.SIGTERM, timeout=240)
     assert status == 143, err
     assert _temporaries(tmp_path) == []
     assert Trace.load(str(out)).n_allocs > 200
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="needs Linux /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_a_parallel_compare_and_its_workers_at_once(tmp_path, signum):
+    """Before: Ctrl-C waited for every queued replay; SIGTERM left the workers running, holding the pipe."""
+    big = str(tmp_path / "big.bin")
+    assert run_cli("synth", "alloc-heavy", "-o", big, "--param", "n_allocs=300000").returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "allocsim", "compare", big, "-p", "binned,split,torch,cupy,bestfit",
+                          "--caps", "none,60MB,70MB,80MB", "-j", "2"], env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t0 = time.time()
+    status, err, took = _kill_when(p, lambda: len(_children(p.pid)) >= 2 and time.time() - t0 > 1.5, signum)
+    assert took < 3, took                             # not after the queued replays
+    assert status == (130 if signum == signal.SIGINT else 128 + signum), err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):           # no worker left in the process group
+        os.killpg(p.pid, 0)
 
 
 # ---- stale temporaries: named on the next run -----------------------------------------------------

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 from ..errors import UsageError
 from ..fit import MiB, _fit_job
-from ..sweep import Settings, parse_policy_spec, split_top
+from ..sweep import Settings, parse_policy_spec, process_pool, split_top
 from ..units import fmt_bytes, parse_size
 from ._common import cost_model_arg, dump_json, load_trace
 
@@ -42,7 +41,7 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
         from tqdm import tqdm
         bar = tqdm(total=len(jobs_args), desc="fit", unit="policy", leave=False)
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
+        with process_pool(jobs) as ex:
             fits = []
             for f in ex.map(_fit_job, jobs_args):
                 fits.append(f)
