@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import signal
+import stat
 import sys
 from contextlib import contextmanager
 
@@ -125,6 +126,20 @@ def check_writable(path: str) -> str:
     if os.path.isdir(path):
         raise InputError("cannot write: it is a directory", path=path)
     return d
+
+
+def check_input_file(path: str) -> None:
+    """Raise `InputError` unless ``path`` is a regular file: inputs are read more than once and
+    seeked in, which a pipe (``<(zcat log.gz)``) cannot do, and opening a FIFO nobody writes waits forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise InputError(e.strerror or str(e), path=path) from None
+    if stat.S_ISDIR(mode):
+        raise InputError("is a directory, not a file", path=path)
+    if not stat.S_ISREG(mode):
+        raise InputError("is a pipe or a device, not a file (allocsim seeks in its inputs); save it to a file first",
+                         path=path)
 
 
 def same_file(a: str, b: str) -> bool:

@@ -138,6 +138,9 @@ DATA_LOSS: list[Case] = [
     Case("plot-report-foreign-index", ["plot", "{trace}", "-p", "none", "--report", "{d}/rep"],
          setup=_write("rep/index.html", "<html>my notes</html>"), expect="not an allocsim report",
          outputs=["rep/memory.png"]),
+    Case("info-device-not-file", ["info", os.devnull], expect="not a file"),
+    Case("import-device-not-file", ["import", os.devnull, "-o", "{d}/x.bin"], expect="not a file",
+         outputs=["x.bin"]),
     Case("plot-report-is-a-file", ["plot", "{trace}", "-p", "none", "--report", "{trace}"],
          expect="not a folder"),
 ]

@@ -231,6 +231,17 @@ def test_temporaries_are_hidden_and_carry_the_pid(tmp_path):
     assert int(TEMP_NAME.match(os.path.basename(t)).group(1)) == os.getpid()
 
 
+@pytest.mark.parametrize("argv", [["info", "{fifo}"], ["import", "{fifo}", "-o", "{d}/x.bin"],
+                                  ["replay", "{fifo}"]])
+def test_a_fifo_input_is_refused_at_once_not_waited_on(tmp_path, argv):
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    r = subprocess.run([sys.executable, "-m", "allocsim", *[a.format(fifo=fifo, d=tmp_path) for a in argv]],
+                       env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "save it to a file first" in r.stderr
+    assert os.listdir(tmp_path) == ["fifo"]
+
+
 # ---- pipes, --version, --help, the OOM line ------------------------------------------------------
 @pytest.mark.parametrize("argv", [["info", "{trace}"], ["compare", "{trace}", "-p", "none,bestfit", "-j", "1"]])
 def test_closed_pipe_ends_quietly_with_141(trace, argv):

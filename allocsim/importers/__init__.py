@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from ..errors import InputError, UsageError
-from ..outputs import atomic_path, claim_outputs
+from ..outputs import atomic_path, check_input_file, claim_outputs
 from ..trace import TraceWriter
 from ..trace.format import MAGIC
 from . import safe_pickle
@@ -57,6 +57,7 @@ def detect(path: str) -> str:
 def open_source(path: str, fmt: str | None = None, *, device: int = 0, device_name: str | None = None,
                 total_memory: int | None = None):
     """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``."""
+    check_input_file(path)
     fmt = fmt or detect(path)
     kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
     if fmt == "torch":

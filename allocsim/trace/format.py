@@ -28,7 +28,7 @@ import struct
 import numpy as np
 
 from ..errors import InputError
-from ..outputs import atomic_path
+from ..outputs import atomic_path, check_input_file
 from .events import RECORD_DTYPE
 
 MAGIC = b"ALLOCSIM"
@@ -119,6 +119,7 @@ def read_trace_file(path: str, *, mmap: bool = True):
     an empty footer. Every structural defect raises `InputError` naming the file
     and the byte offset.
     """
+    check_input_file(path)
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
