@@ -11,7 +11,7 @@ import os
 import sys
 
 from ..errors import InputError, UsageError
-from ..outputs import claim_outputs
+from ..outputs import atomic_open, claim_outputs
 from ..sweep import Cell, dask_executor, run_cells, write_rows
 from ._common import dump_json
 from .compare import add_arguments as _compare_arguments
@@ -56,7 +56,7 @@ def _done_rows(partial: str) -> dict[str, dict]:
             raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
         done[row["cell"]] = row
         good.append(line)
-    with open(partial, "w") as f:        # drop a torn tail before appending again
+    with atomic_open(partial) as f:      # drop a torn tail before appending again (a kill now loses nothing)
         f.write("".join(l + "\n" for l in good))
     return done
 
