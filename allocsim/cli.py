@@ -69,7 +69,8 @@ def main(argv=None) -> int:
         return 2
     try:
         status = int(args._run(args) or 0)
-        sys.stdout.flush()          # a closed pipe shows here, not at interpreter exit
+        if sys.stdout:
+            sys.stdout.flush()      # a closed pipe shows here, not at interpreter exit
         return status
     except BrokenPipeError:
         return _stdout_closed()

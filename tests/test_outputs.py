@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -250,6 +251,12 @@ def test_closed_pipe_ends_quietly_with_141(trace, argv):
     p.stdout.close()                                    # the reader goes away before a line is written
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141 and err == "", err
+
+
+def test_closed_stdout_is_no_traceback(trace):
+    r = subprocess.run(f"{shlex.quote(sys.executable)} -m allocsim info {shlex.quote(trace)} >&-", shell=True,
+                       env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
 def test_version():
