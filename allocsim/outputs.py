@@ -111,8 +111,11 @@ def notice_stale(directory: str) -> None:
     if stale:
         from .units import fmt_bytes
         size = sum(os.path.getsize(p) for p in stale if os.path.isfile(p))
+        traces = [p for p in stale if is_trace(p)]     # a killed recording's prefix: still readable
+        keep = f" ({len(traces)} unfinished trace{'s' if len(traces) > 1 else ''}, readable: allocsim info " \
+               f"{shlex.quote(traces[0])})" if traces else ""
         print(f"allocsim: note: {len(stale)} temporary file{'s' if len(stale) > 1 else ''} ({fmt_bytes(size)}) "
-              f"left in {directory} by a killed run; remove with: rm -- {' '.join(map(shlex.quote, stale))}",
+              f"left in {directory} by a killed run{keep}; remove with: rm -- {' '.join(map(shlex.quote, stale))}",
               file=sys.stderr)
 
 

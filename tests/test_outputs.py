@@ -213,7 +213,7 @@ def test_signal_stops_a_parallel_compare_and_its_workers_at_once(tmp_path, signu
 # ---- stale temporaries: named on the next run -----------------------------------------------------
 def test_next_run_names_stale_temporaries_and_how_to_remove_them(tmp_path):
     stale = tmp_path / f".old.bin.allocsim-{_dead_pid()}.tmp"
-    stale.write_bytes(b"x" * 1000)
+    random_trace(30).save(str(stale))                               # e.g. a recording killed with SIGKILL
     live = tmp_path / f".busy.bin.allocsim-{os.getpid()}.tmp"      # its writer still runs: not stale
     live.write_bytes(b"y")
     assert stale_temporaries(str(tmp_path)) == [str(stale)]
@@ -222,6 +222,7 @@ def test_next_run_names_stale_temporaries_and_how_to_remove_them(tmp_path):
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and "killed run" in lines[0] and "Traceback" not in r.stderr
     assert lines[0].endswith(f"rm -- {stale}") and str(live) not in lines[0]
+    assert f"unfinished trace, readable: allocsim info {stale}" in lines[0]
     subprocess.run(lines[0].split("remove with: ", 1)[1], shell=True, check=True)
     assert not stale.exists() and live.exists()
 
