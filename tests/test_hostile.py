@@ -124,6 +124,8 @@ DATA_LOSS: list[Case] = [
          expect=_OVER_TRACE),
     Case("record-o-its-script", ["record", "-o", "{d}/train.py", "{d}/train.py"], setup=_TORCH_SCRIPT,
          expect=_OVER_INPUT),
+    Case("record-o-the-programs-input", ["record", "-o", "{d}/data.npy", "{d}/train.py", "--data={d}/data.npy"],
+         setup=lambda d: (_TORCH_SCRIPT(d), _write("data.npy", b"\x93NUMPY")(d)), expect=_OVER_INPUT),
     Case("record-o-existing-trace", ["record", "-o", "{trace}", "{d}/train.py"], setup=_TORCH_SCRIPT,
          expect=_OVER_TRACE),
     Case("record-stats-over-trace", ["record", "-o", "{d}/r", "{d}/train.py"],

@@ -45,13 +45,20 @@ def parse_target(args):
     return Target(script=target[0], args=target[1:]), os.path.splitext(os.path.basename(target[0]))[0] + ".bin"
 
 
+def _named_files(program_args) -> list[str]:
+    """Existing files the program's arguments name (``data.bin``, ``--resume=run.bin``): likely its inputs."""
+    values = [a.partition("=")[2] if a.startswith("-") else a for a in program_args]
+    return [v for v in values if v and os.path.isfile(v)]
+
+
 def run(args) -> int:
     from ..recorders import record
     if args.max_events is not None and args.max_events < 1:
         raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
     target, default_out = parse_target(args)
     out = args.output or default_out
-    claim_outputs([("-o", out), ("-o", f"{out}.stats.json")], [target.source_path()], force=args.force)
+    claim_outputs([("-o", out), ("-o", f"{out}.stats.json")], [target.source_path(), *_named_files(target.args)],
+                  force=args.force)
     status, _ = record(target, out, args.framework, stacks=args.stacks,
                        max_events=args.max_events)
     return status
