@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("allocsim: interrupted", file=sys.stderr)
         return 130
-    except Terminated as e:         # a signal arrived while a file was being written; it was removed
+    except Terminated as e:         # a signal unwound a write or a process pool: temporaries and workers are gone
         print(f"allocsim: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
         return e.code
 
