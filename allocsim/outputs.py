@@ -121,7 +121,11 @@ def notice_stale(directory: str) -> None:
 
 def check_writable(path: str) -> str:
     """Raise `InputError` now if ``path`` cannot be written; return its directory."""
+    if not path:
+        raise InputError("cannot write: the file name is empty", path=repr(path))
     d = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise InputError(f"cannot write: {d} is a file, not a directory", path=path)
     if not os.path.isdir(d):
         raise InputError("cannot write: its directory does not exist", path=path)
     if not os.access(d, os.W_OK):
@@ -167,11 +171,11 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
     """Refuse before any work starts if an output would overwrite an input, or a trace without ``force``.
 
     ``outputs`` are ``(flag, path)`` pairs (the flag names the position in the
-    error line); ``inputs`` are paths (None is skipped). An input is never
+    error line; a None path is an output not asked for); ``inputs`` are paths. An input is never
     overwritten, ``--force`` or not. Also notes stale temporaries in the folders
     written to.
     """
-    outputs = [(flag, p) for flag, p in outputs if p]
+    outputs = [(flag, p) for flag, p in outputs if p is not None]
     inputs = [p for p in inputs if p]
     for flag, out in outputs:
         check_writable(out)
