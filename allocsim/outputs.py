@@ -5,6 +5,7 @@ outputs; every command calls it before any work starts. Files appear through a
 temporary beside them, named ``.NAME.allocsim-PID.tmp`` (hidden, with the pid
 of the writer), that `signals_unwind` removes on any signal that can be caught;
 a later run writing into the same folder names the ones a killed run left.
+`check_input_file` refuses, at once, inputs that cannot be read as files (pipes).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .errors import InputError
 #: ``.NAME.allocsim-PID.tmp``: what `temp_path` makes, what `stale_temporaries` looks for.
 TEMP_NAME = re.compile(r"^\..+\.allocsim-(\d+)\.tmp$")
 
-#: Signals whose default action kills the process without running ``finally`` blocks.
+#: Signals that stop a program and can be caught (SIGINT's Python default already unwinds).
 CATCHABLE = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
 
 
