@@ -161,6 +161,8 @@ def same_file(a: str, b: str) -> bool:
 def is_trace(path: str) -> bool:
     """True if ``path`` is an existing file that starts with the trace magic."""
     from .trace.format import MAGIC
+    if not os.path.isfile(path):                # a FIFO would block the read
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(len(MAGIC)) == MAGIC
@@ -180,6 +182,8 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
     inputs = [p for p in inputs if p]
     for flag, out in outputs:
         check_writable(out)
+        if os.path.exists(out) and not os.path.isfile(out):    # a rename would replace /dev/stdout itself
+            raise InputError("is a pipe or a device, not a file; name a file", path=out, position=flag)
         for src in inputs:
             if same_file(out, src):
                 raise InputError(f"would overwrite the input {src}; choose another output", path=out, position=flag)

@@ -145,6 +145,8 @@ DATA_LOSS: list[Case] = [
     Case("sweep-o-empty-name", ["sweep", "{trace}", "-p", "none", "-o", "", "--format", "csv"],
          expect="file name is empty"),
     Case("plot-o-under-a-file", ["plot", "{trace}", "-p", "none", "-o", "{trace}/x.png"], expect="is a file"),
+    Case("compare-csv-to-a-device", ["compare", "{trace}", "-p", "none", "--csv", os.devnull],
+         expect="not a file", stdout_empty=True),
     Case("info-device-not-file", ["info", os.devnull], expect="not a file"),
     Case("import-device-not-file", ["import", os.devnull, "-o", "{d}/x.bin"], expect="not a file",
          outputs=["x.bin"]),

@@ -234,14 +234,14 @@ def test_temporaries_are_hidden_and_carry_the_pid(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["info", "{fifo}"], ["import", "{fifo}", "-o", "{d}/x.bin"],
-                                  ["replay", "{fifo}"]])
-def test_a_fifo_input_is_refused_at_once_not_waited_on(tmp_path, argv):
+                                  ["replay", "{fifo}"], ["synth", "mlp", "-o", "{fifo}"]])
+def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path, argv):
     fifo = str(tmp_path / "fifo")
     os.mkfifo(fifo)
     r = subprocess.run([sys.executable, "-m", "allocsim", *[a.format(fifo=fifo, d=tmp_path) for a in argv]],
                        env=ENV, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "save it to a file first" in r.stderr
-    assert os.listdir(tmp_path) == ["fifo"]
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and "not a file" in r.stderr, r.stderr
+    assert os.listdir(tmp_path) == ["fifo"] and not os.path.isfile(fifo)
 
 
 # ---- pipes, --version, --help, the OOM line ------------------------------------------------------
