@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import signal
 import sys
 
 from . import commands
 from .errors import AllocsimError
+from .outputs import Terminated
 
 ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "plot", "sweep", "validate",
          "calibrate", "policies"]
+
+
+MAIN_PATH = """the main path:
+  allocsim record -o run.bin train.py --epochs 1       # record a training run's allocations
+  allocsim replay run.bin --policy torch --cap 8GB      # replay them against one allocator
+  allocsim compare run.bin --policies split,torch,cupy  # or: allocsim plot run.bin --report out/"""
+
+
+def version() -> str:
+    """The installed distribution's version, else the package's own."""
+    try:
+        from importlib.metadata import version as dist_version
+        return dist_version("allocsim")
+    except Exception:
+        from . import __version__
+        return __version__
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,8 +46,9 @@ def _modules():
 
 def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="allocsim", description="Record GPU allocation traces; replay them against allocator policies.",
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+                epilog=MAIN_PATH, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--version", action="version", version=f"allocsim {version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in _modules():
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP,
@@ -48,7 +68,12 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        status = int(args._run(args) or 0)
+        if sys.stdout:
+            sys.stdout.flush()      # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        return _stdout_closed()
     except AllocsimError as e:
         if getattr(args, "debug", False):
             raise
@@ -63,8 +88,21 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("allocsim: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0
+    except Terminated as e:         # a signal unwound a write or a process pool: temporaries and workers are gone
+        print(f"allocsim: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
+        return e.code
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (``| head``): end quietly, as a shell expects, with 128 + SIGPIPE.
+
+    Later writes (the interpreter's final flush) go to devnull, as the Python docs recommend."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):    # stdout is not a file (tests capture it)
+        pass
+    return 128 + getattr(signal, "SIGPIPE", 13)
 
 
 if __name__ == "__main__":

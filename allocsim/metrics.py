@@ -21,6 +21,12 @@ class OOMRecord:
     reserved_bytes: int
     largest_free_fragmentation: float
 
+    def describe(self) -> str:
+        """One line: the event, the request and the pool's state (the report's OOM line)."""
+        return (f"event {self.event}: {fmt_bytes(self.size)} request with {fmt_bytes(self.live_bytes)} live, "
+                f"{fmt_bytes(self.allocated_bytes)} allocated, {fmt_bytes(self.reserved_bytes)} reserved, "
+                f"largest-free frag {_pct(self.largest_free_fragmentation)}")
+
 
 @dataclass
 class ReplayResult:
@@ -101,9 +107,7 @@ class ReplayResult:
             f"  OOMs                     {r.ooms:>12,}",
         ]
         for o in r.oom_events[:5]:
-            lines.append(f"    event {o.event}: {fmt_bytes(o.size)} request with {fmt_bytes(o.live_bytes)} live, "
-                         f"{fmt_bytes(o.allocated_bytes)} allocated, {fmt_bytes(o.reserved_bytes)} reserved, "
-                         f"largest-free frag {_pct(o.largest_free_fragmentation)}")
+            lines.append(f"    {o.describe()}")
         if lat:
             lines.append(f"  malloc latency ({'measured' if r.latency_measured else 'modeled'}) p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
                          f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r.alloc_time_seconds)}")

@@ -1,15 +1,132 @@
-"""Output files that appear whole or not at all."""
+"""Output files: never over an input, never over a trace without --force, whole or not at all.
+
+`claim_outputs` is the one place that decides whether a command may write its
+outputs; every command calls it before any work starts. Files appear through a
+temporary beside them, named ``.NAME.allocsim-PID.tmp`` (hidden, with the pid
+of the writer), that `signals_unwind` removes on any signal that can be caught;
+a later run writing into the same folder names the ones a killed run left.
+`check_input_file` refuses, at once, inputs that cannot be read as files (pipes).
+"""
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import signal
+import stat
+import sys
 from contextlib import contextmanager
 
 from .errors import InputError
 
+#: ``.NAME.allocsim-PID.tmp``: what `temp_path` makes, what `stale_temporaries` looks for.
+TEMP_NAME = re.compile(r"^\..+\.allocsim-(\d+)\.tmp$")
+
+#: Signals that stop a program and can be caught (SIGINT's Python default already unwinds).
+CATCHABLE = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, n))
+
+
+class Terminated(SystemExit):
+    """A signal arrived: unwind like ``exit(128 + signum)`` so that ``finally`` blocks clean up."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextmanager
+def _handlers(handler, *, only_default: bool):
+    """Install ``handler`` for the catchable signals (only those at their default action, if asked);
+    restore the previous handlers afterwards. Outside the main thread nothing changes (Python allows
+    handlers only there)."""
+    saved = {}
+    try:
+        for s in CATCHABLE:
+            if not only_default or signal.getsignal(s) is signal.SIG_DFL:
+                saved[s] = signal.signal(s, handler)
+    except ValueError:          # not the main thread
+        pass
+    try:
+        yield
+    finally:
+        for s, old in saved.items():
+            signal.signal(s, old)
+
+
+def signals_unwind():
+    """Within the block, a catchable signal left at its default action raises `Terminated`.
+
+    Signals the program ignores or handles itself keep their handler; SIGINT
+    already unwinds as KeyboardInterrupt.
+    """
+    return _handlers(_raise_terminated, only_default=True)
+
+
+def signals_ignored():
+    """Within the block, the catchable signals are ignored (finishing a file must not be cut short)."""
+    return _handlers(signal.SIG_IGN, only_default=False)
+
+
+def temp_path(path: str) -> str:
+    """The temporary that becomes ``path``: hidden, beside it, named with this process's pid."""
+    d, base = os.path.split(os.path.abspath(path))
+    return os.path.join(d, f".{base}.allocsim-{os.getpid()}.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:     # someone else's live process
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def stale_temporaries(directory: str) -> list[str]:
+    """Temporaries in ``directory`` whose writer is no longer running (killed before it could clean up)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    return [os.path.join(directory, n) for n in names
+            if (m := TEMP_NAME.match(n)) and not _alive(int(m.group(1)))]
+
+
+_noticed: set[str] = set()
+
+
+def notice_stale(directory: str) -> None:
+    """Say once, on stderr, which temporaries a killed run left in ``directory`` and how to remove them."""
+    directory = os.path.abspath(directory)
+    if directory in _noticed:
+        return
+    _noticed.add(directory)
+    stale = stale_temporaries(directory)
+    if stale:
+        from .units import fmt_bytes
+        size = sum(os.path.getsize(p) for p in stale if os.path.isfile(p))
+        traces = [p for p in stale if is_trace(p)]     # a killed recording's prefix: still readable
+        keep = f" ({len(traces)} unfinished trace{'s' if len(traces) > 1 else ''}, readable: allocsim info " \
+               f"{shlex.quote(traces[0])})" if traces else ""
+        print(f"allocsim: note: {len(stale)} temporary file{'s' if len(stale) > 1 else ''} ({fmt_bytes(size)}) "
+              f"left in {directory} by a killed run{keep}; remove with: rm -- {' '.join(map(shlex.quote, stale))}",
+              file=sys.stderr)
+
 
 def check_writable(path: str) -> str:
     """Raise `InputError` now if ``path`` cannot be written; return its directory."""
+    if not path:
+        raise InputError("cannot write: the file name is empty", path=repr(path))
     d = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise InputError(f"cannot write: {d} is a file, not a directory", path=path)
     if not os.path.isdir(d):
         raise InputError("cannot write: its directory does not exist", path=path)
     if not os.access(d, os.W_OK):
@@ -19,17 +136,84 @@ def check_writable(path: str) -> str:
     return d
 
 
+def check_input_file(path: str) -> None:
+    """Raise `InputError` unless ``path`` is a regular file: inputs are read more than once and
+    seeked in, which a pipe (``<(zcat log.gz)``) cannot do, and opening a FIFO nobody writes waits forever."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise InputError(e.strerror or str(e), path=path) from None
+    if stat.S_ISDIR(mode):
+        raise InputError("is a directory, not a file", path=path)
+    if not stat.S_ISREG(mode):
+        raise InputError("is a pipe or a device, not a file (allocsim seeks in its inputs); save it to a file first",
+                         path=path)
+
+
+def same_file(a: str, b: str) -> bool:
+    """True if ``a`` and ``b`` name one file: links and spellings (``./a``, ``a``) included."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:             # one does not exist (yet): compare where the names lead
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def is_trace(path: str) -> bool:
+    """True if ``path`` is an existing file that starts with the trace magic."""
+    from .trace.format import MAGIC
+    if not os.path.isfile(path):                # a FIFO would block the read
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
+    """Refuse before any work starts if an output would overwrite an input, or a trace without ``force``.
+
+    ``outputs`` are ``(flag, path)`` pairs (the flag names the position in the
+    error line; a None path is an output not asked for); ``inputs`` are paths. An input is never
+    overwritten, ``--force`` or not. Also notes stale temporaries in the folders
+    written to.
+    """
+    outputs = [(flag, p) for flag, p in outputs if p is not None]
+    inputs = [p for p in inputs if p]
+    for flag, out in outputs:
+        check_writable(out)
+        if os.path.exists(out) and not os.path.isfile(out):    # a rename would replace /dev/stdout itself
+            raise InputError("is a pipe or a device, not a file; name a file", path=out, position=flag)
+        for src in inputs:
+            if same_file(out, src):
+                raise InputError(f"would overwrite the input {src}; choose another output", path=out, position=flag)
+        if not force and is_trace(out):
+            raise InputError("exists and is an allocsim trace; pass --force to replace it", path=out, position=flag)
+    for d in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for _, p in outputs):
+        notice_stale(d)
+
+
+def add_force_argument(p) -> None:
+    """``--force``, for every command that writes a file."""
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing trace named as an output (an input is never replaced)")
+
+
 @contextmanager
 def atomic_path(path: str):
-    """Yield a temporary path beside ``path``; rename it to ``path`` only if the block succeeds."""
-    d = check_writable(path)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.tmp{os.getpid()}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Yield a temporary path beside ``path``; rename it to ``path`` only if the block succeeds.
+
+    The temporary is removed however the block ends, a signal included.
+    """
+    check_writable(path)
+    tmp = temp_path(path)
+    with signals_unwind():
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
 
 
 @contextmanager

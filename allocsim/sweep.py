@@ -11,7 +11,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 from .costs import CostModel
@@ -92,6 +94,31 @@ def _pool_run(args):
     return cell, run_cell(cell, settings)
 
 
+def _pool_worker_init():
+    """Workers leave Ctrl-C to the parent (a terminal sends it to the whole group), which stops them,
+    and die on the other signals (a handler inherited from the parent must not unwind them)."""
+    from .outputs import CATCHABLE
+    for s in CATCHABLE:
+        signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else signal.SIG_DFL)
+
+
+@contextmanager
+def process_pool(jobs: int):
+    """A local process pool that an error or a signal stops at once: queued work is cancelled and the
+    workers are terminated, so that nothing keeps running (or holds our stdout) after we exit."""
+    from .outputs import signals_unwind
+    ex = ProcessPoolExecutor(max_workers=jobs, initializer=_pool_worker_init)
+    with signals_unwind():
+        try:
+            yield ex
+        except BaseException:
+            for w in list((getattr(ex, "_processes", None) or {}).values()):
+                w.terminate()
+            ex.shutdown()           # the pool sees its workers gone and fails what was queued
+            raise
+        ex.shutdown()
+
+
 def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executor=None, on_row=None) -> list[dict]:
     """Run ``cells``; return rows in cell order. ``on_row(cell, row)`` sees each as it finishes.
 
@@ -107,18 +134,19 @@ def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executo
             if on_row:
                 on_row(c, rows[c])
     else:
-        own = executor is None
-        ex = executor or ProcessPoolExecutor(max_workers=jobs)
-        try:
+        with (nullcontext(executor) if executor else process_pool(jobs)) as ex:
             futs = [ex.submit(_pool_run, (c, settings)) for c in cells]
-            for f in as_completed(futs):
-                c, row = f.result()
-                rows[c] = row
-                if on_row:
-                    on_row(c, row)
-        finally:
-            if own:
-                ex.shutdown()
+            try:
+                for f in as_completed(futs):
+                    c, row = f.result()
+                    rows[c] = row
+                    if on_row:
+                        on_row(c, row)
+            except BaseException:
+                if executor is not None:    # a Dask cluster's queued cells (our own pool stops itself)
+                    for f in futs:
+                        f.cancel()
+                raise
     return [rows[c] for c in sorted(cells, key=Cell.sort_key)]
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -75,7 +76,83 @@ def _run(argv, cwd, *, child):
 
 # ---------------------------------------------------------------------------------------------
 # data loss: outputs never replace an input, nor a trace without --force
+def _write(name, data=b"ALLOCSIM"):
+    """A setup that writes ``data`` to ``name`` (folders made as needed)."""
+    def setup(d):
+        p = os.path.join(d, name)
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        with open(p, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+    return setup
+
+
+def _link(kind):
+    """A setup that makes ``link.bin``, a symbolic or hard link to the case's trace."""
+    return lambda d: (os.symlink if kind == "sym" else os.link)(os.path.join(d, "t.bin"), os.path.join(d, "link.bin"))
+
+
+def _copy_fixture(name):
+    return lambda d: shutil.copy(os.path.join(ROOT, "tests", "fixtures", name), d)
+
+
+_TORCH_SCRIPT = _write("train.py", "import torch\n")
+_OVER_INPUT = "would overwrite the input"
+_OVER_TRACE = "pass --force"
+
 DATA_LOSS: list[Case] = [
+    Case("plot-o-input", ["plot", "{trace}", "-p", "none", "-o", "{trace}"], expect=_OVER_INPUT),
+    Case("plot-o-input-dot-spelling", ["plot", "{trace}", "-p", "none", "-o", "./t.bin"], expect=_OVER_INPUT),
+    Case("compare-csv-input", ["compare", "{trace}", "-p", "none", "--csv", "{trace}"], expect=_OVER_INPUT,
+         stdout_empty=True),
+    Case("compare-csv-symlink-to-input", ["compare", "{trace}", "-p", "none", "--csv", "{d}/link.bin"],
+         setup=_link("sym"), expect=_OVER_INPUT, stdout_empty=True),
+    Case("compare-csv-hardlink-to-input", ["compare", "{trace}", "-p", "none", "--csv", "{d}/link.bin"],
+         setup=_link("hard"), expect=_OVER_INPUT, stdout_empty=True),
+    Case("compare-csv-cost-model", ["compare", "{trace}", "-p", "none", "--cost-model", "{d}/c.json",
+                                    "--csv", "{d}/c.json"], setup=_write("c.json", "{}"), expect=_OVER_INPUT),
+    Case("compare-csv-other-trace", ["compare", "{trace}", "-p", "none", "--csv", "{d}/o.bin"],
+         setup=_write("o.bin"), expect=_OVER_TRACE, stdout_empty=True),
+    Case("sweep-o-input-csv", ["sweep", "{trace}", "-p", "none", "-o", "{trace}", "--format", "csv"],
+         expect=_OVER_INPUT),
+    Case("sweep-o-second-input", ["sweep", "{trace}", "{d}/u.bin", "-p", "none", "-o", "{d}/u.bin",
+                                  "--format", "jsonl"], setup=_write("u.bin"), expect=_OVER_INPUT),
+    Case("sweep-o-other-trace", ["sweep", "{trace}", "-p", "none", "-o", "{d}/o.bin", "--format", "csv"],
+         setup=_write("o.bin"), expect=_OVER_TRACE, outputs=["o.bin.partial"]),
+    Case("synth-o-existing-trace", ["synth", "mlp", "-o", "{trace}"], expect=_OVER_TRACE),
+    Case("import-o-input", ["import", "{d}/log.csv", "-o", "{d}/log.csv"], setup=_copy_fixture("log.csv"),
+         expect=_OVER_INPUT),
+    Case("import-o-existing-trace", ["import", "{d}/log.csv", "-o", "{trace}"], setup=_copy_fixture("log.csv"),
+         expect=_OVER_TRACE),
+    Case("record-o-its-script", ["record", "-o", "{d}/train.py", "{d}/train.py"], setup=_TORCH_SCRIPT,
+         expect=_OVER_INPUT),
+    Case("record-o-the-programs-input", ["record", "-o", "{d}/data.npy", "{d}/train.py", "--data={d}/data.npy"],
+         setup=lambda d: (_TORCH_SCRIPT(d), _write("data.npy", b"\x93NUMPY")(d)), expect=_OVER_INPUT),
+    Case("record-o-existing-trace", ["record", "-o", "{trace}", "{d}/train.py"], setup=_TORCH_SCRIPT,
+         expect=_OVER_TRACE),
+    Case("record-stats-over-trace", ["record", "-o", "{d}/r", "{d}/train.py"],
+         setup=lambda d: (_TORCH_SCRIPT(d), _write("r.stats.json")(d)), expect=_OVER_TRACE, outputs=["r"]),
+    Case("calibrate-o-trace", ["calibrate", "-o", "{trace}"], expect=_OVER_TRACE),
+    Case("plot-report-over-input", ["plot", "{d}/rep/memory.png", "-p", "none", "--report", "{d}/rep"],
+         setup=lambda d: (os.mkdir(os.path.join(d, "rep")), shutil.copy(os.path.join(d, "t.bin"),
+                                                                         os.path.join(d, "rep", "memory.png"))),
+         expect=_OVER_INPUT),
+    Case("plot-report-over-trace", ["plot", "{trace}", "-p", "none", "--report", "{d}/rep"],
+         setup=_write("rep/gc.png"), expect=_OVER_TRACE),
+    Case("plot-report-foreign-index", ["plot", "{trace}", "-p", "none", "--report", "{d}/rep"],
+         setup=_write("rep/index.html", "<html>my notes</html>"), expect="not an allocsim report",
+         outputs=["rep/memory.png"]),
+    Case("compare-csv-empty-name", ["compare", "{trace}", "-p", "none", "--csv", ""], expect="file name is empty",
+         stdout_empty=True),
+    Case("sweep-o-empty-name", ["sweep", "{trace}", "-p", "none", "-o", "", "--format", "csv"],
+         expect="file name is empty"),
+    Case("plot-o-under-a-file", ["plot", "{trace}", "-p", "none", "-o", "{trace}/x.png"], expect="is a file"),
+    Case("compare-csv-to-a-device", ["compare", "{trace}", "-p", "none", "--csv", os.devnull],
+         expect="not a file", stdout_empty=True),
+    Case("info-device-not-file", ["info", os.devnull], expect="not a file"),
+    Case("import-device-not-file", ["import", os.devnull, "-o", "{d}/x.bin"], expect="not a file",
+         outputs=["x.bin"]),
+    Case("plot-report-is-a-file", ["plot", "{trace}", "-p", "none", "--report", "{trace}"],
+         expect="not a folder"),
 ]
 
 
@@ -268,8 +345,8 @@ REPORTS: list[Case] = [
          outputs=["rep/index.html"]),
     Case("plot-unknown-kind", ["plot", "{trace}", "--kind", "pie", "-o", "{d}/k.png"], expect="pie",
          outputs=["k.png"]),
-    Case("plot-report-is-a-file", ["plot", "{trace}", "--report", "{d}/rep"],
-         setup=lambda d: open(os.path.join(d, "rep"), "w").close(), expect="not a directory"),
+    Case("plot-report-is-a-plain-file", ["plot", "{trace}", "--report", "{d}/rep"],
+         setup=lambda d: open(os.path.join(d, "rep"), "w").close(), expect="not a folder"),
     Case("plot-zero-jobs", ["plot", "{trace}", "-o", "{d}/k.png", "-j", "0"], expect="-j/--jobs: expected a positive integer, got 0", outputs=["k.png"]),
     Case("plot-cap-twice", ["plot", "{trace}", "-o", "{d}/k.png", "--caps", "none,4GB,4000000000"],
          expect="named twice", outputs=["k.png"]),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from ..outputs import atomic_open, check_writable
+from ..outputs import add_force_argument, atomic_open, claim_outputs
 from ..units import fmt_bytes, fmt_seconds
 from ._common import positive_int
 
@@ -14,12 +14,13 @@ EXAMPLE = "allocsim calibrate -o costs.json && allocsim replay t.bin --policy sp
 
 def add_arguments(p):
     p.add_argument("-o", "--output", default="costs.json", help="cost model JSON to write (default costs.json)")
+    add_force_argument(p)
     p.add_argument("--reps", type=positive_int, default=20, help="repetitions per size (default 20)")
 
 
 def run(args) -> int:
     from ..calibrate import measure
-    check_writable(args.output)             # before minutes of measuring, not after
+    claim_outputs([("-o", args.output)], force=args.force)     # before minutes of measuring, not after
     model, extra = measure(args.reps)
     with atomic_open(args.output) as f:
         json.dump(model.to_dict(), f, indent=1)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, format_table, run_cells, write_rows
 from ._common import (add_jobs_argument, add_replay_arguments, capacity_arg, caps_arg, check_caps, cost_model_arg,
                       dump_json, gc_every_arg, load_trace, policy_specs, split_list)
@@ -22,6 +23,7 @@ def add_arguments(p):
     add_jobs_argument(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.add_argument("--csv", metavar="OUT", help="also write the rows as CSV to OUT")
+    add_force_argument(p)
     p.add_argument("--sections", action="store_true", help="print each run's section table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_replay_arguments(p, multi=True)
@@ -52,6 +54,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
 
 
 def run(args) -> int:
+    claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
     cells, settings = build_cells(args)
     bar = None
     if not (args.quiet or args.json) and sys.stderr.isatty():

@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 from ..fit import MiB, _fit_job
-from ..sweep import Settings
+from ..sweep import Settings, process_pool
 from ..units import fmt_bytes
 from ._common import add_jobs_argument, cost_model_arg, dump_json, load_trace, policy_specs, positive_size
 
@@ -40,7 +39,7 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
         from tqdm import tqdm
         bar = tqdm(total=len(jobs_args), desc="fit", unit="policy", leave=False)
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
+        with process_pool(jobs) as ex:
             fits = []
             for f in ex.map(_fit_job, jobs_args):
                 fits.append(f)

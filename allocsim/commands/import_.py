@@ -5,6 +5,7 @@ import sys
 
 from ..errors import UsageError
 from ..importers import FORMATS, import_file
+from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_count
 from ._common import positive_size
 
@@ -16,6 +17,7 @@ EXAMPLE = "allocsim import snapshot.pickle -o resnet50.bin --total-memory 80GiB 
 def add_arguments(p):
     p.add_argument("file", help="input: snapshot.pickle, log.csv or hooks.jsonl (format found from the content)")
     p.add_argument("-o", "--output", required=True, metavar="TRACE", help="trace file to write (.bin)")
+    add_force_argument(p)
     p.add_argument("--format", default="auto", choices=("auto",) + FORMATS, help="input format (default: auto)")
     p.add_argument("--device", type=int, default=0, metavar="N",
                    help="device index to import (torch: device_traces[N]; cupy: device_id N); default 0")
@@ -29,6 +31,7 @@ def run(args) -> int:
     if args.device < 0:
         raise UsageError(f"--device: negative device index {args.device}")
     total = positive_size(args.total_memory, "--total-memory") if args.total_memory else None
+    claim_outputs([("-o", args.output)], [args.file], force=args.force)
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
                      device_name=args.device_name)
     for w in st.get("warnings", []):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
+from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, policy_label, run_cell, run_cells
 from ._common import add_jobs_argument, caps_arg, cost_model_arg, load_trace, policy_specs, split_list
 
@@ -25,6 +26,7 @@ def add_arguments(p):
     p.add_argument("--kind", choices=KINDS, help="which picture with -o (default memory)")
     p.add_argument("-o", "--output", help="output file (.png, .svg or .pdf) for one picture")
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
+    add_force_argument(p)
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
     p.add_argument("--cost-model", metavar="FILE")
     add_jobs_argument(p)
@@ -37,14 +39,15 @@ def check_arguments(args) -> None:
         raise UsageError("give -o FILE for one picture or --report DIR for all, not both")
     if not args.report and not args.output:
         raise UsageError("say -o FILE.png for one picture or --report DIR for all")
+    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
+        raise UsageError(f"--report {args.report}: exists and is not a folder")
+    claim(args, ".svg" if args.svg else ".png")     # an input or a trace in the way says so first
     if args.output and not picture_format(args.output):
         raise UsageError(f"-o {args.output}: not a picture name; end it in {', '.join(FORMATS[:-1])} or {FORMATS[-1]}")
     if args.output and args.svg:
         raise UsageError("--svg is for --report; for one SVG picture name it -o FILE.svg")
     if args.report and args.kind:
         raise UsageError("--kind is for -o; --report draws every kind")
-    if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):
-        raise UsageError(f"--report {args.report}: exists and is not a directory")
 
 
 def parse_caps(text: str) -> dict:
@@ -66,13 +69,35 @@ def _rows(trace_path, specs, caps, runtime, settings, jobs):
     return run_cells(cells, settings, jobs=jobs)
 
 
+def _report_is_foreign(index: str) -> bool:
+    """True if ``index`` exists and is not an index.html that `allocsim plot --report` wrote."""
+    try:
+        with open(index, "rb") as f:
+            return b"<title>allocsim report" not in f.read(512)
+    except FileNotFoundError:
+        return False
+
+
+def claim(args, ext: str) -> None:
+    """Refuse, before any replay, a picture or report file that would replace an input, a trace or a page
+    allocsim did not write (unless --force)."""
+    inputs = [args.trace, args.cost_model]
+    if not args.report:
+        return claim_outputs([("-o", args.output)], inputs, force=args.force)
+    if not os.path.exists(args.report):
+        return                                   # a new folder holds nothing to lose
+    index = os.path.join(args.report, "index.html")
+    claim_outputs([("--report", os.path.join(args.report, k + ext)) for k in KINDS] + [("--report", index)],
+                  inputs, force=args.force)
+    if not args.force and _report_is_foreign(index):
+        raise InputError("exists and is not an allocsim report; pass --force to replace it", path=index,
+                         position="--report")
+
+
 def run(args) -> int:
     from .. import plots, policies
     from .fit import frontier
-    check_arguments(args)
-    if args.output:
-        from ..outputs import check_writable
-        check_writable(args.output)             # before the replays, not after
+    check_arguments(args)                           # before the replays, not after
     trace = load_trace(args.trace)
     specs = policy_specs(args.policies)
     for name, opts in specs:

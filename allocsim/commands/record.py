@@ -5,6 +5,7 @@ import argparse
 import os
 
 from ..errors import UsageError
+from ..outputs import add_force_argument, claim_outputs
 
 NAME = "record"
 HELP = "run a PyTorch or CuPy training script and record its GPU allocation trace"
@@ -13,6 +14,7 @@ EXAMPLE = "allocsim record -o traces/resnet50.bin examples/resnet50_train.py --i
 
 def add_arguments(p):
     p.add_argument("-o", "--output", metavar="TRACE", help="trace file to write (default: <script name>.bin)")
+    add_force_argument(p)
     p.add_argument("--framework", default="auto", choices=["auto", "torch", "cupy"],
                    help="recorder to use; auto reads the script's imports")
     p.add_argument("--stacks", action="store_true",
@@ -43,11 +45,20 @@ def parse_target(args):
     return Target(script=target[0], args=target[1:]), os.path.splitext(os.path.basename(target[0]))[0] + ".bin"
 
 
+def _named_files(program_args) -> list[str]:
+    """Existing files the program's arguments name (``data.bin``, ``--resume=run.bin``): likely its inputs."""
+    values = [a.partition("=")[2] if a.startswith("-") else a for a in program_args]
+    return [v for v in values if v and os.path.isfile(v)]
+
+
 def run(args) -> int:
     from ..recorders import record
     if args.max_events is not None and args.max_events < 1:
         raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
     target, default_out = parse_target(args)
-    status, _ = record(target, args.output or default_out, args.framework, stacks=args.stacks,
+    out = args.output or default_out
+    claim_outputs([("-o", out), ("-o", f"{out}.stats.json")], [target.source_path(), *_named_files(target.args)],
+                  force=args.force)
+    status, _ = record(target, out, args.framework, stacks=args.stacks,
                        max_events=args.max_events)
     return status

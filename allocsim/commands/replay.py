@@ -1,9 +1,11 @@
 """`allocsim replay`: one trace, one policy, one cap; a summary and the section table."""
 from __future__ import annotations
 
+import sys
+
 from .. import engine
-from ._common import (add_replay_arguments, capacity_arg, check_caps, cost_model_arg, dump_json, gc_every_arg,
-                      load_trace, positive_size, progress_bar)
+from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg, dump_json,
+                      gc_every_arg, load_trace, positive_size, progress_bar)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -41,4 +43,8 @@ def run(args) -> int:
         if not args.no_sections:
             print()
             print(res.section_table)
-    return 1 if res.ooms and not args.keep_going else 0
+    if res.ooms and not args.keep_going:
+        print(f"allocsim: {args.trace or '<embedded>/' + DEFAULT_TRACE}: out of memory at "
+              f"{res.first_oom.describe()} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)
+        return 1
+    return 0

@@ -11,6 +11,7 @@ import os
 import sys
 
 from ..errors import InputError, UsageError
+from ..outputs import atomic_open, claim_outputs
 from ..sweep import COLUMNS, Cell, dask_executor, run_cells, write_rows
 from ._common import distinct, dump_json, positive_int
 from .compare import add_arguments as _compare_arguments
@@ -64,7 +65,7 @@ def _done_rows(partial: str) -> dict[str, dict]:
                              position=f"line {n}")
         done[row["cell"]] = row
         good.append(line)
-    with open(partial, "w") as f:        # drop a torn tail before appending again
+    with atomic_open(partial) as f:      # drop a torn tail before appending again (a kill now loses nothing)
         f.write("".join(l + "\n" for l in good))
     return done
 
@@ -76,6 +77,8 @@ def run(args) -> int:
     if fmt is None:
         raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
     traces = distinct(args.trace, "traces", key=os.path.realpath)
+    claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
+                  force=args.force)
     cells: list[Cell] = []
     settings = None
     for t in traces:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import synth
 from ..errors import InputError, UsageError
-from ..outputs import atomic_path
+from ..outputs import add_force_argument, atomic_path, claim_outputs
 from ..trace import Trace
 from ..units import fmt_bytes, fmt_count
 
@@ -17,6 +17,7 @@ EXAMPLE = ("allocsim synth transformer -o traces/gpt.bin --iterations 20 --varia
 def add_arguments(p):
     p.add_argument("preset", nargs="?", help=f"workload preset: {', '.join(synth.PRESETS)}")
     p.add_argument("-o", "--output", help="output trace file (.bin), written atomically")
+    add_force_argument(p)
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes); default 0")
     p.add_argument("--iterations", "-n", type=int, help="training iterations (one MARK each); default per preset")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every requested size by X; default 1")
@@ -56,6 +57,7 @@ def run(args) -> int:
     if not args.output:
         raise UsageError("synth: -o/--output FILE is required")
     params = _params(args.param)
+    claim_outputs([("-o", args.output)], force=args.force)
     try:
         with atomic_path(args.output) as tmp:
             synth.generate(args.preset, seed=args.seed, iterations=args.iterations, scale=args.scale,

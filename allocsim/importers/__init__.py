@@ -13,10 +13,9 @@ malformed input leaves no output file.
 from __future__ import annotations
 
 import json
-import os
 
 from ..errors import InputError, UsageError
-from ..outputs import atomic_path
+from ..outputs import atomic_path, check_input_file, claim_outputs
 from ..trace import TraceWriter
 from ..trace.format import MAGIC
 from ..trace.schema import check_meta
@@ -59,6 +58,7 @@ def detect(path: str) -> str:
 def open_source(path: str, fmt: str | None = None, *, device: int = 0, device_name: str | None = None,
                 total_memory: int | None = None):
     """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``."""
+    check_input_file(path)
     fmt = fmt or detect(path)
     kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
     if fmt == "torch":
@@ -77,8 +77,7 @@ def import_file(path: str, out: str, *, format: str | None = None, device: int =
     ``format`` None or ``"auto"`` detects it from the content. The output
     appears whole, validated, or not at all.
     """
-    if os.path.exists(out) and os.path.samefile(path, out):
-        raise UsageError(f"output {out} is the input file")
+    claim_outputs([("output", out)], [path], force=True)
     src = open_source(path, None if format in (None, "auto") else format, device=device, device_name=device_name,
                       total_memory=total_memory)
     check_meta(src.meta, path)          # what the input says of itself, before a byte is written

@@ -21,6 +21,7 @@ import signal
 import sys
 
 from ..errors import GPUUnavailable, UsageError
+from ..outputs import Terminated, signals_ignored, signals_unwind
 
 FRAMEWORKS = ("torch", "cupy")
 
@@ -132,20 +133,15 @@ class Target:
             sys.path[:] = saved_path
 
 
-class _Terminated(SystemExit):
-    """SIGTERM arrived: unwind like an exit so that the recorder's ``finally`` runs."""
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated(128 + signum)
-
-
 def record(target: Target, out: str, framework: str = "auto", **options) -> tuple[int, dict]:
     """Run ``target`` under the framework's recorder; write ``out`` and ``out.stats.json``.
 
     Returns ``(exit status the program would have had, stats dict)``. Every
     check (script exists, framework installed, GPU visible, output folder
     exists) runs before any file is created, so a refusal leaves nothing behind.
+    SIGTERM, SIGHUP and SIGQUIT unwind the program like an exit (status
+    128 + signal), SIGINT like Ctrl-C; either way the trace is finished, and
+    while it is, those signals are ignored.
     """
     global _active
     target.check()
@@ -160,44 +156,33 @@ def record(target: Target, out: str, framework: str = "auto", **options) -> tupl
                                                               [target.script]), *target.args]
     rec = cls(out, command=command, **options)
     status = 0
-    old_term = signal.getsignal(signal.SIGTERM)
-    try:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    except ValueError:   # not the main thread: SIGTERM stays as it was
-        old_term = None
-    try:
-        rec.start()
-    except BaseException:
-        rec.abort()
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
-        raise
-    _active = rec
-    try:
-        target.run()
-    except SystemExit as e:
-        code = e.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-        if isinstance(e, _Terminated):
-            rec.note("terminated by SIGTERM")
-        elif code not in (None, 0) and not isinstance(code, int):
-            print(code, file=sys.stderr)
-    except KeyboardInterrupt:
-        status = 130
-        rec.note("interrupted (SIGINT)")
-    except BaseException as e:   # the program's own error: show it as python would, keep the trace
-        _print_program_traceback(e)
-        status = 1
-        rec.note(f"program raised {type(e).__name__}: {e}")
-    finally:
-        _active = None
+    with signals_unwind():
         try:
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)   # no second unwind while finishing
-            stats = rec.finish(exit_status=status)
+            rec.start()
+        except BaseException:
+            rec.abort()
+            raise
+        _active = rec
+        try:
+            target.run()
+        except SystemExit as e:
+            code = e.code
+            status = code if isinstance(code, int) else (0 if code is None else 1)
+            if isinstance(e, Terminated):
+                rec.note(f"terminated by {signal.Signals(e.signum).name}")
+            elif code not in (None, 0) and not isinstance(code, int):
+                print(code, file=sys.stderr)
+        except KeyboardInterrupt:
+            status = 130
+            rec.note("interrupted (SIGINT)")
+        except BaseException as e:   # the program's own error: show it as python would, keep the trace
+            _print_program_traceback(e)
+            status = 1
+            rec.note(f"program raised {type(e).__name__}: {e}")
         finally:
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
+            _active = None
+            with signals_ignored():   # no second unwind while finishing
+                stats = rec.finish(exit_status=status)
     return status, stats
 
 

@@ -8,17 +8,18 @@ import sys
 import time
 
 from .. import __version__
-from ..outputs import atomic_open
+from ..outputs import atomic_open, temp_path
 from ..trace import TraceWriter
 
 
 class Recorder:
     """Base of the torch and cupy recorders.
 
-    Records stream to ``<out>.partial`` while the program runs (a recorder killed
-    with SIGKILL leaves that readable prefix and no ``<out>``); `close_trace`
-    finishes the file and renames it to ``out``, so ``out`` appears whole or not
-    at all. Subclasses implement `check_gpu`, `start`, `mark` and `finish`.
+    Records stream to a temporary beside ``out`` while the program runs
+    (`outputs.temp_path`: hidden, named with the pid; a recorder killed with
+    SIGKILL leaves that readable prefix, no ``out``, and the next run in the
+    folder names it); `close_trace` finishes the file and renames it to ``out``,
+    so ``out`` appears whole or not at all. Subclasses implement `check_gpu`, `start`, `mark` and `finish`.
     """
 
     framework = ""
@@ -45,7 +46,7 @@ class Recorder:
                                          "CUPY_GPU_MEMORY_LIMIT", "CUDA_VISIBLE_DEVICES"))}}
 
     def open_trace(self, meta: dict) -> TraceWriter:
-        self.writer = TraceWriter(meta, path=f"{self.out}.partial")
+        self.writer = TraceWriter(meta, path=temp_path(self.out))
         return self.writer
 
     def abort(self) -> None:
@@ -53,8 +54,8 @@ class Recorder:
         w, self.writer = self.writer, None
         if w is not None and w._file is not None:
             w._file.abort()
-        if os.path.exists(f"{self.out}.partial"):
-            os.unlink(f"{self.out}.partial")
+        if os.path.exists(temp_path(self.out)):
+            os.unlink(temp_path(self.out))
 
     def note(self, text: str) -> None:
         """A remark for the stats file (program interrupted, ring buffer wrapped, ...)."""

@@ -28,6 +28,7 @@ import struct
 import numpy as np
 
 from ..errors import InputError
+from ..outputs import atomic_path, check_input_file
 from .events import RECORD_DTYPE
 
 MAGIC = b"ALLOCSIM"
@@ -103,17 +104,11 @@ class TraceFileWriter:
 
 
 def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict) -> None:
-    """Write a complete trace to ``path`` via a temporary file and a rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
+    """Write a complete trace to ``path`` via a temporary file and a rename (see `atomic_path`)."""
+    with atomic_path(path) as tmp:
         w = TraceFileWriter(tmp, meta)
         w.write(records)
         w.close(footer)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _why(e: Exception) -> str:
@@ -128,6 +123,7 @@ def read_trace_file(path: str, *, mmap: bool = True):
     an empty footer. Every structural defect raises `InputError` naming the file
     and the byte offset.
     """
+    check_input_file(path)
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
