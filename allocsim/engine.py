@@ -13,13 +13,13 @@ from array import array
 
 import numpy as np
 
-from . import policies
 from .costs import CostModel
 from .device import SimulatedDevice
 from .errors import UsageError
 from .metrics import OOMRecord, ReplayResult, largest_free_fragmentation, latency_summary
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
+from .spec import PolicySpec
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 
 
@@ -37,14 +37,17 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     return list(zip(trace.size[seg].tolist(), trace.addr[seg].tolist()))
 
 
-def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
+def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
           costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim"):
-    """Make (policy object, runtime, device, sections) ready to replay ``trace``."""
-    cls = policies.get(policy)
-    if isinstance(options, dict):
-        opts = options
-    else:
-        opts = cls.parse_options(options)
+    """Make (policy object, runtime, device, sections) ready to replay ``trace``.
+
+    ``policy`` is what `PolicySpec.of` takes: ``"torch[expandable_segments:True]"``,
+    ``"my.py:MyPool"``, a `PolicySpec` or a `Policy` subclass; ``options`` adds
+    ``key=value`` texts or a dict of typed values.
+    """
+    spec = PolicySpec.of(policy, options)
+    cls = spec.policy_class()
+    opts = spec.values()
     if runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r} (known: {', '.join(RUNTIMES)})")
     if capacity == "trace":
@@ -64,7 +67,7 @@ def build(trace: Trace, policy: str, *, runtime: str = "eager", cap=None, capaci
     return pol, rt, device, sections
 
 
-def replay(trace: Trace | str, policy: str = "split", *, runtime: str = "eager", cap=None, capacity="trace",
+def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
            options=None, costs: CostModel | None = None, keep_going: bool = False, gc_every=None,
            timeline: bool = False, progress=None, device=None, observer=None, backend: str = "sim",
            log_events: bool = False) -> ReplayResult:
@@ -243,7 +246,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
 
     counters = pol.counters()
     res = ReplayResult(
-        policy=pol.name, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity, trace=trace.path,
+        policy=pol.name or type(pol).__name__, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity, trace=trace.path,
         options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
         events=len(trace), driving_events=done, allocs=n_allocs, frees=n_frees, completed=not ooms or keep_going,
         load_bytes=trace.load_bytes, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=dev.peak_reserved,

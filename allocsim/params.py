@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .errors import UsageError
 from .units import parse_size
 
 
@@ -24,6 +25,15 @@ def _size(v: str) -> int | None:
     return parse_size(v, allow_none=True)
 
 
+#: Exact units a size is written back in (``8GB`` stays ``8GB``), largest first.
+_SIZE_UNITS = (("TiB", 1 << 40), ("TB", 10**12), ("GiB", 1 << 30), ("GB", 10**9), ("MiB", 1 << 20), ("MB", 10**6),
+               ("KiB", 1 << 10))
+
+
+def _fmt_size(n: int) -> str:
+    return next((f"{n // k}{unit}" for unit, k in _SIZE_UNITS if n and n % k == 0), str(n))
+
+
 PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _bool, "size": _size, "str": str}
 
 
@@ -37,8 +47,43 @@ class Param:
     help: str
 
     def parse(self, text: str):
+        if self.default is None and str(text).strip().lower() == "none":
+            return None                      # "none": the parameter's unset default
         if isinstance(self.kind, tuple):
             if text not in self.kind:
                 raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
             return text
         return PARSERS[self.kind](text)
+
+    def format(self, value) -> str:
+        """``value`` as text that `parse` reads back to it."""
+        if value is None:
+            return "none"
+        if self.kind == "size":
+            return _fmt_size(value)
+        return repr(value) if self.kind == "float" else str(value)
+
+
+def split_top(text: str) -> list[str]:
+    """Split on commas outside brackets: ``"split,torch[a:1,b:[1,2]]"`` -> two items."""
+    out, depth, cur = [], 0, []
+    for ch in str(text):
+        if ch == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        depth += (ch == "[") - (ch == "]")
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    return [x for x in out if x]
+
+
+def split_conf(text: str) -> list[tuple[str, str]]:
+    """``"k:v,k2=[a:1,b:2]"`` -> ``[(k, v), (k2, "[a:1,b:2]")]``: options as ``key:value`` or ``key=value``."""
+    out = []
+    for item in split_top(text):
+        cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
+        if cut < 0:
+            raise UsageError(f"option {item!r}: expected key:value or key=value")
+        out.append((item[:cut].strip(), item[cut + 1:].strip()))
+    return out

@@ -82,8 +82,8 @@ def _title(trace, what: str, setting: str = "") -> str:
 
 def policy_of(row: dict) -> str:
     """The policy label of a comparison row or a fit entry: ``torch[expandable_segments:True]``."""
-    from .sweep import policy_label
-    return policy_label(row["policy"], tuple(filter(None, (row.get("options") or "").split(";"))))
+    from .sweep import row_label
+    return row_label(row)
 
 
 def policy_styles(labels) -> dict:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .costs import CostModel
 from .engine import replay
+from .spec import PolicySpec
 from .trace import Trace
 from .units import fmt_bytes
 
@@ -28,21 +29,31 @@ COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes
            "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds"]
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Cell:
+    """One replay. ``policy`` is a `PolicySpec` (its text is parsed); ``options``, ``key=value`` texts
+    from Python callers, are folded into it, so two cells of one policy and options are equal."""
+
     trace: str
-    policy: str
+    policy: PolicySpec
     cap: int | None = None
     runtime: str = "eager"
     options: tuple = ()
     capacity: object = "trace"
 
+    def __post_init__(self):
+        if self.options or not isinstance(self.policy, PolicySpec):
+            object.__setattr__(self, "policy", PolicySpec.of(self.policy, list(self.options)))
+            object.__setattr__(self, "options", ())
+
     def key(self) -> str:
-        return json.dumps([self.trace, self.policy, self.cap, self.runtime, list(self.options), self.capacity])
+        """The cell's identity in a sweep's partial file (the same text for a built-in as before specs)."""
+        opts = [self.policy.option_text] if self.policy.options else []
+        return json.dumps([self.trace, self.policy.ref, self.cap, self.runtime, opts, self.capacity])
 
     def sort_key(self):
-        return (self.trace, self.policy, -1 if self.cap is None else self.cap, self.runtime, self.options,
-                str(self.capacity))
+        return (self.trace, self.policy.ref, -1 if self.cap is None else self.cap, self.runtime,
+                self.policy.option_text, str(self.capacity))
 
 
 @dataclass
@@ -71,7 +82,7 @@ def run_cell(cell: Cell, settings: Settings | None = None, *, full: bool = False
     """Replay one cell; return its row (and the full result with ``full=True``)."""
     s = settings or Settings()
     res = replay(_trace(cell.trace), cell.policy, runtime=cell.runtime, cap=cell.cap, capacity=cell.capacity,
-                 options=list(cell.options), costs=CostModel(**s.costs) if s.costs else None,
+                 costs=CostModel(**s.costs) if s.costs else None,
                  gc_every=s.gc_every, keep_going=s.keep_going, timeline=s.timeline)
     row = result_row(res, cell)
     if s.sections:
@@ -82,8 +93,8 @@ def run_cell(cell: Cell, settings: Settings | None = None, *, full: bool = False
 def result_row(res, cell: Cell) -> dict:
     d = res.to_dict()
     row = {k: d.get(k) for k in COLUMNS}
-    row.update(trace=cell.trace, policy=cell.policy, cap_bytes=cell.cap, runtime=cell.runtime,
-               options=";".join(cell.options),
+    row.update(trace=cell.trace, policy=cell.policy.name, cap_bytes=cell.cap, runtime=cell.runtime,
+               options=cell.policy.option_text,
                first_oom_event=res.first_oom.event if res.first_oom else None,
                latency_p50=res.latency.get("p50"), latency_p99=res.latency.get("p99"))
     return row
@@ -154,10 +165,10 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
             runtimes=("eager",), *, jobs: int = 1, settings: Settings | None = None) -> list[dict]:
     """The `allocsim compare` table as rows: one replay per policy × cap × runtime.
 
-    ``policies`` entries may carry options: ``"torch[expandable_segments:True]"``.
+    ``policies`` entries are `PolicySpec` texts (options in brackets: ``"torch[expandable_segments:True]"``,
+    plug-ins as ``"my.py:MyPool"``) or specs.
     """
-    cells = [Cell(trace, name, cap, rt, opts) for name, opts in map(parse_policy_spec, policies)
-             for cap in caps for rt in runtimes]
+    cells = [Cell(trace, PolicySpec.of(p), cap, rt) for p in policies for cap in caps for rt in runtimes]
     return run_cells(cells, settings, jobs=jobs)
 
 
@@ -203,7 +214,7 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
         body.append([
-            policy_label(r["policy"], tuple(filter(None, (r.get("options") or "").split(";")))),
+            row_label(r),
             fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none", r["runtime"],
             fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
             f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
@@ -215,30 +226,6 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def split_top(text: str) -> list[str]:
-    """Split on commas outside brackets: ``"split,torch[a:1,b:[1,2]]"`` -> two items."""
-    out, depth, cur = [], 0, []
-    for ch in text:
-        if ch == "," and depth == 0:
-            out.append("".join(cur).strip())
-            cur = []
-            continue
-        depth += (ch == "[") - (ch == "]")
-        cur.append(ch)
-    out.append("".join(cur).strip())
-    return [x for x in out if x]
-
-
-def parse_policy_spec(spec: str) -> tuple[str, tuple]:
-    """``"torch[expandable_segments:True]"`` -> ("torch", ("expandable_segments:True",))."""
-    name, bracket, rest = spec.partition("[")
-    if not bracket:
-        return spec.strip(), ()
-    if not rest.endswith("]"):
-        from .errors import UsageError
-        raise UsageError(f"policy spec {spec!r}: expected name[options]")
-    return name.strip(), (rest[:-1],)
-
-
-def policy_label(policy: str, options: tuple) -> str:
-    return f"{policy}[{';'.join(options)}]" if options else policy
+def row_label(row: dict) -> str:
+    """How a table or a plot names a row's policy: ``torch[expandable_segments:True]``."""
+    return f"{row['policy']}[{row['options']}]" if row.get("options") else row["policy"]

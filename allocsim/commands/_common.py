@@ -134,10 +134,11 @@ def split_list(text: str, what: str) -> list[str]:
     return distinct([s.strip() for s in text.split(",") if s.strip()], what)
 
 
-def policy_specs(text: str, what: str = "--policies") -> list[tuple[str, tuple]]:
-    """``--policies``: ``(name, options)`` of each comma-separated policy (options in brackets), each once."""
-    from ..sweep import parse_policy_spec, split_top
-    return [parse_policy_spec(s) for s in distinct(split_top(text), what)]
+def policy_specs(text: str, what: str = "--policies", options=()) -> list:
+    """``--policies``: a `PolicySpec` per comma-separated policy (options in brackets), each once;
+    ``options`` (``-O`` texts) are added to every one."""
+    from ..spec import PolicySpec, split_top
+    return distinct([PolicySpec.parse(s).with_options(options) for s in split_top(text)], what)
 
 
 def distinct(items: list, what: str, key=lambda x: x) -> list:

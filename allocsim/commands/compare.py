@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..outputs import add_force_argument, claim_outputs
-from ..sweep import Cell, Settings, format_table, run_cells, write_rows
+from ..sweep import Cell, Settings, format_table, row_label, run_cells, write_rows
 from ._common import (add_jobs_argument, add_replay_arguments, capacity_arg, caps_arg, check_caps, cost_model_arg,
                       dump_json, gc_every_arg, load_trace, policy_specs, split_list)
 
@@ -17,7 +17,8 @@ EXAMPLE = ("allocsim compare traces/resnet50.bin --policies binned,split,knet,to
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit",
-                   help="comma-separated; options in brackets: torch[expandable_segments:True]")
+                   help="comma-separated; options in brackets: torch[expandable_segments:True]; "
+                        "plug-ins as file.py:Class or module:Class")
     p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
     add_jobs_argument(p)
@@ -30,11 +31,8 @@ def add_arguments(p):
 
 
 def build_cells(args) -> tuple[list[Cell], Settings]:
-    from .. import policies
     load_trace(args.trace)                      # validate once, up front
-    specs = policy_specs(args.policies)
-    for name, opts in specs:
-        policies.get(name).parse_options(list(opts) + list(args.policy_opt))
+    specs = policy_specs(args.policies, options=args.policy_opt)
     caps = caps_arg(args.caps)
     runtimes = split_list(args.runtime, "--runtime")
     from ..runtime import RUNTIMES
@@ -48,8 +46,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
     settings = Settings(costs=costs.to_dict() if costs else None, keep_going=args.keep_going,
                         gc_every=gc_every_arg(args.gc_every),
                         sections=getattr(args, "sections", False))
-    cells = [Cell(args.trace, name, cap, rt, tuple(opts) + tuple(args.policy_opt), capacity)
-             for name, opts in specs for cap in caps for rt in runtimes]
+    cells = [Cell(args.trace, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]
     return cells, settings
 
 
@@ -74,6 +71,6 @@ def run(args) -> int:
     print(format_table(rows))
     if args.sections:
         for r in rows:
-            print(f"\n{r['policy']} cap {fmt_bytes(r['cap_bytes'])} {r['runtime']}")
+            print(f"\n{row_label(r)} cap {fmt_bytes(r['cap_bytes'])} {r['runtime']}")
             print(r["section_table"])
     return 0

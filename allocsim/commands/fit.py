@@ -28,12 +28,11 @@ def add_arguments(p):
 def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True,
              quiet=True) -> dict:
     from .. import policies
+    from ..spec import PolicySpec
     from ..sweep import Cell, run_cell
     t = load_trace(trace)
-    for name, opts in specs:
-        policies.get(name).parse_options(list(opts))
-    jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution})
-                 for name, opts in specs]
+    jobs_args = [(trace, spec, {"runtime": runtime, "settings": settings, "resolution": resolution})
+                 for spec in specs]
     bar = None
     if not quiet and sys.stderr.isatty():
         from tqdm import tqdm
@@ -55,7 +54,8 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
         bar.close()
     out = {"trace": trace, "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
     if oracle and "oracle" in policies.names():
-        out["oracle_peak_bytes"] = run_cell(Cell(trace, "oracle", None, runtime, (), None), settings)["peak_reserved_bytes"]
+        oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None)
+        out["oracle_peak_bytes"] = run_cell(oracle_cell, settings)["peak_reserved_bytes"]
     return out
 
 

@@ -5,7 +5,7 @@ import os
 
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, claim_outputs
-from ..sweep import Cell, Settings, policy_label, run_cell, run_cells
+from ..sweep import Cell, Settings, run_cell, run_cells
 from ._common import add_jobs_argument, caps_arg, cost_model_arg, load_trace, policy_specs, split_list
 
 NAME = "plot"
@@ -58,14 +58,14 @@ def parse_caps(text: str) -> dict:
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
     s = Settings(**{**settings.__dict__, "timeline": True})
     out = {}
-    for name, opts in specs:
-        _, res = run_cell(Cell(trace_path, name, cap, runtime, opts), s, full=True)
-        out[policy_label(name, opts)] = res
+    for spec in specs:
+        _, res = run_cell(Cell(trace_path, spec, cap, runtime), s, full=True)
+        out[spec.label] = res
     return out
 
 
 def _rows(trace_path, specs, caps, runtime, settings, jobs):
-    cells = [Cell(trace_path, n, c, runtime, o) for n, o in specs for c in caps]
+    cells = [Cell(trace_path, spec, c, runtime) for spec in specs for c in caps]
     return run_cells(cells, settings, jobs=jobs)
 
 
@@ -95,14 +95,12 @@ def claim(args, ext: str) -> None:
 
 
 def run(args) -> int:
-    from .. import plots, policies
+    from .. import plots
     from .fit import frontier
     check_arguments(args)                           # before the replays, not after
     trace = load_trace(args.trace)
     specs = policy_specs(args.policies)
-    for name, opts in specs:
-        policies.get(name).parse_options(list(opts))
-    labels = [policy_label(n, o) for n, o in specs]
+    labels = [spec.label for spec in specs]
     cap_text = parse_caps(args.caps)
     caps = list(cap_text)
     costs = cost_model_arg(args.cost_model)

@@ -9,14 +9,15 @@ EXAMPLE = "allocsim policies split"
 
 
 def add_arguments(p):
-    p.add_argument("name", nargs="?", help="show one policy's options")
+    p.add_argument("name", nargs="?", help="show one policy's options (a plug-in too: file.py:Class)")
 
 
 def run(args) -> int:
-    names = [args.name] if args.name else policies.names()
+    from ..spec import PolicySpec, entry_points
+    names = [args.name] if args.name else policies.names() + sorted(entry_points())
     for n in names:
-        cls = policies.get(n)
-        print(f"{cls.name:<12} {cls.summary}")
+        cls = PolicySpec.parse(n).policy_class()
+        print(f"{cls.name or n:<12} {cls.summary}")
         if args.name:
             if cls.models:
                 print(f"  models: {cls.models}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from .. import engine
+from ..spec import PolicySpec
 from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg, dump_json,
                       gc_every_arg, load_trace, positive_size, progress_bar)
 
@@ -15,7 +16,8 @@ EXAMPLE = "allocsim replay traces/resnet50.bin --policy split --cap 8GB --runtim
 def add_arguments(p):
     p.add_argument("trace", nargs="?", help="trace file (.bin); default: the embedded ResNet-50 trace "
                                           "(traces/resnet50.bin, recorded on an H100)")
-    p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`)")
+    p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`), "
+                   "name[key:value,...], or a plug-in: file.py:Class or module:Class")
     add_replay_arguments(p)
     p.add_argument("--backend", choices=["sim", "cuda"], default="sim",
                    help="cuda: make the policy's device calls real cudaMalloc/cudaFree on this GPU (measured)")
@@ -25,13 +27,14 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    spec = PolicySpec.parse(args.policy).with_options(args.policy_opt)
     trace = load_trace(args.trace)
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", args.quiet or args.json)
     cap, capacity = positive_size(args.cap, "--cap", allow_none=True), capacity_arg(args.capacity)
     check_caps([cap], capacity)
     try:
         res = engine.replay(
-            trace, args.policy, runtime=args.runtime, cap=cap, capacity=capacity, options=args.policy_opt,
+            trace, spec, runtime=args.runtime, cap=cap, capacity=capacity,
             costs=cost_model_arg(args.cost_model), keep_going=args.keep_going, gc_every=gc_every_arg(args.gc_every),
             progress=update, backend=args.backend)
     finally:

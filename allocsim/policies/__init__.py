@@ -1,5 +1,7 @@
-"""The policy registry. A new policy is one module in this package with a class
-decorated by `@register`; `get(name)` imports the package's modules on first use."""
+"""The policy registry. A built-in policy is one module in this package with a class
+decorated by `@register`; `get(name)` imports the package's modules on first use and
+falls back on the installed entry points of the group ``allocsim.policies``. Plug-ins
+named by file or module (``my.py:MyPool``) are resolved by `allocsim.spec.PolicySpec`."""
 from __future__ import annotations
 
 import importlib
@@ -35,11 +37,17 @@ def names() -> list[str]:
 
 
 def get(name: str) -> type[Policy]:
+    """The built-in policy ``name``, else the installed entry point of that name."""
     _load_all()
     cls = REGISTRY.get(name)
-    if cls is None:
-        raise UsageError(f"unknown policy {name!r} (known: {', '.join(sorted(REGISTRY))})")
-    return cls
+    if cls is not None:
+        return cls
+    from ..spec import entry_points, load_entry_point
+    installed = entry_points()
+    if name in installed:
+        return load_entry_point(installed[name])
+    known = sorted(REGISTRY) + sorted(installed)
+    raise UsageError(f"unknown policy {name!r} (known: {', '.join(known)}; or file.py:Class, module:Class)")
 
 
 __all__ = ["Param", "Policy", "REGISTRY", "get", "names", "register"]

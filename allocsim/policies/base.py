@@ -28,7 +28,7 @@ pool operations with ``self.device.clock += self.costs.pool_hit_s`` and the like
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..params import Param
+from ..params import Param, split_conf
 
 
 class Policy:
@@ -66,36 +66,47 @@ class Policy:
     # ---- options ---------------------------------------------------------------------
     @classmethod
     def parse_options(cls, texts) -> dict:
-        """``["k=v,k2=v2", "k3=v3"]`` -> typed dict; UsageError on unknown keys or bad values."""
+        """``["k=v,k2:v2", "k3=v3"]`` -> typed dict; UsageError on unknown keys or bad values.
+
+        `allocsim.spec.PolicySpec` calls it for every entry point (``-O``, brackets, sweep
+        rows, the Python API); a policy with its own value syntax overrides `_parse_one`.
+        """
         known = {p.name: p for p in cls.params}
         out = {}
         for text in texts or ():
-            for item in filter(None, (s.strip() for s in str(text).split(","))):
-                key, sep, value = item.partition("=")
-                if not sep:
-                    raise UsageError(f"policy option {item!r}: expected key=value")
-                cls._merge(out, cls._parse_one(known, key.strip(), value.strip()))
+            for key, value in split_conf(text):
+                cls._merge(out, cls._parse_one(known, key, value))
         return out
+
+    @classmethod
+    def format_option(cls, key: str, value) -> str:
+        """An option's typed value as text that `parse_options` reads back (tables, sweep rows)."""
+        return next(p for p in cls.params if p.name == key).format(value)
 
     @classmethod
     def _merge(cls, out: dict, parsed: dict) -> None:
         """Add parsed options to ``out``; one option given twice is a contradiction, refused."""
         for key in parsed:
             if key in out:
-                raise UsageError(f"policy {cls.name!r} option {key} is given twice")
+                raise UsageError(f"option {key} is given twice")
         out.update(parsed)
 
     @classmethod
+    def check_option(cls, key: str) -> None:
+        """Refuse a key the policy does not declare, naming the ones it does."""
+        if not any(p.name == key for p in cls.params):
+            names = ", ".join(sorted(p.name for p in cls.params)) or "none"
+            raise UsageError(f"unknown option {key!r} (known: {names})")
+
+    @classmethod
     def _parse_one(cls, known, key, value):
-        p = known.get(key)
-        if p is None:
-            names = ", ".join(sorted(known)) or "none"
-            raise UsageError(f"unknown option {key!r} for policy {cls.name!r} (known: {names})")
+        cls.check_option(key)
+        p = known[key]
         try:
             return {key: p.parse(value)}
         except (ValueError, UsageError) as e:
             msg = e.args[0] if e.args else str(e)
-            raise UsageError(f"policy {cls.name!r} option {key}: {msg}") from None
+            raise UsageError(f"option {key}: {msg}") from None
 
     # ---- the interface ------------------------------------------------------------------
     def malloc(self, size: int, stream: int):

@@ -37,6 +37,7 @@ from bisect import bisect_left, insort
 from ..errors import InputError, UsageError
 from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from . import register
+from ..params import split_conf
 from .base import Param, Policy
 
 MiB = 1 << 20
@@ -124,31 +125,6 @@ def parse_divisions(text: str) -> tuple:
         table[idx] = d
         last = idx
     return tuple(table)
-
-
-def split_conf(text: str) -> list[tuple[str, str]]:
-    """``"k:v,k2:[a:1,b:2]"`` -> ``[(k, v), (k2, "[a:1,b:2]")]``; ``=`` works as ``:``."""
-    items, depth, cur = [], 0, []
-    for ch in str(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append("".join(cur))
-            cur = []
-        else:
-            cur.append(ch)
-    items.append("".join(cur))
-    out = []
-    for item in (s.strip() for s in items):
-        if not item:
-            continue
-        cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
-        if cut < 0:
-            raise UsageError(f"policy option {item!r}: expected key:value or key=value")
-        out.append((item[:cut].strip(), item[cut + 1:].strip()))
-    return out
 
 
 def _mb_at_least_20(v: str) -> int:
@@ -341,16 +317,6 @@ class TorchCachingAllocator(Policy):
 
     # ---- options --------------------------------------------------------------------------
     @classmethod
-    def parse_options(cls, texts) -> dict:
-        """PYTORCH_CUDA_ALLOC_CONF syntax (``k:v,k2:[a:1,>:8]``) or ``k=v``; typed dict."""
-        known = {p.name: p for p in cls.params}
-        out = {}
-        for text in texts or ():
-            for key, value in split_conf(text):
-                cls._merge(out, cls._parse_one(known, key, value))
-        return out
-
-    @classmethod
     def _parse_one(cls, known, key, value):
         parse = cls._VALUE_PARSERS.get(key)
         if parse is None or key not in known:
@@ -360,7 +326,16 @@ class TorchCachingAllocator(Policy):
         try:
             return {key: parse(value)}
         except ValueError as e:
-            raise UsageError(f"policy {cls.name!r} option {key}: {e.args[0] if e.args else e}") from None
+            raise UsageError(f"option {key}: {e.args[0] if e.args else e}") from None
+
+    @classmethod
+    def format_option(cls, key, value) -> str:
+        """The divisions table written back as ``[1:d,2:d,...]`` (MiB keys), or one number when uniform."""
+        if key != "roundup_power2_divisions" or value is None:
+            return super().format_option(key, value)
+        if len(set(value)) == 1:
+            return str(value[0])
+        return "[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(value)) + "]"
 
     def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
         explicit = dict(options or {})

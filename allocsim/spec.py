@@ -1,0 +1,216 @@
+"""`PolicySpec`: which policy, with which options — parsed in one place for every entry point.
+
+The command line (``--policy``, ``--policies``, ``-O``), the bracket syntax
+(``torch[expandable_segments:True]``), sweep rows and the Python API all make a
+`PolicySpec`, so a typo fails the same way everywhere. The policy is named by
+
+- a registered name (``split``) or an installed entry point of the group
+  ``allocsim.policies``;
+- ``path/to/file.py:Class`` (the path is made absolute here, so that worker
+  processes and Dask workers load the same file);
+- ``package.module:Class`` (imported by name).
+
+Options are a sorted tuple of ``(key, typed value)``, parsed by the policy's own
+declaration (`Policy.parse_options`). A spec is a small immutable value: it travels
+to workers as it is and resolves its class there (`policy_class`).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+from .params import split_top  # noqa: F401  (the --policies splitter lives with the option splitter)
+
+ENTRY_POINT_GROUP = "allocsim.policies"
+
+#: Resolved classes of this process, by reference (a plug-in file is executed once).
+_CLASSES: dict[str, type] = {}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy reference and its options; ``str(spec)`` parses back to an equal spec."""
+
+    ref: str                          # registered name, entry point, pkg.mod:Class or /abs/file.py:Class
+    options: tuple = ()               # sorted ((key, typed value), ...)
+    shown: str = field(default="", compare=False)   # the reference as written, for tables
+
+    # ---- making one --------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> PolicySpec:
+        """``name``, ``name[k:v,k2=v2]``, ``file.py:Class[k=v]``, ``pkg.mod:Class``."""
+        text = str(text).strip()
+        ref, bracket, rest = text.partition("[")
+        ref = ref.strip()
+        if not ref or (bracket and not rest.endswith("]")):
+            raise UsageError(f"policy {text!r}: expected name, name[key:value,...], file.py:Class or module:Class")
+        spec = cls(_absolute(ref), (), ref)
+        spec.policy_class()                   # unknown names and broken plug-ins fail here, at parse time
+        return spec.with_options([rest[:-1]]) if bracket else spec
+
+    @classmethod
+    def of(cls, policy, options=None) -> PolicySpec:
+        """A spec from what the Python API accepts: text, a spec or a Policy subclass, plus options
+        as ``key=value`` texts or a dict of typed values."""
+        if isinstance(policy, type):
+            spec = cls._of_class(policy)
+        else:
+            spec = policy if isinstance(policy, PolicySpec) else cls.parse(policy)
+        if isinstance(options, dict):
+            return spec.with_values(options)
+        return spec.with_options(options) if options else spec
+
+    @classmethod
+    def _of_class(cls, policy_cls: type) -> PolicySpec:
+        """A spec for a class at hand (`allocsim.testing.check_policy`): resolved in this process only."""
+        _check_policy_class(policy_cls, policy_cls.__qualname__)
+        ref = f"{policy_cls.__module__}:{policy_cls.__qualname__}"
+        _CLASSES[ref] = policy_cls
+        return cls(ref, (), policy_cls.name or policy_cls.__qualname__)
+
+    def with_options(self, texts) -> PolicySpec:
+        """These options plus ``["k=v,k2:v2", ...]`` (``-O``), parsed by the policy's declaration."""
+        return self._adding(lambda pcls: pcls.parse_options(list(texts)))
+
+    def with_values(self, values: dict) -> PolicySpec:
+        """These options plus typed ``values`` (the Python API's dict)."""
+        return self._adding(lambda pcls: {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+    def _adding(self, new) -> PolicySpec:
+        """A spec with the options ``new(policy class)`` gives added; an unknown key, a bad value or a
+        key given twice is one line naming the policy."""
+        pcls = self.policy_class()
+        have = dict(self.options)
+        try:
+            values = new(pcls)
+            for key in values:
+                pcls.check_option(key)
+            pcls._merge(have, values)
+        except UsageError as e:
+            raise UsageError(f"policy {self.name!r}: {e}") from None
+        return PolicySpec(self.ref, tuple(sorted(have.items())), self.shown)
+
+    # ---- reading one ---------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The policy as the user wrote it (a plug-in file as given, not made absolute)."""
+        return self.shown or self.ref
+
+    @property
+    def option_text(self) -> str:
+        """``k:v,k2:v2`` in key order, each value as the policy writes it."""
+        pcls = self.policy_class()
+        return ",".join(f"{k}:{pcls.format_option(k, v)}" for k, v in self.options)
+
+    @property
+    def label(self) -> str:
+        """How tables and plots name this policy: ``torch[expandable_segments:True]``."""
+        return f"{self.name}[{self.option_text}]" if self.options else self.name
+
+    def __str__(self) -> str:
+        return f"{self.ref}[{self.option_text}]" if self.options else self.ref
+
+    def values(self) -> dict:
+        return dict(self.options)
+
+    def policy_class(self) -> type:
+        """The `Policy` subclass named by ``ref``, loaded once per process."""
+        pcls = _CLASSES.get(self.ref)
+        if pcls is None:
+            pcls = _CLASSES[self.ref] = _resolve(self.ref, self.name)
+        return pcls
+
+
+# ---- resolving references ----------------------------------------------------------------
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or os.sep in where
+
+
+def _absolute(ref: str) -> str:
+    """A plug-in file's reference with its path made absolute; anything else unchanged."""
+    where, colon, name = ref.rpartition(":")
+    return f"{os.path.abspath(where)}:{name}" if colon and _is_file(where) else ref
+
+
+def _resolve(ref: str, shown: str) -> type:
+    where, colon, name = ref.rpartition(":")
+    if not colon:
+        from . import policies
+        return policies.get(ref)
+    if not where or not name.isidentifier():
+        raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
+    module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
+    pcls = getattr(module, name, None)
+    if pcls is None:
+        raise UsageError(f"policy {shown!r}: {where} has no class {name!r}")
+    return _check_policy_class(pcls, shown)
+
+
+def _check_policy_class(pcls, shown: str) -> type:
+    from .policies.base import Policy
+    if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
+        raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
+                         f"allocsim.policies.Policy")
+    return pcls
+
+
+def _load_file(path: str, shown: str):
+    """Execute a plug-in file as a module of its own (once per process)."""
+    if not os.path.isfile(path):
+        raise UsageError(f"policy {shown!r}: no such file {path}")
+    modname = "allocsim_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    if modname in sys.modules:
+        return sys.modules[modname]
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module           # dataclasses and pickle inside the plug-in look it up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[modname]
+        raise _import_failed(e, shown) from None
+    return module
+
+
+def _import(modname: str, shown: str):
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name and modname.startswith(e.name):
+            raise UsageError(f"policy {shown!r}: no module named {e.name!r}") from None
+        raise _import_failed(e, shown) from None
+    except Exception as e:
+        raise _import_failed(e, shown) from None
+
+
+def _import_failed(e: Exception, shown: str) -> UsageError:
+    """One line naming where the plug-in failed: its file and line, and the error."""
+    if isinstance(e, SyntaxError) and e.filename:
+        where = f"{e.filename}:{e.lineno}"
+    else:
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    msg = e.msg if isinstance(e, SyntaxError) else str(e)
+    return UsageError(f"policy {shown!r}: loading it failed at {where}: {type(e).__name__}: {msg}")
+
+
+def load_entry_point(ep) -> type:
+    """The class an installed entry point names; its import errors are one line, like a plug-in file's."""
+    try:
+        pcls = ep.load()
+    except Exception as e:
+        raise _import_failed(e, ep.name) from None
+    return _check_policy_class(pcls, ep.name)
+
+
+def entry_points() -> dict:
+    """Installed policies: the entry points of the group ``allocsim.policies``, by name."""
+    from importlib.metadata import entry_points as eps
+    return {ep.name: ep for ep in eps(group=ENTRY_POINT_GROUP)}
+
