@@ -167,6 +167,9 @@ def _load_file(path: str, shown: str):
     modname = "allocsim_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     if modname in sys.modules:
         return sys.modules[modname]
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.append(folder)             # it imports the modules beside it, as a script would
     spec = importlib.util.spec_from_file_location(modname, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module           # dataclasses and pickle inside the plug-in look it up

@@ -138,16 +138,6 @@ def replay_checked(policy, trace: Trace, runtime: str, cap, *, keep_going=True, 
 
     def observe(event, kind, id_, handle):
         held = [(i, h) for i, h in enumerate(rt.handles) if h is not None and h is not zero]
-        held_bytes = sum(id_size[i] for i, _ in held)
-        assert dev.reserved >= pol.allocated, \
-            f"reserved below allocated: event {event}: reserved {dev.reserved} < allocated {pol.allocated}"
-        assert pol.allocated >= held_bytes, \
-            f"allocated below the bytes held: event {event}: allocated {pol.allocated} < held {held_bytes}"
-        if cap is not None:
-            assert dev.reserved <= cap, f"cap exceeded: event {event}: reserved {dev.reserved} > cap {cap}"
-        free = pol.largest_free()
-        assert 0 <= free <= dev.reserved - pol.allocated, f"largest free block too large: event {event}: " \
-            f"{free} > reserved - allocated {dev.reserved - pol.allocated}"
         blocks = []
         for i, h in held:
             addr, size = pol.block(h)
@@ -160,6 +150,16 @@ def replay_checked(policy, trace: Trace, runtime: str, cap, *, keep_going=True, 
         for (a0, s0, i0), (a1, _, i1) in zip(blocks, blocks[1:]):
             assert a0 + s0 <= a1, f"blocks overlap: event {event}: block of id {i0} [{a0:#x}+{s0}] overlaps id {i1} " \
                                   f"at {a1:#x}"
+        held_bytes = sum(id_size[i] for i, _ in held)
+        assert dev.reserved >= pol.allocated, \
+            f"reserved below allocated: event {event}: reserved {dev.reserved} < allocated {pol.allocated}"
+        assert pol.allocated >= held_bytes, \
+            f"allocated below the bytes held: event {event}: allocated {pol.allocated} < held {held_bytes}"
+        if cap is not None:
+            assert dev.reserved <= cap, f"cap exceeded: event {event}: reserved {dev.reserved} > cap {cap}"
+        free = pol.largest_free()
+        assert 0 <= free <= dev.reserved - pol.allocated, f"largest free block too large: event {event}: " \
+            f"{free} > reserved - allocated {dev.reserved - pol.allocated}"
 
     try:
         res = engine._run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=False, progress=None,
