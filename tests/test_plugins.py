@@ -1,0 +1,208 @@
+"""Plug-in policies and `PolicySpec`: the example plug-in runs wherever a built-in does, every entry point
+parses a policy the same way, and `check_policy` passes a good pool and names what a broken one breaks."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+from importlib.metadata import EntryPoint
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import allocsim
+from allocsim import policies, spec
+from allocsim.errors import UsageError
+from allocsim.spec import PolicySpec
+from allocsim.testing import check_policy
+from conftest import ROOT, random_trace, run_cli
+
+EXAMPLES = os.path.join(ROOT, "examples", "policies")
+FIRST_FIT = "examples/policies/first_fit.py:FirstFit"
+
+
+def cli(*argv, cwd=ROOT):
+    """`allocsim ARGV` in this process: (status, stdout, stderr)."""
+    from allocsim.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(list(argv))
+    finally:
+        os.chdir(old)
+    return status, out.getvalue(), err.getvalue()
+
+
+def first_fit():
+    return PolicySpec.parse(f"{EXAMPLES}/first_fit.py:FirstFit").policy_class()
+
+
+# ---- the example runs everywhere --------------------------------------------------------------
+def test_replay_json_of_the_plugin_equals_the_python_api(small_trace_path):
+    status, out, err = cli("replay", small_trace_path, "--policy", FIRST_FIT, "-O", "segment=8MiB", "--json")
+    assert status == 0, err
+    got = json.loads(out)
+    want = allocsim.replay(small_trace_path, first_fit(), options={"segment": 8 << 20}).to_dict()
+    assert got["policy"] == "first_fit" and got["options"] == {"segment": 8 << 20}
+    for k in ("peak_reserved_bytes", "device_mallocs", "alloc_time_seconds", "ooms"):
+        assert got[k] == want[k], k
+
+
+def test_compare_in_worker_processes(small_trace_path):
+    status, out, err = cli("compare", small_trace_path, "-p", f"split,{FIRST_FIT}[segment:4MiB]", "--caps", "none,40MB",
+                           "-j", "2", "--json")
+    assert status == 0, err
+    rows = json.loads(out)
+    assert sorted({(r["policy"], r["options"]) for r in rows}) == [(FIRST_FIT, "segment:4MiB"), ("split", "")]
+    ff = [r for r in rows if r["policy"] == FIRST_FIT and r["cap_bytes"] is None][0]
+    single = allocsim.replay(small_trace_path, f"{FIRST_FIT}[segment=4MiB]")
+    assert ff["peak_reserved_bytes"] == single.peak_reserved_bytes
+
+
+def test_fit_and_plot(small_trace_path, tmp_path):
+    status, out, err = cli("fit", small_trace_path, "-p", FIRST_FIT, "--no-oracle", "-j", "1", "--json")
+    assert status == 0, err
+    f = json.loads(out)["fits"][0]
+    assert f["policy"] == FIRST_FIT and f["load_bytes"] <= f["capacity_bytes"] <= f["unlimited_peak_bytes"]
+    png = str(tmp_path / "m.png")
+    status, out, err = cli("plot", small_trace_path, "-p", f"split,{FIRST_FIT}", "-o", png, "-j", "1")
+    assert status == 0, err
+    assert os.path.getsize(png) > 1000
+
+
+def test_sweep_on_a_local_dask_cluster(small_trace_path, tmp_path):
+    pytest.importorskip("dask.distributed")
+    out = str(tmp_path / "s.csv")
+    res = run_cli("sweep", small_trace_path, "-p", f"none,{FIRST_FIT}", "-o", out, "--dask-local", "2", "-q",
+                  cwd=str(tmp_path))      # a relative plug-in path, from another folder, fails here...
+    assert res.returncode == 2 and "first_fit.py" in res.stderr
+    res = run_cli("sweep", small_trace_path, "-p", f"none,{FIRST_FIT}", "-o", out, "--dask-local", "2", "-q",
+                  cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    import csv
+    rows = {r["policy"]: r for r in csv.DictReader(open(out))}
+    assert sorted(rows) == [FIRST_FIT, "none"]
+    single = allocsim.replay(small_trace_path, f"{EXAMPLES}/first_fit.py:FirstFit")
+    assert int(rows[FIRST_FIT]["peak_reserved_bytes"]) == single.peak_reserved_bytes
+
+
+def test_an_installed_entry_point(monkeypatch, small_trace_path):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    ep = EntryPoint(name="firstfit", value="first_fit:FirstFit", group=spec.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(spec, "entry_points", lambda: {"firstfit": ep})
+    r = allocsim.replay(small_trace_path, "firstfit[align:1024]")
+    assert r.policy == "first_fit" and r.options == {"align": 1024}
+    status, out, _ = cli("policies")
+    assert status == 0 and "first_fit" in out
+    with pytest.raises(UsageError, match="known: .*firstfit"):
+        PolicySpec.parse("firstfitt")
+
+
+# ---- check_policy -------------------------------------------------------------------------------
+def test_check_policy_passes_the_example():
+    check_policy(first_fit())
+    check_policy(first_fit(), [random_trace(200, seed=4)], options=["segment=1MiB", "align=256"], seed=1)
+
+
+def test_check_policy_names_what_the_broken_example_breaks():
+    broken = PolicySpec.parse(f"{EXAMPLES}/broken.py:ForgetfulFirstFit").policy_class()
+    with pytest.raises(AssertionError, match="bytes not conserved"):
+        check_policy(broken)
+
+
+# ---- one parser ----------------------------------------------------------------------------------
+def _option_values(p):
+    """A strategy of values ``Param`` p can hold (sizes and choices included)."""
+    if isinstance(p.kind, tuple):
+        return st.sampled_from(p.kind)
+    return {"int": st.integers(1, 10**6), "float": st.floats(0.01, 0.99), "bool": st.booleans(),
+            "size": st.integers(1, 1 << 40)}.get(p.kind)
+
+
+SIMPLE = [(n, p) for n in policies.names() for p in policies.get(n).params if _option_values(p) is not None]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_spec_text_round_trips(data):
+    """text -> spec -> text -> the same spec, for every built-in's typed options and the example's."""
+    name = data.draw(st.sampled_from(sorted({n for n, _ in SIMPLE})))
+    params = [p for n, p in SIMPLE if n == name]
+    chosen = data.draw(st.lists(st.sampled_from(params), unique_by=lambda p: p.name, max_size=3))
+    values = {p.name: data.draw(_option_values(p)) for p in chosen}
+    s = PolicySpec.parse(name).with_values(values)
+    try:
+        back = PolicySpec.parse(str(s))
+    except UsageError:
+        assume(False)                       # a value the policy refuses (torch: max_split_size_mb < 20)
+    assert back == s == PolicySpec.parse(s.label)
+    assert pickle.loads(pickle.dumps(s)) == s
+
+
+def test_spec_equal_however_written():
+    a = PolicySpec.parse("torch[max_split_size_mb:64,expandable_segments:True]")
+    b = PolicySpec.parse("torch").with_options(["expandable_segments=true", "max_split_size_mb=64"])
+    assert a == b and a.label == "torch[expandable_segments:True,max_split_size_mb:64]"
+    div = PolicySpec.parse("torch[roundup_power2_divisions:[256:1,512:2,>:8]]")
+    assert PolicySpec.parse(str(div)) == div
+    ff = PolicySpec.parse(f"{FIRST_FIT}[segment=64MiB]")
+    assert ff.ref.startswith("/") and ff.label == f"{FIRST_FIT}[segment:64MiB]"
+
+
+TYPO = "policy 'split': unknown option 'bogus'"
+
+
+@pytest.mark.parametrize("argv", [
+    ["replay", "{t}", "-p", "split", "-O", "bogus=1"],
+    ["replay", "{t}", "-p", "split[bogus:1]"],
+    ["compare", "{t}", "-p", "torch,split[bogus=1]", "-j", "1"],
+    ["sweep", "{t}", "-p", "split", "-O", "bogus=1", "-o", "{d}/s.csv", "-j", "1"],
+    ["fit", "{t}", "-p", "split[bogus=1]"],
+    ["plot", "{t}", "-p", "split[bogus=1]", "-o", "{d}/p.png"],
+], ids=lambda a: a[0] + ("-O" if "-O" in a else "-bracket"))
+def test_a_typo_fails_the_same_everywhere(argv, small_trace_path, tmp_path):
+    status, out, err = cli(*[a.format(t=small_trace_path, d=tmp_path) for a in argv])
+    assert status == 2 and err.count("\n") == 1 and TYPO in err, err
+    assert not os.path.exists(tmp_path / "s.csv") and not os.path.exists(tmp_path / "p.png")
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: allocsim.replay(t, "split[bogus=1]"),
+    lambda t: allocsim.replay(t, "split", options=["bogus=1"]),
+    lambda t: allocsim.replay(t, "split", options={"bogus": 1}),
+    lambda t: allocsim.compare(t, ["split[bogus:1]"]),
+    lambda t: allocsim.fit_capacity(t, "split", options=("bogus=1",)),
+])
+def test_a_typo_fails_the_same_from_python(call, small_trace_path):
+    with pytest.raises(UsageError, match=TYPO):
+        call(small_trace_path)
+
+
+def _write(d, name, text):
+    with open(os.path.join(d, name), "w") as f:
+        f.write(text)
+
+
+@pytest.mark.parametrize("ref, files, expect", [
+    ("nosuch.py:Pool", {}, "no such file"),
+    ("p.py:Pool", {"p.py": "X = 1\n"}, "has no class 'Pool'"),
+    ("p.py:Pool", {"p.py": "class Pool:\n    pass\n"}, "'Pool' is not a subclass of allocsim.policies.Policy"),
+    ("p.py:Pool", {"p.py": "import os\n\nraise RuntimeError('boom')\n"}, "p.py:3: RuntimeError: boom"),
+    ("p.py:Pool", {"p.py": "def f(:\n"}, "p.py:1: SyntaxError"),
+    ("nosuch_pkg.mod:Pool", {}, "no module named 'nosuch_pkg'"),
+    ("p.py:Pool[x=1]", {"p.py": "from allocsim.policies import Policy\nclass Pool(Policy):\n    pass\n"},
+     "policy 'p.py:Pool': unknown option 'x' (known: none)"),
+    ("nosuch", {}, "unknown policy 'nosuch'"),
+], ids=["file-missing", "class-missing", "not-a-policy", "import-error", "syntax-error", "module-missing",
+        "plugin-option", "unknown-name"])
+def test_a_bad_plugin_is_one_line(ref, files, expect, tmp_path, small_trace_path):
+    for name, text in files.items():
+        _write(tmp_path, name, text)
+    status, out, err = cli("replay", small_trace_path, "-p", ref, cwd=str(tmp_path))
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert expect in err and "Traceback" not in err, err
