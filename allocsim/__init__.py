@@ -7,6 +7,8 @@ Python API (the same names as the command line)::
     r = allocsim.replay(t, "split", cap=allocsim.parse_size("8GB"), runtime="gc")
     print(r.summary()); print(r.section_table)
     rows = allocsim.compare("traces/resnet50.bin", ["split", "torch"], caps=[None, 4 << 30])
+    allocsim.replay(t, "torch[expandable_segments:True]"); allocsim.replay(t, "my_pool.py:MyPool", options=["k=1"])
+    allocsim.PolicySpec.parse("cupy[limit=8GB]").label     # how every entry point names a policy
     allocsim.fit_capacity("traces/resnet50.bin", "torch")["capacity_bytes"]
     allocsim.validate_trace("traces/resnet50.bin").match
     allocsim.synthesize("transformer", seed=1); allocsim.import_trace("snapshot.pickle", "t.bin")
@@ -18,6 +20,7 @@ from .fit import fit_capacity
 from .importers import import_file as import_trace
 from .metrics import ReplayResult
 from .recorders import mark
+from .spec import PolicySpec
 from .sweep import compare
 from .synth import generate as synthesize
 from .trace import Trace, TraceWriter
@@ -26,5 +29,5 @@ from .validate import validate as validate_trace
 
 __version__ = "0.1.0"
 
-__all__ = ["CostModel", "ReplayResult", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
+__all__ = ["CostModel", "PolicySpec", "ReplayResult", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
            "import_trace", "mark", "parse_size", "replay", "synthesize", "validate_trace", "__version__"]

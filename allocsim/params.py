@@ -53,7 +53,12 @@ class Param:
             if text not in self.kind:
                 raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
             return text
-        return PARSERS[self.kind](text)
+        try:
+            return PARSERS[self.kind](text)
+        except ValueError:
+            if self.kind not in ("int", "float"):
+                raise
+            raise ValueError(f"expected {'an integer' if self.kind == 'int' else 'a number'}, got {text!r}") from None
 
     def format(self, value) -> str:
         """``value`` as text that `parse` reads back to it."""
@@ -84,6 +89,6 @@ def split_conf(text: str) -> list[tuple[str, str]]:
     for item in split_top(text):
         cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
         if cut < 0:
-            raise UsageError(f"option {item!r}: expected key:value or key=value")
+            raise UsageError(f"option {item!r}: expected key=value (or key:value)")
         out.append((item[:cut].strip(), item[cut + 1:].strip()))
     return out

@@ -342,7 +342,7 @@ def good_trace(tmp_path):
 
 @pytest.mark.parametrize("argv, contains", [
     (["--policy", "no-such-policy"], "unknown policy 'no-such-policy'"),
-    (["--policy", "none", "-O", "bogus=1"], "unknown option 'bogus' for policy 'none'"),
+    (["--policy", "none", "-O", "bogus=1"], "policy 'none': unknown option 'bogus'"),
     (["--policy", "none", "-O", "bogus"], "expected key=value"),
     (["--policy", "none", "--cap", "8XB"], "--cap: cannot parse size '8XB'"),
     (["--policy", "none", "--cap=-1GB"], "--cap: cannot parse size"),
