@@ -185,7 +185,7 @@ def _import(modname: str, shown: str):
     try:
         return importlib.import_module(modname)
     except ModuleNotFoundError as e:
-        if e.name and modname.startswith(e.name):
+        if e.name and (modname == e.name or modname.startswith(e.name + ".")):
             raise UsageError(f"policy {shown!r}: no module named {e.name!r}") from None
         raise _import_failed(e, shown) from None
     except Exception as e:
