@@ -79,19 +79,27 @@ class PolicySpec:
         return self._adding(lambda pcls: pcls.parse_options(list(texts)))
 
     def with_values(self, values: dict) -> PolicySpec:
-        """These options plus typed ``values`` (the Python API's dict)."""
-        return self._adding(lambda pcls: {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        """These options plus ``values`` (the Python API's dict): typed values as they are, text for a
+        parameter that is not text parsed as ``-O`` would (``{"limit": "8GB"}``)."""
+        def typed(pcls):
+            known = {p.name: p for p in pcls.params}
+            out = {}
+            for k, v in values.items():
+                pcls.check_option(k)
+                if isinstance(v, str) and known[k].kind != "str":
+                    out.update(pcls._parse_one(known, k, v))
+                else:
+                    out[k] = tuple(v) if isinstance(v, list) else v
+            return out
+        return self._adding(typed)
 
     def _adding(self, new) -> PolicySpec:
-        """A spec with the options ``new(policy class)`` gives added; an unknown key, a bad value or a
+        """A spec with the options ``new(policy class)`` parses added; an unknown key, a bad value or a
         key given twice is one line naming the policy."""
         pcls = self.policy_class()
         have = dict(self.options)
         try:
-            values = new(pcls)
-            for key in values:
-                pcls.check_option(key)
-            pcls._merge(have, values)
+            pcls._merge(have, new(pcls))
         except UsageError as e:
             raise UsageError(f"policy {self.name!r}: {e}") from None
         return PolicySpec(self.ref, tuple(sorted(have.items())), self.shown)

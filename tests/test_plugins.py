@@ -147,7 +147,10 @@ def test_spec_text_round_trips(data):
 def test_spec_equal_however_written():
     a = PolicySpec.parse("torch[max_split_size_mb:64,expandable_segments:True]")
     b = PolicySpec.parse("torch").with_options(["expandable_segments=true", "max_split_size_mb=64"])
-    assert a == b and a.label == "torch[expandable_segments:True,max_split_size_mb:64]"
+    c = PolicySpec.of("torch", {"expandable_segments": "yes", "max_split_size_mb": 64})
+    assert a == b == c and a.label == "torch[expandable_segments:True,max_split_size_mb:64]"
+    with pytest.raises(UsageError, match="policy 'cupy': option limit: .*'lots'"):
+        PolicySpec.of("cupy", {"limit": "lots"})
     div = PolicySpec.parse("torch[roundup_power2_divisions:[256:1,512:2,>:8]]")
     assert PolicySpec.parse(str(div)) == div
     ff = PolicySpec.parse(f"{FIRST_FIT}[segment=64MiB]")
