@@ -256,6 +256,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         total_time_seconds=dev.clock, latency=latency_summary(lat_np), counters=counters,
         latency_measured=pol.real_gpu or getattr(dev, "measured", False),
         sections=sections.rows(), section_table=sections.table(),
+        certified_limits=dev.certified() if hasattr(dev, "certified") else None,
     )
     if res.peak_reserved_bytes:
         res.utilization = res.peak_allocated_bytes / res.peak_reserved_bytes

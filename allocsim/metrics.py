@@ -63,6 +63,8 @@ class ReplayResult:
     replay_seconds: float = 0.0
     timeline: dict | None = None
     section_table: str = ""
+    #: (lo, hi): the device limits under which this replay would go exactly the same way (`allocsim fit`)
+    certified_limits: tuple | None = None
 
     @property
     def first_oom(self) -> OOMRecord | None:
@@ -71,6 +73,7 @@ class ReplayResult:
     def to_dict(self, *, timeline: bool = False) -> dict:
         d = asdict(self)
         d.pop("section_table")
+        d.pop("certified_limits")
         if not timeline:
             d.pop("timeline")
         return d

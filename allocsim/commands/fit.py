@@ -12,7 +12,7 @@ from ..units import fmt_bytes, parse_size
 from ._common import cost_model_arg, dump_json, load_trace
 
 NAME = "fit"
-HELP = "find each policy's smallest capacity without OOM (bisection), beside LOAD and the oracle"
+HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
 EXAMPLE = "allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,bestfit -j 2"
 
 
@@ -79,9 +79,14 @@ def run(args) -> int:
                                                      if "oracle_peak_bytes" in res else ""))
     labels = [f["policy"] + (f"[{f['options']}]" if f["options"] else "") for f in res["fits"]]
     w = max([len("policy")] + [len(x) for x in labels]) + 2
-    print(f"{'policy':<{w}}{'smallest capacity':>18}{'vs LOAD':>10}{'no-limit peak':>16}{'replays':>9}")
-    for f in sorted(res["fits"], key=lambda f: f["capacity_bytes"]):
-        label = f["policy"] + (f"[{f['options']}]" if f["options"] else "")
-        print(f"{label:<{w}}{fmt_bytes(f['capacity_bytes']):>18}{100 * (f['capacity_bytes'] / load - 1) if load else 0:>+9.1f}%"
+    print(f"{'policy':<{w}}{'safe capacity':>14}{'vs LOAD':>10}{'island below':>14}{'no-limit peak':>16}{'replays':>9}")
+    for label, f in sorted(zip(labels, res["fits"]), key=lambda lf: (lf[1]["capacity_bytes"] is None,
+                                                                       lf[1]["capacity_bytes"] or 0)):
+        cap, island = f["capacity_bytes"], f["island_bytes"]
+        vs = f"{100 * (cap / load - 1):+.1f}%" if cap is not None and load else "-"
+        print(f"{label:<{w}}{fmt_bytes(cap) if cap is not None else 'none (OOM)':>14}{vs:>10}"
+              f"{fmt_bytes(island) if island is not None else '-':>14}"
               f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
+    print(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(res['resolution_bytes'])} grid) "
+          f"replayed without OOM; island: a smaller capacity that passes, below one that fails")
     return 0
