@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from ..errors import UsageError
 from ..fit import MiB, _fit_job
 from ..sweep import Settings, parse_policy_spec, split_top
 from ..units import fmt_bytes, parse_size
-from ._common import cost_model_arg, dump_json, load_trace
+from ._common import cost_model_arg, dump_json, load_trace, progress_bar
 
 NAME = "fit"
 HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
@@ -32,33 +31,31 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
              quiet=True) -> dict:
     from .. import policies
     from ..sweep import Cell, run_cell
-    t = load_trace(trace)
+    t = load_trace(trace, quiet)
     for name, opts in specs:
         policies.get(name).parse_options(list(opts))
     jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution})
                  for name, opts in specs]
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs_args), desc="fit", unit="policy", leave=False)
-    if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as ex:
-            fits = []
-            for f in ex.map(_fit_job, jobs_args):
-                fits.append(f)
-                if bar:
-                    bar.update()
-    else:
-        fits = []
-        for a in jobs_args:
-            fits.append(_fit_job(a))
-            if bar:
-                bar.update()
-    if bar:
-        bar.close()
+    with_oracle = oracle and "oracle" in policies.names()
+    update, close = progress_bar(len(jobs_args) + with_oracle, "fit", quiet, unit="policy")
+    fits = []
+    try:
+        if jobs > 1:
+            with ProcessPoolExecutor(max_workers=jobs) as ex:
+                for f in ex.map(_fit_job, jobs_args):
+                    fits.append(f)
+                    update(len(fits))
+        else:
+            for a in jobs_args:
+                fits.append(_fit_job(a))
+                update(len(fits))
+        if with_oracle:
+            oracle_peak = run_cell(Cell(trace, "oracle", None, runtime, (), None), settings)["peak_reserved_bytes"]
+    finally:
+        close()
     out = {"trace": trace, "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
-    if oracle and "oracle" in policies.names():
-        out["oracle_peak_bytes"] = run_cell(Cell(trace, "oracle", None, runtime, (), None), settings)["peak_reserved_bytes"]
+    if with_oracle:
+        out["oracle_peak_bytes"] = oracle_peak
     return out
 
 

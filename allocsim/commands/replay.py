@@ -1,9 +1,12 @@
 """`allocsim replay`: one trace, one policy, one cap; a summary and the section table."""
 from __future__ import annotations
 
+import time
+
 from .. import engine
 from ..units import parse_size
-from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, progress_bar)
+from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, lazy_progress_bar, load_trace,
+                      progress_bar)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -23,16 +26,22 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    trace = load_trace(args.trace)
-    update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", args.quiet or args.json)
+    quiet = args.quiet or args.json
+    t0 = time.perf_counter()
+    trace = load_trace(args.trace, quiet)
+    loaded = time.perf_counter() - t0
+    planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
+    update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
     try:
         res = engine.replay(
             trace, args.policy, runtime=args.runtime, cap=parse_size(args.cap, what="--cap", allow_none=True),
             capacity=capacity_arg(args.capacity), options=args.policy_opt, costs=cost_model_arg(args.cost_model),
             keep_going=args.keep_going, gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
-            progress=update, backend=args.backend)
+            progress=update, backend=args.backend, plan_progress=planned)
     finally:
+        close_plan()
         close()
+    res.load_seconds = loaded
     if args.json:
         dump_json(res.to_dict())
     else:
