@@ -88,6 +88,9 @@ MALFORMED: list[Case] = [
 # nonsense options accepted silently before
 NONSENSE: list[Case] = [
     Case("unknown-policy", ["replay", "{trace}", "--policy", "nosuch"], expect="nosuch"),
+    Case("gc-every-zero", ["replay", "{trace}", "--runtime", "gc", "--gc-every", "0"], expect="--gc-every"),
+    Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
+         expect="--gc-every"),
 ]
 
 

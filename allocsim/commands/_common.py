@@ -33,6 +33,16 @@ def capacity_arg(text: str):
     return parse_size(text, what="--capacity", allow_none=True)
 
 
+def gc_every_arg(text):
+    """``--gc-every``: bytes between periodic collections, None without it; 0 is refused, not read as "never"."""
+    if not text:
+        return None
+    n = parse_size(text, what="--gc-every")
+    if n < 1:
+        raise UsageError(f"--gc-every: must be at least 1 byte, got {text!r} (leave it out for no periodic GC)")
+    return n
+
+
 def cost_model_arg(path):
     return CostModel.load(path) if path else None
 

@@ -6,7 +6,8 @@ import sys
 
 from ..sweep import Cell, Settings, format_table, parse_policy_spec, run_cells, split_top, write_rows
 from ..units import parse_size
-from ._common import add_replay_arguments, capacity_arg, cost_model_arg, dump_json, load_trace, split_list
+from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, gc_every_arg, load_trace,
+                      split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -44,7 +45,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
     capacity = capacity_arg(args.capacity)
     costs = cost_model_arg(args.cost_model)
     settings = Settings(costs=costs.to_dict() if costs else None, keep_going=args.keep_going,
-                        gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
+                        gc_every=gc_every_arg(args.gc_every),
                         sections=getattr(args, "sections", False))
     cells = [Cell(args.trace, name, cap, rt, tuple(opts) + tuple(args.policy_opt), capacity)
              for name, opts in specs for cap in caps for rt in runtimes]

@@ -5,8 +5,8 @@ import time
 
 from .. import engine
 from ..units import parse_size
-from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, lazy_progress_bar, load_trace,
-                      progress_bar)
+from ._common import (add_replay_arguments, capacity_arg, cost_model_arg, dump_json, gc_every_arg,
+                      lazy_progress_bar, load_trace, progress_bar)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -36,7 +36,7 @@ def run(args) -> int:
         res = engine.replay(
             trace, args.policy, runtime=args.runtime, cap=parse_size(args.cap, what="--cap", allow_none=True),
             capacity=capacity_arg(args.capacity), options=args.policy_opt, costs=cost_model_arg(args.cost_model),
-            keep_going=args.keep_going, gc_every=parse_size(args.gc_every, what="--gc-every") if args.gc_every else None,
+            keep_going=args.keep_going, gc_every=gc_every_arg(args.gc_every),
             progress=update, backend=args.backend, plan_progress=planned)
     finally:
         close_plan()
