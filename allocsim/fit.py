@@ -38,8 +38,12 @@ MiB = 1 << 20
 
 
 def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tuple = (),
-                 settings: Settings | None = None, resolution: int = MiB, islands: bool = True) -> dict:
-    """The safe capacity of ``policy`` on ``trace`` (see the module docstring), and any island below it."""
+                 settings: Settings | None = None, resolution: int = MiB, islands: bool = True,
+                 on_replay=None) -> dict:
+    """The safe capacity of ``policy`` on ``trace`` (see the module docstring), and any island below it.
+
+    ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
+    the cap behaves differently at every grid point, so its walk takes one replay per point)."""
     if resolution < 1:
         from .errors import UsageError
         raise UsageError(f"fit resolution must be at least 1 byte, got {resolution}")
@@ -50,6 +54,8 @@ def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tu
         nonlocal replays
         replays += 1
         row, res = run_cell(Cell(trace, policy, cap, runtime, options), settings, full=True)
+        if on_replay is not None:
+            on_replay()
         return not row["ooms"], res.certified_limits[0], row
 
     passed, lowest, unlimited = probe(None)
@@ -84,4 +90,6 @@ def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tu
 
 
 def _fit_job(args):
-    return fit_capacity(*args[:2], **args[2])
+    """One policy's fit in a worker; a queue in ``args[3]``, if any, hears of each replay."""
+    queue = args[3] if len(args) > 3 else None
+    return fit_capacity(*args[:2], **args[2], on_replay=None if queue is None else (lambda: queue.put(1)))

@@ -82,3 +82,9 @@ def test_fit_on_resnet50_is_safe_where_bisection_was_not(policy, old_answer):
     window = range(safe, old_answer + 24 * MiB + 1, MiB)
     assert all(passes(path, policy, "eager", (), cap) for cap in window)
     assert not passes(path, policy, "eager", (), safe - MiB)       # a threshold, not just a passing point
+
+
+def test_fit_reports_each_replay_as_it_goes(small_trace_path):
+    heard = []
+    f = fit_capacity(small_trace_path, "split", resolution=64 * KiB, on_replay=lambda: heard.append(1))
+    assert len(heard) == f["replays"] > 1

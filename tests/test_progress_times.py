@@ -20,7 +20,7 @@ def test_progress_bar_keeps_its_clock_moving_between_updates(monkeypatch):
     # a long step with no update (validation, an oracle's plan) must not look frozen
     term = Terminal()
     monkeypatch.setattr("sys.stderr", term)
-    _, close = _common.progress_bar(None, "load x", unit="file")
+    _, close = _common.progress_bar(None, "load x", unit=None)
     time.sleep(1.3)
     close()
     assert "load x 00:01" in term.getvalue()

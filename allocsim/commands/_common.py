@@ -58,25 +58,26 @@ def default_trace_path() -> str:
 def load_trace(path: str | None, quiet: bool = True) -> Trace:
     """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds)."""
     path = path or default_trace_path()
-    _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit="file")
+    _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit=None)
     try:
         return Trace.load(path)
     finally:
         close()
 
 
-def progress_bar(total, desc: str, quiet: bool = False, unit: str = "ev"):
+def progress_bar(total, desc: str, quiet: bool = False, unit: str | None = "ev"):
     """A tqdm progress callable for long jobs, silent when not a terminal or with --quiet.
 
-    Returns ``(update(n_done), close)``. The bar redraws itself twice a second from a
+    Returns ``(update(n_done), close)``; ``total`` None counts without an end, and
+    ``unit`` None makes a bare timer for one long step. The bar redraws itself twice a second from a
     thread, so its elapsed time keeps moving through a long step between updates (a
     trace's validation, an oracle's plan) while the caller's updates stay cheap.
     """
     if quiet or not sys.stderr.isatty():
         return (lambda n: None), (lambda: None)
     from tqdm import tqdm
-    bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "ev", leave=False, mininterval=0.5,
-               bar_format=None if total is not None else "{desc} {elapsed}")
+    bar = tqdm(total=total, desc=desc, unit=unit or "it", unit_scale=unit == "ev", leave=False, mininterval=0.5,
+               bar_format=None if unit else "{desc} {elapsed}")
     stop = threading.Event()
 
     def redraw():

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import Manager
 
 from ..errors import UsageError
-from ..fit import MiB, _fit_job
+from ..fit import MiB, _fit_job, fit_capacity
 from ..sweep import Settings, parse_policy_spec, split_top
 from ..units import fmt_bytes, parse_size
 from ._common import cost_model_arg, dump_json, load_trace, progress_bar
@@ -37,18 +39,15 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
     jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution})
                  for name, opts in specs]
     with_oracle = oracle and "oracle" in policies.names()
-    update, close = progress_bar(len(jobs_args) + with_oracle, "fit", quiet, unit="policy")
-    fits = []
+    update, close = progress_bar(None, f"fit {len(specs)} policies", quiet, unit=" replays")
+    done = [0]
+
+    def replayed():
+        done[0] += 1
+        update(done[0])
+
     try:
-        if jobs > 1:
-            with ProcessPoolExecutor(max_workers=jobs) as ex:
-                for f in ex.map(_fit_job, jobs_args):
-                    fits.append(f)
-                    update(len(fits))
-        else:
-            for a in jobs_args:
-                fits.append(_fit_job(a))
-                update(len(fits))
+        fits = _fits(jobs_args, jobs, replayed, quiet)
         if with_oracle:
             oracle_peak = run_cell(Cell(trace, "oracle", None, runtime, (), None), settings)["peak_reserved_bytes"]
     finally:
@@ -57,6 +56,28 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
     if with_oracle:
         out["oracle_peak_bytes"] = oracle_peak
     return out
+
+
+def _fits(jobs_args, jobs, replayed, quiet):
+    """Each policy's fit, in order; ``replayed()`` hears of every replay (from the workers through a queue)."""
+    if jobs <= 1:
+        return [fit_capacity(*a[:2], **a[2], on_replay=None if quiet else replayed) for a in jobs_args]
+    with ProcessPoolExecutor(max_workers=jobs) as ex:
+        if quiet:
+            return list(ex.map(_fit_job, jobs_args))
+        with Manager() as manager:
+            queue = manager.Queue()
+            def listen():
+                for _ in iter(queue.get, None):
+                    replayed()
+
+            listener = threading.Thread(target=listen, daemon=True)
+            listener.start()
+            try:
+                return list(ex.map(_fit_job, [(*a, queue) for a in jobs_args]))
+            finally:
+                queue.put(None)
+                listener.join()
 
 
 def run(args) -> int:

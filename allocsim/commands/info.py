@@ -179,7 +179,7 @@ def format_summary(d: dict) -> str:
 def run(args) -> int:
     quiet = args.quiet or args.json
     trace = load_trace(args.trace, quiet)
-    _, close = progress_bar(None, "summarise", quiet, unit="step")
+    _, close = progress_bar(None, "summarise", quiet, unit=None)
     try:
         d = summarize(trace)
     finally:
