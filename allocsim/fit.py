@@ -89,6 +89,16 @@ def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tu
     return {**out, "capacity_bytes": safe, "island_bytes": island, "replays": replays}
 
 
+def by_capacity(fits: list[dict]) -> list[dict]:
+    """Fits ordered by safe capacity, those with none (OOM even without a cap) last."""
+    return sorted(fits, key=lambda f: (f["capacity_bytes"] is None, f["capacity_bytes"] or 0))
+
+
+def fit_label(f: dict) -> str:
+    """``policy`` or ``policy[options]``."""
+    return f["policy"] + (f"[{f['options']}]" if f["options"] else "")
+
+
 def _fit_job(args):
     """One policy's fit in a worker; a queue in ``args[3]``, if any, hears of each replay."""
     queue = args[3] if len(args) > 3 else None

@@ -145,18 +145,23 @@ def comparison_bars(trace, rows: list[dict], path: str):
 
 
 def frontier_plot(trace, fit: dict, path: str):
-    """Smallest capacity each policy survives, against LOAD and the oracle's peak."""
+    """Safe capacity of each policy (and any smaller passing island), against LOAD and the oracle's peak."""
+    from .fit import by_capacity, fit_label
     plt = _plt()
-    fits = sorted(fit["fits"], key=lambda f: f["capacity_bytes"])
-    scale, unit = _unit(max([f["capacity_bytes"] for f in fits] + [fit["load_bytes"], 1]))
+    fits = by_capacity(fit["fits"])
+    scale, unit = _unit(max([f["capacity_bytes"] or 0 for f in fits] + [fit["load_bytes"], 1]))
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(fits) + 2))
-    labels = [f["policy"] + (f"[{f['options']}]" if f["options"] else "") for f in fits]
-    ax.barh(labels, [f["capacity_bytes"] / scale for f in fits], color="tab:blue", label="smallest capacity")
+    labels = [fit_label(f) + ("" if f["capacity_bytes"] is not None else " (OOM with no cap)") for f in fits]
+    ax.barh(labels, [(f["capacity_bytes"] or 0) / scale for f in fits], color="tab:blue", label="safe capacity")
+    islands = [(f["island_bytes"] / scale, label) for f, label in zip(fits, labels) if f["island_bytes"] is not None]
+    if islands:
+        ax.scatter([x for x, _ in islands], [y for _, y in islands], marker="x", color="tab:red", zorder=3,
+                   label="island (passes below a failing capacity)")
     ax.axvline(fit["load_bytes"] / scale, color="k", ls="--", label="LOAD")
     if "oracle_peak_bytes" in fit:
         ax.axvline(fit["oracle_peak_bytes"] / scale, color="tab:green", ls=":", label="oracle peak")
     ax.set_xlabel(f"device capacity ({unit})")
-    ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator fits on"))
+    ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator is safe on"))
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)
     return _save(fig, path)
@@ -205,9 +210,11 @@ def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: li
              f"<p>{len(trace):,} events, {trace.n_allocs:,} allocations, LOAD {fmt_bytes(trace.load_bytes)}.</p>",
              "<h2>Comparison</h2><pre>" + html.escape(format_table(table_rows)) + "</pre>"]
     if fit:
-        parts.append("<h2>Capacity frontier</h2><pre>" + "\n".join(
-            f"{f['policy'] + (f'[{o}]' if (o := f['options']) else ''):<28} {fmt_bytes(f['capacity_bytes'])}"
-            for f in sorted(fit["fits"], key=lambda f: f["capacity_bytes"])) + "</pre>")
+        from .fit import by_capacity, fit_label
+        parts.append("<h2>Capacity frontier (safe capacity, island below)</h2><pre>" + "\n".join(
+            f"{fit_label(f):<34} {fmt_bytes(c) if (c := f['capacity_bytes']) is not None else 'none (OOM)':>12}"
+            f"{'  island ' + fmt_bytes(f['island_bytes']) if f['island_bytes'] is not None else ''}"
+            for f in by_capacity(fit["fits"])) + "</pre>")
     for title, img in images:
         parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(img)}' alt='{html.escape(title)}'>")
     parts.append("</body></html>")

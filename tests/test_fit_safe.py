@@ -88,3 +88,16 @@ def test_fit_reports_each_replay_as_it_goes(small_trace_path):
     heard = []
     f = fit_capacity(small_trace_path, "split", resolution=64 * KiB, on_replay=lambda: heard.append(1))
     assert len(heard) == f["replays"] > 1
+
+
+def test_frontier_plot_and_report_show_no_safe_capacity_and_islands(tmp_path, small_trace_path):
+    from allocsim import plots
+    from allocsim.trace import Trace
+    fits = [{"policy": "torch", "options": "", "capacity_bytes": None, "island_bytes": None},
+            {"policy": "split", "options": "", "capacity_bytes": 40 * MiB, "island_bytes": 30 * MiB}]
+    fit = {"load_bytes": 20 * MiB, "fits": fits}
+    trace = Trace.load(small_trace_path)
+    assert os.path.getsize(plots.frontier_plot(trace, fit, str(tmp_path / "f.png"))) > 0
+    page = open(plots.index_html(str(tmp_path), trace, [], [], fit)).read()
+    assert "none (OOM)" in page and "island 30.00 MiB" in page
+    assert page.index("split") < page.index("torch")           # no safe capacity sorts last

@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import Manager
 
 from ..errors import UsageError
-from ..fit import MiB, _fit_job, fit_capacity
+from ..fit import MiB, _fit_job, by_capacity, fit_capacity, fit_label
 from ..sweep import Settings, parse_policy_spec, split_top
 from ..units import fmt_bytes, parse_size
 from ._common import cost_model_arg, dump_json, load_trace, progress_bar
@@ -95,14 +95,12 @@ def run(args) -> int:
     load = res["load_bytes"]
     print(f"{args.trace}: LOAD {fmt_bytes(load)}" + (f", oracle peak {fmt_bytes(res['oracle_peak_bytes'])}"
                                                      if "oracle_peak_bytes" in res else ""))
-    labels = [f["policy"] + (f"[{f['options']}]" if f["options"] else "") for f in res["fits"]]
-    w = max([len("policy")] + [len(x) for x in labels]) + 2
+    w = max([len("policy")] + [len(fit_label(f)) for f in res["fits"]]) + 2
     print(f"{'policy':<{w}}{'safe capacity':>14}{'vs LOAD':>10}{'island below':>14}{'no-limit peak':>16}{'replays':>9}")
-    for label, f in sorted(zip(labels, res["fits"]), key=lambda lf: (lf[1]["capacity_bytes"] is None,
-                                                                       lf[1]["capacity_bytes"] or 0)):
+    for f in by_capacity(res["fits"]):
         cap, island = f["capacity_bytes"], f["island_bytes"]
         vs = f"{100 * (cap / load - 1):+.1f}%" if cap is not None and load else "-"
-        print(f"{label:<{w}}{fmt_bytes(cap) if cap is not None else 'none (OOM)':>14}{vs:>10}"
+        print(f"{fit_label(f):<{w}}{fmt_bytes(cap) if cap is not None else 'none (OOM)':>14}{vs:>10}"
               f"{fmt_bytes(island) if island is not None else '-':>14}"
               f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
     print(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(res['resolution_bytes'])} grid) "
