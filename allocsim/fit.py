@@ -25,6 +25,13 @@ takes the fraction of the cap itself and pins the device (a replay certifies
 only its own cap: the walk then probes every grid point it passes); the oracle
 makes one device malloc of its planned heap; the real GPU policies are not fitted.
 
+Budget: a policy that fills its pool up to the cap behaves differently at almost every
+grid point (its replays certify a MiB or less), so its walk costs about one replay per
+grid point — tens of thousands under ``--runtime gc``, where the pools grow to the
+device. The walk therefore stops after ``max_replays`` replays (0: no limit): the cap
+it reached is still safe (everything above it is certified) but may not be the
+threshold, and ``threshold`` is then False.
+
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;
 one found is reported as ``island_bytes`` (a cap that passes, below one that
@@ -35,11 +42,12 @@ from __future__ import annotations
 from .sweep import Cell, Settings, run_cell
 
 MiB = 1 << 20
+MAX_REPLAYS = 1000      # per policy, for the walk down from the peak
 
 
 def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tuple = (),
                  settings: Settings | None = None, resolution: int = MiB, islands: bool = True,
-                 on_replay=None) -> dict:
+                 on_replay=None, max_replays: int = MAX_REPLAYS) -> dict:
     """The safe capacity of ``policy`` on ``trace`` (see the module docstring), and any island below it.
 
     ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
@@ -61,7 +69,7 @@ def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tu
     passed, lowest, unlimited = probe(None)
     load, peak = unlimited["load_bytes"], unlimited["peak_reserved_bytes"]
     out = {"policy": policy, "options": ";".join(options), "runtime": runtime, "capacity_bytes": None,
-           "island_bytes": None, "load_bytes": load, "unlimited_peak_bytes": peak}
+           "threshold": True, "island_bytes": None, "load_bytes": load, "unlimited_peak_bytes": peak}
     if not passed:              # it runs out even with no cap: no capacity is safe
         return {**out, "replays": replays}
     floor_cap = max(load, 1)    # below LOAD every replay fails; a cap of 0 means none
@@ -69,6 +77,9 @@ def fit_capacity(trace: str, policy: str, *, runtime: str = "eager", options: tu
     while True:
         cap = (safe - 1) // resolution * resolution
         if cap < floor_cap:
+            break
+        if max_replays and replays >= max_replays:
+            out["threshold"] = False        # safe from here; a lower safe capacity may exist
             break
         passed, lowest, _ = probe(cap)
         if not passed:

@@ -101,3 +101,12 @@ def test_frontier_plot_and_report_show_no_safe_capacity_and_islands(tmp_path, sm
     page = open(plots.index_html(str(tmp_path), trace, [], [], fit)).read()
     assert "none (OOM)" in page and "island 30.00 MiB" in page
     assert page.index("split") < page.index("torch")           # no safe capacity sorts last
+
+
+def test_a_walk_stopped_by_its_budget_is_still_safe_and_says_so():
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    full = fit_capacity(path, "knet", islands=False)
+    cut = fit_capacity(path, "knet", islands=False, max_replays=20)
+    assert full["threshold"] and not cut["threshold"] and cut["replays"] == 20
+    assert cut["capacity_bytes"] > full["capacity_bytes"]
+    assert passes(path, "knet", "eager", (), cut["capacity_bytes"])

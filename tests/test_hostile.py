@@ -89,6 +89,8 @@ MALFORMED: list[Case] = [
 NONSENSE: list[Case] = [
     Case("unknown-policy", ["replay", "{trace}", "--policy", "nosuch"], expect="nosuch"),
     Case("gc-every-zero", ["replay", "{trace}", "--runtime", "gc", "--gc-every", "0"], expect="--gc-every"),
+    Case("fit-negative-max-replays", ["fit", "{trace}", "--policies", "none", "--max-replays", "-1"],
+         expect="--max-replays"),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -7,7 +7,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import Manager
 
 from ..errors import UsageError
-from ..fit import MiB, _fit_job, by_capacity, fit_capacity, fit_label
+from ..fit import MAX_REPLAYS, MiB, _fit_job, by_capacity, fit_capacity, fit_label
 from ..sweep import Settings, parse_policy_spec, split_top
 from ..units import fmt_bytes, parse_size
 from ._common import cost_model_arg, dump_json, load_trace, progress_bar
@@ -21,7 +21,10 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit")
     p.add_argument("--runtime", default="eager", choices=["eager", "gc"])
-    p.add_argument("--resolution", default="1MiB", help="bisection resolution (default 1MiB)")
+    p.add_argument("--resolution", default="1MiB", help="capacity grid (default 1MiB)")
+    p.add_argument("--max-replays", type=int, default=MAX_REPLAYS, metavar="N",
+                   help=f"stop a policy's walk down from its peak after N replays (default {MAX_REPLAYS}; 0: no limit); "
+                        "the answer is then safe but marked *, a lower safe capacity may exist")
     p.add_argument("--cost-model", metavar="FILE")
     p.add_argument("-j", "--jobs", type=int, default=min(4, os.cpu_count() or 1))
     p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
@@ -30,13 +33,14 @@ def add_arguments(p):
 
 
 def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True,
-             quiet=True) -> dict:
+             quiet=True, max_replays=MAX_REPLAYS) -> dict:
     from .. import policies
     from ..sweep import Cell, run_cell
     t = load_trace(trace, quiet)
     for name, opts in specs:
         policies.get(name).parse_options(list(opts))
-    jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution})
+    jobs_args = [(trace, name, {"runtime": runtime, "options": opts, "settings": settings, "resolution": resolution,
+                                  "max_replays": max_replays})
                  for name, opts in specs]
     with_oracle = oracle and "oracle" in policies.names()
     update, close = progress_bar(None, f"fit {len(specs)} policies", quiet, unit=" replays")
@@ -85,8 +89,10 @@ def run(args) -> int:
     resolution = parse_size(args.resolution, what="--resolution")
     if resolution < 1:
         raise UsageError(f"--resolution: must be at least 1 byte, got {args.resolution!r}")
+    if args.max_replays < 0:
+        raise UsageError(f"--max-replays: must be 0 (no limit) or more, got {args.max_replays}")
     costs = cost_model_arg(args.cost_model)
-    res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution,
+    res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution, max_replays=args.max_replays,
                    jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),
                    oracle=not args.no_oracle, quiet=args.quiet or args.json)
     if args.json:
@@ -100,9 +106,12 @@ def run(args) -> int:
     for f in by_capacity(res["fits"]):
         cap, island = f["capacity_bytes"], f["island_bytes"]
         vs = f"{100 * (cap / load - 1):+.1f}%" if cap is not None and load else "-"
-        print(f"{fit_label(f):<{w}}{fmt_bytes(cap) if cap is not None else 'none (OOM)':>14}{vs:>10}"
+        shown = "none (OOM)" if cap is None else fmt_bytes(cap) + ("" if f["threshold"] else "*")
+        print(f"{fit_label(f):<{w}}{shown:>14}{vs:>10}"
               f"{fmt_bytes(island) if island is not None else '-':>14}"
               f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
     print(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(res['resolution_bytes'])} grid) "
           f"replayed without OOM; island: a smaller capacity that passes, below one that fails")
+    if not all(f["threshold"] for f in res["fits"]):
+        print(f"*: the walk stopped after --max-replays {args.max_replays}: safe, but a lower safe capacity may exist")
     return 0
