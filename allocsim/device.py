@@ -12,6 +12,14 @@ allocation of the recorded size, when that range overlaps no live one. Best fit 
 PyTorch and CuPy breaks ties by address, so a model replaying its own allocator's
 trace needs the addresses `cudaMalloc` really returned to choose as it chose.
 
+For `allocsim fit` the device records which limits would have let the replay go
+the same way: every request it granted (``reserved + n``, by `malloc` or `fits`,
+or reported by a policy's own comparison with the limit through `note`) and the
+smallest it refused. `certified()` turns them into the interval of limits under
+which every outcome, and so the whole replay, would be the same; a policy whose
+behaviour reads the limit's exact value calls `pin()` (the interval is then just
+this limit).
+
 The device also carries the replay's modeled clock (`clock`, seconds), to which
 every device call, pool operation and GC pause adds its modeled cost.
 Each call is O(1).
@@ -38,6 +46,9 @@ class SimulatedDevice:
         self.n_malloc = self.n_free = 0
         self.bytes_malloc = self.bytes_free = 0
         self.n_failed = 0
+        self.granted_max = 0                     # largest reserved + n granted outside malloc (fits, note)
+        self.refused_min = None                  # smallest reserved + n refused
+        self.pinned = False
         self.clock = 0.0
         self.malloc_time = self.free_time = 0.0
         self._next = BASE_ADDR
@@ -51,6 +62,7 @@ class SimulatedDevice:
         """Reserve ``n`` bytes; return the address, or None if cap or capacity is reached."""
         if self.reserved + n > self.limit:
             self.n_failed += 1
+            self.note(self.reserved + n, False)
             return None
         got = self._obtain(n)
         if got is None:
@@ -105,7 +117,28 @@ class SimulatedDevice:
 
     def fits(self, n: int) -> bool:
         """Whether a malloc of ``n`` bytes would succeed now."""
-        return self.reserved + n <= self.limit
+        ok = self.reserved + n <= self.limit
+        self.note(self.reserved + n, ok)
+        return ok
+
+    def note(self, need: int, granted: bool) -> None:
+        """Record that a limit comparison for ``need`` bytes came out ``granted`` (see `certified`)."""
+        if granted:
+            if need > self.granted_max:
+                self.granted_max = need
+        elif self.refused_min is None or need < self.refused_min:
+            self.refused_min = need
+
+    def pin(self) -> None:
+        """The replay read the limit's exact value: it certifies no other limit."""
+        self.pinned = True
+
+    def certified(self) -> tuple[int, int | None]:
+        """``(lo, hi)``: every limit in [lo, hi] (hi None: unbounded) grants and refuses as this one did."""
+        if self.pinned:
+            return self.limit, self.limit
+        lo = max(self.peak_reserved, self.granted_max)
+        return lo, None if self.refused_min is None else self.refused_min - 1
 
     def reserve_address_range(self, n: int) -> int:
         """A fresh virtual range of ``n`` bytes that holds no memory (expandable segments)."""

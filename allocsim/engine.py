@@ -38,12 +38,13 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
 
 
 def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
-          costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim"):
+          costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim", plan_progress=None):
     """Make (policy object, runtime, device, sections) ready to replay ``trace``.
 
     ``policy`` is what `PolicySpec.of` takes: ``"torch[expandable_segments:True]"``,
     ``"my.py:MyPool"``, a `PolicySpec` or a `Policy` subclass; ``options`` adds
-    ``key=value`` texts or a dict of typed values.
+    ``key=value`` texts or a dict of typed values. ``plan_progress(done, total)`` follows an
+    offline policy's plan, made here (it can take minutes).
     """
     spec = PolicySpec.of(policy, options)
     cls = spec.policy_class()
@@ -63,34 +64,43 @@ def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="t
                                  address_hints=recorded_segments(trace) if cls.framework and
                                  cls.framework == trace.meta.get("framework") else None)
     rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
-    pol = cls(device, rt, sections, opts, trace=trace)
+    pol = cls(device, rt, sections, opts, trace=trace, **({"progress": plan_progress} if cls.offline else {}))
     return pol, rt, device, sections
 
 
 def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
            options=None, costs: CostModel | None = None, keep_going: bool = False, gc_every=None,
            timeline: bool = False, progress=None, device=None, observer=None, backend: str = "sim",
-           log_events: bool = False) -> ReplayResult:
+           log_events: bool = False, plan_progress=None) -> ReplayResult:
     """Replay ``trace`` against ``policy``; return its `ReplayResult`.
 
     ``capacity="trace"`` takes the device memory recorded in the trace (else
     unlimited). ``observer(event_index, kind, id, handle)`` is called after each
     driving event (tests use it to check invariants; it slows the replay).
-    ``progress`` is a callable taking the number of driving events done.
+    ``progress`` is a callable taking the number of driving events done; ``plan_progress(done, total)``
+    follows an offline policy's plan before the walk.
     ``log_events=True`` gives policies that keep a per-event log (``wants_event_index``)
     the trace index of each ALLOC (`allocsim validate` asks for it; it slows the walk).
     ``backend="cuda"`` makes a simulated policy's device calls real `cudaMalloc`/`cudaFree`
     on this GPU (measured latency); real-allocator policies always run on the GPU.
     """
+    loaded = 0.0
     if isinstance(trace, str):
+        t_load = time.perf_counter()
         trace = Trace.load(trace)
+        loaded = time.perf_counter() - t_load
+    t_start = time.perf_counter()
     pol, rt, dev, sections = build(trace, policy, runtime=runtime, cap=cap, capacity=capacity, options=options,
-                                   costs=costs, gc_every=gc_every, device=device, backend=backend)
+                                   costs=costs, gc_every=gc_every, device=device, backend=backend,
+                                   plan_progress=plan_progress)
     try:
-        return _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
-                    observer=observer, log_events=log_events)
+        res = _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
+                   observer=observer, log_events=log_events)
     finally:
         pol.close()
+    res.load_seconds = loaded
+    res.replay_seconds = time.perf_counter() - t_start      # the policy's set-up (an oracle's plan) included
+    return res
 
 
 class _Walk:
@@ -154,7 +164,6 @@ def _fast_chunk(w, is_alloc, ids, sizes, streams, pol, dev, handles, lat_append,
 
 
 def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer, log_events=False) -> ReplayResult:
-    t_start = time.perf_counter()
     kind_col = np.asarray(trace.kind)
     is_alloc = kind_col == ALLOC
     driving = is_alloc | (kind_col == FREE)
@@ -259,6 +268,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         total_time_seconds=dev.clock, latency=latency_summary(lat_np), counters=counters,
         latency_measured=pol.real_gpu or getattr(dev, "measured", False),
         sections=sections.rows(), section_table=sections.table(),
+        certified_limits=dev.certified() if hasattr(dev, "certified") else None,
     )
     if res.peak_reserved_bytes:
         res.utilization = res.peak_allocated_bytes / res.peak_reserved_bytes
@@ -270,7 +280,6 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res),
                         "latency_quantiles": np.quantile(lat_np, np.linspace(0, 1, 501)).tolist() if len(lat_np) else [],
                         "oom_events": [o.event for o in ooms]}
-    res.replay_seconds = time.perf_counter() - t_start
     return res
 
 

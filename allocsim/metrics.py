@@ -66,9 +66,12 @@ class ReplayResult:
     latency_measured: bool = False     # True: wall time on a GPU; False: the cost model
     counters: dict = field(default_factory=dict)
     sections: list = field(default_factory=list)
-    replay_seconds: float = 0.0
+    replay_seconds: float = 0.0        # wall time of the replay, set-up included (the trace already loaded)
+    load_seconds: float = 0.0          # wall time loading the trace file (0 when handed a loaded trace)
     timeline: dict | None = None
     section_table: str = ""
+    #: (lo, hi): the device limits under which this replay would go exactly the same way (`allocsim fit`)
+    certified_limits: tuple | None = None
 
     @property
     def first_oom(self) -> OOMRecord | None:
@@ -77,6 +80,7 @@ class ReplayResult:
     def to_dict(self, *, timeline: bool = False) -> dict:
         d = asdict(self)
         d.pop("section_table")
+        d.pop("certified_limits")
         if not timeline:
             d.pop("timeline")
         return d
@@ -114,7 +118,8 @@ class ReplayResult:
         for k, v in r.counters.items():
             if k != "cache_flushes":
                 lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
-        lines.append(f"  replay took {r.replay_seconds:.3f}s")
+        lines.append(f"  load {r.load_seconds:.3f}s  replay {r.replay_seconds:.3f}s  "
+                     f"total {r.load_seconds + r.replay_seconds:.3f}s")
         return "\n".join(lines)
 
 

@@ -247,40 +247,52 @@ def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting=
 
 
 def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
-    """Smallest capacity each policy survives, as dots against LOAD and the oracle's peak.
+    """Safe capacity of each policy as dots (and any smaller passing island as a cross), against LOAD
+    and the oracle's peak; a policy with none (OOM even without a cap) is listed, with no dot.
 
     Dots, not bars: the axis starts near LOAD, where the differences are, and a bar
     cut off at a non-zero origin would exaggerate them.
     """
+    from .fit import by_capacity
     from .units import fmt_bytes
     plt = _plt()
-    fits = sorted(fit["fits"], key=lambda f: f["capacity_bytes"])
+    fits = by_capacity(fit["fits"])
     styles = styles or policy_styles(policy_of(f) for f in fits)
     load = fit["load_bytes"]
     refs = [load] + ([fit["oracle_peak_bytes"]] if "oracle_peak_bytes" in fit else [])
-    scale, unit = _unit(max([f["capacity_bytes"] for f in fits] + refs + [1]))
+    values = [v for f in fits for v in (f["capacity_bytes"], f["island_bytes"]) if v is not None] + refs
+    scale, unit = _unit(max(values + [1]))
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(fits) + 2.6), layout="constrained")
     ys = np.arange(len(fits))
+    island_shown = False
     for y, f in zip(ys, fits):
         st = styles[policy_of(f)]
+        if f["capacity_bytes"] is None:
+            ax.annotate("none: OOM even with no cap", (load / scale, y), xytext=(9, 0), textcoords="offset points",
+                        va="center", fontsize=9, color="0.3")
+            continue
         x = f["capacity_bytes"] / scale
         ax.hlines(y, 0, x, color="0.85", lw=1)
         ax.plot([x], [y], st["marker"], ms=10, color=st["color"], mec="k")
         over = f" ({100 * (f['capacity_bytes'] / load - 1):+.1f}% vs LOAD)" if load else ""
-        ax.annotate(fmt_bytes(f["capacity_bytes"]) + over, (x, y), xytext=(9, 0), textcoords="offset points",
+        star = "" if f.get("threshold", True) else "*"
+        ax.annotate(fmt_bytes(f["capacity_bytes"]) + star + over, (x, y), xytext=(9, 0), textcoords="offset points",
                     va="center", fontsize=9)
+        if f.get("island_bytes") is not None:
+            ax.plot([f["island_bytes"] / scale], [y], "x", ms=9, mew=2, color="tab:red",
+                    label=None if island_shown else "island: a smaller capacity that passes, below one that fails")
+            island_shown = True
     ax.axvline(load / scale, color="k", ls="--", lw=1.2, label=f"LOAD (peak live bytes) {fmt_bytes(load)}")
     if "oracle_peak_bytes" in fit:
         ax.axvline(fit["oracle_peak_bytes"] / scale, color="0.35", ls=":", lw=1.5,
                    label=f"oracle peak {fmt_bytes(fit['oracle_peak_bytes'])}")
-    lo = min([f["capacity_bytes"] for f in fits] + refs) / scale
-    hi = max([f["capacity_bytes"] for f in fits] + refs) / scale
+    lo, hi = min(values) / scale, max(values) / scale
     span = max(hi - lo, 0.02 * hi, 1e-9)
     ax.set_xlim(lo - 0.08 * span, hi + 0.45 * span)        # room on the right for the value labels
     ax.set_yticks(ys, [policy_of(f) for f in fits])
     ax.set_ylim(len(fits) - 0.5, -0.5)                      # the best fit on top
-    ax.set_xlabel(f"smallest device capacity without an OOM ({unit}; the axis starts near LOAD, not at 0)")
-    ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator fits on", setting))
+    ax.set_xlabel(f"safe device capacity: no OOM from it up ({unit}; the axis starts near LOAD, not at 0)")
+    ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator is safe on", setting))
     _outside_legend(fig, ax.get_legend_handles_labels()[0], ncol=2)
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -362,9 +374,11 @@ def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: li
              f"<p>{len(trace):,} events, {trace.n_allocs:,} allocations, LOAD {fmt_bytes(trace.load_bytes)}.</p>",
              "<h2>Comparison</h2><pre>" + html.escape(format_table(table_rows)) + "</pre>"]
     if fit:
-        parts.append("<h2>Capacity frontier</h2><pre>" + "\n".join(
-            f"{policy_of(f):<28} {fmt_bytes(f['capacity_bytes'])}"
-            for f in sorted(fit["fits"], key=lambda f: f["capacity_bytes"])) + "</pre>")
+        from .fit import by_capacity
+        parts.append("<h2>Capacity frontier (safe capacity, island below)</h2><pre>" + "\n".join(
+            f"{policy_of(f):<34} {fmt_bytes(c) if (c := f['capacity_bytes']) is not None else 'none (OOM)':>12}"
+            f"{'  island ' + fmt_bytes(f['island_bytes']) if f['island_bytes'] is not None else ''}"
+            for f in by_capacity(fit["fits"])) + "</pre>")
     for title, img in images:
         parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(img)}' alt='{html.escape(title)}'>")
     parts.append("</body></html>")

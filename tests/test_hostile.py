@@ -325,6 +325,10 @@ NONSENSE: list[Case] = [
          outputs=["s.bin"]),
     Case("synth-times-past-64-bits", _SYNTH + ["alloc-heavy", "-P", "event_ns=100000000000000000", "-P",
                                                "n_allocs=1000"], expect="out of range", outputs=["s.bin"]),
+    Case("fit-negative-max-replays", ["fit", "{trace}", "--policies", "none", "--max-replays", "-1"],
+         expect="--max-replays"),
+    Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
+         expect="--gc-every"),
 ]
 
 

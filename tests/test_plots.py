@@ -89,7 +89,8 @@ def figures(small):
     gc_rows = run_cells([Cell(small.path, p, c, "gc", ()) for p in POLICIES for c in cap_text])
     timeline = {p: run_cell(Cell(small.path, p, None), Settings(timeline=True), full=True)[1] for p in POLICIES}
     fit = {"load_bytes": small.load_bytes, "oracle_peak_bytes": small.load_bytes + 1000,
-           "fits": [{"policy": p, "options": "", "capacity_bytes": small.load_bytes * (1.1 + i / 10)}
+           "fits": [{"policy": p, "options": "", "capacity_bytes": small.load_bytes * (1.1 + i / 10),
+                     "island_bytes": None, "threshold": True}
                     for i, p in enumerate(POLICIES)]}
     figs = {"bars": plots.bars_figure(small, rows, styles=styles, cap_text=cap_text),
             "gc": plots.gc_figure(small, gc_rows, styles=styles, cap_text=cap_text),

@@ -6,17 +6,22 @@ section runs, in which order, which block is reused, when memory goes back.
 """
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim import engine
+from allocsim.policies import binned
 from allocsim.policies.knet import blocksize, icbrt
 from allocsim.policies.simple import max_oversize
 from allocsim.sections import Sections
 from allocsim.trace import ALLOC, TraceWriter
+from conftest import ROOT
 
 KiB, MiB = 1 << 10, 1 << 20
 SEC = 1_000_000_000
@@ -414,3 +419,51 @@ def test_pools_keep_blocks_apart_and_account_bytes(policy, runtime, cap, steps):
                       observer=observer)
     assert res.device_malloc_bytes - res.device_free_bytes == res.final_reserved_bytes
     assert 0 <= pol.largest_free() <= dev.reserved - pol.allocated
+
+
+def test_binned_background_survives_a_clock_jump_to_2_60_ns(tmp_path):
+    # the background task used to step 5 s at a time through 2^60 ns: ~2.3e8 iterations
+    ops, times = _background_trace(2)
+    ops += [("a", "late", 16), ("f", "late")]
+    times += [1 << 60, (1 << 60) + 1]
+    path = str(tmp_path / "jump.bin")
+    build(ops, times).save(path)
+    done = subprocess.run([sys.executable, "-m", "allocsim", "replay", path, "--policy", "binned",
+                           "--runtime", "gc", "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    counters = json.loads(done.stdout)["counters"]
+    assert counters["background_ticks"] > (1 << 60) // (5 * SEC)    # every iteration counted
+    assert counters["background_released"] == 4
+
+
+idle_ops = st.lists(st.tuples(st.sampled_from(["a", "f"]), st.sampled_from([16, 1024, 3000, 5000]),
+                              st.integers(0, 200 * SEC)), min_size=1, max_size=25)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(steps=idle_ops, runtime=st.sampled_from(["eager", "gc"]))
+def test_binned_fast_forward_equals_stepping_tick_by_tick(monkeypatch, steps, runtime):
+    ops, times, live, t = [], [], [], 0
+    for j, (kind, size, gap) in enumerate(steps):
+        t += gap
+        if kind == "a" or not live:
+            live.append(f"k{j}")
+            ops.append(("a", live[-1], size))
+        else:
+            ops.append(("f", live.pop(0)))
+        times.append(t)
+
+    def replay(after):
+        monkeypatch.setattr(binned, "FAST_FORWARD_AFTER", after)
+        return run(ops, "binned", runtime=runtime, times=times)[0]
+
+    stepped, jumped = replay(10**9), replay(0)
+    for field in ("background_ticks", "background_released"):
+        assert jumped.counters[field] == stepped.counters[field]
+    assert (jumped.gc_incremental, jumped.device_frees, jumped.final_reserved_bytes) == \
+        (stepped.gc_incremental, stepped.device_frees, stepped.final_reserved_bytes)
+    assert jumped.total_time_seconds == pytest.approx(stepped.total_time_seconds, rel=1e-9)
+    assert jumped.gc_time_seconds == pytest.approx(stepped.gc_time_seconds, rel=1e-9)
+    assert [(r["path"], r["ncalls"]) for r in jumped.sections] == [(r["path"], r["ncalls"]) for r in stepped.sections]
+    for a, b in zip(jumped.sections, stepped.sections):
+        assert a["seconds"] == pytest.approx(b["seconds"], rel=1e-9, abs=1e-15)

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 
 from ..costs import CostModel
 from ..errors import UsageError
@@ -89,6 +90,7 @@ def caps_arg(text: str) -> list[int | None]:
 
 
 def gc_every_arg(text: str | None) -> int | None:
+    """``--gc-every``: bytes between periodic collections, None without it; 0 is refused, not read as "never"."""
     return positive_size(text, "--gc-every") if text else None
 
 
@@ -101,27 +103,70 @@ DEFAULT_TRACE = "resnet50.bin"     # traces/resnet50.bin: ResNet-50 training on 
 
 def default_trace_path() -> str:
     """The trace embedded in the package, replayed when no trace is named."""
-    import os
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", DEFAULT_TRACE)
 
 
-def load_trace(path: str | None) -> Trace:
-    return Trace.load(path or default_trace_path())
+def load_trace(path: str | None, quiet: bool = True) -> Trace:
+    """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds)."""
+    path = path or default_trace_path()
+    _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit=None)
+    try:
+        return Trace.load(path)
+    finally:
+        close()
 
 
-def progress_bar(total: int, desc: str, quiet: bool = False):
-    """A tqdm progress callable for long jobs, silent when not a terminal or with --quiet."""
+def progress_bar(total, desc: str, quiet: bool = False, unit: str | None = "ev"):
+    """A tqdm progress callable for long jobs, silent when not a terminal or with --quiet.
+
+    Returns ``(update(n_done), close)``; ``total`` None counts without an end, and
+    ``unit`` None makes a bare timer for one long step. The bar redraws itself twice a second from a
+    thread, so its elapsed time keeps moving through a long step between updates (a
+    trace's validation, an oracle's plan) while the caller's updates stay cheap.
+    """
     if quiet or not sys.stderr.isatty():
-        return None, lambda: None
+        return (lambda n: None), (lambda: None)
     from tqdm import tqdm
-    bar = tqdm(total=total, desc=desc, unit="ev", unit_scale=True, leave=False, mininterval=0.5)
+    bar = tqdm(total=total, desc=desc, unit=unit or "it", unit_scale=unit == "ev", leave=False, mininterval=0.5,
+               bar_format=None if unit else "{desc} {elapsed}")
+    stop = threading.Event()
+
+    def redraw():
+        while not stop.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=redraw, daemon=True)
+    ticker.start()
     state = {"n": 0}
 
     def update(n):
         bar.update(n - state["n"])
         state["n"] = n
 
-    return update, bar.close
+    def close():
+        stop.set()
+        ticker.join()
+        bar.close()
+
+    return update, close
+
+
+def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
+    """``(update(done, total), close)``: a `progress_bar` made on the first report, once the total is known."""
+    made = []
+
+    def update(done, total):
+        if not made:
+            made.extend(progress_bar(total, desc, quiet, unit))
+        made[0](done)
+        if done >= total:
+            made[1]()
+
+    def close():
+        if made:
+            made[1]()
+
+    return update, close
 
 
 def dump_json(obj, out=None) -> None:

@@ -1,15 +1,17 @@
 """`allocsim fit`: the smallest device capacity each policy survives (the capacity frontier)."""
 from __future__ import annotations
 
-import sys
+import threading
+from multiprocessing import Manager
 
-from ..fit import MiB, _fit_job
+from ..errors import UsageError
+from ..fit import MAX_REPLAYS, MiB, _fit_job, by_capacity, fit_capacity, fit_label
 from ..sweep import Settings, process_pool
 from ..units import fmt_bytes
-from ._common import add_jobs_argument, cost_model_arg, dump_json, load_trace, policy_specs, positive_size
+from ._common import add_jobs_argument, cost_model_arg, dump_json, load_trace, policy_specs, positive_size, progress_bar
 
 NAME = "fit"
-HELP = "find each policy's smallest capacity without OOM (bisection), beside LOAD and the oracle"
+HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
 EXAMPLE = "allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,bestfit -j 2"
 
 
@@ -17,7 +19,10 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit")
     p.add_argument("--runtime", default="eager", choices=["eager", "gc"])
-    p.add_argument("--resolution", default="1MiB", help="bisection resolution (default 1MiB)")
+    p.add_argument("--resolution", default="1MiB", help="capacity grid (default 1MiB)")
+    p.add_argument("--max-replays", type=int, default=MAX_REPLAYS, metavar="N",
+                   help=f"stop a policy's walk down from its peak after N replays (default {MAX_REPLAYS}; 0: no limit); "
+                        "the answer is then safe but marked *, a lower safe capacity may exist")
     p.add_argument("--cost-model", metavar="FILE")
     add_jobs_argument(p)
     p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
@@ -26,44 +31,64 @@ def add_arguments(p):
 
 
 def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True,
-             quiet=True) -> dict:
+             quiet=True, max_replays=MAX_REPLAYS) -> dict:
     from .. import policies
     from ..spec import PolicySpec
     from ..sweep import Cell, run_cell
-    t = load_trace(trace)
-    jobs_args = [(trace, spec, {"runtime": runtime, "settings": settings, "resolution": resolution})
+    t = load_trace(trace, quiet)
+    jobs_args = [(trace, spec, {"runtime": runtime, "settings": settings, "resolution": resolution,
+                                "max_replays": max_replays})
                  for spec in specs]
-    bar = None
-    if not quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=len(jobs_args), desc="fit", unit="policy", leave=False)
-    if jobs > 1:
-        with process_pool(jobs) as ex:
-            fits = []
-            for f in ex.map(_fit_job, jobs_args):
-                fits.append(f)
-                if bar:
-                    bar.update()
-    else:
-        fits = []
-        for a in jobs_args:
-            fits.append(_fit_job(a))
-            if bar:
-                bar.update()
-    if bar:
-        bar.close()
+    with_oracle = oracle and "oracle" in policies.names()
+    update, close = progress_bar(None, f"fit {len(specs)} policies", quiet, unit=" replays")
+    done = [0]
+
+    def replayed():
+        done[0] += 1
+        update(done[0])
+
+    try:
+        fits = _fits(jobs_args, jobs, replayed, quiet)
+        if with_oracle:
+            oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None)
+            oracle_peak = run_cell(oracle_cell, settings)["peak_reserved_bytes"]
+    finally:
+        close()
     out = {"trace": trace, "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
-    if oracle and "oracle" in policies.names():
-        oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None)
-        out["oracle_peak_bytes"] = run_cell(oracle_cell, settings)["peak_reserved_bytes"]
+    if with_oracle:
+        out["oracle_peak_bytes"] = oracle_peak
     return out
+
+
+def _fits(jobs_args, jobs, replayed, quiet):
+    """Each policy's fit, in order; ``replayed()`` hears of every replay (from the workers through a queue)."""
+    if jobs <= 1:
+        return [fit_capacity(*a[:2], **a[2], on_replay=None if quiet else replayed) for a in jobs_args]
+    with process_pool(jobs) as ex:
+        if quiet:
+            return list(ex.map(_fit_job, jobs_args))
+        with Manager() as manager:
+            queue = manager.Queue()
+            def listen():
+                for _ in iter(queue.get, None):
+                    replayed()
+
+            listener = threading.Thread(target=listen, daemon=True)
+            listener.start()
+            try:
+                return list(ex.map(_fit_job, [(*a, queue) for a in jobs_args]))
+            finally:
+                queue.put(None)
+                listener.join()
 
 
 def run(args) -> int:
     specs = policy_specs(args.policies)
     resolution = positive_size(args.resolution, "--resolution")
+    if args.max_replays < 0:
+        raise UsageError(f"--max-replays: must be 0 (no limit) or more, got {args.max_replays}")
     costs = cost_model_arg(args.cost_model)
-    res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution,
+    res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution, max_replays=args.max_replays,
                    jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),
                    oracle=not args.no_oracle, quiet=args.quiet or args.json)
     if args.json:
@@ -72,11 +97,17 @@ def run(args) -> int:
     load = res["load_bytes"]
     print(f"{args.trace}: LOAD {fmt_bytes(load)}" + (f", oracle peak {fmt_bytes(res['oracle_peak_bytes'])}"
                                                      if "oracle_peak_bytes" in res else ""))
-    labels = [f["policy"] + (f"[{f['options']}]" if f["options"] else "") for f in res["fits"]]
-    w = max([len("policy")] + [len(x) for x in labels]) + 2
-    print(f"{'policy':<{w}}{'smallest capacity':>18}{'vs LOAD':>10}{'no-limit peak':>16}{'replays':>9}")
-    for f in sorted(res["fits"], key=lambda f: f["capacity_bytes"]):
-        label = f["policy"] + (f"[{f['options']}]" if f["options"] else "")
-        print(f"{label:<{w}}{fmt_bytes(f['capacity_bytes']):>18}{100 * (f['capacity_bytes'] / load - 1) if load else 0:>+9.1f}%"
+    w = max([len("policy")] + [len(fit_label(f)) for f in res["fits"]]) + 2
+    print(f"{'policy':<{w}}{'safe capacity':>14}{'vs LOAD':>10}{'island below':>14}{'no-limit peak':>16}{'replays':>9}")
+    for f in by_capacity(res["fits"]):
+        cap, island = f["capacity_bytes"], f["island_bytes"]
+        vs = f"{100 * (cap / load - 1):+.1f}%" if cap is not None and load else "-"
+        shown = "none (OOM)" if cap is None else fmt_bytes(cap) + ("" if f["threshold"] else "*")
+        print(f"{fit_label(f):<{w}}{shown:>14}{vs:>10}"
+              f"{fmt_bytes(island) if island is not None else '-':>14}"
               f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
+    print(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(res['resolution_bytes'])} grid) "
+          f"replayed without OOM; island: a smaller capacity that passes, below one that fails")
+    if not all(f["threshold"] for f in res["fits"]):
+        print(f"*: the walk stopped after --max-replays {args.max_replays}: safe, but a lower safe capacity may exist")
     return 0

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..trace import events as ev
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from ._common import dump_json, load_trace
+from ._common import dump_json, load_trace, progress_bar
 
 NAME = "info"
 HELP = "summarise a trace: events, sizes, LOAD, iterations, streams, upstream segments, metadata"
@@ -26,6 +26,7 @@ _SEGMENT_SIGN = {ev.SEGMENT_ALLOC: 1, ev.SEGMENT_MAP: 1, ev.SEGMENT_FREE: -1, ev
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
 def size_histogram(sizes: np.ndarray) -> list[dict]:
@@ -176,7 +177,13 @@ def format_summary(d: dict) -> str:
 
 
 def run(args) -> int:
-    d = summarize(load_trace(args.trace))
+    quiet = args.quiet or args.json
+    trace = load_trace(args.trace, quiet)
+    _, close = progress_bar(None, "summarise", quiet, unit=None)
+    try:
+        d = summarize(trace)
+    finally:
+        close()
     if args.json:
         dump_json(d)
     else:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import sys
+import time
 
 from .. import engine
 from ..spec import PolicySpec
 from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg, dump_json,
-                      gc_every_arg, load_trace, positive_size, progress_bar)
+                      gc_every_arg, lazy_progress_bar, load_trace, positive_size, progress_bar)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -28,17 +29,23 @@ def add_arguments(p):
 
 def run(args) -> int:
     spec = PolicySpec.parse(args.policy).with_options(args.policy_opt)
-    trace = load_trace(args.trace)
-    update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", args.quiet or args.json)
+    quiet = args.quiet or args.json
+    t0 = time.perf_counter()
+    trace = load_trace(args.trace, quiet)
+    loaded = time.perf_counter() - t0
+    planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
+    update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
     cap, capacity = positive_size(args.cap, "--cap", allow_none=True), capacity_arg(args.capacity)
     check_caps([cap], capacity)
     try:
         res = engine.replay(
             trace, spec, runtime=args.runtime, cap=cap, capacity=capacity,
             costs=cost_model_arg(args.cost_model), keep_going=args.keep_going, gc_every=gc_every_arg(args.gc_every),
-            progress=update, backend=args.backend)
+            progress=update, backend=args.backend, plan_progress=planned)
     finally:
+        close_plan()
         close()
+    res.load_seconds = loaded
     if args.json:
         dump_json(res.to_dict())
     else:

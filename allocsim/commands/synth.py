@@ -4,8 +4,8 @@ from __future__ import annotations
 from .. import synth
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_path, claim_outputs
-from ..trace import Trace
 from ..units import fmt_bytes, fmt_count
+from ._common import load_trace, progress_bar
 
 NAME = "synth"
 HELP = "generate a synthetic training-workload trace (mlp, cnn, transformer, alloc-heavy)"
@@ -26,6 +26,7 @@ def add_arguments(p):
     p.add_argument("--param", "-P", action="append", default=[], metavar="KEY=VALUE",
                    help="preset parameter (repeatable; see --list)")
     p.add_argument("--list", action="store_true", help="list the presets and their parameters")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress timer")
 
 
 def _params(items) -> dict:
@@ -58,13 +59,16 @@ def run(args) -> int:
         raise UsageError("synth: -o/--output FILE is required")
     params = _params(args.param)
     claim_outputs([("-o", args.output)], force=args.force)
+    _, close = progress_bar(None, f"synth {args.preset}", args.quiet, unit=None)
     try:
         with atomic_path(args.output) as tmp:
             synth.generate(args.preset, seed=args.seed, iterations=args.iterations, scale=args.scale,
                            variable=args.variable, path=tmp, **params)
     except OSError as e:
         raise InputError(f"cannot write the trace ({e.strerror or e})", path=args.output) from None
-    t = Trace.load(args.output)
+    finally:
+        close()
+    t = load_trace(args.output, args.quiet)
     print(f"{args.output}: {args.preset}, {fmt_count(len(t))} events, {fmt_count(t.n_allocs)} allocs, "
           f"{len(t.marks())} iterations, LOAD {fmt_bytes(t.load_bytes)}")
     return 0

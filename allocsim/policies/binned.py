@@ -44,6 +44,9 @@ USAGE_WINDOW = 5
 MIN_DELAY_NS = 1_000_000_000
 MAX_DELAY_NS = 5_000_000_000
 INITIAL_USAGE = (1.0,) * USAGE_WINDOW
+BACKGROUND = "background task"
+#: idle background iterations stepped one by one before the steady rest is added at once
+FAST_FORWARD_AFTER = 16
 
 # the escalation after "1. try alloc": (section, action); actions are "gc(false)",
 # "gc(true)", "reclaim" (target: the request) and "flush" (no target), and "alloc"
@@ -205,20 +208,60 @@ class BinnedPool(FreeListReporting, Policy):
 
     def _background(self, time_ns: int) -> None:
         """Run every background iteration due by ``time_ns`` (the task sleeps ``delay`` between them)."""
-        dev, sec = self.device, self.sections
+        sec = self.sections
         saved = sec.stack[:]
         sec.stack[:] = []
         while self._next_tick <= time_ns:
-            with step(sec, dev, "background task"):
-                self.runtime.collect(False)
-                if self._scan_usage():
-                    self._delay = MIN_DELAY_NS
-                else:
-                    self._delay = min(2 * self._delay, MAX_DELAY_NS)
-                self.background_released += self._reclaim(False, None)
-            self.background_ticks += 1
-            self._next_tick += self._delay
+            due = (time_ns - self._next_tick) // MAX_DELAY_NS + 1     # iterations left if the delay stays 5 s
+            if due <= FAST_FORWARD_AFTER or self._delay != MAX_DELAY_NS:
+                self._iteration()
+                continue
+            state, totals = self._pool_state(), self._totals()
+            if self._iteration() == 0 and self._pool_state() == state:
+                self._repeat(due - 1, totals, self._totals())
         sec.stack[:] = saved
+
+    def _iteration(self) -> int:
+        """One background iteration: GC.gc(false), scan, reclaim, sleep; blocks released."""
+        dev, sec = self.device, self.sections
+        with step(sec, dev, BACKGROUND):
+            self.runtime.collect(False)
+            if self._scan_usage():
+                self._delay = MIN_DELAY_NS
+            else:
+                self._delay = min(2 * self._delay, MAX_DELAY_NS)
+            released = self._reclaim(False, None)
+        self.background_released += released
+        self.background_ticks += 1
+        self._next_tick += self._delay
+        return released
+
+    def _pool_state(self) -> tuple:
+        """What decides the next background iteration: the delay and every bin's blocks and usage."""
+        return (self._delay, [(n, len(a), self._nused[n], self._usage[n], self._history[n])
+                              for n, a in self._avail.items()])
+
+    def _totals(self) -> tuple:
+        """The running totals an idle iteration adds to: clock, GC count and time, epoch, sections."""
+        rt = self.runtime
+        return (self.device.clock, rt.gc_time, rt.gc_incremental, getattr(rt, "epoch", 0),
+                {k: tuple(v) for k, v in self.sections.stats.items() if k[0] == BACKGROUND})
+
+    def _repeat(self, k: int, before: tuple, after: tuple) -> None:
+        """Add ``k`` more copies of the idle iteration that took the totals from ``before`` to ``after``."""
+        rt = self.runtime
+        self.device.clock += k * (after[0] - before[0])
+        rt.gc_time += k * (after[1] - before[1])
+        rt.gc_incremental += k * (after[2] - before[2])
+        if hasattr(rt, "epoch"):
+            rt.epoch += k * (after[3] - before[3])
+        for key, (calls, secs) in after[4].items():
+            c0, s0 = before[4].get(key, (0, 0.0))
+            stat = self.sections.stats[key]
+            stat[0] += k * (calls - c0)
+            stat[1] += k * (secs - s0)
+        self.background_ticks += k
+        self._next_tick += k * MAX_DELAY_NS
 
     # ---- reporting --------------------------------------------------------------------------
     def counters(self):

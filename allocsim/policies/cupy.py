@@ -272,7 +272,10 @@ class CuPyPool(Policy):
             sec.pop(dev.clock)
 
     def _over(self, n) -> bool:
-        return bool(self._limit) and self.total + n > self._limit
+        """Whether ``n`` more bytes pass the pool limit; told to the device, as the cap may set the limit."""
+        over = bool(self._limit) and self.total + n > self._limit
+        self.device.note(self.total + n, not over)
+        return over
 
     def _gc(self) -> None:
         for _ in range(self._gc_calls):

@@ -70,6 +70,7 @@ class KnetPool(FreeListReporting, Policy):
         self.limit = self.meminit or 0
         total = getattr(self.device, "limit", None) or self.device.capacity   # the memory Knet can get
         self._max_limit = None if total is None else total - (self.headroom or 0)
+        self._at_max = False                       # the soft limit has reached _max_limit
         self._bins = FreeLists()
         self._free = self._bins.lists              # block size -> LIFO list of addresses
         self._nptr: dict[int, int] = {}            # block size -> blocks held (in use + cached)
@@ -84,12 +85,33 @@ class KnetPool(FreeListReporting, Policy):
         self.gc_retry_hits = 0
 
     def _inclimit(self, minlimit: int) -> None:
-        """Knet's ``inclimit!``: raise the soft limit to ``minlimit`` (capped), never lower it."""
-        if self._max_limit is not None:
-            minlimit = min(self._max_limit, minlimit)
-        if self.limit < minlimit:
-            self.limit = minlimit
-            self.limit_raises += 1
+        """Knet's ``inclimit!``: raise the soft limit to ``minlimit`` (capped), never lower it.
+
+        The cap is the device's memory less the headroom, so each comparison with it is
+        one with the device's limit, told to the device (`SimulatedDevice.note`); once the
+        soft limit sits at the cap (``_at_max``) it moves with the device's limit.
+        """
+        top = self._max_limit
+        if self._at_max or top is None:
+            if not self._at_max and self.limit < minlimit:
+                self._raise(minlimit)
+            return
+        room = self.headroom or 0
+        clamped = minlimit > top
+        self.device.note(minlimit + room, not clamped)
+        if not clamped:
+            if self.limit < minlimit:
+                self._raise(minlimit)
+            return
+        below = self.limit < top
+        self.device.note(self.limit + room + 1, below)
+        if below:
+            self._raise(top)
+            self._at_max = True
+
+    def _raise(self, limit: int) -> None:
+        self.limit = limit
+        self.limit_raises += 1
 
     def malloc(self, size, stream):
         b = self._blocksize.get(size)
@@ -109,7 +131,10 @@ class KnetPool(FreeListReporting, Policy):
     def _new_block(self, b: int):
         """Steps 2-5 after a free-list miss; the address, or None (out of gpu memory)."""
         dev, sec = self.device, self.sections
-        if self._bytes + b <= self.limit:
+        under = self._bytes + b <= self.limit
+        if self._at_max:                           # the soft limit is the device's limit less the headroom
+            self.device.note(self._bytes + b + (self.headroom or 0), under)
+        if under:
             addr = self._alloc2.malloc(dev, b)
             if addr is not None:
                 return self._grant(addr, b)

@@ -56,6 +56,7 @@ UNIT = 512
 ORDERS = ("spatial", "temporal", "arrival")
 _BLOCK_ENTRIES = 20_000_000      # cap on the block index's size (int64 entries)
 MIN_BLOCK = 256                  # narrowest time block, in driving events
+PROGRESS_EVERY = 4096            # buffers placed between progress reports
 
 
 def buffer_lifetimes(trace):
@@ -108,7 +109,7 @@ class _Placer:
         self.lo = np.searchsorted(starts_sorted, (bs + 1) * w).tolist()
         self.hi = np.searchsorted(starts_sorted, end).tolist()
 
-    def place(self, order) -> tuple[np.ndarray, int]:
+    def place(self, order, progress=None) -> tuple[np.ndarray, int]:
         """Offsets (bytes, by buffer) and the heap size for placing in ``order``.
 
         A buffer placed before the current one has a smaller rank; the rank arrays
@@ -117,6 +118,7 @@ class _Placer:
         buffers' offsets are gathered. The free gaps of the union of their
         intervals come from the sorted starts S and sorted ends E alone: the
         gaps are [E[i-1], S[i]) where E[i-1] < S[i] (cover count is zero there).
+        ``progress(placed)`` is called every `PROGRESS_EVERY` buffers.
         """
         start, end, size = self.start, self.end, self.size
         n = len(start)
@@ -134,6 +136,8 @@ class _Placer:
         zero = np.zeros(1, np.int64)
         heap = 0
         for r, b in enumerate(order.tolist()):
+            if progress is not None and r % PROGRESS_EVERY == 0:
+                progress(r)
             s, e, need = starts[b], ends[b], sizes[b]
             k = s // w
             p0, p1 = blk_ptr[k], blk_ptr[k + 1]
@@ -158,10 +162,11 @@ class _Placer:
         return off, heap
 
 
-def plan(start, end, size, orders=ORDERS, min_block=MIN_BLOCK):
+def plan(start, end, size, orders=ORDERS, min_block=MIN_BLOCK, progress=None):
     """Place the buffers in each order; return ``(offsets, heap, order name, {name: heap})``.
 
-    ``min_block`` changes only the speed, never the placement (tests vary it)."""
+    ``min_block`` changes only the speed, never the placement (tests vary it);
+    ``progress(done, total)`` counts buffers placed over all the orders."""
     n = len(start)
     if n == 0:
         return np.zeros(0, np.int64), 0, orders[0], {o: 0 for o in orders}
@@ -175,11 +180,14 @@ def plan(start, end, size, orders=ORDERS, min_block=MIN_BLOCK):
     }
     best = None
     heaps = {}
-    for name in orders:
-        off, heap = placer.place(keys[name]())
+    for k, name in enumerate(orders):
+        report = None if progress is None else (lambda r, k=k: progress(k * n + r, len(orders) * n))
+        off, heap = placer.place(keys[name](), report)
         heaps[name] = heap
         if best is None or heap < best[1]:
             best = (off, heap, name)
+    if progress is not None:
+        progress(len(orders) * n, len(orders) * n)
     return best[0], best[1], best[2], heaps
 
 
@@ -197,7 +205,8 @@ class OraclePool(Policy):
         Param("max_buffers", "int", 1_500_000, "refuse traces with more non-empty allocations than this"),
     )
 
-    def __init__(self, *a, **k):
+    def __init__(self, *a, progress=None, **k):
+        """Plan the whole trace; ``progress(done, total)`` follows the placement (minutes on 1M buffers)."""
         super().__init__(*a, **k)
         if self.trace is None:
             raise UsageError("policy 'oracle' needs the whole trace (it places buffers offline)")
@@ -216,7 +225,7 @@ class OraclePool(Policy):
             raise UsageError(f"policy 'oracle' option unit: expected a positive size, got {self.unit!r}")
         rounded = (req + unit - 1) // unit * unit
         t0 = time.perf_counter()
-        off, heap, chosen, heaps = plan(start, end, rounded, orders)
+        off, heap, chosen, heaps = plan(start, end, rounded, orders, progress=progress)
         self.plan_seconds = time.perf_counter() - t0       # not part of the replay's own time
         self.heap = heap
         self.chosen_order = chosen

@@ -358,6 +358,8 @@ class TorchCachingAllocator(Policy):
             if self.total_memory is None:
                 raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
             self.allowed_max = int(frac * self.total_memory)
+            if device.capacity is None:
+                device.pin()            # the allowed memory is a fraction of the cap itself
         else:
             self.allowed_max = SIZE_MAX
         self.gc_on = self.fraction_set and (self.garbage_collection_threshold or 0.0) > 0.0
