@@ -16,7 +16,8 @@ def run(args) -> int:
     names = [args.name] if args.name else policies.names()
     for n in names:
         cls = policies.get(n)
-        print(f"{cls.name:<12} {cls.summary}")
+        ref = f"  [reference model of {cls.reference_of}]" if cls.reference_of else ""
+        print(f"{cls.name:<12} {cls.summary}{ref}")
         if args.name:
             if cls.models:
                 print(f"  models: {cls.models}")

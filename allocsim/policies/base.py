@@ -43,6 +43,9 @@ class Policy:
     #: the framework whose allocator this models; replaying that framework's traces, the
     #: simulated device hands out the recorded segment addresses (see `SimulatedDevice`)
     framework: str | None = None
+    #: set on a reference model (``allocsim.policies.reference``): the name of the fast
+    #: policy it restates; listings and defaults keep references apart
+    reference_of: str | None = None
 
     #: Optional ``tick(time_ns)``: set it to a method to be called with the trace's
     #: timestamp before each driving event (time-driven behaviour such as the binned
