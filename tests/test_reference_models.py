@@ -1,0 +1,170 @@
+"""Each fast policy against its reference model (allocsim/policies/reference/).
+
+Both replay the same trace on their own simulated device; they must make the same
+device calls (malloc and free, sizes and order), so the bump-pointer devices hand out
+the same addresses, and then every block must lie at the same address with the same
+size, the same requests must fail (OOM at the same event) and the counters must agree.
+Traces: hypothesis-generated ones (sizes across the allocators' class boundaries,
+several streams, frees in random order, caps that force the release/OOM paths) and
+every shipped trace in traces/.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocsim import engine, policies
+from allocsim.errors import UsageError
+from allocsim.trace import ALLOC, Trace, TraceWriter
+
+from conftest import ROOT
+
+MiB = 1 << 20
+KiB = 1 << 10
+GiB = 1 << 30
+
+REFERENCES = sorted(n for n in policies.names() if policies.get(n).reference_of)
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+
+#: options each reference is checked under (the fast model's defaults first)
+OPTIONS = {
+    "torch": [[], ["max_split_size_mb:20"], ["max_split_size_mb:64,max_non_split_rounding_mb:40"],
+              ["roundup_power2_divisions:4"], ["roundup_power2_divisions:[1:2,4:8,>:1]"],
+              ["per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"],
+              ["per_process_memory_fraction:0.9,garbage_collection_threshold:0.2,max_split_size_mb:32"],
+              ["fix_189504:true,max_split_size_mb:24"], ["trace_settings:false"]],
+    "split": [[], ["huge_exact=true"]],
+}
+OPTION_CASES = [pytest.param(ref, opts, id=f"{ref}[{','.join(opts)}]")
+                for ref in REFERENCES for opts in OPTIONS[policies.get(ref).reference_of]]
+
+
+def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="trace"):
+    """Everything a policy did on ``trace`` that the reference must reproduce."""
+    pol, rt, dev, sec = engine.build(trace, policy, options=options, runtime=runtime, cap=cap, capacity=capacity)
+    calls = []
+    malloc, free = dev.malloc, dev.free
+
+    def logged_malloc(n):
+        addr = malloc(n)
+        calls.append(("malloc", n, addr))
+        return addr
+
+    def logged_free(addr, n):
+        calls.append(("free", n, addr))
+        free(addr, n)
+
+    dev.malloc, dev.free = logged_malloc, logged_free
+    placed = []
+
+    def observe(event, kind, id_, handle):
+        if kind == ALLOC and handle is not None:
+            placed.append((event, *pol.block(handle)))
+
+    res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
+    return {"device calls": calls, "blocks": placed, "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
+            "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free()}
+
+
+def assert_same(trace, ref, options, **kw):
+    fast = replay_log(trace, policies.get(ref).reference_of, options, **kw)
+    slow = replay_log(trace, ref, options, **kw)
+    for what in fast:
+        if what == "counters" and fast[what].keys() != slow[what].keys():
+            continue
+        a, b = fast[what], slow[what]
+        if isinstance(a, list):
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            assert a == b, f"{what} differ at #{first}: fast {a[first:first + 2]} reference {b[first:first + 2]}"
+        assert a == b, f"{what}: fast {a} reference {b}"
+    return fast
+
+
+# ---- generated traces --------------------------------------------------------------------
+sizes = st.one_of(
+    st.integers(1, 4 * KiB),
+    st.integers(4 * KiB, 3 * MiB),                  # the 1 MiB small/large boundaries
+    st.integers(3 * MiB, 48 * MiB),                 # 10 / 20 / 32 MiB segment and class boundaries
+    st.integers(48 * MiB, 300 * MiB),               # oversize under max_split_size_mb, HUGE
+    st.sampled_from([512, 513, MiB - 1, MiB, MiB + 1, 2 * MiB - 512, 9 * MiB, 10 * MiB, 19 * MiB,
+                     19 * MiB + 1, 20 * MiB, 20 * MiB + 1, 31 * MiB, 32 * MiB, 32 * MiB + 1, 64 * MiB,
+                     64 * MiB + 512, 84 * MiB]),    # remainders of exactly 1 MiB, segments of exactly n
+)
+
+
+@st.composite
+def traces(draw, max_ops: int = 80):
+    """Allocs and frees on up to three streams, frees in random order, some objects left live."""
+    ops = draw(st.lists(st.tuples(st.integers(0, 2), sizes, st.integers(0, 2), st.integers(0, 10**6)),
+                        min_size=1, max_size=max_ops))
+    w = TraceWriter(meta={"producer": "hypothesis"})
+    live: list[int] = []
+    for what, size, stream, pick in ops:
+        if what or not live:
+            live.append(w.alloc(size, stream=[0, 7, 0xBEEF][stream]))
+        else:
+            w.free(live.pop(pick % len(live)))
+    for k in draw(st.permutations(range(len(live))))[:draw(st.integers(0, len(live)))]:
+        w.free(live[k])
+    return w.finish()
+
+
+@st.composite
+def limits(draw, trace):
+    """(cap, capacity): none, or a cap near the peak so that the release paths and OOMs run."""
+    factor = draw(st.sampled_from([None, 0.6, 1.0, 1.3, 2.0]))
+    cap = None if factor is None else int(max(trace.load_bytes, MiB) * factor)
+    return cap, draw(st.sampled_from([cap, 4 * GiB])) if cap is not None else 4 * GiB
+
+
+@pytest.mark.parametrize("ref, options", OPTION_CASES)
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), runtime=st.sampled_from(["eager", "gc"]))
+def test_fast_policy_matches_reference_on_generated_traces(ref, options, data, runtime):
+    trace = data.draw(traces())
+    cap, capacity = data.draw(limits(trace))
+    assert_same(trace, ref, options, runtime=runtime, cap=cap, capacity=capacity)
+
+
+# ---- shipped traces ----------------------------------------------------------------------
+def _supported(ref, path):
+    try:
+        engine.build(Trace.load(path), ref)
+    except UsageError:
+        return False
+    return True
+
+
+SHIPPED_CASES = [pytest.param(ref, p, id=f"{ref}-{os.path.basename(p)}") for ref in REFERENCES for p in SHIPPED]
+
+
+@pytest.mark.parametrize("ref, path", SHIPPED_CASES)
+def test_fast_policy_matches_reference_on_shipped_traces(ref, path):
+    trace = Trace.load(path)
+    if not _supported(ref, path):
+        with pytest.raises(UsageError, match="expandable_segments"):
+            engine.build(trace, ref)
+        return
+    out = assert_same(trace, ref, [])
+    assert out["blocks"], "nothing was allocated"
+
+
+@pytest.mark.parametrize("ref", REFERENCES)
+@pytest.mark.parametrize("runtime", ["eager", "gc"])
+def test_fast_policy_matches_reference_under_a_tight_cap(ref, runtime):
+    """The embedded ResNet-50 trace under a cap that makes the pools flush, collect and fail."""
+    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
+    for cap in (int(trace.load_bytes * 1.05), int(trace.load_bytes * 1.4)):
+        assert_same(trace, ref, [], runtime=runtime, cap=cap, capacity=None)
+
+
+def test_references_are_listed_apart_and_refuse_what_they_do_not_model():
+    assert {policies.get(r).reference_of for r in REFERENCES} >= {"torch", "split"}
+    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
+    with pytest.raises(UsageError, match="torch-ref.*expandable_segments"):
+        engine.build(trace, "torch-ref", options=["expandable_segments:True"])
