@@ -28,4 +28,4 @@ def reference_of(fast):
     return wrap
 
 
-from . import split, torch  # noqa: E402,F401  (register the models)
+from . import bestfit, cupy, split, torch  # noqa: E402,F401  (register the models)
