@@ -38,6 +38,8 @@ OPTIONS = {
               ["per_process_memory_fraction:0.9,garbage_collection_threshold:0.2,max_split_size_mb:32"],
               ["fix_189504:true,max_split_size_mb:24"], ["trace_settings:false"]],
     "split": [[], ["huge_exact=true"]],
+    "bestfit": [[], ["release=true"], ["segment=1MiB"], ["segment=20MiB,release=true"]],
+    "cupy": [[], ["version=13"], ["limit=96MiB,track_total=true"], ["version=13,limit=256MiB"]],
 }
 OPTION_CASES = [pytest.param(ref, opts, id=f"{ref}[{','.join(opts)}]")
                 for ref in REFERENCES for opts in OPTIONS[policies.get(ref).reference_of]]
@@ -67,7 +69,8 @@ def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="t
 
     res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
     return {"device calls": calls, "blocks": placed, "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
-            "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free()}
+            "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
+            "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ())}
 
 
 def assert_same(trace, ref, options, **kw):
