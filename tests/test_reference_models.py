@@ -171,3 +171,33 @@ def test_references_are_listed_apart_and_refuse_what_they_do_not_model():
     trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
     with pytest.raises(UsageError, match="torch-ref.*expandable_segments"):
         engine.build(trace, "torch-ref", options=["expandable_segments:True"])
+
+
+# ---- torch's slow path: garbage collection of old cached segments -------------------------
+@st.composite
+def gc_options(draw):
+    """A memory fraction and GC threshold, with or without oversize and rounding options."""
+    opts = [f"per_process_memory_fraction:{draw(st.sampled_from([0.5, 0.8, 1.0]))}",
+            f"garbage_collection_threshold:{draw(st.sampled_from([0.3, 0.6, 0.9]))}"]
+    opts += draw(st.lists(st.sampled_from(["max_split_size_mb:20", "max_split_size_mb:40",
+                                           "roundup_power2_divisions:4", "fix_189504:true"]),
+                          unique=True, max_size=2))
+    return [",".join(opts)]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=traces(max_ops=150), options=gc_options(), capacity=st.sampled_from([64 * MiB, 160 * MiB, 400 * MiB]))
+def test_torch_slow_path_matches_reference_when_old_segments_are_collected(trace, options, capacity):
+    """A small device, so reserved memory crosses the GC threshold and cached segments of every age are freed."""
+    assert_same(trace, "torch-ref", options, capacity=capacity)
+
+
+@pytest.mark.parametrize("policy", ["torch", "torch-ref"])
+def test_torch_options_none_and_fraction_without_capacity(policy):
+    cls = policies.get(policy)
+    assert cls.parse_options(["max_split_size_mb:None,roundup_power2_divisions:none"]) == \
+        {"max_split_size_mb": None, "roundup_power2_divisions": None}
+    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
+    with pytest.raises(UsageError, match="per_process_memory_fraction needs a device capacity"):
+        engine.build(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
