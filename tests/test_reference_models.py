@@ -70,7 +70,8 @@ def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="t
     res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
     return {"device calls": calls, "blocks": placed, "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
             "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
-            "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ())}
+            "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ()),
+            "open sections": sec.stack}     # every section a policy opened is closed again
 
 
 def assert_same(trace, ref, options, **kw):
