@@ -36,7 +36,9 @@ OPTIONS = {
               ["roundup_power2_divisions:4"], ["roundup_power2_divisions:[1:2,4:8,>:1]"],
               ["per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"],
               ["per_process_memory_fraction:0.9,garbage_collection_threshold:0.2,max_split_size_mb:32"],
-              ["fix_189504:true,max_split_size_mb:24"], ["trace_settings:false"]],
+              ["fix_189504:true,max_split_size_mb:24"], ["trace_settings:false"],
+              ["expandable_segments:true"], ["expandable_segments:true,max_split_size_mb:40"],
+              ["expandable_segments:true,per_process_memory_fraction:0.8,garbage_collection_threshold:0.5"]],
     "split": [[], ["huge_exact=true"]],
     "bestfit": [[], ["release=true"], ["segment=1MiB"], ["segment=20MiB,release=true"]],
     "cupy": [[], ["version=13"], ["limit=96MiB,track_total=true"], ["version=13,limit=256MiB"]],
@@ -136,25 +138,12 @@ def test_fast_policy_matches_reference_on_generated_traces(ref, options, data, r
 
 
 # ---- shipped traces ----------------------------------------------------------------------
-def _supported(ref, path):
-    try:
-        engine.build(Trace.load(path), ref)
-    except UsageError:
-        return False
-    return True
-
-
 SHIPPED_CASES = [pytest.param(ref, p, id=f"{ref}-{os.path.basename(p)}") for ref in REFERENCES for p in SHIPPED]
 
 
 @pytest.mark.parametrize("ref, path", SHIPPED_CASES)
 def test_fast_policy_matches_reference_on_shipped_traces(ref, path):
-    trace = Trace.load(path)
-    if not _supported(ref, path):
-        with pytest.raises(UsageError, match="expandable_segments"):
-            engine.build(trace, ref)
-        return
-    out = assert_same(trace, ref, [])
+    out = assert_same(Trace.load(path), ref, [])
     assert out["blocks"], "nothing was allocated"
 
 
@@ -167,11 +156,9 @@ def test_fast_policy_matches_reference_under_a_tight_cap(ref, runtime):
         assert_same(trace, ref, [], runtime=runtime, cap=cap, capacity=None)
 
 
-def test_references_are_listed_apart_and_refuse_what_they_do_not_model():
-    assert {policies.get(r).reference_of for r in REFERENCES} >= {"torch", "split"}
-    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
-    with pytest.raises(UsageError, match="torch-ref.*expandable_segments"):
-        engine.build(trace, "torch-ref", options=["expandable_segments:True"])
+def test_every_fast_policy_has_its_reference():
+    assert {policies.get(r).reference_of for r in REFERENCES} == {"torch", "split", "bestfit", "cupy"}
+    assert all(policies.get(r).params is policies.get(policies.get(r).reference_of).params for r in REFERENCES)
 
 
 # ---- torch's slow path: garbage collection of old cached segments -------------------------
@@ -202,3 +189,12 @@ def test_torch_options_none_and_fraction_without_capacity(policy):
     trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
     with pytest.raises(UsageError, match="per_process_memory_fraction needs a device capacity"):
         engine.build(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=traces(max_ops=150), cap=st.sampled_from([48 * MiB, 100 * MiB, 150 * MiB]),
+       extra=st.sampled_from(["", ",max_split_size_mb:20", ",roundup_power2_divisions:4"]))
+def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap, extra):
+    """Pages mapped and unmapped again: flushes unmap the whole free pages and keep the partial ones mapped."""
+    assert_same(trace, "torch-ref", ["expandable_segments:true" + extra], cap=cap, capacity=None)
