@@ -201,3 +201,39 @@ def test_torch_options_none_and_fraction_without_capacity(policy):
 def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap, extra):
     """Pages mapped and unmapped again: flushes unmap the whole free pages and keep the partial ones mapped."""
     assert_same(trace, "torch-ref", ["expandable_segments:true" + extra], cap=cap, capacity=None)
+
+
+# ---- the rules' boundaries, worked by hand, on the fast path and on the slow path ----------
+SLOW_PATH = "per_process_memory_fraction:1.0,garbage_collection_threshold:0.99"   # GC on: `malloc`, not `_malloc_fast`
+
+
+def _one_after_another(sizes, free_previous=True):
+    """Allocate each size in turn (one stream), freeing the previous one first if asked."""
+    w = TraceWriter(meta={"producer": "boundaries"})
+    prev = None
+    for size in sizes:
+        if prev is not None and free_previous:
+            w.free(prev)
+        prev = w.alloc(size)
+    return w.finish()
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+@pytest.mark.parametrize("sizes, options, segments, last_block", [
+    # an oversize request (n == max_split) takes a cached block < n + 20 MiB whole: not split
+    ((30 * MiB, 20 * MiB), "max_split_size_mb:20", [30 * MiB], 30 * MiB),
+    # ... but not a block of exactly n + max_non_split_rounding: a new segment
+    ((40 * MiB, 20 * MiB), "max_split_size_mb:20", [40 * MiB, 20 * MiB], 20 * MiB),
+    # a block of exactly max_split is oversize: a smaller request does not get it
+    ((20 * MiB, 4 * MiB), "max_split_size_mb:20", [20 * MiB, 20 * MiB], 4 * MiB),
+    # small pool: a remainder of exactly 512 B is split off (nothing freed in between)
+    ((MiB, MiB - 512, 512, -1), "", [2 * MiB], 512),
+    # large pool: a remainder of exactly 1 MiB is not split off
+    ((19 * MiB,), "", [20 * MiB], 20 * MiB),
+])
+def test_torch_boundaries_match_the_rules_and_the_reference(path, sizes, options, segments, last_block):
+    opts = [",".join(filter(None, [options, SLOW_PATH if path == "slow" else ""]))]
+    trace = _one_after_another([n for n in sizes if n > 0], free_previous=sizes[-1] != -1)
+    out = assert_same(trace, "torch-ref", opts, capacity=4 * GiB)
+    assert [n for call, n, _ in out["device calls"] if call == "malloc"] == segments
+    assert out["blocks"][-1][2] == last_block
