@@ -34,7 +34,7 @@ SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
 OPTIONS = {
     "torch": [[], ["max_split_size_mb:20"], ["max_split_size_mb:64,max_non_split_rounding_mb:40"],
               ["roundup_power2_divisions:4"], ["roundup_power2_divisions:[1:2,4:8,>:1]"],
-              ["per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"],
+              ["per_process_memory_fraction:0.5"], ["per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"],
               ["per_process_memory_fraction:0.9,garbage_collection_threshold:0.2,max_split_size_mb:32"],
               ["fix_189504:true,max_split_size_mb:24"], ["trace_settings:false"],
               ["expandable_segments:true"], ["expandable_segments:true,max_split_size_mb:40"],
@@ -237,3 +237,18 @@ def test_torch_boundaries_match_the_rules_and_the_reference(path, sizes, options
     out = assert_same(trace, "torch-ref", opts, capacity=4 * GiB)
     assert [n for call, n, _ in out["device calls"] if call == "malloc"] == segments
     assert out["blocks"][-1][2] == last_block
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_torch_releases_oversize_blocks_largest_first_until_exactly_enough(path):
+    """release_available_cached_blocks: no cached block holds 50 MiB, the two oversize ones (26 + 24 MiB)
+    together do exactly: both are freed, largest first, and the small segment stays cached (no flush)."""
+    w = TraceWriter(meta={"producer": "release"})
+    ids = [w.alloc(24 * MiB), w.alloc(26 * MiB), w.alloc(KiB)]
+    for i in ids:
+        w.free(i)
+    w.alloc(50 * MiB)
+    options = ["max_split_size_mb:20" + ("," + SLOW_PATH if path == "slow" else "")]
+    out = assert_same(w.finish(), "torch-ref", options, cap=52 * MiB, capacity=4 * GiB)
+    assert [n for call, n, _ in out["device calls"] if call == "free"] == [26 * MiB, 24 * MiB]
+    assert out["counters"]["cache_flushes"] == 0 and not out["ooms"]
