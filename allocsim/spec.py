@@ -99,7 +99,7 @@ class PolicySpec:
         pcls = self.policy_class()
         have = dict(self.options)
         try:
-            pcls._merge(have, new(pcls))
+            pcls._merge_options(have, new(pcls))
         except UsageError as e:
             raise UsageError(f"policy {self.name!r}: {e}") from None
         return PolicySpec(self.ref, tuple(sorted(have.items())), self.shown)

@@ -17,7 +17,8 @@ def run(args) -> int:
     names = [args.name] if args.name else policies.names() + sorted(entry_points())
     for n in names:
         cls = PolicySpec.parse(n).policy_class()
-        print(f"{cls.name or n:<12} {cls.summary}")
+        ref = f"  [reference model of {cls.reference_of}]" if cls.reference_of else ""
+        print(f"{cls.name or n:<12} {cls.summary}{ref}")
         if args.name:
             if cls.models:
                 print(f"  models: {cls.models}")

@@ -43,6 +43,9 @@ class Policy:
     #: the framework whose allocator this models; replaying that framework's traces, the
     #: simulated device hands out the recorded segment addresses (see `SimulatedDevice`)
     framework: str | None = None
+    #: set on a reference model (``allocsim.policies.reference``): the name of the fast
+    #: policy it restates; listings and defaults keep references apart
+    reference_of: str | None = None
 
     #: Optional ``tick(time_ns)``: set it to a method to be called with the trace's
     #: timestamp before each driving event (time-driven behaviour such as the binned
@@ -75,7 +78,7 @@ class Policy:
         out = {}
         for text in texts or ():
             for key, value in split_conf(text):
-                cls._merge(out, cls._parse_one(known, key, value))
+                cls._merge_options(out, cls._parse_one(known, key, value))
         return out
 
     @classmethod
@@ -84,7 +87,7 @@ class Policy:
         return next(p for p in cls.params if p.name == key).format(value)
 
     @classmethod
-    def _merge(cls, out: dict, parsed: dict) -> None:
+    def _merge_options(cls, out: dict, parsed: dict) -> None:
         """Add parsed options to ``out``; one option given twice is a contradiction, refused."""
         for key in parsed:
             if key in out:

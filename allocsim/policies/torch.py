@@ -199,6 +199,16 @@ def settings_from_trace(meta: dict, path=None) -> dict:
     return out
 
 
+def options_in_force(options: dict | None, trace) -> dict:
+    """The trace's recorded settings (unless ``trace_settings`` is false), overridden by ``options``."""
+    explicit = dict(options or {})
+    opts = {}
+    if explicit.get("trace_settings", True) and trace is not None:
+        opts.update(settings_from_trace(trace.meta, trace.path))
+    opts.update(explicit)
+    return opts
+
+
 # ---- data structures --------------------------------------------------------------------
 class Block:
     """A block of a segment: address neighbours ``prev``/``next`` in the same segment."""
@@ -338,12 +348,7 @@ class TorchCachingAllocator(Policy):
         return "[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(value)) + "]"
 
     def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
-        explicit = dict(options or {})
-        opts = {}
-        if explicit.get("trace_settings", True) and trace is not None:
-            opts.update(settings_from_trace(trace.meta, trace.path))
-        opts.update(explicit)
-        super().__init__(device, runtime, sections, opts, trace=trace)
+        super().__init__(device, runtime, sections, options_in_force(options, trace), trace=trace)
         ms = self.max_split_size_mb
         self.max_split = SIZE_MAX if ms is None else ms * MiB
         self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB

@@ -1,0 +1,230 @@
+"""`cupy-ref`: CuPy's ``SingleDeviceMemoryPool``, written to be read.
+
+The reference model of `cupy` (rules in docs/models/cupy.md). It follows
+``cupy/cuda/memory.pyx`` and keeps its names:
+
+    malloc -> _round_size -> _malloc
+      the stream's arena: best fit among its free chunks, split off the remainder
+      (append_to_free_list, no merging); on a miss _try_malloc:
+        over the limit: free_all_blocks; still over: gc.collect + free_all_blocks; still over: OOM
+        cudaMalloc fails: free_all_blocks + retry; gc.collect (x2 in v14) + free_all_blocks + retry; OOM
+    free: merge with a free ``next``, then with a free ``prev`` (remove_from_free_list),
+      then append_to_free_list
+    free_all_blocks: release the free chunks that are whole device allocations
+
+An arena keeps its free chunks in bins, one list per size in a sorted dict, each
+list in the order its chunks were filed, and ``free`` (address -> chunk) in the order
+chunks were filed, which is the order free_all_blocks releases them. Ties between
+free chunks of one size: v14's set of (size, chunk object) is arbitrary in CuPy, so
+the lowest address wins; v13's ``set.pop()`` likewise, so the last filed wins.
+"""
+from __future__ import annotations
+
+from array import array
+
+from sortedcontainers import SortedDict
+
+from ...errors import UsageError
+from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE
+from ..base import Policy
+from ..cupy import UNIT, CuPyPool
+from . import reference_of
+
+
+class Chunk:
+    """A piece of one device allocation; ``prev``/``next`` are the pieces beside it in that allocation."""
+
+    def __init__(self, ptr: int, size: int, arena: "Arena"):
+        self.ptr = ptr
+        self.size = size
+        self.arena = arena
+        self.prev: Chunk | None = None
+        self.next: Chunk | None = None
+
+
+class Arena:
+    """The free chunks of one stream."""
+
+    def __init__(self, lifo: bool):
+        self.lifo = lifo
+        self.bins = SortedDict()                # size -> free chunks of that size, in filing order
+        self.free: dict[int, Chunk] = {}        # address -> free chunk, in filing order
+
+    def append_to_free_list(self, chunk: Chunk) -> None:
+        self.bins.setdefault(chunk.size, []).append(chunk)
+        self.free[chunk.ptr] = chunk
+
+    def remove_from_free_list(self, chunk: Chunk) -> bool:
+        """Take ``chunk`` out of the free lists; False if it was not free."""
+        if self.free.get(chunk.ptr) is not chunk:
+            return False
+        del self.free[chunk.ptr]
+        same_size = self.bins[chunk.size]
+        same_size.remove(chunk)
+        if not same_size:
+            del self.bins[chunk.size]
+        return True
+
+    def best_fit(self, size: int) -> Chunk | None:
+        """The free chunk of the smallest size >= ``size``; ties: last filed (v13) or lowest address (v14)."""
+        i = self.bins.bisect_left(size)
+        if i == len(self.bins):
+            return None
+        same_size = self.bins.peekitem(i)[1]
+        return same_size[-1] if self.lifo else min(same_size, key=lambda c: c.ptr)
+
+
+@reference_of(CuPyPool)
+class CuPyPoolReference(Policy):
+    summary = "CuPy's SingleDeviceMemoryPool as memory.pyx reads, plain bins (slow)"
+    models = CuPyPool.models
+    wants_event_index = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        if str(self.version) not in ("13", "14"):
+            raise UsageError(f"policy {self.name!r} option version: expected 13 or 14, got {self.version!r}")
+        self.version = int(self.version)
+        limits = [x for x in (self.limit, self.device.cap) if x]
+        self._limit = min(limits) if limits else 0
+        self._arenas: dict[int, Arena] = {}
+        self.total = 0
+        self.cache_flushes = self.limit_ooms = self.device_ooms = 0
+        self.event_index = -1
+        self.segment_log: list[tuple[int, int, int]] = []
+        self.total_log = array("q") if self.track_total else None
+
+    def _arena(self, stream: int) -> Arena:
+        if stream not in self._arenas:
+            self._arenas[stream] = Arena(lifo=self.version < 14)
+        return self._arenas[stream]
+
+    def total_bytes(self) -> int:
+        return self.total
+
+    def _log_total(self) -> None:
+        if self.track_total:
+            self.total_log.append(self.total)
+
+    # ---- malloc ---------------------------------------------------------------------------
+    def malloc(self, size: int, stream: int):
+        chunk = self._malloc(_round_size(size), stream)
+        self._log_total()
+        return chunk
+
+    def _malloc(self, size: int, stream: int) -> Chunk | None:
+        self.device.clock += self.costs.pool_hit_s
+        arena = self._arena(stream)
+        chunk = arena.best_fit(size)
+        if chunk is not None:
+            arena.remove_from_free_list(chunk)
+            if chunk.size > size:
+                arena.append_to_free_list(self._split(chunk, size))
+        else:
+            ptr = self._try_malloc(size)
+            if ptr is None:
+                return None
+            chunk = Chunk(ptr, size, arena)
+        self.allocated += chunk.size
+        return chunk
+
+    @staticmethod
+    def _split(chunk: Chunk, size: int) -> Chunk:
+        """Cut ``chunk`` after ``size`` bytes; return the remainder."""
+        remaining = Chunk(chunk.ptr + size, chunk.size - size, chunk.arena)
+        remaining.prev = chunk
+        remaining.next = chunk.next
+        if chunk.next is not None:
+            chunk.next.prev = remaining
+        chunk.next = remaining
+        chunk.size = size
+        return remaining
+
+    def _try_malloc(self, size: int) -> int | None:
+        """A new device allocation, with CuPy's escalation; None on OOM."""
+        if self._limit and size + self.total_bytes() > self._limit:
+            self.free_all_blocks()
+            if size + self.total_bytes() > self._limit:
+                self.runtime.collect(True)          # gc.collect()
+                self.free_all_blocks()
+                if size + self.total_bytes() > self._limit:
+                    self.limit_ooms += 1
+                    return None
+        ptr = self._alloc(size)
+        if ptr is None:
+            self.free_all_blocks()
+            ptr = self._alloc(size)
+        if ptr is None:
+            for _ in range(2 if self.version >= 14 else 1):
+                self.runtime.collect(True)          # gc.collect()
+            self.free_all_blocks()
+            ptr = self._alloc(size)
+        if ptr is None:
+            self.device_ooms += 1
+        return ptr
+
+    def _alloc(self, size: int) -> int | None:
+        """cudaMalloc."""
+        ptr = self.device.malloc(size)
+        if ptr is not None:
+            self.total += size
+            self.segment_log.append((SEGMENT_ALLOC, size, self.event_index))
+        return ptr
+
+    # ---- free -----------------------------------------------------------------------------
+    def free(self, chunk: Chunk) -> None:
+        self.allocated -= chunk.size
+        self.device.clock += self.costs.pool_free_s
+        arena = chunk.arena
+        c = chunk.next
+        if c is not None and arena.remove_from_free_list(c):
+            chunk = self._merge(chunk, c)
+        c = chunk.prev
+        if c is not None and arena.remove_from_free_list(c):
+            chunk = self._merge(c, chunk)
+        arena.append_to_free_list(chunk)
+        self._log_total()
+
+    @staticmethod
+    def _merge(head: Chunk, remaining: Chunk) -> Chunk:
+        """``head`` absorbs the chunk after it."""
+        head.size += remaining.size
+        head.next = remaining.next
+        if head.next is not None:
+            head.next.prev = head
+        return head
+
+    def free_all_blocks(self, stream=None) -> int:
+        """Release every free chunk that is a whole device allocation; the bytes released."""
+        self.cache_flushes += 1
+        released = 0
+        arenas = list(self._arenas.values()) if stream is None else [self._arena(stream)]
+        for arena in arenas:
+            for chunk in [c for c in arena.free.values() if c.prev is None and c.next is None]:
+                arena.remove_from_free_list(chunk)
+                self.device.free(chunk.ptr, chunk.size)
+                self.total -= chunk.size
+                released += chunk.size
+                self.segment_log.append((SEGMENT_FREE, chunk.size, self.event_index))
+        return released
+
+    # ---- reporting ------------------------------------------------------------------------
+    def block(self, handle: Chunk):
+        return handle.ptr, handle.size
+
+    def largest_free(self) -> int:
+        return max((a.bins.peekitem(-1)[0] for a in self._arenas.values() if a.bins), default=0)
+
+    def n_free_blocks(self) -> int:
+        return sum(len(a.free) for a in self._arenas.values())
+
+    def counters(self) -> dict:
+        return {"cache_flushes": self.cache_flushes, "used_bytes": self.allocated, "total_bytes": self.total,
+                "free_bytes": self.total - self.allocated, "n_free_blocks": self.n_free_blocks(),
+                "limit": self._limit, "limit_ooms": self.limit_ooms, "device_ooms": self.device_ooms,
+                "version": self.version}
+
+
+def _round_size(size: int) -> int:
+    """Round up to the allocation unit (512 B)."""
+    return -(-size // UNIT) * UNIT

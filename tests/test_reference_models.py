@@ -1,0 +1,254 @@
+"""Each fast policy against its reference model (allocsim/policies/reference/).
+
+Both replay the same trace on their own simulated device; they must make the same
+device calls (malloc and free, sizes and order), so the bump-pointer devices hand out
+the same addresses, and then every block must lie at the same address with the same
+size, the same requests must fail (OOM at the same event) and the counters must agree.
+Traces: hypothesis-generated ones (sizes across the allocators' class boundaries,
+several streams, frees in random order, caps that force the release/OOM paths) and
+every shipped trace in traces/.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocsim import engine, policies
+from allocsim.errors import UsageError
+from allocsim.trace import ALLOC, Trace, TraceWriter
+
+from conftest import ROOT
+
+MiB = 1 << 20
+KiB = 1 << 10
+GiB = 1 << 30
+
+REFERENCES = sorted(n for n in policies.names() if policies.get(n).reference_of)
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+
+#: options each reference is checked under (the fast model's defaults first)
+OPTIONS = {
+    "torch": [[], ["max_split_size_mb:20"], ["max_split_size_mb:64,max_non_split_rounding_mb:40"],
+              ["roundup_power2_divisions:4"], ["roundup_power2_divisions:[1:2,4:8,>:1]"],
+              ["per_process_memory_fraction:0.5"], ["per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"],
+              ["per_process_memory_fraction:0.9,garbage_collection_threshold:0.2,max_split_size_mb:32"],
+              ["fix_189504:true,max_split_size_mb:24"], ["trace_settings:false"],
+              ["expandable_segments:true"], ["expandable_segments:true,max_split_size_mb:40"],
+              ["expandable_segments:true,per_process_memory_fraction:0.8,garbage_collection_threshold:0.5"]],
+    "split": [[], ["huge_exact=true"]],
+    "bestfit": [[], ["release=true"], ["segment=1MiB"], ["segment=20MiB,release=true"]],
+    "cupy": [[], ["version=13"], ["limit=96MiB,track_total=true"], ["version=13,limit=256MiB"]],
+}
+OPTION_CASES = [pytest.param(ref, opts, id=f"{ref}[{','.join(opts)}]")
+                for ref in REFERENCES for opts in OPTIONS[policies.get(ref).reference_of]]
+
+
+def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="trace"):
+    """Everything a policy did on ``trace`` that the reference must reproduce."""
+    pol, rt, dev, sec = engine.build(trace, policy, options=options, runtime=runtime, cap=cap, capacity=capacity)
+    calls = []
+    malloc, free = dev.malloc, dev.free
+
+    def logged_malloc(n):
+        addr = malloc(n)
+        calls.append(("malloc", n, addr))
+        return addr
+
+    def logged_free(addr, n):
+        calls.append(("free", n, addr))
+        free(addr, n)
+
+    dev.malloc, dev.free = logged_malloc, logged_free
+    placed = []
+
+    def observe(event, kind, id_, handle):
+        if kind == ALLOC and handle is not None:
+            placed.append((event, *pol.block(handle)))
+
+    res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
+    return {"device calls": calls, "blocks": placed, "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
+            "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
+            "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ()),
+            "open sections": sec.stack,     # every section a policy opened is closed again
+            "modeled clock": dev.clock}
+
+
+def assert_same(trace, ref, options, **kw):
+    fast = replay_log(trace, policies.get(ref).reference_of, options, **kw)
+    slow = replay_log(trace, ref, options, **kw)
+    for what in fast:
+        if what == "counters" and fast[what].keys() != slow[what].keys():
+            continue
+        a, b = fast[what], slow[what]
+        if what == "modeled clock":             # the same costs, summed in another order
+            b = pytest.approx(b, rel=1e-9)
+        if isinstance(a, list):
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            assert a == b, f"{what} differ at #{first}: fast {a[first:first + 2]} reference {b[first:first + 2]}"
+        assert a == b, f"{what}: fast {a} reference {b}"
+    return fast
+
+
+# ---- generated traces --------------------------------------------------------------------
+sizes = st.one_of(
+    st.integers(1, 4 * KiB),
+    st.integers(4 * KiB, 3 * MiB),                  # the 1 MiB small/large boundaries
+    st.integers(3 * MiB, 48 * MiB),                 # 10 / 20 / 32 MiB segment and class boundaries
+    st.integers(48 * MiB, 300 * MiB),               # oversize under max_split_size_mb, HUGE
+    st.sampled_from([512, 513, MiB - 1, MiB, MiB + 1, 2 * MiB - 512, 9 * MiB, 10 * MiB, 19 * MiB,
+                     19 * MiB + 1, 20 * MiB, 20 * MiB + 1, 31 * MiB, 32 * MiB, 32 * MiB + 1, 64 * MiB,
+                     64 * MiB + 512, 84 * MiB]),    # remainders of exactly 1 MiB, segments of exactly n
+)
+
+
+@st.composite
+def traces(draw, max_ops: int = 80):
+    """Allocs and frees on up to three streams, frees in random order, some objects left live."""
+    ops = draw(st.lists(st.tuples(st.integers(0, 2), sizes, st.integers(0, 2), st.integers(0, 10**6)),
+                        min_size=1, max_size=max_ops))
+    w = TraceWriter(meta={"producer": "hypothesis"})
+    live: list[int] = []
+    for what, size, stream, pick in ops:
+        if what or not live:
+            live.append(w.alloc(size, stream=[0, 7, 0xBEEF][stream]))
+        else:
+            w.free(live.pop(pick % len(live)))
+    for k in draw(st.permutations(range(len(live))))[:draw(st.integers(0, len(live)))]:
+        w.free(live[k])
+    return w.finish()
+
+
+@st.composite
+def limits(draw, trace):
+    """(cap, capacity): none, or a cap near the peak so that the release paths and OOMs run."""
+    factor = draw(st.sampled_from([None, 0.6, 1.0, 1.3, 2.0]))
+    cap = None if factor is None else int(max(trace.load_bytes, MiB) * factor)
+    return cap, draw(st.sampled_from([cap, 4 * GiB])) if cap is not None else 4 * GiB
+
+
+@pytest.mark.parametrize("ref, options", OPTION_CASES)
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), runtime=st.sampled_from(["eager", "gc"]))
+def test_fast_policy_matches_reference_on_generated_traces(ref, options, data, runtime):
+    trace = data.draw(traces())
+    cap, capacity = data.draw(limits(trace))
+    assert_same(trace, ref, options, runtime=runtime, cap=cap, capacity=capacity)
+
+
+# ---- shipped traces ----------------------------------------------------------------------
+SHIPPED_CASES = [pytest.param(ref, p, id=f"{ref}-{os.path.basename(p)}") for ref in REFERENCES for p in SHIPPED]
+
+
+@pytest.mark.parametrize("ref, path", SHIPPED_CASES)
+def test_fast_policy_matches_reference_on_shipped_traces(ref, path):
+    out = assert_same(Trace.load(path), ref, [])
+    assert out["blocks"], "nothing was allocated"
+
+
+@pytest.mark.parametrize("ref", REFERENCES)
+@pytest.mark.parametrize("runtime", ["eager", "gc"])
+def test_fast_policy_matches_reference_under_a_tight_cap(ref, runtime):
+    """The embedded ResNet-50 trace under a cap that makes the pools flush, collect and fail."""
+    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
+    for cap in (int(trace.load_bytes * 1.05), int(trace.load_bytes * 1.4)):
+        assert_same(trace, ref, [], runtime=runtime, cap=cap, capacity=None)
+
+
+def test_every_fast_policy_has_its_reference():
+    assert {policies.get(r).reference_of for r in REFERENCES} == {"torch", "split", "bestfit", "cupy"}
+    assert all(policies.get(r).params is policies.get(policies.get(r).reference_of).params for r in REFERENCES)
+
+
+# ---- torch's slow path: garbage collection of old cached segments -------------------------
+@st.composite
+def gc_options(draw):
+    """A memory fraction and GC threshold, with or without oversize and rounding options."""
+    opts = [f"per_process_memory_fraction:{draw(st.sampled_from([0.5, 0.8, 1.0]))}",
+            f"garbage_collection_threshold:{draw(st.sampled_from([0.3, 0.6, 0.9]))}"]
+    opts += draw(st.lists(st.sampled_from(["max_split_size_mb:20", "max_split_size_mb:40",
+                                           "roundup_power2_divisions:4", "fix_189504:true"]),
+                          unique=True, max_size=2))
+    return [",".join(opts)]
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=traces(max_ops=150), options=gc_options(), capacity=st.sampled_from([64 * MiB, 160 * MiB, 400 * MiB]))
+def test_torch_slow_path_matches_reference_when_old_segments_are_collected(trace, options, capacity):
+    """A small device, so reserved memory crosses the GC threshold and cached segments of every age are freed."""
+    assert_same(trace, "torch-ref", options, capacity=capacity)
+
+
+@pytest.mark.parametrize("policy", ["torch", "torch-ref"])
+def test_torch_options_none_and_fraction_without_capacity(policy):
+    cls = policies.get(policy)
+    assert cls.parse_options(["max_split_size_mb:None,roundup_power2_divisions:none"]) == \
+        {"max_split_size_mb": None, "roundup_power2_divisions": None}
+    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
+    with pytest.raises(UsageError, match="per_process_memory_fraction needs a device capacity"):
+        engine.build(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=traces(max_ops=150), cap=st.sampled_from([48 * MiB, 100 * MiB, 150 * MiB]),
+       extra=st.sampled_from(["", ",max_split_size_mb:20", ",roundup_power2_divisions:4"]))
+def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap, extra):
+    """Pages mapped and unmapped again: flushes unmap the whole free pages and keep the partial ones mapped."""
+    assert_same(trace, "torch-ref", ["expandable_segments:true" + extra], cap=cap, capacity=None)
+
+
+# ---- the rules' boundaries, worked by hand, on the fast path and on the slow path ----------
+SLOW_PATH = "per_process_memory_fraction:1.0,garbage_collection_threshold:0.99"   # GC on: `malloc`, not `_malloc_fast`
+
+
+def _one_after_another(sizes, free_previous=True):
+    """Allocate each size in turn (one stream), freeing the previous one first if asked."""
+    w = TraceWriter(meta={"producer": "boundaries"})
+    prev = None
+    for size in sizes:
+        if prev is not None and free_previous:
+            w.free(prev)
+        prev = w.alloc(size)
+    return w.finish()
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+@pytest.mark.parametrize("sizes, options, segments, last_block", [
+    # an oversize request (n == max_split) takes a cached block < n + 20 MiB whole: not split
+    ((30 * MiB, 20 * MiB), "max_split_size_mb:20", [30 * MiB], 30 * MiB),
+    # ... but not a block of exactly n + max_non_split_rounding: a new segment
+    ((40 * MiB, 20 * MiB), "max_split_size_mb:20", [40 * MiB, 20 * MiB], 20 * MiB),
+    # a block of exactly max_split is oversize: a smaller request does not get it
+    ((20 * MiB, 4 * MiB), "max_split_size_mb:20", [20 * MiB, 20 * MiB], 4 * MiB),
+    # small pool: a remainder of exactly 512 B is split off (nothing freed in between)
+    ((MiB, MiB - 512, 512, -1), "", [2 * MiB], 512),
+    # large pool: a remainder of exactly 1 MiB is not split off
+    ((19 * MiB,), "", [20 * MiB], 20 * MiB),
+])
+def test_torch_boundaries_match_the_rules_and_the_reference(path, sizes, options, segments, last_block):
+    opts = [",".join(filter(None, [options, SLOW_PATH if path == "slow" else ""]))]
+    trace = _one_after_another([n for n in sizes if n > 0], free_previous=sizes[-1] != -1)
+    out = assert_same(trace, "torch-ref", opts, capacity=4 * GiB)
+    assert [n for call, n, _ in out["device calls"] if call == "malloc"] == segments
+    assert out["blocks"][-1][2] == last_block
+
+
+@pytest.mark.parametrize("path", ["fast", "slow"])
+def test_torch_releases_oversize_blocks_largest_first_until_exactly_enough(path):
+    """release_available_cached_blocks: no cached block holds 50 MiB, the two oversize ones (26 + 24 MiB)
+    together do exactly: both are freed, largest first, and the small segment stays cached (no flush)."""
+    w = TraceWriter(meta={"producer": "release"})
+    ids = [w.alloc(24 * MiB), w.alloc(26 * MiB), w.alloc(KiB)]
+    for i in ids:
+        w.free(i)
+    w.alloc(50 * MiB)
+    options = ["max_split_size_mb:20" + ("," + SLOW_PATH if path == "slow" else "")]
+    out = assert_same(w.finish(), "torch-ref", options, cap=52 * MiB, capacity=4 * GiB)
+    assert [n for call, n, _ in out["device calls"] if call == "free"] == [26 * MiB, 24 * MiB]
+    assert out["counters"]["cache_flushes"] == 0 and not out["ooms"]
