@@ -22,9 +22,10 @@ import importlib.util
 import os
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from .errors import AllocsimError, PluginError, UsageError
 from .params import split_top  # noqa: F401  (the --policies splitter lives with the option splitter)
 
 ENTRY_POINT_GROUP = "allocsim.policies"
@@ -200,15 +201,40 @@ def _import(modname: str, shown: str):
         raise _import_failed(e, shown) from None
 
 
+def _raised_at(e: BaseException) -> str:
+    """``file:line`` of the innermost frame that raised ``e`` (a syntax error's own position)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
 def _import_failed(e: Exception, shown: str) -> UsageError:
     """One line naming where the plug-in failed: its file and line, and the error."""
-    if isinstance(e, SyntaxError) and e.filename:
-        where = f"{e.filename}:{e.lineno}"
-    else:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
-        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
     msg = e.msg if isinstance(e, SyntaxError) else str(e)
-    return UsageError(f"policy {shown!r}: loading it failed at {where}: {type(e).__name__}: {msg}")
+    return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e)}: {type(e).__name__}: {msg}")
+
+
+def is_plugin(pcls: type) -> bool:
+    """A policy class written outside allocsim (a file, a module, an entry point, a class at hand)."""
+    return not (pcls.__module__ == "allocsim" or pcls.__module__.startswith("allocsim."))
+
+
+@contextmanager
+def plugin_errors(pcls: type, shown: str, doing: str):
+    """Turn an exception a plug-in raises while ``doing`` (being made, replaying) into one `PluginError`
+    naming the plug-in, the exception and where it was raised; the original stays chained for --debug.
+    A built-in's exception is allocsim's own bug and passes through with its traceback."""
+    try:
+        yield
+    except AllocsimError:
+        raise
+    except Exception as e:
+        if not is_plugin(pcls):
+            raise
+        raise PluginError(f"policy {shown!r} failed while {doing}: {type(e).__name__}: {e} (raised at "
+                          f"{_raised_at(e)}); --debug shows the traceback, allocsim.testing.check_policy "
+                          f"checks a policy against the contract") from e
 
 
 def load_entry_point(ep) -> type:

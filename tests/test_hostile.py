@@ -160,6 +160,15 @@ DATA_LOSS: list[Case] = [
 # malformed files: header, metadata, footer, import formats
 from hostile_files import DEEP, fixture_line, snapshot_with, text_file, trace_with  # noqa: E402
 
+EXAMPLE_POLICIES = os.path.join(ROOT, "examples", "policies")
+
+
+def _plugin(raising: str):
+    """A setup writing ``p.py``: a first-fit plug-in whose method ``raising`` raises RuntimeError('boom')."""
+    return text_file("p.py", f"import sys\nsys.path.append({EXAMPLE_POLICIES!r})\nfrom first_fit import FirstFit\n"
+                             f"class Pool(FirstFit):\n    def {raising}(self, *a, **k): raise RuntimeError('boom')\n")
+
+
 _COSTS = '{"malloc_points": [[0, 1e-6], [1073741824, 1e-3]], "pool_hit_s": %s}'
 _ROW = {"cell": "x", "policy": "split"}
 
@@ -244,6 +253,16 @@ MALFORMED: list[Case] = [
          outputs=["r.csv"]),
     Case("sweep-partial-row-list", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
          text_file("r.csv.partial", "[1, 2]\n[3]\n"), expect="line 1: not a row of this sweep", outputs=["r.csv"]),
+    Case("plugin-raises-in-init", ["replay", "{trace}", "-p", "./p.py:Pool"], _plugin("__init__"),
+         expect="policy './p.py:Pool' failed while being set up: RuntimeError: boom (raised at", stdout_empty=True),
+    Case("plugin-malloc-raises-replay", ["replay", "{trace}", "-p", "p.py:Pool"], _plugin("malloc"),
+         expect="policy 'p.py:Pool' failed while replaying: RuntimeError: boom", stdout_empty=True),
+    Case("plugin-malloc-raises-compare-workers", ["compare", "{trace}", "-p", "split,p.py:Pool", "-j", "2"],
+         _plugin("malloc"), expect="p.py:5); --debug shows the traceback", stdout_empty=True, subprocess=True),
+    Case("plugin-free-raises-fit", ["fit", "{trace}", "-p", "p.py:Pool", "-j", "1"], _plugin("free"),
+         expect="failed while replaying: RuntimeError: boom"),
+    Case("plugin-malloc-raises-sweep", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
+         _plugin("malloc"), expect="failed while replaying", outputs=["r.csv"]),
 ]
 
 
