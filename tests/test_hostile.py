@@ -346,6 +346,12 @@ NONSENSE: list[Case] = [
                                                "n_allocs=1000"], expect="out of range", outputs=["s.bin"]),
     Case("fit-negative-max-replays", ["fit", "{trace}", "--policies", "none", "--max-replays", "-1"],
          expect="--max-replays"),
+    Case("info-trace-name-empty", ["info", ""], expect="'': cannot read: the file name is empty", stdout_empty=True),
+    Case("replay-trace-name-empty", ["replay", "", "--json"], expect="the file name is empty", stdout_empty=True),
+    Case("sweep-trace-name-empty", ["sweep", "", "-p", "none", "-o", "{d}/r.csv"], expect="the file name is empty",
+         outputs=["r.csv", "r.csv.partial"]),
+    Case("replay-cost-model-name-empty", ["replay", "{trace}", "--cost-model", ""], expect="the file name is empty",
+         stdout_empty=True),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -95,7 +95,7 @@ def gc_every_arg(text: str | None) -> int | None:
 
 
 def cost_model_arg(path):
-    return CostModel.load(path) if path else None
+    return CostModel.load(path) if path is not None else None
 
 
 DEFAULT_TRACE = "resnet50.bin"     # traces/resnet50.bin: ResNet-50 training on an H100, recorded
@@ -108,7 +108,7 @@ def default_trace_path() -> str:
 
 def load_trace(path: str | None, quiet: bool = True) -> Trace:
     """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds)."""
-    path = path or default_trace_path()
+    path = default_trace_path() if path is None else path       # "" is refused where it is opened
     _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit=None)
     try:
         return Trace.load(path)
