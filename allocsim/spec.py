@@ -150,9 +150,11 @@ def _absolute(ref: str) -> str:
 def _resolve(ref: str, shown: str) -> type:
     where, colon, name = ref.rpartition(":")
     if not colon:
+        if _is_file(ref):
+            raise UsageError(f"policy {shown!r}: name the class in the file too: {shown}:ClassName")
         from . import policies
         return policies.get(ref)
-    if not where or not name.isidentifier():
+    if not where or not name.isidentifier() or (":" in where and not _is_file(where)):
         raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
     module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
     pcls = getattr(module, name, None)
@@ -172,7 +174,9 @@ def _check_policy_class(pcls, shown: str) -> type:
 def _load_file(path: str, shown: str):
     """Execute a plug-in file as a module of its own (once per process)."""
     if not os.path.isfile(path):
-        raise UsageError(f"policy {shown!r}: no such file {path}")
+        problem = (f"{path} is a folder, not a file" if os.path.isdir(path) else
+                   f"{path} is not a regular file" if os.path.exists(path) else f"no such file {path}")
+        raise UsageError(f"policy {shown!r}: {problem}")
     modname = "allocsim_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     if modname in sys.modules:
         return sys.modules[modname]

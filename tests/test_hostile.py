@@ -352,6 +352,13 @@ NONSENSE: list[Case] = [
          outputs=["r.csv", "r.csv.partial"]),
     Case("replay-cost-model-name-empty", ["replay", "{trace}", "--cost-model", ""], expect="the file name is empty",
          stdout_empty=True),
+    Case("plugin-file-is-a-folder", ["replay", "{trace}", "-p", "p.py:Pool"],
+         lambda d: os.mkdir(os.path.join(d, "p.py")), expect="p.py is a folder, not a file"),
+    Case("plugin-file-is-a-device", ["compare", "{trace}", "-p", f"{os.devnull}:Pool"], expect="is not a regular file"),
+    Case("plugin-file-without-class", ["fit", "{trace}", "-p", "split,p.py"], _plugin("malloc"),
+         expect="policy 'p.py': name the class in the file too: p.py:ClassName"),
+    Case("plugin-two-colons", ["replay", "{trace}", "-p", "p.py:Pool:X"], _plugin("malloc"),
+         expect="policy 'p.py:Pool:X': expected file.py:Class or module:Class"),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]
