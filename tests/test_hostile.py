@@ -359,6 +359,7 @@ NONSENSE: list[Case] = [
          expect="policy 'p.py': name the class in the file too: p.py:ClassName"),
     Case("plugin-two-colons", ["replay", "{trace}", "-p", "p.py:Pool:X"], _plugin("malloc"),
          expect="policy 'p.py:Pool:X': expected file.py:Class or module:Class"),
+    Case("policies-name-empty", ["policies", ""], expect="policy '': expected name", stdout_empty=True),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

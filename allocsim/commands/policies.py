@@ -14,12 +14,13 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..spec import PolicySpec, entry_points
-    names = [args.name] if args.name else policies.names() + sorted(entry_points())
+    one = args.name is not None             # "" is one (bad) name, not "list them all"
+    names = [args.name] if one else policies.names() + sorted(entry_points())
     for n in names:
         cls = PolicySpec.parse(n).policy_class()
         ref = f"  [reference model of {cls.reference_of}]" if cls.reference_of else ""
         print(f"{cls.name or n:<12} {cls.summary}{ref}")
-        if args.name:
+        if one:
             if cls.models:
                 print(f"  models: {cls.models}")
             for p in cls.params:
