@@ -262,7 +262,7 @@ MALFORMED: list[Case] = [
     Case("plugin-free-raises-fit", ["fit", "{trace}", "-p", "p.py:Pool", "-j", "1"], _plugin("free"),
          expect="failed while replaying: RuntimeError: boom"),
     Case("plugin-malloc-raises-sweep", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
-         _plugin("malloc"), expect="failed while replaying", outputs=["r.csv"]),
+         _plugin("malloc"), expect="failed while replaying", outputs=["r.csv", "r.csv.partial"]),
 ]
 
 

@@ -70,6 +70,18 @@ def _done_rows(partial: str) -> dict[str, dict]:
     return done
 
 
+def _tell_what_is_kept(log, partial: str, n_cells: int) -> None:
+    """A stopped sweep's finished rows stay in ``partial`` for the same command to resume from; one with
+    none finished leaves nothing behind."""
+    if log.tell() == 0:
+        log.close()
+        os.unlink(partial)
+        return
+    log.flush()
+    print(f"sweep: {len(_done_rows(partial))} of {n_cells} cells kept in {partial}; the same command resumes "
+          f"from them", file=sys.stderr)
+
+
 def run(args) -> int:
     if args.scheduler is not None and not args.scheduler.strip():
         raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
@@ -109,6 +121,9 @@ def run(args) -> int:
                 bar.update()
         try:
             run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
+        except BaseException:           # interrupted or failed: say what is kept and how to go on
+            _tell_what_is_kept(log, partial, len(cells))
+            raise
         finally:
             if bar:
                 bar.close()
