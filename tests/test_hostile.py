@@ -360,6 +360,11 @@ NONSENSE: list[Case] = [
     Case("plugin-two-colons", ["replay", "{trace}", "-p", "p.py:Pool:X"], _plugin("malloc"),
          expect="policy 'p.py:Pool:X': expected file.py:Class or module:Class"),
     Case("policies-name-empty", ["policies", ""], expect="policy '': expected name", stdout_empty=True),
+    Case("policy-given-twice", ["replay", "{trace}", "--policy", "split", "-p", "torch"],
+         expect="argument --policy/-p: given twice (split, then torch)", stdout_empty=True),
+    Case("cap-given-twice", ["replay", "{trace}", "--cap", "4GB", "--cap=8GB"], expect="--cap: given twice"),
+    Case("output-given-twice", ["sweep", "{trace}", "-o", "{d}/a.csv", "--output", "{d}/b.csv"],
+         expect="given twice", outputs=["a.csv", "b.csv", "a.csv.partial", "b.csv.partial"]),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]
