@@ -136,9 +136,14 @@ def check_writable(path: str) -> str:
 
 
 def check_named(path: str, doing: str = "read") -> None:
-    """Raise `InputError` for an empty file name (``"$UNSET"`` in a script): refused, never read as "none"."""
+    """Raise `InputError` for an empty file name (``"$UNSET"`` in a script): refused, never read as "none";
+    and for ``-``, which would be a file called ``-``, not the standard stream a user means by it."""
     if not path:
         raise InputError(f"cannot {doing}: the file name is empty (an unset variable?)", path=repr(path))
+    if path == "-":
+        stream = "standard input; save it to a file first" if doing == "read" else "standard output; name a file"
+        raise InputError(f"cannot {doing}: allocsim does not take - for {stream} (./- is a file called -)",
+                         path=path)
 
 
 def check_input_file(path: str) -> None:
