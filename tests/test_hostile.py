@@ -236,6 +236,13 @@ MALFORMED: list[Case] = [
          text_file("log.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
              f"1,10:00:00.{i:06d},allocate,{16 * (i + 1):#x},16,{i:#x}\n" for i in range(66_000))),
          expect="log.csv: cannot be a trace: more than 65535 streams", outputs=["o.bin"]),
+    Case("import-empty-file", ["import", "{d}/log.csv", "-o", "{d}/o.bin"], text_file("log.csv", ""),
+         expect="log.csv: byte 0: the file is empty; nothing to import", outputs=["o.bin"]),
+    Case("import-csv-header-only", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         text_file("log.csv", "Thread,Time,Action,Pointer,Size,Stream\n"),
+         expect="log.csv: holds no allocation events; nothing to import", outputs=["o.bin"]),
+    Case("import-jsonl-empty-as-cupy", ["import", "{d}/h.jsonl", "-o", "{d}/o.bin", "--format", "cupy"],
+         text_file("h.jsonl", "\n"), expect="h.jsonl: holds no allocation events", outputs=["o.bin"]),
     Case("torch-snapshot-time-infinite", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          snapshot_with(lambda s: s["device_traces"][0][1].update(time_us=float("inf"))),
          expect="snap.pickle: device_traces[0][1]: time_us is inf", outputs=["o.bin"]),
