@@ -168,7 +168,26 @@ def _check_policy_class(pcls, shown: str) -> type:
     if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
         raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
                          f"allocsim.policies.Policy")
+    _check_declaration(pcls, shown)
     return pcls
+
+
+def _check_declaration(pcls: type, shown: str) -> None:
+    """A plug-in's ``name``, ``summary`` and ``params`` are what `-O`, tables and `allocsim policies` read:
+    a wrong one is one line at load, not a traceback wherever it is first read."""
+    from .params import PARSERS, Param
+    for attr in ("name", "summary"):
+        if not isinstance(getattr(pcls, attr), str):
+            raise UsageError(f"policy {shown!r}: {pcls.__name__}.{attr} must be a string, "
+                             f"got {getattr(pcls, attr)!r}")
+    params = pcls.params
+    if not isinstance(params, (tuple, list)) or not all(isinstance(p, Param) for p in params):
+        raise UsageError(f"policy {shown!r}: {pcls.__name__}.params must be a tuple of allocsim.params.Param, "
+                         f"got {params!r}")
+    for p in params:
+        if not (isinstance(p.kind, tuple) or p.kind in PARSERS):
+            raise UsageError(f"policy {shown!r}: {pcls.__name__}.params: {p.name}: kind {p.kind!r} is not one of "
+                             f"{', '.join(PARSERS)} or a tuple of choices")
 
 
 def _load_file(path: str, shown: str):

@@ -379,6 +379,16 @@ NONSENSE: list[Case] = [
     Case("cap-given-twice", ["replay", "{trace}", "--cap", "4GB", "--cap=8GB"], expect="--cap: given twice"),
     Case("output-given-twice", ["sweep", "{trace}", "-o", "{d}/a.csv", "--output", "{d}/b.csv"],
          expect="given twice", outputs=["a.csv", "b.csv", "a.csv.partial", "b.csv.partial"]),
+    Case("plugin-params-not-params", ["replay", "{trace}", "-p", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import Policy\nclass Pool(Policy):\n    params = 5\n"),
+         expect="Pool.params must be a tuple of allocsim.params.Param, got 5"),
+    Case("plugin-param-kind-unknown", ["policies", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import Policy\nfrom allocsim.params import Param\n"
+                           "class Pool(Policy):\n    params = (Param('seg', 'weird', 1, 'h'),)\n"),
+         expect="Pool.params: seg: kind 'weird' is not one of int, float", stdout_empty=True),
+    Case("plugin-without-malloc", ["replay", "{trace}", "-p", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import Policy\nclass Pool(Policy):\n    pass\n"),
+         expect="NotImplementedError: Pool does not implement malloc(), which every policy must"),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]
