@@ -389,6 +389,8 @@ NONSENSE: list[Case] = [
     Case("plugin-without-malloc", ["replay", "{trace}", "-p", "p.py:Pool"],
          text_file("p.py", "from allocsim.policies import Policy\nclass Pool(Policy):\n    pass\n"),
          expect="NotImplementedError: Pool does not implement malloc(), which every policy must"),
+    Case("sweep-csv-is-compares", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.csv", "--csv", "{d}/x.csv"],
+         expect="unrecognized arguments: --csv", outputs=["r.csv", "x.csv", "r.csv.partial"]),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -24,17 +24,12 @@ EXAMPLE = ("allocsim sweep traces/*.bin --policies split,binned,torch --caps non
 
 
 def add_arguments(p):
-    _compare_arguments(p)
+    _compare_arguments(p, many_traces=True)
     p.add_argument("-o", "--output", required=True, help="result table: .csv or .jsonl")
     p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the output's extension")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
     g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
-    # `trace` from compare's arguments becomes a list here
-    for a in p._actions:
-        if a.dest == "trace":
-            a.nargs = "+"
-            a.help = "trace files (.bin)"
 
 
 _ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
