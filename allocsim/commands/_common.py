@@ -24,9 +24,20 @@ def add_replay_arguments(p, *, multi: bool = False) -> None:
                    help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
     p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable; comma-separated lists allowed)")
-    p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from `allocsim calibrate`)")
+    add_cost_model_argument(p)
     p.add_argument("--gc-every", metavar="SIZE", help="gc runtime: an incremental collection every SIZE allocated")
     p.add_argument("--keep-going", action="store_true", help="count OOMs and continue instead of stopping")
+
+
+def add_policies_argument(p, default: str) -> None:
+    """-p/--policies, the same help (and its default shown) for every command that replays several."""
+    p.add_argument("--policies", "-p", default=default,
+                   help="comma-separated; options in brackets: torch[expandable_segments:True]; plug-ins as "
+                        f"file.py:Class or module:Class (default {default})")
+
+
+def add_cost_model_argument(p) -> None:
+    p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from `allocsim calibrate`)")
 
 
 def positive_int(text: str) -> int:

@@ -5,8 +5,8 @@ import sys
 
 from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, format_table, row_label, run_cells, write_rows
-from ._common import (add_jobs_argument, add_replay_arguments, capacity_arg, caps_arg, check_caps, cost_model_arg,
-                      dump_json, gc_every_arg, load_trace, policy_specs, split_list)
+from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
+                      check_caps, cost_model_arg, dump_json, gc_every_arg, load_trace, policy_specs, split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -21,9 +21,7 @@ def add_arguments(p, *, many_traces: bool = False):
         p.add_argument("trace", nargs="+", help="trace files (.bin)")
     else:
         p.add_argument("trace", help="trace file (.bin)")
-    p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit",
-                   help="comma-separated; options in brackets: torch[expandable_segments:True]; "
-                        "plug-ins as file.py:Class or module:Class")
+    add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
     p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
     add_jobs_argument(p)
