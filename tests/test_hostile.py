@@ -391,6 +391,10 @@ NONSENSE: list[Case] = [
          expect="NotImplementedError: Pool does not implement malloc(), which every policy must"),
     Case("sweep-csv-is-compares", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.csv", "--csv", "{d}/x.csv"],
          expect="unrecognized arguments: --csv", outputs=["r.csv", "x.csv", "r.csv.partial"]),
+    Case("torch-option-not-a-number", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=abc"],
+         expect="policy 'torch': option max_split_size_mb: expected an integer, got 'abc'"),
+    Case("torch-divisions-key-not-a-number", ["replay", "{trace}", "-p", "torch[roundup_power2_divisions:[a:1]]"],
+         expect="option roundup_power2_divisions: expected an integer, got 'a'"),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]
