@@ -395,6 +395,10 @@ NONSENSE: list[Case] = [
          expect="policy 'torch': option max_split_size_mb: expected an integer, got 'abc'"),
     Case("torch-divisions-key-not-a-number", ["replay", "{trace}", "-p", "torch[roundup_power2_divisions:[a:1]]"],
          expect="option roundup_power2_divisions: expected an integer, got 'a'"),
+    Case("option-for-one-of-several-policies",
+         ["compare", "{trace}", "-p", "split,torch", "-O", "max_split_size_mb=128"],
+         expect="unknown option 'max_split_size_mb' (known: huge_exact) (-O applies to every policy of --policies; "
+                "give one policy its options in brackets"),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -194,7 +194,15 @@ def policy_specs(text: str, what: str = "--policies", options=()) -> list:
     """``--policies``: a `PolicySpec` per comma-separated policy (options in brackets), each once;
     ``options`` (``-O`` texts) are added to every one."""
     from ..spec import PolicySpec, split_top
-    return distinct([PolicySpec.parse(s).with_options(options) for s in split_top(text)], what)
+    specs = [PolicySpec.parse(s) for s in split_top(text)]
+    try:
+        specs = [s.with_options(options) for s in specs]
+    except UsageError as e:
+        if len(specs) < 2:
+            raise
+        raise UsageError(f"{e} (-O applies to every policy of {what}; give one policy its options in brackets: "
+                         f"torch[max_split_size_mb:128])") from None
+    return distinct(specs, what)
 
 
 def distinct(items: list, what: str, key=lambda x: x) -> list:
