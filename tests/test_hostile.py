@@ -399,6 +399,11 @@ NONSENSE: list[Case] = [
          ["compare", "{trace}", "-p", "split,torch", "-O", "max_split_size_mb=128"],
          expect="unknown option 'max_split_size_mb' (known: huge_exact) (-O applies to every policy of --policies; "
                 "give one policy its options in brackets"),
+    Case("sweep-o-json-is-not-json", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.json"],
+         expect="sweep writes JSON lines (one object per line), not one JSON document; name it .jsonl",
+         outputs=["r.json", "r.json.partial"]),
+    Case("sweep-format-contradicts-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.csv", "--format", "jsonl"],
+         expect="--format jsonl contradicts the .csv name", outputs=["r.csv", "r.csv.partial"]),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -77,12 +77,24 @@ def _tell_what_is_kept(log, partial: str, n_cells: int) -> None:
           f"from them", file=sys.stderr)
 
 
+def _table_format(output: str, given: str | None) -> str:
+    """csv or jsonl, from --format or the output's name; a name that says the other format, or ``.json``
+    (JSON lines are not one JSON document), is refused rather than given a table it does not name."""
+    named = {".csv": "csv", ".jsonl": "jsonl"}.get(os.path.splitext(output)[1].lower())
+    if given and named and given != named:
+        raise UsageError(f"-o {output}: --format {given} contradicts the .{named} name")
+    if output.lower().endswith(".json") and given != "jsonl":
+        raise UsageError(f"-o {output}: sweep writes JSON lines (one object per line), not one JSON document; "
+                         f"name it .jsonl (or pass --format jsonl)")
+    if not (given or named):
+        raise UsageError(f"-o {output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
+    return given or named
+
+
 def run(args) -> int:
     if args.scheduler is not None and not args.scheduler.strip():
         raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
-    fmt = args.format or ("csv" if args.output.endswith(".csv") else "jsonl" if args.output.endswith((".jsonl", ".json")) else None)
-    if fmt is None:
-        raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
+    fmt = _table_format(args.output, args.format)
     traces = distinct(args.trace, "traces", key=os.path.realpath)
     claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
                   force=args.force)
