@@ -404,6 +404,10 @@ NONSENSE: list[Case] = [
          outputs=["r.json", "r.json.partial"]),
     Case("sweep-format-contradicts-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.csv", "--format", "jsonl"],
          expect="--format jsonl contradicts the .csv name", outputs=["r.csv", "r.csv.partial"]),
+    Case("gc-every-empty", ["replay", "{trace}", "--runtime", "gc", "--gc-every", ""],
+         expect="--gc-every: cannot parse size ''", stdout_empty=True),
+    Case("import-total-memory-empty", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", ""],
+         expect="--total-memory: cannot parse size ''", outputs=["o.bin"]),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -25,7 +25,8 @@ def add_replay_arguments(p, *, multi: bool = False) -> None:
     p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable; comma-separated lists allowed)")
     add_cost_model_argument(p)
-    p.add_argument("--gc-every", metavar="SIZE", help="gc runtime: an incremental collection every SIZE allocated")
+    p.add_argument("--gc-every", metavar="SIZE", help="an incremental collection every SIZE allocated (under eager it "
+                   "frees nothing and only costs a pause, as a periodic gc.collect())")
     p.add_argument("--keep-going", action="store_true", help="count OOMs and continue instead of stopping")
 
 
@@ -102,7 +103,7 @@ def caps_arg(text: str) -> list[int | None]:
 
 def gc_every_arg(text: str | None) -> int | None:
     """``--gc-every``: bytes between periodic collections, None without it; 0 is refused, not read as "never"."""
-    return positive_size(text, "--gc-every") if text else None
+    return positive_size(text, "--gc-every") if text is not None else None
 
 
 def cost_model_arg(path):
