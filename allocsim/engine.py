@@ -20,7 +20,7 @@ from .errors import UsageError
 from .metrics import OOMRecord, ReplayResult, largest_free_fragmentation, latency_summary
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
-from .spec import PolicySpec, plugin_errors
+from .spec import PolicySpec, check_overrides_reached, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 
 
@@ -67,6 +67,7 @@ def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="t
     rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
     with plugin_errors(cls, spec.name, "being set up"):
         pol = cls(device, rt, sections, opts, trace=trace, **({"progress": plan_progress} if cls.offline else {}))
+    check_overrides_reached(pol, spec.name)
     return pol, rt, device, sections
 
 

@@ -238,9 +238,23 @@ def _import_failed(e: Exception, shown: str) -> UsageError:
     return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e)}: {type(e).__name__}: {msg}")
 
 
-def is_plugin(pcls: type) -> bool:
-    """A policy class written outside allocsim (a file, a module, an entry point, a class at hand)."""
-    return not (pcls.__module__ == "allocsim" or pcls.__module__.startswith("allocsim."))
+def is_plugin(obj) -> bool:
+    """A policy class (or a method) written outside allocsim (a file, a module, an entry point, a class at hand)."""
+    return not (obj.__module__ == "allocsim" or obj.__module__.startswith("allocsim."))
+
+
+def check_overrides_reached(pol, shown: str) -> None:
+    """Refuse a plug-in whose own malloc/free would never run: built-ins such as ``split`` and ``torch``
+    bind a fast method to the instance in ``__init__``, which shadows a subclass's override."""
+    for method in ("malloc", "free"):
+        bound = pol.__dict__.get(method)
+        own = getattr(type(pol), method)
+        if bound is None or getattr(bound, "__func__", None) is own or not is_plugin(own):
+            continue
+        base = next(c for c in type(pol).__mro__ if not is_plugin(c)).__name__
+        raise UsageError(f"policy {shown!r}: {type(pol).__name__}.{method} would never be called: {base} binds its "
+                         f"own {method} to each instance in __init__, so a subclass cannot override it; write the "
+                         f"policy on allocsim.policies.Policy (as examples/policies/first_fit.py does)")
 
 
 @contextmanager
