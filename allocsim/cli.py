@@ -33,7 +33,24 @@ def version() -> str:
         return __version__
 
 
+class _StoreOnce(argparse._StoreAction):
+    """An option that takes one value refuses a second one (``--cap 4GB ... --cap 8GB`` in a script
+    that adds to a command line): argparse would silently keep the last."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_given", {})
+        if self.option_strings and self.dest in given:
+            raise argparse.ArgumentError(self, f"given twice ({given[self.dest]}, then {values}); give it once")
+        given[self.dest] = values
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+
     def error(self, message):  # one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 

@@ -92,6 +92,8 @@ class CostModel:
     @classmethod
     def load(cls, path: str) -> "CostModel":
         """Read a JSON cost model; any key left out keeps its default."""
+        from .outputs import check_named
+        check_named(path)
         try:
             with open(path) as f:
                 data = json.load(f)

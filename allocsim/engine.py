@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from contextlib import nullcontext
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from .errors import UsageError
 from .metrics import OOMRecord, ReplayResult, largest_free_fragmentation, latency_summary
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
-from .spec import PolicySpec
+from .spec import PolicySpec, check_overrides_reached, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 
 
@@ -64,7 +65,9 @@ def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="t
                                  address_hints=recorded_segments(trace) if cls.framework and
                                  cls.framework == trace.meta.get("framework") else None)
     rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
-    pol = cls(device, rt, sections, opts, trace=trace, **({"progress": plan_progress} if cls.offline else {}))
+    with plugin_errors(cls, spec.name, "being set up"):
+        pol = cls(device, rt, sections, opts, trace=trace, **({"progress": plan_progress} if cls.offline else {}))
+    check_overrides_reached(pol, spec.name)
     return pol, rt, device, sections
 
 
@@ -90,14 +93,16 @@ def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=No
         trace = Trace.load(trace)
         loaded = time.perf_counter() - t_load
     t_start = time.perf_counter()
-    pol, rt, dev, sections = build(trace, policy, runtime=runtime, cap=cap, capacity=capacity, options=options,
-                                   costs=costs, gc_every=gc_every, device=device, backend=backend,
-                                   plan_progress=plan_progress)
-    try:
-        res = _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
-                   observer=observer, log_events=log_events)
-    finally:
-        pol.close()
+    spec = PolicySpec.of(policy, options)
+    pol, rt, dev, sections = build(trace, spec, runtime=runtime, cap=cap, capacity=capacity, costs=costs,
+                                   gc_every=gc_every, device=device, backend=backend, plan_progress=plan_progress)
+    # an observer's own assertions (allocsim.testing) pass through as they are
+    with plugin_errors(type(pol), spec.name, "replaying") if observer is None else nullcontext():
+        try:
+            res = _run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=timeline, progress=progress,
+                       observer=observer, log_events=log_events)
+        finally:
+            pol.close()
     res.load_seconds = loaded
     res.replay_seconds = time.perf_counter() - t_start      # the policy's set-up (an oracle's plan) included
     return res

@@ -31,5 +31,9 @@ class UsageError(AllocsimError):
     """A bad command line: unknown policy, unknown option, bad value."""
 
 
+class PluginError(AllocsimError):
+    """A plug-in policy's own code raised: one line naming the plug-in and the exception."""
+
+
 class GPUUnavailable(AllocsimError):
     """A GPU feature was asked for on a machine (or install) that cannot serve it."""

@@ -122,8 +122,7 @@ def notice_stale(directory: str) -> None:
 
 def check_writable(path: str) -> str:
     """Raise `InputError` now if ``path`` cannot be written; return its directory."""
-    if not path:
-        raise InputError("cannot write: the file name is empty", path=repr(path))
+    check_named(path, "write")
     d = os.path.dirname(os.path.abspath(path))
     if os.path.exists(d) and not os.path.isdir(d):
         raise InputError(f"cannot write: {d} is a file, not a directory", path=path)
@@ -136,9 +135,21 @@ def check_writable(path: str) -> str:
     return d
 
 
+def check_named(path: str, doing: str = "read") -> None:
+    """Raise `InputError` for an empty file name (``"$UNSET"`` in a script): refused, never read as "none";
+    and for ``-``, which would be a file called ``-``, not the standard stream a user means by it."""
+    if not path:
+        raise InputError(f"cannot {doing}: the file name is empty (an unset variable?)", path=repr(path))
+    if path == "-":
+        stream = "standard input; save it to a file first" if doing == "read" else "standard output; name a file"
+        raise InputError(f"cannot {doing}: allocsim does not take - for {stream} (./- is a file called -)",
+                         path=path)
+
+
 def check_input_file(path: str) -> None:
     """Raise `InputError` unless ``path`` is a regular file: inputs are read more than once and
     seeked in, which a pipe (``<(zcat log.gz)``) cannot do, and opening a FIFO nobody writes waits forever."""
+    check_named(path)
     try:
         mode = os.stat(path).st_mode
     except OSError as e:

@@ -34,7 +34,17 @@ def _fmt_size(n: int) -> str:
     return next((f"{n // k}{unit}" for unit, k in _SIZE_UNITS if n and n % k == 0), str(n))
 
 
-PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "bool": _bool, "size": _size, "str": str}
+def number(text: str, kind: str = "int"):
+    """``text`` as an int (or a float): a ValueError that names what was expected, not Python's
+    "invalid literal for int() with base 10"."""
+    try:
+        return int(text) if kind == "int" else float(text)
+    except ValueError:
+        raise ValueError(f"expected {'an integer' if kind == 'int' else 'a number'}, got {text!r}") from None
+
+
+PARSERS: dict[str, Callable[[str], Any]] = {"int": number, "float": lambda t: number(t, "float"), "bool": _bool,
+                                            "size": _size, "str": str}
 
 
 @dataclass(frozen=True)
@@ -53,12 +63,7 @@ class Param:
             if text not in self.kind:
                 raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
             return text
-        try:
-            return PARSERS[self.kind](text)
-        except ValueError:
-            if self.kind not in ("int", "float"):
-                raise
-            raise ValueError(f"expected {'an integer' if self.kind == 'int' else 'a number'}, got {text!r}") from None
+        return PARSERS[self.kind](text)
 
     def format(self, value) -> str:
         """``value`` as text that `parse` reads back to it."""

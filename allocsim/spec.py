@@ -22,9 +22,10 @@ import importlib.util
 import os
 import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from .errors import UsageError
+from .errors import AllocsimError, PluginError, UsageError
 from .params import split_top  # noqa: F401  (the --policies splitter lives with the option splitter)
 
 ENTRY_POINT_GROUP = "allocsim.policies"
@@ -149,9 +150,11 @@ def _absolute(ref: str) -> str:
 def _resolve(ref: str, shown: str) -> type:
     where, colon, name = ref.rpartition(":")
     if not colon:
+        if _is_file(ref):
+            raise UsageError(f"policy {shown!r}: name the class in the file too: {shown}:ClassName")
         from . import policies
         return policies.get(ref)
-    if not where or not name.isidentifier():
+    if not where or not name.isidentifier() or (":" in where and not _is_file(where)):
         raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
     module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
     pcls = getattr(module, name, None)
@@ -165,13 +168,34 @@ def _check_policy_class(pcls, shown: str) -> type:
     if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
         raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
                          f"allocsim.policies.Policy")
+    _check_declaration(pcls, shown)
     return pcls
+
+
+def _check_declaration(pcls: type, shown: str) -> None:
+    """A plug-in's ``name``, ``summary`` and ``params`` are what `-O`, tables and `allocsim policies` read:
+    a wrong one is one line at load, not a traceback wherever it is first read."""
+    from .params import PARSERS, Param
+    for attr in ("name", "summary"):
+        if not isinstance(getattr(pcls, attr), str):
+            raise UsageError(f"policy {shown!r}: {pcls.__name__}.{attr} must be a string, "
+                             f"got {getattr(pcls, attr)!r}")
+    params = pcls.params
+    if not isinstance(params, (tuple, list)) or not all(isinstance(p, Param) for p in params):
+        raise UsageError(f"policy {shown!r}: {pcls.__name__}.params must be a tuple of allocsim.params.Param, "
+                         f"got {params!r}")
+    for p in params:
+        if not (isinstance(p.kind, tuple) or p.kind in PARSERS):
+            raise UsageError(f"policy {shown!r}: {pcls.__name__}.params: {p.name}: kind {p.kind!r} is not one of "
+                             f"{', '.join(PARSERS)} or a tuple of choices")
 
 
 def _load_file(path: str, shown: str):
     """Execute a plug-in file as a module of its own (once per process)."""
     if not os.path.isfile(path):
-        raise UsageError(f"policy {shown!r}: no such file {path}")
+        problem = (f"{path} is a folder, not a file" if os.path.isdir(path) else
+                   f"{path} is not a regular file" if os.path.exists(path) else f"no such file {path}")
+        raise UsageError(f"policy {shown!r}: {problem}")
     modname = "allocsim_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     if modname in sys.modules:
         return sys.modules[modname]
@@ -200,15 +224,54 @@ def _import(modname: str, shown: str):
         raise _import_failed(e, shown) from None
 
 
+def _raised_at(e: BaseException) -> str:
+    """``file:line`` of the innermost frame that raised ``e`` (a syntax error's own position)."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
 def _import_failed(e: Exception, shown: str) -> UsageError:
     """One line naming where the plug-in failed: its file and line, and the error."""
-    if isinstance(e, SyntaxError) and e.filename:
-        where = f"{e.filename}:{e.lineno}"
-    else:
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
-        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
     msg = e.msg if isinstance(e, SyntaxError) else str(e)
-    return UsageError(f"policy {shown!r}: loading it failed at {where}: {type(e).__name__}: {msg}")
+    return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e)}: {type(e).__name__}: {msg}")
+
+
+def is_plugin(obj) -> bool:
+    """A policy class (or a method) written outside allocsim (a file, a module, an entry point, a class at hand)."""
+    return not (obj.__module__ == "allocsim" or obj.__module__.startswith("allocsim."))
+
+
+def check_overrides_reached(pol, shown: str) -> None:
+    """Refuse a plug-in whose own malloc/free would never run: built-ins such as ``split`` and ``torch``
+    bind a fast method to the instance in ``__init__``, which shadows a subclass's override."""
+    for method in ("malloc", "free"):
+        bound = pol.__dict__.get(method)
+        own = getattr(type(pol), method)
+        if bound is None or getattr(bound, "__func__", None) is own or not is_plugin(own):
+            continue
+        base = next(c for c in type(pol).__mro__ if not is_plugin(c)).__name__
+        raise UsageError(f"policy {shown!r}: {type(pol).__name__}.{method} would never be called: {base} binds its "
+                         f"own {method} to each instance in __init__, so a subclass cannot override it; write the "
+                         f"policy on allocsim.policies.Policy (as examples/policies/first_fit.py does)")
+
+
+@contextmanager
+def plugin_errors(pcls: type, shown: str, doing: str):
+    """Turn an exception a plug-in raises while ``doing`` (being made, replaying) into one `PluginError`
+    naming the plug-in, the exception and where it was raised; the original stays chained for --debug.
+    A built-in's exception is allocsim's own bug and passes through with its traceback."""
+    try:
+        yield
+    except AllocsimError:
+        raise
+    except Exception as e:
+        if not is_plugin(pcls):
+            raise
+        raise PluginError(f"policy {shown!r} failed while {doing}: {type(e).__name__}: {e} (raised at "
+                          f"{_raised_at(e)}); --debug shows the traceback, allocsim.testing.check_policy "
+                          f"checks a policy against the contract") from e
 
 
 def load_entry_point(ep) -> type:

@@ -447,7 +447,7 @@ def generate(preset: str, *, seed: int = 0, iterations: int | None = None, scale
     if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
         raise UsageError(f"iterations must be a positive integer, got {iterations!r}")
     if not (isinstance(scale, (int, float)) and 0 < scale < 1e6):
-        raise UsageError(f"scale must be a positive number, got {scale!r}")
+        raise UsageError(f"scale must be a number above 0 and below 1e6 (a size multiplier), got {scale!r}")
     if variable and spec.vary is None:
         raise UsageError(f"preset {preset!r} has no variable shape")
     meta = {"producer": "allocsim synth", "preset": preset, "params": p, "seed": seed,

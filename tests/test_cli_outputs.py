@@ -19,3 +19,14 @@ def test_unwritable_output_is_one_line(tmp_path, args):
     out = run_cli(*[a.format(d=missing) for a in args])
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    """--help is the first thing a user in a hurry reads: no option in it without a line of help."""
+    import argparse
+
+    from allocsim.cli import make_parser
+    sub = next(a for a in make_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [f"{name} {a.option_strings[0]}" for name, p in sub.choices.items() for a in p._actions
+            if a.option_strings and not a.help]
+    assert not bare, bare

@@ -148,6 +148,11 @@ DATA_LOSS: list[Case] = [
     Case("plot-o-under-a-file", ["plot", "{trace}", "-p", "none", "-o", "{trace}/x.png"], expect="is a file"),
     Case("compare-csv-to-a-device", ["compare", "{trace}", "-p", "none", "--csv", os.devnull],
          expect="not a file", stdout_empty=True),
+    Case("synth-o-dash", ["synth", "mlp", "-o", "-"], expect="-: cannot write: allocsim does not take - for standard",
+         outputs=["-"]),
+    Case("compare-csv-dash", ["compare", "{trace}", "-p", "none", "--csv", "-"], expect="does not take -",
+         outputs=["-"], stdout_empty=True),
+    Case("info-dash", ["info", "-"], expect="-: cannot read: allocsim does not take - for standard input"),
     Case("info-device-not-file", ["info", os.devnull], expect="not a file"),
     Case("import-device-not-file", ["import", os.devnull, "-o", "{d}/x.bin"], expect="not a file",
          outputs=["x.bin"]),
@@ -159,6 +164,15 @@ DATA_LOSS: list[Case] = [
 # ---------------------------------------------------------------------------------------------
 # malformed files: header, metadata, footer, import formats
 from hostile_files import DEEP, fixture_line, snapshot_with, text_file, trace_with  # noqa: E402
+
+EXAMPLE_POLICIES = os.path.join(ROOT, "examples", "policies")
+
+
+def _plugin(raising: str):
+    """A setup writing ``p.py``: a first-fit plug-in whose method ``raising`` raises RuntimeError('boom')."""
+    return text_file("p.py", f"import sys\nsys.path.append({EXAMPLE_POLICIES!r})\nfrom first_fit import FirstFit\n"
+                             f"class Pool(FirstFit):\n    def {raising}(self, *a, **k): raise RuntimeError('boom')\n")
+
 
 _COSTS = '{"malloc_points": [[0, 1e-6], [1073741824, 1e-3]], "pool_hit_s": %s}'
 _ROW = {"cell": "x", "policy": "split"}
@@ -222,6 +236,13 @@ MALFORMED: list[Case] = [
          text_file("log.csv", "Thread,Time,Action,Pointer,Size,Stream\n" + "".join(
              f"1,10:00:00.{i:06d},allocate,{16 * (i + 1):#x},16,{i:#x}\n" for i in range(66_000))),
          expect="log.csv: cannot be a trace: more than 65535 streams", outputs=["o.bin"]),
+    Case("import-empty-file", ["import", "{d}/log.csv", "-o", "{d}/o.bin"], text_file("log.csv", ""),
+         expect="log.csv: byte 0: the file is empty; nothing to import", outputs=["o.bin"]),
+    Case("import-csv-header-only", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         text_file("log.csv", "Thread,Time,Action,Pointer,Size,Stream\n"),
+         expect="log.csv: holds no allocation events; nothing to import", outputs=["o.bin"]),
+    Case("import-jsonl-empty-as-cupy", ["import", "{d}/h.jsonl", "-o", "{d}/o.bin", "--format", "cupy"],
+         text_file("h.jsonl", "\n"), expect="h.jsonl: holds no allocation events", outputs=["o.bin"]),
     Case("torch-snapshot-time-infinite", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          snapshot_with(lambda s: s["device_traces"][0][1].update(time_us=float("inf"))),
          expect="snap.pickle: device_traces[0][1]: time_us is inf", outputs=["o.bin"]),
@@ -244,6 +265,16 @@ MALFORMED: list[Case] = [
          outputs=["r.csv"]),
     Case("sweep-partial-row-list", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
          text_file("r.csv.partial", "[1, 2]\n[3]\n"), expect="line 1: not a row of this sweep", outputs=["r.csv"]),
+    Case("plugin-raises-in-init", ["replay", "{trace}", "-p", "./p.py:Pool"], _plugin("__init__"),
+         expect="policy './p.py:Pool' failed while being set up: RuntimeError: boom (raised at", stdout_empty=True),
+    Case("plugin-malloc-raises-replay", ["replay", "{trace}", "-p", "p.py:Pool"], _plugin("malloc"),
+         expect="policy 'p.py:Pool' failed while replaying: RuntimeError: boom", stdout_empty=True),
+    Case("plugin-malloc-raises-compare-workers", ["compare", "{trace}", "-p", "split,p.py:Pool", "-j", "2"],
+         _plugin("malloc"), expect="p.py:5); --debug shows the traceback", stdout_empty=True, subprocess=True),
+    Case("plugin-free-raises-fit", ["fit", "{trace}", "-p", "p.py:Pool", "-j", "1"], _plugin("free"),
+         expect="failed while replaying: RuntimeError: boom"),
+    Case("plugin-malloc-raises-sweep", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
+         _plugin("malloc"), expect="failed while replaying", outputs=["r.csv", "r.csv.partial"]),
 ]
 
 
@@ -312,8 +343,10 @@ NONSENSE: list[Case] = [
          outputs=["s.bin"]),
     Case("synth-iterations-zero", _SYNTH + ["mlp", "-n", "0"], expect="iterations must be a positive integer",
          outputs=["s.bin"]),
-    Case("synth-scale-zero", _SYNTH + ["cnn", "--scale", "0"], expect="scale must be a positive number",
+    Case("synth-scale-zero", _SYNTH + ["cnn", "--scale", "0"], expect="scale must be a number above 0",
          outputs=["s.bin"]),
+    Case("synth-scale-huge", _SYNTH + ["mlp", "--scale", "1e300"],
+         expect="scale must be a number above 0 and below 1e6", outputs=["s.bin"]),
     Case("synth-param-zero", _SYNTH + ["transformer", "-P", "layers=0"], expect="parameter layers",
          outputs=["s.bin"]),
     Case("synth-param-infinite", _SYNTH + ["mlp", "-P", "iter_ms=inf"], expect="parameter iter_ms", outputs=["s.bin"]),
@@ -327,6 +360,59 @@ NONSENSE: list[Case] = [
                                                "n_allocs=1000"], expect="out of range", outputs=["s.bin"]),
     Case("fit-negative-max-replays", ["fit", "{trace}", "--policies", "none", "--max-replays", "-1"],
          expect="--max-replays"),
+    Case("info-trace-name-empty", ["info", ""], expect="'': cannot read: the file name is empty", stdout_empty=True),
+    Case("replay-trace-name-empty", ["replay", "", "--json"], expect="the file name is empty", stdout_empty=True),
+    Case("sweep-trace-name-empty", ["sweep", "", "-p", "none", "-o", "{d}/r.csv"], expect="the file name is empty",
+         outputs=["r.csv", "r.csv.partial"]),
+    Case("replay-cost-model-name-empty", ["replay", "{trace}", "--cost-model", ""], expect="the file name is empty",
+         stdout_empty=True),
+    Case("plugin-file-is-a-folder", ["replay", "{trace}", "-p", "p.py:Pool"],
+         lambda d: os.mkdir(os.path.join(d, "p.py")), expect="p.py is a folder, not a file"),
+    Case("plugin-file-is-a-device", ["compare", "{trace}", "-p", f"{os.devnull}:Pool"], expect="is not a regular file"),
+    Case("plugin-file-without-class", ["fit", "{trace}", "-p", "split,p.py"], _plugin("malloc"),
+         expect="policy 'p.py': name the class in the file too: p.py:ClassName"),
+    Case("plugin-two-colons", ["replay", "{trace}", "-p", "p.py:Pool:X"], _plugin("malloc"),
+         expect="policy 'p.py:Pool:X': expected file.py:Class or module:Class"),
+    Case("policies-name-empty", ["policies", ""], expect="policy '': expected name", stdout_empty=True),
+    Case("policy-given-twice", ["replay", "{trace}", "--policy", "split", "-p", "torch"],
+         expect="argument --policy/-p: given twice (split, then torch)", stdout_empty=True),
+    Case("cap-given-twice", ["replay", "{trace}", "--cap", "4GB", "--cap=8GB"], expect="--cap: given twice"),
+    Case("output-given-twice", ["sweep", "{trace}", "-o", "{d}/a.csv", "--output", "{d}/b.csv"],
+         expect="given twice", outputs=["a.csv", "b.csv", "a.csv.partial", "b.csv.partial"]),
+    Case("plugin-params-not-params", ["replay", "{trace}", "-p", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import Policy\nclass Pool(Policy):\n    params = 5\n"),
+         expect="Pool.params must be a tuple of allocsim.params.Param, got 5"),
+    Case("plugin-param-kind-unknown", ["policies", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import Policy\nfrom allocsim.params import Param\n"
+                           "class Pool(Policy):\n    params = (Param('seg', 'weird', 1, 'h'),)\n"),
+         expect="Pool.params: seg: kind 'weird' is not one of int, float", stdout_empty=True),
+    Case("plugin-without-malloc", ["replay", "{trace}", "-p", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import Policy\nclass Pool(Policy):\n    pass\n"),
+         expect="NotImplementedError: Pool does not implement malloc(), which every policy must"),
+    Case("sweep-csv-is-compares", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.csv", "--csv", "{d}/x.csv"],
+         expect="unrecognized arguments: --csv", outputs=["r.csv", "x.csv", "r.csv.partial"]),
+    Case("torch-option-not-a-number", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=abc"],
+         expect="policy 'torch': option max_split_size_mb: expected an integer, got 'abc'"),
+    Case("torch-divisions-key-not-a-number", ["replay", "{trace}", "-p", "torch[roundup_power2_divisions:[a:1]]"],
+         expect="option roundup_power2_divisions: expected an integer, got 'a'"),
+    Case("option-for-one-of-several-policies",
+         ["compare", "{trace}", "-p", "split,torch", "-O", "max_split_size_mb=128"],
+         expect="unknown option 'max_split_size_mb' (known: huge_exact) (-O applies to every policy of --policies; "
+                "give one policy its options in brackets"),
+    Case("sweep-o-json-is-not-json", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.json"],
+         expect="sweep writes JSON lines (one object per line), not one JSON document; name it .jsonl",
+         outputs=["r.json", "r.json.partial"]),
+    Case("sweep-format-contradicts-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.csv", "--format", "jsonl"],
+         expect="--format jsonl contradicts the .csv name", outputs=["r.csv", "r.csv.partial"]),
+    Case("gc-every-empty", ["replay", "{trace}", "--runtime", "gc", "--gc-every", ""],
+         expect="--gc-every: cannot parse size ''", stdout_empty=True),
+    Case("import-total-memory-empty", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", ""],
+         expect="--total-memory: cannot parse size ''", outputs=["o.bin"]),
+    Case("plugin-override-shadowed-by-builtin", ["replay", "{trace}", "-p", "p.py:Pool"],
+         text_file("p.py", "from allocsim.policies import get\nclass Pool(get('split')):\n"
+                           "    def malloc(self, size, stream):\n        return None\n"),
+         expect="Pool.malloc would never be called: SplittingPool binds its own malloc to each instance",
+         stdout_empty=True),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
 ]

@@ -209,3 +209,43 @@ def test_a_bad_plugin_is_one_line(ref, files, expect, tmp_path, small_trace_path
     status, out, err = cli("replay", small_trace_path, "-p", ref, cwd=str(tmp_path))
     assert status == 2 and out == "" and err.count("\n") == 1, err
     assert expect in err and "Traceback" not in err, err
+
+
+RAISES_IN_MALLOC = (f"import sys\nsys.path.append({EXAMPLES!r})\nfrom first_fit import FirstFit\n"
+                    "class Pool(FirstFit):\n    def malloc(self, size, stream):\n        raise KeyError(size)\n")
+
+
+def test_a_plugin_that_raises_in_malloc_is_one_line_with_debug_for_the_traceback(tmp_path, small_trace_path):
+    _write(tmp_path, "p.py", RAISES_IN_MALLOC)
+    status, out, err = cli("replay", small_trace_path, "-p", "p.py:Pool", cwd=str(tmp_path))
+    assert status == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "policy 'p.py:Pool' failed while replaying: KeyError:" in err and "p.py:6)" in err, err
+    with pytest.raises(KeyError):           # --debug: the plug-in's own exception, chained under the one line
+        try:
+            cli("--debug", "replay", small_trace_path, "-p", "p.py:Pool", cwd=str(tmp_path))
+        except allocsim.errors.PluginError as e:
+            raise e.__cause__
+
+
+def test_a_sweep_stopped_by_a_plugin_keeps_the_finished_rows_and_says_how_to_resume(tmp_path, small_trace_path):
+    _write(tmp_path, "p.py", RAISES_IN_MALLOC)
+    argv = ["sweep", small_trace_path, "-p", "split,p.py:Pool", "-j", "1", "-o", "r.csv"]
+    status, out, err = cli(*argv, cwd=str(tmp_path))
+    kept, failed = err.splitlines()
+    assert status == 2 and kept == "sweep: 1 of 2 cells kept in r.csv.partial; the same command resumes from them"
+    assert "policy 'p.py:Pool' failed while replaying" in failed
+    assert not (tmp_path / "r.csv").exists() and len((tmp_path / "r.csv.partial").read_text().splitlines()) == 1
+    status, out, err = cli(*argv[:3], "split", *argv[4:], cwd=str(tmp_path))     # the split cell is not replayed again
+    assert status == 0 and "1 of 1 cells already done, resuming" in err, err
+
+
+def test_a_broken_entry_point_is_one_line_and_the_rest_are_still_listed(monkeypatch):
+    monkeypatch.syspath_prepend(EXAMPLES)
+    eps = {"broken": EntryPoint(name="broken", value="nosuch_pkg_xyz.pools:Pool", group=spec.ENTRY_POINT_GROUP),
+           "firstfit": EntryPoint(name="firstfit", value="first_fit:FirstFit", group=spec.ENTRY_POINT_GROUP)}
+    monkeypatch.setattr(spec, "entry_points", lambda: eps)
+    status, out, err = cli("policies")
+    assert status == 2 and "split " in out and "first_fit " in out, out      # listed after the broken one
+    assert err.count("\n") == 1 and "policy 'broken'" in err and "nosuch_pkg_xyz" in err, err
+    status, out, err = cli("policies", "broken")         # asked for by name: the error itself
+    assert status == 2 and out == "" and "policy 'broken'" in err, err

@@ -24,9 +24,21 @@ def add_replay_arguments(p, *, multi: bool = False) -> None:
                    help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
     p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable; comma-separated lists allowed)")
-    p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from `allocsim calibrate`)")
-    p.add_argument("--gc-every", metavar="SIZE", help="gc runtime: an incremental collection every SIZE allocated")
+    add_cost_model_argument(p)
+    p.add_argument("--gc-every", metavar="SIZE", help="an incremental collection every SIZE allocated (under eager it "
+                   "frees nothing and only costs a pause, as a periodic gc.collect())")
     p.add_argument("--keep-going", action="store_true", help="count OOMs and continue instead of stopping")
+
+
+def add_policies_argument(p, default: str) -> None:
+    """-p/--policies, the same help (and its default shown) for every command that replays several."""
+    p.add_argument("--policies", "-p", default=default,
+                   help="comma-separated; options in brackets: torch[expandable_segments:True]; plug-ins as "
+                        f"file.py:Class or module:Class (default {default})")
+
+
+def add_cost_model_argument(p) -> None:
+    p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from `allocsim calibrate`)")
 
 
 def positive_int(text: str) -> int:
@@ -91,11 +103,11 @@ def caps_arg(text: str) -> list[int | None]:
 
 def gc_every_arg(text: str | None) -> int | None:
     """``--gc-every``: bytes between periodic collections, None without it; 0 is refused, not read as "never"."""
-    return positive_size(text, "--gc-every") if text else None
+    return positive_size(text, "--gc-every") if text is not None else None
 
 
 def cost_model_arg(path):
-    return CostModel.load(path) if path else None
+    return CostModel.load(path) if path is not None else None
 
 
 DEFAULT_TRACE = "resnet50.bin"     # traces/resnet50.bin: ResNet-50 training on an H100, recorded
@@ -108,7 +120,7 @@ def default_trace_path() -> str:
 
 def load_trace(path: str | None, quiet: bool = True) -> Trace:
     """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds)."""
-    path = path or default_trace_path()
+    path = default_trace_path() if path is None else path       # "" is refused where it is opened
     _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit=None)
     try:
         return Trace.load(path)
@@ -183,7 +195,15 @@ def policy_specs(text: str, what: str = "--policies", options=()) -> list:
     """``--policies``: a `PolicySpec` per comma-separated policy (options in brackets), each once;
     ``options`` (``-O`` texts) are added to every one."""
     from ..spec import PolicySpec, split_top
-    return distinct([PolicySpec.parse(s).with_options(options) for s in split_top(text)], what)
+    specs = [PolicySpec.parse(s) for s in split_top(text)]
+    try:
+        specs = [s.with_options(options) for s in specs]
+    except UsageError as e:
+        if len(specs) < 2:
+            raise
+        raise UsageError(f"{e} (-O applies to every policy of {what}; give one policy its options in brackets: "
+                         f"torch[max_split_size_mb:128])") from None
+    return distinct(specs, what)
 
 
 def distinct(items: list, what: str, key=lambda x: x) -> list:

@@ -5,8 +5,8 @@ import sys
 
 from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, format_table, row_label, run_cells, write_rows
-from ._common import (add_jobs_argument, add_replay_arguments, capacity_arg, caps_arg, check_caps, cost_model_arg,
-                      dump_json, gc_every_arg, load_trace, policy_specs, split_list)
+from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
+                      check_caps, cost_model_arg, dump_json, gc_every_arg, load_trace, policy_specs, split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -14,18 +14,23 @@ EXAMPLE = ("allocsim compare traces/resnet50.bin --policies binned,split,knet,to
            "--caps none,8GB,12GB --runtime eager,gc -j 2")
 
 
-def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin)")
-    p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit",
-                   help="comma-separated; options in brackets: torch[expandable_segments:True]; "
-                        "plug-ins as file.py:Class or module:Class")
+def add_arguments(p, *, many_traces: bool = False):
+    """compare's arguments; ``many_traces`` (sweep): traces as a list, and no --csv or --sections, which
+    only compare's printed table has (sweep writes its table to -o)."""
+    if many_traces:
+        p.add_argument("trace", nargs="+", help="trace files (.bin)")
+    else:
+        p.add_argument("trace", help="trace file (.bin)")
+    add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
     p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
     add_jobs_argument(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    p.add_argument("--csv", metavar="OUT", help="also write the rows as CSV to OUT")
+    if not many_traces:
+        p.add_argument("--csv", metavar="OUT", help="also write the rows as CSV to OUT")
     add_force_argument(p)
-    p.add_argument("--sections", action="store_true", help="print each run's section table")
+    if not many_traces:
+        p.add_argument("--sections", action="store_true", help="print each run's section table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_replay_arguments(p, multi=True)
 

@@ -8,7 +8,8 @@ from ..errors import UsageError
 from ..fit import MAX_REPLAYS, MiB, _fit_job, by_capacity, fit_capacity, fit_label
 from ..sweep import Settings, process_pool
 from ..units import fmt_bytes
-from ._common import add_jobs_argument, cost_model_arg, dump_json, load_trace, policy_specs, positive_size, progress_bar
+from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, cost_model_arg, dump_json,
+                      load_trace, policy_specs, positive_size, progress_bar)
 
 NAME = "fit"
 HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
@@ -17,16 +18,17 @@ EXAMPLE = "allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,b
 
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
-    p.add_argument("--policies", "-p", default="binned,split,knet,torch,cupy,bestfit")
-    p.add_argument("--runtime", default="eager", choices=["eager", "gc"])
+    add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
+    p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
+                   help="eager: frees reach the pool at once; gc: frees wait for a collection (default eager)")
     p.add_argument("--resolution", default="1MiB", help="capacity grid (default 1MiB)")
     p.add_argument("--max-replays", type=int, default=MAX_REPLAYS, metavar="N",
                    help=f"stop a policy's walk down from its peak after N replays (default {MAX_REPLAYS}; 0: no limit); "
                         "the answer is then safe but marked *, a lower safe capacity may exist")
-    p.add_argument("--cost-model", metavar="FILE")
+    add_cost_model_argument(p)
     add_jobs_argument(p)
     p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 

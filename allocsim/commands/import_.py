@@ -30,7 +30,7 @@ def add_arguments(p):
 def run(args) -> int:
     if args.device < 0:
         raise UsageError(f"--device: negative device index {args.device}")
-    total = positive_size(args.total_memory, "--total-memory") if args.total_memory else None
+    total = positive_size(args.total_memory, "--total-memory") if args.total_memory is not None else None
     claim_outputs([("-o", args.output)], [args.file], force=args.force)
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
                      device_name=args.device_name)

@@ -6,7 +6,8 @@ import os
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, run_cell, run_cells
-from ._common import add_jobs_argument, caps_arg, cost_model_arg, load_trace, policy_specs, split_list
+from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg, cost_model_arg,
+                      load_trace, policy_specs, split_list)
 
 NAME = "plot"
 HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
@@ -20,7 +21,7 @@ TITLES = {"memory": "Memory over time", "bars": "Policies side by side", "fronti
 
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
-    p.add_argument("--policies", "-p", default="split,binned,torch,cupy,bestfit")
+    add_policies_argument(p, "split,binned,torch,cupy,bestfit")
     p.add_argument("--caps", default="none",
                    help="caps for the bars and GC pictures, e.g. none,4GB; the first also for memory and latency")
     p.add_argument("--kind", choices=KINDS, help="which picture with -o (default memory)")
@@ -28,7 +29,7 @@ def add_arguments(p):
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
     add_force_argument(p)
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
-    p.add_argument("--cost-model", metavar="FILE")
+    add_cost_model_argument(p)
     add_jobs_argument(p)
 
 

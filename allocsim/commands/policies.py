@@ -1,7 +1,10 @@
 """`allocsim policies`: the registered policies and their options, from their declarations."""
 from __future__ import annotations
 
+import sys
+
 from .. import policies
+from ..errors import UsageError
 
 NAME = "policies"
 HELP = "list allocator policies and their options"
@@ -13,16 +16,26 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..spec import PolicySpec, entry_points
-    names = [args.name] if args.name else policies.names() + sorted(entry_points())
+    from ..spec import ENTRY_POINT_GROUP, PolicySpec, entry_points
+    one = args.name is not None             # "" is one (bad) name, not "list them all"
+    names = [args.name] if one else policies.names() + sorted(entry_points())
+    broken = 0
     for n in names:
-        cls = PolicySpec.parse(n).policy_class()
+        try:
+            cls = PolicySpec.parse(n).policy_class()
+        except UsageError as e:
+            if one:
+                raise
+            broken += 1     # one broken installed package must not hide every other policy
+            print(f"allocsim: {e} (an installed entry point of {ENTRY_POINT_GROUP}; listed without it)",
+                  file=sys.stderr)
+            continue
         ref = f"  [reference model of {cls.reference_of}]" if cls.reference_of else ""
         print(f"{cls.name or n:<12} {cls.summary}{ref}")
-        if args.name:
+        if one:
             if cls.models:
                 print(f"  models: {cls.models}")
             for p in cls.params:
                 kind = "|".join(p.kind) if isinstance(p.kind, tuple) else p.kind
                 print(f"  --policy-opt {p.name}=<{kind}>  (default {p.default})  {p.help}")
-    return 0
+    return 2 if broken else 0

@@ -24,17 +24,12 @@ EXAMPLE = ("allocsim sweep traces/*.bin --policies split,binned,torch --caps non
 
 
 def add_arguments(p):
-    _compare_arguments(p)
+    _compare_arguments(p, many_traces=True)
     p.add_argument("-o", "--output", required=True, help="result table: .csv or .jsonl")
     p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the output's extension")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
     g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
-    # `trace` from compare's arguments becomes a list here
-    for a in p._actions:
-        if a.dest == "trace":
-            a.nargs = "+"
-            a.help = "trace files (.bin)"
 
 
 _ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
@@ -70,12 +65,36 @@ def _done_rows(partial: str) -> dict[str, dict]:
     return done
 
 
+def _tell_what_is_kept(log, partial: str, n_cells: int) -> None:
+    """A stopped sweep's finished rows stay in ``partial`` for the same command to resume from; one with
+    none finished leaves nothing behind."""
+    if log.tell() == 0:
+        log.close()
+        os.unlink(partial)
+        return
+    log.flush()
+    print(f"sweep: {len(_done_rows(partial))} of {n_cells} cells kept in {partial}; the same command resumes "
+          f"from them", file=sys.stderr)
+
+
+def _table_format(output: str, given: str | None) -> str:
+    """csv or jsonl, from --format or the output's name; a name that says the other format, or ``.json``
+    (JSON lines are not one JSON document), is refused rather than given a table it does not name."""
+    named = {".csv": "csv", ".jsonl": "jsonl"}.get(os.path.splitext(output)[1].lower())
+    if given and named and given != named:
+        raise UsageError(f"-o {output}: --format {given} contradicts the .{named} name")
+    if output.lower().endswith(".json") and given != "jsonl":
+        raise UsageError(f"-o {output}: sweep writes JSON lines (one object per line), not one JSON document; "
+                         f"name it .jsonl (or pass --format jsonl)")
+    if not (given or named):
+        raise UsageError(f"-o {output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
+    return given or named
+
+
 def run(args) -> int:
     if args.scheduler is not None and not args.scheduler.strip():
         raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
-    fmt = args.format or ("csv" if args.output.endswith(".csv") else "jsonl" if args.output.endswith((".jsonl", ".json")) else None)
-    if fmt is None:
-        raise UsageError(f"-o {args.output}: say --format csv or jsonl (or use a .csv / .jsonl name)")
+    fmt = _table_format(args.output, args.format)
     traces = distinct(args.trace, "traces", key=os.path.realpath)
     claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
                   force=args.force)
@@ -109,6 +128,9 @@ def run(args) -> int:
                 bar.update()
         try:
             run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
+        except BaseException:           # interrupted or failed: say what is kept and how to go on
+            _tell_what_is_kept(log, partial, len(cells))
+            raise
         finally:
             if bar:
                 bar.close()

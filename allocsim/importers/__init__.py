@@ -36,6 +36,8 @@ def detect(path: str) -> str:
             head = f.read(1 << 16)
     except OSError as e:
         raise InputError(e.strerror or str(e), path=path)
+    if not head.strip():
+        raise InputError("the file is empty; nothing to import", path=path, position="byte 0")
     if head[:1] == b"\x80":                 # PROTO opcode: pickle protocol >= 2
         return "torch"
     if head.startswith(MAGIC):
@@ -92,6 +94,8 @@ def import_file(path: str, out: str, *, format: str | None = None, device: int =
             writer.abort()
             raise
         trace = writer.finish()
+        if not len(trace):      # a header-only CSV, an empty JSONL: an empty trace only misleads later
+            raise InputError("holds no allocation events; nothing to import (is it the right file?)", path=path)
         try:
             trace.validate()
         except InputError as e:   # the input contradicts itself in a way the importer did not catch

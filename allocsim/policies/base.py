@@ -113,13 +113,18 @@ class Policy:
 
     # ---- the interface ------------------------------------------------------------------
     def malloc(self, size: int, stream: int):
-        raise NotImplementedError
+        raise self._not_implemented("malloc")
 
     def free(self, handle) -> None:
-        raise NotImplementedError
+        raise self._not_implemented("free")
 
     def block(self, handle) -> tuple[int, int]:
-        raise NotImplementedError
+        raise self._not_implemented("block")
+
+    def _not_implemented(self, method: str) -> NotImplementedError:
+        """What a plug-in that left out a method of the contract is told (not a bare NotImplementedError)."""
+        return NotImplementedError(f"{type(self).__name__} does not implement {method}(), which every policy must "
+                                   f"(docs/architecture.md, the policy contract)")
 
     def largest_free(self) -> int:
         return 0

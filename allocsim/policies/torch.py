@@ -37,7 +37,7 @@ from bisect import bisect_left, insort
 from ..errors import InputError, UsageError
 from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from . import register
-from ..params import split_conf
+from ..params import number, split_conf
 from .base import Param, Policy
 
 MiB = 1 << 20
@@ -99,7 +99,7 @@ def parse_divisions(text: str) -> tuple:
     """
     text = str(text).replace(" ", "")
     if not (text.startswith("[") and text.endswith("]")):
-        v = int(text)
+        v = number(text)
         if not _pow2(v):
             raise ValueError("the divisions have to be a power of 2")
         return (v,) * N_DIVISION_INTERVALS
@@ -109,13 +109,13 @@ def parse_divisions(text: str) -> tuple:
         key, sep, val = item.partition(":")
         if not sep:
             raise ValueError(f"expected interval:divisions, got {item!r}")
-        d = int(val)
+        d = number(val)
         if d != 0 and not _pow2(d):
             raise ValueError("the divisions have to be a power of 2 or 0 to disable roundup")
         if key == ">":
             table[last + 1:] = [d] * (N_DIVISION_INTERVALS - last - 1)
             continue
-        mb = int(key)
+        mb = number(key)
         if not _pow2(mb):
             raise ValueError(f"the intervals have to be powers of 2, got {mb}")
         idx = min(mb.bit_length() - 1, N_DIVISION_INTERVALS - 1)
@@ -128,21 +128,21 @@ def parse_divisions(text: str) -> tuple:
 
 
 def _mb_at_least_20(v: str) -> int:
-    mb = int(v)
+    mb = number(v)
     if mb < K_LARGE_BUFFER // MiB:
         raise ValueError(f"too small, must be >= {K_LARGE_BUFFER // MiB}")
     return mb
 
 
 def _gc_threshold(v: str) -> float:
-    x = float(v)
+    x = number(v, "float")
     if not 0.0 < x < 1.0:
         raise ValueError("must lie in (0.0, 1.0)")
     return x
 
 
 def _fraction(v: str) -> float:
-    x = float(v)
+    x = number(v, "float")
     if not 0.0 < x <= 1.0:
         raise ValueError("must lie in (0.0, 1.0]")
     return x
