@@ -127,6 +127,107 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+class LatencyLog:
+    """Every malloc latency of a replay, in order, as small codes into a table of distinct values.
+
+    Modeled latencies take a few distinct values: one byte each (two past 255
+    values) instead of eight. The order is kept because the total is numpy's
+    pairwise sum over the sequence, which depends on it; percentiles and the
+    maximum come from the value -> count table. Measured latencies (more than
+    65,535 distinct values) fall back to float64 codes-free storage, exact as
+    before. `tests/test_golden.py` and `tests/test_engine.py` check the figures
+    equal numpy's over the plain array.
+    """
+
+    def __init__(self):
+        self.values: list[float] = []       # code -> latency
+        self._code: dict[float, int] = {}
+        self._chunks: list[np.ndarray] = []
+        self._raw = False                   # True: chunks hold the latencies themselves
+        self.count = 0
+
+    def extend(self, lat) -> None:
+        """Append a chunk of latencies (a float sequence)."""
+        if not len(lat):
+            return
+        self.count += len(lat)
+        if self._raw:
+            self._chunks.append(np.array(lat, np.float64))
+            return
+        code, values = self._code, self.values
+        for v in set(lat).difference(code):
+            code[v] = len(values)
+            values.append(v)
+        if len(values) > 65535:
+            self._raw = True
+            table = np.array(values)
+            self._chunks = [table[c] for c in self._chunks] + [np.array(lat, np.float64)]
+            return
+        self._chunks.append(np.array([code[v] for v in lat], np.uint8 if len(values) <= 256 else np.uint16))
+
+    def _codes(self) -> np.ndarray:
+        if len(self._chunks) > 1:
+            dtype = np.float64 if self._raw else np.result_type(*self._chunks)
+            self._chunks = [np.concatenate([c.astype(dtype, copy=False) for c in self._chunks])]
+        return self._chunks[0] if self._chunks else np.zeros(0, np.uint8)
+
+    def total(self) -> float:
+        """``numpy.sum`` of the latencies in order: its pairwise tree, leaves of `_LEAF` decoded at a time."""
+        codes = self._codes()
+        table = None if self._raw else np.array(self.values, np.float64)
+
+        def pairwise(lo: int, n: int) -> float:
+            if n <= _LEAF:
+                part = codes[lo:lo + n]
+                return float(np.sum(part if table is None else table[part]))
+            half = n // 2
+            half -= half % 8
+            return pairwise(lo, half) + pairwise(lo + half, n - half)
+
+        return pairwise(0, len(codes)) if len(codes) else 0.0
+
+    def _sorted_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Distinct latencies ascending and how many times each occurs."""
+        codes = self._codes()
+        if self._raw:
+            return np.unique(codes, return_counts=True)
+        counts = np.bincount(codes, minlength=len(self.values))
+        order = np.argsort(np.array(self.values, np.float64), kind="stable")
+        keep = counts[order] > 0
+        return np.array(self.values, np.float64)[order][keep], counts[order][keep]
+
+    def quantiles(self, q) -> np.ndarray:
+        """``numpy.quantile(latencies, q)`` (its default, linear method) from the value counts."""
+        values, counts = self._sorted_counts()
+        n = self.count
+        q = np.asarray(q, np.float64)
+        virtual = (n - 1) * q                                  # numpy's virtual index for 'linear'
+        prev = np.floor(virtual).astype(np.intp)
+        nxt = prev + 1
+        above, below = virtual >= n - 1, virtual < 0
+        prev[above], nxt[above] = n - 1, n - 1
+        prev[below], nxt[below] = 0, 0
+        gamma = virtual - prev
+        ends = np.cumsum(counts)                               # rank r holds values[searchsorted(ends, r, right)]
+        a = values[np.searchsorted(ends, prev, side="right")]
+        b = values[np.searchsorted(ends, nxt, side="right")]
+        diff = b - a                                           # numpy's _lerp
+        return np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+
+    def summary(self) -> dict:
+        """p50, p99, max, mean and count: what `latency_summary` gives on the plain array."""
+        if not self.count:
+            return {}
+        p50, p99 = self.quantiles(np.true_divide([50, 99], 100))
+        values, _ = self._sorted_counts()
+        return {"p50": float(p50), "p99": float(p99), "max": float(values[-1]),
+                "mean": float(np.float64(self.total()) / self.count), "count": int(self.count)}
+
+
+#: Latencies decoded at a time by `LatencyLog.total`.
+_LEAF = 1 << 16
+
+
 def latency_summary(lat: np.ndarray) -> dict:
     if len(lat) == 0:
         return {}

@@ -118,8 +118,15 @@ class Trace:
 
     @cached_property
     def load_bytes(self) -> int:
-        """LOAD: peak live requested bytes, the lower bound for any allocator."""
-        return int(self.live_curve.max()) if len(self) else 0
+        """LOAD: peak live requested bytes, the lower bound for any allocator.
+
+        Walks the records a chunk at a time (`LiveBytes`): memory bounded by the live objects.
+        """
+        live, peak = LiveBytes(), 0
+        for start in range(0, len(self), CHUNK):
+            rec = self.records[start:start + CHUNK]
+            peak = max(peak, int(live.curve(rec["kind"], rec["id"], rec["size"]).max()))
+        return peak
 
     def marks(self) -> list[tuple[int, str]]:
         """``(event index, label)`` of every MARK."""
@@ -181,6 +188,52 @@ class Trace:
                 second = f_idx[order[dup + 1]]
                 i = int(second.min())
                 raise InputError(f"double {label} of id {int(ids[i])}", path=where, position=f"event {i}")
+
+
+#: Records read at a time by the chunked walks (`Trace.load_bytes`, the replay engine).
+CHUNK = 1 << 16
+
+
+class LiveBytes:
+    """Live requested bytes along a trace read in order, chunk by chunk.
+
+    Keeps the live objects' ids and sizes (sorted numpy arrays) between chunks, so
+    its memory is bounded by the live state, not by the trace length. Each chunk
+    costs a sort of the live objects plus the chunk's ALLOCs. A FREE of an id not
+    live (an unvalidated trace) frees 0 bytes.
+    """
+
+    def __init__(self):
+        self.ids = np.zeros(0, np.int64)
+        self.sizes = np.zeros(0, np.int64)
+        self.live = 0
+
+    def curve(self, kind: np.ndarray, ids: np.ndarray, size: np.ndarray, *, commit: bool = True) -> np.ndarray:
+        """Live bytes after each event of the next chunk (int64), the chunk's columns given.
+
+        ``commit=False`` only looks ahead: the state stays at the chunk's start.
+        """
+        a, f = kind == ev.ALLOC, kind == ev.FREE
+        all_ids = np.concatenate([self.ids, ids[a].astype(np.int64)])
+        all_sizes = np.concatenate([self.sizes, size[a].astype(np.int64)])
+        order = np.argsort(all_ids, kind="stable")
+        all_ids, all_sizes = all_ids[order], all_sizes[order]
+        freed = ids[f].astype(np.int64)
+        pos = np.minimum(np.searchsorted(all_ids, freed), max(len(all_ids) - 1, 0))
+        known = all_ids[pos] == freed if len(all_ids) else np.zeros(len(freed), bool)
+        delta = np.zeros(len(kind), np.int64)
+        delta[a] = size[a]
+        delta[f] = -np.where(known, all_sizes[pos] if len(all_ids) else 0, 0)
+        out = np.cumsum(delta)
+        out += self.live
+        if not commit:
+            return out
+        keep = np.ones(len(all_ids), bool)
+        keep[pos[known]] = False
+        self.ids, self.sizes = all_ids[keep], all_sizes[keep]
+        if len(out):
+            self.live = int(out[-1])
+        return out
 
 
 class TraceWriter:
