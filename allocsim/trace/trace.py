@@ -135,59 +135,114 @@ class Trace:
         return [(int(i), self.labels[a] if a < len(self.labels) else f"mark {a}") for i, a in zip(idx, aux)]
 
     # ---- validation --------------------------------------------------------------------
+    def _chunks(self):
+        """``(start, records[start:start + CHUNK])`` over the whole trace."""
+        for start in range(0, len(self), CHUNK):
+            yield start, self.records[start:start + CHUNK]
+
     def validate(self) -> None:
-        """Check the event stream; raise `InputError` at the first bad event."""
+        """Check the event stream; raise `InputError` at the first bad event.
+
+        Each check is one pass over the records a chunk at a time, in the order the
+        checks are listed, so a trace with several defects reports the same one as a
+        whole-array check would. Memory: per-id flags (one byte per object id), no
+        per-event arrays.
+        """
         where = self.path or "<trace>"
-        kind = np.asarray(self.kind)
-        bad = ~np.isin(kind, list(ev.KIND_NAMES))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InputError(f"unknown event kind {int(kind[i])}", path=where, position=f"event {i}")
-        if self.finished and len(kind):         # an unfinished trace lost its table; indices stand for themselves
-            stream = np.asarray(self.stream)
-            beyond = np.flatnonzero(stream >= len(self.streams))
-            if len(beyond):
-                i = int(beyond[0])
-                raise InputError(f"stream index {int(stream[i])} is beyond the footer's table of "
-                                 f"{len(self.streams)} streams", path=where, position=f"event {i}")
-        a_idx = np.flatnonzero(kind == ev.ALLOC)
-        size = np.asarray(self.size)
-        big = size[a_idx] > ev.MAX_SIZE
-        if big.any():
-            i = int(a_idx[np.flatnonzero(big)[0]])
-            raise InputError(f"absurd allocation size {int(size[i])} bytes (> 1 PiB)", path=where,
-                             position=f"event {i}")
-        ids = np.asarray(self.id).astype(np.int64)
-        a_ids = ids[a_idx]
-        if len(a_ids) and a_ids.max() >= ev.NO_ID:
-            i = int(a_idx[np.argmax(a_ids)])
-            raise InputError("ALLOC without an object id", path=where, position=f"event {i}")
-        if len(a_ids) and a_ids.max() >= len(kind):   # dense ids: each needs its own ALLOC event
-            i = int(a_idx[np.argmax(a_ids)])
-            raise InputError(f"object id {int(ids[i])} is out of range (ids are dense; the trace has "
-                             f"{len(kind)} events)", path=where, position=f"event {i}")
-        n_ids = int(a_ids.max()) + 1 if len(a_ids) else 0
-        order = np.argsort(a_ids, kind="stable")
-        dup = np.flatnonzero(a_ids[order][1:] == a_ids[order][:-1])
-        if len(dup):
-            i = int(a_idx[order[dup[0] + 1]])
-            raise InputError(f"id {int(ids[i])} allocated twice", path=where, position=f"event {i}")
-        born = np.full(n_ids + 1, -1, np.int64)
-        born[a_ids] = a_idx
+
+        def fail(what: str, i) -> None:
+            raise InputError(what, path=where, position=f"event {int(i)}")
+
+        kinds = np.array(sorted(ev.KIND_NAMES), np.uint8)
+        for start, rec in self._chunks():
+            bad = np.flatnonzero(~np.isin(rec["kind"], kinds))
+            if len(bad):
+                fail(f"unknown event kind {int(rec['kind'][bad[0]])}", start + bad[0])
+        if self.finished:           # an unfinished trace lost its table; indices stand for themselves
+            for start, rec in self._chunks():
+                beyond = np.flatnonzero(rec["stream"] >= len(self.streams))
+                if len(beyond):
+                    fail(f"stream index {int(rec['stream'][beyond[0]])} is beyond the footer's table of "
+                         f"{len(self.streams)} streams", start + beyond[0])
+        for start, rec in self._chunks():
+            big = np.flatnonzero((rec["kind"] == ev.ALLOC) & (rec["size"] > ev.MAX_SIZE))
+            if len(big):
+                fail(f"absurd allocation size {int(rec['size'][big[0]])} bytes (> 1 PiB)", start + big[0])
+        top, top_at = -1, 0             # the largest ALLOC id and its first event
+        for start, rec in self._chunks():
+            a_idx = np.flatnonzero(rec["kind"] == ev.ALLOC)
+            if len(a_idx):
+                ids = rec["id"][a_idx]
+                k = int(np.argmax(ids))
+                if int(ids[k]) > top:
+                    top, top_at = int(ids[k]), start + a_idx[k]
+        if top >= ev.NO_ID:
+            fail("ALLOC without an object id", top_at)
+        if top >= len(self):            # dense ids: each needs its own ALLOC event
+            fail(f"object id {top} is out of range (ids are dense; the trace has {len(self)} events)", top_at)
+        n_ids = top + 1
+        twice = _first_repeat(self._chunks(), ev.ALLOC, n_ids, smallest_id=True)
+        if twice is not None:
+            fail(f"id {twice[1]} allocated twice", twice[0])
         for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
-            f_idx = np.flatnonzero(kind == k)
-            f_ids = ids[f_idx]
-            unknown = (f_ids >= n_ids) | (born[np.minimum(f_ids, n_ids)] < 0) | (born[np.minimum(f_ids, n_ids)] > f_idx)
-            if unknown.any():
-                i = int(f_idx[np.flatnonzero(unknown)[0]])
-                raise InputError(f"{label} of unknown id {int(ids[i])} (never allocated before this event)",
-                                 path=where, position=f"event {i}")
-            order = np.argsort(f_ids, kind="stable")
-            dup = np.flatnonzero(f_ids[order][1:] == f_ids[order][:-1])
-            if len(dup):
-                second = f_idx[order[dup + 1]]
-                i = int(second.min())
-                raise InputError(f"double {label} of id {int(ids[i])}", path=where, position=f"event {i}")
+            unknown = _first_unknown_free(self._chunks(), k, n_ids)
+            if unknown is not None:
+                fail(f"{label} of unknown id {unknown[1]} (never allocated before this event)", unknown[0])
+            again = _first_repeat(self._chunks(), k, n_ids, smallest_id=False)
+            if again is not None:
+                fail(f"double {label} of id {again[1]}", again[0])
+
+
+def _repeats(ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` (in order) were seen before: in ``seen`` or earlier in ``ids``; marks them all seen."""
+    again = seen[ids].copy()
+    first = np.unique(ids, return_index=True)[1]
+    later = np.ones(len(ids), bool)
+    later[first] = False
+    seen[ids] = True
+    return again | later
+
+
+def _first_repeat(chunks, kind: int, n_ids: int, *, smallest_id: bool):
+    """``(event, id)`` of a repeated ``kind`` event on an id, or None.
+
+    ``smallest_id``: the second event of the smallest repeated id; else the first
+    repeated event in trace order. Ids beyond ``n_ids`` are left to other checks.
+    """
+    seen = np.zeros(n_ids + 1, bool)
+    found = None
+    for start, rec in chunks:
+        idx = np.flatnonzero(rec["kind"] == kind)
+        ids = np.minimum(rec["id"][idx].astype(np.int64), n_ids)
+        rep = np.flatnonzero(_repeats(ids, seen) & (ids < n_ids))
+        if not len(rep):
+            continue
+        if not smallest_id:
+            return start + idx[rep[0]], int(ids[rep[0]])
+        j = rep[np.argmin(ids[rep])]        # argmin: the first of the smallest id's repeats here
+        if found is None or ids[j] < found[1]:
+            found = (start + idx[j], int(ids[j]))
+    return found
+
+
+def _first_unknown_free(chunks, kind: int, n_ids: int):
+    """``(event, id)`` of the first ``kind`` event on an id not allocated before it, or None."""
+    born = np.zeros(n_ids + 1, bool)
+    for start, rec in chunks:
+        a_idx = np.flatnonzero(rec["kind"] == ev.ALLOC)
+        f_idx = np.flatnonzero(rec["kind"] == kind)
+        a_ids = rec["id"][a_idx].astype(np.int64)
+        f_ids = np.minimum(rec["id"][f_idx].astype(np.int64), n_ids)
+        known = born[f_ids]
+        if len(a_ids):                      # allocated in this chunk, before the free
+            order = np.argsort(a_ids)
+            pos = np.minimum(np.searchsorted(a_ids[order], f_ids), len(a_ids) - 1)
+            known |= (a_ids[order][pos] == f_ids) & (a_idx[order][pos] < f_idx)
+        unknown = np.flatnonzero(~known | (f_ids >= n_ids))
+        if len(unknown):
+            return start + f_idx[unknown[0]], int(rec["id"][f_idx[unknown[0]]])
+        born[a_ids] = True
+    return None
 
 
 #: Records read at a time by the chunked walks (`Trace.load_bytes`, the replay engine).
