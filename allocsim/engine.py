@@ -34,8 +34,11 @@ def trace_capacity(trace: Trace) -> int | None:
 
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     """``(size, address)`` of the recorded allocator's segment allocations, in order."""
-    seg = np.flatnonzero(np.asarray(trace.kind) == SEGMENT_ALLOC)
-    return list(zip(trace.size[seg].tolist(), trace.addr[seg].tolist()))
+    out = []
+    for _, rec in trace._chunks():
+        seg = rec[rec["kind"] == SEGMENT_ALLOC]
+        out += zip(seg["size"].tolist(), seg["addr"].tolist())
+    return out
 
 
 def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
@@ -107,12 +110,12 @@ def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=No
 class _Walk:
     """What the walk over the driving events keeps: peaks, counts, OOMs, where it stopped, latencies."""
 
-    def __init__(self, n: int):
+    def __init__(self):
         self.peak_alloc = self.peak_res = 0
         self.frag_at_peak = 0.0
         self.n_allocs = self.n_frees = 0
         self.ooms: list[OOMRecord] = []
-        self.done = n
+        self.done = 0                # driving events walked, set at the end
         self.stopped = False
         self.latency = LatencyLog()
         self.since_gc = 0
@@ -128,16 +131,16 @@ class _Chunk:
         self.ids, self.sizes, self.streams, self.times = ids, sizes, streams, times
 
 
-def _driving_chunks(trace: Trace, *, times: bool, zero_counts: list):
-    """Yield a `_Chunk` per `CHUNK` records: the ALLOC/FREE events, 0-byte ALLOCs and their FREEs left out.
+def _driving(trace: Trace, zero_counts: list):
+    """Yield ``(start, records, is_alloc, local)`` per `CHUNK` records: ``local`` are the
+    positions of the driving events, 0-byte ALLOCs and their FREEs left out.
 
     Every allocator modeled here bypasses its pool for 0-byte requests. The ids of
     live 0-byte objects are the only state carried between chunks; ``zero_counts``
     collects ``(trace index, is ALLOC)`` arrays of the bypassed events for `_run` to count.
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
-    for start in range(0, len(trace), CHUNK):
-        rec = trace.records[start:start + CHUNK]
+    for start, rec in trace._chunks():
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
@@ -154,9 +157,15 @@ def _driving_chunks(trace: Trace, *, times: bool, zero_counts: list):
             is_free = is_free & ~zero_free
         local = np.flatnonzero(is_alloc | is_free)
         if len(local):
-            yield _Chunk(local + start, kind[local].tolist(), is_alloc[local].tolist(), ids[local].tolist(),
-                         rec["size"][local].tolist(), rec["stream"][local].tolist(),
-                         rec["time_ns"][local].tolist() if times else None)
+            yield start, rec, is_alloc, local
+
+
+def _driving_chunks(trace: Trace, *, times: bool, zero_counts: list):
+    """Yield a `_Chunk` of Python lists per chunk of records that holds driving events (see `_driving`)."""
+    for start, rec, is_alloc, local in _driving(trace, zero_counts):
+        yield _Chunk(local + start, rec["kind"][local].tolist(), is_alloc[local].tolist(), rec["id"][local].tolist(),
+                     rec["size"][local].tolist(), rec["stream"][local].tolist(),
+                     rec["time_ns"][local].tolist() if times else None)
 
 
 def _fast_chunk(w, c, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
@@ -206,11 +215,10 @@ def _fast_chunk(w, c, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
 
 def _count_driving(trace: Trace) -> int:
     """How many driving events the walk will see (0-byte ALLOCs and their FREEs left out)."""
-    return sum(len(c.at) for c in _driving_chunks(trace, times=False, zero_counts=[]))
+    return sum(len(local) for *_, local in _driving(trace, []))
 
 
 def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer, log_events=False) -> ReplayResult:
-    n_drive = _count_driving(trace)
     tick = pol.tick
     handles = {}                 # id -> handle, live objects only
     eager = rt.eager
@@ -221,10 +229,11 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     on_alloc = None if eager else rt.on_alloc
     on_free = None if eager else rt.on_free
     gc_every = rt.gc_every or 0
-    w = _Walk(n_drive)
+    general = tick is not None or timeline or observer is not None or log_index or gc_every
+    n_drive = _count_driving(trace) if general else None    # the lean walk counts as it goes
+    w = _Walk()
     live = LiveBytes()           # live requested bytes, for the OOM records
     zero_counts = []
-    general = tick is not None or timeline or observer is not None or log_index or gc_every
     j0 = 0                       # driving events before this chunk
 
     def on_oom(j, size, stream) -> bool:
@@ -258,6 +267,10 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         j0 += len(c.at)
         if w.stopped:
             break
+    if n_drive is None:          # the lean walk saw every driving event, unless it stopped early
+        n_drive = _count_driving(trace) if w.stopped else j0
+    if not w.stopped:
+        w.done = n_drive
     if not general:
         w.n_allocs = w.latency.count                # one latency per ALLOC walked
         w.n_frees += w.done - w.latency.count       # every other event walked is a FREE (less the skipped ones)

@@ -2,6 +2,7 @@
 (`docs/metrics.md`), and their human summary."""
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -144,6 +145,7 @@ class LatencyLog:
         self._code: dict[float, int] = {}
         self._chunks: list[np.ndarray] = []
         self._raw = False                   # True: chunks hold the latencies themselves
+        self._offsets = None                # where each chunk starts in the sequence, made when needed
         self.count = 0
 
     def extend(self, lat) -> None:
@@ -151,6 +153,7 @@ class LatencyLog:
         if not len(lat):
             return
         self.count += len(lat)
+        self._offsets = None
         if self._raw:
             self._chunks.append(np.array(lat, np.float64))
             return
@@ -165,33 +168,41 @@ class LatencyLog:
             return
         self._chunks.append(np.array([code[v] for v in lat], np.uint8 if len(values) <= 256 else np.uint16))
 
-    def _codes(self) -> np.ndarray:
-        if len(self._chunks) > 1:
-            dtype = np.float64 if self._raw else np.result_type(*self._chunks)
-            self._chunks = [np.concatenate([c.astype(dtype, copy=False) for c in self._chunks])]
-        return self._chunks[0] if self._chunks else np.zeros(0, np.uint8)
+    def _range(self, lo: int, n: int) -> np.ndarray:
+        """Codes (or raw latencies) ``lo`` to ``lo + n`` of the sequence, gathered from the chunks."""
+        if self._offsets is None:
+            self._offsets = np.cumsum([0] + [len(c) for c in self._chunks]).tolist()
+        k = bisect_right(self._offsets, lo) - 1
+        parts, end = [], lo + n
+        while lo < end:
+            base = self._offsets[k]
+            take = self._chunks[k][lo - base:end - base]
+            parts.append(take)
+            lo += len(take)
+            k += 1
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def total(self) -> float:
         """``numpy.sum`` of the latencies in order: its pairwise tree, leaves of `_LEAF` decoded at a time."""
-        codes = self._codes()
         table = None if self._raw else np.array(self.values, np.float64)
 
         def pairwise(lo: int, n: int) -> float:
             if n <= _LEAF:
-                part = codes[lo:lo + n]
+                part = self._range(lo, n)
                 return float(np.sum(part if table is None else table[part]))
             half = n // 2
             half -= half % 8
             return pairwise(lo, half) + pairwise(lo + half, n - half)
 
-        return pairwise(0, len(codes)) if len(codes) else 0.0
+        return pairwise(0, self.count) if self.count else 0.0
 
     def _sorted_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Distinct latencies ascending and how many times each occurs."""
-        codes = self._codes()
         if self._raw:
-            return np.unique(codes, return_counts=True)
-        counts = np.bincount(codes, minlength=len(self.values))
+            return np.unique(np.concatenate(self._chunks), return_counts=True)
+        counts = np.zeros(len(self.values), np.int64)
+        for c in self._chunks:
+            counts += np.bincount(c, minlength=len(self.values))
         order = np.argsort(np.array(self.values, np.float64), kind="stable")
         keep = counts[order] > 0
         return np.array(self.values, np.float64)[order][keep], counts[order][keep]

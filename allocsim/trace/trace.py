@@ -74,6 +74,11 @@ class Trace:
     def __repr__(self) -> str:
         return f"<Trace {self.path or ''} events={len(self)} allocs={self.n_allocs}>"
 
+    def _chunks(self):
+        """``(start, records[start:start + CHUNK])`` over the whole trace: bounded temporaries."""
+        for start in range(0, len(self), CHUNK):
+            yield start, self.records[start:start + CHUNK]
+
     def column(self, name: str) -> np.ndarray:
         return self.records[name]
 
@@ -89,7 +94,7 @@ class Trace:
 
     @cached_property
     def n_allocs(self) -> int:
-        return int(np.count_nonzero(self.kind == ev.ALLOC))
+        return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self._chunks())
 
     @cached_property
     def n_ids(self) -> int:
@@ -123,8 +128,7 @@ class Trace:
         Walks the records a chunk at a time (`LiveBytes`): memory bounded by the live objects.
         """
         live, peak = LiveBytes(), 0
-        for start in range(0, len(self), CHUNK):
-            rec = self.records[start:start + CHUNK]
+        for _, rec in self._chunks():
             peak = max(peak, int(live.curve(rec["kind"], rec["id"], rec["size"]).max()))
         return peak
 
@@ -135,11 +139,6 @@ class Trace:
         return [(int(i), self.labels[a] if a < len(self.labels) else f"mark {a}") for i, a in zip(idx, aux)]
 
     # ---- validation --------------------------------------------------------------------
-    def _chunks(self):
-        """``(start, records[start:start + CHUNK])`` over the whole trace."""
-        for start in range(0, len(self), CHUNK):
-            yield start, self.records[start:start + CHUNK]
-
     def validate(self) -> None:
         """Check the event stream; raise `InputError` at the first bad event.
 
