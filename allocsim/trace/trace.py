@@ -142,106 +142,102 @@ class Trace:
     def validate(self) -> None:
         """Check the event stream; raise `InputError` at the first bad event.
 
-        Each check is one pass over the records a chunk at a time, in the order the
-        checks are listed, so a trace with several defects reports the same one as a
-        whole-array check would. Memory: per-id flags (one byte per object id), no
-        per-event arrays.
+        Two passes over the records, a chunk at a time. Each check keeps its own first
+        defect, and they are reported in a fixed order (kind, stream, size, id range,
+        double ALLOC, then per FREE kind unknown id and double free), so a trace with
+        several defects reports the same one whatever the chunk size. Memory: a few
+        per-id flags (one byte per object id each), no per-event arrays.
         """
         where = self.path or "<trace>"
-
-        def fail(what: str, i) -> None:
-            raise InputError(what, path=where, position=f"event {int(i)}")
-
+        first = _FirstDefects()
         kinds = np.array(sorted(ev.KIND_NAMES), np.uint8)
-        for start, rec in self._chunks():
-            bad = np.flatnonzero(~np.isin(rec["kind"], kinds))
-            if len(bad):
-                fail(f"unknown event kind {int(rec['kind'][bad[0]])}", start + bad[0])
-        if self.finished:           # an unfinished trace lost its table; indices stand for themselves
-            for start, rec in self._chunks():
-                beyond = np.flatnonzero(rec["stream"] >= len(self.streams))
-                if len(beyond):
-                    fail(f"stream index {int(rec['stream'][beyond[0]])} is beyond the footer's table of "
-                         f"{len(self.streams)} streams", start + beyond[0])
-        for start, rec in self._chunks():
-            big = np.flatnonzero((rec["kind"] == ev.ALLOC) & (rec["size"] > ev.MAX_SIZE))
-            if len(big):
-                fail(f"absurd allocation size {int(rec['size'][big[0]])} bytes (> 1 PiB)", start + big[0])
         top, top_at = -1, 0             # the largest ALLOC id and its first event
         for start, rec in self._chunks():
-            a_idx = np.flatnonzero(rec["kind"] == ev.ALLOC)
+            kind = rec["kind"]
+            first.note("kind", start, ~np.isin(kind, kinds), lambda j: f"unknown event kind {int(kind[j])}")
+            if self.finished:           # an unfinished trace lost its table; indices stand for themselves
+                stream = rec["stream"]
+                first.note("stream", start, stream >= len(self.streams),
+                           lambda j: f"stream index {int(stream[j])} is beyond the footer's table of "
+                                     f"{len(self.streams)} streams")
+            a_idx = np.flatnonzero(kind == ev.ALLOC)
+            size = rec["size"]
+            first.note("size", start, (kind == ev.ALLOC) & (size > ev.MAX_SIZE),
+                       lambda j: f"absurd allocation size {int(size[j])} bytes (> 1 PiB)")
             if len(a_idx):
                 ids = rec["id"][a_idx]
                 k = int(np.argmax(ids))
                 if int(ids[k]) > top:
-                    top, top_at = int(ids[k]), start + a_idx[k]
+                    top, top_at = int(ids[k]), start + int(a_idx[k])
         if top >= ev.NO_ID:
-            fail("ALLOC without an object id", top_at)
-        if top >= len(self):            # dense ids: each needs its own ALLOC event
-            fail(f"object id {top} is out of range (ids are dense; the trace has {len(self)} events)", top_at)
+            first.found.setdefault("id", (top_at, "ALLOC without an object id"))
+        elif top >= len(self):          # dense ids: each needs its own ALLOC event
+            first.found.setdefault("id", (top_at, f"object id {top} is out of range (ids are dense; the trace "
+                                                  f"has {len(self)} events)"))
+        first.raise_first(("kind", "stream", "size", "id"), where)
         n_ids = top + 1
-        twice = _first_repeat(self._chunks(), ev.ALLOC, n_ids, smallest_id=True)
+        allocated = np.zeros(n_ids + 1, bool)
+        freed = {k: np.zeros(n_ids + 1, bool) for k in (ev.FREE, ev.FREE_REQUESTED)}
+        twice = None                    # (event, id) of the smallest id allocated twice, at its second ALLOC
+        for start, rec in self._chunks():
+            kind = rec["kind"]
+            a_idx = np.flatnonzero(kind == ev.ALLOC)
+            a_ids = rec["id"][a_idx].astype(np.int64)
+            order = np.argsort(a_ids, kind="stable")
+            for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
+                f_idx = np.flatnonzero(kind == k)
+                f_raw = rec["id"][f_idx]
+                f_ids = np.minimum(f_raw.astype(np.int64), n_ids)
+                known = allocated[f_ids]
+                if len(a_ids):          # allocated in this chunk, before the free
+                    pos = np.minimum(np.searchsorted(a_ids[order], f_ids), len(a_ids) - 1)
+                    known |= (a_ids[order][pos] == f_ids) & (a_idx[order][pos] < f_idx)
+                bad = np.zeros(len(kind), bool)
+                bad[f_idx] = ~known | (f_ids >= n_ids)
+                first.note(f"unknown {label}", start, bad,
+                           lambda j: f"{label} of unknown id {int(rec['id'][j])} (never allocated before this event)")
+                bad[:] = False
+                bad[f_idx] = _repeats(f_ids, freed[k]) & (f_ids < n_ids)
+                first.note(f"double {label}", start, bad, lambda j: f"double {label} of id {int(rec['id'][j])}")
+            rep = np.flatnonzero(_repeats(a_ids, allocated))
+            if len(rep):
+                j = rep[np.argmin(a_ids[rep])]      # argmin: the first of the smallest id's repeats here
+                if twice is None or a_ids[j] < twice[1]:
+                    twice = (start + int(a_idx[j]), int(a_ids[j]))
         if twice is not None:
-            fail(f"id {twice[1]} allocated twice", twice[0])
-        for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
-            unknown = _first_unknown_free(self._chunks(), k, n_ids)
-            if unknown is not None:
-                fail(f"{label} of unknown id {unknown[1]} (never allocated before this event)", unknown[0])
-            again = _first_repeat(self._chunks(), k, n_ids, smallest_id=False)
-            if again is not None:
-                fail(f"double {label} of id {again[1]}", again[0])
+            first.found["twice"] = (twice[0], f"id {twice[1]} allocated twice")
+        first.raise_first(("twice", "unknown free", "double free", "unknown free_requested",
+                           "double free_requested"), where)
+
+
+class _FirstDefects:
+    """The first event each named check finds bad, over a walk in trace order."""
+
+    def __init__(self):
+        self.found: dict[str, tuple[int, str]] = {}
+
+    def note(self, check: str, start: int, bad: np.ndarray, what) -> None:
+        """Keep the first True of ``bad`` (a chunk starting at ``start``) if ``check`` has none yet."""
+        if check not in self.found and bad.any():
+            j = int(np.argmax(bad))
+            self.found[check] = (start + j, what(j))
+
+    def raise_first(self, checks, where: str) -> None:
+        """Raise `InputError` for the first of ``checks`` (in that order) that found a defect."""
+        for c in checks:
+            if c in self.found:
+                i, what = self.found[c]
+                raise InputError(what, path=where, position=f"event {i}")
 
 
 def _repeats(ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
     """Which of ``ids`` (in order) were seen before: in ``seen`` or earlier in ``ids``; marks them all seen."""
-    again = seen[ids].copy()
+    again = seen[ids]
     first = np.unique(ids, return_index=True)[1]
     later = np.ones(len(ids), bool)
     later[first] = False
     seen[ids] = True
     return again | later
-
-
-def _first_repeat(chunks, kind: int, n_ids: int, *, smallest_id: bool):
-    """``(event, id)`` of a repeated ``kind`` event on an id, or None.
-
-    ``smallest_id``: the second event of the smallest repeated id; else the first
-    repeated event in trace order. Ids beyond ``n_ids`` are left to other checks.
-    """
-    seen = np.zeros(n_ids + 1, bool)
-    found = None
-    for start, rec in chunks:
-        idx = np.flatnonzero(rec["kind"] == kind)
-        ids = np.minimum(rec["id"][idx].astype(np.int64), n_ids)
-        rep = np.flatnonzero(_repeats(ids, seen) & (ids < n_ids))
-        if not len(rep):
-            continue
-        if not smallest_id:
-            return start + idx[rep[0]], int(ids[rep[0]])
-        j = rep[np.argmin(ids[rep])]        # argmin: the first of the smallest id's repeats here
-        if found is None or ids[j] < found[1]:
-            found = (start + idx[j], int(ids[j]))
-    return found
-
-
-def _first_unknown_free(chunks, kind: int, n_ids: int):
-    """``(event, id)`` of the first ``kind`` event on an id not allocated before it, or None."""
-    born = np.zeros(n_ids + 1, bool)
-    for start, rec in chunks:
-        a_idx = np.flatnonzero(rec["kind"] == ev.ALLOC)
-        f_idx = np.flatnonzero(rec["kind"] == kind)
-        a_ids = rec["id"][a_idx].astype(np.int64)
-        f_ids = np.minimum(rec["id"][f_idx].astype(np.int64), n_ids)
-        known = born[f_ids]
-        if len(a_ids):                      # allocated in this chunk, before the free
-            order = np.argsort(a_ids)
-            pos = np.minimum(np.searchsorted(a_ids[order], f_ids), len(a_ids) - 1)
-            known |= (a_ids[order][pos] == f_ids) & (a_idx[order][pos] < f_idx)
-        unknown = np.flatnonzero(~known | (f_ids >= n_ids))
-        if len(unknown):
-            return start + f_idx[unknown[0]], int(rec["id"][f_idx[unknown[0]]])
-        born[a_ids] = True
-    return None
 
 
 #: Records read at a time by the chunked walks (`Trace.load_bytes`, the replay engine).
