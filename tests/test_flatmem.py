@@ -125,3 +125,14 @@ def test_latency_log_large_and_measured():
         for k in range(0, len(a), 65536):
             log.extend(a[k:k + 65536].tolist())
         assert log.summary() == latency_summary(a) and log.total() == float(a.sum())
+
+
+@pytest.mark.parametrize("name", ["resnet50.bin", "gpt2.bin"])
+def test_info_is_the_same_for_any_chunk_size(monkeypatch, name):
+    """Real traces: marks, segments and streams cross chunk boundaries."""
+    from allocsim.commands.info import summarize
+    t = Trace.load(f"traces/{name}")
+    want = summarize(t)
+    assert want["marks"] and want["upstream_segments"]["peak_reserved_bytes"]
+    _chunked(monkeypatch, 97)
+    assert summarize(Trace.load(f"traces/{name}")) == want

@@ -77,7 +77,7 @@ class Trace:
     def _chunks(self):
         """``(start, records[start:start + CHUNK])`` over the whole trace: bounded temporaries."""
         for start in range(0, len(self), CHUNK):
-            yield start, self.records[start:start + CHUNK]
+            yield start, np.asarray(self.records[start:start + CHUNK])    # a plain view: no memmap overhead
 
     def column(self, name: str) -> np.ndarray:
         return self.records[name]
@@ -189,9 +189,10 @@ class Trace:
                 f_raw = rec["id"][f_idx]
                 f_ids = np.minimum(f_raw.astype(np.int64), n_ids)
                 known = allocated[f_ids]
-                if len(a_ids):          # allocated in this chunk, before the free
-                    pos = np.minimum(np.searchsorted(a_ids[order], f_ids), len(a_ids) - 1)
-                    known |= (a_ids[order][pos] == f_ids) & (a_idx[order][pos] < f_idx)
+                later = np.flatnonzero(~known)
+                if len(a_ids) and len(later):   # allocated in this chunk, before the free?
+                    pos = _find(a_ids[order], f_ids[later])
+                    known[later] = (a_ids[order][pos] == f_ids[later]) & (a_idx[order][pos] < f_idx[later])
                 bad = np.zeros(len(kind), bool)
                 bad[f_idx] = ~known | (f_ids >= n_ids)
                 first.note(f"unknown {label}", start, bad,
@@ -228,6 +229,26 @@ class _FirstDefects:
             if c in self.found:
                 i, what = self.found[c]
                 raise InputError(what, path=where, position=f"event {i}")
+
+
+def _find(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Where each of ``ids`` is (or would go, clipped to the last) in the non-empty ``sorted_ids``.
+
+    Dense ids allocated in order make ``sorted_ids`` a run of consecutive integers
+    at its end: those are found by subtraction instead of a binary search.
+    """
+    n = len(sorted_ids)
+    lo = int(np.searchsorted(sorted_ids, sorted_ids[-1] - (n - 1)))      # start of a consecutive tail?
+    tail = n - lo
+    if sorted_ids[-1] - sorted_ids[lo] != tail - 1:
+        return np.minimum(np.searchsorted(sorted_ids, ids), n - 1)
+    off = ids - sorted_ids[lo]
+    in_tail = (off >= 0) & (off < tail)
+    pos = np.where(in_tail, off + lo, 0)
+    head = np.flatnonzero(~in_tail)
+    if len(head):
+        pos[head] = np.minimum(np.searchsorted(sorted_ids, ids[head]), n - 1)
+    return pos
 
 
 def _repeats(ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
@@ -269,7 +290,7 @@ class LiveBytes:
         order = np.argsort(all_ids, kind="stable")
         all_ids, all_sizes = all_ids[order], all_sizes[order]
         freed = ids[f].astype(np.int64)
-        pos = np.minimum(np.searchsorted(all_ids, freed), max(len(all_ids) - 1, 0))
+        pos = _find(all_ids, freed) if len(all_ids) else np.zeros(len(freed), np.intp)
         known = all_ids[pos] == freed if len(all_ids) else np.zeros(len(freed), bool)
         delta = np.zeros(len(kind), np.int64)
         delta[a] = size[a]
