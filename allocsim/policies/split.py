@@ -136,6 +136,7 @@ class SplittingPool(Policy):
         freed_append = freed.append
         huge_limit = 0 if self.huge_exact else 1 << 62      # 0: exact size only
         next_id, id_cap = 1, len(size)          # block 0 is the sentinel "no neighbour"
+        compact, compact_at = self._avail.compact, SizeBuckets.COMPACT_MIN
         scans = repops = repop_blocks = merged = splits = 0
 
         def new_id() -> int:
@@ -156,7 +157,7 @@ class SplittingPool(Policy):
             the free list of its class. Pieces merged away get state 0, which voids
             their free-list entries. Returns the modeled time, for the caller to charge.
             """
-            nonlocal repop_blocks, merged
+            nonlocal repop_blocks, merged, compact_at
             k = 0
             for b in freed:
                 if fsize[b] != FREED:
@@ -183,6 +184,8 @@ class SplittingPool(Policy):
                 insort(entries, s << 64 | b)        # SizeBuckets.push
             nb = len(freed)
             freed.clear()
+            if len(entries) > compact_at:
+                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
             repop_blocks += nb
             merged += k
             return (nb + k) * free_s
