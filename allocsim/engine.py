@@ -1,10 +1,15 @@
 """The replay engine: walk the driving events once, in order, through a runtime into a policy.
 
-The loop is the hot path. It touches only plain Python lists made once from the
-trace's columns, binds every method it calls to a local, and tracks just what
-cannot be derived afterwards: peak allocated and reserved (with the free-space
-shape at the reserved peak), per-malloc modeled latency, and OOMs. Live bytes and
-LOAD come from the trace itself (`Trace.live_curve`), vectorised.
+The loop is the hot path. It touches only plain Python lists made from the
+trace's columns a chunk of records at a time, binds every method it calls to a
+local, and tracks just what cannot be derived afterwards: peak allocated and
+reserved (with the free-space shape at the reserved peak), per-malloc modeled
+latency, and OOMs. Live bytes (at an OOM) and LOAD come from the trace itself
+(`LiveBytes`, `Trace.load_bytes`), vectorised a chunk at a time.
+
+Memory is bounded by the live state, not the trace length: the id -> handle table
+holds live ids only, the lists are one chunk's, and latencies are kept as one-byte
+codes (`LatencyLog`; the exact total needs their order).
 """
 from __future__ import annotations
 
@@ -232,16 +237,15 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     general = tick is not None or timeline or observer is not None or log_index or gc_every
     n_drive = _count_driving(trace) if general else None    # the lean walk counts as it goes
     w = _Walk()
-    live = LiveBytes()           # live requested bytes, for the OOM records
+    live = LiveBytes()           # live requested bytes, read up to each OOM
     zero_counts = []
     j0 = 0                       # driving events before this chunk
 
     def on_oom(j, size, stream) -> bool:
         """Record an OOM at driving event j of this chunk; True if the walk stops here."""
         ev_index = int(c.at[j])
-        rec = trace.records[c.at[0]:ev_index + 1]
-        live_now = int(live.curve(rec["kind"], rec["id"], rec["size"], commit=False)[-1])
-        w.ooms.append(OOMRecord(ev_index, size, stream, live_now - size, pol.allocated, dev.reserved,
+        w.ooms.append(OOMRecord(ev_index, size, stream, live.at(trace.records, ev_index) - size, pol.allocated,
+                                dev.reserved,
                                 largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free())))
         if keep_going:
             return False
@@ -262,8 +266,6 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
             if progress is not None:
                 progress(j0 + len(c.at))
         w.latency.extend(lat)
-        rec = trace.records[c.at[0]:c.at[-1] + 1]
-        live.curve(rec["kind"], rec["id"], rec["size"])
         j0 += len(c.at)
         if w.stopped:
             break

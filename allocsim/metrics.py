@@ -142,7 +142,8 @@ class LatencyLog:
 
     def __init__(self):
         self.values: list[float] = []       # code -> latency
-        self._code: dict[float, int] = {}
+        self._sorted = np.zeros(0)          # the values ascending, and the code of each
+        self._sorted_code = np.zeros(0, np.intp)
         self._chunks: list[np.ndarray] = []
         self._raw = False                   # True: chunks hold the latencies themselves
         self._offsets = None                # where each chunk starts in the sequence, made when needed
@@ -157,16 +158,21 @@ class LatencyLog:
         if self._raw:
             self._chunks.append(np.array(lat, np.float64))
             return
-        code, values = self._code, self.values
-        for v in set(lat).difference(code):
-            code[v] = len(values)
-            values.append(v)
-        if len(values) > 65535:
-            self._raw = True
-            table = np.array(values)
-            self._chunks = [table[c] for c in self._chunks] + [np.array(lat, np.float64)]
-            return
-        self._chunks.append(np.array([code[v] for v in lat], np.uint8 if len(values) <= 256 else np.uint16))
+        lat = np.asarray(lat, np.float64)
+        idx = np.minimum(np.searchsorted(self._sorted, lat), max(len(self._sorted) - 1, 0))
+        known = self._sorted[idx] == lat if len(self._sorted) else np.zeros(len(lat), bool)
+        if not known.all():             # new distinct values: give them the next codes
+            new = np.unique(lat[~known])
+            self.values += new.tolist()
+            if len(self.values) > 65535:
+                self._raw = True
+                table = np.array(self.values)
+                self._chunks = [table[c] for c in self._chunks] + [lat.copy()]
+                return
+            order = np.argsort(self.values, kind="stable")
+            self._sorted, self._sorted_code = np.array(self.values)[order], order
+            idx = np.searchsorted(self._sorted, lat)
+        self._chunks.append(self._sorted_code[idx].astype(np.uint8 if len(self.values) <= 256 else np.uint16))
 
     def _range(self, lo: int, n: int) -> np.ndarray:
         """Codes (or raw latencies) ``lo`` to ``lo + n`` of the sequence, gathered from the chunks."""

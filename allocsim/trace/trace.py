@@ -278,12 +278,22 @@ class LiveBytes:
         self.ids = np.zeros(0, np.int64)
         self.sizes = np.zeros(0, np.int64)
         self.live = 0
+        self.pos = 0        # records read by `at`
 
-    def curve(self, kind: np.ndarray, ids: np.ndarray, size: np.ndarray, *, commit: bool = True) -> np.ndarray:
-        """Live bytes after each event of the next chunk (int64), the chunk's columns given.
+    def at(self, records: np.ndarray, index: int) -> int:
+        """Live bytes after event ``index`` of ``records``, read from where the last call stopped.
 
-        ``commit=False`` only looks ahead: the state stays at the chunk's start.
+        Calls must come with non-decreasing ``index``; each record is read once over them all,
+        `CHUNK` at most at a time. (The replay asks only at OOMs.)
         """
+        while self.pos <= index:
+            rec = records[self.pos:min(self.pos + CHUNK, index + 1)]
+            self.curve(rec["kind"], rec["id"], rec["size"])
+            self.pos += len(rec)
+        return self.live
+
+    def curve(self, kind: np.ndarray, ids: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Live bytes after each event of the next chunk (int64), the chunk's columns given."""
         a, f = kind == ev.ALLOC, kind == ev.FREE
         all_ids = np.concatenate([self.ids, ids[a].astype(np.int64)])
         all_sizes = np.concatenate([self.sizes, size[a].astype(np.int64)])
@@ -297,8 +307,6 @@ class LiveBytes:
         delta[f] = -np.where(known, all_sizes[pos] if len(all_ids) else 0, 0)
         out = np.cumsum(delta)
         out += self.live
-        if not commit:
-            return out
         keep = np.ones(len(all_ids), bool)
         keep[pos[known]] = False
         self.ids, self.sizes = all_ids[keep], all_sizes[keep]
