@@ -68,9 +68,9 @@ def iterations(allocs_before_marks: np.ndarray, n_allocs: int) -> dict:
 class _Tally:
     """What `summarize` gathers in one pass over the records, a chunk at a time."""
 
-    def __init__(self):
+    def __init__(self, n_allocs: int):
         self.counts = np.zeros(max(ev.KIND_NAMES) + 1, np.int64)
-        self.sizes = []                 # ALLOC sizes, a chunk each (sorted once at the end)
+        self.sizes = np.zeros(n_allocs, np.uint64)      # ALLOC sizes, filled in order (sorted in place at the end)
         self.pre_existing = 0
         self.streams = set()
         self.t_min = self.t_max = None
@@ -84,7 +84,7 @@ class _Tally:
         n_allocs_before = int(self.counts[ev.ALLOC])
         self.counts += np.bincount(kind, minlength=len(self.counts))[:len(self.counts)]
         a = kind == ev.ALLOC
-        self.sizes.append(rec["size"][a])
+        self.sizes[n_allocs_before:int(self.counts[ev.ALLOC])] = rec["size"][a]
         self.pre_existing += int(np.count_nonzero(rec["flags"][a] & ev.PRE_EXISTING))
         self.streams.update(np.unique(rec["stream"][a | (kind == ev.FREE)]).tolist())
         t = rec["time_ns"]
@@ -115,13 +115,13 @@ class _Tally:
 
 def summarize(trace) -> dict:
     """Everything `allocsim info` reports, as a JSON-ready dict: one chunked pass over the records."""
-    tally = _Tally()
+    tally = _Tally(trace.n_allocs)
     for _, rec in trace._chunks():
         tally.add(rec)
     counts = tally.counts
     by_kind = {name: int(counts[k]) for k, name in ev.KIND_NAMES.items() if counts[k]}
-    sizes = np.sort(np.concatenate(tally.sizes)) if tally.sizes else np.zeros(0, np.uint64)
-    tally.sizes = None
+    sizes = tally.sizes
+    sizes.sort()
     n = len(sizes)
     distinct = int(np.count_nonzero(np.diff(sizes))) + 1 if n else 0
     meta = trace.meta
