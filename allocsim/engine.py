@@ -1,10 +1,15 @@
 """The replay engine: walk the driving events once, in order, through a runtime into a policy.
 
-The loop is the hot path. It touches only plain Python lists made once from the
-trace's columns, binds every method it calls to a local, and tracks just what
-cannot be derived afterwards: peak allocated and reserved (with the free-space
-shape at the reserved peak), per-malloc modeled latency, and OOMs. Live bytes and
-LOAD come from the trace itself (`Trace.live_curve`), vectorised.
+The loop is the hot path. It touches only plain Python lists made from the
+trace's columns a chunk of records at a time, binds every method it calls to a
+local, and tracks just what cannot be derived afterwards: peak allocated and
+reserved (with the free-space shape at the reserved peak), per-malloc modeled
+latency, and OOMs. Live bytes (at an OOM) and LOAD come from the trace itself
+(`LiveBytes`, `Trace.load_bytes`), vectorised a chunk at a time.
+
+Memory is bounded by the live state, not the trace length: the id -> handle table
+holds live ids only, the lists are one chunk's, and latencies are kept as one-byte
+codes (`LatencyLog`; the exact total needs their order).
 """
 from __future__ import annotations
 
@@ -17,12 +22,12 @@ import numpy as np
 from .costs import CostModel
 from .device import SimulatedDevice
 from .errors import UsageError
-from .metrics import OOMRecord, ReplayResult, largest_free_fragmentation, latency_summary
+from .metrics import LatencyLog, OOMRecord, ReplayResult, largest_free_fragmentation
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
 from .spec import PolicySpec, check_overrides_reached, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
-
+from .trace.trace import LiveBytes
 
 
 def trace_capacity(trace: Trace) -> int | None:
@@ -34,8 +39,11 @@ def trace_capacity(trace: Trace) -> int | None:
 
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     """``(size, address)`` of the recorded allocator's segment allocations, in order."""
-    seg = np.flatnonzero(np.asarray(trace.kind) == SEGMENT_ALLOC)
-    return list(zip(trace.size[seg].tolist(), trace.addr[seg].tolist()))
+    out = []
+    for _, rec in trace._chunks():
+        seg = rec[rec["kind"] == SEGMENT_ALLOC]
+        out += zip(seg["size"].tolist(), seg["addr"].tolist())
+    return out
 
 
 def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="trace", options=None,
@@ -109,33 +117,79 @@ def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=No
 
 
 class _Walk:
-    """What the walk over the driving events keeps: peaks, counts, OOMs, where it stopped."""
+    """What the walk over the driving events keeps: peaks, counts, OOMs, where it stopped, latencies."""
 
-    def __init__(self, n: int):
+    def __init__(self):
         self.peak_alloc = self.peak_res = 0
         self.frag_at_peak = 0.0
         self.n_allocs = self.n_frees = 0
         self.ooms: list[OOMRecord] = []
-        self.done = n
+        self.done = 0                # driving events walked, set at the end
         self.stopped = False
+        self.latency = LatencyLog()
+        self.since_gc = 0
+        self.timeline = (array("q"), array("q"), array("q"))
 
 
-CHUNK = 1 << 16
+class _Chunk:
+    """The driving events of one chunk of records, as lists, and their trace indices."""
+
+    def __init__(self, at, kind, is_alloc, ids, sizes, streams, times):
+        self.at = at                # trace index of each driving event (numpy int64)
+        self.kind, self.is_alloc = kind, is_alloc
+        self.ids, self.sizes, self.streams, self.times = ids, sizes, streams, times
 
 
-def _fast_chunk(w, is_alloc, ids, sizes, streams, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
+def _driving(trace: Trace, zero_counts: list):
+    """Yield ``(start, records, is_alloc, local)`` per `CHUNK` records: ``local`` are the
+    positions of the driving events, 0-byte ALLOCs and their FREEs left out.
+
+    Every allocator modeled here bypasses its pool for 0-byte requests. The ids of
+    live 0-byte objects are the only state carried between chunks; ``zero_counts``
+    collects ``(trace index, is ALLOC)`` arrays of the bypassed events for `_run` to count.
+    """
+    zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
+    for start, rec in trace._chunks():
+        kind = rec["kind"]
+        is_alloc = kind == ALLOC
+        is_free = kind == FREE
+        ids = rec["id"].astype(np.int64)
+        zero = is_alloc & (rec["size"] == 0)
+        if zero.any() or len(zero_live):
+            zero_live = np.union1d(zero_live, ids[zero])
+            zero_free = is_free & np.isin(ids, zero_live)
+            zero_live = np.setdiff1d(zero_live, ids[zero_free])
+            skipped = np.flatnonzero(zero | zero_free)
+            if len(skipped):
+                zero_counts.append((skipped + start, zero[skipped]))
+            is_alloc = is_alloc & ~zero
+            is_free = is_free & ~zero_free
+        local = np.flatnonzero(is_alloc | is_free)
+        if len(local):
+            yield start, rec, is_alloc, local
+
+
+def _driving_chunks(trace: Trace, *, times: bool, zero_counts: list):
+    """Yield a `_Chunk` of Python lists per chunk of records that holds driving events (see `_driving`)."""
+    for start, rec, is_alloc, local in _driving(trace, zero_counts):
+        yield _Chunk(local + start, rec["kind"][local].tolist(), is_alloc[local].tolist(), rec["id"][local].tolist(),
+                     rec["size"][local].tolist(), rec["stream"][local].tolist(),
+                     rec["time_ns"][local].tolist() if times else None)
+
+
+def _fast_chunk(w, c, pol, dev, handles, lat_append, on_alloc, on_free, on_oom):
     """The lean walk over one chunk: no tick, timeline, observer, event index or periodic GC.
 
     The same steps as the general loop in `_general_walk`, minus the per-event checks for
     those features and the per-event counters: `_run` derives the number of allocs
     (one latency each) and frees (where the walk stopped, less the skipped frees)
     afterwards, and ``on_oom`` finds the event from the latency count.
-    ``is_alloc`` holds one bool per event. `tests/test_engine.py` checks that both
-    walks give identical results.
+    `tests/test_engine.py` checks that both walks give identical results.
     """
     malloc, free = pol.malloc, pol.free
     peak_alloc, peak_res = w.peak_alloc, w.peak_res
-    for k, i, size, st in zip(is_alloc, ids, sizes, streams):
+    pop = handles.pop
+    for k, i, size, st in zip(c.is_alloc, c.ids, c.sizes, c.streams):
         if k:
             before = dev.clock
             h = malloc(size, st)
@@ -147,7 +201,7 @@ def _fast_chunk(w, is_alloc, ids, sizes, streams, pol, dev, handles, lat_append,
                 continue
             handles[i] = h
             if on_alloc is not None:
-                on_alloc(i)
+                on_alloc(i, size)
             a = pol.allocated
             if a > peak_alloc:
                 peak_alloc = a
@@ -155,101 +209,92 @@ def _fast_chunk(w, is_alloc, ids, sizes, streams, pol, dev, handles, lat_append,
             if r > peak_res:
                 peak_res = r
                 w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
-        else:
-            h = handles[i]
+        elif on_free is None:
+            h = pop(i, None)
             if h is None:          # its ALLOC failed under --keep-going
                 w.n_frees -= 1     # not a free: `_run` counts the others from where the walk ended
                 continue
-            if on_free is None:
-                handles[i] = None
-                free(h)
-            else:
-                on_free(i)
+            free(h)
+        elif i in handles:
+            on_free(i)
+        else:
+            w.n_frees -= 1
     w.peak_alloc, w.peak_res = peak_alloc, peak_res
 
 
+def _count_driving(trace: Trace) -> int:
+    """How many driving events the walk will see (0-byte ALLOCs and their FREEs left out)."""
+    return sum(len(local) for *_, local in _driving(trace, []))
+
+
 def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer, log_events=False) -> ReplayResult:
-    kind_col = np.asarray(trace.kind)
-    is_alloc = kind_col == ALLOC
-    driving = is_alloc | (kind_col == FREE)
-    # Every allocator modeled here bypasses its pool for 0-byte requests: drop them (and their frees).
-    zero = is_alloc & (np.asarray(trace.size) == 0)
-    zero_events = np.zeros(0, np.int64)      # trace indices of 0-byte ALLOCs and their FREEs
-    if zero.any():
-        zero_ids = np.zeros(trace.n_ids, bool)
-        zero_ids[np.asarray(trace.id)[zero].astype(np.int64)] = True
-        zero_free = (kind_col == FREE) & zero_ids[np.minimum(np.asarray(trace.id), max(trace.n_ids - 1, 0)).astype(np.int64)]
-        zero_events = np.flatnonzero(zero | zero_free)
-        driving &= ~zero & ~zero_free
-    drive = np.flatnonzero(driving)
-    n_drive = len(drive)
     tick = pol.tick
-    times = trace.time_ns[drive].tolist() if tick is not None else None
-    handles = [None] * trace.n_ids
+    handles = {}                 # id -> handle, live objects only
     eager = rt.eager
-    rt.attach(pol, handles, None if eager else trace.id_size.tolist())   # eager runtimes never look sizes up
+    rt.attach(pol, handles)
     # policies that log what they do per event get the trace index of each ALLOC, when validate asks
-    drive_idx = drive.tolist() if log_events and getattr(pol, "wants_event_index", False) else None
+    log_index = log_events and getattr(pol, "wants_event_index", False)
 
     on_alloc = None if eager else rt.on_alloc
     on_free = None if eager else rt.on_free
     gc_every = rt.gc_every or 0
-    lat = array("d")
-    lat_append = lat.append
-    w = _Walk(n_drive)
+    general = tick is not None or timeline or observer is not None or log_index or gc_every
+    n_drive = _count_driving(trace) if general else None    # the lean walk counts as it goes
+    w = _Walk()
+    live = LiveBytes()           # live requested bytes, read up to each OOM
+    zero_counts = []
+    j0 = 0                       # driving events before this chunk
 
     def on_oom(j, size, stream) -> bool:
-        """Record an OOM at driving event j; True if the walk stops here."""
-        ev_index = int(drive[j])
-        w.ooms.append(OOMRecord(ev_index, size, stream, int(trace.live_curve[ev_index]) - size, pol.allocated,
+        """Record an OOM at driving event j of this chunk; True if the walk stops here."""
+        ev_index = int(c.at[j])
+        w.ooms.append(OOMRecord(ev_index, size, stream, live.at(trace.records, ev_index) - size, pol.allocated,
                                 dev.reserved,
                                 largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free())))
         if keep_going:
             return False
-        w.done, w.stopped = j + 1, True
+        w.done, w.stopped = j0 + j + 1, True
         return True
-
-    alloc_at = []       # driving-event positions of the ALLOCs, made at the lean walk's first OOM
 
     def on_lean_oom(size, stream) -> bool:
         """`on_oom` for the lean walk: the failed ALLOC is the one whose latency was just appended."""
-        if not alloc_at:
-            alloc_at[:] = np.flatnonzero(is_alloc[drive]).tolist()
-        return on_oom(alloc_at[len(lat) - 1], size, stream)
+        return on_oom(int(np.flatnonzero(c.is_alloc)[len(lat) - 1]), size, stream)
 
-    general = tick is not None or timeline or observer is not None or drive_idx is not None or gc_every
-    if not general:
-        id_col, size_col, stream_col = trace.id, trace.size, trace.stream
-        for j0 in range(0, n_drive, CHUNK):
-            j1 = j0 + CHUNK
-            at = drive[j0:j1]      # columns become lists a chunk at a time: their ints stay in cache
-            _fast_chunk(w, is_alloc[at].tolist(), id_col[at].tolist(), size_col[at].tolist(), stream_col[at].tolist(),
-                        pol, dev, handles, lat_append, on_alloc, on_free, on_lean_oom)
+    for c in _driving_chunks(trace, times=tick is not None, zero_counts=zero_counts):
+        lat = array("d")
+        if general:
+            _general_walk(w, c, j0, n_drive, log_index, pol, rt, dev, sections, handles, lat.append, on_alloc,
+                          on_free, on_oom, tick, gc_every, timeline, observer, progress)
+        else:
+            _fast_chunk(w, c, pol, dev, handles, lat.append, on_alloc, on_free, on_lean_oom)
             if progress is not None:
-                progress(min(j1, n_drive))
-            if w.stopped:
-                break
-        w.n_allocs = len(lat)                       # one latency per ALLOC walked
-        w.n_frees += w.done - len(lat)              # every other event walked is a FREE (less the skipped ones)
-    else:
-        kinds, ids, sizes, streams = (col[drive].tolist() for col in (kind_col, trace.id, trace.size, trace.stream))
-        _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, rt, dev, sections, handles,
-                      lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress)
+                progress(j0 + len(c.at))
+        w.latency.extend(lat)
+        j0 += len(c.at)
+        if w.stopped:
+            break
+    if n_drive is None:          # the lean walk saw every driving event, unless it stopped early
+        n_drive = _count_driving(trace) if w.stopped else j0
+    if not w.stopped:
+        w.done = n_drive
+    if not general:
+        w.n_allocs = w.latency.count                # one latency per ALLOC walked
+        w.n_frees += w.done - w.latency.count       # every other event walked is a FREE (less the skipped ones)
     if progress is not None:
         progress(n_drive)
-    if len(zero_events):                     # count the bypassed 0-byte requests the walk got past
-        end = int(drive[w.done - 1]) if w.stopped else len(trace)
-        passed = zero_events[zero_events < end]
-        n_zero_allocs = int(np.count_nonzero(kind_col[passed] == ALLOC))
-        w.n_allocs += n_zero_allocs
-        w.n_frees += len(passed) - n_zero_allocs
+    if zero_counts:                          # count the bypassed 0-byte requests the walk got past
+        end = int(c.at[w.done - j0 + len(c.at) - 1]) if w.stopped else len(trace)
+        for at, is_zero_alloc in zero_counts:
+            passed = at < end
+            n_zero_allocs = int(np.count_nonzero(is_zero_alloc[passed]))
+            w.n_allocs += n_zero_allocs
+            w.n_frees += int(np.count_nonzero(passed)) - n_zero_allocs
     peak_alloc, n_allocs, n_frees, ooms, done = w.peak_alloc, w.n_allocs, w.n_frees, w.ooms, w.done
     frag_at_peak = w.frag_at_peak
 
     pol.finish()
     peak_alloc = getattr(pol, "peak_allocated_override", None) or peak_alloc   # real allocators report their own
-    lat_np = np.frombuffer(lat, dtype=np.float64) if len(lat) else np.zeros(0)
-    alloc_time = float(lat_np.sum())
+    alloc_time = w.latency.total()
     gc_periodic = sum(v[1] for k, v in sections.stats.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
     eager_free_time = max(0.0, dev.clock - alloc_time - gc_periodic)
     sections.add(ALLOC_ROOT, alloc_time, n_allocs, path=(ALLOC_ROOT,))
@@ -270,7 +315,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
         device_free_bytes=dev.bytes_free, cache_flushes=int(counters.get("cache_flushes", 0)),
         gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
         gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=ooms, alloc_time_seconds=alloc_time,
-        total_time_seconds=dev.clock, latency=latency_summary(lat_np), counters=counters,
+        total_time_seconds=dev.clock, latency=w.latency.summary(), counters=counters,
         latency_measured=pol.real_gpu or getattr(dev, "measured", False),
         sections=sections.rows(), section_table=sections.table(),
         certified_limits=dev.certified() if hasattr(dev, "certified") else None,
@@ -283,47 +328,51 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     if timeline:
         tl_idx, tl_alloc, tl_res = w.timeline
         res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res),
-                        "latency_quantiles": np.quantile(lat_np, np.linspace(0, 1, 501)).tolist() if len(lat_np) else [],
+                        "latency_quantiles": w.latency.quantiles(np.linspace(0, 1, 501)).tolist() if w.latency.count else [],
                         "oom_events": [o.event for o in ooms]}
     return res
 
 
-def _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, rt, dev, sections, handles,
-                  lat_append, on_alloc, on_free, on_oom, tick, gc_every, timeline, observer, progress):
-    """The walk with every feature: tick, periodic GC, event index, timeline samples, observer."""
+def _general_walk(w, c, j0, n_drive, log_index, pol, rt, dev, sections, handles, lat_append, on_alloc, on_free,
+                  on_oom, tick, gc_every, timeline, observer, progress):
+    """The walk over one chunk with every feature: tick, periodic GC, event index, timeline samples, observer.
+
+    ``j0`` is the number of driving events before this chunk, ``n_drive`` their total.
+    """
     malloc, free = pol.malloc, pol.free
-    since_gc = 0
-    tl_idx, tl_alloc, tl_res = array("q"), array("q"), array("q")
-    tl_step = max(1, len(kinds) // 4000)
-    prog_step = max(1, len(kinds) // 200)
-    for j in range(len(kinds)):
-        i = ids[j]
+    tl_idx, tl_alloc, tl_res = w.timeline
+    tl_step = max(1, n_drive // 4000)
+    prog_step = max(1, n_drive // 200)
+    kinds, ids, sizes, streams, times, at = c.kind, c.ids, c.sizes, c.streams, c.times, c.at
+    for jc in range(len(kinds)):
+        j = j0 + jc
+        i = ids[jc]
         if tick is not None:
-            tick(times[j])
-        if kinds[j] == ALLOC:
-            size = sizes[j]
+            tick(times[jc])
+        if kinds[jc] == ALLOC:
+            size = sizes[jc]
             if gc_every:
-                since_gc += size
-                if since_gc >= gc_every:
-                    since_gc = 0
+                w.since_gc += size
+                if w.since_gc >= gc_every:
+                    w.since_gc = 0
                     sections.stack[:] = []
                     sections.push("gc(false) (periodic)", dev.clock)
                     rt.collect(False)
                     sections.pop(dev.clock)
                     sections.stack[:] = [ALLOC_ROOT]
-            if drive_idx is not None:
-                pol.event_index = drive_idx[j]
+            if log_index:
+                pol.event_index = int(at[jc])
             before = dev.clock
-            h = malloc(size, streams[j])
+            h = malloc(size, streams[jc])
             lat_append(dev.clock - before)
             w.n_allocs += 1
             if h is None:
-                if on_oom(j, size, streams[j]):
+                if on_oom(jc, size, streams[jc]):
                     break
                 continue
             handles[i] = h
             if on_alloc is not None:
-                on_alloc(i)
+                on_alloc(i, size)
             a = pol.allocated
             if a > w.peak_alloc:
                 w.peak_alloc = a
@@ -332,21 +381,20 @@ def _general_walk(w, kinds, ids, sizes, streams, times, drive, drive_idx, pol, r
                 w.peak_res = r
                 w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
         else:
-            h = handles[i]
-            if h is None:          # its ALLOC failed under --keep-going
+            if i not in handles:   # its ALLOC failed under --keep-going
                 continue
             w.n_frees += 1
             if on_free is None:
-                handles[i] = None
+                h = handles.pop(i)
                 free(h)
             else:
+                h = handles[i]
                 on_free(i)
         if timeline and (j % tl_step == 0 or dev.reserved != (tl_res[-1] if tl_res else -1)):
-            tl_idx.append(int(drive[j]))
+            tl_idx.append(int(at[jc]))
             tl_alloc.append(pol.allocated)
             tl_res.append(dev.reserved)
         if observer is not None:
-            observer(int(drive[j]), kinds[j], i, h)
+            observer(int(at[jc]), kinds[jc], i, h)
         if progress is not None and j % prog_step == 0:
             progress(j)
-    w.timeline = (tl_idx, tl_alloc, tl_res)

@@ -34,13 +34,11 @@ class Runtime:
         self.reclaimed_objects = 0
         self.policy = None
         self.handles = None
-        self.id_size = None
 
-    def attach(self, policy, handles: list, id_size: list) -> None:
-        """Bind to the policy and the engine's id -> handle table."""
+    def attach(self, policy, handles: dict) -> None:
+        """Bind to the policy and the engine's id -> handle table (live ids only)."""
         self.policy = policy
         self.handles = handles
-        self.id_size = id_size
 
     def _charge(self, full: bool) -> float:
         raise NotImplementedError
@@ -76,21 +74,22 @@ class GCRuntime(Runtime):
     name = "gc"
     eager = False
 
-    def attach(self, policy, handles, id_size):
-        super().attach(policy, handles, id_size)
+    def attach(self, policy, handles):
+        super().attach(policy, handles)
         self.epoch = 0
-        self.born = {}          # id -> epoch of its allocation, for live objects
-        self.dead_young = []    # ids dead and allocated in the current epoch
-        self.dead_old = []      # ids dead and promoted by an earlier collection
+        self.born = {}          # id -> (epoch of its allocation, requested bytes), for live objects
+        self.dead_young = []    # (id, bytes) dead and allocated in the current epoch
+        self.dead_old = []      # (id, bytes) dead and promoted by an earlier collection
 
     def _charge(self, full):
         return self.costs.gc_full_s if full else self.costs.gc_incremental_s
 
-    def on_alloc(self, id_: int) -> None:
-        self.born[id_] = self.epoch
+    def on_alloc(self, id_: int, size: int) -> None:
+        self.born[id_] = (self.epoch, size)
 
     def on_free(self, id_: int) -> None:
-        (self.dead_young if self.born.pop(id_) == self.epoch else self.dead_old).append(id_)
+        epoch, size = self.born.pop(id_)
+        (self.dead_young if epoch == self.epoch else self.dead_old).append((id_, size))
 
     def _reclaim(self, full):
         ids = self.dead_young
@@ -101,13 +100,12 @@ class GCRuntime(Runtime):
         self.epoch += 1
         if not ids:
             return 0
-        handles, free, size = self.handles, self.policy.free, self.id_size
+        handles, free = self.handles, self.policy.free
         t0 = self.device.clock
         nbytes = 0
-        for i in ids:
-            free(handles[i])
-            handles[i] = None
-            nbytes += size[i]
+        for i, size in ids:
+            free(handles.pop(i))
+            nbytes += size
         self.sections.add(FREE_ROOT, self.device.clock - t0, len(ids))
         self.reclaimed_bytes += nbytes
         self.reclaimed_objects += len(ids)

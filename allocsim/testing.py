@@ -137,7 +137,7 @@ def replay_checked(policy, trace: Trace, runtime: str, cap, *, keep_going=True, 
     zero = getattr(engine, "ZERO", None)        # the handle a 0-byte request gets without reaching the policy
 
     def observe(event, kind, id_, handle):
-        held = [(i, h) for i, h in enumerate(rt.handles) if h is not None and h is not zero]
+        held = [(i, h) for i, h in rt.handles.items() if h is not None and h is not zero]
         blocks = []
         for i, h in held:
             addr, size = pol.block(h)

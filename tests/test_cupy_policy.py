@@ -23,7 +23,7 @@ def make_pool(capacity=None, cap=None, **options):
     sec = Sections()
     rt = EagerRuntime(dev, sec)
     pol = CuPyPool(dev, rt, sec, CuPyPool.parse_options([f"{k}={v}" for k, v in options.items()]))
-    rt.attach(pol, [], [])
+    rt.attach(pol, {})
     return pol, dev, sec, rt
 
 

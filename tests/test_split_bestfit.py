@@ -18,16 +18,23 @@ from allocsim.trace import TraceWriter
 KiB, MiB = 1 << 10, 1 << 20
 
 
+class _Handles(dict):
+    """The engine's id -> handle table; an id not live reads as None."""
+
+    def __missing__(self, key):
+        return None
+
+
 class Driver:
     """A tiny engine: drives one policy by hand and logs its sections in call order."""
 
-    def __init__(self, policy, *, runtime="eager", cap=None, options=None, n_ids=64):
+    def __init__(self, policy, *, runtime="eager", cap=None, options=None):
         w = TraceWriter()
         w.alloc(1)
         self.pol, self.rt, self.dev, self.sec = build(w.finish(), policy, runtime=runtime, cap=cap, capacity=None,
                                                       options=options)
-        self.handles = [None] * n_ids
-        self.rt.attach(self.pol, self.handles, [0] * n_ids)
+        self.handles = _Handles()
+        self.rt.attach(self.pol, self.handles)
         self.log = []               # section names as they open (push) or are counted (add)
         sec, push, add, pop = self.sec, self.sec.push, self.sec.add, self.sec.pop
         sec.push = lambda name, clock: (self.log.append(name), push(name, clock))[1]
@@ -48,7 +55,7 @@ class Driver:
         h = self.pol.malloc(size, 0)
         self.handles[i] = h
         if h is not None and not self.rt.eager:
-            self.rt.on_alloc(i)
+            self.rt.on_alloc(i, size)
         return i
 
     def free(self, i):
@@ -279,7 +286,7 @@ def test_bestfit_coalesces_neighbours():
 
 
 def test_bestfit_reuses_freed_memory_without_device_malloc():
-    d = Driver("bestfit", n_ids=400)
+    d = Driver("bestfit")
     sizes = [3000, 70 * KiB, 300 * KiB, 5 * MiB, 512, 1 * MiB]
     for it in range(40):
         ids = [d.alloc(s) for s in sizes]
@@ -503,7 +510,7 @@ def _script(ops):
 @given(ops_st, st.booleans())
 def test_split_matches_naive_model(ops, huge_exact):
     steps, n = _script(ops)
-    d = Driver("split", options={"huge_exact": huge_exact}, n_ids=n)
+    d = Driver("split", options={"huge_exact": huge_exact})
     ref, ref_h = NaiveSplit(huge_exact), {}
     for kind, i, size in steps:
         if kind == "a":
@@ -522,7 +529,7 @@ def test_split_matches_naive_model(ops, huge_exact):
 @given(ops_st)
 def test_bestfit_matches_naive_model(ops):
     steps, n = _script(ops)
-    d = Driver("bestfit", n_ids=n)
+    d = Driver("bestfit")
     ref, ref_h = NaiveBestFit(), {}
     seg_of = {}                         # our segment address -> the naive model's
     for kind, i, size in steps:

@@ -4,8 +4,9 @@ Events by kind, the request-size distribution (power-of-two histogram), LOAD,
 iterations (from MARK events), streams, duration, what the recorded allocator
 did upstream (SEGMENT events), and the recording's metadata.
 
-Cost: a few vectorised passes over the columns plus one sort of the ALLOC sizes
-(O(n log n)); nothing per event in Python.
+Cost: one pass over the records a chunk at a time (plus LOAD's, `Trace.load_bytes`) and one
+sort of the ALLOC sizes (O(n log n)); nothing per event in Python. Memory: the ALLOC sizes
+(8 bytes per allocation, for the exact median and distinct count) and per-chunk temporaries.
 """
 from __future__ import annotations
 
@@ -50,45 +51,79 @@ def size_histogram(sizes: np.ndarray) -> list[dict]:
     return out
 
 
-def iterations(kind: np.ndarray) -> dict:
-    """Allocations per iteration, an iteration being the events up to and including a MARK."""
-    marks = np.flatnonzero(kind == ev.MARK)
-    out = {"marks": int(len(marks))}
-    if len(marks):
-        allocs_before = np.cumsum(kind == ev.ALLOC)[marks]
-        per = np.diff(np.concatenate(([0], allocs_before)))
+def iterations(allocs_before_marks: np.ndarray, n_allocs: int) -> dict:
+    """Allocations per iteration, an iteration being the events up to and including a MARK.
+
+    ``allocs_before_marks``: ALLOCs before each MARK event, in order.
+    """
+    out = {"marks": int(len(allocs_before_marks))}
+    if len(allocs_before_marks):
+        per = np.diff(np.concatenate(([0], allocs_before_marks)))
         out.update(allocs_per_iteration_median=float(np.median(per)), allocs_per_iteration_min=int(per.min()),
                    allocs_per_iteration_max=int(per.max()),
-                   allocs_after_last_mark=int(np.count_nonzero(kind[marks[-1]:] == ev.ALLOC)))
+                   allocs_after_last_mark=int(n_allocs - allocs_before_marks[-1]))
     return out
 
 
-def upstream_segments(trace) -> dict:
-    """SEGMENT_* counts and the reserved-bytes peak they imply (0 when none were recorded)."""
-    kind = np.asarray(trace.kind)
-    seg = np.isin(kind, list(_SEGMENT_SIGN))
-    out = {ev.KIND_NAMES[k].lower(): int(np.count_nonzero(kind == k)) for k in _SEGMENT_SIGN}
-    peak = 0
-    if seg.any():
-        sign = np.vectorize(_SEGMENT_SIGN.get, otypes=[np.int64])(kind[seg])
-        sizes = np.asarray(trace.size[seg]).astype(object)   # Python ints: no overflow on corrupt sizes
-        peak = max(0, max(np.cumsum(sign.astype(object) * sizes).tolist()))
-    out["peak_reserved_bytes"] = int(peak)
-    return out
+class _Tally:
+    """What `summarize` gathers in one pass over the records, a chunk at a time."""
+
+    def __init__(self, n_allocs: int):
+        self.counts = np.zeros(max(ev.KIND_NAMES) + 1, np.int64)
+        self.sizes = np.zeros(n_allocs, np.uint64)      # ALLOC sizes, filled in order (sorted in place at the end)
+        self.pre_existing = 0
+        self.streams = set()
+        self.t_min = self.t_max = None
+        self.gc = [0, 0]                # incremental, full
+        self.marks = []                 # ALLOCs before each MARK, a chunk each
+        self.segment = 0                # reserved bytes the upstream events imply so far (Python int)
+        self.segment_peak = 0
+
+    def add(self, rec) -> None:
+        kind = rec["kind"]
+        n_allocs_before = int(self.counts[ev.ALLOC])
+        self.counts += np.bincount(kind, minlength=len(self.counts))[:len(self.counts)]
+        a = kind == ev.ALLOC
+        self.sizes[n_allocs_before:int(self.counts[ev.ALLOC])] = rec["size"][a]
+        self.pre_existing += int(np.count_nonzero(rec["flags"][a] & ev.PRE_EXISTING))
+        self.streams.update(np.unique(rec["stream"][a | (kind == ev.FREE)]).tolist())
+        t = rec["time_ns"]
+        lo, hi = int(t.min()), int(t.max())
+        self.t_min = lo if self.t_min is None else min(self.t_min, lo)
+        self.t_max = hi if self.t_max is None else max(self.t_max, hi)
+        gc = kind == ev.GC
+        full = np.count_nonzero(gc & (rec["aux"] != 0))
+        self.gc[0] += int(np.count_nonzero(gc)) - int(full)
+        self.gc[1] += int(full)
+        marks = np.flatnonzero(kind == ev.MARK)
+        if len(marks):
+            self.marks.append(np.cumsum(a)[marks] + n_allocs_before)
+        seg = np.isin(kind, list(_SEGMENT_SIGN))
+        if seg.any():
+            sign = np.vectorize(_SEGMENT_SIGN.get, otypes=[np.int64])(kind[seg])
+            sizes = rec["size"][seg].astype(object)      # Python ints: no overflow on corrupt sizes
+            run = np.cumsum(sign.astype(object) * sizes) + self.segment
+            self.segment_peak = max(self.segment_peak, max(run.tolist()))
+            self.segment = run[-1]
+
+    def upstream_segments(self) -> dict:
+        """SEGMENT_* counts and the reserved-bytes peak they imply (0 when none were recorded)."""
+        out = {ev.KIND_NAMES[k].lower(): int(self.counts[k]) for k in _SEGMENT_SIGN}
+        out["peak_reserved_bytes"] = int(self.segment_peak)
+        return out
 
 
 def summarize(trace) -> dict:
-    """Everything `allocsim info` reports, as a JSON-ready dict."""
-    kind = np.asarray(trace.kind)
-    counts = np.bincount(kind, minlength=max(ev.KIND_NAMES) + 1)
+    """Everything `allocsim info` reports, as a JSON-ready dict: one chunked pass over the records."""
+    tally = _Tally(trace.n_allocs)
+    for _, rec in trace._chunks():
+        tally.add(rec)
+    counts = tally.counts
     by_kind = {name: int(counts[k]) for k, name in ev.KIND_NAMES.items() if counts[k]}
-    a = kind == ev.ALLOC
-    sizes = np.sort(np.asarray(trace.size[a]))
+    sizes = tally.sizes
+    sizes.sort()
     n = len(sizes)
     distinct = int(np.count_nonzero(np.diff(sizes))) + 1 if n else 0
-    gc = kind == ev.GC
-    used_streams = np.unique(np.asarray(trace.stream[a | (kind == ev.FREE)]))
-    t = np.asarray(trace.time_ns)
     meta = trace.meta
     return {
         "path": trace.path,
@@ -97,20 +132,19 @@ def summarize(trace) -> dict:
         "events_by_kind": by_kind,
         "allocs": int(n),
         "frees": int(counts[ev.FREE]),
-        "pre_existing": int(np.count_nonzero(np.asarray(trace.flags[a]) & ev.PRE_EXISTING)),
+        "pre_existing": tally.pre_existing,
         "distinct_sizes": distinct,
         "median_alloc_bytes": int(sizes[(n - 1) // 2]) if n else 0,   # lower median: an actual request
         "max_alloc_bytes": int(sizes[-1]) if n else 0,
         "total_alloc_bytes": int(sizes.sum(dtype=np.uint64)) if n else 0,
         "load_bytes": int(trace.load_bytes),
         "size_histogram": size_histogram(sizes),
-        **iterations(kind),
-        "streams": [trace.streams[s] if s < len(trace.streams) else f"#{s}" for s in used_streams.tolist()],
-        "duration_ns": int(t.max() - t.min()) if len(t) else 0,
-        "gc_events": {"incremental": int(np.count_nonzero(gc & (np.asarray(trace.aux) == 0))),
-                      "full": int(np.count_nonzero(gc & (np.asarray(trace.aux) != 0)))},
+        **iterations(np.concatenate(tally.marks) if tally.marks else np.zeros(0, np.int64), n),
+        "streams": [trace.streams[s] if s < len(trace.streams) else f"#{s}" for s in sorted(tally.streams)],
+        "duration_ns": tally.t_max - tally.t_min if len(trace) else 0,
+        "gc_events": {"incremental": tally.gc[0], "full": tally.gc[1]},
         "oom_events": int(counts[ev.OOM]),
-        "upstream_segments": upstream_segments(trace),
+        "upstream_segments": tally.upstream_segments(),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
     }

@@ -38,6 +38,9 @@ class SizeBuckets:
 
     __slots__ = ("entries", "size_of", "push", "pop_fit")
 
+    #: Fewest entries before `compact` is worth its pass.
+    COMPACT_MIN = 64
+
     def __init__(self, size_of):
         self.entries: list[int] = []        # sorted ``size << KEY_BITS | key`` (some may be void)
         self.size_of = size_of              # owner's map: key -> current free size
@@ -67,6 +70,16 @@ class SizeBuckets:
 
         self.push = push
         self.pop_fit = pop_fit
+
+    def compact(self) -> int:
+        """Drop the void entries, in place and in order (best fit finds the same blocks); return how many remain.
+
+        The hot paths call it when the list has grown past twice its live size since
+        the last call, so void entries never outnumber the live ones for long (amortised O(1) per push).
+        """
+        size_of = self.size_of
+        self.entries[:] = [e for e in self.entries if size_of(e & KEY_MASK) == e >> KEY_BITS]
+        return len(self.entries)
 
     def members(self) -> list[tuple[int, int]]:
         """Every free block as ``(size, key)`` in ascending order; drops void and repeated entries on the way."""

@@ -23,7 +23,7 @@ Data structures: ``start`` (address -> size) and ``end`` (end address -> size)
 dicts of the free blocks, so both neighbours of a freed block are found in O(1);
 ``segments`` (start address -> size); `SizeBuckets` keyed by address for best
 fit in O(log k) plus a short memmove, with O(1) lazy removal (a block is free at ``a`` with
-size ``s`` iff ``start[a] == s``). A handle is the tuple (address, size).
+size ``s`` iff ``start[a] == s``), compacted when void entries outnumber live ones. A handle is the tuple (address, size).
 """
 from __future__ import annotations
 
@@ -67,10 +67,11 @@ class BestFit(Policy):
         start_get, end_get = start.get, end.get
         entries, grow = self._avail.entries, self._grow     # sorted size << 64 | address
         release = self.release
+        compact, compact_at = self._avail.compact, SizeBuckets.COMPACT_MIN
         fits = 0
 
         def malloc(req, stream):
-            nonlocal fits
+            nonlocal fits, compact_at
             n = (req + 511) & -512
             fits += 1
             dev.clock += hit_s
@@ -90,6 +91,8 @@ class BestFit(Policy):
                     b = a + n
                     start[b] = end[a + s] = rem
                     insort(entries, rem << 64 | b)      # SizeBuckets.push, inlined
+                    if len(entries) > compact_at:
+                        compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
                 else:
                     del end[a + s]
             else:
@@ -100,6 +103,7 @@ class BestFit(Policy):
             return a, n
 
         def free(h):
+            nonlocal compact_at
             a, n = h
             pol.allocated -= n
             dev.clock += free_s
@@ -119,6 +123,8 @@ class BestFit(Policy):
                 return
             start[a] = end[e] = n
             insort(entries, n << 64 | a)    # SizeBuckets.push, inlined
+            if len(entries) > compact_at:
+                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
 
         def fit_count():
             return fits

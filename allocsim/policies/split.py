@@ -37,8 +37,9 @@ size while it is AVAILABLE (in a free list), FREED (-1) while it waits in
 ``freed``, and 0 otherwise (ALLOCATED, or merged away); so "free or freed" is
 one truth test, and the same list voids stale free-list entries. Id 0 is a
 sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. Ids
-are never reused (the tie order needs creation order), so memory is O(blocks
-ever created): about 100 bytes each, ~90 MB for a 1 M-allocation trace. The
+follow creation order (the tie order needs it); when they pass 4x the live blocks
+(and `RENUMBER_MIN`) the live blocks are renumbered 1..L in the same order, handles
+included, so memory is O(live blocks), about 100 bytes each. The
 free lists are `SizeBuckets` (``_freelists.py``): one sorted list of
 ``size << 64 | id``, best fit O(log k) plus a short memmove, removal O(1) (lazy).
 A handle is the block id.
@@ -77,6 +78,10 @@ def round_request(req: int) -> tuple[int, int]:
     r = ROUNDOFF[size_class(req)]
     n = -(-req // r) * r
     return n, size_class(n)
+
+
+#: Fewest block ids before renumbering the live blocks is worth its pass (small traces never renumber).
+RENUMBER_MIN = 1 << 16
 
 
 @register
@@ -136,6 +141,8 @@ class SplittingPool(Policy):
         freed_append = freed.append
         huge_limit = 0 if self.huge_exact else 1 << 62      # 0: exact size only
         next_id, id_cap = 1, len(size)          # block 0 is the sentinel "no neighbour"
+        compact, compact_at = self._avail.compact, SizeBuckets.COMPACT_MIN
+        renumber_at = RENUMBER_MIN
         scans = repops = repop_blocks = merged = splits = 0
 
         def new_id() -> int:
@@ -147,6 +154,35 @@ class SplittingPool(Policy):
             next_id = b + 1
             return b
 
+        def renumber() -> None:
+            """Give the live blocks ids 1..L in their old order and drop the dead ids' slots.
+
+            The order of ids is all best fit's tie-break sees, so choices stay the same;
+            memory then follows the live blocks, not every block ever split. Live: free,
+            freed, or held by a handle in the engine's table. Runs only between requests
+            (from `repopulate`, with ``freed`` empty), when no block id is held in a local.
+            """
+            nonlocal next_id, id_cap
+            handles = pol.runtime.handles
+            held = set(handles.values())
+            live = [b for b in range(1, next_id) if fsize[b] or b in held]
+            new = dict(zip(live, range(1, len(live) + 1)))
+            new[0] = 0
+            compact()
+            entries[:] = [e >> 64 << 64 | new[e & 0xFFFFFFFFFFFFFFFF] for e in entries]
+            for lst in (size, addr, fsize):
+                lst[1:len(live) + 1] = [lst[b] for b in live]
+            for lst in (prev, nxt):
+                lst[1:len(live) + 1] = [new[lst[b]] for b in live]
+            next_id = len(live) + 1
+            id_cap = max(1024, 2 * next_id)
+            for lst in (size, addr, prev, nxt, fsize):
+                del lst[id_cap:]
+                lst[next_id:] = [0] * (id_cap - next_id)
+            for k, h in handles.items():
+                if h:
+                    handles[k] = new[h]
+
         def repopulate() -> float:
             """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
 
@@ -156,7 +192,7 @@ class SplittingPool(Policy):
             the free list of its class. Pieces merged away get state 0, which voids
             their free-list entries. Returns the modeled time, for the caller to charge.
             """
-            nonlocal repop_blocks, merged
+            nonlocal repop_blocks, merged, compact_at, renumber_at
             k = 0
             for b in freed:
                 if fsize[b] != FREED:
@@ -183,6 +219,11 @@ class SplittingPool(Policy):
                 insort(entries, s << 64 | b)        # SizeBuckets.push
             nb = len(freed)
             freed.clear()
+            if len(entries) > compact_at:
+                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
+            if next_id > renumber_at and pol.runtime.handles is not None:
+                renumber()
+                renumber_at = max(RENUMBER_MIN, 4 * next_id)
             repop_blocks += nb
             merged += k
             return (nb + k) * free_s

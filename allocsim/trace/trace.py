@@ -74,6 +74,11 @@ class Trace:
     def __repr__(self) -> str:
         return f"<Trace {self.path or ''} events={len(self)} allocs={self.n_allocs}>"
 
+    def _chunks(self):
+        """``(start, records[start:start + CHUNK])`` over the whole trace: bounded temporaries."""
+        for start in range(0, len(self), CHUNK):
+            yield start, np.asarray(self.records[start:start + CHUNK])    # a plain view: no memmap overhead
+
     def column(self, name: str) -> np.ndarray:
         return self.records[name]
 
@@ -89,7 +94,7 @@ class Trace:
 
     @cached_property
     def n_allocs(self) -> int:
-        return int(np.count_nonzero(self.kind == ev.ALLOC))
+        return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self._chunks())
 
     @cached_property
     def n_ids(self) -> int:
@@ -118,8 +123,14 @@ class Trace:
 
     @cached_property
     def load_bytes(self) -> int:
-        """LOAD: peak live requested bytes, the lower bound for any allocator."""
-        return int(self.live_curve.max()) if len(self) else 0
+        """LOAD: peak live requested bytes, the lower bound for any allocator.
+
+        Walks the records a chunk at a time (`LiveBytes`): memory bounded by the live objects.
+        """
+        live, peak = LiveBytes(), 0
+        for _, rec in self._chunks():
+            peak = max(peak, int(live.curve(rec["kind"], rec["id"], rec["size"]).max()))
+        return peak
 
     def marks(self) -> list[tuple[int, str]]:
         """``(event index, label)`` of every MARK."""
@@ -129,58 +140,179 @@ class Trace:
 
     # ---- validation --------------------------------------------------------------------
     def validate(self) -> None:
-        """Check the event stream; raise `InputError` at the first bad event."""
+        """Check the event stream; raise `InputError` at the first bad event.
+
+        Two passes over the records, a chunk at a time. Each check keeps its own first
+        defect, and they are reported in a fixed order (kind, stream, size, id range,
+        double ALLOC, then per FREE kind unknown id and double free), so a trace with
+        several defects reports the same one whatever the chunk size. Memory: a few
+        per-id flags (one byte per object id each), no per-event arrays.
+        """
         where = self.path or "<trace>"
-        kind = np.asarray(self.kind)
-        bad = ~np.isin(kind, list(ev.KIND_NAMES))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InputError(f"unknown event kind {int(kind[i])}", path=where, position=f"event {i}")
-        if self.finished and len(kind):         # an unfinished trace lost its table; indices stand for themselves
-            stream = np.asarray(self.stream)
-            beyond = np.flatnonzero(stream >= len(self.streams))
-            if len(beyond):
-                i = int(beyond[0])
-                raise InputError(f"stream index {int(stream[i])} is beyond the footer's table of "
-                                 f"{len(self.streams)} streams", path=where, position=f"event {i}")
-        a_idx = np.flatnonzero(kind == ev.ALLOC)
-        size = np.asarray(self.size)
-        big = size[a_idx] > ev.MAX_SIZE
-        if big.any():
-            i = int(a_idx[np.flatnonzero(big)[0]])
-            raise InputError(f"absurd allocation size {int(size[i])} bytes (> 1 PiB)", path=where,
-                             position=f"event {i}")
-        ids = np.asarray(self.id).astype(np.int64)
-        a_ids = ids[a_idx]
-        if len(a_ids) and a_ids.max() >= ev.NO_ID:
-            i = int(a_idx[np.argmax(a_ids)])
-            raise InputError("ALLOC without an object id", path=where, position=f"event {i}")
-        if len(a_ids) and a_ids.max() >= len(kind):   # dense ids: each needs its own ALLOC event
-            i = int(a_idx[np.argmax(a_ids)])
-            raise InputError(f"object id {int(ids[i])} is out of range (ids are dense; the trace has "
-                             f"{len(kind)} events)", path=where, position=f"event {i}")
-        n_ids = int(a_ids.max()) + 1 if len(a_ids) else 0
-        order = np.argsort(a_ids, kind="stable")
-        dup = np.flatnonzero(a_ids[order][1:] == a_ids[order][:-1])
-        if len(dup):
-            i = int(a_idx[order[dup[0] + 1]])
-            raise InputError(f"id {int(ids[i])} allocated twice", path=where, position=f"event {i}")
-        born = np.full(n_ids + 1, -1, np.int64)
-        born[a_ids] = a_idx
-        for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
-            f_idx = np.flatnonzero(kind == k)
-            f_ids = ids[f_idx]
-            unknown = (f_ids >= n_ids) | (born[np.minimum(f_ids, n_ids)] < 0) | (born[np.minimum(f_ids, n_ids)] > f_idx)
-            if unknown.any():
-                i = int(f_idx[np.flatnonzero(unknown)[0]])
-                raise InputError(f"{label} of unknown id {int(ids[i])} (never allocated before this event)",
-                                 path=where, position=f"event {i}")
-            order = np.argsort(f_ids, kind="stable")
-            dup = np.flatnonzero(f_ids[order][1:] == f_ids[order][:-1])
-            if len(dup):
-                second = f_idx[order[dup + 1]]
-                i = int(second.min())
-                raise InputError(f"double {label} of id {int(ids[i])}", path=where, position=f"event {i}")
+        first = _FirstDefects()
+        kinds = np.array(sorted(ev.KIND_NAMES), np.uint8)
+        top, top_at = -1, 0             # the largest ALLOC id and its first event
+        for start, rec in self._chunks():
+            kind = rec["kind"]
+            first.note("kind", start, ~np.isin(kind, kinds), lambda j: f"unknown event kind {int(kind[j])}")
+            if self.finished:           # an unfinished trace lost its table; indices stand for themselves
+                stream = rec["stream"]
+                first.note("stream", start, stream >= len(self.streams),
+                           lambda j: f"stream index {int(stream[j])} is beyond the footer's table of "
+                                     f"{len(self.streams)} streams")
+            a_idx = np.flatnonzero(kind == ev.ALLOC)
+            size = rec["size"]
+            first.note("size", start, (kind == ev.ALLOC) & (size > ev.MAX_SIZE),
+                       lambda j: f"absurd allocation size {int(size[j])} bytes (> 1 PiB)")
+            if len(a_idx):
+                ids = rec["id"][a_idx]
+                k = int(np.argmax(ids))
+                if int(ids[k]) > top:
+                    top, top_at = int(ids[k]), start + int(a_idx[k])
+        if top >= ev.NO_ID:
+            first.found.setdefault("id", (top_at, "ALLOC without an object id"))
+        elif top >= len(self):          # dense ids: each needs its own ALLOC event
+            first.found.setdefault("id", (top_at, f"object id {top} is out of range (ids are dense; the trace "
+                                                  f"has {len(self)} events)"))
+        first.raise_first(("kind", "stream", "size", "id"), where)
+        n_ids = top + 1
+        allocated = np.zeros(n_ids + 1, bool)
+        freed = {k: np.zeros(n_ids + 1, bool) for k in (ev.FREE, ev.FREE_REQUESTED)}
+        twice = None                    # (event, id) of the smallest id allocated twice, at its second ALLOC
+        for start, rec in self._chunks():
+            kind = rec["kind"]
+            a_idx = np.flatnonzero(kind == ev.ALLOC)
+            a_ids = rec["id"][a_idx].astype(np.int64)
+            order = np.argsort(a_ids, kind="stable")
+            for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
+                f_idx = np.flatnonzero(kind == k)
+                f_raw = rec["id"][f_idx]
+                f_ids = np.minimum(f_raw.astype(np.int64), n_ids)
+                known = allocated[f_ids]
+                later = np.flatnonzero(~known)
+                if len(a_ids) and len(later):   # allocated in this chunk, before the free?
+                    pos = _find(a_ids[order], f_ids[later])
+                    known[later] = (a_ids[order][pos] == f_ids[later]) & (a_idx[order][pos] < f_idx[later])
+                bad = np.zeros(len(kind), bool)
+                bad[f_idx] = ~known | (f_ids >= n_ids)
+                first.note(f"unknown {label}", start, bad,
+                           lambda j: f"{label} of unknown id {int(rec['id'][j])} (never allocated before this event)")
+                bad[:] = False
+                bad[f_idx] = _repeats(f_ids, freed[k]) & (f_ids < n_ids)
+                first.note(f"double {label}", start, bad, lambda j: f"double {label} of id {int(rec['id'][j])}")
+            rep = np.flatnonzero(_repeats(a_ids, allocated))
+            if len(rep):
+                j = rep[np.argmin(a_ids[rep])]      # argmin: the first of the smallest id's repeats here
+                if twice is None or a_ids[j] < twice[1]:
+                    twice = (start + int(a_idx[j]), int(a_ids[j]))
+        if twice is not None:
+            first.found["twice"] = (twice[0], f"id {twice[1]} allocated twice")
+        first.raise_first(("twice", "unknown free", "double free", "unknown free_requested",
+                           "double free_requested"), where)
+
+
+class _FirstDefects:
+    """The first event each named check finds bad, over a walk in trace order."""
+
+    def __init__(self):
+        self.found: dict[str, tuple[int, str]] = {}
+
+    def note(self, check: str, start: int, bad: np.ndarray, what) -> None:
+        """Keep the first True of ``bad`` (a chunk starting at ``start``) if ``check`` has none yet."""
+        if check not in self.found and bad.any():
+            j = int(np.argmax(bad))
+            self.found[check] = (start + j, what(j))
+
+    def raise_first(self, checks, where: str) -> None:
+        """Raise `InputError` for the first of ``checks`` (in that order) that found a defect."""
+        for c in checks:
+            if c in self.found:
+                i, what = self.found[c]
+                raise InputError(what, path=where, position=f"event {i}")
+
+
+def _find(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Where each of ``ids`` is (or would go, clipped to the last) in the non-empty ``sorted_ids``.
+
+    Dense ids allocated in order make ``sorted_ids`` a run of consecutive integers
+    at its end: those are found by subtraction instead of a binary search.
+    """
+    n = len(sorted_ids)
+    lo = int(np.searchsorted(sorted_ids, sorted_ids[-1] - (n - 1)))      # start of a consecutive tail?
+    tail = n - lo
+    if sorted_ids[-1] - sorted_ids[lo] != tail - 1:
+        return np.minimum(np.searchsorted(sorted_ids, ids), n - 1)
+    off = ids - sorted_ids[lo]
+    in_tail = (off >= 0) & (off < tail)
+    pos = np.where(in_tail, off + lo, 0)
+    head = np.flatnonzero(~in_tail)
+    if len(head):
+        pos[head] = np.minimum(np.searchsorted(sorted_ids, ids[head]), n - 1)
+    return pos
+
+
+def _repeats(ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` (in order) were seen before: in ``seen`` or earlier in ``ids``; marks them all seen."""
+    again = seen[ids]
+    first = np.unique(ids, return_index=True)[1]
+    later = np.ones(len(ids), bool)
+    later[first] = False
+    seen[ids] = True
+    return again | later
+
+
+#: Records read at a time by the chunked walks (`Trace.load_bytes`, the replay engine).
+CHUNK = 1 << 16
+
+
+class LiveBytes:
+    """Live requested bytes along a trace read in order, chunk by chunk.
+
+    Keeps the live objects' ids and sizes (sorted numpy arrays) between chunks, so
+    its memory is bounded by the live state, not by the trace length. Each chunk
+    costs a sort of the live objects plus the chunk's ALLOCs. A FREE of an id not
+    live (an unvalidated trace) frees 0 bytes.
+    """
+
+    def __init__(self):
+        self.ids = np.zeros(0, np.int64)
+        self.sizes = np.zeros(0, np.int64)
+        self.live = 0
+        self.pos = 0        # records read by `at`
+
+    def at(self, records: np.ndarray, index: int) -> int:
+        """Live bytes after event ``index`` of ``records``, read from where the last call stopped.
+
+        Calls must come with non-decreasing ``index``; each record is read once over them all,
+        `CHUNK` at most at a time. (The replay asks only at OOMs.)
+        """
+        while self.pos <= index:
+            rec = records[self.pos:min(self.pos + CHUNK, index + 1)]
+            self.curve(rec["kind"], rec["id"], rec["size"])
+            self.pos += len(rec)
+        return self.live
+
+    def curve(self, kind: np.ndarray, ids: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Live bytes after each event of the next chunk (int64), the chunk's columns given."""
+        a, f = kind == ev.ALLOC, kind == ev.FREE
+        all_ids = np.concatenate([self.ids, ids[a].astype(np.int64)])
+        all_sizes = np.concatenate([self.sizes, size[a].astype(np.int64)])
+        order = np.argsort(all_ids, kind="stable")
+        all_ids, all_sizes = all_ids[order], all_sizes[order]
+        freed = ids[f].astype(np.int64)
+        pos = _find(all_ids, freed) if len(all_ids) else np.zeros(len(freed), np.intp)
+        known = all_ids[pos] == freed if len(all_ids) else np.zeros(len(freed), bool)
+        delta = np.zeros(len(kind), np.int64)
+        delta[a] = size[a]
+        delta[f] = -np.where(known, all_sizes[pos] if len(all_ids) else 0, 0)
+        out = np.cumsum(delta)
+        out += self.live
+        keep = np.ones(len(all_ids), bool)
+        keep[pos[known]] = False
+        self.ids, self.sizes = all_ids[keep], all_sizes[keep]
+        if len(out):
+            self.live = int(out[-1])
+        return out
 
 
 class TraceWriter:

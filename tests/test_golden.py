@@ -1,0 +1,91 @@
+"""Replay results on every shipped trace against stored ones, field by field.
+
+The stored results (tests/golden/*.json) were made by the code before the flat-memory
+rework; any change to a replay's figures shows up here. Only wall-clock fields are
+left out. Regenerate (only when a change of results is intended) with
+``python tests/test_golden.py``.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import allocsim  # noqa: E402
+
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+TRACES = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+POLICIES = ["split", "torch", "bestfit", "binned", "cupy", "knet", "simple"]
+WALL_CLOCK = ("replay_seconds", "load_seconds")
+#: Below LOAD: every policy runs out; --keep-going records each OOM.
+TIGHT = 0.9
+LONG = 40
+
+
+def results(path: str) -> dict:
+    """``{case: replay JSON}`` for one trace: each policy x eager/gc x unlimited/tight cap, plus timelines."""
+    t = allocsim.Trace.load(path)
+    out = {}
+    for pol in POLICIES:
+        for rt in ("eager", "gc"):
+            for cap in (None, int(t.load_bytes * TIGHT)):
+                r = allocsim.replay(t, pol, runtime=rt, cap=cap, keep_going=cap is not None)
+                out[f"{pol}/{rt}/{'tight' if cap else 'none'}"] = _fields(r.to_dict())
+    for pol in ("split", "bestfit"):
+        out[f"{pol}/eager/timeline"] = _fields(allocsim.replay(t, pol, timeline=True).to_dict(timeline=True))
+    return out
+
+
+def _fields(d: dict) -> dict:
+    """The result as JSON would carry it, less the wall-clock fields; long lists as a digest."""
+    d = json.loads(json.dumps(d))
+    for k in WALL_CLOCK:
+        d.pop(k)
+    if d.get("trace"):
+        d["trace"] = os.path.basename(d["trace"])       # the checkout's folder is not a result
+    return {k: _digest(v) for k, v in d.items()}
+
+
+def _digest(v):
+    """A list (or a dict of lists) longer than `LONG`: its length, first entries and a hash of all of it."""
+    if isinstance(v, dict):
+        return {k: _digest(x) for k, x in v.items()}
+    if isinstance(v, list) and len(v) > LONG:
+        blob = json.dumps(v, sort_keys=True).encode()
+        return {"len": len(v), "head": v[:10], "sha256": hashlib.sha256(blob).hexdigest()}
+    return v
+
+
+def golden_path(trace: str) -> str:
+    return os.path.join(GOLDEN, os.path.basename(trace)[: -len(".bin")] + ".json")
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=os.path.basename)
+def test_replays_match_stored_results(trace):
+    with open(golden_path(trace)) as f:
+        want = json.load(f)
+    got = results(trace)
+    assert sorted(got) == sorted(want)
+    for case, fields in want.items():
+        assert sorted(got[case]) == sorted(fields), case
+        for k, v in fields.items():
+            assert got[case][k] == v, f"{os.path.basename(trace)} {case}: field {k!r} changed"
+
+
+def test_every_shipped_trace_has_stored_results():
+    assert TRACES and all(os.path.exists(golden_path(t)) for t in TRACES)
+
+
+if __name__ == "__main__":
+    os.makedirs(GOLDEN, exist_ok=True)
+    for t in TRACES:
+        with open(golden_path(t), "w") as f:
+            json.dump(results(t), f, separators=(",", ":"), sort_keys=True)
+        print(golden_path(t))
