@@ -138,6 +138,7 @@ class _Chunk:
         self.at = at                # trace index of each driving event (numpy int64)
         self.kind, self.is_alloc = kind, is_alloc
         self.ids, self.sizes, self.streams, self.times = ids, sizes, streams, times
+        self.alloc_at = None        # positions of the ALLOCs, made at the lean walk's first OOM here
 
 
 def _driving(trace: Trace, zero_counts: list):
@@ -258,7 +259,9 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
 
     def on_lean_oom(size, stream) -> bool:
         """`on_oom` for the lean walk: the failed ALLOC is the one whose latency was just appended."""
-        return on_oom(int(np.flatnonzero(c.is_alloc)[len(lat) - 1]), size, stream)
+        if c.alloc_at is None:
+            c.alloc_at = np.flatnonzero(c.is_alloc).tolist()
+        return on_oom(c.alloc_at[len(lat) - 1], size, stream)
 
     for c in _driving_chunks(trace, times=tick is not None, zero_counts=zero_counts):
         lat = array("d")
