@@ -286,7 +286,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     if progress is not None:
         progress(n_drive)
     if zero_counts:                          # count the bypassed 0-byte requests the walk got past
-        end = int(c.at[w.done - j0 + len(c.at) - 1]) if w.stopped else len(trace)
+        end = w.ooms[-1].event if w.stopped else len(trace)     # a walk stops only at the OOM just recorded
         for at, is_zero_alloc in zero_counts:
             passed = at < end
             n_zero_allocs = int(np.count_nonzero(is_zero_alloc[passed]))
