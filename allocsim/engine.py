@@ -154,9 +154,9 @@ def _driving(trace: Trace, zero_counts: list):
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
-        ids = rec["id"].astype(np.int64)
         zero = is_alloc & (rec["size"] == 0)
         if zero.any() or len(zero_live):
+            ids = rec["id"].astype(np.int64)
             zero_live = np.union1d(zero_live, ids[zero])
             zero_free = is_free & np.isin(ids, zero_live)
             zero_live = np.setdiff1d(zero_live, ids[zero_free])
