@@ -116,7 +116,7 @@ class SimulatedDevice:
         return costs.free_flat if n <= costs.free_flat_end else costs.free_cost(n)
 
     def fits(self, n: int) -> bool:
-        """Whether a malloc of ``n`` bytes would succeed now."""
+        """Whether a malloc of ``n`` bytes would succeed now; the comparison is recorded (`note`)."""
         ok = self.reserved + n <= self.limit
         self.note(self.reserved + n, ok)
         return ok

@@ -138,6 +138,7 @@ class _Chunk:
         self.at = at                # trace index of each driving event (numpy int64)
         self.kind, self.is_alloc = kind, is_alloc
         self.ids, self.sizes, self.streams, self.times = ids, sizes, streams, times
+        self.alloc_at = None        # positions of the ALLOCs, made at the lean walk's first OOM here
 
 
 def _driving(trace: Trace, zero_counts: list):
@@ -153,9 +154,9 @@ def _driving(trace: Trace, zero_counts: list):
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
-        ids = rec["id"].astype(np.int64)
         zero = is_alloc & (rec["size"] == 0)
         if zero.any() or len(zero_live):
+            ids = rec["id"].astype(np.int64)
             zero_live = np.union1d(zero_live, ids[zero])
             zero_free = is_free & np.isin(ids, zero_live)
             zero_live = np.setdiff1d(zero_live, ids[zero_free])
@@ -258,7 +259,9 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
 
     def on_lean_oom(size, stream) -> bool:
         """`on_oom` for the lean walk: the failed ALLOC is the one whose latency was just appended."""
-        return on_oom(int(np.flatnonzero(c.is_alloc)[len(lat) - 1]), size, stream)
+        if c.alloc_at is None:
+            c.alloc_at = np.flatnonzero(c.is_alloc).tolist()
+        return on_oom(c.alloc_at[len(lat) - 1], size, stream)
 
     for c in _driving_chunks(trace, times=tick is not None, zero_counts=zero_counts):
         lat = array("d")
@@ -283,7 +286,7 @@ def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, obser
     if progress is not None:
         progress(n_drive)
     if zero_counts:                          # count the bypassed 0-byte requests the walk got past
-        end = int(c.at[w.done - j0 + len(c.at) - 1]) if w.stopped else len(trace)
+        end = w.ooms[-1].event if w.stopped else len(trace)     # a walk stops only at the OOM just recorded
         for at, is_zero_alloc in zero_counts:
             passed = at < end
             n_zero_allocs = int(np.count_nonzero(is_zero_alloc[passed]))

@@ -108,11 +108,6 @@ def by_capacity(fits: list[dict]) -> list[dict]:
     return sorted(fits, key=lambda f: (f["capacity_bytes"] is None, f["capacity_bytes"] or 0))
 
 
-def fit_label(f: dict) -> str:
-    """``policy`` or ``policy[options]``."""
-    return f["policy"] + (f"[{f['options']}]" if f["options"] else "")
-
-
 def _fit_job(args):
     """One policy's fit in a worker; a queue in ``args[3]``, if any, hears of each replay."""
     queue = args[3] if len(args) > 3 else None

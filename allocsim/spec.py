@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import AllocsimError, PluginError, UsageError
-from .params import split_top  # noqa: F401  (the --policies splitter lives with the option splitter)
 
 ENTRY_POINT_GROUP = "allocsim.policies"
 

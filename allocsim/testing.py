@@ -134,10 +134,9 @@ def replay_checked(policy, trace: Trace, runtime: str, cap, *, keep_going=True, 
     pol, rt, dev, sections = engine.build(trace, PolicySpec.of(policy), runtime=runtime, cap=cap, capacity=None,
                                           gc_every=gc_every, device=dev)
     id_size = trace.id_size.tolist()
-    zero = getattr(engine, "ZERO", None)        # the handle a 0-byte request gets without reaching the policy
 
     def observe(event, kind, id_, handle):
-        held = [(i, h) for i, h in rt.handles.items() if h is not None and h is not zero]
+        held = list(rt.handles.items())         # live ids only: 0-byte and failed ALLOCs never enter it
         blocks = []
         for i, h in held:
             addr, size = pol.block(h)

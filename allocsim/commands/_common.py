@@ -194,7 +194,8 @@ def split_list(text: str, what: str) -> list[str]:
 def policy_specs(text: str, what: str = "--policies", options=()) -> list:
     """``--policies``: a `PolicySpec` per comma-separated policy (options in brackets), each once;
     ``options`` (``-O`` texts) are added to every one."""
-    from ..spec import PolicySpec, split_top
+    from ..params import split_top
+    from ..spec import PolicySpec
     specs = [PolicySpec.parse(s) for s in split_top(text)]
     try:
         specs = [s.with_options(options) for s in specs]

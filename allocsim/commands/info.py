@@ -4,8 +4,8 @@ Events by kind, the request-size distribution (power-of-two histogram), LOAD,
 iterations (from MARK events), streams, duration, what the recorded allocator
 did upstream (SEGMENT events), and the recording's metadata.
 
-Cost: one pass over the records a chunk at a time (plus LOAD's, `Trace.load_bytes`) and one
-sort of the ALLOC sizes (O(n log n)); nothing per event in Python. Memory: the ALLOC sizes
+Cost: one pass over the records a chunk at a time (plus the ALLOC count's, `Trace.n_allocs`, to
+size the array of ALLOC sizes, and LOAD's, `Trace.load_bytes`) and one sort of the ALLOC sizes (O(n log n)); nothing per event in Python. Memory: the ALLOC sizes
 (8 bytes per allocation, for the exact median and distinct count) and per-chunk temporaries.
 """
 from __future__ import annotations

@@ -91,20 +91,18 @@ class KnetPool(FreeListReporting, Policy):
         one with the device's limit, told to the device (`SimulatedDevice.note`); once the
         soft limit sits at the cap (``_at_max``) it moves with the device's limit.
         """
-        top = self._max_limit
-        if self._at_max or top is None:
-            if not self._at_max and self.limit < minlimit:
-                self._raise(minlimit)
+        if self._at_max:
             return
-        room = self.headroom or 0
-        clamped = minlimit > top
-        self.device.note(minlimit + room, not clamped)
+        top = self._max_limit
+        clamped = top is not None and minlimit > top
+        if top is not None:
+            self.device.note(minlimit + (self.headroom or 0), not clamped)
         if not clamped:
             if self.limit < minlimit:
                 self._raise(minlimit)
             return
         below = self.limit < top
-        self.device.note(self.limit + room + 1, below)
+        self.device.note(self.limit + (self.headroom or 0) + 1, below)
         if below:
             self._raise(top)
             self._at_max = True

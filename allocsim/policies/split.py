@@ -179,9 +179,8 @@ class SplittingPool(Policy):
             for lst in (size, addr, prev, nxt, fsize):
                 del lst[id_cap:]
                 lst[next_id:] = [0] * (id_cap - next_id)
-            for k, h in handles.items():
-                if h:
-                    handles[k] = new[h]
+            for k, h in handles.items():        # every held id is live, so renumbered
+                handles[k] = new[h]
 
         def repopulate() -> float:
             """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.

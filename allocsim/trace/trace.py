@@ -184,6 +184,7 @@ class Trace:
             a_idx = np.flatnonzero(kind == ev.ALLOC)
             a_ids = rec["id"][a_idx].astype(np.int64)
             order = np.argsort(a_ids, kind="stable")
+            a_sorted, a_at = a_ids[order], a_idx[order]     # this chunk's ALLOCs by id, and where each is
             for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
                 f_idx = np.flatnonzero(kind == k)
                 f_raw = rec["id"][f_idx]
@@ -191,8 +192,8 @@ class Trace:
                 known = allocated[f_ids]
                 later = np.flatnonzero(~known)
                 if len(a_ids) and len(later):   # allocated in this chunk, before the free?
-                    pos = _find(a_ids[order], f_ids[later])
-                    known[later] = (a_ids[order][pos] == f_ids[later]) & (a_idx[order][pos] < f_idx[later])
+                    pos = _find(a_sorted, f_ids[later])
+                    known[later] = (a_sorted[pos] == f_ids[later]) & (a_at[pos] < f_idx[later])
                 bad = np.zeros(len(kind), bool)
                 bad[f_idx] = ~known | (f_ids >= n_ids)
                 first.note(f"unknown {label}", start, bad,
