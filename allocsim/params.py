@@ -49,12 +49,14 @@ PARSERS: dict[str, Callable[[str], Any]] = {"int": number, "float": lambda t: nu
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter: name, kind (int, float, bool, size, str or a choice list), default, help."""
+    """One parameter: name, kind (int, float, bool, size, str or a choice list), default, help, and
+    optionally its own ``parser`` (text -> value, ValueError when wrong) where the kind's is not enough."""
 
     name: str
     kind: str | tuple
     default: Any
     help: str
+    parser: Callable[[str], Any] | None = None
 
     def parse(self, text: str):
         if self.default is None and str(text).strip().lower() == "none":
@@ -63,7 +65,7 @@ class Param:
             if text not in self.kind:
                 raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
             return text
-        return PARSERS[self.kind](text)
+        return (self.parser or PARSERS[self.kind])(text)
 
     def format(self, value) -> str:
         """``value`` as text that `parse` reads back to it."""

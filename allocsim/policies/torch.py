@@ -308,36 +308,22 @@ class TorchCachingAllocator(Policy):
     models = "c10/cuda/CUDACachingAllocator.cpp (docs/models/torch.md)"
     params = (
         Param("expandable_segments", "bool", False, "map 2 MiB / 20 MiB pages into per-stream virtual segments"),
-        Param("max_split_size_mb", "int", None, "blocks this large (MiB, >= 20) are never split; default unlimited"),
-        Param("max_non_split_rounding_mb", "int", 20, "slack (MiB, >= 20) an oversize request accepts"),
-        Param("roundup_power2_divisions", "str", None, "4 or [256:1,512:2,>:8] (MiB keys); default 512 B rounding"),
+        Param("max_split_size_mb", "int", None, "blocks this large (MiB, >= 20) are never split; default unlimited",
+              _mb_at_least_20),
+        Param("max_non_split_rounding_mb", "int", 20, "slack (MiB, >= 20) an oversize request accepts", _mb_at_least_20),
+        Param("roundup_power2_divisions", "str", None, "4 or [256:1,512:2,>:8] (MiB keys); default 512 B rounding",
+              _divisions),
         Param("garbage_collection_threshold", "float", 0.0, "in (0,1): reclaim old cached blocks above this "
-              "fraction of the allowed memory (needs per_process_memory_fraction)"),
+              "fraction of the allowed memory (needs per_process_memory_fraction)", _gc_threshold),
         Param("per_process_memory_fraction", "float", None, "torch.cuda.set_per_process_memory_fraction: "
-              "fraction of device memory the allocator may reserve"),
+              "fraction of device memory the allocator may reserve", _fraction),
         Param("fix_189504", "bool", False, "search the pool again after release_cached_blocks (PR #191302)"),
         Param("trace_settings", "bool", True, "start from the allocator settings recorded in the trace"),
     )
-    _VALUE_PARSERS = {"max_split_size_mb": _mb_at_least_20, "max_non_split_rounding_mb": _mb_at_least_20,
-                      "roundup_power2_divisions": _divisions, "garbage_collection_threshold": _gc_threshold,
-                      "per_process_memory_fraction": _fraction}
-
     #: the engine sets ``event_index`` (trace index of the current ALLOC) before each malloc
     wants_event_index = True
 
     # ---- options --------------------------------------------------------------------------
-    @classmethod
-    def _parse_one(cls, known, key, value):
-        parse = cls._VALUE_PARSERS.get(key)
-        if parse is None or key not in known:
-            return super()._parse_one(known, key, value)
-        if value.lower() == "none" and known[key].default is None:
-            return {key: None}
-        try:
-            return {key: parse(value)}
-        except ValueError as e:
-            raise UsageError(f"option {key}: {e.args[0] if e.args else e}") from None
-
     @classmethod
     def format_option(cls, key, value) -> str:
         """The divisions table written back as ``[1:d,2:d,...]`` (MiB keys), or one number when uniform."""
