@@ -103,11 +103,6 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
     return {**out, "capacity_bytes": safe, "island_bytes": island, "replays": replays}
 
 
-def by_capacity(fits: list[dict]) -> list[dict]:
-    """Fits ordered by safe capacity, those with none (OOM even without a cap) last."""
-    return sorted(fits, key=lambda f: (f["capacity_bytes"] is None, f["capacity_bytes"] or 0))
-
-
 def _fit_job(args):
     """One policy's fit in a worker; a queue in ``args[3]``, if any, hears of each replay."""
     queue = args[3] if len(args) > 3 else None

@@ -1,13 +1,11 @@
-"""The figures a replay reports, with the field's definitions
-(`docs/metrics.md`), and their human summary."""
+"""The figures a replay reports, with the field's definitions (`docs/metrics.md`); `allocsim.report`
+writes them for people and programs."""
 from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-
-from .units import fmt_bytes, fmt_count, fmt_seconds
 
 
 @dataclass
@@ -22,15 +20,11 @@ class OOMRecord:
     reserved_bytes: int
     largest_free_fragmentation: float
 
-    def describe(self) -> str:
-        """One line: the event, the request and the pool's state (the report's OOM line)."""
-        return (f"event {self.event}: {fmt_bytes(self.size)} request with {fmt_bytes(self.live_bytes)} live, "
-                f"{fmt_bytes(self.allocated_bytes)} allocated, {fmt_bytes(self.reserved_bytes)} reserved, "
-                f"largest-free frag {_pct(self.largest_free_fragmentation)}")
-
 
 @dataclass
 class ReplayResult:
+    """One replay's figures, a plain record: `to_dict` is its JSON form; `allocsim.report` writes it."""
+
     policy: str
     runtime: str
     cap_bytes: int | None
@@ -87,45 +81,9 @@ class ReplayResult:
         return d
 
     def summary(self) -> str:
-        """The human summary printed by ``allocsim replay``."""
-        r = self
-        cap = fmt_bytes(r.cap_bytes) if r.cap_bytes is not None else "none"
-        capacity = fmt_bytes(r.capacity_bytes) if r.capacity_bytes is not None else "unlimited"
-        lat = r.latency
-        lines = [
-            f"policy {r.policy}  runtime {r.runtime}  cap {cap}  capacity {capacity}"
-            + (f"  options {','.join(f'{k}={v}' for k, v in r.options.items())}" if r.options else ""),
-            f"trace {r.trace or '-'}: {fmt_count(r.events)} events, {fmt_count(r.allocs)} allocs"
-            + ("" if r.completed else "  (stopped at the first OOM)"),
-            "",
-            f"  LOAD (peak live)         {fmt_bytes(r.load_bytes):>12}",
-            f"  peak allocated           {fmt_bytes(r.peak_allocated_bytes):>12}",
-            f"  peak reserved            {fmt_bytes(r.peak_reserved_bytes):>12}   (final {fmt_bytes(r.final_reserved_bytes)})",
-            f"  utilization              {100 * r.utilization:>11.1f}%   fragmentation {100 * r.fragmentation:.1f}%",
-            f"  overhead vs LOAD         {100 * r.overhead_vs_load:>11.1f}%",
-            f"  largest-free frag @peak  {_pct(r.largest_free_fragmentation_at_peak):>12}",
-            f"  device mallocs / frees   {r.device_mallocs:>12,} / {r.device_frees:,}"
-            f"   ({fmt_bytes(r.device_malloc_bytes)} / {fmt_bytes(r.device_free_bytes)})",
-            f"  cache flushes            {r.cache_flushes:>12,}",
-            f"  GC calls incr / full     {r.gc_incremental:>12,} / {r.gc_full:,}"
-            f"   ({fmt_seconds(r.gc_time_seconds)} paused, {fmt_bytes(r.gc_reclaimed_bytes)} reclaimed)",
-            f"  OOMs                     {r.ooms:>12,}",
-        ]
-        for o in r.oom_events[:5]:
-            lines.append(f"    {o.describe()}")
-        if lat:
-            lines.append(f"  malloc latency ({'measured' if r.latency_measured else 'modeled'}) p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
-                         f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r.alloc_time_seconds)}")
-        for k, v in r.counters.items():
-            if k != "cache_flushes":
-                lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
-        lines.append(f"  load {r.load_seconds:.3f}s  replay {r.replay_seconds:.3f}s  "
-                     f"total {r.load_seconds + r.replay_seconds:.3f}s")
-        return "\n".join(lines)
-
-
-def _pct(x) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
+        """The human summary printed by ``allocsim replay`` (`report.text.replay_summary`)."""
+        from .report.text import replay_summary
+        return replay_summary(self)
 
 
 class LatencyLog:

@@ -8,7 +8,7 @@ Children print in name order, so the numbered steps print in escalation order.
 """
 from __future__ import annotations
 
-from .units import fmt_count, fmt_seconds
+from .report.text import section_table
 
 ALLOC_ROOT = "pooled alloc"
 FREE_ROOT = "pooled free"
@@ -64,22 +64,5 @@ class Sections:
         return out
 
     def table(self, title: str | None = None) -> str:
-        """The section table in the layout the CuArrays TimerOutputs tables use."""
-        rows = self.rows()
-        total = sum(r["seconds"] for r in rows if r["depth"] == 0) or 1.0
-        width = max([len("Section")] + [2 * r["depth"] + len(r["name"]) for r in rows]) + 2
-        lines = []
-        if title:
-            lines.append(f" {title}")
-        head = f" {'Section':<{width}}{'ncalls':>8} {'time':>8} {'%tot':>6} {'avg':>8}"
-        rule = " " + "─" * (len(head) - 1)
-        lines += [rule, head, rule]
-        for r in rows:
-            name = "  " * r["depth"] + r["name"]
-            avg = r["seconds"] / r["ncalls"] if r["ncalls"] else 0.0
-            pct = 100 * r["seconds"] / total
-            pct_s = f"{pct:.3g}%" if pct >= 0.01 or pct == 0 else "<0.01%"
-            lines.append(f" {name:<{width}}{fmt_count(r['ncalls']):>8} {fmt_seconds(r['seconds']):>8} "
-                         f"{pct_s:>6} {fmt_seconds(avg):>8}")
-        lines.append(rule)
-        return "\n".join(lines)
+        """The section table in the layout the CuArrays TimerOutputs tables use (`report.text.section_table`)."""
+        return section_table(self.rows(), title)

@@ -8,7 +8,6 @@ deterministic and rows are sorted by cell at the end.
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -18,16 +17,9 @@ from dataclasses import dataclass, field
 
 from .costs import CostModel
 from .engine import replay
+from .report.tables import COLUMNS
 from .spec import PolicySpec
 from .trace import Trace
-from .units import fmt_bytes
-
-#: The row columns, in table order.
-COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
-           "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
-           "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
-           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds"]
-
 
 @dataclass(frozen=True)
 class Cell:
@@ -186,46 +178,3 @@ def dask_executor(scheduler: str | None = None, local_workers: int | None = None
                                dashboard_address=None)
         client = Client(cluster)
     return client
-
-
-# ---- output ------------------------------------------------------------------------------
-def write_rows(rows: list[dict], path: str, fmt: str) -> None:
-    """Write rows as CSV or JSON lines atomically."""
-    from .outputs import atomic_open
-    with atomic_open(path) as f:
-        if fmt == "csv":
-            names = [c for c in COLUMNS if not rows or c in rows[0]]
-            names += [c for c in (rows[0] if rows else ()) if c not in names]
-            w = csv.DictWriter(f, fieldnames=names, extrasaction="ignore")
-            w.writeheader()
-            for r in rows:
-                w.writerow(r)
-        else:
-            for r in rows:
-                f.write(json.dumps(r, sort_keys=True) + "\n")
-
-
-def format_table(rows: list[dict]) -> str:
-    """The comparison table: one line per policy × cap × runtime."""
-    head = ["policy", "cap", "runtime", "peak reserved", "util", "over LOAD", "dev mallocs", "flushes",
-            "GC inc/full", "OOM", "alloc time", "p99 malloc"]
-    from .units import fmt_seconds
-    body = []
-    for r in rows:
-        oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
-        body.append([
-            row_label(r),
-            fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none", r["runtime"],
-            fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
-            f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
-            f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
-            fmt_seconds(r["latency_p99"] or 0)])
-    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    fmt = lambda cols: "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
-    lines = [fmt(head), fmt(["─" * w for w in widths])] + [fmt(b) for b in body]
-    return "\n".join(lines)
-
-
-def row_label(row: dict) -> str:
-    """How a table or a plot names a row's policy: ``torch[expandable_segments:True]``."""
-    return f"{row['policy']}[{row['options']}]" if row.get("options") else row["policy"]

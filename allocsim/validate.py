@@ -33,7 +33,6 @@ from . import engine
 from .errors import InputError
 from .trace import Trace
 from .trace import events as ev
-from .units import fmt_bytes
 
 GROW = (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP)
 SHRINK = (ev.SEGMENT_FREE, ev.SEGMENT_UNMAP)
@@ -103,31 +102,9 @@ class Validation:
         return asdict(self)
 
     def summary(self) -> str:
-        lines = [f"validate {self.trace or '-'}: framework {self.framework}, model {self.policy}"
-                 + (f" ({','.join(f'{k}={v}' for k, v in self.options.items())})" if self.options else ""),
-                 f"  compared: {', '.join(ev.KIND_NAMES[k] for k in self.kinds_compared)}"]
-        if self.pre_existing:
-            lines.append(f"  note: {self.pre_existing} pre-existing blocks (ring buffer wrapped); the model is not "
-                         f"seeded with the recorded layout, so early segment calls may differ (unseeded)")
-        lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
-        for c in self.checks:
-            fmt = fmt_bytes if c["name"].endswith("reserved") else str
-            lines.append(f"  {c['name']:<22}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
-                         f"{'ok' if c['ok'] else 'MISMATCH'}")
-        d = self.first_divergence
-        if d:
-            lines.append(f"  first divergence at segment event #{d['index']}:")
-            for side in ("recorded", "model"):
-                s = d[side]
-                if s is None:
-                    lines.append(f"    {side:<9} (no more segment events; reserved {fmt_bytes(d[side + '_reserved'])})")
-                else:
-                    lines.append(f"    {side:<9} event {s['event']} (for the ALLOC at {s['request']}): "
-                                 f"{s['kind']} {fmt_bytes(s['size'])} "
-                                 f"(reserved {fmt_bytes(s['reserved_before'])} -> {fmt_bytes(s['reserved_after'])})")
-        verdict = "MATCH" if self.match else "MISMATCH"
-        lines.append(f"verdict: {verdict}" + (" (unseeded)" if self.pre_existing and not self.seeded else ""))
-        return "\n".join(lines)
+        """``allocsim validate``'s report (`report.text.validation_summary`)."""
+        from .report.text import validation_summary
+        return validation_summary(self)
 
 
 def recorded_side(trace: Trace, kinds) -> Side:

@@ -3,6 +3,7 @@
 OOM is not monotone in the cap, so each answer is checked against a brute scan of the grid
 (generated traces) or of the window where the bisecting fit used to answer wrong (ResNet-50).
 """
+import html
 import os
 import tempfile
 
@@ -90,17 +91,23 @@ def test_fit_reports_each_replay_as_it_goes(small_trace_path):
     assert len(heard) == f["replays"] > 1
 
 
-def test_frontier_plot_and_report_show_no_safe_capacity_and_islands(tmp_path, small_trace_path):
-    from allocsim import plots
+def test_frontier_plot_and_report_show_no_safe_capacity_islands_and_stopped_walks(tmp_path, small_trace_path):
+    from allocsim.report import plots
+    from allocsim.report.html import index_html
+    from allocsim.report.text import fit_table
     from allocsim.trace import Trace
-    fits = [{"policy": "torch", "options": "", "capacity_bytes": None, "island_bytes": None},
-            {"policy": "split", "options": "", "capacity_bytes": 40 * MiB, "island_bytes": 30 * MiB}]
-    fit = {"load_bytes": 20 * MiB, "fits": fits}
+    fits = [{"policy": "torch", "options": "", "capacity_bytes": None, "island_bytes": None, "threshold": True,
+             "unlimited_peak_bytes": 50 * MiB, "replays": 1},
+            {"policy": "split", "options": "", "capacity_bytes": 40 * MiB, "island_bytes": 30 * MiB,
+             "threshold": False, "unlimited_peak_bytes": 45 * MiB, "replays": 7}]
+    fit = {"trace": small_trace_path, "load_bytes": 20 * MiB, "resolution_bytes": MiB, "fits": fits}
     trace = Trace.load(small_trace_path)
     assert os.path.getsize(plots.frontier_plot(trace, fit, str(tmp_path / "f.png"))) > 0
-    page = open(plots.index_html(str(tmp_path), trace, [], [], fit)).read()
-    assert "none (OOM)" in page and "island 30.00 MiB" in page
+    page = open(index_html(str(tmp_path), trace, [], [], fit, 7)).read()
+    assert "none (OOM)" in page and "30.00 MiB" in page
     assert page.index("split") < page.index("torch")           # no safe capacity sorts last
+    assert "40.00 MiB*" in page and "*: the walk stopped after --max-replays 7" in page   # the `fit` table's marker
+    assert html.escape(fit_table(fit, 7)) in page
 
 
 def test_a_walk_stopped_by_its_budget_is_still_safe_and_says_so():

@@ -61,7 +61,7 @@ def test_plot_needs_an_output(shipped):
 import numpy as np  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from allocsim import plots  # noqa: E402
+from allocsim.report import plots  # noqa: E402
 from allocsim.commands.plot import parse_caps  # noqa: E402
 from allocsim.sweep import Cell, Settings, run_cell, run_cells  # noqa: E402
 from allocsim.units import parse_size  # noqa: E402

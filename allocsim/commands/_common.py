@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -179,11 +178,6 @@ def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
             made[1]()
 
     return update, close
-
-
-def dump_json(obj, out=None) -> None:
-    json.dump(obj, out or sys.stdout, indent=1, default=str)
-    (out or sys.stdout).write("\n")
 
 
 def split_list(text: str, what: str) -> list[str]:

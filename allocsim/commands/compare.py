@@ -4,9 +4,11 @@ from __future__ import annotations
 import sys
 
 from ..outputs import add_force_argument, claim_outputs
-from ..sweep import Cell, Settings, format_table, row_label, run_cells, write_rows
+from ..report.tables import dump_json, write_rows
+from ..report.text import compare_table, row_sections, trace_heading
+from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
-                      check_caps, cost_model_arg, dump_json, gc_every_arg, load_trace, policy_specs, split_list)
+                      check_caps, cost_model_arg, gc_every_arg, load_trace, policy_specs, split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -70,12 +72,9 @@ def run(args) -> int:
     if args.json:
         dump_json(rows)
         return 0
-    t = load_trace(args.trace)
-    from ..units import fmt_bytes
-    print(f"{args.trace}: {len(t):,} events, {t.n_allocs:,} allocs, LOAD {fmt_bytes(t.load_bytes)}")
-    print(format_table(rows))
+    print(trace_heading(args.trace, load_trace(args.trace)))
+    print(compare_table(rows))
     if args.sections:
         for r in rows:
-            print(f"\n{row_label(r)} cap {fmt_bytes(r['cap_bytes'])} {r['runtime']}")
-            print(r["section_table"])
+            print(row_sections(r))
     return 0

@@ -5,10 +5,11 @@ import threading
 from multiprocessing import Manager
 
 from ..errors import UsageError
-from ..fit import MAX_REPLAYS, MiB, _fit_job, by_capacity, fit_capacity
-from ..sweep import Settings, process_pool, row_label
-from ..units import fmt_bytes
-from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, cost_model_arg, dump_json,
+from ..fit import MAX_REPLAYS, MiB, _fit_job, fit_capacity
+from ..report.tables import dump_json
+from ..report.text import fit_table
+from ..sweep import Settings, process_pool
+from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, cost_model_arg,
                       load_trace, policy_specs, positive_size, progress_bar)
 
 NAME = "fit"
@@ -96,20 +97,5 @@ def run(args) -> int:
     if args.json:
         dump_json(res)
         return 0
-    load = res["load_bytes"]
-    print(f"{args.trace}: LOAD {fmt_bytes(load)}" + (f", oracle peak {fmt_bytes(res['oracle_peak_bytes'])}"
-                                                     if "oracle_peak_bytes" in res else ""))
-    w = max([len("policy")] + [len(row_label(f)) for f in res["fits"]]) + 2
-    print(f"{'policy':<{w}}{'safe capacity':>14}{'vs LOAD':>10}{'island below':>14}{'no-limit peak':>16}{'replays':>9}")
-    for f in by_capacity(res["fits"]):
-        cap, island = f["capacity_bytes"], f["island_bytes"]
-        vs = f"{100 * (cap / load - 1):+.1f}%" if cap is not None and load else "-"
-        shown = "none (OOM)" if cap is None else fmt_bytes(cap) + ("" if f["threshold"] else "*")
-        print(f"{row_label(f):<{w}}{shown:>14}{vs:>10}"
-              f"{fmt_bytes(island) if island is not None else '-':>14}"
-              f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
-    print(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(res['resolution_bytes'])} grid) "
-          f"replayed without OOM; island: a smaller capacity that passes, below one that fails")
-    if not all(f["threshold"] for f in res["fits"]):
-        print(f"*: the walk stopped after --max-replays {args.max_replays}: safe, but a lower safe capacity may exist")
+    print(fit_table(res, args.max_replays))
     return 0

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..trace import events as ev
 from ..units import fmt_bytes, fmt_count, fmt_seconds
-from ._common import dump_json, load_trace, progress_bar
+from ..report.tables import dump_json
+from ._common import load_trace, progress_bar
 
 NAME = "info"
 HELP = "summarise a trace: events, sizes, LOAD, iterations, streams, upstream segments, metadata"

@@ -5,7 +5,7 @@ import os
 
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, claim_outputs
-from ..sweep import Cell, Settings, run_cell, run_cells
+from ..sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg, cost_model_arg,
                       load_trace, policy_specs, split_list)
 
@@ -35,7 +35,7 @@ def add_arguments(p):
 
 def check_arguments(args) -> None:
     """Refuse contradictory or unusable plotting options at once, before any replay."""
-    from ..plots import FORMATS, picture_format
+    from ..report.plots import FORMATS, picture_format
     if args.output and args.report:
         raise UsageError("give -o FILE for one picture or --report DIR for all, not both")
     if not args.report and not args.output:
@@ -65,9 +65,14 @@ def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
     return out
 
 
-def _rows(trace_path, specs, caps, runtime, settings, jobs):
+def _rows(trace_path, specs, caps, runtime, settings, jobs, replayed=None):
+    """The rows of every policy × cap, in cell order; ``replayed`` ({label: result} at the first cap under
+    ``runtime``: the timeline replays) gives its rows as they are instead of replaying them again."""
     cells = [Cell(trace_path, spec, c, runtime) for spec in specs for c in caps]
-    return run_cells(cells, settings, jobs=jobs)
+    rows = {c: result_row(replayed[c.policy.label], c) for c in cells if replayed and c.cap == caps[0]}
+    todo = sorted((c for c in cells if c not in rows), key=Cell.sort_key)
+    rows.update(zip(todo, run_cells(todo, settings, jobs=jobs)))
+    return [rows[c] for c in sorted(cells, key=Cell.sort_key)]
 
 
 def _report_is_foreign(index: str) -> bool:
@@ -96,7 +101,9 @@ def claim(args, ext: str) -> None:
 
 
 def run(args) -> int:
-    from .. import plots
+    from ..fit import MAX_REPLAYS
+    from ..report import plots
+    from ..report.html import index_html
     from .fit import frontier
     check_arguments(args)                           # before the replays, not after
     trace = load_trace(args.trace)
@@ -109,7 +116,7 @@ def run(args) -> int:
     style = {"styles": plots.policy_styles(labels)}
     first = f"eager runtime, {plots.cap_label(caps[0], cap_text)}"
     compute = {"timeline": lambda: _timeline_results(args.trace, specs, settings, caps[0]),
-               "rows": lambda: _rows(args.trace, specs, caps, "eager", settings, args.jobs),
+               "rows": lambda: _rows(args.trace, specs, caps, "eager", settings, args.jobs, data.get("timeline")),
                "gc_rows": lambda: _rows(args.trace, specs, caps, "gc", settings, args.jobs),
                "fit": lambda: frontier(args.trace, specs, jobs=args.jobs, settings=settings)}
     data = {}
@@ -133,13 +140,13 @@ def run(args) -> int:
     if not args.report:
         print(draw(args.kind or "memory", args.output))
         return 0
-    for what in compute:                        # every replay before the first picture is written
+    for what in compute:        # every replay before the first picture is written; the timelines first, for the rows
         need(what)
     os.makedirs(args.report, exist_ok=True)
     ext = ".svg" if args.svg else ".png"
     written = {kind: draw(kind, os.path.join(args.report, kind + ext)) for kind in KINDS}
     images = [(TITLES[k], os.path.basename(p)) for k, p in written.items()]
-    idx = plots.index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"))
+    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS)
     for p in written.values():
         print(p)
     print(idx)

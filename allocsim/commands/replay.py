@@ -5,8 +5,10 @@ import sys
 import time
 
 from .. import engine
+from ..report.tables import dump_json
+from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
-from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg, dump_json,
+from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg,
                       gc_every_arg, lazy_progress_bar, load_trace, positive_size, progress_bar)
 
 NAME = "replay"
@@ -49,12 +51,12 @@ def run(args) -> int:
     if args.json:
         dump_json(res.to_dict())
     else:
-        print(res.summary())
+        print(replay_summary(res))
         if not args.no_sections:
             print()
-            print(res.section_table)
+            print(section_table(res.sections))
     if res.ooms and not args.keep_going:
         print(f"allocsim: {args.trace or '<embedded>/' + DEFAULT_TRACE}: out of memory at "
-              f"{res.first_oom.describe()} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)
+              f"{oom_line(res.first_oom)} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)
         return 1
     return 0

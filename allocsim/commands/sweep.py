@@ -12,8 +12,9 @@ import sys
 
 from ..errors import InputError, UsageError
 from ..outputs import atomic_open, claim_outputs
-from ..sweep import COLUMNS, Cell, dask_executor, run_cells, write_rows
-from ._common import distinct, dump_json, positive_int
+from ..report.tables import COLUMNS, dump_json, write_rows
+from ..sweep import Cell, dask_executor, run_cells
+from ._common import distinct, positive_int
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 

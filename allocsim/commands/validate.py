@@ -5,8 +5,10 @@ segment event is printed), 2 on bad input.
 """
 from __future__ import annotations
 
+from ..report.tables import dump_json
+from ..report.text import validation_summary
 from ..validate import validate
-from ._common import capacity_arg, dump_json, load_trace
+from ._common import capacity_arg, load_trace
 
 NAME = "validate"
 HELP = "replay a trace with its recorder's allocator model and compare segment calls"
@@ -27,5 +29,5 @@ def run(args) -> int:
     if args.json:
         dump_json(v.to_dict())
     else:
-        print(v.summary())
+        print(validation_summary(v))
     return 0 if v.match else 1

@@ -16,10 +16,12 @@ maximum so peaks survive.
 """
 from __future__ import annotations
 
-import html
 import os
 
 import numpy as np
+
+from ..units import fmt_bytes
+from .text import by_capacity, row_label
 
 GiB, MiB = 1 << 30, 1 << 20
 FORMATS = (".png", ".svg", ".pdf")
@@ -64,7 +66,7 @@ def picture_format(path: str) -> str:
 
 def save(fig, path: str) -> str:
     """Write ``fig`` whole to ``path`` (PNG, SVG or PDF by extension) and close it."""
-    from .outputs import atomic_path
+    from ..outputs import atomic_path
     import matplotlib
     fmt = picture_format(path)
     if not fmt:
@@ -78,12 +80,6 @@ def save(fig, path: str) -> str:
 def _title(trace, what: str, setting: str = "") -> str:
     name = os.path.basename(trace.path) if trace.path else "trace"
     return f"{what} — {name}" + (f"\n{setting}" if setting else "")
-
-
-def policy_of(row: dict) -> str:
-    """The policy label of a comparison row or a fit entry: ``torch[expandable_segments:True]``."""
-    from .sweep import row_label
-    return row_label(row)
 
 
 def policy_styles(labels) -> dict:
@@ -105,7 +101,6 @@ def cap_label(cap_bytes: int | None, cap_text: dict | None = None) -> str:
     The binary size is added when the user's text is not already in binary units,
     so that a ``4GB`` cap is not mistaken for the ``3.73 GiB`` the tables print.
     """
-    from .units import fmt_bytes
     if cap_bytes is None:
         return "no cap"
     text = (cap_text or {}).get(cap_bytes)
@@ -189,7 +184,7 @@ def _grouped(ax, rows, value, ylabel, *, styles, cap_text=None, log=False, fmt="
     caps = [c for c in cap_text or {} if c in caps] or caps      # in the order the user gave them
     width = 0.84 / max(1, len(pols))
     base = mtrans.blended_transform_factory(ax.transData, ax.transAxes)
-    by = {(policy_of(r), r["cap_bytes"]): r for r in rows}
+    by = {(row_label(r), r["cap_bytes"]): r for r in rows}
     for pi, p in enumerate(pols):
         xs = np.arange(len(caps)) - 0.42 + (pi + 0.5) * width
         runs = [by.get((p, c)) for c in caps]
@@ -226,7 +221,7 @@ def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting=
     """Peak reserved, utilization, device mallocs and modeled allocation time per cap × policy."""
     from matplotlib.lines import Line2D
     plt = _plt()
-    styles = styles or policy_styles(policy_of(r) for r in rows)
+    styles = styles or policy_styles(row_label(r) for r in rows)
     peak = max([r["peak_reserved_bytes"] for r in rows] + [trace.load_bytes, 1])
     scale, unit = _unit(peak)
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), layout="constrained")
@@ -253,11 +248,9 @@ def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
     Dots, not bars: the axis starts near LOAD, where the differences are, and a bar
     cut off at a non-zero origin would exaggerate them.
     """
-    from .fit import by_capacity
-    from .units import fmt_bytes
     plt = _plt()
     fits = by_capacity(fit["fits"])
-    styles = styles or policy_styles(policy_of(f) for f in fits)
+    styles = styles or policy_styles(row_label(f) for f in fits)
     load = fit["load_bytes"]
     refs = [load] + ([fit["oracle_peak_bytes"]] if "oracle_peak_bytes" in fit else [])
     values = [v for f in fits for v in (f["capacity_bytes"], f["island_bytes"]) if v is not None] + refs
@@ -266,7 +259,7 @@ def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
     ys = np.arange(len(fits))
     island_shown = False
     for y, f in zip(ys, fits):
-        st = styles[policy_of(f)]
+        st = styles[row_label(f)]
         if f["capacity_bytes"] is None:
             ax.annotate("none: OOM even with no cap", (load / scale, y), xytext=(9, 0), textcoords="offset points",
                         va="center", fontsize=9, color="0.3")
@@ -289,7 +282,7 @@ def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
     lo, hi = min(values) / scale, max(values) / scale
     span = max(hi - lo, 0.02 * hi, 1e-9)
     ax.set_xlim(lo - 0.08 * span, hi + 0.45 * span)        # room on the right for the value labels
-    ax.set_yticks(ys, [policy_of(f) for f in fits])
+    ax.set_yticks(ys, [row_label(f) for f in fits])
     ax.set_ylim(len(fits) - 0.5, -0.5)                      # the best fit on top
     ax.set_xlabel(f"safe device capacity: no OOM from it up ({unit}; the axis starts near LOAD, not at 0)")
     ax.set_title(_title(trace, "Capacity frontier: the smallest GPU each allocator is safe on", setting))
@@ -330,7 +323,7 @@ def gc_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="g
     """GC calls (incremental + full) and modeled GC pause time per cap × policy, log scale."""
     from matplotlib.lines import Line2D
     plt = _plt()
-    styles = styles or policy_styles(policy_of(r) for r in rows)
+    styles = styles or policy_styles(row_label(r) for r in rows)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.8), layout="constrained")
     kw = {"styles": styles, "cap_text": cap_text, "log": True}
     _grouped(axes[0], rows, lambda r: r["gc_incremental"] + r["gc_full"], "GC calls, incremental + full (log)", **kw)
@@ -359,30 +352,3 @@ def latency_plot(trace, results: dict, path: str, **kw):
 
 def gc_plot(trace, rows: list[dict], path: str, **kw):
     return save(gc_figure(trace, rows, **kw), path)
-
-
-def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: list[dict], fit: dict | None) -> str:
-    """An index.html that shows the pictures with the comparison table."""
-    from .outputs import atomic_open
-    from .sweep import format_table
-    from .units import fmt_bytes
-    name = os.path.basename(trace.path or "trace")
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>allocsim report — {html.escape(name)}</title>",
-             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{font-size:12px;"
-             "background:#f6f6f6;padding:1em;overflow-x:auto}img{max-width:100%;border:1px solid #ddd}</style></head><body>",
-             f"<h1>allocsim report — {html.escape(name)}</h1>",
-             f"<p>{len(trace):,} events, {trace.n_allocs:,} allocations, LOAD {fmt_bytes(trace.load_bytes)}.</p>",
-             "<h2>Comparison</h2><pre>" + html.escape(format_table(table_rows)) + "</pre>"]
-    if fit:
-        from .fit import by_capacity
-        parts.append("<h2>Capacity frontier (safe capacity, island below)</h2><pre>" + "\n".join(
-            f"{policy_of(f):<34} {fmt_bytes(c) if (c := f['capacity_bytes']) is not None else 'none (OOM)':>12}"
-            f"{'  island ' + fmt_bytes(f['island_bytes']) if f['island_bytes'] is not None else ''}"
-            for f in by_capacity(fit["fits"])) + "</pre>")
-    for title, img in images:
-        parts.append(f"<h2>{html.escape(title)}</h2><img src='{html.escape(img)}' alt='{html.escape(title)}'>")
-    parts.append("</body></html>")
-    path = os.path.join(outdir, "index.html")
-    with atomic_open(path) as f:
-        f.write("\n".join(parts))
-    return path

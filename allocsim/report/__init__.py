@@ -1,0 +1,11 @@
+"""Reports of results, apart from the replays that made them.
+
+Every module here reads results — a `ReplayResult` or its ``to_dict()`` form, compare/sweep rows,
+a fit result, a `Validation` — and writes them for people or programs; none replays or reaches into
+the engine, so a result read back from JSON reports the same as a fresh one.
+
+- `text`: the replay summary, section table, compare table, fit table and validate's verdict;
+- `tables`: rows as CSV or JSON lines, one result as JSON;
+- `plots`: the pictures (matplotlib, imported only when drawing);
+- `html`: the ``plot --report`` page.
+"""

@@ -1,0 +1,39 @@
+"""Machine-readable reports: result rows as CSV or JSON lines, one result as a JSON document.
+
+A row is the flat dict `sweep.result_row` makes of a replay (the same figures as
+``allocsim replay --json``); `COLUMNS` is its schema and the CSV column order.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import sys
+
+from ..outputs import atomic_open
+
+#: The row columns, in table order.
+COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
+           "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
+           "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
+           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds"]
+
+
+def write_rows(rows: list[dict], path: str, fmt: str) -> None:
+    """Write rows to ``path`` as CSV (`COLUMNS` first, then any others) or JSON lines, whole or not at all."""
+    with atomic_open(path) as f:
+        if fmt == "csv":
+            names = [c for c in COLUMNS if not rows or c in rows[0]]
+            names += [c for c in (rows[0] if rows else ()) if c not in names]
+            w = csv.DictWriter(f, fieldnames=names, extrasaction="ignore")
+            w.writeheader()
+            for r in rows:
+                w.writerow(r)
+        else:
+            for r in rows:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def dump_json(obj, out=None) -> None:
+    """One JSON document (a result's ``to_dict()``, rows, a fit) to ``out`` (stdout), as every ``--json`` prints it."""
+    json.dump(obj, out or sys.stdout, indent=1, default=str)
+    (out or sys.stdout).write("\n")

@@ -1,0 +1,185 @@
+"""The text reports: a replay's summary, its section table, the compare table, the fit table and
+validate's verdict.
+
+Each function reads a result — the dataclass (`ReplayResult`, `OOMRecord`, `Validation`) or its
+dict form (``to_dict()``, a compare/sweep row, a fit result, JSON read back) — and returns text;
+none of them replays or looks inside the engine, so a result stored as JSON prints the same.
+"""
+from __future__ import annotations
+
+from dataclasses import is_dataclass
+
+from ..units import fmt_bytes, fmt_count, fmt_seconds
+
+
+def _fields(result) -> dict:
+    """A result's fields by name: its dict form as it is, a dataclass's own (not copied) attributes."""
+    return vars(result) if is_dataclass(result) else result
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def oom_line(oom) -> str:
+    """One OOM: the event, the request and the pool's state (the report's and stderr's OOM line)."""
+    o = _fields(oom)
+    return (f"event {o['event']}: {fmt_bytes(o['size'])} request with {fmt_bytes(o['live_bytes'])} live, "
+            f"{fmt_bytes(o['allocated_bytes'])} allocated, {fmt_bytes(o['reserved_bytes'])} reserved, "
+            f"largest-free frag {_pct(o['largest_free_fragmentation'])}")
+
+
+def replay_summary(result) -> str:
+    """The human summary ``allocsim replay`` prints above the section table."""
+    r = _fields(result)
+    cap = fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none"
+    capacity = fmt_bytes(r["capacity_bytes"]) if r["capacity_bytes"] is not None else "unlimited"
+    lat = r["latency"]
+    lines = [
+        f"policy {r['policy']}  runtime {r['runtime']}  cap {cap}  capacity {capacity}"
+        + (f"  options {','.join(f'{k}={v}' for k, v in r['options'].items())}" if r["options"] else ""),
+        f"trace {r['trace'] or '-'}: {fmt_count(r['events'])} events, {fmt_count(r['allocs'])} allocs"
+        + ("" if r["completed"] else "  (stopped at the first OOM)"),
+        "",
+        f"  LOAD (peak live)         {fmt_bytes(r['load_bytes']):>12}",
+        f"  peak allocated           {fmt_bytes(r['peak_allocated_bytes']):>12}",
+        f"  peak reserved            {fmt_bytes(r['peak_reserved_bytes']):>12}"
+        f"   (final {fmt_bytes(r['final_reserved_bytes'])})",
+        f"  utilization              {100 * r['utilization']:>11.1f}%   fragmentation {100 * r['fragmentation']:.1f}%",
+        f"  overhead vs LOAD         {100 * r['overhead_vs_load']:>11.1f}%",
+        f"  largest-free frag @peak  {_pct(r['largest_free_fragmentation_at_peak']):>12}",
+        f"  device mallocs / frees   {r['device_mallocs']:>12,} / {r['device_frees']:,}"
+        f"   ({fmt_bytes(r['device_malloc_bytes'])} / {fmt_bytes(r['device_free_bytes'])})",
+        f"  cache flushes            {r['cache_flushes']:>12,}",
+        f"  GC calls incr / full     {r['gc_incremental']:>12,} / {r['gc_full']:,}"
+        f"   ({fmt_seconds(r['gc_time_seconds'])} paused, {fmt_bytes(r['gc_reclaimed_bytes'])} reclaimed)",
+        f"  OOMs                     {r['ooms']:>12,}",
+    ]
+    lines += [f"    {oom_line(o)}" for o in r["oom_events"][:5]]
+    if lat:
+        lines.append(f"  malloc latency ({'measured' if r['latency_measured'] else 'modeled'}) "
+                     f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
+                     f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r['alloc_time_seconds'])}")
+    for k, v in r["counters"].items():
+        if k != "cache_flushes":
+            lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
+    lines.append(f"  load {r['load_seconds']:.3f}s  replay {r['replay_seconds']:.3f}s  "
+                 f"total {r['load_seconds'] + r['replay_seconds']:.3f}s")
+    return "\n".join(lines)
+
+
+def section_table(rows: list[dict], title: str | None = None) -> str:
+    """The section table in the layout of the CuArrays TimerOutputs tables, from a result's ``sections``
+    rows (``{name, depth, ncalls, seconds}``, depth-first)."""
+    total = sum(r["seconds"] for r in rows if r["depth"] == 0) or 1.0
+    width = max([len("Section")] + [2 * r["depth"] + len(r["name"]) for r in rows]) + 2
+    lines = [f" {title}"] if title else []
+    head = f" {'Section':<{width}}{'ncalls':>8} {'time':>8} {'%tot':>6} {'avg':>8}"
+    rule = " " + "─" * (len(head) - 1)
+    lines += [rule, head, rule]
+    for r in rows:
+        name = "  " * r["depth"] + r["name"]
+        avg = r["seconds"] / r["ncalls"] if r["ncalls"] else 0.0
+        pct = 100 * r["seconds"] / total
+        pct_s = f"{pct:.3g}%" if pct >= 0.01 or pct == 0 else "<0.01%"
+        lines.append(f" {name:<{width}}{fmt_count(r['ncalls']):>8} {fmt_seconds(r['seconds']):>8} "
+                     f"{pct_s:>6} {fmt_seconds(avg):>8}")
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def row_label(row: dict) -> str:
+    """How a table or a plot names a row's (or a fit's) policy: ``torch[expandable_segments:True]``."""
+    return f"{row['policy']}[{row['options']}]" if row.get("options") else row["policy"]
+
+
+def trace_heading(path: str, trace) -> str:
+    """The line above the compare table: the trace's size and LOAD."""
+    return f"{path}: {len(trace):,} events, {trace.n_allocs:,} allocs, LOAD {fmt_bytes(trace.load_bytes)}"
+
+
+def compare_table(rows: list[dict]) -> str:
+    """The comparison table: one line per policy × cap × runtime, from compare/sweep rows."""
+    head = ["policy", "cap", "runtime", "peak reserved", "util", "over LOAD", "dev mallocs", "flushes",
+            "GC inc/full", "OOM", "alloc time", "p99 malloc"]
+    body = []
+    for r in rows:
+        oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
+        body.append([
+            row_label(r),
+            fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none", r["runtime"],
+            fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
+            f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
+            f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
+            fmt_seconds(r["latency_p99"] or 0)])
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+
+    def line(cols):
+        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+
+    return "\n".join([line(head), line(["─" * w for w in widths])] + [line(b) for b in body])
+
+
+def row_sections(row: dict) -> str:
+    """``compare --sections``: a row's heading line and the section table it carries."""
+    return f"\n{row_label(row)} cap {fmt_bytes(row['cap_bytes'])} {row['runtime']}\n{row['section_table']}"
+
+
+def by_capacity(fits: list[dict]) -> list[dict]:
+    """Fits ordered by safe capacity, those with none (OOM even without a cap) last."""
+    return sorted(fits, key=lambda f: (f["capacity_bytes"] is None, f["capacity_bytes"] or 0))
+
+
+def fit_table(fit: dict, max_replays: int) -> str:
+    """``allocsim fit``'s table from a fit result (`commands.fit.frontier`); a capacity whose walk stopped
+    after ``max_replays`` replays is marked ``*``, with a note saying what that means."""
+    load = fit["load_bytes"]
+    lines = [f"{fit['trace']}: LOAD {fmt_bytes(load)}"
+             + (f", oracle peak {fmt_bytes(fit['oracle_peak_bytes'])}" if "oracle_peak_bytes" in fit else "")]
+    w = max([len("policy")] + [len(row_label(f)) for f in fit["fits"]]) + 2
+    lines.append(f"{'policy':<{w}}{'safe capacity':>14}{'vs LOAD':>10}{'island below':>14}{'no-limit peak':>16}"
+                 f"{'replays':>9}")
+    for f in by_capacity(fit["fits"]):
+        cap, island = f["capacity_bytes"], f["island_bytes"]
+        vs = f"{100 * (cap / load - 1):+.1f}%" if cap is not None and load else "-"
+        shown = "none (OOM)" if cap is None else fmt_bytes(cap) + ("" if f["threshold"] else "*")
+        lines.append(f"{row_label(f):<{w}}{shown:>14}{vs:>10}"
+                     f"{fmt_bytes(island) if island is not None else '-':>14}"
+                     f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
+    lines.append(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(fit['resolution_bytes'])} grid) "
+                 f"replayed without OOM; island: a smaller capacity that passes, below one that fails")
+    if not all(f["threshold"] for f in fit["fits"]):
+        lines.append(f"*: the walk stopped after --max-replays {max_replays}: safe, but a lower safe capacity may "
+                     f"exist")
+    return "\n".join(lines)
+
+
+def validation_summary(validation) -> str:
+    """``allocsim validate``'s report: the checks side by side, the first divergence, the verdict."""
+    from ..trace.events import KIND_NAMES
+    v = _fields(validation)
+    lines = [f"validate {v['trace'] or '-'}: framework {v['framework']}, model {v['policy']}"
+             + (f" ({','.join(f'{k}={x}' for k, x in v['options'].items())})" if v["options"] else ""),
+             f"  compared: {', '.join(KIND_NAMES[k] for k in v['kinds_compared'])}"]
+    if v["pre_existing"]:
+        lines.append(f"  note: {v['pre_existing']} pre-existing blocks (ring buffer wrapped); the model is not "
+                     f"seeded with the recorded layout, so early segment calls may differ (unseeded)")
+    lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
+    for c in v["checks"]:
+        fmt = fmt_bytes if c["name"].endswith("reserved") else str
+        lines.append(f"  {c['name']:<22}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
+                     f"{'ok' if c['ok'] else 'MISMATCH'}")
+    d = v["first_divergence"]
+    if d:
+        lines.append(f"  first divergence at segment event #{d['index']}:")
+        for side in ("recorded", "model"):
+            s = d[side]
+            if s is None:
+                lines.append(f"    {side:<9} (no more segment events; reserved {fmt_bytes(d[side + '_reserved'])})")
+            else:
+                lines.append(f"    {side:<9} event {s['event']} (for the ALLOC at {s['request']}): "
+                             f"{s['kind']} {fmt_bytes(s['size'])} "
+                             f"(reserved {fmt_bytes(s['reserved_before'])} -> {fmt_bytes(s['reserved_after'])})")
+    verdict = "MATCH" if v["match"] else "MISMATCH"
+    lines.append(f"verdict: {verdict}" + (" (unseeded)" if v["pre_existing"] and not v["seeded"] else ""))
+    return "\n".join(lines)
