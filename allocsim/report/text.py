@@ -21,6 +21,11 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _options(options: dict) -> str:
+    """``k=v,...``; a list is a tuple read back from JSON (option values are immutable), shown as one."""
+    return ",".join(f"{k}={tuple(v) if isinstance(v, list) else v}" for k, v in options.items())
+
+
 def oom_line(oom) -> str:
     """One OOM: the event, the request and the pool's state (the report's and stderr's OOM line)."""
     o = _fields(oom)
@@ -37,7 +42,7 @@ def replay_summary(result) -> str:
     lat = r["latency"]
     lines = [
         f"policy {r['policy']}  runtime {r['runtime']}  cap {cap}  capacity {capacity}"
-        + (f"  options {','.join(f'{k}={v}' for k, v in r['options'].items())}" if r["options"] else ""),
+        + (f"  options {_options(r['options'])}" if r["options"] else ""),
         f"trace {r['trace'] or '-'}: {fmt_count(r['events'])} events, {fmt_count(r['allocs'])} allocs"
         + ("" if r["completed"] else "  (stopped at the first OOM)"),
         "",
@@ -159,7 +164,7 @@ def validation_summary(validation) -> str:
     from ..trace.events import KIND_NAMES
     v = _fields(validation)
     lines = [f"validate {v['trace'] or '-'}: framework {v['framework']}, model {v['policy']}"
-             + (f" ({','.join(f'{k}={x}' for k, x in v['options'].items())})" if v["options"] else ""),
+             + (f" ({_options(v['options'])})" if v["options"] else ""),
              f"  compared: {', '.join(KIND_NAMES[k] for k in v['kinds_compared'])}"]
     if v["pre_existing"]:
         lines.append(f"  note: {v['pre_existing']} pre-existing blocks (ring buffer wrapped); the model is not "
