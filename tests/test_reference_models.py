@@ -204,7 +204,7 @@ def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap,
 
 
 # ---- the rules' boundaries, worked by hand, on the fast path and on the slow path ----------
-SLOW_PATH = "per_process_memory_fraction:1.0,garbage_collection_threshold:0.99"   # GC on: `malloc`, not `_malloc_fast`
+SLOW_PATH = "per_process_memory_fraction:0.99,garbage_collection_threshold:0.99"   # a GC threshold: `malloc`, not `_malloc_fast`
 
 
 def _one_after_another(sizes, free_previous=True):

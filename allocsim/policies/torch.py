@@ -299,6 +299,56 @@ def _expandable_size(b: Block) -> int:
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
 
+# ---- the memory fraction ----------------------------------------------------------------
+class AllowedMemory:
+    """PyTorch's ``allowed_memory_maximum``: the bytes ``alloc_block`` may reserve, or None.
+
+    ``setMemoryFraction(f)`` sets it to ``int(f * total memory)`` when f < 1 and clears it
+    at f = 1; with it set, ``alloc_block`` fails a segment that would pass it without
+    calling cudaMalloc, and ``garbage_collection_threshold`` acts. Here it is
+    ``-O per_process_memory_fraction`` when given, else the device's current cap
+    (``--cap``, or a limit the engine set from the trace's ``SET_LIMIT`` events), read at
+    each use because the engine changes it mid-run; a cap at or above the device memory
+    is fraction 1, no limit.
+
+    For `allocsim fit`: comparisons with the cap are reported to the device (``note``);
+    the GC reads the cap's value itself (its threshold), so a replay with a GC threshold
+    and no explicit fraction pins the device, as does a fraction taken of the cap.
+    """
+
+    __slots__ = ("device", "fixed", "explicit")
+
+    def __init__(self, device, fraction: float | None, gc_threshold: float | None):
+        self.device = device
+        self.explicit = fraction is not None
+        self.fixed = None
+        if self.explicit and fraction < 1.0:
+            total = device.capacity if device.capacity is not None else device.cap
+            if total is None:
+                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
+            self.fixed = int(fraction * total)
+            if device.capacity is None:
+                device.pin()            # the allowed memory is a fraction of the cap itself
+        if not self.explicit and (gc_threshold or 0.0) > 0.0:
+            device.pin()                # whether the GC runs, and down to what, is the cap's value
+
+    def __call__(self) -> int | None:
+        if self.explicit:
+            return self.fixed
+        cap, total = self.device.cap, self.device.capacity
+        return cap if cap is not None and (total is None or cap < total) else None
+
+    def grants(self, need: int) -> bool:
+        """Whether reserving up to ``need`` bytes stays within the allowed memory (`alloc_block`'s check)."""
+        allowed = self()
+        if allowed is None:
+            return True
+        ok = need <= allowed
+        if not self.explicit:
+            self.device.note(need, ok)
+        return ok
+
+
 # ---- the policy -------------------------------------------------------------------------
 @register
 class TorchCachingAllocator(Policy):
@@ -343,17 +393,8 @@ class TorchCachingAllocator(Policy):
         self._plain_rounding = not any(d > 1 for d in self.divisions)
         self.expandable = bool(self.expandable_segments)
         self.total_memory = device.capacity if device.capacity is not None else device.cap
-        frac = self.per_process_memory_fraction
-        self.fraction_set = frac is not None
-        if self.fraction_set:
-            if self.total_memory is None:
-                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
-            self.allowed_max = int(frac * self.total_memory)
-            if device.capacity is None:
-                device.pin()            # the allowed memory is a fraction of the cap itself
-        else:
-            self.allowed_max = SIZE_MAX
-        self.gc_on = self.fraction_set and (self.garbage_collection_threshold or 0.0) > 0.0
+        self.allowed = AllowedMemory(device, self.per_process_memory_fraction, self.garbage_collection_threshold)
+        self.gc_threshold_set = (self.garbage_collection_threshold or 0.0) > 0.0
         # pools: stream index -> (small, large); release paths visit them in cudaStream_t order
         self._pools: dict[int, tuple[BlockPool, BlockPool]] = {}
         self._stream_values = list(trace.streams) if trace is not None else []
@@ -371,7 +412,7 @@ class TorchCachingAllocator(Policy):
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
         self._spare: list[Block] = []  # free blocks `_free_fast` merged away, reused by `_malloc_fast`'s splits
-        if not self.expandable and not self.gc_on:      # the common case gets the inlined hot path
+        if not self.expandable and not self.gc_threshold_set:  # the common case gets the inlined hot path
             self.malloc = self._malloc_fast
             self.free = self._free_fast
 
@@ -385,9 +426,12 @@ class TorchCachingAllocator(Policy):
         return [self._pools[s][0 if small else 1] for s in order]
 
     def _insert(self, pool: BlockPool, b: Block) -> None:
-        if self.gc_on:
-            b.gc_base = self.gfb_calls[pool.small]
+        b.gc_base = self.gfb_calls[pool.small]      # the counts only tick while the GC is on
         pool.insert(b)
+
+    def gc_on(self) -> bool:
+        """Whether `garbage_collect_cached_blocks` runs now: a threshold and an allowed memory in force."""
+        return self.gc_threshold_set and self.allowed() is not None
 
     # ---- malloc ---------------------------------------------------------------------------
     def malloc(self, size, stream):
@@ -524,7 +568,7 @@ class TorchCachingAllocator(Policy):
 
     def _get_free_block(self, pool: BlockPool, n: int):
         """Best fit on this stream: smallest size >= n, lowest address; oversize rules."""
-        if self.gc_on:
+        if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
         i = bisect_left(keys, n << SHIFT)
@@ -552,7 +596,7 @@ class TorchCachingAllocator(Policy):
         """Steps 2-6 after a pool miss; None after counting an OOM."""
         sec, dev = self.sections, self.device
         # free-memory callbacks: none registered in a replay, so no second search
-        if self.gc_on:
+        if self.gc_on():
             sec.push("2. garbage_collect_cached_blocks", dev.clock)
             self.garbage_collect_cached_blocks()
             sec.pop(dev.clock)
@@ -589,7 +633,7 @@ class TorchCachingAllocator(Policy):
 
     def _alloc_block(self, pool: BlockPool, n: int, seg: int):
         """A new segment (or expandable pages) for ``n`` bytes; None if the device refuses."""
-        if self.fraction_set and self.device.reserved + seg > self.allowed_max:
+        if not self.allowed.grants(self.device.reserved + seg):
             return None
         if self.expandable:
             return self._try_allocate_expandable_block(pool, n)
@@ -688,9 +732,16 @@ class TorchCachingAllocator(Policy):
                         pool.erase(b)                       # release_expandable_segment
                         self._segments.remove(b.es)
 
+    def release_cache(self) -> None:
+        """``torch.cuda.empty_cache()`` (a CACHE_RELEASE event): ``emptyCache`` is `release_cached_blocks`."""
+        sec, dev = self.sections, self.device
+        sec.push("empty_cache", dev.clock)
+        self.release_cached_blocks()
+        sec.pop(dev.clock)
+
     def garbage_collect_cached_blocks(self) -> None:
         """Free large-pool cached segments at least as old as the average, down to the threshold."""
-        gc_thr = int(self.garbage_collection_threshold * self.allowed_max)
+        gc_thr = int(self.garbage_collection_threshold * self.allowed())
         dev = self.device
         if dev.reserved <= gc_thr:
             return
