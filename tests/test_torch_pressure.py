@@ -19,14 +19,20 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import allocsim
 from allocsim import engine
-from allocsim.trace import Trace
+from allocsim.fit import fit_capacity
+from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.validate import SEGMENT_KINDS, validate
 
 from conftest import ROOT
+from test_fit_safe import brute_safe, passes
+
+KiB, MiB = 1 << 10, 1 << 20
 
 RAW = os.path.join(ROOT, "traces", "raw", "pressure")
 #: scenarios whose recording holds only ALLOC/FREE and segment events: the engine replays them whole
@@ -172,3 +178,60 @@ def test_empty_cache_frees_the_segments_pytorch_freed(recording):
     assert model_calls(trace, pol) == recorded_calls(trace)
     assert {k: pol.counters()[k] for k in COUNTERS} == {k: stats["memory_stats"][k] for k in COUNTERS}
     assert not validate(trace).match            # what the engine does until it replays the releases
+
+
+# ---- fit: a cap that is the allowed memory still certifies only what it should ---------------
+@st.composite
+def churn(draw):
+    """Allocations of 0.5-40 MiB, some freed in between: segments cached, reused, collected."""
+    w, live = TraceWriter(), []
+    sizes = st.one_of(st.sampled_from([700 * KiB, 3 * MiB, 12 * MiB, 22 * MiB, 30 * MiB, 40 * MiB]),
+                      st.integers(KiB, 40 * MiB))
+    for is_alloc, size, pick in draw(st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 99)),
+                                              min_size=6, max_size=30)):
+        if is_alloc or not live:
+            live.append(w.alloc(size))
+        else:
+            w.free(live.pop(pick % len(live)))
+    return w.finish()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=churn(), options=st.sampled_from([("garbage_collection_threshold:0.2",), ("max_split_size_mb:20",),
+                                               ("expandable_segments:true",),
+                                               ("expandable_segments:true", "garbage_collection_threshold:0.3")]))
+def test_fit_is_the_safe_capacity_when_the_cap_is_the_allowed_memory(tmp_path_factory, trace, options):
+    """GC thresholds read the cap's value (pinned replays), allocations are checked against it before
+    pages are mapped (noted comparisons): `fit` still answers what a scan of every grid point does."""
+    path = str(tmp_path_factory.mktemp("fit") / "t.bin")
+    trace.save(path)
+    f = fit_capacity(path, "torch", options=options, resolution=MiB, islands=False)
+    if not passes(path, "torch", "eager", options, None):
+        assert f["capacity_bytes"] is None
+        return
+    assert f["capacity_bytes"] == brute_safe(path, "torch", "eager", options, f["load_bytes"],
+                                             f["unlimited_peak_bytes"], MiB)
+
+
+def outcome(res) -> tuple:
+    """What a replay did that a limit can change: device calls, their bytes, OOMs, counters."""
+    return (res.device_mallocs, res.device_malloc_bytes, res.device_frees, res.peak_reserved_bytes,
+            [o.event for o in res.oom_events], res.counters)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=churn(), options=st.sampled_from([(), ("garbage_collection_threshold:0.2",), ("max_split_size_mb:20",),
+                                               ("expandable_segments:true",),
+                                               ("expandable_segments:true", "garbage_collection_threshold:0.3")]),
+       factor=st.sampled_from([0.9, 1.1, 1.3, 1.6]))
+def test_a_capped_replay_goes_the_same_way_at_every_cap_it_certifies(trace, options, factor):
+    """`fit`'s premise (allocsim/fit.py): a replay at cap C certifies [lo, hi]; replays there do the same."""
+    cap = max(int(trace.load_bytes * factor), MiB)
+    res = allocsim.replay(trace, "torch", options=list(options), cap=cap, capacity=4 << 30, keep_going=True)
+    lo, hi = res.certified_limits
+    assert lo <= cap and (hi is None or cap <= hi)
+    for other in {lo, hi if hi is not None else 2 * cap}:
+        again = allocsim.replay(trace, "torch", options=list(options), cap=other, capacity=4 << 30, keep_going=True)
+        assert outcome(again) == outcome(res), f"cap {cap} certifies {lo}..{hi}, but {other} differs"

@@ -341,11 +341,9 @@ class AllowedMemory:
     def grants(self, need: int) -> bool:
         """Whether reserving up to ``need`` bytes stays within the allowed memory (`alloc_block`'s check)."""
         allowed = self()
-        if allowed is None:
-            return True
-        ok = need <= allowed
+        ok = allowed is None or need <= allowed
         if not self.explicit:
-            self.device.note(need, ok)
+            self.device.note(need, ok)      # granted with no cap too: a cap below `need` would refuse
         return ok
 
 
