@@ -21,8 +21,11 @@ Where the model knowingly differs:
   re-search after that synchronisation) cannot bite; ``fix_189504`` adds the re-search
   for fidelity with the fix, and it only matters for blocks the flush itself made fit.
 - No CUDA graphs, private pools or MemPools; ``cudaMallocAsync`` backend is not modeled.
-- ``alloc_block`` fails on the simulated device's cap/capacity; the real limit is the
-  device's total memory minus the CUDA context, workspaces and other processes.
+- ``--cap`` is the allowed memory of ``set_per_process_memory_fraction`` (`AllowedMemory`);
+  cudaMalloc fails on the simulated capacity, where the real limit is the device's total
+  memory minus the CUDA context, workspaces and other processes. The simulated device
+  also refuses past the cap, so an expandable-segment map that crosses it fails here,
+  where PyTorch (which checks the fraction once per ``alloc_block``) maps it.
 - Expandable segments map a block's pages with one ``device.malloc(pages)`` (after checking the
   whole range fits, as PyTorch maps all or nothing), so device mallocs count map calls, as
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
@@ -362,9 +365,9 @@ class TorchCachingAllocator(Policy):
         Param("roundup_power2_divisions", "str", None, "4 or [256:1,512:2,>:8] (MiB keys); default 512 B rounding",
               _divisions),
         Param("garbage_collection_threshold", "float", 0.0, "in (0,1): reclaim old cached blocks above this "
-              "fraction of the allowed memory (needs per_process_memory_fraction)", _gc_threshold),
+              "fraction of the allowed memory (--cap or per_process_memory_fraction)", _gc_threshold),
         Param("per_process_memory_fraction", "float", None, "torch.cuda.set_per_process_memory_fraction: "
-              "fraction of device memory the allocator may reserve", _fraction),
+              "fraction of device memory the allocator may reserve (1.0: no limit); default: --cap", _fraction),
         Param("fix_189504", "bool", False, "search the pool again after release_cached_blocks (PR #191302)"),
         Param("trace_settings", "bool", True, "start from the allocator settings recorded in the trace"),
     )

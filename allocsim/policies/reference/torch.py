@@ -7,7 +7,7 @@ CUDACachingAllocator.cpp function by function and keeps its names:
       round_size, get_pool, get_allocation_size
       get_free_block                             best fit; the oversize rules of max_split_size
       trigger_free_memory_callbacks              none are registered in a replay
-      garbage_collect_cached_blocks              only with a memory fraction and a GC threshold
+      garbage_collect_cached_blocks              only with an allowed memory and a GC threshold
       alloc_block
       release_available_cached_blocks + alloc_block
       release_cached_blocks + alloc_block (retry)
