@@ -105,6 +105,24 @@ def test_without_the_limit_the_model_does_not_match(recording, name):
     assert not validate(recording(name)).match
 
 
+#: each scenario's allocator settings other than the fraction (its PYTORCH_CUDA_ALLOC_CONF)
+CONF = {"fraction-retry": [], "gc-threshold": ["garbage_collection_threshold:0.6"],
+        "maxsplit-cap": ["max_split_size_mb:64"], "expandable-cap": ["expandable_segments:True"]}
+
+
+@pytest.mark.parametrize("name", sorted(CONF))
+def test_the_unconstrained_run_replayed_under_a_cap_predicts_the_real_run(recording, name):
+    """A counterfactual: the `plain` recording (no limit) replayed with ``--cap`` = the scenario's allowed
+    memory and its settings gives what PyTorch did when the same program really ran that way."""
+    stats = recorded_stats(name)
+    assert stats["alloc_conf"] == ",".join(CONF[name])
+    res = allocsim.replay(recording("plain"), "torch", options=CONF[name], cap=allowed_bytes(stats), keep_going=True)
+    real = stats["memory_stats"]
+    assert {k: res.counters[k] for k in COUNTERS} == {k: real[k] for k in COUNTERS}
+    assert res.peak_reserved_bytes == real["reserved_bytes.all.peak"]
+    assert res.final_reserved_bytes == real["reserved_bytes.all.current"]
+
+
 # ---- recordings with a recorded OOM or cache releases: the walk the engine will make ----------
 def walk(trace: Trace, options=(), *, releases=(), **kw):
     """Replay ``trace`` through `torch` as the engine's walk does, plus what it will drive: each
