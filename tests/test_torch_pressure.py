@@ -123,6 +123,19 @@ def test_the_unconstrained_run_replayed_under_a_cap_predicts_the_real_run(record
     assert res.final_reserved_bytes == real["reserved_bytes.all.current"]
 
 
+def test_the_unconstrained_run_under_the_oom_runs_cap_fails_the_request_pytorch_failed(recording):
+    """`plain` under fraction-oom's cap runs out at the request the real run failed (the same allocation of
+    the first step, 32 MiB), after the same segment calls and one flush and retry."""
+    plain, oomed = recording("plain"), recording("fraction-oom")
+    res = allocsim.replay(plain, "torch", cap=allowed_bytes(recorded_stats("fraction-oom")))
+    kind, at = np.asarray(oomed.kind), int(np.flatnonzero(np.asarray(oomed.kind) == ev.OOM)[0])
+    first = res.oom_events[0].event
+    assert res.ooms == 1 and plain.size[first] == oomed.size[at]
+    assert np.count_nonzero(np.asarray(plain.kind)[:first] == ev.ALLOC) == np.count_nonzero(kind[:at] == ev.ALLOC)
+    assert res.counters["num_device_alloc"] == np.count_nonzero(kind[:at] == ev.SEGMENT_ALLOC)
+    assert res.counters["num_alloc_retries"] == res.counters["num_ooms"] == 1
+
+
 # ---- recordings with a recorded OOM or cache releases: the walk the engine will make ----------
 def walk(trace: Trace, options=(), *, releases=(), **kw):
     """Replay ``trace`` through `torch` as the engine's walk does, plus what it will drive: each
