@@ -11,7 +11,9 @@ stream; ``get_allocation_size`` (2 MiB, 20 MiB, 2 MiB-rounded from 10 MiB);
 ``get_free_block``; merging a freed block with free neighbours; the escalation
 ``get_free_block`` -> (free-memory callbacks: none) -> ``garbage_collect_cached_blocks``
 -> ``alloc_block`` -> ``release_available_cached_blocks`` -> ``release_cached_blocks``
-+ ``alloc_block`` (retry) -> OOM; expandable segments (per stream and pool, a virtual
++ ``alloc_block`` (retry) -> OOM; the allowed memory of ``set_per_process_memory_fraction``
+(`AllowedMemory`: the fraction, else ``--cap``; the memory fraction as rev B keeps it);
+``empty_cache`` (`release_cache`); expandable segments (per stream and pool, a virtual
 range of 1.125 x device memory mapped in 2 MiB / 20 MiB pages).
 
 Where the model knowingly differs:
