@@ -20,9 +20,10 @@ certifies at least its own cap, and usually many more.
 The rule for policies that read the cap otherwise (checked module by module):
 `cupy`'s limit (``min(limit, cap)``) and `knet`'s soft-limit cap (device memory
 − headroom) report their comparisons through ``note``, so they certify like
-the rest; `torch` with ``per_process_memory_fraction`` and no device capacity
-takes the fraction of the cap itself and pins the device (a replay certifies
-only its own cap: the walk then probes every grid point it passes); the oracle
+the rest, and so does `torch`'s allowed memory (the cap, checked before cudaMalloc);
+`torch` pins the device where it reads the cap's value itself: a GC threshold with
+the cap as allowed memory, or ``per_process_memory_fraction`` with no device capacity
+(a replay certifies only its own cap: the walk then probes every grid point it passes); the oracle
 makes one device malloc of its planned heap; the real GPU policies are not fitted.
 
 Budget: a policy that fills its pool up to the cap behaves differently at almost every

@@ -415,6 +415,11 @@ NONSENSE: list[Case] = [
          stdout_empty=True),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
+    Case("torch-fraction-without-capacity", ["replay", "{trace}", "-p", "torch", "-O", "per_process_memory_fraction=0.5"],
+         expect="per_process_memory_fraction needs a device capacity (--capacity)", stdout_empty=True),
+    Case("torch-fraction-zero", ["replay", "{trace}", "-p", "torch", "-O", "per_process_memory_fraction=0",
+                                 "--capacity", "1GB"],
+         expect="option per_process_memory_fraction: must lie in (0.0, 1.0]", stdout_empty=True),
 ]
 
 

@@ -47,8 +47,9 @@ OPTION_CASES = [pytest.param(ref, opts, id=f"{ref}[{','.join(opts)}]")
                 for ref in REFERENCES for opts in OPTIONS[policies.get(ref).reference_of]]
 
 
-def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="trace"):
-    """Everything a policy did on ``trace`` that the reference must reproduce."""
+def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="trace", pressure=None):
+    """Everything a policy did on ``trace`` that the reference must reproduce; ``pressure`` maps a
+    trace index to what happens after that event (`apply_pressure`)."""
     pol, rt, dev, sec = engine.build(trace, policy, options=options, runtime=runtime, cap=cap, capacity=capacity)
     calls = []
     malloc, free = dev.malloc, dev.free
@@ -63,14 +64,17 @@ def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="t
         free(addr, n)
 
     dev.malloc, dev.free = logged_malloc, logged_free
-    placed = []
+    placed, attempts = [], []
 
     def observe(event, kind, id_, handle):
         if kind == ALLOC and handle is not None:
             placed.append((event, *pol.block(handle)))
+        if pressure and event in pressure:
+            apply_pressure(pol, dev, pressure[event], attempts)
 
     res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
-    return {"device calls": calls, "blocks": placed, "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
+    return {"device calls": calls, "blocks": placed, "pressure attempts": attempts,
+            "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
             "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
             "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ()),
             "open sections": sec.stack,     # every section a policy opened is closed again
@@ -91,6 +95,28 @@ def assert_same(trace, ref, options, **kw):
             assert a == b, f"{what} differ at #{first}: fast {a[first:first + 2]} reference {b[first:first + 2]}"
         assert a == b, f"{what}: fast {a} reference {b}"
     return fast
+
+
+def apply_pressure(pol, dev, action, attempts):
+    """What the engine's walk does at a pressure event: ``("release",)`` a cache release,
+    ``("limit", bytes | None)`` a new limit (SET_LIMIT), ``("oom", size, stream)`` a request the
+    recorded run failed, attempted again (served: freed at once)."""
+    what = action[0]
+    if what == "release":
+        pol.release_cache()
+    elif what == "limit":
+        dev.set_cap(action[1]) if hasattr(dev, "set_cap") else _set_cap(dev, action[1])
+    else:
+        h = pol.malloc(action[1], action[2])
+        attempts.append(None if h is None else pol.block(h))
+        if h is not None:
+            pol.free(h)
+
+
+def _set_cap(dev, cap):
+    """`SimulatedDevice.set_cap` until the replay contract brings it: the cap and the limit it makes."""
+    dev.cap = cap
+    dev.limit = min(x for x in (dev.capacity, cap, 2**63) if x is not None)
 
 
 # ---- generated traces --------------------------------------------------------------------
@@ -203,8 +229,39 @@ def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap,
     assert_same(trace, "torch-ref", ["expandable_segments:true" + extra], cap=cap, capacity=None)
 
 
+# ---- torch under pressure: the allowed memory from the cap, changed mid-run; releases; recorded OOMs
+@st.composite
+def pressure_cases(draw):
+    """A trace, a starting cap near its LOAD (the allowed memory) and, after some of its events, a cache
+    release, a new limit or a recorded OOM's request: retries, GC, OOMs and releases in every order."""
+    trace = draw(traces(max_ops=120))
+    load = max(trace.load_bytes, MiB)
+    caps = st.sampled_from([None, int(load * 0.5), int(load * 0.9), int(load * 1.2), int(load * 2)])
+    actions = st.one_of(st.just(("release",)), caps.map(lambda c: ("limit", c)),
+                        st.tuples(st.just("oom"), sizes, st.sampled_from([0, 1])))
+    events = draw(st.dictionaries(st.integers(0, max(len(trace) - 1, 0)), actions, max_size=8))
+    return trace, draw(caps), events
+
+
+PRESSURE_OPTIONS = ["", "garbage_collection_threshold:0.5", "garbage_collection_threshold:0.3,max_split_size_mb:20",
+                    "max_split_size_mb:20", "roundup_power2_divisions:4", "expandable_segments:true",
+                    "expandable_segments:true,garbage_collection_threshold:0.6",
+                    "per_process_memory_fraction:0.002,garbage_collection_threshold:0.6", "fix_189504:true"]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=pressure_cases(), options=st.sampled_from(PRESSURE_OPTIONS))
+def test_torch_matches_reference_under_pressure(case, options):
+    """The cap is the allowed memory (GC threshold, retries and OOMs follow from it), read again after each
+    change; cache releases and recorded OOMs' attempts land between events: the two models make the same
+    calls, place every block alike and fail the same requests."""
+    trace, cap, pressure = case
+    assert_same(trace, "torch-ref", [options] if options else [], cap=cap, capacity=4 * GiB, pressure=pressure)
+
+
 # ---- the rules' boundaries, worked by hand, on the fast path and on the slow path ----------
-SLOW_PATH = "per_process_memory_fraction:1.0,garbage_collection_threshold:0.99"   # GC on: `malloc`, not `_malloc_fast`
+SLOW_PATH = "per_process_memory_fraction:0.99,garbage_collection_threshold:0.99"   # a GC threshold: `malloc`, not `_malloc_fast`
 
 
 def _one_after_another(sizes, free_previous=True):

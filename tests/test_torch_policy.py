@@ -199,15 +199,18 @@ def test_gc_threshold_frees_old_cached_segments():
     w.alloc(70 * MiB)                # call 2: miss; reserved 100 = threshold: no GC yet
     w.alloc(80 * MiB)                # call 3: reserved 170 > 0.5 * 200: ages 3 and 2, average 2.5:
     t = w.finish()                   # the 40 MiB goes first, then (average 2) the 60 MiB
-    opts = ("per_process_memory_fraction:1.0", "garbage_collection_threshold:0.5")
-    pol, res = run(t, *opts, capacity=200 * MiB)
-    assert [(k, s) for k, s, _ in pol.segment_log] == [
-        (ev.SEGMENT_ALLOC, 40 * MiB), (ev.SEGMENT_ALLOC, 60 * MiB), (ev.SEGMENT_ALLOC, 70 * MiB),
-        (ev.SEGMENT_FREE, 40 * MiB), (ev.SEGMENT_FREE, 60 * MiB), (ev.SEGMENT_ALLOC, 80 * MiB)]
-    assert pol.num_alloc_retries == 0
-    assert any(r["name"] == "2. garbage_collect_cached_blocks" for r in res.sections)
-    pol, _ = run(t, "garbage_collection_threshold:0.5", capacity=200 * MiB)   # no fraction: no GC,
-    assert pol.num_alloc_retries == 1                                          # the device fills instead
+    want = [(ev.SEGMENT_ALLOC, 40 * MiB), (ev.SEGMENT_ALLOC, 60 * MiB), (ev.SEGMENT_ALLOC, 70 * MiB),
+            (ev.SEGMENT_FREE, 40 * MiB), (ev.SEGMENT_FREE, 60 * MiB), (ev.SEGMENT_ALLOC, 80 * MiB)]
+    # 200 MiB allowed: a fraction of the device memory, or --cap (the per-process allowed memory)
+    for opts, cap, capacity in ((("per_process_memory_fraction:0.5",), None, 400 * MiB), ((), 200 * MiB, 400 * MiB)):
+        pol, res = run(t, "garbage_collection_threshold:0.5", *opts, cap=cap, capacity=capacity)
+        assert [(k, s) for k, s, _ in pol.segment_log] == want
+        assert pol.num_alloc_retries == 0
+        assert any(r["name"] == "2. garbage_collect_cached_blocks" for r in res.sections)
+    # no allowed memory: no GC, the device fills instead; fraction 1.0 clears the limit (setMemoryFraction)
+    for opts in ((), ("per_process_memory_fraction:1.0",)):
+        pol, _ = run(t, "garbage_collection_threshold:0.5", *opts, capacity=200 * MiB)
+        assert pol.num_alloc_retries == 1 and pol.cache_flushes == 1
 
 
 def test_settings_from_trace_and_explicit_override():

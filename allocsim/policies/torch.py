@@ -11,7 +11,9 @@ stream; ``get_allocation_size`` (2 MiB, 20 MiB, 2 MiB-rounded from 10 MiB);
 ``get_free_block``; merging a freed block with free neighbours; the escalation
 ``get_free_block`` -> (free-memory callbacks: none) -> ``garbage_collect_cached_blocks``
 -> ``alloc_block`` -> ``release_available_cached_blocks`` -> ``release_cached_blocks``
-+ ``alloc_block`` (retry) -> OOM; expandable segments (per stream and pool, a virtual
++ ``alloc_block`` (retry) -> OOM; the allowed memory of ``set_per_process_memory_fraction``
+(`AllowedMemory`: the fraction, else ``--cap``; the memory fraction as rev B keeps it);
+``empty_cache`` (`release_cache`); expandable segments (per stream and pool, a virtual
 range of 1.125 x device memory mapped in 2 MiB / 20 MiB pages).
 
 Where the model knowingly differs:
@@ -21,8 +23,11 @@ Where the model knowingly differs:
   re-search after that synchronisation) cannot bite; ``fix_189504`` adds the re-search
   for fidelity with the fix, and it only matters for blocks the flush itself made fit.
 - No CUDA graphs, private pools or MemPools; ``cudaMallocAsync`` backend is not modeled.
-- ``alloc_block`` fails on the simulated device's cap/capacity; the real limit is the
-  device's total memory minus the CUDA context, workspaces and other processes.
+- ``--cap`` is the allowed memory of ``set_per_process_memory_fraction`` (`AllowedMemory`);
+  cudaMalloc fails on the simulated capacity, where the real limit is the device's total
+  memory minus the CUDA context, workspaces and other processes. The simulated device
+  also refuses past the cap, so an expandable-segment map that crosses it fails here,
+  where PyTorch (which checks the fraction once per ``alloc_block``) maps it.
 - Expandable segments map a block's pages with one ``device.malloc(pages)`` (after checking the
   whole range fits, as PyTorch maps all or nothing), so device mallocs count map calls, as
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
@@ -299,6 +304,54 @@ def _expandable_size(b: Block) -> int:
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
 
+# ---- the memory fraction ----------------------------------------------------------------
+class AllowedMemory:
+    """PyTorch's ``allowed_memory_maximum``: the bytes ``alloc_block`` may reserve, or None.
+
+    ``setMemoryFraction(f)`` sets it to ``int(f * total memory)`` when f < 1 and clears it
+    at f = 1; with it set, ``alloc_block`` fails a segment that would pass it without
+    calling cudaMalloc, and ``garbage_collection_threshold`` acts. Here it is
+    ``-O per_process_memory_fraction`` when given, else the device's current cap
+    (``--cap``, or a limit the engine set from the trace's ``SET_LIMIT`` events), read at
+    each use because the engine changes it mid-run; a cap at or above the device memory
+    is fraction 1, no limit.
+
+    For `allocsim fit`: comparisons with the cap are reported to the device (``note``);
+    the GC reads the cap's value itself (its threshold), so a replay with a GC threshold
+    and no explicit fraction pins the device, as does a fraction taken of the cap.
+    """
+
+    __slots__ = ("device", "fixed", "explicit")
+
+    def __init__(self, device, fraction: float | None, gc_threshold: float | None):
+        self.device = device
+        self.explicit = fraction is not None
+        self.fixed = None
+        if self.explicit and fraction < 1.0:
+            total = device.capacity if device.capacity is not None else device.cap
+            if total is None:
+                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
+            self.fixed = int(fraction * total)
+            if device.capacity is None:
+                device.pin()            # the allowed memory is a fraction of the cap itself
+        if not self.explicit and (gc_threshold or 0.0) > 0.0:
+            device.pin()                # whether the GC runs, and down to what, is the cap's value
+
+    def __call__(self) -> int | None:
+        if self.explicit:
+            return self.fixed
+        cap, total = self.device.cap, self.device.capacity
+        return cap if cap is not None and (total is None or cap < total) else None
+
+    def grants(self, need: int) -> bool:
+        """Whether reserving up to ``need`` bytes stays within the allowed memory (`alloc_block`'s check)."""
+        allowed = self()
+        ok = allowed is None or need <= allowed
+        if not self.explicit:
+            self.device.note(need, ok)      # granted with no cap too: a cap below `need` would refuse
+        return ok
+
+
 # ---- the policy -------------------------------------------------------------------------
 @register
 class TorchCachingAllocator(Policy):
@@ -314,9 +367,9 @@ class TorchCachingAllocator(Policy):
         Param("roundup_power2_divisions", "str", None, "4 or [256:1,512:2,>:8] (MiB keys); default 512 B rounding",
               _divisions),
         Param("garbage_collection_threshold", "float", 0.0, "in (0,1): reclaim old cached blocks above this "
-              "fraction of the allowed memory (needs per_process_memory_fraction)", _gc_threshold),
+              "fraction of the allowed memory (--cap or per_process_memory_fraction)", _gc_threshold),
         Param("per_process_memory_fraction", "float", None, "torch.cuda.set_per_process_memory_fraction: "
-              "fraction of device memory the allocator may reserve", _fraction),
+              "fraction of device memory the allocator may reserve (1.0: no limit); default: --cap", _fraction),
         Param("fix_189504", "bool", False, "search the pool again after release_cached_blocks (PR #191302)"),
         Param("trace_settings", "bool", True, "start from the allocator settings recorded in the trace"),
     )
@@ -343,17 +396,8 @@ class TorchCachingAllocator(Policy):
         self._plain_rounding = not any(d > 1 for d in self.divisions)
         self.expandable = bool(self.expandable_segments)
         self.total_memory = device.capacity if device.capacity is not None else device.cap
-        frac = self.per_process_memory_fraction
-        self.fraction_set = frac is not None
-        if self.fraction_set:
-            if self.total_memory is None:
-                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
-            self.allowed_max = int(frac * self.total_memory)
-            if device.capacity is None:
-                device.pin()            # the allowed memory is a fraction of the cap itself
-        else:
-            self.allowed_max = SIZE_MAX
-        self.gc_on = self.fraction_set and (self.garbage_collection_threshold or 0.0) > 0.0
+        self.allowed = AllowedMemory(device, self.per_process_memory_fraction, self.garbage_collection_threshold)
+        self.gc_threshold_set = (self.garbage_collection_threshold or 0.0) > 0.0
         # pools: stream index -> (small, large); release paths visit them in cudaStream_t order
         self._pools: dict[int, tuple[BlockPool, BlockPool]] = {}
         self._stream_values = list(trace.streams) if trace is not None else []
@@ -371,7 +415,7 @@ class TorchCachingAllocator(Policy):
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
         self._spare: list[Block] = []  # free blocks `_free_fast` merged away, reused by `_malloc_fast`'s splits
-        if not self.expandable and not self.gc_on:      # the common case gets the inlined hot path
+        if not self.expandable and not self.gc_threshold_set:  # the common case gets the inlined hot path
             self.malloc = self._malloc_fast
             self.free = self._free_fast
 
@@ -385,9 +429,12 @@ class TorchCachingAllocator(Policy):
         return [self._pools[s][0 if small else 1] for s in order]
 
     def _insert(self, pool: BlockPool, b: Block) -> None:
-        if self.gc_on:
-            b.gc_base = self.gfb_calls[pool.small]
+        b.gc_base = self.gfb_calls[pool.small]      # the counts only tick while the GC is on
         pool.insert(b)
+
+    def gc_on(self) -> bool:
+        """Whether `garbage_collect_cached_blocks` runs now: a threshold and an allowed memory in force."""
+        return self.gc_threshold_set and self.allowed() is not None
 
     # ---- malloc ---------------------------------------------------------------------------
     def malloc(self, size, stream):
@@ -524,7 +571,7 @@ class TorchCachingAllocator(Policy):
 
     def _get_free_block(self, pool: BlockPool, n: int):
         """Best fit on this stream: smallest size >= n, lowest address; oversize rules."""
-        if self.gc_on:
+        if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
         i = bisect_left(keys, n << SHIFT)
@@ -552,7 +599,7 @@ class TorchCachingAllocator(Policy):
         """Steps 2-6 after a pool miss; None after counting an OOM."""
         sec, dev = self.sections, self.device
         # free-memory callbacks: none registered in a replay, so no second search
-        if self.gc_on:
+        if self.gc_on():
             sec.push("2. garbage_collect_cached_blocks", dev.clock)
             self.garbage_collect_cached_blocks()
             sec.pop(dev.clock)
@@ -589,7 +636,7 @@ class TorchCachingAllocator(Policy):
 
     def _alloc_block(self, pool: BlockPool, n: int, seg: int):
         """A new segment (or expandable pages) for ``n`` bytes; None if the device refuses."""
-        if self.fraction_set and self.device.reserved + seg > self.allowed_max:
+        if not self.allowed.grants(self.device.reserved + seg):
             return None
         if self.expandable:
             return self._try_allocate_expandable_block(pool, n)
@@ -688,9 +735,16 @@ class TorchCachingAllocator(Policy):
                         pool.erase(b)                       # release_expandable_segment
                         self._segments.remove(b.es)
 
+    def release_cache(self) -> None:
+        """``torch.cuda.empty_cache()`` (a CACHE_RELEASE event): ``emptyCache`` is `release_cached_blocks`."""
+        sec, dev = self.sections, self.device
+        sec.push("empty_cache", dev.clock)
+        self.release_cached_blocks()
+        sec.pop(dev.clock)
+
     def garbage_collect_cached_blocks(self) -> None:
         """Free large-pool cached segments at least as old as the average, down to the threshold."""
-        gc_thr = int(self.garbage_collection_threshold * self.allowed_max)
+        gc_thr = int(self.garbage_collection_threshold * self.allowed())
         dev = self.device
         if dev.reserved <= gc_thr:
             return

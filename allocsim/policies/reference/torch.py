@@ -7,7 +7,7 @@ CUDACachingAllocator.cpp function by function and keeps its names:
       round_size, get_pool, get_allocation_size
       get_free_block                             best fit; the oversize rules of max_split_size
       trigger_free_memory_callbacks              none are registered in a replay
-      garbage_collect_cached_blocks              only with a memory fraction and a GC threshold
+      garbage_collect_cached_blocks              only with an allowed memory and a GC threshold
       alloc_block
       release_available_cached_blocks + alloc_block
       release_cached_blocks + alloc_block (retry)
@@ -33,10 +33,9 @@ from __future__ import annotations
 
 from sortedcontainers import SortedKeyList
 
-from ...errors import UsageError
 from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from ..base import Policy
-from ..torch import (K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, NO_DIVISIONS, SIZE_MAX, MiB, TorchCachingAllocator, _divisions,
+from ..torch import (AllowedMemory, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, NO_DIVISIONS, SIZE_MAX, MiB, TorchCachingAllocator, _divisions,
                      get_allocation_size, options_in_force, round_size)
 from . import reference_of
 
@@ -146,15 +145,10 @@ class TorchCachingAllocatorReference(Policy):
         self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
         divisions = self.roundup_power2_divisions
         self.divisions = NO_DIVISIONS if divisions is None else _divisions(divisions)
-        # set_per_process_memory_fraction
-        self.set_fraction = self.per_process_memory_fraction is not None
-        self.allowed_memory_maximum = SIZE_MAX
+        # set_per_process_memory_fraction: allowed_memory_maximum(), read at each use (a cap can change mid-run)
+        self.allowed_memory_maximum = AllowedMemory(device, self.per_process_memory_fraction,
+                                                    self.garbage_collection_threshold)
         self.total_memory = device.capacity if device.capacity is not None else device.cap
-        if self.set_fraction:
-            if self.total_memory is None:
-                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
-            self.allowed_memory_maximum = int(self.per_process_memory_fraction * self.total_memory)
-        self.gc_enabled = self.set_fraction and (self.garbage_collection_threshold or 0.0) > 0.0
         streams = list(trace.streams) if trace is not None else []
         self.stream_key = lambda s: (streams[s] if s < len(streams) else s, s)     # cudaStream_t order
         self.large_blocks = BlockPool(False, self.stream_key)
@@ -177,7 +171,7 @@ class TorchCachingAllocatorReference(Policy):
         block_found = self.get_free_block(params)
         if not block_found:
             # trigger_free_memory_callbacks: no callbacks are registered in a replay
-            if self.gc_enabled:
+            if self.gc_enabled():
                 self.garbage_collect_cached_blocks()
             block_found = self.alloc_block(params, is_retry=False)
             if not block_found and self.release_available_cached_blocks(params):
@@ -193,13 +187,17 @@ class TorchCachingAllocatorReference(Policy):
             return None
         return self.alloc_found_block(params, orig_size)
 
+    def gc_enabled(self) -> bool:
+        """Garbage collection of cached blocks: a threshold, and an allowed memory in force now."""
+        return (self.garbage_collection_threshold or 0.0) > 0.0 and self.allowed_memory_maximum() is not None
+
     def get_pool(self, size: int) -> BlockPool:
         return self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
 
     def get_free_block(self, p: AllocParams) -> bool:
         """The smallest free block of the stream that holds ``p.size``, unless the oversize rules say no."""
         pool = p.pool
-        if self.gc_enabled:
+        if self.gc_enabled():
             pool.get_free_blocks_call_count += 1
         i = pool.blocks.bisect_key_left(p.search_key)
         if i == len(pool.blocks) or pool.blocks[i].stream != p.stream:
@@ -226,7 +224,7 @@ class TorchCachingAllocatorReference(Policy):
         size = p.alloc_size
         if is_retry:
             self.num_alloc_retries += 1
-        if self.set_fraction and self.total_allocated_memory + size > self.allowed_memory_maximum:
+        if not self.allowed_memory_maximum.grants(self.total_allocated_memory + size):
             return False
         if self.expandable_segments:
             p.block = self.try_allocate_expandable_block(p.stream, p.pool, p.size)
@@ -362,6 +360,10 @@ class TorchCachingAllocatorReference(Policy):
         self.release_blocks(self.large_blocks)
         self.release_blocks(self.small_blocks)
 
+    def release_cache(self) -> None:
+        """torch.cuda.empty_cache(): emptyCache -> release_cached_blocks."""
+        self.release_cached_blocks()
+
     def release_blocks(self, pool: BlockPool) -> None:
         """Free the whole cached segments; unmap the free pages of expandable ones."""
         to_unmap = []
@@ -377,7 +379,7 @@ class TorchCachingAllocatorReference(Policy):
 
     def garbage_collect_cached_blocks(self) -> None:
         """Free whole large segments that sat free at least as long as the average, down to the threshold."""
-        gc_threshold = int(self.garbage_collection_threshold * self.allowed_memory_maximum)
+        gc_threshold = int(self.garbage_collection_threshold * self.allowed_memory_maximum())
         if self.total_allocated_memory <= gc_threshold:
             return
         target_size = self.total_allocated_memory - gc_threshold

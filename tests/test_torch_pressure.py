@@ -1,0 +1,268 @@
+"""The `torch` model under memory pressure, against real PyTorch runs.
+
+traces/raw/pressure/ holds ResNet-18 trained by PyTorch 2.11 on an H100 under a memory
+fraction, a GC threshold, ``max_split_size_mb`` under a fraction, ``empty_cache()``
+calls, a side stream and expandable segments under a fraction (traces/raw/README.md):
+each snapshot holds PyTorch's own segment calls, each ``.stats.json`` the settings and
+``memory_stats()``. They are imported here (a fifth of a second each) and replayed by
+the model with the recorded settings; the segment calls, their sizes, order and the
+requests they served, and the allocator's counters must be PyTorch's.
+
+Two recordings need events the engine does not drive yet (a recorded OOM, the cache
+releases): `walk` drives them here as the engine will, so the model is checked on
+them already.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import allocsim
+from allocsim import engine
+from allocsim.fit import fit_capacity
+from allocsim.trace import Trace, TraceWriter
+from allocsim.trace import events as ev
+from allocsim.validate import SEGMENT_KINDS, validate
+
+from conftest import ROOT
+from test_fit_safe import brute_safe, passes
+
+KiB, MiB = 1 << 10, 1 << 20
+
+RAW = os.path.join(ROOT, "traces", "raw", "pressure")
+#: scenarios whose recording holds only ALLOC/FREE and segment events: the engine replays them whole
+DRIVEN = ["plain", "fraction-retry", "gc-threshold", "maxsplit-cap", "side-stream", "expandable-cap"]
+#: memory_stats() counters the model keeps under the same names
+COUNTERS = ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free", "num_sync_all_streams")
+
+
+def recorded_stats(name: str) -> dict:
+    with open(os.path.join(RAW, name + ".stats.json")) as f:
+        return json.load(f)
+
+
+def fraction_options(stats: dict) -> list:
+    """The memory fraction the program set, as ``-O``; none if it set none."""
+    return [f"per_process_memory_fraction:{stats['fraction']!r}"] if stats["fraction"] is not None else []
+
+
+def allowed_bytes(stats: dict) -> int:
+    """What PyTorch's setMemoryFraction computes: ``int(fraction * total memory)``."""
+    return int(stats["fraction"] * stats["total_memory"])
+
+
+@pytest.fixture(scope="module")
+def recording(tmp_path_factory):
+    """``recording(name)``: the scenario's snapshot imported as a trace (with the device's total memory)."""
+    folder, done = tmp_path_factory.mktemp("pressure"), {}
+
+    def load(name: str) -> Trace:
+        if name not in done:
+            out = str(folder / (name + ".bin"))
+            allocsim.import_trace(os.path.join(RAW, name + ".pickle"), out,
+                                  total_memory=recorded_stats(name)["total_memory"])
+            done[name] = Trace.load(out)
+        return done[name]
+    return load
+
+
+def model_counters(trace: Trace, options=(), **kw) -> dict:
+    res = allocsim.replay(trace, "torch", options=list(options), keep_going=True, **kw)
+    return {k: res.counters[k] for k in COUNTERS}
+
+
+def assert_match(v):
+    assert v.match, v.summary()
+
+
+# ---- recordings the engine replays whole ----------------------------------------------------
+@pytest.mark.parametrize("name", DRIVEN)
+def test_validate_matches_the_recorded_run_with_its_settings(recording, name):
+    """The recorded fraction passed as ``-O``: same segment calls, frees, reserved bytes and counters."""
+    trace, stats = recording(name), recorded_stats(name)
+    assert_match(validate(trace, options=fraction_options(stats)))
+    got = model_counters(trace, fraction_options(stats))
+    assert got == {k: stats["memory_stats"][k] for k in COUNTERS}
+
+
+@pytest.mark.parametrize("name", [n for n in DRIVEN if recorded_stats(n)["fraction"] is not None])
+def test_a_cap_is_the_allowed_memory(recording, name):
+    """``--cap`` = what the fraction allowed, and no fraction option: the same run, GC threshold included."""
+    trace, stats = recording(name), recorded_stats(name)
+    assert_match(validate(trace, cap=allowed_bytes(stats)))
+    got = model_counters(trace, cap=allowed_bytes(stats))
+    assert got == {k: stats["memory_stats"][k] for k in COUNTERS}
+
+
+@pytest.mark.parametrize("name", ["fraction-retry", "gc-threshold", "maxsplit-cap"])
+def test_without_the_limit_the_model_does_not_match(recording, name):
+    """The recordings tell the settings apart: unconstrained, the model makes other segment calls."""
+    assert not validate(recording(name)).match
+
+
+#: each scenario's allocator settings other than the fraction (its PYTORCH_CUDA_ALLOC_CONF)
+CONF = {"fraction-retry": [], "gc-threshold": ["garbage_collection_threshold:0.6"],
+        "maxsplit-cap": ["max_split_size_mb:64"], "expandable-cap": ["expandable_segments:True"]}
+
+
+@pytest.mark.parametrize("name", sorted(CONF))
+def test_the_unconstrained_run_replayed_under_a_cap_predicts_the_real_run(recording, name):
+    """A counterfactual: the `plain` recording (no limit) replayed with ``--cap`` = the scenario's allowed
+    memory and its settings gives what PyTorch did when the same program really ran that way."""
+    stats = recorded_stats(name)
+    assert stats["alloc_conf"] == ",".join(CONF[name])
+    res = allocsim.replay(recording("plain"), "torch", options=CONF[name], cap=allowed_bytes(stats), keep_going=True)
+    real = stats["memory_stats"]
+    assert {k: res.counters[k] for k in COUNTERS} == {k: real[k] for k in COUNTERS}
+    assert res.peak_reserved_bytes == real["reserved_bytes.all.peak"]
+    assert res.final_reserved_bytes == real["reserved_bytes.all.current"]
+
+
+def test_the_unconstrained_run_under_the_oom_runs_cap_fails_the_request_pytorch_failed(recording):
+    """`plain` under fraction-oom's cap runs out at the request the real run failed (the same allocation of
+    the first step, 32 MiB), after the same segment calls and one flush and retry."""
+    plain, oomed = recording("plain"), recording("fraction-oom")
+    res = allocsim.replay(plain, "torch", cap=allowed_bytes(recorded_stats("fraction-oom")))
+    kind, at = np.asarray(oomed.kind), int(np.flatnonzero(np.asarray(oomed.kind) == ev.OOM)[0])
+    first = res.oom_events[0].event
+    assert res.ooms == 1 and plain.size[first] == oomed.size[at]
+    assert np.count_nonzero(np.asarray(plain.kind)[:first] == ev.ALLOC) == np.count_nonzero(kind[:at] == ev.ALLOC)
+    assert res.counters["num_device_alloc"] == np.count_nonzero(kind[:at] == ev.SEGMENT_ALLOC)
+    assert res.counters["num_alloc_retries"] == res.counters["num_ooms"] == 1
+
+
+# ---- recordings with a recorded OOM or cache releases: the walk the engine will make ----------
+def walk(trace: Trace, options=(), *, releases=(), **kw):
+    """Replay ``trace`` through `torch` as the engine's walk does, plus what it will drive: each
+    OOM record is an attempt (the request is made; if served, freed again at once) and
+    ``release_cache()`` runs before each trace index in ``releases``. Returns the policy and
+    whether each OOM record's attempt failed."""
+    pol, _, _, _ = engine.build(trace, "torch", options=list(options), **kw)
+    handles, failed, releases = {}, [], set(releases)
+    for i, (kind, id_, size, stream) in enumerate(zip(trace.kind.tolist(), trace.id.tolist(), trace.size.tolist(),
+                                                      trace.stream.tolist())):
+        pol.event_index = i
+        if i in releases:
+            pol.release_cache()
+        if kind == ev.ALLOC and size:
+            handles[id_] = pol.malloc(size, stream)
+        elif kind == ev.FREE and id_ in handles:
+            pol.free(handles.pop(id_))
+        elif kind == ev.OOM:
+            h = pol.malloc(size, stream)
+            failed.append(h is None)
+            if h is not None:
+                pol.free(h)
+    return pol, failed
+
+
+def segment_calls(trace: Trace, kinds, sizes, events) -> list:
+    """``(kind, size, request)``: ``request`` is the trace index of the first ALLOC at or after the call."""
+    allocs = np.flatnonzero(np.asarray(trace.kind) == ev.ALLOC)
+    at = np.searchsorted(allocs, np.asarray(events, np.int64))
+    return list(zip(kinds, sizes, np.where(at < len(allocs), allocs[np.minimum(at, len(allocs) - 1)], -1).tolist()))
+
+
+def recorded_calls(trace: Trace) -> list:
+    idx = np.flatnonzero(np.isin(np.asarray(trace.kind), SEGMENT_KINDS))
+    return segment_calls(trace, trace.kind[idx].tolist(), trace.size[idx].tolist(), idx)
+
+
+def model_calls(trace: Trace, pol) -> list:
+    log = pol.segment_log
+    return segment_calls(trace, [k for k, _, _ in log], [s for _, s, _ in log], [e for _, _, e in log])
+
+
+def test_a_recorded_oom_fails_again_after_the_same_retry(recording):
+    """fraction-oom: the 32 MiB request fails as in PyTorch, after one flush and one retry; the
+    run goes on with the halved batch and every segment call before and after is PyTorch's."""
+    trace, stats = recording("fraction-oom"), recorded_stats("fraction-oom")
+    assert int(np.count_nonzero(np.asarray(trace.kind) == ev.OOM)) == 1
+    pol, failed = walk(trace, fraction_options(stats))
+    assert failed == [True]
+    assert model_calls(trace, pol) == recorded_calls(trace)
+    assert {k: pol.counters()[k] for k in COUNTERS} == {k: stats["memory_stats"][k] for k in COUNTERS}
+    pol, failed = walk(trace, cap=allowed_bytes(stats))           # the same, with the limit as --cap
+    assert failed == [True] and model_calls(trace, pol) == recorded_calls(trace)
+
+
+def cache_releases(trace: Trace) -> list:
+    """Where the program called empty_cache(): the start of each run of recorded segment frees
+    (no limit is set in that run, so nothing else frees a segment)."""
+    kind = np.asarray(trace.kind)
+    starts = (kind == ev.SEGMENT_FREE) & (np.r_[ev.ALLOC, kind[:-1]] != ev.SEGMENT_FREE)
+    return np.flatnonzero(starts).tolist()
+
+
+def test_empty_cache_frees_the_segments_pytorch_freed(recording):
+    """empty-cache: ``release_cache()`` at each recorded empty_cache() call frees the same segments,
+    in the same order (large pool first, by size and address), and the run then matches to the end."""
+    trace, stats = recording("empty-cache"), recorded_stats("empty-cache")
+    releases = cache_releases(trace)
+    assert len(releases) == stats["memory_stats"]["num_sync_all_streams"] == 4
+    pol, _ = walk(trace, releases=releases)
+    assert model_calls(trace, pol) == recorded_calls(trace)
+    assert {k: pol.counters()[k] for k in COUNTERS} == {k: stats["memory_stats"][k] for k in COUNTERS}
+    assert not validate(trace).match            # what the engine does until it replays the releases
+
+
+# ---- fit: a cap that is the allowed memory still certifies only what it should ---------------
+@st.composite
+def churn(draw):
+    """Allocations of 0.5-40 MiB, some freed in between: segments cached, reused, collected."""
+    w, live = TraceWriter(), []
+    sizes = st.one_of(st.sampled_from([700 * KiB, 3 * MiB, 12 * MiB, 22 * MiB, 30 * MiB, 40 * MiB]),
+                      st.integers(KiB, 40 * MiB))
+    for is_alloc, size, pick in draw(st.lists(st.tuples(st.booleans(), sizes, st.integers(0, 99)),
+                                              min_size=6, max_size=30)):
+        if is_alloc or not live:
+            live.append(w.alloc(size))
+        else:
+            w.free(live.pop(pick % len(live)))
+    return w.finish()
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=churn(), options=st.sampled_from([("garbage_collection_threshold:0.2",), ("max_split_size_mb:20",),
+                                               ("expandable_segments:true",),
+                                               ("expandable_segments:true", "garbage_collection_threshold:0.3")]))
+def test_fit_is_the_safe_capacity_when_the_cap_is_the_allowed_memory(tmp_path_factory, trace, options):
+    """GC thresholds read the cap's value (pinned replays), allocations are checked against it before
+    pages are mapped (noted comparisons): `fit` still answers what a scan of every grid point does."""
+    path = str(tmp_path_factory.mktemp("fit") / "t.bin")
+    trace.save(path)
+    f = fit_capacity(path, "torch", options=options, resolution=MiB, islands=False)
+    if not passes(path, "torch", "eager", options, None):
+        assert f["capacity_bytes"] is None
+        return
+    assert f["capacity_bytes"] == brute_safe(path, "torch", "eager", options, f["load_bytes"],
+                                             f["unlimited_peak_bytes"], MiB)
+
+
+def outcome(res) -> tuple:
+    """What a replay did that a limit can change: device calls, their bytes, OOMs, counters."""
+    return (res.device_mallocs, res.device_malloc_bytes, res.device_frees, res.peak_reserved_bytes,
+            [o.event for o in res.oom_events], res.counters)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=churn(), options=st.sampled_from([(), ("garbage_collection_threshold:0.2",), ("max_split_size_mb:20",),
+                                               ("expandable_segments:true",),
+                                               ("expandable_segments:true", "garbage_collection_threshold:0.3")]),
+       factor=st.sampled_from([0.9, 1.1, 1.3, 1.6]))
+def test_a_capped_replay_goes_the_same_way_at_every_cap_it_certifies(trace, options, factor):
+    """`fit`'s premise (allocsim/fit.py): a replay at cap C certifies [lo, hi]; replays there do the same."""
+    cap = max(int(trace.load_bytes * factor), MiB)
+    res = allocsim.replay(trace, "torch", options=list(options), cap=cap, capacity=4 << 30, keep_going=True)
+    lo, hi = res.certified_limits
+    assert lo <= cap and (hi is None or cap <= hi)
+    for other in {lo, hi if hi is not None else 2 * cap}:
+        again = allocsim.replay(trace, "torch", options=list(options), cap=other, capacity=4 << 30, keep_going=True)
+        assert outcome(again) == outcome(res), f"cap {cap} certifies {lo}..{hi}, but {other} differs"
