@@ -17,11 +17,13 @@ GC = 7               # the program ran a collection; aux = 0 incremental, 1 full
 OOM = 8              # the recorded allocator raised OOM: size = request, addr = device free bytes
 MARK = 9             # iteration boundary or user label; aux = index into the label table
 FREE_REQUESTED = 10  # PyTorch free_requested (informational; FREE is free_completed): id
+CACHE_RELEASE = 11   # the program released its allocator's cache: aux 0 torch empty_cache, 1 CuPy free_all_blocks
+SET_LIMIT = 12       # the program set its allocator's limit: size = allowed bytes (0 none); aux 0 torch fraction, 1 CuPy
 
 KIND_NAMES = {
     ALLOC: "ALLOC", FREE: "FREE", SEGMENT_ALLOC: "SEGMENT_ALLOC", SEGMENT_FREE: "SEGMENT_FREE",
     SEGMENT_MAP: "SEGMENT_MAP", SEGMENT_UNMAP: "SEGMENT_UNMAP", GC: "GC", OOM: "OOM",
-    MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED",
+    MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED", CACHE_RELEASE: "CACHE_RELEASE", SET_LIMIT: "SET_LIMIT",
 }
 KINDS_BY_NAME = {v: k for k, v in KIND_NAMES.items()}
 DRIVING = (ALLOC, FREE)
