@@ -304,3 +304,16 @@ def test_pressure_traces_hold_what_the_program_did(path):
     ms = stats["memory_stats"]
     assert ooms == ms["num_ooms"] and releases == (4 if name == "empty-cache" else 0)
     assert limits == (0 if name in ("empty-cache", "side-stream", "plain") else 1)
+
+
+# ---- info shows what the program set and released ------------------------------------------------
+@pytest.mark.skipif(not PRESSURE, reason="no pressure traces recorded yet")
+def test_info_shows_recorded_limits_and_cache_releases():
+    from allocsim.commands.info import format_summary, summarize
+    t = Trace.load(os.path.join(REPO, "traces", "pressure-fraction-oom.bin"))
+    d = summarize(t)
+    lim, = d["limits"]
+    assert lim["bytes"] == int(lim["fraction"] * t.meta["device"]["total_memory"]) and d["cache_releases"] == 0
+    assert "(fraction 0.02708) at event 0" in format_summary(d)
+    d = summarize(Trace.load(os.path.join(REPO, "traces", "pressure-cupy-limit.bin")))
+    assert d["cache_releases"] == 3 and d["limits"] == [{"event": 0, "bytes": 1_500_000_000, "by": "cupy set_limit"}]
