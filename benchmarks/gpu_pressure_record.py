@@ -38,7 +38,7 @@ def one(name, peak, figures):
 
 
 def runs(outdir, name, peak, record=True):
-    """The plain and (``record``) the recorded run of one scenario; returns (name, plain figures, recorded figures, log)."""
+    """The plain and (``record``) the recorded run of one scenario: (name, plain figures, recorded figures, log)."""
     conf = SCENARIOS[name][0] if name in SCENARIOS else ""
     env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
     if conf:
@@ -55,7 +55,8 @@ def runs(outdir, name, peak, record=True):
                                      os.path.join(outdir, f"pressure-{name}.bin")]))
     for figures, prefix in both[:2 if record else 1]:
         r = subprocess.run([sys.executable, *prefix, *program, figures], env=env, capture_output=True, text=True)
-        log.append(f"== {name} {'recorded' if prefix else 'plain'}: rc {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
+        what = "recorded" if prefix else "plain"
+        log.append(f"== {name} {what}: rc {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-3000:]}")
     load = lambda p: json.load(open(p)) if os.path.exists(p) else {}   # noqa: E731
     return name, load(plain), load(recorded), "\n".join(log)
 
