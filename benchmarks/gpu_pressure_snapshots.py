@@ -28,7 +28,11 @@ SCENARIOS = {
 }
 
 
-def scenario(outdir, name, peak):
+def train(name, peak, after_setup=lambda: None):
+    """Train ResNet-18 under scenario ``name`` (fractions relative to ``peak``); return the fraction and OOMs caught.
+
+    ``after_setup`` runs once the fraction is set, before the model is built (the snapshot starts there).
+    """
     import torch
     import torchvision
     conf, frac, extra = SCENARIOS[name]
@@ -40,7 +44,7 @@ def scenario(outdir, name, peak):
     if frac is not None:
         fraction = frac * peak / total
         torch.cuda.set_per_process_memory_fraction(fraction)
-    torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
+    after_setup()
     model = torchvision.models.resnet18().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     side = torch.cuda.Stream() if extra == "side_stream" else None
@@ -71,6 +75,15 @@ def scenario(outdir, name, peak):
         if extra == "empty_cache" and step % 2 == 1:
             torch.cuda.empty_cache()
     torch.cuda.synchronize()
+    return fraction, ooms
+
+
+def scenario(outdir, name, peak):
+    import torch
+    conf, frac, extra = SCENARIOS[name]
+    total = torch.cuda.get_device_properties(0).total_memory
+    fraction, ooms = train(name, peak, lambda: torch.cuda.memory._record_memory_history(
+        max_entries=2_000_000, context=None, stacks="python"))
     torch.cuda.memory._dump_snapshot(os.path.join(outdir, f"{name}.pickle"))
     torch.cuda.memory._record_memory_history(enabled=None)
     stats = {"scenario": name, "alloc_conf": conf, "fraction": fraction, "fraction_of_peak": frac,

@@ -16,15 +16,29 @@ RECORDED = sorted(p for p in glob.glob(os.path.join(ROOT, "traces", "*.bin"))
                   if Trace.load(p).meta.get("framework") in ("torch", "cupy"))
 TORCH = [p for p in RECORDED if Trace.load(p).meta.get("framework") == "torch"]
 
+#: Pressure traces (issue 11) whose limits, cache releases or OOM the replay does not drive yet; a name
+#: leaves these sets when its trace matches (strict: an unexpected pass fails, so it is not forgotten).
+NOT_YET_VALIDATED = {"pressure-cupy-limit.bin", "pressure-empty-cache.bin", "pressure-fraction-oom.bin",
+                     "pressure-fraction-retry.bin", "pressure-gc-threshold.bin", "pressure-maxsplit-cap.bin"}
+NOT_YET_PLACED = {"pressure-empty-cache.bin", "pressure-fraction-retry.bin", "pressure-gc-threshold.bin",
+                  "pressure-maxsplit-cap.bin"}
 
-@pytest.mark.parametrize("path", RECORDED, ids=os.path.basename)
+
+def _known(paths, not_yet):
+    """``paths`` as parameters, those named in ``not_yet`` marked as the expected failures they are today."""
+    mark = pytest.mark.xfail(strict=True, reason="SET_LIMIT / CACHE_RELEASE / OOM not replayed yet (issue 11)")
+    return [pytest.param(p, marks=mark) if os.path.basename(p) in not_yet else p for p in paths]
+
+
+@pytest.mark.parametrize("path", _known(RECORDED, NOT_YET_VALIDATED), ids=os.path.basename)
 def test_validate_matches_every_recorded_trace(path):
     v = validate_trace(path)
     assert v.match, v.summary()
     assert v.recorded_events == v.model_events > 0
 
 
-@pytest.mark.parametrize("path", [p for p in TORCH if "expandable" not in p], ids=os.path.basename)
+@pytest.mark.parametrize("path", _known([p for p in TORCH if "expandable" not in p], NOT_YET_PLACED),
+                         ids=os.path.basename)
 def test_torch_model_places_every_block_where_pytorch_did(path):
     """Each block lands in the same segment (by creation order) at the same offset."""
     t = Trace.load(path)

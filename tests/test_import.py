@@ -72,15 +72,17 @@ def test_torch_snapshot_events_in_order(tmp_path):
         ("OOM", 0, None, 100 * MiB, 1234),         # addr holds device_free
         ("FREE_REQUESTED", 7, 2, 5_000_000, 0x20000000),
         ("FREE", 7, 2, 5_000_000, 0x20000000),
+        ("CACHE_RELEASE", 0, None, 0, 0),          # inferred: the only empty segment freed, no oom after it
         ("SEGMENT_FREE", 7, None, 20 * MiB, 0x20000000),
         ("FREE_REQUESTED", 0, 1, 512, 0x10000400),
     ]
-    assert list(t.time_ns) == [us * 1000 for us in (0, 5, 9, 20, 21, 30, 31, 50, 60, 70, 72, 80, 90)]
+    assert list(t.time_ns) == [us * 1000 for us in (0, 5, 9, 20, 21, 30, 31, 50, 60, 70, 72, 72, 80, 90)]
     assert not t.flags.any()
     assert [t.sites[i] if i != ev.NO_SITE else None for i in t.site[t.kind == ev.ALLOC]] == [
         "/home/u/train.py:10:step", "/home/u/train.py:11:step", None, None]
     assert (s["allocs"], s["frees"], s["free_requested"], s["segment_allocs"], s["segment_frees"], s["ooms"]) == \
         (4, 2, 3, 2, 1, 1)
+    assert s["cache_releases_inferred"] == 1
     assert s["unknown_actions"] == {"annotate": 1} and s["snapshots_ignored"] == 1
     assert s["seeded"] == 0 and not s["wrapped"] and s["warnings"] == ["ignored unknown actions: annotate x1"]
     assert t.meta["framework"] == "torch" and not t.meta["wrapped"] and t.meta["initial_segments"] == []
@@ -113,7 +115,9 @@ def test_torch_wrapped_snapshot_is_seeded_backwards(tmp_path):
         {"address": 0x40000000, "total_size": 20 * MiB, "stream": 0, "is_expandable": True, "segment_type": "large"},
     ]
     # no time_us: the entry index is the time
-    assert t.meta["time_source"] == "entry index" and list(t.time_ns[4:]) == list(range(8))
+    # entry 1 frees the only empty segment, with no oom after it: an inferred cache release (at entry 0's time)
+    assert t.meta["time_source"] == "entry index" and list(t.time_ns[4:]) == [0, 0, *range(1, 8)]
+    assert t.kind[5] == ev.CACHE_RELEASE and s["cache_releases_inferred"] == 1
     snap = load_fixture_dict("snapshot_wrapped.pickle")
     final_active = sorted(b["address"] for seg in snap["segments"] for b in seg["blocks"]
                           if b["state"].startswith("active"))
@@ -128,7 +132,7 @@ def test_convert_api_on_an_in_memory_writer():
     t = w.finish()
     t.validate()
     assert stats["seeded"] == 4 and t.meta["wrapped"] and t.meta["producer"] == "allocsim import"
-    assert len(t) == 12
+    assert len(t) == 13             # 4 seeded blocks, 8 entries, 1 inferred cache release
 
 
 class _Sim:
@@ -451,6 +455,16 @@ def test_cupy_jsonl(tmp_path):
     assert rows(t1) == [("ALLOC", 0, 0, 8, 250496608256)]
 
 
+def test_cupy_zero_byte_requests_count_as_allocs_like_the_recorder(tmp_path):
+    src = tmp_path / "h.jsonl"
+    src.write_text('{"hook":"malloc","size":0,"mem_size":0,"mem_ptr":0,"pmem_id":"0x0"}\n'
+                   '{"hook":"malloc","size":9,"mem_size":512,"mem_ptr":0,"pmem_id":"0x0"}\n')
+    stats = import_file(str(src), str(tmp_path / "z.bin"))
+    t = Trace.load(str(tmp_path / "z.bin"))
+    assert rows(t) == [("ALLOC", 0, 0, 0, 0), ("OOM", 0, None, 9, 0)]     # a null pointer for 9 bytes: it raised
+    assert (stats["allocs"], stats["zero_allocs"], stats["ooms"]) == (1, 1, 1)
+
+
 def test_cupy_free_closes_the_newest_open_malloc(tmp_path):
     src = tmp_path / "h.jsonl"
     src.write_text('{"hook":"malloc","size":1,"mem_size":512,"mem_ptr":512,"pmem_id":"0xa"}\n'
@@ -497,7 +511,7 @@ def test_cli_success_and_summary(tmp_path):
     out = tmp_path / "t.bin"
     r = run_cli("import", fixture("snapshot_wrapped.pickle"), "-o", str(out), "--total-memory", "80GiB")
     assert r.returncode == 0, r.stderr
-    assert "12 events" in r.stdout and "wrapped: yes, seeded 4 pre-existing blocks" in r.stdout
+    assert "13 events" in r.stdout and "wrapped: yes, seeded 4 pre-existing blocks" in r.stdout
     assert Trace.load(str(out)).meta["device"]["total_memory"] == 80 * 2**30
 
 

@@ -209,7 +209,9 @@ def _check_torch(t, ms):
     """The allocator's own counters, computed independently by PyTorch, against the events."""
     k = t.kind
     assert int((k == ev.ALLOC).sum()) == ms["allocation.all.allocated"]
-    assert int((k == ev.FREE).sum()) == ms["allocation.all.freed"]
+    # PyTorch counts a block freed when the free is requested; a block used on another stream
+    # (record_stream) completes its free when its events do, possibly after the end
+    assert int((k == ev.FREE_REQUESTED).sum()) == ms["allocation.all.freed"] >= int((k == ev.FREE).sum())
     assert int((k == ev.SEGMENT_ALLOC).sum()) == ms["segment.all.allocated"]
     assert int((k == ev.SEGMENT_FREE).sum()) == ms["segment.all.freed"]
     assert int(_segment_curve(t).max()) == ms["reserved_bytes.all.peak"]
@@ -297,8 +299,7 @@ CUPY_SCRIPT = """
         keep.append(b)
         allocsim.mark(f"iter {i}")
     del a
-    cp.get_default_memory_pool()        # untouched: the recorder installs its own pool
-    cp.cuda.get_allocator().__self__.free_all_blocks()
+    cp.get_default_memory_pool().free_all_blocks()      # the program's own pool: the one it allocates from
     gc.collect()
 """
 
@@ -314,3 +315,4 @@ def test_cupy_record_end_to_end(tmp_path):
     _check_cupy(t, stats["pool"])
     assert len(t.marks()) == 5 and (t.kind == ev.GC).sum() >= 1
     assert (t.kind == ev.SEGMENT_FREE).sum() >= 1          # free_all_blocks, invisible to hooks
+    assert (t.kind == ev.CACHE_RELEASE).sum() == 1 and not stats["notes"]

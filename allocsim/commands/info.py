@@ -10,6 +10,8 @@ size the array of ALLOC sizes, and LOAD's, `Trace.load_bytes`) and one sort of t
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..trace import events as ev
@@ -79,8 +81,9 @@ class _Tally:
         self.marks = []                 # ALLOCs before each MARK, a chunk each
         self.segment = 0                # reserved bytes the upstream events imply so far (Python int)
         self.segment_peak = 0
+        self.limits = []                # SET_LIMIT events, in order (a program sets few)
 
-    def add(self, rec) -> None:
+    def add(self, start: int, rec) -> None:
         kind = rec["kind"]
         n_allocs_before = int(self.counts[ev.ALLOC])
         self.counts += np.bincount(kind, minlength=len(self.counts))[:len(self.counts)]
@@ -99,6 +102,8 @@ class _Tally:
         marks = np.flatnonzero(kind == ev.MARK)
         if len(marks):
             self.marks.append(np.cumsum(a)[marks] + n_allocs_before)
+        for j in np.flatnonzero(kind == ev.SET_LIMIT).tolist():
+            self.limits.append(recorded_limit(start + j, rec[j]))
         seg = np.isin(kind, list(_SEGMENT_SIGN))
         if seg.any():
             sign = np.vectorize(_SEGMENT_SIGN.get, otypes=[np.int64])(kind[seg])
@@ -117,8 +122,8 @@ class _Tally:
 def summarize(trace) -> dict:
     """Everything `allocsim info` reports, as a JSON-ready dict: one chunked pass over the records."""
     tally = _Tally(trace.n_allocs)
-    for _, rec in trace._chunks():
-        tally.add(rec)
+    for start, rec in trace._chunks():
+        tally.add(start, rec)
     counts = tally.counts
     by_kind = {name: int(counts[k]) for k, name in ev.KIND_NAMES.items() if counts[k]}
     sizes = tally.sizes
@@ -145,10 +150,28 @@ def summarize(trace) -> dict:
         "duration_ns": tally.t_max - tally.t_min if len(trace) else 0,
         "gc_events": {"incremental": tally.gc[0], "full": tally.gc[1]},
         "oom_events": int(counts[ev.OOM]),
+        "cache_releases": int(counts[ev.CACHE_RELEASE]),
+        "limits": tally.limits,
         "upstream_segments": tally.upstream_segments(),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
     }
+
+
+def recorded_limit(index: int, r) -> dict:
+    """A SET_LIMIT record as ``{event, bytes, by, fraction?}``: torch's fraction is its float64 bits in ``addr``."""
+    out = {"event": int(index), "bytes": int(r["size"])}
+    if int(r["aux"]) == 0:
+        out.update(by="torch set_per_process_memory_fraction",
+                   fraction=struct.unpack("<d", struct.pack("<Q", int(r["addr"])))[0])
+    else:
+        out["by"] = "cupy set_limit"
+    return out
+
+
+def _limit_text(lim: dict) -> str:
+    size = fmt_bytes(lim["bytes"]) if lim["bytes"] else "none"
+    return size + (f" (fraction {lim['fraction']:.4g})" if "fraction" in lim else "") + f" at event {lim['event']:,}"
 
 
 def _bucket_label(lo: int, hi: int) -> str:
@@ -191,7 +214,12 @@ def format_summary(d: dict) -> str:
     lines.append(f"  streams {len(d['streams'])}: {', '.join(map(str, d['streams'])) or '-'}"
                  f"   duration {fmt_seconds(d['duration_ns'] / 1e9)}")
     gc = d["gc_events"]
-    lines.append(f"  GC events incr / full {gc['incremental']:,} / {gc['full']:,}   OOM events {d['oom_events']:,}")
+    lines.append(f"  GC events incr / full {gc['incremental']:,} / {gc['full']:,}   OOM events {d['oom_events']:,}"
+                 f"   cache releases {d['cache_releases']:,}")
+    if d["limits"]:
+        lines.append(f"  limits set {len(d['limits'])} ({d['limits'][0]['by']}): "
+                     + ", ".join(_limit_text(lim) for lim in d["limits"][:5])
+                     + (", ..." if len(d["limits"]) > 5 else ""))
     up = d["upstream_segments"]
     n_seg = sum(v for k, v in up.items() if k != "peak_reserved_bytes")
     if n_seg:

@@ -3,6 +3,8 @@
 One JSON object per line, printed at postprocess time:
 
     malloc (mem_ptr != 0)  -> ALLOC of the requested ``size`` at ``mem_ptr``
+    malloc (size == 0)     -> ALLOC of 0 bytes: a request CuPy answers with a null pointer and
+                              never frees, counted as `allocsim record` counts it
     malloc (mem_ptr == 0)  -> OOM of the requested ``size`` (the request raised)
     free                   -> FREE of the most recent open malloc with that ``pmem_id``
     alloc  (mem_ptr != 0)  -> SEGMENT_ALLOC of ``mem_size`` (the pool went upstream)
@@ -45,7 +47,8 @@ class HookLog:
         """Write one event per hook line of ``device``; return counts."""
         log = LineLog(self.path)
         open_ids: dict[object, list[int]] = {}    # pmem_id -> ids of its open mallocs, oldest first
-        counts = {"malloc": 0, "free": 0, "alloc": 0, "oom": 0, "failed_upstream": 0, "other_devices": 0}
+        counts = {"malloc": 0, "zero_malloc": 0, "free": 0, "alloc": 0, "oom": 0, "failed_upstream": 0,
+                  "other_devices": 0}
         device = self.device
 
         def line(text):
@@ -76,6 +79,10 @@ class HookLog:
             if hook == "malloc":
                 if h["size"] > MAX_SIZE:
                     return log.bad(f"absurd size {h['size']} (> 1 PiB)")
+                if h["size"] == 0 and h["mem_size"] == 0:
+                    counts["malloc"] += 1
+                    counts["zero_malloc"] += 1
+                    return writer.alloc(0, t=t)
                 if h["mem_ptr"] == 0:
                     counts["oom"] += 1
                     return writer.oom(h["size"], t=t)
@@ -97,7 +104,8 @@ class HookLog:
         if counts["other_devices"] and not sum(v for k, v in counts.items() if k != "other_devices"):
             raise InputError(f"none of its {counts['other_devices']} hook lines is for device {device} "
                              "(pass --device N)", path=self.path)
-        return {"format": "cupy", "lines": log.line, "allocs": counts["malloc"], "frees": counts["free"],
+        return {"format": "cupy", "lines": log.line, "allocs": counts["malloc"], "zero_allocs": counts["zero_malloc"],
+                "frees": counts["free"],
                 "segment_allocs": counts["alloc"], "ooms": counts["oom"],
                 "failed_upstream": counts["failed_upstream"], "other_devices": counts["other_devices"],
                 "live_at_end": sum(map(len, open_ids.values())), "dropped_line": log.dropped_line,

@@ -11,6 +11,10 @@ The mapping (``docs/importers.md``, "PyTorch memory snapshots"):
     oom              -> OOM (size, device_free)
     snapshot         -> ignored; unknown actions are ignored and counted
 
+A snapshot has no entry for ``torch.cuda.empty_cache()``: `inferred_releases`
+finds the segment frees the allocator's own paths do not explain and puts a
+CACHE_RELEASE before them (``docs/importers.md``, "Cache releases").
+
 Times are ``time_us`` * 1000 relative to the earliest entry, or the entry index
 when the snapshot has no ``time_us`` (before PyTorch 2.2).
 
@@ -27,6 +31,7 @@ and unmap entries also scan the segments, O(#segments) each.
 """
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 
 from ..errors import InputError
@@ -224,6 +229,73 @@ class StartState:
                 for base, s in sorted(self.segments.items())]
 
 
+#: Entries that give memory back upstream; a run of them is one release.
+RELEASING = frozenset({"segment_free", "segment_unmap"})
+
+
+def inferred_releases(entries: list, start: StartState, gc_threshold: bool = False) -> list[int]:
+    """Indexes of the entries before which the program released the cache (``docs/importers.md``, "Cache releases").
+
+    A run of segment frees is the program's ``empty_cache()`` unless the allocator's own
+    paths explain it: the run ends in an ``oom`` entry (the OOM path frees the cache, then
+    gives up), or it frees only some of the segments that held no live block then (the
+    garbage-collection path and ``max_split_size_mb``'s partial release). ``empty_cache``
+    frees every segment with no live block. With ``gc_threshold`` (a
+    ``garbage_collection_threshold`` in the settings) a run followed by a segment alloc or
+    map is the collection made for that request. Runs of expandable-segment unmaps, whose
+    pages are not tracked, are judged by the other rules alone. One pass, O(log #segments)
+    per entry.
+    """
+    own_path = {"oom", "segment_alloc", "segment_map"} if gc_threshold else {"oom"}
+    bases = sorted(b for b, seg in start.segments.items() if not seg["is_expandable"])
+    size = {b: start.segments[b]["total_size"] for b in bases}
+    live = dict.fromkeys(bases, 0)          # segment -> blocks live in it
+    block_in: dict[int, int] = {}           # live block address -> its segment
+
+    def segment_of(addr):
+        k = bisect.bisect_right(bases, addr) - 1
+        return bases[k] if k >= 0 and addr < bases[k] + size[bases[k]] else None
+
+    def track(addr):
+        b = segment_of(addr)
+        if b is not None:
+            block_in[addr] = b
+            live[b] += 1
+
+    for addr in start.blocks:
+        track(addr)
+    out, n, i = [], len(entries), 0
+    while i < n:
+        e = entries[i]
+        a = e["action"]
+        if a in RELEASING:
+            j = i
+            while j < n and entries[j]["action"] in RELEASING:
+                j += 1
+            run = entries[i:j]
+            freed = {x["addr"] for x in run if x["action"] == "segment_free"}
+            empty = {b for b in bases if not live[b]}      # what empty_cache() would have freed
+            only_frees = len(freed) == len(run)
+            if (not only_frees or freed == empty) and not (j < n and entries[j]["action"] in own_path):
+                out.append(i)
+            for b in freed & set(size):
+                bases.remove(b)
+                del size[b], live[b]
+            i = j
+            continue
+        if a == "alloc":
+            track(e["addr"])
+        elif a == "free_completed":
+            b = block_in.pop(e["addr"], None)
+            if b is not None:
+                live[b] -= 1
+        elif a == "segment_alloc":
+            bisect.insort(bases, e["addr"])
+            size[e["addr"]], live[e["addr"]] = e["size"], 0
+        i += 1
+    return out
+
+
 class SnapshotConversion:
     """One device's history in a snapshot, checked and ready to emit.
 
@@ -256,7 +328,7 @@ class SnapshotConversion:
         settings_from_trace(self.meta, source)     # the torch policy reads them at replay: refuse bad ones now
 
     def emit(self, writer) -> dict:
-        """Write the seeded live blocks, then every entry; return counts."""
+        """Write the seeded live blocks, then every entry, with the inferred cache releases; return counts."""
         start = self.start
         conv = EntryConverter(writer, where=self.where, device=self.device, t0_us=self.t0,
                               untimed=self.t0 is None)
@@ -266,7 +338,12 @@ class SnapshotConversion:
             conv.live[addr] = writer.alloc(size, stream, t=0, addr=addr, site=site_of(frames),
                                            flags=ev.PRE_EXISTING)
             seeded_pending += pending
-        conv.feed(self.entries)
+        gc_threshold = self.meta["allocator_settings"].get("garbage_collection_threshold")
+        releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0)
+        for k, (a, b) in enumerate(zip([0, *releases], [*releases, len(self.entries)])):
+            if k:
+                writer.record(ev.CACHE_RELEASE, aux=0)
+            conv.feed(self.entries[a:b])
         counts, unknown, live = conv.counts, conv.unknown, conv.live
         final_mismatch = len(set(live) ^ start.final_live)
         warnings = []
@@ -281,7 +358,8 @@ class SnapshotConversion:
             "allocs": counts["alloc"], "frees": counts["free_completed"], "free_requested": counts["free_requested"],
             "segment_allocs": counts["segment_alloc"], "segment_frees": counts["segment_free"],
             "segment_maps": counts["segment_map"], "segment_unmaps": counts["segment_unmap"],
-            "ooms": counts["oom"], "snapshots_ignored": counts["snapshot"], "unknown_actions": dict(unknown),
+            "ooms": counts["oom"], "cache_releases_inferred": len(releases),
+            "snapshots_ignored": counts["snapshot"], "unknown_actions": dict(unknown),
             "seeded": len(start.blocks), "seeded_pending_free": seeded_pending, "wrapped": start.wrapped,
             "initial_segments": len(start.segments), "inconsistent": start.inconsistent,
             "final_mismatch": final_mismatch, "live_at_end": len(live), "warnings": warnings,

@@ -42,7 +42,8 @@ class Recorder:
                 "command": self.command, "cwd": os.getcwd(), "python": platform.python_version(),
                 "host": platform.node(), "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                 "env": {k: v for k, v in os.environ.items()
-                        if k.startswith(("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                        if k.startswith(("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
+                                         "PYTORCH_NO_CUDA_MEMORY_CACHING",
                                          "CUPY_GPU_MEMORY_LIMIT", "CUDA_VISIBLE_DEVICES"))}}
 
     def open_trace(self, meta: dict) -> TraceWriter:

@@ -1,27 +1,43 @@
-"""CuPy recorder: pool requests from a MemoryHook, upstream calls from a wrapped allocator.
+"""CuPy recorder: observes the program's own memory pool, never replaces it.
 
-What it installs for the program's run (all removed at the end):
+The program keeps the allocator CuPy installed at import, the default
+``MemoryPool``: its limit, its cache and its counters are the ones the program
+uses and reads. What the recorder adds for the run (all removed at the end):
 
-- a `MemoryHook` whose ``malloc_postprocess`` / ``free_postprocess`` record every
-  pool request (ALLOC with the requested size; the pool's rounded size is kept
-  in ``aux`` in 512-byte units, CuPy's rounding unit) and every return to the
-  pool (FREE). Frees are paired with mallocs by ``pmem_id`` in order: a free
-  closes the most recent open malloc with that id (Python reuses ids once an
-  object is gone). A dict of lists, O(1) per event, size = live chunks.
-- a fresh ``MemoryPool`` as the current allocator, whose upstream is a
-  ``PythonFunctionAllocator`` around ``cudaMalloc`` / ``cudaFree``: each call is
-  a SEGMENT_ALLOC / SEGMENT_FREE, including the frees that hooks cannot see
-  (``free_all_blocks``, the OOM path).
-- a ``gc.callbacks`` entry: each Python collection is a GC event (aux 1 when it
-  is a full, generation-2, collection), placed at its start so that the frees it
-  causes follow it.
+- a `MemoryHook` (hooks fire for every pool): ``malloc_postprocess`` records
+  each request (ALLOC with the requested size; the pool's rounded size is kept
+  in ``aux`` in 512-byte units, CuPy's rounding unit) and ``free_postprocess``
+  each return to the pool (FREE, paired by ``pmem_id``: a free closes the most
+  recent open malloc with that id, since Python reuses ids). A request that
+  raised is an OOM record (size = request, addr = device free bytes) and no
+  ALLOC; a 0-byte request (a null pointer, never freed) is an ALLOC of 0.
+  ``alloc_postprocess`` is the pool's ``cudaMalloc``: a SEGMENT_ALLOC.
+- Segment frees fire no hook (``free_all_blocks`` drops whole free chunks and
+  ``cudaFree`` runs when their memory object dies). They are read from the
+  pool's own ``total_bytes()``: when it falls, the segments that held no live
+  chunk were released (a segment is released only whole, once every chunk of it
+  is free and merged), and the fall must equal their bytes (a note otherwise).
+  It is checked before and after each request: the pool's limit and OOM paths
+  release inside a request, so a segment the request got upstream is written
+  after those frees, and the request after it.
+- ``cupy.get_default_memory_pool()`` returns a view of that same pool whose
+  ``set_limit`` is a SET_LIMIT record (aux 1, size = the limit now in force) and
+  whose ``free_all_blocks(stream)`` is a CACHE_RELEASE (aux 1, on that stream),
+  before the segment frees it causes. Every other attribute is the pool's. A
+  release or limit change made another way is still seen at the next request
+  (a CACHE_RELEASE on stream 0 / a SET_LIMIT), with a note.
+- a ``gc.callbacks`` entry: each Python collection is a GC event (aux 1 when
+  it is a full, generation-2, collection), placed at its start so that the frees
+  it causes follow it.
 
-Events stream to the file as they happen (`TraceWriter` with a path, flushed
-every few thousand records). Times come from one monotonic clock read in each
-callback. Hooks are thread-local: allocations on other threads are not seen.
+Events stream to the file as they happen. Times come from one monotonic clock
+read in each callback. Hooks are thread-local: other threads are not seen; a
+program that installs a pool of its own has its requests recorded, but only
+the default pool's releases (a note says so).
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import time
 
@@ -30,6 +46,40 @@ from ..trace import events as ev
 from ._base import Recorder, stderr
 
 ROUND_UNIT = 512
+#: ``aux`` of CACHE_RELEASE and SET_LIMIT records written by CuPy.
+CUPY_AUX = 1
+
+
+class PoolView:
+    """The program's default pool, with `set_limit` and `free_all_blocks` recorded as they are called."""
+
+    __slots__ = ("_pool", "_rec")
+
+    def __init__(self, pool, rec):
+        object.__setattr__(self, "_pool", pool)
+        object.__setattr__(self, "_rec", rec)
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._pool, name, value)
+
+    def __repr__(self):
+        return repr(self._pool)
+
+    def set_limit(self, size=None, fraction=None):
+        self._pool.set_limit(size=size, fraction=fraction)
+        if self._rec.w is not None:
+            self._rec.record_limit()
+
+    def free_all_blocks(self, stream=None):
+        rec = self._rec
+        if rec.w is not None:
+            rec.cache_release(stream)
+        self._pool.free_all_blocks(stream=stream)
+        if rec.w is not None:
+            rec.sync_segments()
 
 
 class CupyRecorder(Recorder):
@@ -53,6 +103,7 @@ class CupyRecorder(Recorder):
         dev = cupy.cuda.Device()
         props = runtime.getDeviceProperties(dev.id)
         name = props["name"]
+        self.pool = cupy.get_default_memory_pool()
         meta = {**self.base_meta(), "framework_version": cupy.__version__,
                 "cuda_version": runtime.runtimeGetVersion(),
                 "device": {"index": dev.id, "name": name.decode() if isinstance(name, bytes) else str(name),
@@ -60,13 +111,29 @@ class CupyRecorder(Recorder):
                 "allocator": "cupy-pool", "alloc_aux": "rounded size in 512-byte units"}
         self.w = self.open_trace(meta)
         self.open: dict[int, list[int]] = {}        # pmem_id -> ids of open mallocs, most recent last
-        self.segments: dict[int, int] = {}          # upstream pointer -> bytes
-        self.counts = {"malloc": 0, "zero_malloc": 0, "free": 0, "failed_malloc": 0, "unmatched_free": 0, "segment_alloc": 0,
-                       "segment_free": 0, "gc": 0}
+        self.chunk_at: dict[int, int] = {}          # id of a live chunk -> its address
+        self.bases: list[int] = []                  # live segments' addresses, sorted
+        self.segments: dict[int, list] = {}         # segment address -> [bytes, stream, live chunks]
+        self.reserved = self.pool.total_bytes()     # what the events account for (0 unless CuPy ran before)
+        self.counts = {"malloc": 0, "zero_malloc": 0, "free": 0, "failed_malloc": 0, "unmatched_free": 0,
+                       "segment_alloc": 0, "failed_upstream": 0, "segment_free": 0, "gc": 0, "cache_release": 0,
+                       "set_limit": 0, "unseen_release": 0, "unseen_limit": 0}
+        if self.reserved:
+            self.note(f"the pool held {self.reserved} bytes before recording began; their segments are not in "
+                      "the trace")
+        self.held = None                            # a segment got upstream by the request in progress
+        self.release_stream = None                  # the stream a program's free_all_blocks named
+        self.unexplained = 0                        # bytes the total_bytes() changes and the segments disagree by
+        self.limit = 0
+        if self.pool.get_limit():                   # CUPY_GPU_MEMORY_LIMIT, or a limit set before recording
+            self.record_limit()
         rec = self
 
         class Hook(memory_hook.MemoryHook):
             name = "allocsim-record"
+
+            def malloc_preprocess(self, **kw):
+                rec._before_request()
 
             def malloc_postprocess(self, **kw):
                 rec._on_malloc(kw)
@@ -74,22 +141,83 @@ class CupyRecorder(Recorder):
             def free_postprocess(self, **kw):
                 rec._on_free(kw)
 
-        self.pool = cupy.cuda.MemoryPool(cupy.cuda.PythonFunctionAllocator(self._upstream_malloc,
-                                                                           self._upstream_free).malloc)
-        get = getattr(cupy.cuda, "get_allocator", None)
-        self.prev_allocator = get() if get else cupy.get_default_memory_pool().malloc
-        cupy.cuda.set_allocator(self.pool.malloc)
+            def alloc_postprocess(self, **kw):
+                rec._on_upstream_alloc(kw)
+
+        self.view = PoolView(self.pool, self)
+        self.prev_get_pool = cupy.get_default_memory_pool
+        cupy.get_default_memory_pool = lambda: self.view
         self.hook = Hook()
         self.hook.__enter__()
         gc.callbacks.append(self._on_gc)
 
-    # ---- callbacks (hot path: one dict operation and one record each) -------------------------
+    # ---- the program's own calls on its pool ----------------------------------------------------
+    def record_limit(self) -> None:
+        """A SET_LIMIT with the limit now in force (0: none)."""
+        self.limit = self.pool.get_limit()
+        self.w.record(ev.SET_LIMIT, size=self.limit, aux=CUPY_AUX, t=self._now())
+        self.counts["set_limit"] += 1
+
+    def cache_release(self, stream) -> None:
+        """The program called ``free_all_blocks(stream)``: a CACHE_RELEASE before the frees it causes."""
+        self.w.record(ev.CACHE_RELEASE, aux=CUPY_AUX, stream=stream.ptr if stream is not None else 0,
+                      t=self._now())
+        self.counts["cache_release"] += 1
+        self.release_stream = None if stream is None else stream.ptr
+
+    def sync_segments(self, held: int = 0) -> None:
+        """Write the SEGMENT_FREEs that explain a fall of the pool's ``total_bytes()`` (see the module docstring).
+
+        ``held``: bytes of a segment got upstream but not yet in `segments`.
+        """
+        total = self.pool.total_bytes() - held
+        only, self.release_stream = self.release_stream, None
+        if total >= self.reserved:
+            self.unexplained += total - self.reserved
+            self.reserved = total
+            return
+        freed = [b for b in self.bases if not self.segments[b][2] and (only is None or self.segments[b][1] == only)]
+        t = self._now()
+        for b in freed:
+            size, stream, _ = self.segments.pop(b)
+            self.w.segment(ev.SEGMENT_FREE, b, size, stream, t=t)
+            self.counts["segment_free"] += 1
+            self.reserved -= size
+        if freed:
+            self.bases = [b for b in self.bases if b in self.segments]
+        self.unexplained += abs(self.reserved - total)
+        self.reserved = total
+
+    def _segment_of(self, ptr: int):
+        k = bisect.bisect_right(self.bases, ptr) - 1
+        if k >= 0:
+            seg = self.segments[self.bases[k]]
+            if ptr < self.bases[k] + seg[0]:
+                return seg
+        return None
+
+    # ---- hook callbacks (hot path: a few dict operations and one record each) ----------------------
+    def _before_request(self) -> None:
+        if self.w is None:
+            return
+        if self.pool.get_limit() != self.limit:
+            self.counts["unseen_limit"] += 1
+            self.record_limit()
+        if self.pool.total_bytes() < self.reserved:     # a release the view did not see
+            self.counts["unseen_release"] += 1
+            self.cache_release(None)
+            self.sync_segments()
+
     def _on_malloc(self, kw) -> None:
         w = self.w
         if w is None:
             return
         size, rounded, ptr = kw["size"], kw["mem_size"], kw["mem_ptr"]
         stream = self.cupy.cuda.get_current_stream().ptr
+        held, self.held = self.held, None
+        self.sync_segments(held[1] if held else 0)  # the limit and OOM paths release inside the request
+        if held is not None:
+            self._add_segment(*held, stream)
         if not ptr and rounded == 0:
             # A 0-byte request: CuPy hands back a null pointer without touching the pool, and no
             # free hook ever fires for it. It is a request, not a failure.
@@ -97,14 +225,17 @@ class CupyRecorder(Recorder):
             self.counts["zero_malloc"] += 1
             return
         if not ptr:
-            w.alloc(size, stream, t=self._now(), flags=ev.FAILED)
-            w.oom(rounded, stream=stream)
+            w.oom(size, device_free=self.cupy.cuda.runtime.memGetInfo()[0], stream=stream, t=self._now())
             self.counts["failed_malloc"] += 1
             return
         i = w.next_id
         w.next_id += 1
         w.record(ev.ALLOC, id_=i, stream=stream, size=size, aux=rounded // ROUND_UNIT, t=self._now(), addr=ptr)
         self.open.setdefault(kw["pmem_id"], []).append(i)
+        self.chunk_at[i] = ptr
+        seg = self._segment_of(ptr)
+        if seg is not None:
+            seg[2] += 1
         self.counts["malloc"] += 1
 
     def _on_free(self, kw) -> None:
@@ -117,23 +248,27 @@ class CupyRecorder(Recorder):
         i = ids.pop()
         if not ids:
             del self.open[kw["pmem_id"]]
+        seg = self._segment_of(self.chunk_at.pop(i))
+        if seg is not None:
+            seg[2] -= 1
         self.w.free(i, t=self._now(), addr=kw["mem_ptr"])
         self.counts["free"] += 1
 
-    def _upstream_malloc(self, size: int, device_id: int) -> int:
-        ptr = self.cupy.cuda.runtime.malloc(size)     # raises CUDARuntimeError on OOM: the pool retries
-        self.segments[ptr] = size
-        if self.w is not None:
-            self.w.segment(ev.SEGMENT_ALLOC, ptr, size, t=self._now())
-            self.counts["segment_alloc"] += 1
-        return ptr
+    def _on_upstream_alloc(self, kw) -> None:
+        if self.w is None:
+            return
+        ptr, size = kw["mem_ptr"], kw["mem_size"]
+        if not ptr:                                 # a failed attempt: the pool releases and retries
+            self.counts["failed_upstream"] += 1
+            return
+        self.held = (ptr, size)                     # written by _on_malloc, after the frees made before it
 
-    def _upstream_free(self, ptr: int, device_id: int) -> None:
-        self.cupy.cuda.runtime.free(ptr)
-        size = self.segments.pop(ptr, 0)
-        if self.w is not None:
-            self.w.segment(ev.SEGMENT_FREE, ptr, size, t=self._now())
-            self.counts["segment_free"] += 1
+    def _add_segment(self, ptr: int, size: int, stream: int) -> None:
+        self.segments[ptr] = [size, stream, 0]
+        bisect.insort(self.bases, ptr)
+        self.reserved += size
+        self.w.segment(ev.SEGMENT_ALLOC, ptr, size, stream, t=self._now())
+        self.counts["segment_alloc"] += 1
 
     def _on_gc(self, phase, info) -> None:
         if phase == "start" and self.w is not None:
@@ -149,15 +284,27 @@ class CupyRecorder(Recorder):
         cupy = self.cupy
         gc.callbacks.remove(self._on_gc)
         self.hook.__exit__(None, None, None)
+        cupy.get_default_memory_pool = self.prev_get_pool
         cupy.cuda.Device().synchronize()
+        self._before_request()                      # a last release or limit change made after the last request
         pool = {"used_bytes": self.pool.used_bytes(), "total_bytes": self.pool.total_bytes(),
-                "n_free_blocks": self.pool.n_free_blocks(), "live_segments": len(self.segments),
-                "live_segment_bytes": sum(self.segments.values())}
-        cupy.cuda.set_allocator(self.prev_allocator)
+                "n_free_blocks": self.pool.n_free_blocks(), "limit": self.pool.get_limit(),
+                "live_segments": len(self.segments), "live_segment_bytes": sum(s[0] for s in self.segments.values())}
+        get = getattr(cupy.cuda, "get_allocator", None)
+        if get is not None and getattr(get(), "__self__", self.pool) is not self.pool:
+            self.note("the program's allocator at the end is not the default pool: releases of its own pool "
+                      "are not recorded")
         self.w = None
         trace = self.close_trace()
         if self.counts["unmatched_free"]:
             self.note(f"{self.counts['unmatched_free']} frees of chunks allocated before recording were skipped")
+        if self.unexplained:
+            self.note(f"the pool's total_bytes() moved by {self.unexplained} bytes that its recorded segments "
+                      "do not explain")
+        for key, what in (("unseen_release", "cache releases"), ("unseen_limit", "limit changes")):
+            if self.counts[key]:
+                self.note(f"{self.counts[key]} {what} made other than through cupy.get_default_memory_pool() "
+                          "were recorded at the next request")
         summary = self.trace_summary(trace)
         stderr(f"wrote {self.out}: {summary['events']} events, {summary['allocs']} allocs, "
                f"{summary['segment_allocs']} upstream allocs")

@@ -4,6 +4,18 @@ Recording uses ``torch.cuda.memory._record_memory_history`` (a ring buffer of
 ``max_entries`` per device, kept by the allocator itself, so the trace holds
 exactly what the real allocator did, segment calls included).
 
+**The program's own calls on its allocator** are recorded where they are
+made, and passed on unchanged: ``torch.cuda.empty_cache()`` is a
+CACHE_RELEASE (aux 0) before the segment frees it causes, and
+``torch.cuda.set_per_process_memory_fraction(f)`` for the recorded device a
+SET_LIMIT (aux 0, addr = ``f`` as IEEE-754 float64 bits, size =
+``int(f * total_memory)``, the bytes PyTorch allows). The fraction in force
+when recording starts is written first when PyTorch can report it
+(``get_per_process_memory_fraction``) and it is not 1. Each is preceded by a
+drain, so it lands between the entries before and after it. Nothing here
+allocates on the device or touches the allocator's counters: ``memory_stats()``
+reads the same with and without the recorder (``tests/test_record_pressure.py``).
+
 **Chunked drain, no loss, no duplicates.** The ring buffer is emptied at every
 drain point: ``_snapshot()`` copies the entries recorded so far, they are
 converted and streamed to the trace file, then recording is re-armed with
@@ -30,11 +42,23 @@ final segments; that reconstruction is not needed here.
 """
 from __future__ import annotations
 
+import struct
+
 from ..errors import GPUUnavailable
 from ..importers.torch_snapshot import EntryConverter
+from ..trace import events as ev
 from ._base import Recorder, stderr
 
 DEFAULT_MAX_ENTRIES = 1_000_000
+#: ``aux`` of CACHE_RELEASE and SET_LIMIT records written by PyTorch.
+TORCH_AUX = 0
+#: The functions of ``torch.cuda.memory`` the recorder wraps (also re-exported as ``torch.cuda.NAME``).
+WRAPPED = ("empty_cache", "set_per_process_memory_fraction")
+
+
+def fraction_bits(fraction: float) -> int:
+    """A memory fraction as the integer holding its IEEE-754 float64 bits (SET_LIMIT's ``addr``)."""
+    return struct.unpack("<Q", struct.pack("<d", float(fraction)))[0]
 
 
 class TorchRecorder(Recorder):
@@ -72,8 +96,56 @@ class TorchRecorder(Recorder):
                 "allocator": "pytorch-caching", "allocator_settings": settings,
                 "max_entries": self.max_entries, "stacks": self.stacks}
         self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks)
+        self.total_memory = int(props.total_memory)
+        self.releases = self.limits = 0
+        get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
+        if get_fraction is not None and get_fraction(self.device) != 1.0:
+            self.record_fraction(get_fraction(self.device))
+        self._wrap_calls()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
+
+    def _wrap_calls(self) -> None:
+        """Put recording wrappers of `WRAPPED` in ``torch.cuda`` and ``torch.cuda.memory`` (`_unwrap_calls` undoes)."""
+        import functools
+        cuda, memory = self.torch.cuda, self.torch.cuda.memory
+        self._originals = {name: getattr(memory, name) for name in WRAPPED}
+        empty_cache, set_fraction = (self._originals[n] for n in WRAPPED)
+
+        @functools.wraps(empty_cache)
+        def recorded_empty_cache():
+            if self.writer is not None:
+                self.drain()
+                self.conv.w.record(ev.CACHE_RELEASE, aux=TORCH_AUX)
+                self.releases += 1
+            return empty_cache()
+
+        @functools.wraps(set_fraction)
+        def recorded_set_fraction(fraction, device=None):
+            result = set_fraction(fraction, device)
+            index = self.torch.cuda._utils._get_device_index(device, optional=True)
+            if self.writer is not None and index == self.device:
+                self.record_fraction(fraction)
+            return result
+
+        for name, fn in zip(WRAPPED, (recorded_empty_cache, recorded_set_fraction)):
+            setattr(memory, name, fn)
+            if getattr(cuda, name, None) is self._originals[name]:
+                setattr(cuda, name, fn)
+
+    def _unwrap_calls(self) -> None:
+        cuda, memory = self.torch.cuda, self.torch.cuda.memory
+        for name, fn in self._originals.items():
+            if getattr(cuda, name, None) is getattr(memory, name):
+                setattr(cuda, name, fn)
+            setattr(memory, name, fn)
+
+    def record_fraction(self, fraction: float) -> None:
+        """A SET_LIMIT for a memory fraction of the recorded device, after the entries made before it."""
+        self.drain()
+        self.conv.w.record(ev.SET_LIMIT, aux=TORCH_AUX, addr=fraction_bits(fraction),
+                           size=int(fraction * self.total_memory))
+        self.limits += 1
 
     def _on_step(self, optimizer, args, kwargs) -> None:
         self.steps += 1
@@ -105,6 +177,7 @@ class TorchRecorder(Recorder):
     def finish(self, exit_status: int = 0) -> dict:
         torch = self.torch
         self._hook.remove()
+        self._unwrap_calls()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
         torch.cuda.synchronize()
@@ -124,7 +197,8 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "optimizer_steps": self.steps, "chunks": self.chunks, "largest_chunk": self.largest_chunk,
+            "optimizer_steps": self.steps, "cache_releases": self.releases, "limits_set": self.limits,
+            "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 
 
