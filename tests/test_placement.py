@@ -83,6 +83,55 @@ def test_live_ranges_never_overlap_and_stay_aligned(ops):
         assert addr % unit == 0 and (n >= SMALL or unit == SMALL_UNIT)
         assert all(addr + n <= a or a + k <= addr for a, k in live.items()), "overlaps a live range"
         live[addr] = n
+        assert_consistent(m)
     for addr in live:
         m.free(addr)
-    assert all(r.unit == SMALL_UNIT for r in m._by_addr.values()), "an empty large region was kept"
+    assert all(r.unit in (0, SMALL_UNIT) for r in m._by_addr.values()), "an empty large region was kept"
+    assert_consistent(m)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["malloc", "take", "free"]), st.integers(1, 100 * MiB),
+                          st.integers(0, 2**20)), max_size=80))
+def test_recorded_addresses_anywhere_keep_the_map_whole(ops):
+    """`take` at arbitrary granule addresses (a trace's unseen neighbours): live ranges stay disjoint and
+    every byte below the top is a hole or a region, never both."""
+    top = 1 << 40
+    m = DriverPlacement(top)
+    live = {}
+    for op, n, pick in ops:
+        if op == "free" and live:
+            addr = sorted(live)[pick % len(live)]
+            m.free(addr)
+            del live[addr]
+            continue
+        if op == "take":
+            addr = top - (pick % 4096 + 1) * GRANULE
+            if m.take(addr, n) is None:
+                g = -(-n // GRANULE) * GRANULE
+                assert any(a < addr + g and addr < a + -(-k // GRANULE) * GRANULE for a, k in live.items()), \
+                    "refused a range no live allocation's granules meet"
+                continue
+        else:
+            addr = m.malloc(n)
+        assert all(addr + n <= a or a + k <= addr for a, k in live.items()), "overlaps a live range"
+        live[addr] = n
+        assert_consistent(m)
+
+
+def assert_consistent(m):
+    """Holes and regions below the top tile [0, top) without overlap; each allocation lies in its region."""
+    spans = sorted([(a, b, "hole") for a, b in m._holes.items()] +
+                   [(r.start, min(r.end, m.top), "region") for r in m._by_addr.values() if r.start < m.top])
+    assert spans[0][0] == 0 and all(x[1] == y[0] for x, y in zip(spans, spans[1:])) and spans[-1][1] == m.top
+    for addr, r in m._owner.items():
+        assert r.start <= addr and addr + r.live[addr] <= r.end
+
+
+def test_recorded_ranges_at_the_bottom_of_the_space_leave_room():
+    """Recorded addresses of 0 (a hand-made trace): the space above them, taken for unseen ranges, is given back."""
+    m = DriverPlacement()
+    assert m.take(0, 20 * MiB) is not None
+    a = m.malloc(20 * MiB)
+    assert a >= 20 * MiB
+    assert_consistent(m)
