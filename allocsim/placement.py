@@ -54,6 +54,7 @@ class Region:
         return self.by_len[i][1] if i < len(self.by_len) else None
 
     def largest(self) -> int:
+        """The longest free run (0 when full). O(1)."""
         return self.by_len[-1][0] if self.by_len else 0
 
     def is_free(self, lo: int, hi: int) -> bool:
@@ -230,18 +231,6 @@ class DriverPlacement:
         self._newest.update(r)
         if r.unit == SMALL_UNIT:
             self._newest_small.update(r)
-
-    def _reindex(self, r: Region) -> None:
-        self._newest.update(r)
-        if r.unit == SMALL_UNIT:
-            self._newest_small.update(r)
-
-    def _overlaps_live(self, r: Region, addr: int, m: int) -> bool:
-        i = r.live.bisect_left(addr + m)
-        if i == 0:
-            return False
-        a = r.live.keys()[i - 1]
-        return a + r.live[a] > addr
 
     def _highest_hole(self, size: int, align: int) -> int:
         """Start of a new ``size``-byte region: the top of the highest hole it does not fill. O(holes)."""

@@ -1,9 +1,17 @@
 """Where the simulated device puts segments: recorded addresses while the replay follows them, the
 driver model after (framework policies), a bump pointer for policies without a framework."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import allocsim
 from allocsim import engine
 from allocsim.device import BASE_ADDR, SimulatedDevice
+from allocsim.trace import SEGMENT_ALLOC, SEGMENT_FREE, Trace
 
-from conftest import random_trace
+from conftest import ROOT, random_trace
 
 MiB = 1 << 20
 TOP = 0x7F2000000000
@@ -54,3 +62,39 @@ def test_engine_gives_framework_policies_the_driver_and_others_the_bump_pointer(
     assert engine.build(t, "torch")[2]._driver is not None   # no recorded addresses: the driver model
     assert engine.build(t, "cupy")[2]._driver is not None
     assert engine.build(t, "split")[2]._driver is None
+
+
+PRESSURE = os.path.join(ROOT, "traces", "raw", "pressure")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("pressure") / "plain.bin")
+    allocsim.import_trace(os.path.join(PRESSURE, "plain.pickle"), out)
+    return Trace.load(out)
+
+
+@pytest.mark.parametrize("scenario", ["gc-threshold", "fraction-retry", "maxsplit-cap"])
+def test_replay_under_a_setting_the_program_did_not_run_with_predicts_the_real_rerun(plain, scenario, tmp_path):
+    """The plain ResNet-18 run replayed under another scenario's settings makes the real re-run's segment
+    calls, of the same sizes, in the same order, and (the driver model) starts segments in freed ranges."""
+    stats = json.load(open(os.path.join(PRESSURE, f"{scenario}.stats.json")))
+    allocsim.import_trace(os.path.join(PRESSURE, f"{scenario}.pickle"), str(tmp_path / "real.bin"))
+    real = Trace.load(str(tmp_path / "real.bin"))
+    opts = [o for o in stats["alloc_conf"].split(",") if o] + [f"per_process_memory_fraction={stats['fraction']}"]
+    pol, rt, dev, sec = engine.build(plain, "torch", capacity=stats["total_memory"], options=opts)
+    calls, malloc, free = [], dev.malloc, dev.free
+    dev.malloc = lambda n: calls.append((SEGMENT_ALLOC, n, malloc(n))) or calls[-1][2]
+    dev.free = lambda a, n: calls.append((SEGMENT_FREE, n, a)) or free(a, n)
+    engine._run(plain, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    seg = np.isin(real.kind, [SEGMENT_ALLOC, SEGMENT_FREE])
+    assert [(k, n) for k, n, _ in calls] == list(zip(real.kind[seg].tolist(), real.size[seg].tolist()))
+    assert dev.peak_reserved == stats["memory_stats"]["reserved_bytes.all.peak"]
+    assert dev.reserved == stats["memory_stats"]["reserved_bytes.all.current"]
+    freed, reused = [], 0
+    for k, n, a in calls:
+        if k == SEGMENT_FREE:
+            freed.append((a, a + n))
+        else:
+            reused += any(lo <= a < hi for lo, hi in freed)
+    assert reused > 0, "no segment started where a freed one had been (the real run: 22, 23, 65)"
