@@ -184,11 +184,12 @@ class DriverPlacement:
         the regions it touches and the range, aligned as a new region would be and cut short by the
         other neighbours, become one region.
         """
-        regions = len(self._newest.regions)
+        regions, frontier = len(self._newest.regions), self._frontier
         got = self.malloc(n)
         if got == addr:
             return got
         self.free(got, undo=len(self._newest.regions) > regions)
+        self._frontier = frontier
         align, unit = (GRANULE, SMALL_UNIT) if n < SMALL else (REGION, GRANULE)
         end = addr + _up(max(n, 1), unit)
         i = self._by_addr.bisect_left(end)              # regions from index j to i - 1 touch the range
