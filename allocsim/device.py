@@ -2,15 +2,18 @@
 
 `malloc(n)` fails (returns None) when the pool cap or the device capacity would be
 exceeded, as CuArrays' `actual_alloc` does: the pools cannot tell the two apart.
-Addresses come from a bump pointer (256-byte aligned, never reused), so blocks of
-different device allocations never overlap; the device keeps no free-list of its
-own because `cudaMalloc` maps physical pages into fresh virtual ranges.
+For a policy without a framework (``address_hints`` None) addresses come from a bump
+pointer (256-byte aligned, never reused), so blocks of different device allocations
+never overlap; their results do not depend on where a segment lies.
 
-With ``address_hints`` — the recorded allocator's segment allocations, ``(size,
-address)`` in order — the device hands out the recorded address to the next
-allocation of the recorded size, when that range overlaps no live one. Best fit in
-PyTorch and CuPy breaks ties by address, so a model replaying its own allocator's
-trace needs the addresses `cudaMalloc` really returned to choose as it chose.
+Best fit in PyTorch and CuPy breaks ties by address, so their models get addresses as the
+real ones would: ``address_hints`` (a list, empty when the trace has none for this
+framework) are the recorded allocator's segment allocations, ``(size, address)`` in
+order. While the replay's segment calls follow the recording, each gets its recorded
+address; from the first one that departs from it (another size, or a recorded range a
+live one still holds) the recording says nothing more, and the driver model
+(`allocsim.placement`, which reuses freed ranges as the driver does) places every
+segment from then on. It has seen the recorded ones, so it continues from their layout.
 
 For `allocsim fit` the device records which limits would have let the replay go
 the same way: every request it granted (``reserved + n``, by `malloc` or `fits`,
@@ -22,11 +25,12 @@ this limit).
 
 The device also carries the replay's modeled clock (`clock`, seconds), to which
 every device call, pool operation and GC pause adds its modeled cost.
-Each call is O(1).
+Each call is O(1), but for the driver model's own costs (`allocsim.placement`).
 """
 from __future__ import annotations
 
 from .costs import CostModel
+from .placement import DriverPlacement
 
 ALIGN = 256
 BASE_ADDR = 0x7F0000000000
@@ -51,12 +55,12 @@ class SimulatedDevice:
         self.pinned = False
         self.clock = 0.0
         self.malloc_time = self.free_time = 0.0
-        self._next = BASE_ADDR
+        self._next = BASE_ADDR                   # bump pointer: no framework; expandable segments' ranges
         self._hints = list(address_hints or ())
-        self._hint = 0
-        self._live: dict[int, int] = {}          # hinted device: address -> size of live ranges
+        self._hint = 0                           # the next recorded segment, while the replay follows them
         if self._hints:
             self._next = max(BASE_ADDR, max(a + n for n, a in self._hints) + ALIGN)
+        self._driver = None if address_hints is None else DriverPlacement(top=self._next)
 
     def malloc(self, n: int) -> int | None:
         """Reserve ``n`` bytes; return the address, or None if cap or capacity is reached."""
@@ -80,8 +84,8 @@ class SimulatedDevice:
 
     def free(self, addr: int, n: int) -> None:
         """Release ``n`` bytes obtained at ``addr``."""
-        if self._hints:
-            self._live.pop(addr, None)
+        if self._driver is not None and addr in self._driver:    # not an expandable segment's unmapped pages
+            self._driver.free(addr)
         c = self._release(addr, n)
         self.clock += c
         self.free_time += c
@@ -89,27 +93,28 @@ class SimulatedDevice:
         self.n_free += 1
         self.bytes_free += n
 
-    # What a device does below the accounting: here, a bump pointer and the cost model.
+    # What a device does below the accounting: here, where the range lies and the cost model.
     def _obtain(self, n: int):
         """``(address, seconds)`` for a new range of ``n`` bytes, or None if the device refuses."""
         costs = self.costs
-        addr = self._hinted(n) if self._hints else None
-        if addr is None:
+        if self._driver is None:
             addr = self._next
             self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
-        if self._hints:
-            self._live[addr] = n
+        else:
+            addr = self._hinted(n)
+            if addr is None:
+                addr = self._driver.malloc(n)
         return addr, (costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n))
 
     def _hinted(self, n: int) -> int | None:
-        """The next recorded address, if its recorded size is ``n`` and its range is free. O(live)."""
-        if self._hint >= len(self._hints) or self._hints[self._hint][0] != n:
-            return None
-        addr = self._hints[self._hint][1]
-        self._hint += 1
-        if any(a < addr + n and addr < a + m for a, m in self._live.items()):
-            return None
-        return addr
+        """The next recorded address, placed, while the replay follows the recording; else None for good."""
+        if self._hint < len(self._hints):
+            size, addr = self._hints[self._hint]
+            if size == n and self._driver.take(addr, n) is not None:
+                self._hint += 1
+                return addr
+            self._hints = []                 # diverged: the recorded addresses belong to another history
+        return None
 
     def _release(self, addr: int, n: int) -> float:
         costs = self.costs

@@ -70,8 +70,8 @@ def build(trace: Trace, policy, *, runtime: str = "eager", cap=None, capacity="t
         if backend not in ("sim", "cuda"):
             raise UsageError(f"unknown backend {backend!r} (known: sim, cuda)")
         device = SimulatedDevice(capacity=capacity, cap=cap, costs=costs or CostModel(),
-                                 address_hints=recorded_segments(trace) if cls.framework and
-                                 cls.framework == trace.meta.get("framework") else None)
+                                 address_hints=(recorded_segments(trace) if cls.framework ==
+                                                trace.meta.get("framework") else []) if cls.framework else None)
     rt = RUNTIMES[runtime](device, sections, gc_every=gc_every)
     with plugin_errors(cls, spec.name, "being set up"):
         pol = cls(device, rt, sections, opts, trace=trace, **({"progress": plan_progress} if cls.offline else {}))

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from allocsim import engine, validate_trace
-from allocsim.device import SimulatedDevice
 from allocsim.trace import ALLOC, SEGMENT_ALLOC, Trace
 
 from conftest import ROOT
@@ -69,14 +68,3 @@ def test_torch_model_places_every_block_where_pytorch_did(path):
             bad.append(idx)
     engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=check)
     assert not bad, f"first misplaced block at event {bad[0]}"
-
-
-def test_device_hands_out_recorded_addresses_when_they_fit():
-    hints = [(1000, 0x5000), (2000, 0x1000), (500, 0x5100)]
-    d = SimulatedDevice(address_hints=hints)
-    assert d.malloc(1000) == 0x5000
-    assert d.malloc(2000) == 0x1000
-    fresh = d.malloc(500)                  # 0x5100 overlaps the live range at 0x5000: a fresh address
-    assert fresh not in (0x5100,) and fresh >= 0x5100 + 500
-    d.free(0x5000, 1000)
-    assert d.malloc(7) not in (0x5000, 0x1000, fresh)   # no more hints: fresh addresses, never overlapping

@@ -1,0 +1,100 @@
+"""Where the simulated device puts segments: recorded addresses while the replay follows them, the
+driver model after (framework policies), a bump pointer for policies without a framework."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import allocsim
+from allocsim import engine
+from allocsim.device import BASE_ADDR, SimulatedDevice
+from allocsim.trace import SEGMENT_ALLOC, SEGMENT_FREE, Trace
+
+from conftest import ROOT, random_trace
+
+MiB = 1 << 20
+TOP = 0x7F2000000000
+#: a recording's segment calls: 20 and 2 MiB in one region, 64 MiB lower down than the model would
+#: put it (a range the trace does not show lay between)
+HINTS = [(20 * MiB, TOP - 32 * MiB), (2 * MiB, TOP - 12 * MiB), (64 * MiB, TOP - 160 * MiB)]
+
+
+def test_recorded_addresses_while_the_replay_follows_the_recording():
+    d = SimulatedDevice(address_hints=HINTS)
+    assert [d.malloc(n) for n, _ in HINTS] == [a for _, a in HINTS]
+
+
+def test_a_call_of_another_size_ends_the_recorded_addresses_for_good():
+    d = SimulatedDevice(address_hints=HINTS)
+    assert d.malloc(20 * MiB) == HINTS[0][1]
+    assert d.malloc(3 * MiB // 2) == TOP - 12 * MiB          # not the recorded 2 MiB call: the driver model,
+    assert d.malloc(64 * MiB) == TOP - 96 * MiB              # from then on, though this size matches
+
+
+def test_a_recorded_range_still_held_ends_the_recorded_addresses():
+    hints = [(20 * MiB, TOP - 32 * MiB), (20 * MiB, TOP - 32 * MiB)]  # recorded: freed, then reused
+    d = SimulatedDevice(address_hints=hints)
+    a = d.malloc(20 * MiB)
+    b = d.malloc(20 * MiB)                                   # the replay kept the first one
+    assert a == hints[0][1] and b != a and (b + 20 * MiB <= a or a + 20 * MiB <= b)
+
+
+def test_framework_device_without_hints_reuses_freed_ranges_as_the_driver_does():
+    d = SimulatedDevice(address_hints=[])
+    a = d.malloc(100 * MiB)
+    b = d.malloc(100 * MiB)
+    assert b < a                                             # the heap grows downward
+    d.free(a, 100 * MiB)
+    assert d.malloc(64 * MiB) == a + 64 * MiB                # the top of the 128 MiB region a gave back
+
+
+def test_device_without_framework_keeps_the_bump_pointer():
+    d = SimulatedDevice()
+    a = d.malloc(1000)
+    assert a == BASE_ADDR
+    d.free(a, 1000)
+    assert d.malloc(1000) == BASE_ADDR + 1024                # never reused
+
+
+def test_engine_gives_framework_policies_the_driver_and_others_the_bump_pointer():
+    t = random_trace(n=50, seed=3)
+    assert engine.build(t, "torch")[2]._driver is not None   # no recorded addresses: the driver model
+    assert engine.build(t, "cupy")[2]._driver is not None
+    assert engine.build(t, "split")[2]._driver is None
+
+
+PRESSURE = os.path.join(ROOT, "traces", "raw", "pressure")
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("pressure") / "plain.bin")
+    allocsim.import_trace(os.path.join(PRESSURE, "plain.pickle"), out)
+    return Trace.load(out)
+
+
+@pytest.mark.parametrize("scenario", ["gc-threshold", "fraction-retry", "maxsplit-cap"])
+def test_replay_under_a_setting_the_program_did_not_run_with_predicts_the_real_rerun(plain, scenario, tmp_path):
+    """The plain ResNet-18 run replayed under another scenario's settings makes the real re-run's segment
+    calls, of the same sizes, in the same order, and (the driver model) starts segments in freed ranges."""
+    stats = json.load(open(os.path.join(PRESSURE, f"{scenario}.stats.json")))
+    allocsim.import_trace(os.path.join(PRESSURE, f"{scenario}.pickle"), str(tmp_path / "real.bin"))
+    real = Trace.load(str(tmp_path / "real.bin"))
+    opts = [o for o in stats["alloc_conf"].split(",") if o] + [f"per_process_memory_fraction={stats['fraction']}"]
+    pol, rt, dev, sec = engine.build(plain, "torch", capacity=stats["total_memory"], options=opts)
+    calls, malloc, free = [], dev.malloc, dev.free
+    dev.malloc = lambda n: calls.append((SEGMENT_ALLOC, n, malloc(n))) or calls[-1][2]
+    dev.free = lambda a, n: calls.append((SEGMENT_FREE, n, a)) or free(a, n)
+    engine._run(plain, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    seg = np.isin(real.kind, [SEGMENT_ALLOC, SEGMENT_FREE])
+    assert [(k, n) for k, n, _ in calls] == list(zip(real.kind[seg].tolist(), real.size[seg].tolist()))
+    assert dev.peak_reserved == stats["memory_stats"]["reserved_bytes.all.peak"]
+    assert dev.reserved == stats["memory_stats"]["reserved_bytes.all.current"]
+    freed, reused = [], 0
+    for k, n, a in calls:
+        if k == SEGMENT_FREE:
+            freed.append((a, a + n))
+        else:
+            reused += any(lo <= a < hi for lo, hi in freed)
+    assert reused > 0, "no segment started where a freed one had been (the real run: 22, 23, 65)"
