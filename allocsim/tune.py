@@ -246,6 +246,7 @@ class Tuning:
     target: Target
     objective: str
     settings_total: int
+    settings_distinct: int
     rows: list[dict] = field(default_factory=list)      # one per distinct setting replayed, recorded first
     frontier: list[dict] = field(default_factory=list)
     finalists: list[dict] = field(default_factory=list)
@@ -265,7 +266,8 @@ class Tuning:
     def to_dict(self) -> dict:
         return {"trace": self.trace, "load_bytes": self.load_bytes, "capacity_bytes": self.target.capacity,
                 "cap_bytes": self.target.cap, "objective": self.objective, "settings_total": self.settings_total,
-                "settings_distinct": len(self.rows), "replays": self.replays, "bounded": self.bounded,
+                "settings_distinct": self.settings_distinct,
+                "settings_replayed": len(self.rows), "replays": self.replays, "bounded": self.bounded,
                 "recommended": self.best and conf_lines(self.best), "recorded": self.recorded,
                 "finalists": self.finalists, "frontier": [r["setting"] for r in self.frontier],
                 "rescue": self.rescue, "candidates": self.rows}
@@ -298,8 +300,13 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
         rows.append(row)
-    out = Tuning(trace, t.load_bytes, target, objective, len(everything), rows, bounded=bounded,
+    out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
                  replays=len(rows))
+    ooms = recorded_ooms(t)
+    if ooms:
+        walks = _map(_rescue_job, [(trace, r["spec"], r["cap_bytes"], target, ooms) for r in rows], jobs, executor)
+        out.replays += len(rows)
+        out.rescue = _rescued(rows, walks, ooms)
     out.frontier = pareto([r for r in rows if not r["ooms"]])
     out.finalists = ranked(rows, objective)[:top]
     for r in rows:
@@ -307,11 +314,6 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     shown = [out.recorded] + [r for r in out.finalists if r is not out.recorded]
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
         out.replays += _fit_all(trace, [r for r in shown if r["recorded"] or r["pareto"]], jobs, settings)
-    ooms = recorded_ooms(t)
-    if ooms:
-        out.rescue = [rescue(t, PolicySpec.parse(r["spec"]), r["cap_bytes"], target, ooms) | {"setting": r["setting"]}
-                      for r in shown]
-        out.replays += len(shown)
     return out
 
 
@@ -386,7 +388,7 @@ def divisions_text(table: tuple) -> str:
     when uniform, else ``[key:d,...]`` (MiB keys; the first key also fills the intervals below it, ``>`` the ones
     after the last key)."""
     if len(set(table)) == 1:
-        return str(table[0])
+        return str(table[0]) if table[0] else "[1:0]"        # a single 0 is refused (not a power of 2)
     last = len(table) - 1
     first_end = next(i for i, d in enumerate(table) if d != table[0]) - 1
     tail_start = next(i for i in range(last, -1, -1) if table[i] != table[last]) + 1
@@ -431,6 +433,29 @@ def rescue(trace: Trace, spec: PolicySpec, cap, target: Target, ooms) -> dict:
     results = [{"event": at, "size": size, "reached": stopped_at is None or at < stopped_at, "served": at in served,
                 "headroom_bytes": served.get(at)} for at, size in sorted(pending.items())]
     return {"ooms": results, "walk_oom_event": stopped_at}
+
+
+def _rescue_job(args) -> dict:
+    from .sweep import _trace
+    trace, spec, cap, target, ooms = args
+    return rescue(_trace(trace), PolicySpec.parse(spec), cap, target, ooms)
+
+
+def _rescued(rows: list[dict], walks: list[dict], ooms) -> list[dict]:
+    """Per recorded OOM, the settings that serve it, most headroom first; a row whose walk fails a recorded OOM
+    counts it as an OOM there (unless the engine already drives recorded OOMs: ``ooms_avoided`` reported)."""
+    for r, w in zip(rows, walks):
+        r["rescue"] = w["ooms"]
+        failed = [o["event"] for o in w["ooms"] if not o["served"]]
+        if r["ooms_avoided"] is None and failed and not r["ooms"]:
+            r["ooms"], r["first_oom_event"] = len(failed), failed[0]
+    out = []
+    for k, (at, size, _) in enumerate(ooms):
+        served = [{"setting": r["setting"], "headroom_bytes": r["rescue"][k]["headroom_bytes"]}
+                  for r in rows if r["rescue"][k]["served"]]
+        served.sort(key=lambda s: -(s["headroom_bytes"] or 0))
+        out.append({"event": at, "size": size, "recorded": rows[0]["rescue"][k], "served_by": served})
+    return out
 
 
 def _walk(trace: Trace, pol, rt, wanted, attempt) -> int | None:

@@ -70,8 +70,8 @@ def report(res, took: float) -> str:
     where = (f"capacity {fmt_bytes(tgt.capacity)}" if tgt.capacity is not None else "no capacity limit") + \
         (f", cap {fmt_bytes(tgt.cap)}" if tgt.cap is not None else "")
     lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {res.objective}",
-             f"searched {res.settings_total} settings, {len(res.rows)} distinct on this trace"
-             + (" (stopped at --max-replays)" if res.bounded else "")
+             f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
+             + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
              + f"; {res.replays} replays in {took:.1f}s", ""]
     best = res.best
     if best is None:
@@ -84,20 +84,23 @@ def report(res, took: float) -> str:
     lines += ["", table([res.recorded] + [r for r in res.finalists if r is not res.recorded], res.load_bytes)]
     lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
                  "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
-    for r in res.rescue:
-        for o in r["ooms"]:
-            lines.append(f"recorded OOM at event {o['event']} ({fmt_bytes(o['size'])} request) under "
-                         f"{r['setting']}: " + rescued(o, r["walk_oom_event"]))
+    for o in res.rescue:
+        lines.append(f"recorded OOM at event {o['event']} ({fmt_bytes(o['size'])} request): under the recorded "
+                     f"settings {rescued(o['recorded'])}; served by {len(o['served_by'])} of {len(res.rows)} settings"
+                     + (f", most headroom under {o['served_by'][0]['setting']}"
+                        + _headroom(o["served_by"][0]["headroom_bytes"]) if o["served_by"] else ""))
     return "\n".join(lines)
 
 
-def rescued(o: dict, walk_oom) -> str:
+def rescued(o: dict) -> str:
+    """What one setting does with a recorded failed request."""
     if not o["reached"]:
-        return f"not reached (runs out earlier, at event {walk_oom})"
-    if not o["served"]:
-        return "fails again"
-    room = o["headroom_bytes"]
-    return "served" + (f", {fmt_bytes(room)} headroom left" if room is not None else "")
+        return "it runs out earlier"
+    return "it is served" + _headroom(o["headroom_bytes"]) if o["served"] else "it fails again"
+
+
+def _headroom(room) -> str:
+    return f" ({fmt_bytes(room)} headroom left)" if room is not None else ""
 
 
 def table(rows: list[dict], load: int) -> str:
