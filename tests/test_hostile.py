@@ -415,6 +415,18 @@ NONSENSE: list[Case] = [
          stdout_empty=True),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
+    Case("tune-capacity-below-load", ["tune", "{trace}", "--capacity", "1KB"],
+         expect="--capacity 1000 B is below the trace's LOAD", stdout_empty=True),
+    Case("tune-cap-below-load", ["tune", "{trace}", "--cap", "1KB"], expect="--cap 1000 B is below the trace's LOAD",
+         stdout_empty=True),
+    Case("tune-cap-above-capacity", ["tune", "{trace}", "--capacity", "1GB", "--cap", "2GB"],
+         expect="is larger than --capacity", stdout_empty=True),
+    Case("tune-unknown-objective", ["tune", "{trace}", "--objective", "fast"],
+         expect="argument --objective: invalid choice: 'fast'", stdout_empty=True),
+    Case("tune-plot-not-a-picture", ["tune", "{trace}", "--plot", "{d}/front.txt"],
+         expect="expected a .png, .svg or .pdf path", outputs=["front.txt"], stdout_empty=True),
+    Case("tune-top-zero", ["tune", "{trace}", "--top", "0"], expect="--top: expected 1 or more, got 0",
+         stdout_empty=True),
 ]
 
 
