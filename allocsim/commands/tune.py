@@ -84,6 +84,9 @@ def report(res, took: float) -> str:
     lines += ["", table([res.recorded] + [r for r in res.finalists if r is not res.recorded], res.load_bytes)]
     lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
                  "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
+    if res.rescue and res.recorded["ooms_avoided"] is None:
+        lines.append("(the replays and capacity walks do not drive the recorded OOM requests; the rescue walk "
+                     "below gives them to each setting)")
     for o in res.rescue:
         lines.append(f"recorded OOM at event {o['event']} ({fmt_bytes(o['size'])} request): under the recorded "
                      f"settings {rescued(o['recorded'])}; served by {len(o['served_by'])} of {len(res.rows)} settings"
@@ -107,9 +110,11 @@ def table(rows: list[dict], load: int) -> str:
     head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "alloc time", "fits on"]
     body = []
     for r in rows:
-        fits = r.get("fit_capacity_bytes", "dominated")
-        if fits != "dominated":
+        if "fit_capacity_bytes" in r:
+            fits = r["fit_capacity_bytes"]
             fits = "none" if fits is None else fmt_bytes(fits) + ("" if r["fit_threshold"] else "*")
+        else:
+            fits = "-" if r["pareto"] or r["recorded"] else "dominated"
         body.append([r["setting"], fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['overhead_vs_load']:+.1f}%",
                      "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
                      f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
