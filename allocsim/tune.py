@@ -27,22 +27,27 @@ The search is exhaustive over what can differ, and replays nothing twice:
    spaces and compares every point's replay with its class's).
 2. **First OOM stops a replay**: a setting that fails at the target stops there
    (the default replay does) and is out of the running.
-3. **Dominated settings are pruned** before the costly steps: of the replayed
+3. **Dominated settings are pruned** before the costly step: of the replayed
    settings that fit, only the Pareto frontier of (peak reserved, modeled
    allocation time) can hold the best setting of any objective (``reserved``:
    least peak reserved, then least time; ``time``: the reverse; ``both``: least
    sum of the two, each over its best value on the frontier) — a dominated one is
    no better in either figure, so dropping it never drops an optimum. Only the
-   best few of the frontier get the certified capacity walk (`fit_capacity`) and
-   the OOM rescue walk.
-4. **Parallel**: the distinct settings are cells for `run_cells` (``-j``, the
-   process pool `compare` uses; any executor, Dask's included).
+   recorded settings and the frontier among the best few get the certified
+   capacity walk (`fit_capacity`, tens of replays each).
+4. **Parallel**: the distinct settings are cells replayed by the process pool
+   `compare` and `fit` use (``-j``), or by any executor given (Dask's included).
+
+With ``max_replays``, the settings nearest the recorded ones (fewest options
+changed) are replayed first, and the answer is the best of those.
 
 OOM rescue: for each ``OOM`` record of the trace (a request the recorded run
-failed), each finalist and the recorded settings are walked up to that point and
-given the request (`rescue`): served or not, and the headroom then left under
-the target (limit − reserved after serving it). The walk is this module's own,
-so it works before and after the engine drives recorded OOM records itself.
+failed), every distinct setting is walked up to that point and given the
+request (`rescue`): served or not, and the headroom then left under the target
+(limit − reserved after serving it). A setting that fails it does not fit. The
+walk is this module's own: the engine's replay does not give recorded OOM
+requests to the policy yet; once it does (``ooms_avoided`` in the result), the
+replay's own OOM count is used and the walk only measures the headroom.
 """
 from __future__ import annotations
 
@@ -290,7 +295,8 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     distinct: dict = {}
     for c in everything:
         distinct.setdefault(space.canonical(c), c)
-    chosen = list(distinct.values())
+    chosen = nearest_first(list(distinct))
+    chosen = [distinct[k] for k in chosen]
     bounded = bool(max_replays) and len(chosen) > max_replays
     chosen = chosen[:max_replays] if bounded else chosen
     cells = [Cell(trace, c.spec, c.cap if c.cap is not None else cap, "eager", capacity=target.capacity)
@@ -315,6 +321,18 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
         out.replays += _fit_all(trace, [r for r in shown if r["recorded"] or r["pareto"]], jobs, settings)
     return out
+
+
+def nearest_first(keys: list) -> list:
+    """Canonical keys, the recorded settings' (the first) first, then by how many options differ from them:
+    a ``max_replays`` bound keeps the settings nearest to what ran."""
+    policy, options, cap = keys[0]
+    base = dict(options)
+
+    def distance(key):
+        other = dict(key[1])
+        return (key[0] != policy) + (key[2] != cap) + sum(base.get(k) != other.get(k) for k in base.keys() | other.keys())
+    return sorted(keys, key=distance)          # stable: the space's order among equals
 
 
 def _replay_job(args) -> dict:
