@@ -15,16 +15,16 @@ The search is exhaustive over what can differ, and replays nothing twice:
    settings that become equal replay once. The rules, each read off the model:
    a divisions entry of 1, or for a size interval (1 MiB .. 64 GiB, by powers of
    two) that no request of the trace falls in, rounds nothing (0); all-zero
-   divisions are none. ``max_split_size_mb`` at or above the largest segment any
+   divisions are none. ``max_split_size_mb`` above the largest segment any
    request can create (``get_allocation_size`` of the largest rounded request;
    without expandable segments a block never outgrows its segment) compares like
    no limit. ``max_non_split_rounding_mb`` is read only for requests of at least
-   ``max_split_size_mb``: without one, it is dropped. ``garbage_collection_threshold``
-   acts only under an allowed memory: without a cap, it is dropped. A CuPy limit
-   at or above the cap is the cap (``min(limit, cap)``), and a Julia pool cap at or
-   above the target is no cap. Equal canonical settings give equal replays,
-   so this never discards the optimum (`tests/test_tune.py` brute-forces small
-   spaces and compares every point's replay with its class's).
+   ``max_split_size_mb``: without one, or with no request that large, it is
+   dropped. ``garbage_collection_threshold`` acts only under an allowed memory:
+   without a cap, it is dropped. (CuPy limits and Julia pool caps are generated
+   below the target only, so they all differ.) Equal canonical settings give
+   equal replays, so this never discards the optimum (`tests/test_tune.py`
+   brute-forces small spaces and compares every point's replay with its class's).
 2. **First OOM stops a replay**: a setting that fails at the target stops there
    (the default replay does) and is out of the running.
 3. **Dominated settings are pruned** before the costly step: of the replayed
@@ -180,11 +180,7 @@ class Space:
             v = c.spec.values()
         if c.spec.ref == "torch":
             v = self._torch_canonical(v)
-        elif c.spec.ref == "cupy" and v.get("limit") is not None and self.target.limit is not None \
-                and v["limit"] >= self.target.limit:
-            v = {k: x for k, x in v.items() if k != "limit"}
-        cap = c.cap if c.cap is None or self.target.limit is None or c.cap < self.target.limit else None
-        return (c.spec.ref, tuple(sorted(v.items())), cap)
+        return (c.spec.ref, tuple(sorted(v.items())), c.cap)
 
     def _torch_canonical(self, v: dict) -> dict:
         from .policies.torch import K_LARGE_BUFFER, NO_DIVISIONS, _divisions, get_allocation_size, round_size
