@@ -56,11 +56,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import UsageError
+from .policies.torch import (K_LARGE_BUFFER, N_DIVISION_INTERVALS, NO_DIVISIONS, _divisions, get_allocation_size,
+                             parse_divisions, round_size, settings_from_trace)
 from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cell
 from .trace import ALLOC, FREE, Trace
 from .trace.events import OOM
-from .policies.torch import parse_divisions
 from .units import fmt_bytes
 
 MiB = 1 << 20
@@ -129,7 +130,6 @@ class Space:
         kinds, sizes = trace.column("kind"), trace.column("size")
         requests = sizes[((kinds == ALLOC) | (kinds == OOM)) & (sizes > 0)].astype(np.int64)
         self.largest_request = int(requests.max()) if len(requests) else 0
-        from .policies.torch import N_DIVISION_INTERVALS
         bits = np.array([int(n).bit_length() for n in np.unique(requests)], dtype=np.int64)
         self.intervals = set(np.minimum(np.maximum(bits - 21, 0), N_DIVISION_INTERVALS - 1).tolist())
 
@@ -174,7 +174,6 @@ class Space:
         if c.recorded:
             if self.framework != "torch":
                 return (c.spec.ref, (), c.cap)
-            from .policies.torch import settings_from_trace
             v = {"trace_settings": False, **settings_from_trace(self.trace.meta, self.trace.path)}
         else:
             v = c.spec.values()
@@ -183,7 +182,6 @@ class Space:
         return (c.spec.ref, tuple(sorted(v.items())), c.cap)
 
     def _torch_canonical(self, v: dict) -> dict:
-        from .policies.torch import K_LARGE_BUFFER, NO_DIVISIONS, _divisions, get_allocation_size, round_size
         v = {"max_non_split_rounding_mb": K_LARGE_BUFFER // MiB, **v}
         div = _divisions(v["roundup_power2_divisions"]) if v.get("roundup_power2_divisions") else NO_DIVISIONS
         div = tuple(d if d > 1 and i in self.intervals else 0 for i, d in enumerate(div))
