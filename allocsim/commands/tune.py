@@ -12,7 +12,7 @@ from ._common import (add_cost_model_argument, add_jobs_argument, capacity_arg, 
 
 NAME = "tune"
 HELP = "search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, pool caps)"
-EXAMPLE = "allocsim tune traces/gpt2.bin --capacity 9GB -j 2"
+EXAMPLE = "allocsim tune traces/gpt2.bin --capacity 8.5GiB -j 2 --plot frontier.png"
 
 
 def add_arguments(p):
@@ -25,7 +25,7 @@ def add_arguments(p):
                         "on their Pareto frontier (default reserved)")
     p.add_argument("--top", type=int, default=TOP, metavar="N", help=f"candidates in the table (default {TOP})")
     p.add_argument("--max-replays", type=int, default=0, metavar="N",
-                   help="replay at most N distinct settings, the recorded ones first (default 0: all)")
+                   help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
     add_jobs_argument(p)
     add_cost_model_argument(p)
