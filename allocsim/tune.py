@@ -135,14 +135,15 @@ class Space:
 
     # the candidates, recorded settings first
     def candidates(self) -> list[Candidate]:
-        recorded = Candidate(PolicySpec.parse(self.policy_name()), recorded=True)
-        return [recorded] + {"torch": self._torch, "cupy": self._cupy}.get(self.framework, self._julia)()
+        recorded = PolicySpec.parse(self.policy_name())
+        if self.framework == "torch":       # spelled out: its conf line, and the same canonical form as the rest
+            recorded = torch_spec({**settings_from_trace(self.trace.meta, self.trace.path), "trace_settings": False})
+        return [Candidate(recorded, recorded=True)] + {"torch": self._torch, "cupy": self._cupy}.get(self.framework, self._julia)()
 
     def policy_name(self) -> str:
         return self.framework if self.framework in ("torch", "cupy") else "split"
 
     def _torch(self) -> list[Candidate]:
-        torch = PolicySpec.parse("torch")
         gcs = TORCH_GC_THRESHOLDS if self.target.cap is not None else (None,)
         out = []
         for es in (False, True):
@@ -154,12 +155,12 @@ class Space:
                                  "max_non_split_rounding_mb": ns, "garbage_collection_threshold": gc or 0.0}
                             if div is not None:
                                 v["roundup_power2_divisions"] = parse_divisions(div)
-                            out.append(Candidate(_defaults_dropped(torch.with_values(v))))
+                            out.append(Candidate(torch_spec(v)))
         return out
 
     def _limits(self) -> list[int]:
         load, limit = self.trace.load_bytes, self.target.limit
-        return [int(load * f) // MiB * MiB for f in LIMIT_FACTORS if limit is None or load * f < limit]
+        return [int(load * f) // MiB * MiB for f in LIMIT_FACTORS if load >= MiB and (limit is None or load * f < limit)]
 
     def _cupy(self) -> list[Candidate]:
         cupy = PolicySpec.parse("cupy")
@@ -171,12 +172,7 @@ class Space:
     # canonical form
     def canonical(self, c: Candidate):
         """A key equal for candidates whose replays of this trace are equal (module docstring, step 1)."""
-        if c.recorded:
-            if self.framework != "torch":
-                return (c.spec.ref, (), c.cap)
-            v = {"trace_settings": False, **settings_from_trace(self.trace.meta, self.trace.path)}
-        else:
-            v = c.spec.values()
+        v = c.spec.values()
         if c.spec.ref == "torch":
             v = self._torch_canonical(v)
         return (c.spec.ref, tuple(sorted(v.items())), c.cap)
@@ -197,8 +193,13 @@ class Space:
         return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
 
 
-def _defaults_dropped(spec: PolicySpec) -> PolicySpec:
-    """The spec without options at their declared default (``trace_settings`` kept): shorter labels and conf lines."""
+def torch_spec(values: dict) -> PolicySpec:
+    """A `torch` spec of these option values, those at their declared default left out (``trace_settings`` kept):
+    short labels and conf lines."""
+    div = values.get("roundup_power2_divisions")
+    if div is not None and not any(d > 1 for d in _divisions(div)):
+        values = {**values, "roundup_power2_divisions": None}        # rounds nothing, as the model reads it
+    spec = PolicySpec.parse("torch").with_values(values)
     defaults = {p.name: p.default for p in spec.policy_class().params}
     kept = tuple((k, v) for k, v in spec.options if k == "trace_settings" or defaults.get(k) != v)
     return PolicySpec(spec.ref, kept, spec.shown)
@@ -369,8 +370,6 @@ def conf_lines(row: dict, c: Candidate | None = None) -> dict:
     spec = c.spec
     note = ""
     if spec.ref == "torch":
-        if c.recorded:
-            return {"conf": "(as recorded)", "legacy_conf": "", "note": ""}
         text = option_text(spec)
         if "garbage_collection_threshold" in spec.values():
             note = "needs torch.cuda.set_per_process_memory_fraction(cap / total memory) in the script"

@@ -239,5 +239,6 @@ def test_recorded_settings_are_the_first_candidate():
     path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
     res = tune(path, jobs=1, fit=False, max_replays=0)
     assert res.rows[0]["recorded"]
+    assert res.rows[0]["conf"] == "PYTORCH_ALLOC_CONF=max_split_size_mb:128,roundup_power2_divisions:4"
     same = [r for r in res.rows if r["setting"] == "max_split_size_mb:128,roundup_power2_divisions:4"]
     assert same == []
