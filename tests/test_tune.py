@@ -235,10 +235,14 @@ def test_command_end_to_end_on_a_shipped_trace(tmp_path, capsys):
 
 def test_recorded_settings_are_the_first_candidate():
     """gpt2-maxsplit128-rp2div4 was recorded under max_split_size_mb:128,roundup_power2_divisions:4: the
-    recorded row replays exactly that setting, and the explicit grid point of the same values is not replayed again."""
+    recorded row replays exactly that setting, and the grid point of the same values shares its canonical form."""
+    from allocsim.sweep import _trace
     path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
-    res = tune(path, jobs=1, fit=False, max_replays=0)
+    res = tune(path, jobs=1, fit=False, max_replays=3)
     assert res.rows[0]["recorded"]
     assert res.rows[0]["conf"] == "PYTORCH_ALLOC_CONF=max_split_size_mb:128,roundup_power2_divisions:4"
-    same = [r for r in res.rows if r["setting"] == "max_split_size_mb:128,roundup_power2_divisions:4"]
-    assert same == []
+    space = Space(_trace(path), res.target)
+    recorded, *grid = space.candidates()
+    same = [c for c in grid if c.label == "max_split_size_mb:128,roundup_power2_divisions:4"]
+    assert len(same) == 1 and space.canonical(same[0]) == space.canonical(recorded)
+    assert replay(path, "torch").peak_reserved_bytes == res.rows[0]["peak_reserved_bytes"]
