@@ -512,6 +512,6 @@ def frontier_figure(res: Tuning):
             ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / gib], zorder=3, **style)
     ax.set_xlabel("modeled allocation time (ms)")
     ax.set_ylabel("peak reserved (GiB)")
-    ax.set_title(f"{res.trace}: {len(res.rows)} settings, objective {res.objective}", fontsize=9)
+    ax.set_title(f"{res.trace}: {len(fitting)} of {len(res.rows)} settings fit, objective {res.objective}", fontsize=9)
     ax.legend(fontsize=8)
     return fig
