@@ -277,9 +277,19 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
          top: int = TOP, fit: bool = True, max_replays: int = 0, settings: Settings | None = None,
          executor=None) -> Tuning:
     """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
-    (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory)."""
+    (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory). The replays run
+    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
+    pool of ``jobs`` workers kept for every step."""
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+    from contextlib import nullcontext
+    from .sweep import process_pool
+    with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex)
+
+
+def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex) -> Tuning:
+    """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
     from .engine import trace_capacity
     from .sweep import _trace
     t = _trace(trace)
@@ -290,14 +300,13 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     distinct: dict = {}
     for c in everything:
         distinct.setdefault(space.canonical(c), c)
-    chosen = nearest_first(list(distinct))
-    chosen = [distinct[k] for k in chosen]
+    chosen = [distinct[k] for k in nearest_first(list(distinct))]
     bounded = bool(max_replays) and len(chosen) > max_replays
     chosen = chosen[:max_replays] if bounded else chosen
     cells = [Cell(trace, c.spec, c.cap if c.cap is not None else cap, "eager", capacity=target.capacity)
              for c in chosen]
     rows = []
-    for cell, c, row in zip(cells, chosen, _map(_replay_job, [(cell, settings) for cell in cells], jobs, executor)):
+    for cell, c, row in zip(cells, chosen, _map(_replay_job, [(cell, settings) for cell in cells], ex)):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
         rows.append(row)
@@ -305,7 +314,7 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
                  replays=len(rows))
     ooms = recorded_ooms(t)
     if ooms:
-        walks = _map(_rescue_job, [(trace, r["spec"], r["cap_bytes"], target, ooms) for r in rows], jobs, executor)
+        walks = _map(_rescue_job, [(trace, r["spec"], r["cap_bytes"], target, ooms) for r in rows], ex)
         out.replays += len(rows)
         out.rescue = _rescued(rows, walks, ooms)
     out.frontier = pareto([r for r in rows if not r["ooms"]])
@@ -314,7 +323,7 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
         r["pareto"] = any(r is f for f in out.frontier)
     shown = [out.recorded] + [r for r in out.finalists if r is not out.recorded]
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
-        out.replays += _fit_all(trace, [r for r in shown if r["recorded"] or r["pareto"]], jobs, settings)
+        out.replays += _fit_all(trace, [r for r in shown if r["recorded"] or r["pareto"]], settings, ex)
     return out
 
 
@@ -341,22 +350,21 @@ def _replay_job(args) -> dict:
     return row
 
 
-def _map(fn, args: list, jobs: int, executor=None) -> list:
-    """``fn`` over ``args`` in order: in this process, a local process pool (``jobs`` > 1) or ``executor``."""
-    if executor is not None:
-        return list(executor.map(fn, args))
-    if jobs <= 1 or len(args) <= 1:
+def _map(fn, args: list, ex) -> list:
+    """``fn`` over ``args`` in order, on the executor ``ex`` (None: in this process)."""
+    from concurrent.futures import ProcessPoolExecutor
+    if ex is None:
         return [fn(a) for a in args]
-    from .sweep import process_pool
-    with process_pool(min(jobs, len(args))) as ex:
-        return list(ex.map(fn, args, chunksize=max(1, len(args) // (8 * jobs))))
+    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message: the replays are short
+        return list(ex.map(fn, args, chunksize=max(1, len(args) // 16)))
+    return list(ex.map(fn, args))
 
 
-def _fit_all(trace: str, rows: list[dict], jobs: int, settings) -> int:
+def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
     """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took."""
     from .fit import _fit_job
     args = [(trace, PolicySpec.parse(r["spec"]), {"settings": settings, "islands": False}) for r in rows]
-    fits = _map(_fit_job, args, jobs)
+    fits = _map(_fit_job, args, ex)
     for r, f in zip(rows, fits):
         r["fit_capacity_bytes"], r["fit_threshold"] = f["capacity_bytes"], f["threshold"]
     return sum(f["replays"] for f in fits)
