@@ -246,3 +246,15 @@ def test_recorded_settings_are_the_first_candidate():
     same = [c for c in grid if c.label == "max_split_size_mb:128,roundup_power2_divisions:4"]
     assert len(same) == 1 and space.canonical(same[0]) == space.canonical(recorded)
     assert replay(path, "torch").peak_reserved_bytes == res.rows[0]["peak_reserved_bytes"]
+
+
+def test_any_executor_gives_the_same_rows():
+    """In this process, on the local pool (-j 2) and on another executor (threads here, Dask's client the same
+    way): the same settings, the same figures, in the same order."""
+    from concurrent.futures import ThreadPoolExecutor
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    kw = dict(max_replays=6, fit=False)
+    with ThreadPoolExecutor(2) as ex:
+        runs = [tune(path, jobs=1, **kw), tune(path, jobs=2, **kw), tune(path, executor=ex, **kw)]
+    first, *others = [[(r["setting"], *(r[k] for k in FIGURES)) for r in res.rows] for res in runs]
+    assert len(first) == 6 and all(o == first for o in others)
