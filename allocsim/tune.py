@@ -86,9 +86,9 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """``recorded``, or the options that differ from the defaults (the policy and pool cap where they vary)."""
+        """``recorded`` (a policy of no recorder: ``split (baseline)``), or the options that differ from the defaults (the policy and pool cap where they vary)."""
         if self.recorded:
-            return "recorded"
+            return "recorded" if self.spec.policy_class().framework else f"{self.spec.name} (baseline)"
         opts = option_text(self.spec)
         if self.spec.ref == "torch":
             return opts or "defaults"

@@ -77,7 +77,7 @@ def report(res, took: float) -> str:
     if best is None:
         lines.append("no setting fits this target; the table shows the ones that got furthest")
     else:
-        lines.append("recommended:" + (" (the recorded settings are already the best)" if best["recorded"] else ""))
+        lines.append("recommended:" + (f" ({best['setting']}: already the best)" if best["recorded"] else ""))
         lines += [f"  {best[k]}" for k in ("conf", "legacy_conf") if best.get(k)]
         if best.get("note"):
             lines.append(f"  ({best['note']})")
