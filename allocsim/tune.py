@@ -21,7 +21,8 @@ The search is exhaustive over what can differ, and replays nothing twice:
    no limit. ``max_non_split_rounding_mb`` is read only for requests of at least
    ``max_split_size_mb``: without one, or with no request that large, it is
    dropped. ``garbage_collection_threshold`` acts only under an allowed memory:
-   without a cap, it is dropped. (CuPy limits and Julia pool caps are generated
+   without a cap, or where the model does not turn its GC on under the cap, it
+   is dropped. (CuPy limits and Julia pool caps are generated
    below the target only, so they all differ.) Equal canonical settings give
    equal replays, so this never discards the optimum (`tests/test_tune.py`
    brute-forces small spaces and compares every point's replay with its class's).
@@ -132,6 +133,16 @@ class Space:
         self.largest_request = int(requests.max()) if len(requests) else 0
         bits = np.array([int(n).bit_length() for n in np.unique(requests)], dtype=np.int64)
         self.intervals = set(np.minimum(np.maximum(bits - 21, 0), N_DIVISION_INTERVALS - 1).tolist())
+        self.gc_acts = target.cap is not None and self._torch_gc_acts()
+
+    def _torch_gc_acts(self) -> bool:
+        """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on``;
+        a model without that attribute is taken to)."""
+        from .engine import build
+        pol = build(self.trace, torch_spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
+                    cap=self.target.cap, capacity=self.target.capacity)[0]
+        pol.close()
+        return bool(getattr(pol, "gc_on", True))
 
     # the candidates, recorded settings first
     def candidates(self) -> list[Candidate]:
@@ -188,7 +199,7 @@ class Space:
             v["max_split_size_mb"] = ms = None
         if ms is None or round_size(self.largest_request, div) < ms * MiB:
             v["max_non_split_rounding_mb"] = K_LARGE_BUFFER // MiB
-        if self.target.cap is None or not v.get("garbage_collection_threshold"):
+        if not (self.gc_acts and v.get("garbage_collection_threshold")):
             v["garbage_collection_threshold"] = 0.0
         return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
 
