@@ -13,7 +13,7 @@ from . import commands
 from .errors import AllocsimError
 from .outputs import Terminated
 
-ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "plot", "sweep", "validate",
+ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "tune", "plot", "sweep", "validate",
          "calibrate", "policies"]
 
 

@@ -420,6 +420,18 @@ NONSENSE: list[Case] = [
     Case("torch-fraction-zero", ["replay", "{trace}", "-p", "torch", "-O", "per_process_memory_fraction=0",
                                  "--capacity", "1GB"],
          expect="option per_process_memory_fraction: must lie in (0.0, 1.0]", stdout_empty=True),
+    Case("tune-capacity-below-load", ["tune", "{trace}", "--capacity", "1KB"],
+         expect="--capacity 1000 B is below the trace's LOAD", stdout_empty=True),
+    Case("tune-cap-below-load", ["tune", "{trace}", "--cap", "1KB"], expect="--cap 1000 B is below the trace's LOAD",
+         stdout_empty=True),
+    Case("tune-cap-above-capacity", ["tune", "{trace}", "--capacity", "1GB", "--cap", "2GB"],
+         expect="is larger than --capacity", stdout_empty=True),
+    Case("tune-unknown-objective", ["tune", "{trace}", "--objective", "fast"],
+         expect="argument --objective: invalid choice: 'fast'", stdout_empty=True),
+    Case("tune-plot-not-a-picture", ["tune", "{trace}", "--plot", "{d}/front.txt"],
+         expect="expected a .png, .svg or .pdf path", outputs=["front.txt"], stdout_empty=True),
+    Case("tune-top-zero", ["tune", "{trace}", "--top", "0"], expect="--top: expected 1 or more, got 0",
+         stdout_empty=True),
 ]
 
 

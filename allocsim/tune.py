@@ -1,0 +1,536 @@
+"""`allocsim tune`: which allocator settings make this trace fit, searched offline.
+
+The space: for a PyTorch trace the caching allocator's settings the `torch` model
+takes (``expandable_segments``, ``max_split_size_mb``, ``roundup_power2_divisions``
+in its single and per-size forms, ``max_non_split_rounding_mb``, and
+``garbage_collection_threshold`` when a ``--cap`` gives it an allowed memory); for
+a CuPy trace the pool's ``set_limit``; for anything else (the Julia CuArrays pools)
+the ``split`` and ``binned`` pools under a few pool caps. The recorded settings
+(trace metadata) are the first candidate and the baseline every table shows.
+
+The search is exhaustive over what can differ, and replays nothing twice:
+
+1. **Canonical settings** (`Space.canonical`): an option that cannot change a
+   replay of *this* trace is reset to its default before anything runs, and
+   settings that become equal replay once. The rules, each read off the model:
+   a divisions entry of 1, or for a size interval (1 MiB .. 64 GiB, by powers of
+   two) that no request of the trace falls in, rounds nothing (0); all-zero
+   divisions are none. ``max_split_size_mb`` above the largest segment any
+   request can create (``get_allocation_size`` of the largest rounded request;
+   without expandable segments a block never outgrows its segment) compares like
+   no limit. ``max_non_split_rounding_mb`` is read only for requests of at least
+   ``max_split_size_mb``: without one, or with no request that large, it is
+   dropped. ``garbage_collection_threshold`` acts only under an allowed memory:
+   without a cap, or where the model does not turn its GC on under the cap, it
+   is dropped. (CuPy limits and Julia pool caps are generated
+   below the target only, so they all differ.) Equal canonical settings give
+   equal replays, so this never discards the optimum (`tests/test_tune.py`
+   brute-forces small spaces and compares every point's replay with its class's).
+2. **First OOM stops a replay**: a setting that fails at the target stops there
+   (the default replay does) and is out of the running.
+3. **Dominated settings are pruned** before the costly step: of the replayed
+   settings that fit, only the Pareto frontier of (peak reserved, modeled
+   allocation time) can hold the best setting of any objective (``reserved``:
+   least peak reserved, then least time; ``time``: the reverse; ``both``: least
+   sum of the two, each over its best value on the frontier) — a dominated one is
+   no better in either figure, so dropping it never drops an optimum. Only the
+   recorded settings and the frontier among the best few get the certified
+   capacity walk (`fit_capacity`, tens of replays each).
+4. **Parallel**: the distinct settings are cells replayed by the process pool
+   `compare` and `fit` use (``-j``), or by any executor given (Dask's included).
+
+With ``max_replays``, the settings nearest the recorded ones (fewest options
+changed) are replayed first, and the answer is the best of those.
+
+OOM rescue: for each ``OOM`` record of the trace (a request the recorded run
+failed), every distinct setting is walked up to that point and given the
+request (`rescue`): served or not, and the headroom then left under the target
+(limit − reserved after serving it). A setting that fails it does not fit. The
+walk is this module's own: the engine's replay does not give recorded OOM
+requests to the policy yet; once it does (``ooms_avoided`` in the result), the
+replay's own OOM count is used and the walk only measures the headroom.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import UsageError
+from .policies.torch import (K_LARGE_BUFFER, N_DIVISION_INTERVALS, NO_DIVISIONS, _divisions, get_allocation_size,
+                             parse_divisions, round_size, settings_from_trace)
+from .spec import PolicySpec
+from .sweep import Cell, Settings, run_cell
+from .trace import ALLOC, FREE, Trace
+from .trace.events import OOM
+from .units import fmt_bytes
+
+MiB = 1 << 20
+OBJECTIVES = ("reserved", "time", "both")
+TOP = 3
+
+# the torch grid: every value the model takes, a few per option (the canonical rules shrink it per trace)
+TORCH_MAX_SPLIT_MB = (None, 32, 64, 128, 256, 512)
+TORCH_DIVISIONS = (None, "2", "4", "8", "16", "[64:8,256:4,>:2]", "[256:4,>:1]")
+TORCH_NON_SPLIT_MB = (20, 64, 256)
+TORCH_GC_THRESHOLDS = (None, 0.6, 0.8)
+LIMIT_FACTORS = (1.1, 1.25, 1.5)          # CuPy limits and Julia pool caps, times LOAD
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One setting to replay: a policy spec and its pool cap (None: the target's)."""
+
+    spec: PolicySpec
+    cap: int | None = None
+    recorded: bool = False
+
+    @property
+    def label(self) -> str:
+        """``recorded`` (a policy of no recorder: ``split (baseline)``), or the options that differ from the defaults (the policy and pool cap where they vary)."""
+        if self.recorded:
+            return "recorded" if self.spec.policy_class().framework else f"{self.spec.name} (baseline)"
+        opts = option_text(self.spec)
+        if self.spec.ref == "torch":
+            return opts or "defaults"
+        cap = f" cap {fmt_bytes(self.cap)}" if self.cap is not None else ""
+        return (f"{self.spec.name}[{opts}]" if opts else self.spec.name) + cap
+
+
+@dataclass
+class Target:
+    """Where the run must fit: the device's memory (``capacity``) and the allocator's allowed memory (``cap``)."""
+
+    capacity: int | None
+    cap: int | None
+
+    @property
+    def limit(self) -> int | None:
+        known = [v for v in (self.capacity, self.cap) if v is not None]
+        return min(known) if known else None
+
+
+def check_target(target: Target, load: int) -> None:
+    """Impossible targets are one line: a limit below LOAD (nothing fits), a cap above the capacity."""
+    if target.cap is not None and target.capacity is not None and target.cap > target.capacity:
+        raise UsageError(f"--cap {fmt_bytes(target.cap)} is larger than --capacity {fmt_bytes(target.capacity)}: "
+                         f"the device runs out first; lower the cap or raise the capacity")
+    for what, v in (("--capacity", target.capacity), ("--cap", target.cap)):
+        if v is not None and v < load:
+            raise UsageError(f"{what} {fmt_bytes(v)} is below the trace's LOAD {fmt_bytes(load)} (its peak live "
+                             f"bytes): no allocator setting fits; the target is impossible")
+
+
+# ---- the space ------------------------------------------------------------------------------
+class Space:
+    """The settings worth trying on one trace, and the canonical form that tells which replay alike."""
+
+    def __init__(self, trace: Trace, target: Target):
+        self.trace, self.target = trace, target
+        self.framework = trace.meta.get("framework")
+        kinds, sizes = trace.column("kind"), trace.column("size")
+        requests = sizes[((kinds == ALLOC) | (kinds == OOM)) & (sizes > 0)].astype(np.int64)
+        self.largest_request = int(requests.max()) if len(requests) else 0
+        bits = np.array([int(n).bit_length() for n in np.unique(requests)], dtype=np.int64)
+        self.intervals = set(np.minimum(np.maximum(bits - 21, 0), N_DIVISION_INTERVALS - 1).tolist())
+        self.gc_acts = target.cap is not None and self._torch_gc_acts()
+
+    def _torch_gc_acts(self) -> bool:
+        """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on``;
+        a model without that attribute is taken to)."""
+        from .engine import build
+        pol = build(self.trace, torch_spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
+                    cap=self.target.cap, capacity=self.target.capacity)[0]
+        pol.close()
+        return bool(getattr(pol, "gc_on", True))
+
+    # the candidates, recorded settings first
+    def candidates(self) -> list[Candidate]:
+        recorded = PolicySpec.parse(self.policy_name())
+        if self.framework == "torch":       # spelled out: its conf line, and the same canonical form as the rest
+            recorded = torch_spec({**settings_from_trace(self.trace.meta, self.trace.path), "trace_settings": False})
+        return [Candidate(recorded, recorded=True)] + {"torch": self._torch, "cupy": self._cupy}.get(self.framework, self._julia)()
+
+    def policy_name(self) -> str:
+        return self.framework if self.framework in ("torch", "cupy") else "split"
+
+    def _torch(self) -> list[Candidate]:
+        gcs = TORCH_GC_THRESHOLDS if self.target.cap is not None else (None,)
+        out = []
+        for es in (False, True):
+            for ms in TORCH_MAX_SPLIT_MB:
+                for div in TORCH_DIVISIONS:
+                    for ns in (TORCH_NON_SPLIT_MB if ms is not None else (20,)):
+                        for gc in gcs:
+                            v = {"trace_settings": False, "expandable_segments": es, "max_split_size_mb": ms,
+                                 "max_non_split_rounding_mb": ns, "garbage_collection_threshold": gc or 0.0}
+                            if div is not None:
+                                v["roundup_power2_divisions"] = parse_divisions(div)
+                            out.append(Candidate(torch_spec(v)))
+        return out
+
+    def _limits(self) -> list[int]:
+        load, limit = self.trace.load_bytes, self.target.limit
+        return [int(load * f) // MiB * MiB for f in LIMIT_FACTORS if load >= MiB and (limit is None or load * f < limit)]
+
+    def _cupy(self) -> list[Candidate]:
+        cupy = PolicySpec.parse("cupy")
+        return [Candidate(cupy)] + [Candidate(cupy.with_values({"limit": lim})) for lim in self._limits()]
+
+    def _julia(self) -> list[Candidate]:
+        return [Candidate(PolicySpec.parse(p), cap) for p in ("split", "binned") for cap in [None] + self._limits()]
+
+    # canonical form
+    def canonical(self, c: Candidate):
+        """A key equal for candidates whose replays of this trace are equal (module docstring, step 1)."""
+        v = c.spec.values()
+        if c.spec.ref == "torch":
+            v = self._torch_canonical(v)
+        return (c.spec.ref, tuple(sorted(v.items())), c.cap)
+
+    def _torch_canonical(self, v: dict) -> dict:
+        v = {"max_non_split_rounding_mb": K_LARGE_BUFFER // MiB, **v}
+        div = _divisions(v["roundup_power2_divisions"]) if v.get("roundup_power2_divisions") else NO_DIVISIONS
+        div = tuple(d if d > 1 and i in self.intervals else 0 for i, d in enumerate(div))
+        v["roundup_power2_divisions"] = div if any(div) else None
+        ms = v.get("max_split_size_mb")
+        largest_segment = get_allocation_size(round_size(self.largest_request, div)) if self.largest_request else 0
+        if ms is not None and not v.get("expandable_segments") and ms * MiB > largest_segment:
+            v["max_split_size_mb"] = ms = None
+        if ms is None or round_size(self.largest_request, div) < ms * MiB:
+            v["max_non_split_rounding_mb"] = K_LARGE_BUFFER // MiB
+        if not (self.gc_acts and v.get("garbage_collection_threshold")):
+            v["garbage_collection_threshold"] = 0.0
+        return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
+
+
+def torch_spec(values: dict) -> PolicySpec:
+    """A `torch` spec of these option values, those at their declared default left out (``trace_settings`` kept):
+    short labels and conf lines."""
+    div = values.get("roundup_power2_divisions")
+    if div is not None and not any(d > 1 for d in _divisions(div)):
+        values = {**values, "roundup_power2_divisions": None}        # rounds nothing, as the model reads it
+    spec = PolicySpec.parse("torch").with_values(values)
+    defaults = {p.name: p.default for p in spec.policy_class().params}
+    kept = tuple((k, v) for k, v in spec.options if k == "trace_settings" or defaults.get(k) != v)
+    return PolicySpec(spec.ref, kept, spec.shown)
+
+
+# ---- the search -----------------------------------------------------------------------------
+def score(row: dict, objective: str, best: tuple = (1, 1)):
+    """Sort key of a fitting row under ``objective`` (smaller is better); ``best``: (reserved, time) scales for both."""
+    r, t = row["peak_reserved_bytes"], row["alloc_time_seconds"]
+    if objective == "reserved":
+        return (r, t, row["device_mallocs"])
+    if objective == "time":
+        return (t, r, row["device_mallocs"])
+    return (r / max(best[0], 1) + t / max(best[1], 1e-12), r, t)
+
+
+def pareto(rows: list[dict]) -> list[dict]:
+    """The rows no other row beats in both peak reserved and allocation time (ties kept once), by reserved."""
+    out, best_t = [], float("inf")
+    for row in sorted(rows, key=lambda r: (r["peak_reserved_bytes"], r["alloc_time_seconds"])):
+        if row["alloc_time_seconds"] < best_t:
+            out.append(row)
+            best_t = row["alloc_time_seconds"]
+    return out
+
+
+def ranked(rows: list[dict], objective: str) -> list[dict]:
+    """The fitting rows, best first under ``objective`` (the best is on the frontier, whatever the objective);
+    with none fitting, the rows that got furthest before their first OOM."""
+    fitting = [r for r in rows if not r["ooms"]]
+    if not fitting:
+        return sorted(rows, key=lambda r: -(r["first_oom_event"] or 0))
+    front = pareto(fitting)
+    best = (min(r["peak_reserved_bytes"] for r in front), min(r["alloc_time_seconds"] for r in front))
+    return sorted(fitting, key=lambda r: score(r, objective, best))
+
+
+@dataclass
+class Tuning:
+    """What `tune` found; `to_dict` is the ``--json`` output."""
+
+    trace: str
+    load_bytes: int
+    target: Target
+    objective: str
+    settings_total: int
+    settings_distinct: int
+    rows: list[dict] = field(default_factory=list)      # one per distinct setting replayed, recorded first
+    frontier: list[dict] = field(default_factory=list)
+    finalists: list[dict] = field(default_factory=list)
+    replays: int = 0
+    bounded: bool = False
+    rescue: list[dict] = field(default_factory=list)
+
+    @property
+    def recorded(self) -> dict:
+        return self.rows[0]
+
+    @property
+    def best(self) -> dict | None:
+        """The recommended setting: the best that fits, None if none does."""
+        return self.finalists[0] if self.finalists and not self.finalists[0]["ooms"] else None
+
+    def to_dict(self) -> dict:
+        return {"trace": self.trace, "load_bytes": self.load_bytes, "capacity_bytes": self.target.capacity,
+                "cap_bytes": self.target.cap, "objective": self.objective, "settings_total": self.settings_total,
+                "settings_distinct": self.settings_distinct,
+                "settings_replayed": len(self.rows), "replays": self.replays, "bounded": self.bounded,
+                "recommended": self.best and conf_lines(self.best), "recorded": self.recorded,
+                "finalists": self.finalists, "frontier": [r["setting"] for r in self.frontier],
+                "rescue": self.rescue, "candidates": self.rows}
+
+
+def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str = "reserved", jobs: int = 1,
+         top: int = TOP, fit: bool = True, max_replays: int = 0, settings: Settings | None = None,
+         executor=None) -> Tuning:
+    """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
+    (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory). The replays run
+    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
+    pool of ``jobs`` workers kept for every step."""
+    if objective not in OBJECTIVES:
+        raise UsageError(f"--objective: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
+    from contextlib import nullcontext
+    from .sweep import process_pool
+    with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex)
+
+
+def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex) -> Tuning:
+    """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
+    from .engine import trace_capacity
+    from .sweep import _trace
+    t = _trace(trace)
+    target = Target(trace_capacity(t) if capacity == "trace" else capacity, cap)
+    check_target(target, t.load_bytes)
+    space = Space(t, target)
+    everything = space.candidates()
+    distinct: dict = {}
+    for c in everything:
+        distinct.setdefault(space.canonical(c), c)
+    chosen = [distinct[k] for k in nearest_first(list(distinct))]
+    bounded = bool(max_replays) and len(chosen) > max_replays
+    chosen = chosen[:max_replays] if bounded else chosen
+    cells = [Cell(trace, c.spec, c.cap if c.cap is not None else cap, "eager", capacity=target.capacity)
+             for c in chosen]
+    rows = []
+    for cell, c, row in zip(cells, chosen, _map(_replay_job, [(cell, settings) for cell in cells], ex)):
+        row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
+        row.update(conf_lines(row, c))
+        rows.append(row)
+    out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
+                 replays=len(rows))
+    ooms = recorded_ooms(t)
+    if ooms:
+        walks = _map(_rescue_job, [(trace, r["spec"], r["cap_bytes"], target, ooms) for r in rows], ex)
+        out.replays += len(rows)
+        out.rescue = _rescued(rows, walks, ooms)
+    out.frontier = pareto([r for r in rows if not r["ooms"]])
+    out.finalists = ranked(rows, objective)[:top]
+    for r in rows:
+        r["pareto"] = any(r is f for f in out.frontier)
+    shown = [out.recorded] + [r for r in out.finalists if r is not out.recorded]
+    if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
+        out.replays += _fit_all(trace, [r for r in shown if r["recorded"] or r["pareto"]], settings, ex)
+    return out
+
+
+def nearest_first(keys: list) -> list:
+    """Canonical keys, the recorded settings' (the first) first, then by how many options differ from them:
+    a ``max_replays`` bound keeps the settings nearest to what ran."""
+    policy, options, cap = keys[0]
+    base = dict(options)
+
+    def distance(key):
+        other = dict(key[1])
+        return (key[0] != policy) + (key[2] != cap) + sum(base.get(k) != other.get(k) for k in base.keys() | other.keys())
+    return sorted(keys, key=distance)          # stable: the space's order among equals
+
+
+def _replay_job(args) -> dict:
+    """One setting's replay as a row: the sweep row, its retries (torch's ``num_alloc_retries``, else the
+    pool's cache flushes, each followed by a retry) and, where the engine reports them, the recorded OOMs it served."""
+    cell, settings = args
+    row, res = run_cell(cell, settings, full=True)
+    counters = res.counters
+    row["retries"] = int(counters.get("num_alloc_retries", counters.get("cache_flushes", 0)))
+    row["ooms_avoided"] = getattr(res, "ooms_avoided", None)
+    return row
+
+
+def _map(fn, args: list, ex) -> list:
+    """``fn`` over ``args`` in order, on the executor ``ex`` (None: in this process)."""
+    from concurrent.futures import ProcessPoolExecutor
+    if ex is None:
+        return [fn(a) for a in args]
+    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message: the replays are short
+        return list(ex.map(fn, args, chunksize=max(1, len(args) // 16)))
+    return list(ex.map(fn, args))
+
+
+def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
+    """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took."""
+    from .fit import _fit_job
+    args = [(trace, PolicySpec.parse(r["spec"]), {"settings": settings, "islands": False}) for r in rows]
+    fits = _map(_fit_job, args, ex)
+    for r, f in zip(rows, fits):
+        r["fit_capacity_bytes"], r["fit_threshold"] = f["capacity_bytes"], f["threshold"]
+    return sum(f["replays"] for f in fits)
+
+
+# ---- what to paste ----------------------------------------------------------------------------
+def conf_lines(row: dict, c: Candidate | None = None) -> dict:
+    """The environment lines that select a row's setting, ready to paste (``{"conf": ..., "legacy_conf": ...}``)."""
+    if c is None:
+        return {k: row[k] for k in ("conf", "legacy_conf", "note") if k in row}
+    spec = c.spec
+    note = ""
+    if spec.ref == "torch":
+        text = option_text(spec)
+        if "garbage_collection_threshold" in spec.values():
+            note = "needs torch.cuda.set_per_process_memory_fraction(cap / total memory) in the script"
+        if not text:
+            return {"conf": "unset PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF", "legacy_conf": "",
+                    "note": "the defaults"}
+        return {"conf": f"PYTORCH_ALLOC_CONF={text}", "legacy_conf": f"PYTORCH_CUDA_ALLOC_CONF={text}", "note": note}
+    if spec.ref == "cupy":
+        limit = spec.values().get("limit")
+        return {"conf": f"CUPY_GPU_MEMORY_LIMIT={limit}" if limit else "unset CUPY_GPU_MEMORY_LIMIT",
+                "legacy_conf": "", "note": "or cupy.get_default_memory_pool().set_limit(size=...)" if limit else ""}
+    conf = f"CUARRAYS_MEMORY_POOL={spec.ref}"
+    if c.cap is not None:
+        conf += f" CUARRAYS_MEMORY_LIMIT={c.cap}"
+    return {"conf": conf, "legacy_conf": "", "note": "JULIA_CUDA_MEMORY_* from CUDA.jl v2.0"}
+
+
+def option_text(spec: PolicySpec) -> str:
+    """``k:v,...`` as PyTorch's option parser takes it, ``trace_settings`` left out, divisions written short."""
+    pcls = spec.policy_class()
+    return ",".join(f"{k}:{divisions_text(v) if k == 'roundup_power2_divisions' else pcls.format_option(k, v)}"
+                    for k, v in spec.options if k != "trace_settings")
+
+
+def divisions_text(table: tuple) -> str:
+    """The shortest usual spelling of a 16-interval divisions table that PyTorch parses back to it: one number
+    when uniform, else ``[key:d,...]`` (MiB keys; the first key also fills the intervals below it, ``>`` the ones
+    after the last key)."""
+    if len(set(table)) == 1:
+        return str(table[0]) if table[0] else "[1:0]"        # a single 0 is refused (not a power of 2)
+    last = len(table) - 1
+    first_end = next(i for i, d in enumerate(table) if d != table[0]) - 1
+    tail_start = next(i for i in range(last, -1, -1) if table[i] != table[last]) + 1
+    keys = [first_end] + [i for i in range(first_end + 1, tail_start) if table[i]]
+    if table[last] and keys[-1] != tail_start - 1:
+        keys.append(tail_start)         # ">" fills only the intervals after the last key
+    items = [f"{1 << i}:{table[i]}" for i in keys]
+    if table[last] and keys[-1] < last:
+        items.append(f">:{table[last]}")
+    return "[" + ",".join(items) + "]"
+
+
+# ---- OOM rescue ---------------------------------------------------------------------------------
+def recorded_ooms(trace: Trace) -> list[tuple[int, int, int]]:
+    """``(event index, request, stream)`` of each OOM record: the requests the recorded run failed."""
+    kinds = trace.column("kind")
+    at = np.flatnonzero(kinds == OOM)
+    return list(zip(at.tolist(), trace.column("size")[at].tolist(), trace.column("stream")[at].tolist()))
+
+
+def rescue(trace: Trace, spec: PolicySpec, cap, target: Target, ooms) -> dict:
+    """Walk ``trace`` under ``spec`` and give it each failed request of ``ooms`` where it was made: served
+    (and freed again at once) or not, and the headroom left under the target after serving it.
+
+    A walk that runs out of memory itself (``walk_oom_event``) reaches no OOM record after that point."""
+    from .engine import build
+    pol, rt, dev, _ = build(trace, spec, cap=cap if cap is not None else target.cap, capacity=target.capacity)
+    limit = target.limit if cap is None else min(cap, target.limit or cap)
+    pending = {at: size for at, size, _ in ooms}
+    served: dict[int, int | None] = {}          # event -> headroom (None: no limit), for the served ones
+
+    def attempt(at, size, stream) -> None:
+        h = pol.malloc(size, stream)
+        if h is not None:
+            served[at] = limit - dev.reserved if limit is not None else None
+            pol.free(h)
+
+    try:
+        stopped_at = _walk(trace, pol, rt, lambda at: at in pending, attempt)
+    finally:
+        pol.close()
+    results = [{"event": at, "size": size, "reached": stopped_at is None or at < stopped_at, "served": at in served,
+                "headroom_bytes": served.get(at)} for at, size in sorted(pending.items())]
+    return {"ooms": results, "walk_oom_event": stopped_at}
+
+
+def _rescue_job(args) -> dict:
+    from .sweep import _trace
+    trace, spec, cap, target, ooms = args
+    return rescue(_trace(trace), PolicySpec.parse(spec), cap, target, ooms)
+
+
+def _rescued(rows: list[dict], walks: list[dict], ooms) -> list[dict]:
+    """Per recorded OOM, the settings that serve it, most headroom first; a row whose walk fails a recorded OOM
+    counts it as an OOM there (unless the engine already drives recorded OOMs: ``ooms_avoided`` reported)."""
+    for r, w in zip(rows, walks):
+        r["rescue"] = w["ooms"]
+        failed = [o["event"] for o in w["ooms"] if not o["served"]]
+        if r["ooms_avoided"] is None and failed and not r["ooms"]:
+            r["ooms"], r["first_oom_event"] = len(failed), failed[0]
+    out = []
+    for k, (at, size, _) in enumerate(ooms):
+        served = [{"setting": r["setting"], "headroom_bytes": r["rescue"][k]["headroom_bytes"]}
+                  for r in rows if r["rescue"][k]["served"]]
+        served.sort(key=lambda s: -(s["headroom_bytes"] or 0))
+        out.append({"event": at, "size": size, "recorded": rows[0]["rescue"][k], "served_by": served})
+    return out
+
+
+def _walk(trace: Trace, pol, rt, wanted, attempt) -> int | None:
+    """Drive ``pol`` through ``trace`` (eager: frees at once), calling ``attempt(index, size, stream)`` at each
+    OOM record ``wanted(index)`` accepts; the index of the first ALLOC the policy fails, else None."""
+    handles: dict = {}
+    rt.attach(pol, handles)
+    tick = pol.tick
+    for start, rec in trace._chunks():
+        cols = (rec[c].tolist() for c in ("kind", "id", "size", "stream", "time_ns"))
+        for j, (kind, i, size, stream, t) in enumerate(zip(*cols)):
+            if tick is not None:
+                tick(t)
+            if kind == ALLOC and size:
+                h = pol.malloc(size, stream)
+                if h is None:
+                    return start + j
+                handles[i] = h
+            elif kind == FREE and i in handles:
+                pol.free(handles.pop(i))
+            elif kind == OOM and wanted(start + j):
+                attempt(start + j, size, stream)
+    return None
+
+
+# ---- the picture ---------------------------------------------------------------------------------
+def frontier_figure(res: Tuning):
+    """Peak reserved vs modeled allocation time of every fitting setting: the Pareto frontier drawn as a
+    staircase, the recorded settings and the recommendation marked."""
+    from .plots import _plt
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fitting = [r for r in res.rows if not r["ooms"]]
+    gib = float(1 << 30)
+    ax.scatter([r["alloc_time_seconds"] * 1e3 for r in fitting], [r["peak_reserved_bytes"] / gib for r in fitting],
+               s=12, color="0.7", label="settings that fit")
+    front = sorted(res.frontier, key=lambda r: r["alloc_time_seconds"])
+    ax.step([r["alloc_time_seconds"] * 1e3 for r in front], [r["peak_reserved_bytes"] / gib for r in front],
+            where="post", marker="o", color="tab:blue", label="Pareto frontier")
+    for row, style in ((res.recorded, dict(marker="s", color="tab:orange", label="recorded")),
+                       (res.best, dict(marker="*", s=160, color="tab:red", label="recommended"))):
+        if row is not None and not row["ooms"]:
+            ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / gib], zorder=3, **style)
+    ax.set_xlabel("modeled allocation time (ms)")
+    ax.set_ylabel("peak reserved (GiB)")
+    ax.set_title(f"{res.trace}: {len(fitting)} of {len(res.rows)} settings fit, objective {res.objective}", fontsize=9)
+    ax.legend(fontsize=8)
+    return fig

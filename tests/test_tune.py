@@ -1,0 +1,260 @@
+"""`allocsim tune`: the search finds a planted best, its canonical settings and pruning never lose the
+optimum (brute force over small spaces), the OOM rescue, the JSON fields and the command end to end."""
+import json
+import os
+import random
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocsim import tune as tune_mod
+from allocsim.cli import main
+from allocsim.engine import replay
+from allocsim.policies.torch import parse_divisions
+from allocsim.sweep import _TRACES
+from allocsim.trace import TraceWriter
+from allocsim.tune import Space, Target, divisions_text, pareto, ranked, tune
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+FIGURES = ("peak_reserved_bytes", "device_mallocs", "device_frees", "alloc_time_seconds", "ooms", "first_oom_event")
+
+
+def torch_trace(path, steps, total_memory=80 << 30):
+    """A PyTorch-framework trace from ``steps``: ("a", bytes) allocates, ("f", k) frees the k-th live object,
+    ("oom", bytes) is a request the recorded run failed."""
+    w = TraceWriter(meta={"framework": "torch", "device": {"name": "test", "total_memory": total_memory}})
+    live = []
+    for t, (what, x) in enumerate(steps):
+        if what == "a":
+            live.append(w.alloc(x, t=t))
+        elif what == "f" and live:
+            w.free(live.pop(x % len(live)), t=t)
+        elif what == "oom":
+            w.oom(x, t=t)
+    w.finish().save(path)
+    _TRACES.pop(path, None)         # the sweep's per-process trace cache: a test may reuse the path
+    return path
+
+
+@pytest.fixture
+def small_grid(monkeypatch):
+    """A space small enough to brute-force, each option still taking default and non-default values."""
+    monkeypatch.setattr(tune_mod, "TORCH_MAX_SPLIT_MB", (None, 32, 512))
+    monkeypatch.setattr(tune_mod, "TORCH_DIVISIONS", (None, "2", "[64:8,256:4,>:2]"))
+    monkeypatch.setattr(tune_mod, "TORCH_NON_SPLIT_MB", (20, 64))
+    monkeypatch.setattr(tune_mod, "TORCH_GC_THRESHOLDS", (None, 0.6))
+
+
+def brute_force(path, capacity=None, cap=None):
+    """Every raw candidate of the space replayed on its own: (candidate, figures), and the space."""
+    from allocsim.sweep import _trace
+    t = _trace(path)
+    space = Space(t, Target(capacity, cap))
+    out = []
+    for c in space.candidates():
+        res = replay(t, c.spec, cap=c.cap if c.cap is not None else cap, capacity=capacity)
+        d = res.to_dict()
+        d["first_oom_event"] = res.first_oom.event if res.first_oom else None
+        out.append((c, {k: d[k] for k in FIGURES}))
+    return out, space
+
+
+def check_against_brute_force(path, capacity=None, cap=None, objective="reserved"):
+    """Settings with one canonical form replay alike, and tune's best equals the best of all raw settings."""
+    raw, space = brute_force(path, capacity, cap)
+    classes = {}
+    for c, figures in raw:
+        assert classes.setdefault(space.canonical(c), figures) == figures, c.label
+    res = tune(path, capacity=capacity, cap=cap, objective=objective, fit=False)
+    assert len(res.rows) == len(classes) <= len(raw)
+    rows = [f for _, f in raw]
+    if all(r["ooms"] for r in rows):
+        assert res.best is None
+        return res
+    key = ("peak_reserved_bytes", "alloc_time_seconds", "device_mallocs")      # what the objectives compare
+    assert [res.best[k] for k in key] == [ranked(rows, objective)[0][k] for k in key]
+    return res
+
+
+# ---- the search finds a planted best ----------------------------------------------------------------
+def test_planted_divisions_setting_is_found(tmp_path):
+    """Requests growing 100, 101, ... 127 MiB, each freed before the next: plain rounding caches every size in a
+    segment of its own; roundup_power2_divisions:2 rounds them all to 128 MiB, one segment — nothing in the space
+    reserves less (expandable segments map 20 MiB pages: 140 MiB)."""
+    steps = [s for n in range(100, 128) for s in (("a", n * MiB), ("f", 0))]
+    path = torch_trace(str(tmp_path / "grow.bin"), steps)
+    res = tune(path, capacity=None, jobs=1, fit=False)
+    best = res.best
+    assert best["peak_reserved_bytes"] == 128 * MiB
+    assert "roundup_power2_divisions:2" in best["conf"] and "expandable_segments" not in best["conf"]
+    assert best["conf"].startswith("PYTORCH_ALLOC_CONF=") and best["legacy_conf"].startswith("PYTORCH_CUDA_ALLOC_CONF=")
+    # each request's 2 MiB-rounded segment stays cached; the next even size reuses it exactly
+    assert res.recorded["peak_reserved_bytes"] == sum({(n + n % 2) * MiB for n in range(100, 128)})
+
+
+def test_planted_setting_wins_on_time_under_pressure(tmp_path):
+    """The same trace on a 130 MiB device: the defaults fit only by releasing their cache and retrying at
+    almost every request; roundup_power2_divisions:2 makes one device malloc and no retry, and wins on time."""
+    steps = [s for n in range(100, 128) for s in (("a", n * MiB), ("f", 0))]
+    path = torch_trace(str(tmp_path / "grow.bin"), steps, total_memory=130 * MiB)
+    res = tune(path, jobs=1, fit=False, objective="time")
+    assert "roundup_power2_divisions:2" in res.best["setting"]
+    assert (res.best["device_mallocs"], res.best["retries"]) == (1, 0)
+    assert res.recorded["retries"] > 10 and not res.recorded["ooms"]
+    assert any(r["ooms"] for r in res.rows)     # some settings do not fit at all
+
+
+# ---- canonical settings and pruning never lose the optimum -------------------------------------------
+SIZES = st.sampled_from([256, 4096, 700 << 10, 3 * MiB, 12 * MiB, 21 * MiB, 40 * MiB, 70 * MiB, 130 * MiB, 300 * MiB])
+STEPS = st.lists(st.one_of(st.tuples(st.just("a"), SIZES), st.tuples(st.just("f"), st.integers(0, 50))),
+                 min_size=1, max_size=60)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(steps=STEPS, capacity=st.sampled_from([None, 400 * MiB, 900 * MiB]),
+       objective=st.sampled_from(["reserved", "time", "both"]))
+def test_pruning_keeps_the_optimum_on_generated_traces(tmp_path_factory, small_grid, steps, capacity, objective):
+    path = torch_trace(str(tmp_path_factory.mktemp("gen") / "g.bin"), steps)
+    check_against_brute_force(path, capacity=capacity, objective=objective)
+
+
+@pytest.mark.parametrize("name, capacity, cap", [
+    ("resnet50.bin", None, None),
+    ("resnet50-expandable.bin", None, 3400 * MiB),    # a cap: the gc threshold is in the space
+    ("cupy_mlp.bin", None, None),
+    ("synthetic-transformer.bin", None, None),        # another producer: the Julia pools and their caps
+])
+def test_pruning_keeps_the_optimum_on_shipped_traces(small_grid, name, capacity, cap):
+    res = check_against_brute_force(os.path.join(ROOT, "traces", name), capacity, cap)
+    assert res.rows[0]["recorded"]
+
+
+def test_never_worse_than_a_50_point_grid():
+    """50 settings drawn from the full space, each replayed alone (a user's grid of `allocsim replay`s):
+    none beats tune's answer."""
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    res = tune(path, jobs=1, fit=False)
+    from allocsim.sweep import _trace
+    space = Space(_trace(path), res.target)
+    grid = random.Random(12).sample(space.candidates(), 50)
+    for c in grid:
+        r = replay(_trace(path), c.spec).to_dict()
+        assert r["ooms"] or r["peak_reserved_bytes"] >= res.best["peak_reserved_bytes"], c.label
+
+
+def test_pareto_keeps_exactly_the_undominated():
+    rows = [{"peak_reserved_bytes": r, "alloc_time_seconds": t} for r, t in
+            [(5, 5), (4, 6), (6, 4), (5, 6), (6, 6), (4, 6), (3, 9)]]
+    front = pareto(rows)
+    assert [(r["peak_reserved_bytes"], r["alloc_time_seconds"]) for r in front] == [(3, 9), (4, 6), (5, 5), (6, 4)]
+    for r in rows:
+        dominated = any(o["peak_reserved_bytes"] <= r["peak_reserved_bytes"] and
+                        o["alloc_time_seconds"] <= r["alloc_time_seconds"] and o is not r and
+                        (o["peak_reserved_bytes"], o["alloc_time_seconds"]) !=
+                        (r["peak_reserved_bytes"], r["alloc_time_seconds"]) for o in rows)
+        assert dominated == all(f["peak_reserved_bytes"] != r["peak_reserved_bytes"] or
+                                f["alloc_time_seconds"] != r["alloc_time_seconds"] for f in front)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(table=st.lists(st.sampled_from([0, 1, 2, 4, 8, 16]), min_size=16, max_size=16))
+def test_divisions_text_parses_back(table):
+    text = divisions_text(tuple(table))
+    assert parse_divisions(text) == tuple(table)
+    assert len(text) <= len("[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(table)) + "]")
+
+
+# ---- OOM rescue ------------------------------------------------------------------------------------------
+def oom_trace(tmp_path):
+    """250 MiB cached, then 2 x 100 MiB live in it, then the recorded run failed a 200 MiB request.
+
+    On 420 MiB: the defaults need a new 200 MiB segment beside the 250 MiB one (450 MiB) and fail again;
+    expandable segments grow the mapped range to 400 MiB (20 MiB left); max_split_size_mb:32 keeps the
+    100 MiB requests out of the 250 MiB block, releases it (release_available_cached_blocks) and ends at
+    400 MiB too."""
+    steps = [("a", 250 * MiB), ("f", 0), ("a", 100 * MiB), ("a", 100 * MiB), ("oom", 200 * MiB)]
+    return torch_trace(str(tmp_path / "oom.bin"), steps)
+
+
+def test_rescue_names_the_settings_that_serve_the_failed_request(tmp_path):
+    res = tune(oom_trace(tmp_path), capacity=420 * MiB, jobs=1, fit=False)
+    (o,) = res.rescue
+    assert o["event"] == 4 and o["size"] == 200 * MiB
+    assert o["recorded"]["reached"] and not o["recorded"]["served"]
+    served = {s["setting"]: s["headroom_bytes"] for s in o["served_by"]}
+    assert served["expandable_segments:True"] == 20 * MiB
+    assert served["max_split_size_mb:32"] == 20 * MiB
+    assert "recorded" not in served         # the defaults, as recorded here
+    assert res.recorded["ooms"] == 1 and res.recorded["first_oom_event"] == 4     # fails at the target: no fit
+    assert res.best["setting"] in served
+
+
+def test_rescue_headroom_is_the_limit_less_reserved(tmp_path):
+    """On 460 MiB the defaults serve it too, in a new segment beside the 250 MiB one (450 MiB: 10 MiB left);
+    expandable segments still map 400 MiB (60 MiB left)."""
+    (o,) = tune(oom_trace(tmp_path), capacity=460 * MiB, jobs=1, fit=False).rescue
+    assert o["recorded"]["served"] and o["recorded"]["headroom_bytes"] == 10 * MiB
+    served = {s["setting"]: s["headroom_bytes"] for s in o["served_by"]}
+    assert served["expandable_segments:True"] == 60 * MiB and served["recorded"] == 10 * MiB
+    assert [s["headroom_bytes"] for s in o["served_by"]] == sorted(served.values(), reverse=True)
+
+
+# ---- the command -------------------------------------------------------------------------------------
+def test_json_fields(tmp_path, capsys):
+    path = oom_trace(tmp_path)
+    assert main(["tune", path, "--capacity", "420MiB", "--json", "-j", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["capacity_bytes"] == 420 * MiB and out["cap_bytes"] is None and out["objective"] == "reserved"
+    assert out["settings_distinct"] == out["settings_replayed"] == len(out["candidates"]) <= out["settings_total"]
+    assert out["replays"] >= 2 * out["settings_distinct"]          # every setting replayed and rescue-walked
+    assert out["recommended"]["conf"].startswith("PYTORCH_ALLOC_CONF=")
+    assert out["recorded"]["recorded"] and out["recorded"]["ooms"] == 1
+    best = out["finalists"][0]
+    for key in ("setting", "peak_reserved_bytes", "overhead_vs_load", "first_oom_event", "device_mallocs",
+                "device_frees", "retries", "alloc_time_seconds", "fit_capacity_bytes", "conf", "legacy_conf"):
+        assert key in best, key
+    assert best["fit_capacity_bytes"] <= 420 * MiB
+    assert set(out["frontier"]) <= {c["setting"] for c in out["candidates"] if not c["ooms"]}
+    assert out["rescue"][0]["served_by"]
+
+
+def test_command_end_to_end_on_a_shipped_trace(tmp_path, capsys):
+    plot = str(tmp_path / "front.png")
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    assert main(["tune", path, "--max-replays", "12", "-j", "2", "--plot", plot]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"searched \d+ settings, \d+ distinct on this trace, the first 12 replayed \(--max-replays\)", text)
+    assert "PYTORCH_ALLOC_CONF=" in text and "PYTORCH_CUDA_ALLOC_CONF=" in text
+    assert text.count("\nrecorded ") == 1 and "fits on" in text
+    with open(plot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_recorded_settings_are_the_first_candidate():
+    """gpt2-maxsplit128-rp2div4 was recorded under max_split_size_mb:128,roundup_power2_divisions:4: the
+    recorded row replays exactly that setting, and the grid point of the same values shares its canonical form."""
+    from allocsim.sweep import _trace
+    path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
+    res = tune(path, jobs=1, fit=False, max_replays=3)
+    assert res.rows[0]["recorded"]
+    assert res.rows[0]["conf"] == "PYTORCH_ALLOC_CONF=max_split_size_mb:128,roundup_power2_divisions:4"
+    space = Space(_trace(path), res.target)
+    recorded, *grid = space.candidates()
+    same = [c for c in grid if c.label == "max_split_size_mb:128,roundup_power2_divisions:4"]
+    assert len(same) == 1 and space.canonical(same[0]) == space.canonical(recorded)
+    assert replay(path, "torch").peak_reserved_bytes == res.rows[0]["peak_reserved_bytes"]
+
+
+def test_any_executor_gives_the_same_rows():
+    """In this process, on the local pool (-j 2) and on another executor (threads here, Dask's client the same
+    way): the same settings, the same figures, in the same order."""
+    from concurrent.futures import ThreadPoolExecutor
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    kw = dict(max_replays=6, fit=False)
+    with ThreadPoolExecutor(2) as ex:
+        runs = [tune(path, jobs=1, **kw), tune(path, jobs=2, **kw), tune(path, executor=ex, **kw)]
+    first, *others = [[(r["setting"], *(r[k] for k in FIGURES)) for r in res.rows] for res in runs]
+    assert len(first) == 6 and all(o == first for o in others)
