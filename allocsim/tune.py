@@ -512,25 +512,3 @@ def _walk(trace: Trace, pol, rt, wanted, attempt) -> int | None:
 
 
 # ---- the picture ---------------------------------------------------------------------------------
-def frontier_figure(res: Tuning):
-    """Peak reserved vs modeled allocation time of every fitting setting: the Pareto frontier drawn as a
-    staircase, the recorded settings and the recommendation marked."""
-    from .plots import _plt
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    fitting = [r for r in res.rows if not r["ooms"]]
-    gib = float(1 << 30)
-    ax.scatter([r["alloc_time_seconds"] * 1e3 for r in fitting], [r["peak_reserved_bytes"] / gib for r in fitting],
-               s=12, color="0.7", label="settings that fit")
-    front = sorted(res.frontier, key=lambda r: r["alloc_time_seconds"])
-    ax.step([r["alloc_time_seconds"] * 1e3 for r in front], [r["peak_reserved_bytes"] / gib for r in front],
-            where="post", marker="o", color="tab:blue", label="Pareto frontier")
-    for row, style in ((res.recorded, dict(marker="s", color="tab:orange", label="recorded")),
-                       (res.best, dict(marker="*", s=160, color="tab:red", label="recommended"))):
-        if row is not None and not row["ooms"]:
-            ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / gib], zorder=3, **style)
-    ax.set_xlabel("modeled allocation time (ms)")
-    ax.set_ylabel("peak reserved (GiB)")
-    ax.set_title(f"{res.trace}: {len(fitting)} of {len(res.rows)} settings fit, objective {res.objective}", fontsize=9)
-    ax.legend(fontsize=8)
-    return fig

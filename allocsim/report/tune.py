@@ -1,0 +1,64 @@
+"""The text report of `allocsim tune`: the line to paste, the table, the OOM rescue (reads a `Tuning`)."""
+from __future__ import annotations
+
+from ..units import fmt_bytes, fmt_seconds
+
+
+def tune_report(res, took: float) -> str:
+    """The text report: target, search figures, the line to paste, the table, the OOM rescue."""
+    tgt = res.target
+    where = (f"capacity {fmt_bytes(tgt.capacity)}" if tgt.capacity is not None else "no capacity limit") + \
+        (f", cap {fmt_bytes(tgt.cap)}" if tgt.cap is not None else "")
+    lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {res.objective}",
+             f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
+             + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
+             + f"; {res.replays} replays in {took:.1f}s", ""]
+    best = res.best
+    if best is None:
+        lines.append("no setting fits this target; the table shows the ones that got furthest")
+    else:
+        lines.append("recommended:" + (f" ({best['setting']}: already the best)" if best["recorded"] else ""))
+        lines += [f"  {best[k]}" for k in ("conf", "legacy_conf") if best.get(k)]
+        if best.get("note"):
+            lines.append(f"  ({best['note']})")
+    lines += ["", table([res.recorded] + [r for r in res.finalists if r is not res.recorded], res.load_bytes)]
+    lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
+                 "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
+    if res.rescue and res.recorded["ooms_avoided"] is None:
+        lines.append("(the replays and capacity walks do not drive the recorded OOM requests; the rescue walk "
+                     "below gives them to each setting)")
+    for o in res.rescue:
+        lines.append(f"recorded OOM at event {o['event']} ({fmt_bytes(o['size'])} request): under the recorded "
+                     f"settings {rescued(o['recorded'])}; served by {len(o['served_by'])} of {len(res.rows)} settings"
+                     + (f", most headroom under {o['served_by'][0]['setting']}"
+                        + _headroom(o["served_by"][0]["headroom_bytes"]) if o["served_by"] else ""))
+    return "\n".join(lines)
+
+
+def rescued(o: dict) -> str:
+    """What one setting does with a recorded failed request."""
+    if not o["reached"]:
+        return "it runs out earlier"
+    return "it is served" + _headroom(o["headroom_bytes"]) if o["served"] else "it fails again"
+
+
+def _headroom(room) -> str:
+    return f" ({fmt_bytes(room)} headroom left)" if room is not None else ""
+
+
+def table(rows: list[dict], load: int) -> str:
+    head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "alloc time", "fits on"]
+    body = []
+    for r in rows:
+        if "fit_capacity_bytes" in r:
+            fits = r["fit_capacity_bytes"]
+            fits = "none" if fits is None else fmt_bytes(fits) + ("" if r["fit_threshold"] else "*")
+        else:
+            fits = "-" if r["pareto"] or r["recorded"] else "dominated"
+        body.append([r["setting"], fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['overhead_vs_load']:+.1f}%",
+                     "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
+                     f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
+                     fmt_seconds(r["alloc_time_seconds"]), fits])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    fmt = lambda cols: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+    return "\n".join([fmt(head), fmt(["─" * w for w in widths])] + [fmt(b) for b in body])
