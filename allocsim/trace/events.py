@@ -1,7 +1,9 @@
 """The event model: kinds, flags and the fixed-width record layout.
 
-Driving events (`ALLOC`, `FREE`) drive a replay. The others record what the
-traced program's own allocator and runtime did, for validation and plots.
+Driving events (`ALLOC`, `FREE`) drive a replay, and so do the pressure events
+(`PRESSURE`: a recorded `OOM` is attempted again, `CACHE_RELEASE` and `SET_LIMIT`
+reach the policy and the device). The others record what the traced program's own
+allocator and runtime did, for validation and plots.
 """
 from __future__ import annotations
 
@@ -17,14 +19,21 @@ GC = 7               # the program ran a collection; aux = 0 incremental, 1 full
 OOM = 8              # the recorded allocator raised OOM: size = request, addr = device free bytes
 MARK = 9             # iteration boundary or user label; aux = index into the label table
 FREE_REQUESTED = 10  # PyTorch free_requested (informational; FREE is free_completed): id
+CACHE_RELEASE = 11   # the program released its allocator's cache: aux 0 torch.cuda.empty_cache(),
+                     # aux 1 CuPy MemoryPool.free_all_blocks() (stream = the stream it named, else 0)
+SET_LIMIT = 12       # the program set its allocator's limit: size = allowed bytes (0 = no limit); aux 0 torch
+                     # set_per_process_memory_fraction (addr = the fraction's float64 bits), aux 1 CuPy set_limit
 
 KIND_NAMES = {
     ALLOC: "ALLOC", FREE: "FREE", SEGMENT_ALLOC: "SEGMENT_ALLOC", SEGMENT_FREE: "SEGMENT_FREE",
     SEGMENT_MAP: "SEGMENT_MAP", SEGMENT_UNMAP: "SEGMENT_UNMAP", GC: "GC", OOM: "OOM",
-    MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED",
+    MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED", CACHE_RELEASE: "CACHE_RELEASE", SET_LIMIT: "SET_LIMIT",
 }
 KINDS_BY_NAME = {v: k for k, v in KIND_NAMES.items()}
 DRIVING = (ALLOC, FREE)
+#: What the program did to its allocator under pressure: the replay's walk drives these too
+#: (a recorded OOM is attempted again, a cache release and a limit reach the policy and device).
+PRESSURE = (OOM, CACHE_RELEASE, SET_LIMIT)
 
 # flags
 PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
