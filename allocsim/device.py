@@ -58,6 +58,11 @@ class SimulatedDevice:
         if self._hints:
             self._next = max(BASE_ADDR, max(a + n for n, a in self._hints) + ALIGN)
 
+    def set_cap(self, cap: int | None) -> None:
+        """The program set its allocator's limit (a SET_LIMIT event): the pool cap from now on (None: none)."""
+        self.cap = cap
+        self.limit = min(x for x in (self.capacity, cap, 2**63) if x is not None)
+
     def malloc(self, n: int) -> int | None:
         """Reserve ``n`` bytes; return the address, or None if cap or capacity is reached."""
         if self.reserved + n > self.limit:

@@ -21,6 +21,8 @@ class OOMRecord:
     allocated_bytes: int
     reserved_bytes: int
     largest_free_fragmentation: float
+    #: the recorded run failed this request too (an OOM record replayed); the walk went on past it
+    recorded: bool = False
 
     def describe(self) -> str:
         """One line: the event, the request and the pool's state (the report's OOM line)."""
@@ -61,6 +63,8 @@ class ReplayResult:
     gc_reclaimed_bytes: int = 0
     ooms: int = 0
     oom_events: list = field(default_factory=list)
+    #: trace indices of the recorded OOMs this policy/setting served (they would not have happened)
+    ooms_avoided: list = field(default_factory=list)
     alloc_time_seconds: float = 0.0
     total_time_seconds: float = 0.0
     latency: dict = field(default_factory=dict)
@@ -112,7 +116,9 @@ class ReplayResult:
             f"  OOMs                     {r.ooms:>12,}",
         ]
         for o in r.oom_events[:5]:
-            lines.append(f"    {o.describe()}")
+            lines.append(f"    {o.describe()}" + ("  (recorded OOM)" if o.recorded else ""))
+        for at in r.ooms_avoided[:5]:
+            lines.append(f"    recorded OOM at event {at}: served under this policy/setting (would not have happened)")
         if lat:
             lines.append(f"  malloc latency ({'measured' if r.latency_measured else 'modeled'}) p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
                          f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r.alloc_time_seconds)}")

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from allocsim import engine
+from allocsim.replay import Replay
 from allocsim.costs import CostModel
 from allocsim.gpu import gpu_available
 from allocsim.trace import Trace
@@ -30,14 +31,13 @@ TORCH_TRACES = [p for p in TRACES if _framework(p) == "torch"]
 
 
 def reserved_after_each_event(trace, policy, **kw):
-    pol, rt, dev, sec = engine.build(trace, policy, capacity=None, **kw)
     seen = []
+    r = Replay(trace, policy, capacity=None, observer=lambda i, k, id_, h: seen.append(r.reserved), **kw)
     try:
-        engine._run(trace, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None,
-                    observer=lambda i, k, id_, h: seen.append(dev.reserved))
+        r.run()
     finally:
-        pol.close()
-    return seen, dev
+        r.close()
+    return seen, r.device
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU message; this machine has a GPU")

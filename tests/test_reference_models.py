@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine, policies
+from allocsim import policies
+from allocsim.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.trace import ALLOC, Trace, TraceWriter
 
@@ -49,7 +50,7 @@ OPTION_CASES = [pytest.param(ref, opts, id=f"{ref}[{','.join(opts)}]")
 
 def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="trace"):
     """Everything a policy did on ``trace`` that the reference must reproduce."""
-    pol, rt, dev, sec = engine.build(trace, policy, options=options, runtime=runtime, cap=cap, capacity=capacity)
+    dev = make_device(trace, policy, cap=cap, capacity=capacity)
     calls = []
     malloc, free = dev.malloc, dev.free
 
@@ -69,7 +70,9 @@ def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="t
         if kind == ALLOC and handle is not None:
             placed.append((event, *pol.block(handle)))
 
-    res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
+    r = Replay(trace, policy, options=options, runtime=runtime, cap=cap, device=dev, keep_going=True, observer=observe)
+    pol, sec = r.policy, r.sections
+    res = r.run()
     return {"device calls": calls, "blocks": placed, "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
             "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
             "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ()),
@@ -191,7 +194,7 @@ def test_torch_options_none_and_fraction_without_capacity(policy):
         {"max_split_size_mb": None, "roundup_power2_divisions": None}
     trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
     with pytest.raises(UsageError, match="per_process_memory_fraction needs a device capacity"):
-        engine.build(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
+        Replay(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True,

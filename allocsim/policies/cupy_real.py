@@ -22,7 +22,7 @@ class CupyRealPool(RealPolicy):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         cp = self.cp = require_cupy()
-        rt, dev, sizes = cp.cuda.runtime, self.device, {}
+        rt, dev, sizes = cp.cuda.runtime, self.ctx.measured_device, {}
 
         def upstream_malloc(size, device_id):
             t0 = _now()
