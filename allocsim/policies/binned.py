@@ -86,6 +86,7 @@ class BinnedPool(FreeListReporting, Policy):
         self._try_alloc = HotStep("1. try alloc")
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.cache_flushes = 0
         self.unpooled_allocs = 0
         self.background_ticks = 0
@@ -102,7 +103,7 @@ class BinnedPool(FreeListReporting, Policy):
             avail = self._avail.get(n)
             if avail:                               # untimed, as in CuArrays
                 addr = avail.pop()
-                self.ctx.charge(self._hit_s)
+                self._charge(self._hit_s)
             else:
                 addr = self._escalate(n, True)
                 if addr is None:
@@ -164,7 +165,7 @@ class BinnedPool(FreeListReporting, Policy):
         u = nused / (nused + len(avail))
         if u > self._usage[n]:
             self._usage[n] = u
-        self.ctx.charge(self._free_s)
+        self._charge(self._free_s)
 
     # ---- reclaim and the background task -------------------------------------------------
     def _reclaim(self, full: bool, target: int | None) -> int:

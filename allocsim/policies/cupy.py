@@ -150,6 +150,7 @@ class CuPyPool(Policy):
         self._t_malloc = 0.0
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.event_index = -1               # set by the engine before each malloc
         self.segment_log: list[tuple[int, int, int]] = []
         self._spare: list[_Chunk] = []      # chunks `free` merged away, reused by `malloc`'s splits
@@ -185,7 +186,7 @@ class CuPyPool(Policy):
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
         self._n_lookup += 1
-        self.ctx.charge(self._hit_s)
+        self._charge(self._hit_s)
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
         shift = self._shift
@@ -224,7 +225,7 @@ class CuPyPool(Policy):
 
     def free(self, c):
         self.allocated -= c.size
-        self.ctx.charge(self._free_s)
+        self._charge(self._free_s)
         arena = c.arena
         keys, free_at = arena.keys, arena.free_at
         nx = c.next

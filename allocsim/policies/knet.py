@@ -79,6 +79,7 @@ class KnetPool(FreeListReporting, Policy):
         self._alloc2 = HotStep("2. alloc (under limit)")
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.cache_flushes = 0
         self.limit_raises = 0
         self.gc_retries = 0
@@ -117,7 +118,7 @@ class KnetPool(FreeListReporting, Policy):
             b = self._blocksize[size] = blocksize(size)
         lst = self._free.get(b)
         if lst:                                    # 1. reuse
-            self.ctx.charge(self._hit_s)
+            self._charge(self._hit_s)
             self.allocated += b
             return (lst.pop(), b)
         addr = self._new_block(b)
@@ -176,7 +177,7 @@ class KnetPool(FreeListReporting, Policy):
         addr, b = handle
         self._free[b].append(addr)
         self.allocated -= b
-        self.ctx.charge(self._free_s)
+        self._charge(self._free_s)
 
     def counters(self):
         return {"cache_flushes": self.cache_flushes, "soft_limit_bytes": self.limit,

@@ -66,6 +66,7 @@ class SimplePool(Policy):
         self._alloc1 = HotStep("1.2 alloc")
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.reclaims = 0
 
     # ---- the cached set ---------------------------------------------------------------
@@ -122,7 +123,7 @@ class SimplePool(Policy):
         self._scan1.calls += 1
         h = self._scan(size)
         if h is not None:
-            self.ctx.charge(self._hit_s)
+            self._charge(self._hit_s)
             self._scan1.seconds += self._hit_s
             self.allocated += h[1]
             return h
@@ -166,7 +167,7 @@ class SimplePool(Policy):
         (self._small if s <= SMALL else self._mid if s <= OVERSIZE else self._large)[self._seq] = handle
         self._sizes[s] = self._sizes.get(s, 0) + 1
         self.allocated -= s
-        self.ctx.charge(self._free_s)
+        self._charge(self._free_s)
 
     def block(self, handle):
         return block_of(handle)
