@@ -32,6 +32,7 @@ from .device import SimulatedDevice
 from .replay import Replay
 from .spec import PolicySpec
 from .trace import ALLOC, OOM, Trace, TraceWriter
+from .trace.events import CACHE_RELEASE
 
 MiB = 1 << 20
 RUNTIMES = ("eager", "gc")
@@ -60,11 +61,14 @@ def random_size(rng: random.Random) -> int:
 
 def build_trace(ops, order) -> Trace:
     """A trace from ``ops`` of ``(is_alloc, size, stream index, pick)``: a FREE (when not an ALLOC, or
-    nothing is live) frees live object ``pick`` mod live; the objects left are freed in ``order``."""
+    nothing is live) frees live object ``pick`` mod live; ``is_alloc`` None is a cache release; the
+    objects left are freed in ``order``."""
     w = TraceWriter(meta={"producer": "allocsim.testing"})
     live: list[int] = []
     for is_alloc, size, stream, pick in ops:
-        if is_alloc or not live:
+        if is_alloc is None:
+            w.record(CACHE_RELEASE)
+        elif is_alloc or not live:
             live.append(w.alloc(size, stream=STREAMS[stream]))
         else:
             w.free(live.pop(pick % len(live)))
@@ -74,15 +78,22 @@ def build_trace(ops, order) -> Trace:
 
 
 def random_trace(rng: random.Random, max_ops: int = 40) -> Trace:
-    """A random alloc/free sequence on up to three streams, every object freed by the end."""
-    ops = [(rng.random() < 0.5, random_size(rng), rng.randrange(3), rng.randrange(10**6))
+    """A random alloc/free sequence on up to three streams with a few cache releases, every object freed
+    by the end."""
+    ops = [(_alloc_free_or_release(rng.random()), random_size(rng), rng.randrange(3), rng.randrange(10**6))
            for _ in range(rng.randint(1, max_ops))]
     live = 0
     for is_alloc, *_ in ops:
-        live += 1 if is_alloc or not live else -1
+        if is_alloc is not None:
+            live += 1 if is_alloc or not live else -1
     order = list(range(live))
     rng.shuffle(order)
     return build_trace(ops, order)
+
+
+def _alloc_free_or_release(u: float):
+    """An op's kind from a uniform draw: a cache release 1 time in 20, else an ALLOC or a FREE at even odds."""
+    return None if u < 0.05 else u < 0.525
 
 
 def cap_for(trace: Trace, factor) -> int | None:

@@ -146,6 +146,10 @@ class BestFit(Policy):
                 freed += n
         return freed
 
+    def release_cache(self) -> None:
+        """Every wholly free segment goes back to the device (the escalation's step 3a)."""
+        self._release_free_segments()
+
     def _new_segment(self, n: int) -> int:
         seg = -(-n // self.segment) * self.segment
         a = self.ctx.malloc(seg)

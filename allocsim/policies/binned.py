@@ -185,6 +185,10 @@ class BinnedPool(FreeListReporting, Policy):
             _, released = self._bins.release(ctx, counts, target)
         return released
 
+    def release_cache(self) -> None:
+        """``CuArrays.reclaim(true)``: every cached block of every bin back to the device."""
+        self._reclaim(True, None)
+
     def _scan_usage(self) -> bool:
         """The background ``scan()`` after its GC: shift each bin's window; whether any usage changed."""
         active = False

@@ -315,6 +315,10 @@ class CuPyPool(Policy):
             return None
         return _Chunk(addr, n, None, None, arena)
 
+    def release_cache(self) -> None:
+        """The program called ``MemoryPool.free_all_blocks()``."""
+        self.free_all_blocks()
+
     def free_all_blocks(self, stream=None) -> int:
         """Release every free chunk that is a whole device allocation; return the bytes released."""
         self.cache_flushes += 1

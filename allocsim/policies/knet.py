@@ -173,6 +173,10 @@ class KnetPool(FreeListReporting, Policy):
         self._bytes -= freed
         self.ctx.collect(True)
 
+    def release_cache(self) -> None:
+        """The program called ``Knet.gc()``."""
+        self._knet_gc()
+
     def free(self, handle):
         addr, b = handle
         self._free[b].append(addr)

@@ -118,6 +118,10 @@ class SimplePool(Policy):
         self.reclaims += 1
         return freed
 
+    def release_cache(self) -> None:
+        """``reclaim()`` with no target: every cached buffer back to the device."""
+        self._reclaim(float("inf"))
+
     # ---- the interface ----------------------------------------------------------------
     def malloc(self, size, stream):
         self._scan1.calls += 1

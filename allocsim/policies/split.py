@@ -332,6 +332,26 @@ class SplittingPool(Policy):
                 break
         return freed
 
+    def _repopulate_now(self, step: str) -> None:
+        """Repopulate and compact the pending frees off the hot path, timed as ``{step}a``/``{step}b``."""
+        before = self._hot_counts()
+        self.ctx.charge(self._repopulate())
+        after = self._hot_counts()
+        nb = after["repopulated"] - before["repopulated"]
+        nm = after["merged"] - before["merged"]
+        self._slow_blocks += nb
+        self._slow_merged += nm
+        self.ctx.add_section(f"{step}a repopulate", nb * self.costs.pool_free_s)
+        self.ctx.add_section(f"{step}b compact", nm * self.costs.pool_free_s)
+
+    def release_cache(self) -> None:
+        """``CuArrays.reclaim()`` (full): the pending frees repopulated and compacted, then every whole
+        free buffer of every class given back to the device (the x.5a step without the alloc)."""
+        if self._freed:
+            self._repopulate_now("1")
+        for cls in (SMALL, LARGE, HUGE):
+            self._reclaim(cls, float("inf"))
+
     def _escalate(self, n: int, c: int) -> int:
         """The rest of phase 1 after a missed scan, then phases 2 and 3; 0 means OOM."""
         ctx, costs = self.ctx, self.costs
@@ -340,15 +360,7 @@ class SplittingPool(Policy):
                 with ctx.section(f"{phase}.0 gc({'true' if phase == 3 else 'false'})"):
                     ctx.collect(phase == 3)
                 if self._freed:
-                    before = self._hot_counts()
-                    ctx.charge(self._repopulate())
-                    after = self._hot_counts()
-                    nb = after["repopulated"] - before["repopulated"]
-                    nm = after["merged"] - before["merged"]
-                    self._slow_blocks += nb
-                    self._slow_merged += nm
-                    ctx.add_section(f"{phase}.1a repopulate", nb * costs.pool_free_s)
-                    ctx.add_section(f"{phase}.1b compact", nm * costs.pool_free_s)
+                    self._repopulate_now(f"{phase}.1")
                 ctx.charge(costs.pool_hit_s)
                 ctx.add_section(f"{phase}.2 scan", costs.pool_hit_s)
                 b = self._scan(n, c)

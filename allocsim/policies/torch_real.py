@@ -76,6 +76,12 @@ class TorchReal(RealPolicy):
         self.ctx.charge((_now() - t0) * 1e-9)
         self.allocated -= handle[2]
 
+    def release_cache(self):
+        """``torch.cuda.empty_cache()`` on the real allocator, timed."""
+        t0 = _now()
+        self.torch.cuda.empty_cache()
+        self.ctx.charge((_now() - t0) * 1e-9)
+
     def finish(self):
         s, b, dev = self.torch.cuda.memory_stats(), self._base, self.ctx.measured_device
         dev.reserved = s.get("reserved_bytes.all.current", 0)

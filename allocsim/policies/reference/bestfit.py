@@ -104,6 +104,9 @@ class BestFitReference(Policy):
             return address
         return self.new_segment(n)
 
+    def release_cache(self) -> None:
+        self.release_free_segments()
+
     def release_free_segments(self) -> None:
         for address, size in list(self.segments.items()):
             if self.by_address.get(address) == size:

@@ -198,6 +198,9 @@ class CuPyPoolReference(Policy):
             head.next.prev = head
         return head
 
+    def release_cache(self) -> None:
+        self.free_all_blocks()
+
     def free_all_blocks(self, stream=None) -> int:
         """Release every free chunk that is a whole device allocation; the bytes released."""
         self.cache_flushes += 1

@@ -147,6 +147,13 @@ class SplittingPoolReference(Policy):
         self.ctx.charge(len(blocks) * self.costs.pool_free_s)
         return blocks
 
+    def release_cache(self) -> None:
+        """``CuArrays.reclaim()``: repopulate and compact, then every whole free block of every class back."""
+        if self.freed:
+            self.incremental_compact(self.repopulate())
+        for c in (SMALL, LARGE, HUGE):
+            self.reclaim(c, math.inf)
+
     def incremental_compact(self, blocks: list[Block]) -> None:
         """``incremental_compact!``: merge each newly freed block's run of AVAILABLE neighbours into its head."""
         for block in blocks:
