@@ -12,7 +12,8 @@ model reads ``trace.meta`` itself) and logs its own device calls in
 Compared: the number of segment allocations (cudaMalloc + page maps) and releases,
 their kinds and sizes in order, peak and final reserved bytes (from each side's
 segment events, starting from the recorded initial segments when the trace had
-them), and OOM counts. On a mismatch the first diverging segment event is reported
+them), and the OOMs: how many and at which events (the recording's OOM records,
+which the replay attempts again, against the model's failed requests). On a mismatch the first diverging segment event is reported
 with both sides' trace event index, kind, size and reserved bytes.
 
 Limitation: a trace whose ring buffer wrapped starts with PRE_EXISTING blocks and
