@@ -170,29 +170,25 @@ class Replay:
     def run(self, until: int | None = None) -> ReplayResult | None:
         """Walk to the end (or to trace index ``until``: the events before it); at the end, finish and
         return the `ReplayResult` (None while stopped short of it)."""
-        self._walk(lambda c: len(c.at) if until is None else int(np.searchsorted(c.at, until)),
-                   stop_early=until is not None)
+        self._walk(lambda c: len(c.at) if until is None else int(np.searchsorted(c.at, until)))
         return self.finish() if self.at_end else None
 
     def step(self, n: int = 1) -> int:
         """Walk the next ``n`` driving events (fewer at the end, or at an OOM that stops); return how many."""
-        done0 = self._w.done
-        self._walk(lambda c: min(len(c.at), self._pos + n - (self._w.done - done0)),
-                   stop_early=True, budget=n, start=done0)
-        return self._w.done - done0
+        start = self._w.done
+        self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))
+        return self._w.done - start
 
     @property
     def at_end(self) -> bool:
         """True once every driving event is walked, or an OOM stopped the walk."""
         return self._chunks is None or self._w.stopped
 
-    def _walk(self, end_of, *, stop_early: bool, budget=None, start=0) -> None:
-        """Walk chunk after chunk, each up to ``end_of(chunk)``; with ``stop_early``, stop at the first
-        chunk that ends before its last event (the target is reached)."""
+    def _walk(self, end_of) -> None:
+        """Walk chunk after chunk, each up to position ``end_of(chunk)``; stop where that falls short of
+        the chunk's end (the target is reached), at an OOM that stops, or at the end of the trace."""
         w = self._w
         while not w.stopped and self._chunks is not None:
-            if budget is not None and w.done - start >= budget:
-                return
             c = self._chunk
             if c is None or self._pos >= len(c.at):
                 c = self._chunk = next(self._chunks, None)
@@ -201,17 +197,16 @@ class Replay:
                     self._chunks = None
                     return
             hi = end_of(c)
-            if hi <= self._pos and stop_early:
-                return
-            lat = array("d")
-            self._pos = self._walk_chunk(c, self._pos, hi, lat.append)
-            w.latency.extend(lat)
-            w.done = self._j0 + self._pos
-            if self._pos >= len(c.at):
-                self._j0 += len(c.at)
-            if self.progress is not None:
-                self.progress(w.done)
-            if hi < len(c.at) and stop_early:
+            if hi > self._pos:
+                lat = array("d")
+                self._pos = self._walk_chunk(c, self._pos, hi, lat.append)
+                w.latency.extend(lat)
+                w.done = self._j0 + self._pos
+                if self._pos >= len(c.at):
+                    self._j0 += len(c.at)
+                if self.progress is not None:
+                    self.progress(w.done)
+            if hi < len(c.at):
                 return
 
     def _driving_chunks(self):
