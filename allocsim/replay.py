@@ -311,49 +311,51 @@ class Replay:
     @contextmanager
     def _root_section(self, name: str):
         """Time work outside any malloc as the root section ``name``."""
-        sections, dev = self.sections, self.device
-        saved = sections.stack[:]
-        sections.stack[:] = []
-        sections.push(name, dev.clock)
-        try:
+        with self.context.top_level(), self.context.section(name):
             yield
-        finally:
-            sections.pop(dev.clock)
-            sections.stack[:] = saved
 
     # ---- the optional features: two hooks around each event, None when all are off ------------------
     def _hooks(self):
-        pol, rt, dev, sections = self.policy, self.runtime, self.device, self.sections
-        tick, gc_every, log_index = pol.tick, self.runtime.gc_every or 0, self._log_index
-        timeline, observer = self.timeline, self.observer
-        w = self._w
-        before = after = None
-        if tick is not None or gc_every or log_index:
-            def before(c, j, k):
-                if tick is not None:
-                    tick(c.times[j])
-                if k != ALLOC:
-                    return
-                if gc_every:
-                    w.since_gc += c.sizes[j]
-                    if w.since_gc >= gc_every:
-                        w.since_gc = 0
-                        with self._root_section(S_PERIODIC_GC):
-                            rt.collect(False)
-                if log_index:
-                    pol.event_index = int(c.at[j])
-        if timeline or observer is not None:
-            tl_idx, tl_alloc, tl_res = w.timeline
-            tl_step = max(1, driving_count(self.trace) // 4000) if timeline else 1
+        return self._before_hook(), self._after_hook()
 
-            def after(c, j, k, i, h):
-                if timeline and ((self._j0 + j) % tl_step == 0 or dev.reserved != (tl_res[-1] if tl_res else -1)):
-                    tl_idx.append(int(c.at[j]))
-                    tl_alloc.append(pol.allocated)
-                    tl_res.append(dev.reserved)
-                if observer is not None:
-                    observer(int(c.at[j]), k, i, h)
-        return before, after
+    def _before_hook(self):
+        """Before each event: the policy's ``tick``, the periodic GC, the ALLOC's trace index."""
+        pol, rt, w = self.policy, self.runtime, self._w
+        tick, gc_every, log_index = pol.tick, rt.gc_every or 0, self._log_index
+        if tick is None and not gc_every and not log_index:
+            return None
+
+        def before(c, j, k):
+            if tick is not None:
+                tick(c.times[j])
+            if k != ALLOC:
+                return
+            if gc_every:
+                w.since_gc += c.sizes[j]
+                if w.since_gc >= gc_every:
+                    w.since_gc = 0
+                    with self._root_section(S_PERIODIC_GC):
+                        rt.collect(False)
+            if log_index:
+                pol.event_index = int(c.at[j])
+        return before
+
+    def _after_hook(self):
+        """After each event: a timeline sample (every step-th event and at each change of reserved), the observer."""
+        pol, dev, timeline, observer = self.policy, self.device, self.timeline, self.observer
+        if not timeline and observer is None:
+            return None
+        tl_idx, tl_alloc, tl_res = self._w.timeline
+        tl_step = max(1, driving_count(self.trace) // 4000) if timeline else 1
+
+        def after(c, j, k, i, h):
+            if timeline and ((self._j0 + j) % tl_step == 0 or dev.reserved != (tl_res[-1] if tl_res else -1)):
+                tl_idx.append(int(c.at[j]))
+                tl_alloc.append(pol.allocated)
+                tl_res.append(dev.reserved)
+            if observer is not None:
+                observer(int(c.at[j]), k, i, h)
+        return after
 
     # ---- state, through public members ------------------------------------------------------------
     @property
