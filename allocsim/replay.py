@@ -226,7 +226,10 @@ class Replay:
         before, after = self._before, self._after
         peak_alloc, peak_res = w.peak_alloc, w.peak_res
         h = None
-        for j, k, i, size, st in zip(range(lo, hi), c.kind[lo:hi], c.ids[lo:hi], c.sizes[lo:hi], c.streams[lo:hi]):
+        cols = (c.kind, c.ids, c.sizes, c.streams)
+        if lo or hi < len(c.at):            # a part of the chunk (a step): only then copy the slices
+            cols = tuple(col[lo:hi] for col in cols)
+        for j, k, i, size, st in zip(range(lo, hi), *cols):
             if before is not None:
                 before(c, j, k)
             if k == 1:                 # ALLOC (a literal compares fastest)
