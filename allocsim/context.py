@@ -30,6 +30,7 @@ class PolicyContext:
         self.fits, self.note, self.pin = device.fits, device.note, device.pin
         self.reserve_address_range = device.reserve_address_range
         self.collect = runtime.collect
+        self.charge = device.charge     # `charge(seconds)`: modeled pool work onto the clock (the device's own)
         self.costs = device.costs
         self.trace = trace
         self.meta = trace.meta if trace is not None else {}
@@ -56,10 +57,6 @@ class PolicyContext:
     def clock(self) -> float:
         """The replay's modeled clock, seconds (device calls, pool work and GC pauses add to it)."""
         return self._device.clock
-
-    def charge(self, seconds: float) -> None:
-        """Add ``seconds`` of modeled pool work to the clock (and so to the current malloc's latency)."""
-        self._device.clock += seconds
 
     # ---- named sections ---------------------------------------------------------------------
     def push_section(self, name: str) -> None:

@@ -58,6 +58,10 @@ class SimulatedDevice:
         if self._hints:
             self._next = max(BASE_ADDR, max(a + n for n, a in self._hints) + ALIGN)
 
+    def charge(self, seconds: float) -> None:
+        """Add ``seconds`` of modeled work above the device (a pool's own operations) to the clock."""
+        self.clock += seconds
+
     def set_cap(self, cap: int | None) -> None:
         """The program set its allocator's limit (a SET_LIMIT event): the pool cap from now on (None: none)."""
         self.cap = cap
