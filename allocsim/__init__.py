@@ -11,6 +11,7 @@ Python API (the same names as the command line)::
     allocsim.PolicySpec.parse("cupy[limit=8GB]").label     # how every entry point names a policy
     allocsim.fit_capacity("traces/resnet50.bin", "torch")["capacity_bytes"]
     allocsim.validate_trace("traces/resnet50.bin").match
+    r = allocsim.Replay(t, "split"); r.run(until=1000); r.live_blocks(); r.run()   # stepped, then to the end
     allocsim.synthesize("transformer", seed=1); allocsim.import_trace("snapshot.pickle", "t.bin")
     allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
 """
@@ -19,6 +20,7 @@ from .engine import replay
 from .fit import fit_capacity
 from .importers import import_file as import_trace
 from .metrics import ReplayResult
+from .replay import Replay
 from .recorders import mark
 from .spec import PolicySpec
 from .sweep import compare
@@ -29,5 +31,5 @@ from .validate import validate as validate_trace
 
 __version__ = "0.1.0"
 
-__all__ = ["CostModel", "PolicySpec", "ReplayResult", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
+__all__ = ["CostModel", "PolicySpec", "Replay", "ReplayResult", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
            "import_trace", "mark", "parse_size", "replay", "synthesize", "validate_trace", "__version__"]

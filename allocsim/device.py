@@ -62,6 +62,15 @@ class SimulatedDevice:
             self._next = max(BASE_ADDR, max(a + n for n, a in self._hints) + ALIGN)
         self._driver = None if address_hints is None else DriverPlacement(top=self._next)
 
+    def charge(self, seconds: float) -> None:
+        """Add ``seconds`` of modeled work above the device (a pool's own operations) to the clock."""
+        self.clock += seconds
+
+    def set_cap(self, cap: int | None) -> None:
+        """The program set its allocator's limit (a SET_LIMIT event): the pool cap from now on (None: none)."""
+        self.cap = cap
+        self.limit = min(x for x in (self.capacity, cap, 2**63) if x is not None)
+
     def malloc(self, n: int) -> int | None:
         """Reserve ``n`` bytes; return the address, or None if cap or capacity is reached."""
         if self.reserved + n > self.limit:

@@ -19,6 +19,8 @@ class OOMRecord:
     allocated_bytes: int
     reserved_bytes: int
     largest_free_fragmentation: float
+    #: the recorded run failed this request too (an OOM record replayed); the walk went on past it
+    recorded: bool = False
 
 
 @dataclass
@@ -55,6 +57,8 @@ class ReplayResult:
     gc_reclaimed_bytes: int = 0
     ooms: int = 0
     oom_events: list = field(default_factory=list)
+    #: trace indices of the recorded OOMs this policy/setting served (they would not have happened)
+    ooms_avoided: list = field(default_factory=list)
     alloc_time_seconds: float = 0.0
     total_time_seconds: float = 0.0
     latency: dict = field(default_factory=dict)

@@ -246,9 +246,9 @@ def check_overrides_reached(pol, shown: str) -> None:
     """Refuse a plug-in whose own malloc/free would never run: built-ins such as ``split`` and ``torch``
     bind a fast method to the instance in ``__init__``, which shadows a subclass's override."""
     for method in ("malloc", "free"):
-        bound = pol.__dict__.get(method)
+        bound = getattr(pol, method)        # not pol.__dict__: reading it makes every attribute access slower
         own = getattr(type(pol), method)
-        if bound is None or getattr(bound, "__func__", None) is own or not is_plugin(own):
+        if getattr(bound, "__func__", None) is own or not is_plugin(own):
             continue
         base = next(c for c in type(pol).__mro__ if not is_plugin(c)).__name__
         raise UsageError(f"policy {shown!r}: {type(pol).__name__}.{method} would never be called: {base} binds its "

@@ -16,7 +16,8 @@ where it broke:
   ``gc``, a full collection has run);
 - "not deterministic": two replays of one trace differ;
 - "OOM without a binding cap" / "OOM while the device had room": the policy gave up
-  although the device could have served the request (within `device_request_bound`).
+  although the device could have served the request (within `device_request_bound`);
+  "OOM reported at the wrong event": not at the failed ALLOC (or the recorded OOM replayed).
 
 No hypothesis needed: traces come from a seeded generator (the project's own tests
 draw them with hypothesis and call the same checks).
@@ -28,8 +29,10 @@ from bisect import bisect_right
 
 from . import engine
 from .device import SimulatedDevice
+from .replay import Replay
 from .spec import PolicySpec
-from .trace import ALLOC, Trace, TraceWriter
+from .trace import ALLOC, OOM, Trace, TraceWriter
+from .trace.events import CACHE_RELEASE
 
 MiB = 1 << 20
 RUNTIMES = ("eager", "gc")
@@ -58,11 +61,14 @@ def random_size(rng: random.Random) -> int:
 
 def build_trace(ops, order) -> Trace:
     """A trace from ``ops`` of ``(is_alloc, size, stream index, pick)``: a FREE (when not an ALLOC, or
-    nothing is live) frees live object ``pick`` mod live; the objects left are freed in ``order``."""
+    nothing is live) frees live object ``pick`` mod live; ``is_alloc`` None is a cache release; the
+    objects left are freed in ``order``."""
     w = TraceWriter(meta={"producer": "allocsim.testing"})
     live: list[int] = []
     for is_alloc, size, stream, pick in ops:
-        if is_alloc or not live:
+        if is_alloc is None:
+            w.record(CACHE_RELEASE)
+        elif is_alloc or not live:
             live.append(w.alloc(size, stream=STREAMS[stream]))
         else:
             w.free(live.pop(pick % len(live)))
@@ -72,15 +78,22 @@ def build_trace(ops, order) -> Trace:
 
 
 def random_trace(rng: random.Random, max_ops: int = 40) -> Trace:
-    """A random alloc/free sequence on up to three streams, every object freed by the end."""
-    ops = [(rng.random() < 0.5, random_size(rng), rng.randrange(3), rng.randrange(10**6))
+    """A random alloc/free sequence on up to three streams with a few cache releases, every object freed
+    by the end."""
+    ops = [(_alloc_free_or_release(rng.random()), random_size(rng), rng.randrange(3), rng.randrange(10**6))
            for _ in range(rng.randint(1, max_ops))]
     live = 0
     for is_alloc, *_ in ops:
-        live += 1 if is_alloc or not live else -1
+        if is_alloc is not None:
+            live += 1 if is_alloc or not live else -1
     order = list(range(live))
     rng.shuffle(order)
     return build_trace(ops, order)
+
+
+def _alloc_free_or_release(u: float):
+    """An op's kind from a uniform draw: a cache release 1 time in 20, else an ALLOC or a FREE at even odds."""
+    return None if u < 0.05 else u < 0.525
 
 
 def cap_for(trace: Trace, factor) -> int | None:
@@ -127,19 +140,14 @@ def _inside(ranges: dict, addr: int, size: int) -> bool:
 
 
 def replay_checked(policy, trace: Trace, runtime: str, cap, *, keep_going=True, gc_every=None):
-    """Replay with the per-event invariants checked after every driving event;
-    return (result, policy object, runtime, device)."""
+    """Replay with the per-event invariants checked after every driving event; return (result, `Replay`)."""
     dev = SimulatedDevice(capacity=None, cap=cap)
     segments = _Segments(dev)                   # before the policy exists: some take memory when made
-    pol, rt, dev, sections = engine.build(trace, PolicySpec.of(policy), runtime=runtime, cap=cap, capacity=None,
-                                          gc_every=gc_every, device=dev)
     id_size = trace.id_size.tolist()
 
     def observe(event, kind, id_, handle):
-        held = list(rt.handles.items())         # live ids only: 0-byte and failed ALLOCs never enter it
         blocks = []
-        for i, h in held:
-            addr, size = pol.block(h)
+        for i, (addr, size) in r.live_blocks().items():   # live ids only: 0-byte and failed ALLOCs have none
             assert size >= id_size[i], \
                 f"block smaller than its request: event {event}: block of id {i} is {size} B for {id_size[i]} B"
             assert segments.holds(addr, size), \
@@ -149,37 +157,38 @@ def replay_checked(policy, trace: Trace, runtime: str, cap, *, keep_going=True, 
         for (a0, s0, i0), (a1, _, i1) in zip(blocks, blocks[1:]):
             assert a0 + s0 <= a1, f"blocks overlap: event {event}: block of id {i0} [{a0:#x}+{s0}] overlaps id {i1} " \
                                   f"at {a1:#x}"
-        held_bytes = sum(id_size[i] for i, _ in held)
-        assert dev.reserved >= pol.allocated, \
-            f"reserved below allocated: event {event}: reserved {dev.reserved} < allocated {pol.allocated}"
-        assert pol.allocated >= held_bytes, \
-            f"allocated below the bytes held: event {event}: allocated {pol.allocated} < held {held_bytes}"
+        held_bytes = sum(id_size[i] for _, _, i in blocks)
+        reserved, allocated = r.reserved, r.allocated
+        assert reserved >= allocated, f"reserved below allocated: event {event}: reserved {reserved} < allocated {allocated}"
+        assert allocated >= held_bytes, \
+            f"allocated below the bytes held: event {event}: allocated {allocated} < held {held_bytes}"
         if cap is not None:
-            assert dev.reserved <= cap, f"cap exceeded: event {event}: reserved {dev.reserved} > cap {cap}"
-        free = pol.largest_free()                # None: the policy cannot see it
-        assert free is None or 0 <= free <= dev.reserved - pol.allocated, \
-            f"largest free block too large: event {event}: {free} > reserved - allocated {dev.reserved - pol.allocated}"
+            assert reserved <= cap, f"cap exceeded: event {event}: reserved {reserved} > cap {cap}"
+        free = r.largest_free()                  # None: the policy cannot see it
+        assert free is None or 0 <= free <= reserved - allocated, \
+            f"largest free block too large: event {event}: {free} > reserved - allocated {reserved - allocated}"
 
+    r = Replay(trace, PolicySpec.of(policy), runtime=runtime, cap=cap, capacity=None, gc_every=gc_every, device=dev,
+               keep_going=keep_going, observer=observe)
     try:
-        res = engine._run(trace, pol, rt, dev, sections, keep_going=keep_going, timeline=False, progress=None,
-                          observer=observe)
+        res = r.run()
     finally:
-        pol.close()
-    return res, pol, rt, dev
+        r.close()
+    return res, r
 
 
 def check_accounting(policy, trace: Trace, runtime: str, cap=None, gc_every=None) -> None:
     """Every per-event invariant, then: every byte returns once every object is freed."""
-    res, pol, rt, dev = replay_checked(policy, trace, runtime, cap, gc_every=gc_every)
+    res, r = replay_checked(policy, trace, runtime, cap, gc_every=gc_every)
     if len(trace) and trace.live_curve[-1] == 0:     # the trace frees every object it allocates
         if runtime == "gc":
-            rt.collect(True)
-        assert pol.allocated == 0, f"bytes not conserved: {pol.allocated} bytes still allocated after every " \
-                                   f"object was freed"
+            r.collect(True)
+        assert r.allocated == 0, f"bytes not conserved: {r.allocated} bytes still allocated after every " \
+                                 f"object was freed"
         assert res.frees == trace.n_allocs - res.ooms, \
             f"bytes not conserved: {res.frees} frees of {trace.n_allocs} objects with {res.ooms} OOMs"
-    assert dev.peak_reserved <= (cap if cap is not None else dev.peak_reserved), \
-        f"cap exceeded: peak reserved {dev.peak_reserved} > cap {cap}"
+    assert cap is None or res.peak_reserved_bytes <= cap, \
+        f"cap exceeded: peak reserved {res.peak_reserved_bytes} > cap {cap}"
     assert res.peak_reserved_bytes >= res.peak_allocated_bytes >= 0, \
         f"reserved below allocated: peaks {res.peak_reserved_bytes} < {res.peak_allocated_bytes}"
     assert res.allocs == trace.n_allocs, f"bytes not conserved: {res.allocs} allocs of {trace.n_allocs} objects"
@@ -206,17 +215,17 @@ def check_no_oom_without_binding_cap(policy, trace: Trace, runtime: str, generou
 def check_oom_only_when_full(policy, trace: Trace, runtime: str, cap) -> None:
     """An OOM only when the device could not take what the request needs, reported at the failed ALLOC;
     stopping at the first OOM stops at the same event."""
-    res, pol, rt, dev = replay_checked(policy, trace, runtime, cap, keep_going=True)
+    res, r = replay_checked(policy, trace, runtime, cap, keep_going=True)
     assert cap is not None or res.ooms == 0, f"OOM without a binding cap: OOM at {res.first_oom}"
     offline = PolicySpec.of(policy).policy_class().offline
     for o in res.oom_events:
-        assert trace.kind[o.event] == ALLOC and trace.size[o.event] == o.size > 0, \
+        assert trace.kind[o.event] == (OOM if o.recorded else ALLOC) and trace.size[o.event] == o.size > 0, \
             f"OOM reported at the wrong event: {o.event}"
-        assert o.live_bytes == int(trace.live_curve[o.event]) - o.size, \
+        assert o.live_bytes == int(trace.live_curve[o.event]) - (0 if o.recorded else o.size), \
             f"OOM reported with wrong live bytes: event {o.event}"
         if offline:
             # a bound, not an allocator: its one planned heap fits the cap or nothing is placed
-            assert o.reserved_bytes == 0 and pol.heap > cap, f"OOM while the device had room: event {o.event}"
+            assert o.reserved_bytes == 0 and r.policy.heap > cap, f"OOM while the device had room: event {o.event}"
             continue
         assert o.reserved_bytes + device_request_bound(o.size) > cap, f"OOM while the device had room: OOM at " \
             f"event {o.event} ({o.size} B) with {o.reserved_bytes} B reserved of a {cap} B cap"

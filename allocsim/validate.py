@@ -12,7 +12,8 @@ model reads ``trace.meta`` itself) and logs its own device calls in
 Compared: the number of segment allocations (cudaMalloc + page maps) and releases,
 their kinds and sizes in order, peak and final reserved bytes (from each side's
 segment events, starting from the recorded initial segments when the trace had
-them), and OOM counts. On a mismatch the first diverging segment event is reported
+them), and the OOMs: how many and at which events (the recording's OOM records,
+which the replay attempts again, against the model's failed requests). On a mismatch the first diverging segment event is reported
 with both sides' trace event index, kind, size and reserved bytes.
 
 Limitation: a trace whose ring buffer wrapped starts with PRE_EXISTING blocks and
@@ -29,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import engine
+from .replay import Replay
 from .errors import InputError
 from .trace import Trace
 from .trace import events as ev
@@ -162,19 +163,19 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     if not present & set(SEGMENT_KINDS):
         raise InputError("the trace holds no upstream segment events of the recorded allocator; nothing to "
                          "validate", path=where, position="events")
-    pol, rt, dev, sections = engine.build(trace, spec.policy, options=options, capacity=capacity, cap=cap)
-    if not hasattr(pol, "segment_log"):
+    r = Replay(trace, spec.policy, options=options, capacity=capacity, cap=cap, keep_going=True, log_events=True)
+    if r.segment_log is None:
+        r.close()
         raise InputError(f"policy {spec.policy!r} keeps no segment_log", path=where)
     try:
-        res = engine._run(trace, pol, rt, dev, sections, keep_going=True, timeline=False, progress=None,
-                          observer=None, log_events=True)
+        res = r.run()
     finally:
-        pol.close()
+        r.close()
     flags = np.asarray(trace.flags)
     pre = int(np.count_nonzero((np.asarray(trace.kind) == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
     rec = recorded_side(trace, kinds)
-    seeded = bool(getattr(pol, "seeded", False))
-    mod = model_side(pol.segment_log, kinds, rec.initial_reserved if seeded else 0)
+    seeded = bool(getattr(r.policy, "seeded", False))
+    mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0)
     rt_, mt = rec.totals(), mod.totals()
     checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
               for k in ("segment_allocs", "segment_frees")]
@@ -185,9 +186,19 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     if compare_reserved:
         checks += [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
                    for k in ("peak_reserved", "final_reserved")]
-    n_oom = int(np.count_nonzero(np.asarray(trace.kind) == ev.OOM))
-    checks.append({"name": "OOMs", "recorded": n_oom, "model": res.ooms, "ok": n_oom == res.ooms})
+    rec_ooms = np.flatnonzero(np.asarray(trace.kind) == ev.OOM).tolist()
+    mod_ooms = [o.event for o in res.oom_events]
+    checks.append({"name": "OOMs", "recorded": len(rec_ooms), "model": res.ooms, "ok": len(rec_ooms) == res.ooms})
+    checks.append({"name": "OOM events", "recorded": _events_text(rec_ooms), "model": _events_text(mod_ooms),
+                   "ok": rec_ooms == mod_ooms})
     return Validation(trace=trace.path, framework=fw, policy=spec.policy, options=res.options,
                       kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
                       pre_existing=pre, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
                       model_events=len(mod.kinds))
+
+
+def _events_text(events: list) -> str:
+    """Trace indices as a short text for the check table: ``-`` when none, the first few then ``...``."""
+    if not events:
+        return "-"
+    return ",".join(map(str, events[:3])) + (",..." if len(events) > 3 else "")

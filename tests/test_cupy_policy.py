@@ -9,6 +9,8 @@ from hypothesis import strategies as st
 from conftest import random_trace
 
 from allocsim import engine
+from allocsim.replay import Replay
+from allocsim.context import PolicyContext
 from allocsim.device import SimulatedDevice
 from allocsim.errors import UsageError
 from allocsim.policies.cupy import CuPyPool
@@ -22,7 +24,7 @@ def make_pool(capacity=None, cap=None, **options):
     dev = SimulatedDevice(capacity=capacity, cap=cap)
     sec = Sections()
     rt = EagerRuntime(dev, sec)
-    pol = CuPyPool(dev, rt, sec, CuPyPool.parse_options([f"{k}={v}" for k, v in options.items()]))
+    pol = CuPyPool(PolicyContext(dev, rt, sec), CuPyPool.parse_options([f"{k}={v}" for k, v in options.items()]))
     rt.attach(pol, {})
     return pol, dev, sec, rt
 
@@ -222,10 +224,9 @@ def test_segment_log_has_event_indices_from_the_engine():
     w.free(a)
     w.alloc(5000)
     t = w.finish()
-    pol, rt, dev, sec = engine.build(t, "cupy")
-    engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None,
-                log_events=True)
-    assert pol.segment_log == [(SEGMENT_ALLOC, 1024, 1), (SEGMENT_ALLOC, 5120, 3)]
+    r = Replay(t, "cupy", log_events=True)
+    r.run()
+    assert r.segment_log == [(SEGMENT_ALLOC, 1024, 1), (SEGMENT_ALLOC, 5120, 3)]
 
 
 # ---- invariants and an independent model on random traces ------------------------------
@@ -359,7 +360,7 @@ def test_replay_random_trace_no_overlap(seed):
             del live[id_]
 
     pol_box = []
-    pol, rt, dev, sec = engine.build(t, "cupy")
-    pol_box.append(pol)
-    res = engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=observer)
+    r = Replay(t, "cupy", observer=observer)
+    pol_box.append(r.policy)
+    res = r.run()
     assert res.peak_reserved_bytes >= res.peak_allocated_bytes >= res.load_bytes

@@ -1,7 +1,8 @@
-"""The engine: lean and general walks agree; runtime semantics; 0-byte bypass; sections."""
+"""The engine: the walk agrees with its hooks on or off; runtime semantics; 0-byte bypass; sections."""
 import pytest
 
 from allocsim import engine, policies
+from allocsim.replay import Replay
 from allocsim.trace import TraceWriter
 
 from conftest import random_trace
@@ -17,12 +18,19 @@ def _strip(d):
 
 @pytest.mark.parametrize("policy", SIM)
 @pytest.mark.parametrize("runtime", ["eager", "gc"])
-def test_lean_and_general_walks_agree(policy, runtime):
+def test_the_walk_gives_the_same_results_with_hooks_on(policy, runtime):
     t = random_trace(1200, seed=11, max_size=1 << 22, streams=2)
     for cap in (None, t.load_bytes + (t.load_bytes >> 2)):
         lean = engine.replay(t, policy, runtime=runtime, cap=cap, keep_going=True)
         general = engine.replay(t, policy, runtime=runtime, cap=cap, keep_going=True, observer=lambda *a: None)
         assert _strip(lean.to_dict()) == _strip(general.to_dict())
+
+
+def _replayed(t):
+    """The policy and runtime of a finished `none` replay under `gc` (its dead objects not yet collected)."""
+    r = Replay(t, "none", runtime="gc")
+    r.run()
+    return r.policy, r.runtime
 
 
 def _gc_trace():
@@ -36,21 +44,18 @@ def _gc_trace():
 def test_incremental_collection_reclaims_only_young_dead():
     w, a = _gc_trace()
     t = w.finish()
-    pol, rt, dev, sec = engine.build(t, "none", runtime="gc")
-    engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    pol, rt = _replayed(t)
     assert pol.allocated == 2000          # the free of b only marked it dead
     assert rt.collect(False) == 1 and pol.allocated == 1000
     w2, a2 = _gc_trace()
     w2.free(a2)
     t2 = w2.finish()
-    pol, rt, dev, sec = engine.build(t2, "none", runtime="gc")
-    engine._run(t2, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    pol, rt = _replayed(t2)
     assert rt.collect(False) == 2         # nothing was promoted yet: both died young
     w3 = TraceWriter()
     a3 = w3.alloc(1000)
     t3 = w3.finish()
-    pol, rt, dev, sec = engine.build(t3, "none", runtime="gc")
-    engine._run(t3, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    pol, rt = _replayed(t3)
     rt.collect(False)                     # a3 survives: promoted
     rt.on_free(a3)
     assert rt.collect(False) == 0 and pol.allocated == 1000   # old dead: only a full collection

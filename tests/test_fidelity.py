@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from allocsim import engine, validate_trace
+from allocsim import validate_trace
+from allocsim.replay import Replay, make_device
 from allocsim.trace import ALLOC, SEGMENT_ALLOC, Trace
 
 from conftest import ROOT
@@ -45,7 +46,7 @@ def test_torch_model_places_every_block_where_pytorch_did(path):
     rec_bases = t.addr[seg].tolist()
     order = np.argsort(rec_bases)
     sorted_bases = np.asarray(rec_bases)[order]
-    pol, rt, dev, sec = engine.build(t, "torch", capacity=None)
+    dev = make_device(t, "torch", capacity=None)
     model_bases = []
     malloc = dev.malloc
 
@@ -66,5 +67,7 @@ def test_torch_model_places_every_block_where_pytorch_did(path):
         r = bisect.bisect_right(sorted_bases, int(t.addr[idx])) - 1
         if (model_bases.index(mb[j]), addr - mb[j]) != (int(order[r]), int(t.addr[idx]) - int(sorted_bases[r])):
             bad.append(idx)
-    engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=check)
+    r = Replay(t, "torch", device=dev, observer=check)
+    pol = r.policy
+    r.run()
     assert not bad, f"first misplaced block at event {bad[0]}"

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocsim import engine
+from allocsim.replay import Replay
 from allocsim.errors import InputError
 from allocsim.metrics import LatencyLog, latency_summary
 from allocsim.trace import ALLOC, FREE, FREE_REQUESTED, Trace, TraceWriter
@@ -139,9 +140,9 @@ def test_info_is_the_same_for_any_chunk_size(monkeypatch, name):
 
 def _next_split_id(t, runtime):
     """The id `split` would give its next block after replaying ``t``."""
-    pol, rt, dev, sec = engine.build(t, "split", runtime=runtime)
-    engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
-    return pol._new_id()
+    r = Replay(t, "split", runtime=runtime)
+    r.run()
+    return r.policy._new_id()
 
 
 @pytest.mark.parametrize("runtime", ["eager", "gc"])

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from allocsim import engine
+from allocsim.replay import Replay
 from allocsim.costs import CostModel
 from allocsim.gpu import gpu_available
 from allocsim.trace import Trace
@@ -30,14 +31,13 @@ TORCH_TRACES = [p for p in TRACES if _framework(p) == "torch"]
 
 
 def reserved_after_each_event(trace, policy, **kw):
-    pol, rt, dev, sec = engine.build(trace, policy, capacity=None, **kw)
     seen = []
+    r = Replay(trace, policy, capacity=None, observer=lambda i, k, id_, h: seen.append(r.reserved), **kw)
     try:
-        engine._run(trace, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None,
-                    observer=lambda i, k, id_, h: seen.append(dev.reserved))
+        r.run()
     finally:
-        pol.close()
-    return seen, dev
+        r.close()
+    return seen, r.device
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU message; this machine has a GPU")
@@ -125,3 +125,30 @@ def test_calibrate_writes_a_cost_model(tmp_path):
     model = CostModel.load(str(tmp_path / "c.json"))
     assert 1e-6 < model.malloc_cost(2 << 20) < 1e-2
     assert model.pool_hit_s < model.malloc_cost(2 << 20)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("policy", ["cupy-real", "torch-real"])
+def test_real_policies_release_their_cache(policy):
+    """A CACHE_RELEASE after every object is freed leaves the real allocator holding nothing."""
+    if policy == "torch-real":
+        pytest.importorskip("torch")
+    from allocsim.trace import TraceWriter
+    from allocsim.trace.events import CACHE_RELEASE
+    w = TraceWriter()
+    for i in [w.alloc(s) for s in (512 << 10, 5 << 20, 40 << 20)]:
+        w.free(i)
+    w.record(CACHE_RELEASE)
+    r = Replay(w.finish(), policy, capacity=None)
+    try:
+        r.run(until=6)
+        held = r.policy.counters().get("pool_total_bytes") if policy == "cupy-real" else \
+            r.policy.torch.cuda.memory_reserved()
+        assert held > 0
+        r.run(until=7)
+        held = r.policy.counters().get("pool_total_bytes") if policy == "cupy-real" else \
+            r.policy.torch.cuda.memory_reserved()
+        assert held == 0
+    finally:
+        r.close()

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim import engine
+from allocsim.replay import Replay
 from allocsim.policies import binned
 from allocsim.policies.knet import blocksize, icbrt
 from allocsim.policies.simple import max_oversize
@@ -398,7 +399,8 @@ def test_pools_keep_blocks_apart_and_account_bytes(policy, runtime, cap, steps):
         else:
             live.append(w.alloc(size, t=t))
     trace = w.finish()
-    pol, rt, dev, sections = engine.build(trace, policy, runtime=runtime, cap=cap, capacity=None)
+    r = Replay(trace, policy, runtime=runtime, cap=cap, capacity=None, keep_going=True, observer=lambda *a: observer(*a))
+    pol, dev = r.policy, r.device
     sizes = trace.id_size.tolist()
     held: dict[int, tuple] = {}
 
@@ -415,8 +417,7 @@ def test_pools_keep_blocks_apart_and_account_bytes(policy, runtime, cap, steps):
         if runtime == "eager":
             assert pol.allocated == sum(n for _, n in held.values())
 
-    res = engine._run(trace, pol, rt, dev, sections, keep_going=True, timeline=False, progress=None,
-                      observer=observer)
+    res = r.run()
     assert res.device_malloc_bytes - res.device_free_bytes == res.final_reserved_bytes
     assert 0 <= pol.largest_free() <= dev.reserved - pol.allocated
 

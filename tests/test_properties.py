@@ -117,18 +117,19 @@ class Undercounting(DummyPool):
         return h
 
     def free(self, handle):
-        self.device.free(*handle)
+        self.ctx.free(*handle)
         self.allocated -= handle[1] // 2
 
 
 class CapBreaking(DummyPool):
-    """Takes memory past the device's limit."""
+    """Takes memory past the device's limit (reaching around its context to lift it)."""
     def malloc(self, size, stream):
-        limit, self.device.limit = self.device.limit, 2**62
+        dev = self.ctx._device
+        limit, dev.limit = dev.limit, 2**62
         try:
             return super().malloc(size, stream)
         finally:
-            self.device.limit = limit
+            dev.limit = limit
 
 
 class Quitter(DummyPool):
@@ -141,7 +142,7 @@ class Moody(DummyPool):
     """Charges a random cost: its results are not reproducible."""
     def malloc(self, size, stream):
         import random
-        self.device.clock += random.random()
+        self.ctx.charge(random.random())
         return super().malloc(size, stream)
 
 

@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine, policies
+from allocsim import policies
+from allocsim.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.trace import ALLOC, Trace, TraceWriter
 
@@ -50,7 +51,7 @@ OPTION_CASES = [pytest.param(ref, opts, id=f"{ref}[{','.join(opts)}]")
 def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="trace", pressure=None):
     """Everything a policy did on ``trace`` that the reference must reproduce; ``pressure`` maps a
     trace index to what happens after that event (`apply_pressure`)."""
-    pol, rt, dev, sec = engine.build(trace, policy, options=options, runtime=runtime, cap=cap, capacity=capacity)
+    dev = make_device(trace, policy, cap=cap, capacity=capacity)
     calls = []
     malloc, free = dev.malloc, dev.free
 
@@ -72,7 +73,9 @@ def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="t
         if pressure and event in pressure:
             apply_pressure(pol, dev, pressure[event], attempts)
 
-    res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=observe)
+    r = Replay(trace, policy, options=options, runtime=runtime, cap=cap, device=dev, keep_going=True, observer=observe)
+    pol, sec = r.policy, r.sections
+    res = r.run()
     return {"device calls": calls, "blocks": placed, "pressure attempts": attempts,
             "ooms": [(o.event, o.reserved_bytes) for o in res.oom_events],
             "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
@@ -105,18 +108,12 @@ def apply_pressure(pol, dev, action, attempts):
     if what == "release":
         pol.release_cache()
     elif what == "limit":
-        dev.set_cap(action[1]) if hasattr(dev, "set_cap") else _set_cap(dev, action[1])
+        dev.set_cap(action[1])
     else:
         h = pol.malloc(action[1], action[2])
         attempts.append(None if h is None else pol.block(h))
         if h is not None:
             pol.free(h)
-
-
-def _set_cap(dev, cap):
-    """`SimulatedDevice.set_cap` until the replay contract brings it: the cap and the limit it makes."""
-    dev.cap = cap
-    dev.limit = min(x for x in (dev.capacity, cap, 2**63) if x is not None)
 
 
 # ---- generated traces --------------------------------------------------------------------
@@ -217,7 +214,7 @@ def test_torch_options_none_and_fraction_without_capacity(policy):
         {"max_split_size_mb": None, "roundup_power2_divisions": None}
     trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
     with pytest.raises(UsageError, match="per_process_memory_fraction needs a device capacity"):
-        engine.build(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
+        Replay(trace, policy, options=["per_process_memory_fraction:0.5"], capacity=None)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True,

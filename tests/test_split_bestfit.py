@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim.engine import build, replay
+from allocsim.replay import Replay
 from allocsim.errors import UsageError
 from allocsim.policies.split import HUGE, LARGE, SMALL, round_request, size_class
 from allocsim.trace import TraceWriter
@@ -31,8 +31,8 @@ class Driver:
     def __init__(self, policy, *, runtime="eager", cap=None, options=None):
         w = TraceWriter()
         w.alloc(1)
-        self.pol, self.rt, self.dev, self.sec = build(w.finish(), policy, runtime=runtime, cap=cap, capacity=None,
-                                                      options=options)
+        r = Replay(w.finish(), policy, runtime=runtime, cap=cap, capacity=None, options=options)
+        self.pol, self.rt, self.dev, self.sec = r.policy, r.runtime, r.device, r.sections
         self.handles = _Handles()
         self.rt.attach(self.pol, self.handles)
         self.log = []               # section names as they open (push) or are counted (add)
@@ -574,20 +574,10 @@ def test_replay_invariants(ops, policy, runtime, cap):
         spans = sorted(live.values())
         assert all(a + s <= b for (a, s), (b, _) in zip(spans, spans[1:]))
 
-    import allocsim.engine as engine
-    real_build = engine.build
-
-    def spy(*a, **k):
-        out = real_build(*a, **k)
-        pol_box.append(out[0])
-        return out
-
-    engine.build = spy
-    try:
-        res = replay(trace, policy, runtime=runtime, cap=cap, capacity=None, keep_going=True, observer=observe)
-    finally:
-        engine.build = real_build
-    pol = pol_box[0]
+    r = Replay(trace, policy, runtime=runtime, cap=cap, capacity=None, keep_going=True, observer=observe)
+    pol = r.policy
+    pol_box.append(pol)
+    res = r.run()
     if runtime == "eager":
         assert pol.allocated == sum(s for _, s in live.values())
     free_bytes = sum(f[1] for f in pol.free_blocks())           # (cls, size, id) / (addr, size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from allocsim import engine
+from allocsim.replay import Replay
 from allocsim.errors import InputError, UsageError
 from allocsim.policies.torch import (TorchCachingAllocator as Torch, get_allocation_size, parse_divisions,
                                      round_size, settings_from_trace)
@@ -20,9 +20,8 @@ KiB = 1 << 10
 
 
 def run(trace, *opts, cap=None, capacity=None):
-    pol, rt, dev, sec = engine.build(trace, "torch", options=list(opts), cap=cap, capacity=capacity)
-    res = engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=None)
-    return pol, res
+    r = Replay(trace, "torch", options=list(opts), cap=cap, capacity=capacity, keep_going=True)
+    return r.policy, r.run()
 
 
 def segs(pol, kind=None):
@@ -109,9 +108,9 @@ def test_free_merges_neighbours_and_best_fit_takes_lowest_address():
     d = w.alloc(8 * MiB)                                # two 8 MiB candidates: lowest address wins
     t = w.finish()
     seen = {}
-    pol, rt, dev, sec = engine.build(t, "torch")
-    engine._run(t, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None,
-                observer=lambda i, k, id_, h: seen.__setitem__(id_, h) if k == ev.ALLOC else None)
+    r = Replay(t, "torch", observer=lambda i, k, id_, h: seen.__setitem__(id_, h) if k == ev.ALLOC else None)
+    pol = r.policy
+    r.run()
     assert segs(pol) == [20 * MiB]
     assert pol.block(seen[d])[0] == pol.block(seen[a])[0]
 
@@ -257,8 +256,9 @@ def test_invariants_blocks_disjoint_and_reserved_accounts(ops, expandable):
         assert all(a0 + s0 <= a1 for (a0, s0), (a1, _) in zip(spans, spans[1:]))
 
     opts = ["expandable_segments:True"] if expandable else []
-    pol, rt, dev, sec = engine.build(t, "torch", options=opts, cap=256 * MiB)
-    engine._run(t, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=check)
+    r = Replay(t, "torch", options=opts, cap=256 * MiB, keep_going=True, observer=check)
+    pol, dev = r.policy, r.device
+    r.run()
     grown = sum(s if k in (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP) else -s for k, s, _ in pol.segment_log)
     assert grown == dev.reserved
     assert pol.allocated == sum(s for _, s in blocks.values())

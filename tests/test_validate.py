@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from allocsim import engine
+from allocsim.replay import Replay
 from allocsim.cli import main
 from allocsim.errors import InputError
 from allocsim.trace import TraceWriter
@@ -35,9 +35,9 @@ def workload(seed=0, n_iter=6, streams=(0, 1)):
 
 def with_model_segments(trace, conf="", perturb=None):
     """``trace`` with the torch model's own segment calls written in, each before its ALLOC."""
-    pol, rt, dev, sec = engine.build(trace, "torch", options=[conf] if conf else [])
-    engine._run(trace, pol, rt, dev, sec, keep_going=True, timeline=False, progress=None, observer=None, log_events=True)
-    log = list(pol.segment_log)
+    r = Replay(trace, "torch", options=[conf] if conf else [], keep_going=True, log_events=True)
+    r.run()
+    log = list(r.segment_log)
     if perturb is not None:
         k, s, e = log[perturb]
         log[perturb] = (k, s + 2 * MiB, e)

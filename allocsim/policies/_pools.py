@@ -5,15 +5,12 @@
   CuArrays' BinnedPool ``reclaim`` and ``Knet.gc()`` perform.
 - `HotStep`: a timed section on a path too hot for push/pop (a device malloc on
   a pool miss); it counts inline and reports its totals once at ``finish``.
-- `step`: push/pop a named section around a slow escalation step.
 
 Handles of these pools are plain tuples whose first two fields are
 ``(addr, block bytes)``, so `block` (and, over `FreeLists`, `largest_free`) is
 shared too: `block_of`, `FreeListReporting`.
 """
 from __future__ import annotations
-
-from contextlib import contextmanager
 
 
 class FreeLists:
@@ -46,7 +43,7 @@ class FreeLists:
     def count(self) -> int:
         return sum(len(lst) for lst in self.lists.values())
 
-    def release(self, device, counts: dict[int, int] | None = None, target: int | None = None) -> tuple[int, int]:
+    def release(self, ctx, counts: dict[int, int] | None = None, target: int | None = None) -> tuple[int, int]:
         """cudaFree cached blocks, largest size first, the most recently cached first within a size.
 
         ``counts[size]`` limits how many of each size may go (None: all of them);
@@ -54,7 +51,7 @@ class FreeLists:
         Returns ``(bytes freed, blocks freed)``.
         """
         freed = n = 0
-        free = device.free
+        free = ctx.free
         for size in sorted(self.lists, reverse=True):
             lst = self.lists[size]
             k = len(lst) if counts is None else min(counts.get(size, 0), len(lst))
@@ -77,27 +74,17 @@ class HotStep:
         self.calls = 0
         self.seconds = 0.0
 
-    def malloc(self, device, n: int):
-        """``device.malloc(n)``, counted and timed under this section."""
-        t0 = device.clock
-        addr = device.malloc(n)
+    def malloc(self, ctx, n: int):
+        """``ctx.malloc(n)``, counted and timed under this section."""
+        t0 = ctx.clock
+        addr = ctx.malloc(n)
         self.calls += 1
-        self.seconds += device.clock - t0
+        self.seconds += ctx.clock - t0
         return addr
 
-    def report(self, sections) -> None:
+    def report(self, ctx) -> None:
         if self.calls:
-            sections.add(self.name, self.seconds, self.calls)
-
-
-@contextmanager
-def step(sections, device, name: str):
-    """Time the enclosed escalation step as section ``name`` (nested under the open one)."""
-    sections.push(name, device.clock)
-    try:
-        yield
-    finally:
-        sections.pop(device.clock)
+            ctx.add_section(self.name, self.seconds, self.calls)
 
 
 def block_of(handle) -> tuple[int, int]:

@@ -21,9 +21,8 @@ class RealPolicy(Policy):
     real_gpu = True
 
     def _account(self, dt_ns: int, reserved: int, allocated: int | None = None) -> None:
-        dev = self.device
-        dt = dt_ns * 1e-9
-        dev.clock += dt
+        self.ctx.charge(dt_ns * 1e-9)
+        dev = self.ctx.measured_device
         dev.reserved = reserved
         if reserved > dev.peak_reserved:
             dev.peak_reserved = reserved
@@ -32,7 +31,7 @@ class RealPolicy(Policy):
 
     def _over_cap(self, size: int) -> bool:
         """The engine's --cap for allocators with no limit of their own (checked on live bytes)."""
-        cap = self.device.cap
+        cap = self.ctx.cap
         return cap is not None and self.allocated + size > cap
 
     def block(self, handle):

@@ -4,29 +4,35 @@ A policy is one class in one module, registered by name with `@register`. Its
 parameters are declared once, as `Param`s in ``params``; ``--policy-opt key=value``,
 ``allocsim policies`` and the docs all come from that declaration.
 
-The contract with the engine:
+The contract with the engine (docs/architecture.md, "The policy contract"):
 
 - ``malloc(size, stream) -> handle | None``: serve a request of ``size`` requested
   bytes on ``stream`` (a small integer index), running the allocator's own
-  escalation (scan, split, reclaim, ``self.runtime.collect(...)``, retry). None
+  escalation (scan, split, reclaim, ``self.ctx.collect(...)``, retry). None
   means OOM, after the escalation is exhausted.
 - ``free(handle)``: the block returns to the pool (for the ``gc`` runtime this
   happens inside a collection).
 - ``allocated``: bytes of blocks handed out and not returned (rounded, with slack).
 - ``block(handle) -> (addr, size)``: where a live block lies (tests check overlaps).
 - ``largest_free() -> int``: largest free block inside reserved memory.
+- ``release_cache()``: the program released the allocator's cache (a CACHE_RELEASE event).
 - ``counters() -> dict``: policy-specific counters (cache flushes, retries, ...).
-- ``finish()``: report hot-path section totals to ``self.sections``.
+- ``finish()``: report hot-path section totals (``self.ctx.add_section``).
 - ``tick(time_ns)`` (optional): called before each driving event when defined.
 - Streams arrive as small indices (the trace's stream table); requests of 0 bytes
   never reach a policy (every modeled allocator bypasses its pool for them).
 
-Device memory is taken with ``self.device.malloc(n)`` / ``self.device.free(addr, n)``,
-which also charge modeled time to ``self.device.clock``; a policy charges its own
-pool operations with ``self.device.clock += self.costs.pool_hit_s`` and the like.
+Everything else goes through ``self.ctx``, a `allocsim.context.PolicyContext`: device
+memory (``ctx.malloc(n)`` / ``ctx.free(addr, n)``, which charge their own modeled time),
+pool time (``ctx.charge(self.costs.pool_hit_s)``), the limits, named sections, the
+runtime's ``collect`` and the trace's metadata. The clock is read-only to a policy.
 """
 from __future__ import annotations
 
+import inspect
+from functools import lru_cache
+
+from ..context import PolicyContext
 from ..errors import UsageError
 from ..params import Param, split_conf
 
@@ -52,19 +58,28 @@ class Policy:
     #: pool's background task). None keeps the hot path free of it.
     tick = None
 
-    def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
-        self.device = device
-        self.runtime = runtime
-        self.sections = sections
-        self.costs = device.costs
-        self.trace = trace                      # the whole trace (offline policies use it)
-        self.trace_meta = trace.meta if trace is not None else {}
+    def __init__(self, ctx: PolicyContext, options: dict | None = None, *legacy, trace=None):
+        if legacy:      # TEMPORARY: the old (device, runtime, sections, options) call of policies/torch.py and
+            #             policies/reference/torch.py, with their attributes; remove once they take a context
+            device, runtime, (sections, options) = ctx, options, legacy
+            ctx = PolicyContext(device, runtime, sections, trace)
+            self.device, self.runtime, self.sections = device, runtime, sections
+            self.trace, self.trace_meta = trace, ctx.meta
+        self.ctx = ctx
+        self.costs = ctx.costs
         self.allocated = 0
         opts = {p.name: p.default for p in self.params}
         opts.update(options or {})
         self.options = opts
         for k, v in opts.items():
             setattr(self, k, v)
+
+    @classmethod
+    def make(cls, ctx: PolicyContext, options: dict, **extra) -> "Policy":
+        """The policy for one replay (how the engine makes it)."""
+        if _legacy_init(cls):     # TEMPORARY (policies/torch.py, reference/torch.py): remove with `legacy`
+            return cls(ctx._device, ctx._runtime, ctx._sections, options, trace=ctx.trace, **extra)
+        return cls(ctx, options, **extra)
 
     # ---- options ---------------------------------------------------------------------
     @classmethod
@@ -129,6 +144,11 @@ class Policy:
     def largest_free(self) -> int:
         return 0
 
+    def release_cache(self) -> None:
+        """The program released its allocator's cache (``torch.cuda.empty_cache()``, CuPy
+        ``free_all_blocks()``). By default nothing: a pool that caches nothing has nothing to give back;
+        a caching pool returns what its allocator's call would (at least every wholly free segment)."""
+
     def counters(self) -> dict:
         return {}
 
@@ -137,3 +157,9 @@ class Policy:
 
     def close(self) -> None:
         """Release real resources (GPU policies)."""
+
+
+@lru_cache(maxsize=None)
+def _legacy_init(cls) -> bool:
+    """TEMPORARY: whether ``cls.__init__`` still takes ``(device, runtime, sections, ...)``."""
+    return "sections" in inspect.signature(cls.__init__).parameters

@@ -31,7 +31,6 @@ from bisect import bisect_left, insort
 
 from . import register
 from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
-from ._pools import step
 from .base import Param, Policy
 from ..errors import UsageError
 
@@ -62,7 +61,7 @@ class BestFit(Policy):
 
     def _build_hot_path(self) -> None:
         """`malloc` and `free` as closures over the free-block maps (no ``self`` lookups per event)."""
-        pol, dev, hit_s, free_s = self, self.device, self.costs.pool_hit_s, self.costs.pool_free_s
+        pol, charge, hit_s, free_s = self, self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
         start, end, segments = self._start, self._end, self._segments
         start_get, end_get = start.get, end.get
         entries, grow = self._avail.entries, self._grow     # sorted size << 64 | address
@@ -74,7 +73,7 @@ class BestFit(Policy):
             nonlocal fits, compact_at
             n = (req + 511) & -512
             fits += 1
-            dev.clock += hit_s
+            charge(hit_s)
             i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined
             while i < len(entries):
                 e = entries[i]
@@ -106,7 +105,7 @@ class BestFit(Policy):
             nonlocal compact_at
             a, n = h
             pol.allocated -= n
-            dev.clock += free_s
+            charge(free_s)
             e = a + n
             ls = end_get(a)
             if ls is not None and a not in segments:    # merge with the free block before
@@ -137,7 +136,7 @@ class BestFit(Policy):
         self._start.pop(a, None)
         self._end.pop(e, None)
         del self._segments[a]
-        self.device.free(a, n)
+        self.ctx.free(a, n)
 
     def _release_free_segments(self) -> int:
         freed = 0
@@ -147,9 +146,13 @@ class BestFit(Policy):
                 freed += n
         return freed
 
+    def release_cache(self) -> None:
+        """Every wholly free segment goes back to the device (the escalation's step 3a)."""
+        self._release_free_segments()
+
     def _new_segment(self, n: int) -> int:
         seg = -(-n // self.segment) * self.segment
-        a = self.device.malloc(seg)
+        a = self.ctx.malloc(seg)
         if a is None:
             return 0
         self._segments[a] = seg
@@ -159,26 +162,26 @@ class BestFit(Policy):
 
     def _grow(self, n: int) -> int:
         """A new segment for ``n`` bytes, escalating as the module docstring says; its address, 0 if OOM."""
-        sec, dev = self.sections, self.device
-        with step(sec, dev, "2. segment alloc"):
+        ctx = self.ctx
+        with ctx.section("2. segment alloc"):
             a = self._new_segment(n)
         if a:
             return a
         self._flushes += 1
-        with step(sec, dev, "3a. release free segments"):
+        with ctx.section("3a. release free segments"):
             self._release_free_segments()
-        with step(sec, dev, "3b. segment alloc"):
+        with ctx.section("3b. segment alloc"):
             a = self._new_segment(n)
-        if a or self.runtime.eager:
+        if a or ctx.eager:
             return a
-        with step(sec, dev, "4.0 gc(true)"):
-            self.runtime.collect(True)
-        with step(sec, dev, "4.1 best fit"):
+        with ctx.section("4.0 gc(true)"):
+            ctx.collect(True)
+        with ctx.section("4.1 best fit"):
             a = self._avail.pop_fit(n)
             if a:
                 self._take(a, n)
                 return a
-        with step(sec, dev, "4.2 segment alloc"):
+        with ctx.section("4.2 segment alloc"):
             return self._new_segment(n)
 
     def _take(self, a: int, n: int) -> None:
@@ -209,4 +212,4 @@ class BestFit(Policy):
     def finish(self):
         fits = self._fit_count()
         if fits:
-            self.sections.add("1. best fit", fits * self.costs.pool_hit_s, fits)
+            self.ctx.add_section("1. best fit", fits * self.costs.pool_hit_s, fits)

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 
 from . import register
-from ._pools import FreeListReporting, FreeLists, HotStep, step
+from ._pools import FreeListReporting, FreeLists, HotStep
 from .base import Param, Policy
 
 MAX_POOL = 1 << 27
@@ -86,6 +86,7 @@ class BinnedPool(FreeListReporting, Policy):
         self._try_alloc = HotStep("1. try alloc")
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.cache_flushes = 0
         self.unpooled_allocs = 0
         self.background_ticks = 0
@@ -102,7 +103,7 @@ class BinnedPool(FreeListReporting, Policy):
             avail = self._avail.get(n)
             if avail:                               # untimed, as in CuArrays
                 addr = avail.pop()
-                self.device.clock += self._hit_s
+                self._charge(self._hit_s)
             else:
                 addr = self._escalate(n, True)
                 if addr is None:
@@ -124,30 +125,30 @@ class BinnedPool(FreeListReporting, Policy):
 
     def _escalate(self, n: int, pooled: bool):
         """`pool_alloc` after a bin miss: steps 1-9; the address, or None (OOM)."""
-        dev, sec = self.device, self.sections
+        ctx = self.ctx
         if pooled and n not in self._nused:
             self._bins.stack(n)
             self._nused[n] = 0
             self._usage[n] = 1.0
             self._history[n] = INITIAL_USAGE
-        addr = self._try_alloc.malloc(dev, n)
+        addr = self._try_alloc.malloc(ctx, n)
         if addr is not None:
             return addr
         for name, action in ESCALATION:
-            with step(sec, dev, name):
+            with ctx.section(name):
                 if action == "alloc":
-                    addr = dev.malloc(n)
+                    addr = ctx.malloc(n)
                 elif action == "reclaim":
                     self._reclaim(True, n)
                 elif action == "flush":
                     self.cache_flushes += 1
                     self._reclaim(True, None)
                 else:
-                    self.runtime.collect(action == "gc(true)")
+                    ctx.collect(action == "gc(true)")
             if addr is not None:
                 return addr
             if pooled and action.startswith("gc") and self._avail[n]:
-                dev.clock += self._hit_s
+                ctx.charge(self._hit_s)
                 return self._avail[n].pop()
         return None
 
@@ -155,7 +156,7 @@ class BinnedPool(FreeListReporting, Policy):
         addr, n, pooled = handle
         self.allocated -= n
         if not pooled:
-            self.device.free(addr, n)
+            self.ctx.free(addr, n)
             return
         avail = self._avail[n]
         avail.append(addr)
@@ -164,13 +165,13 @@ class BinnedPool(FreeListReporting, Policy):
         u = nused / (nused + len(avail))
         if u > self._usage[n]:
             self._usage[n] = u
-        self.device.clock += self._free_s
+        self._charge(self._free_s)
 
     # ---- reclaim and the background task -------------------------------------------------
     def _reclaim(self, full: bool, target: int | None) -> int:
         """CuArrays ``reclaim(full, target)``: sections ``scan`` then ``reclaim``; blocks released."""
-        dev, sec = self.device, self.sections
-        with step(sec, dev, "scan"):
+        ctx = self.ctx
+        with ctx.section("scan"):
             if full:
                 counts = None
             else:
@@ -180,9 +181,13 @@ class BinnedPool(FreeListReporting, Policy):
                         nused = self._nused[n]
                         recent = max(max(self._history[n]), self._usage[n])
                         counts[n] = math.floor((1.0 - recent) * (nused + len(avail)))
-        with step(sec, dev, "reclaim"):
-            _, released = self._bins.release(dev, counts, target)
+        with ctx.section("reclaim"):
+            _, released = self._bins.release(ctx, counts, target)
         return released
+
+    def release_cache(self) -> None:
+        """``CuArrays.reclaim(true)``: every cached block of every bin back to the device."""
+        self._reclaim(True, None)
 
     def _scan_usage(self) -> bool:
         """The background ``scan()`` after its GC: shift each bin's window; whether any usage changed."""
@@ -208,24 +213,24 @@ class BinnedPool(FreeListReporting, Policy):
 
     def _background(self, time_ns: int) -> None:
         """Run every background iteration due by ``time_ns`` (the task sleeps ``delay`` between them)."""
-        sec = self.sections
-        saved = sec.stack[:]
-        sec.stack[:] = []
-        while self._next_tick <= time_ns:
-            due = (time_ns - self._next_tick) // MAX_DELAY_NS + 1     # iterations left if the delay stays 5 s
-            if due <= FAST_FORWARD_AFTER or self._delay != MAX_DELAY_NS:
-                self._iteration()
-                continue
-            state, totals = self._pool_state(), self._totals()
-            if self._iteration() == 0 and self._pool_state() == state:
-                self._repeat(due - 1, totals, self._totals())
-        sec.stack[:] = saved
+        ctx = self.ctx
+        with ctx.top_level():
+            while self._next_tick <= time_ns:
+                due = (time_ns - self._next_tick) // MAX_DELAY_NS + 1     # iterations left if the delay stays 5 s
+                if due <= FAST_FORWARD_AFTER or self._delay != MAX_DELAY_NS:
+                    self._iteration()
+                    continue
+                state, totals = self._pool_state(), ctx.totals(BACKGROUND)
+                if self._iteration() == 0 and self._pool_state() == state:
+                    ctx.repeat(due - 1, totals, ctx.totals(BACKGROUND))
+                    self.background_ticks += due - 1
+                    self._next_tick += (due - 1) * MAX_DELAY_NS
 
     def _iteration(self) -> int:
         """One background iteration: GC.gc(false), scan, reclaim, sleep; blocks released."""
-        dev, sec = self.device, self.sections
-        with step(sec, dev, BACKGROUND):
-            self.runtime.collect(False)
+        ctx = self.ctx
+        with ctx.section(BACKGROUND):
+            ctx.collect(False)
             if self._scan_usage():
                 self._delay = MIN_DELAY_NS
             else:
@@ -241,28 +246,6 @@ class BinnedPool(FreeListReporting, Policy):
         return (self._delay, [(n, len(a), self._nused[n], self._usage[n], self._history[n])
                               for n, a in self._avail.items()])
 
-    def _totals(self) -> tuple:
-        """The running totals an idle iteration adds to: clock, GC count and time, epoch, sections."""
-        rt = self.runtime
-        return (self.device.clock, rt.gc_time, rt.gc_incremental, getattr(rt, "epoch", 0),
-                {k: tuple(v) for k, v in self.sections.stats.items() if k[0] == BACKGROUND})
-
-    def _repeat(self, k: int, before: tuple, after: tuple) -> None:
-        """Add ``k`` more copies of the idle iteration that took the totals from ``before`` to ``after``."""
-        rt = self.runtime
-        self.device.clock += k * (after[0] - before[0])
-        rt.gc_time += k * (after[1] - before[1])
-        rt.gc_incremental += k * (after[2] - before[2])
-        if hasattr(rt, "epoch"):
-            rt.epoch += k * (after[3] - before[3])
-        for key, (calls, secs) in after[4].items():
-            c0, s0 = before[4].get(key, (0, 0.0))
-            stat = self.sections.stats[key]
-            stat[0] += k * (calls - c0)
-            stat[1] += k * (secs - s0)
-        self.background_ticks += k
-        self._next_tick += k * MAX_DELAY_NS
-
     # ---- reporting --------------------------------------------------------------------------
     def counters(self):
         return {"cache_flushes": self.cache_flushes, "unpooled_allocs": self.unpooled_allocs,
@@ -270,4 +253,4 @@ class BinnedPool(FreeListReporting, Policy):
                 "background_released": self.background_released}
 
     def finish(self):
-        self._try_alloc.report(self.sections)
+        self._try_alloc.report(self.ctx)

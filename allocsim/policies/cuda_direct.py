@@ -12,12 +12,12 @@ class CudaDirect(RealPolicy):
     summary = "cudaMalloc/cudaFree per request on this GPU (measured)"
     models = "the CUDA runtime, no pool"
 
-    def __init__(self, device, *a, **k):
-        self.gpu = CudaDevice(capacity=device.capacity, cap=device.cap, costs=device.costs)
-        super().__init__(device, *a, **k)
+    def __init__(self, ctx, *a, **k):
+        self.gpu = CudaDevice(capacity=ctx.capacity, cap=ctx.cap, costs=ctx.costs)
+        super().__init__(ctx, *a, **k)
 
     def malloc(self, size, stream):
-        g, dev = self.gpu, self.device
+        g, dev = self.gpu, self.ctx.measured_device
         addr = g.malloc(size)
         for k in ("clock", "malloc_time", "reserved", "peak_reserved", "n_malloc", "bytes_malloc"):
             setattr(dev, k, getattr(g, k))
@@ -27,7 +27,7 @@ class CudaDirect(RealPolicy):
         return [addr, addr, size]
 
     def free(self, handle):
-        g, dev = self.gpu, self.device
+        g, dev = self.gpu, self.ctx.measured_device
         g.free(handle[1], handle[2])
         for k in ("clock", "free_time", "reserved", "n_free", "bytes_free"):
             setattr(dev, k, getattr(g, k))

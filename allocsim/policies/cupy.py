@@ -140,8 +140,6 @@ class CuPyPool(Policy):
         self._shift = 2 * ADDR_BITS if self._lifo else ADDR_BITS    # key = size << _shift | ...
         self._tie = 1 << ADDR_BITS                  # v13: falls with every chunk filed
         self._gc_calls = 2 if self.version >= 14 else 1
-        limits = [x for x in (self.limit, self.device.cap) if x]
-        self._limit = min(limits) if limits else 0
         self._arenas: dict[int, _Arena] = {}
         self.total = 0                      # total_bytes(): reserved from the device
         self.cache_flushes = 0              # free_all_blocks calls
@@ -152,6 +150,7 @@ class CuPyPool(Policy):
         self._t_malloc = 0.0
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.event_index = -1               # set by the engine before each malloc
         self.segment_log: list[tuple[int, int, int]] = []
         self._spare: list[_Chunk] = []      # chunks `free` merged away, reused by `malloc`'s splits
@@ -187,7 +186,7 @@ class CuPyPool(Policy):
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
         self._n_lookup += 1
-        self.device.clock += self._hit_s
+        self._charge(self._hit_s)
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
         shift = self._shift
@@ -226,7 +225,7 @@ class CuPyPool(Policy):
 
     def free(self, c):
         self.allocated -= c.size
-        self.device.clock += self._free_s
+        self._charge(self._free_s)
         arena = c.arena
         keys, free_at = arena.keys, arena.free_at
         nx = c.next
@@ -264,25 +263,27 @@ class CuPyPool(Policy):
 
     # ---- the miss path -------------------------------------------------------------------
     def _step(self, name, fn, *args):
-        sec, dev = self.sections, self.device
-        sec.push(name, dev.clock)
-        try:
+        with self.ctx.section(name):
             return fn(*args)
-        finally:
-            sec.pop(dev.clock)
+
+    @property
+    def _limit(self) -> int:
+        """The pool limit: the smaller of ``limit`` and the cap (``--cap`` or the program's recorded limit); 0 none."""
+        limits = [x for x in (self.limit, self.ctx.cap) if x]
+        return min(limits) if limits else 0
 
     def _over(self, n) -> bool:
         """Whether ``n`` more bytes pass the pool limit; told to the device, as the cap may set the limit."""
         over = bool(self._limit) and self.total + n > self._limit
-        self.device.note(self.total + n, not over)
+        self.ctx.note(self.total + n, not over)
         return over
 
     def _gc(self) -> None:
         for _ in range(self._gc_calls):
-            self.runtime.collect(True)
+            self.ctx.collect(True)
 
     def _device_malloc(self, n):
-        addr = self.device.malloc(n)
+        addr = self.ctx.malloc(n)
         if addr is not None:
             self.total += n
             self.segment_log.append((SEGMENT_ALLOC, n, self.event_index))
@@ -293,16 +294,15 @@ class CuPyPool(Policy):
         if self._over(n):
             self._step(S_LIMIT_FLUSH, self.free_all_blocks)
             if self._over(n):
-                self._step(S_LIMIT_GC, self.runtime.collect, True)
+                self._step(S_LIMIT_GC, self.ctx.collect, True)
                 self._step(S_LIMIT_FLUSH2, self.free_all_blocks)
                 if self._over(n):
                     self.limit_ooms += 1
                     return None
-        dev = self.device
-        t0 = dev.clock
+        t0 = self.ctx.clock
         addr = self._device_malloc(n)
         self._n_malloc += 1
-        self._t_malloc += dev.clock - t0
+        self._t_malloc += self.ctx.clock - t0
         if addr is None:
             self._step(S_FAIL_FLUSH, self.free_all_blocks)
             addr = self._step(S_FAIL_RETRY, self._device_malloc, n)
@@ -315,6 +315,10 @@ class CuPyPool(Policy):
             return None
         return _Chunk(addr, n, None, None, arena)
 
+    def release_cache(self) -> None:
+        """The program called ``MemoryPool.free_all_blocks()``."""
+        self.free_all_blocks()
+
     def free_all_blocks(self, stream=None) -> int:
         """Release every free chunk that is a whole device allocation; return the bytes released."""
         self.cache_flushes += 1
@@ -325,7 +329,7 @@ class CuPyPool(Policy):
             whole = [c for c in arena.free_at.values() if c.prev is None and c.next is None]
             for c in whole:
                 self._remove(arena, c)
-                self.device.free(c.ptr, c.size)
+                self.ctx.free(c.ptr, c.size)
                 self.total -= c.size
                 released += c.size
                 self.segment_log.append((SEGMENT_FREE, c.size, ev))
@@ -348,6 +352,6 @@ class CuPyPool(Policy):
                 "version": self.version}
 
     def finish(self):
-        self.sections.add(S_LOOKUP, self._n_lookup * self._hit_s, self._n_lookup)
+        self.ctx.add_section(S_LOOKUP, self._n_lookup * self._hit_s, self._n_lookup)
         if self._n_malloc:
-            self.sections.add(S_MALLOC, self._t_malloc, self._n_malloc)
+            self.ctx.add_section(S_MALLOC, self._t_malloc, self._n_malloc)

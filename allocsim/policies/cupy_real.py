@@ -22,7 +22,7 @@ class CupyRealPool(RealPolicy):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         cp = self.cp = require_cupy()
-        rt, dev, sizes = cp.cuda.runtime, self.device, {}
+        rt, dev, sizes = cp.cuda.runtime, self.ctx.measured_device, {}
 
         def upstream_malloc(size, device_id):
             t0 = _now()
@@ -70,6 +70,12 @@ class CupyRealPool(RealPolicy):
     def free(self, handle):
         t0 = _now()
         handle[0] = None              # the PooledMemory's last reference: the chunk returns to its arena
+        self._account(_now() - t0, self.pool.total_bytes(), self.pool.used_bytes())
+
+    def release_cache(self):
+        """``MemoryPool.free_all_blocks()`` on the real pool, timed."""
+        t0 = _now()
+        self.pool.free_all_blocks()
         self._account(_now() - t0, self.pool.total_bytes(), self.pool.used_bytes())
 
     def counters(self):

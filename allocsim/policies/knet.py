@@ -28,7 +28,7 @@ of the device capacity and ``--cap``; with neither, the soft limit is uncapped.
 from __future__ import annotations
 
 from . import register
-from ._pools import FreeListReporting, FreeLists, HotStep, step
+from ._pools import FreeListReporting, FreeLists, HotStep
 from .base import Param, Policy
 
 KNETMEMINIT = 1 << 24
@@ -68,7 +68,7 @@ class KnetPool(FreeListReporting, Policy):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         self.limit = self.meminit or 0
-        total = getattr(self.device, "limit", None) or self.device.capacity   # the memory Knet can get
+        total = self.ctx.limit                     # the memory Knet can get
         self._max_limit = None if total is None else total - (self.headroom or 0)
         self._at_max = False                       # the soft limit has reached _max_limit
         self._bins = FreeLists()
@@ -79,6 +79,7 @@ class KnetPool(FreeListReporting, Policy):
         self._alloc2 = HotStep("2. alloc (under limit)")
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.cache_flushes = 0
         self.limit_raises = 0
         self.gc_retries = 0
@@ -96,13 +97,13 @@ class KnetPool(FreeListReporting, Policy):
         top = self._max_limit
         clamped = top is not None and minlimit > top
         if top is not None:
-            self.device.note(minlimit + (self.headroom or 0), not clamped)
+            self.ctx.note(minlimit + (self.headroom or 0), not clamped)
         if not clamped:
             if self.limit < minlimit:
                 self._raise(minlimit)
             return
         below = self.limit < top
-        self.device.note(self.limit + (self.headroom or 0) + 1, below)
+        self.ctx.note(self.limit + (self.headroom or 0) + 1, below)
         if below:
             self._raise(top)
             self._at_max = True
@@ -117,7 +118,7 @@ class KnetPool(FreeListReporting, Policy):
             b = self._blocksize[size] = blocksize(size)
         lst = self._free.get(b)
         if lst:                                    # 1. reuse
-            self.device.clock += self._hit_s
+            self._charge(self._hit_s)
             self.allocated += b
             return (lst.pop(), b)
         addr = self._new_block(b)
@@ -128,32 +129,32 @@ class KnetPool(FreeListReporting, Policy):
 
     def _new_block(self, b: int):
         """Steps 2-5 after a free-list miss; the address, or None (out of gpu memory)."""
-        dev, sec = self.device, self.sections
+        ctx = self.ctx
         under = self._bytes + b <= self.limit
         if self._at_max:                           # the soft limit is the device's limit less the headroom
-            self.device.note(self._bytes + b + (self.headroom or 0), under)
+            ctx.note(self._bytes + b + (self.headroom or 0), under)
         if under:
-            addr = self._alloc2.malloc(dev, b)
+            addr = self._alloc2.malloc(ctx, b)
             if addr is not None:
                 return self._grant(addr, b)
         if self._nptr.get(b, 0) > 0:
             self.gc_retries += 1
-            with step(sec, dev, "3. GC.gc() (size seen before)"):
-                self.runtime.collect(True)
+            with ctx.section("3. GC.gc() (size seen before)"):
+                ctx.collect(True)
                 self._inclimit(self.limit * 6 // 5)
             lst = self._free[b]
             if lst:
                 self.gc_retry_hits += 1
-                dev.clock += self._hit_s
+                ctx.charge(self._hit_s)
                 return lst.pop()
-        with step(sec, dev, "4. raise limit + alloc"):
+        with ctx.section("4. raise limit + alloc"):
             self._inclimit(self._bytes + 2 * b)
-            addr = dev.malloc(b)
+            addr = ctx.malloc(b)
         if addr is None:
-            with step(sec, dev, "5a. Knet.gc()"):
+            with ctx.section("5a. Knet.gc()"):
                 self._knet_gc()
-            with step(sec, dev, "5b. alloc"):
-                addr = dev.malloc(b)
+            with ctx.section("5b. alloc"):
+                addr = ctx.malloc(b)
         return None if addr is None else self._grant(addr, b)
 
     def _grant(self, addr: int, b: int) -> int:
@@ -165,18 +166,22 @@ class KnetPool(FreeListReporting, Policy):
     def _knet_gc(self) -> None:
         """``Knet.gc()``: GC.gc(), cudaFree every cached block of every size, GC.gc()."""
         self.cache_flushes += 1
-        self.runtime.collect(True)
+        self.ctx.collect(True)
         for size, lst in self._free.items():
             self._nptr[size] -= len(lst)
-        freed, _ = self._bins.release(self.device)
+        freed, _ = self._bins.release(self.ctx)
         self._bytes -= freed
-        self.runtime.collect(True)
+        self.ctx.collect(True)
+
+    def release_cache(self) -> None:
+        """The program called ``Knet.gc()``."""
+        self._knet_gc()
 
     def free(self, handle):
         addr, b = handle
         self._free[b].append(addr)
         self.allocated -= b
-        self.device.clock += self._free_s
+        self._charge(self._free_s)
 
     def counters(self):
         return {"cache_flushes": self.cache_flushes, "soft_limit_bytes": self.limit,
@@ -184,4 +189,4 @@ class KnetPool(FreeListReporting, Policy):
                 "gc_retry_hits": self.gc_retry_hits, "cached_bytes": self._bins.cached_bytes()}
 
     def finish(self):
-        self._alloc2.report(self.sections)
+        self._alloc2.report(self.ctx)

@@ -22,31 +22,31 @@ class DummyPool(Policy):
         self._t_first = 0.0
 
     def malloc(self, size, stream):
-        dev, sec = self.device, self.sections
-        t0 = dev.clock
-        addr = dev.malloc(size)
+        ctx = self.ctx
+        t0 = ctx.clock
+        addr = ctx.malloc(size)
         self._n_first += 1
-        self._t_first += dev.clock - t0
+        self._t_first += ctx.clock - t0
         for phase, full in ((2, False), (3, True)):
             if addr is not None:
                 break
-            sec.push(f"{phase}.0 gc({'true' if full else 'false'})", dev.clock)
-            self.runtime.collect(full)
-            sec.pop(dev.clock)
-            sec.push(f"{phase}.1 alloc", dev.clock)
-            addr = dev.malloc(size)
-            sec.pop(dev.clock)
+            ctx.push_section(f"{phase}.0 gc({'true' if full else 'false'})")
+            ctx.collect(full)
+            ctx.pop_section()
+            ctx.push_section(f"{phase}.1 alloc")
+            addr = ctx.malloc(size)
+            ctx.pop_section()
         if addr is None:
             return None
         self.allocated += size
         return (addr, size)
 
     def free(self, handle):
-        self.device.free(*handle)
+        self.ctx.free(*handle)
         self.allocated -= handle[1]
 
     def block(self, handle):
         return handle
 
     def finish(self):
-        self.sections.add("1.1 alloc", self._t_first, self._n_first)
+        self.ctx.add_section("1.1 alloc", self._t_first, self._n_first)

@@ -208,14 +208,14 @@ class OraclePool(Policy):
     def __init__(self, *a, progress=None, **k):
         """Plan the whole trace; ``progress(done, total)`` follows the placement (minutes on 1M buffers)."""
         super().__init__(*a, **k)
-        if self.trace is None:
+        if self.ctx.trace is None:
             raise UsageError("policy 'oracle' needs the whole trace (it places buffers offline)")
         orders = tuple(o.strip() for o in str(self.orders).split(",") if o.strip())
         bad = [o for o in orders if o not in ORDERS]
         if bad or not orders:
             raise UsageError(f"policy 'oracle' option orders: expected some of {', '.join(ORDERS)}, "
                              f"got {self.orders!r}")
-        start, end, req = buffer_lifetimes(self.trace)
+        start, end, req = buffer_lifetimes(self.ctx.trace)
         if len(start) > self.max_buffers:
             raise UsageError(f"policy 'oracle': the trace has {len(start):,} allocations, more than "
                              f"max_buffers={self.max_buffers:,} (raise it with --policy-opt max_buffers=N; "
@@ -239,7 +239,7 @@ class OraclePool(Policy):
         self._ends_sorted = np.sort(end).tolist()
         self._n_freed = 0
         self.collections = 0
-        self.base = self.device.malloc(heap) if heap else 0
+        self.base = self.ctx.malloc(heap) if heap else 0
 
     def malloc(self, size, stream):
         i = self._next
@@ -254,9 +254,8 @@ class OraclePool(Policy):
             # gc runtime: objects dead in the trace still hold the planned slot; the
             # oracle schedules the full collection that returns them (eager: never)
             self.collections += 1
-            self.sections.push("0.1 gc(true) (planned)", self.device.clock)
-            self.runtime.collect(True)
-            self.sections.pop(self.device.clock)
+            with self.ctx.section("0.1 gc(true) (planned)"):
+                self.ctx.collect(True)
         self.allocated += n
         self._live[addr] = n
         return addr, n

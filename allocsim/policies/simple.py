@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from . import register
-from ._pools import HotStep, block_of, step
+from ._pools import HotStep, block_of
 from .base import Policy
 
 MiB = 1 << 20
@@ -66,6 +66,7 @@ class SimplePool(Policy):
         self._alloc1 = HotStep("1.2 alloc")
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
+        self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.reclaims = 0
 
     # ---- the cached set ---------------------------------------------------------------
@@ -105,7 +106,7 @@ class SimplePool(Policy):
     def _reclaim(self, sz: int) -> int:
         """cudaFree the oldest cached buffers until at least ``sz`` bytes are freed."""
         freed = 0
-        free = self.device.free
+        free = self.ctx.free
         while freed < sz:
             heads = [(next(iter(t)), t) for t in self._tiers if t]
             if not heads:
@@ -117,16 +118,20 @@ class SimplePool(Policy):
         self.reclaims += 1
         return freed
 
+    def release_cache(self) -> None:
+        """``reclaim()`` with no target: every cached buffer back to the device."""
+        self._reclaim(float("inf"))
+
     # ---- the interface ----------------------------------------------------------------
     def malloc(self, size, stream):
         self._scan1.calls += 1
         h = self._scan(size)
         if h is not None:
-            self.device.clock += self._hit_s
+            self._charge(self._hit_s)
             self._scan1.seconds += self._hit_s
             self.allocated += h[1]
             return h
-        addr = self._alloc1.malloc(self.device, size)
+        addr = self._alloc1.malloc(self.ctx, size)
         if addr is None:
             h = self._escalate(size)
             if h is None:
@@ -138,24 +143,24 @@ class SimplePool(Policy):
 
     def _escalate(self, sz: int):
         """Phase 1's ``1.3 reclaim + alloc``, then phases 2 and 3; the handle, or None (OOM)."""
-        dev, sec = self.device, self.sections
+        ctx = self.ctx
         for phase in (1, 2, 3):
             if phase > 1:
                 full = phase == 3
-                with step(sec, dev, f"{phase}.0 gc({'true' if full else 'false'})"):
-                    self.runtime.collect(full)
-                with step(sec, dev, f"{phase}.1 scan"):
+                with ctx.section(f"{phase}.0 gc({'true' if full else 'false'})"):
+                    ctx.collect(full)
+                with ctx.section(f"{phase}.1 scan"):
                     h = self._scan(sz)
                 if h is not None:
-                    dev.clock += self._hit_s
+                    ctx.charge(self._hit_s)
                     return h
-                with step(sec, dev, f"{phase}.2 alloc"):
-                    addr = dev.malloc(sz)
+                with ctx.section(f"{phase}.2 alloc"):
+                    addr = ctx.malloc(sz)
                 if addr is not None:
                     return (addr, sz)
-            with step(sec, dev, f"{phase}.3 reclaim + alloc"):
+            with ctx.section(f"{phase}.3 reclaim + alloc"):
                 self._reclaim(sz)
-                addr = dev.malloc(sz)
+                addr = ctx.malloc(sz)
             if addr is not None:
                 return (addr, sz)
         return None
@@ -166,7 +171,7 @@ class SimplePool(Policy):
         (self._small if s <= SMALL else self._mid if s <= OVERSIZE else self._large)[self._seq] = handle
         self._sizes[s] = self._sizes.get(s, 0) + 1
         self.allocated -= s
-        self.device.clock += self._free_s
+        self._charge(self._free_s)
 
     def block(self, handle):
         return block_of(handle)
@@ -179,5 +184,5 @@ class SimplePool(Policy):
                 "cached_buffers": sum(len(t) for t in self._tiers)}
 
     def finish(self):
-        self._scan1.report(self.sections)
-        self._alloc1.report(self.sections)
+        self._scan1.report(self.ctx)
+        self._alloc1.report(self.ctx)

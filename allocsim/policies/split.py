@@ -50,7 +50,6 @@ from bisect import bisect_left, insort
 
 from . import register
 from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
-from ._pools import step
 from .base import Param, Policy
 
 SMALL, LARGE, HUGE = 0, 1, 2
@@ -115,7 +114,7 @@ class SplittingPool(Policy):
 
     def _new_block(self, n: int) -> int:
         """``actual_alloc(n)``: a whole block of a fresh device buffer, 0 if the device refuses."""
-        addr = self.device.malloc(n)
+        addr = self.ctx.malloc(n)
         if addr is None:
             return 0
         b = self._new_id()
@@ -133,7 +132,7 @@ class SplittingPool(Policy):
         `SizeBuckets.push` / `pop_fit` (same logic; see ``_freelists.py``).
         Counters are closure variables, read back by `_hot_counts`.
         """
-        pol, dev, grow, escalate = self, self.device, self._grow, self._escalate
+        pol, charge, grow, escalate = self, self.ctx.charge, self._grow, self._escalate
         hit_s, free_s = self.costs.pool_hit_s, self.costs.pool_free_s
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         entries = self._avail.entries       # sorted size << 64 | block id
@@ -163,7 +162,7 @@ class SplittingPool(Policy):
             (from `repopulate`, with ``freed`` empty), when no block id is held in a local.
             """
             nonlocal next_id, id_cap
-            handles = pol.runtime.handles
+            handles = pol.ctx.handles
             held = set(handles.values())
             live = [b for b in range(1, next_id) if fsize[b] or b in held]
             new = dict(zip(live, range(1, len(live) + 1)))
@@ -220,7 +219,7 @@ class SplittingPool(Policy):
             freed.clear()
             if len(entries) > compact_at:
                 compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
-            if next_id > renumber_at and pol.runtime.handles is not None:
+            if next_id > renumber_at and pol.ctx.handles is not None:
                 renumber()
                 renumber_at = max(RENUMBER_MIN, 4 * next_id)
             repop_blocks += nb
@@ -246,9 +245,9 @@ class SplittingPool(Policy):
             scans += 1
             if freed:
                 repops += 1
-                dev.clock += hit_s + repopulate()
+                charge(hit_s + repopulate())
             else:
-                dev.clock += hit_s
+                charge(hit_s)
             # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
             i = bisect_left(entries, n << 64)
             while i < len(entries):
@@ -326,51 +325,63 @@ class SplittingPool(Policy):
             if prev[b] or nxt[b]:
                 continue            # a piece of a buffer, not the whole buffer
             fsize[b] = 0
-            self.device.free(self._addr[b], s)
+            self.ctx.free(self._addr[b], s)
             self._reclaimed += 1
             freed += s
             if freed >= target:
                 break
         return freed
 
+    def _repopulate_now(self, step: str) -> None:
+        """Repopulate and compact the pending frees off the hot path, timed as ``{step}a``/``{step}b``."""
+        before = self._hot_counts()
+        self.ctx.charge(self._repopulate())
+        after = self._hot_counts()
+        nb = after["repopulated"] - before["repopulated"]
+        nm = after["merged"] - before["merged"]
+        self._slow_blocks += nb
+        self._slow_merged += nm
+        self.ctx.add_section(f"{step}a repopulate", nb * self.costs.pool_free_s)
+        self.ctx.add_section(f"{step}b compact", nm * self.costs.pool_free_s)
+
+    def release_cache(self) -> None:
+        """``CuArrays.reclaim()`` (full): the pending frees repopulated and compacted, then every whole
+        free buffer of every class given back to the device (the x.5a step without the alloc)."""
+        if self._freed:
+            self._repopulate_now("1")
+        for cls in (SMALL, LARGE, HUGE):
+            self._reclaim(cls, float("inf"))
+
     def _escalate(self, n: int, c: int) -> int:
         """The rest of phase 1 after a missed scan, then phases 2 and 3; 0 means OOM."""
-        dev, sec, costs = self.device, self.sections, self.costs
+        ctx, costs = self.ctx, self.costs
         for phase in (1, 2, 3):
             if phase > 1:
-                with step(sec, dev, f"{phase}.0 gc({'true' if phase == 3 else 'false'})"):
-                    self.runtime.collect(phase == 3)
+                with ctx.section(f"{phase}.0 gc({'true' if phase == 3 else 'false'})"):
+                    ctx.collect(phase == 3)
                 if self._freed:
-                    before = self._hot_counts()
-                    dev.clock += self._repopulate()
-                    after = self._hot_counts()
-                    nb = after["repopulated"] - before["repopulated"]
-                    nm = after["merged"] - before["merged"]
-                    self._slow_blocks += nb
-                    self._slow_merged += nm
-                    sec.add(f"{phase}.1a repopulate", nb * costs.pool_free_s)
-                    sec.add(f"{phase}.1b compact", nm * costs.pool_free_s)
-                dev.clock += costs.pool_hit_s
-                sec.add(f"{phase}.2 scan", costs.pool_hit_s)
+                    self._repopulate_now(f"{phase}.1")
+                ctx.charge(costs.pool_hit_s)
+                ctx.add_section(f"{phase}.2 scan", costs.pool_hit_s)
                 b = self._scan(n, c)
                 if b:
                     return b
-            with step(sec, dev, f"{phase}.3 alloc"):
+            with ctx.section(f"{phase}.3 alloc"):
                 b = self._new_block(n)
             if b:
                 return b
             for cls in (HUGE, LARGE, SMALL):
-                with step(sec, dev, f"{phase}.4a reclaim"):
+                with ctx.section(f"{phase}.4a reclaim"):
                     self._reclaim(cls, n)
-                with step(sec, dev, f"{phase}.4b alloc"):
+                with ctx.section(f"{phase}.4b alloc"):
                     b = self._new_block(n)
                 if b:
                     return b
             self._flushes += 1
-            with step(sec, dev, f"{phase}.5a reclaim"):
+            with ctx.section(f"{phase}.5a reclaim"):
                 for cls in (SMALL, LARGE, HUGE):
                     self._reclaim(cls, float("inf"))
-            with step(sec, dev, f"{phase}.5b alloc"):
+            with ctx.section(f"{phase}.5b alloc"):
                 b = self._new_block(n)
             if b:
                 return b
@@ -391,9 +402,9 @@ class SplittingPool(Policy):
                 "reclaimed_blocks": self._reclaimed, "pending_freed": len(self._freed)}
 
     def finish(self):
-        sec, fr, hot = self.sections, self.costs.pool_free_s, self._hot_counts()
+        ctx, fr, hot = self.ctx, self.costs.pool_free_s, self._hot_counts()
         if hot["repopulates"]:
-            sec.add("1.1a repopulate", (hot["repopulated"] - self._slow_blocks) * fr, hot["repopulates"])
-            sec.add("1.1b compact", (hot["merged"] - self._slow_merged) * fr, hot["repopulates"])
+            ctx.add_section("1.1a repopulate", (hot["repopulated"] - self._slow_blocks) * fr, hot["repopulates"])
+            ctx.add_section("1.1b compact", (hot["merged"] - self._slow_merged) * fr, hot["repopulates"])
         if hot["scans"]:
-            sec.add("1.2 scan", hot["scans"] * self.costs.pool_hit_s, hot["scans"])
+            ctx.add_section("1.2 scan", hot["scans"] * self.costs.pool_hit_s, hot["scans"])

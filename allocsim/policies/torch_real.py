@@ -33,7 +33,7 @@ class TorchReal(RealPolicy):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         torch = self.torch = require_torch()
-        conf = self.conf or (self.trace_meta.get("allocator_settings") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
+        conf = self.conf or (self.ctx.meta.get("allocator_settings") or {}).get("PYTORCH_CUDA_ALLOC_CONF") or ""
         if _APPLIED and _APPLIED[0] != conf:
             raise UsageError(f"torch-real: this process's allocator already runs with settings {_APPLIED[0]!r}; "
                              f"PyTorch cannot reset them to replay with {conf!r} — run it in a fresh process")
@@ -46,8 +46,8 @@ class TorchReal(RealPolicy):
         _APPLIED[:] = [conf]
         self.applied_conf = conf
         total = torch.cuda.get_device_properties(0).total_memory
-        if self.device.cap:
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.device.cap / total))
+        if self.ctx.cap:
+            torch.cuda.set_per_process_memory_fraction(min(1.0, self.ctx.cap / total))
         torch.cuda.reset_peak_memory_stats()
         self._base = torch.cuda.memory_stats()
         self._streams = {0: torch.cuda.current_stream()}
@@ -64,20 +64,26 @@ class TorchReal(RealPolicy):
         try:
             ptr = torch.cuda.caching_allocator_alloc(size, 0, self._stream(stream))
         except torch.cuda.OutOfMemoryError:
-            self.device.clock += (_now() - t0) * 1e-9
+            self.ctx.charge((_now() - t0) * 1e-9)
             return None
-        self.device.clock += (_now() - t0) * 1e-9
+        self.ctx.charge((_now() - t0) * 1e-9)
         self.allocated += size
         return [ptr, ptr, size]
 
     def free(self, handle):
         t0 = _now()
         self.torch.cuda.caching_allocator_delete(handle[1])
-        self.device.clock += (_now() - t0) * 1e-9
+        self.ctx.charge((_now() - t0) * 1e-9)
         self.allocated -= handle[2]
 
+    def release_cache(self):
+        """``torch.cuda.empty_cache()`` on the real allocator, timed."""
+        t0 = _now()
+        self.torch.cuda.empty_cache()
+        self.ctx.charge((_now() - t0) * 1e-9)
+
     def finish(self):
-        s, b, dev = self.torch.cuda.memory_stats(), self._base, self.device
+        s, b, dev = self.torch.cuda.memory_stats(), self._base, self.ctx.measured_device
         dev.reserved = s.get("reserved_bytes.all.current", 0)
         dev.peak_reserved = s.get("reserved_bytes.all.peak", 0)
         dev.n_malloc = s.get("num_device_alloc", 0) - b.get("num_device_alloc", 0)

@@ -60,7 +60,10 @@ def replay_summary(result) -> str:
         f"   ({fmt_seconds(r['gc_time_seconds'])} paused, {fmt_bytes(r['gc_reclaimed_bytes'])} reclaimed)",
         f"  OOMs                     {r['ooms']:>12,}",
     ]
-    lines += [f"    {oom_line(o)}" for o in r["oom_events"][:5]]
+    lines += [f"    {oom_line(o)}" + ("  (recorded OOM)" if _fields(o).get("recorded") else "")
+              for o in r["oom_events"][:5]]
+    lines += [f"    recorded OOM at event {at}: served under this policy/setting (would not have happened)"
+              for at in r.get("ooms_avoided", ())[:5]]
     if lat:
         lines.append(f"  malloc latency ({'measured' if r['latency_measured'] else 'modeled'}) "
                      f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"

@@ -1,6 +1,7 @@
 """FirstFit: an address-ordered first-fit pool over device segments — an allocsim plug-in.
 
-Written only against the public API (`allocsim.policies.Policy`, `allocsim.params.Param`).
+Written only against the public API (`allocsim.policies.Policy`, `allocsim.params.Param`) and the
+policy context ``self.ctx`` (device memory, pool time, the runtime's collections).
 Run it with::
 
     allocsim replay traces/resnet50.bin --policy examples/policies/first_fit.py:FirstFit
@@ -37,23 +38,27 @@ class FirstFit(Policy):
         n = -(-size // self.align) * self.align
         addr = self._find(n)
         if addr is None:                  # the device is full: collect, give back empty segments, retry
-            self.runtime.collect(True)
+            self.ctx.collect(True)
             self._release_empty()
             addr = self._find(n)
         if addr is None:
             return None
-        self.device.clock += self.costs.pool_hit_s
+        self.ctx.charge(self.costs.pool_hit_s)
         self.allocated += n
         return addr, n
 
     def free(self, handle):
         addr, n = handle
         self.allocated -= n
-        self.device.clock += self.costs.pool_free_s
+        self.ctx.charge(self.costs.pool_free_s)
         self._give(addr, n)
 
     def block(self, handle):
         return handle
+
+    def release_cache(self):
+        """A cache release gives back every wholly free segment."""
+        self._release_empty()
 
     def largest_free(self):
         return max((s for _, s in self.free_ranges), default=0)
@@ -90,7 +95,7 @@ class FirstFit(Policy):
         addr = self._take(n)
         if addr is None:
             size = max(n, self.segment)
-            seg = self.device.malloc(size)
+            seg = self.ctx.malloc(size)
             if seg is None:
                 return None
             self.segments[seg] = size
@@ -104,4 +109,4 @@ class FirstFit(Policy):
             if self.segments.get(addr) == size:
                 self.free_ranges.remove((addr, size))
                 del self.segments[addr]
-                self.device.free(addr, size)
+                self.ctx.free(addr, size)

@@ -69,7 +69,7 @@ class BestFitReference(Policy):
     # ---- malloc ---------------------------------------------------------------------------
     def malloc(self, req: int, stream: int):
         n = round_up(req, 512)
-        self.device.clock += self.costs.pool_hit_s
+        self.ctx.charge(self.costs.pool_hit_s)
         address = self.best_fit(n)
         if address is None:
             address = self.grow(n)
@@ -80,7 +80,7 @@ class BestFitReference(Policy):
 
     def new_segment(self, n: int) -> int | None:
         size = round_up(n, self.segment)
-        address = self.device.malloc(size)
+        address = self.ctx.malloc(size)
         if address is None:
             return None
         self.segments[address] = size
@@ -96,13 +96,16 @@ class BestFitReference(Policy):
         self.flushes += 1
         self.release_free_segments()
         address = self.new_segment(n)
-        if address is not None or self.runtime.eager:
+        if address is not None or self.ctx.eager:
             return address
-        self.runtime.collect(True)
+        self.ctx.collect(True)
         address = self.best_fit(n)
         if address is not None:
             return address
         return self.new_segment(n)
+
+    def release_cache(self) -> None:
+        self.release_free_segments()
 
     def release_free_segments(self) -> None:
         for address, size in list(self.segments.items()):
@@ -112,13 +115,13 @@ class BestFitReference(Policy):
 
     def release_segment(self, address: int, size: int) -> None:
         del self.segments[address]
-        self.device.free(address, size)
+        self.ctx.free(address, size)
 
     # ---- free -----------------------------------------------------------------------------
     def free(self, handle) -> None:
         address, size = handle
         self.allocated -= size
-        self.device.clock += self.costs.pool_free_s
+        self.ctx.charge(self.costs.pool_free_s)
         before = self.free_block_ending_at(address)
         if before is not None and address not in self.segments:     # same segment
             size += self.remove_free(before)

@@ -85,14 +85,18 @@ class CuPyPoolReference(Policy):
         if str(self.version) not in ("13", "14"):
             raise UsageError(f"policy {self.name!r} option version: expected 13 or 14, got {self.version!r}")
         self.version = int(self.version)
-        limits = [x for x in (self.limit, self.device.cap) if x]
-        self._limit = min(limits) if limits else 0
         self._arenas: dict[int, Arena] = {}
         self.total = 0
         self.cache_flushes = self.limit_ooms = self.device_ooms = 0
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
         self.total_log = array("q") if self.track_total else None
+
+    @property
+    def _limit(self) -> int:
+        """``set_limit``'s bytes: the smaller of ``limit`` and the cap (recorded limits included); 0 none."""
+        limits = [x for x in (self.limit, self.ctx.cap) if x]
+        return min(limits) if limits else 0
 
     def _arena(self, stream: int) -> Arena:
         if stream not in self._arenas:
@@ -113,7 +117,7 @@ class CuPyPoolReference(Policy):
         return chunk
 
     def _malloc(self, size: int, stream: int) -> Chunk | None:
-        self.device.clock += self.costs.pool_hit_s
+        self.ctx.charge(self.costs.pool_hit_s)
         arena = self._arena(stream)
         chunk = arena.best_fit(size)
         if chunk is not None:
@@ -145,7 +149,7 @@ class CuPyPoolReference(Policy):
         if self._limit and size + self.total_bytes() > self._limit:
             self.free_all_blocks()
             if size + self.total_bytes() > self._limit:
-                self.runtime.collect(True)          # gc.collect()
+                self.ctx.collect(True)              # gc.collect()
                 self.free_all_blocks()
                 if size + self.total_bytes() > self._limit:
                     self.limit_ooms += 1
@@ -156,7 +160,7 @@ class CuPyPoolReference(Policy):
             ptr = self._alloc(size)
         if ptr is None:
             for _ in range(2 if self.version >= 14 else 1):
-                self.runtime.collect(True)          # gc.collect()
+                self.ctx.collect(True)              # gc.collect()
             self.free_all_blocks()
             ptr = self._alloc(size)
         if ptr is None:
@@ -165,7 +169,7 @@ class CuPyPoolReference(Policy):
 
     def _alloc(self, size: int) -> int | None:
         """cudaMalloc."""
-        ptr = self.device.malloc(size)
+        ptr = self.ctx.malloc(size)
         if ptr is not None:
             self.total += size
             self.segment_log.append((SEGMENT_ALLOC, size, self.event_index))
@@ -174,7 +178,7 @@ class CuPyPoolReference(Policy):
     # ---- free -----------------------------------------------------------------------------
     def free(self, chunk: Chunk) -> None:
         self.allocated -= chunk.size
-        self.device.clock += self.costs.pool_free_s
+        self.ctx.charge(self.costs.pool_free_s)
         arena = chunk.arena
         c = chunk.next
         if c is not None and arena.remove_from_free_list(c):
@@ -194,6 +198,9 @@ class CuPyPoolReference(Policy):
             head.next.prev = head
         return head
 
+    def release_cache(self) -> None:
+        self.free_all_blocks()
+
     def free_all_blocks(self, stream=None) -> int:
         """Release every free chunk that is a whole device allocation; the bytes released."""
         self.cache_flushes += 1
@@ -202,7 +209,7 @@ class CuPyPoolReference(Policy):
         for arena in arenas:
             for chunk in [c for c in arena.free.values() if c.prev is None and c.next is None]:
                 arena.remove_from_free_list(chunk)
-                self.device.free(chunk.ptr, chunk.size)
+                self.ctx.free(chunk.ptr, chunk.size)
                 self.total -= chunk.size
                 released += chunk.size
                 self.segment_log.append((SEGMENT_FREE, chunk.size, self.event_index))

@@ -76,7 +76,7 @@ class SplittingPoolReference(Policy):
         block = None
         for phase in (1, 2, 3):
             if phase > 1:
-                self.runtime.collect(phase == 3)            # x.0 gc(false) / gc(true)
+                self.ctx.collect(phase == 3)                # x.0 gc(false) / gc(true)
             if self.freed:
                 self.incremental_compact(self.repopulate())     # x.1a, x.1b
             block = self.scan(n, cls)                       # x.2
@@ -105,7 +105,7 @@ class SplittingPoolReference(Policy):
 
     def scan(self, n: int, cls: int) -> Block | None:
         """Best fit in the class's set; taken out of it. The HUGE check is dead unless ``huge_exact``."""
-        self.device.clock += self.costs.pool_hit_s
+        self.ctx.charge(self.costs.pool_hit_s)
         candidates = self.available[cls]
         i = candidates.bisect_key_left((n, 0))
         if i == len(candidates):
@@ -129,7 +129,7 @@ class SplittingPoolReference(Policy):
         self.splits += 1
 
     def actual_alloc(self, n: int) -> Block | None:
-        addr = self.device.malloc(n)
+        addr = self.ctx.malloc(n)
         return None if addr is None else self.new_block(addr, n)
 
     # ---- free, and what the next alloc makes of it --------------------------------------
@@ -144,8 +144,15 @@ class SplittingPoolReference(Policy):
         for block in blocks:
             block.state = State.AVAILABLE
             self.available_for(block).add(block)
-        self.device.clock += len(blocks) * self.costs.pool_free_s
+        self.ctx.charge(len(blocks) * self.costs.pool_free_s)
         return blocks
+
+    def release_cache(self) -> None:
+        """``CuArrays.reclaim()``: repopulate and compact, then every whole free block of every class back."""
+        if self.freed:
+            self.incremental_compact(self.repopulate())
+        for c in (SMALL, LARGE, HUGE):
+            self.reclaim(c, math.inf)
 
     def incremental_compact(self, blocks: list[Block]) -> None:
         """``incremental_compact!``: merge each newly freed block's run of AVAILABLE neighbours into its head."""
@@ -169,7 +176,7 @@ class SplittingPoolReference(Policy):
                     head.next.prev = head
                 self.available_for(head).add(head)
                 self.compacted += len(chain) - 1
-                self.device.clock += (len(chain) - 1) * self.costs.pool_free_s
+                self.ctx.charge((len(chain) - 1) * self.costs.pool_free_s)
 
     def reclaim(self, cls: int, target: float) -> int:
         """``reclaim!``: give whole blocks of the class back to the device, smallest first, until ``target`` bytes."""
@@ -181,7 +188,7 @@ class SplittingPoolReference(Policy):
                 continue
             self.available[cls].remove(block)
             block.state = State.INVALID
-            self.device.free(block.addr, block.size)
+            self.ctx.free(block.addr, block.size)
             self.reclaimed += 1
             freed += block.size
         return freed
