@@ -291,6 +291,8 @@ class Replay:
         """Drive one pressure event (see the module docstring)."""
         w, pol, dev = self._w, self.policy, self.device
         w.n_pressure += 1
+        if self._log_index:         # the device calls a release or an attempt makes are filed under this event
+            pol.event_index = int(c.at[j])
         if kind == SET_LIMIT:
             if self._recorded_limits:
                 dev.set_cap(size or None)

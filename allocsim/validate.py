@@ -113,17 +113,24 @@ def recorded_side(trace: Trace, kinds) -> Side:
     idx = np.flatnonzero(np.isin(kind, list(kinds)))
     initial = sum(int(s.get("total_size", 0)) for s in trace.meta.get("initial_segments") or []
                   if isinstance(s, dict))
-    allocs = np.flatnonzero(kind == ev.ALLOC)
-    nxt = np.searchsorted(allocs, idx)            # the first ALLOC after each segment event
-    requests = np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1)
     return Side(kind[idx].tolist(), np.asarray(trace.size)[idx].tolist(), idx.tolist(), initial,
-                requests.tolist())
+                request_of(trace, idx))
 
 
-def model_side(log, kinds, initial_reserved: int) -> Side:
+def request_of(trace: Trace, events) -> list:
+    """The request each segment event served: the first ALLOC at or after it (-1: none). A recorded
+    segment event precedes its ALLOC; a model's call is logged at its ALLOC, or at the cache release or
+    recorded OOM that made it, which the recording also shows before the next ALLOC."""
+    allocs = np.flatnonzero(np.asarray(trace.kind) == ev.ALLOC)
+    nxt = np.searchsorted(allocs, np.asarray(events, np.int64))
+    return np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1).tolist()
+
+
+def model_side(log, kinds, initial_reserved: int, trace: Trace) -> Side:
     keep = [(k, s, e) for k, s, e in log if k in kinds]
     events = [e for _, _, e in keep]
-    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], events, initial_reserved, events)
+    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], events, initial_reserved,
+                request_of(trace, events))
 
 
 def first_divergence(rec: Side, mod: Side) -> dict | None:
@@ -175,7 +182,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     pre = int(np.count_nonzero((np.asarray(trace.kind) == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
     rec = recorded_side(trace, kinds)
     seeded = bool(getattr(r.policy, "seeded", False))
-    mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0)
+    mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
     rt_, mt = rec.totals(), mod.totals()
     checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
               for k in ("segment_allocs", "segment_frees")]

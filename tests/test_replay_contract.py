@@ -77,7 +77,7 @@ def test_stop_ends_the_replay_where_it_is():
 
 #: After the program freed everything and released the cache: the bytes each policy still reserves.
 #: ``oracle`` plans one heap for the whole trace and keeps it; ``torch`` is left to its own hook.
-HOLDS_AFTER_RELEASE = {"oracle": "heap", "torch": "keeps", "torch-ref": "keeps"}
+HOLDS_AFTER_RELEASE = {"oracle": "heap"}
 
 
 def _release_trace(live_through=False):
@@ -110,8 +110,6 @@ def test_a_cache_release_gives_back_every_cached_segment(policy):
     expect = HOLDS_AFTER_RELEASE.get(policy)
     if expect == "heap":
         assert after == before == r.policy.heap
-    elif expect == "keeps":
-        assert after == before                      # the default hook: nothing (torch's engineer gives its own)
     else:
         assert after == 0, f"{policy} still reserves {after} B of a free cache after the release"
         if policy != "none":                        # `none` caches nothing: there was nothing to give
