@@ -148,10 +148,13 @@ class Trace:
         return live.peak
 
     def marks(self) -> list[tuple[int, str]]:
-        """``(event index, label)`` of every MARK."""
-        idx = np.flatnonzero(self.kind == ev.MARK)
-        aux = self.aux[idx]
-        return [(int(i), self.labels[a] if a < len(self.labels) else f"mark {a}") for i, a in zip(idx, aux)]
+        """``(event index, label)`` of every MARK (read a chunk at a time)."""
+        out = []
+        for start, rec in self._chunks():
+            idx = np.flatnonzero(rec["kind"] == ev.MARK)
+            out += [(start + int(i), self.labels[a] if a < len(self.labels) else f"mark {a}")
+                    for i, a in zip(idx, rec["aux"][idx].tolist())]
+        return out
 
     # ---- validation --------------------------------------------------------------------
     def validate(self, walkers=()) -> None:
