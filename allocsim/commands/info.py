@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..trace import events as ev
+from ..trace.trace import Chunk
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ._common import dump_json, load_trace, progress_bar
 
@@ -114,8 +115,8 @@ class DistinctSizes:
 
 def _alloc_sizes(trace):
     """Each chunk's ALLOC sizes (uint64), in trace order."""
-    for _, rec in trace._chunks():
-        yield rec["size"][np.flatnonzero(rec["kind"] == ev.ALLOC)]
+    for start, rec in trace._chunks():
+        yield Chunk(start, rec).alloc_sizes
 
 
 def nth_alloc_size(trace, k: int, lo: int, hi: int) -> int:

@@ -329,10 +329,11 @@ def _increasing(ids: np.ndarray) -> bool:
 
 def _repeats(ids: np.ndarray, seen: "IdRuns") -> np.ndarray:
     """Which of ``ids`` (in order) were seen before: in ``seen`` or earlier in ``ids``; adds them all to ``seen``."""
-    again = seen.contains(ids)
     if _increasing(ids):
+        again = seen.contains(ids) if len(ids) and ids[0] < seen.end else np.zeros(len(ids), bool)
         seen.add_sorted(ids)
         return again
+    again = seen.contains(ids)
     s = np.sort(ids)
     if np.all(s[1:] != s[:-1]):
         seen.add_sorted(s)
@@ -380,6 +381,11 @@ class IdRuns:
         new = np.concatenate(([True], starts[1:] > ends[:-1]))          # a run not touching the one before
         last = np.concatenate((np.flatnonzero(new)[1:] - 1, [len(starts) - 1]))
         self.starts, self.ends = starts[new], ends[last]
+
+    @property
+    def end(self) -> int:
+        """One more than the largest id in the set (0 when empty)."""
+        return int(self.ends[-1]) if len(self.ends) else 0
 
     def __len__(self) -> int:
         """The number of runs (what the set costs), not of ids."""
