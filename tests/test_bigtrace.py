@@ -140,6 +140,17 @@ def test_id_runs_is_a_set(batches, probes):
 
 # ---- info: chunked figures equal the whole-array ones ---------------------------------------------
 
+def whole_array_histogram(sizes: np.ndarray) -> list[dict]:
+    """Power-of-two buckets of sorted ``sizes``, as `info` computed them from the whole array."""
+    out = []
+    for lo in [0] + [2 ** k for k in range(64)]:
+        hi = 2 * lo if lo else 1
+        inside = sizes[(sizes >= lo) & (sizes < hi)]
+        if len(inside):
+            out.append({"lo": lo, "hi": hi, "count": len(inside), "bytes": int(inside.sum(dtype=np.uint64))})
+    return out
+
+
 def whole_array_figures(t: Trace) -> dict:
     """The size figures of `info`, from every ALLOC size at once (as `info` used to)."""
     sizes = np.sort(t.size[t.kind == ALLOC])
@@ -148,7 +159,7 @@ def whole_array_figures(t: Trace) -> dict:
             "median_alloc_bytes": int(sizes[(n - 1) // 2]) if n else 0,
             "max_alloc_bytes": int(sizes[-1]) if n else 0,
             "total_alloc_bytes": int(sizes.sum(dtype=np.uint64)) if n else 0,
-            "size_histogram": info.size_histogram(sizes), "load_bytes": int(t.live_curve.max()) if len(t) else 0,
+            "size_histogram": whole_array_histogram(sizes), "load_bytes": int(t.live_curve.max()) if len(t) else 0,
             "marks": int((t.kind == MARK).sum())}
 
 

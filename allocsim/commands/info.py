@@ -4,10 +4,10 @@ Events by kind, the request-size distribution (power-of-two histogram), LOAD,
 iterations (from MARK events), streams, duration, what the recorded allocator
 did upstream (SEGMENT events), and the recording's metadata.
 
-Cost: one pass over the records a chunk at a time (after `Trace.load`'s validating one), LOAD
-included, and one or two over the ALLOC sizes for the exact median; nothing per event in Python.
-Memory: bounded by the live objects (for LOAD), the size range and the distinct sizes above
-4 MiB (`DistinctSizes`) and the MARKs, not by the trace length.
+Cost: `Trace.load`'s validating pass over the records, a chunk at a time, which also finds
+LOAD and feeds `_Tally`, then one or two passes over the ALLOC sizes for the exact median;
+nothing per event in Python. Memory: bounded by the live objects (for LOAD), the size range
+and the distinct sizes above 4 MiB (`DistinctSizes`) and the MARKs, not by the trace length.
 """
 from __future__ import annotations
 
@@ -30,27 +30,6 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-
-
-def size_histogram(sizes: np.ndarray) -> list[dict]:
-    """Power-of-two buckets of sorted ``sizes``: ``[{lo, hi, count, bytes}]``, hi exclusive.
-
-    Bucket k holds sizes in [2**k, 2**(k+1)); 0-byte requests get their own
-    bucket (lo = hi = 0). Empty buckets are left out. O(n) on sorted input.
-    """
-    if len(sizes) == 0:
-        return []
-    top = int(sizes[-1]).bit_length()
-    edges = np.array([0, 1] + [2 ** k for k in range(1, top + 1)], np.uint64)
-    cuts = np.searchsorted(sizes, edges, side="left").tolist() + [len(sizes)]
-    out = []
-    for b in range(len(edges)):
-        lo, hi = cuts[b], cuts[b + 1]
-        if hi > lo:
-            lo_size = int(edges[b])
-            out.append({"lo": lo_size, "hi": 2 * lo_size if lo_size else 1,
-                        "count": hi - lo, "bytes": int(sizes[lo:hi].sum(dtype=np.uint64))})
-    return out
 
 
 def iterations(allocs_before_marks: np.ndarray, n_allocs: int) -> dict:
@@ -139,7 +118,8 @@ def nth_alloc_size(trace, k: int, lo: int, hi: int) -> int:
     return lo
 
 
-#: Lower edges of `size_histogram`'s buckets: 0, then every power of two a uint64 holds.
+#: Lower edges of the size histogram's buckets: 0, then every power of two a uint64 holds. Bucket
+#: ``[lo, 2 lo)`` (0-byte requests: ``[0, 1)``), its count and bytes; empty buckets are left out.
 _EDGES = np.array([0] + [2 ** k for k in range(64)], np.uint64)
 
 
@@ -203,7 +183,7 @@ class _Tally:
             self.max_size = max(self.max_size, int(sizes[-1]))
 
     def histogram(self) -> list[dict]:
-        """`size_histogram`'s buckets, for all the ALLOCs."""
+        """The ALLOCs' power-of-two buckets: ``[{lo, hi, count, bytes}]``, hi exclusive (see `_EDGES`)."""
         return [{"lo": int(lo), "hi": 2 * int(lo) if lo else 1, "count": int(n), "bytes": int(b)}
                 for lo, n, b in zip(_EDGES, self.bucket_count, self.bucket_bytes) if n]
 

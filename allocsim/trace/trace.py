@@ -348,9 +348,9 @@ def _repeats(ids: np.ndarray, seen: "IdRuns") -> np.ndarray:
 class IdRuns:
     """A set of object ids held as sorted, disjoint runs ``[start, end)`` of consecutive ids.
 
-    Dense ids allocated (and mostly freed) in order make few runs: the memory is
-    bounded by the gaps in the set (for the freed ids, about the live objects),
-    not by how many ids it holds. Queries and insertions take numpy arrays.
+    Dense ids allocated (or freed) mostly in order make few runs: the memory is
+    bounded by the gaps in the set (for freed ids, about the live objects), not by
+    how many ids it holds. Queries and insertions take numpy arrays.
     """
 
     def __init__(self):
@@ -386,10 +386,6 @@ class IdRuns:
     def end(self) -> int:
         """One more than the largest id in the set (0 when empty)."""
         return int(self.ends[-1]) if len(self.ends) else 0
-
-    def __len__(self) -> int:
-        """The number of runs (what the set costs), not of ids."""
-        return len(self.starts)
 
 
 #: Records read at a time by the chunked walks (`Trace.walk`, the replay engine).
