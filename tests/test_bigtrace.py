@@ -6,6 +6,10 @@ must equal numpy's over the whole ALLOC-size array; `IdRuns` must be a set; and 
 streamed `alloc-heavy` generator must give the same records for any block size as
 the whole-array construction it replaced. Tiny chunk sizes put boundaries everywhere.
 """
+import glob
+import json
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -19,6 +23,8 @@ from allocsim.trace import events as ev
 from allocsim.trace import trace as trace_module
 
 from conftest import random_trace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -273,3 +279,13 @@ def test_alloc_heavy_streams_to_disk(tmp_path):
     assert np.array_equal(on_disk.records, in_memory.records) and on_disk.labels == in_memory.labels
     Trace.load(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin"]
+
+
+@pytest.mark.parametrize("name", sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(ROOT, "traces", "*.bin"))))
+def test_info_is_unchanged_on_shipped_traces(name):
+    """`info --json` of every shipped trace, against what the whole-array `info` printed (tests/golden/info/)."""
+    with open(os.path.join(ROOT, "tests", "golden", "info", f"{name}.json")) as f:
+        want = json.load(f)
+    got = info.summarize(Trace.load(os.path.join(ROOT, "traces", f"{name}.bin")))
+    got.pop("path")
+    assert json.loads(json.dumps(got)) == want
