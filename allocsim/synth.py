@@ -25,6 +25,7 @@ so the same arguments give byte-identical records.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -33,7 +34,9 @@ import numpy as np
 from .errors import UsageError
 from .params import Param
 from .trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace, TraceWriter
+from .outputs import atomic_path
 from .trace.events import MAX_SIZE, NO_ID, NO_SITE
+from .trace.format import TraceFileWriter
 
 GiB = 1024**3
 DEVICE = {"name": "synthetic", "total_memory": 80 * GiB}
@@ -480,43 +483,102 @@ def _training(spec, p: dict, iterations: int, scale: float, variable: bool, rng,
     return writer.finish()
 
 
-def _alloc_heavy(p: dict, iterations: int, scale: float, rng, meta: dict, path: str | None) -> Trace:
-    """Build the records directly (vectorised): O(n log n) for the one sort of event keys.
+def _alloc_heavy(p: dict, iterations: int, scale: float, rng, meta: dict, path: str | None,
+                 block: int = 1 << 18) -> Trace:
+    """The alloc-heavy trace, streamed to ``path`` (published whole) a block at a time, or kept in memory."""
+    labels = [f"iter {k}" for k in range(iterations)]
+    blocks = _alloc_heavy_records(p, iterations, scale, rng, block)
+    if not path:
+        return Trace(np.concatenate(list(blocks)), meta, labels=labels)
+    with atomic_path(path) as tmp:
+        writer = TraceFileWriter(tmp, meta)
+        try:
+            for rec in blocks:
+                writer.write(rec)
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close({"streams": [0], "sites": [], "labels": labels,
+                      "summary": {"events": writer.count, "allocs": p["n_allocs"]}})
+    return Trace.load(path, validate=False)
+
+
+def _alloc_heavy_records(p: dict, iterations: int, scale: float, rng, block: int):
+    """Yield the records, vectorised, ``block`` allocations at a time.
 
     Allocation ``i`` happens at key ``i``; it is freed after a geometric number of
     further allocations (mean ``lifetime``), at key ``i + L + 0.5``. MARK ``k`` sits
     just before allocation ``k * n / iterations``. Objects still live at the end are
-    freed in death order.
+    freed in death order. The events are the keys in order (ties by allocation, then
+    mark, index); each block yields those with keys below its end, so memory is bounded
+    by the block and the live objects, whatever ``n``. The sizes, lifetimes and gaps come
+    from three copies of ``rng`` placed where one generator drawing them all in turn would
+    be, so the records do not depend on ``block``.
     """
     n = p["n_allocs"]
     lo, hi = np.log(p["min_size"]), np.log(max(p["max_size"], p["min_size"]))
-    sizes = np.exp(rng.uniform(lo, hi, n)) * scale
-    if n and sizes.max() > MAX_SIZE:
-        raise ValueError(f"an allocation of {sizes.max():.3g} bytes (> 1 PiB)")
-    sizes = np.maximum(4, (sizes.astype(np.int64) + 3) // 4 * 4)        # float32 arrays: multiples of 4
-    life = rng.geometric(1.0 / max(1.0, p["lifetime"]), n)
-    marks = (np.arange(iterations, dtype=np.int64) * n) // iterations
-    keys = np.concatenate([np.arange(n, dtype=np.float64), np.arange(n) + life + 0.5, marks - 0.25])
+    p_free = 1.0 / max(1.0, p["lifetime"])
+    size_rng, life_rng, gap_rng = copy.deepcopy(rng), copy.deepcopy(rng), rng
+    life_rng.bit_generator.advance(n)                   # one 64-bit draw per uniform
+    gap_rng.bit_generator.advance(n)
+    for start in range(0, n, block):                    # a geometric takes a varying number: draw them
+        gap_rng.geometric(p_free, min(block, n - start))
+    marks = (np.arange(iterations, dtype=np.int64) * n) // iterations - 0.25
+    pending_ids, pending_keys = np.zeros(0, np.int64), np.zeros(0)    # allocations not yet freed, by id
+    clock = _Clock(gap_rng, p["event_ns"])
+    n_marks = 0
+    for start in range(0, n, block):
+        end = min(n, start + block)
+        ids = np.arange(start, end)
+        sizes = np.exp(size_rng.uniform(lo, hi, end - start)) * scale
+        if sizes.max() > MAX_SIZE:
+            raise ValueError(f"an allocation of {sizes.max():.3g} bytes (> 1 PiB)")
+        sizes = np.maximum(4, (sizes.astype(np.int64) + 3) // 4 * 4)        # float32 arrays: multiples of 4
+        pending_ids = np.concatenate([pending_ids, ids])
+        pending_keys = np.concatenate([pending_keys, ids + life_rng.geometric(p_free, end - start) + 0.5])
+        until = end if end < n else np.inf
+        due = pending_keys < until
+        mark_end = int(np.searchsorted(marks, until))
+        yield _alloc_heavy_block(ids, sizes, pending_ids[due], pending_keys[due], marks[n_marks:mark_end],
+                                 n_marks, clock)
+        pending_ids, pending_keys = pending_ids[~due], pending_keys[~due]
+        n_marks = mark_end
+
+
+def _alloc_heavy_block(ids, sizes, free_ids, free_keys, mark_keys, first_mark: int, clock) -> np.ndarray:
+    """The records of one block: its ALLOCs, the FREEs and MARKs due before its end, in key order."""
+    keys = np.concatenate([ids.astype(np.float64), free_keys, mark_keys])
     order = np.argsort(keys, kind="stable")
-    total = 2 * n + iterations
-    rec = np.zeros(total, RECORD_DTYPE)
-    is_alloc = order < n
-    is_free = (order >= n) & (order < 2 * n)
-    is_mark = order >= 2 * n
-    rec["kind"] = np.where(is_alloc, ALLOC, np.where(is_free, FREE, MARK))
-    ids = np.where(is_alloc, order, order - n)
-    rec["id"] = np.where(is_mark, NO_ID, ids)
+    n_a, n_f = len(ids), len(free_ids)
+    is_alloc, is_mark = order < n_a, order >= n_a + n_f
+    rec = np.zeros(len(keys), RECORD_DTYPE)
+    rec["kind"] = np.where(is_alloc, ALLOC, np.where(is_mark, MARK, FREE))
+    rec["id"] = np.where(is_mark, NO_ID, np.concatenate([ids, free_ids, np.zeros(len(mark_keys), np.int64)])[order])
     rec["site"] = NO_SITE
-    rec["aux"] = np.where(is_mark, order - 2 * n, 0)
-    rec["size"] = np.where(is_alloc, sizes[np.minimum(order, n - 1)], 0)
-    gaps = rng.exponential(p["event_ns"], total)
-    if gaps.sum() >= 2**63:
-        raise ValueError("event times past 2**63 ns")
-    gaps = gaps.astype(np.int64)
-    gaps[0] = 0
-    rec["time_ns"] = np.cumsum(gaps)
-    trace = Trace(rec, meta, labels=[f"iter {k}" for k in range(iterations)])
-    if path:
-        trace.save(path)
-        return Trace.load(path, validate=False)
-    return trace
+    rec["aux"] = np.where(is_mark, order - n_a - n_f + first_mark, 0)
+    rec["size"] = np.where(is_alloc, sizes[np.minimum(order, n_a - 1)], 0)
+    rec["time_ns"] = clock.times(len(rec))
+    return rec
+
+
+class _Clock:
+    """Event times: exponential gaps of mean ``event_ns`` (the first event at 0), a block at a time."""
+
+    def __init__(self, rng, event_ns: float):
+        self.rng, self.event_ns = rng, event_ns
+        self.now = 0
+        self.total = 0.0        # the gaps drawn so far, unrounded
+        self.first = True
+
+    def times(self, n: int) -> np.ndarray:
+        gaps = self.rng.exponential(self.event_ns, n)
+        self.total += gaps.sum()
+        if self.total >= 2**63:
+            raise ValueError("event times past 2**63 ns")
+        gaps = gaps.astype(np.int64)
+        if self.first and n:
+            gaps[0], self.first = 0, False
+        t = np.cumsum(gaps) + self.now
+        if n:
+            self.now = int(t[-1])
+        return t

@@ -117,12 +117,14 @@ def default_trace_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", DEFAULT_TRACE)
 
 
-def load_trace(path: str | None, quiet: bool = True) -> Trace:
-    """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds)."""
+def load_trace(path: str | None, quiet: bool = True, walkers=()) -> Trace:
+    """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds).
+
+    ``walkers`` are fed the validating pass's chunks (`Trace.load`)."""
     path = default_trace_path() if path is None else path       # "" is refused where it is opened
     _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit=None)
     try:
-        return Trace.load(path)
+        return Trace.load(path, walkers=walkers)
     finally:
         close()
 

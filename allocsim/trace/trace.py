@@ -39,11 +39,13 @@ class Trace:
 
     # ---- I/O -------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: str, *, validate: bool = True, mmap: bool = True) -> "Trace":
+    def load(cls, path: str, *, validate: bool = True, mmap: bool = True, walkers=()) -> "Trace":
         """Read a `.bin` trace; raise `InputError` (file, position, what) if it is malformed.
 
         The footer's tables are always checked (the trace is built from them); the
-        metadata's fields and the events only with ``validate``.
+        metadata's fields and the events only with ``validate``. ``walkers`` are fed
+        each `Chunk` of the validating pass (see `walk`), so a caller that summarises the
+        records reads them once.
         """
         meta, records, footer, finished = read_trace_file(path, mmap=mmap)
         check_footer(footer, path)
@@ -52,7 +54,9 @@ class Trace:
         t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
                 labels=footer.get("labels"), finished=finished, path=path)
         if validate:
-            t.validate()
+            t.validate(walkers)
+        elif walkers:
+            t.walk(*walkers)
         return t
 
     def save(self, path: str) -> None:
@@ -79,6 +83,16 @@ class Trace:
         for start in range(0, len(self), CHUNK):
             yield start, np.asarray(self.records[start:start + CHUNK])    # a plain view: no memmap overhead
 
+    def walk(self, *walkers) -> None:
+        """Feed each `Chunk` of the records, in order, to every walker's ``add(chunk)``.
+
+        Walkers that run together share the chunk's columns (read once) and the pass.
+        """
+        for start, rec in self._chunks():
+            chunk = Chunk(start, rec)
+            for w in walkers:
+                w.add(chunk)
+
     def column(self, name: str) -> np.ndarray:
         return self.records[name]
 
@@ -94,6 +108,7 @@ class Trace:
 
     @cached_property
     def n_allocs(self) -> int:
+        """ALLOC events (counted by `validate` as it goes, else in a pass of its own)."""
         return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self._chunks())
 
     @cached_property
@@ -125,91 +140,127 @@ class Trace:
     def load_bytes(self) -> int:
         """LOAD: peak live requested bytes, the lower bound for any allocator.
 
-        Walks the records a chunk at a time (`LiveBytes`): memory bounded by the live objects.
+        Found by `validate` as it goes, else by a walk of its own; either way a chunk at a time
+        (`LiveBytes`): memory bounded by the live objects.
         """
-        live, peak = LiveBytes(), 0
-        for _, rec in self._chunks():
-            peak = max(peak, int(live.curve(rec["kind"], rec["id"], rec["size"]).max()))
-        return peak
+        live = LiveBytes()
+        self.walk(live)
+        return live.peak
 
     def marks(self) -> list[tuple[int, str]]:
-        """``(event index, label)`` of every MARK."""
-        idx = np.flatnonzero(self.kind == ev.MARK)
-        aux = self.aux[idx]
-        return [(int(i), self.labels[a] if a < len(self.labels) else f"mark {a}") for i, a in zip(idx, aux)]
+        """``(event index, label)`` of every MARK (read a chunk at a time)."""
+        out = []
+        for start, rec in self._chunks():
+            idx = np.flatnonzero(rec["kind"] == ev.MARK)
+            out += [(start + int(i), self.labels[a] if a < len(self.labels) else f"mark {a}")
+                    for i, a in zip(idx, rec["aux"][idx].tolist())]
+        return out
 
     # ---- validation --------------------------------------------------------------------
-    def validate(self) -> None:
+    def validate(self, walkers=()) -> None:
         """Check the event stream; raise `InputError` at the first bad event.
 
-        Two passes over the records, a chunk at a time. Each check keeps its own first
-        defect, and they are reported in a fixed order (kind, stream, size, id range,
-        double ALLOC, then per FREE kind unknown id and double free), so a trace with
-        several defects reports the same one whatever the chunk size. Memory: a few
-        per-id flags (one byte per object id each), no per-event arrays.
+        One pass over the records (`_Validator`), which also finds LOAD and the ALLOC count
+        (kept as `load_bytes` and `n_allocs`) and feeds ``walkers`` (see `walk`).
         """
-        where = self.path or "<trace>"
-        first = _FirstDefects()
-        kinds = np.array(sorted(ev.KIND_NAMES), np.uint8)
-        top, top_at = -1, 0             # the largest ALLOC id and its first event
-        for start, rec in self._chunks():
-            kind = rec["kind"]
-            first.note("kind", start, ~np.isin(kind, kinds), lambda j: f"unknown event kind {int(kind[j])}")
-            if self.finished:           # an unfinished trace lost its table; indices stand for themselves
-                stream = rec["stream"]
-                first.note("stream", start, stream >= len(self.streams),
-                           lambda j: f"stream index {int(stream[j])} is beyond the footer's table of "
-                                     f"{len(self.streams)} streams")
-            a_idx = np.flatnonzero(kind == ev.ALLOC)
-            size = rec["size"]
-            first.note("size", start, (kind == ev.ALLOC) & (size > ev.MAX_SIZE),
-                       lambda j: f"absurd allocation size {int(size[j])} bytes (> 1 PiB)")
-            if len(a_idx):
-                ids = rec["id"][a_idx]
-                k = int(np.argmax(ids))
-                if int(ids[k]) > top:
-                    top, top_at = int(ids[k]), start + int(a_idx[k])
-        if top >= ev.NO_ID:
-            first.found.setdefault("id", (top_at, "ALLOC without an object id"))
-        elif top >= len(self):          # dense ids: each needs its own ALLOC event
-            first.found.setdefault("id", (top_at, f"object id {top} is out of range (ids are dense; the trace "
-                                                  f"has {len(self)} events)"))
-        first.raise_first(("kind", "stream", "size", "id"), where)
-        n_ids = top + 1
-        allocated = np.zeros(n_ids + 1, bool)
-        freed = {k: np.zeros(n_ids + 1, bool) for k in (ev.FREE, ev.FREE_REQUESTED)}
-        twice = None                    # (event, id) of the smallest id allocated twice, at its second ALLOC
-        for start, rec in self._chunks():
-            kind = rec["kind"]
-            a_idx = np.flatnonzero(kind == ev.ALLOC)
-            a_ids = rec["id"][a_idx].astype(np.int64)
+        check = _Validator(self)
+        self.walk(check, *walkers)
+        check.finish()
+        self.__dict__["load_bytes"], self.__dict__["n_allocs"] = check.live.peak, check.n_allocs
+
+
+class _Validator:
+    """The checks of `Trace.validate`, a `Chunk` at a time.
+
+    Each check keeps its own first defect, and they are reported in a fixed order (kind,
+    stream, size, id range, double ALLOC, then per FREE kind unknown id and double free),
+    so a trace with several defects reports the same one whatever the chunk size.
+
+    A FREE is checked against the live objects (`LiveBytes`, which finds LOAD on the way):
+    one that frees an object allocated before it and not yet freed is good, and in a good
+    trace all are, so the exact sorting-out of unknown and double frees runs only for a
+    chunk that has a bad one. (Once one FREE is bad, the live set may be wrong later on,
+    but the first unknown or double free, which is what is reported, is exact.)
+    Memory: the live objects, and the ids allocated (and FREE_REQUESTED) as runs of
+    consecutive ids (`IdRuns`), bounded by the gaps in them, not by the trace length.
+    """
+
+    ORDER = ("kind", "stream", "size", "id", "twice", "unknown free", "double free",
+             "unknown free_requested", "double free_requested")
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.first = _FirstDefects()
+        self.known_kind = np.zeros(256, bool)
+        self.known_kind[list(ev.KIND_NAMES)] = True
+        self.top, self.top_at = -1, 0           # the largest ALLOC id and its first event
+        self.allocated = IdRuns()
+        self.requested = IdRuns()               # ids freed by FREE_REQUESTED
+        self.live = LiveBytes()
+        self.twice = None                       # (event, id) of the smallest id allocated twice, at its second ALLOC
+        self.n_allocs = 0
+
+    def add(self, c: "Chunk") -> None:
+        first, start, kind, t = self.first, c.start, c.kind, self.trace
+        if c.known_kinds < len(kind):
+            first.note("kind", start, ~self.known_kind[kind], lambda j: f"unknown event kind {int(kind[j])}")
+        stream = c.rec["stream"]
+        if t.finished and c.stream_range[1] >= len(t.streams):   # unfinished: no table, indices stand for themselves
+            first.note("stream", start, stream >= len(t.streams),
+                       lambda j: f"stream index {int(stream[j])} is beyond the footer's table of "
+                                 f"{len(t.streams)} streams")
+        a_idx, a_size, a_ids = c.where(ev.ALLOC), c.alloc_sizes, c.ids(ev.ALLOC)
+        self.n_allocs += len(a_idx)
+        first.note("size", start, a_size > ev.MAX_SIZE,
+                   lambda j: f"absurd allocation size {int(a_size[j])} bytes (> 1 PiB)", at=a_idx)
+        if len(a_idx):
+            k = int(np.argmax(a_ids))
+            if int(a_ids[k]) > self.top:
+                self.top, self.top_at = int(a_ids[k]), start + int(a_idx[k])
+        if _increasing(a_ids):          # the usual order: no sort needed
+            a_sorted, a_at = a_ids, a_idx
+        else:
             order = np.argsort(a_ids, kind="stable")
             a_sorted, a_at = a_ids[order], a_idx[order]     # this chunk's ALLOCs by id, and where each is
-            for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
-                f_idx = np.flatnonzero(kind == k)
-                f_raw = rec["id"][f_idx]
-                f_ids = np.minimum(f_raw.astype(np.int64), n_ids)
-                known = allocated[f_ids]
-                later = np.flatnonzero(~known)
-                if len(a_ids) and len(later):   # allocated in this chunk, before the free?
-                    pos = _find(a_sorted, f_ids[later])
-                    known[later] = (a_sorted[pos] == f_ids[later]) & (a_at[pos] < f_idx[later])
-                bad = np.zeros(len(kind), bool)
-                bad[f_idx] = ~known | (f_ids >= n_ids)
-                first.note(f"unknown {label}", start, bad,
-                           lambda j: f"{label} of unknown id {int(rec['id'][j])} (never allocated before this event)")
-                bad[:] = False
-                bad[f_idx] = _repeats(f_ids, freed[k]) & (f_ids < n_ids)
-                first.note(f"double {label}", start, bad, lambda j: f"double {label} of id {int(rec['id'][j])}")
-            rep = np.flatnonzero(_repeats(a_ids, allocated))
-            if len(rep):
-                j = rep[np.argmin(a_ids[rep])]      # argmin: the first of the smallest id's repeats here
-                if twice is None or a_ids[j] < twice[1]:
-                    twice = (start + int(a_idx[j]), int(a_ids[j]))
-        if twice is not None:
-            first.found["twice"] = (twice[0], f"id {twice[1]} allocated twice")
-        first.raise_first(("twice", "unknown free", "double free", "unknown free_requested",
-                           "double free_requested"), where)
+        self.live.add(c)
+        for k, label in ((ev.FREE, "free"), (ev.FREE_REQUESTED, "free_requested")):
+            f_idx, f_ids = c.where(k), c.ids(k)
+            if not len(f_idx):
+                continue
+            if k == ev.FREE:
+                live = (self.live.freed_from >= -1) & (self.live.freed_from < f_idx)
+                if live.all() and not self.live.freed_twice:
+                    continue            # every FREE ends a live object: the usual case
+            known = self.allocated.contains(f_ids)
+            later = np.flatnonzero(~known)
+            if len(a_ids) and len(later):   # allocated in this chunk, before the free?
+                pos = _find(a_sorted, f_ids[later])
+                known[later] = (a_sorted[pos] == f_ids[later]) & (a_at[pos] < f_idx[later])
+            first.note(f"unknown {label}", start, ~known,
+                       lambda j: f"{label} of unknown id {int(f_ids[j])} (never allocated before this event)", at=f_idx)
+            if k == ev.FREE:            # allocated before, but not live then: freed before
+                live[np.setdiff1d(np.arange(len(f_ids)), np.unique(f_ids, return_index=True)[1])] = False
+                double = known & ~live
+            else:
+                double = _repeats(f_ids, self.requested)
+            first.note(f"double {label}", start, double, lambda j: f"double {label} of id {int(f_ids[j])}", at=f_idx)
+        rep = np.flatnonzero(_repeats(a_ids, self.allocated))
+        if len(rep):
+            j = rep[np.argmin(a_ids[rep])]      # argmin: the first of the smallest id's repeats here
+            if self.twice is None or a_ids[j] < self.twice[1]:
+                self.twice = (start + int(a_idx[j]), int(a_ids[j]))
+
+    def finish(self) -> None:
+        """Raise `InputError` for the first defect in `ORDER`, if any."""
+        found = self.first.found
+        if self.top >= ev.NO_ID:
+            found.setdefault("id", (self.top_at, "ALLOC without an object id"))
+        elif self.top >= len(self.trace):          # dense ids: each needs its own ALLOC event
+            found.setdefault("id", (self.top_at, f"object id {self.top} is out of range (ids are dense; the trace "
+                                                 f"has {len(self.trace)} events)"))
+        if self.twice is not None:
+            found["twice"] = (self.twice[0], f"id {self.twice[1]} allocated twice")
+        self.first.raise_first(self.ORDER, self.trace.path or "<trace>")
 
 
 class _FirstDefects:
@@ -218,11 +269,15 @@ class _FirstDefects:
     def __init__(self):
         self.found: dict[str, tuple[int, str]] = {}
 
-    def note(self, check: str, start: int, bad: np.ndarray, what) -> None:
-        """Keep the first True of ``bad`` (a chunk starting at ``start``) if ``check`` has none yet."""
+    def note(self, check: str, start: int, bad: np.ndarray, what, at: np.ndarray | None = None) -> None:
+        """Keep the first True of ``bad`` (a chunk starting at ``start``) if ``check`` has none yet.
+
+        ``what(j)`` says what is wrong with ``bad[j]``; ``at`` gives the chunk position of
+        each entry of ``bad`` when it covers only some of the chunk's events.
+        """
         if check not in self.found and bad.any():
             j = int(np.argmax(bad))
-            self.found[check] = (start + j, what(j))
+            self.found[check] = (start + (j if at is None else int(at[j])), what(j))
 
     def raise_first(self, checks, where: str) -> None:
         """Raise `InputError` for the first of ``checks`` (in that order) that found a defect."""
@@ -232,19 +287,17 @@ class _FirstDefects:
                 raise InputError(what, path=where, position=f"event {i}")
 
 
-def _find(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+def _find(sorted_ids: np.ndarray, ids: np.ndarray, tail: int | None = None) -> np.ndarray:
     """Where each of ``ids`` is (or would go, clipped to the last) in the non-empty ``sorted_ids``.
 
-    Dense ids allocated in order make ``sorted_ids`` a run of consecutive integers
-    at its end: those are found by subtraction instead of a binary search.
+    Dense ids allocated in order make ``sorted_ids`` end in a run of consecutive
+    integers (from ``tail`` where the caller knows it): those are found by subtraction
+    instead of a binary search.
     """
     n = len(sorted_ids)
-    lo = int(np.searchsorted(sorted_ids, sorted_ids[-1] - (n - 1)))      # start of a consecutive tail?
-    tail = n - lo
-    if sorted_ids[-1] - sorted_ids[lo] != tail - 1:
-        return np.minimum(np.searchsorted(sorted_ids, ids), n - 1)
+    lo = n - _consecutive_tail(sorted_ids) if tail is None else tail
     off = ids - sorted_ids[lo]
-    in_tail = (off >= 0) & (off < tail)
+    in_tail = (off >= 0) & (off < n - lo)
     pos = np.where(in_tail, off + lo, 0)
     head = np.flatnonzero(~in_tail)
     if len(head):
@@ -252,34 +305,155 @@ def _find(sorted_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return pos
 
 
-def _repeats(ids: np.ndarray, seen: np.ndarray) -> np.ndarray:
-    """Which of ``ids`` (in order) were seen before: in ``seen`` or earlier in ``ids``; marks them all seen."""
-    again = seen[ids]
+def _consecutive_tail(sorted_ids: np.ndarray) -> int:
+    """How many of the non-empty, sorted ``sorted_ids`` end it as consecutive integers (at least 1).
+
+    ``sorted_ids[-1] - sorted_ids[j] - (n - 1 - j)`` is never negative for distinct ids and
+    falls to 0 exactly where the consecutive tail begins, so a binary search finds it;
+    the answer is checked, as repeated ids (an unvalidated trace) break that order.
+    """
+    n = len(sorted_ids)
+    if sorted_ids[-1] - sorted_ids[0] == n - 1:
+        return n
+    excess = sorted_ids[-1] - sorted_ids - np.arange(n - 1, -1, -1)
+    lo = int(np.searchsorted(-excess, 0))
+    if sorted_ids[-1] - sorted_ids[lo] != n - 1 - lo:
+        return 1
+    return n - lo
+
+
+def _increasing(ids: np.ndarray) -> bool:
+    """Are ``ids`` strictly increasing (so already sorted, without repeats)?"""
+    return bool(np.all(ids[1:] > ids[:-1]))
+
+
+def _repeats(ids: np.ndarray, seen: "IdRuns") -> np.ndarray:
+    """Which of ``ids`` (in order) were seen before: in ``seen`` or earlier in ``ids``; adds them all to ``seen``."""
+    if _increasing(ids):
+        again = seen.contains(ids) if len(ids) and ids[0] < seen.end else np.zeros(len(ids), bool)
+        seen.add_sorted(ids)
+        return again
+    again = seen.contains(ids)
+    s = np.sort(ids)
+    if np.all(s[1:] != s[:-1]):
+        seen.add_sorted(s)
+        return again
     first = np.unique(ids, return_index=True)[1]
     later = np.ones(len(ids), bool)
     later[first] = False
-    seen[ids] = True
+    seen.add_sorted(np.unique(ids))
     return again | later
 
 
-#: Records read at a time by the chunked walks (`Trace.load_bytes`, the replay engine).
+class IdRuns:
+    """A set of object ids held as sorted, disjoint runs ``[start, end)`` of consecutive ids.
+
+    Dense ids allocated (or freed) mostly in order make few runs: the memory is
+    bounded by the gaps in the set (for freed ids, about the live objects), not by
+    how many ids it holds. Queries and insertions take numpy arrays.
+    """
+
+    def __init__(self):
+        self.starts = np.zeros(0, np.int64)
+        self.ends = np.zeros(0, np.int64)
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        """Membership of each of ``ids`` (int64)."""
+        if not len(self.starts):
+            return np.zeros(len(ids), bool)
+        k = np.searchsorted(self.starts, ids, side="right") - 1
+        return (k >= 0) & (ids < self.ends[np.maximum(k, 0)])
+
+    def add_sorted(self, ids: np.ndarray) -> None:
+        """Add ``ids`` (int64, sorted, without repeats; members already in the set are fine)."""
+        if not len(ids):
+            return
+        cut = np.flatnonzero(ids[1:] != ids[:-1] + 1) + 1
+        starts = ids[np.concatenate(([0], cut))]
+        ends = ids[np.concatenate((cut - 1, [len(ids) - 1]))] + 1
+        if len(self.starts) and starts[0] >= self.ends[-1]:         # all after the set: append, maybe joining
+            starts = np.concatenate((self.starts, starts))
+            ends = np.concatenate((self.ends, ends))
+        elif len(self.starts):
+            order = np.argsort(np.concatenate((self.starts, starts)), kind="stable")
+            starts = np.concatenate((self.starts, starts))[order]
+            ends = np.maximum.accumulate(np.concatenate((self.ends, ends))[order])
+        new = np.concatenate(([True], starts[1:] > ends[:-1]))          # a run not touching the one before
+        last = np.concatenate((np.flatnonzero(new)[1:] - 1, [len(starts) - 1]))
+        self.starts, self.ends = starts[new], ends[last]
+
+    @property
+    def end(self) -> int:
+        """One more than the largest id in the set (0 when empty)."""
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+
+#: Records read at a time by the chunked walks (`Trace.walk`, the replay engine).
 CHUNK = 1 << 16
 
 
+class Chunk:
+    """Records ``start`` onwards (``rec``), with the columns the chunked walks share, each read once.
+
+    The record columns are strided (40 bytes a record), so the kinds are copied once and
+    the positions, ids and ALLOC sizes of an event kind are gathered on first use.
+    """
+
+    def __init__(self, start: int, rec: np.ndarray):
+        self.start, self.rec = start, rec
+        self.kind = np.ascontiguousarray(rec["kind"])
+        self._where: dict[int, np.ndarray] = {}
+        self._ids: dict[int, np.ndarray] = {}
+
+    def where(self, kind: int) -> np.ndarray:
+        """Positions (in the chunk) of the events of ``kind``."""
+        at = self._where.get(kind)
+        if at is None:
+            at = self._where[kind] = np.flatnonzero(self.kind == kind)
+        return at
+
+    def ids(self, kind: int) -> np.ndarray:
+        """Object ids (int64) of the events of ``kind``."""
+        ids = self._ids.get(kind)
+        if ids is None:
+            ids = self._ids[kind] = self.rec["id"][self.where(kind)].astype(np.int64)
+        return ids
+
+    @cached_property
+    def alloc_sizes(self) -> np.ndarray:
+        """Requested bytes (uint64) of the ALLOCs."""
+        return self.rec["size"][self.where(ev.ALLOC)]
+
+    @cached_property
+    def known_kinds(self) -> int:
+        """How many events are of a known kind (all of them, in a good trace)."""
+        return sum(len(self.where(k)) for k in ev.KIND_NAMES)
+
+    @cached_property
+    def stream_range(self) -> tuple[int, int]:
+        """The smallest and largest stream index in the chunk."""
+        stream = self.rec["stream"]
+        return int(stream.min()), int(stream.max())
+
+
 class LiveBytes:
-    """Live requested bytes along a trace read in order, chunk by chunk.
+    """Live requested bytes along a trace read in order, a `Chunk` at a time; a walker (`Trace.walk`).
 
     Keeps the live objects' ids and sizes (sorted numpy arrays) between chunks, so
-    its memory is bounded by the live state, not by the trace length. Each chunk
-    costs a sort of the live objects plus the chunk's ALLOCs. A FREE of an id not
-    live (an unvalidated trace) frees 0 bytes.
+    its memory is bounded by the live state, not by the trace length. A chunk whose
+    ALLOC ids are new and increasing (the usual order) costs no sort. A FREE of an id
+    not live (an unvalidated trace) frees 0 bytes. ``peak`` is LOAD so far.
     """
 
     def __init__(self):
         self.ids = np.zeros(0, np.int64)
         self.sizes = np.zeros(0, np.int64)
         self.live = 0
+        self.peak = 0
         self.pos = 0        # records read by `at`
+        self.freed_from = np.zeros(0, np.intp)  # per FREE of the last chunk: where in it the object freed was
+        #                                          allocated, -1 before it, -2 no live object of that id
+        self.freed_twice = False                # a live object freed twice in the last chunk
 
     def at(self, records: np.ndarray, index: int) -> int:
         """Live bytes after event ``index`` of ``records``, read from where the last call stopped.
@@ -288,28 +462,40 @@ class LiveBytes:
         `CHUNK` at most at a time. (The replay asks only at OOMs.)
         """
         while self.pos <= index:
-            rec = records[self.pos:min(self.pos + CHUNK, index + 1)]
-            self.curve(rec["kind"], rec["id"], rec["size"])
+            rec = np.asarray(records[self.pos:min(self.pos + CHUNK, index + 1)])
+            self.curve(Chunk(self.pos, rec))
             self.pos += len(rec)
         return self.live
 
-    def curve(self, kind: np.ndarray, ids: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Live bytes after each event of the next chunk (int64), the chunk's columns given."""
-        a, f = kind == ev.ALLOC, kind == ev.FREE
-        all_ids = np.concatenate([self.ids, ids[a].astype(np.int64)])
-        all_sizes = np.concatenate([self.sizes, size[a].astype(np.int64)])
-        order = np.argsort(all_ids, kind="stable")
-        all_ids, all_sizes = all_ids[order], all_sizes[order]
-        freed = ids[f].astype(np.int64)
-        pos = _find(all_ids, freed) if len(all_ids) else np.zeros(len(freed), np.intp)
+    def add(self, chunk: Chunk) -> None:
+        self.peak = max(self.peak, int(self.curve(chunk).max()))
+
+    def curve(self, chunk: Chunk) -> np.ndarray:
+        """Live bytes after each event of the next chunk (int64)."""
+        a, f = chunk.where(ev.ALLOC), chunk.where(ev.FREE)
+        a_ids, a_sizes = chunk.ids(ev.ALLOC), chunk.alloc_sizes.astype(np.int64)
+        all_ids = np.concatenate([self.ids, a_ids])
+        all_sizes = np.concatenate([self.sizes, a_sizes])
+        born = np.concatenate([np.full(len(self.ids), -1, np.intp), a])
+        tail = None                     # where a consecutive run of ids ends the sorted ids, if known
+        if _increasing(a_ids) and (not len(self.ids) or not len(a_ids) or a_ids[0] > self.ids[-1]):
+            if len(a_ids) and a_ids[-1] - a_ids[0] == len(a_ids) - 1:
+                tail = len(self.ids)
+        else:
+            order = np.argsort(all_ids, kind="stable")
+            all_ids, all_sizes, born = all_ids[order], all_sizes[order], born[order]
+        freed = chunk.ids(ev.FREE)
+        pos = _find(all_ids, freed, tail) if len(all_ids) else np.zeros(len(freed), np.intp)
         known = all_ids[pos] == freed if len(all_ids) else np.zeros(len(freed), bool)
-        delta = np.zeros(len(kind), np.int64)
-        delta[a] = size[a]
+        delta = np.zeros(len(chunk.kind), np.int64)
+        delta[a] = a_sizes
         delta[f] = -np.where(known, all_sizes[pos] if len(all_ids) else 0, 0)
         out = np.cumsum(delta)
         out += self.live
         keep = np.ones(len(all_ids), bool)
         keep[pos[known]] = False
+        self.freed_from = np.where(known, born[pos] if len(all_ids) else -2, -2)
+        self.freed_twice = len(keep) - np.count_nonzero(keep) < np.count_nonzero(known)
         self.ids, self.sizes = all_ids[keep], all_sizes[keep]
         if len(out):
             self.live = int(out[-1])
