@@ -135,7 +135,7 @@ class History:
 
 def allocator_settings(pol) -> dict:
     """The torch model's settings in force, as a snapshot records them (the importer reads them back)."""
-    opts = pol.options
+    opts = {**pol.options, "roundup_power2_divisions": pol.divisions}      # the table, however it was given
     changed = {"expandable_segments": pol.expandable, "max_split_size_mb": opts["max_split_size_mb"] is not None,
                "max_non_split_rounding_mb": opts["max_non_split_rounding_mb"] not in (None, 20),
                "roundup_power2_divisions": any(pol.divisions),
