@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from allocsim import engine
 from allocsim.importers.torch_snapshot import convert
-from allocsim.report.snapshot import replay_snapshot, write_snapshot
+from allocsim.report.snapshot import History, replay_snapshot, write_snapshot
 from allocsim.testing import SIZE_RANGES, build_trace
-from allocsim.trace import ALLOC, FREE, Trace, TraceWriter
+from allocsim.trace import ALLOC, FREE, SEGMENT_ALLOC, Trace, TraceWriter
+from allocsim.trace.events import SEGMENT_FREE
 from conftest import ROOT, run_cli
 
 PLAIN = os.path.join(ROOT, "traces", "raw", "pressure", "plain.pickle")
@@ -125,6 +126,20 @@ def test_settings_survive_the_round_trip(path):
         (res.peak_reserved_bytes, res.device_mallocs, res.device_frees, res.counters)
     if path == EXPANDABLE:
         assert {"segment_map", "segment_unmap"} & {e[0] for e in entries(export)}
+
+
+def test_segment_calls_are_stamped_with_the_event_that_made_them():
+    """A malloc's calls carry its ALLOC (one the observer never saw too: it failed); the calls of an event
+    that is not an ALLOC (empty_cache, where the log still names the last ALLOC) are that event's."""
+    history = History(build_trace([(True, 1, 0, 0)], []))
+    log = [(SEGMENT_ALLOC, 1, 5)]
+    history.stamp(log, 5)                           # ALLOC 5 made a segment
+    log += [(SEGMENT_FREE, 1, 7), (SEGMENT_ALLOC, 1, 7), (SEGMENT_FREE, 1, 7)]
+    history.stamp(log, 8)                           # ALLOC 7 failed after a flush; FREE 8 is seen
+    log += [(SEGMENT_FREE, 1, 7)]
+    history.stamp(log, 9)                           # event 9, an empty_cache, released a segment
+    history.stamp(log, 12)
+    assert history.stamps == [5, 7, 7, 7, 9]
 
 
 # ---- what PyTorch's visualizer needs -----------------------------------------------------------

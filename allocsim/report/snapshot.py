@@ -11,9 +11,10 @@ pickle protocol 4: https://pytorch.org/memory_viz unpickles protocols 2 to 4 onl
 
 Where the trace entries come from: the replay's observer sees each ALLOC and FREE
 and its block (a FREE's block is where its ALLOC put it); the policy's segment log
-gives each device call's kind, size, address, stream and the ALLOC whose malloc made
-it, so it goes just before that ALLOC's ``alloc`` entry; each OOM of the result
-becomes an ``oom`` after its request's segment calls. Times are the trace's, in µs.
+gives each device call's kind, size, address and stream, and the event that made it
+(`History.stamp`), so it goes just before that ALLOC's ``alloc`` entry; each OOM of
+the result becomes an ``oom`` after its request's segment calls. Times are the
+trace's, in µs.
 A free block's ``requested_size`` is 0 (PyTorch keeps the size its last allocation
 asked for); there are no stack frames.
 """
@@ -74,6 +75,8 @@ class History:
         self.entries: list[tuple[int, dict]] = []     # (event index, entry): block entries in replay order
         self.live: dict[int, object] = {}               # id -> handle of each live block
         self.where: dict[int, tuple] = {}               # id -> (addr, requested size, stream) at its ALLOC
+        self.stamps: list[int] = []                     # the event that made each segment_log entry
+        self.observed = -1                              # the last event the observer saw
 
     def stream(self, index: int) -> int:
         return self.streams[index] if index < len(self.streams) else index
@@ -87,6 +90,7 @@ class History:
         entries, live, where, trace = self.entries, self.live, self.where, self.trace
 
         def observer(at, kind, i, h):
+            self.stamp(held[0].segment_log, at)
             if kind == ALLOC:
                 addr, _ = held[0].block(h)
                 where[i] = addr, int(trace.size[at]), self.stream(int(trace.stream[at]))
@@ -99,10 +103,22 @@ class History:
                 entries.append(self.entry(at, "free_completed", addr, size, stream))
         return observer
 
+    def stamp(self, log, at: int) -> None:
+        """Give the segment calls logged since the last event seen, event ``at``, their event.
+
+        The log names the ALLOC being served (``log_events``): right for the calls of ``at``'s
+        malloc and of a failed malloc the observer never saw, stale for the calls of an event
+        that is not an ALLOC (an ``empty_cache``), which are ``at``'s own.
+        """
+        seen = self.observed
+        self.stamps += [e if e > seen else at for _, _, e in log[len(self.stamps):]]
+        self.observed = at
+
     def device_trace(self, pol, res) -> list[dict]:
-        """Every entry in replay order: an ALLOC's segment calls, then its ``alloc`` or ``oom``."""
+        """Every entry in replay order: an event's segment calls, then its ``alloc`` or ``oom``."""
+        self.stamp(pol.segment_log, self.observed)     # the calls of a failed ALLOC that ended the walk
         before = [self.entry(at, SEGMENT_ACTIONS[kind], addr, size, self.stream(stream))
-                  for (kind, size, at), (addr, stream) in zip(pol.segment_log, pol.segment_where)]
+                  for at, (kind, size, _), (addr, stream) in zip(self.stamps, pol.segment_log, pol.segment_where)]
         capacity = res.capacity_bytes
         for o in res.oom_events:
             at, e = self.entry(o.event, "oom", 0, o.size, self.stream(o.stream))
