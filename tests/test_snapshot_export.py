@@ -147,10 +147,12 @@ def walk_as_memoryviz(snapshot) -> None:
     """Walk the entries forward as the visualizer replays them; assert every step is possible.
 
     An alloc lands in mapped memory and overlaps no live block; a free names a live block; a
-    segment is released or unmapped only when no live block is inside; the end state is the
+    segment is released or unmapped only when no live block is inside, and a released one is a
+    whole segment allocated before (MemoryViz finds it by address); the end state is the
     snapshot's segments and active blocks.
     """
     mapped: list[list[int]] = []                  # sorted, coalesced [start, end) ranges
+    whole: dict[int, int] = {}                    # segment_alloc'd segments: address -> size
     live: dict[int, int] = {}
     addrs: list[int] = []
 
@@ -181,8 +183,12 @@ def walk_as_memoryviz(snapshot) -> None:
         act, a, n = e["action"], e.get("addr"), e["size"]
         if act in ("segment_alloc", "segment_map"):
             add_range(a, n)
+            if act == "segment_alloc":
+                whole[a] = n
         elif act in ("segment_free", "segment_unmap"):
             remove_range(a, n)
+            if act == "segment_free":
+                assert whole.pop(a, None) == n, ("segment_free of no whole segment", e)
         elif act == "alloc":
             assert a not in live and inside(a, max(n, 1)), ("alloc outside mapped memory", e)
             j = bisect.bisect_left(addrs, a)
