@@ -13,8 +13,11 @@ Where the trace entries come from: the replay's observer sees each ALLOC and FRE
 and its block (a FREE's block is where its ALLOC put it); the policy's segment log
 gives each device call's kind, size, address and stream, and the event that made it
 (`History.stamp`), so it goes just before that ALLOC's ``alloc`` entry; each OOM of
-the result becomes an ``oom`` after its request's segment calls. Times are the
-trace's, in µs.
+the result becomes an ``oom`` after its request's segment calls. A FREE is
+``free_requested`` + ``free_completed``, unless the trace holds the program's own
+FREE_REQUESTED before it (a recorded snapshot's ``record_stream``): ``free_requested``
+goes there, and a block whose free was requested but never completed ends
+``active_pending_free``, as PyTorch shows it. Times are the trace's, in µs.
 A free block's ``requested_size`` is 0 (PyTorch keeps the size its last allocation
 asked for); there are no stack frames.
 """
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
+
 from .. import engine
 from ..errors import UsageError
 from ..outputs import atomic_open
 from ..spec import PolicySpec
-from ..trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from ..trace.events import ALLOC, FREE_REQUESTED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 
 #: pickle protocol MemoryViz.js reads (it refuses 5, Python 3.14's default)
 PROTOCOL = 4
@@ -77,6 +82,9 @@ class History:
         self.where: dict[int, tuple] = {}               # id -> (addr, requested size, stream) at its ALLOC
         self.stamps: list[int] = []                     # the event that made each segment_log entry
         self.observed = -1                              # the last event the observer saw
+        self.end = len(trace)                           # where the walk ended (an OOM can stop it)
+        asked = np.flatnonzero(np.asarray(trace.kind) == FREE_REQUESTED)
+        self.asked: dict[int, int] = dict(zip(trace.id[asked].tolist(), asked.tolist()))  # id -> its FREE_REQUESTED
 
     def stream(self, index: int) -> int:
         return self.streams[index] if index < len(self.streams) else index
@@ -98,10 +106,14 @@ class History:
                 entries.append(self.entry(at, "alloc", *where[i]))
             elif i in where:
                 del live[i]
-                addr, size, stream = where.pop(i)
-                entries.append(self.entry(at, "free_requested", addr, size, stream))
-                entries.append(self.entry(at, "free_completed", addr, size, stream))
+                self.free_requested(i, at)
+                entries.append(self.entry(at, "free_completed", *where.pop(i)))
         return observer
+
+    def free_requested(self, i: int, at: int | None = None) -> None:
+        """Object ``i``'s ``free_requested``: at its FREE_REQUESTED if the trace has one before ``at``, else at ``at``."""
+        asked = self.asked.get(i, at)
+        self.entries.append(self.entry(asked if at is None or asked < at else at, "free_requested", *self.where[i]))
 
     def stamp(self, log, at: int) -> None:
         """Give the segment calls logged since the last event seen, event ``at``, their event.
@@ -125,19 +137,26 @@ class History:
             del e["addr"]
             e["device_free"] = max(0, capacity - o.reserved_bytes) if capacity else 0
             before.append((at, e))
+        for i in self.pending():
+            self.free_requested(i)
         # stable sort: segment calls (in call order) and an OOM go before the block entries of the same event
         return [e for _, e in sorted(before + self.entries, key=lambda x: x[0])]
+
+    def pending(self) -> list[int]:
+        """The live objects whose free the program requested before the walk ended (it completes later)."""
+        return [i for i in self.live if self.asked.get(i, self.end) < self.end]
 
     def segments(self, pol) -> list[dict]:
         """The final layout in ``snapshot()``'s form."""
         out = []
+        pending = {self.where[i][0] for i in self.pending()}
         for seg in pol.layout(list(self.live.values())):
-            blocks = [{"address": a, "size": s, "requested_size": r,
-                       "state": "active_allocated" if on else "inactive", "frames": []}
+            blocks = [{"address": a, "size": s, "requested_size": r, "frames": [],
+                       "state": "inactive" if not on else "active_pending_free" if a in pending else "active_allocated"}
                       for a, s, r, on in seg["blocks"]]
-            allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
             out.append({"device": 0, "address": seg["address"], "total_size": seg["size"],
-                        "allocated_size": allocated, "active_size": allocated,
+                        "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+                        "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
                         "requested_size": sum(b["requested_size"] for b in blocks),
                         "stream": self.stream(seg["stream"]), "segment_type": "small" if seg["small"] else "large",
                         "segment_pool_id": (0, 0), "is_expandable": seg["expandable"], "frames": [],
@@ -145,6 +164,8 @@ class History:
         return out
 
     def snapshot(self, pol, res) -> dict:
+        if not res.completed:
+            self.end = res.oom_events[-1].event
         return {"segments": self.segments(pol), "device_traces": [self.device_trace(pol, res)],
                 "allocator_settings": allocator_settings(pol), "external_annotations": []}
 
