@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from allocsim import engine
 from allocsim.importers.torch_snapshot import convert
 from allocsim.report.snapshot import History, replay_snapshot, write_snapshot
-from allocsim.testing import SIZE_RANGES, build_trace
+from allocsim.testing import SIZE_RANGES, STREAMS, build_trace
 from allocsim.trace import ALLOC, FREE, SEGMENT_ALLOC, Trace, TraceWriter
 from allocsim.trace.events import SEGMENT_FREE
 from conftest import ROOT, run_cli
@@ -262,15 +262,32 @@ options = st.fixed_dictionaries({}, optional={"expandable_segments": st.just(Tru
                                               "garbage_collection_threshold": st.sampled_from([0.5])})
 
 
+def requesting_trace(ops, keep: int) -> Trace:
+    """A run of ``ops`` (as `build_trace`'s) where a non-ALLOC op with an odd pick requests the free of a
+    live object, as ``record_stream`` delays it (its FREE comes later, or never); the first ``keep`` objects
+    live at the end are freed."""
+    w = TraceWriter()
+    live, asked = [], set()
+    for is_alloc, size, stream, pick in ops:
+        if is_alloc or not live:
+            live.append(w.alloc(size, stream=STREAMS[stream]))
+        elif pick % 2 and live[pick % len(live)] not in asked:
+            asked.add(live[pick % len(live)])
+            w.free_requested(live[pick % len(live)])
+        else:
+            w.free(live.pop(pick % len(live)))
+    for i in live[:keep % (len(live) + 1)]:
+        w.free(i)
+    return w.finish()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=ops, keep=st.integers(0, 10**6), options=options, cap=st.sampled_from([None, 48 << 20, 160 << 20]))
 def test_every_export_walks_and_imports_back(ops, keep, options, cap):
-    """Random runs, settings and caps (OOMs included, under --keep-going): the export is consistent
-    at every entry, ends in the layout it reports, and imports back to the events served."""
-    live = 0
-    for is_alloc, *_ in ops:
-        live += 1 if is_alloc or not live else -1
-    trace = build_trace(ops, list(range(keep % (live + 1))))     # some blocks stay live to the end
+    """Random runs, settings and caps (OOMs included, under --keep-going), frees requested early and some
+    never completed: the export is consistent at every entry, ends in the layout it reports, and imports
+    back to the events served."""
+    trace = requesting_trace(ops, keep)
     res, export = replay_snapshot(trace, "torch", options=dict(options), cap=cap, capacity=1 << 30,
                                   keep_going=True)
     walk_as_memoryviz(export)
