@@ -296,6 +296,27 @@ def test_every_export_walks_and_imports_back(ops, keep, options, cap):
     assert driving(imported(export)) == driving(trace, failed)
 
 
+def test_call_sites_are_the_stacks_the_visualizer_shows():
+    """An ALLOC's call site is the frame of its entries and of its block, and imports back as the same site."""
+    w = TraceWriter()
+    sites = ["train.py:12:forward", "/opt/lib/model.py:7:<lambda>", None]
+    ids = [w.alloc(3 << 20, site=sites[k % 3]) for k in range(9)]
+    for i in ids[::2]:
+        w.free(i)
+    trace = w.finish()
+    _, export = replay_snapshot(trace, "torch")
+    allocs = [e for e in export["device_traces"][0] if e["action"] == "alloc"]
+    shown = [f"{f[0]['filename']}:{f[0]['line']}:{f[0]['name']}" if f else None for f in (e["frames"] for e in allocs)]
+    assert shown == [sites[k % 3] for k in range(9)]
+    frees = [e for e in export["device_traces"][0] if e["action"] == "free_completed"]
+    assert [e["frames"] for e in frees] == [allocs[k]["frames"] for k in range(0, 9, 2)]
+    blocks = {b["address"]: b["frames"] for s in export["segments"] for b in s["blocks"] if b["state"] != "inactive"}
+    assert sorted(map(str, blocks.values())) == sorted(str(allocs[k]["frames"]) for k in range(1, 9, 2))
+    again = imported(export)
+    at = again.kind == ALLOC
+    assert [again.sites[s] if s != 0xFFFFFFFF else None for s in again.site[at].tolist()] == shown
+
+
 # ---- the command ---------------------------------------------------------------------------------
 def test_replay_snapshot_command_writes_the_export(tmp_path):
     trace = str(tmp_path / "plain.bin")

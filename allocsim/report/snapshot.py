@@ -19,7 +19,8 @@ FREE_REQUESTED before it (a recorded snapshot's ``record_stream``): ``free_reque
 goes there, and a block whose free was requested but never completed ends
 ``active_pending_free``, as PyTorch shows it. Times are the trace's, in µs.
 A free block's ``requested_size`` is 0 (PyTorch keeps the size its last allocation
-asked for); there are no stack frames.
+asked for). An ALLOC's call site (``file:line:function``) is its one stack frame, on
+its block and its entries, as PyTorch puts the allocation's stack on them.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from .. import engine
 from ..errors import UsageError
 from ..outputs import atomic_open
 from ..spec import PolicySpec
-from ..trace.events import ALLOC, FREE_REQUESTED, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from ..trace.events import ALLOC, FREE_REQUESTED, NO_SITE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 
 #: pickle protocol MemoryViz.js reads (it refuses 5, Python 3.14's default)
 PROTOCOL = 4
@@ -79,7 +80,8 @@ class History:
         self.time_ns = trace.time_ns
         self.entries: list[tuple[int, dict]] = []     # (event index, entry): block entries in replay order
         self.live: dict[int, object] = {}               # id -> handle of each live block
-        self.where: dict[int, tuple] = {}               # id -> (addr, requested size, stream) at its ALLOC
+        self.where: dict[int, tuple] = {}               # id -> (addr, requested size, stream, frames) at its ALLOC
+        self.frames = [frames_of(site) for site in trace.sites]      # one list per call site, shared
         self.stamps: list[int] = []                     # the event that made each segment_log entry
         self.observed = -1                              # the last event the observer saw
         self.end = len(trace)                           # where the walk ended (an OOM can stop it)
@@ -89,9 +91,9 @@ class History:
     def stream(self, index: int) -> int:
         return self.streams[index] if index < len(self.streams) else index
 
-    def entry(self, at: int, action: str, addr: int, size: int, stream: int) -> tuple[int, dict]:
+    def entry(self, at: int, action: str, addr: int, size: int, stream: int, frames=()) -> tuple[int, dict]:
         return at, {"action": action, "addr": int(addr), "size": int(size), "stream": stream,
-                    "time_us": int(self.time_ns[at]) // 1000, "frames": []}
+                    "time_us": int(self.time_ns[at]) // 1000, "frames": frames or []}
 
     def observe(self, held):
         """The replay's observer: an ``alloc`` per ALLOC, ``free_requested`` + ``free_completed`` per FREE."""
@@ -101,7 +103,9 @@ class History:
             self.stamp(held[0].segment_log, at)
             if kind == ALLOC:
                 addr, _ = held[0].block(h)
-                where[i] = addr, int(trace.size[at]), self.stream(int(trace.stream[at]))
+                site = int(trace.site[at])
+                where[i] = (addr, int(trace.size[at]), self.stream(int(trace.stream[at])),
+                            self.frames[site] if site != NO_SITE else [])
                 live[i] = h
                 entries.append(self.entry(at, "alloc", *where[i]))
             elif i in where:
@@ -150,8 +154,9 @@ class History:
         """The final layout in ``snapshot()``'s form."""
         out = []
         pending = {self.where[i][0] for i in self.pending()}
+        frames = {self.where[i][0]: self.where[i][3] for i in self.live}
         for seg in pol.layout(list(self.live.values())):
-            blocks = [{"address": a, "size": s, "requested_size": r, "frames": [],
+            blocks = [{"address": a, "size": s, "requested_size": r, "frames": frames.get(a, []) if on else [],
                        "state": "inactive" if not on else "active_pending_free" if a in pending else "active_allocated"}
                       for a, s, r, on in seg["blocks"]]
             out.append({"device": 0, "address": seg["address"], "total_size": seg["size"],
@@ -168,6 +173,13 @@ class History:
             self.end = res.oom_events[-1].event
         return {"segments": self.segments(pol), "device_traces": [self.device_trace(pol, res)],
                 "allocator_settings": allocator_settings(pol), "external_annotations": []}
+
+
+def frames_of(site: str) -> list[dict]:
+    """A call site ``file:line:function`` as the one stack frame PyTorch would list (the importer reads it back)."""
+    parts = site.rsplit(":", 2)
+    filename, line, name = parts if len(parts) == 3 else (site, "0", "?")
+    return [{"filename": filename, "line": int(line) if line.isdigit() else line, "name": name}]
 
 
 def allocator_settings(pol) -> dict:
