@@ -158,6 +158,12 @@ DATA_LOSS: list[Case] = [
          outputs=["x.bin"]),
     Case("plot-report-is-a-file", ["plot", "{trace}", "-p", "none", "--report", "{trace}"],
          expect="not a folder"),
+    Case("replay-snapshot-input", ["replay", "{trace}", "-p", "torch", "--snapshot", "{trace}"], expect=_OVER_INPUT,
+         stdout_empty=True),
+    Case("replay-snapshot-over-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/old.bin"],
+         setup=_write("old.bin"), expect=_OVER_TRACE, stdout_empty=True),
+    Case("replay-snapshot-dir-missing", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/no/s.pickle"],
+         expect="does not exist", stdout_empty=True),
 ]
 
 
@@ -432,6 +438,11 @@ NONSENSE: list[Case] = [
          expect="expected a .png, .svg or .pdf path", outputs=["front.txt"], stdout_empty=True),
     Case("tune-top-zero", ["tune", "{trace}", "--top", "0"], expect="--top: expected 1 or more, got 0",
          stdout_empty=True),
+    Case("replay-snapshot-policy-without-layout", ["replay", "{trace}", "-p", "split", "--snapshot", "{d}/s.pickle"],
+         expect="--snapshot: policy 'split' keeps no segment layout", outputs=["s.pickle"], stdout_empty=True),
+    Case("replay-snapshot-gc-runtime", ["replay", "{trace}", "-p", "torch", "--runtime", "gc",
+                                        "--snapshot", "{d}/s.pickle"],
+         expect="export an eager replay (--runtime eager)", outputs=["s.pickle"], stdout_empty=True),
 ]
 
 

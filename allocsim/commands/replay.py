@@ -5,6 +5,8 @@ import sys
 import time
 
 from .. import engine
+from ..outputs import add_force_argument, claim_outputs
+from ..report.snapshot import check_exportable, replay_snapshot, write_snapshot
 from ..report.tables import dump_json
 from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
@@ -25,12 +27,19 @@ def add_arguments(p):
     p.add_argument("--backend", choices=["sim", "cuda"], default="sim",
                    help="cuda: make the policy's device calls real cudaMalloc/cudaFree on this GPU (measured)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
+    p.add_argument("--snapshot", metavar="FILE", help="also write the simulated run as a PyTorch memory snapshot "
+                   "(a pickle, as torch.cuda.memory._dump_snapshot writes) for https://pytorch.org/memory_viz; "
+                   "policies with a segment layout (torch)")
+    add_force_argument(p)
     p.add_argument("--no-sections", action="store_true", help="omit the section table")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
     spec = PolicySpec.parse(args.policy).with_options(args.policy_opt)
+    if args.snapshot is not None:
+        check_exportable(spec, args.runtime)
+        claim_outputs([("--snapshot", args.snapshot)], [args.trace, args.cost_model], force=args.force)
     quiet = args.quiet or args.json
     t0 = time.perf_counter()
     trace = load_trace(args.trace, quiet)
@@ -39,14 +48,18 @@ def run(args) -> int:
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
     cap, capacity = positive_size(args.cap, "--cap", allow_none=True), capacity_arg(args.capacity)
     check_caps([cap], capacity)
+    replay = engine.replay if args.snapshot is None else replay_snapshot
     try:
-        res = engine.replay(
+        res = replay(
             trace, spec, runtime=args.runtime, cap=cap, capacity=capacity,
             costs=cost_model_arg(args.cost_model), keep_going=args.keep_going, gc_every=gc_every_arg(args.gc_every),
             progress=update, backend=args.backend, plan_progress=planned)
     finally:
         close_plan()
         close()
+    if args.snapshot is not None:
+        res, snapshot = res
+        write_snapshot(snapshot, args.snapshot)     # an OOMed run too: its oom entry is what a user looks for
     res.load_seconds = loaded
     if args.json:
         dump_json(res.to_dict())

@@ -33,7 +33,9 @@ Where the model knowingly differs:
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
 
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
-to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`.
+to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
+``(address, stream)`` to ``segment_where``; `layout` gives the segments and their blocks
+as PyTorch's ``snapshot()`` reports them (both for `allocsim.report.snapshot`).
 """
 from __future__ import annotations
 
@@ -405,6 +407,7 @@ class TorchCachingAllocator(Policy):
         self.gfb_calls = [0, 0]          # get_free_block calls per pool (large, small) while GC is on
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
+        self.segment_where: list[tuple[int, int]] = []     # (address, stream) of each segment_log entry
         # memory_stats counters
         self.num_device_alloc = self.num_device_free = 0
         self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
@@ -631,8 +634,9 @@ class TorchCachingAllocator(Policy):
             self.num_ooms += 1
         return b
 
-    def _log(self, kind: int, size: int) -> None:
+    def _log(self, kind: int, size: int, addr: int, pool: BlockPool) -> None:
         self.segment_log.append((kind, size, self.event_index))
+        self.segment_where.append((addr, pool.stream))
 
     def _alloc_block(self, pool: BlockPool, n: int, seg: int):
         """A new segment (or expandable pages) for ``n`` bytes; None if the device refuses."""
@@ -646,7 +650,7 @@ class TorchCachingAllocator(Policy):
         self.num_device_alloc += 1
         self.segments += 1
         self.segments_allocated += 1
-        self._log(SEGMENT_ALLOC, seg)
+        self._log(SEGMENT_ALLOC, seg, ptr, pool)
         return Block(ptr, seg, pool)
 
     # ---- free -----------------------------------------------------------------------------
@@ -693,7 +697,7 @@ class TorchCachingAllocator(Policy):
         self.device.free(b.ptr, b.size)
         self.num_device_free += 1
         self.segments -= 1
-        self._log(SEGMENT_FREE, b.size)
+        self._log(SEGMENT_FREE, b.size, b.ptr, b.pool)
 
     def release_available_cached_blocks(self, pool: BlockPool, n: int) -> bool:
         """Free one cached oversize block >= max(n, max_split), else the largest ones."""
@@ -833,7 +837,7 @@ class TorchCachingAllocator(Policy):
         self._try_merge(b, b.next)
         self._insert(pool, b)
         self.num_device_alloc += 1
-        self._log(SEGMENT_MAP, mapped)
+        self._log(SEGMENT_MAP, mapped, es.base + begin * page, pool)
         return True
 
     def _unmap_block(self, b: Block) -> None:
@@ -869,11 +873,34 @@ class TorchCachingAllocator(Policy):
         es.pages.difference_update(range(begin, end))
         self.device.free(uptr, usize)   # one unmap call, as num_device_free counts it
         self.num_device_free += 1
-        self._log(SEGMENT_UNMAP, usize)
+        self._log(SEGMENT_UNMAP, usize, uptr, pool)
 
     # ---- reporting ------------------------------------------------------------------------
     def block(self, handle):
         return handle.ptr, handle.size
+
+    def layout(self, live) -> list[dict]:
+        """The segments as PyTorch's ``snapshot()`` reports them, by address; read-only, O(blocks).
+
+        ``live`` are the handles of the live blocks (an allocated block is known only to its
+        holder; the free ones are in the pools). As in PyTorch, each run of mapped blocks is
+        one segment, so an expandable segment gives one per mapped range. Each segment:
+        ``address, size, stream`` (index), ``small``, ``expandable`` and ``blocks``, a list of
+        ``(address, size, requested bytes, allocated)`` in address order.
+        """
+        blocks = [b for pp in self._pools.values() for pool in pp for b in pool.blocks.values()]
+        blocks += live
+        out = []
+        for head in blocks:
+            if head.prev is not None and head.prev.mapped:
+                continue
+            run, b = [], head
+            while b is not None and b.mapped:
+                run.append((b.ptr, b.size, b.requested if b.allocated else 0, b.allocated))
+                b = b.next
+            out.append({"address": head.ptr, "size": sum(r[1] for r in run), "stream": head.pool.stream,
+                        "small": head.pool.small, "expandable": head.es is not None, "blocks": run})
+        return sorted(out, key=lambda s: s["address"])
 
     def largest_free(self) -> int:
         best = 0
