@@ -28,10 +28,11 @@ import pickle
 
 import numpy as np
 
-from .. import engine
 from ..errors import UsageError
 from ..outputs import atomic_open
+from ..replay import Replay
 from ..spec import PolicySpec
+from ..trace import Trace
 from ..trace.events import ALLOC, FREE_REQUESTED, NO_SITE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 
 #: pickle protocol MemoryViz.js reads (it refuses 5, Python 3.14's default)
@@ -51,23 +52,14 @@ def check_exportable(policy, runtime: str = "eager") -> PolicySpec:
 
 
 def replay_snapshot(trace, policy, *, runtime: str = "eager", **replay_args):
-    """Replay ``trace`` (as `allocsim.engine.replay` would) and return ``(result, snapshot dict)``."""
+    """Replay ``trace`` (a `Replay` with ``replay_args``) and return ``(result, snapshot dict)``."""
     spec = check_exportable(policy, runtime)
-    held = []
-    cls = spec.policy_class()
-
-    class Held(cls):
-        """The policy itself, kept so its layout can be read after the replay."""
-
-        def __new__(kind, *args, **kwargs):
-            pol = super().__new__(kind)
-            held.append(pol)
-            return pol
-
-    Held.__qualname__ = Held.__name__ = f"{cls.__name__}(snapshot)"
-    history = History(trace)
-    res = engine.replay(trace, PolicySpec.of(Held, dict(spec.options)), runtime=runtime,
-                        observer=history.observe(held), log_events=True, **replay_args)
+    if isinstance(trace, str):
+        trace = Trace.load(trace)
+    history, held = History(trace), []
+    r = Replay(trace, spec, runtime=runtime, observer=history.observe(held), log_events=True, **replay_args)
+    held.append(r.policy)           # the policy itself: its layout is read after the replay
+    res = r.run()
     return res, history.snapshot(held[0], res)
 
 
