@@ -46,20 +46,3 @@ def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=No
     res.load_seconds = loaded
     res.replay_seconds = time.perf_counter() - t_start
     return res
-
-
-# ---- TEMPORARY: for branches written before `Replay` (remove once they are merged and moved to it) ----
-def build(trace: Trace, policy, **kwargs):
-    """TEMPORARY. The old ``(policy, runtime, device, sections)`` of a `Replay` made with ``kwargs``."""
-    r = Replay(trace, policy, **kwargs)
-    r.policy._replay = r
-    return r.policy, r.runtime, r.device, r.sections
-
-
-def _run(trace, pol, rt, dev, sections, *, keep_going, timeline, progress, observer, log_events=False):
-    """TEMPORARY. Run the `Replay` that `build` made, with the old ``_run`` arguments."""
-    r = pol._replay
-    r.keep_going, r.timeline, r.observer, r.progress = keep_going, timeline, observer, progress
-    r._log_index = log_events and getattr(pol, "wants_event_index", False)
-    r._before, r._after = r._hooks()
-    return r.run()

@@ -113,6 +113,7 @@ class _Walk:
         self.n_pressure = 0
         self.ooms: list[OOMRecord] = []
         self.ooms_avoided: list[int] = []
+        self.served_reserved: list[int] = []    # reserved bytes while each served request was held
         self.done = 0                  # driving events walked
         self.stopped = False           # an OOM stopped the walk
         self.latency = LatencyLog()
@@ -314,6 +315,7 @@ class Replay:
                 w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
             pol.free(h)
             w.ooms_avoided.append(int(c.at[j]))
+            w.served_reserved.append(r)
 
     @contextmanager
     def _root_section(self, name: str):
@@ -381,6 +383,11 @@ class Replay:
     @property
     def ooms(self) -> list[OOMRecord]:
         return list(self._w.ooms)
+
+    @property
+    def served_ooms(self) -> list[tuple[int, int]]:
+        """``(event, reserved bytes while it was held)`` of each recorded failed request this replay served."""
+        return list(zip(self._w.ooms_avoided, self._w.served_reserved))
 
     def live_blocks(self) -> dict[int, tuple[int, int]]:
         """``{object id: (addr, size)}`` of the live objects' blocks (0-byte objects never have one)."""

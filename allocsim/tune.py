@@ -43,12 +43,11 @@ With ``max_replays``, the settings nearest the recorded ones (fewest options
 changed) are replayed first, and the answer is the best of those.
 
 OOM rescue: for each ``OOM`` record of the trace (a request the recorded run
-failed), every distinct setting is walked up to that point and given the
-request (`rescue`): served or not, and the headroom then left under the target
-(limit − reserved after serving it). A setting that fails it does not fit. The
-walk is this module's own: the engine's replay does not give recorded OOM
-requests to the policy yet; once it does (``ooms_avoided`` in the result), the
-replay's own OOM count is used and the walk only measures the headroom.
+failed) the replay's walk gives the request to the policy where it was made:
+a setting that fails it again counts an OOM there (and does not fit); one that
+serves it lists it in ``ooms_avoided``. `rescue` replays every distinct setting
+once more through a `Replay` to read the headroom left under the target while
+the request was held (limit − reserved).
 """
 from __future__ import annotations
 
@@ -59,9 +58,10 @@ import numpy as np
 from .errors import UsageError
 from .policies.torch import (K_LARGE_BUFFER, N_DIVISION_INTERVALS, NO_DIVISIONS, _divisions, get_allocation_size,
                              parse_divisions, round_size, settings_from_trace)
+from .replay import Replay
 from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cell
-from .trace import ALLOC, FREE, Trace
+from .trace import ALLOC, Trace
 from .trace.events import OOM
 from .units import fmt_bytes
 
@@ -138,10 +138,10 @@ class Space:
     def _torch_gc_acts(self) -> bool:
         """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on``;
         a model without that attribute is taken to)."""
-        from .engine import build
-        pol = build(self.trace, torch_spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
-                    cap=self.target.cap, capacity=self.target.capacity)[0]
-        pol.close()
+        r = Replay(self.trace, torch_spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
+                   cap=self.target.cap, capacity=self.target.capacity)
+        pol = r.policy
+        r.close()
         return bool(getattr(pol, "gc_on", True))
 
     # the candidates, recorded settings first
@@ -357,7 +357,7 @@ def _replay_job(args) -> dict:
     row, res = run_cell(cell, settings, full=True)
     counters = res.counters
     row["retries"] = int(counters.get("num_alloc_retries", counters.get("cache_flushes", 0)))
-    row["ooms_avoided"] = getattr(res, "ooms_avoided", None)
+    row["ooms_avoided"] = res.ooms_avoided
     return row
 
 
@@ -440,28 +440,17 @@ def recorded_ooms(trace: Trace) -> list[tuple[int, int, int]]:
 
 
 def rescue(trace: Trace, spec: PolicySpec, cap, target: Target, ooms) -> dict:
-    """Walk ``trace`` under ``spec`` and give it each failed request of ``ooms`` where it was made: served
-    (and freed again at once) or not, and the headroom left under the target after serving it.
+    """Replay ``trace`` under ``spec``: the walk gives each failed request of ``ooms`` to the policy where it
+    was made (`Replay`); served or not, and the headroom left under the target while it was held.
 
     A walk that runs out of memory itself (``walk_oom_event``) reaches no OOM record after that point."""
-    from .engine import build
-    pol, rt, dev, _ = build(trace, spec, cap=cap if cap is not None else target.cap, capacity=target.capacity)
+    r = Replay(trace, spec, cap=cap if cap is not None else target.cap, capacity=target.capacity)
+    res = r.run()
     limit = target.limit if cap is None else min(cap, target.limit or cap)
-    pending = {at: size for at, size, _ in ooms}
-    served: dict[int, int | None] = {}          # event -> headroom (None: no limit), for the served ones
-
-    def attempt(at, size, stream) -> None:
-        h = pol.malloc(size, stream)
-        if h is not None:
-            served[at] = limit - dev.reserved if limit is not None else None
-            pol.free(h)
-
-    try:
-        stopped_at = _walk(trace, pol, rt, lambda at: at in pending, attempt)
-    finally:
-        pol.close()
+    served = {at: (limit - reserved if limit is not None else None) for at, reserved in r.served_ooms}
+    stopped_at = next((o.event for o in res.oom_events if not o.recorded), None)
     results = [{"event": at, "size": size, "reached": stopped_at is None or at < stopped_at, "served": at in served,
-                "headroom_bytes": served.get(at)} for at, size in sorted(pending.items())]
+                "headroom_bytes": served.get(at)} for at, size, _ in ooms]
     return {"ooms": results, "walk_oom_event": stopped_at}
 
 
@@ -472,13 +461,10 @@ def _rescue_job(args) -> dict:
 
 
 def _rescued(rows: list[dict], walks: list[dict], ooms) -> list[dict]:
-    """Per recorded OOM, the settings that serve it, most headroom first; a row whose walk fails a recorded OOM
-    counts it as an OOM there (unless the engine already drives recorded OOMs: ``ooms_avoided`` reported)."""
+    """Per recorded OOM, the settings that serve it, most headroom first (a row whose replay failed it again
+    already counts that OOM)."""
     for r, w in zip(rows, walks):
         r["rescue"] = w["ooms"]
-        failed = [o["event"] for o in w["ooms"] if not o["served"]]
-        if r["ooms_avoided"] is None and failed and not r["ooms"]:
-            r["ooms"], r["first_oom_event"] = len(failed), failed[0]
     out = []
     for k, (at, size, _) in enumerate(ooms):
         served = [{"setting": r["setting"], "headroom_bytes": r["rescue"][k]["headroom_bytes"]}
@@ -486,29 +472,6 @@ def _rescued(rows: list[dict], walks: list[dict], ooms) -> list[dict]:
         served.sort(key=lambda s: -(s["headroom_bytes"] or 0))
         out.append({"event": at, "size": size, "recorded": rows[0]["rescue"][k], "served_by": served})
     return out
-
-
-def _walk(trace: Trace, pol, rt, wanted, attempt) -> int | None:
-    """Drive ``pol`` through ``trace`` (eager: frees at once), calling ``attempt(index, size, stream)`` at each
-    OOM record ``wanted(index)`` accepts; the index of the first ALLOC the policy fails, else None."""
-    handles: dict = {}
-    rt.attach(pol, handles)
-    tick = pol.tick
-    for start, rec in trace._chunks():
-        cols = (rec[c].tolist() for c in ("kind", "id", "size", "stream", "time_ns"))
-        for j, (kind, i, size, stream, t) in enumerate(zip(*cols)):
-            if tick is not None:
-                tick(t)
-            if kind == ALLOC and size:
-                h = pol.malloc(size, stream)
-                if h is None:
-                    return start + j
-                handles[i] = h
-            elif kind == FREE and i in handles:
-                pol.free(handles.pop(i))
-            elif kind == OOM and wanted(start + j):
-                attempt(start + j, size, stream)
-    return None
 
 
 # ---- the picture ---------------------------------------------------------------------------------

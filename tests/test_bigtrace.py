@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from allocsim import synth
 from allocsim.commands import info
 from allocsim.errors import InputError
-from allocsim.trace import ALLOC, FREE, FREE_REQUESTED, GC, MARK, RECORD_DTYPE, SEGMENT_ALLOC, Trace, TraceWriter
+from allocsim.trace import ALLOC, FREE, FREE_REQUESTED, MARK, RECORD_DTYPE, SEGMENT_ALLOC, Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.trace import trace as trace_module
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import allocsim
-from allocsim import engine
+from allocsim.replay import Replay, make_device
 from allocsim.device import BASE_ADDR, SimulatedDevice
 from allocsim.trace import SEGMENT_ALLOC, SEGMENT_FREE, Trace
 
@@ -59,9 +59,9 @@ def test_device_without_framework_keeps_the_bump_pointer():
 
 def test_engine_gives_framework_policies_the_driver_and_others_the_bump_pointer():
     t = random_trace(n=50, seed=3)
-    assert engine.build(t, "torch")[2]._driver is not None   # no recorded addresses: the driver model
-    assert engine.build(t, "cupy")[2]._driver is not None
-    assert engine.build(t, "split")[2]._driver is None
+    assert Replay(t, "torch").device._driver is not None   # no recorded addresses: the driver model
+    assert Replay(t, "cupy").device._driver is not None
+    assert Replay(t, "split").device._driver is None
 
 
 PRESSURE = os.path.join(ROOT, "traces", "raw", "pressure")
@@ -82,11 +82,11 @@ def test_replay_under_a_setting_the_program_did_not_run_with_predicts_the_real_r
     allocsim.import_trace(os.path.join(PRESSURE, f"{scenario}.pickle"), str(tmp_path / "real.bin"))
     real = Trace.load(str(tmp_path / "real.bin"))
     opts = [o for o in stats["alloc_conf"].split(",") if o] + [f"per_process_memory_fraction={stats['fraction']}"]
-    pol, rt, dev, sec = engine.build(plain, "torch", capacity=stats["total_memory"], options=opts)
+    dev = make_device(plain, "torch", capacity=stats["total_memory"])
     calls, malloc, free = [], dev.malloc, dev.free
     dev.malloc = lambda n: calls.append((SEGMENT_ALLOC, n, malloc(n))) or calls[-1][2]
     dev.free = lambda a, n: calls.append((SEGMENT_FREE, n, a)) or free(a, n)
-    engine._run(plain, pol, rt, dev, sec, keep_going=False, timeline=False, progress=None, observer=None)
+    Replay(plain, "torch", capacity=stats["total_memory"], options=opts, device=dev).run()
     seg = np.isin(real.kind, [SEGMENT_ALLOC, SEGMENT_FREE])
     assert [(k, n) for k, n, _ in calls] == list(zip(real.kind[seg].tolist(), real.size[seg].tolist()))
     assert dev.peak_reserved == stats["memory_stats"]["reserved_bytes.all.peak"]

@@ -29,8 +29,6 @@ runtime's ``collect`` and the trace's metadata. The clock is read-only to a poli
 """
 from __future__ import annotations
 
-import inspect
-from functools import lru_cache
 
 from ..context import PolicyContext
 from ..errors import UsageError
@@ -58,13 +56,7 @@ class Policy:
     #: pool's background task). None keeps the hot path free of it.
     tick = None
 
-    def __init__(self, ctx: PolicyContext, options: dict | None = None, *legacy, trace=None):
-        if legacy:      # TEMPORARY: the old (device, runtime, sections, options) call of policies/torch.py and
-            #             policies/reference/torch.py, with their attributes; remove once they take a context
-            device, runtime, (sections, options) = ctx, options, legacy
-            ctx = PolicyContext(device, runtime, sections, trace)
-            self.device, self.runtime, self.sections = device, runtime, sections
-            self.trace, self.trace_meta = trace, ctx.meta
+    def __init__(self, ctx: PolicyContext, options: dict | None = None):
         self.ctx = ctx
         self.costs = ctx.costs
         self.allocated = 0
@@ -77,8 +69,6 @@ class Policy:
     @classmethod
     def make(cls, ctx: PolicyContext, options: dict, **extra) -> "Policy":
         """The policy for one replay (how the engine makes it)."""
-        if _legacy_init(cls):     # TEMPORARY (policies/torch.py, reference/torch.py): remove with `legacy`
-            return cls(ctx._device, ctx._runtime, ctx._sections, options, trace=ctx.trace, **extra)
         return cls(ctx, options, **extra)
 
     # ---- options ---------------------------------------------------------------------
@@ -157,9 +147,3 @@ class Policy:
 
     def close(self) -> None:
         """Release real resources (GPU policies)."""
-
-
-@lru_cache(maxsize=None)
-def _legacy_init(cls) -> bool:
-    """TEMPORARY: whether ``cls.__init__`` still takes ``(device, runtime, sections, ...)``."""
-    return "sections" in inspect.signature(cls.__init__).parameters

@@ -323,26 +323,26 @@ class AllowedMemory:
     and no explicit fraction pins the device, as does a fraction taken of the cap.
     """
 
-    __slots__ = ("device", "fixed", "explicit")
+    __slots__ = ("ctx", "fixed", "explicit")
 
-    def __init__(self, device, fraction: float | None, gc_threshold: float | None):
-        self.device = device
+    def __init__(self, ctx, fraction: float | None, gc_threshold: float | None):
+        self.ctx = ctx
         self.explicit = fraction is not None
         self.fixed = None
         if self.explicit and fraction < 1.0:
-            total = device.capacity if device.capacity is not None else device.cap
+            total = ctx.capacity if ctx.capacity is not None else ctx.cap
             if total is None:
                 raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
             self.fixed = int(fraction * total)
-            if device.capacity is None:
-                device.pin()            # the allowed memory is a fraction of the cap itself
+            if ctx.capacity is None:
+                ctx.pin()            # the allowed memory is a fraction of the cap itself
         if not self.explicit and (gc_threshold or 0.0) > 0.0:
-            device.pin()                # whether the GC runs, and down to what, is the cap's value
+            ctx.pin()                # whether the GC runs, and down to what, is the cap's value
 
     def __call__(self) -> int | None:
         if self.explicit:
             return self.fixed
-        cap, total = self.device.cap, self.device.capacity
+        cap, total = self.ctx.cap, self.ctx.capacity
         return cap if cap is not None and (total is None or cap < total) else None
 
     def grants(self, need: int) -> bool:
@@ -350,7 +350,7 @@ class AllowedMemory:
         allowed = self()
         ok = allowed is None or need <= allowed
         if not self.explicit:
-            self.device.note(need, ok)      # granted with no cap too: a cap below `need` would refuse
+            self.ctx.note(need, ok)      # granted with no cap too: a cap below `need` would refuse
         return ok
 
 
@@ -388,8 +388,10 @@ class TorchCachingAllocator(Policy):
             return str(value[0])
         return "[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(value)) + "]"
 
-    def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
-        super().__init__(device, runtime, sections, options_in_force(options, trace), trace=trace)
+    def __init__(self, ctx, options: dict | None = None, **extra):
+        super().__init__(ctx, options_in_force(options, ctx.trace), **extra)
+        trace = ctx.trace
+        self._charge = ctx.charge
         ms = self.max_split_size_mb
         self.max_split = SIZE_MAX if ms is None else ms * MiB
         self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
@@ -397,8 +399,8 @@ class TorchCachingAllocator(Policy):
         self.divisions = NO_DIVISIONS if div is None else _divisions(div)
         self._plain_rounding = not any(d > 1 for d in self.divisions)
         self.expandable = bool(self.expandable_segments)
-        self.total_memory = device.capacity if device.capacity is not None else device.cap
-        self.allowed = AllowedMemory(device, self.per_process_memory_fraction, self.garbage_collection_threshold)
+        self.total_memory = ctx.capacity if ctx.capacity is not None else ctx.cap
+        self.allowed = AllowedMemory(ctx, self.per_process_memory_fraction, self.garbage_collection_threshold)
         self.gc_threshold_set = (self.garbage_collection_threshold or 0.0) > 0.0
         # pools: stream index -> (small, large); release paths visit them in cudaStream_t order
         self._pools: dict[int, tuple[BlockPool, BlockPool]] = {}
@@ -441,7 +443,7 @@ class TorchCachingAllocator(Policy):
 
     # ---- malloc ---------------------------------------------------------------------------
     def malloc(self, size, stream):
-        self.device.clock += self._hit_s
+        self._charge(self._hit_s)
         self.n_malloc += 1
         if self._plain_rounding:
             n = (size + 511) & ~511
@@ -476,7 +478,7 @@ class TorchCachingAllocator(Policy):
         (``n >= max_split`` and ``bsize < n + max_non_split_rounding``): `_get_free_block`'s
         test, negated and reordered so that the default (no max_split) takes one compare.
         """
-        self.device.clock += self._hit_s
+        self._charge(self._hit_s)
         self.n_malloc += 1
         n = (size + 511) & ~511 if self._plain_rounding else round_size(size, self.divisions)
         pp = self._pools.get(stream) or self._make_pools(stream)
@@ -531,7 +533,7 @@ class TorchCachingAllocator(Policy):
 
     def _free_fast(self, b):
         """`free` without expandable segments or GC: merge with free neighbours inline."""
-        self.device.clock += self._free_s
+        self._charge(self._free_s)
         b.allocated = False
         size = b.size
         self.allocated -= size
@@ -600,36 +602,36 @@ class TorchCachingAllocator(Policy):
 
     def _escalate(self, pool: BlockPool, n: int):
         """Steps 2-6 after a pool miss; None after counting an OOM."""
-        sec, dev = self.sections, self.device
+        ctx = self.ctx
         # free-memory callbacks: none registered in a replay, so no second search
         if self.gc_on():
-            sec.push("2. garbage_collect_cached_blocks", dev.clock)
+            ctx.push_section("2. garbage_collect_cached_blocks")
             self.garbage_collect_cached_blocks()
-            sec.pop(dev.clock)
+            ctx.pop_section()
         seg = get_allocation_size(n)
-        sec.push("3. alloc_block", dev.clock)
+        ctx.push_section("3. alloc_block")
         b = self._alloc_block(pool, n, seg)
-        sec.pop(dev.clock)
+        ctx.pop_section()
         if b is None and self.max_split != SIZE_MAX:
-            sec.push("4. release_available_cached_blocks", dev.clock)
+            ctx.push_section("4. release_available_cached_blocks")
             if self.release_available_cached_blocks(pool, n):
-                sec.push("alloc_block", dev.clock)
+                ctx.push_section("alloc_block")
                 b = self._alloc_block(pool, n, seg)
-                sec.pop(dev.clock)
-            sec.pop(dev.clock)
+                ctx.pop_section()
+            ctx.pop_section()
         if b is None:
-            sec.push("5. release_cached_blocks", dev.clock)
+            ctx.push_section("5. release_cached_blocks")
             self.release_cached_blocks()
-            sec.pop(dev.clock)
+            ctx.pop_section()
             if self.fix_189504:
-                sec.push("5.1 get_free_block (fix #189504)", dev.clock)
+                ctx.push_section("5.1 get_free_block (fix #189504)")
                 b = self._get_free_block(pool, n)
-                sec.pop(dev.clock)
+                ctx.pop_section()
             if b is None:
-                sec.push("6. alloc_block (retry)", dev.clock)
+                ctx.push_section("6. alloc_block (retry)")
                 self.num_alloc_retries += 1
                 b = self._alloc_block(pool, n, seg)
-                sec.pop(dev.clock)
+                ctx.pop_section()
         if b is None:
             self.num_ooms += 1
         return b
@@ -640,11 +642,11 @@ class TorchCachingAllocator(Policy):
 
     def _alloc_block(self, pool: BlockPool, n: int, seg: int):
         """A new segment (or expandable pages) for ``n`` bytes; None if the device refuses."""
-        if not self.allowed.grants(self.device.reserved + seg):
+        if not self.allowed.grants(self.ctx.reserved + seg):
             return None
         if self.expandable:
             return self._try_allocate_expandable_block(pool, n)
-        ptr = self.device.malloc(seg)
+        ptr = self.ctx.malloc(seg)
         if ptr is None:
             return None
         self.num_device_alloc += 1
@@ -655,7 +657,7 @@ class TorchCachingAllocator(Policy):
 
     # ---- free -----------------------------------------------------------------------------
     def free(self, b):
-        self.device.clock += self._free_s
+        self._charge(self._free_s)
         self.n_free += 1
         b.allocated = False
         self.allocated -= b.size
@@ -694,7 +696,7 @@ class TorchCachingAllocator(Policy):
     def _release_block(self, b: Block) -> None:
         """cudaFree a whole free non-expandable segment."""
         b.pool.erase(b)
-        self.device.free(b.ptr, b.size)
+        self.ctx.free(b.ptr, b.size)
         self.num_device_free += 1
         self.segments -= 1
         self._log(SEGMENT_FREE, b.size, b.ptr, b.pool)
@@ -741,15 +743,15 @@ class TorchCachingAllocator(Policy):
 
     def release_cache(self) -> None:
         """``torch.cuda.empty_cache()`` (a CACHE_RELEASE event): ``emptyCache`` is `release_cached_blocks`."""
-        sec, dev = self.sections, self.device
-        sec.push("empty_cache", dev.clock)
+        ctx = self.ctx
+        ctx.push_section("empty_cache")
         self.release_cached_blocks()
-        sec.pop(dev.clock)
+        ctx.pop_section()
 
     def garbage_collect_cached_blocks(self) -> None:
         """Free large-pool cached segments at least as old as the average, down to the threshold."""
         gc_thr = int(self.garbage_collection_threshold * self.allowed())
-        dev = self.device
+        dev = self.ctx
         if dev.reserved <= gc_thr:
             return
         target = dev.reserved - gc_thr
@@ -794,7 +796,7 @@ class TorchCachingAllocator(Policy):
         page = K_SMALL_BUFFER if pool.small else K_LARGE_BUFFER
         total = self.total_memory or (1 << 44)
         size = (total + total // 8 + page - 1) // page * page
-        es = ExpandableSegment(self.device.reserve_address_range(size), size, page)
+        es = ExpandableSegment(self.ctx.reserve_address_range(size), size, page)
         self._segments.append(es)
         c = Block(es.base, size, pool, es, mapped=False)
         pool.insert(c)
@@ -813,7 +815,7 @@ class TorchCachingAllocator(Policy):
         return c
 
     def _map_block(self, b: Block, size: int) -> bool:
-        es, dev = b.es, self.device
+        es, dev = b.es, self.ctx
         page = es.page
         begin = (b.ptr - es.base) // page
         end = (b.ptr + size - es.base + page - 1) // page
@@ -871,7 +873,7 @@ class TorchCachingAllocator(Policy):
         self._try_merge(b, b.next)
         pool.insert(b)
         es.pages.difference_update(range(begin, end))
-        self.device.free(uptr, usize)   # one unmap call, as num_device_free counts it
+        self.ctx.free(uptr, usize)   # one unmap call, as num_device_free counts it
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
 
@@ -920,4 +922,4 @@ class TorchCachingAllocator(Policy):
         }
 
     def finish(self):
-        self.sections.add("1. get_free_block", self.n_malloc * self._hit_s, self.n_malloc)
+        self.ctx.add_section("1. get_free_block", self.n_malloc * self._hit_s, self.n_malloc)

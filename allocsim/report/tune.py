@@ -24,9 +24,6 @@ def tune_report(res, took: float) -> str:
     lines += ["", table([res.recorded] + [r for r in res.finalists if r is not res.recorded], res.load_bytes)]
     lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
                  "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
-    if res.rescue and res.recorded["ooms_avoided"] is None:
-        lines.append("(the replays and capacity walks do not drive the recorded OOM requests; the rescue walk "
-                     "below gives them to each setting)")
     for o in res.rescue:
         lines.append(f"recorded OOM at event {o['event']} ({fmt_bytes(o['size'])} request): under the recorded "
                      f"settings {rescued(o['recorded'])}; served by {len(o['served_by'])} of {len(res.rows)} settings"

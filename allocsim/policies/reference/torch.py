@@ -138,17 +138,19 @@ class TorchCachingAllocatorReference(Policy):
     models = TorchCachingAllocator.models
     wants_event_index = True
 
-    def __init__(self, device, runtime, sections, options: dict | None = None, trace=None):
-        super().__init__(device, runtime, sections, options_in_force(options, trace), trace=trace)
+    def __init__(self, ctx, options: dict | None = None, **extra):
+        super().__init__(ctx, options_in_force(options, ctx.trace), **extra)
+        trace = ctx.trace
+        self._charge = ctx.charge
         # CUDAAllocatorConfig
         self.max_split_size = SIZE_MAX if self.max_split_size_mb is None else self.max_split_size_mb * MiB
         self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
         divisions = self.roundup_power2_divisions
         self.divisions = NO_DIVISIONS if divisions is None else _divisions(divisions)
         # set_per_process_memory_fraction: allowed_memory_maximum(), read at each use (a cap can change mid-run)
-        self.allowed_memory_maximum = AllowedMemory(device, self.per_process_memory_fraction,
+        self.allowed_memory_maximum = AllowedMemory(ctx, self.per_process_memory_fraction,
                                                     self.garbage_collection_threshold)
-        self.total_memory = device.capacity if device.capacity is not None else device.cap
+        self.total_memory = ctx.capacity if ctx.capacity is not None else ctx.cap
         streams = list(trace.streams) if trace is not None else []
         self.stream_key = lambda s: (streams[s] if s < len(streams) else s, s)     # cudaStream_t order
         self.large_blocks = BlockPool(False, self.stream_key)
@@ -164,7 +166,7 @@ class TorchCachingAllocatorReference(Policy):
 
     # ---- malloc -------------------------------------------------------------------------
     def malloc(self, orig_size: int, stream: int):
-        self.device.clock += self.costs.pool_hit_s
+        self._charge(self.costs.pool_hit_s)
         size = round_size(orig_size, self.divisions)
         pool = self.get_pool(size)
         params = AllocParams(stream, size, pool, get_allocation_size(size), self.stream_key(stream))
@@ -229,7 +231,7 @@ class TorchCachingAllocatorReference(Policy):
         if self.expandable_segments:
             p.block = self.try_allocate_expandable_block(p.stream, p.pool, p.size)
             return p.block is not None
-        ptr = self.device.malloc(size)
+        ptr = self.ctx.malloc(size)
         if ptr is None:
             return False
         self.total_allocated_memory += size
@@ -280,7 +282,7 @@ class TorchCachingAllocatorReference(Policy):
 
     # ---- free ---------------------------------------------------------------------------
     def free(self, block: Block) -> None:
-        self.device.clock += self.costs.pool_free_s
+        self._charge(self.costs.pool_free_s)
         block.allocated = False
         self.allocated -= block.size
         self.free_block(block)
@@ -318,7 +320,7 @@ class TorchCachingAllocatorReference(Policy):
     # ---- releasing cached memory --------------------------------------------------------
     def release_block(self, block: Block) -> None:
         """cudaFree a whole cached segment."""
-        self.device.free(block.ptr, block.size)
+        self.ctx.free(block.ptr, block.size)
         self.total_allocated_memory -= block.size
         block.pool.blocks.remove(block)
         self.num_device_free += 1
@@ -427,7 +429,7 @@ class TorchCachingAllocatorReference(Policy):
         segment_size = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
         total = self.total_memory or (1 << 44)
         va_size = -(-(total + total // 8) // segment_size) * segment_size
-        es = ExpandableSegment(self.device.reserve_address_range(va_size), va_size, segment_size)
+        es = ExpandableSegment(self.ctx.reserve_address_range(va_size), va_size, segment_size)
         self.expandable_segments_.append(es)
         candidate = Block(stream, es.size, pool, es.ptr, es)
         candidate.mapped = False
@@ -452,9 +454,9 @@ class TorchCachingAllocatorReference(Policy):
     def map_block(self, to_map: Block, size: int) -> bool:
         """Map the pages under the first ``size`` bytes of unmapped ``to_map``; merge it with free neighbours."""
         ptr, mapped_size = to_map.expandable_segment.map_range(to_map.ptr, size)
-        if not self.device.fits(mapped_size):
+        if not self.ctx.fits(mapped_size):
             return False
-        self.device.malloc(mapped_size)
+        self.ctx.malloc(mapped_size)
         pool = to_map.pool
         pool.unmapped.remove(to_map)
         to_map.mapped = True
@@ -494,7 +496,7 @@ class TorchCachingAllocatorReference(Policy):
         self.try_merge_blocks(block, block.prev, pool)
         self.try_merge_blocks(block, block.next, pool)
         pool.unmapped.add(block)
-        self.device.free(ptr, size)
+        self.ctx.free(ptr, size)
         self.total_allocated_memory -= size
         self.num_device_free += 1
         self.segment_log.append((SEGMENT_UNMAP, size, self.event_index))
