@@ -258,3 +258,19 @@ def test_any_executor_gives_the_same_rows():
         runs = [tune(path, jobs=1, **kw), tune(path, jobs=2, **kw), tune(path, executor=ex, **kw)]
     first, *others = [[(r["setting"], *(r[k] for k in FIGURES)) for r in res.rows] for res in runs]
     assert len(first) == 6 and all(o == first for o in others)
+
+
+def test_snapshot_is_the_recommended_settings_replay(tmp_path, capsys):
+    """``--snapshot``: the recommended setting's replay as a PyTorch snapshot — its final segments are what a
+    replay under that setting reserves at the end, and its settings line is the recommended one."""
+    import pickle
+    out = str(tmp_path / "rec.pickle")
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    assert main(["tune", path, "--max-replays", "6", "--no-fit", "-j", "1", "--json", "--snapshot", out]) == 0
+    res = json.loads(capsys.readouterr().out)
+    best = next(r for r in res["finalists"] if r["conf"] == res["recommended"]["conf"])
+    with open(out, "rb") as f:
+        snap = pickle.load(f)                   # our own file, just written
+    want = replay(path, best["spec"], cap=best["cap_bytes"], capacity=res["capacity_bytes"])
+    assert sum(s["total_size"] for s in snap["segments"]) == want.final_reserved_bytes
+    assert len([e for e in snap["device_traces"][0] if e["action"] == "segment_alloc"]) == want.device_mallocs

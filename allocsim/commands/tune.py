@@ -7,6 +7,7 @@ from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Settings
 from ..tune import OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
+from ..spec import PolicySpec
 from ..report.tune import tune_report
 from ._common import (add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg, load_trace,
                       positive_size)
@@ -33,12 +34,15 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--plot", metavar="OUT", help="draw the Pareto frontier of peak reserved vs allocation time "
                                                  "(.png, .svg or .pdf)")
+    p.add_argument("--snapshot", metavar="FILE", help="also write the replay under the recommended setting as a "
+                   "PyTorch memory snapshot (torch traces; open it in https://pytorch.org/memory_viz)")
     add_force_argument(p)
 
 
 def run(args) -> int:
     from ..errors import UsageError
-    claim_outputs([("--plot", args.plot)], [args.trace, args.cost_model], force=args.force)
+    claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
+                  force=args.force)
     if args.plot:
         from ..report.plots import picture_format
         if not picture_format(args.plot):
@@ -46,7 +50,10 @@ def run(args) -> int:
     for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):
         if n < (1 if flag == "--top" else 0):
             raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
-    load_trace(args.trace)
+    trace = load_trace(args.trace)
+    if args.snapshot is not None and trace.meta.get("framework") != "torch":
+        raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
+                         f"as a PyTorch memory snapshot")
     cap = positive_size(args.cap, "--cap") if args.cap is not None else None
     costs = cost_model_arg(args.cost_model)
     t0 = time.perf_counter()
@@ -57,8 +64,19 @@ def run(args) -> int:
     if args.plot:
         from ..report.plots import save, tune_frontier_figure
         save(tune_frontier_figure(res), args.plot)
+    if args.snapshot is not None:
+        _write_snapshot(trace, res, args.snapshot)
     if args.json:
         dump_json(res.to_dict())
         return 0
     print(tune_report(res, took))
     return 0
+
+
+def _write_snapshot(trace, res, path: str) -> None:
+    """The recommended setting's replay (the recorded one's when none fits) as a PyTorch memory snapshot."""
+    from ..report.snapshot import replay_snapshot, write_snapshot
+    row = res.best or res.recorded
+    _, snapshot = replay_snapshot(trace, PolicySpec.parse(row["spec"]), cap=row["cap_bytes"],
+                                  capacity=res.target.capacity)
+    write_snapshot(snapshot, path)
