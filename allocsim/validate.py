@@ -50,11 +50,14 @@ class Spec:
     #: segment kinds the recorder always writes; kinds not listed are compared only
     #: when the trace holds at least one (CuPy's hooks cannot see upstream frees)
     always: tuple = (ev.SEGMENT_ALLOC,)
+    #: whether the recorder sees the order of the segment frees one call makes (CuPy's reads
+    #: them from the pool's ``total_bytes()`` and writes them by address: they are compared as a set)
+    free_order: bool = True
 
 
 SPECS = {
     "torch": Spec("torch", "torch", always=SEGMENT_KINDS),
-    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,)),
+    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,), free_order=False),
 }
 
 
@@ -76,6 +79,14 @@ class Side:
     def reserved_after(self) -> np.ndarray:
         sign = np.where(np.isin(np.asarray(self.kinds, np.int64), SHRINK), -1, 1)
         return self.initial_reserved + np.cumsum(sign * np.asarray(self.sizes, np.int64))
+
+    def frees_by_size(self) -> "Side":
+        """The same calls with each run of frees made for one request in size order (the order a
+        recorder that cannot see it would compare them in)."""
+        order = sorted(range(len(self.kinds)), key=lambda j: (_run_of_frees(self, j), self.sizes[j]))
+        pick = lambda xs: [xs[j] for j in order]        # noqa: E731
+        return Side(pick(self.kinds), pick(self.sizes), pick(self.events), self.initial_reserved,
+                    pick(self.requests))
 
     def totals(self) -> dict:
         r = self.reserved_after()
@@ -131,22 +142,56 @@ class Validation:
         return "\n".join(lines)
 
 
+def _run_of_frees(side: Side, j: int) -> int:
+    """Position of the first call of the run of consecutive frees for one request that holds call j
+    (j itself for any other call)."""
+    while j > 0 and side.kinds[j] in SHRINK and side.kinds[j - 1] in SHRINK \
+            and side.requests[j - 1] == side.requests[j]:
+        j -= 1
+    return j
+
+
+def requests_of(trace: Trace, events) -> list:
+    """The request each segment call at trace index ``events`` served: the first ALLOC at or after it
+    (-1: none), the same rule for both sides."""
+    allocs = np.flatnonzero(np.asarray(trace.kind) == ev.ALLOC)
+    nxt = np.searchsorted(allocs, np.asarray(events, np.int64))
+    return np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1).tolist()
+
+
 def recorded_side(trace: Trace, kinds) -> Side:
     kind = np.asarray(trace.kind)
     idx = np.flatnonzero(np.isin(kind, list(kinds)))
     initial = sum(int(s.get("total_size", 0)) for s in trace.meta.get("initial_segments") or []
                   if isinstance(s, dict))
-    allocs = np.flatnonzero(kind == ev.ALLOC)
-    nxt = np.searchsorted(allocs, idx)            # the first ALLOC after each segment event
-    requests = np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1)
     return Side(kind[idx].tolist(), np.asarray(trace.size)[idx].tolist(), idx.tolist(), initial,
-                requests.tolist())
+                requests_of(trace, idx))
 
 
-def model_side(log, kinds, initial_reserved: int) -> Side:
+def model_side(log, kinds, initial_reserved: int, trace: Trace) -> Side:
     keep = [(k, s, e) for k, s, e in log if k in kinds]
     events = [e for _, _, e in keep]
-    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], events, initial_reserved, events)
+    return Side([k for k, _, _ in keep], [s for _, s, _ in keep], events, initial_reserved,
+                requests_of(trace, events))
+
+
+class PressureStamps:
+    """A replay observer that stamps the segment calls a pressure event made (a cache release, a recorded
+    OOM's attempt) with that event's trace index. The walk tells a policy the index of each ALLOC only,
+    so those calls carry the last ALLOC's; a failed ALLOC, which the observer does not see, keeps its own
+    index on its calls (it is later than the last event seen)."""
+
+    def __init__(self):
+        self.log: list | None = None            # the policy's segment_log, set once the replay is made
+        self.seen, self.last = 0, -1            # calls and trace index at the last event observed
+
+    def __call__(self, event, kind, id_, handle):
+        log = self.log
+        if kind in ev.PRESSURE:
+            for j in range(self.seen, len(log)):
+                if log[j][2] <= self.last:
+                    log[j] = (log[j][0], log[j][1], event)
+        self.seen, self.last = len(log), event
 
 
 def first_divergence(rec: Side, mod: Side) -> dict | None:
@@ -186,10 +231,13 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     if not present & set(SEGMENT_KINDS):
         raise InputError("the trace holds no upstream segment events of the recorded allocator; nothing to "
                          "validate", path=where, position="events")
-    r = Replay(trace, spec.policy, options=options, capacity=capacity, cap=cap, keep_going=True, log_events=True)
+    stamps = PressureStamps()
+    r = Replay(trace, spec.policy, options=options, capacity=capacity, cap=cap, keep_going=True, log_events=True,
+               observer=stamps)
     if r.segment_log is None:
         r.close()
         raise InputError(f"policy {spec.policy!r} keeps no segment_log", path=where)
+    stamps.log = r.segment_log
     try:
         res = r.run()
     finally:
@@ -198,7 +246,9 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     pre = int(np.count_nonzero((np.asarray(trace.kind) == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
     rec = recorded_side(trace, kinds)
     seeded = bool(getattr(r.policy, "seeded", False))
-    mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0)
+    mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
+    if not spec.free_order:
+        rec, mod = rec.frees_by_size(), mod.frees_by_size()
     rt_, mt = rec.totals(), mod.totals()
     checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
               for k in ("segment_allocs", "segment_frees")]
