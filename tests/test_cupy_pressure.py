@@ -1,0 +1,171 @@
+"""The `cupy` model under memory pressure: CuPy's pool under ``set_limit``, ``free_all_blocks()`` and a
+caught ``OutOfMemoryError``, as recorded on an H100 (traces/pressure-cupy-limit.bin, CuPy 14.2.0), and
+the rules of CuPy 14.2's ``_try_malloc`` / ``free_all_blocks`` on hand-made traces."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from allocsim import engine
+from allocsim.replay import Replay
+from allocsim.trace import Trace, TraceWriter
+from allocsim.trace.events import CACHE_RELEASE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
+from allocsim.validate import validate
+
+from conftest import ROOT
+
+MiB = 1 << 20
+RECORDING = os.path.join(ROOT, "traces", "pressure-cupy-limit.bin")
+CUPY = 1                         # aux of CuPy's CACHE_RELEASE and SET_LIMIT records
+
+
+@pytest.fixture(scope="module")
+def recording():
+    with open(RECORDING + ".stats.json") as f:
+        return Trace.load(RECORDING), json.load(f)
+
+
+# ---- the recording ------------------------------------------------------------------------------
+def test_the_recording_validates():
+    """Segment allocs and frees (the same sizes for the same requests), peak and final reserved, and the
+    one OOM at its own event: what CuPy did under its limit, call for call."""
+    v = validate(RECORDING)
+    assert v.match, v.summary()
+    checks = {c["name"]: c for c in v.checks}
+    assert checks["segment frees"]["model"] == 21 and checks["OOMs"]["model"] == 1
+    oom_at = [i for i, k in enumerate(Trace.load(RECORDING).kind.tolist()) if k == OOM]
+    assert checks["OOM events"]["model"] == ",".join(map(str, oom_at))
+
+
+def test_the_replay_ends_with_the_pools_own_figures(recording):
+    """The pool's figures at the end of the recorded run (`.stats.json`) come out of the replay."""
+    trace, stats = recording
+    r = Replay(trace, "cupy")
+    res = r.run()
+    pool, counts = stats["pool"], stats["counts"]
+    c = res.counters
+    assert (c["total_bytes"], c["used_bytes"], c["n_free_blocks"], c["limit"]) == \
+        (pool["total_bytes"], pool["used_bytes"], pool["n_free_blocks"], pool["limit"])
+    assert res.final_reserved_bytes == pool["live_segment_bytes"]
+    assert (res.device_mallocs, res.device_frees) == (counts["segment_alloc"], counts["segment_free"])
+    assert res.allocs == counts["malloc"] and res.frees == counts["free"]
+    assert res.ooms == counts["failed_malloc"] == 1 and res.oom_events[0].recorded
+    assert c["limit_ooms"] == 1 and c["device_ooms"] == 0 and res.completed
+    # the program's free_all_blocks() calls, and the limit path's: one before the second oversized batch
+    # (the 7 segment frees no CACHE_RELEASE precedes) and flush / gc.collect() / flush for the request
+    # that failed (the recorded full GC just before its OOM record)
+    assert res.cache_flushes == counts["cache_release"] + 1 + 2 and res.gc_full == 1
+
+
+def test_a_cap_given_overrides_the_recorded_limit(recording):
+    """Without the limit (a cap above anything the run reserves) the oversized batch is served: the
+    replay says the OOM would not have happened, and no segment is released but by the program."""
+    trace, _ = recording
+    res = engine.replay(trace, "cupy", cap=8 << 30)
+    oom_at = [i for i, k in enumerate(trace.kind.tolist()) if k == OOM]
+    assert res.ooms == 0 and res.ooms_avoided == oom_at and res.counters["limit"] == 8 << 30
+    assert res.cache_flushes == 3
+
+
+# ---- the rules, on hand-made traces -------------------------------------------------------------
+def _pressure_trace(*steps):
+    """A one-stream trace from steps: ``("alloc", n)``, ``("free", k)`` (the k-th alloc), ``("release",)``,
+    ``("limit", n)`` and ``("oom", n)``."""
+    w = TraceWriter(meta={"framework": "cupy"})
+    ids = []
+    for what, *arg in steps:
+        if what == "alloc":
+            ids.append(w.alloc(arg[0]))
+        elif what == "free":
+            w.free(ids[arg[0]])
+        elif what == "release":
+            w.record(CACHE_RELEASE, aux=CUPY)
+        elif what == "limit":
+            w.record(SET_LIMIT, size=arg[0], aux=CUPY)
+        else:
+            w.oom(arg[0])
+    return w.finish()
+
+
+def _replay(trace, **kw):
+    r = Replay(trace, "cupy", capacity=None, keep_going=True, log_events=True, **kw)
+    return r, r.run()
+
+
+@pytest.mark.parametrize("version, flushes, gcs", [("14", 0, 0), ("13", 2, 1)])
+def test_a_request_above_the_limit_itself_fails_at_once_in_v14(version, flushes, gcs):
+    """v14's _try_block_total_bytes raises when the request alone exceeds the limit, before releasing
+    anything; v13 flushes, collects and flushes first, releasing the cached segment."""
+    t = _pressure_trace(("limit", 8 * MiB), ("alloc", 4 * MiB), ("free", 0), ("alloc", 9 * MiB))
+    r, res = _replay(t, options={"version": version})
+    assert res.ooms == 1 and res.cache_flushes == flushes and res.gc_full == gcs
+    assert [k for k, *_ in r.segment_log] == [SEGMENT_ALLOC] + [SEGMENT_FREE] * (version == "13")
+
+
+def test_the_limit_path_flushes_collects_flushes_then_fails():
+    """Over the limit (not above it alone): free_all_blocks releases whole cached segments only; the split
+    one stays; gc.collect() and a second free_all_blocks; then OOM."""
+    t = _pressure_trace(("limit", 16 * MiB), ("alloc", 4 * MiB), ("alloc", 4 * MiB), ("free", 1),
+                        ("alloc", 2 * MiB), ("alloc", 10 * MiB))
+    r, res = _replay(t)
+    # 4 MiB live + the 4 MiB segment split for 2 MiB: over by 2 MiB; nothing is whole -> OOM
+    assert res.ooms == 1 and res.cache_flushes == 2 and res.gc_full == 1 and res.device_frees == 0
+    t = _pressure_trace(("limit", 16 * MiB), ("alloc", 4 * MiB), ("alloc", 4 * MiB), ("free", 1),
+                        ("alloc", 10 * MiB))
+    r, res = _replay(t)
+    # the cached whole 4 MiB segment is released and the request then fits: one flush, no collection
+    assert res.ooms == 0 and res.cache_flushes == 1 and res.gc_full == 0
+    assert [(k, n) for k, n, _ in r.segment_log] == [(SEGMENT_ALLOC, 4 * MiB), (SEGMENT_ALLOC, 4 * MiB),
+                                                      (SEGMENT_FREE, 4 * MiB), (SEGMENT_ALLOC, 10 * MiB)]
+
+
+def test_set_limit_moves_the_limit_and_zero_lifts_it():
+    t = _pressure_trace(("limit", 8 * MiB), ("alloc", 6 * MiB), ("alloc", 6 * MiB), ("limit", 0),
+                        ("alloc", 6 * MiB))
+    r, res = _replay(t)
+    assert [o.event for o in res.oom_events] == [2] and res.counters["limit"] == 0 and res.cap_bytes is None
+    assert res.device_mallocs == 2
+
+
+def test_a_cache_release_frees_every_whole_segment_and_keeps_split_ones():
+    t = _pressure_trace(("alloc", 4 * MiB), ("alloc", 3 * MiB), ("free", 0), ("free", 1), ("alloc", MiB),
+                        ("release",))
+    r, res = _replay(t)
+    assert [(k, n) for k, n, _ in r.segment_log][2:] == [(SEGMENT_FREE, 4 * MiB)]   # 3 MiB is split for 1 MiB
+    assert res.final_reserved_bytes == 3 * MiB and res.counters["n_free_blocks"] == 1
+
+
+def test_a_recorded_oom_is_attempted_with_the_same_escalation():
+    """The request the program's pool refused is made again where it was made: flush, gc.collect(), flush,
+    OOM (a recorded one, and the walk goes on); the frees that follow still reach the pool."""
+    t = _pressure_trace(("limit", 8 * MiB), ("alloc", 6 * MiB), ("oom", 4 * MiB), ("free", 0),
+                        ("alloc", 4 * MiB))
+    r, res = _replay(t)
+    assert [(o.event, o.recorded) for o in res.oom_events] == [(2, True)]
+    assert res.cache_flushes == 2 and res.gc_full == 1 and res.completed
+    assert res.device_mallocs == 1 and r.policy.n_free_blocks() == 1    # the last 4 MiB split the freed 6 MiB
+    names = [row["name"] for row in res.sections if row["depth"] == 1]
+    assert "2.2 gc.collect (limit)" in names
+
+
+def test_free_all_blocks_for_a_stream_without_an_arena_makes_none():
+    t = _pressure_trace(("alloc", MiB), ("free", 0))
+    r, _ = _replay(t)
+    pol = r.policy
+    assert pol.free_all_blocks(stream=5) == 0 and 5 not in pol._arenas and pol.total == MiB
+    assert pol.free_all_blocks(stream=0) == MiB and pol.total == 0
+
+
+def test_fit_hears_the_comparisons_the_cap_decides():
+    """The limit is the pool's own check: each comparison with the cap is noted on the device (the needs it
+    granted and the smallest it refused), so `allocsim fit` certifies caps by them; the `limit` option
+    refusing alone leaves every cap the same outcome and is not noted."""
+    t = _pressure_trace(("alloc", 6 * MiB), ("alloc", 6 * MiB), ("alloc", 20 * MiB))
+    r = Replay(t, "cupy", capacity=None, cap=16 * MiB, keep_going=True)
+    r.run()
+    assert r.device.certified() == (12 * MiB, 20 * MiB - 1)     # 6 + 6 granted; 20 alone refused, at once
+    r = Replay(t, "cupy", capacity=None, cap=64 * MiB, options={"limit": 16 * MiB}, keep_going=True)
+    res = r.run()
+    assert res.ooms == 1 and r.device.certified() == (12 * MiB, None)
