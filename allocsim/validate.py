@@ -10,11 +10,15 @@ model reads ``trace.meta`` itself) and logs its own device calls in
 `allocsim.trace.events`. A new model plugs in with one `Spec` in ``SPECS``.
 
 Compared: the number of segment allocations (cudaMalloc + page maps) and releases,
-their kinds and sizes in order, peak and final reserved bytes (from each side's
-segment events, starting from the recorded initial segments when the trace had
-them), and the OOMs: how many and at which events (the recording's OOM records,
-which the replay attempts again, against the model's failed requests). On a mismatch the first diverging segment event is reported
-with both sides' trace event index, kind, size and reserved bytes.
+their kinds and sizes in order, each for the same request (the first ALLOC at or
+after the call, on both sides: a cache release's or a recorded OOM's calls are
+stamped with that event by `PressureStamps`), peak and final reserved bytes (from
+each side's segment events, starting from the recorded initial segments when the
+trace had them), and the OOMs: how many and at which events (the recording's OOM
+records, which the replay attempts again, against the model's failed requests). The
+segment frees one call made are compared as a set where the recorder cannot see
+their order (CuPy: ``Spec.free_order``). On a mismatch the first diverging segment
+event is reported with both sides' trace event index, kind, size and reserved bytes.
 
 Limitation: a trace whose ring buffer wrapped starts with PRE_EXISTING blocks and
 ``meta["initial_segments"]``. The reserved totals start from those segments on the

@@ -1,7 +1,7 @@
 """`cupy`: CuPy's ``SingleDeviceMemoryPool``, step for step.
 
 Source: `docs/models/cupy.md` (``cupy/cuda/memory.pyx``, v13.6 and
-v14.1/main). What the model does, as CuPy does:
+v14.1/v14.2/main). What the model does, as CuPy does:
 
 - every request is rounded up to 512 B (``_round_size``);
 - one arena per stream; a free chunk goes back to its own stream's arena and no
