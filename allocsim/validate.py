@@ -87,10 +87,17 @@ class Side:
     def frees_by_size(self) -> "Side":
         """The same calls with each run of frees made for one request in size order (the order a
         recorder that cannot see it would compare them in)."""
-        order = sorted(range(len(self.kinds)), key=lambda j: (_run_of_frees(self, j), self.sizes[j]))
+        order = sorted(range(len(self.kinds)), key=lambda j: (self._run_start(j), self.sizes[j]))
         pick = lambda xs: [xs[j] for j in order]        # noqa: E731
         return Side(pick(self.kinds), pick(self.sizes), pick(self.events), self.initial_reserved,
                     pick(self.requests))
+
+    def _run_start(self, j: int) -> int:
+        """Where the run of consecutive frees for one request that holds call j starts (j: any other call)."""
+        while j > 0 and self.kinds[j] in SHRINK and self.kinds[j - 1] in SHRINK \
+                and self.requests[j - 1] == self.requests[j]:
+            j -= 1
+        return j
 
     def totals(self) -> dict:
         r = self.reserved_after()
@@ -146,56 +153,29 @@ class Validation:
         return "\n".join(lines)
 
 
-def _run_of_frees(side: Side, j: int) -> int:
-    """Position of the first call of the run of consecutive frees for one request that holds call j
-    (j itself for any other call)."""
-    while j > 0 and side.kinds[j] in SHRINK and side.kinds[j - 1] in SHRINK \
-            and side.requests[j - 1] == side.requests[j]:
-        j -= 1
-    return j
-
-
-def requests_of(trace: Trace, events) -> list:
-    """The request each segment call at trace index ``events`` served: the first ALLOC at or after it
-    (-1: none), the same rule for both sides."""
-    allocs = np.flatnonzero(np.asarray(trace.kind) == ev.ALLOC)
-    nxt = np.searchsorted(allocs, np.asarray(events, np.int64))
-    return np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1).tolist()
-
-
 def recorded_side(trace: Trace, kinds) -> Side:
     kind = np.asarray(trace.kind)
     idx = np.flatnonzero(np.isin(kind, list(kinds)))
     initial = sum(int(s.get("total_size", 0)) for s in trace.meta.get("initial_segments") or []
                   if isinstance(s, dict))
     return Side(kind[idx].tolist(), np.asarray(trace.size)[idx].tolist(), idx.tolist(), initial,
-                requests_of(trace, idx))
+                request_of(trace, idx))
+
+
+def request_of(trace: Trace, events) -> list:
+    """The request each segment event served: the first ALLOC at or after it (-1: none). A recorded
+    segment event precedes its ALLOC; a model's call is logged at its ALLOC, or at the cache release or
+    recorded OOM that made it, which the recording also shows before the next ALLOC."""
+    allocs = np.flatnonzero(np.asarray(trace.kind) == ev.ALLOC)
+    nxt = np.searchsorted(allocs, np.asarray(events, np.int64))
+    return np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1).tolist()
 
 
 def model_side(log, kinds, initial_reserved: int, trace: Trace) -> Side:
     keep = [(k, s, e) for k, s, e in log if k in kinds]
     events = [e for _, _, e in keep]
     return Side([k for k, _, _ in keep], [s for _, s, _ in keep], events, initial_reserved,
-                requests_of(trace, events))
-
-
-class PressureStamps:
-    """A replay observer that stamps the segment calls a pressure event made (a cache release, a recorded
-    OOM's attempt) with that event's trace index. The walk tells a policy the index of each ALLOC only,
-    so those calls carry the last ALLOC's; a failed ALLOC, which the observer does not see, keeps its own
-    index on its calls (it is later than the last event seen)."""
-
-    def __init__(self):
-        self.log: list | None = None            # the policy's segment_log, set once the replay is made
-        self.seen, self.last = 0, -1            # calls and trace index at the last event observed
-
-    def __call__(self, event, kind, id_, handle):
-        log = self.log
-        if kind in ev.PRESSURE:
-            for j in range(self.seen, len(log)):
-                if log[j][2] <= self.last:
-                    log[j] = (log[j][0], log[j][1], event)
-        self.seen, self.last = len(log), event
+                request_of(trace, events))
 
 
 def first_divergence(rec: Side, mod: Side) -> dict | None:
@@ -218,6 +198,26 @@ def first_divergence(rec: Side, mod: Side) -> dict | None:
         else:
             out[name] = None
     return out
+
+
+class PressureStamps:
+    """A replay observer that stamps the segment calls a pressure event made (a cache release, a recorded
+    OOM's attempt) with that event's trace index. The walk tells a policy the index of each ALLOC only,
+    so those calls carry the last ALLOC's; a failed ALLOC, which the observer does not see, keeps its own
+    index on its calls (it is later than the last event seen). Once the walk sets ``event_index`` before
+    a pressure event too, the calls already carry it and this changes nothing (it can then go)."""
+
+    def __init__(self):
+        self.log: list | None = None            # the policy's segment_log, set once the replay is made
+        self.seen, self.last = 0, -1            # calls and trace index at the last event observed
+
+    def __call__(self, event, kind, id_, handle):
+        log = self.log
+        if kind in ev.PRESSURE:
+            for j in range(self.seen, len(log)):
+                if log[j][2] <= self.last:
+                    log[j] = (log[j][0], log[j][1], event)
+        self.seen, self.last = len(log), event
 
 
 def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) -> Validation:
