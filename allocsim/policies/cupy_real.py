@@ -53,11 +53,15 @@ class CupyRealPool(RealPolicy):
         return st
 
     def malloc(self, size, stream):
-        pool, st = self.pool, self._stream(stream)
         cap = self.ctx.cap or 0
         if cap != self._limit:
-            pool.set_limit(size=cap)
+            self.pool.set_limit(size=cap)
             self._limit = cap
+        return self._measured_malloc(size, stream)
+
+    def _measured_malloc(self, size, stream):
+        """The pool's malloc on the stream, timed; None when it raises OutOfMemoryError."""
+        pool, st = self.pool, self._stream(stream)
         t0 = _now()
         try:
             if st is None:
