@@ -9,6 +9,7 @@ import os
 import pytest
 
 from allocsim import engine
+from allocsim.gpu import gpu_available
 from allocsim.replay import Replay
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
@@ -169,3 +170,51 @@ def test_fit_hears_the_comparisons_the_cap_decides():
     r = Replay(t, "cupy", capacity=None, cap=64 * MiB, options={"limit": 16 * MiB}, keep_going=True)
     res = r.run()
     assert res.ooms == 1 and r.device.certified() == (12 * MiB, None)
+
+
+# ---- against CuPy's own pool, on a GPU ------------------------------------------------------------
+HAVE_GPU, WHY = gpu_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason=f"no GPU: {WHY}")
+def test_cupys_own_pool_releases_and_refuses_as_the_model_says():
+    """CuPy's pool over an upstream that logs each cudaFree: ``free_all_blocks()`` releases the same whole
+    segments as the model, smallest first (the model's order is the order they became free:
+    docs/models/cupy.md); under a limit a request above it raises at once, with no release, and one
+    over it is served after releasing the cached segment."""
+    import cupy
+    from cupy.cuda import runtime
+    freed, sizes = [], {}
+
+    def upstream_malloc(size, device_id):
+        ptr = runtime.malloc(size)
+        sizes[ptr] = size
+        return ptr
+
+    def upstream_free(ptr, device_id):
+        freed.append(sizes.pop(ptr))
+        runtime.free(ptr)
+
+    pool = cupy.cuda.MemoryPool(cupy.cuda.memory.PythonFunctionAllocator(upstream_malloc, upstream_free).malloc)
+    mb = [64, 16, 64, 32]
+    with cupy.cuda.using_allocator(pool.malloc):
+        arrays = [cupy.empty(n * MiB, cupy.uint8) for n in mb]
+        for i in (2, 0, 3, 1):
+            arrays[i] = None
+        pool.free_all_blocks()
+        assert freed == sorted(n * MiB for n in mb)
+        model = _replay(_pressure_trace(*[("alloc", n * MiB) for n in mb],
+                                        *[("free", i) for i in (2, 0, 3, 1)], ("release",)))[0]
+        assert sorted(n for k, n, _ in model.segment_log if k == SEGMENT_FREE) == freed
+        pool.set_limit(size=100 * MiB)
+        cached = cupy.empty(16 * MiB, cupy.uint8)
+        del cached
+        freed.clear()
+        with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
+            cupy.empty(200 * MiB, cupy.uint8)
+        assert freed == [] and pool.total_bytes() == 16 * MiB
+        kept = cupy.empty(90 * MiB, cupy.uint8)
+        assert freed == [16 * MiB] and pool.total_bytes() == 90 * MiB
+        del kept
+        pool.free_all_blocks()
