@@ -10,7 +10,7 @@ at a time:
 - FREE: the handle goes to the runtime (``gc``) or the policy (``eager``);
 - the pressure events (`PRESSURE`): a recorded OOM is attempted again (a failure is
   an OOM marked ``recorded`` and the walk goes on, as the program did; a success is
-  freed at once and listed in ``ooms_avoided``); CACHE_RELEASE calls
+  freed at once and listed in ``ooms_avoided``; an offline policy's plan leaves it out); CACHE_RELEASE calls
   ``policy.release_cache()``; SET_LIMIT sets the device's cap unless the caller gave one.
 
 0-byte ALLOCs and their FREEs never reach the policy (every modeled allocator bypasses
@@ -297,6 +297,8 @@ class Replay:
             if self._recorded_limits:
                 dev.set_cap(size or None)
             return
+        if kind == OOM and pol.offline:
+            return          # an offline plan covers the requests the program made; a failed one is outside it
         with self._root_section(S_RECORDED_OOM if kind == OOM else S_CACHE_RELEASE):
             if kind == CACHE_RELEASE:
                 pol.release_cache()

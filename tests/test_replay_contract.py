@@ -197,6 +197,11 @@ def test_a_recorded_oom_served_is_listed_and_freed_at_once(policy):
     assert res.allocs == 3 and res.frees == 3 and res.completed
 
 
+def test_an_offline_plan_leaves_recorded_ooms_out():
+    res = engine.replay(_oom_trace(4 * MiB), "oracle", capacity=None)
+    assert res.ooms == 0 and res.ooms_avoided == [] and res.completed and res.allocs == 3
+
+
 def test_an_unrecorded_oom_still_stops_the_walk():
     w = TraceWriter()
     w.oom(1 * MiB)
