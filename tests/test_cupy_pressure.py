@@ -7,6 +7,8 @@ import json
 import os
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from allocsim import engine
 from allocsim.gpu import gpu_available
@@ -16,6 +18,7 @@ from allocsim.trace.events import CACHE_RELEASE, OOM, SEGMENT_ALLOC, SEGMENT_FRE
 from allocsim.validate import validate
 
 from conftest import ROOT
+from test_reference_models import cupy_pressure_traces
 
 MiB = 1 << 20
 RECORDING = os.path.join(ROOT, "traces", "pressure-cupy-limit.bin")
@@ -170,6 +173,39 @@ def test_fit_hears_the_comparisons_the_cap_decides():
     r = Replay(t, "cupy", capacity=None, cap=64 * MiB, options={"limit": 16 * MiB}, keep_going=True)
     res = r.run()
     assert res.ooms == 1 and r.device.certified() == (12 * MiB, None)
+
+
+# ---- allocsim fit: every cap a replay certifies replays the same ------------------------------------
+def _outcome(trace, cap, options=None):
+    """What a replay at ``cap`` did (device calls for which request, OOMs, peak) and the caps it certifies."""
+    r = Replay(trace, "cupy", cap=cap, capacity=None, keep_going=True, log_events=True, options=options)
+    res = r.run()
+    did = (tuple(r.segment_log), tuple((o.event, o.recorded) for o in res.oom_events), res.peak_reserved_bytes)
+    return did, r.device.certified()
+
+
+def _same_within(trace, cap, picks, options=None):
+    did, (lo, hi) = _outcome(trace, cap, options)
+    assert lo <= cap and (hi is None or cap <= hi)
+    top = hi if hi is not None else 2 * lo + MiB
+    for p in picks:
+        other = lo + int(p * (top - lo))
+        assert _outcome(trace, other, options)[0] == did, f"cap {cap} certifies [{lo}, {hi}], but {other} differs"
+
+
+@pytest.mark.parametrize("cap", [1_300_000_000, 1_500_000_000, 1_900_000_000])
+def test_caps_the_recording_certifies_replay_the_same(recording, cap):
+    _same_within(recording[0], cap, [0.0, 0.5, 1.0])
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=cupy_pressure_traces(), cap=st.integers(MiB, 600 * MiB), picks=st.lists(st.floats(0, 1), max_size=3),
+       options=st.sampled_from([None, {"version": "13"}, {"limit": 96 * MiB}]))
+def test_caps_a_replay_certifies_replay_the_same(trace, cap, picks, options):
+    """The pool's own limit comparisons, told to the device, are all a cupy replay's outcome depends on:
+    `allocsim fit` may take every cap in the certified interval as tried."""
+    _same_within(trace, cap, [0.0, 1.0] + picks, options)
 
 
 # ---- against CuPy's own pool, on a GPU ------------------------------------------------------------
