@@ -10,11 +10,15 @@ model reads ``trace.meta`` itself) and logs its own device calls in
 `allocsim.trace.events`. A new model plugs in with one `Spec` in ``SPECS``.
 
 Compared: the number of segment allocations (cudaMalloc + page maps) and releases,
-their kinds and sizes in order, peak and final reserved bytes (from each side's
-segment events, starting from the recorded initial segments when the trace had
-them), and the OOMs: how many and at which events (the recording's OOM records,
-which the replay attempts again, against the model's failed requests). On a mismatch the first diverging segment event is reported
-with both sides' trace event index, kind, size and reserved bytes.
+their kinds and sizes in order, each for the same request (the first ALLOC at or
+after the call, on both sides: the walk files a cache release's or a recorded
+OOM's calls under that event), peak and final reserved bytes (from
+each side's segment events, starting from the recorded initial segments when the
+trace had them), and the OOMs: how many and at which events (the recording's OOM
+records, which the replay attempts again, against the model's failed requests). The
+segment frees one call made are compared as a set where the recorder cannot see
+their order (CuPy: ``Spec.free_order``). On a mismatch the first diverging segment
+event is reported with both sides' trace event index, kind, size and reserved bytes.
 
 Limitation: a trace whose ring buffer wrapped starts with PRE_EXISTING blocks and
 ``meta["initial_segments"]``. The reserved totals start from those segments on the
@@ -49,11 +53,14 @@ class Spec:
     #: segment kinds the recorder always writes; kinds not listed are compared only
     #: when the trace holds at least one (CuPy's hooks cannot see upstream frees)
     always: tuple = (ev.SEGMENT_ALLOC,)
+    #: whether the recorder sees the order of the segment frees one call makes (CuPy's reads
+    #: them from the pool's ``total_bytes()`` and writes them by address: they are compared as a set)
+    free_order: bool = True
 
 
 SPECS = {
     "torch": Spec("torch", "torch", always=SEGMENT_KINDS),
-    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,)),
+    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,), free_order=False),
 }
 
 
@@ -75,6 +82,21 @@ class Side:
     def reserved_after(self) -> np.ndarray:
         sign = np.where(np.isin(np.asarray(self.kinds, np.int64), SHRINK), -1, 1)
         return self.initial_reserved + np.cumsum(sign * np.asarray(self.sizes, np.int64))
+
+    def frees_by_size(self) -> "Side":
+        """The same calls with each run of frees made for one request in size order (the order a
+        recorder that cannot see it would compare them in)."""
+        order = sorted(range(len(self.kinds)), key=lambda j: (self._run_start(j), self.sizes[j]))
+        pick = lambda xs: [xs[j] for j in order]        # noqa: E731
+        return Side(pick(self.kinds), pick(self.sizes), pick(self.events), self.initial_reserved,
+                    pick(self.requests))
+
+    def _run_start(self, j: int) -> int:
+        """Where the run of consecutive frees for one request that holds call j starts (j: any other call)."""
+        while j > 0 and self.kinds[j] in SHRINK and self.kinds[j - 1] in SHRINK \
+                and self.requests[j - 1] == self.requests[j]:
+            j -= 1
+        return j
 
     def totals(self) -> dict:
         r = self.reserved_after()
@@ -183,6 +205,8 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     rec = recorded_side(trace, kinds)
     seeded = bool(getattr(r.policy, "seeded", False))
     mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
+    if not spec.free_order:
+        rec, mod = rec.frees_by_size(), mod.frees_by_size()
     rt_, mt = rec.totals(), mod.totals()
     checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
               for k in ("segment_allocs", "segment_frees")]

@@ -14,18 +14,7 @@ RECORDED = sorted(p for p in glob.glob(os.path.join(ROOT, "traces", "*.bin"))
                   if Trace.load(p).meta.get("framework") in ("torch", "cupy"))
 TORCH = [p for p in RECORDED if Trace.load(p).meta.get("framework") == "torch"]
 
-#: Pressure traces (issue 11) whose limits, cache releases or OOM the replay does not drive yet; a name
-#: leaves these sets when its trace matches (strict: an unexpected pass fails, so it is not forgotten).
-NOT_YET_VALIDATED = {"pressure-cupy-limit.bin"}
-
-
-def _known(paths, not_yet):
-    """``paths`` as parameters, those named in ``not_yet`` marked as the expected failures they are today."""
-    mark = pytest.mark.xfail(strict=True, reason="SET_LIMIT / CACHE_RELEASE / OOM not replayed yet (issue 11)")
-    return [pytest.param(p, marks=mark) if os.path.basename(p) in not_yet else p for p in paths]
-
-
-@pytest.mark.parametrize("path", _known(RECORDED, NOT_YET_VALIDATED), ids=os.path.basename)
+@pytest.mark.parametrize("path", RECORDED, ids=os.path.basename)
 def test_validate_matches_every_recorded_trace(path):
     v = validate_trace(path)
     assert v.match, v.summary()

@@ -27,8 +27,8 @@ WALL_CLOCK = ("replay_seconds", "load_seconds")
 #: Below LOAD: every policy runs out; --keep-going records each OOM.
 TIGHT = 0.9
 LONG = 40
-#: Fields added after the stored results were made, with the value every shipped trace must give
-#: (none of them holds an OOM record): a result may carry them, and nothing else new.
+#: Fields added after the stored results were made, with the value every trace stored before them must give
+#: (none of those holds an OOM record): a result may carry them, and nothing else new.
 ADDED = {"ooms_avoided": []}
 
 

@@ -21,6 +21,7 @@ from allocsim import policies
 from allocsim.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.trace import ALLOC, Trace, TraceWriter
+from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
 
 from conftest import ROOT
 
@@ -185,6 +186,43 @@ def test_fast_policy_matches_reference_under_a_tight_cap(ref, runtime):
 def test_every_fast_policy_has_its_reference():
     assert {policies.get(r).reference_of for r in REFERENCES} == {"torch", "split", "bestfit", "cupy"}
     assert all(policies.get(r).params is policies.get(policies.get(r).reference_of).params for r in REFERENCES)
+
+
+# ---- cupy under pressure: limits set and lifted mid-run, cache releases, recorded OOMs' attempts --
+@st.composite
+def cupy_pressure_traces(draw):
+    """Allocs and frees on up to three streams with, between them, CuPy's pressure events as its
+    recorder writes them: ``free_all_blocks()`` (CACHE_RELEASE), ``set_limit`` (SET_LIMIT, 0 lifts
+    it) and requests the recorded run failed (OOM records, attempted again)."""
+    ops = draw(st.lists(st.tuples(st.integers(0, 6), sizes, st.integers(0, 2), st.integers(0, 10**6)),
+                        min_size=1, max_size=100))
+    new_limits = st.sampled_from([0, 512, 4 * MiB, 32 * MiB, 100 * MiB, 300 * MiB, GiB])
+    w = TraceWriter(meta={"producer": "hypothesis", "framework": "cupy"})
+    live: list[int] = []
+    for what, size, stream, pick in ops:
+        s = [0, 7, 0xBEEF][stream]
+        if what == 4:
+            w.record(CACHE_RELEASE, aux=1)
+        elif what == 5:
+            w.record(SET_LIMIT, size=draw(new_limits), aux=1)
+        elif what == 6:
+            w.oom(size, stream=s)
+        elif what or not live:
+            live.append(w.alloc(size, stream=s))
+        else:
+            w.free(live.pop(pick % len(live)))
+    return w.finish()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=cupy_pressure_traces(), options=st.sampled_from(OPTIONS["cupy"]),
+       runtime=st.sampled_from(["eager", "gc"]), cap=st.sampled_from([None, None, 64 * MiB]),
+       capacity=st.sampled_from([None, 200 * MiB, 4 * GiB]))
+def test_cupy_matches_reference_under_limits_releases_and_recorded_ooms(trace, options, runtime, cap, capacity):
+    """Recorded limits (unless a cap overrides them), cache releases and recorded OOMs' attempts, on a device
+    small enough to fail too: the same device calls, blocks, failed requests and counters."""
+    assert_same(trace, "cupy-ref", options, runtime=runtime, cap=cap, capacity=capacity)
 
 
 # ---- torch's slow path: garbage collection of old cached segments -------------------------

@@ -1,7 +1,7 @@
 """`cupy`: CuPy's ``SingleDeviceMemoryPool``, step for step.
 
 Source: `docs/models/cupy.md` (``cupy/cuda/memory.pyx``, v13.6 and
-v14.1/main). What the model does, as CuPy does:
+v14.1/v14.2/main). What the model does, as CuPy does:
 
 - every request is rounded up to 512 B (``_round_size``);
 - one arena per stream; a free chunk goes back to its own stream's arena and no
@@ -13,17 +13,27 @@ v14.1/main). What the model does, as CuPy does:
   on free a chunk merges with a free ``next`` and then a free ``prev``, so chunks of
   different device allocations never merge;
 - ``free_all_blocks`` releases only whole chunks (no ``prev`` and no ``next``): a
-  split allocation stays reserved until its pieces have merged back into one;
-- ``_try_malloc``'s escalation: over the limit -> ``free_all_blocks``; still over ->
+  split allocation stays reserved until its pieces have merged back into one. It
+  goes arena by arena (in the order they were made) and, in each, in the order the
+  chunks became free (CuPy walks its free index, smallest first: not modelled, see
+  docs/models/cupy.md). Named a stream, it releases only that stream's arena (none
+  made if it has none);
+- ``_try_malloc``'s escalation: (v14) a request larger than the limit itself -> OOM at
+  once, nothing released; over the limit -> ``free_all_blocks``; still over ->
   ``gc.collect()`` + ``free_all_blocks``; still over -> OOM. Device allocation
   failure -> ``free_all_blocks`` + retry -> ``gc.collect()`` (twice in v14, once in
   v13) + ``free_all_blocks`` + retry -> OOM. ``gc.collect()`` is
   ``runtime.collect(full=True)``.
 
 The limit is the smaller of the ``limit`` option (``set_limit(size=...)`` /
-``CUPY_GPU_MEMORY_LIMIT``) and the engine's ``--cap``; it is checked against the
-pool's total (reserved) bytes, so cached free chunks count against it. The device
-capacity (the GPU) is what makes a device allocation fail.
+``CUPY_GPU_MEMORY_LIMIT``) and the device's cap (``--cap``, or the program's own
+``set_limit`` calls, recorded as SET_LIMIT events), read at each check; it is
+checked against the pool's total (reserved) bytes, so cached free chunks count
+against it. Each comparison the cap takes part in is told to the device
+(``ctx.note``), so `allocsim fit` certifies caps by it. The device capacity (the
+GPU) is what makes a device allocation fail. A recorded OOM (the walk attempts the
+request again) runs this same escalation; a cache release (CACHE_RELEASE,
+``release_cache``) is ``free_all_blocks()``.
 
 Ties between free chunks of the same size (the only place v13 and v14 differ in
 the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
@@ -140,6 +150,7 @@ class CuPyPool(Policy):
         self._shift = 2 * ADDR_BITS if self._lifo else ADDR_BITS    # key = size << _shift | ...
         self._tie = 1 << ADDR_BITS                  # v13: falls with every chunk filed
         self._gc_calls = 2 if self.version >= 14 else 1
+        self._raises_at_once = self.version >= 14    # a request above the limit itself: OOM, nothing released
         self._arenas: dict[int, _Arena] = {}
         self.total = 0                      # total_bytes(): reserved from the device
         self.cache_flushes = 0              # free_all_blocks calls
@@ -272,11 +283,19 @@ class CuPyPool(Policy):
         limits = [x for x in (self.limit, self.ctx.cap) if x]
         return min(limits) if limits else 0
 
+    def _within(self, need: int) -> bool:
+        """CuPy's limit check, ``need <= limit`` (no limit: always). Told to the device whenever the cap
+        decides it (the ``limit`` option alone refusing leaves every cap the same outcome)."""
+        if self.limit and need > self.limit:
+            return False
+        cap = self.ctx.cap
+        ok = not cap or need <= cap
+        self.ctx.note(need, ok)
+        return ok
+
     def _over(self, n) -> bool:
-        """Whether ``n`` more bytes pass the pool limit; told to the device, as the cap may set the limit."""
-        over = bool(self._limit) and self.total + n > self._limit
-        self.ctx.note(self.total + n, not over)
-        return over
+        """Whether ``n`` more bytes would take the pool's total past the limit."""
+        return not self._within(self.total + n)
 
     def _gc(self) -> None:
         for _ in range(self._gc_calls):
@@ -291,6 +310,9 @@ class CuPyPool(Policy):
 
     def _try_malloc(self, n, arena: _Arena):
         """A new device allocation of ``n`` bytes, with CuPy's escalation; None on OOM."""
+        if self._raises_at_once and not self._within(n):    # v14: larger than the limit itself
+            self.limit_ooms += 1
+            return None
         if self._over(n):
             self._step(S_LIMIT_FLUSH, self.free_all_blocks)
             if self._over(n):
@@ -320,12 +342,14 @@ class CuPyPool(Policy):
         self.free_all_blocks()
 
     def free_all_blocks(self, stream=None) -> int:
-        """Release every free chunk that is a whole device allocation; return the bytes released."""
+        """Release every free chunk that is a whole device allocation, arena by arena, each in the order
+        its chunks became free (CuPy's own order differs: docs/models/cupy.md); only ``stream``'s arena if
+        named (none is made for it). Return the bytes released."""
         self.cache_flushes += 1
         released = 0
         ev = self.event_index
-        arenas = self._arenas.values() if stream is None else [self._arena(stream)]
-        for arena in arenas:
+        arenas = list(self._arenas.values()) if stream is None else [self._arenas.get(stream)]
+        for arena in filter(None, arenas):
             whole = [c for c in arena.free_at.values() if c.prev is None and c.next is None]
             for c in whole:
                 self._remove(arena, c)

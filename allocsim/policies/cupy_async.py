@@ -29,7 +29,7 @@ class CupyAsyncPool(CupyRealPool):
     def malloc(self, size, stream):
         if self._over_cap(size):
             return None
-        return super().malloc(size, stream)
+        return self._measured_malloc(size, stream)
 
     def counters(self):
         return {"pool_total_bytes": int(self.pool.total_bytes())}

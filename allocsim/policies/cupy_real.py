@@ -3,7 +3,8 @@
 The pool's upstream is a `PythonFunctionAllocator` around `cudaMalloc`/`cudaFree`,
 so device allocations and releases (including `free_all_blocks` on the OOM path)
 are counted and timed; reserved bytes are the pool's own `total_bytes()`.
-`--cap` becomes the pool's `set_limit`. Streams map to CuPy streams (index 0 is
+`--cap`, or the limit the program set (SET_LIMIT events move the device's cap), is
+the pool's `set_limit`, brought up to date before each request. Streams map to CuPy streams (index 0 is
 the null stream). See `docs/models/cupy.md`, section "The real policies".
 """
 from __future__ import annotations
@@ -41,8 +42,7 @@ class CupyRealPool(RealPolicy):
             dev.bytes_free += sizes.pop(ptr)
 
         self.pool = cp.cuda.MemoryPool(cp.cuda.memory.PythonFunctionAllocator(upstream_malloc, upstream_free).malloc)
-        if dev.cap:
-            self.pool.set_limit(size=dev.cap)
+        self._limit = 0                 # the pool's set_limit (0: none)
         self._streams = {0: None}
         self.flushes_seen = 0
 
@@ -53,6 +53,14 @@ class CupyRealPool(RealPolicy):
         return st
 
     def malloc(self, size, stream):
+        cap = self.ctx.cap or 0
+        if cap != self._limit:
+            self.pool.set_limit(size=cap)
+            self._limit = cap
+        return self._measured_malloc(size, stream)
+
+    def _measured_malloc(self, size, stream):
+        """The pool's malloc on the stream, timed; None when it raises OutOfMemoryError."""
         pool, st = self.pool, self._stream(stream)
         t0 = _now()
         try:

@@ -6,17 +6,22 @@ The reference model of `cupy` (rules in docs/models/cupy.md). It follows
     malloc -> _round_size -> _malloc
       the stream's arena: best fit among its free chunks, split off the remainder
       (append_to_free_list, no merging); on a miss _try_malloc:
+        (v14) larger than the limit itself: OOM at once (_try_block_total_bytes)
         over the limit: free_all_blocks; still over: gc.collect + free_all_blocks; still over: OOM
         cudaMalloc fails: free_all_blocks + retry; gc.collect (x2 in v14) + free_all_blocks + retry; OOM
     free: merge with a free ``next``, then with a free ``prev`` (remove_from_free_list),
       then append_to_free_list
-    free_all_blocks: release the free chunks that are whole device allocations
+    free_all_blocks(stream=None): each arena (or only the stream's, if it has one), in the
+      order its chunks were filed: release the free chunks that are whole device allocations
+      (CuPy walks its free index instead, smallest first: docs/models/cupy.md)
 
 An arena keeps its free chunks in bins, one list per size in a sorted dict, each
 list in the order its chunks were filed, and ``free`` (address -> chunk) in the order
 chunks were filed, which is the order free_all_blocks releases them. Ties between
 free chunks of one size: v14's set of (size, chunk object) is arbitrary in CuPy, so
 the lowest address wins; v13's ``set.pop()`` likewise, so the last filed wins.
+The limit is the smaller of option ``limit`` and the cap, which a recorded
+``set_limit`` (SET_LIMIT) moves; each comparison the cap decides is told to the device.
 """
 from __future__ import annotations
 
@@ -144,14 +149,25 @@ class CuPyPoolReference(Policy):
         chunk.size = size
         return remaining
 
+    def _within_limit(self, need: int) -> bool:
+        """``need <= limit`` (no limit: true); the device hears of it when the cap, not option ``limit``, decides."""
+        if self.limit and need > self.limit:
+            return False
+        ok = not self.ctx.cap or need <= self.ctx.cap
+        self.ctx.note(need, ok)
+        return ok
+
     def _try_malloc(self, size: int) -> int | None:
         """A new device allocation, with CuPy's escalation; None on OOM."""
-        if self._limit and size + self.total_bytes() > self._limit:
+        if self.version >= 14 and not self._within_limit(size):
+            self.limit_ooms += 1                    # _try_block_total_bytes: size > limit raises at once
+            return None
+        if not self._within_limit(size + self.total_bytes()):
             self.free_all_blocks()
-            if size + self.total_bytes() > self._limit:
+            if not self._within_limit(size + self.total_bytes()):
                 self.ctx.collect(True)              # gc.collect()
                 self.free_all_blocks()
-                if size + self.total_bytes() > self._limit:
+                if not self._within_limit(size + self.total_bytes()):
                     self.limit_ooms += 1
                     return None
         ptr = self._alloc(size)
@@ -205,7 +221,10 @@ class CuPyPoolReference(Policy):
         """Release every free chunk that is a whole device allocation; the bytes released."""
         self.cache_flushes += 1
         released = 0
-        arenas = list(self._arenas.values()) if stream is None else [self._arena(stream)]
+        if stream is None:
+            arenas = list(self._arenas.values())
+        else:
+            arenas = [self._arenas[stream]] if stream in self._arenas else []
         for arena in arenas:
             for chunk in [c for c in arena.free.values() if c.prev is None and c.next is None]:
                 arena.remove_from_free_list(chunk)

@@ -1,0 +1,256 @@
+"""The `cupy` model under memory pressure: CuPy's pool under ``set_limit``, ``free_all_blocks()`` and a
+caught ``OutOfMemoryError``, as recorded on an H100 (traces/pressure-cupy-limit.bin, CuPy 14.2.0), and
+the rules of CuPy 14.2's ``_try_malloc`` / ``free_all_blocks`` on hand-made traces."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocsim import engine
+from allocsim.gpu import gpu_available
+from allocsim.replay import Replay
+from allocsim.trace import Trace, TraceWriter
+from allocsim.trace.events import CACHE_RELEASE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
+from allocsim.validate import validate
+
+from conftest import ROOT
+from test_reference_models import cupy_pressure_traces
+
+MiB = 1 << 20
+RECORDING = os.path.join(ROOT, "traces", "pressure-cupy-limit.bin")
+CUPY = 1                         # aux of CuPy's CACHE_RELEASE and SET_LIMIT records
+
+
+@pytest.fixture(scope="module")
+def recording():
+    with open(RECORDING + ".stats.json") as f:
+        return Trace.load(RECORDING), json.load(f)
+
+
+# ---- the recording ------------------------------------------------------------------------------
+def test_the_recording_validates():
+    """Segment allocs and frees (the same sizes for the same requests), peak and final reserved, and the
+    one OOM at its own event: what CuPy did under its limit, call for call."""
+    v = validate(RECORDING)
+    assert v.match, v.summary()
+    checks = {c["name"]: c for c in v.checks}
+    assert checks["segment frees"]["model"] == 21 and checks["OOMs"]["model"] == 1
+    oom_at = [i for i, k in enumerate(Trace.load(RECORDING).kind.tolist()) if k == OOM]
+    assert checks["OOM events"]["model"] == ",".join(map(str, oom_at))
+
+
+def test_the_replay_ends_with_the_pools_own_figures(recording):
+    """The pool's figures at the end of the recorded run (`.stats.json`) come out of the replay."""
+    trace, stats = recording
+    r = Replay(trace, "cupy")
+    res = r.run()
+    pool, counts = stats["pool"], stats["counts"]
+    c = res.counters
+    assert (c["total_bytes"], c["used_bytes"], c["n_free_blocks"], c["limit"]) == \
+        (pool["total_bytes"], pool["used_bytes"], pool["n_free_blocks"], pool["limit"])
+    assert res.final_reserved_bytes == pool["live_segment_bytes"]
+    assert (res.device_mallocs, res.device_frees) == (counts["segment_alloc"], counts["segment_free"])
+    assert res.allocs == counts["malloc"] and res.frees == counts["free"]
+    assert res.ooms == counts["failed_malloc"] == 1 and res.oom_events[0].recorded
+    assert c["limit_ooms"] == 1 and c["device_ooms"] == 0 and res.completed
+    # the program's free_all_blocks() calls, and the limit path's: one before the second oversized batch
+    # (the 7 segment frees no CACHE_RELEASE precedes) and flush / gc.collect() / flush for the request
+    # that failed (the recorded full GC just before its OOM record)
+    assert res.cache_flushes == counts["cache_release"] + 1 + 2 and res.gc_full == 1
+
+
+def test_a_cap_given_overrides_the_recorded_limit(recording):
+    """Without the limit (a cap above anything the run reserves) the oversized batch is served: the
+    replay says the OOM would not have happened, and no segment is released but by the program."""
+    trace, _ = recording
+    res = engine.replay(trace, "cupy", cap=8 << 30)
+    oom_at = [i for i, k in enumerate(trace.kind.tolist()) if k == OOM]
+    assert res.ooms == 0 and res.ooms_avoided == oom_at and res.counters["limit"] == 8 << 30
+    assert res.cache_flushes == 3
+
+
+# ---- the rules, on hand-made traces -------------------------------------------------------------
+def _pressure_trace(*steps):
+    """A one-stream trace from steps: ``("alloc", n)``, ``("free", k)`` (the k-th alloc), ``("release",)``,
+    ``("limit", n)`` and ``("oom", n)``."""
+    w = TraceWriter(meta={"framework": "cupy"})
+    ids = []
+    for what, *arg in steps:
+        if what == "alloc":
+            ids.append(w.alloc(arg[0]))
+        elif what == "free":
+            w.free(ids[arg[0]])
+        elif what == "release":
+            w.record(CACHE_RELEASE, aux=CUPY)
+        elif what == "limit":
+            w.record(SET_LIMIT, size=arg[0], aux=CUPY)
+        else:
+            w.oom(arg[0])
+    return w.finish()
+
+
+def _replay(trace, **kw):
+    r = Replay(trace, "cupy", capacity=None, keep_going=True, log_events=True, **kw)
+    return r, r.run()
+
+
+@pytest.mark.parametrize("version, flushes, gcs", [("14", 0, 0), ("13", 2, 1)])
+def test_a_request_above_the_limit_itself_fails_at_once_in_v14(version, flushes, gcs):
+    """v14's _try_block_total_bytes raises when the request alone exceeds the limit, before releasing
+    anything; v13 flushes, collects and flushes first, releasing the cached segment."""
+    t = _pressure_trace(("limit", 8 * MiB), ("alloc", 4 * MiB), ("free", 0), ("alloc", 9 * MiB))
+    r, res = _replay(t, options={"version": version})
+    assert res.ooms == 1 and res.cache_flushes == flushes and res.gc_full == gcs
+    assert [k for k, *_ in r.segment_log] == [SEGMENT_ALLOC] + [SEGMENT_FREE] * (version == "13")
+
+
+def test_the_limit_path_flushes_collects_flushes_then_fails():
+    """Over the limit (not above it alone): free_all_blocks releases whole cached segments only; the split
+    one stays; gc.collect() and a second free_all_blocks; then OOM."""
+    t = _pressure_trace(("limit", 16 * MiB), ("alloc", 4 * MiB), ("alloc", 4 * MiB), ("free", 1),
+                        ("alloc", 2 * MiB), ("alloc", 10 * MiB))
+    r, res = _replay(t)
+    # 4 MiB live + the 4 MiB segment split for 2 MiB: over by 2 MiB; nothing is whole -> OOM
+    assert res.ooms == 1 and res.cache_flushes == 2 and res.gc_full == 1 and res.device_frees == 0
+    t = _pressure_trace(("limit", 16 * MiB), ("alloc", 4 * MiB), ("alloc", 4 * MiB), ("free", 1),
+                        ("alloc", 10 * MiB))
+    r, res = _replay(t)
+    # the cached whole 4 MiB segment is released and the request then fits: one flush, no collection
+    assert res.ooms == 0 and res.cache_flushes == 1 and res.gc_full == 0
+    assert [(k, n) for k, n, _ in r.segment_log] == [(SEGMENT_ALLOC, 4 * MiB), (SEGMENT_ALLOC, 4 * MiB),
+                                                      (SEGMENT_FREE, 4 * MiB), (SEGMENT_ALLOC, 10 * MiB)]
+
+
+def test_set_limit_moves_the_limit_and_zero_lifts_it():
+    t = _pressure_trace(("limit", 8 * MiB), ("alloc", 6 * MiB), ("alloc", 6 * MiB), ("limit", 0),
+                        ("alloc", 6 * MiB))
+    r, res = _replay(t)
+    assert [o.event for o in res.oom_events] == [2] and res.counters["limit"] == 0 and res.cap_bytes is None
+    assert res.device_mallocs == 2
+
+
+def test_a_cache_release_frees_every_whole_segment_and_keeps_split_ones():
+    t = _pressure_trace(("alloc", 4 * MiB), ("alloc", 3 * MiB), ("free", 0), ("free", 1), ("alloc", MiB),
+                        ("release",))
+    r, res = _replay(t)
+    assert [(k, n) for k, n, _ in r.segment_log][2:] == [(SEGMENT_FREE, 4 * MiB)]   # 3 MiB is split for 1 MiB
+    assert res.final_reserved_bytes == 3 * MiB and res.counters["n_free_blocks"] == 1
+
+
+def test_a_recorded_oom_is_attempted_with_the_same_escalation():
+    """The request the program's pool refused is made again where it was made: flush, gc.collect(), flush,
+    OOM (a recorded one, and the walk goes on); the frees that follow still reach the pool."""
+    t = _pressure_trace(("limit", 8 * MiB), ("alloc", 6 * MiB), ("oom", 4 * MiB), ("free", 0),
+                        ("alloc", 4 * MiB))
+    r, res = _replay(t)
+    assert [(o.event, o.recorded) for o in res.oom_events] == [(2, True)]
+    assert res.cache_flushes == 2 and res.gc_full == 1 and res.completed
+    assert res.device_mallocs == 1 and r.policy.n_free_blocks() == 1    # the last 4 MiB split the freed 6 MiB
+    names = [row["name"] for row in res.sections if row["depth"] == 1]
+    assert "2.2 gc.collect (limit)" in names
+
+
+def test_free_all_blocks_for_a_stream_without_an_arena_makes_none():
+    t = _pressure_trace(("alloc", MiB), ("free", 0))
+    r, _ = _replay(t)
+    pol = r.policy
+    assert pol.free_all_blocks(stream=5) == 0 and 5 not in pol._arenas and pol.total == MiB
+    assert pol.free_all_blocks(stream=0) == MiB and pol.total == 0
+
+
+def test_fit_hears_the_comparisons_the_cap_decides():
+    """The limit is the pool's own check: each comparison with the cap is noted on the device (the needs it
+    granted and the smallest it refused), so `allocsim fit` certifies caps by them; the `limit` option
+    refusing alone leaves every cap the same outcome and is not noted."""
+    t = _pressure_trace(("alloc", 6 * MiB), ("alloc", 6 * MiB), ("alloc", 20 * MiB))
+    r = Replay(t, "cupy", capacity=None, cap=16 * MiB, keep_going=True)
+    r.run()
+    assert r.device.certified() == (12 * MiB, 20 * MiB - 1)     # 6 + 6 granted; 20 alone refused, at once
+    r = Replay(t, "cupy", capacity=None, cap=64 * MiB, options={"limit": 16 * MiB}, keep_going=True)
+    res = r.run()
+    assert res.ooms == 1 and r.device.certified() == (12 * MiB, None)
+
+
+# ---- allocsim fit: every cap a replay certifies replays the same ------------------------------------
+def _outcome(trace, cap, options=None):
+    """What a replay at ``cap`` did (device calls for which request, OOMs, peak) and the caps it certifies."""
+    r = Replay(trace, "cupy", cap=cap, capacity=None, keep_going=True, log_events=True, options=options)
+    res = r.run()
+    did = (tuple(r.segment_log), tuple((o.event, o.recorded) for o in res.oom_events), res.peak_reserved_bytes)
+    return did, r.device.certified()
+
+
+def _same_within(trace, cap, picks, options=None):
+    did, (lo, hi) = _outcome(trace, cap, options)
+    assert lo <= cap and (hi is None or cap <= hi)
+    top = hi if hi is not None else 2 * lo + MiB
+    for p in picks:
+        other = lo + int(p * (top - lo))
+        assert _outcome(trace, other, options)[0] == did, f"cap {cap} certifies [{lo}, {hi}], but {other} differs"
+
+
+@pytest.mark.parametrize("cap", [1_300_000_000, 1_500_000_000, 1_900_000_000])
+def test_caps_the_recording_certifies_replay_the_same(recording, cap):
+    _same_within(recording[0], cap, [0.0, 0.5, 1.0])
+
+
+@settings(max_examples=100, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=cupy_pressure_traces(), cap=st.integers(MiB, 600 * MiB), picks=st.lists(st.floats(0, 1), max_size=3),
+       options=st.sampled_from([None, {"version": "13"}, {"limit": 96 * MiB}]))
+def test_caps_a_replay_certifies_replay_the_same(trace, cap, picks, options):
+    """The pool's own limit comparisons, told to the device, are all a cupy replay's outcome depends on:
+    `allocsim fit` may take every cap in the certified interval as tried."""
+    _same_within(trace, cap, [0.0, 1.0] + picks, options)
+
+
+# ---- against CuPy's own pool, on a GPU ------------------------------------------------------------
+HAVE_GPU, WHY = gpu_available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAVE_GPU, reason=f"no GPU: {WHY}")
+def test_cupys_own_pool_releases_and_refuses_as_the_model_says():
+    """CuPy's pool over an upstream that logs each cudaFree: ``free_all_blocks()`` releases the same whole
+    segments as the model, smallest first (the model's order is the order they became free:
+    docs/models/cupy.md); under a limit a request above it raises at once, with no release, and one
+    over it is served after releasing the cached segment."""
+    import cupy
+    from cupy.cuda import runtime
+    freed, sizes = [], {}
+
+    def upstream_malloc(size, device_id):
+        ptr = runtime.malloc(size)
+        sizes[ptr] = size
+        return ptr
+
+    def upstream_free(ptr, device_id):
+        freed.append(sizes.pop(ptr))
+        runtime.free(ptr)
+
+    pool = cupy.cuda.MemoryPool(cupy.cuda.memory.PythonFunctionAllocator(upstream_malloc, upstream_free).malloc)
+    mb = [64, 16, 64, 32]
+    with cupy.cuda.using_allocator(pool.malloc):
+        arrays = [cupy.empty(n * MiB, cupy.uint8) for n in mb]
+        for i in (2, 0, 3, 1):
+            arrays[i] = None
+        pool.free_all_blocks()
+        assert freed == sorted(n * MiB for n in mb)
+        model = _replay(_pressure_trace(*[("alloc", n * MiB) for n in mb],
+                                        *[("free", i) for i in (2, 0, 3, 1)], ("release",)))[0]
+        assert sorted(n for k, n, _ in model.segment_log if k == SEGMENT_FREE) == freed
+        pool.set_limit(size=100 * MiB)
+        cached = cupy.empty(16 * MiB, cupy.uint8)
+        del cached
+        freed.clear()
+        with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
+            cupy.empty(200 * MiB, cupy.uint8)
+        assert freed == [] and pool.total_bytes() == 16 * MiB
+        kept = cupy.empty(90 * MiB, cupy.uint8)
+        assert freed == [16 * MiB] and pool.total_bytes() == 90 * MiB
+        del kept
+        pool.free_all_blocks()
