@@ -14,6 +14,7 @@ RECORDED = sorted(p for p in glob.glob(os.path.join(ROOT, "traces", "*.bin"))
                   if Trace.load(p).meta.get("framework") in ("torch", "cupy"))
 TORCH = [p for p in RECORDED if Trace.load(p).meta.get("framework") == "torch"]
 
+
 @pytest.mark.parametrize("path", RECORDED, ids=os.path.basename)
 def test_validate_matches_every_recorded_trace(path):
     v = validate_trace(path)
