@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from allocsim.policies.torch import fraction_for  # noqa: E402
+
 PY = sys.executable
 WORKLOADS = [
     # name, script and its arguments, cap as a fraction of the unconstrained run's peak reserved (None: no cap)
@@ -61,16 +64,6 @@ def record(out: str, script: list, conf: str = "", fraction: float = 0.0) -> dic
 def tune(trace: str, *args) -> dict:
     return json.loads(sh([PY, "-m", "allocsim", "tune", trace, "--json", "-j", str(min(8, os.cpu_count())),
                           *args]).stdout)
-
-
-def fraction_for(cap: int, total: int) -> float:
-    """The fraction whose ``int(f * total)`` (PyTorch's allowed memory) is exactly ``cap``."""
-    f = cap / total
-    while int(f * total) < cap:
-        f = math.nextafter(f, 1.0)
-    while int(f * total) > cap:
-        f = math.nextafter(f, 0.0)
-    return f
 
 
 def predicted(res: dict, row: dict) -> dict:

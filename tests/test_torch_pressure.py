@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import allocsim
 from allocsim.fit import fit_capacity
+from allocsim.policies.torch import fraction_for
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.validate import validate
@@ -240,3 +241,15 @@ def test_a_capped_replay_goes_the_same_way_at_every_cap_it_certifies(trace, opti
     for other in {lo, hi if hi is not None else 2 * cap}:
         again = allocsim.replay(trace, "torch", options=list(options), cap=other, capacity=4 << 30, keep_going=True)
         assert outcome(again) == outcome(res), f"cap {cap} certifies {lo}..{hi}, but {other} differs"
+
+
+@given(total=st.integers(1 << 30, 1 << 40), share=st.floats(0.0, 1.2))
+def test_fraction_for_gives_pytorchs_allowed_memory_to_the_byte(total, share):
+    """`fraction_for`: the fraction torch-real and the closed loop set, so that PyTorch's ``int(f * total)``
+    is the cap exactly (none, or a cap of the whole device and more: 1.0, no limit)."""
+    allowed = int(share * total)
+    f = fraction_for(allowed, total)
+    if 0 < allowed < total:
+        assert int(f * total) == allowed and 0.0 < f < 1.0
+    else:
+        assert f == 1.0

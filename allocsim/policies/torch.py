@@ -39,6 +39,7 @@ as PyTorch's ``snapshot()`` reports them (both for `allocsim.report.snapshot`).
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, insort
 
 from ..errors import InputError, UsageError
@@ -162,6 +163,19 @@ def _divisions(v):
 #: Keys PyTorch accepts that change nothing in the model.
 IGNORED_CONF_KEYS = ("backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
                      "pinned_num_register_threads", "pinned_use_background_threads", "large_segment_size_mb")
+
+
+def fraction_for(allowed: int | None, total: int) -> float:
+    """The memory fraction whose ``int(fraction * total)`` — PyTorch's allowed memory
+    (``setMemoryFraction``) — is exactly ``allowed``; 1.0 (no limit) for none or the whole device."""
+    if not allowed or allowed >= total:
+        return 1.0
+    f = allowed / total
+    while int(f * total) < allowed:
+        f = math.nextafter(f, 1.0)
+    while int(f * total) > allowed:
+        f = math.nextafter(f, 0.0)
+    return f
 
 
 def settings_from_trace(meta: dict, path=None) -> dict:

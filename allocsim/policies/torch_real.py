@@ -6,7 +6,8 @@ in the trace, applied with `torch.cuda.memory._set_allocator_settings` after an
 `empty_cache()`. PyTorch cannot put settings back to their defaults inside a process,
 so a second `torch-real` replay in one process must ask for the same settings as the
 first (the CLI runs one replay per process; `compare`/`sweep` run one per cell with -j).
-`--cap` becomes `set_per_process_memory_fraction(cap / total)`.
+The cap (``--cap``, or a recorded SET_LIMIT) becomes `set_per_process_memory_fraction`, with
+the fraction whose allowed memory is the cap to the byte (`torch.fraction_for`), kept up to date before each request.
 Reserved and allocated figures come from `torch.cuda.memory_stats()` — read once
 at the end (peaks are reset at the start), because reading them per call costs
 more than the call; so the engine's per-event reserved curve is not available.
@@ -18,6 +19,7 @@ from ..gpu import require_torch
 from . import register
 from ._real import RealPolicy, _now
 from .base import Param
+from .torch import fraction_for
 
 
 _APPLIED: list[str] = []     # the settings this process's allocator was given
@@ -45,9 +47,9 @@ class TorchReal(RealPolicy):
             setter(conf)
         _APPLIED[:] = [conf]
         self.applied_conf = conf
-        total = torch.cuda.get_device_properties(0).total_memory
-        if self.ctx.cap:
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.ctx.cap / total))
+        self._total = torch.cuda.get_device_properties(0).total_memory
+        self._cap = None
+        self._follow_cap()
         torch.cuda.reset_peak_memory_stats()
         self._base = torch.cuda.memory_stats()
         self._streams = {0: torch.cuda.current_stream()}
@@ -58,8 +60,16 @@ class TorchReal(RealPolicy):
             st = self._streams[s] = self.torch.cuda.Stream()
         return st
 
+    def _follow_cap(self):
+        """The allowed memory follows the device's cap (``--cap``, or a recorded SET_LIMIT mid-run)."""
+        cap = self.ctx.cap
+        if cap != self._cap:
+            self.torch.cuda.set_per_process_memory_fraction(fraction_for(cap, self._total))
+            self._cap = cap
+
     def malloc(self, size, stream):
         torch = self.torch
+        self._follow_cap()
         t0 = _now()
         try:
             ptr = torch.cuda.caching_allocator_alloc(size, 0, self._stream(stream))
