@@ -120,6 +120,9 @@ class Validation:
     first_divergence: dict | None = None
     recorded_events: int = 0
     model_events: int = 0
+    #: segment allocations the recording made in CUDA graph private pools (not modelled: the
+    #: segment calls, reserved bytes and OOMs cannot be trusted while there are any)
+    private_pool_segments: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -200,8 +203,9 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
         res = r.run()
     finally:
         r.close()
-    flags = np.asarray(trace.flags)
-    pre = int(np.count_nonzero((np.asarray(trace.kind) == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
+    flags, kind = np.asarray(trace.flags), np.asarray(trace.kind)
+    pre = int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
+    private = int(np.count_nonzero((kind == ev.SEGMENT_ALLOC) & (flags & ev.PRIVATE_POOL != 0)))
     rec = recorded_side(trace, kinds)
     seeded = bool(getattr(r.policy, "seeded", False))
     mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
@@ -224,7 +228,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
                    "ok": rec_ooms == mod_ooms})
     return Validation(trace=trace.path, framework=fw, policy=spec.policy, options=res.options,
                       kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
-                      pre_existing=pre, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
+                      pre_existing=pre, private_pool_segments=private, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
                       model_events=len(mod.kinds))
 
 

@@ -523,3 +523,31 @@ def test_cli_error_late_in_the_input_leaves_no_file(tmp_path):
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr == f"allocsim: {src}: line 20002: free of unknown pointer 0x9 (not allocated, or already freed)\n"
     assert sorted(os.listdir(tmp_path)) == ["log.csv"]
+
+
+def test_cuda_graph_private_pools_are_marked_and_named(tmp_path):
+    """A segment in a CUDA graph private pool (``segment_pool_id`` not (0, 0)) is flagged on its
+    SEGMENT_ALLOC, counted in the metadata, warned about on import, shown by `info`, and `validate`
+    says plainly that its figures cannot be trusted — never a silent (mis)match."""
+    snap = load_fixture_dict("snapshot.pickle")
+    for seg in snap["segments"]:
+        seg["segment_pool_id"] = (1, 0) if seg["address"] == 0x10000000 else (0, 0)
+    src = str(tmp_path / "graph.pickle")
+    with open(src, "wb") as f:
+        pickle.dump(snap, f)
+    out = str(tmp_path / "graph.bin")
+    stats = import_file(src, out)
+    t = Trace.load(out)
+    seg = t.kind == ev.SEGMENT_ALLOC
+    private = (t.flags & ev.PRIVATE_POOL) != 0
+    assert t.addr[seg & private].tolist() == [0x10000000] and not (private & ~seg).any()
+    assert t.meta["private_pools"] == {"segments": 1, "bytes": 2 * MiB}
+    assert any("CUDA graph private pools" in w for w in stats["warnings"])
+    p = run_cli("info", out)
+    assert p.returncode == 0 and "CUDA graph private pools: 1 segment allocations" in p.stdout
+    text = run_cli("validate", out).stdout
+    assert "1 recorded segment allocations belong to CUDA graph private pools" in text
+    assert "(private pools: not modelled)" in text.strip().splitlines()[-1]
+    plain = str(tmp_path / "plain.bin")
+    import_file(fixture("snapshot.pickle"), plain)
+    assert "private pool" not in run_cli("validate", plain).stdout + run_cli("info", plain).stdout

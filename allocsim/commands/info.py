@@ -141,6 +141,7 @@ class _Tally:
         self.distinct = DistinctSizes()
         self.max_size = 0
         self.pre_existing = 0
+        self.private_segments = 0       # SEGMENT_ALLOCs in CUDA graph private pools
         self.streams = set()
         self.t_min = self.t_max = None
         self.gc = [0, 0]                # incremental, full
@@ -161,6 +162,7 @@ class _Tally:
         flags = rec["flags"]
         if flags.any():                 # rare: most traces flag nothing
             self.pre_existing += int(np.count_nonzero(flags[a] & ev.PRE_EXISTING))
+            self.private_segments += int(np.count_nonzero(flags[chunk.where(ev.SEGMENT_ALLOC)] & ev.PRIVATE_POOL))
         self._add_streams(chunk, np.concatenate((a, chunk.where(ev.FREE))))
         t = rec["time_ns"]
         lo, hi = int(t.min()), int(t.max())
@@ -261,6 +263,7 @@ def summarize(trace, tally: _Tally | None = None) -> dict:
         "cache_releases": int(counts[ev.CACHE_RELEASE]),
         "limits": tally.limits,
         "upstream_segments": tally.upstream_segments(),
+        **({"private_pool_segments": tally.private_segments} if tally.private_segments else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
     }
@@ -328,6 +331,9 @@ def format_summary(d: dict) -> str:
         lines.append(f"  limits set {len(d['limits'])} ({d['limits'][0]['by']}): "
                      + ", ".join(_limit_text(lim) for lim in d["limits"][:5])
                      + (", ..." if len(d["limits"]) > 5 else ""))
+    if d.get("private_pool_segments"):
+        lines.append(f"  CUDA graph private pools: {d['private_pool_segments']:,} segment allocations (not modelled: "
+                     f"allocsim validate says which figures cannot be trusted)")
     up = d["upstream_segments"]
     n_seg = sum(v for k, v in up.items() if k != "peak_reserved_bytes")
     if n_seg:

@@ -316,6 +316,7 @@ class SnapshotConversion:
         if total_memory:
             dev["total_memory"] = int(total_memory)
         settings = snapshot.get("allocator_settings")
+        self.private = private_pool_segments(snapshot, device)
         self.meta = {
             "producer": "allocsim import", "framework": "torch", "format": "torch-snapshot",
             "source_file": source, "device": dev,
@@ -324,6 +325,8 @@ class SnapshotConversion:
             "wrapped": self.start.wrapped, "pre_existing": len(self.start.blocks),
             "initial_segments": self.start.initial_segments(),
         }
+        if self.private:
+            self.meta["private_pools"] = {"segments": len(self.private), "bytes": sum(self.private.values())}
         from ..policies.torch import settings_from_trace
         settings_from_trace(self.meta, source)     # the torch policy reads them at replay: refuse bad ones now
 
@@ -332,6 +335,7 @@ class SnapshotConversion:
         start = self.start
         conv = EntryConverter(writer, where=self.where, device=self.device, t0_us=self.t0,
                               untimed=self.t0 is None)
+        conv.private = set(self.private)
         seeded_pending = 0
         for addr in sorted(start.blocks):
             size, stream, pending, _, frames = start.blocks[addr]
@@ -351,6 +355,10 @@ class SnapshotConversion:
             warnings.append(f"history and final segments disagree: {start.inconsistent} entries undone without "
                             f"a matching block or segment, {final_mismatch} blocks live at the end differ from "
                             f"the snapshot's active blocks")
+        if self.private:
+            warnings.append(f"{len(self.private)} segments ({sum(self.private.values()):,} bytes) belong to CUDA graph "
+                            f"private pools, which the torch model does not follow: figures for them cannot be "
+                            f"trusted (allocsim validate says which)")
         if unknown:
             warnings.append("ignored unknown actions: " + ", ".join(f"{k} x{n}" for k, n in sorted(unknown.items())))
         return {
@@ -387,6 +395,7 @@ class EntryConverter:
         self.t0_us = t0_us
         self.untimed = untimed
         self.live: dict[int, int] = {}
+        self.private: set[int] = set()      # base addresses of segments known to be in CUDA graph private pools
         self.n = 0
         self.counts: Counter = Counter()
         self.unknown: Counter = Counter()
@@ -427,13 +436,28 @@ class EntryConverter:
                 (free_requested if a == "free_requested" else free)(i, t=t, stream=stream, addr=addr,
                                                                      size=e["size"])
             elif a in SEGMENT_KINDS:
-                segment(SEGMENT_KINDS[a], e["addr"], e["size"], stream, t=t)
+                segment(SEGMENT_KINDS[a], e["addr"], e["size"], stream, t=t,
+                        flags=ev.PRIVATE_POOL if e["addr"] in self.private else 0)
             elif a == "oom":
                 oom(e["size"], device_free=e.get("device_free", 0) or 0, stream=stream, t=t)
             else:
                 (counts if a == "snapshot" else self.unknown)[a] += 1
                 continue
             counts[a] += 1
+
+
+def private_pool_segments(snapshot, device: int = 0) -> dict[int, int]:
+    """``{base address: size}`` of the snapshot's segments in a CUDA graph private pool: a
+    ``segment_pool_id`` other than ``(0, 0)`` (``torch.cuda.graph``, ``torch.compile(mode="reduce-overhead")``).
+    The allocator's default pools are what the `torch` model follows; these it does not model."""
+    out = {}
+    segments = snapshot.get("segments") if isinstance(snapshot, dict) else None
+    for seg in segments if isinstance(segments, list) else ():
+        pool = seg.get("segment_pool_id") if isinstance(seg, dict) else None
+        if seg.get("device", device) == device and isinstance(pool, (list, tuple)) and any(pool) \
+                and _is_uint(seg.get("address")) and _is_uint(seg.get("total_size")):
+            out[seg["address"]] = seg["total_size"]
+    return out
 
 
 def _device_entries(snapshot, device: int, where: _Where) -> list:

@@ -45,7 +45,7 @@ from __future__ import annotations
 import struct
 
 from ..errors import GPUUnavailable
-from ..importers.torch_snapshot import EntryConverter
+from ..importers.torch_snapshot import EntryConverter, private_pool_segments
 from ..trace import events as ev
 from ._base import Recorder, stderr
 
@@ -87,6 +87,7 @@ class TorchRecorder(Recorder):
         self.chunks = 0
         self.largest_chunk = 0
         self.other_device_entries = 0
+        self.private_pools: dict[int, int] = {}     # base -> size of segments seen in CUDA graph private pools
         props = torch.cuda.get_device_properties(self.device)
         self._arm(clear=True)
         settings = torch.cuda.memory._snapshot().get("allocator_settings", {})
@@ -156,6 +157,9 @@ class TorchRecorder(Recorder):
         snap = self.torch.cuda.memory._snapshot()
         self._arm(clear=True)
         self.chunks += 1
+        private = private_pool_segments(snap, self.device)     # graph pools' segments alive now
+        self.conv.private |= set(private)
+        self.private_pools.update(private)
         for dev, entries in enumerate(snap.get("device_traces", [])):
             if dev != self.device:
                 self.other_device_entries += len(entries)
@@ -189,6 +193,9 @@ class TorchRecorder(Recorder):
             self.note(f"trace has {c['alloc']} allocs, the allocator counted {real_allocs}")
         if c["unmatched_free"]:
             self.note(f"{c['unmatched_free']} frees of blocks allocated before recording began were skipped")
+        if self.private_pools:
+            self.note(f"{len(self.private_pools)} segments belong to CUDA graph private pools, which the torch model "
+                      f"does not follow: allocsim validate says which figures cannot be trusted")
         if self.other_device_entries:
             self.note(f"{self.other_device_entries} entries on devices other than cuda:{self.device} not recorded")
         summary = self.trace_summary(trace)
@@ -197,7 +204,7 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "optimizer_steps": self.steps, "cache_releases": self.releases, "limits_set": self.limits,
+            "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "cache_releases": self.releases, "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 

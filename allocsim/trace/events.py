@@ -38,6 +38,7 @@ PRESSURE = (OOM, CACHE_RELEASE, SET_LIMIT)
 # flags
 PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
 FAILED = 2           # ALLOC that failed in the recorded run (it has no FREE)
+PRIVATE_POOL = 4     # SEGMENT_*: the segment belongs to a CUDA graph private pool (torch.cuda.graph, ...)
 
 NO_SITE = 0xFFFFFFFF
 NO_ID = 0xFFFFFFFF

@@ -570,9 +570,9 @@ class TraceWriter:
     def free_requested(self, id_: int, *, t=None, stream: int = 0, addr: int = 0, size: int = 0) -> None:
         self.record(ev.FREE_REQUESTED, id_=id_, t=t, stream=stream, addr=addr, size=size)
 
-    def segment(self, kind: int, addr: int, size: int, stream: int = 0, *, t=None) -> None:
-        """SEGMENT_ALLOC / SEGMENT_FREE / SEGMENT_MAP / SEGMENT_UNMAP."""
-        self.record(kind, addr=addr, size=size, stream=stream, t=t)
+    def segment(self, kind: int, addr: int, size: int, stream: int = 0, *, t=None, flags: int = 0) -> None:
+        """SEGMENT_ALLOC / SEGMENT_FREE / SEGMENT_MAP / SEGMENT_UNMAP (``flags``: `events.PRIVATE_POOL`)."""
+        self.record(kind, addr=addr, size=size, stream=stream, t=t, flags=flags)
 
     def gc(self, full: bool, *, t=None) -> None:
         self.record(ev.GC, aux=int(bool(full)), t=t)
