@@ -274,3 +274,28 @@ def test_snapshot_is_the_recommended_settings_replay(tmp_path, capsys):
     want = replay(path, best["spec"], cap=best["cap_bytes"], capacity=res["capacity_bytes"])
     assert sum(s["total_size"] for s in snap["segments"]) == want.final_reserved_bytes
     assert len([e for e in snap["device_traces"][0] if e["action"] == "segment_alloc"]) == want.device_mallocs
+
+
+def test_one_command_on_a_snapshot_from_an_oomed_run(tmp_path):
+    """A PyTorch snapshot of a run that hit an OOM under a memory fraction (the caught OOM is in it), given
+    as it is: tune imports it on the fly, says the recorded settings fail the request again, recommends a
+    setting that serves it, and draws the frontier — one command."""
+    import subprocess
+    import sys
+    raw = os.path.join(ROOT, "traces", "raw", "pressure")
+    with open(os.path.join(raw, "fraction-oom.stats.json")) as f:
+        stats = json.load(f)
+    allowed = int(stats["fraction"] * stats["total_memory"])
+    plot = str(tmp_path / "front.png")
+    p = subprocess.run([sys.executable, "-m", "allocsim", "tune", os.path.join(raw, "fraction-oom.pickle"),
+                        "--cap", str(allowed), "--max-replays", "30", "--no-fit", "-j", "1", "--json", "--plot", plot],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "a torch log, imported for the search" in p.stderr
+    res = json.loads(p.stdout)
+    (o,) = res["rescue"]
+    assert not o["recorded"]["served"] and o["served_by"]
+    assert res["recorded"]["ooms"] == 1 and res["recorded"]["first_oom_event"] == o["event"]
+    best = next(r for r in res["finalists"] if r["conf"] == res["recommended"]["conf"])
+    assert best["ooms"] == 0 and best["setting"] in {s["setting"] for s in o["served_by"]}
+    assert res["trace"].endswith("fraction-oom.pickle") and os.path.getsize(plot) > 0

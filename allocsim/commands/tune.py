@@ -1,9 +1,13 @@
 """`allocsim tune`: the allocator settings that make a trace fit, searched offline (`allocsim.tune`)."""
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 import time
+from contextlib import contextmanager
 
-from ..outputs import add_force_argument, claim_outputs
+from ..outputs import add_force_argument, claim_outputs, is_trace
 from ..sweep import Settings
 from ..tune import OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
@@ -18,7 +22,8 @@ EXAMPLE = "allocsim tune traces/gpt2.bin --capacity 8.5GiB -j 2 --plot frontier.
 
 
 def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("trace", help="trace file (.bin), or a PyTorch memory snapshot, RMM CSV or CuPy JSONL log "
+                                  "(imported on the fly)")
     p.add_argument("--capacity", default="trace",
                    help="the GPU's memory to fit in, e.g. 24GB (default: the recorded device's; none: unlimited)")
     p.add_argument("--cap", help="the allocator's allowed memory within it (torch: the per-process memory fraction)")
@@ -40,6 +45,33 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    with _as_trace(args.trace) as path:
+        return _tune(args, path)
+
+
+@contextmanager
+def _as_trace(path: str):
+    """``path`` itself if it is a trace; else (a PyTorch snapshot — one taken in an OOM handler too —, an RMM
+    or CuPy log) the same run imported into a temporary trace for the length of the command."""
+    if is_trace(path):
+        yield path
+        return
+    from ..errors import InputError
+    from ..importers import detect, import_file
+    try:
+        fmt = detect(path)
+    except InputError as e:
+        raise InputError(f"neither an allocsim trace nor a log allocsim imports: {e.what.split('; pass --format')[0]}",
+                         path=e.path, position=e.position) from None
+    with tempfile.TemporaryDirectory(prefix="allocsim-tune-") as d:
+        out = os.path.join(d, os.path.basename(path) + ".bin")
+        import_file(path, out, format=fmt)
+        print(f"allocsim tune: {path}: a {fmt} log, imported for the search (allocsim import {path} -o run.bin "
+              f"keeps it)", file=sys.stderr)
+        yield out
+
+
+def _tune(args, path: str) -> int:
     from ..errors import UsageError
     claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
                   force=args.force)
@@ -50,17 +82,21 @@ def run(args) -> int:
     for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):
         if n < (1 if flag == "--top" else 0):
             raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
-    trace = load_trace(args.trace)
+    trace = load_trace(path)
     if args.snapshot is not None and trace.meta.get("framework") != "torch":
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
     cap = positive_size(args.cap, "--cap") if args.cap is not None else None
     costs = cost_model_arg(args.cost_model)
     t0 = time.perf_counter()
-    res = tune(args.trace, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
+    res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
                top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
                settings=Settings(costs=costs.to_dict() if costs else None))
+    res.trace = args.trace              # as the user named it (an imported log's temporary trace is gone after)
     took = time.perf_counter() - t0
+    if res.rescue and res.target.capacity is None and res.target.cap is None:
+        print("allocsim tune: the trace holds a recorded OOM but does not say the device's memory: every setting "
+              "serves it without a limit; give --capacity (the GPU's memory) or --cap", file=sys.stderr)
     if args.plot:
         from ..report.plots import save, tune_frontier_figure
         save(tune_frontier_figure(res), args.plot)
