@@ -445,6 +445,8 @@ NONSENSE: list[Case] = [
          expect="export an eager replay (--runtime eager)", outputs=["s.pickle"], stdout_empty=True),
     Case("tune-snapshot-not-torch", ["tune", "{trace}", "--snapshot", "{d}/s.pickle"],
          expect="was not recorded under PyTorch", outputs=["s.pickle"], stdout_empty=True),
+    Case("empty-policy-option", ["replay", "{trace}", "-p", "split", "-O", ""],
+         expect="argument --policy-opt/-O: expected key=value, got an empty option", stdout_empty=True),
     Case("tune-neither-trace-nor-log", ["tune", "{d}/junk.txt"], setup=_write("junk.txt", "hello\n"),
          expect="junk.txt: byte 0: neither an allocsim trace nor a log allocsim imports", stdout_empty=True),
 ]

@@ -21,7 +21,7 @@ def add_replay_arguments(p, *, multi: bool = False) -> None:
                        help="eager: frees reach the pool at once; gc: frees wait for a collection")
     p.add_argument("--capacity", default="trace",
                    help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
-    p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE", type=option_text,
                    help="policy option (repeatable; comma-separated lists allowed)")
     add_cost_model_argument(p)
     p.add_argument("--gc-every", metavar="SIZE", help="an incremental collection every SIZE allocated (under eager it "
@@ -213,3 +213,10 @@ def distinct(items: list, what: str, key=lambda x: x) -> list:
             raise UsageError(f"{what}: {x} is named twice")
         seen.add(key(x))
     return items
+
+
+def option_text(text: str) -> str:
+    """An ``-O`` value: ``key=value`` items; an empty one (``-O ""``, an unset variable) is refused, not ignored."""
+    if not text.strip(" ,"):
+        raise argparse.ArgumentTypeError("expected key=value, got an empty option")
+    return text

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..report.tables import dump_json
 from ..report.text import validation_summary
 from ..validate import validate
-from ._common import capacity_arg, load_trace
+from ._common import capacity_arg, load_trace, option_text
 
 NAME = "validate"
 HELP = "replay a trace with its recorder's allocator model and compare segment calls"
@@ -19,7 +19,7 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin) recorded under torch or cupy")
     p.add_argument("--capacity", default="trace",
                    help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
-    p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE", type=option_text,
                    help="override a recorded allocator setting (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
