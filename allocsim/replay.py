@@ -5,7 +5,8 @@ A `Replay` makes the device, the runtime, the sections and the policy (through i
 at a time:
 
 - ALLOC: ``policy.malloc``; the modeled latency is the clock before/after; peak
-  allocated and reserved are tracked (with the free-space shape at the reserved peak);
+  allocated and reserved are tracked (with the free-space shape and the free breakdown,
+  ``policy.free_breakdown``, at the reserved peak and at each OOM);
   None is an OOM, which stops the walk unless ``keep_going``;
 - FREE: the handle goes to the runtime (``gc``) or the policy (``eager``);
 - the pressure events (`PRESSURE`): a recorded OOM is attempted again (a failure is
