@@ -21,6 +21,8 @@ class OOMRecord:
     largest_free_fragmentation: float
     #: the recorded run failed this request too (an OOM record replayed); the walk went on past it
     recorded: bool = False
+    #: why reserved > live requested bytes here (`breakdown`); None when the policy cannot say
+    breakdown: dict | None = None
 
 
 @dataclass
@@ -71,6 +73,9 @@ class ReplayResult:
     section_table: str = ""
     #: (lo, hi): the device limits under which this replay would go exactly the same way (`allocsim fit`)
     certified_limits: tuple | None = None
+    #: why reserved > live requested bytes where reserved first reached its peak (`breakdown`, with the
+    #: ``event``); None when the policy cannot say
+    breakdown_at_peak: dict | None = None
 
     @property
     def first_oom(self) -> OOMRecord | None:
@@ -213,6 +218,18 @@ def latency_summary(lat: np.ndarray) -> dict:
     p50, p99 = np.percentile(lat, [50, 99])
     return {"p50": float(p50), "p99": float(p99), "max": float(lat.max()), "mean": float(lat.mean()),
             "count": int(len(lat))}
+
+
+#: The parts of `breakdown`, in the order reports show them.
+PARTS = ("hard", "soft", "stream", "rounding")
+
+
+def breakdown(reserved: int, allocated: int, requested: int, free: dict) -> dict:
+    """Why reserved > requested (the live objects' requested bytes, held in blocks): the policy's free
+    bytes (``free_breakdown``: ``hard``, ``soft``, ``stream``, summing to reserved - allocated) and the
+    ``rounding`` inside allocated blocks (allocated - requested). The four add up to reserved - requested."""
+    return {"reserved": reserved, "requested": requested, "hard": free["hard"], "soft": free["soft"],
+            "stream": free["stream"], "rounding": allocated - requested}
 
 
 def largest_free_fragmentation(reserved: int, allocated: int, largest_free: int | None) -> float | None:

@@ -5,7 +5,8 @@ A `Replay` makes the device, the runtime, the sections and the policy (through i
 at a time:
 
 - ALLOC: ``policy.malloc``; the modeled latency is the clock before/after; peak
-  allocated and reserved are tracked (with the free-space shape at the reserved peak);
+  allocated and reserved are tracked (with the free-space shape and the free breakdown,
+  ``policy.free_breakdown``, at the reserved peak and at each OOM);
   None is an OOM, which stops the walk unless ``keep_going``;
 - FREE: the handle goes to the runtime (``gc``) or the policy (``eager``);
 - the pressure events (`PRESSURE`): a recorded OOM is attempted again (a failure is
@@ -32,13 +33,13 @@ from .context import PolicyContext
 from .costs import CostModel
 from .device import SimulatedDevice
 from .errors import UsageError
-from .metrics import LatencyLog, OOMRecord, ReplayResult, largest_free_fragmentation
+from .metrics import LatencyLog, OOMRecord, ReplayResult, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
 from .spec import PolicySpec, check_overrides_reached, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
-from .trace.trace import LiveBytes
+from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
 S_RECORDED_OOM = "recorded OOM attempt"
@@ -98,6 +99,21 @@ def driving(trace: Trace, zero_counts: list | None = None):
             yield start, rec, local
 
 
+class _AllocBytes:
+    """Requested bytes of every ALLOC through a trace index, read forward as `LiveBytes` reads."""
+
+    def __init__(self):
+        self.total = 0
+        self.pos = 0
+
+    def at(self, records: np.ndarray, index: int) -> int:
+        while self.pos <= index:
+            rec = np.asarray(records[self.pos:min(self.pos + CHUNK, index + 1)])
+            self.total += int(rec["size"][rec["kind"] == ALLOC].sum())
+            self.pos += len(rec)
+        return self.total
+
+
 def driving_count(trace: Trace) -> int:
     """How many events the walk drives (what a timeline is sampled against)."""
     return sum(len(local) for *_, local in driving(trace))
@@ -109,6 +125,9 @@ class _Walk:
     def __init__(self):
         self.peak_alloc = self.peak_res = 0
         self.frag_at_peak = 0.0
+        self.at_peak = None            # the free breakdown where reserved reached its peak (`Replay._free_state`)
+        self.failed: dict = {}         # id -> size of the objects whose ALLOC failed (--keep-going), till their FREE
+        self.failed_live = self.failed_cum = 0      # their bytes: still live in the trace / ever
         self.skipped_frees = 0         # FREEs of objects whose ALLOC failed under --keep-going
         self.n_pressure = 0
         self.ooms: list[OOMRecord] = []
@@ -160,6 +179,7 @@ class Replay:
         self._log_index = log_events and getattr(self.policy, "wants_event_index", False)
         self._w = _Walk()
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
+        self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
         self._zero_counts: list = []
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
@@ -252,11 +272,13 @@ class Replay:
                 if r > peak_res:
                     peak_res = r
                     w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
+                    w.at_peak = self._free_state(int(c.at[j]), st)
             elif k == 2:               # FREE
                 if on_free is None:
                     h = pop(i, None)
                     if h is None:          # its ALLOC failed under --keep-going
                         w.skipped_frees += 1
+                        w.failed_live -= w.failed.pop(i, 0)
                         continue
                     free(h)
                 elif i in handles:
@@ -264,6 +286,7 @@ class Replay:
                     on_free(i)
                 else:
                     w.skipped_frees += 1
+                    w.failed_live -= w.failed.pop(i, 0)
                     continue
             else:
                 w.peak_alloc, w.peak_res = peak_alloc, peak_res
@@ -280,9 +303,17 @@ class Replay:
         w, pol, dev = self._w, self.policy, self.device
         at = int(c.at[j])
         live = self._live.at(self.trace.records, at) - (0 if recorded else size)   # an OOM record adds no bytes
+        if not recorded:
+            w.failed[c.ids[j]] = size
+            w.failed_live += size
+            w.failed_cum += size
+        free = pol.free_breakdown(stream)
         w.ooms.append(OOMRecord(at, size, stream, live, pol.allocated, dev.reserved,
                                 largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free()),
-                                recorded=recorded))
+                                recorded=recorded,
+                                breakdown=None if free is None else breakdown(
+                                    dev.reserved, pol.allocated,
+                                    self._trace_bytes(at, self._live, self._allocs) + self._held(), free)))
         if recorded or self.keep_going:
             return False
         w.stopped = True
@@ -313,9 +344,37 @@ class Replay:
             if r > w.peak_res:
                 w.peak_res = r
                 w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
+                w.at_peak = self._free_state(int(c.at[j]), stream, held=size)
             pol.free(h)
             w.ooms_avoided.append(int(c.at[j]))
             w.served_reserved.append(r)
+
+    # ---- the free breakdown (why reserved > requested), at a new reserved peak and at each OOM ----------
+    def _free_state(self, at: int, stream: int, held: int = 0):
+        """What `_peak_breakdown` needs of the moment after event ``at`` (``held``: a request held outside
+        the trace), or None when the policy cannot say; the trace's bytes are read once, at the end."""
+        free = self.policy.free_breakdown(stream)
+        return None if free is None else (at, self.device.reserved, self.policy.allocated, free, self._held(held))
+
+    def _held(self, extra: int = 0) -> int:
+        """What, added to `_trace_bytes` now, gives the requested bytes of the objects holding a block: under
+        eager, less the live objects whose ALLOC failed (--keep-going); under gc, less every failed and every
+        collected object (a dead object keeps its block until collected); plus ``extra``."""
+        w, rt = self._w, self.runtime
+        return extra - (w.failed_live if rt.eager else w.failed_cum + rt.reclaimed_bytes)
+
+    def _trace_bytes(self, at: int, live: LiveBytes, allocs: _AllocBytes) -> int:
+        """From the trace, through event ``at``: the live requested bytes (eager) or every requested byte (gc)."""
+        rec = self.trace.records
+        return live.at(rec, at) if self.runtime.eager else allocs.at(rec, at)
+
+    def _peak_breakdown(self) -> dict | None:
+        """`breakdown` where reserved reached its peak, with the trace ``event``; None if the policy cannot say."""
+        if self._w.at_peak is None:
+            return None
+        at, reserved, allocated, free, held = self._w.at_peak
+        requested = self._trace_bytes(at, LiveBytes(), _AllocBytes()) + held
+        return {"event": at, **breakdown(reserved, allocated, requested, free)}
 
     @contextmanager
     def _root_section(self, name: str):
@@ -476,6 +535,7 @@ class Replay:
             latency_measured=pol.real_gpu or getattr(dev, "measured", False),
             sections=sections.rows(), section_table=sections.table(),
             certified_limits=dev.certified() if hasattr(dev, "certified") else None,
+            breakdown_at_peak=self._peak_breakdown(),
         )
         if res.peak_reserved_bytes:
             res.utilization = res.peak_allocated_bytes / res.peak_reserved_bytes

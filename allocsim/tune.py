@@ -352,12 +352,14 @@ def nearest_first(keys: list) -> list:
 
 def _replay_job(args) -> dict:
     """One setting's replay as a row: the sweep row, its retries (torch's ``num_alloc_retries``, else the
-    pool's cache flushes, each followed by a retry) and, where the engine reports them, the recorded OOMs it served."""
+    pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it served,
+    and the free breakdown where it matters: at its first OOM, else at its reserved peak."""
     cell, settings = args
     row, res = run_cell(cell, settings, full=True)
     counters = res.counters
     row["retries"] = int(counters.get("num_alloc_retries", counters.get("cache_flushes", 0)))
     row["ooms_avoided"] = res.ooms_avoided
+    row["breakdown"] = res.first_oom.breakdown if res.first_oom else res.breakdown_at_peak
     return row
 
 

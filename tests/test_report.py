@@ -32,6 +32,7 @@ trace {trace}: {events} events, {allocs} allocs{stopped}
   utilization              {util:>11}%   fragmentation {frag}%
   overhead vs LOAD         {over:>11}%
   largest-free frag @peak  {lff:>12}
+  reserved - live @peak    {why}
   device mallocs / frees   {mallocs:>12} / {frees}   ({malloc_bytes} / {free_bytes})
   cache flushes            {flushes:>12}
   GC calls incr / full     {gc_inc:>12} / {gc_full}   ({gc_time} paused, {gc_bytes} reclaimed)
@@ -45,6 +46,10 @@ OOM_LINE = ("    event {event}: {size} request with {live} live, {allocated} all
 
 def expected_summary(r) -> str:
     """`SUMMARY` filled from ``r``'s fields."""
+    b = r.breakdown_at_peak
+    why = f"{'n/a':>12}" if b is None else (
+        f"{fmt_bytes(b['reserved'] - b['requested']):>12}   hard {fmt_bytes(b['hard'])} + soft {fmt_bytes(b['soft'])}"
+        f" + stream {fmt_bytes(b['stream'])} + rounding {fmt_bytes(b['rounding'])}")
     ooms = "".join(OOM_LINE.format(event=o.event, size=fmt_bytes(o.size), live=fmt_bytes(o.live_bytes),
                                    allocated=fmt_bytes(o.allocated_bytes), reserved=fmt_bytes(o.reserved_bytes),
                                    lff=100 * o.largest_free_fragmentation) for o in r.oom_events[:5])
@@ -57,7 +62,7 @@ def expected_summary(r) -> str:
         "  (stopped at the first OOM)", load=fmt_bytes(r.load_bytes), allocated=fmt_bytes(r.peak_allocated_bytes),
         reserved=fmt_bytes(r.peak_reserved_bytes), final=fmt_bytes(r.final_reserved_bytes),
         util=f"{100 * r.utilization:.1f}", frag=f"{100 * r.fragmentation:.1f}", over=f"{100 * r.overhead_vs_load:.1f}",
-        lff=f"{100 * r.largest_free_fragmentation_at_peak:.1f}%", mallocs=f"{r.device_mallocs:,}",
+        lff=f"{100 * r.largest_free_fragmentation_at_peak:.1f}%", why=why, mallocs=f"{r.device_mallocs:,}",
         frees=f"{r.device_frees:,}", malloc_bytes=fmt_bytes(r.device_malloc_bytes),
         free_bytes=fmt_bytes(r.device_free_bytes), flushes=f"{r.cache_flushes:,}", gc_inc=f"{r.gc_incremental:,}",
         gc_full=f"{r.gc_full:,}", gc_time=fmt_seconds(r.gc_time_seconds), gc_bytes=fmt_bytes(r.gc_reclaimed_bytes),

@@ -5,7 +5,7 @@ import sys
 
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
-from ..report.text import compare_table, row_sections, trace_heading
+from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
 from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
                       check_caps, cost_model_arg, gc_every_arg, load_trace, policy_specs, split_list)
@@ -33,6 +33,8 @@ def add_arguments(p, *, many_traces: bool = False):
     add_force_argument(p)
     if not many_traces:
         p.add_argument("--sections", action="store_true", help="print each run's section table")
+        p.add_argument("--breakdown", action="store_true",
+                       help="also print why reserved > live at each run's reserved peak (hard, soft, stream, rounding)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_replay_arguments(p, multi=True)
 
@@ -74,6 +76,9 @@ def run(args) -> int:
         return 0
     print(trace_heading(args.trace, load_trace(args.trace)))
     print(compare_table(rows))
+    if args.breakdown:
+        print("\nreserved - live requested bytes at the reserved peak (docs/metrics.md, the free breakdown)")
+        print(breakdown_table(rows))
     if args.sections:
         for r in rows:
             print(row_sections(r))

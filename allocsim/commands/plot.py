@@ -13,10 +13,11 @@ NAME = "plot"
 HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
 EXAMPLE = ("allocsim plot traces/resnet50.bin --policies split,binned,torch --caps none,4GB --report plots/")
 
-KINDS = ["memory", "bars", "frontier", "latency", "gc"]
+KINDS = ["memory", "bars", "frontier", "latency", "gc", "breakdown"]
 TITLES = {"memory": "Memory over time", "bars": "Policies side by side", "frontier": "Capacity frontier",
           "latency": "Malloc latency: how many mallocs are at least this slow",
-          "gc": "GC calls and pause time (gc runtime)"}
+          "gc": "GC calls and pause time (gc runtime)",
+          "breakdown": "Why reserved > live at the reserved peak: hard, soft, stream, rounding"}
 
 
 def add_arguments(p):
@@ -135,6 +136,8 @@ def run(args) -> int:
             return plots.comparison_bars(trace, need("rows"), path, cap_text=cap_text, **style)
         if kind == "gc":
             return plots.gc_plot(trace, need("gc_rows"), path, cap_text=cap_text, **style)
+        if kind == "breakdown":
+            return plots.breakdown_plot(trace, need("rows"), path, cap_text=cap_text, **style)
         return plots.frontier_plot(trace, need("fit"), path, **style)
 
     if not args.report:

@@ -15,6 +15,9 @@ The contract with the engine (docs/architecture.md, "The policy contract"):
 - ``allocated``: bytes of blocks handed out and not returned (rounded, with slack).
 - ``block(handle) -> (addr, size)``: where a live block lies (tests check overlaps).
 - ``largest_free() -> int``: largest free block inside reserved memory.
+- ``free_breakdown(stream) -> {"hard", "soft", "stream"} | None`` (optional): the free bytes
+  inside reserved memory, split by why a request on ``stream`` cannot use them whole; they
+  sum to reserved - allocated. None (the default): the policy cannot say.
 - ``release_cache()``: the program released the allocator's cache (a CACHE_RELEASE event).
 - ``counters() -> dict``: policy-specific counters (cache flushes, retries, ...).
 - ``finish()``: report hot-path section totals (``self.ctx.add_section``).
@@ -134,6 +137,22 @@ class Policy:
     def largest_free(self) -> int:
         return 0
 
+    def free_breakdown(self, stream: int) -> dict | None:
+        """The free bytes inside reserved memory as ``{"hard", "soft", "stream"}``, summing to reserved -
+        allocated, for a request on ``stream``: ``stream``, held by another stream's pool; ``hard``, in a
+        segment that also holds a live block; ``soft``, in a segment with none (`free_parts`). Asked only at
+        a new reserved peak and at an OOM, so it may be O(segments). None (the default): it cannot say."""
+        return None
+
+    @staticmethod
+    def free_parts(pieces, stream: int) -> dict:
+        """`free_breakdown` from free pieces ``(their pool's stream, bytes, their segment holds a live block)``:
+        another stream's bytes are ``stream``; the rest ``hard`` beside live blocks, else ``soft``."""
+        out = {"hard": 0, "soft": 0, "stream": 0}
+        for st, n, shared in pieces:
+            out["stream" if st != stream else "hard" if shared else "soft"] += n
+        return out
+
     def release_cache(self) -> None:
         """The program released its allocator's cache (``torch.cuda.empty_cache()``, CuPy
         ``free_all_blocks()``). By default nothing: a pool that caches nothing has nothing to give back;
@@ -147,3 +166,4 @@ class Policy:
 
     def close(self) -> None:
         """Release real resources (GPU policies)."""
+

@@ -202,6 +202,13 @@ class BestFit(Policy):
     def largest_free(self):
         return self._avail.largest()
 
+    def free_breakdown(self, stream):
+        """A wholly free segment is one free block of its size (neighbours merge at once): soft; every
+        other free block shares its segment with a live one: hard. No streams."""
+        free = sum(self._start.values())
+        soft = sum(n for a, n in self._segments.items() if self._start.get(a) == n)
+        return {"hard": free - soft, "soft": soft, "stream": 0}
+
     def free_blocks(self) -> list[tuple[int, int]]:
         """``(address, size)`` of every free block, by address (tests)."""
         return sorted(self._start.items())

@@ -392,6 +392,30 @@ class SplittingPool(Policy):
         pending = max((self._size[b] for b in self._freed), default=0)
         return max(pending, self._avail.largest())
 
+    def free_breakdown(self, stream):
+        """The free pieces (in the free lists, or freed and waiting for the next malloc) by buffer: hard
+        in a buffer that holds an allocated piece; soft in one that holds none, merged back or not yet.
+        No streams: any stream's request may take any piece."""
+        prev, nxt, fsize, size = self._prev, self._next, self._fsize, self._size
+        free = {e & KEY_MASK for e in self._avail.entries if fsize[e & KEY_MASK] == e >> KEY_BITS}
+        free.update(self._freed)
+        head_of: dict[int, int] = {}
+        for b in free:                  # each piece's buffer, named by its first piece
+            path = []
+            while b not in head_of and prev[b]:
+                path.append(b)
+                b = prev[b]
+            head = head_of.get(b, b)
+            head_of.update(dict.fromkeys(path + [b], head))
+        shared = {}
+        for head in set(head_of.values()):
+            b, live = head, False
+            while b and not live:
+                live = not fsize[b]
+                b = nxt[b]
+            shared[head] = live
+        return self.free_parts(((stream, size[b], shared[head_of[b]]) for b in free), stream)
+
     def free_blocks(self) -> list[tuple[int, int, int]]:
         """``(class, size, id)`` of every block in the free lists, in (class, size, id) order (tests, dumps)."""
         return [(size_class(s), s, b) for s, b in self._avail.members()]

@@ -926,6 +926,15 @@ class TorchCachingAllocator(Policy):
                     best = max(best, pool.keys[-1] >> SHIFT)
         return best
 
+    def free_breakdown(self, stream):
+        """The mapped free blocks (only mapped bytes are reserved) by their pool's stream. Free mapped
+        neighbours are always merged, so a free block lies in a segment (a mapped run) holding a live block
+        exactly when a neighbour is allocated: hard; else the whole run is free: soft."""
+        def beside_live(b):
+            return (b.prev is not None and b.prev.allocated) or (b.next is not None and b.next.allocated)
+        return self.free_parts(((s, b.size, beside_live(b)) for s, pp in self._pools.items() for pool in pp
+                                for b in pool.blocks.values()), stream)
+
     def counters(self) -> dict:
         return {
             "num_device_alloc": self.num_device_alloc, "num_device_free": self.num_device_free,

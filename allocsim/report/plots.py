@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..metrics import PARTS
 from ..units import fmt_bytes
 from .text import by_capacity, row_label
 
@@ -28,6 +29,10 @@ FORMATS = (".png", ".svg", ".pdf")
 MARKERS = "osD^vP<X>*"
 LINESTYLES = ("-", "--", "-.", ":")
 OOM_HATCH = "///"
+#: One colour per part of the free breakdown (`breakdown_figure`).
+PART_COLORS = {"hard": "tab:red", "soft": "tab:blue", "stream": "tab:purple", "rounding": "0.6"}
+PART_HELP = {"hard": "hard: free beside live blocks", "soft": "soft: free in wholly free segments",
+             "stream": "stream: free in other streams' pools", "rounding": "rounding: inside allocated blocks"}
 
 
 def _plt():
@@ -241,6 +246,47 @@ def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting=
     return fig
 
 
+def breakdown_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
+    """Why reserved > live at each run's reserved peak: one bar per cap × policy, stacked hard, soft, stream
+    and rounding (they add up to reserved - live); a policy that cannot say is written n/a."""
+    from matplotlib.patches import Patch
+    plt = _plt()
+    styles = styles or policy_styles(row_label(r) for r in rows)
+    pols = list(styles)
+    caps = list(dict.fromkeys(r["cap_bytes"] for r in rows))
+    caps = [c for c in cap_text or {} if c in caps] or caps
+    by = {(row_label(r), r["cap_bytes"]): r for r in rows}
+    cells = [(c, p, by.get((p, c))) for c in caps for p in pols]
+    totals = [r["breakdown_at_peak"]["reserved"] - r["breakdown_at_peak"]["requested"]
+              for _, _, r in cells if r is not None and r.get("breakdown_at_peak")]
+    scale, unit = _unit(max(totals + [1]))
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.7 * len(cells) + 3), 5), layout="constrained")
+    xs = np.array([ci * (len(pols) + 1) + pi for ci in range(len(caps)) for pi in range(len(pols))], float)
+    for x, (_, _, r) in zip(xs, cells):
+        b = r and r.get("breakdown_at_peak")
+        if not b:
+            ax.annotate("n/a" if r is not None else "", (x, 0), ha="center", va="bottom", fontsize=8)
+            continue
+        bottom = 0.0
+        for part in PARTS:
+            ax.bar([x], [b[part] / scale], 0.8, bottom=bottom, color=PART_COLORS[part])
+            bottom += b[part] / scale
+        if r["ooms"]:
+            ax.bar([x], [bottom], 0.8, fill=False, hatch=OOM_HATCH, edgecolor="k")
+    many = len(caps) > 1
+    ax.set_xticks(xs, [p + (f"\n{cap_label(c, cap_text)}" if many else "") for c, p, _ in cells],
+                  rotation=30 if len(cells) > 4 else 0, ha="right" if len(cells) > 4 else "center")
+    ax.set_xlim(xs[0] - 0.6, xs[-1] + 0.6)          # every bar shown, an n/a one at the end too
+    ax.set_ylim(0, max(totals + [1]) / scale * 1.15)
+    ax.set_ylabel(f"reserved - live at the reserved peak ({unit})")
+    ax.grid(axis="y", alpha=0.3)
+    handles = [Patch(color=PART_COLORS[p], label=PART_HELP[p]) for p in PARTS]
+    _outside_legend(fig, handles + _oom_handles(rows), ncol=2)
+    fig.suptitle(_title(trace, "Why reserved > live", setting + ("" if many else f", {cap_label(caps[0], cap_text)}")
+                        if caps else setting))
+    return fig
+
+
 def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
     """Safe capacity of each policy as dots (and any smaller passing island as a cross), against LOAD
     and the oracle's peak; a policy with none (OOM even without a cap) is listed, with no dot.
@@ -363,6 +409,10 @@ def memory_timeline(trace, results: dict, path: str, **kw):
 
 def comparison_bars(trace, rows: list[dict], path: str, **kw):
     return save(bars_figure(trace, rows, **kw), path)
+
+
+def breakdown_plot(trace, rows: list[dict], path: str, **kw):
+    return save(breakdown_figure(trace, rows, **kw), path)
 
 
 def frontier_plot(trace, fit: dict, path: str, **kw):

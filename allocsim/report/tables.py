@@ -15,11 +15,13 @@ from ..outputs import atomic_open
 COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
            "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
            "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
-           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds"]
+           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
+           "breakdown_at_peak"]
 
 
 def write_rows(rows: list[dict], path: str, fmt: str) -> None:
-    """Write rows to ``path`` as CSV (`COLUMNS` first, then any others) or JSON lines, whole or not at all."""
+    """Write rows to ``path`` as CSV (`COLUMNS` first, then any others; a dict cell, such as the free
+    breakdown, as JSON text) or JSON lines, whole or not at all."""
     with atomic_open(path) as f:
         if fmt == "csv":
             names = [c for c in COLUMNS if not rows or c in rows[0]]
@@ -27,7 +29,7 @@ def write_rows(rows: list[dict], path: str, fmt: str) -> None:
             w = csv.DictWriter(f, fieldnames=names, extrasaction="ignore")
             w.writeheader()
             for r in rows:
-                w.writerow(r)
+                w.writerow({k: json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for k, v in r.items()})
         else:
             for r in rows:
                 f.write(json.dumps(r, sort_keys=True) + "\n")

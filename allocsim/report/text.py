@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import is_dataclass
 
+from ..metrics import PARTS
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -34,6 +35,21 @@ def oom_line(oom) -> str:
             f"largest-free frag {_pct(o['largest_free_fragmentation'])}")
 
 
+def breakdown_line(b: dict | None) -> str:
+    """A free breakdown in one line: reserved - requested, then its four parts (``n/a``: the policy cannot say)."""
+    if b is None:
+        return f"{'n/a':>12}"
+    return (f"{fmt_bytes(b['reserved'] - b['requested']):>12}   "
+            + " + ".join(f"{p} {fmt_bytes(b[p])}" for p in PARTS))
+
+
+def breakdown_shares(b: dict | None) -> str:
+    """The four parts as percentages of reserved, ``h/s/st/r`` (a table cell); ``n/a`` when the policy cannot say."""
+    if b is None:
+        return "n/a"
+    return "/".join(f"{100 * b[p] / b['reserved']:.1f}" if b["reserved"] else "0" for p in PARTS)
+
+
 def replay_summary(result) -> str:
     """The human summary ``allocsim replay`` prints above the section table."""
     r = _fields(result)
@@ -53,6 +69,7 @@ def replay_summary(result) -> str:
         f"  utilization              {100 * r['utilization']:>11.1f}%   fragmentation {100 * r['fragmentation']:.1f}%",
         f"  overhead vs LOAD         {100 * r['overhead_vs_load']:>11.1f}%",
         f"  largest-free frag @peak  {_pct(r['largest_free_fragmentation_at_peak']):>12}",
+        f"  reserved - live @peak    {breakdown_line(r.get('breakdown_at_peak'))}",
         f"  device mallocs / frees   {r['device_mallocs']:>12,} / {r['device_frees']:,}"
         f"   ({fmt_bytes(r['device_malloc_bytes'])} / {fmt_bytes(r['device_free_bytes'])})",
         f"  cache flushes            {r['cache_flushes']:>12,}",
@@ -120,10 +137,29 @@ def compare_table(rows: list[dict]) -> str:
             f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
             f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
             fmt_seconds(r["latency_p99"] or 0)])
+    return _table(head, body, left=3)
+
+
+def breakdown_table(rows: list[dict]) -> str:
+    """``compare --breakdown``: per row, why reserved > live requested bytes at the reserved peak."""
+    head = ["policy", "cap", "runtime", "event", "reserved", "live", "reserved - live", *PARTS]
+    body = []
+    for r in rows:
+        b = r.get("breakdown_at_peak")
+        cells = ([f"{b['event']:,}", fmt_bytes(b["reserved"]), fmt_bytes(b["requested"]),
+                  fmt_bytes(b["reserved"] - b["requested"])] + [fmt_bytes(b[p]) for p in PARTS]
+                 if b else ["n/a"] + ["-"] * (len(head) - 4))
+        body.append([row_label(r), fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none",
+                     r["runtime"], *cells])
+    return _table(head, body, left=3)
+
+
+def _table(head: list[str], body: list[list[str]], left: int) -> str:
+    """Columns two spaces apart, each as wide as its widest cell: the first ``left`` flush left, the rest right."""
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
 
     def line(cols):
-        return "  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
 
     return "\n".join([line(head), line(["─" * w for w in widths])] + [line(b) for b in body])
 

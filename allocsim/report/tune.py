@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..units import fmt_bytes, fmt_seconds
+from .text import breakdown_shares
 
 
 def tune_report(res, took: float) -> str:
@@ -24,6 +25,9 @@ def tune_report(res, took: float) -> str:
     lines += ["", table([res.recorded] + [r for r in res.finalists if r is not res.recorded], res.load_bytes)]
     lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
                  "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
+    lines.append(f"{WHY}: reserved - live at the reserved peak (at the first OOM for a setting that runs out), "
+                 "in % of reserved: free beside live blocks / in wholly free segments / in other streams' pools / "
+                 "rounding inside blocks")
     for o in res.rescue:
         lines.append(f"recorded OOM at event {o['event']} ({fmt_bytes(o['size'])} request): under the recorded "
                      f"settings {rescued(o['recorded'])}; served by {len(o['served_by'])} of {len(res.rows)} settings"
@@ -43,8 +47,12 @@ def _headroom(room) -> str:
     return f" ({fmt_bytes(room)} headroom left)" if room is not None else ""
 
 
+#: The table's free-breakdown column.
+WHY = "hard/soft/stream/round %"
+
+
 def table(rows: list[dict], load: int) -> str:
-    head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "alloc time", "fits on"]
+    head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "alloc time", "fits on", WHY]
     body = []
     for r in rows:
         if "fit_capacity_bytes" in r:
@@ -55,7 +63,7 @@ def table(rows: list[dict], load: int) -> str:
         body.append([r["setting"], fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['overhead_vs_load']:+.1f}%",
                      "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
                      f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
-                     fmt_seconds(r["alloc_time_seconds"]), fits])
+                     fmt_seconds(r["alloc_time_seconds"]), fits, breakdown_shares(r.get("breakdown"))])
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     fmt = lambda cols: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
     return "\n".join([fmt(head), fmt(["─" * w for w in widths])] + [fmt(b) for b in body])
