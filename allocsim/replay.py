@@ -415,6 +415,11 @@ class Replay:
 
     # ---- state, through public members ------------------------------------------------------------
     @property
+    def fast_path(self) -> bool:
+        """True when the policy's fused loop walks the common events (see `_walk_fused`)."""
+        return self._fused is not None
+
+    @property
     def events_done(self) -> int:
         """Driving events walked so far."""
         return self._w.done
