@@ -38,18 +38,13 @@ def walk(trace, policy, options, fast_path, *, cap=None, keep_going=True, steps=
     """What one replay did: its device calls, result, live blocks, counters and clock."""
     dev = make_device(trace, policy, cap=cap, capacity=None)
     calls = []
-    malloc, free = dev.malloc, dev.free
+    for name in ("malloc", "free"):        # every device call, its arguments and its answer, in order
 
-    def logged_malloc(n):
-        addr = malloc(n)
-        calls.append(("malloc", n, addr))
-        return addr
-
-    def logged_free(addr, n):
-        calls.append(("free", n, addr))
-        free(addr, n)
-
-    dev.malloc, dev.free = logged_malloc, logged_free
+        def logged(*args, call=getattr(dev, name), name=name):
+            out = call(*args)
+            calls.append((name, args, out))
+            return out
+        setattr(dev, name, logged)
     r = Replay(trace, policy, options=options, cap=cap, device=dev, keep_going=keep_going, fast_path=fast_path)
     assert fast_path or not r.fast_path
     if steps:
