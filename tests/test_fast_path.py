@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.replay import Replay, make_device
-from allocsim.testing import STREAMS
+from allocsim.policies.bestfit import BestFit
+from allocsim.testing import STREAMS, check_policy
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
 
@@ -122,3 +123,23 @@ def test_fused_loop_only_when_the_walk_has_nothing_else_to_do():
     assert not Replay(trace, "split", timeline=True).fast_path
     assert not Replay(trace, "split", observer=lambda *a: None).fast_path
     assert not Replay(trace, "cupy").fast_path          # no walk_chunk: the plain walk
+
+
+class SkewedFusedLoop(BestFit):
+    """A fused loop that charges a nanosecond more than the plain walk: check_policy must say so."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        fused = self.walk_chunk
+
+        def walk_chunk(*args):
+            out = fused(*args)
+            args[9].clock += 1e-9          # the device
+            return out
+        self.walk_chunk = walk_chunk
+
+
+def test_check_policy_holds_a_fused_loop_to_the_plain_walk():
+    check_policy(BestFit, runtimes=("eager",), examples=4)
+    with pytest.raises(AssertionError, match="fast path differs from the plain walk: .* total_time_seconds"):
+        check_policy(SkewedFusedLoop, runtimes=("eager",), examples=4)
