@@ -206,7 +206,7 @@ class Replay:
             hi = end_of(c)
             if hi > self._pos:
                 lat = array("d")
-                self._pos = self._walk_chunk(c, self._pos, hi, lat.append)
+                self._pos = self._walk_chunk(c, self._pos, hi, lat)
                 w.latency.extend(lat)
                 w.done = self._j0 + self._pos
                 if self._pos >= len(c.at):
@@ -224,34 +224,38 @@ class Replay:
                          rec["size"][local].tolist(), rec["stream"][local].tolist(),
                          rec["time_ns"][local].tolist() if times else None)
 
-    def _walk_chunk(self, c, lo, hi, lat_append) -> int:
-        """Drive events ``lo`` to ``hi`` of chunk ``c``; return where the walk got to (past an OOM that stops)."""
+    def _walk_chunk(self, c, lo, hi, lat) -> int:
+        """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
+        where the walk got to (past an OOM that stops)."""
         if self._fused is not None:
-            return self._walk_fused(c, lo, hi, lat_append)
-        return self._walk_plain(c, lo, hi, lat_append)
+            return self._walk_fused(c, lo, hi, lat)
+        return self._walk_plain(c, lo, hi, lat.append)
 
-    def _walk_fused(self, c, lo, hi, lat_append) -> int:
-        """`_walk_chunk` through the policy's fused loop: it serves what it can and hands back the
-        event it stops at (a pressure event, a FREE of an id not live), which the plain loop drives.
+    def _walk_fused(self, c, lo, hi, lat) -> int:
+        """`_walk_chunk` through the policy's fused loop: it takes events from one iterator over the
+        range, serves what it can and hands back the event it stops at (a pressure event, a FREE of an
+        id not live), which the plain loop drives before the fused loop goes on from the next one.
 
         The fused loop reports each ALLOC it served through its own escalation (the only ones that can
         raise reserved memory or fail) to `_served`, for the reserved peak and the OOMs."""
         w, dev, handles = self._w, self.device, self.handles
         fused, plain = self._fused, self._walk_plain
         cols = (c.kind, c.ids, c.sizes, c.streams)
+        if lo or hi < len(c.at):
+            cols = tuple(col[lo:hi] for col in cols)
+        events = zip(range(lo, hi), *cols)
 
         def served(j, h):
             return self._served(c, j, h)
-        j = lo
-        while j < hi:
-            j, w.peak_alloc = fused(*cols, j, hi, handles, lat_append, w.peak_alloc, dev, served)
+        while True:
+            j, w.peak_alloc = fused(events, handles, lat, w.peak_alloc, dev, served)
             if w.stopped:
-                return j
-            if j < hi:
-                j = plain(c, j, j + 1, lat_append)
-                if w.stopped:
-                    return j
-        return hi
+                return j + 1
+            if j is None:
+                return hi
+            plain(c, j, j + 1, lat.append)
+            if w.stopped:
+                return j + 1
 
     def _served(self, c, j, h) -> bool:
         """After an ALLOC a fused loop served through the policy's escalation: an OOM (``h`` None) is

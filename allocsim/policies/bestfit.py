@@ -125,21 +125,17 @@ class BestFit(Policy):
             if len(entries) > compact_at:
                 compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
 
-        def walk_chunk(kinds, ids, sizes, streams, j, hi, handles, lat_append, peak, dev, served):
+        def walk_chunk(events, handles, lat, peak, dev, served):
             """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
-            inlined over events ``j`` to ``hi``, the clock and ``allocated`` kept in locals.
+            inlined over ``events``, the clock and ``allocated`` kept in locals.
 
             A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it) and
             is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
-            returns ``(where it stopped, peak allocated)``."""
+            returns ``(its index or None at the end, peak allocated)``."""
             nonlocal fits, compact_at
             clock, allocated = dev.clock, pol.allocated
-            pop = handles.pop
-            lo = j
-            cols = (kinds, ids, sizes)
-            if j or hi < len(kinds):
-                cols = tuple(col[j:hi] for col in cols)
-            for j, k, i, req in zip(range(j, hi), *cols):
+            pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+            for j, k, i, req, _ in events:
                 if k == 1:                      # ALLOC: malloc, as above
                     n = (req + 511) & -512
                     t0 = clock
@@ -172,8 +168,7 @@ class BestFit(Policy):
                         if not a:
                             lat_append(clock - t0)
                             if served(j, None):
-                                fits += kinds[lo:j + 1].count(1)
-                                return j + 1, peak
+                                break
                             continue
                         slow = True
                     allocated += n
@@ -214,9 +209,9 @@ class BestFit(Policy):
                 else:
                     break
             else:
-                j = hi
+                j = None
             dev.clock, pol.allocated = clock, allocated
-            fits += kinds[lo:j].count(1)
+            fits += len(lat) - n0       # one best fit per malloc, as `malloc` counts them
             return j, peak
 
         def fit_count():

@@ -295,20 +295,17 @@ class SplittingPool(Policy):
             freed_append(b)
             pol.allocated -= size[b]
 
-        def walk_chunk(kinds, ids, sizes, streams, j, hi, handles, lat_append, peak, dev, served):
+        def walk_chunk(events, handles, lat, peak, dev, served):
             """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
-            inlined over events ``j`` to ``hi``, the clock and ``allocated`` kept in locals.
+            inlined over ``events``, the clock and ``allocated`` kept in locals.
 
             A scan miss runs `_escalate` as `malloc` does (clock and ``allocated`` written back
             around it) and is reported to ``served``; a pressure event or the FREE of an id not
-            live is handed back: returns ``(where it stopped, peak allocated)``."""
+            live is handed back: returns ``(its index or None at the end, peak allocated)``."""
             nonlocal scans, repops, splits, next_id
             clock, allocated = dev.clock, pol.allocated
-            pop = handles.pop
-            cols = (kinds, ids, sizes)
-            if j or hi < len(kinds):
-                cols = tuple(col[j:hi] for col in cols)
-            for j, k, i, req in zip(range(j, hi), *cols):
+            pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+            for j, k, i, req, _ in events:
                 if k == 1:                      # ALLOC: malloc, as above
                     if req <= 1048576:
                         n = (req + 511) & -512
@@ -320,7 +317,6 @@ class SplittingPool(Policy):
                         n = (req + 1048575) & -1048576
                         cut = 0
                         limit = huge_limit or n
-                    scans += 1
                     t0 = clock
                     if freed:
                         repops += 1
@@ -350,7 +346,7 @@ class SplittingPool(Policy):
                         if not b:
                             lat_append(clock - t0)
                             if served(j, None):
-                                return j + 1, peak
+                                break
                             continue
                         s = size[b]
                         slow = True
@@ -390,8 +386,9 @@ class SplittingPool(Policy):
                 else:
                     break
             else:
-                j = hi
+                j = None
             dev.clock, pol.allocated = clock, allocated
+            scans += len(lat) - n0      # one scan per malloc, as `malloc` counts them
             return j, peak
 
         def hot_counts() -> dict:

@@ -571,24 +571,21 @@ class TorchCachingAllocator(Policy):
             if v > self.inactive_split_bytes_peak:
                 self.inactive_split_bytes_peak = v
 
-    def _walk_chunk_fast(self, kinds, ids, sizes, streams, j, hi, handles, lat_append, peak, dev, served):
+    def _walk_chunk_fast(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `_malloc_fast` and `_free_fast`
-        inlined over events ``j`` to ``hi``, the clock, ``allocated`` and the inactive split bytes in locals.
+        inlined over ``events``, the clock, ``allocated`` and the inactive split bytes in locals.
 
         A pool miss runs `_escalate` as `_malloc_fast` does (the locals written back around it) and is
         reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns
-        ``(where it stopped, peak allocated)``."""
+        ``(its index or None at the end, peak allocated)``."""
         clock, allocated = dev.clock, self.allocated
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, self.max_split
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
         spare, spare_append, pop = self._spare, self._spare.append, handles.pop
-        lo = j
-        cols = (kinds, ids, sizes, streams)
-        if j or hi < len(kinds):
-            cols = tuple(col[j:hi] for col in cols)
-        for j, k, i, size, stream in zip(range(j, hi), *cols):
+        lat_append, n0 = lat.append, len(lat)
+        for j, k, i, size, stream in events:
             if k == 1:                          # ALLOC: _malloc_fast
                 t0 = clock
                 clock += hit_s
@@ -610,8 +607,7 @@ class TorchCachingAllocator(Policy):
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
-                            self.n_malloc += kinds[lo:j + 1].count(1)
-                            return j + 1, peak
+                            break
                         continue
                     bsize = b.size
                     slow = True
@@ -695,10 +691,10 @@ class TorchCachingAllocator(Policy):
             else:
                 break
         else:
-            j = hi
+            j = None
         dev.clock, self.allocated = clock, allocated
         self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
-        self.n_malloc += kinds[lo:j].count(1)
+        self.n_malloc += len(lat) - n0      # one per malloc, as `_malloc_fast` counts them
         return j, peak
 
     def _inactive_split(self, delta: int) -> None:
