@@ -18,6 +18,9 @@ at a time:
 its pool for them); they are counted. There is one walk: the optional features (a
 policy's ``tick``, periodic GC, per-event indices for `validate`, a timeline, an
 observer) are two hooks called around each event only when one of them is on.
+When all of them are off and the runtime is eager, a policy that offers the optional
+fused loop ``walk_chunk`` serves the chunk's common events itself (`_walk_fused`);
+every event it hands back goes through the plain loop (docs/architecture.md, "The fast path").
 
 Memory is bounded by the live state: the id -> handle table holds live ids only, the
 lists are one chunk's, and latencies are one-byte codes (`LatencyLog`).
@@ -151,13 +154,14 @@ class Replay:
     walk); ``progress(done)`` after each chunk; ``plan_progress(done, total)`` follows an offline
     policy's plan, made here. ``log_events`` gives a policy with ``wants_event_index`` the trace
     index of each ALLOC (`validate`). ``backend="cuda"`` makes a simulated policy's device calls
-    real; ``device`` replaces the simulated device.
+    real; ``device`` replaces the simulated device. ``fast_path=False`` walks every event through
+    ``malloc``/``free`` even for a policy with a fused ``walk_chunk`` (the tests compare the two).
     """
 
     def __init__(self, trace: Trace, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
                  options=None, costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim",
                  keep_going: bool = False, timeline: bool = False, observer=None, progress=None,
-                 log_events: bool = False, plan_progress=None):
+                 log_events: bool = False, plan_progress=None, fast_path: bool = True):
         self.trace = trace
         self.spec = spec = PolicySpec.of(policy, options)
         cls = spec.policy_class()
@@ -184,6 +188,8 @@ class Replay:
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._hooks()
+        fused = getattr(self.policy, "walk_chunk", None) if fast_path else None
+        self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._result = None
         self._closed = False
 
@@ -220,7 +226,7 @@ class Replay:
             hi = end_of(c)
             if hi > self._pos:
                 lat = array("d")
-                self._pos = self._walk_chunk(c, self._pos, hi, lat.append)
+                self._pos = self._walk_chunk(c, self._pos, hi, lat)
                 w.latency.extend(lat)
                 w.done = self._j0 + self._pos
                 if self._pos >= len(c.at):
@@ -238,8 +244,53 @@ class Replay:
                          rec["size"][local].tolist(), rec["stream"][local].tolist(),
                          rec["time_ns"][local].tolist() if times else None)
 
-    def _walk_chunk(self, c, lo, hi, lat_append) -> int:
-        """Drive events ``lo`` to ``hi`` of chunk ``c``; return where the walk got to (past an OOM that stops)."""
+    def _walk_chunk(self, c, lo, hi, lat) -> int:
+        """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
+        where the walk got to (past an OOM that stops)."""
+        if self._fused is not None:
+            return self._walk_fused(c, lo, hi, lat)
+        return self._walk_plain(c, lo, hi, lat.append)
+
+    def _walk_fused(self, c, lo, hi, lat) -> int:
+        """`_walk_chunk` through the policy's fused loop: it takes events from one iterator over the
+        range, serves what it can and hands back the event it stops at (a pressure event, a FREE of an
+        id not live), which the plain loop drives before the fused loop goes on from the next one.
+
+        The fused loop reports each ALLOC it served through its own escalation (the only ones that can
+        raise reserved memory or fail) to `_served`, for the reserved peak and the OOMs."""
+        w, dev, handles = self._w, self.device, self.handles
+        fused, plain = self._fused, self._walk_plain
+        cols = (c.kind, c.ids, c.sizes, c.streams)
+        if lo or hi < len(c.at):
+            cols = tuple(col[lo:hi] for col in cols)
+        events = zip(range(lo, hi), *cols)
+
+        def served(j, h):
+            return self._served(c, j, h)
+        while True:
+            j, w.peak_alloc = fused(events, handles, lat, w.peak_alloc, dev, served)
+            if w.stopped:
+                return j + 1
+            if j is None:
+                return hi
+            plain(c, j, j + 1, lat.append)
+            if w.stopped:
+                return j + 1
+
+    def _served(self, c, j, h) -> bool:
+        """After an ALLOC a fused loop served through the policy's escalation: an OOM (``h`` None) is
+        recorded, a new reserved peak is taken; True if the walk stops here."""
+        w, pol = self._w, self.policy
+        if h is None:
+            return self._oom(c, j, c.sizes[j], c.streams[j])
+        r = self.device.reserved
+        if r > w.peak_res:
+            w.peak_res = r
+            w.frag_at_peak = largest_free_fragmentation(r, pol.allocated, pol.largest_free())
+        return False
+
+    def _walk_plain(self, c, lo, hi, lat_append) -> int:
+        """`_walk_chunk` event by event through ``malloc``/``free`` and the hooks."""
         w, pol, dev, handles = self._w, self.policy, self.device, self.handles
         malloc, free, pop = pol.malloc, pol.free, handles.pop
         on_alloc = None if self.runtime.eager else self.runtime.on_alloc
@@ -426,6 +477,11 @@ class Replay:
         return after
 
     # ---- state, through public members ------------------------------------------------------------
+    @property
+    def fast_path(self) -> bool:
+        """True when the policy's fused loop walks the common events (see `_walk_fused`)."""
+        return self._fused is not None
+
     @property
     def events_done(self) -> int:
         """Driving events walked so far."""

@@ -204,6 +204,20 @@ def check_deterministic(policy, trace: Trace, runtime: str, cap=None) -> None:
     assert not differ, f"not deterministic: two replays differ in {', '.join(differ)}"
 
 
+def check_fast_path(policy, trace: Trace, cap=None) -> None:
+    """A policy's fused loop (``walk_chunk``, docs/architecture.md) replays as its plain malloc/free walk."""
+    fused = Replay(trace, PolicySpec.of(policy), cap=cap, capacity=None, keep_going=True)
+    if not fused.fast_path:
+        fused.close()
+        return
+    plain = Replay(trace, PolicySpec.of(policy), cap=cap, capacity=None, keep_going=True, fast_path=False)
+    a, b = (r.run().to_dict() for r in (fused, plain))
+    a.pop("replay_seconds")
+    b.pop("replay_seconds")
+    differ = sorted(k for k in a if a[k] != b.get(k))
+    assert not differ, f"fast path differs from the plain walk: walk_chunk and malloc/free differ in {', '.join(differ)}"
+
+
 def check_no_oom_without_binding_cap(policy, trace: Trace, runtime: str, generous: bool) -> None:
     """No OOM without a cap, nor with one above every request's generously rounded size summed."""
     alloc_sizes = trace.size[trace.kind == ALLOC].tolist()
@@ -258,5 +272,7 @@ def check_policy(cls, traces=None, *, runtimes=RUNTIMES, examples: int = 30, see
                 check_no_oom_without_binding_cap(spec, trace, runtime, generous=n % 2 == 1)
                 check_oom_only_when_full(spec, trace, runtime, cap)
                 check_deterministic(spec, trace, runtime, cap)
+                if runtime == "eager":
+                    check_fast_path(spec, trace, cap)
             except AssertionError as e:
                 raise AssertionError(f"{spec.name}: {e} (runtime {runtime}, {what}, cap {cap})") from None

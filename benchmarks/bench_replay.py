@@ -7,10 +7,12 @@ runtime, the trace's 80 GiB device); the table gives driving events per second
 (wall clock, the engine's own `replay_seconds`, setup and metrics included) and
 the ratio of that time to a bare Python loop over the same events that only
 tracks live ids, plus the engine floor: a policy that does nothing.
+`split`, `torch` and `bestfit` run their fused loop (``walk_chunk``, docs/architecture.md "The fast
+path"); ``--plain`` adds a row per policy that has one, walked through ``malloc``/``free`` instead.
 Real-GPU policies are skipped; ``--policies`` picks others (``oracle`` and any
 policy slower than ``--budget`` seconds on a probe prefix are skipped unless named).
 
-    python3 benchmarks/bench_replay.py [--allocs 1000000] [--policies split,bestfit] [--json out.json]
+    python3 benchmarks/bench_replay.py [--allocs 1000000] [--policies split,bestfit] [--plain] [--json out.json]
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from allocsim import policies  # noqa: E402
 from allocsim.engine import replay  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
 from allocsim.policies.base import Policy  # noqa: E402
+from allocsim.replay import Replay  # noqa: E402
 from allocsim.trace import ALLOC, FREE, RECORD_DTYPE, Trace  # noqa: E402
 
 FLOOR = "(engine floor)"
@@ -85,11 +88,23 @@ def bare_loop(trace: Trace) -> float:
     return time.perf_counter() - t0
 
 
-def run_one(trace: Trace, name: str, runtime: str) -> dict:
+def has_fused_loop(trace: Trace, name: str, runtime: str) -> bool:
+    r = Replay(trace, name, runtime=runtime)
+    r.close()
+    return r.fast_path
+
+
+def run_one(trace: Trace, name: str, runtime: str, plain: bool = False) -> dict:
+    """One replay's figures; ``plain``: through ``malloc``/``free``, never the policy's fused loop."""
     c0 = time.process_time()
-    r = replay(trace, name, runtime=runtime)
+    if plain:
+        t0 = time.perf_counter()
+        r = Replay(trace, name, runtime=runtime, fast_path=False).run()
+        r.replay_seconds = time.perf_counter() - t0
+    else:
+        r = replay(trace, name, runtime=runtime)
     cpu = time.process_time() - c0
-    return {"policy": name, "seconds": r.replay_seconds, "cpu_seconds": cpu, "driving_events": r.driving_events,
+    return {"policy": name + (" (plain)" if plain else ""), "seconds": r.replay_seconds, "cpu_seconds": cpu, "driving_events": r.driving_events,
             "events_per_s": r.driving_events / r.replay_seconds, "completed": r.completed,
             "peak_reserved_bytes": r.peak_reserved_bytes, "peak_allocated_bytes": r.peak_allocated_bytes,
             "device_mallocs": r.device_mallocs, "cache_flushes": r.cache_flushes}
@@ -103,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", help="comma-separated policy names (default: every simulated online policy)")
     ap.add_argument("--budget", type=float, default=120.0,
                     help="skip a default policy whose 2%% probe predicts more than this many seconds")
+    ap.add_argument("--plain", action="store_true",
+                    help="also replay each policy that has a fused loop through malloc/free (fast_path=False)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args(argv)
 
@@ -129,13 +146,15 @@ def main(argv=None) -> int:
                 print(f"skip {name}: about {guess:.0f} s predicted (> --budget {args.budget:g})")
                 continue
         rows.append(run_one(trace, name, args.runtime))
+        if args.plain and has_fused_loop(trace, name, args.runtime):
+            rows.append(run_one(trace, name, args.runtime, plain=True))
     for r in rows:
         r["ratio_to_bare"] = r["seconds"] / bare
 
-    print(f"{'policy':16} {'M ev/s':>7} {'wall s':>7} {'cpu s':>7} {'x bare':>7} {'peak reserved':>14} "
+    print(f"{'policy':18} {'M ev/s':>7} {'wall s':>7} {'cpu s':>7} {'x bare':>7} {'peak reserved':>14} "
           f"{'dev mallocs':>11}")
     for r in rows:
-        print(f"{r['policy']:16} {r['events_per_s'] / 1e6:7.3f} {r['seconds']:7.2f} {r['cpu_seconds']:7.2f} "
+        print(f"{r['policy']:18} {r['events_per_s'] / 1e6:7.3f} {r['seconds']:7.2f} {r['cpu_seconds']:7.2f} "
               f"{r['ratio_to_bare']:7.2f} {r['peak_reserved_bytes'] / 2**20:11.1f} MiB {r['device_mallocs']:11,}"
               + ("" if r["completed"] else "  (OOM)"))
     if args.json:

@@ -125,10 +125,99 @@ class BestFit(Policy):
             if len(entries) > compact_at:
                 compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
 
+        def walk_chunk(events, handles, lat, peak, dev, served):
+            """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
+            inlined over ``events``, the clock and ``allocated`` kept in locals.
+
+            A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it) and
+            is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
+            returns ``(its index or None at the end, peak allocated)``."""
+            nonlocal fits, compact_at
+            clock, allocated = dev.clock, pol.allocated
+            pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+            for j, k, i, req, _ in events:
+                if k == 1:                      # ALLOC: malloc, as above
+                    n = (req + 511) & -512
+                    t0 = clock
+                    clock += hit_s
+                    x = bisect_left(entries, n << 64)
+                    while x < len(entries):
+                        e = entries[x]
+                        del entries[x]
+                        a = e & 0xFFFFFFFFFFFFFFFF
+                        if start_get(a) == e >> 64:
+                            break
+                    else:
+                        a = 0
+                    if a:
+                        s = start.pop(a)
+                        rem = s - n
+                        if rem:
+                            b = a + n
+                            start[b] = end[a + s] = rem
+                            insort(entries, rem << 64 | b)
+                            if len(entries) > compact_at:
+                                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
+                        else:
+                            del end[a + s]
+                        slow = False
+                    else:
+                        dev.clock, pol.allocated = clock, allocated
+                        a = grow(n)
+                        clock = dev.clock
+                        if not a:
+                            lat_append(clock - t0)
+                            if served(j, None):
+                                break
+                            continue
+                        slow = True
+                    allocated += n
+                    if allocated > peak:
+                        peak = allocated
+                    lat_append(clock - t0)
+                    handles[i] = h = a, n
+                    if slow:
+                        pol.allocated = allocated
+                        served(j, h)
+                elif k == 2:                    # FREE: free, as above
+                    h = pop(i, None)
+                    if h is None:
+                        break
+                    a, n = h
+                    allocated -= n
+                    clock += free_s
+                    e = a + n
+                    ls = end_get(a)
+                    if ls is not None and a not in segments:
+                        del end[a]
+                        a -= ls
+                        n += ls
+                    rs = start_get(e)
+                    if rs is not None and e not in segments:
+                        del start[e]
+                        e += rs
+                        n += rs
+                    if release and segments.get(a) == n:
+                        dev.clock = clock
+                        pol._release(a, n, e)
+                        clock = dev.clock
+                        continue
+                    start[a] = end[e] = n
+                    insort(entries, n << 64 | a)
+                    if len(entries) > compact_at:
+                        compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
+                else:
+                    break
+            else:
+                j = None
+            dev.clock, pol.allocated = clock, allocated
+            fits += len(lat) - n0       # one best fit per malloc, as `malloc` counts them
+            return j, peak
+
         def fit_count():
             return fits
 
-        self.malloc, self.free, self._fit_count = malloc, free, fit_count
+        self.malloc, self.free, self.walk_chunk, self._fit_count = malloc, free, walk_chunk, fit_count
 
     # ---- the slow path ---------------------------------------------------------------
     def _release(self, a: int, n: int, e: int) -> None:

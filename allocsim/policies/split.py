@@ -295,11 +295,107 @@ class SplittingPool(Policy):
             freed_append(b)
             pol.allocated -= size[b]
 
+        def walk_chunk(events, handles, lat, peak, dev, served):
+            """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
+            inlined over ``events``, the clock and ``allocated`` kept in locals.
+
+            A scan miss runs `_escalate` as `malloc` does (clock and ``allocated`` written back
+            around it) and is reported to ``served``; a pressure event or the FREE of an id not
+            live is handed back: returns ``(its index or None at the end, peak allocated)``."""
+            nonlocal scans, repops, splits, next_id
+            clock, allocated = dev.clock, pol.allocated
+            pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+            for j, k, i, req, _ in events:
+                if k == 1:                      # ALLOC: malloc, as above
+                    if req <= 1048576:
+                        n = (req + 511) & -512
+                        cut = limit = 1048576
+                    elif req <= 33554432:
+                        n = (req + 131071) & -131072
+                        cut = limit = 33554432
+                    else:
+                        n = (req + 1048575) & -1048576
+                        cut = 0
+                        limit = huge_limit or n
+                    t0 = clock
+                    if freed:
+                        repops += 1
+                        clock += hit_s + repopulate()
+                    else:
+                        clock += hit_s
+                    i0 = bisect_left(entries, n << 64)
+                    while i0 < len(entries):
+                        e = entries[i0]
+                        s = e >> 64
+                        if s > limit:
+                            b = 0
+                            break
+                        del entries[i0]
+                        b = e & 0xFFFFFFFFFFFFFFFF
+                        if fsize[b] == s:
+                            break
+                    else:
+                        b = 0
+                    if b:
+                        fsize[b] = 0
+                        slow = False
+                    else:
+                        dev.clock, pol.allocated = clock, allocated
+                        b = escalate(n, size_class(n))
+                        clock = dev.clock
+                        if not b:
+                            lat_append(clock - t0)
+                            if served(j, None):
+                                break
+                            continue
+                        s = size[b]
+                        slow = True
+                    rem = s - n
+                    if rem and cut and (cut == 1048576 or rem > 1048576):
+                        r = next_id
+                        if r == id_cap:
+                            r = new_id()
+                        else:
+                            next_id = r + 1
+                        m = nxt[b]
+                        size[r] = rem
+                        addr[r] = addr[b] + n
+                        prev[r] = b
+                        nxt[r] = m
+                        prev[m] = r
+                        nxt[b] = r
+                        fsize[r] = rem
+                        insort(entries, rem << 64 | r)
+                        size[b] = s = n
+                        splits += 1
+                    allocated += s
+                    if allocated > peak:
+                        peak = allocated
+                    lat_append(clock - t0)
+                    handles[i] = b
+                    if slow:
+                        pol.allocated = allocated
+                        served(j, b)
+                elif k == 2:                    # FREE: free, as above
+                    b = pop(i, None)
+                    if b is None:
+                        break
+                    fsize[b] = FREED
+                    freed_append(b)
+                    allocated -= size[b]
+                else:
+                    break
+            else:
+                j = None
+            dev.clock, pol.allocated = clock, allocated
+            scans += len(lat) - n0      # one scan per malloc, as `malloc` counts them
+            return j, peak
+
         def hot_counts() -> dict:
             return {"scans": scans, "repopulates": repops, "repopulated": repop_blocks, "merged": merged,
                     "splits": splits}
 
-        self.malloc, self.free = malloc, free
+        self.malloc, self.free, self.walk_chunk = malloc, free, walk_chunk
         self._repopulate, self._new_id, self._hot_counts = repopulate, new_id, hot_counts
 
     def block(self, b):

@@ -59,6 +59,7 @@ N_DIVISION_INTERVALS = 16          # 1 MiB .. 64 GiB
 SIZE_MAX = 2**64 - 1
 NO_DIVISIONS = (0,) * N_DIVISION_INTERVALS
 SHIFT = 64                         # sort key = size << SHIFT | address
+assert (SHIFT, K_SMALL_SIZE, K_MIN_BLOCK) == (64, 1048576, 512)     # written as literals in the fused loop
 
 
 # ---- sizes -------------------------------------------------------------------------
@@ -437,6 +438,7 @@ class TorchCachingAllocator(Policy):
         if not self.expandable and not self.gc_threshold_set:  # the common case gets the inlined hot path
             self.malloc = self._malloc_fast
             self.free = self._free_fast
+            self.walk_chunk = self._walk_chunk_fast
 
     def _make_pools(self, stream: int) -> tuple[BlockPool, BlockPool]:
         pp = self._pools[stream] = (BlockPool(True, stream), BlockPool(False, stream))
@@ -582,6 +584,132 @@ class TorchCachingAllocator(Policy):
             v = self.inactive_split_bytes = self.inactive_split_bytes + delta
             if v > self.inactive_split_bytes_peak:
                 self.inactive_split_bytes_peak = v
+
+    def _walk_chunk_fast(self, events, handles, lat, peak, dev, served):
+        """The replay's fused loop (docs/architecture.md, "The fast path"): `_malloc_fast` and `_free_fast`
+        inlined over ``events``, the clock, ``allocated`` and the inactive split bytes in locals.
+
+        A pool miss runs `_escalate` as `_malloc_fast` does (the locals written back around it) and is
+        reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns
+        ``(its index or None at the end, peak allocated)``."""
+        clock, allocated = dev.clock, self.allocated
+        isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
+        hit_s, free_s, ms = self._hit_s, self._free_s, self.max_split
+        plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
+        pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
+        spare, spare_append, pop = self._spare, self._spare.append, handles.pop
+        lat_append, n0 = lat.append, len(lat)
+        for j, k, i, size, stream in events:
+            if k == 1:                          # ALLOC: _malloc_fast
+                t0 = clock
+                clock += hit_s
+                n = (size + 511) & ~511 if plain else round_size(size, divisions)
+                pp = pools.get(stream) or make_pools(stream)
+                small = n <= 1048576            # K_SMALL_SIZE
+                pool = pp[0] if small else pp[1]
+                keys = pool.keys
+                x = bisect_left(keys, n << 64)
+                if x < len(keys) and ((bsize := keys[x] >> 64) < ms or (n >= ms and bsize < n + nsr)):
+                    b = pool.blocks.pop(keys.pop(x))
+                    slow = False
+                else:
+                    dev.clock, self.allocated = clock, allocated
+                    self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+                    b = escalate(pool, n)
+                    clock = dev.clock
+                    isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
+                    if b is None:
+                        lat_append(clock - t0)
+                        if served(j, None):
+                            break
+                        continue
+                    bsize = b.size
+                    slow = True
+                rem = bsize - n
+                if (rem >= 512) if small else (n < ms and rem > 1048576):
+                    nxt = b.next
+                    if nxt is not None or b.prev is not None:
+                        isb -= n
+                    else:
+                        isb += rem
+                        if isb > isb_peak:
+                            isb_peak = isb
+                    rptr = b.ptr + n
+                    if spare:
+                        r = spare.pop()
+                        r.ptr = rptr
+                        r.size = rem
+                        r.pool = pool
+                        r.next = nxt
+                    else:
+                        r = Block(rptr, rem, pool)
+                        r.next = nxt
+                    r.prev = b
+                    if nxt is not None:
+                        nxt.prev = r
+                    b.next = r
+                    b.size = bsize = n
+                    rk = rem << 64 | rptr
+                    insort(keys, rk)
+                    pool.blocks[rk] = r
+                elif b.prev is not None or b.next is not None:
+                    isb -= bsize
+                b.allocated = True
+                b.requested = size
+                allocated += bsize
+                if allocated > peak:
+                    peak = allocated
+                lat_append(clock - t0)
+                handles[i] = b
+                if slow:
+                    self.allocated = allocated
+                    self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+                    served(j, b)
+            elif k == 2:                        # FREE: _free_fast
+                b = pop(i, None)
+                if b is None:
+                    break
+                clock += free_s
+                b.allocated = False
+                size = b.size
+                allocated -= size
+                pool = b.pool
+                keys, blocks = pool.keys, pool.blocks
+                prev, nxt = b.prev, b.next
+                subsumed = 0
+                if prev is not None and not prev.allocated:
+                    subsumed = prev.size
+                    pk = subsumed << 64 | prev.ptr
+                    del keys[bisect_left(keys, pk)], blocks[pk]
+                    b.ptr = prev.ptr
+                    spare_append(prev)
+                    prev = b.prev = prev.prev
+                    if prev is not None:
+                        prev.next = b
+                if nxt is not None and not nxt.allocated:
+                    nsize = nxt.size
+                    nk = nsize << 64 | nxt.ptr
+                    del keys[bisect_left(keys, nk)], blocks[nk]
+                    spare_append(nxt)
+                    nxt = b.next = nxt.next
+                    if nxt is not None:
+                        nxt.prev = b
+                    subsumed += nsize
+                b.size = size = size + subsumed
+                k = size << 64 | b.ptr
+                insort(keys, k)
+                blocks[k] = b
+                isb += size - subsumed if prev is not None or nxt is not None else -subsumed
+                if isb > isb_peak:
+                    isb_peak = isb
+            else:
+                break
+        else:
+            j = None
+        dev.clock, self.allocated = clock, allocated
+        self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+        self.n_malloc += len(lat) - n0      # one per malloc, as `_malloc_fast` counts them
+        return j, peak
 
     def _inactive_split(self, delta: int) -> None:
         v = self.inactive_split_bytes = self.inactive_split_bytes + delta

@@ -1,0 +1,145 @@
+"""The fused per-chunk loop (`walk_chunk`) against the plain walk through ``malloc``/``free``.
+
+`split`, `torch` and `bestfit` serve a chunk's common events in one fused loop of their own
+(docs/architecture.md, "The fast path"); ``Replay(fast_path=False)`` walks the same events one by
+one through ``malloc``/``free``. Both must give the same replay: the same device calls (sizes,
+addresses, order), every live block at the same address, the same result field by field, and the
+same modeled clock bit for bit. Traces: hypothesis-generated ones with cache releases, recorded
+OOMs and limits set mid-run, walked in tiny chunks so that every hand-back and chunk edge is met;
+and every shipped trace.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import allocsim.trace.trace as trace_module
+from allocsim.replay import Replay, make_device
+from allocsim.policies.bestfit import BestFit
+from allocsim.testing import STREAMS, check_policy
+from allocsim.trace import Trace, TraceWriter
+from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
+
+from conftest import ROOT
+
+MiB = 1 << 20
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+#: the policies with a fused loop, and options that change their hot path
+FUSED = [("split", []), ("split", ["huge_exact=true"]), ("torch", []), ("torch", ["max_split_size_mb:20"]),
+         ("torch", ["roundup_power2_divisions:4"]), ("bestfit", []), ("bestfit", ["release=true"]),
+         ("bestfit", ["segment=1MiB"])]
+FUSED_IDS = [f"{p}[{','.join(o)}]" for p, o in FUSED]
+
+
+def walk(trace, policy, options, fast_path, *, cap=None, keep_going=True, steps=None):
+    """What one replay did: its device calls, result, live blocks, counters and clock."""
+    dev = make_device(trace, policy, cap=cap, capacity=None)
+    calls = []
+    for name in ("malloc", "free"):        # every device call, its arguments and its answer, in order
+
+        def logged(*args, call=getattr(dev, name), name=name):
+            out = call(*args)
+            calls.append((name, args, out))
+            return out
+        setattr(dev, name, logged)
+    r = Replay(trace, policy, options=options, cap=cap, device=dev, keep_going=keep_going, fast_path=fast_path)
+    assert fast_path or not r.fast_path
+    if steps:
+        while not r.at_end and r.step(steps):
+            pass
+    blocks = r.live_blocks()
+    counters = r.policy.counters()
+    res = r.finish().to_dict()
+    res.pop("replay_seconds", None)
+    return {"device calls": calls, "result": res, "live blocks": blocks, "counters": counters,
+            "clock": dev.clock.hex()}
+
+
+def assert_fused_is_plain(trace, policy, options, **kw):
+    fused, plain = walk(trace, policy, options, True, **kw), walk(trace, policy, options, False, **kw)
+    for what in plain:
+        assert fused[what] == plain[what], f"{what} differ: fused {fused[what]!r:.300} plain {plain[what]!r:.300}"
+    return fused
+
+
+sizes = st.one_of(st.integers(1, 4096), st.integers(4097, 2 * MiB), st.integers(2 * MiB, 48 * MiB), st.integers(32 * MiB, 80 * MiB),
+                  st.sampled_from([512, MiB, MiB + 1, 2 * MiB, 10 * MiB, 20 * MiB, 32 * MiB, 33 * MiB]))
+
+
+@st.composite
+def pressured_traces(draw):
+    """Allocs and frees on three streams, with cache releases, recorded OOMs and limits set mid-run
+    (the events the fused loop hands back), some objects left live."""
+    ops = draw(st.lists(st.tuples(st.integers(0, 12), sizes, st.integers(0, 2), st.integers(0, 10**6)),
+                        min_size=1, max_size=120))
+    w = TraceWriter(meta={"producer": "hypothesis"})
+    live: list[int] = []
+    for what, size, stream, pick in ops:
+        if what == 0:
+            w.record(CACHE_RELEASE)
+        elif what == 1:
+            w.oom(size, stream=STREAMS[stream])
+        elif what == 2:
+            w.record(SET_LIMIT, size=(pick % 64 + 8) * MiB)
+        elif what <= 7 or not live:
+            live.append(w.alloc(size, stream=STREAMS[stream]))
+        else:
+            w.free(live.pop(pick % len(live)))
+    for k in draw(st.permutations(range(len(live))))[:draw(st.integers(0, len(live)))]:
+        w.free(live[k])
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy, options", FUSED, ids=FUSED_IDS)
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fused_loop_is_the_plain_walk_on_generated_traces(policy, options, data, monkeypatch):
+    trace = data.draw(pressured_traces())
+    monkeypatch.setattr(trace_module, "CHUNK", data.draw(st.sampled_from([3, 17, 1 << 16])))
+    cap = data.draw(st.sampled_from([None, int(max(trace.load_bytes, MiB) * 0.7), int(trace.load_bytes * 1.3) or None]))
+    assert_fused_is_plain(trace, policy, options, cap=cap, keep_going=data.draw(st.booleans()),
+                          steps=data.draw(st.sampled_from([None, 1, 5])))
+
+
+@pytest.mark.parametrize("policy", ["split", "torch", "bestfit"])
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_fused_loop_is_the_plain_walk_on_shipped_traces(policy, path):
+    trace = Trace.load(path)
+    assert_fused_is_plain(trace, policy, [])
+    assert_fused_is_plain(trace, policy, [], cap=trace.load_bytes * 11 // 10)     # escalations, flushes, OOMs
+
+
+def test_fused_loop_only_when_the_walk_has_nothing_else_to_do():
+    """The fused loop runs under the eager runtime with every optional feature off; else the plain walk."""
+    trace = Trace.load(os.path.join(ROOT, "traces", "resnet50.bin"))
+    assert Replay(trace, "split").fast_path and Replay(trace, "bestfit").fast_path
+    assert Replay(trace, "torch").fast_path is not Replay(trace, "torch[expandable_segments:True]").fast_path
+    assert not Replay(trace, "split", runtime="gc").fast_path
+    assert not Replay(trace, "split", timeline=True).fast_path
+    assert not Replay(trace, "split", observer=lambda *a: None).fast_path
+    assert not Replay(trace, "cupy").fast_path          # no walk_chunk: the plain walk
+
+
+class SkewedFusedLoop(BestFit):
+    """A fused loop that charges a nanosecond more than the plain walk: check_policy must say so."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        fused = self.walk_chunk
+
+        def walk_chunk(*args):
+            out = fused(*args)
+            args[4].clock += 1e-9          # the device
+            return out
+        self.walk_chunk = walk_chunk
+
+
+def test_check_policy_holds_a_fused_loop_to_the_plain_walk():
+    check_policy(BestFit, runtimes=("eager",), examples=4)
+    with pytest.raises(AssertionError, match="fast path differs from the plain walk: .* total_time_seconds"):
+        check_policy(SkewedFusedLoop, runtimes=("eager",), examples=4)
