@@ -233,7 +233,7 @@ def gc_options(draw):
             f"garbage_collection_threshold:{draw(st.sampled_from([0.3, 0.6, 0.9]))}"]
     opts += draw(st.lists(st.sampled_from(["max_split_size_mb:20", "max_split_size_mb:40",
                                            "roundup_power2_divisions:4", "fix_189504:true"]),
-                          unique=True, max_size=2))
+                          unique_by=lambda o: o.split(":")[0], max_size=2))     # one value per option
     return [",".join(opts)]
 
 
