@@ -287,6 +287,7 @@ class Replay:
         if r > w.peak_res:
             w.peak_res = r
             w.frag_at_peak = largest_free_fragmentation(r, pol.allocated, pol.largest_free())
+            w.at_peak = self._free_state(int(c.at[j]), c.streams[j])
         return False
 
     def _walk_plain(self, c, lo, hi, lat_append) -> int:

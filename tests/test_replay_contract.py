@@ -2,6 +2,9 @@
 (CACHE_RELEASE, SET_LIMIT, recorded OOMs) under every built-in policy."""
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -232,3 +235,16 @@ def test_generated_traces_for_check_policy_hold_cache_releases():
     rng = random.Random(0)
     kinds = {k for _ in range(30) for k in generated_trace(rng).kind.tolist()}
     assert CACHE_RELEASE in kinds and OOM not in kinds
+
+
+def test_cli_a_recorded_oom_that_happens_again_is_not_a_stop():
+    """`replay` of a run that survived an OOM: under its own model the OOM happens again and the replay goes
+    on, as the program did (exit 0, one note); a policy that runs out elsewhere stops there (exit 1)."""
+    from conftest import ROOT, run_cli
+    path = os.path.join(ROOT, "traces", "pressure-fraction-oom.bin")
+    same = run_cli("replay", path, "-p", "torch", "--json")
+    assert same.returncode == 0, same.stderr
+    assert "1 recorded OOM happened again, as in the recorded run" in same.stderr
+    assert json.loads(same.stdout)["completed"]
+    other = run_cli("replay", path, "-p", "split", "--json")
+    assert other.returncode == 1 and "(replay stopped;" in other.stderr and "recorded OOM" not in other.stderr

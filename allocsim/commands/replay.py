@@ -68,8 +68,14 @@ def run(args) -> int:
         if not args.no_sections:
             print()
             print(section_table(res.sections))
-    if res.ooms and not args.keep_going:
-        print(f"allocsim: {args.trace or '<embedded>/' + DEFAULT_TRACE}: out of memory at "
-              f"{oom_line(res.first_oom)} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)
+    name = args.trace or '<embedded>/' + DEFAULT_TRACE
+    again = [o for o in res.oom_events if o.recorded]
+    if again and not args.keep_going:      # the program survived them, and so does the replay
+        print(f"allocsim: {name}: {len(again)} recorded OOM{'s' if len(again) > 1 else ''} happened again, as in "
+              f"the recorded run (the replay went on, as the program did), the first at {oom_line(again[0])}",
+              file=sys.stderr)
+    if not res.completed:                  # the walk stops at the OOM it just recorded
+        print(f"allocsim: {name}: out of memory at "
+              f"{oom_line(res.oom_events[-1])} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)
         return 1
     return 0
