@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..units import fmt_bytes, fmt_seconds
-from .text import breakdown_shares
+from .text import _table, breakdown_shares
 
 
 def tune_report(res, took: float) -> str:
@@ -64,6 +64,4 @@ def table(rows: list[dict], load: int) -> str:
                      "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
                      f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
                      fmt_seconds(r["alloc_time_seconds"]), fits, breakdown_shares(r.get("breakdown"))])
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    fmt = lambda cols: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
-    return "\n".join([fmt(head), fmt(["─" * w for w in widths])] + [fmt(b) for b in body])
+    return _table(head, body, left=1)
