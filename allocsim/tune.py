@@ -270,6 +270,11 @@ class Tuning:
         return self.rows[0]
 
     @property
+    def shown(self) -> list[dict]:
+        """The rows the report shows (and the fit walk measures): the recorded settings, then the finalists."""
+        return [self.recorded] + [r for r in self.finalists if r is not self.recorded]
+
+    @property
     def best(self) -> dict | None:
         """The recommended setting: the best that fits, None if none does."""
         return self.finalists[0] if self.finalists and not self.finalists[0]["ooms"] else None
@@ -332,9 +337,8 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     out.finalists = ranked(rows, objective)[:top]
     for r in rows:
         r["pareto"] = any(r is f for f in out.frontier)
-    shown = [out.recorded] + [r for r in out.finalists if r is not out.recorded]
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
-        out.replays += _fit_all(trace, [r for r in shown if r["recorded"] or r["pareto"]], settings, ex)
+        out.replays += _fit_all(trace, [r for r in out.shown if r["recorded"] or r["pareto"]], settings, ex)
     return out
 
 

@@ -22,7 +22,7 @@ def tune_report(res, took: float) -> str:
         lines += [f"  {best[k]}" for k in ("conf", "legacy_conf") if best.get(k)]
         if best.get("note"):
             lines.append(f"  ({best['note']})")
-    lines += ["", table([res.recorded] + [r for r in res.finalists if r is not res.recorded], res.load_bytes)]
+    lines += ["", table(res.shown, res.load_bytes)]
     lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
                  "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
     lines.append(f"{WHY}: reserved - live at the reserved peak (at the first OOM for a setting that runs out), "
