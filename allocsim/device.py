@@ -42,9 +42,8 @@ class SimulatedDevice:
     def __init__(self, capacity: int | None = None, cap: int | None = None, costs: CostModel | None = None,
                  address_hints=None):
         self.capacity = capacity
-        self.cap = cap
+        self.set_cap(cap)
         self.costs = costs or CostModel()
-        self.limit = min(x for x in (capacity, cap, 2**63) if x is not None)
         self.reserved = 0
         self.peak_reserved = 0
         self.n_malloc = self.n_free = 0
@@ -107,8 +106,7 @@ class SimulatedDevice:
         """``(address, seconds)`` for a new range of ``n`` bytes, or None if the device refuses."""
         costs = self.costs
         if self._driver is None:
-            addr = self._next
-            self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+            addr = self._bump(n)
         else:
             addr = self._hinted(n)
             if addr is None:
@@ -156,6 +154,10 @@ class SimulatedDevice:
 
     def reserve_address_range(self, n: int) -> int:
         """A fresh virtual range of ``n`` bytes that holds no memory (expandable segments)."""
+        return self._bump(n)
+
+    def _bump(self, n: int) -> int:
+        """``n`` bytes from the bump pointer: 256-byte aligned, never reused."""
         addr = self._next
         self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
         return addr
