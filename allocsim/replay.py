@@ -285,10 +285,16 @@ class Replay:
             return self._oom(c, j, c.sizes[j], c.streams[j])
         r = self.device.reserved
         if r > w.peak_res:
-            w.peak_res = r
-            w.frag_at_peak = largest_free_fragmentation(r, pol.allocated, pol.largest_free())
-            w.at_peak = self._free_state(int(c.at[j]), c.streams[j])
+            self._new_peak(r, pol.allocated, int(c.at[j]), c.streams[j])
         return False
+
+    def _new_peak(self, reserved: int, allocated: int, at: int, stream: int, held: int = 0) -> None:
+        """Reserved memory reached a new peak after event ``at``: keep it, with the free-space shape and
+        the free breakdown there (``held``: a request held outside the trace)."""
+        w = self._w
+        w.peak_res = reserved
+        w.frag_at_peak = largest_free_fragmentation(reserved, allocated, self.policy.largest_free())
+        w.at_peak = self._free_state(at, stream, held)
 
     def _walk_plain(self, c, lo, hi, lat_append) -> int:
         """`_walk_chunk` event by event through ``malloc``/``free`` and the hooks."""
@@ -323,8 +329,7 @@ class Replay:
                 r = dev.reserved
                 if r > peak_res:
                     peak_res = r
-                    w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
-                    w.at_peak = self._free_state(int(c.at[j]), st)
+                    self._new_peak(r, a, int(c.at[j]), st)
             elif k == 2:               # FREE
                 if on_free is None:
                     h = pop(i, None)
@@ -394,9 +399,7 @@ class Replay:
             a, r = pol.allocated, dev.reserved       # served: held for a moment, freed at once (no FREE follows)
             w.peak_alloc = max(w.peak_alloc, a)
             if r > w.peak_res:
-                w.peak_res = r
-                w.frag_at_peak = largest_free_fragmentation(r, a, pol.largest_free())
-                w.at_peak = self._free_state(int(c.at[j]), stream, held=size)
+                self._new_peak(r, a, int(c.at[j]), stream, held=size)
             pol.free(h)
             w.ooms_avoided.append(int(c.at[j]))
             w.served_reserved.append(r)
