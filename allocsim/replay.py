@@ -334,16 +334,14 @@ class Replay:
                 if on_free is None:
                     h = pop(i, None)
                     if h is None:          # its ALLOC failed under --keep-going
-                        w.skipped_frees += 1
-                        w.failed_live -= w.failed.pop(i, 0)
+                        self._skip_free(i)
                         continue
                     free(h)
                 elif i in handles:
                     h = handles[i]
                     on_free(i)
                 else:
-                    w.skipped_frees += 1
-                    w.failed_live -= w.failed.pop(i, 0)
+                    self._skip_free(i)
                     continue
             else:
                 w.peak_alloc, w.peak_res = peak_alloc, peak_res
@@ -354,6 +352,12 @@ class Replay:
                 after(c, j, k, i, h)
         w.peak_alloc, w.peak_res = peak_alloc, peak_res
         return hi
+
+    def _skip_free(self, i) -> None:
+        """The FREE of object ``i``, whose ALLOC failed under --keep-going: counted; its bytes are no longer live."""
+        w = self._w
+        w.skipped_frees += 1
+        w.failed_live -= w.failed.pop(i, 0)
 
     def _oom(self, c, j, size, stream, *, recorded: bool = False) -> bool:
         """Record an OOM at driving event j of chunk c; True if the walk stops here."""
