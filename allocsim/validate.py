@@ -212,16 +212,18 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     if not spec.free_order:
         rec, mod = rec.frees_by_size(), mod.frees_by_size()
     rt_, mt = rec.totals(), mod.totals()
-    checks = [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
-              for k in ("segment_allocs", "segment_frees")]
+
+    def same(*totals):
+        return [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
+                for k in totals]
+    checks = same("segment_allocs", "segment_frees")
     div = first_divergence(rec, mod)
     checks.append({"name": "same calls, same requests", "recorded": len(rec.kinds), "model": len(mod.kinds),
                    "ok": div is None})
     compare_reserved = ev.SEGMENT_FREE in kinds or ev.SEGMENT_UNMAP in kinds
     if compare_reserved:
-        checks += [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
-                   for k in ("peak_reserved", "final_reserved")]
-    rec_ooms = np.flatnonzero(np.asarray(trace.kind) == ev.OOM).tolist()
+        checks += same("peak_reserved", "final_reserved")
+    rec_ooms = np.flatnonzero(kind == ev.OOM).tolist()
     mod_ooms = [o.event for o in res.oom_events]
     checks.append({"name": "OOMs", "recorded": len(rec_ooms), "model": res.ooms, "ok": len(rec_ooms) == res.ooms})
     checks.append({"name": "OOM events", "recorded": _events_text(rec_ooms), "model": _events_text(mod_ooms),
