@@ -173,8 +173,7 @@ class Replay:
         self.runtime = RUNTIMES[runtime](self.device, self.sections, gc_every=gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
         with plugin_errors(cls, spec.name, "being set up"):
-            self.policy = cls.make(self.context, spec.values(),
-                                   **({"progress": plan_progress} if cls.offline else {}))
+            self.policy = cls(self.context, spec.values(), **({"progress": plan_progress} if cls.offline else {}))
         check_overrides_reached(self.policy, spec.name)
         self.handles: dict = {}        # id -> handle, live objects only
         self.runtime.attach(self.policy, self.handles)

@@ -69,11 +69,6 @@ class Policy:
         for k, v in opts.items():
             setattr(self, k, v)
 
-    @classmethod
-    def make(cls, ctx: PolicyContext, options: dict, **extra) -> "Policy":
-        """The policy for one replay (how the engine makes it)."""
-        return cls(ctx, options, **extra)
-
     # ---- options ---------------------------------------------------------------------
     @classmethod
     def parse_options(cls, texts) -> dict:
