@@ -181,15 +181,21 @@ def _log_axis(ax, which: str, lo: float, hi: float, *, bars: bool = False) -> No
     getattr(ax, f"{which}axis").set_minor_formatter(NullFormatter())
 
 
+def _by_cap(rows, cap_text=None):
+    """The caps of ``rows`` in the order the user gave them (else as they come), and each
+    ``(policy label, cap)``'s row."""
+    caps = list(dict.fromkeys(r["cap_bytes"] for r in rows))
+    caps = [c for c in cap_text or {} if c in caps] or caps
+    return caps, {(row_label(r), r["cap_bytes"]): r for r in rows}
+
+
 def _grouped(ax, rows, value, ylabel, *, styles, cap_text=None, log=False, fmt="{:.3g}"):
     """Bars grouped by cap, one bar (and colour) per policy; OOM runs hatched and labelled, zeros written."""
     import matplotlib.transforms as mtrans
     pols = list(styles)
-    caps = list(dict.fromkeys(r["cap_bytes"] for r in rows))
-    caps = [c for c in cap_text or {} if c in caps] or caps      # in the order the user gave them
+    caps, by = _by_cap(rows, cap_text)
     width = 0.84 / max(1, len(pols))
     base = mtrans.blended_transform_factory(ax.transData, ax.transAxes)
-    by = {(row_label(r), r["cap_bytes"]): r for r in rows}
     for pi, p in enumerate(pols):
         xs = np.arange(len(caps)) - 0.42 + (pi + 0.5) * width
         runs = [by.get((p, c)) for c in caps]
@@ -253,9 +259,7 @@ def breakdown_figure(trace, rows: list[dict], *, styles=None, cap_text=None, set
     plt = _plt()
     styles = styles or policy_styles(row_label(r) for r in rows)
     pols = list(styles)
-    caps = list(dict.fromkeys(r["cap_bytes"] for r in rows))
-    caps = [c for c in cap_text or {} if c in caps] or caps
-    by = {(row_label(r), r["cap_bytes"]): r for r in rows}
+    caps, by = _by_cap(rows, cap_text)
     cells = [(c, p, by.get((p, c))) for c in caps for p in pols]
     totals = [r["breakdown_at_peak"]["reserved"] - r["breakdown_at_peak"]["requested"]
               for _, _, r in cells if r is not None and r.get("breakdown_at_peak")]
@@ -343,16 +347,15 @@ def tune_frontier_figure(res):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     fitting = [r for r in res.rows if not r["ooms"]]
-    gib = float(1 << 30)
-    ax.scatter([r["alloc_time_seconds"] * 1e3 for r in fitting], [r["peak_reserved_bytes"] / gib for r in fitting],
+    ax.scatter([r["alloc_time_seconds"] * 1e3 for r in fitting], [r["peak_reserved_bytes"] / GiB for r in fitting],
                s=12, color="0.7", label="settings that fit")
     front = sorted(res.frontier, key=lambda r: r["alloc_time_seconds"])
-    ax.step([r["alloc_time_seconds"] * 1e3 for r in front], [r["peak_reserved_bytes"] / gib for r in front],
+    ax.step([r["alloc_time_seconds"] * 1e3 for r in front], [r["peak_reserved_bytes"] / GiB for r in front],
             where="post", marker="o", color="tab:blue", label="Pareto frontier")
     for row, style in ((res.recorded, dict(marker="s", color="tab:orange", label="recorded")),
                        (res.best, dict(marker="*", s=160, color="tab:red", label="recommended"))):
         if row is not None and not row["ooms"]:
-            ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / gib], zorder=3, **style)
+            ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / GiB], zorder=3, **style)
     ax.set_xlabel("modeled allocation time (ms)")
     ax.set_ylabel("peak reserved (GiB)")
     ax.set_title(f"{res.trace}: {len(fitting)} of {len(res.rows)} settings fit, objective {res.objective}", fontsize=9)
