@@ -11,8 +11,6 @@ and the distinct sizes above 4 MiB (`DistinctSizes`) and the MARKs, not by the t
 """
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 
 from ..trace import events as ev
@@ -272,9 +270,8 @@ def summarize(trace, tally: _Tally | None = None) -> dict:
 def recorded_limit(index: int, r) -> dict:
     """A SET_LIMIT record as ``{event, bytes, by, fraction?}``: torch's fraction is its float64 bits in ``addr``."""
     out = {"event": int(index), "bytes": int(r["size"])}
-    if int(r["aux"]) == 0:
-        out.update(by="torch set_per_process_memory_fraction",
-                   fraction=struct.unpack("<d", struct.pack("<Q", int(r["addr"])))[0])
+    if int(r["aux"]) == ev.TORCH_AUX:
+        out.update(by="torch set_per_process_memory_fraction", fraction=ev.bits_fraction(r["addr"]))
     else:
         out["by"] = "cupy set_limit"
     return out

@@ -346,7 +346,7 @@ class SnapshotConversion:
         releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0)
         for k, (a, b) in enumerate(zip([0, *releases], [*releases, len(self.entries)])):
             if k:
-                writer.record(ev.CACHE_RELEASE, aux=0)
+                writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
             conv.feed(self.entries[a:b])
         counts, unknown, live = conv.counts, conv.unknown, conv.live
         final_mismatch = len(set(live) ^ start.final_live)

@@ -43,11 +43,10 @@ import time
 
 from ..errors import GPUUnavailable
 from ..trace import events as ev
+from ..trace.events import CUPY_AUX
 from ._base import Recorder, stderr
 
 ROUND_UNIT = 512
-#: ``aux`` of CACHE_RELEASE and SET_LIMIT records written by CuPy.
-CUPY_AUX = 1
 
 
 class PoolView:

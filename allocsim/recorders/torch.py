@@ -42,23 +42,15 @@ final segments; that reconstruction is not needed here.
 """
 from __future__ import annotations
 
-import struct
-
 from ..errors import GPUUnavailable
 from ..importers.torch_snapshot import EntryConverter, private_pool_segments
 from ..trace import events as ev
+from ..trace.events import TORCH_AUX, fraction_bits
 from ._base import Recorder, stderr
 
 DEFAULT_MAX_ENTRIES = 1_000_000
-#: ``aux`` of CACHE_RELEASE and SET_LIMIT records written by PyTorch.
-TORCH_AUX = 0
 #: The functions of ``torch.cuda.memory`` the recorder wraps (also re-exported as ``torch.cuda.NAME``).
 WRAPPED = ("empty_cache", "set_per_process_memory_fraction")
-
-
-def fraction_bits(fraction: float) -> int:
-    """A memory fraction as the integer holding its IEEE-754 float64 bits (SET_LIMIT's ``addr``)."""
-    return struct.unpack("<Q", struct.pack("<d", float(fraction)))[0]
 
 
 class TorchRecorder(Recorder):

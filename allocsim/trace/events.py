@@ -7,6 +7,8 @@ allocator and runtime did, for validation and plots.
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 ALLOC = 1            # id, size (requested bytes), stream, addr (original pointer, 0 unknown), site
@@ -34,6 +36,21 @@ DRIVING = (ALLOC, FREE)
 #: What the program did to its allocator under pressure: the replay's walk drives these too
 #: (a recorded OOM is attempted again, a cache release and a limit reach the policy and device).
 PRESSURE = (OOM, CACHE_RELEASE, SET_LIMIT)
+
+#: ``aux`` of CACHE_RELEASE and SET_LIMIT: the framework whose call the program made.
+TORCH_AUX = 0
+CUPY_AUX = 1
+
+
+def fraction_bits(fraction: float) -> int:
+    """A memory fraction as the integer holding its IEEE-754 float64 bits (a torch SET_LIMIT's ``addr``)."""
+    return struct.unpack("<Q", struct.pack("<d", float(fraction)))[0]
+
+
+def bits_fraction(bits: int) -> float:
+    """The memory fraction a torch SET_LIMIT's ``addr`` holds (`fraction_bits` undone)."""
+    return struct.unpack("<d", struct.pack("<Q", int(bits)))[0]
+
 
 # flags
 PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
