@@ -186,7 +186,7 @@ class Replay:
         self._zero_counts: list = []
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
-        self._before, self._after = self._hooks()
+        self._before, self._after = self._before_hook(), self._after_hook()
         fused = getattr(self.policy, "walk_chunk", None) if fast_path else None
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._result = None
@@ -441,9 +441,6 @@ class Replay:
             yield
 
     # ---- the optional features: two hooks around each event, None when all are off ------------------
-    def _hooks(self):
-        return self._before_hook(), self._after_hook()
-
     def _before_hook(self):
         """Before each event: the policy's ``tick``, the periodic GC, the ALLOC's trace index."""
         pol, rt, w = self.policy, self.runtime, self._w

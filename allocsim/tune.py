@@ -58,7 +58,7 @@ import numpy as np
 from .errors import UsageError
 from .policies.torch import (K_LARGE_BUFFER, N_DIVISION_INTERVALS, NO_DIVISIONS, _divisions, get_allocation_size,
                              parse_divisions, round_size, settings_from_trace)
-from .replay import Replay
+from .replay import Replay, trace_capacity
 from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cell
 from .trace import ALLOC, Trace
@@ -306,7 +306,6 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
 
 def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex) -> Tuning:
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
-    from .engine import trace_capacity
     from .sweep import _trace
     t = _trace(trace)
     target = Target(trace_capacity(t) if capacity == "trace" else capacity, cap)
