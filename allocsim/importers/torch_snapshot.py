@@ -243,8 +243,8 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
     frees every segment with no live block. With ``gc_threshold`` (a
     ``garbage_collection_threshold`` in the settings) a run followed by a segment alloc or
     map is the collection made for that request. Runs of expandable-segment unmaps, whose
-    pages are not tracked, are judged by the other rules alone. One pass, O(log #segments)
-    per entry.
+    pages are not tracked, are judged by the other rules alone. One pass: O(log #segments) per
+    block entry, O(#segments) per segment alloc and per run of segment frees.
     """
     own_path = {"oom", "segment_alloc", "segment_map"} if gc_threshold else {"oom"}
     bases = sorted(b for b, seg in start.segments.items() if not seg["is_expandable"])
