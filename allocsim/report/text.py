@@ -53,11 +53,10 @@ def breakdown_shares(b: dict | None) -> str:
 def replay_summary(result) -> str:
     """The human summary ``allocsim replay`` prints above the section table."""
     r = _fields(result)
-    cap = fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none"
     capacity = fmt_bytes(r["capacity_bytes"]) if r["capacity_bytes"] is not None else "unlimited"
     lat = r["latency"]
     lines = [
-        f"policy {r['policy']}  runtime {r['runtime']}  cap {cap}  capacity {capacity}"
+        f"policy {r['policy']}  runtime {r['runtime']}  cap {fmt_bytes(r['cap_bytes'])}  capacity {capacity}"
         + (f"  options {_options(r['options'])}" if r["options"] else ""),
         f"trace {r['trace'] or '-'}: {fmt_count(r['events'])} events, {fmt_count(r['allocs'])} allocs"
         + ("" if r["completed"] else "  (stopped at the first OOM)"),
@@ -132,7 +131,7 @@ def compare_table(rows: list[dict]) -> str:
         oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
         body.append([
             row_label(r),
-            fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none", r["runtime"],
+            fmt_bytes(r["cap_bytes"]), r["runtime"],
             fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
             f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
             f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
@@ -149,8 +148,7 @@ def breakdown_table(rows: list[dict]) -> str:
         cells = ([f"{b['event']:,}", fmt_bytes(b["reserved"]), fmt_bytes(b["requested"]),
                   fmt_bytes(b["reserved"] - b["requested"])] + [fmt_bytes(b[p]) for p in PARTS]
                  if b else ["n/a"] + ["-"] * (len(head) - 4))
-        body.append([row_label(r), fmt_bytes(r["cap_bytes"]) if r["cap_bytes"] is not None else "none",
-                     r["runtime"], *cells])
+        body.append([row_label(r), fmt_bytes(r["cap_bytes"]), r["runtime"], *cells])
     return _table(head, body, left=3)
 
 
