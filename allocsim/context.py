@@ -10,7 +10,9 @@ A policy sees the replay through one `PolicyContext` (``self.ctx``):
 - named sections: ``push_section(name)`` / ``pop_section()`` around a slow step,
   ``add_section(name, seconds, calls)`` for hot-path totals, ``section(name)`` as a
   ``with`` block;
-- the runtime: ``collect(full)`` (returns the objects reclaimed) and ``eager``;
+- the runtime: ``collect(full)`` (returns the objects reclaimed), ``eager`` and ``handles``
+  (the live id -> handle table, for a pool that renumbers its handles);
+- repeating an idle interval: ``totals(root)`` and ``repeat(k, before, after)`` (binned's background task);
 - the trace: ``meta`` (the recording's metadata) and ``trace`` (offline policies plan on it);
 - real-GPU policies only: ``measured_device``, the accounting they fill in from the real allocator.
 
