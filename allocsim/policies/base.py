@@ -22,6 +22,9 @@ The contract with the engine (docs/architecture.md, "The policy contract"):
 - ``counters() -> dict``: policy-specific counters (cache flushes, retries, ...).
 - ``finish()``: report hot-path section totals (``self.ctx.add_section``).
 - ``tick(time_ns)`` (optional): called before each driving event when defined.
+- ``close()`` (optional): release real resources (a GPU policy's memory).
+- ``walk_chunk(events, handles, lat, peak, device, served)`` (optional): a fused loop of the
+  policy's own ``malloc``/``free`` (docs/architecture.md, "The fast path").
 - Streams arrive as small indices (the trace's stream table); requests of 0 bytes
   never reach a policy (every modeled allocator bypasses its pool for them).
 
