@@ -48,9 +48,8 @@ def walk(trace, policy, options, fast_path, *, cap=None, keep_going=True, steps=
         setattr(dev, name, logged)
     r = Replay(trace, policy, options=options, cap=cap, device=dev, keep_going=keep_going, fast_path=fast_path)
     assert fast_path or not r.fast_path
-    if steps:
-        while not r.at_end and r.step(steps):
-            pass
+    while not r.at_end and r.step(steps or 1 << 62):      # in steps, or all at once (still open: read below)
+        pass
     blocks = r.live_blocks()
     counters = r.policy.counters()
     res = r.finish().to_dict()
@@ -143,3 +142,30 @@ def test_check_policy_holds_a_fused_loop_to_the_plain_walk():
     check_policy(BestFit, runtimes=("eager",), examples=4)
     with pytest.raises(AssertionError, match="fast path differs from the plain walk: .* total_time_seconds"):
         check_policy(SkewedFusedLoop, runtimes=("eager",), examples=4)
+
+
+def coalescing_trace() -> Trace:
+    """Frees that merge with a right neighbour, then a left one, inside one segment, each followed by a request
+    that fits only the merged block (or a stale end record would let it overlap a live block)."""
+    KiB = 1024
+    w = TraceWriter()
+    a, b, c, d, e = (w.alloc(n * 64 * KiB) for n in (1, 2, 3, 4, 5))
+    w.free(c)
+    w.free(b)                   # merges right with c: the merged block ends where c ended
+    w.free(d)                   # merges left with b+c through that end
+    x = w.alloc(9 * 64 * KiB)   # fits exactly the merged b+c+d
+    f, g, h = (w.alloc(n * 64 * KiB) for n in (2, 3, 1))
+    w.free(f)
+    w.free(g)                   # merges left with f: f's end record must go
+    p = w.alloc(2 * 64 * KiB)   # takes f's place; the rest of f+g stays free where g began
+    q = w.alloc(3 * 64 * KiB)   # takes exactly where g began
+    w.free(q)                   # must not merge with the live p
+    y = w.alloc(5 * 64 * KiB)   # would overlap p if it had
+    for i in (a, e, x, h, p, y):
+        w.free(i)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy, options", FUSED, ids=FUSED_IDS)
+def test_fused_loop_coalesces_as_the_plain_walk(policy, options):
+    assert_fused_is_plain(coalescing_trace(), policy, options)
