@@ -136,6 +136,7 @@ class _Walk:
         self.ooms: list[OOMRecord] = []
         self.ooms_avoided: list[int] = []
         self.served_reserved: list[int] = []    # reserved bytes while each served request was held
+        self.served_limit: list[int | None] = []    # and the device's limit then (None: none)
         self.done = 0                  # driving events walked
         self.stopped = False           # an OOM stopped the walk
         self.latency = LatencyLog()
@@ -406,6 +407,7 @@ class Replay:
             pol.free(h)
             w.ooms_avoided.append(int(c.at[j]))
             w.served_reserved.append(r)
+            w.served_limit.append(dev.limit if dev.limit < 2**63 else None)
 
     # ---- the free breakdown (why reserved > requested), at a new reserved peak and at each OOM ----------
     def _free_state(self, at: int, stream: int, held: int = 0):
@@ -504,9 +506,11 @@ class Replay:
         return list(self._w.ooms)
 
     @property
-    def served_ooms(self) -> list[tuple[int, int]]:
-        """``(event, reserved bytes while it was held)`` of each recorded failed request this replay served."""
-        return list(zip(self._w.ooms_avoided, self._w.served_reserved))
+    def served_ooms(self) -> list[tuple[int, int, int | None]]:
+        """``(event, reserved bytes while it was held, the limit then)`` of each recorded failed request this
+        replay served; the limit is the device's (a recorded SET_LIMIT, ``--cap``, the capacity), None if none."""
+        w = self._w
+        return list(zip(w.ooms_avoided, w.served_reserved, w.served_limit))
 
     def live_blocks(self) -> dict[int, tuple[int, int]]:
         """``{object id: (addr, size)}`` of the live objects' blocks (0-byte objects never have one)."""

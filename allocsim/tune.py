@@ -446,13 +446,13 @@ def recorded_ooms(trace: Trace) -> list[tuple[int, int, int]]:
 
 def rescue(trace: Trace, spec: PolicySpec, cap, target: Target, ooms) -> dict:
     """Replay ``trace`` under ``spec``: the walk gives each failed request of ``ooms`` to the policy where it
-    was made (`Replay`); served or not, and the headroom left under the target while it was held.
+    was made (`Replay`); served or not, and the headroom left while it was held: the device's limit then
+    (the target, or a limit the program set itself) less what was reserved.
 
     A walk that runs out of memory itself (``walk_oom_event``) reaches no OOM record after that point."""
     r = Replay(trace, spec, cap=cap if cap is not None else target.cap, capacity=target.capacity)
     res = r.run()
-    limit = target.limit if cap is None else min(cap, target.limit or cap)
-    served = {at: (limit - reserved if limit is not None else None) for at, reserved in r.served_ooms}
+    served = {at: (limit - reserved if limit is not None else None) for at, reserved, limit in r.served_ooms}
     stopped_at = next((o.event for o in res.oom_events if not o.recorded), None)
     results = [{"event": at, "size": size, "reached": stopped_at is None or at < stopped_at, "served": at in served,
                 "headroom_bytes": served.get(at)} for at, size, _ in ooms]

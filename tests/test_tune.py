@@ -299,3 +299,22 @@ def test_one_command_on_a_snapshot_from_an_oomed_run(tmp_path):
     best = next(r for r in res["finalists"] if r["conf"] == res["recommended"]["conf"])
     assert best["ooms"] == 0 and best["setting"] in {s["setting"] for s in o["served_by"]}
     assert res["trace"].endswith("fraction-oom.pickle") and os.path.getsize(plot) > 0
+
+
+def test_rescue_headroom_is_under_the_limit_the_program_set():
+    """A run that set its own memory fraction (a recorded SET_LIMIT) and ran out: the headroom a setting
+    leaves is measured under that limit, not under the whole device."""
+    import numpy as np
+    from allocsim.replay import Replay
+    from allocsim.trace import Trace
+    from allocsim.trace.events import SET_LIMIT
+    path = os.path.join(ROOT, "traces", "pressure-fraction-oom.bin")
+    t = Trace.load(path)
+    limit = int(t.size[np.flatnonzero(np.asarray(t.kind) == SET_LIMIT)[0]])
+    (o,) = tune(path, jobs=1, fit=False, max_replays=20).rescue
+    served = {s["setting"]: s["headroom_bytes"] for s in o["served_by"]}
+    r = Replay(t, "torch[expandable_segments:True]")
+    r.run()
+    [(at, reserved, lim)] = r.served_ooms
+    assert at == o["event"] and lim == limit
+    assert served["expandable_segments:True"] == limit - reserved < 64 << 20
