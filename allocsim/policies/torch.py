@@ -216,6 +216,8 @@ def settings_from_trace(meta: dict, path=None) -> dict:
             out["roundup_power2_divisions"] = tuple(table)
         elif isinstance(div, (list, tuple)) and div:
             out["roundup_power2_divisions"] = tuple(int(d) for d in div)
+        if not any(d > 1 for d in out.get("roundup_power2_divisions") or ()):
+            out.pop("roundup_power2_divisions", None)      # a table that rounds nothing: the default, not an option
     except (ValueError, TypeError, OverflowError, UsageError) as e:
         raise InputError(f"allocator_settings: {e.args[0] if e.args else e}", path=path, position="metadata")
     return out
