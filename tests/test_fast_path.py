@@ -169,3 +169,26 @@ def coalescing_trace() -> Trace:
 @pytest.mark.parametrize("policy, options", FUSED, ids=FUSED_IDS)
 def test_fused_loop_coalesces_as_the_plain_walk(policy, options):
     assert_fused_is_plain(coalescing_trace(), policy, options)
+
+
+def edge_sizes_trace() -> Trace:
+    """Requests at and one byte past every rounding and class edge the fast paths test (512 B, 128 KiB,
+    1 MiB, 32 MiB), allocated, partly freed and allocated again, so that a step or a boundary off by one
+    in a fused loop changes a block's size or class."""
+    sizes = []
+    for edge in (512, 128 << 10, 1 << 20, 32 << 20):
+        sizes += [edge - 1, edge, edge + 1, 3 * edge + 1]
+    sizes += [(1 << 20) + (128 << 10) + 1, (32 << 20) + (1 << 20) + 1, 5 * (128 << 10) + 1]
+    w = TraceWriter()
+    live = [w.alloc(n) for n in sizes]
+    for i in live[::2]:
+        w.free(i)
+    again = [w.alloc(n) for n in reversed(sizes)]
+    for i in live[1::2] + again:
+        w.free(i)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy, options", FUSED, ids=FUSED_IDS)
+def test_fused_loop_rounds_and_classes_as_the_plain_walk_at_every_edge(policy, options):
+    assert_fused_is_plain(edge_sizes_trace(), policy, options)
