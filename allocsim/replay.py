@@ -134,9 +134,8 @@ class _Walk:
         self.skipped_frees = 0         # FREEs of objects whose ALLOC failed under --keep-going
         self.n_pressure = 0
         self.ooms: list[OOMRecord] = []
-        self.ooms_avoided: list[int] = []
-        self.served_reserved: list[int] = []    # reserved bytes while each served request was held
-        self.served_limit: list[int | None] = []    # and the device's limit then (None: none)
+        #: recorded failed requests served: (event, reserved while held, the device's limit then or None)
+        self.served: list[tuple[int, int, int | None]] = []
         self.done = 0                  # driving events walked
         self.stopped = False           # an OOM stopped the walk
         self.latency = LatencyLog()
@@ -405,9 +404,7 @@ class Replay:
             if r > w.peak_res:
                 self._new_peak(r, a, int(c.at[j]), stream, held=size)
             pol.free(h)
-            w.ooms_avoided.append(int(c.at[j]))
-            w.served_reserved.append(r)
-            w.served_limit.append(dev.limit if dev.limit < 2**63 else None)
+            w.served.append((int(c.at[j]), r, dev.limit if dev.limit < 2**63 else None))
 
     # ---- the free breakdown (why reserved > requested), at a new reserved peak and at each OOM ----------
     def _free_state(self, at: int, stream: int, held: int = 0):
@@ -509,8 +506,7 @@ class Replay:
     def served_ooms(self) -> list[tuple[int, int, int | None]]:
         """``(event, reserved bytes while it was held, the limit then)`` of each recorded failed request this
         replay served; the limit is the device's (a recorded SET_LIMIT, ``--cap``, the capacity), None if none."""
-        w = self._w
-        return list(zip(w.ooms_avoided, w.served_reserved, w.served_limit))
+        return list(self._w.served)
 
     def live_blocks(self) -> dict[int, tuple[int, int]]:
         """``{object id: (addr, size)}`` of the live objects' blocks (0-byte objects never have one)."""
@@ -594,7 +590,7 @@ class Replay:
             device_free_bytes=dev.bytes_free, cache_flushes=int(counters.get("cache_flushes", 0)),
             gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
             gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=list(ooms),
-            ooms_avoided=list(w.ooms_avoided), alloc_time_seconds=alloc_time,
+            ooms_avoided=[at for at, _, _ in w.served], alloc_time_seconds=alloc_time,
             total_time_seconds=dev.clock, latency=w.latency.summary(), counters=counters,
             latency_measured=pol.real_gpu or getattr(dev, "measured", False),
             sections=sections.rows(), section_table=sections.table(),

@@ -94,10 +94,10 @@ def driving(trace: Trace, skip_ids=frozenset()) -> list:
     order of their ALLOC (as an import numbers them), those in ``skip_ids`` left out."""
     streams, number = trace.streams, {}
     out = []
-    for k, i, s, st in zip(trace.kind.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream.tolist()):
+    for k, i, s, si in zip(trace.kind.tolist(), trace.id.tolist(), trace.size.tolist(), trace.stream.tolist()):
         if k in (ALLOC, FREE) and i not in skip_ids:
             n = number.setdefault(i, len(number))
-            out.append((k, n, s, int(streams[st])) if k == ALLOC else (k, n, 0, 0))
+            out.append((k, n, s, int(streams[si])) if k == ALLOC else (k, n, 0, 0))
     return out
 
 
