@@ -10,8 +10,8 @@ A policy sees the replay through one `PolicyContext` (``self.ctx``):
 - named sections: ``push_section(name)`` / ``pop_section()`` around a slow step,
   ``add_section(name, seconds, calls)`` for hot-path totals, ``section(name)`` as a
   ``with`` block;
-- the runtime: ``collect(full)`` (returns the objects reclaimed), ``eager`` and ``handles``
-  (the live id -> handle table, for a pool that renumbers its handles);
+- the runtime: ``collect(full)`` (returns the objects reclaimed) and ``eager`` (the engine
+  owns the id -> handle table; a pool that renumbers its handles declares ``Policy.renumber``);
 - repeating an idle interval: ``totals(root)`` and ``repeat(k, before, after)`` (binned's background task);
 - the trace: ``meta`` (the recording's metadata) and ``trace`` (offline policies plan on it);
 - real-GPU policies only: ``measured_device``, the accounting they fill in from the real allocator.
@@ -96,11 +96,6 @@ class PolicyContext:
     def eager(self) -> bool:
         """True when a FREE reaches the policy at once (no tracing collector)."""
         return self._runtime.eager
-
-    @property
-    def handles(self) -> dict | None:
-        """The engine's id -> handle table of live objects (a pool that renumbers its handles rewrites it)."""
-        return self._runtime.handles
 
     @property
     def measured_device(self):

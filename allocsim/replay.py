@@ -39,7 +39,7 @@ from .errors import UsageError
 from .metrics import LatencyLog, OOMRecord, ReplayResult, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
-from .spec import PolicySpec, check_overrides_reached, plugin_errors
+from .spec import PolicySpec, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
@@ -156,6 +156,10 @@ class Replay:
     index of each ALLOC (`validate`). ``backend="cuda"`` makes a simulated policy's device calls
     real; ``device`` replaces the simulated device. ``fast_path=False`` walks every event through
     ``malloc``/``free`` even for a policy with a fused ``walk_chunk`` (the tests compare the two).
+
+    ``policy`` is public, for reading: the policy instance, whose members `allocsim.policies.base.Policy`
+    declares (`validate` reads ``seeded``, the snapshot export ``layout``, `tune` ``gc_on()``); only the
+    walk calls it.
     """
 
     def __init__(self, trace: Trace, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
@@ -174,12 +178,11 @@ class Replay:
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
         with plugin_errors(cls, spec.name, "being set up"):
             self.policy = cls(self.context, spec.values(), **({"progress": plan_progress} if cls.offline else {}))
-        check_overrides_reached(self.policy, spec.name)
         self.handles: dict = {}        # id -> handle, live objects only
         self.runtime.attach(self.policy, self.handles)
         self.keep_going, self.timeline, self.observer, self.progress = keep_going, timeline, observer, progress
         self._recorded_limits = cap is None
-        self._log_index = log_events and getattr(self.policy, "wants_event_index", False)
+        self._log_index = log_events and self.policy.wants_event_index
         self._w = _Walk()
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
@@ -187,7 +190,7 @@ class Replay:
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
-        fused = getattr(self.policy, "walk_chunk", None) if fast_path else None
+        fused = self.policy.fused_loop() if fast_path else None
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._result = None
         self._closed = False
@@ -222,6 +225,8 @@ class Replay:
                 if c is None:
                     self._chunks = None
                     return
+                if self.policy.renumber is not None:
+                    self._renumber()
             hi = end_of(c)
             if hi > self._pos:
                 lat = array("d")
@@ -234,6 +239,15 @@ class Replay:
                     self.progress(w.done)
             if hi < len(c.at):
                 return
+
+    def _renumber(self) -> None:
+        """Between chunks: let the policy rename its handles (`Policy.renumber`) and apply the renaming to the
+        engine's id -> handle table, the one the runtime reads too."""
+        handles = self.handles
+        new = self.policy.renumber(handles.values())
+        if new:
+            for i, h in handles.items():
+                handles[i] = new[h]
 
     def _driving_chunks(self):
         """A `_Chunk` of Python lists per chunk of records that holds driving events."""
@@ -524,7 +538,7 @@ class Replay:
     @property
     def segment_log(self) -> list | None:
         """The policy's own log of device calls ``(kind, size, event index)``, if it keeps one (`validate`)."""
-        return getattr(self.policy, "segment_log", None)
+        return self.policy.segment_log
 
     # ---- the result ---------------------------------------------------------------------------------
     def finish(self) -> ReplayResult:
@@ -567,7 +581,7 @@ class Replay:
                 n_allocs += n_zero_allocs
                 n_frees += int(np.count_nonzero(passed)) - n_zero_allocs
         pol.finish()
-        peak_alloc = getattr(pol, "peak_allocated_override", None) or w.peak_alloc   # real allocators report their own
+        peak_alloc = pol.peak_allocated_override or w.peak_alloc   # real allocators report their own
         alloc_time = w.latency.total()
         other_roots = sum(v[1] for k, v in sections.stats.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
         eager_free_time = max(0.0, dev.clock - alloc_time - other_roots)

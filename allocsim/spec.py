@@ -242,20 +242,6 @@ def is_plugin(obj) -> bool:
     return not (obj.__module__ == "allocsim" or obj.__module__.startswith("allocsim."))
 
 
-def check_overrides_reached(pol, shown: str) -> None:
-    """Refuse a plug-in whose own malloc/free would never run: built-ins such as ``split`` and ``torch``
-    bind a fast method to the instance in ``__init__``, which shadows a subclass's override."""
-    for method in ("malloc", "free"):
-        bound = getattr(pol, method)        # not pol.__dict__: reading it makes every attribute access slower
-        own = getattr(type(pol), method)
-        if getattr(bound, "__func__", None) is own or not is_plugin(own):
-            continue
-        base = next(c for c in type(pol).__mro__ if not is_plugin(c)).__name__
-        raise UsageError(f"policy {shown!r}: {type(pol).__name__}.{method} would never be called: {base} binds its "
-                         f"own {method} to each instance in __init__, so a subclass cannot override it; write the "
-                         f"policy on allocsim.policies.Policy (as examples/policies/first_fit.py does)")
-
-
 @contextmanager
 def plugin_errors(pcls: type, shown: str, doing: str):
     """Turn an exception a plug-in raises while ``doing`` (being made, replaying) into one `PluginError`

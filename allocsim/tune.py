@@ -136,13 +136,13 @@ class Space:
         self.gc_acts = target.cap is not None and self._torch_gc_acts()
 
     def _torch_gc_acts(self) -> bool:
-        """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on``;
-        a model without that attribute is taken to)."""
+        """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on()``:
+        not when the cap is the whole device, fraction 1)."""
         r = Replay(self.trace, torch_spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
                    cap=self.target.cap, capacity=self.target.capacity)
         pol = r.policy
         r.close()
-        return bool(getattr(pol, "gc_on", True))
+        return pol.gc_on()
 
     # the candidates, recorded settings first
     def candidates(self) -> list[Candidate]:

@@ -207,7 +207,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     pre = int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
     private = int(np.count_nonzero((kind == ev.SEGMENT_ALLOC) & (flags & ev.PRIVATE_POOL != 0)))
     rec = recorded_side(trace, kinds)
-    seeded = bool(getattr(r.policy, "seeded", False))
+    seeded = r.policy.seeded
     mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
     if not spec.free_order:
         rec, mod = rec.frees_by_size(), mod.frees_by_size()

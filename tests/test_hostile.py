@@ -414,11 +414,6 @@ NONSENSE: list[Case] = [
          expect="--gc-every: cannot parse size ''", stdout_empty=True),
     Case("import-total-memory-empty", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", ""],
          expect="--total-memory: cannot parse size ''", outputs=["o.bin"]),
-    Case("plugin-override-shadowed-by-builtin", ["replay", "{trace}", "-p", "p.py:Pool"],
-         text_file("p.py", "from allocsim.policies import get\nclass Pool(get('split')):\n"
-                           "    def malloc(self, size, stream):\n        return None\n"),
-         expect="Pool.malloc would never be called: SplittingPool binds its own malloc to each instance",
-         stdout_empty=True),
     Case("compare-gc-every-zero", ["compare", "{trace}", "--policies", "none", "--gc-every", "0B"],
          expect="--gc-every"),
     Case("torch-fraction-without-capacity", ["replay", "{trace}", "-p", "torch", "-O", "per_process_memory_fraction=0.5"],

@@ -4,29 +4,34 @@ A policy is one class in one module, registered by name with `@register`. Its
 parameters are declared once, as `Param`s in ``params``; ``--policy-opt key=value``,
 ``allocsim policies`` and the docs all come from that declaration.
 
-The contract with the engine (docs/architecture.md, "The policy contract"):
+The contract with the engine is declared here, on `Policy`, and only here: every
+member another module reads has a declaration below with its default and its cost
+budget (how often the engine or a command calls it), and nothing probes a policy
+with ``getattr``. docs/architecture.md ("The policy contract") points to this page.
 
-- ``malloc(size, stream) -> handle | None``: serve a request of ``size`` requested
-  bytes on ``stream`` (a small integer index), running the allocator's own
-  escalation (scan, split, reclaim, ``self.ctx.collect(...)``, retry). None
-  means OOM, after the escalation is exhausted.
-- ``free(handle)``: the block returns to the pool (for the ``gc`` runtime this
-  happens inside a collection).
-- ``allocated``: bytes of blocks handed out and not returned (rounded, with slack).
-- ``block(handle) -> (addr, size)``: where a live block lies (tests check overlaps).
-- ``largest_free() -> int``: largest free block inside reserved memory.
-- ``free_breakdown(stream) -> {"hard", "soft", "stream"} | None`` (optional): the free bytes
-  inside reserved memory, split by why a request on ``stream`` cannot use them whole; they
-  sum to reserved - allocated. None (the default): the policy cannot say.
-- ``release_cache()``: the program released the allocator's cache (a CACHE_RELEASE event).
-- ``counters() -> dict``: policy-specific counters (cache flushes, retries, ...).
-- ``finish()``: report hot-path section totals (``self.ctx.add_section``).
-- ``tick(time_ns)`` (optional): called before each driving event when defined.
-- ``close()`` (optional): release real resources (a GPU policy's memory).
-- ``walk_chunk(events, handles, lat, peak, device, served)`` (optional): a fused loop of the
-  policy's own ``malloc``/``free`` (docs/architecture.md, "The fast path").
-- Streams arrive as small indices (the trace's stream table); requests of 0 bytes
-  never reach a policy (every modeled allocator bypasses its pool for them).
+Required (the engine calls them):
+
+- ``malloc(size, stream) -> handle | None`` (per ALLOC): serve ``size`` requested
+  bytes (never 0: every modeled allocator bypasses its pool for them) on ``stream``
+  (a small index into the trace's stream table), running the allocator's own
+  escalation (scan, split, reclaim, ``self.ctx.collect(...)``, retry). None is an
+  OOM, after the escalation is exhausted.
+- ``free(handle)`` (per FREE): the block returns to the pool (under the ``gc``
+  runtime, inside a collection).
+- ``allocated`` (read per ALLOC): bytes handed out and not returned (rounded, slack included).
+- ``block(handle) -> (addr, size)`` (tests and `Replay.live_blocks`): where a live block lies.
+
+Optional, with a default here (see each member's docstring or comment for its budget):
+``largest_free``, ``free_breakdown``, ``release_cache``, ``counters``, ``finish``,
+``close``, ``tick``, ``walk_chunk`` (the fused loop; `fused_loop` says when the engine
+may use it), ``renumber`` (handles renamed between chunks), ``wants_event_index`` /
+``event_index`` and ``segment_log`` (`validate`), ``seeded``, ``peak_allocated_override``
+(real-GPU policies), ``layout`` (the snapshot export) and ``gc_on`` (`tune`).
+
+A built-in whose hot path differs by option declares each variant as a subclass and
+names it in `variant` (torch without expandable segments or GC; cupy with
+``track_total``); nothing is bound onto an instance, so a plug-in subclass's
+``malloc``/``free`` is what the engine calls.
 
 Everything else goes through ``self.ctx``, a `allocsim.context.PolicyContext`: device
 memory (``ctx.malloc(n)`` / ``ctx.free(addr, n)``, which charge their own modeled time),
@@ -57,10 +62,58 @@ class Policy:
     #: policy it restates; listings and defaults keep references apart
     reference_of: str | None = None
 
-    #: Optional ``tick(time_ns)``: set it to a method to be called with the trace's
-    #: timestamp before each driving event (time-driven behaviour such as the binned
-    #: pool's background task). None keeps the hot path free of it.
+    # ---- optional members other modules read: each declared here, with its default and its budget -------
+    #: Optional ``tick(time_ns)``: a method called with the trace's timestamp before each driving event
+    #: (time-driven behaviour such as the binned pool's background task). Per event; None keeps the hot path
+    #: free of it (and the fused loop allowed).
     tick = None
+
+    #: Optional fused loop ``walk_chunk(events, handles, lat, peak, device, served) -> (index | None, peak)``:
+    #: the class's own ``malloc`` and ``free`` inlined over a run of a chunk's events (docs/architecture.md,
+    #: "The fast path"). Once per run of common events; the engine takes it only through `fused_loop`.
+    walk_chunk = None
+
+    #: Optional ``renumber(held) -> {old handle: new handle} | None``, for a policy whose handles index its own
+    #: tables (split): called by the engine between chunks, never inside a request, with the handles the
+    #: engine's id -> handle table holds (the gc runtime's dead, uncollected objects included). The policy may
+    #: give its live blocks new handles and return the renaming; the engine applies it to its own table.
+    #: Once per chunk (every 64 Ki records), so it may be O(blocks) when it acts.
+    renumber = None
+
+    #: True: when `validate` or the snapshot export asks (``Replay(log_events=True)``), the engine stores the
+    #: trace index of each ALLOC and pressure event in ``event_index`` before it reaches the policy (one store
+    #: per event then; nothing otherwise), for the policy to stamp its ``segment_log`` with.
+    wants_event_index = False
+    event_index = -1
+
+    #: The policy's own log of device calls, ``(kind, size, event_index)`` with kinds from
+    #: `allocsim.trace.events`, one entry appended per segment call; `validate` compares it with the recorded
+    #: calls (`Replay.segment_log`). None: the policy keeps none.
+    segment_log: list | None = None
+
+    #: True: the policy starts from the recorded layout (the segments that existed before the trace began), so
+    #: `validate` counts the recorded initial reserved bytes on the model's side too. Read once per validation.
+    seeded = False
+
+    #: Real-GPU policies: the allocator's own peak allocated bytes, set in ``finish``; read once, by the result
+    #: (None or 0: the engine's own peak of ``allocated``, which a real allocator's rounding can pass).
+    peak_allocated_override: int | None = None
+
+    #: Optional ``layout(live handles) -> list[dict]``: the segments as PyTorch's ``snapshot()`` reports them
+    #: (`allocsim.report.snapshot`). Once, after the replay; None: the policy has no layout to export.
+    layout = None
+
+    def __new__(cls, ctx: PolicyContext | None = None, options: dict | None = None, **extra):
+        """Make the class `variant` names for this context and these options (``cls`` itself by default)."""
+        return super().__new__(cls if ctx is None else cls.variant(ctx, options or {}))
+
+    @classmethod
+    def variant(cls, ctx: PolicyContext, options: dict) -> type:
+        """The class an instance is made of, for these options: ``cls`` by default. A built-in whose hot path
+        depends on its options returns the subclass that declares that path as methods (so malloc, free and
+        walk_chunk always come from one class); it returns a subclass made elsewhere (a plug-in) as itself.
+        Once per replay."""
+        return cls
 
     def __init__(self, ctx: PolicyContext, options: dict | None = None):
         self.ctx = ctx
@@ -119,21 +172,36 @@ class Policy:
 
     # ---- the interface ------------------------------------------------------------------
     def malloc(self, size: int, stream: int):
+        """Serve ``size`` requested bytes on ``stream``; a handle, or None (OOM). Per ALLOC (see the module docstring)."""
         raise self._not_implemented("malloc")
 
     def free(self, handle) -> None:
+        """Return the block of ``handle`` to the pool. Per FREE (under gc, inside a collection)."""
         raise self._not_implemented("free")
 
     def block(self, handle) -> tuple[int, int]:
+        """``(address, size)`` of a live block (tests, `Replay.live_blocks`)."""
         raise self._not_implemented("block")
 
     def _not_implemented(self, method: str) -> NotImplementedError:
         """What a plug-in that left out a method of the contract is told (not a bare NotImplementedError)."""
         return NotImplementedError(f"{type(self).__name__} does not implement {method}(), which every policy must "
-                                   f"(docs/architecture.md, the policy contract)")
+                                   f"(the contract: allocsim/policies/base.py)")
 
-    def largest_free(self) -> int:
-        return 0
+    def fused_loop(self):
+        """The fused loop the engine may walk the common events with: `walk_chunk` when the class that defines
+        it also defines ``malloc`` and ``free`` (so it is those two, inlined), else None. A subclass that
+        overrides malloc or free (a plug-in on a built-in) thus gets the plain loop, and its override runs.
+        Once per replay."""
+        if self.walk_chunk is None:
+            return None
+        owners = {next(c for c in type(self).__mro__ if name in c.__dict__) for name in ("malloc", "free", "walk_chunk")}
+        return self.walk_chunk if len(owners) == 1 else None
+
+    def largest_free(self) -> int | None:
+        """The largest free block inside reserved memory, bytes. Asked at each new reserved peak and each OOM
+        (per segment call at most), so O(free blocks) is fine. None (the default): the policy cannot see it."""
+        return None
 
     def free_breakdown(self, stream: int) -> dict | None:
         """The free bytes inside reserved memory as ``{"hard", "soft", "stream"}``, summing to reserved -
@@ -153,15 +221,22 @@ class Policy:
 
     def release_cache(self) -> None:
         """The program released its allocator's cache (``torch.cuda.empty_cache()``, CuPy
-        ``free_all_blocks()``). By default nothing: a pool that caches nothing has nothing to give back;
+        ``free_all_blocks()``), per CACHE_RELEASE event. By default nothing: a pool that caches nothing has nothing to give back;
         a caching pool returns what its allocator's call would (at least every wholly free segment)."""
 
+    def gc_on(self) -> bool:
+        """Whether the allocator's own collection of cached blocks (torch's ``garbage_collection_threshold``)
+        acts now. Per segment call at most; `tune` asks once per search whether a threshold would act under
+        its target. False (the default): the allocator has none."""
+        return False
+
     def counters(self) -> dict:
+        """Policy-specific counters (``cache_flushes`` goes into the result). Once, at the result."""
         return {}
 
     def finish(self) -> None:
-        pass
+        """Report the hot path's section totals (``self.ctx.add_section``). Once, at the end."""
 
     def close(self) -> None:
-        """Release real resources (GPU policies)."""
+        """Release real resources (GPU policies). Once, when the replay ends."""
 

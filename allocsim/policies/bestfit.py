@@ -57,167 +57,164 @@ class BestFit(Policy):
         self._segments: dict[int, int] = {}     # segment address -> size
         self._avail = SizeBuckets(self._start.get)
         self._flushes = 0
-        self._build_hot_path()
+        self._fits = 0                          # best fits on the hot path (section "1. best fit")
+        self._compact_at = SizeBuckets.COMPACT_MIN
+        self._charge, self._hit_s, self._free_s = self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
 
-    def _build_hot_path(self) -> None:
-        """`malloc` and `free` as closures over the free-block maps (no ``self`` lookups per event)."""
-        pol, charge, hit_s, free_s = self, self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
+    # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` --------
+    def _compact(self) -> int:
+        """Drop the free list's void entries; return (and keep) the length that next calls for it."""
+        self._compact_at = at = 2 * max(self._avail.compact(), SizeBuckets.COMPACT_MIN)
+        return at
+
+    def malloc(self, req, stream):
+        n = (req + 511) & -512
+        self._fits += 1
+        self._charge(self._hit_s)
+        start, entries = self._start, self._avail.entries
+        i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined
+        while i < len(entries):
+            e = entries[i]
+            del entries[i]
+            a = e & 0xFFFFFFFFFFFFFFFF
+            if start.get(a) == e >> 64:
+                break
+        else:
+            a = 0
+        if a:
+            s = start.pop(a)
+            rem = s - n
+            if rem:                     # split: the tail stays free
+                b = a + n
+                start[b] = self._end[a + s] = rem
+                insort(entries, rem << 64 | b)      # SizeBuckets.push, inlined
+                if len(entries) > self._compact_at:
+                    self._compact()
+            else:
+                del self._end[a + s]
+        else:
+            a = self._grow(n)
+            if not a:
+                return None
+        self.allocated += n
+        return a, n
+
+    def free(self, h):
+        a, n = h
+        self.allocated -= n
+        self._charge(self._free_s)
         start, end, segments = self._start, self._end, self._segments
+        e = a + n
+        ls = end.get(a)
+        if ls is not None and a not in segments:    # merge with the free block before
+            del end[a]
+            a -= ls
+            n += ls                     # start[a] is rewritten below, voiding its old entry
+        rs = start.get(e)
+        if rs is not None and e not in segments:    # merge with the free block after
+            del start[e]
+            e += rs
+            n += rs                     # end[e] is rewritten below
+        if self.release and segments.get(a) == n:
+            self._release(a, n, e)
+            return
+        start[a] = end[e] = n
+        entries = self._avail.entries
+        insort(entries, n << 64 | a)    # SizeBuckets.push, inlined
+        if len(entries) > self._compact_at:
+            self._compact()
+
+    def walk_chunk(self, events, handles, lat, peak, dev, served):
+        """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
+        inlined over ``events``, the clock and ``allocated`` kept in locals, the state bound to locals here.
+
+        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it) and
+        is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
+        returns ``(its index or None at the end, peak allocated)``."""
+        start, end, segments, entries = self._start, self._end, self._segments, self._avail.entries
         start_get, end_get = start.get, end.get
-        entries, grow = self._avail.entries, self._grow     # sorted size << 64 | address
-        release = self.release
-        compact, compact_at = self._avail.compact, SizeBuckets.COMPACT_MIN
-        fits = 0
-
-        def malloc(req, stream):
-            nonlocal fits, compact_at
-            n = (req + 511) & -512
-            fits += 1
-            charge(hit_s)
-            i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined
-            while i < len(entries):
-                e = entries[i]
-                del entries[i]
-                a = e & 0xFFFFFFFFFFFFFFFF
-                if start_get(a) == e >> 64:
-                    break
-            else:
-                a = 0
-            if a:
-                s = start.pop(a)
-                rem = s - n
-                if rem:                     # split: the tail stays free
-                    b = a + n
-                    start[b] = end[a + s] = rem
-                    insort(entries, rem << 64 | b)      # SizeBuckets.push, inlined
-                    if len(entries) > compact_at:
-                        compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
-                else:
-                    del end[a + s]
-            else:
-                a = grow(n)
-                if not a:
-                    return None
-            pol.allocated += n
-            return a, n
-
-        def free(h):
-            nonlocal compact_at
-            a, n = h
-            pol.allocated -= n
-            charge(free_s)
-            e = a + n
-            ls = end_get(a)
-            if ls is not None and a not in segments:    # merge with the free block before
-                del end[a]
-                a -= ls
-                n += ls                     # start[a] is rewritten below, voiding its old entry
-            rs = start_get(e)
-            if rs is not None and e not in segments:    # merge with the free block after
-                del start[e]
-                e += rs
-                n += rs                     # end[e] is rewritten below
-            if release and segments.get(a) == n:
-                pol._release(a, n, e)
-                return
-            start[a] = end[e] = n
-            insort(entries, n << 64 | a)    # SizeBuckets.push, inlined
-            if len(entries) > compact_at:
-                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
-
-        def walk_chunk(events, handles, lat, peak, dev, served):
-            """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
-            inlined over ``events``, the clock and ``allocated`` kept in locals.
-
-            A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it) and
-            is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
-            returns ``(its index or None at the end, peak allocated)``."""
-            nonlocal fits, compact_at
-            clock, allocated = dev.clock, pol.allocated
-            pop, lat_append, n0 = handles.pop, lat.append, len(lat)
-            for j, k, i, req, _ in events:
-                if k == 1:                      # ALLOC: malloc, as above
-                    n = (req + 511) & -512
-                    t0 = clock
-                    clock += hit_s
-                    x = bisect_left(entries, n << 64)
-                    while x < len(entries):
-                        e = entries[x]
-                        del entries[x]
-                        a = e & 0xFFFFFFFFFFFFFFFF
-                        if start_get(a) == e >> 64:
-                            break
-                    else:
-                        a = 0
-                    if a:
-                        s = start.pop(a)
-                        rem = s - n
-                        if rem:
-                            b = a + n
-                            start[b] = end[a + s] = rem
-                            insort(entries, rem << 64 | b)
-                            if len(entries) > compact_at:
-                                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
-                        else:
-                            del end[a + s]
-                        slow = False
-                    else:
-                        dev.clock, pol.allocated = clock, allocated
-                        a = grow(n)
-                        clock = dev.clock
-                        if not a:
-                            lat_append(clock - t0)
-                            if served(j, None):
-                                break
-                            continue
-                        slow = True
-                    allocated += n
-                    if allocated > peak:
-                        peak = allocated
-                    lat_append(clock - t0)
-                    handles[i] = h = a, n
-                    if slow:
-                        pol.allocated = allocated
-                        served(j, h)
-                elif k == 2:                    # FREE: free, as above
-                    h = pop(i, None)
-                    if h is None:
+        hit_s, free_s, release = self._hit_s, self._free_s, self.release
+        grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
+        clock, allocated = dev.clock, self.allocated
+        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        for j, k, i, req, _ in events:
+            if k == 1:                      # ALLOC: malloc, as above
+                n = (req + 511) & -512
+                t0 = clock
+                clock += hit_s
+                x = bisect_left(entries, n << 64)
+                while x < len(entries):
+                    e = entries[x]
+                    del entries[x]
+                    a = e & 0xFFFFFFFFFFFFFFFF
+                    if start_get(a) == e >> 64:
                         break
-                    a, n = h
-                    allocated -= n
-                    clock += free_s
-                    e = a + n
-                    ls = end_get(a)
-                    if ls is not None and a not in segments:
-                        del end[a]
-                        a -= ls
-                        n += ls
-                    rs = start_get(e)
-                    if rs is not None and e not in segments:
-                        del start[e]
-                        e += rs
-                        n += rs
-                    if release and segments.get(a) == n:
-                        dev.clock = clock
-                        pol._release(a, n, e)
-                        clock = dev.clock
-                        continue
-                    start[a] = end[e] = n
-                    insort(entries, n << 64 | a)
-                    if len(entries) > compact_at:
-                        compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
                 else:
+                    a = 0
+                if a:
+                    s = start.pop(a)
+                    rem = s - n
+                    if rem:
+                        b = a + n
+                        start[b] = end[a + s] = rem
+                        insort(entries, rem << 64 | b)
+                        if len(entries) > compact_at:
+                            compact_at = compact()
+                    else:
+                        del end[a + s]
+                    slow = False
+                else:
+                    dev.clock, self.allocated = clock, allocated
+                    a = grow(n)
+                    clock = dev.clock
+                    if not a:
+                        lat_append(clock - t0)
+                        if served(j, None):
+                            break
+                        continue
+                    slow = True
+                allocated += n
+                if allocated > peak:
+                    peak = allocated
+                lat_append(clock - t0)
+                handles[i] = h = a, n
+                if slow:
+                    self.allocated = allocated
+                    served(j, h)
+            elif k == 2:                    # FREE: free, as above
+                h = pop(i, None)
+                if h is None:
                     break
+                a, n = h
+                allocated -= n
+                clock += free_s
+                e = a + n
+                ls = end_get(a)
+                if ls is not None and a not in segments:
+                    del end[a]
+                    a -= ls
+                    n += ls
+                rs = start_get(e)
+                if rs is not None and e not in segments:
+                    del start[e]
+                    e += rs
+                    n += rs
+                if release and segments.get(a) == n:
+                    dev.clock = clock
+                    release_segment(a, n, e)
+                    clock = dev.clock
+                    continue
+                start[a] = end[e] = n
+                insort(entries, n << 64 | a)
+                if len(entries) > compact_at:
+                    compact_at = compact()
             else:
-                j = None
-            dev.clock, pol.allocated = clock, allocated
-            fits += len(lat) - n0       # one best fit per malloc, as `malloc` counts them
-            return j, peak
-
-        def fit_count():
-            return fits
-
-        self.malloc, self.free, self.walk_chunk, self._fit_count = malloc, free, walk_chunk, fit_count
+                break
+        else:
+            j = None
+        dev.clock, self.allocated = clock, allocated
+        self._fits += len(lat) - n0     # one best fit per malloc, as `malloc` counts them
+        return j, peak
 
     # ---- the slow path ---------------------------------------------------------------
     def _release(self, a: int, n: int, e: int) -> None:
@@ -306,6 +303,6 @@ class BestFit(Policy):
         return {"cache_flushes": self._flushes, "segments": len(self._segments), "free_blocks": len(self._start)}
 
     def finish(self):
-        fits = self._fit_count()
+        fits = self._fits
         if fits:
             self.ctx.add_section("1. best fit", fits * self.costs.pool_hit_s, fits)

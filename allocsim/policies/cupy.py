@@ -166,8 +166,11 @@ class CuPyPool(Policy):
         self.segment_log: list[tuple[int, int, int]] = []
         self._spare: list[_Chunk] = []      # chunks `free` merged away, reused by `malloc`'s splits
         self.total_log = array("q") if self.track_total else None
-        if self.track_total:                # keeps the check off the untracked hot path
-            self.malloc, self.free = self._malloc_tracked, self._free_tracked
+
+    @classmethod
+    def variant(cls, ctx, options):
+        """`Policy.variant`: with ``track_total``, `TrackedCuPyPool` (which keeps the log off the untracked hot path)."""
+        return TrackedCuPyPool if cls is CuPyPool and options.get("track_total") else cls
 
     def _arena(self, stream) -> _Arena:
         """The stream's arena, made on first use (``SingleDeviceMemoryPool._arena``)."""
@@ -262,15 +265,6 @@ class CuPyPool(Policy):
         c.key = k = self._key(c) if self._lifo else c.size << ADDR_BITS | p
         free_at[p] = c
         insort(keys, k)
-
-    def _malloc_tracked(self, size, stream):
-        c = CuPyPool.malloc(self, size, stream)
-        self.total_log.append(self.total)
-        return c
-
-    def _free_tracked(self, c):
-        CuPyPool.free(self, c)
-        self.total_log.append(self.total)
 
     # ---- the miss path -------------------------------------------------------------------
     def _step(self, name, fn, *args):
@@ -385,3 +379,17 @@ class CuPyPool(Policy):
         self.ctx.add_section(S_LOOKUP, self._n_lookup * self._hit_s, self._n_lookup)
         if self._n_malloc:
             self.ctx.add_section(S_MALLOC, self._t_malloc, self._n_malloc)
+
+
+class TrackedCuPyPool(CuPyPool):
+    """`cupy` with ``track_total`` (`CuPyPool.variant` makes it): ``total_log`` gets the pool's total bytes
+    after each malloc and free (`validate`)."""
+
+    def malloc(self, size, stream):
+        c = super().malloc(size, stream)
+        self.total_log.append(self.total)
+        return c
+
+    def free(self, c):
+        super().free(c)
+        self.total_log.append(self.total)

@@ -48,5 +48,8 @@ class DummyPool(Policy):
     def block(self, handle):
         return handle
 
+    def largest_free(self):
+        return 0            # no pool: nothing free inside reserved memory
+
     def finish(self):
         self.ctx.add_section("1.1 alloc", self._t_first, self._n_first)

@@ -38,8 +38,9 @@ size while it is AVAILABLE (in a free list), FREED (-1) while it waits in
 one truth test, and the same list voids stale free-list entries. Id 0 is a
 sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. Ids
 follow creation order (the tie order needs it); when they pass 4x the live blocks
-(and `RENUMBER_MIN`) the live blocks are renumbered 1..L in the same order, handles
-included, so memory is O(live blocks), about 100 bytes each. The
+(and `RENUMBER_MIN`) the live blocks are renumbered 1..L in the same order between
+chunks (`renumber`; the engine renames the handles it holds), so memory is
+O(live blocks + one chunk), about 100 bytes each. The
 free lists are `SizeBuckets` (``_freelists.py``): one sorted list of
 ``size << 64 | id``, best fit O(log k) plus a short memmove, removal O(1) (lazy).
 A handle is the block id.
@@ -106,11 +107,24 @@ class SplittingPool(Policy):
         self._freed: list[int] = []
         self._slow_blocks = self._slow_merged = 0       # repopulated / merged in phases 2 and 3
         self._flushes = self._reclaimed = 0
-        self._build_hot_path()
+        self._next_id, self._id_cap = 1, cap    # block 0 is the sentinel "no neighbour"
+        self._compact_at, self._renumber_at = SizeBuckets.COMPACT_MIN, RENUMBER_MIN
+        # hot-path counts: mallocs (scans), repopulates, blocks repopulated, blocks merged away, splits
+        self._scans = self._repops = self._repop_blocks = self._merged = self._splits = 0
+        self._charge, self._hit_s, self._free_s = self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
+        self._huge_limit = 0 if self.huge_exact else 1 << 62       # 0: a HUGE request takes its exact size only
 
     def _grow(self) -> None:
         for lst in (self._size, self._addr, self._prev, self._next, self._fsize):
-            lst.extend([0] * len(lst))          # in place: the closures keep seeing the same lists
+            lst.extend([0] * len(lst))          # in place: the hot loops' locals keep seeing the same lists
+        self._id_cap = len(self._size)
+
+    def _new_id(self) -> int:
+        b = self._next_id
+        if b == self._id_cap:
+            self._grow()
+        self._next_id = b + 1
+        return b
 
     def _new_block(self, n: int) -> int:
         """``actual_alloc(n)``: a whole block of a fresh device buffer, 0 if the device refuses."""
@@ -123,280 +137,257 @@ class SplittingPool(Policy):
         self._prev[b] = self._next[b] = 0
         return b
 
-    # ---- the hot path ----------------------------------------------------------------
-    def _build_hot_path(self) -> None:
-        """Make `malloc`, `free`, `_repopulate` and `_new_id` as closures over the block lists.
+    def renumber(self, held):
+        """`Policy.renumber`: once the ids pass 4x the live blocks (and `RENUMBER_MIN`), give the live blocks
+        ids 1..L in their old order and drop the dead ids' slots; return the renaming (None: nothing to do).
 
-        They run once or twice per driving event, so they read every list and
-        constant from closure cells rather than from ``self``, and they inline
-        `SizeBuckets.push` / `pop_fit` (same logic; see ``_freelists.py``).
-        Counters are closure variables, read back by `_hot_counts`.
+        The order of ids is all best fit's tie-break sees, so choices stay the same; memory then follows
+        the live blocks, not every block ever split. Live: free, freed, or ``held`` by the engine.
         """
-        pol, charge, grow, escalate = self, self.ctx.charge, self._grow, self._escalate
-        hit_s, free_s = self.costs.pool_hit_s, self.costs.pool_free_s
+        next_id = self._next_id
+        if next_id <= self._renumber_at:
+            return None
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        entries = self._avail.entries       # sorted size << 64 | block id
-        freed = self._freed
-        freed_append = freed.append
-        huge_limit = 0 if self.huge_exact else 1 << 62      # 0: exact size only
-        next_id, id_cap = 1, len(size)          # block 0 is the sentinel "no neighbour"
-        compact, compact_at = self._avail.compact, SizeBuckets.COMPACT_MIN
-        renumber_at = RENUMBER_MIN
-        scans = repops = repop_blocks = merged = splits = 0
+        held = set(held)
+        live = [b for b in range(1, next_id) if fsize[b] or b in held]
+        new = dict(zip(live, range(1, len(live) + 1)))
+        new[0] = 0
+        entries = self._avail.entries
+        self._avail.compact()
+        entries[:] = [e >> 64 << 64 | new[e & 0xFFFFFFFFFFFFFFFF] for e in entries]
+        self._freed[:] = [new[b] for b in self._freed]
+        for lst in (size, addr, fsize):
+            lst[1:len(live) + 1] = [lst[b] for b in live]
+        for lst in (prev, nxt):
+            lst[1:len(live) + 1] = [new[lst[b]] for b in live]
+        self._next_id = next_id = len(live) + 1
+        self._id_cap = id_cap = max(1024, 2 * next_id)
+        for lst in (size, addr, prev, nxt, fsize):
+            del lst[id_cap:]
+            lst[next_id:] = [0] * (id_cap - next_id)
+        self._renumber_at = max(RENUMBER_MIN, 4 * next_id)
+        return new
 
-        def new_id() -> int:
-            nonlocal next_id, id_cap
-            b = next_id
-            if b == id_cap:
-                grow()
-                id_cap = len(size)
-            next_id = b + 1
-            return b
+    # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` --------
+    # They run once or twice per driving event and inline `SizeBuckets.push` / `pop_fit` (same
+    # logic; see ``_freelists.py``); `walk_chunk` binds the lists and constants to locals first.
+    def _repopulate(self) -> float:
+        """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
 
-        def renumber() -> None:
-            """Give the live blocks ids 1..L in their old order and drop the dead ids' slots.
-
-            The order of ids is all best fit's tie-break sees, so choices stay the same;
-            memory then follows the live blocks, not every block ever split. Live: free,
-            freed, or held by a handle in the engine's table. Runs only between requests
-            (from `repopulate`, with ``freed`` empty), when no block id is held in a local.
-            """
-            nonlocal next_id, id_cap
-            handles = pol.ctx.handles
-            held = set(handles.values())
-            live = [b for b in range(1, next_id) if fsize[b] or b in held]
-            new = dict(zip(live, range(1, len(live) + 1)))
-            new[0] = 0
-            compact()
-            entries[:] = [e >> 64 << 64 | new[e & 0xFFFFFFFFFFFFFFFF] for e in entries]
-            for lst in (size, addr, fsize):
-                lst[1:len(live) + 1] = [lst[b] for b in live]
-            for lst in (prev, nxt):
-                lst[1:len(live) + 1] = [new[lst[b]] for b in live]
-            next_id = len(live) + 1
-            id_cap = max(1024, 2 * next_id)
-            for lst in (size, addr, prev, nxt, fsize):
-                del lst[id_cap:]
-                lst[next_id:] = [0] * (id_cap - next_id)
-            for k, h in handles.items():        # every held id is live, so renumbered
-                handles[k] = new[h]
-
-        def repopulate() -> float:
-            """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
-
-            Every block of the batch is FREED (so chain walks see the whole batch, as
-            after the real repopulate); each one not yet merged is merged with its
-            run of FREED/AVAILABLE neighbours into the run's head, which goes into
-            the free list of its class. Pieces merged away get state 0, which voids
-            their free-list entries. Returns the modeled time, for the caller to charge.
-            """
-            nonlocal repop_blocks, merged, compact_at, renumber_at
-            k = 0
-            for b in freed:
-                if fsize[b] != FREED:
-                    continue            # merged into an earlier head of this batch
-                head = b
-                while fsize[prev[head]]:
-                    head = prev[head]
-                m = nxt[b]
-                if head == b and not fsize[m]:
-                    s = size[b]         # no free neighbour: plain repopulate
-                else:
-                    s = size[head]
-                    m = nxt[head]
-                    while fsize[m]:
-                        s += size[m]
-                        fsize[m] = 0
-                        k += 1
-                        m = nxt[m]
-                    nxt[head] = m
-                    prev[m] = head      # m may be the sentinel 0: harmless
-                    size[head] = s
-                    b = head
-                fsize[b] = s
-                insort(entries, s << 64 | b)        # SizeBuckets.push
-            nb = len(freed)
-            freed.clear()
-            if len(entries) > compact_at:
-                compact_at = 2 * max(compact(), SizeBuckets.COMPACT_MIN)
-            if next_id > renumber_at and pol.ctx.handles is not None:
-                renumber()
-                renumber_at = max(RENUMBER_MIN, 4 * next_id)
-            repop_blocks += nb
-            merged += k
-            return (nb + k) * free_s
-
-        def malloc(req, stream):
-            nonlocal scans, repops, splits, next_id
-            # round by class; the cutoffs are multiples of the roundoffs, so the class
-            # recomputed from the rounded size is the same (see round_request).
-            # Literals: SMALL_CUTOFF = 1048576, LARGE_CUTOFF = 33554432 (constants load fastest).
-            # `cut` names the class by its cutoff: 1048576 SMALL, 33554432 LARGE, 0 HUGE.
-            if req <= 1048576:
-                n = (req + 511) & -512
-                cut = limit = 1048576   # best fit among the sizes of the class
-            elif req <= 33554432:
-                n = (req + 131071) & -131072
-                cut = limit = 33554432
+        Every block of the batch is FREED (so chain walks see the whole batch, as
+        after the real repopulate); each one not yet merged is merged with its
+        run of FREED/AVAILABLE neighbours into the run's head, which goes into
+        the free list of its class. Pieces merged away get state 0, which voids
+        their free-list entries. Returns the modeled time, for the caller to charge.
+        """
+        size, prev, nxt, fsize = self._size, self._prev, self._next, self._fsize
+        freed, entries = self._freed, self._avail.entries
+        k = 0
+        for b in freed:
+            if fsize[b] != FREED:
+                continue            # merged into an earlier head of this batch
+            head = b
+            while fsize[prev[head]]:
+                head = prev[head]
+            m = nxt[b]
+            if head == b and not fsize[m]:
+                s = size[b]         # no free neighbour: plain repopulate
             else:
-                n = (req + 1048575) & -1048576
-                cut = 0
-                limit = huge_limit or n
-            scans += 1
-            if freed:
-                repops += 1
-                charge(hit_s + repopulate())
-            else:
-                charge(hit_s)
-            # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
-            i = bisect_left(entries, n << 64)
-            while i < len(entries):
-                e = entries[i]
-                s = e >> 64
-                if s > limit:
-                    b = 0
-                    break
-                del entries[i]
-                b = e & 0xFFFFFFFFFFFFFFFF
-                if fsize[b] == s:
-                    break
-            else:
+                s = size[head]
+                m = nxt[head]
+                while fsize[m]:
+                    s += size[m]
+                    fsize[m] = 0
+                    k += 1
+                    m = nxt[m]
+                nxt[head] = m
+                prev[m] = head      # m may be the sentinel 0: harmless
+                size[head] = s
+                b = head
+            fsize[b] = s
+            insort(entries, s << 64 | b)        # SizeBuckets.push
+        nb = len(freed)
+        freed.clear()
+        if len(entries) > self._compact_at:
+            self._compact_at = 2 * max(self._avail.compact(), SizeBuckets.COMPACT_MIN)
+        self._repop_blocks += nb
+        self._merged += k
+        return (nb + k) * self._free_s
+
+    def _split(self, b: int, n: int, rem: int) -> None:
+        """Cut block ``b`` to ``n`` bytes; the remainder ``rem`` becomes a new AVAILABLE block after it."""
+        r = self._new_id()
+        size, prev, nxt = self._size, self._prev, self._next
+        m = nxt[b]
+        size[r] = rem
+        self._addr[r] = self._addr[b] + n
+        prev[r] = b
+        nxt[r] = m
+        prev[m] = r             # m may be the sentinel 0: harmless
+        nxt[b] = r
+        self._fsize[r] = rem
+        insort(self._avail.entries, rem << 64 | r)      # SizeBuckets.push
+        size[b] = n
+        self._splits += 1
+
+    def malloc(self, req, stream):
+        # round by class; the cutoffs are multiples of the roundoffs, so the class
+        # recomputed from the rounded size is the same (see round_request).
+        # Literals: SMALL_CUTOFF = 1048576, LARGE_CUTOFF = 33554432 (constants load fastest).
+        # `cut` names the class by its cutoff: 1048576 SMALL, 33554432 LARGE, 0 HUGE.
+        if req <= 1048576:
+            n = (req + 511) & -512
+            cut = limit = 1048576   # best fit among the sizes of the class
+        elif req <= 33554432:
+            n = (req + 131071) & -131072
+            cut = limit = 33554432
+        else:
+            n = (req + 1048575) & -1048576
+            cut = 0
+            limit = self._huge_limit or n
+        self._scans += 1
+        if self._freed:
+            self._repops += 1
+            self._charge(self._hit_s + self._repopulate())
+        else:
+            self._charge(self._hit_s)
+        # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
+        entries, fsize = self._avail.entries, self._fsize
+        i = bisect_left(entries, n << 64)
+        while i < len(entries):
+            e = entries[i]
+            s = e >> 64
+            if s > limit:
                 b = 0
-            if b:
-                fsize[b] = 0
-            else:
-                b = escalate(n, size_class(n))
-                if not b:
-                    return None
-                s = size[b]
-            rem = s - n
-            if rem and cut and (cut == 1048576 or rem > 1048576):   # not HUGE, and class(rem) == class
-                r = next_id             # new_id(), inlined
-                if r == id_cap:
-                    r = new_id()
+                break
+            del entries[i]
+            b = e & 0xFFFFFFFFFFFFFFFF
+            if fsize[b] == s:
+                break
+        else:
+            b = 0
+        if b:
+            fsize[b] = 0
+        else:
+            b = self._escalate(n, size_class(n))
+            if not b:
+                return None
+            s = self._size[b]
+        rem = s - n
+        if rem and cut and (cut == 1048576 or rem > 1048576):   # not HUGE, and class(rem) == class
+            self._split(b, n, rem)
+            s = n
+        self.allocated += s
+        return b
+
+    def free(self, b):
+        self._fsize[b] = FREED
+        self._freed.append(b)
+        self.allocated -= self._size[b]
+
+    def walk_chunk(self, events, handles, lat, peak, dev, served):
+        """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` (with `_split`) and
+        `free` inlined over ``events``, the clock, ``allocated`` and the next block id kept in locals.
+
+        A scan miss runs `_escalate` as `malloc` does (the locals written back around it) and is
+        reported to ``served``; a pressure event or the FREE of an id not live is handed back:
+        returns ``(its index or None at the end, peak allocated)``."""
+        size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
+        entries, freed = self._avail.entries, self._freed
+        freed_append, repopulate, escalate, new_id = freed.append, self._repopulate, self._escalate, self._new_id
+        hit_s, huge_limit = self._hit_s, self._huge_limit
+        next_id, id_cap = self._next_id, self._id_cap
+        repops = splits = 0
+        clock, allocated = dev.clock, self.allocated
+        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        for j, k, i, req, _ in events:
+            if k == 1:                      # ALLOC: malloc, as above
+                if req <= 1048576:
+                    n = (req + 511) & -512
+                    cut = limit = 1048576
+                elif req <= 33554432:
+                    n = (req + 131071) & -131072
+                    cut = limit = 33554432
                 else:
-                    next_id = r + 1
-                m = nxt[b]
-                size[r] = rem
-                addr[r] = addr[b] + n
-                prev[r] = b
-                nxt[r] = m
-                prev[m] = r             # m may be the sentinel 0: harmless
-                nxt[b] = r
-                fsize[r] = rem
-                insort(entries, rem << 64 | r)      # SizeBuckets.push
-                size[b] = s = n
-                splits += 1
-            pol.allocated += s
-            return b
-
-        def free(b):
-            fsize[b] = FREED
-            freed_append(b)
-            pol.allocated -= size[b]
-
-        def walk_chunk(events, handles, lat, peak, dev, served):
-            """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
-            inlined over ``events``, the clock and ``allocated`` kept in locals.
-
-            A scan miss runs `_escalate` as `malloc` does (clock and ``allocated`` written back
-            around it) and is reported to ``served``; a pressure event or the FREE of an id not
-            live is handed back: returns ``(its index or None at the end, peak allocated)``."""
-            nonlocal scans, repops, splits, next_id
-            clock, allocated = dev.clock, pol.allocated
-            pop, lat_append, n0 = handles.pop, lat.append, len(lat)
-            for j, k, i, req, _ in events:
-                if k == 1:                      # ALLOC: malloc, as above
-                    if req <= 1048576:
-                        n = (req + 511) & -512
-                        cut = limit = 1048576
-                    elif req <= 33554432:
-                        n = (req + 131071) & -131072
-                        cut = limit = 33554432
-                    else:
-                        n = (req + 1048575) & -1048576
-                        cut = 0
-                        limit = huge_limit or n
-                    t0 = clock
-                    if freed:
-                        repops += 1
-                        clock += hit_s + repopulate()
-                    else:
-                        clock += hit_s
-                    i0 = bisect_left(entries, n << 64)
-                    while i0 < len(entries):
-                        e = entries[i0]
-                        s = e >> 64
-                        if s > limit:
-                            b = 0
-                            break
-                        del entries[i0]
-                        b = e & 0xFFFFFFFFFFFFFFFF
-                        if fsize[b] == s:
-                            break
-                    else:
+                    n = (req + 1048575) & -1048576
+                    cut = 0
+                    limit = huge_limit or n
+                t0 = clock
+                if freed:
+                    repops += 1
+                    clock += hit_s + repopulate()
+                else:
+                    clock += hit_s
+                i0 = bisect_left(entries, n << 64)
+                while i0 < len(entries):
+                    e = entries[i0]
+                    s = e >> 64
+                    if s > limit:
                         b = 0
-                    if b:
-                        fsize[b] = 0
-                        slow = False
-                    else:
-                        dev.clock, pol.allocated = clock, allocated
-                        b = escalate(n, size_class(n))
-                        clock = dev.clock
-                        if not b:
-                            lat_append(clock - t0)
-                            if served(j, None):
-                                break
-                            continue
-                        s = size[b]
-                        slow = True
-                    rem = s - n
-                    if rem and cut and (cut == 1048576 or rem > 1048576):
-                        r = next_id
-                        if r == id_cap:
-                            r = new_id()
-                        else:
-                            next_id = r + 1
-                        m = nxt[b]
-                        size[r] = rem
-                        addr[r] = addr[b] + n
-                        prev[r] = b
-                        nxt[r] = m
-                        prev[m] = r
-                        nxt[b] = r
-                        fsize[r] = rem
-                        insort(entries, rem << 64 | r)
-                        size[b] = s = n
-                        splits += 1
-                    allocated += s
-                    if allocated > peak:
-                        peak = allocated
-                    lat_append(clock - t0)
-                    handles[i] = b
-                    if slow:
-                        pol.allocated = allocated
-                        served(j, b)
-                elif k == 2:                    # FREE: free, as above
-                    b = pop(i, None)
-                    if b is None:
                         break
-                    fsize[b] = FREED
-                    freed_append(b)
-                    allocated -= size[b]
+                    del entries[i0]
+                    b = e & 0xFFFFFFFFFFFFFFFF
+                    if fsize[b] == s:
+                        break
                 else:
+                    b = 0
+                if b:
+                    fsize[b] = 0
+                    slow = False
+                else:
+                    dev.clock, self.allocated, self._next_id = clock, allocated, next_id
+                    b = escalate(n, size_class(n))
+                    clock, next_id, id_cap = dev.clock, self._next_id, self._id_cap
+                    if not b:
+                        lat_append(clock - t0)
+                        if served(j, None):
+                            break
+                        continue
+                    s = size[b]
+                    slow = True
+                rem = s - n
+                if rem and cut and (cut == 1048576 or rem > 1048576):      # _split, inlined
+                    r = next_id
+                    if r == id_cap:
+                        self._next_id = r
+                        r = new_id()
+                        id_cap = self._id_cap
+                    next_id = r + 1
+                    m = nxt[b]
+                    size[r] = rem
+                    addr[r] = addr[b] + n
+                    prev[r] = b
+                    nxt[r] = m
+                    prev[m] = r
+                    nxt[b] = r
+                    fsize[r] = rem
+                    insort(entries, rem << 64 | r)
+                    size[b] = s = n
+                    splits += 1
+                allocated += s
+                if allocated > peak:
+                    peak = allocated
+                lat_append(clock - t0)
+                handles[i] = b
+                if slow:
+                    self.allocated = allocated
+                    served(j, b)
+            elif k == 2:                    # FREE: free, as above
+                b = pop(i, None)
+                if b is None:
                     break
+                fsize[b] = FREED
+                freed_append(b)
+                allocated -= size[b]
             else:
-                j = None
-            dev.clock, pol.allocated = clock, allocated
-            scans += len(lat) - n0      # one scan per malloc, as `malloc` counts them
-            return j, peak
-
-        def hot_counts() -> dict:
-            return {"scans": scans, "repopulates": repops, "repopulated": repop_blocks, "merged": merged,
-                    "splits": splits}
-
-        self.malloc, self.free, self.walk_chunk = malloc, free, walk_chunk
-        self._repopulate, self._new_id, self._hot_counts = repopulate, new_id, hot_counts
+                break
+        else:
+            j = None
+        dev.clock, self.allocated, self._next_id = clock, allocated, next_id
+        self._scans += len(lat) - n0    # one scan per malloc, as `malloc` counts them
+        self._repops += repops
+        self._splits += splits
+        return j, peak
 
     def block(self, b):
         return self._addr[b], self._size[b]
@@ -430,11 +421,9 @@ class SplittingPool(Policy):
 
     def _repopulate_now(self, step: str) -> None:
         """Repopulate and compact the pending frees off the hot path, timed as ``{step}a``/``{step}b``."""
-        before = self._hot_counts()
+        nb0, nm0 = self._repop_blocks, self._merged
         self.ctx.charge(self._repopulate())
-        after = self._hot_counts()
-        nb = after["repopulated"] - before["repopulated"]
-        nm = after["merged"] - before["merged"]
+        nb, nm = self._repop_blocks - nb0, self._merged - nm0
         self._slow_blocks += nb
         self._slow_merged += nm
         self.ctx.add_section(f"{step}a repopulate", nb * self.costs.pool_free_s)
@@ -517,14 +506,13 @@ class SplittingPool(Policy):
         return [(size_class(s), s, b) for s, b in self._avail.members()]
 
     def counters(self):
-        hot = self._hot_counts()
-        return {"cache_flushes": self._flushes, "splits": hot["splits"], "compacted_blocks": hot["merged"],
+        return {"cache_flushes": self._flushes, "splits": self._splits, "compacted_blocks": self._merged,
                 "reclaimed_blocks": self._reclaimed, "pending_freed": len(self._freed)}
 
     def finish(self):
-        ctx, fr, hot = self.ctx, self.costs.pool_free_s, self._hot_counts()
-        if hot["repopulates"]:
-            ctx.add_section("1.1a repopulate", (hot["repopulated"] - self._slow_blocks) * fr, hot["repopulates"])
-            ctx.add_section("1.1b compact", (hot["merged"] - self._slow_merged) * fr, hot["repopulates"])
-        if hot["scans"]:
-            ctx.add_section("1.2 scan", hot["scans"] * self.costs.pool_hit_s, hot["scans"])
+        ctx, fr = self.ctx, self.costs.pool_free_s
+        if self._repops:
+            ctx.add_section("1.1a repopulate", (self._repop_blocks - self._slow_blocks) * fr, self._repops)
+            ctx.add_section("1.1b compact", (self._merged - self._slow_merged) * fr, self._repops)
+        if self._scans:
+            ctx.add_section("1.2 scan", self._scans * self.costs.pool_hit_s, self._scans)

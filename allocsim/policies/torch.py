@@ -437,10 +437,16 @@ class TorchCachingAllocator(Policy):
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
         self._spare: list[Block] = []  # free blocks `_free_fast` merged away, reused by `_malloc_fast`'s splits
-        if not self.expandable and not self.gc_threshold_set:  # the common case gets the inlined hot path
-            self.malloc = self._malloc_fast
-            self.free = self._free_fast
-            self.walk_chunk = self._walk_chunk_fast
+
+    @classmethod
+    def variant(cls, ctx, options):
+        """`Policy.variant`: the common case, no expandable segments and no GC threshold in force (the trace's
+        settings included), is `TorchFastPath`, whose malloc, free and fused loop are the inlined hot path."""
+        if cls is not TorchCachingAllocator:
+            return cls
+        opts = options_in_force(options, ctx.trace)
+        plain = not opts.get("expandable_segments") and not (opts.get("garbage_collection_threshold") or 0.0) > 0.0
+        return TorchFastPath if plain else cls
 
     def _make_pools(self, stream: int) -> tuple[BlockPool, BlockPool]:
         pp = self._pools[stream] = (BlockPool(True, stream), BlockPool(False, stream))
@@ -1076,3 +1082,12 @@ class TorchCachingAllocator(Policy):
 
     def finish(self):
         self.ctx.add_section("1. get_free_block", self.n_malloc * self._hit_s, self.n_malloc)
+
+
+class TorchFastPath(TorchCachingAllocator):
+    """`torch` without expandable segments or a GC threshold (`TorchCachingAllocator.variant` makes it): the
+    inlined hot path declared as this class's malloc, free and fused loop, so the engine may use the loop."""
+
+    malloc = TorchCachingAllocator._malloc_fast
+    free = TorchCachingAllocator._free_fast
+    walk_chunk = TorchCachingAllocator._walk_chunk_fast

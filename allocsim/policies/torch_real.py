@@ -52,6 +52,7 @@ class TorchReal(RealPolicy):
         self._follow_cap()
         torch.cuda.reset_peak_memory_stats()
         self._base = torch.cuda.memory_stats()
+        self._stats: dict = {}              # memory_stats() at finish
         self._streams = {0: torch.cuda.current_stream()}
 
     def _stream(self, s):
@@ -102,7 +103,7 @@ class TorchReal(RealPolicy):
         self._stats = s
 
     def counters(self):
-        s, b = getattr(self, "_stats", {}), self._base
+        s, b = self._stats, self._base
         return {"num_alloc_retries": s.get("num_alloc_retries", 0) - b.get("num_alloc_retries", 0),
                 "num_ooms": s.get("num_ooms", 0) - b.get("num_ooms", 0),
                 "cache_flushes": s.get("num_alloc_retries", 0) - b.get("num_alloc_retries", 0),

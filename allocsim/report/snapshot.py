@@ -44,7 +44,7 @@ SEGMENT_ACTIONS = {SEGMENT_ALLOC: "segment_alloc", SEGMENT_FREE: "segment_free",
 def check_exportable(policy, runtime: str = "eager") -> PolicySpec:
     """The policy's spec, or a one-line `UsageError` if its replay cannot be a snapshot."""
     spec = PolicySpec.of(policy)
-    if not callable(getattr(spec.policy_class(), "layout", None)):
+    if spec.policy_class().layout is None:
         raise UsageError(f"--snapshot: policy {spec.name!r} keeps no segment layout to export (the torch model does)")
     if runtime != "eager":
         raise UsageError("--snapshot: PyTorch frees a tensor when it dies; export an eager replay (--runtime eager)")
