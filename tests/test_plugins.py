@@ -249,3 +249,44 @@ def test_a_broken_entry_point_is_one_line_and_the_rest_are_still_listed(monkeypa
     assert err.count("\n") == 1 and "policy 'broken'" in err and "nosuch_pkg_xyz" in err, err
     status, out, err = cli("policies", "broken")         # asked for by name: the error itself
     assert status == 2 and out == "" and "policy 'broken'" in err, err
+
+
+def _as_dict(res) -> dict:
+    d = res.to_dict()
+    d.pop("replay_seconds", None)
+    return d
+
+
+@pytest.mark.parametrize("base, options", [("split", {}), ("bestfit", {}), ("torch", {}), ("cupy", {"track_total": True})])
+def test_a_plugin_subclass_of_a_builtin_has_its_malloc_and_free_called(base, options, small_trace_path):
+    """Nothing is bound onto an instance: a plug-in that overrides a built-in's malloc and free has them called,
+    through the plain loop (the built-in's fused loop inlines the built-in's own), and replays as the built-in."""
+    from allocsim import Replay, Trace
+    calls = {"malloc": 0, "free": 0}
+
+    class Counting(policies.get(base)):
+        def malloc(self, size, stream):
+            calls["malloc"] += 1
+            return super().malloc(size, stream)
+
+        def free(self, handle):
+            calls["free"] += 1
+            super().free(handle)
+
+    trace = Trace.load(small_trace_path)
+    r = Replay(trace, Counting, options=options)
+    assert not r.fast_path
+    res = r.run()
+    assert calls == {"malloc": res.allocs, "free": res.frees} and res.allocs and res.frees
+    assert _as_dict(res) == _as_dict(Replay(trace, base, options=options).run())
+
+
+def test_a_plugin_subclass_that_keeps_malloc_and_free_keeps_the_fused_loop(small_trace_path):
+    """`Policy.fused_loop`: the built-in's fused loop stands for its malloc and free, so a subclass that overrides
+    neither walks through it."""
+    from allocsim import Replay, Trace
+
+    class Quiet(policies.get("split")):
+        def counters(self):
+            return {}
+    assert Replay(Trace.load(small_trace_path), Quiet).fast_path
