@@ -5,7 +5,10 @@ Python API (the same names as the command line)::
     import allocsim
     t = allocsim.Trace.load("traces/resnet50.bin")
     r = allocsim.replay(t, "split", cap=allocsim.parse_size("8GB"), runtime="gc")
-    print(r.summary()); print(r.section_table)
+    from allocsim.report.text import replay_summary, section_table
+    print(replay_summary(r)); print(section_table(r.sections))      # what `allocsim replay` prints
+    s = allocsim.ReplaySettings(runtime="gc", cap=8 << 30)              # how a replay runs, as one value
+    allocsim.replay(t, "binned", s); allocsim.replay(t, "split", s, keep_going=True)
     rows = allocsim.compare("traces/resnet50.bin", ["split", "torch"], caps=[None, 4 << 30])
     allocsim.replay(t, "torch[expandable_segments:True]"); allocsim.replay(t, "my_pool.py:MyPool", options=["k=1"])
     allocsim.PolicySpec.parse("cupy[limit=8GB]").label     # how every entry point names a policy
@@ -16,11 +19,10 @@ Python API (the same names as the command line)::
     allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
 """
 from .costs import CostModel
-from .engine import replay
 from .fit import fit_capacity
 from .importers import import_file as import_trace
 from .metrics import ReplayResult
-from .replay import Replay
+from .replay import Replay, ReplaySettings, replay
 from .recorders import mark
 from .spec import PolicySpec
 from .sweep import compare
@@ -29,7 +31,7 @@ from .trace import Trace, TraceWriter
 from .units import fmt_bytes, parse_size
 from .validate import validate as validate_trace
 
-__version__ = "0.1.0"
+from .version import __version__
 
-__all__ = ["CostModel", "PolicySpec", "Replay", "ReplayResult", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
+__all__ = ["CostModel", "PolicySpec", "Replay", "ReplayResult", "ReplaySettings", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
            "import_trace", "mark", "parse_size", "replay", "synthesize", "validate_trace", "__version__"]

@@ -29,7 +29,7 @@ def version() -> str:
         from importlib.metadata import version as dist_version
         return dist_version("allocsim")
     except Exception:
-        from . import __version__
+        from .version import __version__
         return __version__
 
 

@@ -104,7 +104,7 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
     return {**out, "capacity_bytes": safe, "island_bytes": island, "replays": replays}
 
 
-def _fit_job(args):
+def fit_job(args):
     """One policy's fit in a worker; a queue in ``args[3]``, if any, hears of each replay."""
     queue = args[3] if len(args) > 3 else None
     return fit_capacity(*args[:2], **args[2], on_replay=None if queue is None else (lambda: queue.put(1)))

@@ -7,6 +7,15 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .sections import ALLOC_ROOT, FREE_ROOT, section_rows
+
+#: The columns of a row (a compare/sweep cell, ``allocsim replay --json`` flattened), in table order.
+COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
+           "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
+           "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
+           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
+           "breakdown_at_peak"]
+
 
 @dataclass
 class OOMRecord:
@@ -70,7 +79,6 @@ class ReplayResult:
     replay_seconds: float = 0.0        # wall time of the replay, set-up included (the trace already loaded)
     load_seconds: float = 0.0          # wall time loading the trace file (0 when handed a loaded trace)
     timeline: dict | None = None
-    section_table: str = ""
     #: (lo, hi): the device limits under which this replay would go exactly the same way (`allocsim fit`)
     certified_limits: tuple | None = None
     #: why reserved > live requested bytes where reserved first reached its peak (`breakdown`, with the
@@ -83,16 +91,10 @@ class ReplayResult:
 
     def to_dict(self, *, timeline: bool = False) -> dict:
         d = asdict(self)
-        d.pop("section_table")
         d.pop("certified_limits")
         if not timeline:
             d.pop("timeline")
         return d
-
-    def summary(self) -> str:
-        """The human summary printed by ``allocsim replay`` (`report.text.replay_summary`)."""
-        from .report.text import replay_summary
-        return replay_summary(self)
 
 
 class LatencyLog:
@@ -240,3 +242,70 @@ def largest_free_fragmentation(reserved: int, allocated: int, largest_free: int 
     if total_free <= 0:
         return 0.0
     return max(0.0, 1.0 - largest_free / total_free)
+
+
+def _with_roots(stats: dict, trace_allocs: int, trace_frees: int, alloc_time: float, clock: float,
+                eager: bool) -> dict:
+    """A copy of the section ``stats`` with the two roots added: ``pooled alloc`` (every malloc's latency) and
+    ``pooled free`` (the eager frees and whatever time the clock holds outside the other roots)."""
+    out = {k: list(v) for k, v in stats.items()}
+
+    def add(key, seconds, calls):
+        v = out.get(key)
+        if v is None:
+            out[key] = [calls, seconds]
+        else:
+            v[0] += calls
+            v[1] += seconds
+    other_roots = sum(v[1] for k, v in out.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
+    eager_free_time = max(0.0, clock - alloc_time - other_roots)
+    add((ALLOC_ROOT,), alloc_time, trace_allocs)
+    gc_frees = sum(v[0] for k, v in out.items() if k[-1] == FREE_ROOT)
+    eager_frees = max(0, trace_frees - gc_frees) if eager else 0
+    if eager_frees or eager_free_time > 1e-12:
+        add((FREE_ROOT,), eager_free_time, eager_frees)
+    return out
+
+
+def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs: int, frees: int,
+                    breakdown_at_peak: dict | None, timeline: bool) -> ReplayResult:
+    """The `ReplayResult` of a replay, from what its pieces hold at the end (or so far): the walk's peaks,
+    counts, OOMs and latencies (``walk``, `allocsim.replay`'s), the policy's name, options and counters, the
+    runtime's collections, the device's calls and the section ``stats`` (with the policy's hot-path totals
+    in). It reads them and changes none (a result taken mid-replay leaves the replay as it was)."""
+    pol, rt, dev, w = policy, runtime, device, walk
+    counters = pol.counters()
+    alloc_time = w.latency.total()
+    ooms = w.ooms
+    res = ReplayResult(
+        policy=pol.name or type(pol).__name__, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity,
+        trace=trace.path,
+        options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
+        events=len(trace), driving_events=w.done, allocs=allocs, frees=frees, completed=not w.stopped,
+        load_bytes=trace.load_bytes,
+        peak_allocated_bytes=pol.peak_allocated_override or w.peak_alloc,     # real allocators report their own
+        peak_reserved_bytes=dev.peak_reserved, final_reserved_bytes=dev.reserved,
+        largest_free_fragmentation_at_peak=w.frag_at_peak,
+        device_mallocs=dev.n_malloc, device_frees=dev.n_free, device_malloc_bytes=dev.bytes_malloc,
+        device_free_bytes=dev.bytes_free, cache_flushes=int(counters.get("cache_flushes", 0)),
+        gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
+        gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=list(ooms),
+        ooms_avoided=[at for at, _, _ in w.served], alloc_time_seconds=alloc_time,
+        total_time_seconds=dev.clock, latency=w.latency.summary(), counters=counters,
+        latency_measured=pol.real_gpu or getattr(dev, "measured", False),
+        sections=section_rows(_with_roots(stats, allocs, frees, alloc_time, dev.clock, rt.eager)),
+        certified_limits=dev.certified() if hasattr(dev, "certified") else None,
+        breakdown_at_peak=breakdown_at_peak,
+    )
+    if res.peak_reserved_bytes:
+        res.utilization = res.peak_allocated_bytes / res.peak_reserved_bytes
+        res.fragmentation = 1.0 - res.utilization
+    if res.load_bytes:
+        res.overhead_vs_load = res.peak_reserved_bytes / res.load_bytes - 1.0
+    if timeline:
+        tl_idx, tl_alloc, tl_res = w.timeline
+        res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res),
+                        "latency_quantiles": w.latency.quantiles(np.linspace(0, 1, 501)).tolist()
+                        if w.latency.count else [],
+                        "oom_events": [o.event for o in ooms]}
+    return res

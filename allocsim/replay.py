@@ -27,8 +27,10 @@ lists are one chunk's, and latencies are one-byte codes (`LatencyLog`).
 """
 from __future__ import annotations
 
+import time
 from array import array
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,9 +38,9 @@ from .context import PolicyContext
 from .costs import CostModel
 from .device import SimulatedDevice
 from .errors import UsageError
-from .metrics import LatencyLog, OOMRecord, ReplayResult, breakdown, largest_free_fragmentation
+from .metrics import LatencyLog, OOMRecord, ReplayResult, assemble_result, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
-from .sections import ALLOC_ROOT, FREE_ROOT, Sections
+from .sections import Sections
 from .spec import PolicySpec, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
@@ -60,7 +62,7 @@ def trace_capacity(trace: Trace) -> int | None:
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     """``(size, address)`` of the recorded allocator's segment allocations, in order."""
     out = []
-    for _, rec in trace._chunks():
+    for _, rec in trace.chunks():
         seg = rec[rec["kind"] == SEGMENT_ALLOC]
         out += zip(seg["size"].tolist(), seg["addr"].tolist())
     return out
@@ -82,7 +84,7 @@ def driving(trace: Trace, zero_counts: list | None = None):
     collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted.
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
-    for start, rec in trace._chunks():
+    for start, rec in trace.chunks():
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
@@ -122,6 +124,45 @@ def driving_count(trace: Trace) -> int:
     return sum(len(local) for *_, local in driving(trace))
 
 
+@dataclass(frozen=True)
+class ReplaySettings:
+    """How one replay runs, apart from its trace and policy: one frozen value that the commands build once
+    from their arguments (`allocsim.commands._common.replay_settings`) and hand on as it is, through a sweep's
+    cells, `replay` and `Replay`. `with_` gives a copy with some fields changed (a sweep's cell sets cap,
+    runtime and capacity).
+
+    ``runtime``: ``"eager"`` or ``"gc"`` (`allocsim.runtime`); ``cap``: the pool cap in bytes, which overrides
+    the limits the program set (SET_LIMIT); ``capacity``: the device memory, ``"trace"`` for the recorded
+    device's (else unlimited), None for unlimited; ``costs``: the `CostModel` (None: the defaults);
+    ``gc_every``: an incremental collection every so many allocated bytes; ``keep_going``: count OOMs and go
+    on; ``timeline``: sample allocated/reserved for plots; ``backend``: ``"sim"`` or ``"cuda"`` (a simulated
+    policy's device calls made real); ``fast_path``: False walks every event through ``malloc``/``free`` even
+    for a policy with a fused loop (the tests compare the two)."""
+
+    runtime: str = "eager"
+    cap: int | None = None
+    capacity: int | str | None = "trace"
+    costs: CostModel | None = None
+    gc_every: int | None = None
+    keep_going: bool = False
+    timeline: bool = False
+    backend: str = "sim"
+    fast_path: bool = True
+
+    def with_(self, **changes) -> ReplaySettings:
+        return replace(self, **changes) if changes else self
+
+
+def settings_of(settings: ReplaySettings | None, changes: dict) -> ReplaySettings:
+    """``settings`` (default: `ReplaySettings()`) with ``changes``, the keyword arguments `replay` and `Replay`
+    take for its fields; a name that is no field is a TypeError, as an unknown keyword argument is."""
+    unknown = set(changes) - set(ReplaySettings.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"unknown replay setting(s): {', '.join(sorted(unknown))} "
+                        f"(known: {', '.join(ReplaySettings.__dataclass_fields__)})")
+    return (settings or ReplaySettings()).with_(**changes)
+
+
 class _Walk:
     """What the walk keeps: peaks, counts, OOMs, latencies, where it is."""
 
@@ -148,40 +189,37 @@ class Replay:
 
     ``policy`` is what `PolicySpec.of` takes (``"torch[expandable_segments:True]"``,
     ``"my.py:MyPool"``, a spec or a `Policy` subclass); ``options`` adds ``key=value`` texts or a
-    dict. ``capacity="trace"`` takes the device memory recorded in the trace (else unlimited);
-    ``cap`` is the pool cap, which overrides the limits the program set (SET_LIMIT).
+    dict. ``settings`` (a `ReplaySettings`; its fields may also be given as keyword arguments, which
+    change them) says how it runs. The rest watch or steer one replay:
     ``observer(event_index, kind, id, handle)`` is called after each driving event (it slows the
     walk); ``progress(done)`` after each chunk; ``plan_progress(done, total)`` follows an offline
     policy's plan, made here. ``log_events`` gives a policy with ``wants_event_index`` the trace
-    index of each ALLOC (`validate`). ``backend="cuda"`` makes a simulated policy's device calls
-    real; ``device`` replaces the simulated device. ``fast_path=False`` walks every event through
-    ``malloc``/``free`` even for a policy with a fused ``walk_chunk`` (the tests compare the two).
+    index of each ALLOC (`validate`). ``device`` replaces the simulated device.
 
     ``policy`` is public, for reading: the policy instance, whose members `allocsim.policies.base.Policy`
     declares (`validate` reads ``seeded``, the snapshot export ``layout``, `tune` ``gc_on()``); only the
     walk calls it.
     """
 
-    def __init__(self, trace: Trace, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
-                 options=None, costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim",
-                 keep_going: bool = False, timeline: bool = False, observer=None, progress=None,
-                 log_events: bool = False, plan_progress=None, fast_path: bool = True):
+    def __init__(self, trace: Trace, policy="split", settings: ReplaySettings | None = None, *, options=None,
+                 device=None, observer=None, progress=None, log_events: bool = False, plan_progress=None,
+                 **changes):
+        self.settings = s = settings_of(settings, changes)
         self.trace = trace
         self.spec = spec = PolicySpec.of(policy, options)
         cls = spec.policy_class()
-        if runtime not in RUNTIMES:
-            raise UsageError(f"unknown runtime {runtime!r} (known: {', '.join(RUNTIMES)})")
+        if s.runtime not in RUNTIMES:
+            raise UsageError(f"unknown runtime {s.runtime!r} (known: {', '.join(RUNTIMES)})")
         self.sections = Sections()
-        self.device = device if device is not None else make_device(trace, cls, capacity=capacity, cap=cap,
-                                                                    costs=costs, backend=backend)
-        self.runtime = RUNTIMES[runtime](self.device, self.sections, gc_every=gc_every)
+        self.device = device if device is not None else make_device(trace, cls, s)
+        self.runtime = RUNTIMES[s.runtime](self.device, self.sections, gc_every=s.gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
         with plugin_errors(cls, spec.name, "being set up"):
             self.policy = cls(self.context, spec.values(), **({"progress": plan_progress} if cls.offline else {}))
         self.handles: dict = {}        # id -> handle, live objects only
         self.runtime.attach(self.policy, self.handles)
-        self.keep_going, self.timeline, self.observer, self.progress = keep_going, timeline, observer, progress
-        self._recorded_limits = cap is None
+        self.keep_going, self.timeline, self.observer, self.progress = s.keep_going, s.timeline, observer, progress
+        self._recorded_limits = s.cap is None
         self._log_index = log_events and self.policy.wants_event_index
         self._w = _Walk()
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
@@ -190,7 +228,7 @@ class Replay:
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
-        fused = self.policy.fused_loop() if fast_path else None
+        fused = self.policy.fused_loop() if s.fast_path else None
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._result = None
         self._closed = False
@@ -563,66 +601,25 @@ class Replay:
         """The result so far (the replay goes on; after `finish`, the final result)."""
         if self._result is not None:
             return self._result
-        saved = {k: list(v) for k, v in self.sections.stats.items()}
-        try:
+        with self.sections.kept():          # the policy's `finish` adds its hot-path totals: only for this result
             return self._build_result()
-        finally:
-            self.sections.stats = saved
 
     def _build_result(self) -> ReplayResult:
-        w, pol, rt, dev, sections, trace = self._w, self.policy, self.runtime, self.device, self.sections, self.trace
-        n_allocs = w.latency.count
-        n_frees = w.done - n_allocs - w.n_pressure - w.skipped_frees
+        """The policy's `finish`, then `assemble_result` over the figures of the walk, policy, runtime and device."""
+        w = self._w
+        allocs = w.latency.count
+        frees = w.done - allocs - w.n_pressure - w.skipped_frees
         if self._zero_counts:                    # count the bypassed 0-byte requests the walk got past
             end = self._next_index()
             for at, is_zero_alloc in self._zero_counts:
                 passed = at < end
                 n_zero_allocs = int(np.count_nonzero(is_zero_alloc[passed]))
-                n_allocs += n_zero_allocs
-                n_frees += int(np.count_nonzero(passed)) - n_zero_allocs
-        pol.finish()
-        peak_alloc = pol.peak_allocated_override or w.peak_alloc   # real allocators report their own
-        alloc_time = w.latency.total()
-        other_roots = sum(v[1] for k, v in sections.stats.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
-        eager_free_time = max(0.0, dev.clock - alloc_time - other_roots)
-        sections.add(ALLOC_ROOT, alloc_time, n_allocs, path=(ALLOC_ROOT,))
-        gc_frees = sum(v[0] for k, v in sections.stats.items() if k[-1] == FREE_ROOT)
-        eager_frees = max(0, n_frees - gc_frees) if rt.eager else 0
-        if eager_frees or eager_free_time > 1e-12:
-            sections.add(FREE_ROOT, eager_free_time, eager_frees, path=(FREE_ROOT,))
-        counters = pol.counters()
-        ooms = w.ooms
-        res = ReplayResult(
-            policy=pol.name or type(pol).__name__, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity,
-            trace=trace.path,
-            options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
-            events=len(trace), driving_events=w.done, allocs=n_allocs, frees=n_frees, completed=not w.stopped,
-            load_bytes=trace.load_bytes, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=dev.peak_reserved,
-            final_reserved_bytes=dev.reserved,
-            largest_free_fragmentation_at_peak=w.frag_at_peak,
-            device_mallocs=dev.n_malloc, device_frees=dev.n_free, device_malloc_bytes=dev.bytes_malloc,
-            device_free_bytes=dev.bytes_free, cache_flushes=int(counters.get("cache_flushes", 0)),
-            gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
-            gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=list(ooms),
-            ooms_avoided=[at for at, _, _ in w.served], alloc_time_seconds=alloc_time,
-            total_time_seconds=dev.clock, latency=w.latency.summary(), counters=counters,
-            latency_measured=pol.real_gpu or getattr(dev, "measured", False),
-            sections=sections.rows(), section_table=sections.table(),
-            certified_limits=dev.certified() if hasattr(dev, "certified") else None,
-            breakdown_at_peak=self._peak_breakdown(),
-        )
-        if res.peak_reserved_bytes:
-            res.utilization = res.peak_allocated_bytes / res.peak_reserved_bytes
-            res.fragmentation = 1.0 - res.utilization
-        if res.load_bytes:
-            res.overhead_vs_load = res.peak_reserved_bytes / res.load_bytes - 1.0
-        if self.timeline:
-            tl_idx, tl_alloc, tl_res = w.timeline
-            res.timeline = {"event": list(tl_idx), "allocated": list(tl_alloc), "reserved": list(tl_res),
-                            "latency_quantiles": w.latency.quantiles(np.linspace(0, 1, 501)).tolist()
-                            if w.latency.count else [],
-                            "oom_events": [o.event for o in ooms]}
-        return res
+                allocs += n_zero_allocs
+                frees += int(np.count_nonzero(passed)) - n_zero_allocs
+        self.policy.finish()
+        return assemble_result(w, policy=self.policy, runtime=self.runtime, device=self.device, trace=self.trace,
+                               stats=self.sections.stats, allocs=allocs, frees=frees,
+                               breakdown_at_peak=self._peak_breakdown(), timeline=self.timeline)
 
     def _next_index(self) -> int:
         """The trace index the walk goes on from: the records before it are done."""
@@ -636,22 +633,65 @@ class Replay:
         return int(c.at[self._pos]) if self._pos < len(c.at) else int(c.at[-1]) + 1
 
 
-def make_device(trace: Trace, policy, *, capacity="trace", cap=None, costs: CostModel | None = None,
-                backend: str = "sim"):
-    """The device a `Replay` of ``trace`` against ``policy`` (a class or what `PolicySpec.of` takes) makes:
-    simulated, or real cudaMalloc/cudaFree with ``backend="cuda"``. Made apart, it can be watched (tests
-    wrap its calls) and handed to `Replay` as ``device``.
+def make_device(trace: Trace, policy, settings: ReplaySettings | None = None, **changes):
+    """The device a `Replay` of ``trace`` against ``policy`` (a class or what `PolicySpec.of` takes) under
+    ``settings`` (its capacity, cap, costs and backend; keyword arguments change them) makes: simulated, or
+    real cudaMalloc/cudaFree with ``backend="cuda"``. Made apart, it can be watched (tests wrap its calls)
+    and handed to `Replay` as ``device``.
 
     When the policy models the framework that recorded the trace, the simulated device hands out
     the recorded segment addresses (PyTorch and CuPy break best-fit ties by address)."""
+    s = settings_of(settings, changes)
     cls = policy if isinstance(policy, type) else PolicySpec.of(policy).policy_class()
-    if capacity == "trace":
-        capacity = trace_capacity(trace)
-    if backend == "cuda" and not cls.real_gpu:
+    capacity = trace_capacity(trace) if s.capacity == "trace" else s.capacity
+    if s.backend == "cuda" and not cls.real_gpu:
         from .gpu import CudaDevice
-        return CudaDevice(capacity=capacity, cap=cap, costs=costs)
-    if backend not in ("sim", "cuda"):
-        raise UsageError(f"unknown backend {backend!r} (known: sim, cuda)")
-    return SimulatedDevice(capacity=capacity, cap=cap, costs=costs or CostModel(),
+        return CudaDevice(capacity=capacity, cap=s.cap, costs=s.costs)
+    if s.backend not in ("sim", "cuda"):
+        raise UsageError(f"unknown backend {s.backend!r} (known: sim, cuda)")
+    return SimulatedDevice(capacity=capacity, cap=s.cap, costs=s.costs or CostModel(),
                            address_hints=(recorded_segments(trace) if cls.framework == trace.meta.get("framework")
                                           else []) if cls.framework else None)
+
+
+def replay(trace: Trace | str, policy="split", settings: ReplaySettings | None = None, *, options=None,
+           device=None, observer=None, progress=None, log_events: bool = False, plan_progress=None,
+           **changes) -> ReplayResult:
+    """Replay ``trace`` (a `Trace` or a path) against ``policy`` to the end; return its `ReplayResult`.
+
+    The arguments are `Replay`'s. ``load_seconds`` is the time loading the file; ``replay_seconds``
+    the replay's, the policy's set-up (an oracle's plan) included. A plug-in's exception becomes one
+    `PluginError` line (an observer's own assertions, `allocsim.testing`'s, pass through as they are).
+    """
+    loaded = 0.0
+    if isinstance(trace, str):
+        t_load = time.perf_counter()
+        trace = Trace.load(trace)
+        loaded = time.perf_counter() - t_load
+    t_start = time.perf_counter()
+    spec = PolicySpec.of(policy, options)
+    r = Replay(trace, spec, settings, device=device, observer=observer, progress=progress, log_events=log_events,
+               plan_progress=plan_progress, **changes)
+    with plugin_errors(type(r.policy), spec.name, "replaying") if observer is None else nullcontext():
+        try:
+            res = r.run()
+        finally:
+            r.close()
+    res.load_seconds = loaded
+    res.replay_seconds = time.perf_counter() - t_start
+    return res
+
+
+def replay_snapshot(trace: Trace | str, policy, settings: ReplaySettings | None = None, **changes):
+    """Replay ``trace`` (a `Replay` with these arguments) and return ``(result, snapshot)``: the run as a
+    PyTorch memory snapshot (`allocsim.exporters.torch_snapshot`), for a policy that keeps a segment layout."""
+    from .exporters.torch_snapshot import History, check_exportable
+    s = settings_of(settings, {k: changes.pop(k) for k in list(changes) if k in ReplaySettings.__dataclass_fields__})
+    spec = check_exportable(policy, s.runtime)
+    if isinstance(trace, str):
+        trace = Trace.load(trace)
+    history = History(trace)
+    r = Replay(trace, spec, s, observer=history.observe(), log_events=True, **changes)
+    history.policy = r.policy
+    res = r.run()
+    return res, history.snapshot(r.policy, res)

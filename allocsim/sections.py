@@ -8,7 +8,7 @@ Children print in name order, so the numbered steps print in escalation order.
 """
 from __future__ import annotations
 
-from .report.text import section_table
+from contextlib import contextmanager
 
 ALLOC_ROOT = "pooled alloc"
 FREE_ROOT = "pooled free"
@@ -41,28 +41,39 @@ class Sections:
         self.add(key[-1], clock - t0, path=key)
 
     def rows(self) -> list[dict]:
-        """Depth-first rows ``{path, name, depth, ncalls, seconds}``; roots by time, children by name."""
-        children: dict[tuple, list[tuple]] = {}
-        for key in self.stats:
-            for d in range(1, len(key) + 1):
-                parent, node = key[: d - 1], key[:d]
-                lst = children.setdefault(parent, [])
-                if node not in lst:
-                    lst.append(node)
-        out = []
+        """`section_rows` of the sections so far."""
+        return section_rows(self.stats)
 
-        def walk(parent, depth):
-            nodes = children.get(parent, [])
-            nodes = sorted(nodes, key=(lambda k: -self.stats.get(k, [0, 0])[1]) if depth == 0 else (lambda k: k[-1]))
-            for node in nodes:
-                calls, secs = self.stats.get(node, [0, 0.0])
-                out.append({"path": "/".join(node), "name": node[-1], "depth": depth, "ncalls": calls,
-                            "seconds": secs})
-                walk(node, depth + 1)
+    @contextmanager
+    def kept(self):
+        """Whatever is added inside is taken back at the end (a result read mid-replay)."""
+        saved = {k: list(v) for k, v in self.stats.items()}
+        try:
+            yield
+        finally:
+            self.stats = saved
 
-        walk((), 0)
-        return out
 
-    def table(self, title: str | None = None) -> str:
-        """The section table in the layout the CuArrays TimerOutputs tables use (`report.text.section_table`)."""
-        return section_table(self.rows(), title)
+def section_rows(stats: dict) -> list[dict]:
+    """Depth-first rows ``{path, name, depth, ncalls, seconds}`` of ``stats`` (path -> [ncalls, seconds]);
+    roots by time, children by name."""
+    children: dict[tuple, list[tuple]] = {}
+    for key in stats:
+        for d in range(1, len(key) + 1):
+            parent, node = key[: d - 1], key[:d]
+            lst = children.setdefault(parent, [])
+            if node not in lst:
+                lst.append(node)
+    out = []
+
+    def walk(parent, depth):
+        nodes = children.get(parent, [])
+        nodes = sorted(nodes, key=(lambda k: -stats.get(k, [0, 0])[1]) if depth == 0 else (lambda k: k[-1]))
+        for node in nodes:
+            calls, secs = stats.get(node, [0, 0.0])
+            out.append({"path": "/".join(node), "name": node[-1], "depth": depth, "ncalls": calls,
+                        "seconds": secs})
+            walk(node, depth + 1)
+
+    walk((), 0)
+    return out

@@ -25,7 +25,10 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from . import policies
 from .errors import AllocsimError, PluginError, UsageError
+from .params import PARSERS, Param
+from .policies.base import Policy
 
 ENTRY_POINT_GROUP = "allocsim.policies"
 
@@ -151,8 +154,7 @@ def _resolve(ref: str, shown: str) -> type:
     if not colon:
         if _is_file(ref):
             raise UsageError(f"policy {shown!r}: name the class in the file too: {shown}:ClassName")
-        from . import policies
-        return policies.get(ref)
+        return _named(ref)
     if not where or not name.isidentifier() or (":" in where and not _is_file(where)):
         raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
     module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
@@ -163,7 +165,6 @@ def _resolve(ref: str, shown: str) -> type:
 
 
 def _check_policy_class(pcls, shown: str) -> type:
-    from .policies.base import Policy
     if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
         raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
                          f"allocsim.policies.Policy")
@@ -174,7 +175,6 @@ def _check_policy_class(pcls, shown: str) -> type:
 def _check_declaration(pcls: type, shown: str) -> None:
     """A plug-in's ``name``, ``summary`` and ``params`` are what `-O`, tables and `allocsim policies` read:
     a wrong one is one line at load, not a traceback wherever it is first read."""
-    from .params import PARSERS, Param
     for attr in ("name", "summary"):
         if not isinstance(getattr(pcls, attr), str):
             raise UsageError(f"policy {shown!r}: {pcls.__name__}.{attr} must be a string, "
@@ -187,6 +187,18 @@ def _check_declaration(pcls: type, shown: str) -> None:
         if not (isinstance(p.kind, tuple) or p.kind in PARSERS):
             raise UsageError(f"policy {shown!r}: {pcls.__name__}.params: {p.name}: kind {p.kind!r} is not one of "
                              f"{', '.join(PARSERS)} or a tuple of choices")
+
+
+def _named(name: str) -> type:
+    """The built-in policy ``name``, else the installed one (an entry point) of that name."""
+    cls = policies.find(name)
+    if cls is not None:
+        return cls
+    installed = entry_points()
+    if name in installed:
+        return load_entry_point(installed[name])
+    known = policies.names() + sorted(installed)
+    raise UsageError(f"unknown policy {name!r} (known: {', '.join(known)}; or file.py:Class, module:Class)")
 
 
 def _load_file(path: str, shown: str):

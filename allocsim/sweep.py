@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from .costs import CostModel
-from .engine import replay
-from .report.tables import COLUMNS
+from .metrics import COLUMNS
+from .replay import ReplaySettings, replay
 from .spec import PolicySpec
 from .trace import Trace
 
@@ -48,37 +48,42 @@ class Cell:
                 self.policy.option_text, str(self.capacity))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Settings:
-    """What every cell of one sweep shares."""
+    """What every cell of one sweep shares: how each replays (a cell sets its cap, runtime and capacity
+    over ``replay``), and whether its row keeps the section table's rows."""
 
-    costs: dict | None = None          # CostModel fields
-    gc_every: int | None = None
-    keep_going: bool = False
+    replay: ReplaySettings = ReplaySettings()
     sections: bool = False
-    timeline: bool = False
-    extra: dict = field(default_factory=dict)
 
 
-_TRACES: dict[str, Trace] = {}
+#: Traces a process keeps loaded for its next cells (a worker replays many cells of few traces).
+TRACES_KEPT = 4
+_loaded: OrderedDict = OrderedDict()
 
 
-def _trace(path: str) -> Trace:
-    t = _TRACES.get(path)
+def cached_trace(path: str) -> Trace:
+    """``Trace.load(path)``, kept for the next cells of this process: the `TRACES_KEPT` traces used last, each
+    until its file changes (a trace is memory-mapped, so one kept costs its open file, not its size)."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_ino, st.st_mtime_ns, st.st_size)
+    t = _loaded.pop(key, None)
     if t is None:
-        t = _TRACES[path] = Trace.load(path)
+        t = Trace.load(path)
+    _loaded[key] = t
+    while len(_loaded) > TRACES_KEPT:
+        _loaded.popitem(last=False)
     return t
 
 
 def run_cell(cell: Cell, settings: Settings | None = None, *, full: bool = False):
     """Replay one cell; return its row (and the full result with ``full=True``)."""
     s = settings or Settings()
-    res = replay(_trace(cell.trace), cell.policy, runtime=cell.runtime, cap=cell.cap, capacity=cell.capacity,
-                 costs=CostModel(**s.costs) if s.costs else None,
-                 gc_every=s.gc_every, keep_going=s.keep_going, timeline=s.timeline)
+    res = replay(cached_trace(cell.trace), cell.policy, s.replay, runtime=cell.runtime, cap=cell.cap,
+                 capacity=cell.capacity)
     row = result_row(res, cell)
     if s.sections:
-        row["section_table"] = res.section_table
+        row["sections"] = res.sections
     return (row, res) if full else row
 
 

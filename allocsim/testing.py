@@ -27,9 +27,8 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 
-from . import engine
 from .device import SimulatedDevice
-from .replay import Replay
+from .replay import Replay, replay
 from .spec import PolicySpec
 from .trace import ALLOC, OOM, Trace, TraceWriter
 from .trace.events import CACHE_RELEASE
@@ -196,7 +195,7 @@ def check_accounting(policy, trace: Trace, runtime: str, cap=None, gc_every=None
 
 def check_deterministic(policy, trace: Trace, runtime: str, cap=None) -> None:
     """Two replays of one trace give identical results."""
-    a, b = (engine.replay(trace, PolicySpec.of(policy), runtime=runtime, cap=cap, capacity=None,
+    a, b = (replay(trace, PolicySpec.of(policy), runtime=runtime, cap=cap, capacity=None,
                           keep_going=True).to_dict() for _ in range(2))
     a.pop("replay_seconds")
     b.pop("replay_seconds")

@@ -306,8 +306,8 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
 
 def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex) -> Tuning:
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
-    from .sweep import _trace
-    t = _trace(trace)
+    from .sweep import cached_trace
+    t = cached_trace(trace)
     target = Target(trace_capacity(t) if capacity == "trace" else capacity, cap)
     check_target(target, t.load_bytes)
     space = Space(t, target)
@@ -378,9 +378,9 @@ def _map(fn, args: list, ex) -> list:
 
 def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
     """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took."""
-    from .fit import _fit_job
+    from .fit import fit_job
     args = [(trace, PolicySpec.parse(r["spec"]), {"settings": settings, "islands": False}) for r in rows]
-    fits = _map(_fit_job, args, ex)
+    fits = _map(fit_job, args, ex)
     for r, f in zip(rows, fits):
         r["fit_capacity_bytes"], r["fit_threshold"] = f["capacity_bytes"], f["threshold"]
     return sum(f["replays"] for f in fits)
@@ -460,9 +460,9 @@ def rescue(trace: Trace, spec: PolicySpec, cap, target: Target, ooms) -> dict:
 
 
 def _rescue_job(args) -> dict:
-    from .sweep import _trace
+    from .sweep import cached_trace
     trace, spec, cap, target, ooms = args
-    return rescue(_trace(trace), PolicySpec.parse(spec), cap, target, ooms)
+    return rescue(cached_trace(trace), PolicySpec.parse(spec), cap, target, ooms)
 
 
 def _rescued(rows: list[dict], walks: list[dict], ooms) -> list[dict]:

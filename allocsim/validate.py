@@ -127,11 +127,6 @@ class Validation:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def summary(self) -> str:
-        """``allocsim validate``'s report (`report.text.validation_summary`)."""
-        from .report.text import validation_summary
-        return validation_summary(self)
-
 
 def recorded_side(trace: Trace, kinds) -> Side:
     kind = np.asarray(trace.kind)

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from allocsim import engine, policies
+from allocsim import policies
+from allocsim.replay import replay
 from allocsim.fit import fit_capacity
 from allocsim.sweep import COLUMNS, Cell, Settings, run_cells
 from allocsim.trace import TraceWriter
@@ -21,7 +22,7 @@ def test_compare_rows_equal_single_replays(small_trace_path):
     rows = run_cells(cells, Settings(), jobs=2)
     assert len(rows) == len(cells)
     for row in rows:
-        single = engine.replay(small_trace_path, row["policy"], cap=row["cap_bytes"], runtime=row["runtime"]).to_dict()
+        single = replay(small_trace_path, row["policy"], cap=row["cap_bytes"], runtime=row["runtime"]).to_dict()
         for k in COLUMNS:
             if k in single and k not in ("replay_seconds", "options", "trace"):
                 assert row[k] == single[k], (row["policy"], k)
@@ -69,10 +70,10 @@ def test_fit_frontier_is_tight(tmp_path, policy):
     res = 1 << 16
     f = fit_capacity(p, policy, resolution=res)
     assert f["capacity_bytes"] >= f["load_bytes"]
-    ok = engine.replay(p, policy, capacity=f["capacity_bytes"])
+    ok = replay(p, policy, capacity=f["capacity_bytes"])
     assert ok.ooms == 0
     if f["capacity_bytes"] - res >= f["load_bytes"]:
-        bad = engine.replay(p, policy, capacity=f["capacity_bytes"] - res)
+        bad = replay(p, policy, capacity=f["capacity_bytes"] - res)
         assert bad.ooms >= 1 or f["capacity_bytes"] - res < f["load_bytes"]
 
 
@@ -117,3 +118,21 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
 def test_fit_rejects_a_zero_resolution(small_trace_path):
     out = run_cli("fit", small_trace_path, "--policies", "none", "--resolution", "0")
     assert out.returncode == 2 and "at least 1 byte" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_cached_trace_keeps_the_last_few_and_reloads_a_changed_file(tmp_path):
+    """A worker keeps `TRACES_KEPT` traces for its next cells, no more, and never a stale one."""
+    from allocsim import sweep
+    from conftest import random_trace
+    paths = []
+    for k in range(sweep.TRACES_KEPT + 1):
+        paths.append(str(tmp_path / f"t{k}.bin"))
+        random_trace(50 + k, seed=k).save(paths[-1])
+    first = sweep.cached_trace(paths[0])
+    assert sweep.cached_trace(paths[0]) is first
+    for p in paths[1:]:
+        sweep.cached_trace(p)
+    assert len(sweep._loaded) == sweep.TRACES_KEPT
+    assert sweep.cached_trace(paths[0]) is not first            # evicted as the least recently used
+    random_trace(400, seed=9).save(paths[1])                    # replaced on disk: read again
+    assert len(sweep.cached_trace(paths[1])) == len(random_trace(400, seed=9))

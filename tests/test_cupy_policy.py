@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import random_trace
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.replay import Replay
 from allocsim.context import PolicyContext
 from allocsim.device import SimulatedDevice
@@ -180,12 +180,12 @@ def test_gc_runtime_collect_rescues_the_request():
     w.free(a)                                # dead, not yet collected
     w.alloc(2048)
     t = w.finish()
-    r = engine.replay(t, "cupy", runtime="gc", options={"limit": 4096})
+    r = replay(t, "cupy", runtime="gc", options={"limit": 4096})
     assert r.ooms == 0 and r.gc_full == 1 and r.cache_flushes == 2
     names = [row["name"] for row in r.sections if row["depth"] == 1]
     assert names.index("2.1 free_all_blocks (limit)") < names.index("2.2 gc.collect (limit)") \
         < names.index("2.3 free_all_blocks (limit)")
-    r = engine.replay(t, "cupy", runtime="eager", options={"limit": 4096})   # the 3072 chunk is split
+    r = replay(t, "cupy", runtime="eager", options={"limit": 4096})   # the 3072 chunk is split
     assert r.ooms == 0 and r.gc_full == 0 and r.cache_flushes == 0 and r.device_mallocs == 1
 
 

@@ -10,12 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.gpu import gpu_available
 from allocsim.replay import Replay
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
 from allocsim.validate import validate
+from allocsim.report.text import validation_summary
 
 from conftest import ROOT
 from test_reference_models import cupy_pressure_traces
@@ -36,7 +37,7 @@ def test_the_recording_validates():
     """Segment allocs and frees (the same sizes for the same requests), peak and final reserved, and the
     one OOM at its own event: what CuPy did under its limit, call for call."""
     v = validate(RECORDING)
-    assert v.match, v.summary()
+    assert v.match, validation_summary(v)
     checks = {c["name"]: c for c in v.checks}
     assert checks["segment frees"]["model"] == 21 and checks["OOMs"]["model"] == 1
     oom_at = [i for i, k in enumerate(Trace.load(RECORDING).kind.tolist()) if k == OOM]
@@ -67,7 +68,7 @@ def test_a_cap_given_overrides_the_recorded_limit(recording):
     """Without the limit (a cap above anything the run reserves) the oversized batch is served: the
     replay says the OOM would not have happened, and no segment is released but by the program."""
     trace, _ = recording
-    res = engine.replay(trace, "cupy", cap=8 << 30)
+    res = replay(trace, "cupy", cap=8 << 30)
     oom_at = [i for i, k in enumerate(trace.kind.tolist()) if k == OOM]
     assert res.ooms == 0 and res.ooms_avoided == oom_at and res.counters["limit"] == 8 << 30
     assert res.cache_flushes == 3

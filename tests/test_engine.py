@@ -1,7 +1,8 @@
 """The engine: the walk agrees with its hooks on or off; runtime semantics; 0-byte bypass; sections."""
 import pytest
 
-from allocsim import engine, policies
+from allocsim import policies
+from allocsim.replay import replay
 from allocsim.replay import Replay
 from allocsim.trace import TraceWriter
 
@@ -21,8 +22,8 @@ def _strip(d):
 def test_the_walk_gives_the_same_results_with_hooks_on(policy, runtime):
     t = random_trace(1200, seed=11, max_size=1 << 22, streams=2)
     for cap in (None, t.load_bytes + (t.load_bytes >> 2)):
-        lean = engine.replay(t, policy, runtime=runtime, cap=cap, keep_going=True)
-        general = engine.replay(t, policy, runtime=runtime, cap=cap, keep_going=True, observer=lambda *a: None)
+        lean = replay(t, policy, runtime=runtime, cap=cap, keep_going=True)
+        general = replay(t, policy, runtime=runtime, cap=cap, keep_going=True, observer=lambda *a: None)
         assert _strip(lean.to_dict()) == _strip(general.to_dict())
 
 
@@ -68,7 +69,7 @@ def test_periodic_collection_every_n_bytes():
     for _ in range(10):
         w.free(w.alloc(1 << 20))
     t = w.finish()
-    r = engine.replay(t, "none", runtime="gc", gc_every=3 << 20)
+    r = replay(t, "none", runtime="gc", gc_every=3 << 20)
     # collections run before the 3rd, 6th and 9th allocation: they reclaim 2, 3 and 3 dead MiB
     assert r.gc_incremental == 3 and r.gc_reclaimed_bytes == 8 << 20
     assert any(s["name"] == "gc(false) (periodic)" for s in r.sections)
@@ -80,7 +81,7 @@ def test_zero_byte_requests_bypass_the_pool():
     a = w.alloc(512)
     w.free(z)
     w.free(a)
-    r = engine.replay(w.finish(), "none")
+    r = replay(w.finish(), "none")
     assert (r.allocs, r.frees, r.device_mallocs) == (2, 2, 1)
 
 
@@ -92,15 +93,15 @@ def test_oom_stops_unless_keep_going():
     for i in (a, b, c):
         w.free(i)
     t = w.finish()
-    r = engine.replay(t, "none", cap=1000)
+    r = replay(t, "none", cap=1000)
     assert r.ooms == 1 and r.oom_events[0].event == 1 and not r.completed and r.driving_events == 2
     assert r.oom_events[0].live_bytes == 600 and r.oom_events[0].reserved_bytes == 600
-    k = engine.replay(t, "none", cap=1000, keep_going=True)
+    k = replay(t, "none", cap=1000, keep_going=True)
     assert k.ooms == 1 and k.completed and k.allocs == 3 and k.frees == 2
 
 
 def test_section_roots_add_up_to_the_modeled_clock():
     t = random_trace(800, seed=4)
-    r = engine.replay(t, "none", runtime="gc", cap=t.load_bytes, keep_going=True, gc_every=8 << 20)
+    r = replay(t, "none", runtime="gc", cap=t.load_bytes, keep_going=True, gc_every=8 << 20)
     roots = sum(s["seconds"] for s in r.sections if s["depth"] == 0)
     assert roots == pytest.approx(r.total_time_seconds, rel=1e-9)

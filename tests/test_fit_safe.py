@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine, policies
+from allocsim import policies
+from allocsim.replay import replay
 from allocsim.fit import fit_capacity
 from allocsim.trace import TraceWriter
 
@@ -24,7 +25,7 @@ OPTIONS = {"knet": [(), ("headroom=0",), ("headroom=1MiB",)], "cupy": [(), ("lim
 
 
 def passes(path, policy, runtime, options, cap) -> bool:
-    return engine.replay(path, policy, runtime=runtime, cap=cap, options=list(options)).ooms == 0
+    return replay(path, policy, runtime=runtime, cap=cap, options=list(options)).ooms == 0
 
 
 def brute_safe(path, policy, runtime, options, load, peak, res):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.replay import Replay
 from allocsim.errors import InputError
 from allocsim.metrics import LatencyLog, latency_summary
@@ -40,7 +40,7 @@ def _zero_heavy_trace(seed):
 
 
 def _result(t, policy, **kw):
-    d = engine.replay(t, policy, **kw).to_dict(timeline=kw.get("timeline", False))
+    d = replay(t, policy, **kw).to_dict(timeline=kw.get("timeline", False))
     d.pop("replay_seconds")
     return d
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.replay import Replay
 from allocsim.costs import CostModel
 from allocsim.gpu import gpu_available
@@ -74,7 +74,7 @@ def test_cupy_real_matches_cupy_model_after_every_event(path):
 def test_torch_real_matches_torch_model(path):
     """PyTorch's allocator settings cannot be reset in a process: each real replay runs in its own."""
     pytest.importorskip("torch")
-    model = engine.replay(Trace.load(path), "torch", capacity=None)
+    model = replay(Trace.load(path), "torch", capacity=None)
     out = run_cli("replay", path, "--policy", "torch-real", "--capacity", "none", "--json")
     assert out.returncode == 0, out.stderr
     real = json.loads(out.stdout)
@@ -90,17 +90,17 @@ def test_torch_real_refuses_other_settings_in_the_same_process():
     pytest.importorskip("torch")
     from allocsim.errors import UsageError
     trace = random_trace(200, seed=3)
-    engine.replay(trace, "torch-real", capacity=None)
+    replay(trace, "torch-real", capacity=None)
     with pytest.raises(UsageError, match="fresh process"):
-        engine.replay(trace, "torch-real", capacity=None, options=["conf=expandable_segments:True"])
+        replay(trace, "torch-real", capacity=None, options=["conf=expandable_segments:True"])
 
 
 @pytest.mark.gpu
 @gpu
 def test_cuda_backend_makes_the_same_device_calls():
     trace = random_trace(800, seed=9, max_size=1 << 22)
-    sim = engine.replay(trace, "split", capacity=None)
-    real = engine.replay(trace, "split", capacity=None, backend="cuda")
+    sim = replay(trace, "split", capacity=None)
+    real = replay(trace, "split", capacity=None, backend="cuda")
     assert (real.device_mallocs, real.device_frees, real.peak_reserved_bytes) == \
            (sim.device_mallocs, sim.device_frees, sim.peak_reserved_bytes)
     assert real.alloc_time_seconds > 0
@@ -111,9 +111,9 @@ def test_cuda_backend_makes_the_same_device_calls():
 @pytest.mark.parametrize("policy", ["cupy-real", "cupy-async", "cuda-direct"])
 def test_real_policies_replay_and_honour_cap(policy):
     trace = random_trace(600, seed=2, max_size=1 << 22)
-    ok = engine.replay(trace, policy, capacity=None)
+    ok = replay(trace, policy, capacity=None)
     assert ok.ooms == 0 and ok.latency["count"] == trace.n_allocs
-    capped = engine.replay(trace, policy, capacity=None, cap=trace.load_bytes // 4)
+    capped = replay(trace, policy, capacity=None, cap=trace.load_bytes // 4)
     assert capped.ooms == 1
 
 

@@ -8,7 +8,7 @@ from conftest import random_trace, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.errors import UsageError
 from allocsim.policies.oracle import buffer_lifetimes, plan
 from allocsim.trace import TraceWriter
@@ -27,7 +27,7 @@ def trace_of(script):
 
 
 def oracle_heap(t, **opts):
-    return engine.replay(t, "oracle", options=opts).peak_reserved_bytes
+    return replay(t, "oracle", options=opts).peak_reserved_bytes
 
 
 def test_disjoint_lifetimes_need_only_the_largest():
@@ -37,7 +37,7 @@ def test_disjoint_lifetimes_need_only_the_largest():
 
 def test_nested_lifetimes_need_the_sum():
     t = trace_of([("a", "x", 4096), ("a", "y", 2048), ("a", "z", 1024), ("f", "z"), ("f", "y"), ("f", "x")])
-    r = engine.replay(t, "oracle")
+    r = replay(t, "oracle")
     assert r.peak_reserved_bytes == 7168 == r.load_bytes
 
 
@@ -45,7 +45,7 @@ def test_beats_online_best_fit_where_the_optimum_is_known():
     # online: a at 0, b at 512, a freed leaves a 512 hole too small for c -> 2560.
     # The optimum is LOAD = b + c = 2048: put b at 0, c at 1024, a at 1024 (a and c never meet).
     t = trace_of([("a", "a", 512), ("a", "b", 1024), ("f", "a"), ("a", "c", 1024), ("f", "b"), ("f", "c")])
-    r = engine.replay(t, "oracle")
+    r = replay(t, "oracle")
     assert r.load_bytes == 2048 and r.peak_reserved_bytes == 2048
     assert r.counters["heap_arrival_bytes"] == 2560 and r.counters["heap_spatial_bytes"] == 2048
     assert naive_best_fit_heap(t) == 2560
@@ -54,9 +54,9 @@ def test_beats_online_best_fit_where_the_optimum_is_known():
 def test_unit_option_rounds_or_keeps_exact_bytes():
     t = trace_of([("a", "x", 1000), ("a", "y", 100), ("f", "x"), ("f", "y")])
     assert oracle_heap(t) == 1536            # 1024 + 512
-    assert oracle_heap(t, unit=1) == 1100 == engine.replay(t, "none").peak_reserved_bytes
+    assert oracle_heap(t, unit=1) == 1100 == replay(t, "none").peak_reserved_bytes
     with pytest.raises(UsageError, match="unit"):
-        engine.replay(t, "oracle", options={"unit": 0})
+        replay(t, "oracle", options={"unit": 0})
 
 
 def test_never_freed_objects_live_to_the_end():
@@ -68,25 +68,25 @@ def test_never_freed_objects_live_to_the_end():
 
 def test_handles_are_the_planned_offsets_in_one_segment():
     t = random_trace(300, seed=7)
-    r = engine.replay(t, "oracle")
+    r = replay(t, "oracle")
     assert r.device_mallocs == 1 and r.device_malloc_bytes == r.peak_reserved_bytes == r.counters["heap_bytes"]
     assert r.load_bytes <= r.peak_reserved_bytes
 
 
 def test_cap_below_the_heap_fails_at_the_first_malloc():
     t = trace_of([("a", "x", 4096), ("a", "y", 4096), ("f", "x"), ("f", "y")])
-    r = engine.replay(t, "oracle", cap=6000)
+    r = replay(t, "oracle", cap=6000)
     assert r.ooms == 1 and r.oom_events[0].event == 0
-    assert engine.replay(t, "oracle", cap=8192).ooms == 0
+    assert replay(t, "oracle", cap=8192).ooms == 0
 
 
 def test_orders_option_and_refusal():
     t = random_trace(200, seed=2)
     with pytest.raises(UsageError, match="orders"):
-        engine.replay(t, "oracle", options={"orders": "spatial,bogus"})
+        replay(t, "oracle", options={"orders": "spatial,bogus"})
     with pytest.raises(UsageError, match="max_buffers"):
-        engine.replay(t, "oracle", options={"max_buffers": 10})
-    one = engine.replay(t, "oracle", options={"orders": "spatial"})
+        replay(t, "oracle", options={"max_buffers": 10})
+    one = replay(t, "oracle", options={"orders": "spatial"})
     assert set(k for k in one.counters if k.startswith("heap_")) == {"heap_bytes", "heap_spatial_bytes"}
 
 
@@ -113,8 +113,8 @@ def test_not_above_the_cupy_model_on_a_training_like_trace():
             w.free(live.pop())
             w.free(g)
     t = w.finish()
-    o = engine.replay(t, "oracle")
-    c = engine.replay(t, "cupy")
+    o = replay(t, "oracle")
+    c = replay(t, "cupy")
     assert o.load_bytes <= o.peak_reserved_bytes <= c.peak_reserved_bytes
 
 
@@ -171,14 +171,14 @@ def test_no_two_time_overlapping_buffers_overlap_in_address(t, min_block):
 @settings(max_examples=40, deadline=None)
 @given(traces)
 def test_load_le_oracle_le_online_best_fit(t):
-    r = engine.replay(t, "oracle")
+    r = replay(t, "oracle")
     assert r.load_bytes <= r.peak_reserved_bytes <= naive_best_fit_heap(t)
     assert r.counters["heap_arrival_bytes"] == naive_best_fit_heap(t)   # arrival order is online best fit
 
 
 def test_gc_runtime_collects_when_dead_objects_hold_the_planned_slot():
     t = trace_of([("a", "x", 1024), ("f", "x"), ("a", "y", 1024), ("f", "y")])
-    r = engine.replay(t, "oracle", runtime="gc")
+    r = replay(t, "oracle", runtime="gc")
     assert r.peak_reserved_bytes == 1024 and r.gc_full == 1 and r.counters["planned_collections"] == 1
-    r = engine.replay(t, "oracle", runtime="eager")
+    r = replay(t, "oracle", runtime="eager")
     assert r.gc_full == 0 and r.counters["planned_collections"] == 0

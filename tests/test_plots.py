@@ -64,6 +64,7 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from allocsim.report import plots  # noqa: E402
 from allocsim.commands.plot import parse_caps  # noqa: E402
 from allocsim.sweep import Cell, Settings, run_cell, run_cells  # noqa: E402
+from allocsim.replay import ReplaySettings  # noqa: E402
 from allocsim.units import parse_size  # noqa: E402
 
 POLICIES = ["split", "bestfit"]
@@ -87,7 +88,8 @@ def figures(small):
     styles = plots.policy_styles(POLICIES)
     rows = run_cells([Cell(small.path, p, c, rt, ()) for p in POLICIES for c in cap_text for rt in ("eager",)])
     gc_rows = run_cells([Cell(small.path, p, c, "gc", ()) for p in POLICIES for c in cap_text])
-    timeline = {p: run_cell(Cell(small.path, p, None), Settings(timeline=True), full=True)[1] for p in POLICIES}
+    timeline = {p: run_cell(Cell(small.path, p, None), Settings(ReplaySettings(timeline=True)), full=True)[1]
+                for p in POLICIES}
     fit = {"load_bytes": small.load_bytes, "oracle_peak_bytes": small.load_bytes + 1000,
            "fits": [{"policy": p, "options": "", "capacity_bytes": small.load_bytes * (1.1 + i / 10),
                      "island_bytes": None, "threshold": True}
@@ -204,7 +206,8 @@ def test_pdf_picture(tmp_path, shipped):
 def test_capped_timeline_marks_the_cap_and_the_ooms(small):
     import matplotlib.pyplot as plt
     cap_text = parse_caps("3MB")
-    res = {p: run_cell(Cell(small.path, p, 3_000_000), Settings(timeline=True), full=True)[1] for p in POLICIES}
+    res = {p: run_cell(Cell(small.path, p, 3_000_000), Settings(ReplaySettings(timeline=True)), full=True)[1]
+           for p in POLICIES}
     assert all(r.ooms for r in res.values())
     mem = plots.memory_figure(small, res, cap_text=cap_text)
     labels = [ln.get_label() for ln in mem.axes[0].get_lines()]

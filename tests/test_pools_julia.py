@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.replay import Replay
 from allocsim.policies import binned
 from allocsim.policies.knet import blocksize, icbrt
@@ -65,7 +65,7 @@ def run(ops, policy, *, runtime="eager", cap=None, options=None, times=None):
         if kind == ALLOC:
             got[keys[i]] = h
 
-    res = engine.replay(trace, policy, runtime=runtime, cap=cap, capacity=None, options=options,
+    res = replay(trace, policy, runtime=runtime, cap=cap, capacity=None, options=options,
                         keep_going=True, observer=observer)
     return res, got
 

@@ -9,11 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine, policies, validate
+from allocsim import policies, validate
+from allocsim.replay import replay
 from allocsim.replay import Replay
 from allocsim.testing import random_trace as generated_trace
 from allocsim.trace import TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, OOM, SET_LIMIT
+from allocsim.report.text import replay_summary
 
 from conftest import random_trace
 
@@ -34,7 +36,7 @@ def _strip(d):
 @settings(max_examples=15, deadline=None)
 def test_stepping_in_any_pieces_gives_the_result_of_one_run(policy, steps):
     t = random_trace(1500, seed=5, max_size=1 << 22, streams=2)
-    whole = engine.replay(t, policy)
+    whole = replay(t, policy)
     r = Replay(t, policy)
     done = 0
     for n in steps:
@@ -131,7 +133,7 @@ def test_a_cache_release_keeps_what_a_live_block_needs(policy):
 
 
 def test_cache_release_is_timed_under_its_own_root_section():
-    res = engine.replay(_release_trace(), "cupy")
+    res = replay(_release_trace(), "cupy")
     roots = {s["name"]: s for s in res.sections if s["depth"] == 0}
     assert roots["cache release"]["ncalls"] == 1 and roots["cache release"]["seconds"] > 0
     assert res.counters["cache_flushes"] == 1
@@ -154,10 +156,10 @@ def _limited_trace(limit):
 @pytest.mark.parametrize("policy", ["split", "cupy", "bestfit", "none"])
 def test_a_recorded_limit_caps_the_device_until_lifted(policy):
     t = _limited_trace(20 * MiB)
-    res = engine.replay(t, policy, capacity=None, keep_going=True)
+    res = replay(t, policy, capacity=None, keep_going=True)
     assert [o.event for o in res.oom_events] == [3]         # the third 8 MiB does not fit under 20 MiB
     assert res.cap_bytes is None                            # lifted by the second SET_LIMIT
-    assert engine.replay(t, policy, capacity=None, keep_going=True, cap=1 << 30).ooms == 0   # --cap overrides
+    assert replay(t, policy, capacity=None, keep_going=True, cap=1 << 30).ooms == 0   # --cap overrides
 
 
 # ---- recorded OOMs -------------------------------------------------------------------------------
@@ -176,20 +178,20 @@ def _oom_trace(request):
 
 @pytest.mark.parametrize("policy", [p for p in SIM if p != "oracle"])
 def test_a_recorded_oom_that_fails_again_is_recorded_and_the_walk_goes_on(policy):
-    res = engine.replay(_oom_trace(64 * MiB), policy, capacity=None, cap=40 * MiB)
+    res = replay(_oom_trace(64 * MiB), policy, capacity=None, cap=40 * MiB)
     assert res.ooms == 1 and res.ooms_avoided == []
     o = res.first_oom
     assert o.recorded and o.event == 2 and o.size == 64 * MiB and o.live_bytes == 16 * MiB
     assert res.completed and res.allocs == 3 and res.frees == 3     # without --keep-going, past the OOM
-    assert "(recorded OOM)" in res.summary()
+    assert "(recorded OOM)" in replay_summary(res)
 
 
 @pytest.mark.parametrize("policy", [p for p in SIM if p != "oracle"])
 def test_a_recorded_oom_served_is_listed_and_freed_at_once(policy):
     t = _oom_trace(4 * MiB)
-    res = engine.replay(t, policy, capacity=None)
+    res = replay(t, policy, capacity=None)
     assert res.ooms == 0 and res.ooms_avoided == [2]
-    assert "recorded OOM at event 2: served under this policy/setting (would not have happened)" in res.summary()
+    assert "recorded OOM at event 2: served under this policy/setting (would not have happened)" in replay_summary(res)
     r = Replay(t, policy, capacity=None)
     r.run(until=2)
     held = r.allocated
@@ -199,7 +201,7 @@ def test_a_recorded_oom_served_is_listed_and_freed_at_once(policy):
 
 
 def test_an_offline_plan_leaves_recorded_ooms_out():
-    res = engine.replay(_oom_trace(4 * MiB), "oracle", capacity=None)
+    res = replay(_oom_trace(4 * MiB), "oracle", capacity=None)
     assert res.ooms == 0 and res.ooms_avoided == [] and res.completed and res.allocs == 3
 
 
@@ -208,7 +210,7 @@ def test_an_unrecorded_oom_still_stops_the_walk():
     w.oom(1 * MiB)
     w.alloc(64 * MiB)
     w.alloc(1 * MiB)
-    res = engine.replay(w.finish(), "split", capacity=None, cap=32 * MiB)
+    res = replay(w.finish(), "split", capacity=None, cap=32 * MiB)
     assert res.ooms_avoided == [0] and res.ooms == 1 and not res.first_oom.recorded and not res.completed
     assert res.driving_events == 2
 

@@ -1,4 +1,4 @@
-"""`replay --snapshot`: a replay as a PyTorch memory snapshot (allocsim.report.snapshot).
+"""`replay --snapshot`: a replay as a PyTorch memory snapshot (allocsim.exporters.torch_snapshot).
 
 The export of a replay of a recorded snapshot must equal the recording where the model is
 exact (the final segments and blocks, and every trace entry), import back to the replayed
@@ -18,9 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import engine
+from allocsim.replay import replay
 from allocsim.importers.torch_snapshot import convert
-from allocsim.report.snapshot import History, replay_snapshot, write_snapshot
+from allocsim.exporters.torch_snapshot import History, write_snapshot
+from allocsim.replay import replay_snapshot
 from allocsim.testing import SIZE_RANGES, STREAMS, build_trace
 from allocsim.trace import ALLOC, FREE, SEGMENT_ALLOC, Trace, TraceWriter
 from allocsim.trace.events import SEGMENT_FREE
@@ -133,7 +134,7 @@ def test_settings_survive_the_round_trip(path):
     res, export = replay_snapshot(trace, "torch")
     again = imported(export)
     assert driving(again) == driving(trace)
-    res2 = engine.replay(again, "torch")
+    res2 = replay(again, "torch")
     assert (res2.peak_reserved_bytes, res2.device_mallocs, res2.device_frees, res2.counters) == \
         (res.peak_reserved_bytes, res.device_mallocs, res.device_frees, res.counters)
     if path == EXPANDABLE:
@@ -395,7 +396,7 @@ def test_memory_viz_compare_finds_no_difference_with_the_recording(memory_viz, p
 def test_the_exporter_does_not_import_torch():
     import subprocess
     import sys
-    code = ("import sys, allocsim.report.snapshot, allocsim.commands.replay; "
+    code = ("import sys, allocsim.exporters.torch_snapshot, allocsim.commands.replay; "
             "print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=ROOT))

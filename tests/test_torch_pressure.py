@@ -28,6 +28,7 @@ from allocsim.policies.torch import fraction_for
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.validate import validate
+from allocsim.report.text import validation_summary
 
 from conftest import ROOT
 from test_fit_safe import brute_safe, passes
@@ -90,7 +91,7 @@ def model_counters(trace: Trace, options=(), **kw) -> dict:
 
 
 def assert_match(v):
-    assert v.match, v.summary()
+    assert v.match, validation_summary(v)
 
 
 # ---- recordings the engine replays whole ----------------------------------------------------

@@ -11,9 +11,8 @@ from hypothesis import strategies as st
 
 from allocsim import tune as tune_mod
 from allocsim.cli import main
-from allocsim.engine import replay
+from allocsim.replay import replay
 from allocsim.policies.torch import parse_divisions
-from allocsim.sweep import _TRACES
 from allocsim.trace import TraceWriter
 from allocsim.tune import Space, Target, divisions_text, pareto, ranked, tune
 
@@ -35,7 +34,6 @@ def torch_trace(path, steps, total_memory=80 << 30):
         elif what == "oom":
             w.oom(x, t=t)
     w.finish().save(path)
-    _TRACES.pop(path, None)         # the sweep's per-process trace cache: a test may reuse the path
     return path
 
 
@@ -50,8 +48,8 @@ def small_grid(monkeypatch):
 
 def brute_force(path, capacity=None, cap=None):
     """Every raw candidate of the space replayed on its own: (candidate, figures), and the space."""
-    from allocsim.sweep import _trace
-    t = _trace(path)
+    from allocsim.sweep import cached_trace
+    t = cached_trace(path)
     space = Space(t, Target(capacity, cap))
     out = []
     for c in space.candidates():
@@ -137,11 +135,11 @@ def test_never_worse_than_a_50_point_grid():
     none beats tune's answer."""
     path = os.path.join(ROOT, "traces", "resnet50.bin")
     res = tune(path, jobs=1, fit=False)
-    from allocsim.sweep import _trace
-    space = Space(_trace(path), res.target)
+    from allocsim.sweep import cached_trace
+    space = Space(cached_trace(path), res.target)
     grid = random.Random(12).sample(space.candidates(), 50)
     for c in grid:
-        r = replay(_trace(path), c.spec).to_dict()
+        r = replay(cached_trace(path), c.spec).to_dict()
         assert r["ooms"] or r["peak_reserved_bytes"] >= res.best["peak_reserved_bytes"], c.label
 
 
@@ -236,12 +234,12 @@ def test_command_end_to_end_on_a_shipped_trace(tmp_path, capsys):
 def test_recorded_settings_are_the_first_candidate():
     """gpt2-maxsplit128-rp2div4 was recorded under max_split_size_mb:128,roundup_power2_divisions:4: the
     recorded row replays exactly that setting, and the grid point of the same values shares its canonical form."""
-    from allocsim.sweep import _trace
+    from allocsim.sweep import cached_trace
     path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
     res = tune(path, jobs=1, fit=False, max_replays=3)
     assert res.rows[0]["recorded"]
     assert res.rows[0]["conf"] == "PYTORCH_ALLOC_CONF=max_split_size_mb:128,roundup_power2_divisions:4"
-    space = Space(_trace(path), res.target)
+    space = Space(cached_trace(path), res.target)
     recorded, *grid = space.candidates()
     same = [c for c in grid if c.label == "max_split_size_mb:128,roundup_power2_divisions:4"]
     assert len(same) == 1 and space.canonical(same[0]) == space.canonical(recorded)

@@ -12,6 +12,7 @@ from allocsim.errors import InputError
 from allocsim.trace import TraceWriter
 from allocsim.trace import events as ev
 from allocsim.validate import validate
+from allocsim.report.text import validation_summary
 
 MiB = 1 << 20
 
@@ -61,7 +62,7 @@ def with_model_segments(trace, conf="", perturb=None):
 def test_self_consistent_trace_matches(conf):
     t, log = with_model_segments(workload(), conf)
     v = validate(t)
-    assert v.match, v.summary()
+    assert v.match, validation_summary(v)
     assert v.recorded_events == len(log) > 3 and v.first_divergence is None
     assert (conf == "expandable_segments:True") == all(k == ev.SEGMENT_MAP for k, _, _ in log)
 

@@ -8,6 +8,7 @@ import threading
 
 from ..costs import CostModel
 from ..errors import UsageError
+from ..replay import ReplaySettings
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
@@ -107,6 +108,24 @@ def gc_every_arg(text: str | None) -> int | None:
 
 def cost_model_arg(path):
     return CostModel.load(path) if path is not None else None
+
+
+def replay_settings(args, **fixed) -> ReplaySettings:
+    """The `ReplaySettings` of a command's arguments — those it has of --cap, --capacity, --cost-model,
+    --gc-every, --keep-going and --backend — with ``fixed`` over them: built once, handed on as it is
+    (a sweep's cells set their own cap, runtime and capacity over it)."""
+    a = vars(args)
+    found = {}
+    if a.get("cap") is not None:
+        found["cap"] = positive_size(a["cap"], "--cap", allow_none=True)
+    if "capacity" in a:
+        found["capacity"] = capacity_arg(a["capacity"])
+    if a.get("cost_model") is not None:
+        found["costs"] = cost_model_arg(a["cost_model"])
+    if a.get("gc_every") is not None:
+        found["gc_every"] = gc_every_arg(a["gc_every"])
+    found.update({k: a[k] for k in ("keep_going", "backend") if k in a})
+    return ReplaySettings(**{**found, **fixed})
 
 
 DEFAULT_TRACE = "resnet50.bin"     # traces/resnet50.bin: ResNet-50 training on an H100, recorded

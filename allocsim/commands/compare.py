@@ -8,7 +8,7 @@ from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
 from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
-                      check_caps, cost_model_arg, gc_every_arg, load_trace, policy_specs, split_list)
+                      check_caps, load_trace, policy_specs, replay_settings, split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -51,10 +51,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
             raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
     capacity = capacity_arg(args.capacity)
     check_caps(caps, capacity, "--caps")
-    costs = cost_model_arg(args.cost_model)
-    settings = Settings(costs=costs.to_dict() if costs else None, keep_going=args.keep_going,
-                        gc_every=gc_every_arg(args.gc_every),
-                        sections=getattr(args, "sections", False))
+    settings = Settings(replay_settings(args), sections=getattr(args, "sections", False))
     cells = [Cell(args.trace, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]
     return cells, settings
 

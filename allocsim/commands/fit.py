@@ -5,12 +5,12 @@ import threading
 from multiprocessing import Manager
 
 from ..errors import UsageError
-from ..fit import MAX_REPLAYS, MiB, _fit_job, fit_capacity
+from ..fit import MAX_REPLAYS, MiB, fit_job, fit_capacity
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
-from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, cost_model_arg,
-                      load_trace, policy_specs, positive_size, progress_bar)
+from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, load_trace, policy_specs,
+                      positive_size, progress_bar, replay_settings)
 
 NAME = "fit"
 HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
@@ -69,7 +69,7 @@ def _fits(jobs_args, jobs, replayed, quiet):
         return [fit_capacity(*a[:2], **a[2], on_replay=None if quiet else replayed) for a in jobs_args]
     with process_pool(jobs) as ex:
         if quiet:
-            return list(ex.map(_fit_job, jobs_args))
+            return list(ex.map(fit_job, jobs_args))
         with Manager() as manager:
             queue = manager.Queue()
             def listen():
@@ -79,7 +79,7 @@ def _fits(jobs_args, jobs, replayed, quiet):
             listener = threading.Thread(target=listen, daemon=True)
             listener.start()
             try:
-                return list(ex.map(_fit_job, [(*a, queue) for a in jobs_args]))
+                return list(ex.map(fit_job, [(*a, queue) for a in jobs_args]))
             finally:
                 queue.put(None)
                 listener.join()
@@ -90,9 +90,8 @@ def run(args) -> int:
     resolution = positive_size(args.resolution, "--resolution")
     if args.max_replays < 0:
         raise UsageError(f"--max-replays: must be 0 (no limit) or more, got {args.max_replays}")
-    costs = cost_model_arg(args.cost_model)
     res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution, max_replays=args.max_replays,
-                   jobs=args.jobs, settings=Settings(costs=costs.to_dict() if costs else None),
+                   jobs=args.jobs, settings=Settings(replay_settings(args)),
                    oracle=not args.no_oracle, quiet=args.quiet or args.json)
     if args.json:
         dump_json(res)

@@ -95,7 +95,7 @@ class DistinctSizes:
 
 def _alloc_sizes(trace):
     """Each chunk's ALLOC sizes (uint64), in trace order."""
-    for start, rec in trace._chunks():
+    for start, rec in trace.chunks():
         yield Chunk(start, rec).alloc_sizes
 
 

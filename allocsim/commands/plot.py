@@ -6,8 +6,8 @@ import os
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, result_row, run_cell, run_cells
-from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg, cost_model_arg,
-                      load_trace, policy_specs, split_list)
+from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg, load_trace,
+                      policy_specs, replay_settings, split_list)
 
 NAME = "plot"
 HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
@@ -58,7 +58,7 @@ def parse_caps(text: str) -> dict:
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
-    s = Settings(**{**settings.__dict__, "timeline": True})
+    s = Settings(settings.replay.with_(timeline=True), settings.sections)
     out = {}
     for spec in specs:
         _, res = run_cell(Cell(trace_path, spec, cap, runtime), s, full=True)
@@ -112,8 +112,7 @@ def run(args) -> int:
     labels = [spec.label for spec in specs]
     cap_text = parse_caps(args.caps)
     caps = list(cap_text)
-    costs = cost_model_arg(args.cost_model)
-    settings = Settings(costs=costs.to_dict() if costs else None)
+    settings = Settings(replay_settings(args))
     style = {"styles": plots.policy_styles(labels)}
     first = f"eager runtime, {plots.cap_label(caps[0], cap_text)}"
     compute = {"timeline": lambda: _timeline_results(args.trace, specs, settings, caps[0]),

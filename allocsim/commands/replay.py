@@ -4,14 +4,14 @@ from __future__ import annotations
 import sys
 import time
 
-from .. import engine
+from ..exporters.torch_snapshot import check_exportable, write_snapshot
 from ..outputs import add_force_argument, claim_outputs
-from ..report.snapshot import check_exportable, replay_snapshot, write_snapshot
+from ..replay import replay, replay_snapshot
 from ..report.tables import dump_json
 from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
-from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg,
-                      gc_every_arg, lazy_progress_bar, load_trace, positive_size, progress_bar)
+from ._common import (DEFAULT_TRACE, add_replay_arguments, check_caps, lazy_progress_bar, load_trace, progress_bar,
+                      replay_settings)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -46,14 +46,11 @@ def run(args) -> int:
     loaded = time.perf_counter() - t0
     planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
-    cap, capacity = positive_size(args.cap, "--cap", allow_none=True), capacity_arg(args.capacity)
-    check_caps([cap], capacity)
-    replay = engine.replay if args.snapshot is None else replay_snapshot
+    settings = replay_settings(args, runtime=args.runtime)
+    check_caps([settings.cap], settings.capacity)
     try:
-        res = replay(
-            trace, spec, runtime=args.runtime, cap=cap, capacity=capacity,
-            costs=cost_model_arg(args.cost_model), keep_going=args.keep_going, gc_every=gc_every_arg(args.gc_every),
-            progress=update, backend=args.backend, plan_progress=planned)
+        res = (replay if args.snapshot is None else replay_snapshot)(trace, spec, settings, progress=update,
+                                                                     plan_progress=planned)
     finally:
         close_plan()
         close()

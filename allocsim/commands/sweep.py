@@ -121,7 +121,7 @@ def run(args) -> int:
     with open(partial, "a") as log:
         def on_row(cell, row):
             row = dict(row, cell=cell.key())
-            row.pop("section_table", None)
+            row.pop("sections", None)
             row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
             log.write(json.dumps(row, sort_keys=True) + "\n")
             log.flush()

@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 
 from ..outputs import add_force_argument, claim_outputs, is_trace
+from ..replay import ReplaySettings
 from ..sweep import Settings
 from ..tune import OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
@@ -91,7 +92,7 @@ def _tune(args, path: str) -> int:
     t0 = time.perf_counter()
     res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
                top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
-               settings=Settings(costs=costs.to_dict() if costs else None))
+               settings=Settings(ReplaySettings(costs=costs)))
     res.trace = args.trace              # as the user named it (an imported log's temporary trace is gone after)
     took = time.perf_counter() - t0
     if res.rescue and res.target.capacity is None and res.target.cap is None:
@@ -111,7 +112,8 @@ def _tune(args, path: str) -> int:
 
 def _write_snapshot(trace, res, path: str) -> None:
     """The recommended setting's replay (the recorded one's when none fits) as a PyTorch memory snapshot."""
-    from ..report.snapshot import replay_snapshot, write_snapshot
+    from ..exporters.torch_snapshot import write_snapshot
+    from ..replay import replay_snapshot
     row = res.best or res.recorded
     _, snapshot = replay_snapshot(trace, PolicySpec.parse(row["spec"]), cap=row["cap_bytes"],
                                   capacity=res.target.capacity)

@@ -1,7 +1,8 @@
 """The policy registry. A built-in policy is one module in this package with a class
 decorated by `@register`; `get(name)` imports the package's modules on first use and
-falls back on the installed entry points of the group ``allocsim.policies``. Plug-ins
-named by file or module (``my.py:MyPool``) are resolved by `allocsim.spec.PolicySpec`."""
+the registry itself is `allocsim.policies.registry`. Installed policies (the entry points of the group
+``allocsim.policies``) and plug-ins named by file or module (``my.py:MyPool``) are resolved by
+`allocsim.spec.PolicySpec`."""
 from __future__ import annotations
 
 import importlib
@@ -9,16 +10,9 @@ import pkgutil
 
 from ..errors import UsageError
 from .base import Param, Policy
+from .registry import REGISTRY, register
 
-REGISTRY: dict[str, type[Policy]] = {}
 _loaded = False
-
-
-def register(cls: type[Policy]) -> type[Policy]:
-    if not cls.name:
-        raise TypeError(f"{cls.__name__} has no name")
-    REGISTRY[cls.name] = cls
-    return cls
 
 
 def _load_all() -> None:
@@ -27,7 +21,7 @@ def _load_all() -> None:
         return
     _loaded = True
     for m in pkgutil.iter_modules(__path__):
-        if m.name != "base" and not m.name.startswith("_"):
+        if m.name not in ("base", "registry") and not m.name.startswith("_"):
             importlib.import_module(f"{__name__}.{m.name}")
 
 
@@ -36,18 +30,18 @@ def names() -> list[str]:
     return sorted(REGISTRY)
 
 
-def get(name: str) -> type[Policy]:
-    """The built-in policy ``name``, else the installed entry point of that name."""
+def find(name: str) -> type[Policy] | None:
+    """The built-in policy ``name``, or None (`allocsim.spec.PolicySpec` then looks at installed policies)."""
     _load_all()
-    cls = REGISTRY.get(name)
-    if cls is not None:
-        return cls
-    from ..spec import entry_points, load_entry_point
-    installed = entry_points()
-    if name in installed:
-        return load_entry_point(installed[name])
-    known = sorted(REGISTRY) + sorted(installed)
-    raise UsageError(f"unknown policy {name!r} (known: {', '.join(known)}; or file.py:Class, module:Class)")
+    return REGISTRY.get(name)
 
 
-__all__ = ["Param", "Policy", "REGISTRY", "get", "names", "register"]
+def get(name: str) -> type[Policy]:
+    """The built-in policy ``name``; a one-line `UsageError` naming the built-ins if there is none."""
+    cls = find(name)
+    if cls is None:
+        raise UsageError(f"unknown built-in policy {name!r} (known: {', '.join(names())})")
+    return cls
+
+
+__all__ = ["Param", "Policy", "REGISTRY", "find", "get", "names", "register"]

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 
-from . import register
+from .registry import register
 from ._pools import FreeListReporting, FreeLists, HotStep
 from .base import Param, Policy
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..gpu import CudaDevice
-from . import register
+from .registry import register
 from ._real import RealPolicy
 
 

@@ -73,7 +73,7 @@ from bisect import bisect_left, insort
 
 from ..errors import UsageError
 from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
-from . import register
+from .registry import register
 from .base import Param, Policy
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE

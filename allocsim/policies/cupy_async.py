@@ -10,7 +10,7 @@ See `docs/models/cupy.md`, section "The real policies".
 from __future__ import annotations
 
 from ..gpu import require_cupy
-from . import register
+from .registry import register
 from .cupy_real import CupyRealPool
 
 

@@ -10,7 +10,7 @@ the null stream). See `docs/models/cupy.md`, section "The real policies".
 from __future__ import annotations
 
 from ..gpu import require_cupy
-from . import register
+from .registry import register
 from ._real import RealPolicy, _now
 
 

@@ -27,7 +27,7 @@ of the device capacity and ``--cap``; with neither, the soft limit is uncapped.
 """
 from __future__ import annotations
 
-from . import register
+from .registry import register
 from ._pools import FreeListReporting, FreeLists, HotStep
 from .base import Param, Policy
 

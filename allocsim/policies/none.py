@@ -6,7 +6,7 @@ With no caching the GC runs only when the device (or cap) is full.
 """
 from __future__ import annotations
 
-from . import register
+from .registry import register
 from .base import Policy
 
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..trace.events import ALLOC, FREE
-from . import register
+from .registry import register
 from .base import Param, Policy
 
 UNIT = 512

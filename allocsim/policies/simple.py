@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from . import register
+from .registry import register
 from ._pools import HotStep, block_of
 from .base import Policy
 

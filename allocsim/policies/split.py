@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from . import register
+from .registry import register
 from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
 from .base import Param, Policy
 

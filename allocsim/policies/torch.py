@@ -35,7 +35,7 @@ Where the model knowingly differs:
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
 ``(address, stream)`` to ``segment_where``; `layout` gives the segments and their blocks
-as PyTorch's ``snapshot()`` reports them (both for `allocsim.report.snapshot`).
+as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_snapshot`).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from bisect import bisect_left, insort
 
 from ..errors import InputError, UsageError
 from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
-from . import register
+from .registry import register
 from ..params import number, split_conf
 from .base import Param, Policy
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from ..gpu import require_torch
-from . import register
+from .registry import register
 from ._real import RealPolicy, _now
 from .base import Param
 from .torch import fraction_for

@@ -7,7 +7,7 @@ import platform
 import sys
 import time
 
-from .. import __version__
+from ..version import __version__
 from ..outputs import atomic_open, temp_path
 from ..trace import TraceWriter
 

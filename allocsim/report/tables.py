@@ -1,7 +1,7 @@
 """Machine-readable reports: result rows as CSV or JSON lines, one result as a JSON document.
 
 A row is the flat dict `sweep.result_row` makes of a replay (the same figures as
-``allocsim replay --json``); `COLUMNS` is its schema and the CSV column order.
+``allocsim replay --json``); `COLUMNS` (`allocsim.metrics`) is its schema and the CSV column order.
 """
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ import csv
 import json
 import sys
 
+from ..metrics import COLUMNS
 from ..outputs import atomic_open
 
-#: The row columns, in table order.
-COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
-           "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
-           "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
-           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
-           "breakdown_at_peak"]
 
 
 def write_rows(rows: list[dict], path: str, fmt: str) -> None:

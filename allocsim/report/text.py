@@ -136,7 +136,7 @@ def compare_table(rows: list[dict]) -> str:
             f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
             f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
             fmt_seconds(r["latency_p99"] or 0)])
-    return _table(head, body, left=3)
+    return aligned_table(head, body, left=3)
 
 
 def breakdown_table(rows: list[dict]) -> str:
@@ -149,10 +149,10 @@ def breakdown_table(rows: list[dict]) -> str:
                   fmt_bytes(b["reserved"] - b["requested"])] + [fmt_bytes(b[p]) for p in PARTS]
                  if b else ["n/a"] + ["-"] * (len(head) - 4))
         body.append([row_label(r), fmt_bytes(r["cap_bytes"]), r["runtime"], *cells])
-    return _table(head, body, left=3)
+    return aligned_table(head, body, left=3)
 
 
-def _table(head: list[str], body: list[list[str]], left: int) -> str:
+def aligned_table(head: list[str], body: list[list[str]], left: int) -> str:
     """Columns two spaces apart, each as wide as its widest cell: the first ``left`` flush left, the rest right."""
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
 
@@ -163,8 +163,8 @@ def _table(head: list[str], body: list[list[str]], left: int) -> str:
 
 
 def row_sections(row: dict) -> str:
-    """``compare --sections``: a row's heading line and the section table it carries."""
-    return f"\n{row_label(row)} cap {fmt_bytes(row['cap_bytes'])} {row['runtime']}\n{row['section_table']}"
+    """``compare --sections``: a row's heading line and the section table of the rows it carries."""
+    return f"\n{row_label(row)} cap {fmt_bytes(row['cap_bytes'])} {row['runtime']}\n{section_table(row['sections'])}"
 
 
 def by_capacity(fits: list[dict]) -> list[dict]:

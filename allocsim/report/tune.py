@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..units import fmt_bytes, fmt_seconds
-from .text import _table, breakdown_shares
+from .text import aligned_table, breakdown_shares
 
 
 def tune_report(res, took: float) -> str:
@@ -64,4 +64,4 @@ def table(rows: list[dict], load: int) -> str:
                      "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
                      f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
                      fmt_seconds(r["alloc_time_seconds"]), fits, breakdown_shares(r.get("breakdown"))])
-    return _table(head, body, left=1)
+    return aligned_table(head, body, left=1)

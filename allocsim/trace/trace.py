@@ -78,7 +78,7 @@ class Trace:
     def __repr__(self) -> str:
         return f"<Trace {self.path or ''} events={len(self)} allocs={self.n_allocs}>"
 
-    def _chunks(self):
+    def chunks(self):
         """``(start, records[start:start + CHUNK])`` over the whole trace: bounded temporaries."""
         for start in range(0, len(self), CHUNK):
             yield start, np.asarray(self.records[start:start + CHUNK])    # a plain view: no memmap overhead
@@ -88,7 +88,7 @@ class Trace:
 
         Walkers that run together share the chunk's columns (read once) and the pass.
         """
-        for start, rec in self._chunks():
+        for start, rec in self.chunks():
             chunk = Chunk(start, rec)
             for w in walkers:
                 w.add(chunk)
@@ -109,7 +109,7 @@ class Trace:
     @cached_property
     def n_allocs(self) -> int:
         """ALLOC events (counted by `validate` as it goes, else in a pass of its own)."""
-        return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self._chunks())
+        return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self.chunks())
 
     @cached_property
     def n_ids(self) -> int:
@@ -150,7 +150,7 @@ class Trace:
     def marks(self) -> list[tuple[int, str]]:
         """``(event index, label)`` of every MARK (read a chunk at a time)."""
         out = []
-        for start, rec in self._chunks():
+        for start, rec in self.chunks():
             idx = np.flatnonzero(rec["kind"] == ev.MARK)
             out += [(start + int(i), self.labels[a] if a < len(self.labels) else f"mark {a}")
                     for i, a in zip(idx, rec["aux"][idx].tolist())]

@@ -23,7 +23,7 @@ from sortedcontainers import SortedDict, SortedList
 from ...errors import UsageError
 from ..base import Policy
 from ..bestfit import BestFit
-from . import reference_of
+from ..registry import reference_of
 
 
 def round_up(n: int, unit: int) -> int:

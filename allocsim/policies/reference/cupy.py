@@ -33,7 +33,7 @@ from ...errors import UsageError
 from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 from ..base import Policy
 from ..cupy import UNIT, CuPyPool
-from . import reference_of
+from ..registry import reference_of
 
 
 class Chunk:

@@ -26,7 +26,7 @@ from sortedcontainers import SortedKeyList
 
 from ..base import Policy
 from ..split import HUGE, LARGE, SMALL, SplittingPool, round_request, size_class
-from . import reference_of
+from ..registry import reference_of
 
 
 class State(Enum):

@@ -37,7 +37,7 @@ from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UN
 from ..base import Policy
 from ..torch import (AllowedMemory, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, NO_DIVISIONS, SIZE_MAX, MiB, TorchCachingAllocator, _divisions,
                      get_allocation_size, options_in_force, round_size)
-from . import reference_of
+from ..registry import reference_of
 
 
 class Block:

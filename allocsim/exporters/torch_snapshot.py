@@ -1,7 +1,7 @@
 """A replay written as a PyTorch memory snapshot, for PyTorch's memory visualizer.
 
-`replay_snapshot` replays a trace through a policy that knows its segment layout
-(``layout(live)``, the ``torch`` model) and returns the run as the dictionary
+`History` watches a replay (`allocsim.replay.replay_snapshot`) of a trace through a policy that knows
+its segment layout (``layout(live)``, the ``torch`` model) and gives the run as the dictionary
 ``torch.cuda.memory._snapshot()`` returns: the final ``segments`` with their ``blocks``,
 and ``device_traces[0]``, the whole history (``alloc``, ``free_requested`` and
 ``free_completed``, ``segment_alloc``/``free``/``map``/``unmap``, ``oom``). It is the
@@ -30,9 +30,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..outputs import atomic_open
-from ..replay import Replay
 from ..spec import PolicySpec
-from ..trace import Trace
 from ..trace.events import ALLOC, FREE_REQUESTED, NO_SITE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 
 #: pickle protocol MemoryViz.js reads (it refuses 5, Python 3.14's default)
@@ -51,18 +49,6 @@ def check_exportable(policy, runtime: str = "eager") -> PolicySpec:
     return spec
 
 
-def replay_snapshot(trace, policy, *, runtime: str = "eager", **replay_args):
-    """Replay ``trace`` (a `Replay` with ``replay_args``) and return ``(result, snapshot dict)``."""
-    spec = check_exportable(policy, runtime)
-    if isinstance(trace, str):
-        trace = Trace.load(trace)
-    history, held = History(trace), []
-    r = Replay(trace, spec, runtime=runtime, observer=history.observe(held), log_events=True, **replay_args)
-    held.append(r.policy)           # the policy itself: its layout is read after the replay
-    res = r.run()
-    return res, history.snapshot(held[0], res)
-
-
 class History:
     """Builds the snapshot of one replay: block entries from the observer, the rest after the run."""
 
@@ -77,6 +63,7 @@ class History:
         self.stamps: list[int] = []                     # the event that made each segment_log entry
         self.observed = -1                              # the last event the observer saw
         self.end = len(trace)                           # where the walk ended (an OOM can stop it)
+        self.policy = None                              # the replay's policy, set once it is made
         asked = np.flatnonzero(np.asarray(trace.kind) == FREE_REQUESTED)
         self.asked: dict[int, int] = dict(zip(trace.id[asked].tolist(), asked.tolist()))  # id -> its FREE_REQUESTED
 
@@ -87,14 +74,15 @@ class History:
         return at, {"action": action, "addr": int(addr), "size": int(size), "stream": stream,
                     "time_us": int(self.time_ns[at]) // 1000, "frames": frames or []}
 
-    def observe(self, held):
-        """The replay's observer: an ``alloc`` per ALLOC, ``free_requested`` + ``free_completed`` per FREE."""
+    def observe(self):
+        """The replay's observer: an ``alloc`` per ALLOC, ``free_requested`` + ``free_completed`` per FREE.
+        ``self.policy`` is set to the replay's policy once it is made (the observer is made before it)."""
         entries, live, where, trace = self.entries, self.live, self.where, self.trace
 
         def observer(at, kind, i, h):
-            self.stamp(held[0].segment_log, at)
+            self.stamp(self.policy.segment_log, at)
             if kind == ALLOC:
-                addr, _ = held[0].block(h)
+                addr, _ = self.policy.block(h)
                 site = int(trace.site[at])
                 where[i] = (addr, int(trace.size[at]), self.stream(int(trace.stream[at])),
                             self.frames[site] if site != NO_SITE else [])
