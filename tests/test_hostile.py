@@ -482,7 +482,76 @@ REPORTS: list[Case] = [
 ]
 
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS
+# ---------------------------------------------------------------------------------------------
+# issue 18, careless and malformed inputs: every record field range-checked where the trace is read
+from hostile_files import trace_events  # noqa: E402
+from allocsim.trace import events as ev  # noqa: E402
+
+_SEG = {"kind": ev.SEGMENT_ALLOC, "addr": 0x200000, "size": 2 << 20}
+_TORCH = {"framework": "torch"}
+
+INPUTS_18: list[Case] = [
+    Case("segment-size-2-63-validate", ["validate", "{d}/bad.bin"], trace_events({**_SEG, "size": 2**63}, meta=_TORCH),
+         expect="bad.bin: event 60: absurd SEGMENT_ALLOC size 9223372036854775808 bytes (> 1 PiB)", stdout_empty=True),
+    Case("segment-size-2-62-twice", ["validate", "{d}/bad.bin"],
+         trace_events({**_SEG, "size": 2**62}, {**_SEG, "size": 2**62, "addr": 1 << 40}, meta=_TORCH),
+         expect="event 60: absurd SEGMENT_ALLOC size", stdout_empty=True),
+    Case("segment-map-size-absurd", ["info", "{d}/bad.bin"], trace_events({**_SEG, "kind": ev.SEGMENT_MAP,
+                                                                          "size": 2**51}),
+         expect="event 60: absurd SEGMENT_MAP size", stdout_empty=True),
+    Case("oom-size-absurd", ["replay", "{d}/bad.bin"], trace_events({"kind": ev.OOM, "size": 2**64 - 1}),
+         expect="event 60: absurd OOM size 18446744073709551615 bytes", stdout_empty=True),
+    Case("oom-device-free-absurd", ["replay", "{d}/bad.bin"], trace_events({"kind": ev.OOM, "size": 8,
+                                                                           "addr": 2**63}),
+         expect="event 60: absurd OOM device free bytes", stdout_empty=True),
+    Case("limit-size-absurd", ["replay", "{d}/bad.bin"],
+         trace_events({"kind": ev.SET_LIMIT, "aux": 1, "size": 2**60}), expect="event 60: absurd SET_LIMIT size",
+         stdout_empty=True),
+    Case("free-size-absurd", ["info", "{d}/bad.bin"], trace_events({"kind": ev.FREE, "id": 0, "size": 2**60}),
+         expect="event 60: absurd FREE size", stdout_empty=True),
+    Case("limit-fraction-nan", ["replay", "{d}/bad.bin"],
+         trace_events({"kind": ev.SET_LIMIT, "size": 1 << 30, "addr": ev.fraction_bits(float("nan"))}),
+         expect="event 60: SET_LIMIT memory fraction nan is not a number from 0 to 1", stdout_empty=True),
+    Case("limit-fraction-inf", ["compare", "{d}/bad.bin", "-p", "none"],
+         trace_events({"kind": ev.SET_LIMIT, "size": 1 << 30, "addr": ev.fraction_bits(float("inf"))}),
+         expect="SET_LIMIT memory fraction inf", stdout_empty=True),
+    Case("limit-fraction-negative", ["info", "{d}/bad.bin"],
+         trace_events({"kind": ev.SET_LIMIT, "size": 1 << 30, "addr": ev.fraction_bits(-0.5)}),
+         expect="SET_LIMIT memory fraction -0.5", stdout_empty=True),
+    Case("limit-fraction-above-one", ["info", "{d}/bad.bin"],
+         trace_events({"kind": ev.SET_LIMIT, "size": 1 << 30, "addr": ev.fraction_bits(1.5)}),
+         expect="SET_LIMIT memory fraction 1.5", stdout_empty=True),
+    Case("limit-aux-unknown", ["replay", "{d}/bad.bin"], trace_events({"kind": ev.SET_LIMIT, "aux": 7}),
+         expect="event 60: SET_LIMIT aux 7 is neither 0 (torch) nor 1 (CuPy)", stdout_empty=True),
+    Case("cache-release-aux-unknown", ["replay", "{d}/bad.bin"], trace_events({"kind": ev.CACHE_RELEASE, "aux": 2}),
+         expect="event 60: CACHE_RELEASE aux 2 is neither", stdout_empty=True),
+    Case("gc-aux-unknown", ["info", "{d}/bad.bin"], trace_events({"kind": ev.GC, "aux": 9}),
+         expect="event 60: GC aux 9 is neither 0 (incremental) nor 1 (full)", stdout_empty=True),
+    Case("mark-label-beyond-table", ["info", "{d}/bad.bin"], trace_events({"kind": ev.MARK, "aux": 3}),
+         expect="event 60: MARK label index 3 is beyond the footer's table of 0 labels", stdout_empty=True),
+    Case("site-beyond-table", ["replay", "{d}/bad.bin"], trace_events({"kind": ev.ALLOC, "id": 60, "size": 8,
+                                                                      "site": 5}),
+         expect="event 60: site index 5 is beyond the footer's table of 0 sites", stdout_empty=True),
+    Case("stream-beyond-table", ["validate", "{d}/bad.bin"], trace_events({**_SEG, "stream": 4}, meta=_TORCH),
+         expect="event 60: stream index 4 is beyond the footer's table of 1 streams", stdout_empty=True),
+    Case("flags-unknown-bits", ["replay", "{d}/bad.bin"], trace_events({**_SEG, "flags": 0x80}),
+         expect="event 60: unknown flag bits 0x80", stdout_empty=True),
+    Case("segment-free-never-allocated", ["validate", "{d}/bad.bin"],
+         trace_events(_SEG, {**_SEG, "kind": ev.SEGMENT_FREE, "addr": 0x400000}, meta=_TORCH),
+         expect="bad.bin: event 61: SEGMENT_FREE of a segment never allocated (address 0x400000, 2097152 bytes)",
+         stdout_empty=True),
+    Case("segment-freed-twice", ["info", "{d}/bad.bin"],
+         trace_events(_SEG, {**_SEG, "kind": ev.SEGMENT_FREE}, {**_SEG, "kind": ev.SEGMENT_FREE}),
+         expect="event 62: SEGMENT_FREE of a segment never allocated", stdout_empty=True),
+    Case("segment-unmap-more-than-mapped", ["validate", "{d}/bad.bin"],
+         trace_events({**_SEG, "kind": ev.SEGMENT_MAP}, {**_SEG, "kind": ev.SEGMENT_UNMAP, "size": 4 << 20},
+                      meta=_TORCH),
+         expect="event 61: SEGMENT_UNMAP of 4194304 bytes takes the recorded reserved bytes below zero",
+         stdout_empty=True),
+]
+
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
