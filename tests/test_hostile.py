@@ -45,6 +45,8 @@ def _digest(d):
     for root, _, files in os.walk(d):
         for f in files:
             p = os.path.join(root, f)
+            if not os.path.isfile(p):       # a FIFO a case made: reading it would wait forever
+                continue
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, d)] = hashlib.sha256(fh.read()).hexdigest()
     return out
@@ -548,6 +550,17 @@ INPUTS_18: list[Case] = [
                       meta=_TORCH),
          expect="event 61: SEGMENT_UNMAP of 4194304 bytes takes the recorded reserved bytes below zero",
          stdout_empty=True),
+] + [   # every file the user names is checked before it is opened: a FIFO nobody writes is refused, not waited on
+    Case(f"{argv[0]}-{name}-fifo", argv, lambda d, name=name: os.mkfifo(os.path.join(d, name)),
+         expect=f"{name}: is a pipe or a device, not a file", stdout_empty=True, subprocess=True)
+    for name, argv in (("f.bin", ["tune", "{d}/f.bin"]),
+                       ("c.json", ["replay", "{trace}", "--cost-model", "{d}/c.json"]),
+                       ("c.json", ["compare", "{trace}", "-p", "none", "--cost-model", "{d}/c.json"]),
+                       ("c.json", ["sweep", "{trace}", "-p", "none", "--cost-model", "{d}/c.json", "-o", "{d}/r.csv"]),
+                       ("c.json", ["tune", "{trace}", "--cost-model", "{d}/c.json"]),
+                       ("c.json", ["fit", "{trace}", "-p", "none", "--cost-model", "{d}/c.json"]),
+                       ("f.py", ["record", "-o", "{d}/r.bin", "{d}/f.py"]),
+                       ("f.pickle", ["import", "{d}/f.pickle", "-o", "{d}/r.bin"]))
 ]
 
 

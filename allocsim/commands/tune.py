@@ -7,7 +7,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from ..outputs import add_force_argument, claim_outputs, is_trace
+from ..outputs import add_force_argument, check_input_file, claim_outputs, is_trace
 from ..sweep import Settings
 from ..tune import OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
@@ -53,6 +53,7 @@ def run(args) -> int:
 def _as_trace(path: str):
     """``path`` itself if it is a trace; else (a PyTorch snapshot — one taken in an OOM handler too —, an RMM
     or CuPy log) the same run imported into a temporary trace for the length of the command."""
+    check_input_file(path)          # a FIFO is neither, and reading it to find out would wait forever
     if is_trace(path):
         yield path
         return
