@@ -561,6 +561,31 @@ INPUTS_18: list[Case] = [
                        ("c.json", ["fit", "{trace}", "-p", "none", "--cost-model", "{d}/c.json"]),
                        ("f.py", ["record", "-o", "{d}/r.bin", "{d}/f.py"]),
                        ("f.pickle", ["import", "{d}/f.pickle", "-o", "{d}/r.bin"]))
+] + [   # a size option: inf and nan are not "no limit" (none says that), negative and 0 are refused
+    Case("replay-cap-inf", ["replay", "{trace}", "--cap", "inf"], expect="--cap: 'inf' is not a size; write none",
+         stdout_empty=True),
+    Case("replay-cap-minus-inf", ["replay", "{trace}", "--cap=-inf"], expect="--cap: '-inf' is not a size",
+         stdout_empty=True),
+    Case("tune-cap-infinity", ["tune", "{trace}", "--cap", "Infinity"], expect="--cap: 'Infinity' is not a size",
+         stdout_empty=True),
+    Case("compare-caps-nan", ["compare", "{trace}", "-p", "none", "--caps", "none,nan"],
+         expect="--caps: 'nan' is not a size", stdout_empty=True),
+    Case("plot-caps-inf", ["plot", "{trace}", "-o", "{d}/k.png", "--caps", "4GB,inf"], expect="--caps: 'inf'",
+         outputs=["k.png"]),
+    Case("replay-capacity-inf", ["replay", "{trace}", "--capacity", "inf"], expect="--capacity: 'inf' is not a size",
+         stdout_empty=True),
+    Case("replay-cap-negative", ["replay", "{trace}", "--cap=-1GB"], expect="--cap: negative size '-1GB'",
+         stdout_empty=True),
+    Case("replay-cap-1e400", ["replay", "{trace}", "--cap", "1e400"], expect="--cap: size '1e400' is out of range",
+         stdout_empty=True),
+    Case("replay-cap-zero", ["replay", "{trace}", "--cap", "0"], expect="--cap: expected at least 1 byte",
+         stdout_empty=True),
+    Case("replay-cap-hex", ["replay", "{trace}", "--cap", "0x10"], expect="--cap: cannot parse size '0x10'",
+         stdout_empty=True),
+    Case("gc-every-nan", ["replay", "{trace}", "--runtime", "gc", "--gc-every", "nan"],
+         expect="--gc-every: 'nan' is not a size", stdout_empty=True),
+    Case("import-total-memory-inf", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", "inf"],
+         expect="--total-memory: 'inf' is not a size", outputs=["o.bin"]),
 ]
 
 
