@@ -489,6 +489,16 @@ REPORTS: list[Case] = [
 from hostile_files import trace_events  # noqa: E402
 from allocsim.trace import events as ev  # noqa: E402
 
+from allocsim.trace import TraceWriter  # noqa: E402
+
+
+def _zero_byte_trace(d):
+    """``e.bin``: a trace whose only object is 0 bytes (LOAD 0 B)."""
+    w = TraceWriter()
+    w.free(w.alloc(0))
+    w.finish().save(os.path.join(d, "e.bin"))
+
+
 _SEG = {"kind": ev.SEGMENT_ALLOC, "addr": 0x200000, "size": 2 << 20}
 _TORCH = {"framework": "torch"}
 
@@ -584,6 +594,10 @@ INPUTS_18: list[Case] = [
          stdout_empty=True),
     Case("gc-every-nan", ["replay", "{trace}", "--runtime", "gc", "--gc-every", "nan"],
          expect="--gc-every: 'nan' is not a size", stdout_empty=True),
+    Case("tune-empty-trace", ["tune", "{d}/e.bin"], lambda d: TraceWriter().finish().save(os.path.join(d, "e.bin")),
+         expect="e.bin: holds no allocation of a byte or more (LOAD 0 B): nothing to tune", stdout_empty=True),
+    Case("tune-only-zero-byte-allocs", ["tune", "{d}/e.bin", "--plot", "{d}/f.png"], _zero_byte_trace,
+         expect="nothing to tune", outputs=["f.png"], stdout_empty=True),
     Case("import-total-memory-inf", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", "inf"],
          expect="--total-memory: 'inf' is not a size", outputs=["o.bin"]),
 ]

@@ -84,6 +84,9 @@ def _tune(args, path: str) -> int:
         if n < (1 if flag == "--top" else 0):
             raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     trace = load_trace(path)
+    if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
+        from ..errors import InputError
+        raise InputError("holds no allocation of a byte or more (LOAD 0 B): nothing to tune", path=args.trace)
     if args.snapshot is not None and trace.meta.get("framework") != "torch":
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
