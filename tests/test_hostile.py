@@ -598,6 +598,9 @@ INPUTS_18: list[Case] = [
          expect="e.bin: holds no allocation of a byte or more (LOAD 0 B): nothing to tune", stdout_empty=True),
     Case("tune-only-zero-byte-allocs", ["tune", "{d}/e.bin", "--plot", "{d}/f.png"], _zero_byte_trace,
          expect="nothing to tune", outputs=["f.png"], stdout_empty=True),
+    Case("import-protocol-0-pickle-naming-a-global", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         text_file("snap.pickle", b"(dp0\nS'x'\ncos\nsystem\n(S'touch pwned'\ntRs."),
+         expect="snap.pickle: refusing to load global os.system", outputs=["o.bin", "pwned"]),
     Case("import-total-memory-inf", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", "inf"],
          expect="--total-memory: 'inf' is not a size", outputs=["o.bin"]),
 ]
