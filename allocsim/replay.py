@@ -40,6 +40,7 @@ from .metrics import LatencyLog, OOMRecord, ReplayResult, breakdown, largest_fre
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
 from .spec import PolicySpec, check_overrides_reached, plugin_errors
+from .filenames import shown_name
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
@@ -580,7 +581,7 @@ class Replay:
         ooms = w.ooms
         res = ReplayResult(
             policy=pol.name or type(pol).__name__, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity,
-            trace=trace.path,
+            trace=shown_name(trace.path),
             options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
             events=len(trace), driving_events=w.done, allocs=n_allocs, frees=n_frees, completed=not w.stopped,
             load_bytes=trace.load_bytes, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=dev.peak_reserved,
