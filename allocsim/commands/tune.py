@@ -97,7 +97,7 @@ def _tune(args, path: str) -> int:
     res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
                top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
                settings=Settings(costs=costs.to_dict() if costs else None))
-    res.trace = shown_name(args.trace)              # as the user named it (an imported log's temporary trace is gone after)
+    res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
     took = time.perf_counter() - t0
     if res.rescue and res.target.capacity is None and res.target.cap is None:
         print("allocsim tune: the trace holds a recorded OOM but does not say the device's memory: every setting "
