@@ -11,6 +11,7 @@ import sys
 
 from . import commands
 from .errors import AllocsimError
+from .filenames import let_stdout_write_names
 from .outputs import Terminated
 
 ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "tune", "plot", "sweep", "validate",
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    let_stdout_write_names()
     try:
         status = int(args._run(args) or 0)
         if sys.stdout:

@@ -92,8 +92,8 @@ class CostModel:
     @classmethod
     def load(cls, path: str) -> "CostModel":
         """Read a JSON cost model; any key left out keeps its default."""
-        from .outputs import check_named
-        check_named(path)
+        from .outputs import check_input_file
+        check_input_file(path)
         try:
             with open(path) as f:
                 data = json.load(f)

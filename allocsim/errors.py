@@ -6,6 +6,8 @@ and exits 2; the traceback is shown only with ``--debug``.
 """
 from __future__ import annotations
 
+from .filenames import shown_name
+
 
 class AllocsimError(Exception):
     """Base class of the errors allocsim reports as one line."""
@@ -23,7 +25,7 @@ class InputError(AllocsimError):
         super().__init__(self.line())
 
     def line(self) -> str:
-        parts = [p for p in (self.path, self.position) if p]
+        parts = [p for p in (shown_name(self.path), self.position) if p]
         return ": ".join(parts + [self.what])
 
 

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .filenames import shown_name
 from .sections import ALLOC_ROOT, FREE_ROOT, section_rows
 
 #: The columns of a row (a compare/sweep cell, ``allocsim replay --json`` flattened), in table order.
@@ -279,7 +280,7 @@ def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs
     ooms = w.ooms
     res = ReplayResult(
         policy=pol.name or type(pol).__name__, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity,
-        trace=trace.path,
+        trace=shown_name(trace.path),
         options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
         events=len(trace), driving_events=w.done, allocs=allocs, frees=frees, completed=not w.stopped,
         load_bytes=trace.load_bytes,

@@ -16,6 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
+from .filenames import shown_name
 from .metrics import COLUMNS
 from .replay import ReplaySettings, replay
 from .spec import PolicySpec
@@ -90,7 +91,7 @@ def run_cell(cell: Cell, settings: Settings | None = None, *, full: bool = False
 def result_row(res, cell: Cell) -> dict:
     d = res.to_dict()
     row = {k: d.get(k) for k in COLUMNS}
-    row.update(trace=cell.trace, policy=cell.policy.name, cap_bytes=cell.cap, runtime=cell.runtime,
+    row.update(trace=shown_name(cell.trace), policy=cell.policy.name, cap_bytes=cell.cap, runtime=cell.runtime,
                options=cell.policy.option_text,
                first_oom_event=res.first_oom.event if res.first_oom else None,
                latency_p50=res.latency.get("p50"), latency_p99=res.latency.get("p99"))

@@ -2,7 +2,9 @@
 
 Sizes accept ``8GB`` (10^9), ``8GiB`` (2^30), ``512MiB``, ``1.5TB``, ``4k``/``4K``
 (taken as KiB, as PyTorch and Julia users write it), plain bytes, and
-``none``/``inf``/``unlimited`` for "no limit" where a limit is expected.
+``none``/``unlimited``/``off``/``no`` for "no limit" where a limit is expected. ``inf`` and
+``nan`` are refused, not read as "no limit": a number that is not a size is a mistake (an
+unset or mis-computed variable), and "no limit" is said in words.
 """
 from __future__ import annotations
 
@@ -19,18 +21,23 @@ _UNITS = {
     "p": 1024**5, "pb": 1000**5, "pib": 1024**5,
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([0-9]+))?\s*([a-zA-Z]*)\s*$")
-_NO_LIMIT = {"none", "inf", "unlimited", "off", "no"}
+_NO_LIMIT = {"none", "unlimited", "off", "no"}
+_NOT_A_NUMBER = re.compile(r"^[+-]?(inf|infinity|nan)$", re.I)
 
 
 def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False) -> int | None:
     """Parse a byte size; ``None`` for "no limit" when ``allow_none``."""
-    if isinstance(text, int):
+    if isinstance(text, int) and not isinstance(text, bool):
         if text < 0:
             raise UsageError(f"{what}: negative size {text}")
         return text
     s = str(text).strip()
     if allow_none and s.lower() in _NO_LIMIT:
         return None
+    if _NOT_A_NUMBER.match(s):
+        raise UsageError(f"{what}: {text!r} is not a size" + ("; write none for no limit" if allow_none else ""))
+    if s.startswith("-"):
+        raise UsageError(f"{what}: negative size {text!r}")
     m = _SIZE.match(s)
     if not m or m.group(3).lower() not in _UNITS:
         raise UsageError(f"{what}: cannot parse size {text!r} (examples: 8GB, 8GiB, 512MiB, 1.5TB, 1048576)")

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .filenames import shown_name
 from .replay import Replay
 from .errors import InputError
 from .trace import Trace
@@ -223,7 +224,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     checks.append({"name": "OOMs", "recorded": len(rec_ooms), "model": res.ooms, "ok": len(rec_ooms) == res.ooms})
     checks.append({"name": "OOM events", "recorded": _events_text(rec_ooms), "model": _events_text(mod_ooms),
                    "ok": rec_ooms == mod_ooms})
-    return Validation(trace=trace.path, framework=fw, policy=spec.policy, options=res.options,
+    return Validation(trace=shown_name(trace.path), framework=fw, policy=spec.policy, options=res.options,
                       kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
                       pre_existing=pre, private_pool_segments=private, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
                       model_events=len(mod.kinds))

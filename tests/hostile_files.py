@@ -6,6 +6,9 @@ import json
 import os
 import pickle
 
+import numpy as np
+
+from allocsim.trace.events import NO_ID, NO_SITE, RECORD_DTYPE
 from allocsim.trace.format import TraceFileWriter
 from conftest import ROOT, random_trace
 
@@ -62,3 +65,19 @@ def fixture_line(name: str, line: int, text: str):
         lines = f.read().splitlines()
     lines[line - 1] = text
     return text_file(name, "\n".join(lines) + "\n")
+
+
+def trace_events(*events, name="bad.bin", meta=None, footer=None):
+    """A small valid trace with ``events`` appended: each a dict of `RECORD_DTYPE` fields (``kind`` at least;
+    ``id`` and ``site`` default to none). ``footer`` keys update the real footer."""
+    def setup(d):
+        t = random_trace(60, seed=2)
+        extra = np.zeros(len(events), RECORD_DTYPE)
+        extra["id"], extra["site"] = NO_ID, NO_SITE
+        for row, fields in zip(extra, events):
+            for k, v in fields.items():
+                row[k] = v
+        w = TraceFileWriter(os.path.join(d, name), meta or {})
+        w.write(np.concatenate([np.asarray(t.records), extra]))
+        w.close({**t._footer(), **(footer or {})})
+    return setup

@@ -39,15 +39,19 @@ def per_event_verdict(t: Trace):
     """The first defect by `Trace.validate`'s rules, read one event at a time with Python sets."""
     found, top, top_at = {}, -1, 0
     allocated, freed, twice = set(), {FREE: set(), FREE_REQUESTED: set()}, {}
-    for i, (kind, _, stream, id_, _, _, size, _, _) in enumerate(t.records.tolist()):
+    for i, (kind, _, stream, id_, _, aux, size, _, _) in enumerate(t.records.tolist()):
         if kind not in ev.KIND_NAMES:
             found.setdefault("kind", (i, f"unknown event kind {kind}"))
         if t.finished and stream >= len(t.streams):
             found.setdefault("stream", (i, f"stream index {stream} is beyond the footer's table of "
                                            f"{len(t.streams)} streams"))
+        if size > ev.MAX_SIZE:
+            what = "allocation" if kind == ALLOC else ev.KIND_NAMES.get(kind, "event")
+            found.setdefault("size", (i, f"absurd {what} size {size} bytes (> 1 PiB)"))
+        if kind == MARK and t.finished and aux >= len(t.labels):
+            found.setdefault("label", (i, f"MARK label index {aux} is beyond the footer's table of "
+                                          f"{len(t.labels)} labels"))
         if kind == ALLOC:
-            if size > ev.MAX_SIZE:
-                found.setdefault("size", (i, f"absurd allocation size {size} bytes (> 1 PiB)"))
             if id_ > top:
                 top, top_at = id_, i
             if id_ in allocated:

@@ -345,7 +345,7 @@ def good_trace(tmp_path):
     (["--policy", "none", "-O", "bogus=1"], "policy 'none': unknown option 'bogus'"),
     (["--policy", "none", "-O", "bogus"], "expected key=value"),
     (["--policy", "none", "--cap", "8XB"], "--cap: cannot parse size '8XB'"),
-    (["--policy", "none", "--cap=-1GB"], "--cap: cannot parse size"),
+    (["--policy", "none", "--cap=-1GB"], "--cap: negative size '-1GB'"),
     (["--policy", "none", "--capacity", "lots"], "--capacity: cannot parse size"),
     (["--policy", "none", "--gc-every", "1e999999GB"], "--gc-every"),
     (["--policy", "none", "--runtime", "refcount"], "invalid choice"),

@@ -16,6 +16,7 @@ import pickle
 import shutil
 import tempfile
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -264,3 +265,39 @@ def test_sweep_partial_rows(row, torn):
         with open(os.path.join(d, "out.csv.partial"), "w") as f:
             f.write(text)
         _cli(["sweep", t, "--policies", "split", "-j", "1", "-o", os.path.join(d, "out.csv")], d)
+
+
+_U64 = st.sampled_from([0, 1, 4096, 2 << 20, 2**50, 2**50 + 1, 2**62, 2**63, 2**64 - 1])
+_FLOAT_BITS = st.floats(allow_nan=True, allow_infinity=True).map(
+    lambda x: int.from_bytes(np.float64(x).tobytes(), "little"))
+
+
+@st.composite
+def hostile_records(draw):
+    """1 to 4 records of any kind with fields a careless or hostile writer puts there (sizes past 1 PiB,
+    addresses of no segment, fractions of NaN, indices past every table), each at a random place."""
+    rec = np.asarray(_TRACE.records).copy()
+    for _ in range(draw(st.integers(1, 4))):
+        r = np.zeros(1, rec.dtype)
+        r["kind"] = draw(st.sampled_from(list(range(1, 13)) + [0, 77]))
+        r["flags"] = draw(st.sampled_from([0, 1, 2, 4, 8, 255]))
+        r["stream"] = draw(st.sampled_from([0, 1, 2, 0xFFFF]))
+        r["id"] = draw(st.sampled_from([0, 5, 119, 10_000, 0xFFFFFFFF]))
+        r["site"] = draw(st.sampled_from([0, 3, 0xFFFFFFFF]))
+        r["aux"] = draw(st.sampled_from([0, 1, 2, 3, 0xFFFFFFFF]))
+        r["size"], r["addr"] = draw(_U64), draw(_U64 | _FLOAT_BITS | st.just(1 << 28))
+        at = draw(st.integers(0, len(rec)))
+        rec = np.concatenate([rec[:at], r, rec[at:]])
+    return rec
+
+
+@FUZZ
+@given(rec=hostile_records(), command=st.sampled_from(TRACE_COMMANDS))
+def test_trace_record_fields(rec, command):
+    """Any corrupted record is refused with one line (exit 2) where the trace is read, or replays: never a traceback."""
+    with _workdir() as d:
+        p = os.path.join(d, "t.bin")
+        w = TraceFileWriter(p, _META)
+        w.write(rec)
+        w.close(_FOOTER)
+        _cli([command[0], p, *command[1:]], d)

@@ -368,6 +368,21 @@ def test_malicious_pickle_through_the_cli_leaves_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["snap.pickle"]
 
 
+@pytest.mark.parametrize("proto", [0, 1])
+def test_old_protocol_snapshot_is_detected(tmp_path, proto):
+    """A snapshot pickled with protocol 0 or 1 (no PROTO opcode) is found a torch snapshot without --format,
+    and imports to the same records as the protocol-2 fixture; a CSV or JSON first line is not taken for one."""
+    old, new = tmp_path / "old.pickle", tmp_path / "new.pickle"
+    old.write_bytes(pickle.dumps(load_fixture_dict("snapshot.pickle"), protocol=proto))
+    shutil.copy(fixture("snapshot.pickle"), new)
+    assert detect(str(old)) == "torch"
+    for src in (old, new):
+        import_file(str(src), str(src) + ".bin")
+    assert (Trace.load(str(old) + ".bin").records == Trace.load(str(new) + ".bin").records).all()
+    for text in (b"Thread,Time,Action,Pointer,Size,Stream\n", b'{"hook": "malloc"}\n', b"(data is here\n"):
+        assert not safe_pickle.looks_like_pickle(text)
+
+
 def test_plain_containers_load_in_every_protocol():
     from collections import OrderedDict
     obj = {"a": [1, 2.5, None, True, "s", -2**70, (0, 0)], "s": {1, 2}, "f": frozenset({3}), "o": OrderedDict(x=1)}

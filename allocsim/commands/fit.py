@@ -5,7 +5,8 @@ import threading
 from multiprocessing import Manager
 
 from ..errors import UsageError
-from ..fit import MAX_REPLAYS, MiB, fit_job, fit_capacity
+from ..filenames import shown_name
+from ..fit import MAX_REPLAYS, MiB, fit_capacity, fit_job
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
@@ -57,7 +58,7 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
             oracle_peak = run_cell(oracle_cell, settings)["peak_reserved_bytes"]
     finally:
         close()
-    out = {"trace": trace, "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
+    out = {"trace": shown_name(trace), "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
     if with_oracle:
         out["oracle_peak_bytes"] = oracle_peak
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..filenames import shown_name
 from ..trace import events as ev
 from ..trace.trace import Chunk
 from ..units import fmt_bytes, fmt_count, fmt_seconds
@@ -240,7 +241,7 @@ def summarize(trace, tally: _Tally | None = None) -> dict:
     histogram = tally.histogram()
     meta = trace.meta
     return {
-        "path": trace.path,
+        "path": shown_name(trace.path),
         "finished": bool(trace.finished),
         "events": int(len(trace)),
         "events_by_kind": by_kind,

@@ -7,7 +7,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from ..outputs import add_force_argument, claim_outputs, is_trace
+from ..filenames import shown_name
+from ..outputs import add_force_argument, check_input_file, claim_outputs, is_trace
 from ..replay import ReplaySettings
 from ..sweep import Settings
 from ..tune import OBJECTIVES, TOP, tune
@@ -54,6 +55,7 @@ def run(args) -> int:
 def _as_trace(path: str):
     """``path`` itself if it is a trace; else (a PyTorch snapshot — one taken in an OOM handler too —, an RMM
     or CuPy log) the same run imported into a temporary trace for the length of the command."""
+    check_input_file(path)          # a FIFO is neither, and reading it to find out would wait forever
     if is_trace(path):
         yield path
         return
@@ -84,6 +86,9 @@ def _tune(args, path: str) -> int:
         if n < (1 if flag == "--top" else 0):
             raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     trace = load_trace(path)
+    if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
+        from ..errors import InputError
+        raise InputError("holds no allocation of a byte or more (LOAD 0 B): nothing to tune", path=args.trace)
     if args.snapshot is not None and trace.meta.get("framework") != "torch":
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
@@ -93,7 +98,7 @@ def _tune(args, path: str) -> int:
     res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
                top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
                settings=Settings(ReplaySettings(costs=costs)))
-    res.trace = args.trace              # as the user named it (an imported log's temporary trace is gone after)
+    res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
     took = time.perf_counter() - t0
     if res.rescue and res.target.capacity is None and res.target.cap is None:
         print("allocsim tune: the trace holds a recorded OOM but does not say the device's memory: every setting "

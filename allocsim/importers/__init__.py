@@ -38,7 +38,7 @@ def detect(path: str) -> str:
         raise InputError(e.strerror or str(e), path=path)
     if not head.strip():
         raise InputError("the file is empty; nothing to import", path=path, position="byte 0")
-    if head[:1] == b"\x80":                 # PROTO opcode: pickle protocol >= 2
+    if safe_pickle.looks_like_pickle(head):     # protocol 0 and 1 too (no PROTO opcode)
         return "torch"
     if head.startswith(MAGIC):
         raise InputError("already an allocsim trace; nothing to import", path=path, position="byte 0")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 
 from ..errors import InputError
 
@@ -45,6 +46,32 @@ class SnapshotUnpickler(pickle.Unpickler):
         if (module, name) in ALLOWED:
             return super().find_class(module, name)
         raise RefusedGlobal(str(module), str(name))
+
+
+#: What a snapshot pickle builds first: its top-level dict (or a bare segment list), after an optional MARK.
+_CONTAINERS = {"DICT", "EMPTY_DICT", "LIST", "EMPTY_LIST"}
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """Do the first bytes of a file read as a pickle of a dict or list (a memory snapshot)?
+
+    Protocol 2 and later open with the PROTO opcode (``\x80``). Protocols 0 and 1 (``pickle.dump(s, f, 0)``)
+    have no such mark: their first opcodes are disassembled (`pickletools.genops` only reads them, nothing
+    is built or run) and must open a container and go on for eight opcodes (or to the end), which CSV or JSON
+    text does not.
+    """
+    if head[:1] == b"\x80":
+        return True
+    ops = []
+    try:
+        for op, _, _ in pickletools.genops(io.BytesIO(head)):
+            ops.append(op.name)
+            if len(ops) == 8 or op.name == "STOP":
+                break
+    except Exception:       # not an opcode, or an argument the head cuts short: judge what came before
+        pass
+    first = [o for o in ops[:2] if o != "MARK"][:1]
+    return bool(first) and first[0] in _CONTAINERS and (len(ops) == 8 or ops[-1] == "STOP")
 
 
 def loads(data: bytes, source: str = "<pickle>"):

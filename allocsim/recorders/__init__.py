@@ -21,7 +21,7 @@ import signal
 import sys
 
 from ..errors import GPUUnavailable, UsageError
-from ..outputs import Terminated, signals_ignored, signals_unwind
+from ..outputs import Terminated, check_input_file, signals_ignored, signals_unwind
 
 FRAMEWORKS = ("torch", "cupy")
 
@@ -108,8 +108,10 @@ class Target:
         return spec.origin
 
     def check(self) -> None:
-        if self.script and not os.path.isfile(self.script):
+        if self.script and not os.path.exists(self.script):
             raise UsageError(f"{self.script}: no such script")
+        if self.script:
+            check_input_file(self.script)           # a folder, or a FIFO (which python would wait on)
         if self.module:
             self.source_path()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 import os
 
+from ..filenames import shown_name
 from ..outputs import atomic_open
 from ..units import fmt_bytes
 from .text import compare_table, fit_table
@@ -16,7 +17,7 @@ def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: li
                max_replays: int) -> str:
     """Write ``outdir/index.html``: ``images`` (title, file name) below the comparison table and the fit
     table (the one ``allocsim fit`` prints, ``*`` where a walk stopped after ``max_replays``); its path."""
-    name = html.escape(os.path.basename(trace.path or "trace"))
+    name = html.escape(shown_name(os.path.basename(trace.path or "trace")))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>allocsim report — {name}</title>",
              f"<style>{STYLE}</style></head><body>",
              f"<h1>allocsim report — {name}</h1>",

@@ -20,6 +20,7 @@ import os
 
 import numpy as np
 
+from ..filenames import shown_name
 from ..metrics import PARTS
 from ..units import fmt_bytes
 from .text import by_capacity, row_label
@@ -83,7 +84,7 @@ def save(fig, path: str) -> str:
 
 
 def _title(trace, what: str, setting: str = "") -> str:
-    name = os.path.basename(trace.path) if trace.path else "trace"
+    name = shown_name(os.path.basename(trace.path)) if trace.path else "trace"
     return f"{what} — {name}" + (f"\n{setting}" if setting else "")
 
 

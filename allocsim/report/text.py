@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import is_dataclass
 
+from ..filenames import shown_name
 from ..metrics import PARTS
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 
@@ -119,7 +120,7 @@ def row_label(row: dict) -> str:
 
 def trace_heading(path: str, trace) -> str:
     """The line above the compare table: the trace's size and LOAD."""
-    return f"{path}: {len(trace):,} events, {trace.n_allocs:,} allocs, LOAD {fmt_bytes(trace.load_bytes)}"
+    return f"{shown_name(path)}: {len(trace):,} events, {trace.n_allocs:,} allocs, LOAD {fmt_bytes(trace.load_bytes)}"
 
 
 def compare_table(rows: list[dict]) -> str:

@@ -186,7 +186,8 @@ class _Validator:
     """
 
     ORDER = ("kind", "stream", "size", "id", "twice", "unknown free", "double free",
-             "unknown free_requested", "double free_requested")
+             "unknown free_requested", "double free_requested",
+             "flags", "site", "aux", "label", "device free", "fraction", "segment")      # the last: `_RecordFields`
 
     def __init__(self, trace: Trace):
         self.trace = trace
@@ -199,6 +200,7 @@ class _Validator:
         self.live = LiveBytes()
         self.twice = None                       # (event, id) of the smallest id allocated twice, at its second ALLOC
         self.n_allocs = 0
+        self.fields = _RecordFields(trace, self.first)
 
     def add(self, c: "Chunk") -> None:
         first, start, kind, t = self.first, c.start, c.kind, self.trace
@@ -209,10 +211,13 @@ class _Validator:
             first.note("stream", start, stream >= len(t.streams),
                        lambda j: f"stream index {int(stream[j])} is beyond the footer's table of "
                                  f"{len(t.streams)} streams")
-        a_idx, a_size, a_ids = c.where(ev.ALLOC), c.alloc_sizes, c.ids(ev.ALLOC)
+        a_idx, a_ids = c.where(ev.ALLOC), c.ids(ev.ALLOC)
         self.n_allocs += len(a_idx)
-        first.note("size", start, a_size > ev.MAX_SIZE,
-                   lambda j: f"absurd allocation size {int(a_size[j])} bytes (> 1 PiB)", at=a_idx)
+        size = c.rec["size"]
+        if int(size.max()) > ev.MAX_SIZE:       # every kind's size: segment, OOM and limit sizes are bytes too
+            first.note("size", start, size > ev.MAX_SIZE, lambda j: f"absurd {_size_of(kind[j])} {int(size[j])} "
+                                                                    f"bytes (> 1 PiB)")
+        self.fields.add(c)
         if len(a_idx):
             k = int(np.argmax(a_ids))
             if int(a_ids[k]) > self.top:
@@ -261,6 +266,95 @@ class _Validator:
         if self.twice is not None:
             found["twice"] = (self.twice[0], f"id {self.twice[1]} allocated twice")
         self.first.raise_first(self.ORDER, self.trace.path or "<trace>")
+
+
+def _size_of(kind: int) -> str:
+    """What a record's ``size`` is, in an error line: ``allocation size``, ``SEGMENT_ALLOC size``."""
+    return "allocation size" if kind == ev.ALLOC else f"{ev.KIND_NAMES.get(int(kind), 'event')} size"
+
+
+class _RecordFields:
+    """The record fields `_Validator` checks beyond kinds, ids and sizes, a `Chunk` at a time
+    (the table in ``docs/trace-format.md``, section 4).
+
+    Every event: no flag bits beyond the three defined, a site index within the footer's
+    ``sites`` (or none). Per kind: GC, CACHE_RELEASE and SET_LIMIT ``aux`` 0 or 1; a MARK's
+    label index within ``labels``; an OOM's device free bytes and a torch SET_LIMIT's fraction
+    (0 to 1) in range; a SEGMENT_FREE names a segment allocated before it (in the trace or in
+    the metadata's ``initial_segments``), and no SEGMENT_FREE or SEGMENT_UNMAP takes the
+    recorded reserved bytes below zero. The tables are checked only in a finished file (an
+    unfinished one has none). The kind-specific checks read only the events of their kind, and
+    the segment events (few) are followed one at a time.
+    """
+
+    #: ``aux`` of the kinds that have a closed set of values, and what each names.
+    AUX = {ev.GC: "0 (incremental) nor 1 (full)", ev.CACHE_RELEASE: "0 (torch) nor 1 (CuPy)",
+           ev.SET_LIMIT: "0 (torch) nor 1 (CuPy)"}
+    SEGMENT_KINDS = (ev.SEGMENT_ALLOC, ev.SEGMENT_FREE, ev.SEGMENT_MAP, ev.SEGMENT_UNMAP)
+    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL
+
+    def __init__(self, trace: Trace, first: _FirstDefects):
+        self.trace, self.first = trace, first
+        self.tables = trace.finished
+        segs = [s for s in trace.meta.get("initial_segments") or [] if isinstance(s, dict)]
+        self.reserved = sum(int(s.get("total_size") or 0) for s in segs)
+        self.live = {int(s["address"]): int(s.get("total_size") or 0) for s in segs
+                     if isinstance(s.get("address"), int)}
+        #: a starting segment without an address: a free of any address may be of it
+        self.by_address = all(isinstance(s.get("address"), int) for s in segs)
+
+    def add(self, c: "Chunk") -> None:
+        first, start, t = self.first, c.start, self.trace
+        flags = c.rec["flags"]
+        if int(flags.max()) > self.FLAGS:       # the defined bits are the low three: any other makes it larger
+            first.note("flags", start, flags > self.FLAGS,
+                       lambda j: f"unknown flag bits {int(flags[j]) & ~self.FLAGS:#x} (defined: 1, 2, 4)")
+        if self.tables:
+            site = c.rec["site"] + np.uint32(1)     # NO_SITE wraps to 0: one comparison finds the bad ones
+            if int(site.max()) > len(t.sites):
+                first.note("site", start, site > len(t.sites),
+                           lambda j: f"site index {int(site[j]) - 1} is beyond the footer's table of "
+                                     f"{len(t.sites)} sites")
+        for kind, expected in self.AUX.items():
+            at = c.where(kind)
+            aux = c.rec["aux"][at]
+            first.note("aux", start, aux > 1, lambda j: f"{ev.KIND_NAMES[kind]} aux {int(aux[j])} is neither "
+                                                        f"{expected}", at=at)
+        at = c.where(ev.MARK)
+        if self.tables and len(at):
+            label = c.rec["aux"][at]
+            first.note("label", start, label >= len(t.labels),
+                       lambda j: f"MARK label index {int(label[j])} is beyond the footer's table of "
+                                 f"{len(t.labels)} labels", at=at)
+        at = c.where(ev.OOM)
+        free = c.rec["addr"][at]
+        first.note("device free", start, free > ev.MAX_SIZE,
+                   lambda j: f"absurd OOM device free bytes {int(free[j])} (> 1 PiB)", at=at)
+        at = c.where(ev.SET_LIMIT)
+        at = at[c.rec["aux"][at] == ev.TORCH_AUX]
+        fraction = np.ascontiguousarray(c.rec["addr"][at]).view("<f8")
+        first.note("fraction", start, ~((fraction >= 0) & (fraction <= 1)),     # NaN fails both
+                   lambda j: f"SET_LIMIT memory fraction {float(fraction[j])!r} is not a number from 0 to 1", at=at)
+        if "segment" not in first.found and any(len(c.where(k)) for k in self.SEGMENT_KINDS):
+            self._segments(c)
+
+    def _segments(self, c: "Chunk") -> None:
+        """Follow the chunk's segment events in order: the live segments by address, the reserved bytes."""
+        at = np.sort(np.concatenate([c.where(k) for k in self.SEGMENT_KINDS]))
+        rec = c.rec[at]
+        for j, kind, size, addr in zip(at.tolist(), rec["kind"].tolist(), rec["size"].tolist(), rec["addr"].tolist()):
+            what = None
+            if kind == ev.SEGMENT_ALLOC:
+                self.live[addr] = size
+            elif kind == ev.SEGMENT_FREE and self.live.pop(addr, None) is None and self.by_address:
+                what = f"SEGMENT_FREE of a segment never allocated (address {addr:#x}, {size} bytes)"
+            self.reserved += size if kind in (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP) else -size
+            if what is None and self.reserved < 0:
+                what = (f"{ev.KIND_NAMES[kind]} of {size} bytes takes the recorded reserved bytes below zero "
+                        f"({self.reserved}): more released than was allocated")
+            if what:
+                self.first.found["segment"] = (c.start + j, what)
+                return
 
 
 class _FirstDefects:

@@ -518,6 +518,6 @@ class TorchCachingAllocatorReference(Policy):
             "num_device_alloc": self.num_device_alloc, "num_device_free": self.num_device_free,
             "num_alloc_retries": self.num_alloc_retries, "num_ooms": self.num_ooms,
             "num_sync_all_streams": self.num_sync_all_streams, "cache_flushes": self.cache_flushes,
-            "segment_current": self.segment_current, "segment_allocated": self.segment_allocated,
             "inactive_split_bytes_peak": self.inactive_split_bytes_peak,
-        }
+        } | ({} if self.expandable_segments else {      # as the fast model: PyTorch counts no expandable segment
+            "segment_current": self.segment_current, "segment_allocated": self.segment_allocated})
