@@ -38,6 +38,7 @@ class Case:
     outputs: list = field(default_factory=list)
     stdout_empty: bool = False     # an error must not also print a partial report
     subprocess: bool = False       # run in a child process (signals, pipes, --version)
+    stdout_json: bool = False      # stdout must be one JSON document (what a program reads from --json)
 
 
 def _digest(d):
@@ -482,7 +483,43 @@ REPORTS: list[Case] = [
 ]
 
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS
+# ---------------------------------------------------------------------------------------------
+# issue 18: plug-ins that misbehave, process pools and signals, outputs that must not be lost
+def _plugin_body(method: str, body: str, name: str = "p.py"):
+    """A setup writing ``name``: a first-fit plug-in whose ``method`` runs ``body`` (one line)."""
+    return text_file(name, f"import sys\nsys.path.append({EXAMPLE_POLICIES!r})\nfrom first_fit import FirstFit\n"
+                           f"class Pool(FirstFit):\n    def {method}(self, *a, **k):\n        {body}\n")
+
+
+_EXITS = _plugin_body("malloc", "sys.exit(0)")
+
+PLUGINS_18: list[Case] = [
+    Case("plugin-file-not-py", ["replay", "{trace}", "--policy", "/etc/passwd:X"],
+         expect="/etc/passwd is not a Python file", stdout_empty=True),
+    Case("plugin-file-nul-bytes", ["replay", "{trace}", "--policy", "nul.py:X"], text_file("nul.py", b"x = 1\0\n"),
+         expect="loading it failed at {d}/nul.py: SyntaxError", stdout_empty=True),
+    Case("plugin-exits-while-loading", ["compare", "{trace}", "-p", "x.py:X", "-j", "1"],
+         text_file("x.py", "import sys\nsys.exit(0)\n"), expect="x.py:2: SystemExit: the plug-in called sys.exit(0)",
+         stdout_empty=True),
+    Case("plugin-malloc-base-exception", ["replay", "{trace}", "-p", "p.py:Pool"],
+         _plugin_body("malloc", "raise BaseException('b')"), expect="failed while replaying: BaseException: b",
+         stdout_empty=True),
+    Case("plugin-malloc-sys-exit-replay", ["replay", "{trace}", "-p", "p.py:Pool"], _EXITS,
+         expect="SystemExit: the plug-in called sys.exit(0), which cannot end allocsim", stdout_empty=True),
+    Case("plugin-malloc-system-exit-3", ["replay", "{trace}", "-p", "p.py:Pool", "--json"],
+         _plugin_body("malloc", "raise SystemExit(3)"), expect="called sys.exit(3)", stdout_empty=True),
+    Case("plugin-malloc-sys-exit-compare-1", ["compare", "{trace}", "-p", "split,p.py:Pool", "-j", "1"], _EXITS,
+         expect="called sys.exit(0)", stdout_empty=True),
+    Case("plugin-malloc-sys-exit-compare-2", ["compare", "{trace}", "-p", "split,p.py:Pool", "-j", "2"], _EXITS,
+         expect="called sys.exit(0)", stdout_empty=True, subprocess=True),
+    Case("plugin-malloc-sys-exit-sweep", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
+         _EXITS, expect="called sys.exit(0)", outputs=["r.csv", "r.csv.partial"]),
+    Case("plugin-prints-json-stays-valid", ["replay", "{trace}", "-p", "p.py:Pool", "--json"],
+         _plugin_body("__init__", "print('hello from the plug-in'); super().__init__(*a, **k)"), status=0,
+         expect="hello from the plug-in", stdout_json=True, subprocess=True),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + PLUGINS_18
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -499,9 +536,11 @@ def test_hostile(case, tmp_path):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err
     assert len(lines) == 1, err
-    assert case.expect in lines[0], lines[0]
+    assert case.expect.replace("{d}", d) in lines[0], lines[0]
     if case.stdout_empty:
         assert out == "", out
+    if case.stdout_json:
+        json.loads(out)
     after = _digest(d)
     for name, h in before.items():
         assert after.get(name) == h, f"input {name} changed or vanished"
