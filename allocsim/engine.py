@@ -21,7 +21,7 @@ __all__ = ["Replay", "recorded_segments", "replay", "trace_capacity"]
 def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
            options=None, costs: CostModel | None = None, keep_going: bool = False, gc_every=None,
            timeline: bool = False, progress=None, device=None, observer=None, backend: str = "sim",
-           log_events: bool = False, plan_progress=None) -> ReplayResult:
+           log_events: bool = False, plan_progress=None, guard: bool | None = None) -> ReplayResult:
     """Replay ``trace`` (a `Trace` or a path) against ``policy`` to the end; return its `ReplayResult`.
 
     The arguments are `Replay`'s. ``load_seconds`` is the time loading the file; ``replay_seconds``
@@ -36,7 +36,7 @@ def replay(trace: Trace | str, policy="split", *, runtime: str = "eager", cap=No
     spec = PolicySpec.of(policy, options)
     r = Replay(trace, spec, runtime=runtime, cap=cap, capacity=capacity, costs=costs, gc_every=gc_every,
                device=device, backend=backend, keep_going=keep_going, timeline=timeline, observer=observer,
-               progress=progress, log_events=log_events, plan_progress=plan_progress)
+               progress=progress, log_events=log_events, plan_progress=plan_progress, guard=guard)
     # an observer's own assertions (allocsim.testing) pass through as they are
     with plugin_errors(type(r.policy), spec.name, "replaying") if observer is None else nullcontext():
         try:

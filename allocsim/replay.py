@@ -39,7 +39,8 @@ from .errors import UsageError
 from .metrics import LatencyLog, OOMRecord, ReplayResult, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
 from .sections import ALLOC_ROOT, FREE_ROOT, Sections
-from .spec import PolicySpec, check_overrides_reached, plugin_errors
+from .guard import guard_device_calls, guard_policy
+from .spec import PolicySpec, check_overrides_reached, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
@@ -156,12 +157,13 @@ class Replay:
     index of each ALLOC (`validate`). ``backend="cuda"`` makes a simulated policy's device calls
     real; ``device`` replaces the simulated device. ``fast_path=False`` walks every event through
     ``malloc``/``free`` even for a policy with a fused ``walk_chunk`` (the tests compare the two).
+    ``guard`` checks the cheap contract rules as the replay goes (`allocsim.guard`); None: for a plug-in only.
     """
 
     def __init__(self, trace: Trace, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
                  options=None, costs: CostModel | None = None, gc_every=None, device=None, backend: str = "sim",
                  keep_going: bool = False, timeline: bool = False, observer=None, progress=None,
-                 log_events: bool = False, plan_progress=None, fast_path: bool = True):
+                 log_events: bool = False, plan_progress=None, fast_path: bool = True, guard: bool | None = None):
         self.trace = trace
         self.spec = spec = PolicySpec.of(policy, options)
         cls = spec.policy_class()
@@ -172,9 +174,15 @@ class Replay:
                                                                     costs=costs, backend=backend)
         self.runtime = RUNTIMES[runtime](self.device, self.sections, gc_every=gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
+        guard = is_plugin(cls) if guard is None else guard
+        if guard:
+            taken = guard_device_calls(self.context, self.device, spec.name)
         with plugin_errors(cls, spec.name, "being set up"):
             self.policy = cls(self.context, spec.values(), **({"progress": plan_progress} if cls.offline else {}))
         check_overrides_reached(self.policy, spec.name)
+        if guard:
+            guard_policy(self.policy, self.device, taken, spec.name)
+            fast_path = False           # its fused loop would serve events around the checks
         self.handles: dict = {}        # id -> handle, live objects only
         self.runtime.attach(self.policy, self.handles)
         self.keep_going, self.timeline, self.observer, self.progress = keep_going, timeline, observer, progress
