@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import sys
+import threading
+import time
+from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 
 from .costs import CostModel
 from .engine import replay
@@ -97,12 +101,40 @@ def _pool_run(args):
     return cell, run_cell(cell, settings)
 
 
-def _pool_worker_init():
+def _pool_worker_init(parent: int):
     """Workers leave Ctrl-C to the parent (a terminal sends it to the whole group), which stops them,
-    and die on the other signals (a handler inherited from the parent must not unwind them)."""
+    and die on the other signals (a handler inherited from the parent must not unwind them).
+    A worker also ends when its parent dies, however it dies (``kill -9`` included): it must not
+    compute on, orphaned (`end_with_parent`)."""
     from .outputs import CATCHABLE
     for s in CATCHABLE:
         signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else signal.SIG_DFL)
+    end_with_parent(parent)
+
+
+#: prctl(2)'s option that asks the kernel for a signal when the parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this process when process ``parent`` is gone: on Linux the kernel sends SIGKILL the moment
+    it dies (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon thread checks the parent pid every
+    ``poll_s`` seconds (an orphan is adopted by another process) and exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass                    # no libc prctl: the watch below still ends the worker
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    if os.getppid() != parent:      # the parent died before the kernel was asked
+        os._exit(1)
+    threading.Thread(target=watch, name="allocsim-parent-watch", daemon=True).start()
 
 
 @contextmanager
@@ -110,16 +142,40 @@ def process_pool(jobs: int):
     """A local process pool that an error or a signal stops at once: queued work is cancelled and the
     workers are terminated, so that nothing keeps running (or holds our stdout) after we exit."""
     from .outputs import signals_unwind
-    ex = ProcessPoolExecutor(max_workers=jobs, initializer=_pool_worker_init)
+    ex = _Pool(max_workers=jobs, initializer=_pool_worker_init, initargs=(os.getpid(),))
     with signals_unwind():
         try:
             yield ex
         except BaseException:
-            for w in list((getattr(ex, "_processes", None) or {}).values()):
-                w.terminate()
-            ex.shutdown()           # the pool sees its workers gone and fails what was queued
+            _stop_pool(ex)
             raise
         ex.shutdown()
+
+
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Terminate the pool's workers, then wait for it to fail what was queued."""
+    for w in list((getattr(ex, "_processes", None) or {}).values()):
+        w.terminate()
+    ex.shutdown()
+
+
+class _Pool(ProcessPoolExecutor):
+    """A process pool whose stop prints nothing: ``Executor.map`` cancels its queued futures as an
+    exception leaves it, while the pool's manager thread, seeing its workers gone, sets an exception on
+    every pending one; on a future already cancelled that raises ``InvalidStateError``, a traceback on
+    stderr before allocsim's own line. Here a cancelled future keeps its cancellation."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = super().submit(fn, *args, **kwargs)
+        future.set_exception = partial(_fail_unless_cancelled, future)
+        return future
+
+
+def _fail_unless_cancelled(future: Future, exc: BaseException) -> None:
+    try:
+        Future.set_exception(future, exc)
+    except InvalidStateError:       # cancelled (or done) meanwhile: its outcome is already settled
+        pass
 
 
 def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executor=None, on_row=None) -> list[dict]:

@@ -2,6 +2,7 @@
 stale ones named on the next run; a closed pipe ends quietly; --version and --help."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -207,6 +208,56 @@ def test_signal_stops_a_parallel_compare_and_its_workers_at_once(tmp_path, signu
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):           # no worker left in the process group
         os.killpg(p.pid, 0)
+
+
+def _alive(pid: str) -> bool:
+    """True while ``pid`` runs (a zombie, dead and not yet reaped, is not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="needs Linux /proc")
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    """Before: `kill -9` of `allocsim tune -j 2` left its workers computing on, orphaned, for minutes."""
+    big = str(tmp_path / "big.bin")
+    assert run_cli("synth", "alloc-heavy", "-o", big, "--param", "n_allocs=300000").returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "allocsim", "tune", big, "-j", "2"], env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    workers = []
+    try:
+        t0 = time.time()
+        while len(workers) < 2 and time.time() - t0 < 60:
+            workers = _children(p.pid)
+            time.sleep(0.05)
+        assert len(workers) == 2, workers
+        time.sleep(0.5)                             # computing
+        p.kill()
+        p.wait()
+        t1 = time.time()
+        while any(map(_alive, workers)) and time.time() - t1 < 5:
+            time.sleep(0.05)
+        assert not any(map(_alive, workers)), f"orphaned workers {workers} still running"
+    finally:
+        for w in workers:                           # none left behind, even when the test fails
+            with contextlib.suppress(OSError):
+                os.kill(int(w), signal.SIGKILL)
+
+
+def test_a_stopped_pool_prints_no_invalid_state_error():
+    """Before: Ctrl-C during `tune -j 2` printed `InvalidStateError: CANCELLED` from the pool's thread in 4 of
+    18 runs: the pool failed a future `Executor.map` had cancelled. A cancelled future now stays cancelled."""
+    from allocsim.sweep import process_pool
+    with pytest.raises(KeyboardInterrupt):
+        with process_pool(1) as ex:
+            ex.submit(time.sleep, 1)
+            queued = ex.submit(time.sleep, 1)
+            assert queued.cancel()
+            queued.set_exception(RuntimeError("worker gone"))     # what the pool's thread does on a stop
+            assert queued.cancelled()
+            raise KeyboardInterrupt
 
 
 # ---- stale temporaries: named on the next run -----------------------------------------------------
