@@ -9,6 +9,7 @@ deterministic and rows are sorted by cell at the end.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -223,14 +224,28 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):
     """A Dask executor: connect to ``scheduler`` (tcp://host:8786) or start a LocalCluster."""
     try:
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client
     except ImportError:
         from .errors import UsageError
         raise UsageError("Dask is not installed: pip install 'allocsim[dask]'") from None
     if scheduler:
-        client = Client(scheduler)
-    else:
-        cluster = LocalCluster(n_workers=local_workers or os.cpu_count(), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        client = Client(cluster)
-    return client
+        return Client(scheduler)
+    # the client owns the cluster, so closing it (a signal included) stops the workers; a stop's own
+    # warnings and the workers' tracebacks are not the user's to read (one line says what happened)
+    with _sigint_ignored():         # Ctrl-C reaches the whole process group: the parent stops the workers
+        return Client(n_workers=local_workers or os.cpu_count(), threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=logging.CRITICAL)
+
+
+@contextmanager
+def _sigint_ignored():
+    """Processes started within the block ignore SIGINT (an ignored signal stays ignored across exec)."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:              # not the main thread: nothing to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
