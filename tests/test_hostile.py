@@ -492,6 +492,17 @@ def _plugin_body(method: str, body: str, name: str = "p.py"):
 
 
 _EXITS = _plugin_body("malloc", "sys.exit(0)")
+_HELD: list = []        # files a setup holds locked while the case runs
+
+
+def _sweep_running(name):
+    """A setup standing for a sweep of ``-o name`` still running: its partial table held locked."""
+    def setup(d):
+        import fcntl
+        f = open(os.path.join(d, name + ".partial"), "a")
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        _HELD[:] = [f]
+    return setup
 
 PLUGINS_18: list[Case] = [
     Case("plugin-file-not-py", ["replay", "{trace}", "--policy", "/etc/passwd:X"],
@@ -535,6 +546,19 @@ PLUGINS_18: list[Case] = [
     Case("plugin-block-outside-segments", ["replay", "{trace}", "-p", "p.py:Pool"],
          _plugin_body("malloc", "h = super().malloc(*a, **k); return h and (h[0] + (1 << 44), h[1])"),
          expect="outside every segment taken from the device", stdout_empty=True),
+    Case("sweep-same-output-twice", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
+         _sweep_running("r.csv"), expect="r.csv: -o: another allocsim sweep is writing this table now",
+         outputs=["r.csv"], stdout_empty=True),
+    Case("replay-snapshot-over-a-snapshot", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/s.pickle"],
+         _write("s.pickle", b"\x80\x04K\x01."), expect="s.pickle: --snapshot: exists and is a pickle (a PyTorch memory "
+         "snapshot", stdout_empty=True),
+    Case("plot-report-folder-not-allocsims", ["plot", "{trace}", "-p", "split", "--report", "{d}/rep"],
+         _write("rep/memory.png", b"my picture"), expect="rep: --report: is a folder allocsim did not make",
+         outputs=["rep/index.html", "rep/bars.png"], stdout_empty=True),
+    Case("plot-report-cannot-be-made-checked-first", ["plot", "{d}/nosuch.bin", "--report", "{trace}/rep"],
+         expect="rep: --report: cannot make it: Not a directory", stdout_empty=True),
+    Case("synth-name-too-long", ["synth", "mlp", "-o", "{d}/" + "n" * 300 + ".bin"],
+         expect="n.bin: cannot write: the file name is longer than the", stdout_empty=True),
     Case("plugin-prints-json-stays-valid", ["replay", "{trace}", "-p", "p.py:Pool", "--json"],
          _plugin_body("__init__", "print('hello from the plug-in'); super().__init__(*a, **k)"), status=0,
          expect="hello from the plug-in", stdout_json=True, subprocess=True),
