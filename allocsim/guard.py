@@ -15,7 +15,7 @@ built-ins' hot path pays nothing:
   from the device and overlapping no live block; ``allocated`` stays within 0 and reserved.
 
 Each broken rule is one `PluginError` line naming the plug-in and the rule, the rules
-`allocsim.testing.check_policy` states in full (docs/architecture.md, the policy contract).
+`allocsim.testing.check_policy` states in full (docs/architecture.md, "The policy contract").
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class _Taken:
 
 def _broke(name: str, what: str) -> PluginError:
     return PluginError(f"policy {name!r} broke the policy contract: {what} (allocsim.testing.check_policy "
-                       f"checks a policy against it; docs/architecture.md)")
+                       f"checks a policy against it; docs/architecture.md, The policy contract)")
 
 
 def _is_bytes(n) -> bool:

@@ -492,6 +492,12 @@ def _plugin_body(method: str, body: str, name: str = "p.py"):
 
 
 _EXITS = _plugin_body("malloc", "sys.exit(0)")
+
+
+def _replay_breaks(id_: str, method: str, body: str, expect: str) -> Case:
+    """A row: `replay` of a plug-in whose ``method`` runs ``body`` and so breaks the policy contract."""
+    return Case(id_, ["replay", "{trace}", "-p", "p.py:Pool"], _plugin_body(method, body), expect=expect,
+                stdout_empty=True)
 _HELD: list = []        # files a setup holds locked while the case runs
 
 
@@ -525,27 +531,23 @@ PLUGINS_18: list[Case] = [
          expect="called sys.exit(0)", stdout_empty=True, subprocess=True),
     Case("plugin-malloc-sys-exit-sweep", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
          _EXITS, expect="called sys.exit(0)", outputs=["r.csv", "r.csv.partial"]),
-    Case("plugin-negative-address", ["replay", "{trace}", "-p", "p.py:Pool"],
-         _plugin_body("malloc", "h = super().malloc(*a, **k); return h and (-h[0], h[1])"),
-         expect="broke the policy contract: malloc(", stdout_empty=True),
-    Case("plugin-ctx-malloc-negative", ["replay", "{trace}", "-p", "p.py:Pool"],
-         _plugin_body("malloc", "self.ctx.malloc(-5); return super().malloc(*a, **k)"),
-         expect="ctx.malloc(-5): expected a positive number of bytes", stdout_empty=True),
+    _replay_breaks("plugin-negative-address", "malloc", "h = super().malloc(*a, **k); return h and (-h[0], h[1])",
+                   "broke the policy contract: malloc("),
+    _replay_breaks("plugin-ctx-malloc-negative", "malloc", "self.ctx.malloc(-5); return super().malloc(*a, **k)",
+                   "ctx.malloc(-5): expected a positive number of bytes"),
     Case("plugin-ctx-free-unknown", ["compare", "{trace}", "-p", "p.py:Pool", "-j", "1"],
          _plugin_body("free", "self.ctx.free(12345, 4096)"),
          expect="ctx.free(12345, 4096): not a segment ctx.malloc gave", stdout_empty=True),
-    Case("plugin-allocated-negative", ["replay", "{trace}", "-p", "p.py:Pool"],
-         _plugin_body("free", "super().free(*a, **k); self.allocated -= 1 << 40"),
-         expect="after a free, allocated is -", stdout_empty=True),
-    Case("plugin-blocks-overlap", ["replay", "{trace}", "-p", "p.py:Pool"],
-         _plugin_body("malloc", "h = super().malloc(*a, **k); return h and (min(self.segments), h[1])"),
-         expect="that overlaps a live block", stdout_empty=True),
+    _replay_breaks("plugin-allocated-negative", "free", "super().free(*a, **k); self.allocated -= 1 << 40",
+                   "after a free, allocated is -"),
+    _replay_breaks("plugin-blocks-overlap", "malloc",
+                   "h = super().malloc(*a, **k); return h and (min(self.segments), h[1])", "that overlaps a live block"),
     Case("plugin-block-smaller-than-request", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
          _plugin_body("malloc", "h = super().malloc(*a, **k); return h and (h[0], 1)"),
          expect="smaller than the request", outputs=["r.csv", "r.csv.partial"]),
-    Case("plugin-block-outside-segments", ["replay", "{trace}", "-p", "p.py:Pool"],
-         _plugin_body("malloc", "h = super().malloc(*a, **k); return h and (h[0] + (1 << 44), h[1])"),
-         expect="outside every segment taken from the device", stdout_empty=True),
+    _replay_breaks("plugin-block-outside-segments", "malloc",
+                   "h = super().malloc(*a, **k); return h and (h[0] + (1 << 44), h[1])",
+                   "outside every segment taken from the device"),
     Case("sweep-same-output-twice", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
          _sweep_running("r.csv"), expect="r.csv: -o: another allocsim sweep is writing this table now",
          outputs=["r.csv"], stdout_empty=True),
