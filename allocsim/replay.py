@@ -157,7 +157,8 @@ class Replay:
     index of each ALLOC (`validate`). ``backend="cuda"`` makes a simulated policy's device calls
     real; ``device`` replaces the simulated device. ``fast_path=False`` walks every event through
     ``malloc``/``free`` even for a policy with a fused ``walk_chunk`` (the tests compare the two).
-    ``guard`` checks the cheap contract rules as the replay goes (`allocsim.guard`); None: for a plug-in only.
+    ``guard`` checks the cheap contract rules as the replay goes (`allocsim.guard`); None: for a plug-in only
+    (not one on a real GPU, whose blocks its real allocator places).
     """
 
     def __init__(self, trace: Trace, policy="split", *, runtime: str = "eager", cap=None, capacity="trace",
@@ -174,7 +175,7 @@ class Replay:
                                                                     costs=costs, backend=backend)
         self.runtime = RUNTIMES[runtime](self.device, self.sections, gc_every=gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
-        guard = is_plugin(cls) if guard is None else guard
+        guard = is_plugin(cls) and not cls.real_gpu if guard is None else guard   # a real allocator's blocks are its own
         if guard:
             taken = guard_device_calls(self.context, self.device, spec.name)
         with plugin_errors(cls, spec.name, "being set up"):
