@@ -3,6 +3,7 @@ with ``NAME``, ``HELP``, ``EXAMPLE``, ``add_arguments(parser)`` and ``run(args) 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import pkgutil
@@ -80,6 +81,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _stand_in_for_closed_streams()
     parser = make_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
     try:
         status = int(args._run(args) or 0)
         if sys.stdout:
-            sys.stdout.flush()      # a closed pipe shows here, not at interpreter exit
+            sys.stdout.flush()      # a closed pipe or a full disk shows here, not at interpreter exit
         return status
     except BrokenPipeError:
         return _stdout_closed()
@@ -101,8 +103,8 @@ def main(argv=None) -> int:
     except OSError as e:          # a file system refusal the command did not foresee: still one line
         if getattr(args, "debug", False):
             raise
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"allocsim: {where}{e.strerror or e}", file=sys.stderr)
+        name = e.filename or _unnamed_writer(e)
+        print(f"allocsim: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("allocsim: interrupted", file=sys.stderr)
@@ -110,6 +112,23 @@ def main(argv=None) -> int:
     except Terminated as e:         # a signal unwound a write or a process pool: temporaries and workers are gone
         print(f"allocsim: stopped by {signal.Signals(e.signum).name}", file=sys.stderr)
         return e.code
+
+
+def _stand_in_for_closed_streams() -> None:
+    """Started with stdout or stderr closed (``2>&-``), Python has None there: what would go to it goes
+    nowhere, and the exit status still tells (a bad input is 2, not a crash's 1)."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
+
+
+#: Errors of a write that failed for want of room or a device: every file output names itself
+#: (`outputs.atomic_path`, the sweep's partial table), so one without a name was a write to stdout.
+_WRITE_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def _unnamed_writer(e: OSError) -> str:
+    return "standard output" if e.errno in _WRITE_FAILED else ""
 
 
 def _stdout_closed() -> int:

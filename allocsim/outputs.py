@@ -72,9 +72,29 @@ def signals_ignored():
 
 
 def temp_path(path: str) -> str:
-    """The temporary that becomes ``path``: hidden, beside it, named with this process's pid."""
+    """The temporary that becomes ``path``: hidden, beside it, named with this process's pid; the name is
+    cut short where ``path``'s own name leaves no room for the additions (a 250-character name)."""
     d, base = os.path.split(os.path.abspath(path))
-    return os.path.join(d, f".{base}.allocsim-{os.getpid()}.tmp")
+    tail = f".allocsim-{os.getpid()}.tmp"
+    room = _name_max(d)
+    encoded = base.encode("utf-8", "surrogateescape")
+    if len(encoded) + len(tail) + 1 > room:
+        base = encoded[:room - len(tail) - 1].decode("utf-8", "ignore")
+    return os.path.join(d, f".{base}{tail}")
+
+
+def _name_max(directory: str) -> int:
+    """The longest file name, in bytes, that ``directory``'s file system takes."""
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):
+        return 255
+
+
+def _own_temporary(path: str) -> bool:
+    """True if ``path`` is a temporary this process is writing (an `atomic_path` inside another)."""
+    m = TEMP_NAME.match(os.path.basename(path))
+    return bool(m) and int(m.group(1)) == os.getpid()
 
 
 def _alive(pid: int) -> bool:
@@ -130,6 +150,10 @@ def check_writable(path: str) -> str:
         raise InputError("cannot write: its directory does not exist", path=path)
     if not os.access(d, os.W_OK):
         raise InputError("cannot write: its directory is not writable", path=path)
+    room = _name_max(d)
+    if len(os.path.basename(path).encode("utf-8", "surrogateescape")) > room:
+        raise InputError(f"cannot write: the file name is longer than the {room} bytes a name may have here",
+                         path=path)
     if os.path.isdir(path):
         raise InputError("cannot write: it is a directory", path=path)
     return d
@@ -171,14 +195,29 @@ def same_file(a: str, b: str) -> bool:
 
 def is_trace(path: str) -> bool:
     """True if ``path`` is an existing file that starts with the trace magic."""
+    return kept_input(path) == "an allocsim trace"
+
+
+def kept_input(path: str) -> str | None:
+    """What ``path`` is, if it is a file a user keeps as an input — an allocsim trace, or a PyTorch memory
+    snapshot (a pickle, which `allocsim import` reads) — else None."""
     from .trace.format import MAGIC
     if not os.path.isfile(path):                # a FIFO would block the read
-        return False
+        return None
     try:
         with open(path, "rb") as f:
-            return f.read(len(MAGIC)) == MAGIC
+            head = f.read(len(MAGIC))
     except OSError:
-        return False
+        return None
+    if head == MAGIC:
+        return "an allocsim trace"
+    if head[:1] == b"\x80":                     # the pickle PROTO opcode: what `import` reads as a snapshot
+        return "a pickle (a PyTorch memory snapshot, an input allocsim imports)"
+    return None
+
+
+#: Outputs claimed by this process: absolute path -> (the flag naming it, whether --force was given).
+_CLAIMED: dict[str, tuple] = {}
 
 
 def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
@@ -198,8 +237,10 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
         for src in inputs:
             if same_file(out, src):
                 raise InputError(f"would overwrite the input {src}; choose another output", path=out, position=flag)
-        if not force and is_trace(out):
-            raise InputError("exists and is an allocsim trace; pass --force to replace it", path=out, position=flag)
+        kept = None if force else kept_input(out)
+        if kept:
+            raise InputError(f"exists and is {kept}; pass --force to replace it", path=out, position=flag)
+        _CLAIMED[os.path.abspath(out)] = (flag, force)
     for d in dict.fromkeys(os.path.dirname(os.path.abspath(p)) for _, p in outputs):
         notice_stale(d)
 
@@ -216,15 +257,45 @@ def atomic_path(path: str):
 
     The temporary is removed however the block ends, a signal included.
     """
+    if _own_temporary(path):        # written in place: the atomic_path that made it publishes it
+        yield path
+        return
     check_writable(path)
     tmp = temp_path(path)
     with signals_unwind():
         try:
-            yield tmp
-            os.replace(tmp, path)
+            try:
+                yield tmp
+                _publish(tmp, path)
+            except OSError as e:
+                if e.filename not in (None, tmp):
+                    raise
+                raise InputError(f"cannot write: {e.strerror or e}", path=path) from None
         finally:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
+
+
+def _publish(tmp: str, path: str) -> None:
+    """Rename ``tmp`` to ``path``. A claimed output without --force is not put over a trace or snapshot
+    that another run wrote meanwhile (two ``synth -o same.bin`` at once): the later finisher refuses."""
+    flag, force = _CLAIMED.get(os.path.abspath(path), (None, True))
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)              # only if nothing is there: atomic, unlike a check and a rename
+        os.unlink(tmp)
+        return
+    except FileExistsError:
+        pass
+    except OSError:                     # no hard links here (some file systems): check, then rename
+        pass
+    kept = kept_input(path)
+    if kept:
+        raise InputError(f"{kept} appeared there while this run worked (another run writing it?); it is kept: "
+                         f"pass --force to replace it", path=path, position=flag)
+    os.replace(tmp, path)
 
 
 @contextmanager

@@ -40,8 +40,9 @@ from .device import SimulatedDevice
 from .errors import UsageError
 from .metrics import LatencyLog, OOMRecord, ReplayResult, assemble_result, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
+from .guard import guard_device_calls, guard_policy
 from .sections import Sections
-from .spec import PolicySpec, plugin_errors
+from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
@@ -194,7 +195,9 @@ class Replay:
     ``observer(event_index, kind, id, handle)`` is called after each driving event (it slows the
     walk); ``progress(done)`` after each chunk; ``plan_progress(done, total)`` follows an offline
     policy's plan, made here. ``log_events`` gives a policy with ``wants_event_index`` the trace
-    index of each ALLOC (`validate`). ``device`` replaces the simulated device.
+    index of each ALLOC (`validate`). ``device`` replaces the simulated device. ``guard`` checks the cheap
+    contract rules as the replay goes (`allocsim.guard`); None: where a plug-in places the blocks (its own
+    ``malloc``, ``free``, ``block`` or fused loop; not on a real GPU, whose blocks its real allocator places).
 
     ``policy`` is public, for reading: the policy instance, whose members `allocsim.policies.base.Policy`
     declares (`validate` reads ``seeded``, the snapshot export ``layout``, `tune` ``gc_on()``); only the
@@ -203,7 +206,7 @@ class Replay:
 
     def __init__(self, trace: Trace, policy="split", settings: ReplaySettings | None = None, *, options=None,
                  device=None, observer=None, progress=None, log_events: bool = False, plan_progress=None,
-                 **changes):
+                 guard: bool | None = None, **changes):
         self.settings = s = settings_of(settings, changes)
         self.trace = trace
         self.spec = spec = PolicySpec.of(policy, options)
@@ -214,8 +217,15 @@ class Replay:
         self.device = device if device is not None else make_device(trace, cls, s)
         self.runtime = RUNTIMES[s.runtime](self.device, self.sections, gc_every=s.gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
+        if guard is None:           # a built-in's allocation code is the suite's to check; a real allocator's, its own
+            guard = not cls.real_gpu and any(f is not None and is_plugin(f) for f in
+                                             (cls.malloc, cls.free, cls.block, cls.walk_chunk))
+        if guard:
+            taken = guard_device_calls(self.context, self.device, spec.name)
         with plugin_errors(cls, spec.name, "being set up"):
             self.policy = cls(self.context, spec.values(), **({"progress": plan_progress} if cls.offline else {}))
+        if guard:
+            guard_policy(self.policy, self.device, taken, spec.name)
         self.handles: dict = {}        # id -> handle, live objects only
         self.runtime.attach(self.policy, self.handles)
         self.keep_going, self.timeline, self.observer, self.progress = s.keep_going, s.timeline, observer, progress
@@ -228,7 +238,7 @@ class Replay:
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
-        fused = self.policy.fused_loop() if s.fast_path else None
+        fused = self.policy.fused_loop() if s.fast_path and not guard else None   # a guarded walk: plain
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._result = None
         self._closed = False
@@ -656,7 +666,7 @@ def make_device(trace: Trace, policy, settings: ReplaySettings | None = None, **
 
 def replay(trace: Trace | str, policy="split", settings: ReplaySettings | None = None, *, options=None,
            device=None, observer=None, progress=None, log_events: bool = False, plan_progress=None,
-           **changes) -> ReplayResult:
+           guard: bool | None = None, **changes) -> ReplayResult:
     """Replay ``trace`` (a `Trace` or a path) against ``policy`` to the end; return its `ReplayResult`.
 
     The arguments are `Replay`'s. ``load_seconds`` is the time loading the file; ``replay_seconds``
@@ -671,7 +681,7 @@ def replay(trace: Trace | str, policy="split", settings: ReplaySettings | None =
     t_start = time.perf_counter()
     spec = PolicySpec.of(policy, options)
     r = Replay(trace, spec, settings, device=device, observer=observer, progress=progress, log_events=log_events,
-               plan_progress=plan_progress, **changes)
+               plan_progress=plan_progress, guard=guard, **changes)
     with plugin_errors(type(r.policy), spec.name, "replaying") if observer is None else nullcontext():
         try:
             res = r.run()

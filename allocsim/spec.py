@@ -22,11 +22,12 @@ import importlib.util
 import os
 import sys
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 
 from . import policies
 from .errors import AllocsimError, PluginError, UsageError
+from .outputs import Terminated
 from .params import PARSERS, Param
 from .policies.base import Policy
 
@@ -207,6 +208,8 @@ def _load_file(path: str, shown: str):
         problem = (f"{path} is a folder, not a file" if os.path.isdir(path) else
                    f"{path} is not a regular file" if os.path.exists(path) else f"no such file {path}")
         raise UsageError(f"policy {shown!r}: {problem}")
+    if not path.endswith(".py"):
+        raise UsageError(f"policy {shown!r}: {path} is not a Python file (a plug-in file's name ends in .py)")
     modname = "allocsim_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
     if modname in sys.modules:
         return sys.modules[modname]
@@ -217,10 +220,14 @@ def _load_file(path: str, shown: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module           # dataclasses and pickle inside the plug-in look it up
     try:
-        spec.loader.exec_module(module)
-    except Exception as e:
+        with _plugin_output():
+            spec.loader.exec_module(module)
+    except _STOPS:
         del sys.modules[modname]
-        raise _import_failed(e, shown) from None
+        raise
+    except BaseException as e:              # SystemExit included: a plug-in cannot end allocsim
+        del sys.modules[modname]
+        raise _import_failed(e, shown, path) from None
     return module
 
 
@@ -235,18 +242,27 @@ def _import(modname: str, shown: str):
         raise _import_failed(e, shown) from None
 
 
-def _raised_at(e: BaseException) -> str:
-    """``file:line`` of the innermost frame that raised ``e`` (a syntax error's own position)."""
-    if isinstance(e, SyntaxError) and e.filename:
-        return f"{e.filename}:{e.lineno}"
+def _raised_at(e: BaseException, path: str | None = None) -> str:
+    """``file:line`` of the innermost frame that raised ``e`` (a syntax error's own position); a syntax
+    error raised by the compiler itself (NUL bytes: no line) is the plug-in ``path``'s."""
+    where = (e.filename or path) if isinstance(e, SyntaxError) else None
+    if where:
+        return f"{where}:{e.lineno}" if e.lineno else where
     frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
-def _import_failed(e: Exception, shown: str) -> UsageError:
+def _import_failed(e: BaseException, shown: str, path: str | None = None) -> UsageError:
     """One line naming where the plug-in failed: its file and line, and the error."""
-    msg = e.msg if isinstance(e, SyntaxError) else str(e)
-    return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e)}: {type(e).__name__}: {msg}")
+    msg = e.msg if isinstance(e, SyntaxError) else _what(e)
+    return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e, path)}: {type(e).__name__}: {msg}")
+
+
+def _what(e: BaseException) -> str:
+    """The exception's message; a `SystemExit` says that the plug-in tried to end the program."""
+    if isinstance(e, SystemExit):
+        return f"the plug-in called sys.exit({e.code!r}), which cannot end allocsim"
+    return str(e)
 
 
 def is_plugin(obj) -> bool:
@@ -254,19 +270,40 @@ def is_plugin(obj) -> bool:
     return not (obj.__module__ == "allocsim" or obj.__module__.startswith("allocsim."))
 
 
+#: What still means "stop" inside a plug-in: the user's Ctrl-C, and a signal unwinding (`Terminated`).
+_STOPS = (KeyboardInterrupt, Terminated)
+
+
+@contextmanager
+def _plugin_output():
+    """While a plug-in's code runs, what it prints goes to stderr: stdout holds allocsim's report
+    (``--json`` must stay valid JSON, and ``| head`` must not fail inside the plug-in)."""
+    if sys.stderr is None:
+        yield
+        return
+    with redirect_stdout(sys.stderr):
+        yield
+
+
 @contextmanager
 def plugin_errors(pcls: type, shown: str, doing: str):
     """Turn an exception a plug-in raises while ``doing`` (being made, replaying) into one `PluginError`
     naming the plug-in, the exception and where it was raised; the original stays chained for --debug.
+    Whatever a plug-in raises — `SystemExit` and bare `BaseException` too — becomes that line: a plug-in
+    cannot end allocsim silently; only Ctrl-C and a signal still stop it. Its prints go to stderr.
     A built-in's exception is allocsim's own bug and passes through with its traceback."""
-    try:
+    if not is_plugin(pcls):
         yield
+        return
+    try:
+        with _plugin_output():
+            yield
     except AllocsimError:
         raise
-    except Exception as e:
-        if not is_plugin(pcls):
-            raise
-        raise PluginError(f"policy {shown!r} failed while {doing}: {type(e).__name__}: {e} (raised at "
+    except _STOPS:
+        raise
+    except BaseException as e:
+        raise PluginError(f"policy {shown!r} failed while {doing}: {type(e).__name__}: {_what(e)} (raised at "
                           f"{_raised_at(e)}); --debug shows the traceback, allocsim.testing.check_policy "
                           f"checks a policy against the contract") from e
 

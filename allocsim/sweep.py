@@ -9,12 +9,17 @@ deterministic and rows are sorted by cell at the end.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+import sys
+import threading
+import time
 from collections import OrderedDict
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 
 from .filenames import shown_name
 from .metrics import COLUMNS
@@ -103,12 +108,40 @@ def _pool_run(args):
     return cell, run_cell(cell, settings)
 
 
-def _pool_worker_init():
+def _pool_worker_init(parent: int):
     """Workers leave Ctrl-C to the parent (a terminal sends it to the whole group), which stops them,
-    and die on the other signals (a handler inherited from the parent must not unwind them)."""
+    and die on the other signals (a handler inherited from the parent must not unwind them).
+    A worker also ends when its parent dies, however it dies (``kill -9`` included): it must not
+    compute on, orphaned (`end_with_parent`)."""
     from .outputs import CATCHABLE
     for s in CATCHABLE:
         signal.signal(s, signal.SIG_IGN if s == signal.SIGINT else signal.SIG_DFL)
+    end_with_parent(parent)
+
+
+#: prctl(2)'s option that asks the kernel for a signal when the parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this process when process ``parent`` is gone: on Linux the kernel sends SIGKILL the moment
+    it dies (``prctl(PR_SET_PDEATHSIG)``); everywhere a daemon thread checks the parent pid every
+    ``poll_s`` seconds (an orphan is adopted by another process) and exits."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass                    # no libc prctl: the watch below still ends the worker
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    if os.getppid() != parent:      # the parent died before the kernel was asked
+        os._exit(1)
+    threading.Thread(target=watch, name="allocsim-parent-watch", daemon=True).start()
 
 
 @contextmanager
@@ -116,16 +149,40 @@ def process_pool(jobs: int):
     """A local process pool that an error or a signal stops at once: queued work is cancelled and the
     workers are terminated, so that nothing keeps running (or holds our stdout) after we exit."""
     from .outputs import signals_unwind
-    ex = ProcessPoolExecutor(max_workers=jobs, initializer=_pool_worker_init)
+    ex = _Pool(max_workers=jobs, initializer=_pool_worker_init, initargs=(os.getpid(),))
     with signals_unwind():
         try:
             yield ex
         except BaseException:
-            for w in list((getattr(ex, "_processes", None) or {}).values()):
-                w.terminate()
-            ex.shutdown()           # the pool sees its workers gone and fails what was queued
+            _stop_pool(ex)
             raise
         ex.shutdown()
+
+
+def _stop_pool(ex: ProcessPoolExecutor) -> None:
+    """Terminate the pool's workers, then wait for it to fail what was queued."""
+    for w in list((getattr(ex, "_processes", None) or {}).values()):
+        w.terminate()
+    ex.shutdown()
+
+
+class _Pool(ProcessPoolExecutor):
+    """A process pool whose stop prints nothing: ``Executor.map`` cancels its queued futures as an
+    exception leaves it, while the pool's manager thread, seeing its workers gone, sets an exception on
+    every pending one; on a future already cancelled that raises ``InvalidStateError``, a traceback on
+    stderr before allocsim's own line. Here a cancelled future keeps its cancellation."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future = super().submit(fn, *args, **kwargs)
+        future.set_exception = partial(_fail_unless_cancelled, future)
+        return future
+
+
+def _fail_unless_cancelled(future: Future, exc: BaseException) -> None:
+    try:
+        Future.set_exception(future, exc)
+    except InvalidStateError:       # cancelled (or done) meanwhile: its outcome is already settled
+        pass
 
 
 def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executor=None, on_row=None) -> list[dict]:
@@ -173,14 +230,28 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):
     """A Dask executor: connect to ``scheduler`` (tcp://host:8786) or start a LocalCluster."""
     try:
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client
     except ImportError:
         from .errors import UsageError
         raise UsageError("Dask is not installed: pip install 'allocsim[dask]'") from None
     if scheduler:
-        client = Client(scheduler)
-    else:
-        cluster = LocalCluster(n_workers=local_workers or os.cpu_count(), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
-        client = Client(cluster)
-    return client
+        return Client(scheduler)
+    # the client owns the cluster, so closing it (a signal included) stops the workers; a stop's own
+    # warnings and the workers' tracebacks are not the user's to read (one line says what happened)
+    with _sigint_ignored():         # Ctrl-C reaches the whole process group: the parent stops the workers
+        return Client(n_workers=local_workers or os.cpu_count(), threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=logging.CRITICAL)
+
+
+@contextmanager
+def _sigint_ignored():
+    """Processes started within the block ignore SIGINT (an ignored signal stays ignored across exec)."""
+    try:
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:              # not the main thread: nothing to change
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)

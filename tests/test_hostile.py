@@ -40,6 +40,7 @@ class Case:
     subprocess: bool = False       # run in a child process (signals, pipes, --version)
     stderr_lines: int = 1          # 0 for a careless input that must simply work (with status 0)
     then: Callable | None = None   # then(d, stdout): checks what a case that works wrote
+    stdout_json: bool = False      # stdout must be one JSON document (what a program reads from --json)
 
 
 def _digest(d):
@@ -634,7 +635,89 @@ INPUTS_18: list[Case] = [
 ]
 
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18
+# issue 18: plug-ins that misbehave, process pools and signals, outputs that must not be lost
+def _plugin_body(method: str, body: str, name: str = "p.py"):
+    """A setup writing ``name``: a first-fit plug-in whose ``method`` runs ``body`` (one line)."""
+    return text_file(name, f"import sys\nsys.path.append({EXAMPLE_POLICIES!r})\nfrom first_fit import FirstFit\n"
+                           f"class Pool(FirstFit):\n    def {method}(self, *a, **k):\n        {body}\n")
+
+
+_EXITS = _plugin_body("malloc", "sys.exit(0)")
+
+
+def _replay_breaks(id_: str, method: str, body: str, expect: str) -> Case:
+    """A row: `replay` of a plug-in whose ``method`` runs ``body`` and so breaks the policy contract."""
+    return Case(id_, ["replay", "{trace}", "-p", "p.py:Pool"], _plugin_body(method, body), expect=expect,
+                stdout_empty=True)
+_HELD: list = []        # files a setup holds locked while the case runs
+
+
+def _sweep_running(name):
+    """A setup standing for a sweep of ``-o name`` still running: its partial table held locked."""
+    def setup(d):
+        import fcntl
+        f = open(os.path.join(d, name + ".partial"), "a")
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        _HELD[:] = [f]
+    return setup
+
+PLUGINS_18: list[Case] = [
+    Case("plugin-file-not-py", ["replay", "{trace}", "--policy", "/etc/passwd:X"],
+         expect="/etc/passwd is not a Python file", stdout_empty=True),
+    Case("plugin-file-nul-bytes", ["replay", "{trace}", "--policy", "nul.py:X"], text_file("nul.py", b"x = 1\0\n"),
+         expect="loading it failed at {d}/nul.py: SyntaxError", stdout_empty=True),
+    Case("plugin-exits-while-loading", ["compare", "{trace}", "-p", "x.py:X", "-j", "1"],
+         text_file("x.py", "import sys\nsys.exit(0)\n"), expect="x.py:2: SystemExit: the plug-in called sys.exit(0)",
+         stdout_empty=True),
+    Case("plugin-malloc-base-exception", ["replay", "{trace}", "-p", "p.py:Pool"],
+         _plugin_body("malloc", "raise BaseException('b')"), expect="failed while replaying: BaseException: b",
+         stdout_empty=True),
+    Case("plugin-malloc-sys-exit-replay", ["replay", "{trace}", "-p", "p.py:Pool"], _EXITS,
+         expect="SystemExit: the plug-in called sys.exit(0), which cannot end allocsim", stdout_empty=True),
+    Case("plugin-malloc-system-exit-3", ["replay", "{trace}", "-p", "p.py:Pool", "--json"],
+         _plugin_body("malloc", "raise SystemExit(3)"), expect="called sys.exit(3)", stdout_empty=True),
+    Case("plugin-malloc-sys-exit-compare-1", ["compare", "{trace}", "-p", "split,p.py:Pool", "-j", "1"], _EXITS,
+         expect="called sys.exit(0)", stdout_empty=True),
+    Case("plugin-malloc-sys-exit-compare-2", ["compare", "{trace}", "-p", "split,p.py:Pool", "-j", "2"], _EXITS,
+         expect="called sys.exit(0)", stdout_empty=True, subprocess=True),
+    Case("plugin-malloc-sys-exit-sweep", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
+         _EXITS, expect="called sys.exit(0)", outputs=["r.csv", "r.csv.partial"]),
+    _replay_breaks("plugin-negative-address", "malloc", "h = super().malloc(*a, **k); return h and (-h[0], h[1])",
+                   "broke the policy contract: malloc("),
+    _replay_breaks("plugin-ctx-malloc-negative", "malloc", "self.ctx.malloc(-5); return super().malloc(*a, **k)",
+                   "ctx.malloc(-5): expected a positive number of bytes"),
+    Case("plugin-ctx-free-unknown", ["compare", "{trace}", "-p", "p.py:Pool", "-j", "1"],
+         _plugin_body("free", "self.ctx.free(12345, 4096)"),
+         expect="ctx.free(12345, 4096): not a segment ctx.malloc gave", stdout_empty=True),
+    _replay_breaks("plugin-allocated-negative", "free", "super().free(*a, **k); self.allocated -= 1 << 40",
+                   "after a free, allocated is -"),
+    _replay_breaks("plugin-blocks-overlap", "malloc",
+                   "h = super().malloc(*a, **k); return h and (min(self.segments), h[1])", "that overlaps a live block"),
+    Case("plugin-block-smaller-than-request", ["sweep", "{trace}", "-p", "p.py:Pool", "-j", "1", "-o", "{d}/r.csv"],
+         _plugin_body("malloc", "h = super().malloc(*a, **k); return h and (h[0], 1)"),
+         expect="smaller than the request", outputs=["r.csv", "r.csv.partial"]),
+    _replay_breaks("plugin-block-outside-segments", "malloc",
+                   "h = super().malloc(*a, **k); return h and (h[0] + (1 << 44), h[1])",
+                   "outside every segment taken from the device"),
+    Case("sweep-same-output-twice", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
+         _sweep_running("r.csv"), expect="r.csv: -o: another allocsim sweep is writing this table now",
+         outputs=["r.csv"], stdout_empty=True),
+    Case("replay-snapshot-over-a-snapshot", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/s.pickle"],
+         _write("s.pickle", b"\x80\x04K\x01."), expect="s.pickle: --snapshot: exists and is a pickle (a PyTorch memory "
+         "snapshot", stdout_empty=True),
+    Case("plot-report-folder-not-allocsims", ["plot", "{trace}", "-p", "split", "--report", "{d}/rep"],
+         _write("rep/memory.png", b"my picture"), expect="rep: --report: is a folder allocsim did not make",
+         outputs=["rep/index.html", "rep/bars.png"], stdout_empty=True),
+    Case("plot-report-cannot-be-made-checked-first", ["plot", "{d}/nosuch.bin", "--report", "{trace}/rep"],
+         expect="rep: --report: cannot make it: Not a directory", stdout_empty=True),
+    Case("synth-name-too-long", ["synth", "mlp", "-o", "{d}/" + "n" * 300 + ".bin"],
+         expect="n.bin: cannot write: the file name is longer than the", stdout_empty=True),
+    Case("plugin-prints-json-stays-valid", ["replay", "{trace}", "-p", "p.py:Pool", "--json"],
+         _plugin_body("__init__", "print('hello from the plug-in'); super().__init__(*a, **k)"), status=0,
+         expect="hello from the plug-in", stdout_json=True, subprocess=True),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -651,11 +734,13 @@ def test_hostile(case, tmp_path):
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err
     assert len(lines) == case.stderr_lines, err
-    assert not lines or case.expect in lines[0], lines[0]
+    assert not lines or case.expect.replace("{d}", d) in lines[0], lines[0]
     if case.then:
         case.then(d, out)
     if case.stdout_empty:
         assert out == "", out
+    if case.stdout_json:
+        json.loads(out)
     after = _digest(d)
     for name, h in before.items():
         assert after.get(name) == h, f"input {name} changed or vanished"

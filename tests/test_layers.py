@@ -17,7 +17,7 @@ LAYERS = [
     ["importers", "recorders", "synth"],
     ["device", "gpu", "runtime", "metrics", "calibrate"],
     ["policies"],
-    ["spec", "exporters", "replay"],
+    ["spec", "guard", "exporters", "replay"],
     ["sweep", "fit", "validate", "tune", "testing"],
     ["report"],
     ["commands", "cli", "__main__", ""],

@@ -2,6 +2,7 @@
 stale ones named on the next run; a closed pipe ends quietly; --version and --help."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocsim.errors import InputError
+from allocsim.trace import Trace
 from allocsim.outputs import TEMP_NAME, claim_outputs, same_file, stale_temporaries, temp_path
 from conftest import ROOT, random_trace, run_cli
 
@@ -207,6 +209,131 @@ def test_signal_stops_a_parallel_compare_and_its_workers_at_once(tmp_path, signu
     time.sleep(0.5)
     with pytest.raises(ProcessLookupError):           # no worker left in the process group
         os.killpg(p.pid, 0)
+
+
+def _alive(pid: str) -> bool:
+    """True while ``pid`` runs (a zombie, dead and not yet reaped, is not alive)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"), reason="needs Linux /proc")
+def test_workers_end_when_their_parent_is_killed(tmp_path):
+    """Before: `kill -9` of `allocsim tune -j 2` left its workers computing on, orphaned, for minutes."""
+    big = str(tmp_path / "big.bin")
+    assert run_cli("synth", "alloc-heavy", "-o", big, "--param", "n_allocs=300000").returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "allocsim", "tune", big, "-j", "2"], env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    workers = []
+    try:
+        t0 = time.time()
+        while len(workers) < 2 and time.time() - t0 < 60:
+            workers = _children(p.pid)
+            time.sleep(0.05)
+        assert len(workers) == 2, workers
+        time.sleep(0.5)                             # computing
+        p.kill()
+        p.wait()
+        t1 = time.time()
+        while any(map(_alive, workers)) and time.time() - t1 < 5:
+            time.sleep(0.05)
+        assert not any(map(_alive, workers)), f"orphaned workers {workers} still running"
+    finally:
+        for w in workers:                           # none left behind, even when the test fails
+            with contextlib.suppress(OSError):
+                os.kill(int(w), signal.SIGKILL)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="needs dask.distributed")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_dask_sweep_with_its_two_lines(tmp_path, signum):
+    """Before: SIGTERM ended `sweep --dask-local 2` with only a resource_tracker warning (exit 143, no word of
+    the rows kept); Ctrl-C printed 71 lines of worker tracebacks and warnings before the two proper ones."""
+    big = str(tmp_path / "big.bin")
+    assert run_cli("synth", "alloc-heavy", "-o", big, "--param", "n_allocs=100000").returncode == 0
+    out = tmp_path / "sw.csv"
+    p = subprocess.Popen([sys.executable, "-m", "allocsim", "sweep", big, "-p", "split,torch,cupy,bestfit,binned",
+                          "--caps", "none,20MB,30MB", "--dask-local", "2", "-o", str(out)], env=ENV,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    partial = tmp_path / "sw.csv.partial"
+    try:
+        t0 = time.time()
+        while not (partial.exists() and partial.stat().st_size) and p.poll() is None and time.time() - t0 < 90:
+            time.sleep(0.05)
+        os.killpg(p.pid, signum)                    # as a terminal's Ctrl-C, or a shutdown, reaches the group
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == (130 if signum == signal.SIGINT else 128 + signum), err
+        lines = err.splitlines()
+        assert len(lines) == 2 and "cells kept in" in lines[0], err
+        assert lines[1] == ("allocsim: interrupted" if signum == signal.SIGINT else "allocsim: stopped by SIGTERM")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def test_a_stopped_pool_prints_no_invalid_state_error():
+    """Before: Ctrl-C during `tune -j 2` printed `InvalidStateError: CANCELLED` from the pool's thread in 4 of
+    18 runs: the pool failed a future `Executor.map` had cancelled. A cancelled future now stays cancelled."""
+    from allocsim.sweep import process_pool
+    with pytest.raises(KeyboardInterrupt):
+        with process_pool(1) as ex:
+            ex.submit(time.sleep, 1)
+            queued = ex.submit(time.sleep, 1)
+            assert queued.cancel()
+            queued.set_exception(RuntimeError("worker gone"))     # what the pool's thread does on a stop
+            assert queued.cancelled()
+            raise KeyboardInterrupt
+
+
+# ---- outputs not lost to another run, nor to a long name --------------------------------------------
+def test_a_trace_another_run_wrote_meanwhile_is_kept(tmp_path):
+    """Before: of two `synth -o same.bin` at once, the later finisher replaced the other's fresh trace."""
+    from allocsim.outputs import atomic_path
+    out = str(tmp_path / "same.bin")
+    claim_outputs([("-o", out)])
+    with pytest.raises(InputError, match="appeared there while this run worked"):
+        with atomic_path(out) as tmp:
+            random_trace(20, seed=1).save(tmp)
+            random_trace(30, seed=2).save(out)          # the other run finishes first
+    assert Trace.load(out).n_allocs == random_trace(30, seed=2).n_allocs and _temporaries(tmp_path) == []
+
+
+def test_an_atomic_write_inside_another_uses_one_temporary(tmp_path):
+    """Before: a killed `synth` left `..big.bin.allocsim-PID.tmp.allocsim-PID.tmp`, the temporary's name doubled."""
+    from allocsim.outputs import atomic_path
+    with atomic_path(str(tmp_path / "big.bin")) as tmp:
+        with atomic_path(tmp) as inner:
+            assert inner == tmp
+            open(inner, "w").close()
+    assert os.listdir(tmp_path) == ["big.bin"]
+
+
+def test_a_long_output_name_is_written(tmp_path):
+    """Before: a 250-character output name failed, naming the internal temporary (too long with its additions)."""
+    out = tmp_path / ("x" * 246 + ".bin")
+    r = run_cli("synth", "mlp", "-o", str(out))
+    assert r.returncode == 0 and out.exists() and _temporaries(tmp_path) == [], r.stderr
+
+
+def test_closed_stderr_still_exits_2_on_bad_input(tmp_path):
+    """Before: with stderr closed, a bad input exited 1 (the error line itself failed), not 2."""
+    r = subprocess.run(f"{shlex.quote(sys.executable)} -m allocsim replay {tmp_path}/nosuch.bin 2>&-", shell=True,
+                       env=ENV, capture_output=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == b""
+
+
+def test_full_stdout_is_named(trace):
+    """Before: `> /dev/full` said "No space left on device" without naming what was full."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    r = subprocess.run(f"{shlex.quote(sys.executable)} -m allocsim replay {shlex.quote(trace)} > /dev/full", shell=True,
+                       env=ENV, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr == "allocsim: standard output: No space left on device\n", r.stderr
 
 
 # ---- stale temporaries: named on the next run -----------------------------------------------------

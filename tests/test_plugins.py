@@ -115,6 +115,27 @@ def test_check_policy_names_what_the_broken_example_breaks():
         check_policy(broken)
 
 
+def test_check_policy_names_a_block_without_an_address():
+    class NoAddress(first_fit()):
+        def block(self, handle):
+            return None, handle[1]
+    with pytest.raises(AssertionError, match=r"block without an address: event \d+: block of id \d+ is \(None, "):
+        check_policy(NoAddress, examples=2)
+
+
+def test_replay_guards_a_plugin_only():
+    """The contract checks run for a plug-in (its broken block is refused) and cost a built-in nothing."""
+    class Negative(first_fit()):
+        def block(self, handle):
+            return -handle[0], handle[1]
+    trace = random_trace(200, seed=4)
+    with pytest.raises(allocsim.errors.PluginError, match="expected a non-negative address"):
+        allocsim.replay(trace, Negative)
+    assert allocsim.replay(trace, Negative, guard=False).peak_reserved_bytes > 0
+    guarded = allocsim.Replay(trace, "split")
+    assert guarded.context.malloc == guarded.device.malloc and guarded.fast_path
+
+
 # ---- one parser ----------------------------------------------------------------------------------
 def _option_values(p):
     """A strategy of values ``Param`` p can hold (sizes and choices included)."""

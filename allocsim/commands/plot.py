@@ -92,13 +92,34 @@ def claim(args, ext: str) -> None:
     if not args.report:
         return claim_outputs([("-o", args.output)], inputs, force=args.force)
     if not os.path.exists(args.report):
-        return                                   # a new folder holds nothing to lose
+        _check_can_make(args.report)             # a new folder holds nothing to lose, if it can be made
+        return
     index = os.path.join(args.report, "index.html")
-    claim_outputs([("--report", os.path.join(args.report, k + ext)) for k in KINDS] + [("--report", index)],
-                  inputs, force=args.force)
-    if not args.force and _report_is_foreign(index):
+    ours = [os.path.join(args.report, k + ext) for k in KINDS] + [index]
+    claim_outputs([("--report", p) for p in ours], inputs, force=args.force)
+    if args.force:
+        return
+    if _report_is_foreign(index):
         raise InputError("exists and is not an allocsim report; pass --force to replace it", path=index,
                          position="--report")
+    there = [os.path.basename(p) for p in ours if os.path.exists(p)]
+    if there and not os.path.exists(index):
+        raise InputError(f"is a folder allocsim did not make (no index.html of a report) and holds "
+                         f"{', '.join(there)}, which the report would replace; pass --force to replace them, or "
+                         f"name a new folder", path=args.report, position="--report")
+
+
+def _check_can_make(folder: str) -> None:
+    """Refuse now, before any replay, a report folder that cannot be made: the first missing folder of
+    its path is made and removed again (a permission test alone passes for root, also on /proc)."""
+    first = os.path.abspath(folder)
+    while not os.path.exists(os.path.dirname(first)):
+        first = os.path.dirname(first)
+    try:
+        os.mkdir(first)
+        os.rmdir(first)
+    except OSError as e:
+        raise InputError(f"cannot make it: {e.strerror or e} ({first})", path=folder, position="--report") from None
 
 
 def run(args) -> int:

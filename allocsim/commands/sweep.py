@@ -11,7 +11,7 @@ import os
 import sys
 
 from ..errors import InputError, UsageError
-from ..outputs import atomic_open, claim_outputs
+from ..outputs import claim_outputs, signals_unwind
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..sweep import Cell, dask_executor, run_cells
 from ._common import distinct, positive_int
@@ -37,43 +37,58 @@ _ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial 
 
 
 def _done_rows(partial: str) -> dict[str, dict]:
-    """Rows already finished, keyed by cell; a torn last line (a crash mid-write) is dropped."""
+    """Rows already finished, keyed by cell; a torn last line (a crash mid-write) is cut off the file, in
+    place: the file stays the one a running sweep holds locked and appends to (`_lock_table`)."""
     done = {}
     if not os.path.exists(partial):
         return done
+    with open(partial, "rb") as f:
+        data = f.read()
     try:
-        with open(partial, encoding="utf-8") as f:
-            lines = f.read().split("\n")
+        data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text ({e.reason})", path=partial, position=f"byte {e.start}") from None
-    good = []
+    lines = data.split(b"\n")
+    good_end = 0                        # bytes up to the end of the last whole row
     for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
-                break
-            raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
-        if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
-            raise InputError("not a row of this sweep (a JSON object with every column and the cell)", path=partial,
-                             position=f"line {n}")
-        done[row["cell"]] = row
-        good.append(line)
-    with atomic_open(partial) as f:      # drop a torn tail before appending again (a kill now loses nothing)
-        f.write("".join(l + "\n" for l in good))
+        if line.strip():
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError):
+                if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
+                    break
+                raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
+            if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
+                raise InputError("not a row of this sweep (a JSON object with every column and the cell)",
+                                 path=partial, position=f"line {n}")
+            done[row["cell"]] = row
+        good_end += len(line) + 1
+    if good_end < len(data):            # drop a torn tail before appending again (a kill now loses nothing)
+        os.truncate(partial, good_end)
     return done
+
+
+def _lock_table(log, output: str) -> None:
+    """Hold ``OUT.partial`` (open as ``log``) for this sweep alone: a second sweep of the same ``-o``
+    started meanwhile is refused with one line, instead of both rewriting one file and failing."""
+    try:
+        import fcntl
+    except ImportError:                 # not POSIX: no lock
+        return
+    try:
+        fcntl.flock(log.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise InputError("another allocsim sweep is writing this table now; wait for it to finish (the same "
+                         "command then resumes from its rows)", path=output, position="-o") from None
 
 
 def _tell_what_is_kept(log, partial: str, n_cells: int) -> None:
     """A stopped sweep's finished rows stay in ``partial`` for the same command to resume from; one with
     none finished leaves nothing behind."""
-    if log.tell() == 0:
-        log.close()
+    log.flush()
+    if os.fstat(log.fileno()).st_size == 0:
         os.unlink(partial)
         return
-    log.flush()
     print(f"sweep: {len(_done_rows(partial))} of {n_cells} cells kept in {partial}; the same command resumes "
           f"from them", file=sys.stderr)
 
@@ -92,6 +107,45 @@ def _table_format(output: str, given: str | None) -> str:
     return given or named
 
 
+def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
+    """Run the cells not done yet, each row appended to ``log`` as it comes; return every row, in cell order."""
+    executor = client = None
+    bar = None
+    try:
+        if args.scheduler or args.dask_local:
+            client = dask_executor(args.scheduler, args.dask_local)
+            executor = client.get_executor()
+        if not args.quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+            bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
+
+        def on_row(cell, row):
+            row = dict(row, cell=cell.key())
+            row.pop("sections", None)
+            row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
+            try:
+                log.write(json.dumps(row, sort_keys=True) + "\n")
+                log.flush()
+            except OSError as e:
+                raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
+            if bar:
+                bar.update()
+        run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
+    except BaseException:           # interrupted or failed: say what is kept and how to go on
+        _tell_what_is_kept(log, partial, len(cells))
+        raise
+    finally:
+        if bar:
+            bar.close()
+        if client is not None:
+            client.close()
+    rows = _done_rows(partial)
+    ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
+    for r in ordered:
+        r.pop("cell", None)
+    return ordered
+
+
 def run(args) -> int:
     if args.scheduler is not None and not args.scheduler.strip():
         raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
@@ -106,43 +160,15 @@ def run(args) -> int:
         c, settings = build_cells(args)
         cells += c
     partial = args.output + ".partial"
-    done = _done_rows(partial)
-    todo = [c for c in cells if c.key() not in done]
-    if done:
-        print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
-    executor = client = None
-    if args.scheduler or args.dask_local:
-        client = dask_executor(args.scheduler, args.dask_local)
-        executor = client.get_executor()
-    bar = None
-    if not args.quiet and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
-    with open(partial, "a") as log:
-        def on_row(cell, row):
-            row = dict(row, cell=cell.key())
-            row.pop("sections", None)
-            row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
-            log.write(json.dumps(row, sort_keys=True) + "\n")
-            log.flush()
-            if bar:
-                bar.update()
-        try:
-            run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
-        except BaseException:           # interrupted or failed: say what is kept and how to go on
-            _tell_what_is_kept(log, partial, len(cells))
-            raise
-        finally:
-            if bar:
-                bar.close()
-            if client is not None:
-                client.close()
-    rows = _done_rows(partial)
-    ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
-    for r in ordered:
-        r.pop("cell", None)
-    write_rows(ordered, args.output, fmt)
-    os.unlink(partial)
+    with open(partial, "a") as log, signals_unwind():
+        _lock_table(log, args.output)
+        done = _done_rows(partial)
+        todo = [c for c in cells if c.key() not in done]
+        if done:
+            print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
+        ordered = _run_todo(args, cells, todo, settings, log, partial)
+        write_rows(ordered, args.output, fmt)
+        os.unlink(partial)
     if args.json:
         dump_json(ordered)
     else:
