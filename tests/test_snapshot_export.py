@@ -3,7 +3,8 @@
 The export of a replay of a recorded snapshot must equal the recording where the model is
 exact (the final segments and blocks, and every trace entry), import back to the replayed
 events, stay consistent at every entry as PyTorch's visualizer walks it, and render with
-the functions of ``torch.cuda._memory_viz`` (CPU build of torch; skipped only without torch).
+the functions of ``torch.cuda._memory_viz`` (the ``render`` extra, CPU build of torch; those tests skip,
+with the reason, without it — the rest check the format and need no torch).
 """
 from __future__ import annotations
 
@@ -350,7 +351,8 @@ def lines_of(flamegraph: str) -> list[tuple[str, int]]:
 
 @pytest.fixture(scope="module")
 def memory_viz():
-    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]' installs it)")
+    pytest.importorskip("torch", reason="PyTorch is not installed: the renderer checks need the render extra "
+                        "(pip install -e '.[render]'); the export is checked against the format without it")
     from torch.cuda import _memory_viz
     return _memory_viz
 
