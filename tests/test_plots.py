@@ -213,3 +213,19 @@ def test_capped_timeline_marks_the_cap_and_the_ooms(small):
     assert all("OOM" in ln.get_label() for ln in lat.axes[0].get_lines())
     plt.close(mem)
     plt.close(lat)
+
+
+def test_a_policy_looks_the_same_whatever_the_policies_list_says():
+    alone = plots.policy_styles(["split"])["split"]
+    assert plots.policy_styles(["bestfit", "torch", "binned", "split"])["split"] == alone
+    readme = plots.policy_styles("binned,split,knet,torch,torch[expandable_segments:True],cupy,bestfit".split(","))
+    default = plots.policy_styles("split,binned,torch,cupy,bestfit".split(","))
+    assert all(readme[p] == default[p] for p in default)
+    assert len({s["color"] for s in readme.values()}) == len({s["marker"] for s in readme.values()}) == len(readme)
+    plugin = "examples/policies/first_fit.py:FirstFit"
+    assert plots.policy_styles([plugin, "split"])[plugin] == plots.policy_styles(["torch", plugin])[plugin]
+
+
+def test_torch_and_bestfit_differ_in_colour_marker_and_line():
+    styles = plots.policy_styles(["torch", "bestfit"])
+    assert all(styles["torch"][k] != styles["bestfit"][k] for k in ("color", "marker", "ls"))

@@ -26,7 +26,6 @@ from .text import by_capacity, row_label
 
 GiB, MiB = 1 << 30, 1 << 20
 FORMATS = (".png", ".svg", ".pdf")
-MARKERS = "osD^vP<X>*"
 LINESTYLES = ("-", "--", "-.", ":")
 OOM_HATCH = "///"
 #: One colour per part of the free breakdown (`breakdown_figure`).
@@ -87,17 +86,46 @@ def _title(trace, what: str, setting: str = "") -> str:
     return f"{what} — {name}" + (f"\n{setting}" if setting else "")
 
 
-def policy_styles(labels) -> dict:
-    """One colour, marker and line style per policy label, in the order given.
+#: Each built-in policy's look: a tab10 colour index, a marker and a line style, fixed so that a policy looks the
+#: same in every report whatever ``--policies`` says (and no two differ in dash style alone).
+POLICY_LOOKS = {"binned": (0, "o", "-"), "split": (1, "s", "--"), "knet": (2, "D", "-."), "torch": (3, "^", "-"),
+                "cupy": (4, "v", "--"), "none": (5, "<", ":"), "simple": (6, ">", "-."), "oracle": (7, "*", ":"),
+                "bestfit": (9, "P", "-.")}
+#: The marker of a built-in's light shade (a setting with options), by its hue; markers of any other label.
+SHADE_MARKERS = "phHXdph" + "H" + "X8"
+OTHER_MARKERS = "Xph8Hd"
 
-    The command computes this once from ``--policies`` so that a policy looks the
-    same in every picture of a report.
+
+def policy_styles(labels) -> dict:
+    """One colour, marker and line style per policy label, in the order given, the same in every report.
+
+    A built-in policy has its own (`POLICY_LOOKS`); its first setting with options
+    (``torch[expandable_segments:True]``), a reference model or a real allocator of it takes the light shade of
+    its hue with another marker and line style; anything else (a plug-in, a further setting) a colour chosen by
+    its label (a checksum, so stable across reports) among those no built-in uses.
     """
+    import zlib
+
     import matplotlib
-    labels = list(dict.fromkeys(labels))
-    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {lab: {"color": cmap(i % cmap.N), "marker": MARKERS[i % len(MARKERS)],
-                  "ls": LINESTYLES[i % len(LINESTYLES)]} for i, lab in enumerate(labels)}
+    from matplotlib.colors import to_hex
+    tab20, others = (lambda k, m=matplotlib.colormaps[name]: to_hex(m(k)) for name in ("tab20", "tab20b"))
+    out, shaded = {}, set()
+    for lab in dict.fromkeys(labels):
+        base = lab.split("[", 1)[0]
+        base = base.rsplit("-", 1)[0] if base.endswith(("-ref", "-real")) else base
+        crc = zlib.crc32(lab.encode())
+        if lab in POLICY_LOOKS:
+            hue, marker, ls = POLICY_LOOKS[lab]
+            out[lab] = {"color": tab20(2 * hue), "marker": marker, "ls": ls}
+        elif base in POLICY_LOOKS and base not in shaded:
+            shaded.add(base)
+            hue, marker, ls = POLICY_LOOKS[base]
+            out[lab] = {"color": tab20(2 * hue + 1), "marker": SHADE_MARKERS[hue],
+                        "ls": LINESTYLES[(LINESTYLES.index(ls) + 1) % len(LINESTYLES)]}
+        else:
+            out[lab] = {"color": others(crc % 20), "marker": OTHER_MARKERS[crc % len(OTHER_MARKERS)],
+                        "ls": LINESTYLES[crc % len(LINESTYLES)]}
+    return out
 
 
 def cap_label(cap_bytes: int | None, cap_text: dict | None = None) -> str:
