@@ -274,48 +274,58 @@ def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting=
     _grouped(axes[1, 1], rows, lambda r: 1e3 * r["alloc_time_seconds"], "allocation time, modeled (ms, log)",
              log=True, **kw)
     handles = [Line2D([], [], color=s["color"], lw=8, label=p) for p, s in styles.items()]
-    handles.append(Line2D([], [], color="k", ls="--", lw=1, label="LOAD (peak live bytes)"))
+    if trace.load_bytes / scale <= axes[0, 0].get_ylim()[1]:       # off the scale (every run stopped early): no line
+        handles.append(Line2D([], [], color="k", ls="--", lw=1, label="LOAD (peak live bytes)"))
     _outside_legend(fig, handles + _oom_handles(rows))
     fig.suptitle(_title(trace, "Policies side by side", setting))
     return fig
 
 
+#: Width of the pictures meant for one paper column (`breakdown_figure`), in inches.
+COLUMN_WIDTH = 4.8
+
+
 def breakdown_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
-    """Why reserved > live at each run's reserved peak: one bar per cap × policy, stacked hard, soft, stream
-    and rounding (they add up to reserved - live); a policy that cannot say is written n/a."""
+    """Why reserved > live at each run's reserved peak: per cap a panel, in it a horizontal bar per policy, stacked
+    hard, soft, stream and rounding (they add up to reserved - live); a policy that cannot say is written n/a.
+
+    Horizontal bars in panels stacked down the page: the labels read level and the picture keeps one paper
+    column's width however many policies and caps it holds."""
     from matplotlib.patches import Patch
     plt = _plt()
     styles = styles or policy_styles(row_label(r) for r in rows)
     pols = list(styles)
     caps, by = _by_cap(rows, cap_text)
-    cells = [(c, p, by.get((p, c))) for c in caps for p in pols]
+    caps = caps or [None]
     totals = [r["breakdown_at_peak"]["reserved"] - r["breakdown_at_peak"]["requested"]
-              for _, _, r in cells if r is not None and r.get("breakdown_at_peak")]
+              for r in by.values() if r.get("breakdown_at_peak")]
     scale, unit = _unit(max(totals + [1]))
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.7 * len(cells) + 3), 5), layout="constrained")
-    xs = np.array([ci * (len(pols) + 1) + pi for ci in range(len(caps)) for pi in range(len(pols))], float)
-    for x, (_, _, r) in zip(xs, cells):
-        b = r and r.get("breakdown_at_peak")
-        if not b:
-            ax.annotate("n/a" if r is not None else "", (x, 0), ha="center", va="bottom", fontsize=8)
-            continue
-        bottom = 0.0
-        for part in PARTS:
-            ax.bar([x], [b[part] / scale], 0.8, bottom=bottom, color=PART_COLORS[part])
-            bottom += b[part] / scale
-        if r["ooms"]:
-            ax.bar([x], [bottom], 0.8, fill=False, hatch=OOM_HATCH, edgecolor="k")
-    many = len(caps) > 1
-    ax.set_xticks(xs, [p + (f"\n{cap_label(c, cap_text)}" if many else "") for c, p, _ in cells],
-                  rotation=30 if len(cells) > 4 else 0, ha="right" if len(cells) > 4 else "center")
-    ax.set_xlim(xs[0] - 0.6, xs[-1] + 0.6)          # every bar shown, an n/a one at the end too
-    ax.set_ylim(0, max(totals + [1]) / scale * 1.15)
-    ax.set_ylabel(f"reserved - live at the reserved peak ({unit})")
-    ax.grid(axis="y", alpha=0.3)
+    height = 1.9 + len(caps) * (0.35 + 0.26 * len(pols))
+    fig, axes = plt.subplots(len(caps), 1, figsize=(COLUMN_WIDTH, height), sharex=True, squeeze=False,
+                             layout="constrained")
+    for ax, cap in zip(axes[:, 0], caps):
+        for y, p in enumerate(pols):
+            r = by.get((p, cap))
+            b = r and r.get("breakdown_at_peak")
+            if not b:
+                ax.text(0, y, " n/a" if r is not None else "", ha="left", va="center", fontsize=8)
+                continue
+            left = 0.0
+            for part in PARTS:
+                ax.barh([y], [b[part] / scale], 0.7, left=left, color=PART_COLORS[part])
+                left += b[part] / scale
+            if r["ooms"]:
+                ax.barh([y], [left], 0.7, fill=False, hatch=OOM_HATCH, edgecolor="k")
+        ax.set_yticks(range(len(pols)), [p.replace("[", "\n[") if len(p) > 14 else p for p in pols], fontsize=8)
+        ax.set_ylim(len(pols) - 0.5, -0.5)          # the first policy on top, as in --policies
+        ax.set_title(cap_label(cap, cap_text) if len(caps) > 1 or cap is not None else "", fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlim(0, max(totals + [1]) / scale * 1.1)
+    axes[-1, 0].set_xlabel(f"reserved - live at the reserved peak ({unit})")
     handles = [Patch(color=PART_COLORS[p], label=PART_HELP[p]) for p in PARTS]
-    _outside_legend(fig, handles + _oom_handles(rows), ncol=2)
-    fig.suptitle(_title(trace, "Why reserved > live", setting + ("" if many else f", {cap_label(caps[0], cap_text)}")
-                        if caps else setting))
+    _outside_legend(fig, handles + _oom_handles(rows), ncol=1)
+    fig.suptitle(_title(trace, "Why reserved > live", setting + ("" if len(caps) > 1 or caps[0] is not None
+                                                                  else ", no cap")))
     return fig
 
 
