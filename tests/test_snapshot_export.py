@@ -325,7 +325,11 @@ def test_replay_snapshot_command_writes_the_export(tmp_path):
     out = str(tmp_path / "out.pickle")
     p = run_cli("replay", trace, "-p", "torch", "--snapshot", out, "-q", "--no-sections")
     assert p.returncode == 0, p.stderr
-    assert block_layout(load_pickle(out)) == block_layout(load_pickle(PLAIN))
+    export = load_pickle(out)
+    assert block_layout(export) == block_layout(load_pickle(PLAIN))
+    said = f"allocsim: wrote {out}: the replay under torch as a PyTorch memory snapshot ({len(export['segments'])} " \
+           f"segments, {len(export['device_traces'][0])} trace entries; open it in https://pytorch.org/memory_viz)"
+    assert p.stderr.splitlines() == [said]
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
 
 

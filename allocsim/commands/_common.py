@@ -236,6 +236,14 @@ def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
     return update, close
 
 
+def say_snapshot_written(snapshot: dict, path: str, what: str) -> None:
+    """One stderr line naming the snapshot just written and what it holds: the file is a side output, easy
+    to miss beside the report on stdout."""
+    entries = sum(len(t) for t in snapshot.get("device_traces", []))
+    print(f"allocsim: wrote {path}: {what} as a PyTorch memory snapshot ({plural(len(snapshot['segments']), 'segment')}"
+          f", {plural(entries, 'trace entry')}; open it in https://pytorch.org/memory_viz)", file=sys.stderr)
+
+
 def split_list(text: str, what: str) -> list[str]:
     """A comma-separated option: neither empty nor naming one item twice."""
     return distinct([s.strip() for s in text.split(",") if s.strip()], what)

@@ -14,7 +14,7 @@ from ..report.tables import dump_json
 from ..spec import PolicySpec
 from ..report.tune import tune_report
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg,
-                      load_trace, positive_size)
+                      load_trace, positive_size, say_snapshot_written)
 
 NAME = "tune"
 HELP = "search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, pool caps)"
@@ -120,3 +120,4 @@ def _write_snapshot(trace, res, path: str) -> None:
     _, snapshot = replay_snapshot(trace, PolicySpec.parse(row["spec"]), cap=row["cap_bytes"],
                                   capacity=res.target.capacity)
     write_snapshot(snapshot, path)
+    say_snapshot_written(snapshot, path, f"the replay under {row['setting']}")

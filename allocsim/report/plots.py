@@ -86,6 +86,31 @@ def _title(trace, what: str, setting: str = "") -> str:
     return f"{what} — {name}" + (f"\n{setting}" if setting else "")
 
 
+def _notes_an_empty_trace(what: str):
+    """A picture function drawing, for a trace without allocations, a note saying so instead of blank axes."""
+    import functools
+
+    def wrap(figure):
+        @functools.wraps(figure)
+        def draw(trace, *args, **kw):
+            if trace.n_allocs:
+                return figure(trace, *args, **kw)
+            fig, ax = _plt().subplots(figsize=(6, 3), layout="constrained")
+            fig.suptitle(_title(trace, what, kw.get("setting", "")))
+            _nothing_to_plot(ax, "the trace holds no allocation")
+            return fig
+        return draw
+    return wrap
+
+
+def _nothing_to_plot(ax, why: str) -> None:
+    """A note in the middle of empty axes, instead of blank axes that look like a failed drawing."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, f"nothing to plot: {why}", ha="center", va="center", transform=ax.transAxes, fontsize=10,
+            color="0.3")
+
+
 #: Each built-in policy's look: a tab10 colour index, a marker and a line style, fixed so that a policy looks the
 #: same in every report whatever ``--policies`` says (and no two differ in dash style alone).
 POLICY_LOOKS = {"binned": (0, "o", "-"), "split": (1, "s", "--"), "knet": (2, "D", "-."), "torch": (3, "^", "-"),
@@ -148,6 +173,7 @@ def _outside_legend(fig, handles, ncol=None):
     return fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
 
 
+@_notes_an_empty_trace("Memory over time")
 def memory_figure(trace, results: dict, *, styles=None, cap_text=None, setting=""):
     """Live bytes and each policy's reserved bytes on one time axis; iterations shaded; OOMs marked."""
     plt = _plt()
@@ -256,6 +282,7 @@ def _oom_handles(rows):
     return [Patch(facecolor="white", edgecolor="k", hatch=OOM_HATCH, label="hatched, OOM: the run stopped at an OOM (figures up to it)")]
 
 
+@_notes_an_empty_trace("Policies side by side")
 def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
     """Peak reserved, utilization, device mallocs and modeled allocation time per cap × policy."""
     from matplotlib.lines import Line2D
@@ -285,6 +312,7 @@ def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting=
 COLUMN_WIDTH = 4.8
 
 
+@_notes_an_empty_trace("Why reserved > live")
 def breakdown_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
     """Why reserved > live at each run's reserved peak: per cap a panel, in it a horizontal bar per policy, stacked
     hard, soft, stream and rounding (they add up to reserved - live); a policy that cannot say is written n/a.
@@ -329,6 +357,7 @@ def breakdown_figure(trace, rows: list[dict], *, styles=None, cap_text=None, set
     return fig
 
 
+@_notes_an_empty_trace("Capacity frontier")
 def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
     """Safe capacity of each policy as dots (and any smaller passing island as a cross), against LOAD
     and the oracle's peak; a policy with none (OOM even without a cap) is listed, with no dot.
@@ -381,26 +410,52 @@ def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
 
 def tune_frontier_figure(res):
     """Peak reserved vs modeled allocation time of every fitting setting: the Pareto frontier drawn as a
-    staircase, the recorded settings and the recommendation marked."""
+    staircase (rings, so that one point still shows beside the recommendation), the target's limit as a line,
+    the recorded settings and the recommendation marked. Settings that land on the same point are drawn once,
+    the larger the more they are, with their number beside it; with none that fits, a note says so."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     fitting = [r for r in res.rows if not r["ooms"]]
-    ax.scatter([r["alloc_time_seconds"] * 1e3 for r in fitting], [r["peak_reserved_bytes"] / GiB for r in fitting],
-               s=12, color="0.7", label="settings that fit")
+    ax.set_title(f"{os.path.basename(res.trace)}: {len(fitting)} of {len(res.rows)} settings fit, objective "
+                 f"{res.objective}", fontsize=9)
+    ax.set_xlabel("modeled allocation time (ms)")
+    ax.set_ylabel("peak reserved (GiB)")
+    if not fitting or not res.load_bytes:
+        _nothing_to_plot(ax, "the trace holds no allocation" if not res.load_bytes else "no setting fits the target")
+        return fig
+    point = lambda r: (r["alloc_time_seconds"] * 1e3, r["peak_reserved_bytes"] / GiB)     # noqa: E731
+    xy = np.array([point(r) for r in fitting], dtype=float)
+    span = np.maximum(xy.max(axis=0) - xy.min(axis=0), 1e-12)
+    groups: dict = {}          # points closer than about a marker's width are drawn as one
+    for key, p in zip(map(tuple, np.round((xy - xy.min(axis=0)) / span * (100, 50)).astype(int)), xy):
+        groups.setdefault(key, []).append(p)
+    centres = np.array([np.mean(g, axis=0) for g in groups.values()])
+    counts = [len(g) for g in groups.values()]
+    ax.scatter(centres[:, 0], centres[:, 1], s=[12 + 10 * np.sqrt(n - 1) for n in counts], color="0.6", alpha=0.8,
+               label="settings that fit (a number: how many share the point)")
+    for (x, y), n in zip(centres, counts):
+        if n > 1:
+            ax.annotate(str(n), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="0.35")
     front = sorted(res.frontier, key=lambda r: r["alloc_time_seconds"])
-    ax.step([r["alloc_time_seconds"] * 1e3 for r in front], [r["peak_reserved_bytes"] / GiB for r in front],
-            where="post", marker="o", color="tab:blue", label="Pareto frontier")
+    ax.step(*zip(*map(point, front)), where="post", marker="o", ms=13, mfc="none", mew=1.6, color="tab:blue",
+            zorder=4, label=f"Pareto frontier ({len(front)} {'setting' if len(front) == 1 else 'settings'})")
     for row, style in ((res.recorded, dict(marker="s", color="tab:orange", label="recorded")),
                        (res.best, dict(marker="*", s=160, color="tab:red", label="recommended"))):
         if row is not None and not row["ooms"]:
-            ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / GiB], zorder=3, **style)
-    ax.set_xlabel("modeled allocation time (ms)")
-    ax.set_ylabel("peak reserved (GiB)")
-    ax.set_title(f"{res.trace}: {len(fitting)} of {len(res.rows)} settings fit, objective {res.objective}", fontsize=9)
-    ax.legend(fontsize=8)
+            ax.scatter(*zip(point(row)), zorder=3, **style)
+    if res.recorded is not None and res.recorded["ooms"]:
+        ax.plot([], [], "s", color="tab:orange", label="recorded: runs out (not drawn)")
+    limit = res.target.limit
+    if limit is not None:
+        which = "cap" if limit == res.target.cap else "capacity"
+        ax.axhline(limit / GiB, color="k", ls="--", lw=1, label=f"target: {which} {fmt_bytes(limit)}")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, max(high, limit / GiB + 0.03 * (high - low)))
+    ax.legend(fontsize=8, loc="best")
     return fig
 
 
+@_notes_an_empty_trace("Malloc latency")
 def latency_figure(trace, results: dict, *, styles=None, setting="", measured: bool = False):
     """Per-malloc latency as the fraction of mallocs at least x slow, log-log: tails stay apart."""
     plt = _plt()
@@ -429,6 +484,7 @@ def latency_figure(trace, results: dict, *, styles=None, setting="", measured: b
     return fig
 
 
+@_notes_an_empty_trace("Garbage collections")
 def gc_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="gc runtime"):
     """GC calls (incremental + full) and modeled GC pause time per cap × policy, log scale."""
     from matplotlib.lines import Line2D
