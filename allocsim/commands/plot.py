@@ -159,7 +159,8 @@ def run(args) -> int:
     ext = ".svg" if args.svg else ".png"
     written = {kind: draw(kind, os.path.join(args.report, kind + ext)) for kind in KINDS}
     images = [(TITLES[k], os.path.basename(p)) for k, p in written.items()]
-    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS)
+    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS,
+                     cap_text)
     phases.end(f"{len(KINDS)} pictures and index.html")
     for p in written.values():
         print(p)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..metrics import PARTS
 from ..units import fmt_bytes
-from .text import by_capacity, row_label
+from .text import by_capacity, cap_spelling, row_label
 
 GiB, MiB = 1 << 30, 1 << 20
 FORMATS = (".png", ".svg", ".pdf")
@@ -154,17 +154,9 @@ def policy_styles(labels) -> dict:
 
 
 def cap_label(cap_bytes: int | None, cap_text: dict | None = None) -> str:
-    """``no cap``, ``cap 4GiB``, or ``cap 3.5GB (3.26 GiB)``: the user's spelling, then the binary size.
-
-    The binary size is added when the user's text is not already in binary units,
-    so that a ``4GB`` cap is not mistaken for the ``3.73 GiB`` the tables print.
-    """
-    if cap_bytes is None:
-        return "no cap"
-    text = (cap_text or {}).get(cap_bytes)
-    if not text:
-        return f"cap {fmt_bytes(cap_bytes)}"
-    return f"cap {text}" + ("" if text.lower().endswith("ib") else f" ({fmt_bytes(cap_bytes)})")
+    """``no cap``, ``cap 4GiB``, or ``cap 3.5GB (3.26 GiB)``: the user's spelling, then the binary size
+    (`cap_spelling`), so that a ``4GB`` cap is not mistaken for the ``3.73 GiB`` the tables print."""
+    return "no cap" if cap_bytes is None else f"cap {cap_spelling(cap_bytes, cap_text)}"
 
 
 def _outside_legend(fig, handles, ncol=None):
