@@ -116,9 +116,10 @@ def _nothing_to_plot(ax, why: str) -> None:
 POLICY_LOOKS = {"binned": (0, "o", "-"), "split": (1, "s", "--"), "knet": (2, "D", "-."), "torch": (3, "^", "-"),
                 "cupy": (4, "v", "--"), "none": (5, "<", ":"), "simple": (6, ">", "-."), "oracle": (7, "*", ":"),
                 "bestfit": (9, "P", "-.")}
-#: The marker of a built-in's light shade (a setting with options), by its hue; markers of any other label.
-SHADE_MARKERS = "phHXdph" + "H" + "X8"
-OTHER_MARKERS = "Xph8Hd"
+#: The marker of a built-in's light shade (a setting with options), by its hue; markers of any other label
+#: (no "x" or "X": the frontier's islands are crosses).
+SHADE_MARKERS = "hHdp8hdH8p"
+OTHER_MARKERS = "ph8Hd"
 
 
 def policy_styles(labels) -> dict:
