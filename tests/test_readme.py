@@ -239,7 +239,11 @@ def test_record_says_where_its_own_options_went(tmp_path, monkeypatch, capsys):
     from allocsim import recorders
     from allocsim.cli import main
     asked = []
-    monkeypatch.setattr(recorders, "record", lambda target, out, *a, **k: (asked.append((target.args, out)), (0, {}))[1])
+
+    def record(target, out, *args, **options):
+        asked.append((target.args, out))
+        return 0, {}
+    monkeypatch.setattr(recorders, "record", record)
     (tmp_path / "train.py").write_text("import torch\n")
     monkeypatch.chdir(tmp_path)
     assert main(["record", "train.py", "--epochs", "1", "-o", "run.bin"]) == 0
