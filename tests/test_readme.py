@@ -51,6 +51,8 @@ SHORTEN = {
     # the walk of knet (every capacity where it collects) and binned; the command's form is what is checked
     "allocsim fit run.bin": ("allocsim fit run.bin", "allocsim fit run.bin --policies torch,cupy,bestfit"),
     "allocsim plot run.bin --report": ("--report out/", "--report out/ --policies split,torch"),
+    # 225 settings and the finalists' walks; the tune outputs the README shows run whole below
+    "allocsim tune run.bin": ("--capacity 24GB", "--capacity 24GB --max-replays 30 --no-fit"),
 }
 #: wall-clock figures: the only ones that differ between runs
 WALL = [re.compile(r"(load|replay|total) [\d.]+s"), re.compile(r"replays in [\d.]+s")]
