@@ -291,20 +291,21 @@ class Tuning:
 
 def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str = "reserved", jobs: int = 1,
          top: int = TOP, fit: bool = True, max_replays: int = 0, settings: Settings | None = None,
-         executor=None) -> Tuning:
+         executor=None, progress=None) -> Tuning:
     """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
     (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory). The replays run
     on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
-    pool of ``jobs`` workers kept for every step."""
+    pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
+    hears of each step as it starts and ends."""
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     from contextlib import nullcontext
     from .sweep import process_pool
     with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
-        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex)
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress)
 
 
-def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex) -> Tuning:
+def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None) -> Tuning:
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
     from .sweep import cached_trace
     t = cached_trace(trace)
@@ -321,24 +322,48 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     cells = [Cell(trace, c.spec, c.cap if c.cap is not None else cap, "eager", capacity=target.capacity)
              for c in chosen]
     rows = []
+    ooms = recorded_ooms(t)
+    step = _Steps(progress)
+    step.start(f"replaying {len(cells)} settings")
     for cell, c, row in zip(cells, chosen, _map(_replay_job, [(cell, settings) for cell in cells], ex)):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
         rows.append(row)
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
                  replays=len(rows))
-    ooms = recorded_ooms(t)
+    step.end(f"{len(rows)} settings replayed", left=bool(ooms) + fit)
     if ooms:
+        step.start(f"the recorded OOM under {len(rows)} settings")
         walks = _map(_rescue_job, [(trace, r["spec"], r["cap_bytes"], target, ooms) for r in rows], ex)
         out.replays += len(rows)
         out.rescue = _rescued(rows, walks, ooms)
+        step.end(f"the recorded OOM replayed under {len(rows)} settings")
     out.frontier = pareto([r for r in rows if not r["ooms"]])
     out.finalists = ranked(rows, objective)[:top]
     for r in rows:
         r["pareto"] = any(r is f for f in out.frontier)
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
-        out.replays += _fit_all(trace, [r for r in out.shown if r["recorded"] or r["pareto"]], settings, ex)
+        walked = [r for r in out.shown if r["recorded"] or r["pareto"]]
+        step.start(f"capacity walks of {len(walked)} settings")
+        n = _fit_all(trace, walked, settings, ex)
+        out.replays += n
+        step.end(f"capacity walks of {len(walked)} settings: {n} replays")
     return out
+
+
+class _Steps:
+    """``progress``'s start/end, or nothing without one."""
+
+    def __init__(self, progress):
+        self.progress = progress
+
+    def start(self, desc):
+        if self.progress is not None:
+            self.progress.start(desc)
+
+    def end(self, what, left=None):
+        if self.progress is not None:
+            self.progress.end(what, left)
 
 
 def nearest_first(keys: list) -> list:

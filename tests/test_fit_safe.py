@@ -112,9 +112,10 @@ def test_frontier_plot_and_report_show_no_safe_capacity_islands_and_stopped_walk
 
 
 def test_a_walk_stopped_by_its_budget_is_still_safe_and_says_so():
-    path = os.path.join(ROOT, "traces", "resnet50.bin")
-    full = fit_capacity(path, "knet", islands=False)
-    cut = fit_capacity(path, "knet", islands=False, max_replays=20)
-    assert full["threshold"] and not cut["threshold"] and cut["replays"] == 20
+    # torch's whole walk on the ResNet-18 recording is 50 replays (knet's on ResNet-50, 612: the same rule, 15x slower)
+    path = os.path.join(ROOT, "traces", "pressure-side-stream.bin")
+    full = fit_capacity(path, "torch", islands=False)
+    cut = fit_capacity(path, "torch", islands=False, max_replays=20)
+    assert full["threshold"] and not cut["threshold"] and cut["replays"] == 20 < full["replays"]
     assert cut["capacity_bytes"] > full["capacity_bytes"]
-    assert passes(path, "knet", "eager", (), cut["capacity_bytes"])
+    assert passes(path, "torch", "eager", (), cut["capacity_bytes"])

@@ -216,3 +216,81 @@ def test_capped_timeline_marks_the_cap_and_the_ooms(small):
     assert all("OOM" in ln.get_label() for ln in lat.axes[0].get_lines())
     plt.close(mem)
     plt.close(lat)
+
+
+def test_a_policy_looks_the_same_whatever_the_policies_list_says():
+    alone = plots.policy_styles(["split"])["split"]
+    assert plots.policy_styles(["bestfit", "torch", "binned", "split"])["split"] == alone
+    readme = plots.policy_styles("binned,split,knet,torch,torch[expandable_segments:True],cupy,bestfit".split(","))
+    default = plots.policy_styles("split,binned,torch,cupy,bestfit".split(","))
+    assert all(readme[p] == default[p] for p in default)
+    assert len({s["color"] for s in readme.values()}) == len({s["marker"] for s in readme.values()}) == len(readme)
+    plugin = "examples/policies/first_fit.py:FirstFit"
+    assert plots.policy_styles([plugin, "split"])[plugin] == plots.policy_styles(["torch", plugin])[plugin]
+
+
+def test_torch_and_bestfit_differ_in_colour_marker_and_line():
+    styles = plots.policy_styles(["torch", "bestfit"])
+    assert all(styles["torch"][k] != styles["bestfit"][k] for k in ("color", "marker", "ls"))
+
+
+def _legend_texts(fig):
+    return [t.get_text() for leg in fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+            for t in leg.get_texts()]
+
+
+def test_breakdown_reads_in_one_paper_column(figures, small):
+    _, styles, rows = figures
+    fig = plots.breakdown_figure(small, rows, styles=styles, cap_text=parse_caps(CAPS))
+    fig.canvas.draw()
+    width, height = fig.get_size_inches()
+    assert width <= plots.COLUMN_WIDTH and len(fig.axes) == len(parse_caps(CAPS))
+    for ax in fig.axes:
+        assert [t.get_text() for t in ax.get_yticklabels()] == POLICIES
+        assert all(t.get_rotation() == 0 for t in ax.get_yticklabels() + ax.get_xticklabels())
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["no cap", "cap 100MB (95.37 MiB)", "cap 3MB (2.86 MiB)"]
+
+
+def test_bars_list_load_only_where_its_line_shows(figures, small):
+    figs, styles, rows = figures
+    assert "LOAD (peak live bytes)" in _legend_texts(figs["bars"])
+    early = [dict(r, peak_reserved_bytes=small.load_bytes // 10) for r in rows]      # every run stopped early
+    fig = plots.bars_figure(small, early, styles=styles, cap_text=parse_caps(CAPS))
+    assert "LOAD (peak live bytes)" not in _legend_texts(fig)
+
+
+def test_an_empty_trace_is_a_note_not_blank_axes(tmp_path):
+    from allocsim.trace import TraceWriter
+    empty = TraceWriter().finish()
+    empty.path = str(tmp_path / "empty.bin")
+    for fig in (plots.memory_figure(empty, {}), plots.bars_figure(empty, []), plots.breakdown_figure(empty, []),
+                plots.latency_figure(empty, {}), plots.gc_figure(empty, []),
+                plots.frontier_figure(empty, {"load_bytes": 0, "fits": []})):
+        assert ["nothing to plot: the trace holds no allocation"] == _texts(fig.axes[0]), fig.texts
+        assert "empty.bin" in fig._suptitle.get_text()
+
+
+@pytest.fixture(scope="module")
+def tuned(small):
+    from allocsim.tune import tune
+    return tune(small.path, capacity=small.load_bytes * 2, jobs=1, fit=False)
+
+
+def test_tune_plot_titles_the_file_and_draws_the_target_and_the_frontier(tuned, small):
+    fig = plots.tune_frontier_figure(tuned)
+    ax = fig.axes[0]
+    assert ax.get_title().startswith(os.path.basename(small.path) + ":") and os.sep not in ax.get_title()
+    legend = _legend_texts(fig)
+    assert f"target: capacity {plots.fmt_bytes(small.load_bytes * 2)}" in legend
+    front = [ln for ln in ax.get_lines() if ln.get_label().startswith("Pareto frontier")]
+    assert len(front) == 1 and len(front[0].get_xdata()) == len(tuned.frontier) >= 1
+    assert front[0].get_markerfacecolor() == "none" and front[0].get_zorder() > 3     # a ring over the star
+    shown = sum(int(t) for t in _texts(ax)) + sum(1 for _ in ax.collections[0].get_offsets()) - len(_texts(ax))
+    assert shown == sum(not r["ooms"] for r in tuned.rows)          # every fitting setting counted once
+
+
+def test_tune_plot_with_nothing_that_fits_says_so(tuned):
+    import copy
+    none_fit = copy.copy(tuned)
+    none_fit.rows = [dict(r, ooms=1) for r in tuned.rows]
+    assert "nothing to plot: no setting fits the target" in _texts(plots.tune_frontier_figure(none_fit).axes[0])

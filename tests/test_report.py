@@ -177,5 +177,7 @@ def test_plot_report_replays_each_cell_once(tmp_path, monkeypatch, capsys):
                                     ("split", 3_000_000, "eager"), ("split", 3_000_000, "gc")]
     monkeypatch.undo()
     fresh = [Cell(path, p, cap, rt) for rt in ("eager", "gc") for p in ("split", "bestfit") for cap in (3_000_000, None)]
-    table = compare_table(run_cells(fresh[:4]) + run_cells(fresh[4:]))
-    assert html.escape(table) in open(tmp_path / "rep" / "index.html").read()     # the rows a fresh replay gives
+    table = compare_table(run_cells(fresh[:4]) + run_cells(fresh[4:]), {3_000_000: "3MB", None: "none"})
+    page = open(tmp_path / "rep" / "index.html").read()
+    assert html.escape(table) in page                        # the rows a fresh replay gives
+    assert "3MB (2.86 MiB)" in page                          # the cap as the user wrote it, as the pictures label it

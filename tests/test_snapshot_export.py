@@ -3,7 +3,8 @@
 The export of a replay of a recorded snapshot must equal the recording where the model is
 exact (the final segments and blocks, and every trace entry), import back to the replayed
 events, stay consistent at every entry as PyTorch's visualizer walks it, and render with
-the functions of ``torch.cuda._memory_viz`` (CPU build of torch; skipped only without torch).
+the functions of ``torch.cuda._memory_viz`` (the ``render`` extra, CPU build of torch; those tests skip,
+with the reason, without it — the rest check the format and need no torch).
 """
 from __future__ import annotations
 
@@ -325,7 +326,11 @@ def test_replay_snapshot_command_writes_the_export(tmp_path):
     out = str(tmp_path / "out.pickle")
     p = run_cli("replay", trace, "-p", "torch", "--snapshot", out, "-q", "--no-sections")
     assert p.returncode == 0, p.stderr
-    assert block_layout(load_pickle(out)) == block_layout(load_pickle(PLAIN))
+    export = load_pickle(out)
+    assert block_layout(export) == block_layout(load_pickle(PLAIN))
+    said = f"allocsim: wrote {out}: the replay under torch as a PyTorch memory snapshot ({len(export['segments'])} " \
+           f"segments, {len(export['device_traces'][0])} trace entries; open it in https://pytorch.org/memory_viz)"
+    assert p.stderr.splitlines() == [said]
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
 
 
@@ -351,7 +356,8 @@ def lines_of(flamegraph: str) -> list[tuple[str, int]]:
 
 @pytest.fixture(scope="module")
 def memory_viz():
-    pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[test]' installs it)")
+    pytest.importorskip("torch", reason="PyTorch is not installed: the renderer checks need the render extra "
+                        "(pip install -e '.[render]'); the export is checked against the format without it")
     from torch.cuda import _memory_viz
     return _memory_viz
 

@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 
 from ..costs import CostModel
 from ..errors import UsageError
@@ -183,6 +184,59 @@ def progress_bar(total, desc: str, quiet: bool = False, unit: str | None = "ev")
     return update, close
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 policy``, ``7 policies``, ``2 replays``: counts in progress lines and bars read as English."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun[:-1]}ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else f"{n} {noun}s"
+
+
+class PhaseReport:
+    """A long command's progress, phase by phase (fit's policies, plot's replays, tune's search steps).
+
+    On a terminal, a ticking bar names the running phase (`progress_bar`); elsewhere (a CI log, ``nohup``),
+    where a bar's redraws would be noise and silence looks like a hang, one stderr line as each phase ends:
+    what it did, how long it took and, when the number of phases is known, about how long the rest will take
+    (the mean phase so far times the phases left). ``quiet`` silences both.
+    """
+
+    def __init__(self, command: str, total: int | None = None, unit: str = "phase", quiet: bool = False):
+        self.command, self.total, self.unit, self.quiet = command, total, unit, quiet
+        self.tty = sys.stderr.isatty()
+        self.done = 0
+        self.started = self.phase_started = time.perf_counter()
+        self._close_bar = lambda: None
+
+    def start(self, desc: str) -> None:
+        """A phase begins: on a terminal, its bar."""
+        self._close_bar()
+        if self.tty and not self.quiet:
+            self._close_bar = progress_bar(None, f"{self.command}: {desc}", unit=None)[1]
+        self.phase_started = time.perf_counter()
+
+    def end(self, what: str, left: int | None = None) -> None:
+        """A phase ended having done ``what`` (``torch: 39 replays``): off a terminal, its line. ``left``: the
+        phases still to come, where the total is learnt on the way."""
+        if left is not None:
+            self.total = self.done + 1 + left
+        self._close_bar()
+        self._close_bar = lambda: None
+        self.done += 1
+        now = time.perf_counter()
+        took, self.phase_started = now - self.phase_started, now
+        if self.quiet or self.tty:
+            return
+        line = f"allocsim {self.command}: {what} in {took:.1f}s"
+        if self.total:
+            left = self.total - self.done
+            line += f" ({self.done} of {plural(self.total, self.unit)}"
+            line += f"; about {(now - self.started) / self.done * left:.0f}s left)" if left > 0 else ")"
+        print(line, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._close_bar()
+
+
 def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
     """``(update(done, total), close)``: a `progress_bar` made on the first report, once the total is known."""
     made = []
@@ -199,6 +253,14 @@ def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
             made[1]()
 
     return update, close
+
+
+def say_snapshot_written(snapshot: dict, path: str, what: str) -> None:
+    """One stderr line naming the snapshot just written and what it holds: the file is a side output, easy
+    to miss beside the report on stdout."""
+    entries = sum(len(t) for t in snapshot.get("device_traces", []))
+    print(f"allocsim: wrote {path}: {what} as a PyTorch memory snapshot ({plural(len(snapshot['segments']), 'segment')}"
+          f", {plural(entries, 'trace entry')}; open it in https://pytorch.org/memory_viz)", file=sys.stderr)
 
 
 def split_list(text: str, what: str) -> list[str]:

@@ -10,8 +10,8 @@ from ..fit import MAX_REPLAYS, MiB, fit_capacity, fit_job
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
-from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, load_trace, policy_specs,
-                      positive_size, progress_bar, replay_settings)
+from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, load_trace,
+                      plural, policy_specs, positive_size, progress_bar, replay_settings)
 
 NAME = "fit"
 HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
@@ -44,7 +44,8 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
                                 "max_replays": max_replays})
                  for spec in specs]
     with_oracle = oracle and "oracle" in policies.names()
-    update, close = progress_bar(None, f"fit {len(specs)} policies", quiet, unit=" replays")
+    update, close = progress_bar(None, f"fit {plural(len(specs), 'policy')}", quiet, unit=" replays")
+    phases = PhaseReport("fit", len(specs) + with_oracle, "policy", quiet=quiet)    # off a terminal: a line each
     done = [0]
 
     def replayed():
@@ -52,10 +53,14 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
         update(done[0])
 
     try:
-        fits = _fits(jobs_args, jobs, replayed, quiet)
+        fits = []
+        for (_, spec, _), f in zip(jobs_args, _fits(jobs_args, jobs, replayed, quiet)):
+            fits.append(f)
+            phases.end(f"{spec.label}: {plural(f['replays'], 'replay')}")
         if with_oracle:
             oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None)
             oracle_peak = run_cell(oracle_cell, settings)["peak_reserved_bytes"]
+            phases.end("oracle: its peak")
     finally:
         close()
     out = {"trace": shown_name(trace), "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
@@ -65,12 +70,15 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
 
 
 def _fits(jobs_args, jobs, replayed, quiet):
-    """Each policy's fit, in order; ``replayed()`` hears of every replay (from the workers through a queue)."""
+    """Each policy's fit, in order, as each is known; ``replayed()`` hears of every replay (from the workers
+    through a queue)."""
     if jobs <= 1:
-        return [fit_capacity(*a[:2], **a[2], on_replay=None if quiet else replayed) for a in jobs_args]
+        yield from (fit_capacity(*a[:2], **a[2], on_replay=None if quiet else replayed) for a in jobs_args)
+        return
     with process_pool(jobs) as ex:
         if quiet:
-            return list(ex.map(fit_job, jobs_args))
+            yield from ex.map(fit_job, jobs_args)
+            return
         with Manager() as manager:
             queue = manager.Queue()
             def listen():
@@ -80,7 +88,7 @@ def _fits(jobs_args, jobs, replayed, quiet):
             listener = threading.Thread(target=listen, daemon=True)
             listener.start()
             try:
-                return list(ex.map(fit_job, [(*a, queue) for a in jobs_args]))
+                yield from ex.map(fit_job, [(*a, queue) for a in jobs_args])
             finally:
                 queue.put(None)
                 listener.join()

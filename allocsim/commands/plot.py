@@ -6,8 +6,8 @@ import os
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, result_row, run_cell, run_cells
-from ._common import (add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg, load_trace,
-                      policy_specs, replay_settings, split_list)
+from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
+                      load_trace, plural, policy_specs, replay_settings, split_list)
 
 NAME = "plot"
 HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
@@ -139,7 +139,7 @@ def run(args) -> int:
     compute = {"timeline": lambda: _timeline_results(args.trace, specs, settings, caps[0]),
                "rows": lambda: _rows(args.trace, specs, caps, "eager", settings, args.jobs, data.get("timeline")),
                "gc_rows": lambda: _rows(args.trace, specs, caps, "gc", settings, args.jobs),
-               "fit": lambda: frontier(args.trace, specs, jobs=args.jobs, settings=settings)}
+               "fit": lambda: frontier(args.trace, specs, jobs=args.jobs, settings=settings, quiet=not args.report)}
     data = {}
 
     def need(what):
@@ -163,13 +163,25 @@ def run(args) -> int:
     if not args.report:
         print(draw(args.kind or "memory", args.output))
         return 0
+    cells = len(specs) * len(caps)
+    phases = PhaseReport("plot", len(compute) + 1)
+    steps = {"timeline": f"timelines: {plural(len(specs), 'replay')}",
+             "rows": f"eager runtime: {plural(cells - len(specs), 'replay')}",
+             "gc_rows": f"gc runtime: {plural(cells, 'replay')}",
+             "fit": f"capacity frontier: {plural(len(specs), 'policy')}"}
     for what in compute:        # every replay before the first picture is written; the timelines first, for the rows
+        if what != "fit":       # (the frontier shows its own bar, and a line per policy)
+            phases.start(steps[what])
         need(what)
+        phases.end(steps[what])
+    phases.start(f"{len(KINDS)} pictures")
     os.makedirs(args.report, exist_ok=True)
     ext = ".svg" if args.svg else ".png"
     written = {kind: draw(kind, os.path.join(args.report, kind + ext)) for kind in KINDS}
     images = [(TITLES[k], os.path.basename(p)) for k, p in written.items()]
-    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS)
+    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS,
+                     cap_text)
+    phases.end(f"{len(KINDS)} pictures and index.html")
     for p in written.values():
         print(p)
     print(idx)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from ..errors import UsageError
 from ..outputs import add_force_argument, claim_outputs
@@ -51,12 +52,22 @@ def _named_files(program_args) -> list[str]:
     return [v for v in values if v and os.path.isfile(v)]
 
 
+def own_options_after_target(program_args) -> list[str]:
+    """allocsim record's own output options found among the program's arguments (``train.py -o run.bin``):
+    everything after the script is the script's, so they go to it and the trace gets the default name."""
+    return [a for a in program_args if a in ("-o", "--force") or a.startswith("--output")]
+
+
 def run(args) -> int:
     from ..recorders import record
     if args.max_events is not None and args.max_events < 1:
         raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
     target, default_out = parse_target(args)
     out = args.output or default_out
+    misplaced = own_options_after_target(target.args)
+    if misplaced and args.output is None:
+        print(f"allocsim record: note: {' '.join(misplaced)} after the script goes to the script; allocsim's own "
+              f"options go before it (allocsim record -o run.bin train.py ...); writing {out}", file=sys.stderr)
     claim_outputs([("-o", out), ("-o", f"{out}.stats.json")], [target.source_path(), *_named_files(target.args)],
                   force=args.force)
     status, _ = record(target, out, args.framework, stacks=args.stacks,

@@ -11,7 +11,7 @@ from ..report.tables import dump_json
 from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
 from ._common import (DEFAULT_TRACE, add_replay_arguments, check_caps, lazy_progress_bar, load_trace, progress_bar,
-                      replay_settings)
+                      replay_settings, say_snapshot_written)
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -57,6 +57,7 @@ def run(args) -> int:
     if args.snapshot is not None:
         res, snapshot = res
         write_snapshot(snapshot, args.snapshot)     # an OOMed run too: its oom entry is what a user looks for
+        say_snapshot_written(snapshot, args.snapshot, f"the replay under {spec.label}")
     res.load_seconds = loaded
     if args.json:
         dump_json(res.to_dict())

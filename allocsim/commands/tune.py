@@ -15,8 +15,8 @@ from ..tune import OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..spec import PolicySpec
 from ..report.tune import tune_report
-from ._common import (add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg, load_trace,
-                      positive_size)
+from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg,
+                      load_trace, positive_size, say_snapshot_written)
 
 NAME = "tune"
 HELP = "search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, pool caps)"
@@ -95,9 +95,13 @@ def _tune(args, path: str) -> int:
     cap = positive_size(args.cap, "--cap") if args.cap is not None else None
     costs = cost_model_arg(args.cost_model)
     t0 = time.perf_counter()
-    res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
-               top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
-               settings=Settings(ReplaySettings(costs=costs)))
+    progress = PhaseReport("tune", quiet=args.json)
+    try:
+        res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
+                   top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
+                   settings=Settings(ReplaySettings(costs=costs)), progress=progress)
+    finally:
+        progress.close()
     res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
     took = time.perf_counter() - t0
     if res.rescue and res.target.capacity is None and res.target.cap is None:
@@ -123,3 +127,4 @@ def _write_snapshot(trace, res, path: str) -> None:
     _, snapshot = replay_snapshot(trace, PolicySpec.parse(row["spec"]), cap=row["cap_bytes"],
                                   capacity=res.target.capacity)
     write_snapshot(snapshot, path)
+    say_snapshot_written(snapshot, path, f"the replay under {row['setting']}")

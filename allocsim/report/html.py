@@ -14,15 +14,16 @@ STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{font-
 
 
 def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: list[dict], fit: dict | None,
-               max_replays: int) -> str:
-    """Write ``outdir/index.html``: ``images`` (title, file name) below the comparison table and the fit
-    table (the one ``allocsim fit`` prints, ``*`` where a walk stopped after ``max_replays``); its path."""
+               max_replays: int, cap_text: dict | None = None) -> str:
+    """Write ``outdir/index.html``: ``images`` (title, file name) below the comparison table (caps as the user
+    wrote them, ``cap_text``, as the pictures label them) and the fit table (the one ``allocsim fit`` prints,
+    ``*`` where a walk stopped after ``max_replays``); its path."""
     name = html.escape(shown_name(os.path.basename(trace.path or "trace")))
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>allocsim report — {name}</title>",
              f"<style>{STYLE}</style></head><body>",
              f"<h1>allocsim report — {name}</h1>",
              f"<p>{len(trace):,} events, {trace.n_allocs:,} allocations, LOAD {fmt_bytes(trace.load_bytes)}.</p>",
-             "<h2>Comparison</h2><pre>" + html.escape(compare_table(table_rows)) + "</pre>"]
+             "<h2>Comparison</h2><pre>" + html.escape(compare_table(table_rows, cap_text)) + "</pre>"]
     if fit:
         parts.append("<h2>Capacity frontier (safe capacity, island below)</h2><pre>"
                      + html.escape(fit_table(fit, max_replays)) + "</pre>")

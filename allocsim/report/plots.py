@@ -23,11 +23,10 @@ import numpy as np
 from ..filenames import shown_name
 from ..metrics import PARTS
 from ..units import fmt_bytes
-from .text import by_capacity, row_label
+from .text import by_capacity, cap_spelling, row_label
 
 GiB, MiB = 1 << 30, 1 << 20
 FORMATS = (".png", ".svg", ".pdf")
-MARKERS = "osD^vP<X>*"
 LINESTYLES = ("-", "--", "-.", ":")
 OOM_HATCH = "///"
 #: One colour per part of the free breakdown (`breakdown_figure`).
@@ -88,31 +87,78 @@ def _title(trace, what: str, setting: str = "") -> str:
     return f"{what} — {name}" + (f"\n{setting}" if setting else "")
 
 
-def policy_styles(labels) -> dict:
-    """One colour, marker and line style per policy label, in the order given.
+def _notes_an_empty_trace(what: str):
+    """A picture function drawing, for a trace without allocations, a note saying so instead of blank axes."""
+    import functools
 
-    The command computes this once from ``--policies`` so that a policy looks the
-    same in every picture of a report.
+    def wrap(figure):
+        @functools.wraps(figure)
+        def draw(trace, *args, **kw):
+            if trace.n_allocs:
+                return figure(trace, *args, **kw)
+            fig, ax = _plt().subplots(figsize=(6, 3), layout="constrained")
+            fig.suptitle(_title(trace, what, kw.get("setting", "")))
+            _nothing_to_plot(ax, "the trace holds no allocation")
+            return fig
+        return draw
+    return wrap
+
+
+def _nothing_to_plot(ax, why: str) -> None:
+    """A note in the middle of empty axes, instead of blank axes that look like a failed drawing."""
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, f"nothing to plot: {why}", ha="center", va="center", transform=ax.transAxes, fontsize=10,
+            color="0.3")
+
+
+#: Each built-in policy's look: a tab10 colour index, a marker and a line style, fixed so that a policy looks the
+#: same in every report whatever ``--policies`` says (and no two differ in dash style alone).
+POLICY_LOOKS = {"binned": (0, "o", "-"), "split": (1, "s", "--"), "knet": (2, "D", "-."), "torch": (3, "^", "-"),
+                "cupy": (4, "v", "--"), "none": (5, "<", ":"), "simple": (6, ">", "-."), "oracle": (7, "*", ":"),
+                "bestfit": (9, "P", "-.")}
+#: The marker of a built-in's light shade (a setting with options), by its hue; markers of any other label
+#: (no "x" or "X": the frontier's islands are crosses).
+SHADE_MARKERS = "hHdp8hdH8p"
+OTHER_MARKERS = "ph8Hd"
+
+
+def policy_styles(labels) -> dict:
+    """One colour, marker and line style per policy label, in the order given, the same in every report.
+
+    A built-in policy has its own (`POLICY_LOOKS`); its first setting with options
+    (``torch[expandable_segments:True]``), a reference model or a real allocator of it takes the light shade of
+    its hue with another marker and line style; anything else (a plug-in, a further setting) a colour chosen by
+    its label (a checksum, so stable across reports) among those no built-in uses.
     """
+    import zlib
+
     import matplotlib
-    labels = list(dict.fromkeys(labels))
-    cmap = matplotlib.colormaps["tab10" if len(labels) <= 10 else "tab20"]
-    return {lab: {"color": cmap(i % cmap.N), "marker": MARKERS[i % len(MARKERS)],
-                  "ls": LINESTYLES[i % len(LINESTYLES)]} for i, lab in enumerate(labels)}
+    from matplotlib.colors import to_hex
+    tab20, others = (lambda k, m=matplotlib.colormaps[name]: to_hex(m(k)) for name in ("tab20", "tab20b"))
+    out, shaded = {}, set()
+    for lab in dict.fromkeys(labels):
+        base = lab.split("[", 1)[0]
+        base = base.rsplit("-", 1)[0] if base.endswith(("-ref", "-real")) else base
+        crc = zlib.crc32(lab.encode())
+        if lab in POLICY_LOOKS:
+            hue, marker, ls = POLICY_LOOKS[lab]
+            out[lab] = {"color": tab20(2 * hue), "marker": marker, "ls": ls}
+        elif base in POLICY_LOOKS and base not in shaded:
+            shaded.add(base)
+            hue, marker, ls = POLICY_LOOKS[base]
+            out[lab] = {"color": tab20(2 * hue + 1), "marker": SHADE_MARKERS[hue],
+                        "ls": LINESTYLES[(LINESTYLES.index(ls) + 1) % len(LINESTYLES)]}
+        else:
+            out[lab] = {"color": others(crc % 20), "marker": OTHER_MARKERS[crc % len(OTHER_MARKERS)],
+                        "ls": LINESTYLES[crc % len(LINESTYLES)]}
+    return out
 
 
 def cap_label(cap_bytes: int | None, cap_text: dict | None = None) -> str:
-    """``no cap``, ``cap 4GiB``, or ``cap 3.5GB (3.26 GiB)``: the user's spelling, then the binary size.
-
-    The binary size is added when the user's text is not already in binary units,
-    so that a ``4GB`` cap is not mistaken for the ``3.73 GiB`` the tables print.
-    """
-    if cap_bytes is None:
-        return "no cap"
-    text = (cap_text or {}).get(cap_bytes)
-    if not text:
-        return f"cap {fmt_bytes(cap_bytes)}"
-    return f"cap {text}" + ("" if text.lower().endswith("ib") else f" ({fmt_bytes(cap_bytes)})")
+    """``no cap``, ``cap 4GiB``, or ``cap 3.5GB (3.26 GiB)``: the user's spelling, then the binary size
+    (`cap_spelling`), so that a ``4GB`` cap is not mistaken for the ``3.73 GiB`` the tables print."""
+    return "no cap" if cap_bytes is None else f"cap {cap_spelling(cap_bytes, cap_text)}"
 
 
 def _outside_legend(fig, handles, ncol=None):
@@ -121,6 +167,7 @@ def _outside_legend(fig, handles, ncol=None):
     return fig.legend(handles=handles, loc="outside lower center", ncol=ncol, frameon=False)
 
 
+@_notes_an_empty_trace("Memory over time")
 def memory_figure(trace, results: dict, *, styles=None, cap_text=None, setting=""):
     """Live bytes and each policy's reserved bytes on one time axis; iterations shaded; OOMs marked."""
     plt = _plt()
@@ -229,6 +276,7 @@ def _oom_handles(rows):
     return [Patch(facecolor="white", edgecolor="k", hatch=OOM_HATCH, label="hatched, OOM: the run stopped at an OOM (figures up to it)")]
 
 
+@_notes_an_empty_trace("Policies side by side")
 def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
     """Peak reserved, utilization, device mallocs and modeled allocation time per cap × policy."""
     from matplotlib.lines import Line2D
@@ -247,51 +295,63 @@ def bars_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting=
     _grouped(axes[1, 1], rows, lambda r: 1e3 * r["alloc_time_seconds"], "allocation time, modeled (ms, log)",
              log=True, **kw)
     handles = [Line2D([], [], color=s["color"], lw=8, label=p) for p, s in styles.items()]
-    handles.append(Line2D([], [], color="k", ls="--", lw=1, label="LOAD (peak live bytes)"))
+    if trace.load_bytes / scale <= axes[0, 0].get_ylim()[1]:       # off the scale (every run stopped early): no line
+        handles.append(Line2D([], [], color="k", ls="--", lw=1, label="LOAD (peak live bytes)"))
     _outside_legend(fig, handles + _oom_handles(rows))
     fig.suptitle(_title(trace, "Policies side by side", setting))
     return fig
 
 
+#: Width of the pictures meant for one paper column (`breakdown_figure`), in inches.
+COLUMN_WIDTH = 4.8
+
+
+@_notes_an_empty_trace("Why reserved > live")
 def breakdown_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="eager runtime"):
-    """Why reserved > live at each run's reserved peak: one bar per cap × policy, stacked hard, soft, stream
-    and rounding (they add up to reserved - live); a policy that cannot say is written n/a."""
+    """Why reserved > live at each run's reserved peak: per cap a panel, in it a horizontal bar per policy, stacked
+    hard, soft, stream and rounding (they add up to reserved - live); a policy that cannot say is written n/a.
+
+    Horizontal bars in panels stacked down the page: the labels read level and the picture keeps one paper
+    column's width however many policies and caps it holds."""
     from matplotlib.patches import Patch
     plt = _plt()
     styles = styles or policy_styles(row_label(r) for r in rows)
     pols = list(styles)
     caps, by = _by_cap(rows, cap_text)
-    cells = [(c, p, by.get((p, c))) for c in caps for p in pols]
+    caps = caps or [None]
     totals = [r["breakdown_at_peak"]["reserved"] - r["breakdown_at_peak"]["requested"]
-              for _, _, r in cells if r is not None and r.get("breakdown_at_peak")]
+              for r in by.values() if r.get("breakdown_at_peak")]
     scale, unit = _unit(max(totals + [1]))
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.7 * len(cells) + 3), 5), layout="constrained")
-    xs = np.array([ci * (len(pols) + 1) + pi for ci in range(len(caps)) for pi in range(len(pols))], float)
-    for x, (_, _, r) in zip(xs, cells):
-        b = r and r.get("breakdown_at_peak")
-        if not b:
-            ax.annotate("n/a" if r is not None else "", (x, 0), ha="center", va="bottom", fontsize=8)
-            continue
-        bottom = 0.0
-        for part in PARTS:
-            ax.bar([x], [b[part] / scale], 0.8, bottom=bottom, color=PART_COLORS[part])
-            bottom += b[part] / scale
-        if r["ooms"]:
-            ax.bar([x], [bottom], 0.8, fill=False, hatch=OOM_HATCH, edgecolor="k")
-    many = len(caps) > 1
-    ax.set_xticks(xs, [p + (f"\n{cap_label(c, cap_text)}" if many else "") for c, p, _ in cells],
-                  rotation=30 if len(cells) > 4 else 0, ha="right" if len(cells) > 4 else "center")
-    ax.set_xlim(xs[0] - 0.6, xs[-1] + 0.6)          # every bar shown, an n/a one at the end too
-    ax.set_ylim(0, max(totals + [1]) / scale * 1.15)
-    ax.set_ylabel(f"reserved - live at the reserved peak ({unit})")
-    ax.grid(axis="y", alpha=0.3)
+    height = 1.9 + len(caps) * (0.35 + 0.26 * len(pols))
+    fig, axes = plt.subplots(len(caps), 1, figsize=(COLUMN_WIDTH, height), sharex=True, squeeze=False,
+                             layout="constrained")
+    for ax, cap in zip(axes[:, 0], caps):
+        for y, p in enumerate(pols):
+            r = by.get((p, cap))
+            b = r and r.get("breakdown_at_peak")
+            if not b:
+                ax.text(0, y, " n/a" if r is not None else "", ha="left", va="center", fontsize=8)
+                continue
+            left = 0.0
+            for part in PARTS:
+                ax.barh([y], [b[part] / scale], 0.7, left=left, color=PART_COLORS[part])
+                left += b[part] / scale
+            if r["ooms"]:
+                ax.barh([y], [left], 0.7, fill=False, hatch=OOM_HATCH, edgecolor="k")
+        ax.set_yticks(range(len(pols)), [p.replace("[", "\n[") if len(p) > 14 else p for p in pols], fontsize=8)
+        ax.set_ylim(len(pols) - 0.5, -0.5)          # the first policy on top, as in --policies
+        ax.set_title(cap_label(cap, cap_text) if len(caps) > 1 or cap is not None else "", fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1, 0].set_xlim(0, max(totals + [1]) / scale * 1.1)
+    axes[-1, 0].set_xlabel(f"reserved - live at the reserved peak ({unit})")
     handles = [Patch(color=PART_COLORS[p], label=PART_HELP[p]) for p in PARTS]
-    _outside_legend(fig, handles + _oom_handles(rows), ncol=2)
-    fig.suptitle(_title(trace, "Why reserved > live", setting + ("" if many else f", {cap_label(caps[0], cap_text)}")
-                        if caps else setting))
+    _outside_legend(fig, handles + _oom_handles(rows), ncol=1)
+    fig.suptitle(_title(trace, "Why reserved > live", setting + ("" if len(caps) > 1 or caps[0] is not None
+                                                                  else ", no cap")))
     return fig
 
 
+@_notes_an_empty_trace("Capacity frontier")
 def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
     """Safe capacity of each policy as dots (and any smaller passing island as a cross), against LOAD
     and the oracle's peak; a policy with none (OOM even without a cap) is listed, with no dot.
@@ -344,26 +404,52 @@ def frontier_figure(trace, fit: dict, *, styles=None, setting="eager runtime"):
 
 def tune_frontier_figure(res):
     """Peak reserved vs modeled allocation time of every fitting setting: the Pareto frontier drawn as a
-    staircase, the recorded settings and the recommendation marked."""
+    staircase (rings, so that one point still shows beside the recommendation), the target's limit as a line,
+    the recorded settings and the recommendation marked. Settings that land on the same point are drawn once,
+    the larger the more they are, with their number beside it; with none that fits, a note says so."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     fitting = [r for r in res.rows if not r["ooms"]]
-    ax.scatter([r["alloc_time_seconds"] * 1e3 for r in fitting], [r["peak_reserved_bytes"] / GiB for r in fitting],
-               s=12, color="0.7", label="settings that fit")
+    ax.set_title(f"{os.path.basename(res.trace)}: {len(fitting)} of {len(res.rows)} settings fit, objective "
+                 f"{res.objective}", fontsize=9)
+    ax.set_xlabel("modeled allocation time (ms)")
+    ax.set_ylabel("peak reserved (GiB)")
+    if not fitting or not res.load_bytes:
+        _nothing_to_plot(ax, "the trace holds no allocation" if not res.load_bytes else "no setting fits the target")
+        return fig
+    point = lambda r: (r["alloc_time_seconds"] * 1e3, r["peak_reserved_bytes"] / GiB)     # noqa: E731
+    xy = np.array([point(r) for r in fitting], dtype=float)
+    span = np.maximum(xy.max(axis=0) - xy.min(axis=0), 1e-12)
+    groups: dict = {}          # points closer than about a marker's width are drawn as one
+    for key, p in zip(map(tuple, np.round((xy - xy.min(axis=0)) / span * (100, 50)).astype(int)), xy):
+        groups.setdefault(key, []).append(p)
+    centres = np.array([np.mean(g, axis=0) for g in groups.values()])
+    counts = [len(g) for g in groups.values()]
+    ax.scatter(centres[:, 0], centres[:, 1], s=[12 + 10 * np.sqrt(n - 1) for n in counts], color="0.6", alpha=0.8,
+               label="settings that fit (a number: how many share the point)")
+    for (x, y), n in zip(centres, counts):
+        if n > 1:
+            ax.annotate(str(n), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="0.35")
     front = sorted(res.frontier, key=lambda r: r["alloc_time_seconds"])
-    ax.step([r["alloc_time_seconds"] * 1e3 for r in front], [r["peak_reserved_bytes"] / GiB for r in front],
-            where="post", marker="o", color="tab:blue", label="Pareto frontier")
+    ax.step(*zip(*map(point, front)), where="post", marker="o", ms=13, mfc="none", mew=1.6, color="tab:blue",
+            zorder=4, label=f"Pareto frontier ({len(front)} {'setting' if len(front) == 1 else 'settings'})")
     for row, style in ((res.recorded, dict(marker="s", color="tab:orange", label="recorded")),
                        (res.best, dict(marker="*", s=160, color="tab:red", label="recommended"))):
         if row is not None and not row["ooms"]:
-            ax.scatter([row["alloc_time_seconds"] * 1e3], [row["peak_reserved_bytes"] / GiB], zorder=3, **style)
-    ax.set_xlabel("modeled allocation time (ms)")
-    ax.set_ylabel("peak reserved (GiB)")
-    ax.set_title(f"{res.trace}: {len(fitting)} of {len(res.rows)} settings fit, objective {res.objective}", fontsize=9)
-    ax.legend(fontsize=8)
+            ax.scatter(*zip(point(row)), zorder=3, **style)
+    if res.recorded is not None and res.recorded["ooms"]:
+        ax.plot([], [], "s", color="tab:orange", label="recorded: runs out (not drawn)")
+    limit = res.target.limit
+    if limit is not None:
+        which = "cap" if limit == res.target.cap else "capacity"
+        ax.axhline(limit / GiB, color="k", ls="--", lw=1, label=f"target: {which} {fmt_bytes(limit)}")
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, max(high, limit / GiB + 0.03 * (high - low)))
+    ax.legend(fontsize=8, loc="best")
     return fig
 
 
+@_notes_an_empty_trace("Malloc latency")
 def latency_figure(trace, results: dict, *, styles=None, setting="", measured: bool = False):
     """Per-malloc latency as the fraction of mallocs at least x slow, log-log: tails stay apart."""
     plt = _plt()
@@ -392,6 +478,7 @@ def latency_figure(trace, results: dict, *, styles=None, setting="", measured: b
     return fig
 
 
+@_notes_an_empty_trace("Garbage collections")
 def gc_figure(trace, rows: list[dict], *, styles=None, cap_text=None, setting="gc runtime"):
     """GC calls (incremental + full) and modeled GC pause time per cap × policy, log scale."""
     from matplotlib.lines import Line2D

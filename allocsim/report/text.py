@@ -123,8 +123,20 @@ def trace_heading(path: str, trace) -> str:
     return f"{shown_name(path)}: {len(trace):,} events, {trace.n_allocs:,} allocs, LOAD {fmt_bytes(trace.load_bytes)}"
 
 
-def compare_table(rows: list[dict]) -> str:
-    """The comparison table: one line per policy × cap × runtime, from compare/sweep rows."""
+def cap_spelling(cap_bytes: int | None, cap_text: dict | None = None) -> str:
+    """``none``, ``4GiB`` or ``3.5GB (3.26 GiB)``: a cap as the user wrote it (``cap_text``: bytes to their
+    text), the binary size beside a decimal spelling so that it is not mistaken for the GiB the tables print."""
+    if cap_bytes is None:
+        return "none"
+    text = (cap_text or {}).get(cap_bytes)
+    if not text:
+        return fmt_bytes(cap_bytes)
+    return text + ("" if text.lower().endswith("ib") else f" ({fmt_bytes(cap_bytes)})")
+
+
+def compare_table(rows: list[dict], cap_text: dict | None = None) -> str:
+    """The comparison table: one line per policy × cap × runtime, from compare/sweep rows; caps as the user
+    wrote them where ``cap_text`` says (`cap_spelling`)."""
     head = ["policy", "cap", "runtime", "peak reserved", "util", "over LOAD", "dev mallocs", "flushes",
             "GC inc/full", "OOM", "alloc time", "p99 malloc"]
     body = []
@@ -132,7 +144,7 @@ def compare_table(rows: list[dict]) -> str:
         oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
         body.append([
             row_label(r),
-            fmt_bytes(r["cap_bytes"]), r["runtime"],
+            cap_spelling(r["cap_bytes"], cap_text), r["runtime"],
             fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
             f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
             f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
