@@ -100,7 +100,7 @@ class Policy:
     peak_allocated_override: int | None = None
 
     #: Optional ``layout(live handles) -> list[dict]``: the segments as PyTorch's ``snapshot()`` reports them
-    #: (`allocsim.report.snapshot`). Once, after the replay; None: the policy has no layout to export.
+    #: (`allocsim.exporters.torch_snapshot`). Once, after the replay; None: the policy has no layout to export.
     layout = None
 
     def __new__(cls, ctx: PolicyContext | None = None, options: dict | None = None, **extra):
