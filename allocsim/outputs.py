@@ -193,27 +193,40 @@ def same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
-def is_trace(path: str) -> bool:
-    """True if ``path`` is an existing file that starts with the trace magic."""
-    return kept_input(path) == "an allocsim trace"
+#: The files a user keeps as inputs, by their first bytes: ``{head: (kind, what it is)}``. A format adds its
+#: own (`keep_files_starting_with`; `allocsim.trace.format` adds the trace magic), so this module, below
+#: every format, knows none. A pickle (the PROTO opcode) is what `allocsim import` reads as a snapshot.
+KEPT: dict[bytes, tuple[str, str]] = {b"\x80": ("pickle", "a pickle (a PyTorch memory snapshot, an input allocsim imports)")}
 
 
-def kept_input(path: str) -> str | None:
-    """What ``path`` is, if it is a file a user keeps as an input — an allocsim trace, or a PyTorch memory
-    snapshot (a pickle, which `allocsim import` reads) — else None."""
-    from .trace.format import MAGIC
+def keep_files_starting_with(head: bytes, kind: str, what: str) -> None:
+    """Files that start with ``head`` are inputs a user keeps: ``kind`` names them, ``what`` says it to the user."""
+    KEPT[head] = (kind, what)
+
+
+def _kept(path: str) -> tuple[str, str] | None:
+    """``(kind, what)`` of the kept input ``path`` is (`KEPT`), or None."""
     if not os.path.isfile(path):                # a FIFO would block the read
         return None
     try:
         with open(path, "rb") as f:
-            head = f.read(len(MAGIC))
+            head = f.read(max(map(len, KEPT)))
     except OSError:
         return None
-    if head == MAGIC:
-        return "an allocsim trace"
-    if head[:1] == b"\x80":                     # the pickle PROTO opcode: what `import` reads as a snapshot
-        return "a pickle (a PyTorch memory snapshot, an input allocsim imports)"
-    return None
+    return next((k for h, k in KEPT.items() if head.startswith(h)), None)
+
+
+def is_trace(path: str) -> bool:
+    """True if ``path`` is an existing file that starts with the trace magic."""
+    kept = _kept(path)
+    return kept is not None and kept[0] == "trace"
+
+
+def kept_input(path: str) -> str | None:
+    """What ``path`` is, if it is a file a user keeps as an input (an allocsim trace, a PyTorch memory
+    snapshot), else None."""
+    kept = _kept(path)
+    return kept and kept[1]
 
 
 #: Outputs claimed by this process: absolute path -> (the flag naming it, whether --force was given).

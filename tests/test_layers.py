@@ -11,9 +11,9 @@ from conftest import ROOT
 #: layer of the package. Every module of allocsim must be named here (by itself or by its package).
 LAYERS = [
     ["errors", "units", "sections", "placement", "context", "params", "version", "filenames"],
-    ["files"],
+    ["outputs"],
     ["trace"],
-    ["outputs", "costs", "frameworks"],
+    ["costs", "frameworks"],
     ["importers", "recorders", "synth"],
     ["device", "gpu", "runtime", "metrics", "calibrate"],
     ["policies"],

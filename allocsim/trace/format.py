@@ -28,10 +28,11 @@ import struct
 import numpy as np
 
 from ..errors import InputError
-from ..outputs import atomic_path, check_input_file
+from ..outputs import atomic_path, check_input_file, keep_files_starting_with
 from .events import RECORD_DTYPE
 
 MAGIC = b"ALLOCSIM"
+keep_files_starting_with(MAGIC, "trace", "an allocsim trace")    # never written over without --force
 VERSION = 1
 HEADER = struct.Struct("<8sHHIQQQ24x")
 HEADER_SIZE = 64
