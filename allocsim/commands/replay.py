@@ -5,12 +5,13 @@ import sys
 import time
 
 from .. import engine
+from ..capacity import check_caps
 from ..outputs import add_force_argument, claim_outputs
 from ..report.snapshot import check_exportable, replay_snapshot, write_snapshot
 from ..report.tables import dump_json
 from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
-from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, check_caps, cost_model_arg,
+from ._common import (DEFAULT_TRACE, add_replay_arguments, capacity_arg, cost_model_arg,
                       gc_every_arg, lazy_progress_bar, load_trace, positive_size, progress_bar)
 
 NAME = "replay"
@@ -47,7 +48,7 @@ def run(args) -> int:
     planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
     cap, capacity = positive_size(args.cap, "--cap", allow_none=True), capacity_arg(args.capacity)
-    check_caps([cap], capacity)
+    check_caps([cap], capacity, trace)
     replay = engine.replay if args.snapshot is None else replay_snapshot
     try:
         res = replay(

@@ -35,8 +35,9 @@ from sortedcontainers import SortedKeyList
 
 from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from ..base import Policy
-from ..torch import (AllowedMemory, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, NO_DIVISIONS, SIZE_MAX, MiB, TorchCachingAllocator, _divisions,
-                     get_allocation_size, options_in_force, round_size)
+from ...frameworks.torch import NO_DIVISIONS, SIZE_MAX, MiB, divisions_table, options_in_force
+from ..torch import (AllowedMemory, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, TorchCachingAllocator,
+                     get_allocation_size, round_size)
 from . import reference_of
 
 
@@ -146,7 +147,7 @@ class TorchCachingAllocatorReference(Policy):
         self.max_split_size = SIZE_MAX if self.max_split_size_mb is None else self.max_split_size_mb * MiB
         self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
         divisions = self.roundup_power2_divisions
-        self.divisions = NO_DIVISIONS if divisions is None else _divisions(divisions)
+        self.divisions = NO_DIVISIONS if divisions is None else divisions_table(divisions)
         # set_per_process_memory_fraction: allowed_memory_maximum(), read at each use (a cap can change mid-run)
         self.allowed_memory_maximum = AllowedMemory(ctx, self.per_process_memory_fraction,
                                                     self.garbage_collection_threshold)
