@@ -487,7 +487,7 @@ _ON_1GIB = trace_with({"framework": "torch", "device": {"name": "test", "total_m
 SETTINGS_18 = [
     Case("torch-max-split-1e30", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=1e30"],
          expect="option max_split_size_mb: expected an integer, got '1e30'", stdout_empty=True),
-    Case("torch-max-split-past-size-t", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=" + "1" + "0" * 30],
+    Case("torch-max-split-past-size-t", ["replay", "{trace}", "-p", "torch", "-O", f"max_split_size_mb={10 ** 30}"],
          expect="option max_split_size_mb: too large, must be <= 17592186044415", stdout_empty=True),
     Case("torch-non-split-past-size-t", ["compare", "{trace}", "-p", "torch", "-O",
                                          "max_non_split_rounding_mb=17592186044416"],

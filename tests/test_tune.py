@@ -9,7 +9,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import tune as tune_mod
 from allocsim.cli import main
 from allocsim.engine import replay
 from allocsim.frameworks.torch import divisions_text, parse_divisions
