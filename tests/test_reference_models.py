@@ -267,6 +267,17 @@ def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap,
     assert_same(trace, "torch-ref", ["expandable_segments:true" + extra], cap=cap, capacity=None)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=traces(max_ops=120), share=st.sampled_from([0.3, 0.6, 0.9]),
+       extra=st.sampled_from(["", ",garbage_collection_threshold:0.5"]))
+def test_torch_fraction_of_the_cap_matches_reference(trace, share, extra):
+    """Without --capacity the fraction is taken of the cap: the allowed memory reads the cap's very value, so
+    both models pin the device (`allocsim fit` certifies no other cap) and fail the same segments."""
+    cap = 2 * max(trace.load_bytes, MiB)
+    assert_same(trace, "torch-ref", [f"per_process_memory_fraction:{share}{extra}"], cap=cap, capacity=None)
+
+
 # ---- torch under pressure: the allowed memory from the cap, changed mid-run; releases; recorded OOMs
 @st.composite
 def pressure_cases(draw):
@@ -355,6 +366,19 @@ def test_torch_size_rules_match_the_references_statement(n, table):
     rules 1 and 6) without sharing code: every size, edges included, under any divisions table."""
     assert torch_rules.round_size(n, table) == torch_ref_rules.round_size(n, table)
     assert torch_rules.get_allocation_size(n) == torch_ref_rules.get_allocation_size(n)
+
+
+def test_torch_size_rules_match_the_reference_at_every_edge():
+    """Every rule edge (and two bytes either side) under tables whose neighbouring intervals all differ, so a
+    size read against the wrong interval rounds differently; then the segment size of every rounded size."""
+    divs = (2, 4, 8, 16, 64, 0, 1)
+    tables = [(d,) * 16 for d in divs] + [tuple(divs[(i + s) % len(divs)] for i in range(16)) for s in range(len(divs))]
+    for e in _rule_edges() + [1 << 37]:
+        for n in range(max(0, e - 2), e + 3):
+            for table in tables:
+                rounded = torch_rules.round_size(n, table)
+                assert rounded == torch_ref_rules.round_size(n, table), (n, table)
+                assert torch_rules.get_allocation_size(rounded) == torch_ref_rules.get_allocation_size(rounded), n
 
 
 @pytest.mark.parametrize("rules", ["fast", "reference"])
