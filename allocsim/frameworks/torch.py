@@ -173,7 +173,7 @@ def parse_conf(text: str) -> dict:
         if key in IGNORED_CONF_KEYS:
             continue
         if key not in _KNOWN:
-            raise ValueError(f"unknown option {key!r}")
+            raise ValueError(f"unknown option {key!r} (known: {', '.join(sorted([*_KNOWN, *IGNORED_CONF_KEYS]))})")
         try:
             out[key] = _KNOWN[key].parse(value)
         except ValueError as e:
