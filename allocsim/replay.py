@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .capacity import trace_capacity
 from .context import PolicyContext
 from .costs import CostModel
 from .device import SimulatedDevice
@@ -51,13 +52,6 @@ from .trace.trace import CHUNK, LiveBytes
 S_RECORDED_OOM = "recorded OOM attempt"
 S_CACHE_RELEASE = "cache release"
 S_PERIODIC_GC = "gc(false) (periodic)"
-
-
-def trace_capacity(trace: Trace) -> int | None:
-    """The recorded device's total memory, if the trace's metadata names it."""
-    dev = trace.meta.get("device") or {}
-    total = dev.get("total_memory") if isinstance(dev, dict) else None
-    return int(total) if total else None
 
 
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:

@@ -1,29 +1,17 @@
 """`allocsim tune`: which allocator settings make this trace fit, searched offline.
 
-The space: for a PyTorch trace the caching allocator's settings the `torch` model
-takes (``expandable_segments``, ``max_split_size_mb``, ``roundup_power2_divisions``
-in its single and per-size forms, ``max_non_split_rounding_mb``, and
-``garbage_collection_threshold`` when a ``--cap`` gives it an allowed memory); for
-a CuPy trace the pool's ``set_limit``; for anything else (the Julia CuArrays pools)
-the ``split`` and ``binned`` pools under a few pool caps. The recorded settings
-(trace metadata) are the first candidate and the baseline every table shows.
+The space is the trace's framework's (`allocsim.spaces`: the caching allocator's settings
+for a PyTorch trace, the pool's ``set_limit`` for a CuPy trace, the ``split`` and ``binned``
+pools under a few pool caps for anything else, the Julia CuArrays pools). The recorded
+settings (trace metadata) are the first candidate and the baseline every table shows.
 
 The search is exhaustive over what can differ, and replays nothing twice:
 
 1. **Canonical settings** (`Space.canonical`): an option that cannot change a
    replay of *this* trace is reset to its default before anything runs, and
-   settings that become equal replay once. The rules, each read off the model:
-   a divisions entry of 1, or for a size interval (1 MiB .. 64 GiB, by powers of
-   two) that no request of the trace falls in, rounds nothing (0); all-zero
-   divisions are none. ``max_split_size_mb`` above the largest segment any
-   request can create (``get_allocation_size`` of the largest rounded request;
-   without expandable segments a block never outgrows its segment) compares like
-   no limit. ``max_non_split_rounding_mb`` is read only for requests of at least
-   ``max_split_size_mb``: without one, or with no request that large, it is
-   dropped. ``garbage_collection_threshold`` acts only under an allowed memory:
-   without a cap, or where the model does not turn its GC on under the cap, it
-   is dropped. (CuPy limits and Julia pool caps are generated
-   below the target only, so they all differ.) Equal canonical settings give
+   settings that become equal replay once; the rules are each space's own
+   (`allocsim.spaces.torch`; CuPy limits and Julia pool caps are generated
+   below the target only, so they all differ). Equal canonical settings give
    equal replays, so this never discards the optimum (`tests/test_tune.py`
    brute-forces small spaces and compares every point's replay with its class's).
 2. **First OOM stops a replay**: a setting that fails at the target stops there
@@ -56,26 +44,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import UsageError
-from .policies.torch import (K_LARGE_BUFFER, N_DIVISION_INTERVALS, NO_DIVISIONS, _divisions, get_allocation_size,
-                             parse_divisions, round_size, settings_from_trace)
-from .replay import Replay, trace_capacity
+from .frameworks.torch import N_DIVISION_INTERVALS
+from .capacity import check_caps, device_capacity
+from .replay import Replay
+from .spaces import space_of
+from .spaces import torch as torch_space
 from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cell
 from .trace import ALLOC, Trace
 from .trace.events import OOM
 from .units import fmt_bytes
 
-MiB = 1 << 20
 OBJECTIVES = ("reserved", "time", "both")
 TOP = 3
-
-# the torch grid: every value the model takes, a few per option (the canonical rules shrink it per trace)
-TORCH_MAX_SPLIT_MB = (None, 32, 64, 128, 256, 512)
-TORCH_DIVISIONS = (None, "2", "4", "8", "16", "[64:8,256:4,>:2]", "[256:4,>:1]")
-TORCH_NON_SPLIT_MB = (20, 64, 256)
-TORCH_GC_THRESHOLDS = (None, 0.6, 0.8)
-LIMIT_FACTORS = (1.1, 1.25, 1.5)          # CuPy limits and Julia pool caps, times LOAD
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -110,12 +91,10 @@ class Target:
         return min(known) if known else None
 
 
-def check_target(target: Target, load: int) -> None:
-    """Impossible targets are one line: a limit below LOAD (nothing fits), a cap above the capacity."""
-    if target.cap is not None and target.capacity is not None and target.cap > target.capacity:
-        raise UsageError(f"--cap {fmt_bytes(target.cap)} is larger than --capacity {fmt_bytes(target.capacity)}: "
-                         f"the device runs out first; lower the cap or raise the capacity")
-    for what, v in (("--capacity", target.capacity), ("--cap", target.cap)):
+def check_target(target: Target, load: int, capacity_name: str = "--capacity") -> None:
+    """An impossible target is one line: a limit below LOAD (nothing fits), named as the user gave it
+    (``capacity_name``: `allocsim.capacity.device_capacity`'s)."""
+    for what, v in ((capacity_name, target.capacity), ("--cap", target.cap)):
         if v is not None and v < load:
             raise UsageError(f"{what} {fmt_bytes(v)} is below the trace's LOAD {fmt_bytes(load)} (its peak live "
                              f"bytes): no allocator setting fits; the target is impossible")
@@ -138,7 +117,7 @@ class Space:
     def _torch_gc_acts(self) -> bool:
         """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on()``:
         not when the cap is the whole device, fraction 1)."""
-        r = Replay(self.trace, torch_spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
+        r = Replay(self.trace, torch_space.spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
                    cap=self.target.cap, capacity=self.target.capacity)
         pol = r.policy
         r.close()
@@ -146,74 +125,14 @@ class Space:
 
     # the candidates, recorded settings first
     def candidates(self) -> list[Candidate]:
-        recorded = PolicySpec.parse(self.policy_name())
-        if self.framework == "torch":       # spelled out: its conf line, and the same canonical form as the rest
-            recorded = torch_spec({**settings_from_trace(self.trace.meta, self.trace.path), "trace_settings": False})
-        return [Candidate(recorded, recorded=True)] + {"torch": self._torch, "cupy": self._cupy}.get(self.framework, self._julia)()
+        fw = space_of(self.framework)
+        return [Candidate(fw.recorded(self.trace), recorded=True)] + [Candidate(spec, cap) for spec, cap in
+                                                                       fw.settings(self)]
 
-    def policy_name(self) -> str:
-        return self.framework if self.framework in ("torch", "cupy") else "split"
-
-    def _torch(self) -> list[Candidate]:
-        gcs = TORCH_GC_THRESHOLDS if self.target.cap is not None else (None,)
-        out = []
-        for es in (False, True):
-            for ms in TORCH_MAX_SPLIT_MB:
-                for div in TORCH_DIVISIONS:
-                    for ns in (TORCH_NON_SPLIT_MB if ms is not None else (20,)):
-                        for gc in gcs:
-                            v = {"trace_settings": False, "expandable_segments": es, "max_split_size_mb": ms,
-                                 "max_non_split_rounding_mb": ns, "garbage_collection_threshold": gc or 0.0}
-                            if div is not None:
-                                v["roundup_power2_divisions"] = parse_divisions(div)
-                            out.append(Candidate(torch_spec(v)))
-        return out
-
-    def _limits(self) -> list[int]:
-        load, limit = self.trace.load_bytes, self.target.limit
-        return [int(load * f) // MiB * MiB for f in LIMIT_FACTORS if load >= MiB and (limit is None or load * f < limit)]
-
-    def _cupy(self) -> list[Candidate]:
-        cupy = PolicySpec.parse("cupy")
-        return [Candidate(cupy)] + [Candidate(cupy.with_values({"limit": lim})) for lim in self._limits()]
-
-    def _julia(self) -> list[Candidate]:
-        return [Candidate(PolicySpec.parse(p), cap) for p in ("split", "binned") for cap in [None] + self._limits()]
-
-    # canonical form
     def canonical(self, c: Candidate):
         """A key equal for candidates whose replays of this trace are equal (module docstring, step 1)."""
-        v = c.spec.values()
-        if c.spec.ref == "torch":
-            v = self._torch_canonical(v)
+        v = space_of(c.spec.policy_class().framework).canonical(self, c.spec.values())
         return (c.spec.ref, tuple(sorted(v.items())), c.cap)
-
-    def _torch_canonical(self, v: dict) -> dict:
-        v = {"max_non_split_rounding_mb": K_LARGE_BUFFER // MiB, **v}
-        div = _divisions(v["roundup_power2_divisions"]) if v.get("roundup_power2_divisions") else NO_DIVISIONS
-        div = tuple(d if d > 1 and i in self.intervals else 0 for i, d in enumerate(div))
-        v["roundup_power2_divisions"] = div if any(div) else None
-        ms = v.get("max_split_size_mb")
-        largest_segment = get_allocation_size(round_size(self.largest_request, div)) if self.largest_request else 0
-        if ms is not None and not v.get("expandable_segments") and ms * MiB > largest_segment:
-            v["max_split_size_mb"] = ms = None
-        if ms is None or round_size(self.largest_request, div) < ms * MiB:
-            v["max_non_split_rounding_mb"] = K_LARGE_BUFFER // MiB
-        if not (self.gc_acts and v.get("garbage_collection_threshold")):
-            v["garbage_collection_threshold"] = 0.0
-        return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
-
-
-def torch_spec(values: dict) -> PolicySpec:
-    """A `torch` spec of these option values, those at their declared default left out (``trace_settings`` kept):
-    short labels and conf lines."""
-    div = values.get("roundup_power2_divisions")
-    if div is not None and not any(d > 1 for d in _divisions(div)):
-        values = {**values, "roundup_power2_divisions": None}        # rounds nothing, as the model reads it
-    spec = PolicySpec.parse("torch").with_values(values)
-    defaults = {p.name: p.default for p in spec.policy_class().params}
-    kept = tuple((k, v) for k, v in spec.options if k == "trace_settings" or defaults.get(k) != v)
-    return PolicySpec(spec.ref, kept, spec.shown)
 
 
 # ---- the search -----------------------------------------------------------------------------
@@ -309,8 +228,10 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
     from .sweep import cached_trace
     t = cached_trace(trace)
-    target = Target(trace_capacity(t) if capacity == "trace" else capacity, cap)
-    check_target(target, t.load_bytes)
+    check_caps([cap], capacity, t)
+    total, capacity_name = device_capacity(capacity, t)
+    target = Target(total, cap)
+    check_target(target, t.load_bytes, capacity_name)
     space = Space(t, target)
     everything = space.candidates()
     distinct: dict = {}
@@ -413,52 +334,17 @@ def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
 
 # ---- what to paste ----------------------------------------------------------------------------
 def conf_lines(row: dict, c: Candidate | None = None) -> dict:
-    """The environment lines that select a row's setting, ready to paste (``{"conf": ..., "legacy_conf": ...}``)."""
+    """The environment lines that select a row's setting, ready to paste (``{"conf": ..., "legacy_conf": ...}``):
+    its framework's (`allocsim.frameworks`)."""
     if c is None:
         return {k: row[k] for k in ("conf", "legacy_conf", "note") if k in row}
-    spec = c.spec
-    note = ""
-    if spec.ref == "torch":
-        text = option_text(spec)
-        if "garbage_collection_threshold" in spec.values():
-            note = "needs torch.cuda.set_per_process_memory_fraction(cap / total memory) in the script"
-        if not text:
-            return {"conf": "unset PYTORCH_ALLOC_CONF PYTORCH_CUDA_ALLOC_CONF", "legacy_conf": "",
-                    "note": "the defaults"}
-        return {"conf": f"PYTORCH_ALLOC_CONF={text}", "legacy_conf": f"PYTORCH_CUDA_ALLOC_CONF={text}", "note": note}
-    if spec.ref == "cupy":
-        limit = spec.values().get("limit")
-        return {"conf": f"CUPY_GPU_MEMORY_LIMIT={limit}" if limit else "unset CUPY_GPU_MEMORY_LIMIT",
-                "legacy_conf": "", "note": "or cupy.get_default_memory_pool().set_limit(size=...)" if limit else ""}
-    conf = f"CUARRAYS_MEMORY_POOL={spec.ref}"
-    if c.cap is not None:
-        conf += f" CUARRAYS_MEMORY_LIMIT={c.cap}"
-    return {"conf": conf, "legacy_conf": "", "note": "JULIA_CUDA_MEMORY_* from CUDA.jl v2.0"}
+    return space_of(c.spec.policy_class().framework).conf_lines(c.spec, c.cap)
 
 
 def option_text(spec: PolicySpec) -> str:
-    """``k:v,...`` as PyTorch's option parser takes it, ``trace_settings`` left out, divisions written short."""
+    """``k:v,...`` as the policy's option parser takes it, ``trace_settings`` left out."""
     pcls = spec.policy_class()
-    return ",".join(f"{k}:{divisions_text(v) if k == 'roundup_power2_divisions' else pcls.format_option(k, v)}"
-                    for k, v in spec.options if k != "trace_settings")
-
-
-def divisions_text(table: tuple) -> str:
-    """The shortest usual spelling of a 16-interval divisions table that PyTorch parses back to it: one number
-    when uniform, else ``[key:d,...]`` (MiB keys; the first key also fills the intervals below it, ``>`` the ones
-    after the last key)."""
-    if len(set(table)) == 1:
-        return str(table[0]) if table[0] else "[1:0]"        # a single 0 is refused (not a power of 2)
-    last = len(table) - 1
-    first_end = next(i for i, d in enumerate(table) if d != table[0]) - 1
-    tail_start = next(i for i in range(last, -1, -1) if table[i] != table[last]) + 1
-    keys = [first_end] + [i for i in range(first_end + 1, tail_start) if table[i]]
-    if table[last] and keys[-1] != tail_start - 1:
-        keys.append(tail_start)         # ">" fills only the intervals after the last key
-    items = [f"{1 << i}:{table[i]}" for i in keys]
-    if table[last] and keys[-1] < last:
-        items.append(f">:{table[last]}")
-    return "[" + ",".join(items) + "]"
+    return ",".join(f"{k}:{pcls.format_option(k, v)}" for k, v in spec.options if k != "trace_settings")
 
 
 # ---- OOM rescue ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from allocsim.policies.torch import fraction_for  # noqa: E402
+from allocsim.frameworks.torch import fraction_for  # noqa: E402
 
 PY = sys.executable
 WORKLOADS = [

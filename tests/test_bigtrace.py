@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocsim import synth
-from allocsim.commands import info
+from allocsim.trace import analysis
 from allocsim.errors import InputError
 from allocsim.trace import ALLOC, FREE, FREE_REQUESTED, MARK, RECORD_DTYPE, SEGMENT_ALLOC, Trace, TraceWriter
 from allocsim.trace import events as ev
@@ -199,16 +199,16 @@ def size_traces(draw):
 def test_info_chunked_equals_whole_array(t, chunk, dense):
     """Tiny chunks and a tiny dense range for `DistinctSizes` (its sorted part merged often)."""
     want = whole_array_figures(t)
-    old = trace_module.CHUNK, info.DistinctSizes.DENSE
-    trace_module.CHUNK, info.DistinctSizes.DENSE = chunk, dense
+    old = trace_module.CHUNK, analysis.DistinctSizes.DENSE
+    trace_module.CHUNK, analysis.DistinctSizes.DENSE = chunk, dense
     try:
-        got = info.summarize(t)
+        got = analysis.summarize(t)
     finally:
-        trace_module.CHUNK, info.DistinctSizes.DENSE = old
+        trace_module.CHUNK, analysis.DistinctSizes.DENSE = old
     assert {k: got[k] for k in want} == want
     trace_module.CHUNK = 1 << 16
     try:
-        assert info.summarize(Trace(t.records, t.meta, streams=t.streams, labels=t.labels)) == got
+        assert analysis.summarize(Trace(t.records, t.meta, streams=t.streams, labels=t.labels)) == got
     finally:
         trace_module.CHUNK = old[0]
 
@@ -223,9 +223,9 @@ def test_nth_alloc_size_is_exact(sizes, data):
     t = w.finish()
     k = data.draw(st.integers(0, len(sizes) - 1))
     want = sorted(sizes)[k]
-    assert info.nth_alloc_size(t, k, 0, 1 << 51) == want
+    assert analysis.nth_alloc_size(t, k, 0, 1 << 51) == want
     lo = min(sizes)
-    assert info.nth_alloc_size(t, k - sum(s < lo for s in sizes), lo, max(sizes) + 1) == want
+    assert analysis.nth_alloc_size(t, k - sum(s < lo for s in sizes), lo, max(sizes) + 1) == want
 
 
 def test_info_is_unchanged_on_generated_traces(tmp_path):
@@ -236,7 +236,7 @@ def test_info_is_unchanged_on_generated_traces(tmp_path):
             ("transformer", {"layers": 2}, {"distinct_sizes": 15, "median_alloc_bytes": 2097152,
                                             "load_bytes": 973307908, "total_alloc_bytes": 11327037480})):
         t = synth.generate(preset, path=str(tmp_path / f"{preset}.bin"), **params)
-        d = info.summarize(Trace.load(t.path))
+        d = analysis.summarize(Trace.load(t.path))
         assert {k: d[k] for k in want} == want
         assert {k: d[k] for k in whole_array_figures(t)} == whole_array_figures(t)
 
@@ -290,6 +290,6 @@ def test_info_is_unchanged_on_shipped_traces(name):
     """`info --json` of every shipped trace, against what the whole-array `info` printed (tests/golden/info/)."""
     with open(os.path.join(ROOT, "tests", "golden", "info", f"{name}.json")) as f:
         want = json.load(f)
-    got = info.summarize(Trace.load(os.path.join(ROOT, "traces", f"{name}.bin")))
+    got = analysis.summarize(Trace.load(os.path.join(ROOT, "traces", f"{name}.bin")))
     got.pop("path")
     assert json.loads(json.dumps(got)) == want

@@ -130,7 +130,7 @@ def test_latency_log_large_and_measured():
 @pytest.mark.parametrize("name", ["resnet50.bin", "gpt2.bin"])
 def test_info_is_the_same_for_any_chunk_size(monkeypatch, name):
     """Real traces: marks, segments and streams cross chunk boundaries."""
-    from allocsim.commands.info import summarize
+    from allocsim.trace.analysis import summarize
     t = Trace.load(f"traces/{name}")
     want = summarize(t)
     assert want["marks"] and want["upstream_segments"]["peak_reserved_bytes"]

@@ -717,7 +717,39 @@ PLUGINS_18: list[Case] = [
          expect="hello from the plug-in", stdout_json=True, subprocess=True),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18
+
+# issue 18: settings PyTorch's own parser refuses, and a cap above the device's memory, refused in the user's terms
+_ON_1GIB = trace_with({"framework": "torch", "device": {"name": "test", "total_memory": 1 << 30}})
+SETTINGS_18 = [
+    Case("torch-max-split-1e30", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=1e30"],
+         expect="option max_split_size_mb: expected an integer, got '1e30'", stdout_empty=True),
+    Case("torch-max-split-past-size-t", ["replay", "{trace}", "-p", "torch", "-O", f"max_split_size_mb={10 ** 30}"],
+         expect="option max_split_size_mb: too large, must be <= 17592186044415", stdout_empty=True),
+    Case("torch-non-split-past-size-t", ["compare", "{trace}", "-p", "torch", "-O",
+                                         "max_non_split_rounding_mb=17592186044416"],
+         expect="option max_non_split_rounding_mb: too large", stdout_empty=True),
+    Case("torch-divisions-empty-list", ["replay", "{trace}", "-p", "torch", "-O", "roundup_power2_divisions:[]"],
+         expect="option roundup_power2_divisions: the list [] names no interval", stdout_empty=True),
+    Case("torch-divisions-only-commas", ["replay", "{trace}", "-p", "torch[roundup_power2_divisions:[,]]"],
+         expect="the list [,] names no interval", stdout_empty=True),
+    Case("torch-divisions-past-size-t", ["replay", "{trace}", "-p", "torch", "-O",
+                                         f"roundup_power2_divisions={2 ** 64}"],
+         expect="divisions 18446744073709551616 is outside 0 .. 2**64 - 1", stdout_empty=True),
+    Case("torch-divisions-key-past-size-t", ["replay", "{trace}", "-p", "torch", "-O",
+                                             f"roundup_power2_divisions=[{2 ** 64}:2]"],
+         expect="interval 18446744073709551616 is outside", stdout_empty=True),
+    Case("replay-cap-above-recorded-device", ["replay", "{d}/bad.bin", "--cap", "2GB"], _ON_1GIB,
+         expect="--cap 1.86 GiB is larger than the recorded device's memory 1.00 GiB", stdout_empty=True),
+    Case("compare-caps-above-recorded-device", ["compare", "{d}/bad.bin", "--caps", "none,2GB"], _ON_1GIB,
+         expect="--caps 1.86 GiB is larger than the recorded device's memory 1.00 GiB", stdout_empty=True),
+    Case("tune-cap-above-recorded-device", ["tune", "{d}/bad.bin", "--cap", "2GB"], _ON_1GIB,
+         expect="--cap 1.86 GiB is larger than the recorded device's memory 1.00 GiB", stdout_empty=True),
+    Case("tune-recorded-device-below-load", ["tune", "{d}/bad.bin"],
+         trace_with({"framework": "torch", "device": {"name": "test", "total_memory": 1024}}),
+         expect="the recorded device's memory 1.00 KiB is below the trace's LOAD", stdout_empty=True),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

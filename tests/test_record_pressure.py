@@ -309,7 +309,8 @@ def test_pressure_traces_hold_what_the_program_did(path):
 # ---- info shows what the program set and released ------------------------------------------------
 @pytest.mark.skipif(not PRESSURE, reason="no pressure traces recorded yet")
 def test_info_shows_recorded_limits_and_cache_releases():
-    from allocsim.commands.info import format_summary, summarize
+    from allocsim.commands.info import format_summary
+    from allocsim.trace.analysis import summarize
     t = Trace.load(os.path.join(REPO, "traces", "pressure-fraction-oom.bin"))
     d = summarize(t)
     lim, = d["limits"]

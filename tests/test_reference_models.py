@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim import policies
+from allocsim.policies import torch as torch_rules
+from allocsim.policies.reference import torch as torch_ref_rules
 from allocsim.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.trace import ALLOC, Trace, TraceWriter
@@ -82,7 +84,8 @@ def replay_log(trace, policy, options, *, runtime="eager", cap=None, capacity="t
             "counters": pol.counters(), "allocated": pol.allocated, "largest free": pol.largest_free(),
             "segment log": getattr(pol, "segment_log", None), "total log": list(getattr(pol, "total_log", None) or ()),
             "open sections": sec.stack,     # every section a policy opened is closed again
-            "modeled clock": dev.clock}
+            "modeled clock": dev.clock,
+            "certified limits": dev.certified()}     # the limits that replay alike (`allocsim fit`): note and pin
 
 
 def assert_same(trace, ref, options, **kw):
@@ -264,6 +267,17 @@ def test_torch_expandable_segments_match_reference_under_a_small_cap(trace, cap,
     assert_same(trace, "torch-ref", ["expandable_segments:true" + extra], cap=cap, capacity=None)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=traces(max_ops=120), share=st.sampled_from([0.3, 0.6, 0.9]),
+       extra=st.sampled_from(["", ",garbage_collection_threshold:0.5"]))
+def test_torch_fraction_of_the_cap_matches_reference(trace, share, extra):
+    """Without --capacity the fraction is taken of the cap: the allowed memory reads the cap's very value, so
+    both models pin the device (`allocsim fit` certifies no other cap) and fail the same segments."""
+    cap = 2 * max(trace.load_bytes, MiB)
+    assert_same(trace, "torch-ref", [f"per_process_memory_fraction:{share}{extra}"], cap=cap, capacity=None)
+
+
 # ---- torch under pressure: the allowed memory from the cap, changed mid-run; releases; recorded OOMs
 @st.composite
 def pressure_cases(draw):
@@ -329,6 +343,60 @@ def test_torch_boundaries_match_the_rules_and_the_reference(path, sizes, options
     out = assert_same(trace, "torch-ref", opts, capacity=4 * GiB)
     assert [n for call, n, _ in out["device calls"] if call == "malloc"] == segments
     assert out["blocks"][-1][2] == last_block
+
+
+# ---- torch's size rules: the fast model's functions against the reference's own statement of them ---------
+def _rule_edges() -> list[int]:
+    """Where the size rules change: 0 and 512 B, the small-pool bound (1 MiB), 10 MiB, every power of two of
+    the division intervals (1 MiB .. 64 GiB), and 512 B times each division count."""
+    return sorted({0, 512, MiB, 10 * MiB} | {1 << k for k in range(20, 37)} | {512 * d for d in (2, 4, 8, 16, 64)})
+
+
+RULES = {"fast": torch_rules, "reference": torch_ref_rules}
+RULE_SIZES = st.one_of(st.integers(0, 1 << 37),
+                       st.sampled_from(_rule_edges()).flatmap(lambda e: st.integers(max(0, e - 2), e + 2)))
+RULE_TABLES = st.one_of(st.sampled_from([0, 1, 2, 4, 8, 16, 64]).map(lambda d: (d,) * 16),
+                        st.lists(st.sampled_from([0, 1, 2, 4, 8, 16, 64]), min_size=16, max_size=16).map(tuple))
+
+
+@given(n=RULE_SIZES, table=RULE_TABLES)
+@settings(max_examples=400, deadline=None)
+def test_torch_size_rules_match_the_references_statement(n, table):
+    """`round_size` and `get_allocation_size` of `torch` equal torch-ref's, which restates them (docs/models/torch.md
+    rules 1 and 6) without sharing code: every size, edges included, under any divisions table."""
+    assert torch_rules.round_size(n, table) == torch_ref_rules.round_size(n, table)
+    assert torch_rules.get_allocation_size(n) == torch_ref_rules.get_allocation_size(n)
+
+
+def test_torch_size_rules_match_the_reference_at_every_edge():
+    """Every rule edge (and two bytes either side) under tables whose neighbouring intervals all differ, so a
+    size read against the wrong interval rounds differently; then the segment size of every rounded size."""
+    divs = (2, 4, 8, 16, 64, 0, 1)
+    tables = [(d,) * 16 for d in divs] + [tuple(divs[(i + s) % len(divs)] for i in range(16)) for s in range(len(divs))]
+    for e in _rule_edges() + [1 << 37]:
+        for n in range(max(0, e - 2), e + 3):
+            for table in tables:
+                rounded = torch_rules.round_size(n, table)
+                assert rounded == torch_ref_rules.round_size(n, table), (n, table)
+                assert torch_rules.get_allocation_size(rounded) == torch_ref_rules.get_allocation_size(rounded), n
+
+
+@pytest.mark.parametrize("rules", ["fast", "reference"])
+@pytest.mark.parametrize("n, divisions, rounded", [
+    (0, 0, 512), (511, 0, 512), (513, 0, 1024),
+    (1200, 4, 1536),                                 # the power-of-two steps only past 512 x d (the note's example)
+    (3 * MiB + 1, 4, 3 * MiB + 512 * KiB),           # [2 MiB, 4 MiB) in 4 steps of 512 KiB
+    (2 * MiB + 1, 4, 2 * MiB + 512 * KiB), (4 * MiB, 4, 4 * MiB),
+])
+def test_torch_round_size_worked_by_hand(rules, n, divisions, rounded):
+    assert RULES[rules].round_size(n, (divisions,) * 16) == rounded
+
+
+@pytest.mark.parametrize("rules", ["fast", "reference"])
+@pytest.mark.parametrize("n, segment", [(512, 2 * MiB), (MiB, 2 * MiB), (MiB + 512, 20 * MiB),
+                                        (10 * MiB - 512, 20 * MiB), (10 * MiB, 10 * MiB), (10 * MiB + 512, 12 * MiB)])
+def test_torch_segment_size_worked_by_hand(rules, n, segment):
+    assert RULES[rules].get_allocation_size(n) == segment
 
 
 @pytest.mark.parametrize("path", ["fast", "slow"])

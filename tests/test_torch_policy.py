@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 from allocsim.replay import Replay
 from allocsim.errors import InputError, UsageError
-from allocsim.policies.torch import (TorchCachingAllocator as Torch, get_allocation_size, parse_divisions,
-                                     round_size, settings_from_trace)
+from allocsim.frameworks.torch import parse_divisions, settings_from_trace
+from allocsim.policies.torch import TorchCachingAllocator as Torch, get_allocation_size, round_size
 from allocsim.trace import TraceWriter
 from allocsim.trace import events as ev
 

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import allocsim
 from allocsim.fit import fit_capacity
-from allocsim.policies.torch import fraction_for
+from allocsim.frameworks.torch import fraction_for
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.validate import validate

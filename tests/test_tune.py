@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import tune as tune_mod
 from allocsim.cli import main
 from allocsim.replay import replay
-from allocsim.policies.torch import parse_divisions
+from allocsim.frameworks.torch import divisions_text, parse_divisions
 from allocsim.trace import TraceWriter
-from allocsim.tune import Space, Target, divisions_text, pareto, ranked, tune
+from allocsim.spaces import torch as torch_space
+from allocsim.tune import Space, Target, pareto, ranked, tune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -40,10 +40,10 @@ def torch_trace(path, steps, total_memory=80 << 30):
 @pytest.fixture
 def small_grid(monkeypatch):
     """A space small enough to brute-force, each option still taking default and non-default values."""
-    monkeypatch.setattr(tune_mod, "TORCH_MAX_SPLIT_MB", (None, 32, 512))
-    monkeypatch.setattr(tune_mod, "TORCH_DIVISIONS", (None, "2", "[64:8,256:4,>:2]"))
-    monkeypatch.setattr(tune_mod, "TORCH_NON_SPLIT_MB", (20, 64))
-    monkeypatch.setattr(tune_mod, "TORCH_GC_THRESHOLDS", (None, 0.6))
+    monkeypatch.setattr(torch_space, "TORCH_MAX_SPLIT_MB", (None, 32, 512))
+    monkeypatch.setattr(torch_space, "TORCH_DIVISIONS", (None, "2", "[64:8,256:4,>:2]"))
+    monkeypatch.setattr(torch_space, "TORCH_NON_SPLIT_MB", (20, 64))
+    monkeypatch.setattr(torch_space, "TORCH_GC_THRESHOLDS", (None, 0.6))
 
 
 def brute_force(path, capacity=None, cap=None):

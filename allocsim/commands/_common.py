@@ -12,7 +12,7 @@ from ..errors import UsageError
 from ..replay import ReplaySettings
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
-from ..units import fmt_bytes, parse_size
+from ..units import parse_size
 
 
 def add_replay_arguments(p, *, multi: bool = False) -> None:
@@ -83,16 +83,6 @@ def capacity_arg(text: str):
     if text == "trace":
         return "trace"
     return positive_size(text, "--capacity", allow_none=True)
-
-
-def check_caps(caps, capacity, what: str = "--cap") -> None:
-    """Refuse a pool cap above an explicit --capacity: the device would run out first, the cap would mean nothing."""
-    if capacity in ("trace", None):
-        return
-    for cap in caps:
-        if cap is not None and cap > capacity:
-            raise UsageError(f"{what} {fmt_bytes(cap)} is larger than --capacity {fmt_bytes(capacity)}: "
-                             f"the device runs out first; lower the cap or raise the capacity")
 
 
 def caps_arg(text: str) -> list[int | None]:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import sys
 
+from ..capacity import check_caps
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
 from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
-                      check_caps, load_trace, policy_specs, replay_settings, split_list)
+                      load_trace, policy_specs, replay_settings, split_list)
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -40,7 +41,7 @@ def add_arguments(p, *, many_traces: bool = False):
 
 
 def build_cells(args) -> tuple[list[Cell], Settings]:
-    load_trace(args.trace)                      # validate once, up front
+    trace = load_trace(args.trace)              # validate once, up front
     specs = policy_specs(args.policies, options=args.policy_opt)
     caps = caps_arg(args.caps)
     runtimes = split_list(args.runtime, "--runtime")
@@ -50,7 +51,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
         if r not in RUNTIMES:
             raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
     capacity = capacity_arg(args.capacity)
-    check_caps(caps, capacity, "--caps")
+    check_caps(caps, capacity, trace, "--caps")
     settings = Settings(replay_settings(args), sections=getattr(args, "sections", False))
     cells = [Cell(args.trace, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]
     return cells, settings

@@ -4,13 +4,14 @@ from __future__ import annotations
 import sys
 import time
 
+from ..capacity import check_caps
 from ..exporters.torch_snapshot import check_exportable, write_snapshot
 from ..outputs import add_force_argument, claim_outputs
 from ..replay import replay, replay_snapshot
 from ..report.tables import dump_json
 from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
-from ._common import (DEFAULT_TRACE, add_replay_arguments, check_caps, lazy_progress_bar, load_trace, progress_bar,
+from ._common import (DEFAULT_TRACE, add_replay_arguments, lazy_progress_bar, load_trace, progress_bar,
                       replay_settings, say_snapshot_written)
 
 NAME = "replay"
@@ -47,7 +48,7 @@ def run(args) -> int:
     planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
     settings = replay_settings(args, runtime=args.runtime)
-    check_caps([settings.cap], settings.capacity)
+    check_caps([settings.cap], settings.capacity, trace)
     try:
         res = (replay if args.snapshot is None else replay_snapshot)(trace, spec, settings, progress=update,
                                                                      plan_progress=planned)

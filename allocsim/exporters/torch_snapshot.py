@@ -29,6 +29,7 @@ import pickle
 import numpy as np
 
 from ..errors import UsageError
+from ..frameworks.torch import snapshot_settings
 from ..outputs import atomic_open
 from ..spec import PolicySpec
 from ..trace.events import ALLOC, FREE_REQUESTED, NO_SITE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
@@ -152,7 +153,7 @@ class History:
         if not res.completed:
             self.end = res.oom_events[-1].event
         return {"segments": self.segments(pol), "device_traces": [self.device_trace(pol, res)],
-                "allocator_settings": allocator_settings(pol), "external_annotations": []}
+                "allocator_settings": snapshot_settings(pol.options), "external_annotations": []}
 
 
 def frames_of(site: str) -> list[dict]:
@@ -160,21 +161,6 @@ def frames_of(site: str) -> list[dict]:
     parts = site.rsplit(":", 2)
     filename, line, name = parts if len(parts) == 3 else (site, "0", "?")
     return [{"filename": filename, "line": int(line) if line.isdigit() else line, "name": name}]
-
-
-def allocator_settings(pol) -> dict:
-    """The torch model's settings in force, as a snapshot records them (the importer reads them back)."""
-    opts = {**pol.options, "roundup_power2_divisions": pol.divisions}      # the table, however it was given
-    changed = {"expandable_segments": pol.expandable, "max_split_size_mb": opts["max_split_size_mb"] is not None,
-               "max_non_split_rounding_mb": opts["max_non_split_rounding_mb"] not in (None, 20),
-               "roundup_power2_divisions": any(pol.divisions),
-               "garbage_collection_threshold": pol.gc_threshold_set}
-    ms = opts["max_split_size_mb"]
-    return {"PYTORCH_CUDA_ALLOC_CONF": ",".join(f"{k}:{pol.format_option(k, opts[k])}" for k in changed if changed[k]),
-            "max_split_size": -1 if ms is None else ms << 20,
-            "garbage_collection_threshold": float(opts["garbage_collection_threshold"] or 0.0),
-            "expandable_segments": pol.expandable,
-            "roundup_power2_divisions": {str(1 << i): int(d) for i, d in enumerate(pol.divisions)}}
 
 
 def write_snapshot(snapshot: dict, path: str) -> None:

@@ -327,7 +327,7 @@ class SnapshotConversion:
         }
         if self.private:
             self.meta["private_pools"] = {"segments": len(self.private), "bytes": sum(self.private.values())}
-        from ..policies.torch import settings_from_trace
+        from ..frameworks.torch import settings_from_trace
         settings_from_trace(self.meta, source)     # the torch policy reads them at replay: refuse bad ones now
 
     def emit(self, writer) -> dict:

@@ -1,7 +1,8 @@
 """`torch`: PyTorch's CUDA caching allocator (native backend), step for step.
 
 Source: `docs/models/torch.md` (c10/cuda/CUDACachingAllocator.cpp,
-rev A 001074d2 and later; option parsing as in c10/core/AllocatorConfig.cpp, rev B).
+rev A 001074d2 and later); its options, and how they are read and written, are
+`allocsim.frameworks.torch`.
 
 What is modeled: 512-byte rounding and ``roundup_power2_divisions``; small (<= 1 MiB)
 and large pools, one best-fit set of free blocks per (pool, stream) ordered by
@@ -39,25 +40,21 @@ as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_sna
 """
 from __future__ import annotations
 
-import math
 from bisect import bisect_left, insort
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
+from ..frameworks.torch import (MiB, N_DIVISION_INTERVALS, NO_DIVISIONS, PARAMS, SIZE_MAX, divisions_table,
+                                format_value, options_in_force)
 from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from .base import Policy
 from .registry import register
-from ..params import number, split_conf
-from .base import Param, Policy
 
-MiB = 1 << 20
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
 K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
-N_DIVISION_INTERVALS = 16          # 1 MiB .. 64 GiB
-SIZE_MAX = 2**64 - 1
-NO_DIVISIONS = (0,) * N_DIVISION_INTERVALS
 SHIFT = 64                         # sort key = size << SHIFT | address
 assert (SHIFT, K_SMALL_SIZE, K_MIN_BLOCK) == (64, 1048576, 512)     # written as literals in the fused loop
 
@@ -93,144 +90,6 @@ def get_allocation_size(n: int) -> int:
     if n < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
     return (n + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
-
-
-# ---- PYTORCH_CUDA_ALLOC_CONF ------------------------------------------------------------
-def _pow2(v: int) -> bool:
-    return v > 0 and v & (v - 1) == 0
-
-
-def parse_divisions(text: str) -> tuple:
-    """``roundup_power2_divisions``: ``4`` or ``[256:1,512:2,>:8]`` (keys in MiB) -> 16 entries.
-
-    As AllocatorConfig::parseRoundUpPower2Divisions: the first key also fills every
-    interval below it; ``>`` fills every interval after the last key.
-    """
-    text = str(text).replace(" ", "")
-    if not (text.startswith("[") and text.endswith("]")):
-        v = number(text)
-        if not _pow2(v):
-            raise ValueError("the divisions have to be a power of 2")
-        return (v,) * N_DIVISION_INTERVALS
-    table = [0] * N_DIVISION_INTERVALS
-    first, last = True, 0
-    for item in filter(None, text[1:-1].split(",")):
-        key, sep, val = item.partition(":")
-        if not sep:
-            raise ValueError(f"expected interval:divisions, got {item!r}")
-        d = number(val)
-        if d != 0 and not _pow2(d):
-            raise ValueError("the divisions have to be a power of 2 or 0 to disable roundup")
-        if key == ">":
-            table[last + 1:] = [d] * (N_DIVISION_INTERVALS - last - 1)
-            continue
-        mb = number(key)
-        if not _pow2(mb):
-            raise ValueError(f"the intervals have to be powers of 2, got {mb}")
-        idx = min(mb.bit_length() - 1, N_DIVISION_INTERVALS - 1)
-        if first:
-            table[:idx] = [d] * idx
-            first = False
-        table[idx] = d
-        last = idx
-    return tuple(table)
-
-
-def _mb_at_least_20(v: str) -> int:
-    mb = number(v)
-    if mb < K_LARGE_BUFFER // MiB:
-        raise ValueError(f"too small, must be >= {K_LARGE_BUFFER // MiB}")
-    return mb
-
-
-def _gc_threshold(v: str) -> float:
-    x = number(v, "float")
-    if not 0.0 < x < 1.0:
-        raise ValueError("must lie in (0.0, 1.0)")
-    return x
-
-
-def _fraction(v: str) -> float:
-    x = number(v, "float")
-    if not 0.0 < x <= 1.0:
-        raise ValueError("must lie in (0.0, 1.0]")
-    return x
-
-
-def _divisions(v):
-    return v if isinstance(v, tuple) else parse_divisions(v)
-
-
-#: Keys PyTorch accepts that change nothing in the model.
-IGNORED_CONF_KEYS = ("backend", "release_lock_on_cudamalloc", "pinned_use_cuda_host_register",
-                     "pinned_num_register_threads", "pinned_use_background_threads", "large_segment_size_mb")
-
-
-def fraction_for(allowed: int | None, total: int) -> float:
-    """The memory fraction whose ``int(fraction * total)`` — PyTorch's allowed memory
-    (``setMemoryFraction``) — is exactly ``allowed``; 1.0 (no limit) for none or the whole device."""
-    if not allowed or allowed >= total:
-        return 1.0
-    f = allowed / total
-    while int(f * total) < allowed:
-        f = math.nextafter(f, 1.0)
-    while int(f * total) > allowed:
-        f = math.nextafter(f, 0.0)
-    return f
-
-
-def settings_from_trace(meta: dict, path=None) -> dict:
-    """Option values in force when the trace was recorded (``meta["allocator_settings"]``).
-
-    The settings string (``PYTORCH_CUDA_ALLOC_CONF``) is applied first, then the
-    structured fields of the snapshot, which are the values actually in force.
-    """
-    s = meta.get("allocator_settings") or {}
-    if not isinstance(s, dict):
-        raise InputError("allocator_settings is not a dict", path=path, position="metadata")
-    out: dict = {}
-    try:
-        conf = s.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-        for key, value in split_conf(conf):
-            if key == "backend" and value != "native":
-                raise ValueError(f"backend {value} is not modeled by the torch policy")
-            if key in IGNORED_CONF_KEYS:
-                continue
-            out.update(TorchCachingAllocator._parse_one({p.name: p for p in TorchCachingAllocator.params},
-                                                        key, value))
-        if s.get("max_split_size") is not None:
-            v = int(s["max_split_size"])
-            out["max_split_size_mb"] = None if v >= SIZE_MAX or v <= 0 else v // MiB
-        if s.get("garbage_collection_threshold") is not None:
-            out["garbage_collection_threshold"] = float(s["garbage_collection_threshold"])
-        if s.get("expandable_segments") is not None:
-            out["expandable_segments"] = bool(s["expandable_segments"])
-        div = s.get("roundup_power2_divisions")
-        if isinstance(div, dict) and div:
-            table = [0] * N_DIVISION_INTERVALS
-            for k, d in div.items():
-                mb = int(k)
-                if not _pow2(mb):
-                    raise ValueError(f"roundup_power2_divisions key {k!r} is not a power of two")
-                table[min(mb.bit_length() - 1, N_DIVISION_INTERVALS - 1)] = int(d)
-            out["roundup_power2_divisions"] = tuple(table)
-        elif isinstance(div, (list, tuple)) and div:
-            out["roundup_power2_divisions"] = tuple(int(d) for d in div)
-        if not any(d > 1 for d in out.get("roundup_power2_divisions") or ()):
-            out.pop("roundup_power2_divisions", None)      # a table that rounds nothing: the default, not an option
-    except (ValueError, TypeError, OverflowError, UsageError) as e:
-        raise InputError(f"allocator_settings: {e.args[0] if e.args else e}", path=path, position="metadata")
-    return out
-
-
-def options_in_force(options: dict | None, trace) -> dict:
-    """The trace's recorded settings (unless ``trace_settings`` is false), overridden by ``options``."""
-    explicit = dict(options or {})
-    opts = {}
-    if explicit.get("trace_settings", True) and trace is not None:
-        opts.update(settings_from_trace(trace.meta, trace.path))
-    opts.update(explicit)
-    return opts
 
 
 # ---- data structures --------------------------------------------------------------------
@@ -378,32 +237,15 @@ class TorchCachingAllocator(Policy):
     framework = "torch"
     summary = "PyTorch CUDA caching allocator (best fit, split, max_split, expandable segments)"
     models = "c10/cuda/CUDACachingAllocator.cpp (docs/models/torch.md)"
-    params = (
-        Param("expandable_segments", "bool", False, "map 2 MiB / 20 MiB pages into per-stream virtual segments"),
-        Param("max_split_size_mb", "int", None, "blocks this large (MiB, >= 20) are never split; default unlimited",
-              _mb_at_least_20),
-        Param("max_non_split_rounding_mb", "int", 20, "slack (MiB, >= 20) an oversize request accepts", _mb_at_least_20),
-        Param("roundup_power2_divisions", "str", None, "4 or [256:1,512:2,>:8] (MiB keys); default 512 B rounding",
-              _divisions),
-        Param("garbage_collection_threshold", "float", 0.0, "in (0,1): reclaim old cached blocks above this "
-              "fraction of the allowed memory (--cap or per_process_memory_fraction)", _gc_threshold),
-        Param("per_process_memory_fraction", "float", None, "torch.cuda.set_per_process_memory_fraction: "
-              "fraction of device memory the allocator may reserve (1.0: no limit); default: --cap", _fraction),
-        Param("fix_189504", "bool", False, "search the pool again after release_cached_blocks (PR #191302)"),
-        Param("trace_settings", "bool", True, "start from the allocator settings recorded in the trace"),
-    )
+    params = PARAMS
     #: the engine sets ``event_index`` (trace index of the current ALLOC) before each malloc
     wants_event_index = True
 
     # ---- options --------------------------------------------------------------------------
     @classmethod
     def format_option(cls, key, value) -> str:
-        """The divisions table written back as ``[1:d,2:d,...]`` (MiB keys), or one number when uniform."""
-        if key != "roundup_power2_divisions" or value is None:
-            return super().format_option(key, value)
-        if len(set(value)) == 1:
-            return str(value[0])
-        return "[" + ",".join(f"{1 << i}:{d}" for i, d in enumerate(value)) + "]"
+        """As ``PYTORCH_ALLOC_CONF`` writes it (the divisions table short: `allocsim.frameworks.torch`)."""
+        return format_value(key, value)
 
     def __init__(self, ctx, options: dict | None = None, **extra):
         super().__init__(ctx, options_in_force(options, ctx.trace), **extra)
@@ -413,7 +255,7 @@ class TorchCachingAllocator(Policy):
         self.max_split = SIZE_MAX if ms is None else ms * MiB
         self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
         div = self.roundup_power2_divisions
-        self.divisions = NO_DIVISIONS if div is None else _divisions(div)
+        self.divisions = NO_DIVISIONS if div is None else divisions_table(div)
         self._plain_rounding = not any(d > 1 for d in self.divisions)
         self.expandable = bool(self.expandable_segments)
         self.total_memory = ctx.capacity if ctx.capacity is not None else ctx.cap

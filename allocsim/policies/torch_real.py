@@ -7,7 +7,8 @@ in the trace, applied with `torch.cuda.memory._set_allocator_settings` after an
 so a second `torch-real` replay in one process must ask for the same settings as the
 first (the CLI runs one replay per process; `compare`/`sweep` run one per cell with -j).
 The cap (``--cap``, or a recorded SET_LIMIT) becomes `set_per_process_memory_fraction`, with
-the fraction whose allowed memory is the cap to the byte (`torch.fraction_for`), kept up to date before each request.
+the fraction whose allowed memory is the cap to the byte (`allocsim.frameworks.torch.fraction_for`), kept up
+to date before each request.
 Reserved and allocated figures come from `torch.cuda.memory_stats()` — read once
 at the end (peaks are reset at the start), because reading them per call costs
 more than the call; so the engine's per-event reserved curve is not available.
@@ -19,7 +20,7 @@ from ..gpu import require_torch
 from .registry import register
 from ._real import RealPolicy, _now
 from .base import Param
-from .torch import fraction_for
+from ..frameworks.torch import fraction_for
 
 
 _APPLIED: list[str] = []     # the settings this process's allocator was given

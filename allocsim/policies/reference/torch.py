@@ -28,6 +28,12 @@ As in `torch`, a page range is mapped all or nothing with one device malloc.
 
 It supports every option of `torch`. A trace's FREE is PyTorch's ``free_completed``,
 so no block ever waits on events.
+
+It shares nothing with `torch` but the option parsing (`allocsim.frameworks.torch`): the
+constants, ``round_size``, ``get_allocation_size`` and the allowed memory of
+``set_per_process_memory_fraction`` are stated again here from docs/models/torch.md, as
+``_pydecimal`` restates ``_decimal``, so that a slip in one is a difference the
+differential test (tests/test_reference_models.py) sees.
 """
 from __future__ import annotations
 
@@ -35,9 +41,59 @@ from sortedcontainers import SortedKeyList
 
 from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
 from ..base import Policy
-from ..torch import (AllowedMemory, K_LARGE_BUFFER, K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, NO_DIVISIONS, SIZE_MAX, MiB, TorchCachingAllocator, _divisions,
-                     get_allocation_size, options_in_force, round_size)
+from ...errors import UsageError
+from ...frameworks.torch import divisions_table, options_in_force
+from ..torch import TorchCachingAllocator
 from ..registry import reference_of
+
+# CUDACachingAllocator.cpp's constants (docs/models/torch.md, Constants), stated again here
+kMinBlockSize = 512                 # every request is rounded up to a multiple of this
+kSmallSize = 1048576                # a rounded size up to this goes to the small pool
+kSmallBuffer = 2097152              # small-pool segment; small expandable page
+kLargeBuffer = 20971520             # segment for 1-10 MiB requests; large expandable page
+kMinLargeAlloc = 10485760           # from here a segment is the request rounded to kRoundLarge
+kRoundLarge = 2097152
+kRoundUpPowerOfTwoIntervals = 16    # roundup_power2_divisions entries: 1 MiB, 2 MiB, ... 64 GiB and up
+kMB = 1048576
+SIZE_MAX = 18446744073709551615     # max_split_size when unset
+
+
+def roundup_power2_divisions(divisions: tuple, size: int) -> int:
+    """The divisions entry of ``size``'s interval: floor(log2 size) - 20, clamped to 0 .. 15 (rule 1)."""
+    log_size = size.bit_length() - 1
+    index = log_size - 20
+    return divisions[max(0, min(index, kRoundUpPowerOfTwoIntervals - 1))]
+
+
+def roundup_power2_next_division(size: int, divisions: int) -> int:
+    """``size`` rounded up to the next of ``divisions`` equal steps between the powers of two around it."""
+    power2_floor = 1 << (size.bit_length() - 1)
+    if power2_floor == size:
+        return size
+    step = power2_floor // divisions
+    if step == 0:
+        return 2 * power2_floor
+    return -(-size // step) * step
+
+
+def round_size(size: int, divisions: tuple) -> int:
+    """The block size a request of ``size`` bytes is given (docs/models/torch.md rule 1)."""
+    if size < kMinBlockSize:
+        return kMinBlockSize
+    d = roundup_power2_divisions(divisions, size)
+    if d > 1 and size > kMinBlockSize * d:
+        return roundup_power2_next_division(size, d)
+    return -(-size // kMinBlockSize) * kMinBlockSize
+
+
+def get_allocation_size(size: int) -> int:
+    """The size of a new segment for a rounded request of ``size`` bytes (rule 6)."""
+    if size <= kSmallSize:
+        return kSmallBuffer
+    if size < kMinLargeAlloc:
+        return kLargeBuffer
+    return -(-size // kRoundLarge) * kRoundLarge
+
 
 
 class Block:
@@ -143,14 +199,12 @@ class TorchCachingAllocatorReference(Policy):
         trace = ctx.trace
         self._charge = ctx.charge
         # CUDAAllocatorConfig
-        self.max_split_size = SIZE_MAX if self.max_split_size_mb is None else self.max_split_size_mb * MiB
-        self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * MiB
+        self.max_split_size = SIZE_MAX if self.max_split_size_mb is None else self.max_split_size_mb * kMB
+        self.max_non_split_rounding = (self.max_non_split_rounding_mb or 20) * kMB
         divisions = self.roundup_power2_divisions
-        self.divisions = NO_DIVISIONS if divisions is None else _divisions(divisions)
-        # set_per_process_memory_fraction: allowed_memory_maximum(), read at each use (a cap can change mid-run)
-        self.allowed_memory_maximum = AllowedMemory(ctx, self.per_process_memory_fraction,
-                                                    self.garbage_collection_threshold)
+        self.divisions = (0,) * kRoundUpPowerOfTwoIntervals if divisions is None else divisions_table(divisions)
         self.total_memory = ctx.capacity if ctx.capacity is not None else ctx.cap
+        self.set_memory_fraction(self.per_process_memory_fraction)
         streams = list(trace.streams) if trace is not None else []
         self.stream_key = lambda s: (streams[s] if s < len(streams) else s, s)     # cudaStream_t order
         self.large_blocks = BlockPool(False, self.stream_key)
@@ -189,12 +243,40 @@ class TorchCachingAllocatorReference(Policy):
             return None
         return self.alloc_found_block(params, orig_size)
 
+    # ---- set_per_process_memory_fraction (docs/models/torch.md rule 10) -------------------
+    def set_memory_fraction(self, fraction: float | None) -> None:
+        """``setMemoryFraction``: the allowed memory is ``int(fraction * total memory)``, none at 1.0.
+
+        Without ``-O per_process_memory_fraction`` the device's cap stands for it (`allowed_memory_maximum`).
+        A replay that reads the cap's exact value tells the context (``pin``): a fraction taken of the cap,
+        or a GC threshold, which compares reserved with it."""
+        self.fraction_given = fraction is not None
+        self.fraction_limit = None
+        if self.fraction_given and fraction < 1.0:
+            if self.total_memory is None:
+                raise UsageError("per_process_memory_fraction needs a device capacity (--capacity)")
+            self.fraction_limit = int(fraction * self.total_memory)
+            if self.ctx.capacity is None:
+                self.ctx.pin()
+        if not self.fraction_given and (self.garbage_collection_threshold or 0.0) > 0.0:
+            self.ctx.pin()
+
+    def allowed_memory_maximum(self) -> int | None:
+        """The bytes ``alloc_block`` may reserve, or None: the fraction's, else the device's cap below its memory
+        (read at each use: a SET_LIMIT event changes the cap mid-run)."""
+        if self.fraction_given:
+            return self.fraction_limit
+        cap, capacity = self.ctx.cap, self.ctx.capacity
+        if cap is None or (capacity is not None and cap >= capacity):
+            return None
+        return cap
+
     def gc_enabled(self) -> bool:
         """Garbage collection of cached blocks: a threshold, and an allowed memory in force now."""
         return (self.garbage_collection_threshold or 0.0) > 0.0 and self.allowed_memory_maximum() is not None
 
     def get_pool(self, size: int) -> BlockPool:
-        return self.small_blocks if size <= K_SMALL_SIZE else self.large_blocks
+        return self.small_blocks if size <= kSmallSize else self.large_blocks
 
     def get_free_block(self, p: AllocParams) -> bool:
         """The smallest free block of the stream that holds ``p.size``, unless the oversize rules say no."""
@@ -226,7 +308,11 @@ class TorchCachingAllocatorReference(Policy):
         size = p.alloc_size
         if is_retry:
             self.num_alloc_retries += 1
-        if not self.allowed_memory_maximum.grants(self.total_allocated_memory + size):
+        need = self.total_allocated_memory + size
+        allowed = self.allowed_memory_maximum()
+        if not self.fraction_given:
+            self.ctx.note(need, allowed is None or need <= allowed)     # what a cap of another value would do
+        if allowed is not None and need > allowed:
             return False
         if self.expandable_segments:
             p.block = self.try_allocate_expandable_block(p.stream, p.pool, p.size)
@@ -245,8 +331,8 @@ class TorchCachingAllocatorReference(Policy):
     def should_split(self, block: Block, size: int) -> bool:
         remaining = block.size - size
         if block.pool.is_small or self.expandable_segments:
-            return remaining >= K_MIN_BLOCK
-        return size < self.max_split_size and remaining > K_SMALL_SIZE
+            return remaining >= kMinBlockSize
+        return size < self.max_split_size and remaining > kSmallSize
 
     def alloc_found_block(self, p: AllocParams, orig_size: int) -> Block:
         """Hand out ``p.block``, first splitting off what it does not need."""
@@ -426,7 +512,7 @@ class TorchCachingAllocatorReference(Policy):
                 candidate = candidate.prev
             if has_available_address_space(candidate):
                 return candidate
-        segment_size = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
+        segment_size = kSmallBuffer if pool.is_small else kLargeBuffer
         total = self.total_memory or (1 << 44)
         va_size = -(-(total + total // 8) // segment_size) * segment_size
         es = ExpandableSegment(self.ctx.reserve_address_range(va_size), va_size, segment_size)

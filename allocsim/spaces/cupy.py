@@ -1,0 +1,28 @@
+"""The CuPy pool's search space: its ``set_limit``, a few multiples of LOAD below the target."""
+from __future__ import annotations
+
+from ..frameworks import cupy
+from ..spec import PolicySpec
+from .limits import pool_limits
+
+POLICY = "cupy"
+
+
+def recorded(trace) -> PolicySpec:
+    """The pool as recorded: its limit is the trace's own SET_LIMIT events, replayed as they come."""
+    return PolicySpec.parse(POLICY)
+
+
+def settings(space) -> list[tuple[PolicySpec, int | None]]:
+    """No limit, then each of `pool_limits` (they all differ, so each replays)."""
+    spec = PolicySpec.parse(POLICY)
+    return [(spec, None)] + [(spec.with_values({"limit": lim}), None)
+                             for lim in pool_limits(space.trace.load_bytes, space.target.limit)]
+
+
+def canonical(space, values: dict) -> dict:
+    return values
+
+
+def conf_lines(spec: PolicySpec, cap: int | None) -> dict:
+    return cupy.conf_lines(spec.values().get("limit"))

@@ -1,0 +1,86 @@
+"""The PyTorch caching allocator's search space, and the canonical form of its settings.
+
+The grid: every value the `torch` model takes, a few per option (``expandable_segments``,
+``max_split_size_mb``, ``roundup_power2_divisions`` in its single and per-size forms,
+``max_non_split_rounding_mb``, and ``garbage_collection_threshold`` when a ``--cap`` gives
+the allocator an allowed memory). The canonical rules (`canonical`), each read off the
+model (docs/models/torch.md, rules 1, 5, 6 and 13): a divisions entry of 1, or for a size
+interval (1 MiB .. 64 GiB, by powers of two) that no request of the trace falls in, rounds
+nothing (0); all-zero divisions are none. ``max_split_size_mb`` above the largest segment
+any request can create (``get_allocation_size`` of the largest rounded request; without
+expandable segments a block never outgrows its segment) compares like no limit.
+``max_non_split_rounding_mb`` is read only for requests of at least ``max_split_size_mb``:
+without one, or with no request that large, it is dropped. ``garbage_collection_threshold``
+acts only under an allowed memory: without a cap, or where the model does not turn its GC
+on under the cap (``space.gc_acts``), it is dropped.
+"""
+from __future__ import annotations
+
+from ..frameworks import torch as torch_settings
+from ..frameworks.torch import MIN_MB, NO_DIVISIONS, MiB, divisions_table, parse_divisions, settings_from_trace
+from ..policies.torch import get_allocation_size, round_size
+from ..spec import PolicySpec
+
+POLICY = "torch"
+
+# the grid: every value the model takes, a few per option (the canonical rules shrink it per trace)
+TORCH_MAX_SPLIT_MB = (None, 32, 64, 128, 256, 512)
+TORCH_DIVISIONS = (None, "2", "4", "8", "16", "[64:8,256:4,>:2]", "[256:4,>:1]")
+TORCH_NON_SPLIT_MB = (20, 64, 256)
+TORCH_GC_THRESHOLDS = (None, 0.6, 0.8)
+
+
+def spec(values: dict) -> PolicySpec:
+    """A `torch` spec of these option values, those at their declared default left out (``trace_settings`` kept):
+    short labels and conf lines."""
+    div = values.get("roundup_power2_divisions")
+    if div is not None and not any(d > 1 for d in divisions_table(div)):
+        values = {**values, "roundup_power2_divisions": None}        # rounds nothing, as the model reads it
+    full = PolicySpec.parse(POLICY).with_values(values)
+    defaults = {p.name: p.default for p in full.policy_class().params}
+    kept = tuple((k, v) for k, v in full.options if k == "trace_settings" or defaults.get(k) != v)
+    return PolicySpec(full.ref, kept, full.shown)
+
+
+def recorded(trace) -> PolicySpec:
+    """The recorded settings spelled out: its conf line, and the same canonical form as the grid's."""
+    return spec({**settings_from_trace(trace.meta, trace.path), "trace_settings": False})
+
+
+def settings(space) -> list[tuple[PolicySpec, int | None]]:
+    """The grid (the GC thresholds only under a cap)."""
+    gcs = TORCH_GC_THRESHOLDS if space.target.cap is not None else (None,)
+    out = []
+    for es in (False, True):
+        for ms in TORCH_MAX_SPLIT_MB:
+            for div in TORCH_DIVISIONS:
+                for ns in (TORCH_NON_SPLIT_MB if ms is not None else (MIN_MB,)):
+                    for gc in gcs:
+                        v = {"trace_settings": False, "expandable_segments": es, "max_split_size_mb": ms,
+                             "max_non_split_rounding_mb": ns, "garbage_collection_threshold": gc or 0.0}
+                        if div is not None:
+                            v["roundup_power2_divisions"] = parse_divisions(div)
+                        out.append((spec(v), None))
+    return out
+
+
+def canonical(space, values: dict) -> dict:
+    """Option values equal for settings whose replays of ``space.trace`` are equal (the module's rules)."""
+    v = {"max_non_split_rounding_mb": MIN_MB, **values}
+    div = divisions_table(v["roundup_power2_divisions"]) if v.get("roundup_power2_divisions") else NO_DIVISIONS
+    div = tuple(d if d > 1 and i in space.intervals else 0 for i, d in enumerate(div))
+    v["roundup_power2_divisions"] = div if any(div) else None
+    ms = v.get("max_split_size_mb")
+    largest = space.largest_request
+    largest_segment = get_allocation_size(round_size(largest, div)) if largest else 0
+    if ms is not None and not v.get("expandable_segments") and ms * MiB > largest_segment:
+        v["max_split_size_mb"] = ms = None
+    if ms is None or round_size(largest, div) < ms * MiB:
+        v["max_non_split_rounding_mb"] = MIN_MB
+    if not (space.gc_acts and v.get("garbage_collection_threshold")):
+        v["garbage_collection_threshold"] = 0.0
+    return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
+
+
+def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
+    return torch_settings.conf_lines(setting.values())
