@@ -91,7 +91,7 @@ class PolicySpec:
             for k, v in values.items():
                 pcls.check_option(k)
                 if isinstance(v, str) and known[k].kind != "str":
-                    out.update(pcls._parse_one(known, k, v))
+                    out.update(pcls.parse_option(known, k, v))
                 else:
                     out[k] = tuple(v) if isinstance(v, list) else v
             return out
@@ -103,7 +103,7 @@ class PolicySpec:
         pcls = self.policy_class()
         have = dict(self.options)
         try:
-            pcls._merge_options(have, new(pcls))
+            pcls.merge_options(have, new(pcls))
         except UsageError as e:
             raise UsageError(f"policy {self.name!r}: {e}") from None
         return PolicySpec(self.ref, tuple(sorted(have.items())), self.shown)

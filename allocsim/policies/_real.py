@@ -14,7 +14,7 @@ import time
 
 from .base import Policy
 
-_now = time.perf_counter_ns
+now_ns = time.perf_counter_ns
 
 
 class RealPolicy(Policy):

@@ -131,13 +131,13 @@ class Policy:
         """``["k=v,k2:v2", "k3=v3"]`` -> typed dict; UsageError on unknown keys or bad values.
 
         `allocsim.spec.PolicySpec` calls it for every entry point (``-O``, brackets, sweep
-        rows, the Python API); a policy with its own value syntax overrides `_parse_one`.
+        rows, the Python API); a policy with its own value syntax overrides `parse_option`.
         """
         known = {p.name: p for p in cls.params}
         out = {}
         for text in texts or ():
             for key, value in split_conf(text):
-                cls._merge_options(out, cls._parse_one(known, key, value))
+                cls.merge_options(out, cls.parse_option(known, key, value))
         return out
 
     @classmethod
@@ -146,7 +146,7 @@ class Policy:
         return next(p for p in cls.params if p.name == key).format(value)
 
     @classmethod
-    def _merge_options(cls, out: dict, parsed: dict) -> None:
+    def merge_options(cls, out: dict, parsed: dict) -> None:
         """Add parsed options to ``out``; one option given twice is a contradiction, refused."""
         for key in parsed:
             if key in out:
@@ -161,7 +161,9 @@ class Policy:
             raise UsageError(f"unknown option {key!r} (known: {names})")
 
     @classmethod
-    def _parse_one(cls, known, key, value):
+    def parse_option(cls, known: dict, key: str, value: str) -> dict:
+        """One ``key=value`` as ``{key: typed value}`` (``known``: the declared `Param` by name); a policy
+        with its own value syntax overrides it."""
         cls.check_option(key)
         p = known[key]
         try:

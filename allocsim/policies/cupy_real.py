@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..gpu import require_cupy
 from .registry import register
-from ._real import RealPolicy, _now
+from ._real import RealPolicy, now_ns
 
 
 @register
@@ -26,18 +26,18 @@ class CupyRealPool(RealPolicy):
         rt, dev, sizes = cp.cuda.runtime, self.ctx.measured_device, {}
 
         def upstream_malloc(size, device_id):
-            t0 = _now()
+            t0 = now_ns()
             ptr = rt.malloc(size)
-            dev.malloc_time += (_now() - t0) * 1e-9
+            dev.malloc_time += (now_ns() - t0) * 1e-9
             dev.n_malloc += 1
             dev.bytes_malloc += size
             sizes[ptr] = size
             return ptr
 
         def upstream_free(ptr, device_id):
-            t0 = _now()
+            t0 = now_ns()
             rt.free(ptr)
-            dev.free_time += (_now() - t0) * 1e-9
+            dev.free_time += (now_ns() - t0) * 1e-9
             dev.n_free += 1
             dev.bytes_free += sizes.pop(ptr)
 
@@ -62,7 +62,7 @@ class CupyRealPool(RealPolicy):
     def _measured_malloc(self, size, stream):
         """The pool's malloc on the stream, timed; None when it raises OutOfMemoryError."""
         pool, st = self.pool, self._stream(stream)
-        t0 = _now()
+        t0 = now_ns()
         try:
             if st is None:
                 mem = pool.malloc(size)
@@ -70,21 +70,21 @@ class CupyRealPool(RealPolicy):
                 with st:
                     mem = pool.malloc(size)
         except self.cp.cuda.memory.OutOfMemoryError:
-            self._account(_now() - t0, pool.total_bytes(), pool.used_bytes())
+            self._account(now_ns() - t0, pool.total_bytes(), pool.used_bytes())
             return None
-        self._account(_now() - t0, pool.total_bytes(), pool.used_bytes())
+        self._account(now_ns() - t0, pool.total_bytes(), pool.used_bytes())
         return [mem, mem.ptr, size]
 
     def free(self, handle):
-        t0 = _now()
+        t0 = now_ns()
         handle[0] = None              # the PooledMemory's last reference: the chunk returns to its arena
-        self._account(_now() - t0, self.pool.total_bytes(), self.pool.used_bytes())
+        self._account(now_ns() - t0, self.pool.total_bytes(), self.pool.used_bytes())
 
     def release_cache(self):
         """``MemoryPool.free_all_blocks()`` on the real pool, timed."""
-        t0 = _now()
+        t0 = now_ns()
         self.pool.free_all_blocks()
-        self._account(_now() - t0, self.pool.total_bytes(), self.pool.used_bytes())
+        self._account(now_ns() - t0, self.pool.total_bytes(), self.pool.used_bytes())
 
     def counters(self):
         return {"pool_total_bytes": int(self.pool.total_bytes()), "pool_n_free_blocks": int(self.pool.n_free_blocks())}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from ..gpu import require_torch
 from .registry import register
-from ._real import RealPolicy, _now
+from ._real import RealPolicy, now_ns
 from .base import Param
 from ..frameworks.torch import fraction_for
 
@@ -72,27 +72,27 @@ class TorchReal(RealPolicy):
     def malloc(self, size, stream):
         torch = self.torch
         self._follow_cap()
-        t0 = _now()
+        t0 = now_ns()
         try:
             ptr = torch.cuda.caching_allocator_alloc(size, 0, self._stream(stream))
         except torch.cuda.OutOfMemoryError:
-            self.ctx.charge((_now() - t0) * 1e-9)
+            self.ctx.charge((now_ns() - t0) * 1e-9)
             return None
-        self.ctx.charge((_now() - t0) * 1e-9)
+        self.ctx.charge((now_ns() - t0) * 1e-9)
         self.allocated += size
         return [ptr, ptr, size]
 
     def free(self, handle):
-        t0 = _now()
+        t0 = now_ns()
         self.torch.cuda.caching_allocator_delete(handle[1])
-        self.ctx.charge((_now() - t0) * 1e-9)
+        self.ctx.charge((now_ns() - t0) * 1e-9)
         self.allocated -= handle[2]
 
     def release_cache(self):
         """``torch.cuda.empty_cache()`` on the real allocator, timed."""
-        t0 = _now()
+        t0 = now_ns()
         self.torch.cuda.empty_cache()
-        self.ctx.charge((_now() - t0) * 1e-9)
+        self.ctx.charge((now_ns() - t0) * 1e-9)
 
     def finish(self):
         s, b, dev = self.torch.cuda.memory_stats(), self._base, self.ctx.measured_device

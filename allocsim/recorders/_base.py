@@ -53,8 +53,8 @@ class Recorder:
     def abort(self) -> None:
         """Start failed: remove the partial file, leave nothing behind."""
         w, self.writer = self.writer, None
-        if w is not None and w._file is not None:
-            w._file.abort()
+        if w is not None:
+            w.abort()
         if os.path.exists(temp_path(self.out)):
             os.unlink(temp_path(self.out))
 
