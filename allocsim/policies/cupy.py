@@ -47,19 +47,39 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
 Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
 
-Data structures and costs, per arena: ``free_at`` maps the address of each free
-chunk to it (O(1)); ``keys`` is the sorted list of the free chunks' keys, one int
-per chunk that orders them as the lookup prefers: ``size << 64 | address`` for v14
-(lowest address first), ``size << 128 | tie << 64 | address`` for v13, where
-``tie`` falls with every chunk filed (last freed first). Best fit is one bisect
-for the first key >= the request's ``n << shift``; the address is the key's low
-64 bits. Insert/remove: O(log f) search + O(f) memmove (in C) for f free chunks
-in the arena. f stays small in practice (at most ~250 in every recorded and
-synthetic trace), so a hit, a split and a free with merges are each a handful of
-dict/list operations (fewer than size buckets plus a sorted size list). The
-memmove starts to dominate past a few thousand free chunks in one arena (10 k:
-about 1.7 x slower than the buckets). ``free_all_blocks`` is O(free chunks).
-Chunks that ``free`` merges away are kept and reused for the next split's remainder.
+Data structures and costs. A chunk is a `_Chunk`, a record of six slots (a slot
+read or write is one specialised instruction, no dict): its address, size, the
+neighbouring chunks of its device allocation, its arena and its key. Per arena,
+``free_at`` maps the address of each free chunk to it (O(1); in the order the
+chunks were filed, which is `free_all_blocks`'s order); ``keys`` is the sorted list
+of the free chunks' keys, one int per chunk that orders them as the lookup prefers:
+
+- v14: ``units << A | offset``, ``units`` the size in 512 B units, ``offset`` the
+  address minus the pool's lowest device address ``_lo``, ``A`` (``_abits``) bits
+  wide: the smallest size first, then the lowest address;
+- v13: ``(units << 64 | tie) << A | offset``, where ``tie`` falls with every chunk
+  filed (the last freed first).
+
+``A`` covers every device allocation the pool has made (with room to double); a
+device allocation outside ``[_lo, _lo + 2**A)`` moves ``_lo`` or widens ``A`` and
+re-keys the free chunks (`_cover`: O(free chunks), only on a device allocation, and
+the order of the keys does not change). So a v14 key stays within 63 bits (one
+machine word, no big-integer arithmetic) while the largest chunk's units times the
+address span stay below 2**63: 1 GiB chunks over 4 TiB of addresses, 64 GiB over
+64 GiB; past that it is a longer int, still exact. v13 keys are longer ints.
+Best fit is one bisect for the first key >= the request's ``units << shift``; the
+address is the key's low ``A`` bits plus ``_lo``. Insert/remove: O(log f) search +
+O(f) memmove (in C) for f free chunks in the arena. f stays small in practice (at
+most ~250 in every recorded and synthetic trace), so a hit, a split and a free with
+merges are each a handful of dict/list operations (fewer than size buckets plus a
+sorted size list). The memmove starts to dominate past a few thousand free chunks
+in one arena (10 k: about 1.7 x slower than the buckets). ``free_all_blocks`` is
+O(free chunks). Chunks that ``free`` merges away are kept and reused for the next
+split's remainder, so the chunk records never outnumber the most chunks held at once.
+
+The hot path: `malloc` and `free` serve the plain walk; `walk_chunk` is the same
+two inlined over a run of events (docs/architecture.md, "The fast path"), held to
+them by tests/test_fast_path.py.
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
@@ -76,9 +96,9 @@ from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 from .registry import register
 from .base import Param, Policy
 
-UNIT = 512          # ALLOCATION_UNIT_SIZE
-ADDR_BITS = 64      # a free chunk's key ends with its address
-ADDR_MASK = (1 << ADDR_BITS) - 1
+UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
+TIE_BITS = 64       # v13: the width of a key's tie field
+MIN_ABITS = 32      # the first address field's width (4 GiB of addresses)
 
 # Section names, numbered in escalation order (sections print children by name).
 S_LOOKUP = "1.1 best fit"
@@ -147,8 +167,12 @@ class CuPyPool(Policy):
             raise UsageError(f"policy 'cupy' option version: expected 13 or 14, got {self.version!r}")
         self.version = int(self.version)
         self._lifo = self.version < 14           # v13: ties go to the last freed chunk
-        self._shift = 2 * ADDR_BITS if self._lifo else ADDR_BITS    # key = size << _shift | ...
-        self._tie = 1 << ADDR_BITS                  # v13: falls with every chunk filed
+        self._lo = 0                        # a key's offset is the address minus this ...
+        self._hi = 0                        # ... and the device allocations end at or below this
+        self._abits = MIN_ABITS             # the offset field's width, A
+        self._mask = (1 << MIN_ABITS) - 1   # a key's offset: key & _mask
+        self._shift = MIN_ABITS + (TIE_BITS if self._lifo else 0)    # a key's units: key >> _shift
+        self._tie = 1 << TIE_BITS           # v13: falls with every chunk filed
         self._gc_calls = 2 if self.version >= 14 else 1
         self._raises_at_once = self.version >= 14    # a request above the limit itself: OOM, nothing released
         self._arenas: dict[int, _Arena] = {}
@@ -180,13 +204,35 @@ class CuPyPool(Policy):
         return arena
 
     # ---- free index --------------------------------------------------------------------
-    def _key(self, c: _Chunk) -> int:
-        """The key that files free chunk ``c`` in its arena (see the module docstring)."""
-        k = c.size << self._shift | c.ptr
+    def _key(self, size: int, ptr: int) -> int:
+        """The key that files a free chunk of ``size`` bytes at ``ptr`` in its arena (see the module
+        docstring); under v13 the next tie is taken."""
+        k = size >> 9 << self._shift | ptr - self._lo
         if self._lifo:
             self._tie -= 1
-            k |= self._tie << ADDR_BITS
+            k |= self._tie << self._abits
         return k
+
+    def _cover(self, addr: int, n: int) -> None:
+        """Make the keys' offset field cover a new device allocation of ``n`` bytes at ``addr``: if it lies
+        outside ``[_lo, _lo + 2**A)``, lower ``_lo`` and widen ``A`` (to twice the span) and re-key every
+        free chunk in place (both orders are (size, tie, address), so ``keys`` stays sorted). Per device
+        allocation; O(free chunks) when it acts."""
+        if not self._hi:                    # the first: the field starts here
+            self._lo, self._hi = addr, addr + n
+        lo, hi = min(self._lo, addr), max(self._hi, addr + n)
+        if lo == self._lo and hi - lo <= 1 << self._abits:
+            self._hi = hi
+            return
+        old_lo, old_abits, old_mask = self._lo, self._abits, self._mask
+        abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
+        self._lo, self._hi, self._abits, self._mask = lo, hi, abits, (1 << abits) - 1
+        self._shift = abits + (TIE_BITS if self._lifo else 0)
+        for arena in self._arenas.values():
+            keys, free_at = arena.keys, arena.free_at
+            for x, k in enumerate(keys):
+                c = free_at[(k & old_mask) + old_lo]
+                keys[x] = c.key = (k >> old_abits) << abits | c.ptr - lo
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
         keys = arena.keys
@@ -204,7 +250,7 @@ class CuPyPool(Policy):
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
         shift = self._shift
-        i = bisect_left(keys, n << shift)        # best fit: smallest size, then the tie order
+        i = bisect_left(keys, n >> 9 << shift)   # best fit: smallest size, then the tie order
         if i == len(keys):
             c = self._try_malloc(n, arena)
             if c is None:
@@ -212,7 +258,7 @@ class CuPyPool(Policy):
             self.allocated += n
             return c
         free_at, spare = arena.free_at, self._spare
-        c = free_at.pop(keys.pop(i) & ADDR_MASK)
+        c = free_at.pop((keys.pop(i) & self._mask) + self._lo)
         c.key = 0
         s = c.size
         if s > n:                                # split: the remainder goes back, unmerged
@@ -231,7 +277,7 @@ class CuPyPool(Policy):
             if nx is not None:
                 nx.prev = rest
             c.size = n
-            rest.key = k = self._key(rest) if self._lifo else (s - n) << shift | p
+            rest.key = k = self._key(s - n, p) if self._lifo else (s - n) >> 9 << shift | p - self._lo
             free_at[p] = rest
             insort(keys, k)
         self.allocated += n
@@ -262,7 +308,7 @@ class CuPyPool(Policy):
             self._spare.append(c)
             c = pv
         p = c.ptr
-        c.key = k = self._key(c) if self._lifo else c.size << ADDR_BITS | p
+        c.key = k = self._key(c.size, p) if self._lifo else c.size >> 9 << self._shift | p - self._lo
         free_at[p] = c
         insort(keys, k)
 
@@ -298,6 +344,7 @@ class CuPyPool(Policy):
     def _device_malloc(self, n):
         addr = self.ctx.malloc(n)
         if addr is not None:
+            self._cover(addr, n)
             self.total += n
             self.segment_log.append((SEGMENT_ALLOC, n, self.event_index))
         return addr
@@ -358,7 +405,7 @@ class CuPyPool(Policy):
         return handle.ptr, handle.size
 
     def largest_free(self):
-        return max((a.keys[-1] >> self._shift for a in self._arenas.values() if a.keys), default=0)
+        return max(((a.keys[-1] >> self._shift) << 9 for a in self._arenas.values() if a.keys), default=0)
 
     def free_breakdown(self, stream):
         """The free chunks by their arena's stream. A free chunk merges with its free neighbours, so it
