@@ -240,8 +240,8 @@ class CuPyPool(Policy):
         del arena.free_at[c.ptr]
         c.key = 0
 
-    # ---- malloc / free: the hot path ------------------------------------------------------
-    # Both file free chunks inline (key, ``free_at``, ``keys``) and unfile merged ones as
+    # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` ------------
+    # All three file free chunks inline (key, ``free_at``, ``keys``) and unfile merged ones as
     # `_remove` does (a call costs as much as the work); v13's keys come from `_key`.
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
@@ -311,6 +311,112 @@ class CuPyPool(Policy):
         c.key = k = self._key(c.size, p) if self._lifo else c.size >> 9 << self._shift | p - self._lo
         free_at[p] = c
         insort(keys, k)
+
+    def walk_chunk(self, events, handles, lat, peak, dev, served):
+        """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` inlined over
+        ``events``, the clock and ``allocated`` kept in locals.
+
+        A miss runs `_try_malloc` as `malloc` does (the locals written back around it, the key fields
+        read again after it: a device allocation may re-key) and is reported to ``served``; a pressure
+        event or the FREE of an id not live is handed back: returns ``(its index or None at the end,
+        peak allocated)``."""
+        arenas_get, new_arena, try_malloc = self._arenas.get, self._arena, self._try_malloc
+        spare = self._spare
+        spare_pop, spare_append = spare.pop, spare.append
+        hit_s, free_s, lifo, key_of = self._hit_s, self._free_s, self._lifo, self._key
+        shift, mask, lo = self._shift, self._mask, self._lo
+        clock, allocated = dev.clock, self.allocated
+        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        for j, k, i, req, st in events:
+            if k == 1:                      # ALLOC: malloc, as above
+                n = (req + 511) & -512
+                t0 = clock
+                clock += hit_s
+                arena = arenas_get(st) or new_arena(st)
+                keys = arena.keys
+                x = bisect_left(keys, n >> 9 << shift)
+                if x < len(keys):
+                    free_at = arena.free_at
+                    c = free_at.pop((keys.pop(x) & mask) + lo)
+                    c.key = 0
+                    s = c.size
+                    if s > n:               # split: the remainder goes back, unmerged
+                        nx = c.next
+                        p = c.ptr + n
+                        if spare:
+                            rest = spare_pop()
+                            rest.ptr = p
+                            rest.size = s - n
+                            rest.prev = c
+                            rest.next = nx
+                            rest.arena = arena
+                        else:
+                            rest = _Chunk(p, s - n, c, nx, arena)
+                        c.next = rest
+                        if nx is not None:
+                            nx.prev = rest
+                        c.size = n
+                        rest.key = key = key_of(s - n, p) if lifo else (s - n) >> 9 << shift | p - lo
+                        free_at[p] = rest
+                        insort(keys, key)
+                    slow = False
+                else:
+                    dev.clock, self.allocated = clock, allocated
+                    c = try_malloc(n, arena)
+                    clock = dev.clock
+                    shift, mask, lo = self._shift, self._mask, self._lo
+                    if c is None:
+                        lat_append(clock - t0)
+                        if served(j, None):
+                            break
+                        continue
+                    slow = True
+                allocated += n
+                if allocated > peak:
+                    peak = allocated
+                lat_append(clock - t0)
+                handles[i] = c
+                if slow:
+                    self.allocated = allocated
+                    served(j, c)
+            elif k == 2:                    # FREE: free, as above
+                c = pop(i, None)
+                if c is None:
+                    break
+                allocated -= c.size
+                clock += free_s
+                arena = c.arena
+                keys, free_at = arena.keys, arena.free_at
+                nx = c.next
+                if nx is not None and nx.key:
+                    del keys[bisect_left(keys, nx.key)]
+                    del free_at[nx.ptr]
+                    c.size += nx.size
+                    c.next = nn = nx.next
+                    if nn is not None:
+                        nn.prev = c
+                    spare_append(nx)
+                pv = c.prev
+                if pv is not None and pv.key:
+                    del keys[bisect_left(keys, pv.key)]
+                    del free_at[pv.ptr]
+                    pv.size += c.size
+                    pv.next = nn = c.next
+                    if nn is not None:
+                        nn.prev = pv
+                    spare_append(c)
+                    c = pv
+                p = c.ptr
+                c.key = key = key_of(c.size, p) if lifo else c.size >> 9 << shift | p - lo
+                free_at[p] = c
+                insort(keys, key)
+            else:
+                break
+        else:
+            j = None
+        dev.clock, self.allocated = clock, allocated
+        self._n_lookup += len(lat) - n0     # one best fit per malloc, as `malloc` counts them
+        return j, peak
 
     # ---- the miss path -------------------------------------------------------------------
     def _step(self, name, fn, *args):
