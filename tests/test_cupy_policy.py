@@ -283,7 +283,7 @@ def check_layout(pol, dev):
     """Chunks tile each device allocation exactly; no two free neighbours; totals agree."""
     heads = set()
     for arena in pol._arenas.values():
-        for c in arena.free_at.values():
+        for c in arena.by_key.values():
             assert c.is_free
             while c.prev is not None:
                 c = c.prev
@@ -406,9 +406,9 @@ def test_keys_follow_the_address_span_and_stay_within_a_word(version, downward, 
         cover(self, addr, n)
         fields.append((self._lo, self._abits))
         for a in self._arenas.values():
-            assert a.keys == sorted(c.key for c in a.free_at.values())
+            assert a.keys == sorted(c.key for c in a.by_key.values())
             assert all(c.key >> self._shift << 9 == c.size and (c.key & self._mask) + self._lo == c.ptr
-                       for c in a.free_at.values())
+                       for c in a.by_key.values())
             widest.extend(k.bit_length() for k in a.keys)
     monkeypatch.setattr(CuPyPool, "_cover", keys_checked)
     assert_same(spread_trace(), "cupy-ref", [f"version={version}"], capacity=None)

@@ -50,9 +50,9 @@ only locking and speed, not placement, and are not modeled; hooks are not modele
 Data structures and costs. A chunk is a `_Chunk`, a record of six slots (a slot
 read or write is one specialised instruction, no dict): its address, size, the
 neighbouring chunks of its device allocation, its arena and its key. Per arena,
-``free_at`` maps the address of each free chunk to it (O(1); in the order the
-chunks were filed, which is `free_all_blocks`'s order); ``keys`` is the sorted list
-of the free chunks' keys, one int per chunk that orders them as the lookup prefers:
+``keys`` is the sorted list of the free chunks' keys, one int per chunk that orders
+them as the lookup prefers and names it, and ``by_key`` maps each key to its chunk
+(O(1); in the order the chunks were filed, which is `free_all_blocks`'s order):
 
 - v14: ``units << A | offset``, ``units`` the size in 512 B units, ``offset`` the
   address minus the pool's lowest device address ``_lo``, ``A`` (``_abits``) bits
@@ -67,8 +67,8 @@ the order of the keys does not change). So a v14 key stays within 63 bits (one
 machine word, no big-integer arithmetic) while the largest chunk's units times the
 address span stay below 2**63: 1 GiB chunks over 4 TiB of addresses, 64 GiB over
 64 GiB; past that it is a longer int, still exact. v13 keys are longer ints.
-Best fit is one bisect for the first key >= the request's ``units << shift``; the
-address is the key's low ``A`` bits plus ``_lo``. Insert/remove: O(log f) search +
+Best fit is one bisect for the first key >= the request's ``units << shift``, then
+``by_key.pop`` of the key taken out of ``keys``. Insert/remove: O(log f) search +
 O(f) memmove (in C) for f free chunks in the arena. f stays small in practice (at
 most ~250 in every recorded and synthetic trace), so a hit, a split and a free with
 merges are each a handful of dict/list operations (fewer than size buckets plus a
@@ -139,11 +139,11 @@ class _Chunk:
 class _Arena:
     """The free chunks of one stream (see the module docstring for the costs)."""
 
-    __slots__ = ("keys", "free_at")
+    __slots__ = ("keys", "by_key")
 
     def __init__(self):
         self.keys: list[int] = []                   # sorted keys of the free chunks
-        self.free_at: dict[int, _Chunk] = {}        # address -> free chunk
+        self.by_key: dict[int, _Chunk] = {}         # key -> free chunk, in filing order
 
 
 @register
@@ -224,24 +224,26 @@ class CuPyPool(Policy):
         if lo == self._lo and hi - lo <= 1 << self._abits:
             self._hi = hi
             return
-        old_lo, old_abits, old_mask = self._lo, self._abits, self._mask
+        old_abits = self._abits
         abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
         self._lo, self._hi, self._abits, self._mask = lo, hi, abits, (1 << abits) - 1
         self._shift = abits + (TIE_BITS if self._lifo else 0)
         for arena in self._arenas.values():
-            keys, free_at = arena.keys, arena.free_at
-            for x, k in enumerate(keys):
-                c = free_at[(k & old_mask) + old_lo]
-                keys[x] = c.key = (k >> old_abits) << abits | c.ptr - lo
+            filed = list(arena.by_key.values())         # in filing order, which the new dict keeps
+            arena.by_key.clear()
+            for c in filed:
+                c.key = (c.key >> old_abits) << abits | c.ptr - lo
+                arena.by_key[c.key] = c
+            arena.keys[:] = sorted(arena.by_key)
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
         keys = arena.keys
         del keys[bisect_left(keys, c.key)]
-        del arena.free_at[c.ptr]
+        del arena.by_key[c.key]
         c.key = 0
 
     # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` ------------
-    # All three file free chunks inline (key, ``free_at``, ``keys``) and unfile merged ones as
+    # All three file free chunks inline (key, ``by_key``, ``keys``) and unfile merged ones as
     # `_remove` does (a call costs as much as the work); v13's keys come from `_key`.
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
@@ -257,8 +259,8 @@ class CuPyPool(Policy):
                 return None
             self.allocated += n
             return c
-        free_at, spare = arena.free_at, self._spare
-        c = free_at.pop((keys.pop(i) & self._mask) + self._lo)
+        by_key, spare = arena.by_key, self._spare
+        c = by_key.pop(keys.pop(i))
         c.key = 0
         s = c.size
         if s > n:                                # split: the remainder goes back, unmerged
@@ -278,7 +280,7 @@ class CuPyPool(Policy):
                 nx.prev = rest
             c.size = n
             rest.key = k = self._key(s - n, p) if self._lifo else (s - n) >> 9 << shift | p - self._lo
-            free_at[p] = rest
+            by_key[k] = rest
             insort(keys, k)
         self.allocated += n
         return c
@@ -287,11 +289,11 @@ class CuPyPool(Policy):
         self.allocated -= c.size
         self._charge(self._free_s)
         arena = c.arena
-        keys, free_at = arena.keys, arena.free_at
+        keys, by_key = arena.keys, arena.by_key
         nx = c.next
         if nx is not None and nx.key:            # merge the next chunk into this one
             del keys[bisect_left(keys, nx.key)]
-            del free_at[nx.ptr]
+            del by_key[nx.key]
             c.size += nx.size
             c.next = nn = nx.next
             if nn is not None:
@@ -300,7 +302,7 @@ class CuPyPool(Policy):
         pv = c.prev
         if pv is not None and pv.key:            # merge this chunk into the previous one
             del keys[bisect_left(keys, pv.key)]
-            del free_at[pv.ptr]
+            del by_key[pv.key]
             pv.size += c.size
             pv.next = nn = c.next
             if nn is not None:
@@ -309,7 +311,7 @@ class CuPyPool(Policy):
             c = pv
         p = c.ptr
         c.key = k = self._key(c.size, p) if self._lifo else c.size >> 9 << self._shift | p - self._lo
-        free_at[p] = c
+        by_key[k] = c
         insort(keys, k)
 
     def walk_chunk(self, events, handles, lat, peak, dev, served):
@@ -324,20 +326,23 @@ class CuPyPool(Policy):
         spare = self._spare
         spare_pop, spare_append = spare.pop, spare.append
         hit_s, free_s, lifo, key_of = self._hit_s, self._free_s, self._lifo, self._key
-        shift, mask, lo = self._shift, self._mask, self._lo
+        shift, lo = self._shift, self._lo
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        bisect, file_key = bisect_left, insort
+        arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
         for j, k, i, req, st in events:
             if k == 1:                      # ALLOC: malloc, as above
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
-                arena = arenas_get(st) or new_arena(st)
+                if st != arena_st:
+                    arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
-                x = bisect_left(keys, n >> 9 << shift)
+                x = bisect(keys, n >> 9 << shift)
                 if x < len(keys):
-                    free_at = arena.free_at
-                    c = free_at.pop((keys.pop(x) & mask) + lo)
+                    by_key = arena.by_key
+                    c = by_key.pop(keys.pop(x))
                     c.key = 0
                     s = c.size
                     if s > n:               # split: the remainder goes back, unmerged
@@ -357,14 +362,14 @@ class CuPyPool(Policy):
                             nx.prev = rest
                         c.size = n
                         rest.key = key = key_of(s - n, p) if lifo else (s - n) >> 9 << shift | p - lo
-                        free_at[p] = rest
-                        insort(keys, key)
+                        by_key[key] = rest
+                        file_key(keys, key)
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
                     c = try_malloc(n, arena)
                     clock = dev.clock
-                    shift, mask, lo = self._shift, self._mask, self._lo
+                    shift, lo = self._shift, self._lo
                     if c is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -385,12 +390,12 @@ class CuPyPool(Policy):
                     break
                 allocated -= c.size
                 clock += free_s
-                arena = c.arena
-                keys, free_at = arena.keys, arena.free_at
+                ca = c.arena
+                keys, by_key = ca.keys, ca.by_key
                 nx = c.next
                 if nx is not None and nx.key:
-                    del keys[bisect_left(keys, nx.key)]
-                    del free_at[nx.ptr]
+                    del keys[bisect(keys, nx.key)]
+                    del by_key[nx.key]
                     c.size += nx.size
                     c.next = nn = nx.next
                     if nn is not None:
@@ -398,8 +403,8 @@ class CuPyPool(Policy):
                     spare_append(nx)
                 pv = c.prev
                 if pv is not None and pv.key:
-                    del keys[bisect_left(keys, pv.key)]
-                    del free_at[pv.ptr]
+                    del keys[bisect(keys, pv.key)]
+                    del by_key[pv.key]
                     pv.size += c.size
                     pv.next = nn = c.next
                     if nn is not None:
@@ -408,8 +413,8 @@ class CuPyPool(Policy):
                     c = pv
                 p = c.ptr
                 c.key = key = key_of(c.size, p) if lifo else c.size >> 9 << shift | p - lo
-                free_at[p] = c
-                insort(keys, key)
+                by_key[key] = c
+                file_key(keys, key)
             else:
                 break
         else:
@@ -497,7 +502,7 @@ class CuPyPool(Policy):
         ev = self.event_index
         arenas = list(self._arenas.values()) if stream is None else [self._arenas.get(stream)]
         for arena in filter(None, arenas):
-            whole = [c for c in arena.free_at.values() if c.prev is None and c.next is None]
+            whole = [c for c in arena.by_key.values() if c.prev is None and c.next is None]
             for c in whole:
                 self._remove(arena, c)
                 self.ctx.free(c.ptr, c.size)
@@ -517,10 +522,10 @@ class CuPyPool(Policy):
         """The free chunks by their arena's stream. A free chunk merges with its free neighbours, so it
         shares its device allocation with a live chunk exactly when it has a neighbour: hard; a whole one: soft."""
         return self.free_parts(((s, c.size, c.prev is not None or c.next is not None)
-                                for s, a in self._arenas.items() for c in a.free_at.values()), stream)
+                                for s, a in self._arenas.items() for c in a.by_key.values()), stream)
 
     def n_free_blocks(self) -> int:
-        return sum(len(a.free_at) for a in self._arenas.values())
+        return sum(len(a.by_key) for a in self._arenas.values())
 
     def counters(self):
         return {"cache_flushes": self.cache_flushes, "used_bytes": self.allocated, "total_bytes": self.total,
