@@ -170,7 +170,6 @@ class CuPyPool(Policy):
         self._lo = 0                        # a key's offset is the address minus this ...
         self._hi = 0                        # ... and the device allocations end at or below this
         self._abits = MIN_ABITS             # the offset field's width, A
-        self._mask = (1 << MIN_ABITS) - 1   # a key's offset: key & _mask
         self._shift = MIN_ABITS + (TIE_BITS if self._lifo else 0)    # a key's units: key >> _shift
         self._tie = 1 << TIE_BITS           # v13: falls with every chunk filed
         self._gc_calls = 2 if self.version >= 14 else 1
@@ -226,7 +225,7 @@ class CuPyPool(Policy):
             return
         old_abits = self._abits
         abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
-        self._lo, self._hi, self._abits, self._mask = lo, hi, abits, (1 << abits) - 1
+        self._lo, self._hi, self._abits = lo, hi, abits
         self._shift = abits + (TIE_BITS if self._lifo else 0)
         for arena in self._arenas.values():
             filed = list(arena.by_key.values())         # in filing order, which the new dict keeps
