@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import allocsim.trace.trace as trace_module
 from allocsim.replay import Replay, make_device
 from allocsim.policies.bestfit import BestFit
+from allocsim.policies.cupy import CuPyPool
 from allocsim.testing import STREAMS, check_policy
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
@@ -125,26 +126,29 @@ def test_fused_loop_only_when_the_walk_has_nothing_else_to_do():
     assert not Replay(trace, "cupy", options={"track_total": True}).fast_path      # its own malloc/free
 
 
-class SkewedFusedLoop(BestFit):
-    """A fused loop that charges a nanosecond more than the plain walk: check_policy must say so. It declares
-    malloc and free beside it, so the engine takes its loop as theirs (`Policy.fused_loop`)."""
+def skewed_fused_loop(base):
+    """``base`` with a fused loop that charges a nanosecond more than the plain walk: check_policy must say so.
+    It declares malloc and free beside it, so the engine takes its loop as theirs (`Policy.fused_loop`)."""
 
-    def malloc(self, size, stream):
-        return super().malloc(size, stream)
+    class SkewedFusedLoop(base):
+        def malloc(self, size, stream):
+            return super().malloc(size, stream)
 
-    def free(self, handle):
-        super().free(handle)
+        def free(self, handle):
+            super().free(handle)
 
-    def walk_chunk(self, *args):
-        out = super().walk_chunk(*args)
-        args[4].clock += 1e-9          # the device
-        return out
+        def walk_chunk(self, *args):
+            out = super().walk_chunk(*args)
+            args[4].clock += 1e-9          # the device
+            return out
+    return SkewedFusedLoop
 
 
-def test_check_policy_holds_a_fused_loop_to_the_plain_walk():
-    check_policy(BestFit, runtimes=("eager",), examples=4)
+@pytest.mark.parametrize("policy", [BestFit, CuPyPool], ids=lambda c: c.name)
+def test_check_policy_holds_a_fused_loop_to_the_plain_walk(policy):
+    check_policy(policy, runtimes=("eager",), examples=4)
     with pytest.raises(AssertionError, match="fast path differs from the plain walk: .* total_time_seconds"):
-        check_policy(SkewedFusedLoop, runtimes=("eager",), examples=4)
+        check_policy(skewed_fused_loop(policy), runtimes=("eager",), examples=4)
 
 
 def coalescing_trace() -> Trace:
