@@ -216,8 +216,8 @@ class CuPyPool(Policy):
     def _cover(self, addr: int, n: int) -> None:
         """Make the keys' offset field cover a new device allocation of ``n`` bytes at ``addr``: if it lies
         outside ``[_lo, _lo + 2**A)``, lower ``_lo`` and widen ``A`` (to twice the span) and re-key every
-        free chunk in place (both orders are (size, tie, address), so ``keys`` stays sorted). Per device
-        allocation; O(free chunks) when it acts."""
+        free chunk (the new keys order the chunks as the old ones did: size, tie, address; ``by_key`` keeps
+        the filing order). Per device allocation; O(f log f) for f free chunks when it acts."""
         if not self._hi:                    # the first: the field starts here
             self._lo, self._hi = addr, addr + n
         lo, hi = min(self._lo, addr), max(self._hi, addr + n)
