@@ -62,7 +62,7 @@ them as the lookup prefers and names it, and ``by_key`` maps each key to its chu
 
 ``A`` covers every device allocation the pool has made (with room to double); a
 device allocation outside ``[_lo, _lo + 2**A)`` moves ``_lo`` or widens ``A`` and
-re-keys the free chunks (`_cover`: O(free chunks), only on a device allocation, and
+re-keys the free chunks (`_cover`: O(f log f), only on a device allocation, and
 the order of the keys does not change). So a v14 key stays within 63 bits (one
 machine word, no big-integer arithmetic) while the largest chunk's units times the
 address span stay below 2**63: 1 GiB chunks over 4 TiB of addresses, 64 GiB over
