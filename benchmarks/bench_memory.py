@@ -63,7 +63,7 @@ COMMANDS = {
     "import": [],
     "info": ["info", "{trace}", "--json"],
     **{f"replay-{p}": ["replay", "{trace}", "--policy", p, "--json", "--quiet"]
-       for p in ("split", "torch", "bestfit", "binned")},
+       for p in ("split", "torch", "bestfit", "binned", "cupy")},
 }
 
 

@@ -283,7 +283,7 @@ def check_layout(pol, dev):
     """Chunks tile each device allocation exactly; no two free neighbours; totals agree."""
     heads = set()
     for arena in pol._arenas.values():
-        for c in arena.free_at.values():
+        for c in arena.by_key.values():
             assert c.is_free
             while c.prev is not None:
                 c = c.prev
@@ -364,3 +364,54 @@ def test_replay_random_trace_no_overlap(seed):
     pol_box.append(r.policy)
     res = r.run()
     assert res.peak_reserved_bytes >= res.peak_allocated_bytes >= res.load_bytes
+
+
+
+def spread_trace():
+    """1 MiB objects on two streams, one per device allocation, between live 3 GiB ones (the address span
+    passes the keys' first 4 GiB), all freed, two 48 GiB ones, then 1 MiB asked for again (ties between
+    equal sizes: the lowest address) and split (the remainders filed among them)."""
+    w = TraceWriter()
+    small, big = [], []
+    for k in range(6):
+        small.append(w.alloc(1 << 20, stream=k % 2))
+        big.append(w.alloc(3 << 30, stream=k % 2))
+    for i in small[::-1]:
+        w.free(i)
+    big += [w.alloc(48 << 30, stream=s) for s in (0, 1)]         # beyond the field, with free chunks filed
+    again = [w.alloc(n, stream=s) for n in (1 << 20, 1000, 1 << 20, 4096, 1 << 19) for s in (0, 1)]
+    for i in again[::3] + big:
+        w.free(i)
+    again += [w.alloc(1 << 20, stream=s) for s in (0, 1, 1)]
+    return w.finish()
+
+
+@pytest.mark.parametrize("version", ["14", "13"])
+@pytest.mark.parametrize("downward", [False, True], ids=["upward", "downward"])
+def test_keys_follow_the_address_span_and_stay_within_a_word(version, downward, monkeypatch):
+    """A device allocation outside the keys' address field re-keys the free chunks (a wider field, or a lower
+    base when the device places below every earlier allocation); the pool serves as its reference model
+    does, every key orders and finds its chunk, and v14's keys stay within 63 bits."""
+    from test_reference_models import assert_same
+    def obtain(dev, n, obtain=SimulatedDevice._obtain):
+        """Each range above the last (or below it), 256-byte aligned, at the device's own cost."""
+        cost = obtain(dev, n)[1]
+        step = (n + 255) // 256 * 256
+        dev.test_next = getattr(dev, "test_next", 1 << 44) + (-step if downward else step)
+        return dev.test_next - (0 if downward else step), cost
+    monkeypatch.setattr(SimulatedDevice, "_obtain", obtain)
+    fields, widest = [], []
+
+    def keys_checked(self, addr, n, cover=CuPyPool._cover):
+        cover(self, addr, n)
+        fields.append((self._lo, self._abits))
+        for a in self._arenas.values():
+            assert a.keys == sorted(c.key for c in a.by_key.values())
+            assert all(c.key >> self._shift << 9 == c.size and (c.key & (1 << self._abits) - 1) + self._lo == c.ptr
+                       for c in a.by_key.values())
+            widest.extend(k.bit_length() for k in a.keys)
+    monkeypatch.setattr(CuPyPool, "_cover", keys_checked)
+    assert_same(spread_trace(), "cupy-ref", [f"version={version}"], capacity=None)
+    assert len(fields) == 14 and fields[-1][1] > fields[0][1]            # the field widened
+    assert (fields[-1][0] < fields[0][0]) == downward                   # the base moved down with the device
+    assert widest and (max(widest) <= 63) == (version == "14")

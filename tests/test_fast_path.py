@@ -1,6 +1,6 @@
 """The fused per-chunk loop (`walk_chunk`) against the plain walk through ``malloc``/``free``.
 
-`split`, `torch` and `bestfit` serve a chunk's common events in one fused loop of their own
+`split`, `torch`, `bestfit` and `cupy` serve a chunk's common events in one fused loop of their own
 (docs/architecture.md, "The fast path"); ``Replay(fast_path=False)`` walks the same events one by
 one through ``malloc``/``free``. Both must give the same replay: the same device calls (sizes,
 addresses, order), every live block at the same address, the same result field by field, and the
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import allocsim.trace.trace as trace_module
 from allocsim.replay import Replay, make_device
 from allocsim.policies.bestfit import BestFit
+from allocsim.policies.cupy import CuPyPool
 from allocsim.testing import STREAMS, check_policy
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
@@ -31,7 +32,7 @@ SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
 #: the policies with a fused loop, and options that change their hot path
 FUSED = [("split", []), ("split", ["huge_exact=true"]), ("torch", []), ("torch", ["max_split_size_mb:20"]),
          ("torch", ["roundup_power2_divisions:4"]), ("bestfit", []), ("bestfit", ["release=true"]),
-         ("bestfit", ["segment=1MiB"])]
+         ("bestfit", ["segment=1MiB"]), ("cupy", []), ("cupy", ["version=13"]), ("cupy", ["limit=48MiB"])]
 FUSED_IDS = [f"{p}[{','.join(o)}]" for p, o in FUSED]
 
 
@@ -105,7 +106,7 @@ def test_fused_loop_is_the_plain_walk_on_generated_traces(policy, options, data,
                           steps=data.draw(st.sampled_from([None, 1, 5])))
 
 
-@pytest.mark.parametrize("policy", ["split", "torch", "bestfit"])
+@pytest.mark.parametrize("policy", ["split", "torch", "bestfit", "cupy"])
 @pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
 def test_fused_loop_is_the_plain_walk_on_shipped_traces(policy, path):
     trace = Trace.load(path)
@@ -121,29 +122,33 @@ def test_fused_loop_only_when_the_walk_has_nothing_else_to_do():
     assert not Replay(trace, "split", runtime="gc").fast_path
     assert not Replay(trace, "split", timeline=True).fast_path
     assert not Replay(trace, "split", observer=lambda *a: None).fast_path
-    assert not Replay(trace, "cupy").fast_path          # no walk_chunk: the plain walk
+    assert Replay(trace, "cupy").fast_path
+    assert not Replay(trace, "cupy", options={"track_total": True}).fast_path      # its own malloc/free
 
 
-class SkewedFusedLoop(BestFit):
-    """A fused loop that charges a nanosecond more than the plain walk: check_policy must say so. It declares
-    malloc and free beside it, so the engine takes its loop as theirs (`Policy.fused_loop`)."""
+def skewed_fused_loop(base):
+    """``base`` with a fused loop that charges a nanosecond more than the plain walk: check_policy must say so.
+    It declares malloc and free beside it, so the engine takes its loop as theirs (`Policy.fused_loop`)."""
 
-    def malloc(self, size, stream):
-        return super().malloc(size, stream)
+    class SkewedFusedLoop(base):
+        def malloc(self, size, stream):
+            return super().malloc(size, stream)
 
-    def free(self, handle):
-        super().free(handle)
+        def free(self, handle):
+            super().free(handle)
 
-    def walk_chunk(self, *args):
-        out = super().walk_chunk(*args)
-        args[4].clock += 1e-9          # the device
-        return out
+        def walk_chunk(self, *args):
+            out = super().walk_chunk(*args)
+            args[4].clock += 1e-9          # the device
+            return out
+    return SkewedFusedLoop
 
 
-def test_check_policy_holds_a_fused_loop_to_the_plain_walk():
-    check_policy(BestFit, runtimes=("eager",), examples=4)
+@pytest.mark.parametrize("policy", [BestFit, CuPyPool], ids=lambda c: c.name)
+def test_check_policy_holds_a_fused_loop_to_the_plain_walk(policy):
+    check_policy(policy, runtimes=("eager",), examples=4)
     with pytest.raises(AssertionError, match="fast path differs from the plain walk: .* total_time_seconds"):
-        check_policy(SkewedFusedLoop, runtimes=("eager",), examples=4)
+        check_policy(skewed_fused_loop(policy), runtimes=("eager",), examples=4)
 
 
 def coalescing_trace() -> Trace:

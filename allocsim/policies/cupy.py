@@ -47,19 +47,40 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
 Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
 
-Data structures and costs, per arena: ``free_at`` maps the address of each free
-chunk to it (O(1)); ``keys`` is the sorted list of the free chunks' keys, one int
-per chunk that orders them as the lookup prefers: ``size << 64 | address`` for v14
-(lowest address first), ``size << 128 | tie << 64 | address`` for v13, where
-``tie`` falls with every chunk filed (last freed first). Best fit is one bisect
-for the first key >= the request's ``n << shift``; the address is the key's low
-64 bits. Insert/remove: O(log f) search + O(f) memmove (in C) for f free chunks
-in the arena. f stays small in practice (at most ~250 in every recorded and
-synthetic trace), so a hit, a split and a free with merges are each a handful of
-dict/list operations (fewer than size buckets plus a sorted size list). The
-memmove starts to dominate past a few thousand free chunks in one arena (10 k:
-about 1.7 x slower than the buckets). ``free_all_blocks`` is O(free chunks).
-Chunks that ``free`` merges away are kept and reused for the next split's remainder.
+Data structures and costs. A chunk is a `_Chunk`, a record of six slots (a slot
+read or write is one specialised instruction, no dict): its address, size, the
+neighbouring chunks of its device allocation, its arena and its key. Per arena,
+``keys`` is the sorted list of the free chunks' keys, one int per chunk that orders
+them as the lookup prefers and names it, and ``by_key`` maps each key to its chunk
+(O(1); in the order the chunks were filed, which is `free_all_blocks`'s order):
+
+- v14: ``units << A | offset``, ``units`` the size in 512 B units, ``offset`` the
+  address minus the pool's lowest device address ``_lo``, ``A`` (``_abits``) bits
+  wide: the smallest size first, then the lowest address;
+- v13: ``(units << 64 | tie) << A | offset``, where ``tie`` falls with every chunk
+  filed (the last freed first).
+
+``A`` covers every device allocation the pool has made (with room to double); a
+device allocation outside ``[_lo, _lo + 2**A)`` moves ``_lo`` or widens ``A`` and
+re-keys the free chunks (`_cover`: O(f log f), only on a device allocation, and
+the order of the keys does not change). So a v14 key stays within 63 bits (one
+machine word, no big-integer arithmetic) while the largest chunk's units times the
+address span stay below 2**63: 1 GiB chunks over 4 TiB of addresses, 64 GiB over
+64 GiB; past that it is a longer int, still exact. v13 keys are longer ints.
+Best fit is one bisect for the first key >= the request's ``units << shift``, then
+``by_key.pop`` of the key taken out of ``keys``. Insert/remove: O(log f) search +
+O(f) memmove (in C) for f free chunks in the arena. f stays small in practice (at
+most ~250 in every recorded and synthetic trace), so a hit, a split and a free with
+merges are each a handful of dict/list operations (fewer than size buckets plus a
+sorted size list). The memmove starts to dominate past a few thousand free chunks
+in one arena (10 k: about 1.7 x slower than the buckets). ``free_all_blocks`` is
+O(free chunks). Chunks that ``free`` merges away are kept and reused for the next
+split's remainder, so the chunk records never outnumber the most chunks held at once.
+
+The hot path: `malloc` and `free` serve the plain walk; `walk_chunk` is the same
+two inlined over a run of events (docs/architecture.md, "The fast path"), held to
+them by tests/test_fast_path.py; all three split and file chunks through
+`_split_off` and `_file_freed`.
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
@@ -76,9 +97,9 @@ from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 from .registry import register
 from .base import Param, Policy
 
-UNIT = 512          # ALLOCATION_UNIT_SIZE
-ADDR_BITS = 64      # a free chunk's key ends with its address
-ADDR_MASK = (1 << ADDR_BITS) - 1
+UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
+TIE_BITS = 64       # v13: the width of a key's tie field
+MIN_ABITS = 32      # the first address field's width (4 GiB of addresses)
 
 # Section names, numbered in escalation order (sections print children by name).
 S_LOOKUP = "1.1 best fit"
@@ -119,11 +140,11 @@ class _Chunk:
 class _Arena:
     """The free chunks of one stream (see the module docstring for the costs)."""
 
-    __slots__ = ("keys", "free_at")
+    __slots__ = ("keys", "by_key")
 
     def __init__(self):
         self.keys: list[int] = []                   # sorted keys of the free chunks
-        self.free_at: dict[int, _Chunk] = {}        # address -> free chunk
+        self.by_key: dict[int, _Chunk] = {}         # key -> free chunk, in filing order
 
 
 @register
@@ -147,8 +168,11 @@ class CuPyPool(Policy):
             raise UsageError(f"policy 'cupy' option version: expected 13 or 14, got {self.version!r}")
         self.version = int(self.version)
         self._lifo = self.version < 14           # v13: ties go to the last freed chunk
-        self._shift = 2 * ADDR_BITS if self._lifo else ADDR_BITS    # key = size << _shift | ...
-        self._tie = 1 << ADDR_BITS                  # v13: falls with every chunk filed
+        self._lo = 0                        # a key's offset is the address minus this ...
+        self._hi = 0                        # ... and the device allocations end at or below this
+        self._abits = MIN_ABITS             # the offset field's width, A
+        self._shift = MIN_ABITS + (TIE_BITS if self._lifo else 0)    # a key's units: key >> _shift
+        self._tie = 1 << TIE_BITS           # v13: falls with every chunk filed
         self._gc_calls = 2 if self.version >= 14 else 1
         self._raises_at_once = self.version >= 14    # a request above the limit itself: OOM, nothing released
         self._arenas: dict[int, _Arena] = {}
@@ -180,72 +204,102 @@ class CuPyPool(Policy):
         return arena
 
     # ---- free index --------------------------------------------------------------------
-    def _key(self, c: _Chunk) -> int:
-        """The key that files free chunk ``c`` in its arena (see the module docstring)."""
-        k = c.size << self._shift | c.ptr
+    def _key(self, size: int, ptr: int) -> int:
+        """The key that files a free chunk of ``size`` bytes at ``ptr`` in its arena (see the module
+        docstring); under v13 the next tie is taken."""
+        k = size >> 9 << self._shift | ptr - self._lo
         if self._lifo:
             self._tie -= 1
-            k |= self._tie << ADDR_BITS
+            k |= self._tie << self._abits
         return k
+
+    def _cover(self, addr: int, n: int) -> None:
+        """Make the keys' offset field cover a new device allocation of ``n`` bytes at ``addr``: if it lies
+        outside ``[_lo, _lo + 2**A)``, lower ``_lo`` and widen ``A`` (to twice the span) and re-key every
+        free chunk (the new keys order the chunks as the old ones did: size, tie, address; ``by_key`` keeps
+        the filing order). Per device allocation; O(f log f) for f free chunks when it acts."""
+        if not self._hi:                    # the first: the field starts here
+            self._lo, self._hi = addr, addr + n
+        lo, hi = min(self._lo, addr), max(self._hi, addr + n)
+        if lo == self._lo and hi - lo <= 1 << self._abits:
+            self._hi = hi
+            return
+        old_abits = self._abits
+        abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
+        self._lo, self._hi, self._abits = lo, hi, abits
+        self._shift = abits + (TIE_BITS if self._lifo else 0)
+        for arena in self._arenas.values():
+            filed = list(arena.by_key.values())         # in filing order, which the new dict keeps
+            arena.by_key.clear()
+            for c in filed:
+                c.key = (c.key >> old_abits) << abits | c.ptr - lo
+                arena.by_key[c.key] = c
+            arena.keys[:] = sorted(arena.by_key)
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
         keys = arena.keys
         del keys[bisect_left(keys, c.key)]
-        del arena.free_at[c.ptr]
+        del arena.by_key[c.key]
         c.key = 0
 
-    # ---- malloc / free: the hot path ------------------------------------------------------
-    # Both file free chunks inline (key, ``free_at``, ``keys``) and unfile merged ones as
-    # `_remove` does (a call costs as much as the work); v13's keys come from `_key`.
+    # ---- the hot path: `malloc` and `free`, and the same two fused in `walk_chunk` ---------------
+    # All three split and file chunks through `_split_off` and `_file_freed` (one call each, about
+    # 5 % of the fused loop's time, for one copy of the model's rules); v13's keys come from `_key`.
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
         self._n_lookup += 1
         self._charge(self._hit_s)
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
-        shift = self._shift
-        i = bisect_left(keys, n << shift)        # best fit: smallest size, then the tie order
+        i = bisect_left(keys, n >> 9 << self._shift)   # best fit: smallest size, then the tie order
         if i == len(keys):
             c = self._try_malloc(n, arena)
             if c is None:
                 return None
-            self.allocated += n
-            return c
-        free_at, spare = arena.free_at, self._spare
-        c = free_at.pop(keys.pop(i) & ADDR_MASK)
-        c.key = 0
-        s = c.size
-        if s > n:                                # split: the remainder goes back, unmerged
-            nx = c.next
-            p = c.ptr + n
-            if spare:                            # a chunk `free` merged away: reset it
-                rest = spare.pop()
-                rest.ptr = p
-                rest.size = s - n
-                rest.prev = c
-                rest.next = nx
-                rest.arena = arena
-            else:
-                rest = _Chunk(p, s - n, c, nx, arena)
-            c.next = rest
-            if nx is not None:
-                nx.prev = rest
-            c.size = n
-            rest.key = k = self._key(rest) if self._lifo else (s - n) << shift | p
-            free_at[p] = rest
-            insort(keys, k)
+        else:
+            c = arena.by_key.pop(keys.pop(i))
+            c.key = 0
+            if c.size > n:
+                self._split_off(c, n, arena)
         self.allocated += n
         return c
 
     def free(self, c):
         self.allocated -= c.size
         self._charge(self._free_s)
+        self._file_freed(c)
+
+    def _split_off(self, c: _Chunk, n: int, arena: _Arena) -> None:
+        """Cut chunk ``c``, just taken from ``arena``, to ``n`` bytes; the remainder after it goes back into
+        ``arena``, unmerged (``_split`` + ``_append_to_free_list``)."""
+        s, nx, p = c.size, c.next, c.ptr + n
+        spare = self._spare
+        if spare:                                # a chunk `_file_freed` merged away: reset it
+            rest = spare.pop()
+            rest.ptr = p
+            rest.size = s - n
+            rest.prev = c
+            rest.next = nx
+            rest.arena = arena
+        else:
+            rest = _Chunk(p, s - n, c, nx, arena)
+        c.next = rest
+        if nx is not None:
+            nx.prev = rest
+        c.size = n
+        rest.key = k = self._key(s - n, p) if self._lifo else (s - n) >> 9 << self._shift | p - self._lo
+        arena.by_key[k] = rest
+        insort(arena.keys, k)
+
+    def _file_freed(self, c: _Chunk) -> None:
+        """File the freed chunk ``c`` in its arena, merged first with a free ``next``, then with a free
+        ``prev`` (``_remove`` inlined: a call would cost as much as the work)."""
         arena = c.arena
-        keys, free_at = arena.keys, arena.free_at
+        keys, by_key = arena.keys, arena.by_key
         nx = c.next
         if nx is not None and nx.key:            # merge the next chunk into this one
             del keys[bisect_left(keys, nx.key)]
-            del free_at[nx.ptr]
+            del by_key[nx.key]
             c.size += nx.size
             c.next = nn = nx.next
             if nn is not None:
@@ -254,7 +308,7 @@ class CuPyPool(Policy):
         pv = c.prev
         if pv is not None and pv.key:            # merge this chunk into the previous one
             del keys[bisect_left(keys, pv.key)]
-            del free_at[pv.ptr]
+            del by_key[pv.key]
             pv.size += c.size
             pv.next = nn = c.next
             if nn is not None:
@@ -262,9 +316,74 @@ class CuPyPool(Policy):
             self._spare.append(c)
             c = pv
         p = c.ptr
-        c.key = k = self._key(c) if self._lifo else c.size << ADDR_BITS | p
-        free_at[p] = c
+        c.key = k = self._key(c.size, p) if self._lifo else c.size >> 9 << self._shift | p - self._lo
+        by_key[k] = c
         insort(keys, k)
+
+    def walk_chunk(self, events, handles, lat, peak, dev, served):
+        """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` inlined over
+        ``events`` (the split and the filing called as they call them), the clock and ``allocated`` kept
+        in locals.
+
+        A miss runs `_try_malloc` as `malloc` does (the locals written back around it, the key fields
+        read again after it: a device allocation may re-key) and is reported to ``served``; a pressure
+        event or the FREE of an id not live is handed back: returns ``(its index or None at the end,
+        peak allocated)``."""
+        arenas_get, new_arena, try_malloc = self._arenas.get, self._arena, self._try_malloc
+        split_off, file_freed = self._split_off, self._file_freed
+        hit_s, free_s, shift = self._hit_s, self._free_s, self._shift
+        clock, allocated = dev.clock, self.allocated
+        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        bisect = bisect_left
+        arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
+        for j, k, i, req, st in events:
+            if k == 1:                      # ALLOC: malloc, as above
+                n = (req + 511) & -512
+                t0 = clock
+                clock += hit_s
+                if st != arena_st:
+                    arena_st, arena = st, arenas_get(st) or new_arena(st)
+                keys = arena.keys
+                x = bisect(keys, n >> 9 << shift)
+                if x < len(keys):
+                    c = arena.by_key.pop(keys.pop(x))
+                    c.key = 0
+                    if c.size > n:
+                        split_off(c, n, arena)
+                    slow = False
+                else:
+                    dev.clock, self.allocated = clock, allocated
+                    c = try_malloc(n, arena)
+                    clock = dev.clock
+                    shift = self._shift
+                    if c is None:
+                        lat_append(clock - t0)
+                        if served(j, None):
+                            break
+                        continue
+                    slow = True
+                allocated += n
+                if allocated > peak:
+                    peak = allocated
+                lat_append(clock - t0)
+                handles[i] = c
+                if slow:
+                    self.allocated = allocated
+                    served(j, c)
+            elif k == 2:                    # FREE: free, as above
+                c = pop(i, None)
+                if c is None:
+                    break
+                allocated -= c.size
+                clock += free_s
+                file_freed(c)
+            else:
+                break
+        else:
+            j = None
+        dev.clock, self.allocated = clock, allocated
+        self._n_lookup += len(lat) - n0     # one best fit per malloc, as `malloc` counts them
+        return j, peak
 
     # ---- the miss path -------------------------------------------------------------------
     def _step(self, name, fn, *args):
@@ -298,6 +417,7 @@ class CuPyPool(Policy):
     def _device_malloc(self, n):
         addr = self.ctx.malloc(n)
         if addr is not None:
+            self._cover(addr, n)
             self.total += n
             self.segment_log.append((SEGMENT_ALLOC, n, self.event_index))
         return addr
@@ -344,7 +464,7 @@ class CuPyPool(Policy):
         ev = self.event_index
         arenas = list(self._arenas.values()) if stream is None else [self._arenas.get(stream)]
         for arena in filter(None, arenas):
-            whole = [c for c in arena.free_at.values() if c.prev is None and c.next is None]
+            whole = [c for c in arena.by_key.values() if c.prev is None and c.next is None]
             for c in whole:
                 self._remove(arena, c)
                 self.ctx.free(c.ptr, c.size)
@@ -358,16 +478,16 @@ class CuPyPool(Policy):
         return handle.ptr, handle.size
 
     def largest_free(self):
-        return max((a.keys[-1] >> self._shift for a in self._arenas.values() if a.keys), default=0)
+        return max(((a.keys[-1] >> self._shift) << 9 for a in self._arenas.values() if a.keys), default=0)
 
     def free_breakdown(self, stream):
         """The free chunks by their arena's stream. A free chunk merges with its free neighbours, so it
         shares its device allocation with a live chunk exactly when it has a neighbour: hard; a whole one: soft."""
         return self.free_parts(((s, c.size, c.prev is not None or c.next is not None)
-                                for s, a in self._arenas.items() for c in a.free_at.values()), stream)
+                                for s, a in self._arenas.items() for c in a.by_key.values()), stream)
 
     def n_free_blocks(self) -> int:
-        return sum(len(a.free_at) for a in self._arenas.values())
+        return sum(len(a.by_key) for a in self._arenas.values())
 
     def counters(self):
         return {"cache_flushes": self.cache_flushes, "used_bytes": self.allocated, "total_bytes": self.total,
