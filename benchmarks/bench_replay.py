@@ -28,7 +28,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from allocsim import policies  # noqa: E402
-from allocsim.engine import replay  # noqa: E402
+from allocsim.replay import replay  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
 from allocsim.policies.base import Policy  # noqa: E402
 from allocsim.replay import Replay  # noqa: E402
