@@ -28,7 +28,7 @@ Where the model knowingly differs:
   memory minus the CUDA context, workspaces and other processes. The simulated device
   also refuses past the cap, so an expandable-segment map that crosses it fails here,
   where PyTorch (which checks the fraction once per ``alloc_block``) maps it.
-- Expandable segments map a block's pages with one ``device.malloc(pages)`` (after checking the
+- Expandable segments map a block's pages with one ``device.map(pages)`` (after checking the
   whole range fits, as PyTorch maps all or nothing), so device mallocs count map calls, as
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
 
@@ -972,7 +972,7 @@ class TorchCachingAllocator(Policy):
         mapped = (end - begin) * page
         if not dev.fits(mapped):
             return False
-        dev.malloc(mapped)              # one map call, as num_device_alloc counts it
+        dev.map(mapped)                 # one map call, as num_device_alloc counts it
         es.pages.update(range(begin, end))
         pool = b.pool
         pool.erase(b)
