@@ -297,13 +297,13 @@ class BlockPool:
 
 
 class ExpandableSegment:
-    """A reserved virtual range mapped page by page; ``pages`` holds the mapped page indices."""
+    """A reserved virtual range mapped page by page. Which pages are mapped is in its blocks (``mapped``), not
+    kept here again: a set of page indices cost O(pages) per map and unmap and was never read."""
 
-    __slots__ = ("base", "size", "page", "pages")
+    __slots__ = ("base", "size", "page")
 
     def __init__(self, base, size, page):
         self.base, self.size, self.page = base, size, page
-        self.pages: set[int] = set()
 
 
 def _carve(b: Block, n: int, pool: BlockPool) -> Block:
@@ -1007,7 +1007,6 @@ class TorchCachingAllocator(Policy):
         if not dev.fits(mapped):
             return False
         dev.map(mapped)                 # one map call, as num_device_alloc counts it
-        es.pages.update(range(begin, end))
         pool = b.pool
         pool.erase(b)
         b.mapped = True
@@ -1056,7 +1055,6 @@ class TorchCachingAllocator(Policy):
         self._try_merge(b, b.prev)
         self._try_merge(b, b.next)
         pool.insert(b)
-        es.pages.difference_update(range(begin, end))
         self.ctx.free(uptr, usize)   # one unmap call, as num_device_free counts it
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
