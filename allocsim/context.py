@@ -3,7 +3,8 @@
 A policy sees the replay through one `PolicyContext` (``self.ctx``):
 
 - the device: ``malloc(n) -> addr | None``, ``free(addr, n)``, ``fits(n)``, ``note(need,
-  granted)``, ``pin()``, ``reserve_address_range(n)`` (each charges its own modeled time);
+  granted)``, ``pin()``, ``reserve_address_range(n)`` and ``map(n) -> bool`` (pages into such a
+  range) (each charges its own modeled time);
 - the limits, read live: ``cap`` (the pool cap: ``--cap`` or the program's recorded
   limit), ``limit`` (the smaller of cap and capacity), ``capacity``, and ``reserved``;
 - time: ``clock`` (read-only) and ``charge(seconds)`` for modeled pool work; ``costs``;
@@ -31,6 +32,7 @@ class PolicyContext:
         self.malloc, self.free = device.malloc, device.free
         self.fits, self.note, self.pin = device.fits, device.note, device.pin
         self.reserve_address_range = device.reserve_address_range
+        self.map = device.map
         self.collect = runtime.collect
         self.charge = device.charge     # `charge(seconds)`: modeled pool work onto the clock (the device's own)
         self.costs = device.costs

@@ -81,14 +81,30 @@ class SimulatedDevice:
             self.n_failed += 1
             return None
         addr, c = got
-        self.clock += c
-        self.malloc_time += c
+        self._reserve(n, c)
+        return addr
+
+    def map(self, n: int) -> bool:
+        """Map ``n`` bytes of pages into a range `reserve_address_range` gave (expandable segments): the
+        accounting and modeled cost of a `malloc` of ``n`` bytes, but no placement, since the pages go where the
+        caller says; False, as a malloc's None, if cap or capacity is reached. O(1): the driver model keeps no
+        region per map (docs/models/driver.md: it places cudaMalloc ranges, not mapped pages)."""
+        if self.reserved + n > self.limit:
+            self.n_failed += 1
+            self.note(self.reserved + n, False)
+            return False
+        self._reserve(n, self._malloc_seconds(n))
+        return True
+
+    def _reserve(self, n: int, seconds: float) -> None:
+        """Account a granted malloc or map of ``n`` bytes that took ``seconds``."""
+        self.clock += seconds
+        self.malloc_time += seconds
         self.reserved += n
         if self.reserved > self.peak_reserved:
             self.peak_reserved = self.reserved
         self.n_malloc += 1
         self.bytes_malloc += n
-        return addr
 
     def free(self, addr: int, n: int) -> None:
         """Release ``n`` bytes obtained at ``addr``."""
@@ -104,14 +120,18 @@ class SimulatedDevice:
     # What a device does below the accounting: here, where the range lies and the cost model.
     def _obtain(self, n: int):
         """``(address, seconds)`` for a new range of ``n`` bytes, or None if the device refuses."""
-        costs = self.costs
         if self._driver is None:
             addr = self._bump(n)
         else:
             addr = self._hinted(n)
             if addr is None:
                 addr = self._driver.malloc(n)
-        return addr, (costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n))
+        return addr, self._malloc_seconds(n)
+
+    def _malloc_seconds(self, n: int) -> float:
+        """The cost model's time for a device malloc (or map) of ``n`` bytes."""
+        costs = self.costs
+        return costs.malloc_flat if n <= costs.malloc_flat_end else costs.malloc_cost(n)
 
     def _hinted(self, n: int) -> int | None:
         """The next recorded address, placed, while the replay follows the recording; else None for good."""

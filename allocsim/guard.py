@@ -9,7 +9,7 @@ built-ins' hot path pays nothing:
 - `guard_device_calls`: the context's ``malloc(n)`` refuses ``n`` that is not a positive
   number of bytes; ``free(addr, n)`` refuses a range the policy never took from the device
   (a segment from ``malloc``, with its size, or pages inside a range from
-  ``reserve_address_range``, as expandable segments unmap them);
+  ``reserve_address_range``, as expandable segments unmap them); ``map`` takes a positive number of bytes;
 - `guard_policy`: after each ``malloc`` and before each ``free``, the block the handle names
   (``block(handle)``) is a non-negative address, at least the request, inside memory taken
   from the device and overlapping no live block; ``allocated`` stays within 0 and reserved.
@@ -101,7 +101,13 @@ def guard_device_calls(ctx, device, name: str) -> _Taken:
         taken.ranges.add(addr, n)
         return addr
 
-    ctx.malloc, ctx.free, ctx.reserve_address_range = checked_malloc, checked_free, checked_reserve
+    def checked_map(n):
+        if not _is_bytes(n):
+            raise _broke(name, f"ctx.map({n!r}): expected a positive number of bytes")
+        return mapped(n)
+
+    mapped = device.map
+    ctx.malloc, ctx.free, ctx.reserve_address_range, ctx.map = checked_malloc, checked_free, checked_reserve, checked_map
     return taken
 
 

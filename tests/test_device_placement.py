@@ -40,6 +40,19 @@ def test_a_recorded_range_still_held_ends_the_recorded_addresses():
     assert a == hints[0][1] and b != a and (b + 20 * MiB <= a or a + 20 * MiB <= b)
 
 
+def test_a_page_map_is_accounted_as_a_malloc_and_placed_nowhere():
+    """`map` (expandable segments' pages): the same reserved bytes, counts, cost and refusal as a malloc of
+    that size, while the recorded addresses and the driver model stay as they were for the next malloc."""
+    mapped, malloced = SimulatedDevice(cap=100 * MiB, address_hints=HINTS), SimulatedDevice(cap=100 * MiB)
+    assert mapped.map(20 * MiB) and malloced.malloc(20 * MiB) is not None
+    assert not mapped.map(81 * MiB) and malloced.malloc(81 * MiB) is None
+    for field in ("reserved", "peak_reserved", "n_malloc", "bytes_malloc", "n_failed", "clock", "malloc_time",
+                  "refused_min"):
+        assert getattr(mapped, field) == getattr(malloced, field), field
+    assert mapped.malloc(20 * MiB) == HINTS[0][1]            # the map took no recorded address
+    assert not mapped._driver._owner.keys() - {HINTS[0][1]}   # and left no range in the driver model
+
+
 def test_framework_device_without_hints_reuses_freed_ranges_as_the_driver_does():
     d = SimulatedDevice(address_hints=[])
     a = d.malloc(100 * MiB)

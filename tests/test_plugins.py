@@ -123,6 +123,16 @@ def test_check_policy_names_a_block_without_an_address():
         check_policy(NoAddress, examples=2)
 
 
+def test_the_guard_refuses_a_page_map_of_no_bytes():
+    """``ctx.map`` (expandable segments' pages) is checked like ``ctx.malloc``: a non-positive size is refused."""
+    class MapsNothing(first_fit()):
+        def malloc(self, size, stream):
+            self.ctx.map(-size)
+            return super().malloc(size, stream)
+    with pytest.raises(allocsim.errors.PluginError, match=r"ctx.map\(-\d+\): expected a positive number of bytes"):
+        allocsim.replay(random_trace(50, seed=2), MapsNothing)
+
+
 def test_replay_guards_a_plugin_only():
     """The contract checks run for a plug-in (its broken block is refused) and cost a built-in nothing."""
     class Negative(first_fit()):

@@ -29,7 +29,7 @@ Where the model knowingly differs:
   memory minus the CUDA context, workspaces and other processes. The simulated device
   also refuses past the cap, so an expandable-segment map that crosses it fails here,
   where PyTorch (which checks the fraction once per ``alloc_block``) maps it.
-- Expandable segments map a block's pages with one ``device.malloc(pages)`` (after checking the
+- Expandable segments map a block's pages with one ``device.map(pages)`` (after checking the
   whole range fits, as PyTorch maps all or nothing), so device mallocs count map calls, as
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
 
@@ -156,13 +156,13 @@ class BlockPool:
 
 
 class ExpandableSegment:
-    """A reserved virtual range mapped page by page; ``pages`` holds the mapped page indices."""
+    """A reserved virtual range mapped page by page. Which pages are mapped is in its blocks (``mapped``), not
+    kept here again: a set of page indices cost O(pages) per map and unmap and was never read."""
 
-    __slots__ = ("base", "size", "page", "pages")
+    __slots__ = ("base", "size", "page")
 
     def __init__(self, base, size, page):
         self.base, self.size, self.page = base, size, page
-        self.pages: set[int] = set()
 
 
 def _carve(b: Block, n: int, pool: BlockPool) -> Block:
@@ -180,6 +180,23 @@ def _carve(b: Block, n: int, pool: BlockPool) -> Block:
 def _expandable_size(b: Block) -> int:
     nxt = b.next
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
+def _grow_least(keys: list, blocks: dict, i: int) -> int:
+    """`get_free_block` in an expandable pool: from the best fit ``keys[i]`` on, the index of the candidate that
+    can grow least (size + the unmapped space after it), walking on while the next one could grow less than the
+    one held. O(candidates walked), by index: no copy of the keys."""
+    b = blocks[keys[i]]
+    grow = _expandable_size(b)
+    for y in range(i + 1, len(keys)):
+        b2 = blocks[keys[y]]
+        if b.es is None:
+            break
+        g2 = _expandable_size(b2)
+        if g2 >= grow:
+            break
+        i, b, grow = y, b2, g2
+    return i
 
 
 # ---- the memory fraction ----------------------------------------------------------------
@@ -283,12 +300,13 @@ class TorchCachingAllocator(Policy):
     @classmethod
     def variant(cls, ctx, options):
         """`Policy.variant`: the common case, no expandable segments and no GC threshold in force (the trace's
-        settings included), is `TorchFastPath`, whose malloc, free and fused loop are the inlined hot path."""
+        settings included), is `TorchFastPath`, whose malloc and free are the inlined hot path; the others are
+        `TorchOptionsPath`. Both declare the fused loop."""
         if cls is not TorchCachingAllocator:
             return cls
         opts = options_in_force(options, ctx.trace)
         plain = not opts.get("expandable_segments") and not (opts.get("garbage_collection_threshold") or 0.0) > 0.0
-        return TorchFastPath if plain else cls
+        return TorchFastPath if plain else TorchOptionsPath
 
     def _make_pools(self, stream: int) -> tuple[BlockPool, BlockPool]:
         pp = self._pools[stream] = (BlockPool(True, stream), BlockPool(False, stream))
@@ -435,30 +453,42 @@ class TorchCachingAllocator(Policy):
             if v > self.inactive_split_bytes_peak:
                 self.inactive_split_bytes_peak = v
 
-    def _walk_chunk_fast(self, events, handles, lat, peak, dev, served):
-        """The replay's fused loop (docs/architecture.md, "The fast path"): `_malloc_fast` and `_free_fast`
-        inlined over ``events``, the clock, ``allocated`` and the inactive split bytes in locals.
+    def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
+        """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
+        `_malloc_fast` and `_free_fast`) inlined over ``events``, the clock, ``allocated`` and the inactive split
+        bytes in locals.
 
-        A pool miss runs `_escalate` as `_malloc_fast` does (the locals written back around it) and is
-        reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns
-        ``(its index or None at the end, peak allocated)``."""
+        Expandable segments and a GC threshold are flags read once per call (whether the GC is on reads the
+        cap, which only a handed-back SET_LIMIT changes): with ``es`` every block is an expandable segment's,
+        best fit prefers the candidate that can grow least (`_grow_least`), every remainder of 512 B or more is
+        split off, only mapped neighbours merge and no inactive split bytes are counted; with a threshold each
+        pool search ticks the GC's clock while it is on and every block entering a pool takes its age base
+        (`_insert`). A pool miss runs `_escalate` as `malloc` does (the locals written back around it) and is
+        reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its
+        index or None at the end, peak allocated)``."""
         clock, allocated = dev.clock, self.allocated
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, self.max_split
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
         spare, spare_append, pop = self._spare, self._spare.append, handles.pop
+        es, stamp, gfb = self.expandable, self.gc_threshold_set, self.gfb_calls
+        gc = self.gc_on()
         lat_append, n0 = lat.append, len(lat)
         for j, k, i, size, stream in events:
-            if k == 1:                          # ALLOC: _malloc_fast
+            if k == 1:                          # ALLOC: malloc
                 t0 = clock
                 clock += hit_s
                 n = (size + 511) & ~511 if plain else round_size(size, divisions)
                 pp = pools.get(stream) or make_pools(stream)
                 small = n <= 1048576            # K_SMALL_SIZE
                 pool = pp[0] if small else pp[1]
+                if gc:
+                    gfb[small] += 1
                 keys = pool.keys
                 x = bisect_left(keys, n << 64)
+                if es and x < len(keys):
+                    x = _grow_least(keys, pool.blocks, x)
                 if x < len(keys) and ((bsize := keys[x] >> 64) < ms or (n >= ms and bsize < n + nsr)):
                     b = pool.blocks.pop(keys.pop(x))
                     slow = False
@@ -476,9 +506,11 @@ class TorchCachingAllocator(Policy):
                     bsize = b.size
                     slow = True
                 rem = bsize - n
-                if (rem >= 512) if small else (n < ms and rem > 1048576):
+                if (rem >= 512) if small or es else (n < ms and rem > 1048576):
                     nxt = b.next
-                    if nxt is not None or b.prev is not None:
+                    if es:
+                        pass
+                    elif nxt is not None or b.prev is not None:
                         isb -= n
                     else:
                         isb += rem
@@ -491,18 +523,22 @@ class TorchCachingAllocator(Policy):
                         r.size = rem
                         r.pool = pool
                         r.next = nxt
+                        if es:
+                            r.es = b.es
                     else:
-                        r = Block(rptr, rem, pool)
+                        r = Block(rptr, rem, pool, b.es)
                         r.next = nxt
                     r.prev = b
                     if nxt is not None:
                         nxt.prev = r
                     b.next = r
                     b.size = bsize = n
+                    if stamp:
+                        r.gc_base = gfb[small]
                     rk = rem << 64 | rptr
                     insort(keys, rk)
                     pool.blocks[rk] = r
-                elif b.prev is not None or b.next is not None:
+                elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
                 b.allocated = True
                 b.requested = size
@@ -515,7 +551,7 @@ class TorchCachingAllocator(Policy):
                     self.allocated = allocated
                     self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
                     served(j, b)
-            elif k == 2:                        # FREE: _free_fast
+            elif k == 2:                        # FREE: free
                 b = pop(i, None)
                 if b is None:
                     break
@@ -527,7 +563,7 @@ class TorchCachingAllocator(Policy):
                 keys, blocks = pool.keys, pool.blocks
                 prev, nxt = b.prev, b.next
                 subsumed = 0
-                if prev is not None and not prev.allocated:
+                if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
                     pk = subsumed << 64 | prev.ptr
                     del keys[bisect_left(keys, pk)], blocks[pk]
@@ -536,7 +572,7 @@ class TorchCachingAllocator(Policy):
                     prev = b.prev = prev.prev
                     if prev is not None:
                         prev.next = b
-                if nxt is not None and not nxt.allocated:
+                if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
                     nk = nsize << 64 | nxt.ptr
                     del keys[bisect_left(keys, nk)], blocks[nk]
@@ -546,19 +582,22 @@ class TorchCachingAllocator(Policy):
                         nxt.prev = b
                     subsumed += nsize
                 b.size = size = size + subsumed
+                if stamp:
+                    b.gc_base = gfb[pool.small]
                 k = size << 64 | b.ptr
                 insort(keys, k)
                 blocks[k] = b
-                isb += size - subsumed if prev is not None or nxt is not None else -subsumed
-                if isb > isb_peak:
-                    isb_peak = isb
+                if not es:
+                    isb += size - subsumed if prev is not None or nxt is not None else -subsumed
+                    if isb > isb_peak:
+                        isb_peak = isb
             else:
                 break
         else:
             j = None
         dev.clock, self.allocated = clock, allocated
         self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
-        self.n_malloc += len(lat) - n0      # one per malloc, as `_malloc_fast` counts them
+        self.n_malloc += len(lat) - n0      # one per malloc, as `malloc` counts them
         return j, peak
 
     def _inactive_split(self, delta: int) -> None:
@@ -574,21 +613,16 @@ class TorchCachingAllocator(Policy):
         i = bisect_left(keys, n << SHIFT)
         if i == len(keys):
             return None
+        if self.expandable and pool.blocks[keys[i]].es is not None:
+            i = _grow_least(keys, pool.blocks, i)
         k = keys[i]
         b = pool.blocks[k]
-        if b.es is not None and self.expandable:
-            # prefer the candidate that can grow least: size + the unmapped space after it
-            for k2 in keys[i + 1:]:
-                b2 = pool.blocks[k2]
-                if b.es is None or _expandable_size(b2) >= _expandable_size(b):
-                    break
-                k, b = k2, b2
         size, ms = b.size, self.max_split
         if n < ms and size >= ms:
             return None
         if n >= ms and size >= n + self.max_non_split_rounding:
             return None
-        del keys[bisect_left(keys, k)]
+        del keys[i]
         del pool.blocks[k]
         return b
 
@@ -814,8 +848,7 @@ class TorchCachingAllocator(Policy):
         mapped = (end - begin) * page
         if not dev.fits(mapped):
             return False
-        dev.malloc(mapped)              # one map call, as num_device_alloc counts it
-        es.pages.update(range(begin, end))
+        dev.map(mapped)                 # one map call, as num_device_alloc counts it
         pool = b.pool
         pool.erase(b)
         b.mapped = True
@@ -864,7 +897,6 @@ class TorchCachingAllocator(Policy):
         self._try_merge(b, b.prev)
         self._try_merge(b, b.next)
         pool.insert(b)
-        es.pages.difference_update(range(begin, end))
         self.ctx.free(uptr, usize)   # one unmap call, as num_device_free counts it
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
@@ -938,4 +970,14 @@ class TorchFastPath(TorchCachingAllocator):
 
     malloc = TorchCachingAllocator._malloc_fast
     free = TorchCachingAllocator._free_fast
-    walk_chunk = TorchCachingAllocator._walk_chunk_fast
+    walk_chunk = TorchCachingAllocator._walk_chunk_fused
+
+
+class TorchOptionsPath(TorchCachingAllocator):
+    """`torch` with expandable segments or a GC threshold (`TorchCachingAllocator.variant` makes it): `malloc`
+    and `free` as they read, with the fused loop that inlines them under those options declared beside them,
+    so the engine may use the loop (a plug-in subclass of `torch` declares none and takes the plain walk)."""
+
+    malloc = TorchCachingAllocator.malloc
+    free = TorchCachingAllocator.free
+    walk_chunk = TorchCachingAllocator._walk_chunk_fused

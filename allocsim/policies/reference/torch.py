@@ -24,7 +24,7 @@ the device memory, per stream, mapped page by page (2 MiB small, 20 MiB large):
 ``alloc_block`` -> ``try_allocate_expandable_block`` -> ``find_expandable_block`` ->
 ``map_block``; ``release_cached_blocks`` -> ``unmap_block`` -> ``release_expandable_segment``.
 The unmapped ranges sit in each pool's ``unmapped`` set, ordered by (stream, address).
-As in `torch`, a page range is mapped all or nothing with one device malloc.
+As in `torch`, a page range is mapped all or nothing with one device `map` (counted as a malloc).
 
 It supports every option of `torch`. A trace's FREE is PyTorch's ``free_completed``,
 so no block ever waits on events.
@@ -542,7 +542,7 @@ class TorchCachingAllocatorReference(Policy):
         ptr, mapped_size = to_map.expandable_segment.map_range(to_map.ptr, size)
         if not self.ctx.fits(mapped_size):
             return False
-        self.ctx.malloc(mapped_size)
+        self.ctx.map(mapped_size)
         pool = to_map.pool
         pool.unmapped.remove(to_map)
         to_map.mapped = True
