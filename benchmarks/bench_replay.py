@@ -6,8 +6,7 @@ same shape when the synth module is missing. Each policy replays it once (eager
 runtime, the trace's 80 GiB device); the table gives driving events per second
 (wall clock, the engine's own `replay_seconds`, setup and metrics included) and
 the ratio of that time to a bare Python loop over the same events that only
-tracks live ids (``x bare``; ``cpu x``: of CPU times, steadier on a shared
-machine), plus the engine floor: a policy that does nothing.
+tracks live ids, plus the engine floor: a policy that does nothing.
 `split`, `torch` and `bestfit` run their fused loop (``walk_chunk``, docs/architecture.md "The fast
 path"); ``--plain`` adds a row per policy that has one, walked through ``malloc``/``free`` instead.
 Real-GPU policies are skipped; ``--policies`` picks others (``oracle`` and any
@@ -29,9 +28,10 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from allocsim import policies  # noqa: E402
+from allocsim.engine import replay  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
 from allocsim.policies.base import Policy  # noqa: E402
-from allocsim.replay import Replay, replay  # noqa: E402
+from allocsim.replay import Replay  # noqa: E402
 from allocsim.trace import ALLOC, FREE, RECORD_DTYPE, Trace  # noqa: E402
 
 FLOOR = "(engine floor)"
@@ -73,9 +73,9 @@ class _Floor(Policy):
         self.allocated -= handle
 
 
-def bare_loop(trace: Trace) -> tuple[float, float]:
-    """``(wall, CPU)`` seconds of a plain loop over the driving events that only tracks which ids are live."""
-    t0, c0 = time.perf_counter(), time.process_time()
+def bare_loop(trace: Trace) -> float:
+    """Seconds for a plain loop over the driving events that only tracks which ids are live."""
+    t0 = time.perf_counter()
     kind = np.asarray(trace.kind)
     drive = np.flatnonzero((kind == ALLOC) | (kind == FREE))
     kinds, ids, sizes = kind[drive].tolist(), trace.id[drive].tolist(), trace.size[drive].tolist()
@@ -85,7 +85,7 @@ def bare_loop(trace: Trace) -> tuple[float, float]:
             live[i] = s
         else:
             live[i] = 0
-    return time.perf_counter() - t0, time.process_time() - c0
+    return time.perf_counter() - t0
 
 
 def has_fused_loop(trace: Trace, name: str, runtime: str) -> bool:
@@ -128,11 +128,9 @@ def main(argv=None) -> int:
     trace = alloc_heavy(args.allocs, args.seed)
     gen_s = time.perf_counter() - t0
     n_drive = int(np.count_nonzero(np.isin(np.asarray(trace.kind), (ALLOC, FREE))))
-    loops = [bare_loop(trace) for _ in range(2)]
-    bare, bare_cpu = min(w for w, _ in loops), min(c for _, c in loops)
+    bare = min(bare_loop(trace) for _ in range(2))
     print(f"trace: alloc-heavy, {args.allocs:,} allocations, {n_drive:,} driving events "
-          f"(generated in {gen_s:.2f} s); bare loop {bare:.3f} s = {n_drive / bare / 1e6:.2f} M events/s "
-          f"({bare_cpu:.3f} s CPU)")
+          f"(generated in {gen_s:.2f} s); bare loop {bare:.3f} s = {n_drive / bare / 1e6:.2f} M events/s")
 
     named = args.policies.split(",") if args.policies else None
     names = named or [n for n in policies.names() if n != FLOOR and not policies.get(n).real_gpu
@@ -152,20 +150,18 @@ def main(argv=None) -> int:
             rows.append(run_one(trace, name, args.runtime, plain=True))
     for r in rows:
         r["ratio_to_bare"] = r["seconds"] / bare
-        r["cpu_ratio_to_bare"] = r["cpu_seconds"] / bare_cpu      # steadier on a shared machine
 
-    print(f"{'policy':18} {'M ev/s':>7} {'wall s':>7} {'cpu s':>7} {'x bare':>7} {'cpu x':>6} {'peak reserved':>14} "
+    print(f"{'policy':18} {'M ev/s':>7} {'wall s':>7} {'cpu s':>7} {'x bare':>7} {'peak reserved':>14} "
           f"{'dev mallocs':>11}")
     for r in rows:
         print(f"{r['policy']:18} {r['events_per_s'] / 1e6:7.3f} {r['seconds']:7.2f} {r['cpu_seconds']:7.2f} "
-              f"{r['ratio_to_bare']:7.2f} {r['cpu_ratio_to_bare']:6.2f} {r['peak_reserved_bytes'] / 2**20:11.1f} MiB "
-              f"{r['device_mallocs']:11,}"
+              f"{r['ratio_to_bare']:7.2f} {r['peak_reserved_bytes'] / 2**20:11.1f} MiB {r['device_mallocs']:11,}"
               + ("" if r["completed"] else "  (OOM)"))
     if args.json:
         out = {"trace": {"preset": "alloc-heavy", "allocs": args.allocs, "seed": args.seed,
                          "driving_events": n_drive, "load_bytes": trace.load_bytes},
                "runtime": args.runtime, "python": sys.version.split()[0], "bare_loop_seconds": bare,
-               "bare_loop_cpu_seconds": bare_cpu, "results": rows}
+               "results": rows}
         with atomic_open(args.json) as f:
             json.dump(out, f, indent=1)
     return 0
