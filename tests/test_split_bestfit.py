@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from allocsim.replay import Replay
 from allocsim.errors import UsageError
 from allocsim.policies.split import HUGE, LARGE, SMALL, round_request, size_class
+from allocsim.policies._freelists import END, SizeBuckets
 from allocsim.trace import TraceWriter
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -145,6 +146,22 @@ def test_huge_exact_option_allocates_exact_size():
     assert d.dev.n_malloc == 2 and d.block(j)[1] == 64 * MiB
 
 
+@pytest.mark.parametrize("huge_exact", [False, True])
+def test_free_list_entries_stay_in_63_bits_and_a_larger_block_keeps_its_order(huge_exact):
+    """Entries of blocks below 1 TiB fit 63 bits; a 2 TiB block only makes a larger entry: it is still
+    found in its place (taken whole by a smaller HUGE request, or by its exact size under huge_exact)."""
+    d = Driver("split", options={"huge_exact": huge_exact})
+    ids = [d.alloc(n) for n in (700, 3 * MiB + 5, 40 * MiB, 512 << 30, 2 << 40)]
+    for i in ids:
+        d.free(i)
+    d.alloc(100)                            # repopulates them all, takes a piece of the 700 B block
+    entries = d.pol._avail.entries
+    assert entries == sorted(entries) and entries[-1] == END and len(entries) == 6
+    assert all(e < 1 << 63 for e in entries[:-2]) and 1 << 63 < entries[-2] < END
+    i = d.alloc((2 << 40) if huge_exact else (1 << 40) + 1)
+    assert d.block(i)[1] == 2 << 40 and d.dev.n_malloc == 5
+
+
 # ---- split: ties go to the oldest block ---------------------------------------------------------------
 
 @pytest.mark.parametrize("free_order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
@@ -271,6 +288,33 @@ def test_oom_after_three_phases():
 
 
 # ---- bestfit ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("unit_shift", [0, 9])
+def test_size_buckets_best_fit_limit_void_entries_and_end(unit_shift):
+    """`SizeBuckets`: the smallest size >= n within the limit, ties to the lowest key; an entry the owner's map
+    no longer holds is void (skipped, dropped); `END` closes the list through every operation."""
+    free = {}                               # the owner's map: key -> size while free
+    buckets = SizeBuckets(lambda e: free.get(buckets.key_of(e)) == buckets.size_of(e), 32, unit_shift)
+
+    def push(key, size):
+        free[key] = size
+        buckets.push(key, size)
+    for key, size in ((7, 4 * KiB), (3, 4 * KiB), (5, 8 * KiB), (2, 64 * KiB), (9, MiB)):
+        push(key, size)
+    del free[3]                             # 3 leaves the free lists by its map alone: a void entry
+    assert buckets.members() == [(4 * KiB, 7), (8 * KiB, 5), (64 * KiB, 2), (MiB, 9)]
+    assert buckets.entries[-1] == END and buckets.largest() == MiB
+    push(1, 8 * KiB)                        # a tie of 5's size, lower key
+    assert buckets.pop_fit(5 * KiB, limit=16 * KiB) == 1
+    del free[1]
+    assert buckets.pop_fit(65 * KiB, limit=512 * KiB) == 0      # 1 MiB is beyond the limit
+    assert buckets.pop_fit(65 * KiB) == 9
+    del free[9]
+    assert buckets.largest() == 64 * KiB and buckets.pop_fit(2 * MiB) == 0
+    del free[2]
+    assert buckets.compact() == 2 and buckets.entries[-1] == END
+    assert [buckets.pop_fit(KiB) for _ in range(3)] == [7, 5, 0]      # each fit leaves the list
+
 
 def test_bestfit_coalesces_neighbours():
     d = Driver("bestfit")

@@ -21,20 +21,21 @@ Sections: ``1. best fit`` (every request, counted on the hot path), then
 
 Data structures: ``start`` (address -> size) and ``end`` (end address -> size)
 dicts of the free blocks, so both neighbours of a freed block are found in O(1);
-``segments`` (start address -> size); `SizeBuckets` keyed by address for best
-fit in O(log k) plus a short memmove, with O(1) lazy removal (a block is free at ``a`` with
-size ``s`` iff ``start[a] == s``), compacted when void entries outnumber live ones. A handle is the tuple (address, size).
+``segments`` (start address -> size); `SizeBuckets` of entries ``size << 64 | address`` for best
+fit in O(log k) plus a short memmove, with O(1) lazy removal (an entry of ``a`` with size ``s``
+is live iff ``start[a] == s``), compacted when void entries outnumber live ones. A handle is the tuple (address, size).
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 
 from .registry import register
-from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
+from ._freelists import END, SizeBuckets
 from .base import Param, Policy
 from ..errors import UsageError
 
-assert (KEY_BITS, KEY_MASK) == (64, 0xFFFFFFFFFFFFFFFF)         # written as literals in the hot path
+KEY_BITS = 64                   # a free-list entry: size << KEY_BITS | address (addresses are below 2**64)
+assert (1 << KEY_BITS) - 1 == 0xFFFFFFFFFFFFFFFF               # written as a literal in the hot path
 
 
 @register
@@ -55,7 +56,8 @@ class BestFit(Policy):
         self._start: dict[int, int] = {}        # free block address -> size
         self._end: dict[int, int] = {}          # free block end address -> size
         self._segments: dict[int, int] = {}     # segment address -> size
-        self._avail = SizeBuckets(self._start.get)
+        start_get = self._start.get
+        self._avail = SizeBuckets(lambda e: start_get(e & 0xFFFFFFFFFFFFFFFF) == e >> 64, KEY_BITS)
         self._flushes = 0
         self._fits = 0                          # best fits on the hot path (section "1. best fit")
         self._compact_at = SizeBuckets.COMPACT_MIN
@@ -72,17 +74,19 @@ class BestFit(Policy):
         self._fits += 1
         self._charge(self._hit_s)
         start, entries = self._start, self._avail.entries
-        i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined
-        while i < len(entries):
-            e = entries[i]
+        i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined: END stops it
+        e = entries[i]
+        while e != END:
             del entries[i]
             a = e & 0xFFFFFFFFFFFFFFFF
-            if start.get(a) == e >> 64:
+            s = e >> 64
+            if start.get(a) == s:
                 break
+            e = entries[i]
         else:
             a = 0
         if a:
-            s = start.pop(a)
+            del start[a]
             rem = s - n
             if rem:                     # split: the tail stays free
                 b = a + n
@@ -133,7 +137,7 @@ class BestFit(Policy):
         returns ``(its index or None at the end, peak allocated)``."""
         start, end, segments, entries = self._start, self._end, self._segments, self._avail.entries
         start_get, end_get = start.get, end.get
-        hit_s, free_s, release = self._hit_s, self._free_s, self.release
+        hit_s, free_s, release, last = self._hit_s, self._free_s, self.release, END
         grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
@@ -143,16 +147,18 @@ class BestFit(Policy):
                 t0 = clock
                 clock += hit_s
                 x = bisect_left(entries, n << 64)
-                while x < len(entries):
-                    e = entries[x]
+                e = entries[x]
+                while e != last:
                     del entries[x]
                     a = e & 0xFFFFFFFFFFFFFFFF
-                    if start_get(a) == e >> 64:
+                    s = e >> 64
+                    if start_get(a) == s:
                         break
+                    e = entries[x]
                 else:
                     a = 0
                 if a:
-                    s = start.pop(a)
+                    del start[a]
                     rem = s - n
                     if rem:
                         b = a + n

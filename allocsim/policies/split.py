@@ -33,24 +33,26 @@ A scan costs ``pool_hit_s`` (hit or miss). The pre-#427 form is not modeled.
 Data structures (the hot path): blocks are parallel Python lists indexed by
 block id (size, address, prev, next, free state), grown by doubling, so a
 block costs no object and each field is O(1). The free state is the block's
-size while it is AVAILABLE (in a free list), FREED (-1) while it waits in
-``freed``, and 0 otherwise (ALLOCATED, or merged away); so "free or freed" is
-one truth test, and the same list voids stale free-list entries. Id 0 is a
+free-list entry while it is AVAILABLE (in a free list), FREED (-1) while it
+waits in ``freed``, and 0 otherwise (ALLOCATED, or merged away); so "free or
+freed" is one truth test, and an entry ``e`` of block ``b`` is live iff
+``fsize[b] == e``: one comparison voids stale entries. Id 0 is a
 sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. Ids
 follow creation order (the tie order needs it); when they pass 4x the live blocks
 (and `RENUMBER_MIN`) the live blocks are renumbered 1..L in the same order between
 chunks (`renumber`; the engine renames the handles it holds), so memory is
 O(live blocks + one chunk), about 100 bytes each. The
-free lists are `SizeBuckets` (``_freelists.py``): one sorted list of
-``size << 64 | id``, best fit O(log k) plus a short memmove, removal O(1) (lazy).
-A handle is the block id.
+free lists are `SizeBuckets` (``_freelists.py``): one sorted list of entries
+``size >> 9 << 32 | id`` (sizes are multiples of 512 B, ids stay below 2**32: 63
+bits for any block below 1 TiB), ending with `END`; best fit O(log k) plus a short
+memmove, removal O(1) (lazy). A handle is the block id.
 """
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 
 from .registry import register
-from ._freelists import KEY_BITS, KEY_MASK, SizeBuckets
+from ._freelists import END, SizeBuckets
 from .base import Param, Policy
 
 SMALL, LARGE, HUGE = 0, 1, 2
@@ -61,7 +63,9 @@ ROUNDOFF = (1 << 9, 1 << 17, 1 << 20)
 CLASS_LIMIT = (SMALL_CUTOFF, LARGE_CUTOFF, 1 << 62)
 CLASS_RANGE = ((0, SMALL_CUTOFF), (SMALL_CUTOFF, LARGE_CUTOFF), (LARGE_CUTOFF, 1 << 62))
 
-FREED = -1          # free-state value of a block waiting in `freed`; AVAILABLE blocks hold their size
+FREED = -1          # free-state value of a block waiting in `freed`; AVAILABLE blocks hold their entry
+UNIT_SHIFT, ID_BITS = 9, 32     # a free-list entry: size >> UNIT_SHIFT << ID_BITS | block id
+ID_MASK = (1 << ID_BITS) - 1
 
 
 def size_class(n: int) -> int:
@@ -70,7 +74,11 @@ def size_class(n: int) -> int:
 
 assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
 assert (SMALL_CUTOFF, LARGE_CUTOFF) == (1048576, 33554432)     # written as literals in the hot path
-assert (KEY_BITS, KEY_MASK) == (64, 0xFFFFFFFFFFFFFFFF)         # likewise
+assert (UNIT_SHIFT, ID_BITS, ID_MASK) == (9, 32, 0xFFFFFFFF)     # likewise
+assert all(r % (1 << UNIT_SHIFT) == 0 for r in ROUNDOFF)        # every block size is a multiple of 512 B
+#: Free-list bounds of the SMALL and LARGE classes: the first entry above the class's largest size.
+SMALL_STOP, LARGE_STOP = (SMALL_CUTOFF >> 9) + 1 << 32, (LARGE_CUTOFF >> 9) + 1 << 32
+assert (SMALL_STOP, LARGE_STOP) == (8800387989504, 281479271677952)     # written as literals in the hot path
 
 
 def round_request(req: int) -> tuple[int, int]:
@@ -102,8 +110,10 @@ class SplittingPool(Policy):
         self._addr = [0] * cap      # block id -> device address
         self._prev = [0] * cap      # block id -> address-preceding piece of the same buffer, 0 if none
         self._next = [0] * cap      # block id -> address-following piece, 0 if none
-        self._fsize = [0] * cap     # block id -> free state: size if AVAILABLE, FREED, or 0
-        self._avail = SizeBuckets(self._fsize.__getitem__)     # every class: their size ranges are disjoint
+        self._fsize = [0] * cap     # block id -> free state: its free-list entry if AVAILABLE, FREED, or 0
+        fsize = self._fsize
+        # every class in one list: their size ranges are disjoint
+        self._avail = SizeBuckets(lambda e: fsize[e & 0xFFFFFFFF] == e, ID_BITS, UNIT_SHIFT)
         self._freed: list[int] = []
         self._slow_blocks = self._slow_merged = 0       # repopulated / merged in phases 2 and 3
         self._flushes = self._reclaimed = 0
@@ -112,9 +122,11 @@ class SplittingPool(Policy):
         # hot-path counts: mallocs (scans), repopulates, blocks repopulated, blocks merged away, splits
         self._scans = self._repops = self._repop_blocks = self._merged = self._splits = 0
         self._charge, self._hit_s, self._free_s = self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
-        self._huge_limit = 0 if self.huge_exact else 1 << 62       # 0: a HUGE request takes its exact size only
+        self._huge_stop = 0 if self.huge_exact else END     # 0: a HUGE request takes its exact size only
 
     def _grow(self) -> None:
+        if self._id_cap > 1 << (ID_BITS - 1):
+            raise MemoryError("split: 2**32 block ids would not fit a free-list entry")
         for lst in (self._size, self._addr, self._prev, self._next, self._fsize):
             lst.extend([0] * len(lst))          # in place: the hot loops' locals keep seeing the same lists
         self._id_cap = len(self._size)
@@ -154,10 +166,11 @@ class SplittingPool(Policy):
         new[0] = 0
         entries = self._avail.entries
         self._avail.compact()
-        entries[:] = [e >> 64 << 64 | new[e & 0xFFFFFFFFFFFFFFFF] for e in entries]
+        entries[:-1] = [e >> 32 << 32 | new[e & 0xFFFFFFFF] for e in entries[:-1]]    # the same order
         self._freed[:] = [new[b] for b in self._freed]
-        for lst in (size, addr, fsize):
+        for lst in (size, addr):
             lst[1:len(live) + 1] = [lst[b] for b in live]
+        fsize[1:len(live) + 1] = [f >> 32 << 32 | i if f > 0 else f for i, f in enumerate((fsize[b] for b in live), 1)]
         for lst in (prev, nxt):
             lst[1:len(live) + 1] = [new[lst[b]] for b in live]
         self._next_id = next_id = len(live) + 1
@@ -204,8 +217,8 @@ class SplittingPool(Policy):
                 prev[m] = head      # m may be the sentinel 0: harmless
                 size[head] = s
                 b = head
-            fsize[b] = s
-            insort(entries, s << 64 | b)        # SizeBuckets.push
+            fsize[b] = e = s >> 9 << 32 | b
+            insort(entries, e)                  # SizeBuckets.push
         nb = len(freed)
         freed.clear()
         if len(entries) > self._compact_at:
@@ -225,8 +238,8 @@ class SplittingPool(Policy):
         nxt[r] = m
         prev[m] = r             # m may be the sentinel 0: harmless
         nxt[b] = r
-        self._fsize[r] = rem
-        insort(self._avail.entries, rem << 64 | r)      # SizeBuckets.push
+        self._fsize[r] = e = rem >> 9 << 32 | r
+        insort(self._avail.entries, e)                  # SizeBuckets.push
         size[b] = n
         self._splits += 1
 
@@ -235,16 +248,17 @@ class SplittingPool(Policy):
         # recomputed from the rounded size is the same (see round_request).
         # Literals: SMALL_CUTOFF = 1048576, LARGE_CUTOFF = 33554432 (constants load fastest).
         # `cut` names the class by its cutoff: 1048576 SMALL, 33554432 LARGE, 0 HUGE.
+        # `stop`: the class's free-list bound (SMALL_STOP, LARGE_STOP; HUGE: END, or n's own size if exact)
         if req <= 1048576:
             n = (req + 511) & -512
-            cut = limit = 1048576   # best fit among the sizes of the class
+            cut, stop = 1048576, 8800387989504     # best fit among the sizes of the class
         elif req <= 33554432:
             n = (req + 131071) & -131072
-            cut = limit = 33554432
+            cut, stop = 33554432, 281479271677952
         else:
             n = (req + 1048575) & -1048576
             cut = 0
-            limit = self._huge_limit or n
+            stop = self._huge_stop or (n >> 9) + 1 << 32
         self._scans += 1
         if self._freed:
             self._repops += 1
@@ -253,21 +267,19 @@ class SplittingPool(Policy):
             self._charge(self._hit_s)
         # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
         entries, fsize = self._avail.entries, self._fsize
-        i = bisect_left(entries, n << 64)
-        while i < len(entries):
-            e = entries[i]
-            s = e >> 64
-            if s > limit:
-                b = 0
-                break
+        i = bisect_left(entries, n >> 9 << 32)
+        e = entries[i]
+        while e < stop:
             del entries[i]
-            b = e & 0xFFFFFFFFFFFFFFFF
-            if fsize[b] == s:
+            b = e & 0xFFFFFFFF
+            if fsize[b] == e:
                 break
+            e = entries[i]
         else:
             b = 0
         if b:
             fsize[b] = 0
+            s = self._size[b]
         else:
             b = self._escalate(n, size_class(n))
             if not b:
@@ -295,7 +307,7 @@ class SplittingPool(Policy):
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         entries, freed = self._avail.entries, self._freed
         freed_append, repopulate, escalate, new_id = freed.append, self._repopulate, self._escalate, self._new_id
-        hit_s, huge_limit = self._hit_s, self._huge_limit
+        hit_s, huge_stop = self._hit_s, self._huge_stop
         next_id, id_cap = self._next_id, self._id_cap
         repops = splits = 0
         clock, allocated = dev.clock, self.allocated
@@ -304,35 +316,33 @@ class SplittingPool(Policy):
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
                     n = (req + 511) & -512
-                    cut = limit = 1048576
+                    cut, stop = 1048576, 8800387989504
                 elif req <= 33554432:
                     n = (req + 131071) & -131072
-                    cut = limit = 33554432
+                    cut, stop = 33554432, 281479271677952
                 else:
                     n = (req + 1048575) & -1048576
                     cut = 0
-                    limit = huge_limit or n
+                    stop = huge_stop or (n >> 9) + 1 << 32
                 t0 = clock
                 if freed:
                     repops += 1
                     clock += hit_s + repopulate()
                 else:
                     clock += hit_s
-                i0 = bisect_left(entries, n << 64)
-                while i0 < len(entries):
-                    e = entries[i0]
-                    s = e >> 64
-                    if s > limit:
-                        b = 0
-                        break
+                i0 = bisect_left(entries, n >> 9 << 32)
+                e = entries[i0]
+                while e < stop:
                     del entries[i0]
-                    b = e & 0xFFFFFFFFFFFFFFFF
-                    if fsize[b] == s:
+                    b = e & 0xFFFFFFFF
+                    if fsize[b] == e:
                         break
+                    e = entries[i0]
                 else:
                     b = 0
                 if b:
                     fsize[b] = 0
+                    s = size[b]
                     slow = False
                 else:
                     dev.clock, self.allocated, self._next_id = clock, allocated, next_id
@@ -360,8 +370,8 @@ class SplittingPool(Policy):
                     nxt[r] = m
                     prev[m] = r
                     nxt[b] = r
-                    fsize[r] = rem
-                    insort(entries, rem << 64 | r)
+                    fsize[r] = e = rem >> 9 << 32 | r
+                    insort(entries, e)
                     size[b] = s = n
                     splits += 1
                 allocated += s
@@ -482,7 +492,7 @@ class SplittingPool(Policy):
         in a buffer that holds an allocated piece; soft in one that holds none, merged back or not yet.
         No streams: any stream's request may take any piece."""
         prev, nxt, fsize, size = self._prev, self._next, self._fsize, self._size
-        free = {e & KEY_MASK for e in self._avail.entries if fsize[e & KEY_MASK] == e >> KEY_BITS}
+        free = {e & ID_MASK for e in self._avail.entries if fsize[e & ID_MASK] == e}
         free.update(self._freed)
         head_of: dict[int, int] = {}
         for b in free:                  # each piece's buffer, named by its first piece
