@@ -62,7 +62,7 @@ OBJECTIVES = ("fastest", "reserved", "time", "both")
 TOP = 3
 #: The modeled time tune compares: the whole replay's clock (device calls, pool work, cache releases).
 TIME = "total_time_seconds"
-#: ``fastest``'s default headroom, a share of the limit (docs/tune.md, "The objective").
+#: ``fastest``'s default headroom, a share of the limit (docs/metrics.md, "What `tune` recommends").
 HEADROOM = 0.05
 
 @dataclass(frozen=True)

@@ -359,6 +359,8 @@ def test_fits_on_is_the_allowed_memory_under_a_cap():
     below = dict(row, fit_capacity_bytes=300 * MiB, fit_threshold=True)
     assert fits_on(below, capped) == "0.300 (300.00 MiB)"
     assert "*" not in fits_legend([below], capped)
+    # a walk that was not bounded says where every larger allowed memory fits, above the cap or not
+    assert fits_on(dict(row, fit_threshold=True), capped) == "0.600 (600.00 MiB)"
     assert fits_on(dict(row, fit_threshold=True), Target(1000 * MiB, None)) == "600.00 MiB"
     assert "smallest GPU" in fits_legend([row], Target(1000 * MiB, None))
     assert fits_on(dict(row, fit_capacity_bytes=None), capped) == "none"

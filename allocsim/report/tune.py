@@ -96,7 +96,7 @@ def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
         return None
     bound = None if r["fit_threshold"] else "walk"
     cap = target.cap if target is not None else None
-    if cap is not None and not r["ooms"] and r.get("cap_bytes") in (None, cap) and n > cap:
+    if bound and cap is not None and not r["ooms"] and r.get("cap_bytes") in (None, cap) and n > cap:
         return cap, "cap"
     return n, bound
 
