@@ -183,6 +183,9 @@ def margin(target: "Target", headroom: float | int) -> int | None:
     limit = target.limit
     if limit is None:
         return None
+    if not isinstance(headroom, float) and headroom >= limit:
+        raise UsageError(f"--headroom {fmt_bytes(headroom)} is not below the limit {fmt_bytes(limit)}: "
+                         f"nothing could leave it free")
     return int(limit * headroom) if isinstance(headroom, float) else int(headroom)
 
 
@@ -260,6 +263,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     total, capacity_name = device_capacity(capacity, t)
     target = Target(total, cap)
     check_target(target, t.load_bytes, capacity_name)
+    headroom_bytes = margin(target, headroom)         # a headroom above the limit is refused before any replay
     space = Space(t, target)
     everything = space.candidates()
     distinct: dict = {}
@@ -279,7 +283,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
         row.update(conf_lines(row, c))
         rows.append(row)
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
-                 replays=len(rows), headroom_bytes=margin(target, headroom))
+                 replays=len(rows), headroom_bytes=headroom_bytes)
     step.end(f"{len(rows)} settings replayed", left=bool(ooms) + fit)
     if ooms:
         step.start(f"the recorded OOM under {len(rows)} settings")

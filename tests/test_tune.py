@@ -388,3 +388,6 @@ def test_headroom_decides_between_fitting_settings(tmp_path, capsys):
     assert main(["tune", path, "--cap", "3100MiB", "--max-replays", "8", "--no-fit", "--headroom", "1MiB",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["headroom_bytes"] == MiB
+    from conftest import run_cli
+    out = run_cli("tune", path, "--cap", "3100MiB", "--no-fit", "--headroom", "4GiB")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "not below the limit" in out.stderr
