@@ -23,7 +23,7 @@ The search is exhaustive over what can differ, and replays nothing twice:
    rest that fit by time; ``reserved``: least peak reserved, then least time;
    ``time``: the reverse; ``both``: least sum of the two, each over its best
    value on the frontier) — a dominated one is no better in either figure, and
-   leaves the headroom whenever what dominates it does, so dropping it never
+   what dominates it leaves the headroom whenever it does, so dropping it never
    drops an optimum. Only the
    recorded settings and the frontier among the best few get the certified
    capacity walk (`fit_capacity`, tens of replays each).
@@ -157,7 +157,7 @@ def score(row: dict, objective: str, best: tuple = (1, 1), room: int | None = No
 
 
 def pareto(rows: list[dict]) -> list[dict]:
-    """The rows no other row beats in both peak reserved and allocation time (ties kept once), by reserved."""
+    """The rows no other row beats in both peak reserved and modeled time (ties kept once), by reserved."""
     out, best_t = [], float("inf")
     for row in sorted(rows, key=lambda r: (r["peak_reserved_bytes"], r[TIME])):
         if row[TIME] < best_t:
