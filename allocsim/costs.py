@@ -4,7 +4,10 @@ Defaults are the H100 medians of `docs/metrics.md` ("The cost model")
 (cudaMalloc flat at 33 µs up to 20 MiB, then ~110-120 µs per GiB; cudaFree 29 µs up
 to 2 MiB, ~320-390 µs per GiB beyond 256 MiB), a 1 µs pool hit (CuPy, H100), a
 ~0.4 µs pooled free (CuArrays tables) and GC pauses from the CuArrays tables
-(gc(false) 3-300 ms, gc(true) 100-291 ms). Sizes between measured points are
+(gc(false) 3-300 ms, gc(true) 100-291 ms), and the device synchronisation every
+cudaFree implies (`free_sync_s`: it waits for the device's outstanding work and
+leaves the pipeline empty; 2 ms per call, from the H100 re-run of issue 17 in
+``docs/metrics.md``). Sizes between measured points are
 interpolated piecewise-linearly; beyond the last point the last slope continues.
 `allocsim calibrate` writes a file of the same shape for another GPU.
 """
@@ -31,6 +34,7 @@ class CostModel:
     free_points: list = field(default_factory=lambda: [
         [512, 29e-6], [2 * MiB, 29e-6], [20 * MiB, 40e-6], [256 * MiB, 118e-6], [GiB, 359e-6],
         [4 * GiB, 1.53e-3]])
+    free_sync_s: float = 2e-3         # per cudaFree: the wait for outstanding device work it implies
     pool_hit_s: float = 1.0e-6        # a cached block served (scan + split + bookkeeping)
     pool_free_s: float = 0.4e-6       # a block returned to the pool
     gc_incremental_s: float = 50e-3   # gc(false) pause in the gc runtime
@@ -44,6 +48,7 @@ class CostModel:
         # Below the first change of slope the cost is flat: callers test `n <= flat_end` first.
         self.malloc_flat_end, self.malloc_flat = self._flat(self.malloc_points)
         self.free_flat_end, self.free_flat = self._flat(self.free_points)
+        self.free_flat += self.free_sync_s
 
     @staticmethod
     def _flat(points):
@@ -75,11 +80,12 @@ class CostModel:
         return c
 
     def free_cost(self, n: int) -> float:
+        """A cudaFree of ``n`` bytes: the call on an idle device (``free_points``) and the sync it implies."""
         if n <= self.free_flat_end:
             return self.free_flat
         c = self._free_cache.get(n)
         if c is None:
-            c = self._free_cache[n] = self._interp(self.free_points, n)
+            c = self._free_cache[n] = self._interp(self.free_points, n) + self.free_sync_s
         return c
 
     def to_dict(self) -> dict:

@@ -14,7 +14,7 @@ from .sections import ALLOC_ROOT, FREE_ROOT, section_rows
 COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
            "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
            "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
-           "first_oom_event", "alloc_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
+           "first_oom_event", "alloc_time_seconds", "total_time_seconds", "device_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
            "breakdown_at_peak"]
 
 
@@ -73,6 +73,8 @@ class ReplayResult:
     ooms_avoided: list = field(default_factory=list)
     alloc_time_seconds: float = 0.0
     total_time_seconds: float = 0.0
+    #: the part of ``total_time_seconds`` spent in device calls (cudaMalloc, cudaFree and the sync it implies)
+    device_time_seconds: float = 0.0
     latency: dict = field(default_factory=dict)
     latency_measured: bool = False     # True: wall time on a GPU; False: the cost model
     counters: dict = field(default_factory=dict)
@@ -292,7 +294,7 @@ def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs
         gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
         gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=list(ooms),
         ooms_avoided=[at for at, _, _ in w.served], alloc_time_seconds=alloc_time,
-        total_time_seconds=dev.clock, latency=w.latency.summary(), counters=counters,
+        total_time_seconds=dev.clock, device_time_seconds=dev.malloc_time + dev.free_time, latency=w.latency.summary(), counters=counters,
         latency_measured=pol.real_gpu or getattr(dev, "measured", False),
         sections=section_rows(_with_roots(stats, allocs, frees, alloc_time, dev.clock, rt.eager)),
         certified_limits=dev.certified() if hasattr(dev, "certified") else None,

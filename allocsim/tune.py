@@ -18,10 +18,13 @@ The search is exhaustive over what can differ, and replays nothing twice:
    (the default replay does) and is out of the running.
 3. **Dominated settings are pruned** before the costly step: of the replayed
    settings that fit, only the Pareto frontier of (peak reserved, modeled
-   allocation time) can hold the best setting of any objective (``reserved``:
-   least peak reserved, then least time; ``time``: the reverse; ``both``: least
-   sum of the two, each over its best value on the frontier) — a dominated one is
-   no better in either figure, so dropping it never drops an optimum. Only the
+   time) can hold the best setting of any objective (``fastest``, the default:
+   the least time among those that leave the headroom under the limit, then the
+   rest that fit by time; ``reserved``: least peak reserved, then least time;
+   ``time``: the reverse; ``both``: least sum of the two, each over its best
+   value on the frontier) — a dominated one is no better in either figure, and
+   what dominates it leaves the headroom whenever it does, so dropping it never
+   drops an optimum. Only the
    recorded settings and the frontier among the best few get the certified
    capacity walk (`fit_capacity`, tens of replays each).
 4. **Parallel**: the distinct settings are cells replayed by the process pool
@@ -55,8 +58,12 @@ from .trace import ALLOC, Trace
 from .trace.events import OOM
 from .units import fmt_bytes
 
-OBJECTIVES = ("reserved", "time", "both")
+OBJECTIVES = ("fastest", "reserved", "time", "both")
 TOP = 3
+#: The modeled time tune compares: the whole replay's clock (device calls, pool work, cache releases).
+TIME = "total_time_seconds"
+#: ``fastest``'s default headroom, a share of the limit (docs/metrics.md, "What `tune` recommends").
+HEADROOM = 0.05
 
 @dataclass(frozen=True)
 class Candidate:
@@ -136,9 +143,12 @@ class Space:
 
 
 # ---- the search -----------------------------------------------------------------------------
-def score(row: dict, objective: str, best: tuple = (1, 1)):
-    """Sort key of a fitting row under ``objective`` (smaller is better); ``best``: (reserved, time) scales for both."""
-    r, t = row["peak_reserved_bytes"], row["alloc_time_seconds"]
+def score(row: dict, objective: str, best: tuple = (1, 1), room: int | None = None):
+    """Sort key of a fitting row under ``objective`` (smaller is better); ``best``: (reserved, time) scales for
+    both; ``room``: the most a setting may reserve and still leave the headroom (None: no limit)."""
+    r, t = row["peak_reserved_bytes"], row[TIME]
+    if objective == "fastest":
+        return (room is not None and r > room, t, r, row["device_mallocs"])
     if objective == "reserved":
         return (r, t, row["device_mallocs"])
     if objective == "time":
@@ -147,24 +157,36 @@ def score(row: dict, objective: str, best: tuple = (1, 1)):
 
 
 def pareto(rows: list[dict]) -> list[dict]:
-    """The rows no other row beats in both peak reserved and allocation time (ties kept once), by reserved."""
+    """The rows no other row beats in both peak reserved and modeled time (ties kept once), by reserved."""
     out, best_t = [], float("inf")
-    for row in sorted(rows, key=lambda r: (r["peak_reserved_bytes"], r["alloc_time_seconds"])):
-        if row["alloc_time_seconds"] < best_t:
+    for row in sorted(rows, key=lambda r: (r["peak_reserved_bytes"], r[TIME])):
+        if row[TIME] < best_t:
             out.append(row)
-            best_t = row["alloc_time_seconds"]
+            best_t = row[TIME]
     return out
 
 
-def ranked(rows: list[dict], objective: str) -> list[dict]:
-    """The fitting rows, best first under ``objective`` (the best is on the frontier, whatever the objective);
-    with none fitting, the rows that got furthest before their first OOM."""
+def ranked(rows: list[dict], objective: str, room: int | None = None) -> list[dict]:
+    """The fitting rows, best first under ``objective`` (the best is on the frontier, whatever the objective;
+    ``room``: `score`'s); with none fitting, the rows that got furthest before their first OOM."""
     fitting = [r for r in rows if not r["ooms"]]
     if not fitting:
         return sorted(rows, key=lambda r: -(r["first_oom_event"] or 0))
     front = pareto(fitting)
-    best = (min(r["peak_reserved_bytes"] for r in front), min(r["alloc_time_seconds"] for r in front))
-    return sorted(fitting, key=lambda r: score(r, objective, best))
+    best = (min(r["peak_reserved_bytes"] for r in front), min(r[TIME] for r in front))
+    return sorted(fitting, key=lambda r: score(r, objective, best, room))
+
+
+def margin(target: "Target", headroom: float | int) -> int | None:
+    """The bytes ``fastest`` keeps free under ``target``'s limit: ``headroom`` is a share of the limit (a float)
+    or bytes (an int); None with no limit."""
+    limit = target.limit
+    if limit is None:
+        return None
+    if not isinstance(headroom, float) and headroom >= limit:
+        raise UsageError(f"--headroom {fmt_bytes(headroom)} is not below the limit {fmt_bytes(limit)}: "
+                         f"nothing could leave it free")
+    return int(limit * headroom) if isinstance(headroom, float) else int(headroom)
 
 
 @dataclass
@@ -183,6 +205,12 @@ class Tuning:
     replays: int = 0
     bounded: bool = False
     rescue: list[dict] = field(default_factory=list)
+    headroom_bytes: int | None = None     # the margin ``fastest`` keeps under the limit (None: no limit)
+
+    @property
+    def room(self) -> int | None:
+        """The most a setting may reserve and leave the headroom."""
+        return None if self.headroom_bytes is None else self.target.limit - self.headroom_bytes
 
     @property
     def recorded(self) -> dict:
@@ -200,7 +228,8 @@ class Tuning:
 
     def to_dict(self) -> dict:
         return {"trace": self.trace, "load_bytes": self.load_bytes, "capacity_bytes": self.target.capacity,
-                "cap_bytes": self.target.cap, "objective": self.objective, "settings_total": self.settings_total,
+                "cap_bytes": self.target.cap, "objective": self.objective,
+                "headroom_bytes": self.headroom_bytes, "settings_total": self.settings_total,
                 "settings_distinct": self.settings_distinct,
                 "settings_replayed": len(self.rows), "replays": self.replays, "bounded": self.bounded,
                 "recommended": self.best and conf_lines(self.best), "recorded": self.recorded,
@@ -208,11 +237,12 @@ class Tuning:
                 "rescue": self.rescue, "candidates": self.rows}
 
 
-def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str = "reserved", jobs: int = 1,
-         top: int = TOP, fit: bool = True, max_replays: int = 0, settings: Settings | None = None,
-         executor=None, progress=None) -> Tuning:
+def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str = "fastest",
+         headroom: float | int = HEADROOM, jobs: int = 1, top: int = TOP, fit: bool = True, max_replays: int = 0,
+         settings: Settings | None = None, executor=None, progress=None) -> Tuning:
     """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
-    (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory). The replays run
+    (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory; ``headroom``:
+    the margin ``fastest`` keeps under their limit, a share of it or bytes). The replays run
     on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
     pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
     hears of each step as it starts and ends."""
@@ -221,10 +251,11 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     from contextlib import nullcontext
     from .sweep import process_pool
     with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
-        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress)
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress, headroom)
 
 
-def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None) -> Tuning:
+def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None,
+            headroom: float | int = HEADROOM) -> Tuning:
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
     from .sweep import cached_trace
     t = cached_trace(trace)
@@ -232,6 +263,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     total, capacity_name = device_capacity(capacity, t)
     target = Target(total, cap)
     check_target(target, t.load_bytes, capacity_name)
+    headroom_bytes = margin(target, headroom)         # a headroom above the limit is refused before any replay
     space = Space(t, target)
     everything = space.candidates()
     distinct: dict = {}
@@ -251,7 +283,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
         row.update(conf_lines(row, c))
         rows.append(row)
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
-                 replays=len(rows))
+                 replays=len(rows), headroom_bytes=headroom_bytes)
     step.end(f"{len(rows)} settings replayed", left=bool(ooms) + fit)
     if ooms:
         step.start(f"the recorded OOM under {len(rows)} settings")
@@ -260,7 +292,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
         out.rescue = _rescued(rows, walks, ooms)
         step.end(f"the recorded OOM replayed under {len(rows)} settings")
     out.frontier = pareto([r for r in rows if not r["ooms"]])
-    out.finalists = ranked(rows, objective)[:top]
+    out.finalists = ranked(rows, objective, out.room)[:top]
     for r in rows:
         r["pareto"] = any(r is f for f in out.frontier)
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk

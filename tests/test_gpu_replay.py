@@ -129,6 +129,30 @@ def test_calibrate_writes_a_cost_model(tmp_path):
 
 @pytest.mark.gpu
 @gpu
+def test_calibrate_learns_the_sync_a_cudafree_implies(tmp_path):
+    """A cudaFree waits for the kernel queued before it (the premise of ``free_sync_s``), and calibrate writes
+    the step time one adds, measured, into the cost model it writes."""
+    import time
+    from allocsim.calibrate import _SPIN, measure_free_sync
+    from allocsim.gpu import require_cupy
+    cp = require_cupy()
+    rt = cp.cuda.runtime
+    spin = cp.RawKernel(_SPIN, "spin")
+    rate = rt.deviceGetAttribute(rt.cudaDevAttrClockRate, 0) * 1e3
+    p = rt.malloc(2 << 20)
+    spin((1,), (1,), (cp.int64(int(5e-3 * rate)),))         # 5 ms of device work queued
+    t0 = time.perf_counter()
+    rt.free(p)
+    assert time.perf_counter() - t0 > 3e-3
+    sync = measure_free_sync(cp, reps=5)
+    assert 0 <= sync["free_sync_s"] < sync["step_s"] and sync["idle_free_s"] > 0
+    out = run_cli("calibrate", "-o", str(tmp_path / "c.json"), "--reps", "5")
+    assert out.returncode == 0, out.stderr
+    assert "free_sync_s" in out.stdout and CostModel.load(str(tmp_path / "c.json")).free_sync_s < 1.0
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("policy", ["cupy-real", "torch-real"])
 def test_real_policies_release_their_cache(policy):
     """A CACHE_RELEASE after every object is freed leaves the real allocator holding nothing."""

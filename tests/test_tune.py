@@ -14,11 +14,11 @@ from allocsim.replay import replay
 from allocsim.frameworks.torch import divisions_text, parse_divisions
 from allocsim.trace import TraceWriter
 from allocsim.spaces import torch as torch_space
-from allocsim.tune import Space, Target, pareto, ranked, tune
+from allocsim.tune import HEADROOM, TIME, Space, Target, margin, pareto, ranked, tune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-FIGURES = ("peak_reserved_bytes", "device_mallocs", "device_frees", "alloc_time_seconds", "ooms", "first_oom_event")
+FIGURES = ("peak_reserved_bytes", "device_mallocs", "device_frees", TIME, "ooms", "first_oom_event")
 
 
 def torch_trace(path, steps, total_memory=80 << 30):
@@ -72,8 +72,10 @@ def check_against_brute_force(path, capacity=None, cap=None, objective="reserved
     if all(r["ooms"] for r in rows):
         assert res.best is None
         return res
-    key = ("peak_reserved_bytes", "alloc_time_seconds", "device_mallocs")      # what the objectives compare
-    assert [res.best[k] for k in key] == [ranked(rows, objective)[0][k] for k in key]
+    target = Target(capacity, cap)
+    room = None if target.limit is None else target.limit - margin(target, HEADROOM)
+    key = ("peak_reserved_bytes", TIME, "device_mallocs")      # what the objectives compare
+    assert [res.best[k] for k in key] == [ranked(rows, objective, room)[0][k] for k in key]
     return res
 
 
@@ -84,7 +86,7 @@ def test_planted_divisions_setting_is_found(tmp_path):
     reserves less (expandable segments map 20 MiB pages: 140 MiB)."""
     steps = [s for n in range(100, 128) for s in (("a", n * MiB), ("f", 0))]
     path = torch_trace(str(tmp_path / "grow.bin"), steps)
-    res = tune(path, capacity=None, jobs=1, fit=False)
+    res = tune(path, capacity=None, jobs=1, fit=False, objective="reserved")
     best = res.best
     assert best["peak_reserved_bytes"] == 128 * MiB
     assert "roundup_power2_divisions:2" in best["conf"] and "expandable_segments" not in best["conf"]
@@ -113,20 +115,21 @@ STEPS = st.lists(st.one_of(st.tuples(st.just("a"), SIZES), st.tuples(st.just("f"
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(steps=STEPS, capacity=st.sampled_from([None, 400 * MiB, 900 * MiB]),
-       objective=st.sampled_from(["reserved", "time", "both"]))
+       objective=st.sampled_from(["fastest", "reserved", "time", "both"]))
 def test_pruning_keeps_the_optimum_on_generated_traces(tmp_path_factory, small_grid, steps, capacity, objective):
     path = torch_trace(str(tmp_path_factory.mktemp("gen") / "g.bin"), steps)
     check_against_brute_force(path, capacity=capacity, objective=objective)
 
 
-@pytest.mark.parametrize("name, capacity, cap", [
-    ("resnet50.bin", None, None),
-    ("resnet50-expandable.bin", None, 3400 * MiB),    # a cap: the gc threshold is in the space
-    ("cupy_mlp.bin", None, None),
-    ("synthetic-transformer.bin", None, None),        # another producer: the Julia pools and their caps
+@pytest.mark.parametrize("name, capacity, cap, objective", [
+    ("resnet50.bin", None, None, "reserved"),
+    ("resnet50-expandable.bin", None, 3400 * MiB, "reserved"),    # a cap: the gc threshold is in the space
+    ("resnet50-expandable.bin", None, 3200 * MiB, "fastest"),     # room 3040 MiB: 2.94 GiB peaks leave it
+    ("cupy_mlp.bin", None, None, "fastest"),
+    ("synthetic-transformer.bin", None, None, "reserved"),        # another producer: the Julia pools and their caps
 ])
-def test_pruning_keeps_the_optimum_on_shipped_traces(small_grid, name, capacity, cap):
-    res = check_against_brute_force(os.path.join(ROOT, "traces", name), capacity, cap)
+def test_pruning_keeps_the_optimum_on_shipped_traces(small_grid, name, capacity, cap, objective):
+    res = check_against_brute_force(os.path.join(ROOT, "traces", name), capacity, cap, objective)
     assert res.rows[0]["recorded"]
 
 
@@ -135,7 +138,7 @@ def test_never_worse_than_a_50_point_grid():
     none beats tune's answer. On the ResNet-18 recording with a side stream: a real PyTorch run, the space as
     large as ResNet-50's, a third of its events."""
     path = os.path.join(ROOT, "traces", "pressure-side-stream.bin")
-    res = tune(path, jobs=1, fit=False)
+    res = tune(path, jobs=1, fit=False, objective="reserved")
     from allocsim.sweep import cached_trace
     space = Space(cached_trace(path), res.target)
     grid = random.Random(12).sample(space.candidates(), 50)
@@ -144,18 +147,31 @@ def test_never_worse_than_a_50_point_grid():
         assert r["ooms"] or r["peak_reserved_bytes"] >= res.best["peak_reserved_bytes"], c.label
 
 
+def test_fastest_takes_the_fastest_that_leaves_the_headroom():
+    """Under a limit of 100 with room for 95: the fastest of those at or below 95; none there: the fastest that
+    fits at all; no limit: the fastest. ``reserved`` still takes the least reserved."""
+    rows = [{"peak_reserved_bytes": r, TIME: t, "device_mallocs": 1, "ooms": o, "name": n} for n, r, t, o in
+            [("a", 90, 5.0, 0), ("b", 80, 9.0, 0), ("c", 97, 1.0, 0), ("d", 70, 0.5, 1)]]
+    assert ranked(rows, "fastest", 95)[0]["name"] == "a"
+    assert ranked(rows, "fastest", 50)[0]["name"] == "c"
+    assert ranked(rows, "fastest", None)[0]["name"] == "c"
+    assert ranked(rows, "reserved", 95)[0]["name"] == "b"
+    assert margin(Target(None, 100 * MiB), HEADROOM) == 5 * MiB and margin(Target(200, None), 7) == 7
+    assert margin(Target(None, None), HEADROOM) is None
+
+
 def test_pareto_keeps_exactly_the_undominated():
-    rows = [{"peak_reserved_bytes": r, "alloc_time_seconds": t} for r, t in
+    rows = [{"peak_reserved_bytes": r, TIME: t} for r, t in
             [(5, 5), (4, 6), (6, 4), (5, 6), (6, 6), (4, 6), (3, 9)]]
     front = pareto(rows)
-    assert [(r["peak_reserved_bytes"], r["alloc_time_seconds"]) for r in front] == [(3, 9), (4, 6), (5, 5), (6, 4)]
+    assert [(r["peak_reserved_bytes"], r[TIME]) for r in front] == [(3, 9), (4, 6), (5, 5), (6, 4)]
     for r in rows:
         dominated = any(o["peak_reserved_bytes"] <= r["peak_reserved_bytes"] and
-                        o["alloc_time_seconds"] <= r["alloc_time_seconds"] and o is not r and
-                        (o["peak_reserved_bytes"], o["alloc_time_seconds"]) !=
-                        (r["peak_reserved_bytes"], r["alloc_time_seconds"]) for o in rows)
+                        o[TIME] <= r[TIME] and o is not r and
+                        (o["peak_reserved_bytes"], o[TIME]) !=
+                        (r["peak_reserved_bytes"], r[TIME]) for o in rows)
         assert dominated == all(f["peak_reserved_bytes"] != r["peak_reserved_bytes"] or
-                                f["alloc_time_seconds"] != r["alloc_time_seconds"] for f in front)
+                                f[TIME] != r[TIME] for f in front)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -206,14 +222,15 @@ def test_json_fields(tmp_path, capsys):
     path = oom_trace(tmp_path)
     assert main(["tune", path, "--capacity", "420MiB", "--json", "-j", "1"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["capacity_bytes"] == 420 * MiB and out["cap_bytes"] is None and out["objective"] == "reserved"
+    assert out["capacity_bytes"] == 420 * MiB and out["cap_bytes"] is None and out["objective"] == "fastest"
+    assert out["headroom_bytes"] == 21 * MiB          # 5 % of 420 MiB
     assert out["settings_distinct"] == out["settings_replayed"] == len(out["candidates"]) <= out["settings_total"]
     assert out["replays"] >= 2 * out["settings_distinct"]          # every setting replayed and rescue-walked
     assert out["recommended"]["conf"].startswith("PYTORCH_ALLOC_CONF=")
     assert out["recorded"]["recorded"] and out["recorded"]["ooms"] == 1
     best = out["finalists"][0]
     for key in ("setting", "peak_reserved_bytes", "overhead_vs_load", "first_oom_event", "device_mallocs",
-                "device_frees", "retries", "alloc_time_seconds", "fit_capacity_bytes", "conf", "legacy_conf"):
+                "device_frees", "retries", TIME, "device_time_seconds", "fit_capacity_bytes", "conf", "legacy_conf"):
         assert key in best, key
     assert best["fit_capacity_bytes"] <= 420 * MiB
     assert set(out["frontier"]) <= {c["setting"] for c in out["candidates"] if not c["ooms"]}
@@ -327,3 +344,50 @@ def test_a_gc_threshold_acts_only_under_a_cap_below_the_device(tmp_path):
     assert not Space(t, Target(1 << 30, 1 << 30)).gc_acts
     assert Space(t, Target(1 << 30, 800 * MiB)).gc_acts
     assert not Space(t, Target(1 << 30, None)).gc_acts
+
+
+# ---- the columns in the user's terms --------------------------------------------------------------------
+def test_fits_on_is_the_allowed_memory_under_a_cap():
+    """Under --cap, "fits on" is a fraction of the device; a walk whose budget ran out above the cap the setting
+    fits under is the cap itself, marked; with no cap it is a GPU's memory."""
+    from allocsim.report.tune import fits_legend, fits_on
+    row = {"fit_capacity_bytes": 600 * MiB, "fit_threshold": False, "ooms": 0, "cap_bytes": 400 * MiB,
+           "pareto": True, "recorded": False}
+    capped = Target(1000 * MiB, 400 * MiB)
+    assert fits_on(row, capped) == "0.400 (400.00 MiB)*"
+    assert "at the cap itself" in fits_legend([row], capped) and "allowed memory" in fits_legend([row], capped)
+    below = dict(row, fit_capacity_bytes=300 * MiB, fit_threshold=True)
+    assert fits_on(below, capped) == "0.300 (300.00 MiB)"
+    assert "*" not in fits_legend([below], capped)
+    # a walk that was not bounded says where every larger allowed memory fits, above the cap or not
+    assert fits_on(dict(row, fit_threshold=True), capped) == "0.600 (600.00 MiB)"
+    assert fits_on(dict(row, fit_threshold=True), Target(1000 * MiB, None)) == "600.00 MiB"
+    assert "smallest GPU" in fits_legend([row], Target(1000 * MiB, None))
+    assert fits_on(dict(row, fit_capacity_bytes=None), capped) == "none"
+
+
+@pytest.mark.parametrize("text, error", [("120%", "--headroom"), ("abc%", "--headroom"), ("-1GiB", "--headroom"),
+                                         ("lots", "--headroom")])
+def test_a_bad_headroom_is_one_line(tmp_path, text, error):
+    from conftest import run_cli
+    out = run_cli("tune", oom_trace(tmp_path), "--headroom", text, "--no-fit")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and error in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_headroom_decides_between_fitting_settings(tmp_path, capsys):
+    """A 2.94 GiB peak leaves 5 % under a 3200 MiB cap, not under 3100 MiB: there the fastest that fits at all is
+    taken, and the report says so; a headroom given in bytes is kept as given."""
+    path = os.path.join(ROOT, "traces", "resnet50-expandable.bin")
+    assert main(["tune", path, "--cap", "3100MiB", "--max-replays", "8", "--no-fit", "--headroom", "0"]) == 0
+    assert "no setting fits with" not in capsys.readouterr().out
+    assert main(["tune", path, "--cap", "3100MiB", "--max-replays", "8", "--no-fit"]) == 0
+    text = capsys.readouterr().out
+    assert "objective fastest (155.00 MiB headroom under the limit)" in text
+    assert "no setting fits with 155.00 MiB to spare" in text
+    assert main(["tune", path, "--cap", "3100MiB", "--max-replays", "8", "--no-fit", "--headroom", "1MiB",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["headroom_bytes"] == MiB
+    from conftest import run_cli
+    out = run_cli("tune", path, "--cap", "3100MiB", "--no-fit", "--headroom", "4GiB")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "not below the limit" in out.stderr

@@ -30,5 +30,8 @@ def run(args) -> int:
         print(f"  {fmt_bytes(int(n)):>10} {fmt_seconds(row['cudaMalloc_s']):>11} {fmt_seconds(row['cudaFree_s']):>10}")
     print(f"  CuPy pool hit (1 MiB) {fmt_seconds(extra['cupy_pool_hit_s'])}"
           + (f", cudaMallocAsync {fmt_seconds(extra['cupy_async_malloc_s'])}" if extra["cupy_async_malloc_s"] else ""))
+    sync = extra["free_sync"]
+    print(f"  cudaFree's device sync: {fmt_seconds(sync['free_sync_s'])} added to a {fmt_seconds(sync['step_s'])} "
+          f"step beyond its idle-device {fmt_seconds(sync['idle_free_s'])} (free_sync_s)")
     print(f"wrote {args.output}")
     return 0

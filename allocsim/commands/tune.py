@@ -11,7 +11,7 @@ from ..filenames import shown_name
 from ..outputs import add_force_argument, check_input_file, claim_outputs, is_trace
 from ..replay import ReplaySettings
 from ..sweep import Settings
-from ..tune import OBJECTIVES, TOP, tune
+from ..tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..spec import PolicySpec
 from ..report.tune import tune_report
@@ -29,9 +29,13 @@ def add_arguments(p):
     p.add_argument("--capacity", default="trace",
                    help="the GPU's memory to fit in, e.g. 24GB (default: the recorded device's; none: unlimited)")
     p.add_argument("--cap", help="the allocator's allowed memory within it (torch: the per-process memory fraction)")
-    p.add_argument("--objective", default="reserved", choices=OBJECTIVES,
-                   help="reserved: least peak reserved; time: least modeled allocation time; both: the best balance "
-                        "on their Pareto frontier (default reserved)")
+    p.add_argument("--objective", default="fastest", choices=OBJECTIVES,
+                   help="fastest: fit with --headroom to spare, then the least modeled time; reserved: least peak "
+                        "reserved; time: least modeled time; both: the best balance on their Pareto frontier "
+                        "(default fastest)")
+    p.add_argument("--headroom", default=f"{HEADROOM:.0%}",
+                   help="what fastest keeps free under the limit (the cap, else the capacity): a share such as "
+                        f"5%% or a size such as 2GiB (default {100 * HEADROOM:.0f}%%)")
     p.add_argument("--top", type=int, default=TOP, metavar="N", help=f"candidates in the table (default {TOP})")
     p.add_argument("--max-replays", type=int, default=0, metavar="N",
                    help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
@@ -93,12 +97,13 @@ def _tune(args, path: str) -> int:
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
     cap = positive_size(args.cap, "--cap") if args.cap is not None else None
+    headroom = headroom_arg(args.headroom)
     costs = cost_model_arg(args.cost_model)
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)
     try:
-        res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, jobs=args.jobs,
-                   top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
+        res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, headroom=headroom,
+                   jobs=args.jobs, top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
                    settings=Settings(ReplaySettings(costs=costs)), progress=progress)
     finally:
         progress.close()
@@ -117,6 +122,20 @@ def _tune(args, path: str) -> int:
         return 0
     print(tune_report(res, took))
     return 0
+
+
+def headroom_arg(text: str) -> float | int:
+    """``--headroom``: a share of the limit (``5%``, below 100 %) or a size (``2GiB``; 0 keeps none)."""
+    from ..errors import UsageError
+    if text.strip().endswith("%"):
+        try:
+            share = float(text.strip()[:-1]) / 100
+        except ValueError:
+            share = -1.0
+        if not 0 <= share < 1:
+            raise UsageError(f"--headroom: expected a share from 0% to below 100% or a size, got {text!r}")
+        return share
+    return 0 if text.strip() == "0" else positive_size(text, "--headroom")
 
 
 def _write_snapshot(trace, res, path: str) -> None:

@@ -412,12 +412,12 @@ def tune_frontier_figure(res):
     fitting = [r for r in res.rows if not r["ooms"]]
     ax.set_title(f"{os.path.basename(res.trace)}: {len(fitting)} of {len(res.rows)} settings fit, objective "
                  f"{res.objective}", fontsize=9)
-    ax.set_xlabel("modeled allocation time (ms)")
+    ax.set_xlabel("modeled time (ms)")
     ax.set_ylabel("peak reserved (GiB)")
     if not fitting or not res.load_bytes:
         _nothing_to_plot(ax, "the trace holds no allocation" if not res.load_bytes else "no setting fits the target")
         return fig
-    point = lambda r: (r["alloc_time_seconds"] * 1e3, r["peak_reserved_bytes"] / GiB)     # noqa: E731
+    point = lambda r: (r["total_time_seconds"] * 1e3, r["peak_reserved_bytes"] / GiB)     # noqa: E731
     xy = np.array([point(r) for r in fitting], dtype=float)
     span = np.maximum(xy.max(axis=0) - xy.min(axis=0), 1e-12)
     groups: dict = {}          # points closer than about a marker's width are drawn as one
@@ -430,7 +430,7 @@ def tune_frontier_figure(res):
     for (x, y), n in zip(centres, counts):
         if n > 1:
             ax.annotate(str(n), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7, color="0.35")
-    front = sorted(res.frontier, key=lambda r: r["alloc_time_seconds"])
+    front = sorted(res.frontier, key=lambda r: r["total_time_seconds"])
     ax.step(*zip(*map(point, front)), where="post", marker="o", ms=13, mfc="none", mew=1.6, color="tab:blue",
             zorder=4, label=f"Pareto frontier ({len(front)} {'setting' if len(front) == 1 else 'settings'})")
     for row, style in ((res.recorded, dict(marker="s", color="tab:orange", label="recorded")),

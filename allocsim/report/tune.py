@@ -10,7 +10,9 @@ def tune_report(res, took: float) -> str:
     tgt = res.target
     where = (f"capacity {fmt_bytes(tgt.capacity)}" if tgt.capacity is not None else "no capacity limit") + \
         (f", cap {fmt_bytes(tgt.cap)}" if tgt.cap is not None else "")
-    lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {res.objective}",
+    objective = res.objective + (f" ({fmt_bytes(res.headroom_bytes)} headroom under the limit)"
+                                 if res.objective == "fastest" and res.headroom_bytes is not None else "")
+    lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {objective}",
              f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
              + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
              + f"; {res.replays} replays in {took:.1f}s", ""]
@@ -22,9 +24,13 @@ def tune_report(res, took: float) -> str:
         lines += [f"  {best[k]}" for k in ("conf", "legacy_conf") if best.get(k)]
         if best.get("note"):
             lines.append(f"  ({best['note']})")
-    lines += ["", table(res.shown, res.load_bytes)]
-    lines.append("fits on: the smallest device capacity from which every capacity up replays without OOM "
-                 "(certified walk; * bounded); dominated: another setting is as good in reserved and time")
+        if res.objective == "fastest" and res.room is not None and best["peak_reserved_bytes"] > res.room:
+            lines.append(f"  (no setting fits with {fmt_bytes(res.headroom_bytes)} to spare: this is the fastest "
+                         f"that fits at all)")
+    lines += ["", table(res.shown, res.load_bytes, tgt)]
+    lines.append(fits_legend(res.shown, tgt) + "; dominated: another setting is as good in reserved and time")
+    lines.append("modeled time: every allocator call, device calls included (a cudaFree with the device sync it "
+                 "implies); in brackets, the device calls' share")
     lines.append(f"{WHY}: reserved - live at the reserved peak (at the first OOM for a setting that runs out), "
                  "in % of reserved: free beside live blocks / in wholly free segments / in other streams' pools / "
                  "rounding inside blocks")
@@ -51,17 +57,61 @@ def _headroom(room) -> str:
 WHY = "hard/soft/stream/round %"
 
 
-def table(rows: list[dict], load: int) -> str:
-    head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "alloc time", "fits on", WHY]
+def table(rows: list[dict], load: int, target=None) -> str:
+    """The settings side by side; ``target`` (a `allocsim.tune.Target`) says what "fits on" measures."""
+    head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "modeled time (device)",
+            "fits on", WHY]
     body = []
     for r in rows:
-        if "fit_capacity_bytes" in r:
-            fits = r["fit_capacity_bytes"]
-            fits = "none" if fits is None else fmt_bytes(fits) + ("" if r["fit_threshold"] else "*")
-        else:
-            fits = "-" if r["pareto"] or r["recorded"] else "dominated"
+        total = r["total_time_seconds"]
+        share = f" ({r['device_time_seconds'] / total:.0%})" if total else ""
         body.append([r["setting"], fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['overhead_vs_load']:+.1f}%",
                      "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
                      f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
-                     fmt_seconds(r["alloc_time_seconds"]), fits, breakdown_shares(r.get("breakdown"))])
+                     fmt_seconds(total) + share, fits_on(r, target), breakdown_shares(r.get("breakdown"))])
     return aligned_table(head, body, left=1)
+
+
+def fits_on(r: dict, target=None) -> str:
+    """A row's "fits on" cell, in the terms of the target the user gave (`smallest_fit`)."""
+    if "fit_capacity_bytes" not in r:
+        return "-" if r["pareto"] or r["recorded"] else "dominated"
+    got = smallest_fit(r, target)
+    if got is None:
+        return "none"
+    n, bound = got
+    mark = "*" if bound else ""
+    if target is not None and target.cap is not None and target.capacity:
+        return f"{n / target.capacity:.3f} ({fmt_bytes(n)}){mark}"
+    return fmt_bytes(n) + mark
+
+
+def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
+    """(bytes, what bounded them) of the smallest limit the setting fits under: under a cap, the smallest allowed
+    memory; else the smallest GPU. The walk (`allocsim.fit`) steps down from the setting's own peak; where its
+    replay budget ran out (bound ``walk``) above a cap the setting fits under (it was replayed there), the cap is
+    the answer (bound ``cap``: a smaller may fit). None: it fits under none."""
+    n = r["fit_capacity_bytes"]
+    if n is None:
+        return None
+    bound = None if r["fit_threshold"] else "walk"
+    cap = target.cap if target is not None else None
+    if bound and cap is not None and not r["ooms"] and r.get("cap_bytes") in (None, cap) and n > cap:
+        return cap, "cap"
+    return n, bound
+
+
+def fits_legend(rows: list[dict], target=None) -> str:
+    """What the "fits on" column measures, and what each mark in it says."""
+    if target is not None and target.cap is not None:
+        text = ("fits on: the smallest allowed memory " + ("(the fraction of the device, as per_process_memory_fraction "
+                "takes it) " if target.capacity else "") + "from which every larger one replays without OOM")
+    else:
+        text = "fits on: the smallest GPU (device memory) from which every larger one replays without OOM"
+    marks = {(smallest_fit(r, target) or (0, None))[1] for r in rows if "fit_capacity_bytes" in r} - {None}
+    why = {"walk": "the walk's replay budget ran out: it fits from there, a smaller may",
+           "cap": "at the cap itself: the walk stopped above the cap, which the setting fits under (replayed "
+                  "there); a smaller may fit"}
+    if marks:
+        text += "; * bounded: " + "; ".join(why[m] for m in sorted(marks, reverse=True))
+    return text
