@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,9 +57,11 @@ def record(out: str, script: list, conf: str = "", fraction: float = 0.0) -> dic
     with open(out + ".stats.json") as f:
         stats = json.load(f)
     ms = stats["memory_stats"]
+    step = re.search(r"median step ([\d.]+) ms", p.stdout)
     return {"exit_status": p.returncode, "allocator_settings": stats.get("allocator_settings"),
             "peak_reserved_bytes": ms["reserved_bytes.all.peak"], "device_mallocs": ms["num_device_alloc"],
-            "device_frees": ms["num_device_free"], "ooms": ms["num_ooms"], "retries": ms["num_alloc_retries"]}
+            "device_frees": ms["num_device_free"], "ooms": ms["num_ooms"], "retries": ms["num_alloc_retries"],
+            "median_step_ms": float(step.group(1)) if step else None}
 
 
 def tune(trace: str, *args) -> dict:
