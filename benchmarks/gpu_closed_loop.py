@@ -84,7 +84,7 @@ def rescue_cap(trace: str, peak: int) -> tuple[int, dict]:
     """A cap (a multiple of 2 MiB below the unconstrained peak) under which the recorded settings run out
     and tune's recommendation fits."""
     step = 2 << 20
-    for frac in (0.97, 0.94, 0.91, 0.88, 0.85, 0.8):
+    for frac in (0.97, 0.94, 0.91, 0.88, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6):
         cap = int(peak * frac) // step * step
         res = tune(trace, "--cap", str(cap), "--no-fit")
         if res["recorded"]["ooms"] and res["recommended"] and not best_row(res)["ooms"]:

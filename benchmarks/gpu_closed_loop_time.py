@@ -8,7 +8,7 @@ predicted (peak reserved, cudaMalloc/cudaFree, OOMs, modeled time) with what the
 median step the script measured. The recommendation passes when its measured step is within 5 % of the
 fastest measured setting that ran without an OOM.
 
-    OUT=dir python3 benchmarks/gpu_closed_loop_time.py      # on a GPU machine, repo root
+    OUT=dir python3 benchmarks/gpu_closed_loop_time.py [WORKLOAD ...]     # on a GPU machine, repo root
 
 Writes ``$OUT/closed_loop_time.json`` and prints a table.
 """
@@ -47,10 +47,13 @@ def settings_to_run(res: dict) -> list[dict]:
 
 
 def main() -> int:
+    only = sys.argv[1:]            # workload names to run (default: all)
     out = os.environ.get("OUT", "/tmp/closed_loop_time")
     os.makedirs(out, exist_ok=True)
     report = []
     for name, script, capped in WORKLOADS:
+        if only and name not in only:
+            continue
         t0 = time.time()
         base = os.path.join(out, f"{name}.bin")
         measured0 = record(base, script)
