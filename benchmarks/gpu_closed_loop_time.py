@@ -25,7 +25,7 @@ WORKLOADS = [
     # name, script and its arguments, capped (a cap where the defaults run out)
     ("resnet50", ["examples/resnet50_train.py", "--iters", "12", "--warmup", "4"], False),
     ("gpt2_variable", ["examples/gpt2_variable.py", "--iters", "12", "--warmup", "4"], False),
-    ("maskrcnn_variable", ["examples/maskrcnn_variable.py", "--iters", "10", "--warmup", "3", "--batch", "2"],
+    ("maskrcnn_variable", ["examples/maskrcnn_variable.py", "--iters", "24", "--warmup", "4", "--batch", "2"],
      True),
 ]
 RIVALS = 2          # finalists run besides the recommendation, the recorded settings and expandable segments
