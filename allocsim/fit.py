@@ -33,6 +33,13 @@ device. The walk therefore stops after ``max_replays`` replays (0: no limit): th
 it reached is still safe (everything above it is certified) but may not be the
 threshold, and ``threshold`` is then False.
 
+Parallel walks (``-j``): a walk is a sequence of replays each chosen by the one before, so
+`fit_many` runs every walk of a command together on the pool, each walk's next cap first;
+a worker left over replays a cap a walk will need if the usual outcome comes (a probe down
+from the peak certifies its own grid point alone, a bisection probe fails: `Walk.ahead`).
+Each walk reads the outcomes in its own order, so its answer and replay count are those of
+the walk alone; a replay ahead that the walk skips is work lost, never a different answer.
+
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;
 one found is reported as ``island_bytes`` (a cap that passes, below one that
