@@ -215,6 +215,7 @@ def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=N
 
 
 def _walk_parallel(walks: list[Walk], ex, slots: int, on_replay, on_fit) -> list[dict]:
+    """`fit_many` on ``ex``: ``slots`` replays in flight (`_next_caps`), each walk taking its outcomes in order."""
     from concurrent.futures import FIRST_COMPLETED, wait
     known: list[dict] = [{} for _ in walks]     # per walk: cap -> Probe
     flying: dict = {}                            # future -> (walk, cap)

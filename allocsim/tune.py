@@ -318,8 +318,8 @@ def _map(fn, args: list, ex) -> list:
     from concurrent.futures import ProcessPoolExecutor
     if ex is None:
         return [fn(a) for a in args]
-    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message: the replays are short
-        return list(ex.map(fn, args, chunksize=max(1, len(args) // 16)))
+    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message (the replays are short), but many
+        return list(ex.map(fn, args, chunksize=max(1, len(args) // 64)))    # messages: replays differ in cost
     return list(ex.map(fn, args))
 
 
