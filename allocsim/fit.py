@@ -167,6 +167,18 @@ class Walk:
                 p = Probe(w.phase == "down", w.need, w.load, w.peak)
             w.take(p)
 
+    def left(self) -> float:
+        """About how many replays this walk still takes: unknown before the unlimited replay; down from the peak,
+        the grid points left to LOAD at the rate of replays per grid point so far; a bisection, its halvings."""
+        from math import inf, log2
+        res = self.resolution
+        if self.phase == "unlimited":
+            return inf
+        if self.phase == "down":
+            passed = max(1, (self.peak - self.need) // res)
+            return (self.need - self.floor) / res * min(1.0, self.replays / passed)
+        return log2(max(2, (self.hi - self.lo) / res)) if self.phase == "islands" else 0.0
+
     def result(self) -> dict:
         out = {"policy": self.spec.name, "options": self.spec.option_text, "runtime": self.runtime,
                "capacity_bytes": None, "threshold": self.threshold, "island_bytes": None, "load_bytes": self.load,
@@ -243,12 +255,14 @@ def _walk_parallel(walks: list[Walk], ex, slots: int, on_replay, on_fit) -> list
 
 def _next_caps(walks, known, flying: set, n: int) -> list[tuple[int, int]]:
     """Up to ``n`` (walk, cap) not replayed nor in flight, nearest first: every walk's next cap before any
-    cap a walk needs only later (its place in `Walk.ahead`), ties in walk order."""
+    cap a walk needs only later (its place in `Walk.ahead`); among equals, the walk with most left first
+    (`Walk.left`: the longest walk must not start last)."""
     from itertools import islice
     ranked = []
     for i, w in enumerate(walks):
         if not w.done:
-            ahead = ((depth, i, cap) for depth, cap in enumerate(w.ahead(known[i]))
+            left = w.left()
+            ahead = ((depth, -left, i, cap) for depth, cap in enumerate(w.ahead(known[i]))
                      if cap not in known[i] and (i, cap) not in flying)
             ranked += islice(ahead, n)
-    return [(i, cap) for _, i, cap in sorted(ranked)[:n]]
+    return [(i, cap) for *_, i, cap in sorted(ranked)[:n]]
