@@ -161,8 +161,10 @@ def test_a_walk_looks_ahead_on_the_usual_outcomes(small_trace_path):
     from allocsim import fit
     w = fit.walk_of(small_trace_path, "split", resolution=MiB)
     assert list(w.ahead({})) == [None]                  # nothing is guessed before the unlimited replay
+    assert w.left() == float("inf")
     w.take(fit.probe(w.task(None)))
     top = w.need
+    assert w.left() == (top - w.floor) / MiB           # one replay so far, for the grid points above the need
     assert list(islice(w.ahead({}), 3)) == [top, top - MiB, top - 2 * MiB]
     jump = fit.Probe(True, top - 5 * MiB, w.load, w.peak)
     assert list(islice(w.ahead({top: jump}), 2)) == [top, top - 6 * MiB]
