@@ -213,20 +213,19 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
          executor=None, progress=None) -> Tuning:
     """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
     (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory). The replays run
-    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included; ``jobs``: its workers), else
-    on one local process pool of ``jobs`` workers kept for every step. ``progress`` (a
-    `allocsim.commands._common.PhaseReport`) hears of each step as it starts and ends."""
+    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
+    pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
+    hears of each step as it starts and ends."""
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     from contextlib import nullcontext
     from .sweep import process_pool
     with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
-        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress, jobs)
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress)
 
 
-def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None, jobs=1) -> Tuning:
-    """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here); the capacity walks keep
-    ``jobs`` replays in flight there."""
+def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None) -> Tuning:
+    """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
     from .sweep import cached_trace
     t = cached_trace(trace)
     check_caps([cap], capacity, t)
@@ -267,7 +266,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
         walked = [r for r in out.shown if r["recorded"] or r["pareto"]]
         step.start(f"capacity walks of {len(walked)} settings")
-        n = _fit_all(trace, walked, settings, ex, jobs)
+        n = _fit_all(trace, walked, settings, ex)
         out.replays += n
         step.end(f"capacity walks of {len(walked)} settings: {n} replays")
     return out
@@ -323,19 +322,26 @@ def _map(fn, args: list, ex) -> list:
     return list(ex.map(fn, args))
 
 
-def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int) -> int:
+def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
     """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took.
     The walk varies the cap, so rows of one spec (a pool under several caps) share one walk; the walks run
-    together, ``slots`` replays at a time on ``ex`` (`allocsim.fit.fit_many`)."""
+    together, as many replays at a time as ``ex`` has workers (`allocsim.fit.fit_many`)."""
     from .fit import fit_many
     specs = list(dict.fromkeys(r["spec"] for r in rows))
     fits = fit_many([dict(trace=trace, policy=PolicySpec.parse(s), settings=settings, islands=False) for s in specs],
-                    ex, slots)
+                    ex, _workers(ex))
     by_spec = dict(zip(specs, fits))
     for r in rows:
         f = by_spec[r["spec"]]
         r["fit_capacity_bytes"], r["fit_threshold"] = f["capacity_bytes"], f["threshold"]
     return sum(f["replays"] for f in fits)
+
+
+def _workers(ex) -> int:
+    """How many replays keep ``ex`` busy: a local pool's workers (`concurrent.futures`), else this machine's cores
+    (a Dask cluster's executor does not say)."""
+    import os
+    return getattr(ex, "_max_workers", None) or os.cpu_count() or 1
 
 
 # ---- what to paste ----------------------------------------------------------------------------

@@ -147,7 +147,7 @@ def test_tune_walks_each_spec_once(monkeypatch, small_trace_path):
     monkeypatch.setattr(fit, "probe", lambda args: caps.append(args[2]) or real(args))
     rows = [{"spec": "split", "cap_bytes": None}, {"spec": "split", "cap_bytes": 8 * MiB},
             {"spec": "binned", "cap_bytes": None}]
-    n, walked = _fit_all(small_trace_path, rows, None, None, 1), len(caps)
+    n, walked = _fit_all(small_trace_path, rows, None, None), len(caps)
     one = {p: fit_capacity(small_trace_path, p, islands=False) for p in ("split", "binned")}
     assert n == walked == one["split"]["replays"] + one["binned"]["replays"]
     assert [r["fit_capacity_bytes"] for r in rows] == [one["split"]["capacity_bytes"]] * 2 + [
