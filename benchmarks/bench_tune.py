@@ -3,10 +3,11 @@
 For each trace: the single replay under the recorded settings (the median of ``--singles`` runs, taken in this
 run, before and after the tunes), then ``allocsim.tune`` at each ``--jobs`` (``-j 1`` in this process, more on a
 local process pool). Per tune: wall seconds, the ratio to one single replay (issue 17 asks for ≤ 100), the
-speed-up over ``-j 1``, the replays the answer counts, and per worker the tasks it ran (a task is one replay
-of a capacity walk, or a chunk of the settings replays) and its CPU-busy fraction (its tasks' CPU seconds
-over the tune's wall time): on a machine shared with other work the speed-up hides behind the load, the busy
-fractions and task counts show whether the workers had work. Every ``-j`` must give the same answer; the
+speed-up over ``-j 1``, the replays the answer counts, and per worker its CPU-busy fraction (its tasks' CPU
+seconds over the tune's wall time), its held fraction (the wall seconds it spent in tasks, over the same) and
+the tasks it ran (a task is one replay of a capacity walk, or a chunk of the settings replays): on a machine
+shared with other work the speed-up and the CPU fraction hide behind the load (a worker holding a task gets
+part of a core), the held fraction and task counts show whether the workers had work. Every ``-j`` must give the same answer; the
 benchmark checks it.
 
     python3 benchmarks/bench_tune.py [traces/resnet50.bin ...] [--jobs 1,2] [--no-fit] [--json out.json]
@@ -31,10 +32,10 @@ from allocsim.tune import Space, Target, tune  # noqa: E402
 
 
 def _tagged(fn, *args):
-    """``fn(*args)`` in a worker, with the worker's pid and the CPU seconds it took."""
-    t0 = time.process_time()
+    """``fn(*args)`` in a worker, with the worker's pid and the CPU and wall seconds it took."""
+    c0, t0 = time.process_time(), time.perf_counter()
     out = fn(*args)
-    return os.getpid(), time.process_time() - t0, out
+    return os.getpid(), time.process_time() - c0, time.perf_counter() - t0, out
 
 
 class CountingPool(ProcessPoolExecutor):
@@ -44,6 +45,7 @@ class CountingPool(ProcessPoolExecutor):
         super().__init__(max_workers=jobs)
         self.tasks: dict[int, int] = defaultdict(int)
         self.cpu: dict[int, float] = defaultdict(float)
+        self.held: dict[int, float] = defaultdict(float)
 
     def submit(self, fn, /, *args, **kwargs):
         outer = Future()
@@ -58,9 +60,10 @@ class CountingPool(ProcessPoolExecutor):
             elif f.exception() is not None:
                 outer.set_exception(f.exception())
             else:
-                pid, cpu, out = f.result()
+                pid, cpu, held, out = f.result()
                 self.tasks[pid] += 1
                 self.cpu[pid] += cpu
+                self.held[pid] += held
                 outer.set_result(out)
         inner.add_done_callback(done)
         outer.add_done_callback(lambda o: o.cancelled() and inner.cancel())
@@ -95,12 +98,14 @@ def tune_run(path: str, jobs: int, fit: bool) -> dict:
         c0, t0 = time.process_time(), time.perf_counter()
         res = tune(path, jobs=1, fit=fit)
         wall = time.perf_counter() - t0
-        return {"wall_s": wall, "res": res, "workers": [{"tasks": None, "busy": (time.process_time() - c0) / wall}]}
+        return {"wall_s": wall, "res": res,
+                "workers": [{"tasks": None, "busy": (time.process_time() - c0) / wall, "held": 1.0}]}
     with CountingPool(jobs) as ex:
         t0 = time.perf_counter()
         res = tune(path, jobs=jobs, fit=fit, executor=ex)
         wall = time.perf_counter() - t0
-    workers = [{"tasks": ex.tasks[pid], "busy": ex.cpu[pid] / wall} for pid in sorted(ex.tasks)]
+    workers = [{"tasks": ex.tasks[pid], "busy": ex.cpu[pid] / wall, "held": ex.held[pid] / wall}
+               for pid in sorted(ex.tasks)]
     return {"wall_s": wall, "res": res, "workers": workers}
 
 
@@ -126,10 +131,10 @@ def main(argv=None) -> int:
         print(f"{os.path.basename(path)}: single replay {single * 1e3:.1f} ms; {runs[jobs[0]]['res'].replays} replays"
               f" counted")
         for j, r in runs.items():
-            busy = " ".join(f"{w['busy']:.0%}" + (f"/{w['tasks']}" if w["tasks"] is not None else "")
+            busy = " ".join(f"{w['busy']:.0%}/{w['held']:.0%}" + (f"/{w['tasks']}" if w["tasks"] is not None else "")
                             for w in r["workers"])
             print(f"  -j {j}: {r['wall_s']:7.2f} s = {r['wall_s'] / single:6.1f} single replays; "
-                  f"speed-up {base / r['wall_s']:.2f}x; workers busy/tasks: {busy}")
+                  f"speed-up {base / r['wall_s']:.2f}x; workers cpu/held/tasks: {busy}")
             out.append({"trace": os.path.basename(path), "jobs": j, "wall_s": r["wall_s"], "single_s": single,
                         "ratio": r["wall_s"] / single, "speedup": base / r["wall_s"],
                         "replays": r["res"].replays, "workers": r["workers"]})
