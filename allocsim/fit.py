@@ -33,6 +33,13 @@ device. The walk therefore stops after ``max_replays`` replays (0: no limit): th
 it reached is still safe (everything above it is certified) but may not be the
 threshold, and ``threshold`` is then False.
 
+Parallel walks (``-j``): a walk is a sequence of replays each chosen by the one before, so
+`fit_many` runs every walk of a command together on the pool, each walk's next cap first;
+a worker left over replays a cap a walk will need if the usual outcome comes (a probe down
+from the peak certifies its own grid point alone, a bisection probe fails: `Walk.ahead`).
+Each walk reads the outcomes in its own order, so its answer and replay count are those of
+the walk alone; a replay ahead that the walk skips is work lost, never a different answer.
+
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;
 one found is reported as ``island_bytes`` (a cap that passes, below one that
@@ -40,11 +47,145 @@ fails), never as the answer.
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass
+
 from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cell
 
 MiB = 1 << 20
 MAX_REPLAYS = 1000      # per policy, for the walk down from the peak
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One replay of the walk: passed (no OOM), the lowest cap certified to behave the same, and the
+    unlimited replay's LOAD and peak reserved (what the walk starts from)."""
+
+    passed: bool
+    lowest: int
+    load: int
+    peak: int
+
+
+def probe(args) -> Probe:
+    """Replay ``(trace, spec, cap, runtime, settings)`` (a worker's task: the trace stays loaded, `cached_trace`)."""
+    trace, spec, cap, runtime, settings = args
+    row, res = run_cell(Cell(trace, spec, cap, runtime), settings, full=True)
+    return Probe(not row["ooms"], res.certified_limits[0], row["load_bytes"], row["peak_reserved_bytes"])
+
+
+class Walk:
+    """`fit_capacity`'s walk, one replay at a time: `need` is the cap to replay next (None: the unlimited
+    replay it starts from), `take` its outcome, until `done`. Its state is a few numbers, so a copy can run
+    ahead on guessed outcomes (`ahead`): the caps a parallel walk replays before the walk asks for them."""
+
+    def __init__(self, trace: str, spec: PolicySpec, runtime: str, settings: Settings | None, resolution: int,
+                 islands: bool, max_replays: int):
+        if resolution < 1:
+            from .errors import UsageError
+            raise UsageError(f"fit resolution must be at least 1 byte, got {resolution}")
+        self.trace, self.spec, self.runtime, self.settings = trace, spec, runtime, settings
+        self.resolution, self.islands, self.max_replays = resolution, islands, max_replays
+        self.replays = 0
+        self.phase = "unlimited"        # then "down" from the peak, "islands" below the safe cap, "done"
+        self.need: int | None = None
+        self.load = self.peak = self.safe = self.island = None
+        self.floor = self.lo = self.hi = 0
+        self.passed_unlimited = self.threshold = True
+
+    @property
+    def done(self) -> bool:
+        return self.phase == "done"
+
+    def task(self, cap):
+        """`probe`'s argument for a replay of this walk at ``cap``."""
+        return self.trace, self.spec, cap, self.runtime, self.settings
+
+    def take(self, p: Probe) -> None:
+        """The outcome of the replay at `need`: the walk moves on to its next cap (or is done)."""
+        self.replays += 1
+        res = self.resolution
+        if self.phase == "unlimited":
+            self.load, self.peak, self.passed_unlimited = p.load, p.peak, p.passed
+            if not p.passed:            # it runs out even with no cap: no capacity is safe
+                self.phase = "done"
+                return
+            self.floor = max(p.load, 1)     # below LOAD every replay fails; a cap of 0 means none
+            self.safe = p.peak
+            self._down()
+        elif self.phase == "down":
+            if p.passed:
+                self.safe = -(-p.lowest // res) * res      # the lowest grid point certified
+                self._down()
+            else:
+                self._to_islands()
+        else:
+            if p.passed:
+                self.hi = self.island = max(-(-p.lowest // res) * res, self.floor)
+            else:
+                self.lo = self.need
+            self._bisect()
+
+    def _down(self) -> None:
+        cap = (self.safe - 1) // self.resolution * self.resolution
+        if cap < self.floor:
+            self._to_islands()
+        elif self.max_replays and self.replays >= self.max_replays:
+            self.threshold = False      # safe from here; a lower safe capacity may exist
+            self._to_islands()
+        else:
+            self.phase, self.need = "down", cap
+
+    def _to_islands(self) -> None:
+        """Below the safe cap, a bisection between LOAD − 1 (always fails) and the safe cap."""
+        if not self.islands:
+            self.phase = "done"
+            return
+        self.lo, self.hi = self.floor - 1, self.safe
+        self._bisect()
+
+    def _bisect(self) -> None:
+        mid = (self.lo + self.hi) // 2 // self.resolution * self.resolution
+        if mid <= self.lo or mid >= self.hi:
+            self.phase = "done"
+        else:
+            self.phase, self.need = "islands", mid
+
+    def ahead(self, known: dict):
+        """The caps this walk will need, in order, each outcome taken from ``known`` (cap -> `Probe`) or
+        guessed as the usual one: a probe down from the peak passes certifying its own cap alone (a policy
+        that fills its pool to the cap, the long walks), a bisection probe fails (islands are rare).
+        Nothing is guessed past the unlimited replay."""
+        w = copy.copy(self)
+        while not w.done:
+            yield w.need
+            p = known.get(w.need)
+            if p is None:
+                if w.phase == "unlimited":
+                    return
+                p = Probe(w.phase == "down", w.need, w.load, w.peak)
+            w.take(p)
+
+    def left(self) -> float:
+        """About how many replays this walk still takes: unknown before the unlimited replay; down from the peak,
+        the grid points left to LOAD at the rate of replays per grid point so far; a bisection, its halvings."""
+        from math import inf, log2
+        res = self.resolution
+        if self.phase == "unlimited":
+            return inf
+        if self.phase == "down":
+            passed = max(1, (self.peak - self.need) // res)
+            return (self.need - self.floor) / res * min(1.0, self.replays / passed)
+        return log2(max(2, (self.hi - self.lo) / res)) if self.phase == "islands" else 0.0
+
+    def result(self) -> dict:
+        out = {"policy": self.spec.name, "options": self.spec.option_text, "runtime": self.runtime,
+               "capacity_bytes": None, "threshold": self.threshold, "island_bytes": None, "load_bytes": self.load,
+               "unlimited_peak_bytes": self.peak, "replays": self.replays}
+        if self.passed_unlimited:
+            out.update(capacity_bytes=self.safe, island_bytes=self.island)
+        return out
 
 
 def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple = (),
@@ -55,56 +196,73 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
 
     ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
     the cap behaves differently at every grid point, so its walk takes one replay per point)."""
-    if resolution < 1:
-        from .errors import UsageError
-        raise UsageError(f"fit resolution must be at least 1 byte, got {resolution}")
-    spec = PolicySpec.of(policy, options)
-    replays = 0
+    (out,) = fit_many([dict(trace=trace, policy=policy, runtime=runtime, options=options, settings=settings,
+                            resolution=resolution, islands=islands, max_replays=max_replays)], on_replay=on_replay)
+    return out
 
-    def probe(cap):
-        """Replay at ``cap``: (passed, lowest cap certified to behave the same)."""
-        nonlocal replays
-        replays += 1
-        row, res = run_cell(Cell(trace, spec, cap, runtime), settings, full=True)
-        if on_replay is not None:
-            on_replay()
-        return not row["ooms"], res.certified_limits[0], row
 
-    passed, lowest, unlimited = probe(None)
-    load, peak = unlimited["load_bytes"], unlimited["peak_reserved_bytes"]
-    out = {"policy": spec.name, "options": spec.option_text, "runtime": runtime, "capacity_bytes": None,
-           "threshold": True, "island_bytes": None, "load_bytes": load, "unlimited_peak_bytes": peak}
-    if not passed:              # it runs out even with no cap: no capacity is safe
-        return {**out, "replays": replays}
-    floor_cap = max(load, 1)    # below LOAD every replay fails; a cap of 0 means none
-    safe = peak
-    while True:
-        cap = (safe - 1) // resolution * resolution
-        if cap < floor_cap:
-            break
-        if max_replays and replays >= max_replays:
-            out["threshold"] = False        # safe from here; a lower safe capacity may exist
-            break
-        passed, lowest, _ = probe(cap)
-        if not passed:
-            break
-        safe = -(-lowest // resolution) * resolution      # the lowest grid point certified
-    island = None
-    if islands:
-        lo, hi = floor_cap - 1, safe
+def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), settings: Settings | None = None,
+            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS) -> Walk:
+    """The walk of `fit_capacity` (same arguments), not started."""
+    return Walk(trace, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays)
+
+
+def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=None) -> list[dict]:
+    """`fit_capacity` of each keyword set of ``fits``, results in order; with an executor ``ex``, the walks'
+    replays keep ``slots`` of its workers busy: each walk's next cap first, then the caps it will need next
+    if the usual outcomes come (`Walk.ahead`), every walk in turn. A walk reads the outcomes in its own order,
+    so every answer (and its replay count) is the sequential walk's; a replay ahead that the walk skips is
+    not counted. ``on_replay()`` hears of each replay a walk takes, ``on_fit(i, result)`` of each fit as it ends."""
+    walks = [walk_of(**f) for f in fits]
+    if ex is None:
+        for i, w in enumerate(walks):
+            while not w.done:
+                w.take(probe(w.task(w.need)))
+                if on_replay is not None:
+                    on_replay()
+            if on_fit is not None:
+                on_fit(i, w.result())
+        return [w.result() for w in walks]
+    return _walk_parallel(walks, ex, max(1, slots), on_replay, on_fit)
+
+
+def _walk_parallel(walks: list[Walk], ex, slots: int, on_replay, on_fit) -> list[dict]:
+    """`fit_many` on ``ex``: ``slots`` replays in flight (`_next_caps`), each walk taking its outcomes in order."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+    known: list[dict] = [{} for _ in walks]     # per walk: cap -> Probe
+    flying: dict = {}                            # future -> (walk, cap)
+    try:
         while True:
-            mid = (lo + hi) // 2 // resolution * resolution
-            if mid <= lo or mid >= hi:
-                break
-            passed, lowest, _ = probe(mid)
-            if passed:
-                hi = island = max(-(-lowest // resolution) * resolution, floor_cap)
-            else:
-                lo = mid
-    return {**out, "capacity_bytes": safe, "island_bytes": island, "replays": replays}
+            for i, (w, k) in enumerate(zip(walks, known)):
+                while not w.done and w.need in k:
+                    w.take(k[w.need])
+                    if on_replay is not None:
+                        on_replay()
+                    if w.done and on_fit is not None:
+                        on_fit(i, w.result())
+            if all(w.done for w in walks):
+                return [w.result() for w in walks]
+            for i, cap in _next_caps(walks, known, set(flying.values()), slots - len(flying)):
+                flying[ex.submit(probe, walks[i].task(cap))] = (i, cap)
+            finished, _ = wait(flying, return_when=FIRST_COMPLETED)
+            for f in finished:
+                i, cap = flying.pop(f)
+                known[i][cap] = f.result()
+    finally:
+        for f in flying:                # replays ahead that no walk needs any more
+            f.cancel()
 
 
-def fit_job(args):
-    """One policy's fit in a worker; a queue in ``args[3]``, if any, hears of each replay."""
-    queue = args[3] if len(args) > 3 else None
-    return fit_capacity(*args[:2], **args[2], on_replay=None if queue is None else (lambda: queue.put(1)))
+def _next_caps(walks, known, flying: set, n: int) -> list[tuple[int, int]]:
+    """Up to ``n`` (walk, cap) not replayed nor in flight, nearest first: every walk's next cap before any
+    cap a walk needs only later (its place in `Walk.ahead`); among equals, the walk with most left first
+    (`Walk.left`: the longest walk must not start last)."""
+    from itertools import islice
+    ranked = []
+    for i, w in enumerate(walks):
+        if not w.done:
+            left = w.left()
+            ahead = ((depth, -left, i, cap) for depth, cap in enumerate(w.ahead(known[i]))
+                     if cap not in known[i] and (i, cap) not in flying)
+            ranked += islice(ahead, n)
+    return [(i, cap) for *_, i, cap in sorted(ranked)[:n]]

@@ -201,7 +201,7 @@ def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executo
                 on_row(c, rows[c])
     else:
         with (nullcontext(executor) if executor else process_pool(jobs)) as ex:
-            futs = [ex.submit(_pool_run, (c, settings)) for c in cells]
+            futs = [ex.submit(_pool_run, (c, settings)) for c in longest_first(cells)]
             try:
                 for f in as_completed(futs):
                     c, row = f.result()
@@ -214,6 +214,13 @@ def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executo
                         f.cancel()
                 raise
     return [rows[c] for c in sorted(cells, key=Cell.sort_key)]
+
+
+def longest_first(cells: list[Cell]) -> list[Cell]:
+    """``cells`` in the order a pool should start them: the largest trace files (the longest replays) first, so
+    that no long replay starts last while the other workers idle; the order among one trace's cells kept."""
+    size = {t: os.path.getsize(t) for t in {c.trace for c in cells}}
+    return sorted(cells, key=lambda c: -size[c.trace])
 
 
 def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit"), caps=(None,),

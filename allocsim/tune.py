@@ -349,19 +349,31 @@ def _map(fn, args: list, ex) -> list:
     from concurrent.futures import ProcessPoolExecutor
     if ex is None:
         return [fn(a) for a in args]
-    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message: the replays are short
-        return list(ex.map(fn, args, chunksize=max(1, len(args) // 16)))
+    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message (the replays are short), but many
+        return list(ex.map(fn, args, chunksize=max(1, len(args) // 64)))    # messages: replays differ in cost
     return list(ex.map(fn, args))
 
 
 def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
-    """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took."""
-    from .fit import fit_job
-    args = [(trace, PolicySpec.parse(r["spec"]), {"settings": settings, "islands": False}) for r in rows]
-    fits = _map(fit_job, args, ex)
-    for r, f in zip(rows, fits):
+    """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took.
+    The walk varies the cap, so rows of one spec (a pool under several caps) share one walk; the walks run
+    together, as many replays at a time as ``ex`` has workers (`allocsim.fit.fit_many`)."""
+    from .fit import fit_many
+    specs = list(dict.fromkeys(r["spec"] for r in rows))
+    fits = fit_many([dict(trace=trace, policy=PolicySpec.parse(s), settings=settings, islands=False) for s in specs],
+                    ex, _workers(ex))
+    by_spec = dict(zip(specs, fits))
+    for r in rows:
+        f = by_spec[r["spec"]]
         r["fit_capacity_bytes"], r["fit_threshold"] = f["capacity_bytes"], f["threshold"]
     return sum(f["replays"] for f in fits)
+
+
+def _workers(ex) -> int:
+    """How many replays keep ``ex`` busy: a local pool's workers (`concurrent.futures`), else this machine's cores
+    (a Dask cluster's executor does not say)."""
+    import os
+    return getattr(ex, "_max_workers", None) or os.cpu_count() or 1
 
 
 # ---- what to paste ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from allocsim.fit import fit_capacity
 from allocsim.sweep import COLUMNS, Cell, Settings, run_cells
 from allocsim.trace import TraceWriter
 
-from conftest import random_trace, run_cli
+from conftest import ROOT, random_trace, run_cli
 
 SIM = [n for n in policies.names() if not policies.get(n).real_gpu]
 ONLINE = [n for n in SIM if n != "oracle"]
@@ -136,3 +136,12 @@ def test_cached_trace_keeps_the_last_few_and_reloads_a_changed_file(tmp_path):
     assert sweep.cached_trace(paths[0]) is not first            # evicted as the least recently used
     random_trace(400, seed=9).save(paths[1])                    # replaced on disk: read again
     assert len(sweep.cached_trace(paths[1])) == len(random_trace(400, seed=9))
+
+
+def test_a_pool_starts_the_longest_replays_first():
+    """`longest_first`: the larger trace's cells first (its replays are the longest), each trace's cells in
+    their order."""
+    from allocsim.sweep import longest_first
+    small, large = (os.path.join(ROOT, "traces", n) for n in ("cupy_mlp.bin", "gpt2.bin"))
+    cells = [Cell(t, p) for t in (small, large) for p in ("split", "torch")]
+    assert longest_first(cells) == cells[2:] + cells[:2]

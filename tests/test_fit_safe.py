@@ -119,3 +119,56 @@ def test_a_walk_stopped_by_its_budget_is_still_safe_and_says_so():
     assert full["threshold"] and not cut["threshold"] and cut["replays"] == 20 < full["replays"]
     assert cut["capacity_bytes"] > full["capacity_bytes"]
     assert passes(path, "torch", "eager", (), cut["capacity_bytes"])
+
+
+def test_walks_in_parallel_answer_as_the_walk_in_order(small_trace_path):
+    """`fit_many` on two workers (threads here; the process pool the same way): several walks at once, each
+    replaying caps ahead of its need, islands and a bounded walk included — the same answers and replay counts
+    as each walk alone."""
+    from concurrent.futures import ThreadPoolExecutor
+    from allocsim import fit
+    fits = [dict(trace=small_trace_path, policy=p, resolution=64 * KiB, max_replays=m)
+            for p, m in (("split", 0), ("binned", 0), ("knet", 0), ("split", 5))]
+    alone = [fit_capacity(**f) for f in fits]
+    heard, ended = [], []
+    with ThreadPoolExecutor(2) as ex:
+        together = fit.fit_many(fits, ex, 2, on_replay=lambda: heard.append(1), on_fit=lambda i, f: ended.append(i))
+    assert together == alone
+    assert len(heard) == sum(f["replays"] for f in alone)
+    assert sorted(ended) == [0, 1, 2, 3]
+
+
+def test_tune_walks_each_spec_once(monkeypatch, small_trace_path):
+    """Rows of one spec under different pool caps share one capacity walk (the walk varies the cap itself)."""
+    from allocsim import fit
+    from allocsim.tune import _fit_all
+    caps = []
+    real = fit.probe
+    monkeypatch.setattr(fit, "probe", lambda args: caps.append(args[2]) or real(args))
+    rows = [{"spec": "split", "cap_bytes": None}, {"spec": "split", "cap_bytes": 8 * MiB},
+            {"spec": "binned", "cap_bytes": None}]
+    n, walked = _fit_all(small_trace_path, rows, None, None), len(caps)
+    one = {p: fit_capacity(small_trace_path, p, islands=False) for p in ("split", "binned")}
+    assert n == walked == one["split"]["replays"] + one["binned"]["replays"]
+    assert [r["fit_capacity_bytes"] for r in rows] == [one["split"]["capacity_bytes"]] * 2 + [
+        one["binned"]["capacity_bytes"]]
+
+
+def test_a_walk_looks_ahead_on_the_usual_outcomes(small_trace_path):
+    """`Walk.ahead`: down from the peak, the grid points below the need (a probe that passes certifies its own
+    cap), a known outcome followed where there is one; in the bisection, the points of a search that fails."""
+    from itertools import islice
+    from allocsim import fit
+    w = fit.walk_of(small_trace_path, "split", resolution=MiB)
+    assert list(w.ahead({})) == [None]                  # nothing is guessed before the unlimited replay
+    assert w.left() == float("inf")
+    w.take(fit.probe(w.task(None)))
+    top = w.need
+    assert w.left() == (top - w.floor) / MiB           # one replay so far, for the grid points above the need
+    assert list(islice(w.ahead({}), 3)) == [top, top - MiB, top - 2 * MiB]
+    jump = fit.Probe(True, top - 5 * MiB, w.load, w.peak)
+    assert list(islice(w.ahead({top: jump}), 2)) == [top, top - 6 * MiB]
+    stop = fit.Probe(False, 0, w.load, w.peak)
+    lo, hi = w.floor - 1, w.safe
+    first = (lo + hi) // 2 // MiB * MiB
+    assert list(islice(w.ahead({top: stop}), 3)) == [top, first, (first + hi) // 2 // MiB * MiB]

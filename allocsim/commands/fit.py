@@ -1,12 +1,11 @@
 """`allocsim fit`: the smallest device capacity each policy survives (the capacity frontier)."""
 from __future__ import annotations
 
-import threading
-from multiprocessing import Manager
+from contextlib import nullcontext
 
 from ..errors import UsageError
 from ..filenames import shown_name
-from ..fit import MAX_REPLAYS, MiB, fit_capacity, fit_job
+from ..fit import MAX_REPLAYS, MiB, fit_many
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
@@ -40,9 +39,8 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
     from ..spec import PolicySpec
     from ..sweep import Cell, run_cell
     t = load_trace(trace, quiet)
-    jobs_args = [(trace, spec, {"runtime": runtime, "settings": settings, "resolution": resolution,
-                                "max_replays": max_replays})
-                 for spec in specs]
+    fits_args = [dict(trace=trace, policy=spec, runtime=runtime, settings=settings, resolution=resolution,
+                      max_replays=max_replays) for spec in specs]
     with_oracle = oracle and "oracle" in policies.names()
     update, close = progress_bar(None, f"fit {plural(len(specs), 'policy')}", quiet, unit=" replays")
     phases = PhaseReport("fit", len(specs) + with_oracle, "policy", quiet=quiet)    # off a terminal: a line each
@@ -52,46 +50,22 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
         done[0] += 1
         update(done[0])
 
+    oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None) if with_oracle else None
     try:
-        fits = []
-        for (_, spec, _), f in zip(jobs_args, _fits(jobs_args, jobs, replayed, quiet)):
-            fits.append(f)
-            phases.end(f"{spec.label}: {plural(f['replays'], 'replay')}")
-        if with_oracle:
-            oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None)
-            oracle_peak = run_cell(oracle_cell, settings)["peak_reserved_bytes"]
-            phases.end("oracle: its peak")
+        with nullcontext() if jobs <= 1 else process_pool(jobs) as ex:   # the oracle's replay beside the walks
+            oracle_row = ex.submit(run_cell, oracle_cell, settings) if ex is not None and with_oracle else None
+            fits = fit_many(fits_args, ex, jobs, on_replay=None if quiet else replayed,
+                            on_fit=lambda i, f: phases.end(f"{specs[i].label}: {plural(f['replays'], 'replay')}"))
+            if with_oracle:
+                oracle_peak = (oracle_row.result() if oracle_row else run_cell(oracle_cell, settings))[
+                    "peak_reserved_bytes"]
+                phases.end("oracle: its peak")
     finally:
         close()
     out = {"trace": shown_name(trace), "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
     if with_oracle:
         out["oracle_peak_bytes"] = oracle_peak
     return out
-
-
-def _fits(jobs_args, jobs, replayed, quiet):
-    """Each policy's fit, in order, as each is known; ``replayed()`` hears of every replay (from the workers
-    through a queue)."""
-    if jobs <= 1:
-        yield from (fit_capacity(*a[:2], **a[2], on_replay=None if quiet else replayed) for a in jobs_args)
-        return
-    with process_pool(jobs) as ex:
-        if quiet:
-            yield from ex.map(fit_job, jobs_args)
-            return
-        with Manager() as manager:
-            queue = manager.Queue()
-            def listen():
-                for _ in iter(queue.get, None):
-                    replayed()
-
-            listener = threading.Thread(target=listen, daemon=True)
-            listener.start()
-            try:
-                yield from ex.map(fit_job, [(*a, queue) for a in jobs_args])
-            finally:
-                queue.put(None)
-                listener.join()
 
 
 def run(args) -> int:

@@ -1,0 +1,148 @@
+"""Tune's wall time as a ratio to single replays of the same trace, and how busy ``-j N`` keeps its workers.
+
+For each trace: the single replay under the recorded settings (the median of ``--singles`` runs, taken in this
+run, before and after the tunes), then ``allocsim.tune`` at each ``--jobs`` (``-j 1`` in this process, more on a
+local process pool). Per tune: wall seconds, the ratio to one single replay (issue 17 asks for ≤ 100), the
+speed-up over ``-j 1``, the replays the answer counts, and per worker its CPU-busy fraction (its tasks' CPU
+seconds over the tune's wall time), its held fraction (the wall seconds it spent in tasks, over the same) and
+the tasks it ran (a task is one replay of a capacity walk, or a chunk of the settings replays): on a machine
+shared with other work the speed-up and the CPU fraction hide behind the load (a worker holding a task gets
+part of a core), the held fraction and task counts show whether the workers had work. Every ``-j`` must give the same answer; the
+benchmark checks it.
+
+    python3 benchmarks/bench_tune.py [traces/resnet50.bin ...] [--jobs 1,2] [--no-fit] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ProcessPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from allocsim.outputs import atomic_open  # noqa: E402
+from allocsim.sweep import Cell, cached_trace, run_cell  # noqa: E402
+from allocsim.tune import Space, Target, tune  # noqa: E402
+
+
+def _tagged(fn, *args):
+    """``fn(*args)`` in a worker, with the worker's pid and the CPU and wall seconds it took."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn(*args)
+    return os.getpid(), time.process_time() - c0, time.perf_counter() - t0, out
+
+
+class CountingPool(ProcessPoolExecutor):
+    """A process pool that counts each worker's tasks and CPU seconds (`_tagged`), results unchanged."""
+
+    def __init__(self, jobs: int):
+        super().__init__(max_workers=jobs)
+        self.tasks: dict[int, int] = defaultdict(int)
+        self.cpu: dict[int, float] = defaultdict(float)
+        self.held: dict[int, float] = defaultdict(float)
+
+    def submit(self, fn, /, *args, **kwargs):
+        outer = Future()
+        inner = super().submit(_tagged, fn, *args)
+
+        def done(f):
+            if outer.cancelled():       # given up by the caller: a replay ahead that no walk needed
+                return
+            if f.cancelled():
+                outer.cancel()
+                outer.set_running_or_notify_cancel()
+            elif f.exception() is not None:
+                outer.set_exception(f.exception())
+            else:
+                pid, cpu, held, out = f.result()
+                self.tasks[pid] += 1
+                self.cpu[pid] += cpu
+                self.held[pid] += held
+                outer.set_result(out)
+        inner.add_done_callback(done)
+        outer.add_done_callback(lambda o: o.cancelled() and inner.cancel())
+        return outer
+
+
+def single_replay_s(path: str, n: int) -> float:
+    """Median wall seconds of ``n`` replays under the recorded settings (the trace already loaded)."""
+    t = cached_trace(path)
+    spec = Space(t, Target(None, None)).candidates()[0].spec
+    cell = Cell(path, spec)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        run_cell(cell)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def answer(res) -> str:
+    """What must not depend on ``-j``: the whole ``--json`` object but the wall times of its replays."""
+    def timeless(v):
+        if isinstance(v, dict):
+            return {k: timeless(x) for k, x in v.items() if k != "replay_seconds"}
+        return [timeless(x) for x in v] if isinstance(v, list) else v
+    return json.dumps(timeless(res.to_dict()), sort_keys=True, default=str)
+
+
+def tune_run(path: str, jobs: int, fit: bool) -> dict:
+    """One tune at ``jobs``; its wall time, answer and workers' tasks and busy fractions."""
+    if jobs <= 1:
+        c0, t0 = time.process_time(), time.perf_counter()
+        res = tune(path, jobs=1, fit=fit)
+        wall = time.perf_counter() - t0
+        return {"wall_s": wall, "res": res,
+                "workers": [{"tasks": None, "busy": (time.process_time() - c0) / wall, "held": 1.0}]}
+    with CountingPool(jobs) as ex:
+        t0 = time.perf_counter()
+        res = tune(path, jobs=jobs, fit=fit, executor=ex)
+        wall = time.perf_counter() - t0
+    workers = [{"tasks": ex.tasks[pid], "busy": ex.cpu[pid] / wall, "held": ex.held[pid] / wall}
+               for pid in sorted(ex.tasks)]
+    return {"wall_s": wall, "res": res, "workers": workers}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("traces", nargs="*", default=[os.path.join(ROOT, "traces", "resnet50.bin")])
+    ap.add_argument("--jobs", default="1,2", help="comma-separated -j values (default 1,2)")
+    ap.add_argument("--singles", type=int, default=5, help="single replays timed before and after (default 5)")
+    ap.add_argument("--no-fit", action="store_true", help="tune without the capacity walks")
+    ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
+    args = ap.parse_args(argv)
+    jobs = [int(j) for j in args.jobs.split(",")]
+    out = []
+    for path in args.traces:
+        before = single_replay_s(path, args.singles)
+        runs = {j: tune_run(path, j, not args.no_fit) for j in jobs}
+        single = statistics.median([before, single_replay_s(path, args.singles)])
+        answers = {answer(r["res"]) for r in runs.values()}
+        if len(answers) != 1:
+            print(f"{path}: the answer depends on -j", file=sys.stderr)
+            return 1
+        base = runs[jobs[0]]["wall_s"]
+        print(f"{os.path.basename(path)}: single replay {single * 1e3:.1f} ms; {runs[jobs[0]]['res'].replays} replays"
+              f" counted")
+        for j, r in runs.items():
+            busy = " ".join(f"{w['busy']:.0%}/{w['held']:.0%}" + (f"/{w['tasks']}" if w["tasks"] is not None else "")
+                            for w in r["workers"])
+            print(f"  -j {j}: {r['wall_s']:7.2f} s = {r['wall_s'] / single:6.1f} single replays; "
+                  f"speed-up {base / r['wall_s']:.2f}x; workers cpu/held/tasks: {busy}")
+            out.append({"trace": os.path.basename(path), "jobs": j, "wall_s": r["wall_s"], "single_s": single,
+                        "ratio": r["wall_s"] / single, "speedup": base / r["wall_s"],
+                        "replays": r["res"].replays, "workers": r["workers"]})
+    if args.json:
+        with atomic_open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
