@@ -667,16 +667,43 @@ def replay(trace: Trace | str, policy="split", settings: ReplaySettings | None =
     the replay's, the policy's set-up (an oracle's plan) included. A plug-in's exception becomes one
     `PluginError` line (an observer's own assertions, `allocsim.testing`'s, pass through as they are).
     """
-    loaded = 0.0
-    if isinstance(trace, str):
-        t_load = time.perf_counter()
-        trace = Trace.load(trace)
-        loaded = time.perf_counter() - t_load
+    trace, loaded = _load(trace)
     t_start = time.perf_counter()
     spec = PolicySpec.of(policy, options)
     r = Replay(trace, spec, settings, device=device, observer=observer, progress=progress, log_events=log_events,
                plan_progress=plan_progress, guard=guard, **changes)
-    with plugin_errors(type(r.policy), spec.name, "replaying") if observer is None else nullcontext():
+    return _to_the_end(r, spec, observer is None, loaded, t_start)
+
+
+def replay_snapshot(trace: Trace | str, policy, settings: ReplaySettings | None = None, **changes):
+    """Replay ``trace`` (a `Replay` with these arguments) and return ``(result, snapshot)``: the run as a
+    PyTorch memory snapshot (`allocsim.exporters.torch_snapshot`), for a policy that keeps a segment layout.
+    Timed, and a plug-in's exception one line, as `replay`."""
+    from .exporters.torch_snapshot import History, check_exportable
+    s = settings_of(settings, {k: changes.pop(k) for k in list(changes) if k in ReplaySettings.__dataclass_fields__})
+    spec = check_exportable(policy, s.runtime)
+    trace, loaded = _load(trace)
+    t_start = time.perf_counter()
+    history = History(trace)
+    r = Replay(trace, spec, s, observer=history.observe(), log_events=True, **changes)
+    history.policy = r.policy
+    res = _to_the_end(r, spec, True, loaded, t_start)
+    return res, history.snapshot(r.policy, res)
+
+
+def _load(trace: Trace | str) -> tuple[Trace, float]:
+    """The trace (loaded if a path) and the seconds its loading took."""
+    if not isinstance(trace, str):
+        return trace, 0.0
+    t_load = time.perf_counter()
+    trace = Trace.load(trace)
+    return trace, time.perf_counter() - t_load
+
+
+def _to_the_end(r: Replay, spec: PolicySpec, plugin_lines: bool, loaded: float, t_start: float) -> ReplayResult:
+    """Run ``r`` to the end and close it; its result with the load and replay seconds. ``plugin_lines``: a
+    plug-in's exception becomes one `PluginError` line."""
+    with plugin_errors(type(r.policy), spec.name, "replaying") if plugin_lines else nullcontext():
         try:
             res = r.run()
         finally:
@@ -684,18 +711,3 @@ def replay(trace: Trace | str, policy="split", settings: ReplaySettings | None =
     res.load_seconds = loaded
     res.replay_seconds = time.perf_counter() - t_start
     return res
-
-
-def replay_snapshot(trace: Trace | str, policy, settings: ReplaySettings | None = None, **changes):
-    """Replay ``trace`` (a `Replay` with these arguments) and return ``(result, snapshot)``: the run as a
-    PyTorch memory snapshot (`allocsim.exporters.torch_snapshot`), for a policy that keeps a segment layout."""
-    from .exporters.torch_snapshot import History, check_exportable
-    s = settings_of(settings, {k: changes.pop(k) for k in list(changes) if k in ReplaySettings.__dataclass_fields__})
-    spec = check_exportable(policy, s.runtime)
-    if isinstance(trace, str):
-        trace = Trace.load(trace)
-    history = History(trace)
-    r = Replay(trace, spec, s, observer=history.observe(), log_events=True, **changes)
-    history.policy = r.policy
-    res = r.run()
-    return res, history.snapshot(r.policy, res)

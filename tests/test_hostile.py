@@ -661,7 +661,16 @@ def _sweep_running(name):
         _HELD[:] = [f]
     return setup
 
+#: a torch model whose malloc raises from its 50th call on: `--snapshot` replays it through the same one-line rule
+_TORCH_RAISES = text_file("t.py", "from allocsim.policies.torch import TorchCachingAllocator\n"
+                                  "class Bad(TorchCachingAllocator):\n    name = 'bad'\n    n = 0\n"
+                                  "    def malloc(self, size, stream=0):\n        self.n += 1\n"
+                                  "        if self.n > 50:\n            raise ValueError('boom')\n"
+                                  "        return super().malloc(size, stream)\n")
+
 PLUGINS_18: list[Case] = [
+    Case("plugin-raises-under-snapshot", ["replay", "{trace}", "-q", "-p", "t.py:Bad", "--snapshot", "{d}/s.pickle"],
+         _TORCH_RAISES, expect="failed while replaying: ValueError: boom", outputs=["s.pickle"], stdout_empty=True),
     Case("plugin-file-not-py", ["replay", "{trace}", "--policy", "/etc/passwd:X"],
          expect="/etc/passwd is not a Python file", stdout_empty=True),
     Case("plugin-file-nul-bytes", ["replay", "{trace}", "--policy", "nul.py:X"], text_file("nul.py", b"x = 1\0\n"),

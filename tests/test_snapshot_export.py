@@ -63,6 +63,7 @@ def recorded_run(name):
     recorded = load_pickle(os.path.join(ROOT, "traces", "raw", "pressure", f"{name}.pickle"))
     trace = imported(recorded)
     res, export = replay_snapshot(trace, "torch")
+    assert res.replay_seconds > 0                   # timed as `replay` is
     return recorded, trace, res, export
 
 
