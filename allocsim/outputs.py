@@ -35,7 +35,14 @@ class Terminated(SystemExit):
 
 
 def _raise_terminated(signum, frame):
+    if os.getpid() != _unwinding_pid:
+        # a child forked from the process that installed this handler (a pool's worker, before its initializer
+        # resets the signals) holds a copy of it: it dies of the signal, never unwinds its parent's stack
+        os._exit(128 + signum)
     raise Terminated(signum)
+
+
+_unwinding_pid = os.getpid()     # the process whose signals unwind: set where `signals_unwind` installs them
 
 
 @contextmanager
@@ -63,6 +70,8 @@ def signals_unwind():
     Signals the program ignores or handles itself keep their handler; SIGINT
     already unwinds as KeyboardInterrupt.
     """
+    global _unwinding_pid
+    _unwinding_pid = os.getpid()
     return _handlers(_raise_terminated, only_default=True)
 
 

@@ -413,3 +413,21 @@ def test_replay_oom_goes_to_stderr_too(small_trace_path):
     assert len(err) == 1 and "out of memory at event" in err[0]
     report_line = next(ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("event "))
     assert report_line in err[0]
+
+
+def test_a_forked_child_dies_of_the_signal_and_never_unwinds_its_parents_stack():
+    """A pool's worker is forked while the parent's signals unwind; a SIGTERM before its initializer resets
+    them must end the child (exit 128 + 15), not raise `Terminated` into the copy of the parent's stack (which
+    ran the rest of a pytest session twice, and could run the rest of a command)."""
+    from allocsim.outputs import signals_unwind
+    with signals_unwind():
+        pid = os.fork()
+        if pid == 0:                        # the child: its own SIGTERM, as a pool's terminate() sends it
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+                os._exit(0)
+            except BaseException:
+                os._exit(7)                 # it unwound: the bug
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
