@@ -730,6 +730,10 @@ PLUGINS_18: list[Case] = [
 # issue 18: settings PyTorch's own parser refuses, and a cap above the device's memory, refused in the user's terms
 _ON_1GIB = trace_with({"framework": "torch", "device": {"name": "test", "total_memory": 1 << 30}})
 SETTINGS_18 = [
+    Case("recorded-max-split-below-pytorchs-least", ["fit", "{d}/m.bin", "-j", "1", "--policies", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"max_split_size": 1 << 20}}, name="m.bin"),
+         expect="allocator_settings: max_split_size 1048576 bytes is below the 20 MiB PyTorch allows",
+         stdout_empty=True),
     Case("torch-max-split-1e30", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=1e30"],
          expect="option max_split_size_mb: expected an integer, got '1e30'", stdout_empty=True),
     Case("torch-max-split-past-size-t", ["replay", "{trace}", "-p", "torch", "-O", f"max_split_size_mb={10 ** 30}"],

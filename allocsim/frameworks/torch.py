@@ -212,6 +212,8 @@ def settings_from_trace(meta: dict, path=None) -> dict:
         if s.get("max_split_size") is not None:
             v = int(s["max_split_size"])
             out["max_split_size_mb"] = None if v >= SIZE_MAX or v <= 0 else v // MiB
+            if out["max_split_size_mb"] is not None and out["max_split_size_mb"] < MIN_MB:
+                raise ValueError(f"max_split_size {v} bytes is below the {MIN_MB} MiB PyTorch allows")
         if s.get("garbage_collection_threshold") is not None:
             out["garbage_collection_threshold"] = float(s["garbage_collection_threshold"])
         if s.get("expandable_segments") is not None:
