@@ -74,7 +74,7 @@ def _is_bytes(n) -> bool:
 def guard_device_calls(ctx, device, name: str) -> _Taken:
     """Replace ``ctx``'s device calls by checked ones; return what they record the policy took."""
     taken = _Taken()
-    malloc, free, reserve = device.malloc, device.free, device.reserve_address_range
+    malloc, free, reserve, mapped = device.malloc, device.free, device.reserve_address_range, device.map
 
     def checked_malloc(n):
         if not _is_bytes(n):
@@ -106,7 +106,6 @@ def guard_device_calls(ctx, device, name: str) -> _Taken:
             raise _broke(name, f"ctx.map({n!r}): expected a positive number of bytes")
         return mapped(n)
 
-    mapped = device.map
     ctx.malloc, ctx.free, ctx.reserve_address_range, ctx.map = checked_malloc, checked_free, checked_reserve, checked_map
     return taken
 

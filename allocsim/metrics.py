@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .filenames import shown_name
-from .sections import ALLOC_ROOT, FREE_ROOT, section_rows
+from .sections import ALLOC_ROOT, FREE_ROOT, Sections, section_rows
 
 #: The columns of a row (a compare/sweep cell, ``allocsim replay --json`` flattened), in table order.
 COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
@@ -251,22 +251,16 @@ def _with_roots(stats: dict, trace_allocs: int, trace_frees: int, alloc_time: fl
                 eager: bool) -> dict:
     """A copy of the section ``stats`` with the two roots added: ``pooled alloc`` (every malloc's latency) and
     ``pooled free`` (the eager frees and whatever time the clock holds outside the other roots)."""
-    out = {k: list(v) for k, v in stats.items()}
-
-    def add(key, seconds, calls):
-        v = out.get(key)
-        if v is None:
-            out[key] = [calls, seconds]
-        else:
-            v[0] += calls
-            v[1] += seconds
+    roots = Sections()
+    roots.stats = {k: list(v) for k, v in stats.items()}
+    out = roots.stats
     other_roots = sum(v[1] for k, v in out.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
     eager_free_time = max(0.0, clock - alloc_time - other_roots)
-    add((ALLOC_ROOT,), alloc_time, trace_allocs)
+    roots.add(ALLOC_ROOT, alloc_time, trace_allocs, path=(ALLOC_ROOT,))
     gc_frees = sum(v[0] for k, v in out.items() if k[-1] == FREE_ROOT)
     eager_frees = max(0, trace_frees - gc_frees) if eager else 0
     if eager_frees or eager_free_time > 1e-12:
-        add((FREE_ROOT,), eager_free_time, eager_frees)
+        roots.add(FREE_ROOT, eager_free_time, eager_frees, path=(FREE_ROOT,))
     return out
 
 
