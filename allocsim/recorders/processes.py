@@ -16,16 +16,15 @@ which torchrun sends to the other workers when one fails, unwinds to it). Its tr
 from __future__ import annotations
 
 import atexit
-import glob
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 
 from ..errors import InputError, UsageError
 from ..outputs import signals_ignored, signals_unwind
+from ..ranks import process_name, run_files
 from ._base import stderr
 from .torch import TorchRecorder
 
@@ -35,26 +34,6 @@ ENV_RUN = "ALLOCSIM_RECORD_RUN"
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 #: Launcher modules run as a program (``allocsim record -m torch.distributed.run ...``), never inside allocsim.
 LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
-_LABEL = re.compile(r"\.(rank|pid)(\d+)$")
-
-
-def process_name(out: str, label: str) -> str:
-    """The trace of one process of the run ``out``: ``run.bin`` + ``rank1`` -> ``run.rank1.bin``."""
-    stem, ext = os.path.splitext(out)
-    return f"{stem}.{label}{ext or '.bin'}"
-
-
-def run_files(out: str) -> list[str]:
-    """The process traces of the run ``out`` that exist (``run.rank<R>.bin``, ``run.pid<PID>.bin``), ranks in
-    order, then processes without a rank in pid order."""
-    stem, ext = os.path.splitext(out)
-    ext = ext or ".bin"
-    found = []
-    for path in glob.glob(glob.escape(stem) + ".*" + glob.escape(ext)):
-        m = _LABEL.search(path[:-len(ext)])
-        if m and path[:-len(ext)][:m.start()] == stem:
-            found.append(((m.group(1) != "rank", int(m.group(2))), path))
-    return [p for _, p in sorted(found)]
 
 
 def program_env(out: str, options: dict, environ=None) -> dict:
