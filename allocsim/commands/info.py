@@ -10,6 +10,7 @@ from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..report.tables import dump_json
 from ..filenames import shown_name
 from ..ranks import rank_label
+from ..report.text import aligned_table
 from ._common import load_trace, progress_bar
 from ._ranks import each_rank
 
@@ -117,15 +118,13 @@ def run_table(paths: list[str]) -> None:
         dev = d["metadata"].get("device") or {}
         peak = d["upstream_segments"]["peak_reserved_bytes"]
         outside = (d.get("device_memory") or {}).get("outside_peak")
-        rows.append((rank_label(trace.meta), f"cuda:{dev['index']}" if dev.get("index") is not None else "-",
+        rows.append([rank_label(trace.meta), shown_name(path),
+                     f"cuda:{dev['index']}" if dev.get("index") is not None else "-",
                      fmt_bytes(d["load_bytes"]), fmt_bytes(peak) if peak else "-",
                      fmt_bytes(outside) if outside is not None else "-",
-                     fmt_bytes(peak + outside) if peak and outside is not None else "-", shown_name(path)))
-    head = ("process", "device", "LOAD", "peak reserved", "outside", "peak+outside", "trace")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    print(f"run of {len(paths)} processes (outside: device memory beside the caching allocator, at most)")
-    for r in [head, *rows]:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+                     fmt_bytes(peak + outside) if peak and outside is not None else "-"])
+    print(f"run of {len(paths)} processes (outside: the most device memory seen beside the caching allocator)")
+    print(aligned_table(["process", "trace", "device", "LOAD", "peak reserved", "outside", "peak+outside"], rows, 3))
     for group in shared_devices(metas):
         print(f"  {', '.join(rank_label(metas[k]) for k in group)} share one device: each one's outside holds the "
               f"others' memory")
