@@ -11,12 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .capacity import device_capacity
+from .errors import UsageError
+from .filenames import shown_name
 from .ranks import fit_capacity, rank_label
 from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cells
 from .trace import Trace
 from .trace.analysis import Tally
 from .tune import Tuning, conf_lines, tune
+from .units import fmt_bytes
 
 
 @dataclass
@@ -61,7 +64,14 @@ def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs
     fitted = [fit_capacity(capacity, t) for t in traces]
     capacities = [c for c, _ in fitted]
     needs = [tally.upstream_segments()["peak_reserved_bytes"] or t.load_bytes for tally, t in zip(tallies, traces)]
-    worst = min(range(len(paths)), key=lambda k: room(needs[k], device_capacity(capacities[k], traces[k])[0]))
+    totals = [device_capacity(c, t)[0] for c, t in zip(capacities, traces)]
+    for path, t, total, (_, outside) in zip(paths, traces, totals, fitted):
+        if total is not None and t.load_bytes > total:
+            raise UsageError(f"{rank_label(t.meta)} ({shown_name(path)}): its LOAD {fmt_bytes(t.load_bytes)} (peak "
+                             f"live bytes) is more than the {fmt_bytes(total)} it has" +
+                             (f" beside the {fmt_bytes(outside)} outside its allocator" if outside else "") +
+                             ": no allocator setting fits the run")
+    worst = min(range(len(paths)), key=lambda k: room(needs[k], totals[k]))
     res = tune(paths[worst], capacity=capacities[worst], cap=cap, jobs=jobs, settings=settings, **options)
     out = RunTuning(list(paths), [rank_label(t.meta) for t in traces], capacities, [o for _, o in fitted], worst, res)
     for row in (r for r in res.finalists if not r["ooms"]):

@@ -63,17 +63,27 @@ def own_options_after_target(program_args) -> list[str]:
 
 def program_argv(args) -> list[str] | None:
     """The command line of a program whose processes are recorded one by one (docs/several-processes.md): a
-    launcher or any other program found on PATH and not a file here (``torchrun ...``, ``python train.py``,
-    ``bash run.sh``), or ``-m torch.distributed.run``; None for a Python script or module run inside allocsim."""
+    launcher or any other program (`_is_program`: ``torchrun ...``, ``python train.py``, ``bash run.sh``), or
+    ``-m torch.distributed.run``; None for a Python script or module run inside allocsim, as before."""
     from ..recorders.processes import LAUNCHER_MODULES
     if args.module:
         return [sys.executable, "-m", *args.module] if args.module[0] in LAUNCHER_MODULES else None
     target = list(args.target or [])
     if target and target[0] == "--":
         target = target[1:]
-    if target and not os.path.exists(target[0]) and shutil.which(target[0]):
-        return target
-    return None
+    return target if target and _is_program(target[0]) else None
+
+
+def _is_program(name: str) -> bool:
+    """A program to start, not a Python script to run inside allocsim: a command on PATH with no file of that name
+    here, or an executable file that is a binary (ELF) or a script for another interpreter (``#!/bin/bash``)."""
+    if not os.path.exists(name):
+        return shutil.which(name) is not None
+    if name.endswith(".py") or not os.path.isfile(name) or not os.access(name, os.X_OK):
+        return False
+    with open(name, "rb") as f:
+        head = f.readline(256)
+    return head.startswith(b"\x7fELF") or (head.startswith(b"#!") and b"python" not in head)
 
 
 def run_program(args, argv: list[str]) -> int:

@@ -161,7 +161,7 @@ class ProcessRecorder(TorchRecorder):
         return super().close_trace(late_meta)
 
 
-_recording: list[ProcessRecorder] = []       # this process's recorder, once CUDA started
+_recording: list = []       # this process's recorder once CUDA started, and what keeps its signal handlers
 
 
 def start_in_process(config: dict) -> None:
@@ -177,11 +177,12 @@ def start_in_process(config: dict) -> None:
     atexit.register(_finish)
     unwind = signals_unwind()      # SIGTERM (torchrun stopping the other workers) ends the program through atexit
     unwind.__enter__()
+    _recording.append(unwind)      # held, so its handlers stay for the process's life
 
 
 def _finish() -> None:
     sys.modules[__package__]._active = None
-    rec = _recording.pop()
+    rec = _recording[0]
     with signals_ignored():
         try:
             rec.finish(exit_status=None)
