@@ -84,11 +84,13 @@ def main() -> int:
     p.add_argument("--fraction-ranks", default="last", help="comma-separated ranks, or last (default), or all")
     p.add_argument("--oom-probe", type=float, default=0.0, metavar="GiB",
                    help="every rank tries one buffer of this many GiB at step 2 and catches the OOM")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo): a smoke test of the program itself")
     args = p.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", 0))
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
+    dev = torch.device("cpu") if args.cpu else torch.device("cuda", local % torch.cuda.device_count())
+    if not args.cpu:
+        torch.cuda.set_device(dev)
     dist.init_process_group(args.backend, device_id=dev if args.backend == "nccl" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.fraction:
@@ -101,7 +103,7 @@ def main() -> int:
     model.to(dev)
     if args.mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
-        train_model = DDP(model, device_ids=[dev.index] if args.backend == "nccl" else None)
+        train_model = DDP(model, device_ids=None if args.cpu else [dev.index])
     else:
         from torch.distributed.fsdp import fully_shard
         for b in blocks:
@@ -125,16 +127,20 @@ def main() -> int:
             history = torch.cat([history, loss.detach().reshape(1)])
             if step % 3 == 2 and args.mode == "ddp":
                 with torch.no_grad():
-                    ev = model(torch.randint(0, args.vocab, (2 * args.batch, args.seq), generator=g).to(dev))
-                    del ev
+                    held = torch.randint(0, args.vocab, (2 * args.batch, args.seq), generator=g).to(dev)
+                    accuracy = (logits_of(model, held).argmax(-1) == held).float().mean()
+                history = torch.cat([history, accuracy.reshape(1)])
                 mark(f"eval {step}")
         if step == 2 and args.oom_probe:
             try:
-                probe = torch.empty(int(args.oom_probe * 2**30), dtype=torch.uint8, device=dev)
-                del probe
-            except torch.OutOfMemoryError:
+                torch.empty(int(args.oom_probe * 2**30), dtype=torch.uint8, device=dev).fill_(0)
+            except torch.cuda.OutOfMemoryError:
                 oomed += 1
                 print(f"rank {rank}: caught OOM on a {args.oom_probe:g} GiB buffer at step {step}", flush=True)
+    if args.cpu:
+        print(f"rank {rank}/{world} {args.mode} on the CPU: loss {loss.item():.3f}", flush=True)
+        dist.destroy_process_group()
+        return 0
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_reserved(dev)
     free, total = torch.cuda.mem_get_info(dev)
