@@ -136,6 +136,24 @@ def test_sigterm_still_finishes_the_trace(tmp_path):
     assert t.finished and t.n_allocs == 1
 
 
+def test_a_child_forked_from_a_recorded_process_leaves_its_trace_alone(tmp_path):
+    _write(tmp_path, "forks.py", """
+        import os, torch
+        torch.cuda.fake_alloc(20 << 20)
+        pid = os.fork()
+        if pid == 0:
+            raise SystemExit(0)          # the child exits through atexit, with a copy of the recorder
+        os.waitpid(pid, 0)
+        torch.cuda.fake_alloc(30 << 20)
+        torch.optim.fake_step()
+    """)
+    r = _record(tmp_path, sys.executable, "forks.py")
+    assert r.returncode == 0, r.stderr
+    (path,) = run_files(str(tmp_path / "run.bin"))
+    t = Trace.load(path)
+    assert t.finished and t.n_allocs == 2 and r.stderr.count("wrote ") == 1
+
+
 def test_an_earlier_run_is_refused_then_replaced_with_force(launcher):
     assert _record(launcher, sys.executable, "launch.py").returncode == 0
     r = _record(launcher, sys.executable, "launch.py")

@@ -174,13 +174,16 @@ def start_in_process(config: dict) -> None:
         return
     _recording.append(rec)
     sys.modules[__package__]._active = rec          # allocsim.mark() in the program
-    atexit.register(_finish)
+    atexit.register(_finish, os.getpid())
     unwind = signals_unwind()      # SIGTERM (torchrun stopping the other workers) ends the program through atexit
     unwind.__enter__()
     _recording.append(unwind)      # held, so its handlers stay for the process's life
 
 
-def _finish() -> None:
+def _finish(pid: int) -> None:
+    """At the process's exit: finish its trace (not in a child forked from it, which holds a copy of the recorder)."""
+    if os.getpid() != pid:
+        return
     sys.modules[__package__]._active = None
     rec = _recording[0]
     with signals_ignored():

@@ -104,7 +104,7 @@ class TorchRecorder(Recorder):
                 "device": {"index": device, "name": props.name, "total_memory": int(props.total_memory)},
                 "allocator": "pytorch-caching", "allocator_settings": settings,
                 "max_entries": self.max_entries, "stacks": self.stacks}
-        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks)
+        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device)
         self.total_memory = int(props.total_memory)
         self.memory = {"total": self.total_memory, "start": self._device_memory(), "outside_peak": 0}
         get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
