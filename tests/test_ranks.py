@@ -373,3 +373,38 @@ def test_gpu_spawned_gloo_ranks_are_named_by_their_group_rank(tmp_path):
     r = _record_gpu(tmp_path, sys.executable, "spawn.py")
     assert r.returncode == 0, r.stderr[-3000:]
     _check_gpu_run(tmp_path, 2)
+
+
+# ---- a rank's snapshot: its events are on the rank's device ------------------------------------------------------
+def _snapshot_on(tmp_path, traces_by_device):
+    """The fixture snapshot with its device 1 history moved to the devices named (``{device: entries}``)."""
+    import pickle
+    from allocsim.importers import safe_pickle
+    snap = safe_pickle.load(os.path.join(ROOT, "tests", "fixtures", "snapshot.pickle"))
+    one = snap["device_traces"][1]
+    n = max(traces_by_device) + 1
+    segs = [s for s in snap["segments"] if s.get("device") == 1]
+    snap = {**snap, "device_traces": [one if d in traces_by_device else [] for d in range(n)], "segments": segs}
+    p = tmp_path / "rank.pickle"
+    p.write_bytes(pickle.dumps(snap))
+    return str(p)
+
+
+def test_a_rank_snapshot_imports_the_device_that_holds_its_events(tmp_path, capsys):
+    p = _snapshot_on(tmp_path, {1})
+    assert main(["import", p, "-o", str(tmp_path / "r1.bin")]) == 0
+    t = Trace.load(str(tmp_path / "r1.bin"))
+    assert t.meta["device"]["index"] == 1 and t.n_allocs == 1
+    assert main(["import", p, "-o", str(tmp_path / "r0.bin"), "--device", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no allocation events for device 0" in err[0] and "--device 1" in err[0]
+
+
+def test_a_snapshot_with_events_on_several_other_devices_names_them(tmp_path, capsys):
+    p = _snapshot_on(tmp_path, {1, 2})
+    assert main(["import", p, "-o", str(tmp_path / "r.bin")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "devices 1, 2" in err[0] and "--device N" in err[0]
+    assert not os.path.exists(tmp_path / "r.bin")
+    assert main(["import", p, "-o", str(tmp_path / "r.bin"), "--device", "2"]) == 0
+    assert "device 1 also holds 2 trace entries: --device 1 imports them" in capsys.readouterr().err
