@@ -78,7 +78,8 @@ def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs
         spec = PolicySpec.parse(row["spec"])
         others = [k for k in range(len(paths)) if k != worst]
         cells = [Cell(paths[k], spec, row["cap_bytes"], row["runtime"], capacity=capacities[k]) for k in others]
-        rows = dict(zip(others, run_cells(cells, settings, jobs=jobs)))
+        named = {k: row[k] for k in ("setting", "spec", "recorded", "conf", "legacy_conf", "note") if k in row}
+        rows = {k: {**r, **named} for k, r in zip(others, run_cells(cells, settings, jobs=jobs))}
         rows[worst] = row
         out.checks.append([rows[k] for k in range(len(paths))])
         if not any(r["ooms"] for r in rows.values()):

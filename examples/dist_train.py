@@ -8,8 +8,9 @@ transformer (``--model tiny``, no transformers needed). Rank 0 keeps what real r
 copy of the loss history on the GPU and an evaluation pass every few steps, so the ranks' peaks differ.
 
 ``--fraction F`` calls ``torch.cuda.set_per_process_memory_fraction(F)`` on the ranks named by ``--fraction-ranks``
-(default: the last rank); ``--oom-probe SIZE`` makes every rank try one buffer of SIZE (an eval cache) and catch the
-OOM where the fraction forbids it, so one rank survives an OOM while the others go on.
+(default: the last rank); ``--oom-probe GiB`` (or ``over``: 1 GiB over what the fraction allows) makes every rank try
+one buffer of that size at step 2 (an eval cache) and catch the OOM where the fraction forbids it, so one rank
+survives an OOM while the others go on.
 """
 from __future__ import annotations
 
@@ -82,8 +83,9 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--fraction", type=float, help="set_per_process_memory_fraction on --fraction-ranks")
     p.add_argument("--fraction-ranks", default="last", help="comma-separated ranks, or last (default), or all")
-    p.add_argument("--oom-probe", type=float, default=0.0, metavar="GiB",
-                   help="every rank tries one buffer of this many GiB at step 2 and catches the OOM")
+    p.add_argument("--oom-probe", default="0", metavar="GiB",
+                   help="every rank tries one buffer of this many GiB at step 2 and catches the OOM; over: 1 GiB "
+                        "more than --fraction allows (the ranks with the fraction run out, the others not)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo): a smoke test of the program itself")
     args = p.parse_args()
 
@@ -114,6 +116,10 @@ def main() -> int:
     g = torch.Generator(device="cpu").manual_seed(rank)
     history = torch.zeros(0, device=dev) if rank == 0 else None
     oomed = 0
+    if args.oom_probe == "over":
+        probe = int((args.fraction or 1.0) * torch.cuda.get_device_properties(dev).total_memory) + 2**30
+    else:
+        probe = int(float(args.oom_probe) * 2**30)
     t0 = time.perf_counter()
     for step in range(args.iters):
         ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(dev)
@@ -131,12 +137,12 @@ def main() -> int:
                     accuracy = (logits_of(model, held).argmax(-1) == held).float().mean()
                 history = torch.cat([history, accuracy.reshape(1)])
                 mark(f"eval {step}")
-        if step == 2 and args.oom_probe:
+        if step == 2 and probe:
             try:
-                torch.empty(int(args.oom_probe * 2**30), dtype=torch.uint8, device=dev).fill_(0)
+                torch.empty(probe, dtype=torch.uint8, device=dev).fill_(0)
             except torch.cuda.OutOfMemoryError:
                 oomed += 1
-                print(f"rank {rank}: caught OOM on a {args.oom_probe:g} GiB buffer at step {step}", flush=True)
+                print(f"rank {rank}: caught OOM on a {probe / 2**30:.2f} GiB buffer at step {step}", flush=True)
     if args.cpu:
         print(f"rank {rank}/{world} {args.mode} on the CPU: loss {loss.item():.3f}", flush=True)
         dist.destroy_process_group()
