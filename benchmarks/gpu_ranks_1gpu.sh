@@ -9,15 +9,7 @@ set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 REPO=$PWD
 W=$OUT/w; mkdir -p $W/run
-step() {     # step NAME LIMIT_S OUTFILE COMMAND...: run it with a time limit, record its status; never stop the script
-  local name=$1 limit=$2 out=$3; shift 3
-  local t0=$(date +%s)
-  echo "== $name: $*" | tee -a $W/steps.txt
-  timeout $limit "$@" >> $out 2>&1
-  local rc=$?
-  echo "   $name rc=$rc in $(( $(date +%s) - t0 ))s" | tee -a $W/steps.txt
-  return $rc
-}
+. $REPO/benchmarks/_gpu_steps.sh
 pack() { tar czf $OUT/ranks-1gpu.tgz -C $W . ; }
 trap pack EXIT
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

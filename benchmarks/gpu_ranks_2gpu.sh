@@ -13,17 +13,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1}
 REPO=$PWD
 W=$OUT/w; mkdir -p $W/run
-T0=$(date +%s)
-step() {     # step NAME LIMIT_S OUTFILE COMMAND...: run it with a time limit, note its status; never stop the script
-  local name=$1 limit=$2 out=$3; shift 3
-  local t0=$(date +%s)
-  echo "== $name: $*" | tee -a $W/steps.txt
-  case $out in *.json) ;; *) echo "== $name" >> $out ;; esac
-  timeout $limit "$@" >> $out 2>&1
-  local rc=$?
-  echo "   $name rc=$rc in $(( $(date +%s) - t0 ))s (script at $(( $(date +%s) - T0 ))s)" | tee -a $W/steps.txt
-  return $rc
-}
+. $REPO/benchmarks/_gpu_steps.sh
 pack() { tar czf $OUT/ranks-2gpu.tgz -C $W . ; }
 trap pack EXIT
 { nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
