@@ -17,6 +17,7 @@ import os
 from ..ranks import process_name, rank_label, run_traces
 from ..report.tables import dump_json
 from ..trace import Trace
+from ..trace.schema import check_meta
 
 #: The options whose file each rank writes for itself.
 PER_RANK_OUTPUTS = ("csv", "snapshot")
@@ -29,8 +30,10 @@ def traces_of(args) -> list[str]:
 
 
 def label_of(path: str) -> tuple[str, str]:
-    """``(rank label, suffix for the rank's outputs)`` from the trace's metadata, read without its events."""
+    """``(rank label, suffix for the rank's outputs)`` from the trace's metadata, read (and checked) without its
+    events."""
     meta = Trace.load(path, validate=False).meta
+    check_meta(meta, path)
     rank = meta.get("rank")
     suffix = f"rank{rank}" if isinstance(rank, int) else os.path.splitext(os.path.basename(path))[0]
     return rank_label(meta), suffix
@@ -45,8 +48,8 @@ def each_rank(args, run_one, *, summary=None) -> int:
         return run_one(args)
     as_json = getattr(args, "json", False)
     status, ranks = 0, []
-    for k, path in enumerate(paths):
-        label, suffix = label_of(path)
+    labels = [label_of(path) for path in paths]       # every rank's header checked before any report is printed
+    for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
         sub = copy.copy(args)
         sub.trace = path
         for name in PER_RANK_OUTPUTS:

@@ -50,10 +50,12 @@ def format_summary(d: dict) -> str:
         lines.append(f"  process {rank_label(d['process'])}" + (f", local rank {d['process']['local_rank']}"
                                                                 if "local_rank" in d["process"] else "")
                      + (f", device cuda:{dev['index']}" if dev.get("index") is not None else ""))
-    if d.get("device_memory"):
-        mem = d["device_memory"]
-        lines.append(f"  outside the caching allocator {fmt_bytes(mem['outside_peak'])} at most"
-                     + "".join(f", {fmt_bytes(mem[at]['outside'])} at {at}" for at in ("start", "end") if at in mem)
+    mem = d.get("device_memory") or {}
+    seen = [(at, mem[at]["outside"]) for at in ("start", "end") if "outside" in (mem.get(at) or {})]
+    if mem.get("outside_peak") is not None or seen:
+        lines.append("  outside the caching allocator "
+                     + ", ".join(([f"{fmt_bytes(mem['outside_peak'])} at most"] if mem.get("outside_peak") is not None
+                                  else []) + [f"{fmt_bytes(b)} at {at}" for at, b in seen])
                      + " (CUDA context, NCCL, other processes on the device: the trace cannot see it)")
     if m.get("command"):
         cmd = m["command"]
