@@ -408,3 +408,39 @@ def test_a_snapshot_with_events_on_several_other_devices_names_them(tmp_path, ca
     assert not os.path.exists(tmp_path / "r.bin")
     assert main(["import", p, "-o", str(tmp_path / "r.bin"), "--device", "2"]) == 0
     assert "device 1 also holds 2 trace entries: --device 1 imports them" in capsys.readouterr().err
+
+
+@settings(max_examples=6, deadline=None)
+@given(seeds=st.lists(st.integers(0, 10**6), min_size=2, max_size=3),
+       outside=st.lists(st.integers(0, 64), min_size=3, max_size=3), total=st.integers(96, 160))
+def test_tune_run_recommends_only_what_fits_every_rank(tmp_path_factory, seeds, outside, total):
+    """Whatever the ranks hold and whatever lay beside their allocators, a recommended setting replays on every
+    rank, at the GPU less that rank's outside memory, without running out; the rank tuned has the least room."""
+    from conftest import random_trace
+    from allocsim.replay import replay
+    from allocsim.spec import PolicySpec
+    from allocsim.errors import UsageError
+    d = tmp_path_factory.mktemp("tunerun")
+    paths = []
+    for rank, seed in enumerate(seeds):
+        t = random_trace(300, seed=seed, max_size=4 * MiB)
+        t.meta = {"framework": "torch", "rank": rank, "world_size": len(seeds),
+                  "device": {"name": "t", "total_memory": total * MiB},
+                  "device_memory": {"total": total * MiB, "outside_peak": outside[rank] * MiB}}
+        paths.append(str(d / f"run.rank{rank}.bin"))
+        t.save(paths[-1])
+    from allocsim.tune_ranks import tune_run
+    try:
+        res = tune_run(paths, max_replays=6, fit=False)
+    except UsageError as e:            # a rank whose LOAD is more than its capacity: named, nothing tuned
+        assert "no allocator setting fits the run" in str(e)
+        return
+    assert res.capacities == [(total - o) * MiB if o else "trace" for o in outside[:len(seeds)]]
+    rooms = [(total - o) * MiB - Trace.load(p).load_bytes for p, o in zip(paths, outside)]
+    assert rooms[res.worst] == min(rooms)
+    if res.chosen is None:
+        return
+    spec = PolicySpec.parse(res.chosen["spec"])
+    for path, cap, row in zip(paths, res.capacities, res.rank_rows):
+        r = replay(path, spec, cap=res.chosen["cap_bytes"], capacity=cap)
+        assert r.completed and not r.oom_events and r.peak_reserved_bytes == row["peak_reserved_bytes"]
