@@ -89,6 +89,7 @@ def test_launcher_records_each_rank_with_its_environment(launcher):
         assert mem["outside_peak"] == 300 * MiB and mem["end"]["reserved"] == (20 * (rank + 1) + 24) * MiB
         stats = json.load(open(launcher / f"run.rank{rank}.bin.stats.json"))
         assert stats["trace"] == f"run.rank{rank}.bin" and stats["device_memory"] == mem
+        assert stats["exit_status"] == 0 and stats["notes"] == []
         seen = json.load(open(launcher / f"env{rank}.json"))
         assert seen["user"] == "kept" and seen["sitecustomize"] == "1"       # the user's own sitecustomize ran
         assert str(user) in seen["path"] and not any("bootstrap" in p for p in seen["path"])
@@ -134,6 +135,22 @@ def test_sigterm_still_finishes_the_trace(tmp_path):
     assert path.endswith(f".pid{Trace.load(path).meta['pid']}.bin")
     t = Trace.load(path)
     assert t.finished and t.n_allocs == 1
+    stats = json.load(open(path + ".stats.json"))
+    assert stats["exit_status"] == 143 and stats["notes"] == ["the process ended by signal SIGTERM"]
+
+
+def test_a_process_that_raises_still_finishes_and_says_so(tmp_path):
+    _write(tmp_path, "raises.py", """
+        import torch
+        torch.cuda.fake_alloc(20 << 20)
+        raise ValueError("boom")
+    """)
+    r = _record(tmp_path, sys.executable, "raises.py")
+    assert r.returncode == 1 and "ValueError: boom" in r.stderr
+    (path,) = run_files(str(tmp_path / "run.bin"))
+    stats = json.load(open(path + ".stats.json"))
+    assert Trace.load(path).n_allocs == 1 and stats["exit_status"] == 1
+    assert stats["notes"] == ["the process ended by an uncaught ValueError"]
 
 
 def test_a_child_forked_from_a_recorded_process_leaves_its_trace_alone(tmp_path):
