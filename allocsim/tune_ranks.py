@@ -2,13 +2,15 @@
 
 Each rank fits its GPU only with what lay outside its caching allocator beside it (`allocsim.ranks.fit_capacity`:
 the GPU's memory less the CUDA context, NCCL's buffers and other processes the recording saw). The rank with the
-least room (that capacity less its recorded peak reserved, or its LOAD where no segments were recorded) is tuned as
-one trace is (`allocsim.tune.tune`); its finalists, best first, are then replayed on every other rank at that
+least room (that capacity, or the memory fraction or limit the rank set itself where lower, less its recorded peak
+reserved, or its LOAD where no segments were recorded) is tuned as one trace is (`allocsim.tune.tune`); its finalists, best first, are then replayed on every other rank at that
 rank's capacity, and the first that fits every rank is the recommendation (docs/several-processes.md).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .capacity import device_capacity
 from .errors import UsageError
@@ -18,6 +20,7 @@ from .spec import PolicySpec
 from .sweep import Cell, Settings, run_cells
 from .trace import Trace
 from .trace.analysis import Tally
+from .trace.events import OOM
 from .tune import Tuning, conf_lines, tune
 from .units import fmt_bytes
 
@@ -32,13 +35,17 @@ class RunTuning:
     outside: list[int]        # per rank: bytes outside the allocator
     worst: int                # position of the rank tuned
     tuning: Tuning
+    recorded_ooms: list[set] = field(default_factory=list)  # per rank: event indices of the OOMs it recorded
     checks: list[list[dict]] = field(default_factory=list)   # per finalist tried: one row per rank
     chosen: dict | None = None     # the worst rank's row of the setting that fits every rank
 
     @property
     def rank_rows(self) -> list[dict]:
-        """The rows of the setting shown per rank: the chosen one, else the first tried."""
-        return self.checks[-1] if self.checks else []
+        """The rows of the setting shown per rank: the chosen one (the last tried), else the first tried (the
+        worst rank's best)."""
+        if not self.checks:
+            return []
+        return self.checks[-1] if self.chosen is not None else self.checks[0]
 
     def to_dict(self) -> dict:
         return {"run": self.paths, "ranks": [{"trace": p, "rank": label, "outside_bytes": out, "row": row}
@@ -71,9 +78,12 @@ def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs
                              f"live bytes) is more than the {fmt_bytes(total)} it has" +
                              (f" beside the {fmt_bytes(outside)} outside its allocator" if outside else "") +
                              ": no allocator setting fits the run")
-    worst = min(range(len(paths)), key=lambda k: room(needs[k], totals[k]))
+    limits = [min([total] * (total is not None) + [lim["bytes"] for lim in tally.limits if lim["bytes"]] or [None])
+              for total, tally in zip(totals, tallies)]       # a rank's own memory fraction or CuPy limit too
+    worst = min(range(len(paths)), key=lambda k: room(needs[k], limits[k]))
     res = tune(paths[worst], capacity=capacities[worst], cap=cap, jobs=jobs, settings=settings, **options)
-    out = RunTuning(list(paths), [rank_label(t.meta) for t in traces], capacities, [o for _, o in fitted], worst, res)
+    out = RunTuning(list(paths), [rank_label(t.meta) for t in traces], capacities, [o for _, o in fitted], worst, res,
+                    [set(np.flatnonzero(t.kind == OOM).tolist()) for t in traces])
     for row in (r for r in res.finalists if not r["ooms"]):
         spec = PolicySpec.parse(row["spec"])
         others = [k for k in range(len(paths)) if k != worst]

@@ -461,3 +461,28 @@ def test_tune_run_recommends_only_what_fits_every_rank(tmp_path_factory, seeds, 
     for path, cap, row in zip(paths, res.capacities, res.rank_rows):
         r = replay(path, spec, cap=res.chosen["cap_bytes"], capacity=cap)
         assert r.completed and not r.oom_events and r.peak_reserved_bytes == row["peak_reserved_bytes"]
+
+
+def test_tune_on_a_run_where_a_rank_survived_an_oom_says_it_would_again(tmp_path, capsys):
+    """A rank that caught an OOM under its memory fraction fails that request under every setting: no setting
+    fits the run, and the table says it is the recorded OOM again."""
+    from allocsim.trace.events import TORCH_AUX, fraction_bits
+    _rank_trace(tmp_path / "oom.rank0.bin", 0, [60 * MiB, 40 * MiB], outside=100 * MiB)
+    meta = {"framework": "torch", "rank": 1, "world_size": 2, "device": {"name": "Fake", "index": 1,
+                                                                         "total_memory": 1 << 30}}
+    w = TraceWriter(meta, path=str(tmp_path / "oom.rank1.bin"))
+    w.record(ev.SET_LIMIT, aux=TORCH_AUX, addr=fraction_bits(0.25), size=(1 << 30) // 4)
+    w.record(ev.SEGMENT_ALLOC, size=100 * MiB, addr=1 << 32)
+    w.alloc(100 * MiB, addr=1 << 32)
+    w.oom(300 * MiB)                       # over the 256 MiB the fraction allows: caught by the program
+    w.mark("step 1")
+    w.finish({"device_memory": {"total": 1 << 30, "outside_peak": 100 * MiB}})
+    assert main(["tune", str(tmp_path / "oom.bin"), "--max-replays", "4", "--no-fit", "-j", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "the least room is rank 1 of 2's" in out        # its own fraction: 256 MiB, 100 MiB of it reserved
+    assert "no setting fits this target" in out and "no setting fits the worst rank" in out
+    _rank_trace(tmp_path / "oom.rank0.bin", 0, [400 * MiB, 400 * MiB], outside=100 * MiB)     # now the least room
+    assert main(["tune", str(tmp_path / "oom.bin"), "--max-replays", "4", "--no-fit", "-j", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "the least room is rank 0 of 2's" in out and "no finalist of rank 0 of 2 fits every rank" in out
+    assert "no: the recorded OOM at event 3 again" in out

@@ -129,7 +129,7 @@ def run_report(res, took: float) -> str:
         return "\n".join(lines)
     shown = res.chosen or rows[res.worst]
     if res.chosen is None:
-        lines.append(f"no finalist of {worst} fits every rank; {shown['setting']} on each:")
+        lines.append(f"no finalist of {worst} fits every rank; the best of them, {shown['setting']}, on each:")
     else:
         best = res.tuning.best
         lines.append(f"recommended for the run: {shown['setting']}" + (
@@ -138,11 +138,13 @@ def run_report(res, took: float) -> str:
         lines += [f"  {shown[k]}" for k in ("conf", "legacy_conf") if shown.get(k)]
     head = ["process", "trace", "capacity", "outside", "peak reserved", "device mallocs/frees", "fits"]
     body = []
-    for label, out, row, path in zip(res.labels, res.outside, rows, res.paths):
+    for label, out, row, path, recorded in zip(res.labels, res.outside, rows, res.paths, res.recorded_ooms):
         body.append([label, path, fmt_bytes(row["capacity_bytes"]) if row.get("capacity_bytes") else "-",
                      fmt_bytes(out) if out else "-", fmt_bytes(row["peak_reserved_bytes"]),
                      f"{row['device_mallocs']} / {row['device_frees']}",
-                     "yes" if not row["ooms"] else f"no: OOM at event {row['first_oom_event']}"])
+                     "yes" if not row["ooms"] else f"no: {'the recorded ' if row['first_oom_event'] in recorded else ''}"
+                                                   f"OOM at event {row['first_oom_event']}"
+                                                   + (" again" if row["first_oom_event"] in recorded else "")])
     lines.append(aligned_table(head, body, 2))
     lines.append("capacity: the GPU's memory less what lay outside the rank's caching allocator when recorded "
                  "(CUDA context, NCCL, other processes on the device)")
