@@ -84,7 +84,8 @@ def test_torch_snapshot_events_in_order(tmp_path):
         (4, 2, 3, 2, 1, 1)
     assert s["cache_releases_inferred"] == 1
     assert s["unknown_actions"] == {"annotate": 1} and s["snapshots_ignored"] == 1
-    assert s["seeded"] == 0 and not s["wrapped"] and s["warnings"] == ["ignored unknown actions: annotate x1"]
+    assert s["seeded"] == 0 and not s["wrapped"] and s["warnings"] == [
+        "ignored unknown actions: annotate x1", "device 1 also holds 2 trace entries: --device 1 imports them"]
     assert t.meta["framework"] == "torch" and not t.meta["wrapped"] and t.meta["initial_segments"] == []
     assert t.meta["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
     # the end state: 0x10000000 (allocated) and 0x10000400 (free requested) are live
@@ -94,7 +95,7 @@ def test_torch_snapshot_events_in_order(tmp_path):
 def test_torch_snapshot_other_device_and_device_info(tmp_path):
     t, s = imported(tmp_path, "snapshot.pickle", device=1, total_memory=80 * 2**30)
     assert rows(t) == [("SEGMENT_ALLOC", 0, None, 2 * MiB, 0x90000000), ("ALLOC", 0, 0, 8, 0x90000000)]
-    assert s["seeded"] == 0 and s["warnings"] == []
+    assert s["seeded"] == 0 and s["warnings"] == ["device 0 also holds 15 trace entries: --device 0 imports them"]
     assert t.meta["device"] == {"index": 1, "total_memory": 80 * 2**30}
     with pytest.raises(InputError, match=r"no trace for device 2 \(the snapshot has devices 0\.\.1\)"):
         import_file(fixture("snapshot.pickle"), str(tmp_path / "x.bin"), device=2)

@@ -190,7 +190,9 @@ def test_recorded_trace_loads_and_agrees_with_its_allocator(path):
     t = Trace.load(path)                    # validates: ids, frees, sizes
     assert t.finished and t.n_allocs > 0 and t.meta["device"]["total_memory"] > 0
     stats = json.load(open(path + ".stats.json"))
-    assert stats["exit_status"] == 0 and stats["trace_summary"]["events"] == len(t)
+    # a rank's trace of a run recorded before its process's end was noted says None (docs/several-processes.md)
+    assert stats["exit_status"] in ((0, None) if "rank" in t.meta else (0,)) and \
+        stats["trace_summary"]["events"] == len(t)
     if t.meta["framework"] == "torch":
         _check_torch(t, stats["memory_stats"])
         assert len(t.marks()) >= stats["optimizer_steps"] > 0

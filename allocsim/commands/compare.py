@@ -10,6 +10,7 @@ from ..report.text import breakdown_table, compare_table, row_sections, trace_he
 from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
                       load_trace, policy_specs, replay_settings, split_list)
+from ._ranks import each_rank
 
 NAME = "compare"
 HELP = "replay one trace under several policies, caps and runtimes; one table"
@@ -23,7 +24,7 @@ def add_arguments(p, *, many_traces: bool = False):
     if many_traces:
         p.add_argument("trace", nargs="+", help="trace files (.bin)")
     else:
-        p.add_argument("trace", help="trace file (.bin)")
+        p.add_argument("trace", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each rank)")
     add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
     p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
@@ -58,6 +59,10 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
 
 
 def run(args) -> int:
+    return each_rank(args, run_one)
+
+
+def run_one(args) -> int:
     claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
     cells, settings = build_cells(args)
     bar = None

@@ -19,8 +19,9 @@ def add_arguments(p):
     p.add_argument("-o", "--output", required=True, metavar="TRACE", help="trace file to write (.bin)")
     add_force_argument(p)
     p.add_argument("--format", default="auto", choices=("auto",) + FORMATS, help="input format (default: auto)")
-    p.add_argument("--device", type=int, default=0, metavar="N",
-                   help="device index to import (torch: device_traces[N]; cupy: device_id N); default 0")
+    p.add_argument("--device", type=int, metavar="N",
+                   help="device index to import (torch: device_traces[N]; cupy: device_id N); default: a snapshot's "
+                        "device that holds the events (a rank's on cuda:1 too), 0 for a log")
     p.add_argument("--total-memory", metavar="SIZE",
                    help="the recorded GPU's memory, e.g. 80GiB (the inputs do not carry it); replays use it "
                         "as the default capacity")
@@ -28,7 +29,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    if args.device < 0:
+    if args.device is not None and args.device < 0:
         raise UsageError(f"--device: negative device index {args.device}")
     total = positive_size(args.total_memory, "--total-memory") if args.total_memory is not None else None
     claim_outputs([("-o", args.output)], [args.file], force=args.force)

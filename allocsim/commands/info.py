@@ -8,14 +8,19 @@ from __future__ import annotations
 from ..trace.analysis import Tally, summarize
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..report.tables import dump_json
+from ..filenames import shown_name
+from ..ranks import rank_label
+from ..report.text import aligned_table
 from ._common import load_trace, progress_bar
+from ._ranks import each_rank
 
 NAME = "info"
 HELP = "summarise a trace: events, sizes, LOAD, iterations, streams, upstream segments, metadata"
 EXAMPLE = "allocsim info traces/resnet50.bin --json"
 
 def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("trace", nargs="+", help="trace file (.bin); several, or a run's name (run.bin for run.rank0.bin, "
+                                            "run.rank1.bin, ...): each rank, then a table of the run")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
@@ -41,6 +46,17 @@ def format_summary(d: dict) -> str:
              f"  producer {m.get('producer') or '-'}   framework {fw}",
              f"  device {dev.get('name') or '-'}" + (f"  ({fmt_bytes(dev['total_memory'])})"
                                                       if dev.get("total_memory") else "")]
+    if d.get("process"):
+        lines.append(f"  process {rank_label(d['process'])}" + (f", local rank {d['process']['local_rank']}"
+                                                                if "local_rank" in d["process"] else "")
+                     + (f", device cuda:{dev['index']}" if dev.get("index") is not None else ""))
+    mem = d.get("device_memory") or {}
+    seen = [(at, mem[at]["outside"]) for at in ("start", "end") if "outside" in (mem.get(at) or {})]
+    if mem.get("outside_peak") is not None or seen:
+        lines.append("  outside the caching allocator "
+                     + ", ".join(([f"{fmt_bytes(mem['outside_peak'])} at most"] if mem.get("outside_peak") is not None
+                                  else []) + [f"{fmt_bytes(b)} at {at}" for at, b in seen])
+                     + " (CUDA context, NCCL, other processes on the device: the trace cannot see it)")
     if m.get("command"):
         cmd = m["command"]
         lines.append(f"  command {' '.join(map(str, cmd)) if isinstance(cmd, list) else cmd}")
@@ -93,7 +109,34 @@ def format_summary(d: dict) -> str:
     return "\n".join(lines)
 
 
+def run_table(paths: list[str]) -> None:
+    """The run in one table: each rank's LOAD, the peak the recorded allocator reserved, and what lay beside it."""
+    from ..ranks import shared_devices
+    rows, metas = [], []
+    for path in paths:
+        trace = load_trace(path)
+        d = summarize(trace)
+        metas.append(trace.meta)
+        dev = d["metadata"].get("device") or {}
+        peak = d["upstream_segments"]["peak_reserved_bytes"]
+        outside = (d.get("device_memory") or {}).get("outside_peak")
+        rows.append([rank_label(trace.meta), shown_name(path),
+                     f"cuda:{dev['index']}" if dev.get("index") is not None else "-",
+                     fmt_bytes(d["load_bytes"]), fmt_bytes(peak) if peak else "-",
+                     fmt_bytes(outside) if outside is not None else "-",
+                     fmt_bytes(peak + outside) if peak and outside is not None else "-"])
+    print(f"run of {len(paths)} processes (outside: the most device memory seen beside the caching allocator)")
+    print(aligned_table(["process", "trace", "device", "LOAD", "peak reserved", "outside", "peak+outside"], rows, 3))
+    for group in shared_devices(metas):
+        print(f"  {', '.join(rank_label(metas[k]) for k in group)} share one device: each one's outside holds the "
+              f"others' memory")
+
+
 def run(args) -> int:
+    return each_rank(args, run_one, summary=run_table)
+
+
+def run_one(args) -> int:
     quiet = args.quiet or args.json
     tally = Tally()
     trace = load_trace(args.trace, quiet, walkers=[tally])

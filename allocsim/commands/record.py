@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 from ..errors import UsageError
@@ -25,7 +26,9 @@ def add_arguments(p):
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                    help="run a module as `python -m MODULE args` would (the rest of the line is its arguments)")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
-                   help="the script and its arguments, as you would pass them to python")
+                   help="the script and its arguments, as you would pass them to python; or a program of several "
+                        "processes (-- torchrun --nproc-per-node 2 train.py, -- python spawns.py): one trace per "
+                        "process that uses CUDA, OUT.rank<R>.bin")
 
 
 def parse_target(args):
@@ -58,10 +61,46 @@ def own_options_after_target(program_args) -> list[str]:
     return [a for a in program_args if a in ("-o", "--force") or a.startswith("--output")]
 
 
+def program_argv(args) -> list[str] | None:
+    """The command line of a program whose processes are recorded one by one (docs/several-processes.md): a
+    launcher or any other program (`_is_program`: ``torchrun ...``, ``python train.py``, ``bash run.sh``), or
+    ``-m torch.distributed.run``; None for a Python script or module run inside allocsim, as before."""
+    from ..recorders.processes import LAUNCHER_MODULES
+    if args.module:
+        return [sys.executable, "-m", *args.module] if args.module[0] in LAUNCHER_MODULES else None
+    target = list(args.target or [])
+    if target and target[0] == "--":
+        target = target[1:]
+    return target if target and _is_program(target[0]) else None
+
+
+def _is_program(name: str) -> bool:
+    """A program to start, not a Python script to run inside allocsim: a command on PATH with no file of that name
+    here, or an executable file that is a binary (ELF) or a script for another interpreter (``#!/bin/bash``)."""
+    if not os.path.exists(name):
+        return shutil.which(name) is not None
+    if name.endswith(".py") or not os.path.isfile(name) or not os.access(name, os.X_OK):
+        return False
+    with open(name, "rb") as f:
+        head = f.readline(256)
+    return head.startswith(b"\x7fELF") or (head.startswith(b"#!") and b"python" not in head)
+
+
+def run_program(args, argv: list[str]) -> int:
+    from ..recorders.processes import default_output, record_program
+    if args.framework == "cupy":
+        raise UsageError(f"{argv[0]}: recording each process of a program is for PyTorch (--framework torch)")
+    return record_program(argv, args.output or default_output(argv), force=args.force, stacks=args.stacks,
+                          max_events=args.max_events)
+
+
 def run(args) -> int:
     from ..recorders import record
     if args.max_events is not None and args.max_events < 1:
         raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
+    argv = program_argv(args)
+    if argv is not None:
+        return run_program(args, argv)
     target, default_out = parse_target(args)
     out = args.output or default_out
     misplaced = own_options_after_target(target.args)

@@ -13,6 +13,7 @@ from ..report.text import oom_line, replay_summary, section_table
 from ..spec import PolicySpec
 from ._common import (DEFAULT_TRACE, add_replay_arguments, lazy_progress_bar, load_trace, progress_bar,
                       replay_settings, say_snapshot_written)
+from ._ranks import each_rank
 
 NAME = "replay"
 HELP = "replay a trace against one allocator policy"
@@ -20,8 +21,9 @@ EXAMPLE = "allocsim replay traces/resnet50.bin --policy split --cap 8GB --runtim
 
 
 def add_arguments(p):
-    p.add_argument("trace", nargs="?", help="trace file (.bin); default: the embedded ResNet-50 trace "
-                                          "(traces/resnet50.bin, recorded on an H100)")
+    p.add_argument("trace", nargs="?", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each "
+                                          "rank); default: the embedded ResNet-50 trace (traces/resnet50.bin, "
+                                          "recorded on an H100)")
     p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`), "
                    "name[key:value,...], or a plug-in: file.py:Class or module:Class")
     add_replay_arguments(p)
@@ -37,6 +39,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    return each_rank(args, run_one)
+
+
+def run_one(args) -> int:
     spec = PolicySpec.parse(args.policy).with_options(args.policy_opt)
     if args.snapshot is not None:
         check_exportable(spec, args.runtime)

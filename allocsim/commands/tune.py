@@ -15,8 +15,11 @@ from ..tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..spec import PolicySpec
 from ..report.tune import tune_report
+from ..ranks import fit_capacity
+from ..units import fmt_bytes
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg,
                       load_trace, positive_size, say_snapshot_written)
+from ._ranks import traces_of
 
 NAME = "tune"
 HELP = "search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, pool caps)"
@@ -25,7 +28,8 @@ EXAMPLE = "allocsim tune traces/gpt2.bin --capacity 8.5GiB -j 2 --plot frontier.
 
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin), or a PyTorch memory snapshot, RMM CSV or CuPy JSONL log "
-                                  "(imported on the fly)")
+                                  "(imported on the fly); or a run's name (run.bin for run.rank0.bin, ...): its worst "
+                                  "rank tuned, the setting checked on every rank")
     p.add_argument("--capacity", default="trace",
                    help="the GPU's memory to fit in, e.g. 24GB (default: the recorded device's; none: unlimited)")
     p.add_argument("--cap", help="the allocator's allowed memory within it (torch: the per-process memory fraction)")
@@ -51,7 +55,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    with _as_trace(args.trace) as path:
+    paths = traces_of(args)
+    if len(paths) > 1:
+        return _tune_run(args, paths)
+    with _as_trace(paths[0]) as path:
         return _tune(args, path)
 
 
@@ -97,14 +104,13 @@ def _tune(args, path: str) -> int:
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
     cap = positive_size(args.cap, "--cap") if args.cap is not None else None
-    headroom = headroom_arg(args.headroom)
-    costs = cost_model_arg(args.cost_model)
+    capacity, outside = fit_capacity(capacity_arg(args.capacity), trace)
+    if outside:
+        say_outside(args.trace, capacity, outside)
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)
     try:
-        res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, headroom=headroom,
-                   jobs=args.jobs, top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
-                   settings=Settings(ReplaySettings(costs=costs)), progress=progress)
+        res = tune(path, capacity=capacity, cap=cap, progress=progress, **search_options(args))
     finally:
         progress.close()
     res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
@@ -121,6 +127,44 @@ def _tune(args, path: str) -> int:
         dump_json(res.to_dict())
         return 0
     print(tune_report(res, took))
+    return 0
+
+
+def search_options(args) -> dict:
+    """`tune`'s options from the command line, the target's capacity and cap aside."""
+    return dict(objective=args.objective, headroom=headroom_arg(args.headroom), jobs=args.jobs, top=args.top,
+                fit=not args.no_fit, max_replays=args.max_replays,
+                settings=Settings(ReplaySettings(costs=cost_model_arg(args.cost_model))))
+
+
+def say_outside(name: str, capacity: int, outside: int) -> None:
+    """One stderr line: the capacity a rank is fitted in, the GPU less what lay outside its allocator."""
+    print(f"allocsim tune: {shown_name(name)}: {fmt_bytes(outside)} of the device lay outside the caching allocator "
+          f"when recorded (CUDA context, NCCL, other processes): fitting in {fmt_bytes(capacity)} beside it",
+          file=sys.stderr)
+
+
+def _tune_run(args, paths: list[str]) -> int:
+    """A run of several ranks (`allocsim.tune_ranks`): the worst rank tuned, its answer checked on every rank."""
+    from ..errors import UsageError
+    from ..report.tune import run_report
+    from ..tune_ranks import tune_run
+    for flag, value in (("--plot", args.plot), ("--snapshot", args.snapshot)):
+        if value is not None:
+            raise UsageError(f"{flag}: tune the run's worst rank's trace by itself to draw or export it "
+                             f"({shown_name(paths[0])}, ...)")
+    cap = positive_size(args.cap, "--cap") if args.cap is not None else None
+    t0 = time.perf_counter()
+    progress = PhaseReport("tune", quiet=args.json)
+    try:
+        res = tune_run(paths, capacity=capacity_arg(args.capacity), cap=cap, progress=progress,
+                       **search_options(args))
+    finally:
+        progress.close()
+    if args.json:
+        dump_json(res.to_dict())
+    else:
+        print(run_report(res, time.perf_counter() - t0))
     return 0
 
 

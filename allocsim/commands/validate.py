@@ -9,6 +9,7 @@ from ..report.tables import dump_json
 from ..report.text import validation_summary
 from ..validate import validate
 from ._common import capacity_arg, load_trace, option_text
+from ._ranks import each_rank
 
 NAME = "validate"
 HELP = "replay a trace with its recorder's allocator model and compare segment calls"
@@ -16,7 +17,8 @@ EXAMPLE = "allocsim validate traces/resnet50.bin --json"
 
 
 def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin) recorded under torch or cupy")
+    p.add_argument("trace", nargs="+", help="trace file (.bin) recorded under torch or cupy; several, or a run's name "
+                                            "(run.bin for run.rank0.bin, run.rank1.bin, ...): each rank")
     p.add_argument("--capacity", default="trace",
                    help="device memory, e.g. 80GB; default: the recorded device's, else unlimited")
     p.add_argument("--policy-opt", "-O", action="append", default=[], metavar="KEY=VALUE", type=option_text,
@@ -25,6 +27,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    return each_rank(args, run_one)
+
+
+def run_one(args) -> int:
     v = validate(load_trace(args.trace), options=args.policy_opt, capacity=capacity_arg(args.capacity))
     if args.json:
         dump_json(v.to_dict())

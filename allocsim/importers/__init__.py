@@ -57,14 +57,16 @@ def detect(path: str) -> str:
                      "pass --format", path=path, position="byte 0")
 
 
-def open_source(path: str, fmt: str | None = None, *, device: int = 0, device_name: str | None = None,
+def open_source(path: str, fmt: str | None = None, *, device: int | None = None, device_name: str | None = None,
                 total_memory: int | None = None):
-    """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``."""
+    """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``.
+    ``device`` None: a snapshot's device that holds the events, device 0 of a log."""
     check_input_file(path)
     fmt = fmt or detect(path)
     kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
     if fmt == "torch":
         return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
+    kw["device"] = device or 0
     if fmt == "rmm":
         return RmmLog(path, **kw)
     if fmt == "cupy":
@@ -72,7 +74,8 @@ def open_source(path: str, fmt: str | None = None, *, device: int = 0, device_na
     raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
-def import_file(path: str, out: str, *, format: str | None = None, device: int = 0, total_memory: int | None = None,
+def import_file(path: str, out: str, *, format: str | None = None, device: int | None = None,
+                total_memory: int | None = None,
                 device_name: str | None = None) -> dict:
     """Convert ``path`` into the trace file ``out``; return stats (counts, warnings, events written).
 

@@ -50,9 +50,10 @@ BLOCK_ACTIONS = ("alloc", "free_requested", "free_completed")
 SIZED_ACTIONS = frozenset(BLOCK_ACTIONS) | frozenset(SEGMENT_KINDS)
 
 
-def convert(snapshot: dict, writer, *, device: int = 0, source: str = "<snapshot>", device_name: str | None = None,
-            total_memory: int | None = None) -> dict:
-    """Append ``snapshot``'s device ``device`` history to ``writer``; return stats.
+def convert(snapshot: dict, writer, *, device: int | None = None, source: str = "<snapshot>",
+            device_name: str | None = None, total_memory: int | None = None) -> dict:
+    """Append ``snapshot``'s device ``device`` history (None: the device that has one, `snapshot_device`) to
+    ``writer``; return stats.
 
     The conversion's metadata (framework, allocator settings, initial segments)
     is merged into ``writer.meta``. A writer streaming to a file wrote its header
@@ -303,11 +304,18 @@ class SnapshotConversion:
     made with it); `emit` writes the events and returns the stats.
     """
 
-    def __init__(self, snapshot, *, device: int = 0, source: str = "<snapshot>", device_name: str | None = None,
-                 total_memory: int | None = None):
+    def __init__(self, snapshot, *, device: int | None = None, source: str = "<snapshot>",
+                 device_name: str | None = None, total_memory: int | None = None):
         self.where = where = _Where(source)
-        self.device = device
+        self.device = device = snapshot_device(snapshot, where) if device is None else device
         self.entries = _device_entries(snapshot, device, where)
+        self.other_devices = {d: len(t) for d, t in enumerate(snapshot["device_traces"])
+                              if d != device and isinstance(t, list) and t}
+        if not self.entries:
+            others = list(self.other_devices)
+            if others:
+                raise where.error(f"holds no allocation events for device {device}; device "
+                                  f"{', '.join(map(str, others))} does: pass --device {others[0]}", "device_traces")
         self.t0 = _check_entries(self.entries, device, where)
         self.start = StartState(snapshot, self.entries, device, where)
         dev = {"index": device}
@@ -361,6 +369,8 @@ class SnapshotConversion:
                             f"trusted (allocsim validate says which)")
         if unknown:
             warnings.append("ignored unknown actions: " + ", ".join(f"{k} x{n}" for k, n in sorted(unknown.items())))
+        warnings += [f"device {d} also holds {n:,} trace entries: --device {d} imports them"
+                     for d, n in self.other_devices.items()]
         return {
             "format": "torch", "entries": len(self.entries),
             "allocs": counts["alloc"], "frees": counts["free_completed"], "free_requested": counts["free_requested"],
@@ -458,6 +468,24 @@ def private_pool_segments(snapshot, device: int = 0) -> dict[int, int]:
                 and _is_uint(seg.get("address")) and _is_uint(seg.get("total_size")):
             out[seg["address"]] = seg["total_size"]
     return out
+
+
+def snapshot_device(snapshot, where: _Where) -> int:
+    """The device whose history a snapshot holds, when none is named: device 0 when it has trace entries (as
+    always), else the one device that has (a rank's snapshot taken on ``cuda:1`` holds ``device_traces[1]`` only),
+    else the one its segments lie on, else 0; an `InputError` naming them when several other devices have entries."""
+    traces = snapshot.get("device_traces") if isinstance(snapshot, dict) else None
+    if not isinstance(traces, list):
+        return 0                    # _device_entries says what is wrong
+    used = [d for d, t in enumerate(traces) if isinstance(t, list) and t]
+    if len(used) > 1 and used[0] != 0:
+        raise where.error(f"holds no allocation events for device 0, and some for devices "
+                          f"{', '.join(map(str, used))}; pass --device N to import one", "device_traces")
+    if used:
+        return used[0]
+    segments = snapshot.get("segments")
+    on = {seg.get("device") for seg in segments if isinstance(seg, dict)} if isinstance(segments, list) else set()
+    return on.pop() if len(on) == 1 and _is_uint(next(iter(on), None)) else 0
 
 
 def _device_entries(snapshot, device: int, where: _Where) -> list:

@@ -62,10 +62,15 @@ class Recorder:
         """A remark for the stats file (program interrupted, ring buffer wrapped, ...)."""
         self.notes.append(text)
 
-    def close_trace(self):
-        """Finish the streamed trace, publish it as ``out``; return the `Trace`."""
+    def late_meta(self) -> dict:
+        """Metadata learnt while recording, for the trace's footer (a process of a run: its rank)."""
+        return {}
+
+    def close_trace(self, late_meta: dict | None = None):
+        """Finish the streamed trace (``late_meta``: `TraceWriter.finish`'s), publish it as ``out``; return the
+        `Trace`."""
         w, self.writer = self.writer, None
-        trace = w.finish()
+        trace = w.finish(late_meta)
         os.replace(w.path, self.out)
         trace.path = self.out
         return trace

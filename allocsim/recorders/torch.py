@@ -69,34 +69,54 @@ class TorchRecorder(Recorder):
             enabled="all", context="alloc" if self.stacks else None, stacks="python",
             max_entries=self.max_entries, clear_history=clear)
 
+    #: False: the device is the current one when recording starts. True (a process of a run, started at CUDA's
+    #: initialisation, before the program picks its device): the first device the entries show (`_open_on`).
+    follow_device = False
+
     def start(self) -> None:
         import torch
         torch.cuda.init()
         self.torch = torch
-        self.device = torch.cuda.current_device()
+        self.device = None
         self.max_entries = self.max_events or DEFAULT_MAX_ENTRIES
         self.steps = 0
         self.chunks = 0
         self.largest_chunk = 0
         self.other_device_entries = 0
         self.private_pools: dict[int, int] = {}     # base -> size of segments seen in CUDA graph private pools
-        props = torch.cuda.get_device_properties(self.device)
-        self._arm(clear=True)
-        settings = torch.cuda.memory._snapshot().get("allocator_settings", {})
-        meta = {**self.base_meta(), "framework_version": torch.__version__,
-                "cuda_version": torch.version.cuda,
-                "device": {"index": self.device, "name": props.name, "total_memory": int(props.total_memory)},
-                "allocator": "pytorch-caching", "allocator_settings": settings,
-                "max_entries": self.max_entries, "stacks": self.stacks}
-        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks)
-        self.total_memory = int(props.total_memory)
         self.releases = self.limits = 0
-        get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
-        if get_fraction is not None and get_fraction(self.device) != 1.0:
-            self.record_fraction(get_fraction(self.device))
+        self.memory: dict = {}
+        self._arm(clear=True)
+        if not self.follow_device:
+            self._open_on(torch.cuda.current_device())
         self._wrap_calls()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
+
+    def _open_on(self, device: int) -> None:
+        """Open the trace for ``device``: its metadata, the device's memory now, the fraction in force."""
+        torch = self.torch
+        self.device = device
+        props = torch.cuda.get_device_properties(device)
+        settings = torch.cuda.memory._snapshot().get("allocator_settings", {})
+        meta = {**self.base_meta(), "framework_version": torch.__version__,
+                "cuda_version": torch.version.cuda,
+                "device": {"index": device, "name": props.name, "total_memory": int(props.total_memory)},
+                "allocator": "pytorch-caching", "allocator_settings": settings,
+                "max_entries": self.max_entries, "stacks": self.stacks}
+        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device)
+        self.total_memory = int(props.total_memory)
+        self.memory = {"total": self.total_memory, "start": self._device_memory(), "outside_peak": 0}
+        get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
+        if get_fraction is not None and get_fraction(device) != 1.0:
+            self.record_fraction(get_fraction(device))
+
+    def _device_memory(self) -> dict:
+        """The device's free bytes (``mem_get_info``), this allocator's reserved bytes, and what lies outside it
+        (total - free - reserved: the CUDA context, NCCL's buffers, other processes on the device)."""
+        free, total = self.torch.cuda.mem_get_info(self.device)
+        reserved = int(self.torch.cuda.memory_reserved(self.device))
+        return {"free": int(free), "reserved": reserved, "outside": max(0, int(total) - int(free) - reserved)}
 
     def _wrap_calls(self) -> None:
         """Put recording wrappers of `WRAPPED` in ``torch.cuda`` and ``torch.cuda.memory`` (`_unwrap_calls` undoes)."""
@@ -107,6 +127,8 @@ class TorchRecorder(Recorder):
 
         @functools.wraps(empty_cache)
         def recorded_empty_cache():
+            if self.writer is None and self.follow_device and self.torch.cuda.is_initialized():
+                self._open_on(self.torch.cuda.current_device())
             if self.writer is not None:
                 self.drain()
                 self.conv.w.record(ev.CACHE_RELEASE, aux=TORCH_AUX)
@@ -117,7 +139,9 @@ class TorchRecorder(Recorder):
         def recorded_set_fraction(fraction, device=None):
             result = set_fraction(fraction, device)
             index = self.torch.cuda._utils._get_device_index(device, optional=True)
-            if self.writer is not None and index == self.device:
+            if self.writer is None and self.follow_device:
+                self._open_on(index)       # opening records the fraction now in force
+            elif self.writer is not None and index == self.device:
                 self.record_fraction(fraction)
             return result
 
@@ -148,7 +172,15 @@ class TorchRecorder(Recorder):
         """Move the ring buffer's entries into the trace and empty it (see the module docstring)."""
         snap = self.torch.cuda.memory._snapshot()
         self._arm(clear=True)
+        if self.writer is None:                     # follow_device, and nothing opened it yet
+            used = [d for d, entries in enumerate(snap.get("device_traces", [])) if entries]
+            if not used:
+                return snap
+            current = self.torch.cuda.current_device()
+            self._open_on(current if current in used else used[0])
         self.chunks += 1
+        outside = self._device_memory()["outside"]
+        self.memory["outside_peak"] = max(self.memory["outside_peak"], outside)
         private = private_pool_segments(snap, self.device)     # graph pools' segments alive now
         self.conv.private |= set(private)
         self.private_pools.update(private)
@@ -165,10 +197,11 @@ class TorchRecorder(Recorder):
         return snap
 
     def mark(self, label: str) -> None:
-        if self.writer is None:
+        if self.writer is None and not self.follow_device:
             return
         self.drain()
-        self.writer.mark(label)
+        if self.writer is not None:
+            self.writer.mark(label)
 
     def finish(self, exit_status: int = 0) -> dict:
         torch = self.torch
@@ -176,9 +209,14 @@ class TorchRecorder(Recorder):
         self._unwrap_calls()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
+        if self.writer is None:                     # a process that never allocated on a device: no trace
+            return {}
         torch.cuda.synchronize()
         mstats = {k: v for k, v in torch.cuda.memory_stats(self.device).items()}
-        trace = self.close_trace()
+        self.memory["end"] = self._device_memory()
+        self.memory["outside_peak"] = max(self.memory["outside_peak"], self.memory["end"]["outside"],
+                                          self.memory["start"]["outside"])
+        trace = self.close_trace({"device_memory": self.memory, **self.late_meta()})
         c = self.conv.counts
         real_allocs = mstats.get("allocation.all.allocated")
         if real_allocs is not None and real_allocs != c["alloc"]:
@@ -196,7 +234,7 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "cache_releases": self.releases, "limits_set": self.limits,
+            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "cache_releases": self.releases, "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 

@@ -115,3 +115,37 @@ def fits_legend(rows: list[dict], target=None) -> str:
     if marks:
         text += "; * bounded: " + "; ".join(why[m] for m in sorted(marks, reverse=True))
     return text
+
+
+def run_report(res, took: float) -> str:
+    """`allocsim tune` on a run (a `allocsim.tune_ranks.RunTuning`): the worst rank's report, then the
+    recommended setting on every rank at its capacity (the GPU less what lay outside its allocator)."""
+    worst = res.labels[res.worst]
+    lines = [f"run of {len(res.paths)} processes; the least room is {worst}'s ({res.paths[res.worst]}): tuned below, "
+             "its finalists then replayed on every rank", "", tune_report(res.tuning, took), ""]
+    rows = res.rank_rows
+    if not rows:
+        lines.append("no setting fits the worst rank: nothing to check on the others")
+        return "\n".join(lines)
+    shown = res.chosen or rows[res.worst]
+    if res.chosen is None:
+        lines.append(f"no finalist of {worst} fits every rank; the best of them, {shown['setting']}, on each:")
+    else:
+        best = res.tuning.best
+        lines.append(f"recommended for the run: {shown['setting']}" + (
+            "" if best is None or shown is best else
+            f" ({best['setting']}, the worst rank's best, runs out on another rank)") + "; on each rank:")
+        lines += [f"  {shown[k]}" for k in ("conf", "legacy_conf") if shown.get(k)]
+    head = ["process", "trace", "capacity", "outside", "peak reserved", "device mallocs/frees", "fits"]
+    body = []
+    for label, out, row, path, recorded in zip(res.labels, res.outside, rows, res.paths, res.recorded_ooms):
+        body.append([label, path, fmt_bytes(row["capacity_bytes"]) if row.get("capacity_bytes") else "-",
+                     fmt_bytes(out) if out else "-", fmt_bytes(row["peak_reserved_bytes"]),
+                     f"{row['device_mallocs']} / {row['device_frees']}",
+                     "yes" if not row["ooms"] else f"no: {'the recorded ' if row['first_oom_event'] in recorded else ''}"
+                                                   f"OOM at event {row['first_oom_event']}"
+                                                   + (" again" if row["first_oom_event"] in recorded else "")])
+    lines.append(aligned_table(head, body, 2))
+    lines.append("capacity: the GPU's memory less what lay outside the rank's caching allocator when recorded "
+                 "(CUDA context, NCCL, other processes on the device)")
+    return "\n".join(lines)

@@ -212,6 +212,10 @@ class Tally:
         return out
 
 
+#: What a trace of one process of a run says of the process (docs/several-processes.md).
+PROCESS_KEYS = ("rank", "local_rank", "world_size", "pid")
+
+
 def summarize(trace, tally: Tally | None = None) -> dict:
     """Everything `allocsim info` reports, as a JSON-ready dict.
 
@@ -252,6 +256,8 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         **({"private_pool_segments": tally.private_segments} if tally.private_segments else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
+        **({"process": {k: meta[k] for k in PROCESS_KEYS if k in meta}} if "pid" in meta or "rank" in meta else {}),
+        **({"device_memory": meta["device_memory"]} if "device_memory" in meta else {}),
     }
 
 

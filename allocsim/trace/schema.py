@@ -63,6 +63,12 @@ def check_meta(meta: dict, path: str) -> None:
         dev.get("name", lambda v: isinstance(v, str), "expected a string")
         dev.get("index", lambda v: _is_int(v) and v >= 0, "expected a device index (an integer >= 0)")
     m.sub("allocator_settings")          # its fields are checked by the torch policy that reads them
+    for name in ("rank", "local_rank", "world_size"):       # a process of a run (docs/several-processes.md)
+        m.get(name, lambda v: _is_int(v) and v >= (name == "world_size"), "expected an integer >= "
+              + ("1" if name == "world_size" else "0"))
+    mem = m.sub("device_memory")
+    if mem is not None:
+        _check_device_memory(mem)
     segs = m.get("initial_segments", lambda v: isinstance(v, list), "expected a list of segments")
     for k, s in enumerate(segs or []):
         where = f"metadata: initial_segments[{k}]"
@@ -70,6 +76,19 @@ def check_meta(meta: dict, path: str) -> None:
             raise InputError(f"expected a JSON object, got {_show(s)}", path=path, position=where)
         _Fields(s, path, where + ".").get("total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE,
                                           "expected a size in bytes (an integer, 0 to 1 PiB)")
+
+
+def _check_device_memory(mem: "_Fields") -> None:
+    """``device_memory``: byte counts the recorder read from the device (``mem_get_info``) and its allocator."""
+    def size(v):
+        return _is_int(v) and 0 <= v <= MAX_SIZE
+    what = "expected a size in bytes (an integer, 0 to 1 PiB)"
+    for name in ("total", "outside_peak"):
+        mem.get(name, size, what)
+    for moment in ("start", "end"):
+        at = mem.sub(moment)
+        for name in ("free", "reserved", "outside") if at is not None else ():
+            at.get(name, size, what)
 
 
 def check_footer(footer: dict, path: str) -> None:
@@ -82,3 +101,4 @@ def check_footer(footer: dict, path: str) -> None:
     for name in ("sites", "labels"):
         f.get(name, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "expected a list of strings")
     f.get("summary", lambda v: isinstance(v, dict), "expected a JSON object")
+    f.get("meta", lambda v: isinstance(v, dict), "expected a JSON object")

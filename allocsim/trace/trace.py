@@ -49,6 +49,7 @@ class Trace:
         """
         meta, records, footer, finished = read_trace_file(path, mmap=mmap)
         check_footer(footer, path)
+        meta = {**meta, **footer.get("meta", {})}      # what the writer learnt only at the end (docs/trace-format.md)
         if validate:
             check_meta(meta, path)
         t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
@@ -688,12 +689,17 @@ class TraceWriter:
     def tables(self) -> dict:
         return {"streams": list(self._streams) or [0], "sites": list(self._sites), "labels": list(self._labels)}
 
-    def finish(self) -> Trace:
-        """Close the writer; return the trace (memory-mapped from the file when streaming)."""
+    def finish(self, late_meta: dict | None = None) -> Trace:
+        """Close the writer; return the trace (memory-mapped from the file when streaming).
+
+        ``late_meta``: metadata learnt only while recording (the device's memory at the end, a rank the program
+        chose); it goes in the footer, and a loaded trace's metadata is the header's with it over them."""
         t = self.tables()
+        self.meta.update(late_meta or {})
         if self._file:
             self._flush()
-            self._file.close({**t, "summary": {"events": self._file.count, "allocs": self.next_id}})
+            self._file.close({**t, "summary": {"events": self._file.count, "allocs": self.next_id},
+                              **({"meta": late_meta} if late_meta else {})})
             return Trace.load(self.path, validate=False)
         return Trace(self._buf[: self._n].copy(), self.meta, streams=t["streams"], sites=t["sites"],
                      labels=t["labels"])

@@ -1,0 +1,71 @@
+"""The commands on a run of several processes: each rank's trace in turn (docs/several-processes.md).
+
+`each_rank` runs a command's one-trace form on every trace the argument names (`allocsim.ranks.run_traces`:
+``run.bin`` for ``run.rank0.bin``, ``run.rank1.bin``, ... or several files), under a heading per rank; with
+``--json``, one object ``{"run", "ranks": [{"trace", "rank", "result"}]}`` of the ranks' own JSON. A file a command
+writes (``--csv``, ``--snapshot``) is written per rank, named as the rank's trace is (``out.rank1.csv``). One trace
+runs exactly as before.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+
+from ..ranks import process_name, rank_label, run_traces
+from ..report.tables import dump_json
+from ..trace import Trace
+from ..trace.schema import check_meta
+
+#: The options whose file each rank writes for itself.
+PER_RANK_OUTPUTS = ("csv", "snapshot")
+
+
+def traces_of(args) -> list[str]:
+    """The traces the command's ``trace`` argument (one name, or a list) names, runs expanded."""
+    names = args.trace if isinstance(args.trace, list) else [args.trace]
+    return [p for name in names for p in run_traces(name)]
+
+
+def label_of(path: str) -> tuple[str, str]:
+    """``(rank label, suffix for the rank's outputs)`` from the trace's metadata, read (and checked) without its
+    events."""
+    meta = Trace.load(path, validate=False).meta
+    check_meta(meta, path)
+    rank = meta.get("rank")
+    suffix = f"rank{rank}" if isinstance(rank, int) else os.path.splitext(os.path.basename(path))[0]
+    return rank_label(meta), suffix
+
+
+def each_rank(args, run_one, *, summary=None) -> int:
+    """``run_one(args)`` on every trace of the run; the worst exit status. ``summary(paths)``, when given, prints a
+    table of the run after the ranks (not with --json)."""
+    given, paths = args.trace, traces_of(args)
+    if len(paths) == 1:
+        args.trace = paths[0]
+        return run_one(args)
+    as_json = getattr(args, "json", False)
+    status, ranks = 0, []
+    labels = [label_of(path) for path in paths]       # every rank's header checked before any report is printed
+    for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
+        sub = copy.copy(args)
+        sub.trace = path
+        for name in PER_RANK_OUTPUTS:
+            if getattr(sub, name, None):
+                setattr(sub, name, process_name(getattr(sub, name), suffix))
+        if as_json:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                status = max(status, run_one(sub))
+            ranks.append({"trace": path, "rank": label, "result": json.loads(out.getvalue())})
+            continue
+        print(("" if k == 0 else "\n") + f"== {label}: {path} ==")
+        status = max(status, run_one(sub))
+    if as_json:
+        dump_json({"run": given[0] if isinstance(given, list) and len(given) == 1 else given, "ranks": ranks})
+    elif summary is not None:
+        print()
+        summary(paths)
+    return status

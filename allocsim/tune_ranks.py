@@ -1,0 +1,98 @@
+"""`allocsim tune` on a run of several processes: the worst rank searched, the answer checked on every rank.
+
+Each rank fits its GPU only with what lay outside its caching allocator beside it (`allocsim.ranks.fit_capacity`:
+the GPU's memory less the CUDA context, NCCL's buffers and other processes the recording saw). The rank with the
+least room (that capacity, or the memory fraction or limit the rank set itself where lower, less its recorded peak
+reserved, or its LOAD where no segments were recorded) is tuned as one trace is (`allocsim.tune.tune`); its finalists, best first, are then replayed on every other rank at that
+rank's capacity, and the first that fits every rank is the recommendation (docs/several-processes.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .capacity import device_capacity
+from .errors import UsageError
+from .filenames import shown_name
+from .ranks import fit_capacity, rank_label
+from .spec import PolicySpec
+from .sweep import Cell, Settings, run_cells
+from .trace import Trace
+from .trace.analysis import Tally
+from .trace.events import OOM
+from .tune import Tuning, conf_lines, tune
+from .units import fmt_bytes
+
+
+@dataclass
+class RunTuning:
+    """What `tune_run` found; `to_dict` is ``allocsim tune RUN --json``."""
+
+    paths: list[str]
+    labels: list[str]
+    capacities: list          # per rank: the capacity its replays ran at (bytes, None, or "trace")
+    outside: list[int]        # per rank: bytes outside the allocator
+    worst: int                # position of the rank tuned
+    tuning: Tuning
+    recorded_ooms: list[set] = field(default_factory=list)  # per rank: event indices of the OOMs it recorded
+    checks: list[list[dict]] = field(default_factory=list)   # per finalist tried: one row per rank
+    chosen: dict | None = None     # the worst rank's row of the setting that fits every rank
+
+    @property
+    def rank_rows(self) -> list[dict]:
+        """The rows of the setting shown per rank: the chosen one (the last tried), else the first tried (the
+        worst rank's best)."""
+        if not self.checks:
+            return []
+        return self.checks[-1] if self.chosen is not None else self.checks[0]
+
+    def to_dict(self) -> dict:
+        return {"run": self.paths, "ranks": [{"trace": p, "rank": label, "outside_bytes": out, "row": row}
+                                             for p, label, out, row in zip(self.paths, self.labels, self.outside,
+                                                                           self.rank_rows or [None] * len(self.paths))],
+                "worst": self.paths[self.worst], "recommended": self.chosen and conf_lines(self.chosen),
+                "fits_every_rank": self.chosen is not None, "settings_tried": len(self.checks),
+                "tuning": self.tuning.to_dict()}
+
+
+def room(need: int, capacity) -> tuple[int, int]:
+    """Sort key of a rank's room (smaller: worse): its capacity less what it needs; a rank with no capacity limit
+    sorts after those with one, by need alone."""
+    return (0, capacity - need) if isinstance(capacity, int) else (1, -need)
+
+
+def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs: int = 1,
+             settings: Settings | None = None, **options) -> RunTuning:
+    """Tune the worst rank of the run ``paths`` (``options``: `tune`'s) at its capacity, then find the best of
+    its finalists that fits every rank."""
+    tallies = [Tally() for _ in paths]
+    traces = [Trace.load(p, walkers=[t]) for p, t in zip(paths, tallies)]
+    fitted = [fit_capacity(capacity, t) for t in traces]
+    capacities = [c for c, _ in fitted]
+    needs = [tally.upstream_segments()["peak_reserved_bytes"] or t.load_bytes for tally, t in zip(tallies, traces)]
+    totals = [device_capacity(c, t)[0] for c, t in zip(capacities, traces)]
+    for path, t, total, (_, outside) in zip(paths, traces, totals, fitted):
+        if total is not None and t.load_bytes > total:
+            raise UsageError(f"{rank_label(t.meta)} ({shown_name(path)}): its LOAD {fmt_bytes(t.load_bytes)} (peak "
+                             f"live bytes) is more than the {fmt_bytes(total)} it has" +
+                             (f" beside the {fmt_bytes(outside)} outside its allocator" if outside else "") +
+                             ": no allocator setting fits the run")
+    limits = [min([total] * (total is not None) + [lim["bytes"] for lim in tally.limits if lim["bytes"]] or [None])
+              for total, tally in zip(totals, tallies)]       # a rank's own memory fraction or CuPy limit too
+    worst = min(range(len(paths)), key=lambda k: room(needs[k], limits[k]))
+    res = tune(paths[worst], capacity=capacities[worst], cap=cap, jobs=jobs, settings=settings, **options)
+    out = RunTuning(list(paths), [rank_label(t.meta) for t in traces], capacities, [o for _, o in fitted], worst, res,
+                    [set(np.flatnonzero(t.kind == OOM).tolist()) for t in traces])
+    for row in (r for r in res.finalists if not r["ooms"]):
+        spec = PolicySpec.parse(row["spec"])
+        others = [k for k in range(len(paths)) if k != worst]
+        cells = [Cell(paths[k], spec, row["cap_bytes"], row["runtime"], capacity=capacities[k]) for k in others]
+        named = {k: row[k] for k in ("setting", "spec", "recorded", "conf", "legacy_conf", "note") if k in row}
+        rows = {k: {**r, **named} for k, r in zip(others, run_cells(cells, settings, jobs=jobs))}
+        rows[worst] = row
+        out.checks.append([rows[k] for k in range(len(paths))])
+        if not any(r["ooms"] for r in rows.values()):
+            out.chosen = row
+            break
+    return out
