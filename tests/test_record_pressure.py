@@ -195,6 +195,49 @@ def test_cupy_recorder_observes_the_programs_pool(monkeypatch, tmp_path):
     assert cupy.get_default_memory_pool() is pool       # given back
 
 
+def test_cupy_recorder_flags_the_frees_a_collection_makes_inside_a_request(monkeypatch, tmp_path):
+    """CuPy 14.2's ``_try_malloc`` runs ``gc.collect()`` after its best-fit lookup failed (limit path: between
+    two ``free_all_blocks``): the arrays it collects are freed inside the request, before its
+    ``malloc_postprocess``. Those FREEs are flagged IN_REQUEST with the collection's number; a free outside a
+    request is not. Python's own collections are off inside a request and back on after it."""
+    import gc
+    from allocsim.recorders.cupy import CupyRecorder
+    pool = FakePool()
+    cupy, hooks = _fake_cupy(monkeypatch, pool)
+    rec = CupyRecorder(str(tmp_path / "c.bin"), command=["x"])
+    rec.start()
+    hook, = hooks
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        pool.segments[0x1000] = [1 << 20, 0]
+        pool.total += 1 << 20
+        for base in (0x1000, 0x1800):
+            hook.malloc_preprocess(size=2048, mem_size=2048)
+            if base == 0x1000:
+                hook.alloc_postprocess(mem_size=1 << 20, mem_ptr=0x1000)
+            pool.segments[0x1000][1] += 1
+            hook.malloc_postprocess(size=2048, mem_size=2048, mem_ptr=base, pmem_id=base)
+        hook.free_postprocess(mem_size=2048, mem_ptr=0x1000, pmem_id=0x1000)   # an ordinary free
+        hook.malloc_preprocess(size=4096, mem_size=4096)
+        assert not gc.isenabled()                       # paused for the request
+        rec._on_gc("start", {"generation": 2})          # the pool's gc.collect() on its limit path
+        hook.free_postprocess(mem_size=2048, mem_ptr=0x1800, pmem_id=0x1800)   # a cycle it collected
+        hook.malloc_postprocess(size=4096, mem_size=4096, mem_ptr=0x1000, pmem_id=0x2000)
+        assert gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()
+    rec.finish()
+    t = Trace.load(str(tmp_path / "c.bin"))
+    kinds = [ev.KIND_NAMES[k] for k in t.kind]
+    assert kinds == ["SEGMENT_ALLOC", "ALLOC", "ALLOC", "FREE", "GC", "FREE", "ALLOC"]
+    frees = t.kind == ev.FREE
+    assert list(t.flags[frees]) == [0, ev.IN_REQUEST] and list(t.aux[frees]) == [0, 1]
+    assert list(t.id[frees]) == [0, 1]
+    stats = json.load(open(str(tmp_path / "c.bin") + ".stats.json"))
+    assert stats["counts"]["free_in_request"] == 1 and stats["counts"]["gc_in_request"] == 1
+
+
 # ---- the same script with and without `allocsim record` (GPU) --------------------------------------------
 def _both_ways(tmp_path, name, body, fw):
     """Run ``body`` plainly and under `allocsim record`; return (plain figures, recorded figures, trace, stats)."""
