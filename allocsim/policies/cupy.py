@@ -43,6 +43,12 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
   the lowest device address instead, deterministically.
 - ``version=13`` (``set.pop()`` from the first non-empty bin): arbitrary in CuPy; the
   model takes the most recently freed chunk (LIFO).
+- ``follow_ties`` (default on), replaying a trace CuPy's pool recorded (``framework`` cupy):
+  the chunk at the address the recorded request got, when it is one of the tied chunks
+  (`RecordedTiesCuPyPool`; the replay then takes the plain walk). Since CuPy's tie order
+  comes from where its chunk objects lie in host memory, two runs of one program may break
+  a tie differently; this is what lets a replay follow the run it was recorded from
+  (docs/models/cupy.md, "Ties").
 
 Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
@@ -93,7 +99,7 @@ from array import array
 from bisect import bisect_left, insort
 
 from ..errors import UsageError
-from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
+from ..trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
 from .registry import register
 from .base import Param, Policy
 
@@ -159,6 +165,9 @@ class CuPyPool(Policy):
               "13: binned lookup, ties to the most recently freed chunk, gc.collect() x1"),
         Param("limit", "size", None, "pool limit (set_limit / CUPY_GPU_MEMORY_LIMIT); with --cap the smaller wins"),
         Param("track_total", "bool", False, "keep total_log: pool total bytes after each malloc/free (validation)"),
+        Param("follow_ties", "bool", True,
+              "replaying a CuPy recording: of the free chunks tying for best fit, take the one the recorded request "
+              "got (CuPy's tie order is not repeatable); else the version's own tie rule"),
     )
     wants_event_index = True
 
@@ -193,8 +202,11 @@ class CuPyPool(Policy):
 
     @classmethod
     def variant(cls, ctx, options):
-        """`Policy.variant`: with ``track_total``, `TrackedCuPyPool` (which keeps the log off the untracked hot path)."""
-        return TrackedCuPyPool if cls is CuPyPool and options.get("track_total") else cls
+        """`Policy.variant`: with ``track_total``, `TrackedCuPyPool` (which keeps the log off the untracked hot path);
+        following a CuPy recording's ties (`follows_ties`), `RecordedTiesCuPyPool`; both, their union."""
+        if cls is not CuPyPool:
+            return cls
+        return _VARIANTS[bool(options.get("track_total")), follows_ties(ctx, options)]
 
     def _arena(self, stream) -> _Arena:
         """The stream's arena, made on first use (``SingleDeviceMemoryPool._arena``)."""
@@ -501,6 +513,12 @@ class CuPyPool(Policy):
             self.ctx.add_section(S_MALLOC, self._t_malloc, self._n_malloc)
 
 
+def follows_ties(ctx, options) -> bool:
+    """Whether a replay of ``ctx``'s trace with these options takes tied chunks as the recorded run did: option
+    ``follow_ties`` (default on) and a trace CuPy's pool recorded, whose ALLOCs hold the addresses it gave."""
+    return options.get("follow_ties", True) and ctx.trace is not None and ctx.meta.get("framework") == "cupy"
+
+
 class TrackedCuPyPool(CuPyPool):
     """`cupy` with ``track_total`` (`CuPyPool.variant` makes it): ``total_log`` gets the pool's total bytes
     after each malloc and free (`validate`)."""
@@ -513,3 +531,58 @@ class TrackedCuPyPool(CuPyPool):
     def free(self, c):
         super().free(c)
         self.total_log.append(self.total)
+
+
+class RecordedTiesCuPyPool(CuPyPool):
+    """`cupy` following a CuPy recording's ties (`CuPyPool.variant` makes it): of the free chunks tying for best
+    fit, the one at the address the recorded request got, if it is one of them; else the version's rule.
+
+    The engine stores each request's trace index in ``event_index`` (`Policy.follows_recording`), where the
+    recorded ALLOC's address is read; the replay takes the plain walk. A tie costs a scan of the tied keys."""
+
+    follows_recording = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        rec = self.ctx.trace.records
+        self._rec_kind, self._rec_addr = rec["kind"], rec["addr"]
+
+    def malloc(self, size, stream):
+        at = self.event_index
+        arena = self._arenas.get(stream)
+        if arena is not None and at >= 0 and self._rec_kind[at] == ALLOC:
+            c = self._take_recorded(arena, (size + UNIT - 1) & -UNIT, int(self._rec_addr[at]))
+            if c is not None:
+                return c
+        return super().malloc(size, stream)
+
+    def _take_recorded(self, arena: _Arena, n: int, want: int):
+        """The tied chunk at ``want``, taken as `malloc` takes its best fit; None where there is no tie, the rule
+        picks ``want`` itself or ``want`` is not among the tied chunks."""
+        keys, shift = arena.keys, self._shift
+        i = bisect_left(keys, n >> 9 << shift)
+        if i + 1 >= len(keys) or keys[i] >> shift != keys[i + 1] >> shift:
+            return None
+        units = keys[i] >> shift
+        j = i + 1
+        while j < len(keys) and keys[j] >> shift == units and arena.by_key[keys[j]].ptr != want:
+            j += 1
+        if j == len(keys) or keys[j] >> shift != units:
+            return None
+        self._n_lookup += 1
+        self._charge(self._hit_s)
+        c = arena.by_key.pop(keys.pop(j))
+        c.key = 0
+        if c.size > n:
+            self._split_off(c, n, arena)
+        self.allocated += n
+        return c
+
+
+class TrackedRecordedTiesCuPyPool(TrackedCuPyPool, RecordedTiesCuPyPool):
+    """`cupy` with ``track_total``, following a CuPy recording's ties."""
+
+
+#: `CuPyPool.variant`'s choice, by (track_total, following ties).
+_VARIANTS = {(False, False): CuPyPool, (True, False): TrackedCuPyPool, (False, True): RecordedTiesCuPyPool,
+             (True, True): TrackedRecordedTiesCuPyPool}
