@@ -437,3 +437,11 @@ def test_a_replay_follows_whatever_ties_the_recorded_pool_took(recording, policy
     Replay(trace, policy, capacity=None, observer=lambda at, kind, i, h: kind == ALLOC and got.__setitem__(
         i, h.ptr)).run()
     assert got == addrs
+
+
+def test_info_counts_the_frees_made_inside_a_request():
+    from allocsim.commands.info import format_summary
+    from allocsim.trace.analysis import summarize
+    d = summarize(_recorded(("alloc", MiB), ("alloc", MiB), ("gc",), ("free_in", 0, 1), ("alloc", MiB)))
+    assert d["frees_in_request"] == 1 and "frees inside a request: 1 " in format_summary(d)
+    assert "frees_in_request" not in summarize(_recorded(("alloc", MiB), ("free", 0)))
