@@ -146,13 +146,19 @@ def _fake_cupy(monkeypatch, pool):
     return cupy, hooks
 
 
-def test_cupy_recorder_observes_the_programs_pool(monkeypatch, tmp_path):
+def _recording(monkeypatch, tmp_path):
+    """A CuPy recorder started on a fake CuPy: ``(pool, cupy, recorder, its memory hook)``."""
     from allocsim.recorders.cupy import CupyRecorder
     pool = FakePool()
     cupy, hooks = _fake_cupy(monkeypatch, pool)
     rec = CupyRecorder(str(tmp_path / "c.bin"), command=["x"])
     rec.start()
     hook, = hooks
+    return pool, cupy, rec, hook
+
+
+def test_cupy_recorder_observes_the_programs_pool(monkeypatch, tmp_path):
+    pool, cupy, rec, hook = _recording(monkeypatch, tmp_path)
     view = cupy.get_default_memory_pool()
     assert view is not pool and view.total_bytes() == 0
 
@@ -201,12 +207,7 @@ def test_cupy_recorder_flags_the_frees_a_collection_makes_inside_a_request(monke
     ``malloc_postprocess``. Those FREEs are flagged IN_REQUEST with the collection's number; a free outside a
     request is not. Python's own collections are off inside a request and back on after it."""
     import gc
-    from allocsim.recorders.cupy import CupyRecorder
-    pool = FakePool()
-    cupy, hooks = _fake_cupy(monkeypatch, pool)
-    rec = CupyRecorder(str(tmp_path / "c.bin"), command=["x"])
-    rec.start()
-    hook, = hooks
+    pool, _, rec, hook = _recording(monkeypatch, tmp_path)
     was = gc.isenabled()
     gc.enable()
     try:

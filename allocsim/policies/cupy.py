@@ -538,7 +538,9 @@ class RecordedTiesCuPyPool(CuPyPool):
     fit, the one at the address the recorded request got, if it is one of them; else the version's rule.
 
     The engine stores each request's trace index in ``event_index`` (`Policy.follows_recording`), where the
-    recorded ALLOC's address is read; the replay takes the plain walk. A tie costs a scan of the tied keys."""
+    recorded ALLOC's address is read; the replay takes the plain walk. The tied chunks ahead of the recorded one
+    step out of the lookup's way while `CuPyPool.malloc` takes it: a tie costs a scan of the tied keys and
+    their re-insertion."""
 
     follows_recording = True
 
@@ -550,33 +552,24 @@ class RecordedTiesCuPyPool(CuPyPool):
     def malloc(self, size, stream):
         at = self.event_index
         arena = self._arenas.get(stream)
-        if arena is not None and at >= 0 and self._rec_kind[at] == ALLOC:
-            c = self._take_recorded(arena, (size + UNIT - 1) & -UNIT, int(self._rec_addr[at]))
-            if c is not None:
-                return c
-        return super().malloc(size, stream)
-
-    def _take_recorded(self, arena: _Arena, n: int, want: int):
-        """The tied chunk at ``want``, taken as `malloc` takes its best fit; None where there is no tie, the rule
-        picks ``want`` itself or ``want`` is not among the tied chunks."""
+        if arena is None or at < 0 or self._rec_kind[at] != ALLOC:
+            return super().malloc(size, stream)
         keys, shift = arena.keys, self._shift
-        i = bisect_left(keys, n >> 9 << shift)
-        if i + 1 >= len(keys) or keys[i] >> shift != keys[i + 1] >> shift:
-            return None
-        units = keys[i] >> shift
-        j = i + 1
+        n = (size + UNIT - 1) & -UNIT
+        i = j = bisect_left(keys, n >> 9 << shift)
+        want = int(self._rec_addr[at])
+        units = keys[i] >> shift if i < len(keys) else -1
         while j < len(keys) and keys[j] >> shift == units and arena.by_key[keys[j]].ptr != want:
             j += 1
-        if j == len(keys) or keys[j] >> shift != units:
-            return None
-        self._n_lookup += 1
-        self._charge(self._hit_s)
-        c = arena.by_key.pop(keys.pop(j))
-        c.key = 0
-        if c.size > n:
-            self._split_off(c, n, arena)
-        self.allocated += n
-        return c
+        if j == i or j == len(keys) or keys[j] >> shift != units:
+            return super().malloc(size, stream)     # no tie, the rule's own pick, or not among the tied chunks
+        ahead = keys[i:j]                           # the tied chunks the rule prefers: out of the lookup's way
+        del keys[i:j]
+        try:
+            return super().malloc(size, stream)
+        finally:
+            for k in ahead:
+                insort(keys, k)
 
 
 class TrackedRecordedTiesCuPyPool(TrackedCuPyPool, RecordedTiesCuPyPool):
