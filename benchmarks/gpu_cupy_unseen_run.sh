@@ -8,6 +8,7 @@
 #                 with PYTHONHASHSEED=0): per-step pool figures on stdout and in NAME.plainK.json
 #   rec/          each workload under `allocsim record` (cupy-NAME.bin + .stats.json, NAME.recorded.json)
 #   validate.txt  `allocsim validate` of each recording (the code on this branch as committed)
+#   replay-real.txt each recording replayed by the model and twice by CuPy's own pool (cupy-real)
 #   tests.txt     the gpu-marked CuPy tests
 #   runs.log      every command with its exit status and seconds
 # Each step has its own timeout; one failing does not stop the others. Aims at under 3 minutes.
@@ -48,9 +49,13 @@ done
 # the issue's program recorded twice more: does the recorded run itself repeat?
 for k in 2 3; do run 90 $W/rec/variable.record$k.txt python3 -m allocsim record --framework cupy -o $W/rec/cupy-variable-$k.bin benchmarks/gpu_cupy_pressure.py $W/rec/variable.recorded$k.json --workload variable; done
 for f in $W/rec/cupy-*.bin; do echo "== $f"; timeout 60 python3 -m allocsim validate $f; echo "rc=$?"; done > $W/validate.txt 2>&1
+# the real pool replaying each recording (cupy-real, twice) beside the model: the same requests, CuPy's own ties
+for f in $W/rec/cupy-*.bin; do for pol in cupy cupy-real cupy-real; do
+  echo "== $f $pol"; timeout 60 python3 -m allocsim replay $f -p $pol --keep-going --json | python3 -c "import json,sys; d=json.load(sys.stdin); print({k: d.get(k) for k in ('peak_reserved_bytes', 'final_reserved_bytes', 'device_mallocs', 'device_frees', 'ooms')})"
+done; done > $W/replay-real.txt 2>&1
 run 150 $W/tests.txt python3 -m pytest -m gpu tests/test_cupy_pressure.py tests/test_record_pressure.py -k "cupy or CuPy" -q -rs -p no:cacheprovider
 tar czf $OUT/cupyp.tgz -C $W .
 cat $W/env.txt; cat $W/ties-1.txt $W/ties-2.txt
 for wl in $WORKLOADS; do echo "== $wl"; for f in $W/plain/$wl.*.txt; do
   python3 -c "import json,sys; print(sys.argv[1].split('/')[-1], [json.loads(l)['total']>>20 for l in open(sys.argv[1]) if l.startswith('{\"step')])" $f; done; done 2>&1
-grep -E "^==|MATCH|verdict|rc=" $W/validate.txt | head -60; tail -5 $W/tests.txt; cat $LOG
+grep -E "^==|MATCH|verdict|rc=" $W/validate.txt | head -60; cat $W/replay-real.txt; tail -5 $W/tests.txt; cat $LOG
