@@ -16,6 +16,9 @@ Workloads (``--workload``):
   and the program turns Python's automatic collector off (``gc.disable()``): only the pool's own
   ``gc.collect()`` on its limit path (``_try_malloc``) frees them, inside a request. Limit 1 GB.
 - ``cycles-auto``: the same cycles with the collector on (its own thresholds decide when they go).
+- ``cycles-fixed``: cycles, the collector off, every batch 1024 and no oversized one, limit 600 MB: the
+  request that meets the limit finds, among the arrays the pool's ``gc.collect()`` frees, some of its own size
+  (which its lookup did not see).
 - ``oom-backoff``: variable batches under a limit that the program lowers (to 0.9 GB) and later lifts
   (``set_limit(0)``) then sets again; an OOM halves the batch and the step is tried again (many caught).
 - ``streams``: two non-default streams take turns per step (an arena each), ``free_all_blocks()`` every
@@ -30,8 +33,10 @@ import json
 import cupy as cp
 
 SIZES = [1024, 4096, 4096, 100]
-DEFAULT_STEPS = {"issue11": 9, "variable": 12, "cycles": 12, "cycles-auto": 12, "oom-backoff": 12, "streams": 12}
-DEFAULT_LIMIT = {"cycles": 1_000_000_000, "cycles-auto": 1_000_000_000, "streams": 1_200_000_000}
+DEFAULT_STEPS = {"issue11": 9, "variable": 12, "cycles": 12, "cycles-auto": 12, "cycles-fixed": 12, "oom-backoff": 12,
+                 "streams": 12}
+DEFAULT_LIMIT = {"cycles": 1_000_000_000, "cycles-auto": 1_000_000_000, "cycles-fixed": 600_000_000,
+                 "streams": 1_200_000_000}
 
 
 class Tape:
@@ -73,7 +78,7 @@ def main():
     oversized = a.oversized_step if a.oversized_step is not None else (4 if wl == "issue11" else 5)
     pool = cp.get_default_memory_pool()
     pool.set_limit(size=limit)
-    if wl == "cycles":
+    if wl in ("cycles", "cycles-fixed"):
         gc.disable()
     rs = cp.random.RandomState(a.seed)
     import random
@@ -81,9 +86,9 @@ def main():
     W = [rs.standard_normal((i, o), dtype=cp.float32) * (2.0 / i) ** 0.5 for i, o in zip(SIZES, SIZES[1:])]
     streams = [cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)] if wl == "streams" else None
     ooms, peak, per_step = [], 0, []
-    batch = a.batch
     for step in range(steps):
-        if wl != "issue11":
+        batch = a.batch
+        if wl not in ("issue11", "cycles-fixed"):
             batch = pick.choice([256, 384, 512, 768, 1024, 1536, 2048])
         if wl in ("issue11", "variable", "cycles", "cycles-auto") and step == oversized:
             batch = a.batch * 32
