@@ -44,8 +44,9 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
 - ``version=13`` (``set.pop()`` from the first non-empty bin): arbitrary in CuPy; the
   model takes the most recently freed chunk (LIFO).
 - ``follow_ties`` (default on), replaying a trace CuPy's pool recorded (``framework`` cupy):
-  the chunk at the address the recorded request got, when it is one of the tied chunks
-  (`RecordedTiesCuPyPool`; the replay then takes the plain walk). Since CuPy's tie order
+  the chunk at the place the recorded request got (its segment by number, and the offset:
+  `RecordedPlaces`), when it is one of the tied chunks (`RecordedTiesCuPyPool`; the replay
+  then takes the plain walk). Since CuPy's tie order
   comes from where its chunk objects lie in host memory, two runs of one program may break
   a tie differently; this is what lets a replay follow the run it was recorded from
   (docs/models/cupy.md, "Ties").
@@ -96,7 +97,9 @@ call that reached the pool.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
+
+import numpy as np
 
 from ..errors import UsageError
 from ..trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
@@ -533,31 +536,73 @@ class TrackedCuPyPool(CuPyPool):
         self.total_log.append(self.total)
 
 
+class RecordedPlaces:
+    """Where a CuPy recording placed each request: its segment, numbered in the order the recording made them,
+    and the offset in it; with the model's own segments by the same numbers (``model``, appended as the model
+    makes them), `address` is the recorded place in the model's address space. So following the recorded ties
+    does not depend on the device handing out the recorded segment addresses. O(records) once, two numbers
+    per record."""
+
+    def __init__(self, trace):
+        self.segment = np.full(len(trace), -1, np.int64)
+        self.offset = np.zeros(len(trace), np.int64)
+        self.model: list[int] = []
+        bases: list[int] = []                       # the live recorded segments' addresses, sorted
+        live: dict[int, tuple[int, int]] = {}       # address -> (number, size)
+        made = 0                                    # segments the recording made so far
+        for start, rec in trace.chunks():
+            at = np.flatnonzero(np.isin(rec["kind"], (ALLOC, SEGMENT_ALLOC, SEGMENT_FREE)))
+            for j, kind, a, n in zip(at.tolist(), rec["kind"][at].tolist(), rec["addr"][at].tolist(),
+                                     rec["size"][at].tolist()):
+                if kind == SEGMENT_ALLOC:
+                    insort(bases, a)
+                    live[a] = (made, n)
+                    made += 1
+                elif kind == SEGMENT_FREE:
+                    if live.pop(a, None) is not None:
+                        del bases[bisect_left(bases, a)]
+                elif a:
+                    x = bisect_right(bases, a) - 1
+                    if x >= 0 and a < bases[x] + live[bases[x]][1]:
+                        self.segment[start + j] = live[bases[x]][0]
+                        self.offset[start + j] = a - bases[x]
+
+    def address(self, at: int) -> int:
+        """The model's address for the place the recorded request at trace index ``at`` got; 0 if unknown."""
+        k = int(self.segment[at])
+        return self.model[k] + int(self.offset[at]) if 0 <= k < len(self.model) else 0
+
+
 class RecordedTiesCuPyPool(CuPyPool):
     """`cupy` following a CuPy recording's ties (`CuPyPool.variant` makes it): of the free chunks tying for best
-    fit, the one at the address the recorded request got, if it is one of them; else the version's rule.
+    fit, the one at the place the recorded request got (`RecordedPlaces`), if it is one of them; else the
+    version's rule.
 
-    The engine stores each request's trace index in ``event_index`` (`Policy.follows_recording`), where the
-    recorded ALLOC's address is read; the replay takes the plain walk. The tied chunks ahead of the recorded one
-    step out of the lookup's way while `CuPyPool.malloc` takes it: a tie costs a scan of the tied keys and
-    their re-insertion."""
+    The engine stores each request's trace index in ``event_index`` (`Policy.follows_recording`); the replay
+    takes the plain walk. The tied chunks ahead of the recorded one step out of the lookup's way while
+    `CuPyPool.malloc` takes it: a tie costs a scan of the tied keys and their re-insertion."""
 
     follows_recording = True
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        rec = self.ctx.trace.records
-        self._rec_kind, self._rec_addr = rec["kind"], rec["addr"]
+        self._places = RecordedPlaces(self.ctx.trace)
+
+    def _device_malloc(self, n):
+        addr = super()._device_malloc(n)
+        if addr is not None:
+            self._places.model.append(addr)
+        return addr
 
     def malloc(self, size, stream):
         at = self.event_index
         arena = self._arenas.get(stream)
-        if arena is None or at < 0 or self._rec_kind[at] != ALLOC:
+        want = self._places.address(at) if at >= 0 else 0
+        if arena is None or not want:
             return super().malloc(size, stream)
         keys, shift = arena.keys, self._shift
         n = (size + UNIT - 1) & -UNIT
         i = j = bisect_left(keys, n >> 9 << shift)
-        want = int(self._rec_addr[at])
         units = keys[i] >> shift if i < len(keys) else -1
         while j < len(keys) and keys[j] >> shift == units and arena.by_key[keys[j]].ptr != want:
             j += 1

@@ -32,9 +32,9 @@ from array import array
 from sortedcontainers import SortedDict
 
 from ...errors import UsageError
-from ...trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
+from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 from ..base import Policy
-from ..cupy import UNIT, CuPyPool, follows_ties
+from ..cupy import UNIT, CuPyPool, RecordedPlaces, follows_ties
 from ..registry import reference_of
 
 
@@ -103,6 +103,7 @@ class CuPyPoolReference(Policy):
         self.segment_log: list[tuple[int, int, int]] = []
         self.total_log = array("q") if self.track_total else None
         self.follows_recording = follows_ties(self.ctx, self.options)
+        self._places = RecordedPlaces(self.ctx.trace) if self.follows_recording else None
 
     @property
     def _limit(self) -> int:
@@ -145,12 +146,10 @@ class CuPyPoolReference(Policy):
         return chunk
 
     def _recorded_address(self) -> int:
-        """Following a CuPy recording's ties: the address the recorded request got (0: none, or not following)."""
+        """Following a CuPy recording's ties: where the recorded request was placed, as an address of this
+        model's segments (0: unknown, or not following)."""
         at = self.event_index
-        if not self.follows_recording or at < 0:
-            return 0
-        rec = self.ctx.trace.records[at]
-        return int(rec["addr"]) if rec["kind"] == ALLOC else 0
+        return self._places.address(at) if self.follows_recording and at >= 0 else 0
 
     @staticmethod
     def _split(chunk: Chunk, size: int) -> Chunk:
@@ -202,6 +201,8 @@ class CuPyPoolReference(Policy):
         """cudaMalloc."""
         ptr = self.ctx.malloc(size)
         if ptr is not None:
+            if self._places is not None:
+                self._places.model.append(ptr)
             self.total += size
             self.segment_log.append((SEGMENT_ALLOC, size, self.event_index))
         return ptr
