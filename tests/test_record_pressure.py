@@ -205,7 +205,8 @@ def test_cupy_recorder_flags_the_frees_a_collection_makes_inside_a_request(monke
     """CuPy 14.2's ``_try_malloc`` runs ``gc.collect()`` after its best-fit lookup failed (limit path: between
     two ``free_all_blocks``): the arrays it collects are freed inside the request, before its
     ``malloc_postprocess``. Those FREEs are flagged IN_REQUEST with the collection's number; a free outside a
-    request is not. Python's own collections are off inside a request and back on after it."""
+    request is not; a request a finalizer makes during that collection does not end the outer one. Python's
+    own collections are off inside a request and back on after it."""
     import gc
     pool, _, rec, hook = _recording(monkeypatch, tmp_path)
     was = gc.isenabled()
@@ -223,6 +224,10 @@ def test_cupy_recorder_flags_the_frees_a_collection_makes_inside_a_request(monke
         hook.malloc_preprocess(size=4096, mem_size=4096)
         assert not gc.isenabled()                       # paused for the request
         rec._on_gc("start", {"generation": 2})          # the pool's gc.collect() on its limit path
+        hook.malloc_preprocess(size=512, mem_size=512)  # a finalizer it ran makes a request of its own
+        pool.segments[0x1000][1] += 1
+        hook.malloc_postprocess(size=512, mem_size=512, mem_ptr=0x1c00, pmem_id=0x1c00)
+        assert not gc.isenabled()                       # still inside the outer request
         hook.free_postprocess(mem_size=2048, mem_ptr=0x1800, pmem_id=0x1800)   # a cycle it collected
         hook.malloc_postprocess(size=4096, mem_size=4096, mem_ptr=0x1000, pmem_id=0x2000)
         assert gc.isenabled()
@@ -231,7 +236,7 @@ def test_cupy_recorder_flags_the_frees_a_collection_makes_inside_a_request(monke
     rec.finish()
     t = Trace.load(str(tmp_path / "c.bin"))
     kinds = [ev.KIND_NAMES[k] for k in t.kind]
-    assert kinds == ["SEGMENT_ALLOC", "ALLOC", "ALLOC", "FREE", "GC", "FREE", "ALLOC"]
+    assert kinds == ["SEGMENT_ALLOC", "ALLOC", "ALLOC", "FREE", "GC", "ALLOC", "FREE", "ALLOC"]
     frees = t.kind == ev.FREE
     assert list(t.flags[frees]) == [0, ev.IN_REQUEST] and list(t.aux[frees]) == [0, 1]
     assert list(t.id[frees]) == [0, 1]

@@ -139,6 +139,7 @@ class CupyRecorder(Recorder):
         self.unexplained = 0                        # bytes the total_bytes() changes and the segments disagree by
         self.limit = 0
         self.request_gcs = -1                       # inside a request: the collections started in it; else -1
+        self.request_depth = 0                      # requests in progress (one made by a finalizer nests)
         self.gc_paused = False                      # automatic collections paused by the recorder for the request
         if self.pool.get_limit():                   # CUPY_GPU_MEMORY_LIMIT, or a limit set before recording
             self.record_limit()
@@ -215,13 +216,20 @@ class CupyRecorder(Recorder):
 
     # ---- hook callbacks (hot path: a few dict operations and one record each) ----------------------
     def _enter_request(self) -> None:
-        """The pool's lookup comes next: frees from here to `_leave_request` are inside the request."""
+        """The pool's lookup comes next: frees from here to `_leave_request` are inside the request (the outermost
+        one, where a finalizer run by its collection makes a request of its own)."""
+        self.request_depth += 1
+        if self.request_depth > 1:
+            return
         self.request_gcs = 0
         if gc.isenabled():
             gc.disable()
             self.gc_paused = True
 
     def _leave_request(self) -> None:
+        self.request_depth = max(0, self.request_depth - 1)
+        if self.request_depth:
+            return
         self.request_gcs = -1
         if self.gc_paused:
             self.gc_paused = False
@@ -322,6 +330,7 @@ class CupyRecorder(Recorder):
         cupy = self.cupy
         gc.callbacks.remove(self._on_gc)
         self.hook.__exit__(None, None, None)
+        self.request_depth = min(self.request_depth, 1)
         self._leave_request()                       # an exit from inside a request (a hook raised)
         cupy.get_default_memory_pool = self.prev_get_pool
         cupy.cuda.Device().synchronize()
