@@ -8,6 +8,7 @@ import json
 import os
 import types
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -112,6 +113,27 @@ def test_where_cupys_pool_broke_ties_the_replay_must_follow_it(name):
     d = v.first_divergence
     assert d["recorded"]["kind"] == d["model"]["kind"] == "SEGMENT_ALLOC"
     assert d["recorded"]["size"] == 32 * MiB != d["model"]["size"]
+
+
+def test_frees_made_inside_a_request_must_reach_the_pool_at_its_collection():
+    """`pressure-cupy-cycles-fixed`: the request that meets the limit misses (its lookup cannot see the arrays
+    in cycles), the pool's gc.collect() frees them (28), the second free_all_blocks() releases the whole ones
+    and the request gets a segment of its own. Replayed with the IN_REQUEST flags, MATCH; with them cleared
+    (those frees applied before the lookup, as the trace's order alone says) the request takes a freed chunk of
+    its size and the model makes fewer segment calls than CuPy did."""
+    path = os.path.join(ROOT, "traces", "pressure-cupy-cycles-fixed.bin")
+    t = Trace.load(path)
+    flagged = (t.kind == FREE) & (t.flags & IN_REQUEST != 0)
+    with open(path + ".stats.json") as f:
+        assert int(flagged.sum()) == json.load(f)["counts"]["free_in_request"] > 0
+    assert validate(path).match
+    rec = np.array(t.records)
+    rec["flags"] &= ~np.uint8(IN_REQUEST)
+    v = validate(Trace(rec, meta=t.meta, streams=t.streams, sites=t.sites, labels=t.labels))
+    checks = {c["name"]: c for c in v.checks}
+    assert not v.match
+    assert checks["segment allocs"]["model"] < checks["segment allocs"]["recorded"]
+    assert checks["segment frees"]["model"] < checks["segment frees"]["recorded"]
 
 
 def test_the_recorder_saw_the_frees_the_pools_gc_collect_made():
