@@ -22,7 +22,8 @@ _now = time.perf_counter_ns
 def require_cupy():
     """Import CuPy and check that it sees a GPU, or raise `GPUUnavailable`."""
     if importlib.util.find_spec("cupy") is None:
-        raise GPUUnavailable("this needs CuPy and an NVIDIA GPU: CuPy is not installed (pip install 'allocsim[cupy]')")
+        raise GPUUnavailable("this needs CuPy and an NVIDIA GPU: CuPy is not installed (pip install 'allocsim[cupy]' for "
+                             "CUDA 12, 'allocsim[cupy-cuda13]' for CUDA 13)")
     import cupy
     try:
         ok = cupy.cuda.is_available()

@@ -8,7 +8,10 @@ at a time:
   allocated and reserved are tracked (with the free-space shape and the free breakdown,
   ``policy.free_breakdown``, at the reserved peak and at each OOM);
   None is an OOM, which stops the walk unless ``keep_going``;
-- FREE: the handle goes to the runtime (``gc``) or the policy (``eager``);
+- FREE: the handle goes to the runtime (``gc``) or the policy (``eager``); a FREE the
+  recorded run made inside the next request (flag ``IN_REQUEST``: CuPy's ``gc.collect()``
+  on its limit or OOM path) is held by the eager runtime and reaches the policy at the
+  matching collection of that request's malloc, or after it (`Runtime.hold`);
 - the pressure events (`PRESSURE`): a recorded OOM is attempted again (a failure is
   an OOM marked ``recorded`` and the walk goes on, as the program did; a success is
   freed at once and listed in ``ooms_avoided``; an offline policy's plan leaves it out); CACHE_RELEASE calls
@@ -45,13 +48,17 @@ from .guard import guard_device_calls, guard_policy
 from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
-from .trace.events import CACHE_RELEASE, OOM, PRESSURE, SET_LIMIT
+from .trace.events import CACHE_RELEASE, IN_REQUEST, OOM, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
 S_RECORDED_OOM = "recorded OOM attempt"
 S_CACHE_RELEASE = "cache release"
 S_PERIODIC_GC = "gc(false) (periodic)"
+
+#: The walk's kind for a FREE flagged IN_REQUEST: this plus its ``aux`` (which collection of the request made
+#: it). Never in a trace; a fused loop hands it back as any kind it does not serve.
+FREE_IN_REQUEST = 0x100
 
 
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
@@ -224,7 +231,7 @@ class Replay:
         self.runtime.attach(self.policy, self.handles)
         self.keep_going, self.timeline, self.observer, self.progress = s.keep_going, s.timeline, observer, progress
         self._recorded_limits = s.cap is None
-        self._log_index = log_events and self.policy.wants_event_index
+        self._log_index = (log_events or self.policy.follows_recording) and self.policy.wants_event_index
         self._w = _Walk()
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
@@ -266,6 +273,8 @@ class Replay:
                 self._pos = 0
                 if c is None:
                     self._chunks = None
+                    if self.runtime.held:       # the trace ends inside a request: its frees still go
+                        self.runtime.end_request()
                     return
                 if self.policy.renumber is not None:
                     self._renumber()
@@ -295,7 +304,12 @@ class Replay:
         """A `_Chunk` of Python lists per chunk of records that holds driving events."""
         times = self.policy.tick is not None
         for start, rec, local in driving(self.trace, self._zero_counts):
-            yield _Chunk(local + start, rec["kind"][local].tolist(), rec["id"][local].tolist(),
+            kind = rec["kind"][local]
+            inside = (kind == FREE) & (rec["flags"][local] & IN_REQUEST != 0)
+            if inside.any():
+                kind = kind.astype(np.int64)
+                kind[inside] = FREE_IN_REQUEST + rec["aux"][local][inside]
+            yield _Chunk(local + start, kind.tolist(), rec["id"][local].tolist(),
                          rec["size"][local].tolist(), rec["stream"][local].tolist(),
                          rec["time_ns"][local].tolist() if times else None)
 
@@ -315,6 +329,13 @@ class Replay:
         raise reserved memory or fail) to `_served`, for the reserved peak and the OOMs."""
         w, dev, handles = self._w, self.device, self.handles
         fused, plain = self._fused, self._walk_plain
+        held = self.runtime.held
+        while held and lo < hi:         # a request whose in-request frees the last chunk held: walk it plainly
+            lo = plain(c, lo, lo + 1, lat.append)
+            if w.stopped:
+                return lo
+        if lo >= hi:
+            return hi
         cols = (c.kind, c.ids, c.sizes, c.streams)
         if lo or hi < len(c.at):
             cols = tuple(col[lo:hi] for col in cols)
@@ -331,6 +352,12 @@ class Replay:
             plain(c, j, j + 1, lat.append)
             if w.stopped:
                 return j + 1
+            while held and j + 1 < hi:  # frees held for the next request: walk it plainly (`Runtime.hold`)
+                j += 1
+                next(events)
+                plain(c, j, j + 1, lat.append)
+                if w.stopped:
+                    return j + 1
 
     def _served(self, c, j, h) -> bool:
         """After an ALLOC a fused loop served through the policy's escalation: an OOM (``h`` None) is
@@ -355,8 +382,10 @@ class Replay:
         """`_walk_chunk` event by event through ``malloc``/``free`` and the hooks."""
         w, pol, dev, handles = self._w, self.policy, self.device, self.handles
         malloc, free, pop = pol.malloc, pol.free, handles.pop
-        on_alloc = None if self.runtime.eager else self.runtime.on_alloc
-        on_free = None if self.runtime.eager else self.runtime.on_free
+        rt = self.runtime
+        on_alloc = None if rt.eager else rt.on_alloc
+        on_free = None if rt.eager else rt.on_free
+        held = rt.held
         before, after = self._before, self._after
         peak_alloc, peak_res = w.peak_alloc, w.peak_res
         h = None
@@ -370,6 +399,8 @@ class Replay:
                 t0 = dev.clock
                 h = malloc(size, st)
                 lat_append(dev.clock - t0)
+                if held:                   # the request the held frees were made in is over
+                    rt.end_request()
                 if h is None:
                     w.peak_alloc, w.peak_res = peak_alloc, peak_res
                     if self._oom(c, j, size, st):
@@ -385,13 +416,16 @@ class Replay:
                 if r > peak_res:
                     peak_res = r
                     self._new_peak(r, a, int(c.at[j]), st)
-            elif k == 2:               # FREE
+            elif k == 2 or k >= FREE_IN_REQUEST:   # FREE
                 if on_free is None:
                     h = pop(i, None)
                     if h is None:          # its ALLOC failed under --keep-going
                         self._skip_free(i)
                         continue
-                    free(h)
+                    if k == 2:
+                        free(h)
+                    else:                  # made inside the next request: held for it
+                        rt.hold(h, k - FREE_IN_REQUEST)
                 elif i in handles:
                     h = handles[i]
                     on_free(i)
@@ -404,7 +438,7 @@ class Replay:
                 self._pressure(c, j, k, size, st)
                 peak_alloc, peak_res = w.peak_alloc, w.peak_res
             if after is not None:
-                after(c, j, k, i, h)
+                after(c, j, k if k < FREE_IN_REQUEST else FREE, i, h)
         w.peak_alloc, w.peak_res = peak_alloc, peak_res
         return hi
 
@@ -452,6 +486,8 @@ class Replay:
                 pol.release_cache()
                 return
             h = pol.malloc(size, stream)
+            if self.runtime.held:
+                self.runtime.end_request()
             if h is None:
                 self._oom(c, j, size, stream, recorded=True)
                 return

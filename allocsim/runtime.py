@@ -12,6 +12,12 @@ reclaims every dead object. Reclaimed objects go back to the policy through its
 ``free``, inside the collection, as Julia finalizers do. Collections run when a
 policy's escalation asks, and every ``gc_every`` allocated bytes if set.
 
+Frees the recorded run made *inside* a request (FREE flagged ``IN_REQUEST``: CuPy's
+``gc.collect()`` on its limit or OOM path collected them after the request's best-fit
+lookup) are `hold`-ed by the eager runtime: the k-th full collection the policy runs in
+that request hands it those of the recorded run's k-th collection, and `end_request`
+(after the request's malloc) the rest, so the lookup never sees them.
+
 Costs: marking a FREE is O(1); a collection is O(objects reclaimed).
 """
 from __future__ import annotations
@@ -34,6 +40,9 @@ class Runtime:
         self.reclaimed_objects = 0
         self.policy = None
         self.handles = None
+        #: ``(handle, k)`` of the frees held for the request in progress (`hold`); empty between requests
+        self.held: list = []
+        self._request_collections = 0
 
     def attach(self, policy, handles: dict) -> None:
         """Bind to the policy and the engine's id -> handle table (live ids only)."""
@@ -55,7 +64,35 @@ class Runtime:
         return self._reclaim(full)
 
     def _reclaim(self, full: bool) -> int:
-        return 0
+        return self._release_held(full)
+
+    def hold(self, handle, k: int) -> None:
+        """A free the recorded run made inside the next request, in its k-th collection (0: outside any):
+        given to the policy at the k-th full collection of that request, or at `end_request`."""
+        self.held.append((handle, k))
+
+    def _release_held(self, full: bool) -> int:
+        """In a full collection inside a request: free the held handles of this collection or an earlier one."""
+        if not full or not self.held:
+            return 0
+        self._request_collections += 1
+        n = self._request_collections
+        due = [h for h, k in self.held if 0 < k <= n]
+        if due:
+            self.held[:] = [(h, k) for h, k in self.held if not 0 < k <= n]
+            free = self.policy.free
+            for h in due:
+                free(h)
+        return len(due)
+
+    def end_request(self) -> None:
+        """The request the held frees were made in has been served (or failed): free the rest."""
+        held = self.held[:]
+        self.held.clear()
+        self._request_collections = 0
+        free = self.policy.free
+        for h, _ in held:
+            free(h)
 
 
 class EagerRuntime(Runtime):

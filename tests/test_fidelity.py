@@ -5,7 +5,8 @@ import os
 import pytest
 
 from allocsim import validate_trace
-from allocsim.replay import Replay
+from allocsim.policies.cupy import RecordedPlaces
+from allocsim.replay import Replay, make_device
 from allocsim.trace import ALLOC, Trace
 from allocsim.report.text import validation_summary
 
@@ -34,5 +35,40 @@ def test_torch_model_places_every_block_where_pytorch_did(path):
         if not bad and kind == ALLOC and r.policy.block(h)[0] != int(t.addr[idx]):
             bad.append(idx)
     r = Replay(t, "torch", capacity=None, observer=check)
+    r.run()
+    assert not bad, f"first misplaced block at event {bad[0]}"
+
+
+CUPY = [p for p in RECORDED if Trace.load(p).meta.get("framework") == "cupy"]
+
+
+@pytest.mark.parametrize("path", CUPY, ids=os.path.basename)
+def test_cupy_model_places_every_block_where_cupy_did(path):
+    """Each block lands where CuPy's pool put it: in the segment made at the same turn (the k-th device
+    allocation), at the same offset. The model's best fit, splits, merges and releases do that, and where free
+    chunks tie it takes the one the recorded run took (CuPy's own tie order is not repeatable:
+    docs/models/cupy.md, "Ties"). Placement by segment and offset, not address: the device may place a
+    segment elsewhere than CUDA did (its driver placement is a model too)."""
+    t = Trace.load(path)
+    recorded = RecordedPlaces(t)
+    dev = make_device(t, "cupy", capacity=None)
+    made, malloc = [], dev.malloc                   # (address, bytes) of each device allocation the model made
+
+    def counted(n):
+        addr = malloc(n)
+        if addr is not None:
+            made.append((addr, n))
+        return addr
+    dev.malloc = counted
+    bad = []
+
+    def check(idx, kind, i, h):
+        if bad or kind != ALLOC or h is None:
+            return
+        addr = r.policy.block(h)[0]
+        k = max(j for j, (base, n) in enumerate(made) if base <= addr < base + n)
+        if (k, addr - made[k][0]) != (recorded.segment[idx], recorded.offset[idx]):
+            bad.append(idx)
+    r = Replay(t, "cupy", device=dev, observer=check)
     r.run()
     assert not bad, f"first misplaced block at event {bad[0]}"

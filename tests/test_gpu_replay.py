@@ -14,6 +14,7 @@ from allocsim.replay import Replay
 from allocsim.costs import CostModel
 from allocsim.gpu import gpu_available
 from allocsim.trace import Trace
+from allocsim.validate import validate
 
 from conftest import ROOT, random_trace, run_cli
 
@@ -60,10 +61,18 @@ def test_calibrate_and_cuda_backend_fail_cleanly_without_gpu(small_trace_path, t
 @gpu
 @pytest.mark.parametrize("path", CUPY_TRACES or [pytest.param(None, marks=pytest.mark.skip("no CuPy trace shipped"))])
 def test_cupy_real_matches_cupy_model_after_every_event(path):
+    """CuPy's own pool replaying a recording holds what the model holds after every event. Where the recording's
+    segment calls hang on how CuPy broke ties (the lowest-address rule alone does not validate), the real pool
+    breaks them by where its chunk objects lie, as another run of the program would (docs/models/cupy.md,
+    "Ties"): there only the end figures are compared."""
     trace = Trace.load(path)
-    model, _ = reserved_after_each_event(trace, "cupy")
-    real, _ = reserved_after_each_event(trace, "cupy-real")
+    model, dev_model = reserved_after_each_event(trace, "cupy")
+    real, dev_real = reserved_after_each_event(trace, "cupy-real")
     assert len(model) == len(real)
+    if not validate(trace, options={"follow_ties": False}).match:
+        assert (dev_model.peak_reserved, dev_model.reserved, dev_model.n_malloc, dev_model.n_free) == \
+            (dev_real.peak_reserved, dev_real.reserved, dev_real.n_malloc, dev_real.n_free)
+        return
     first = next((i for i, (a, b) in enumerate(zip(model, real)) if a != b), None)
     assert first is None, f"total bytes diverge at driving event {first}: model {model[first]} real {real[first]}"
 

@@ -90,6 +90,9 @@ def format_summary(d: dict) -> str:
     if d.get("private_pool_segments"):
         lines.append(f"  CUDA graph private pools: {d['private_pool_segments']:,} segment allocations (not modelled: "
                      f"allocsim validate says which figures cannot be trusted)")
+    if d.get("frees_in_request"):
+        lines.append(f"  frees inside a request: {d['frees_in_request']:,} (arrays the pool's gc.collect() freed on its "
+                     f"limit or OOM path; replayed at that collection)")
     up = d["upstream_segments"]
     n_seg = sum(v for k, v in up.items() if k != "peak_reserved_bytes")
     if n_seg:

@@ -25,7 +25,7 @@ Optional, with a default here (see each member's docstring or comment for its bu
 ``largest_free``, ``free_breakdown``, ``release_cache``, ``counters``, ``finish``,
 ``close``, ``tick``, ``walk_chunk`` (the fused loop; `fused_loop` says when the engine
 may use it), ``renumber`` (handles renamed between chunks), ``wants_event_index`` /
-``event_index`` and ``segment_log`` (`validate`), ``seeded``, ``peak_allocated_override``
+``event_index`` and ``segment_log`` (`validate`), ``follows_recording``, ``seeded``, ``peak_allocated_override``
 (real-GPU policies), ``layout`` (the snapshot export) and ``gc_on`` (`tune`).
 
 A built-in whose hot path differs by option declares each variant as a subclass and
@@ -85,6 +85,11 @@ class Policy:
     #: per event then; nothing otherwise), for the policy to stamp its ``segment_log`` with.
     wants_event_index = False
     event_index = -1
+
+    #: True (with `wants_event_index`): the engine stores ``event_index`` in every replay, not only when `validate`
+    #: asks, for a model that follows the recorded run's own choices at the record it serves (cupy's
+    #: ``follow_ties``). Read once per replay; the replay then takes the plain walk.
+    follows_recording = False
 
     #: The policy's own log of device calls, ``(kind, size, event_index)`` with kinds from
     #: `allocsim.trace.events`, one entry appended per segment call; `validate` compares it with the recorded

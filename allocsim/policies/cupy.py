@@ -43,6 +43,13 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
   the lowest device address instead, deterministically.
 - ``version=13`` (``set.pop()`` from the first non-empty bin): arbitrary in CuPy; the
   model takes the most recently freed chunk (LIFO).
+- ``follow_ties`` (default on), replaying a trace CuPy's pool recorded (``framework`` cupy):
+  the chunk at the place the recorded request got (its segment by number, and the offset:
+  `RecordedPlaces`), when it is one of the tied chunks (`RecordedTiesCuPyPool`; the replay
+  then takes the plain walk). Since CuPy's tie order
+  comes from where its chunk objects lie in host memory, two runs of one program may break
+  a tie differently; this is what lets a replay follow the run it was recorded from
+  (docs/models/cupy.md, "Ties").
 
 Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
@@ -90,10 +97,12 @@ call that reached the pool.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
+
+import numpy as np
 
 from ..errors import UsageError
-from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
+from ..trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
 from .registry import register
 from .base import Param, Policy
 
@@ -159,6 +168,9 @@ class CuPyPool(Policy):
               "13: binned lookup, ties to the most recently freed chunk, gc.collect() x1"),
         Param("limit", "size", None, "pool limit (set_limit / CUPY_GPU_MEMORY_LIMIT); with --cap the smaller wins"),
         Param("track_total", "bool", False, "keep total_log: pool total bytes after each malloc/free (validation)"),
+        Param("follow_ties", "bool", True,
+              "replaying a CuPy recording: of the free chunks tying for best fit, take the one the recorded request "
+              "got (CuPy's tie order is not repeatable); else the version's own tie rule"),
     )
     wants_event_index = True
 
@@ -193,8 +205,11 @@ class CuPyPool(Policy):
 
     @classmethod
     def variant(cls, ctx, options):
-        """`Policy.variant`: with ``track_total``, `TrackedCuPyPool` (which keeps the log off the untracked hot path)."""
-        return TrackedCuPyPool if cls is CuPyPool and options.get("track_total") else cls
+        """`Policy.variant`: with ``track_total``, `TrackedCuPyPool` (which keeps the log off the untracked hot path);
+        following a CuPy recording's ties (`follows_ties`), `RecordedTiesCuPyPool`; both, their union."""
+        if cls is not CuPyPool:
+            return cls
+        return _VARIANTS[bool(options.get("track_total")), follows_ties(ctx, options)]
 
     def _arena(self, stream) -> _Arena:
         """The stream's arena, made on first use (``SingleDeviceMemoryPool._arena``)."""
@@ -501,6 +516,12 @@ class CuPyPool(Policy):
             self.ctx.add_section(S_MALLOC, self._t_malloc, self._n_malloc)
 
 
+def follows_ties(ctx, options) -> bool:
+    """Whether a replay of ``ctx``'s trace with these options takes tied chunks as the recorded run did: option
+    ``follow_ties`` (default on) and a trace CuPy's pool recorded, whose ALLOCs hold the addresses it gave."""
+    return options.get("follow_ties", True) and ctx.trace is not None and ctx.meta.get("framework") == "cupy"
+
+
 class TrackedCuPyPool(CuPyPool):
     """`cupy` with ``track_total`` (`CuPyPool.variant` makes it): ``total_log`` gets the pool's total bytes
     after each malloc and free (`validate`)."""
@@ -513,3 +534,93 @@ class TrackedCuPyPool(CuPyPool):
     def free(self, c):
         super().free(c)
         self.total_log.append(self.total)
+
+
+class RecordedPlaces:
+    """Where a CuPy recording placed each request: its segment, numbered in the order the recording made them,
+    and the offset in it; with the model's own segments by the same numbers (``model``, appended as the model
+    makes them), `address` is the recorded place in the model's address space. So following the recorded ties
+    does not depend on the device handing out the recorded segment addresses. O(records) once, two numbers
+    per record."""
+
+    def __init__(self, trace):
+        self.segment = np.full(len(trace), -1, np.int64)
+        self.offset = np.zeros(len(trace), np.int64)
+        self.model: list[int] = []
+        bases: list[int] = []                       # the live recorded segments' addresses, sorted
+        live: dict[int, tuple[int, int]] = {}       # address -> (number, size)
+        made = 0                                    # segments the recording made so far
+        for start, rec in trace.chunks():
+            at = np.flatnonzero(np.isin(rec["kind"], (ALLOC, SEGMENT_ALLOC, SEGMENT_FREE)))
+            for j, kind, a, n in zip(at.tolist(), rec["kind"][at].tolist(), rec["addr"][at].tolist(),
+                                     rec["size"][at].tolist()):
+                if kind == SEGMENT_ALLOC:
+                    insort(bases, a)
+                    live[a] = (made, n)
+                    made += 1
+                elif kind == SEGMENT_FREE:
+                    if live.pop(a, None) is not None:
+                        del bases[bisect_left(bases, a)]
+                elif a:
+                    x = bisect_right(bases, a) - 1
+                    if x >= 0 and a < bases[x] + live[bases[x]][1]:
+                        self.segment[start + j] = live[bases[x]][0]
+                        self.offset[start + j] = a - bases[x]
+
+    def address(self, at: int) -> int:
+        """The model's address for the place the recorded request at trace index ``at`` got; 0 if unknown."""
+        k = int(self.segment[at])
+        return self.model[k] + int(self.offset[at]) if 0 <= k < len(self.model) else 0
+
+
+class RecordedTiesCuPyPool(CuPyPool):
+    """`cupy` following a CuPy recording's ties (`CuPyPool.variant` makes it): of the free chunks tying for best
+    fit, the one at the place the recorded request got (`RecordedPlaces`), if it is one of them; else the
+    version's rule.
+
+    The engine stores each request's trace index in ``event_index`` (`Policy.follows_recording`); the replay
+    takes the plain walk. The tied chunks ahead of the recorded one step out of the lookup's way while
+    `CuPyPool.malloc` takes it: a tie costs a scan of the tied keys and their re-insertion."""
+
+    follows_recording = True
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self._places = RecordedPlaces(self.ctx.trace)
+
+    def _device_malloc(self, n):
+        addr = super()._device_malloc(n)
+        if addr is not None:
+            self._places.model.append(addr)
+        return addr
+
+    def malloc(self, size, stream):
+        at = self.event_index
+        arena = self._arenas.get(stream)
+        want = self._places.address(at) if at >= 0 else 0
+        if arena is None or not want:
+            return super().malloc(size, stream)
+        keys, shift = arena.keys, self._shift
+        n = (size + UNIT - 1) & -UNIT
+        i = j = bisect_left(keys, n >> 9 << shift)
+        units = keys[i] >> shift if i < len(keys) else -1
+        while j < len(keys) and keys[j] >> shift == units and arena.by_key[keys[j]].ptr != want:
+            j += 1
+        if j == i or j == len(keys) or keys[j] >> shift != units:
+            return super().malloc(size, stream)     # no tie, the rule's own pick, or not among the tied chunks
+        ahead = keys[i:j]                           # the tied chunks the rule prefers: out of the lookup's way
+        del keys[i:j]
+        try:
+            return super().malloc(size, stream)
+        finally:
+            for k in ahead:
+                insort(keys, k)
+
+
+class TrackedRecordedTiesCuPyPool(TrackedCuPyPool, RecordedTiesCuPyPool):
+    """`cupy` with ``track_total``, following a CuPy recording's ties."""
+
+
+#: `CuPyPool.variant`'s choice, by (track_total, following ties).
+_VARIANTS = {(False, False): CuPyPool, (True, False): TrackedCuPyPool, (False, True): RecordedTiesCuPyPool,
+             (True, True): TrackedRecordedTiesCuPyPool}

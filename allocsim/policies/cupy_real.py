@@ -5,9 +5,14 @@ so device allocations and releases (including `free_all_blocks` on the OOM path)
 are counted and timed; reserved bytes are the pool's own `total_bytes()`.
 `--cap`, or the limit the program set (SET_LIMIT events move the device's cap), is
 the pool's `set_limit`, brought up to date before each request. Streams map to CuPy streams (index 0 is
-the null stream). See `docs/models/cupy.md`, section "The real policies".
+the null stream). The frees a recording made inside a request (flag IN_REQUEST, arrays the recorded pool's
+``gc.collect()`` collected) are made when this pool's own ``gc.collect()`` on its limit or OOM path starts
+(a ``gc.callbacks`` entry, full collections inside a request only), as a replay's collection makes them.
+See `docs/models/cupy.md`, section "The real policies".
 """
 from __future__ import annotations
+
+import gc
 
 from ..gpu import require_cupy
 from .registry import register
@@ -45,6 +50,18 @@ class CupyRealPool(RealPolicy):
         self._limit = 0                 # the pool's set_limit (0: none)
         self._streams = {0: None}
         self.flushes_seen = 0
+        self._in_request = False
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase, info) -> None:
+        """The pool's ``gc.collect()`` inside a request: the replay's collection, which frees what the recorded
+        run's freed there."""
+        if self._in_request and phase == "start" and info.get("generation") == 2:
+            self._in_request = False    # the frees below run no request of their own
+            try:
+                self.ctx.collect(True)
+            finally:
+                self._in_request = True
 
     def _stream(self, s):
         st = self._streams.get(s, False)
@@ -63,6 +80,7 @@ class CupyRealPool(RealPolicy):
         """The pool's malloc on the stream, timed; None when it raises OutOfMemoryError."""
         pool, st = self.pool, self._stream(stream)
         t0 = now_ns()
+        self._in_request = True
         try:
             if st is None:
                 mem = pool.malloc(size)
@@ -72,6 +90,8 @@ class CupyRealPool(RealPolicy):
         except self.cp.cuda.memory.OutOfMemoryError:
             self._account(now_ns() - t0, pool.total_bytes(), pool.used_bytes())
             return None
+        finally:
+            self._in_request = False
         self._account(now_ns() - t0, pool.total_bytes(), pool.used_bytes())
         return [mem, mem.ptr, size]
 
@@ -90,4 +110,6 @@ class CupyRealPool(RealPolicy):
         return {"pool_total_bytes": int(self.pool.total_bytes()), "pool_n_free_blocks": int(self.pool.n_free_blocks())}
 
     def close(self):
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
         self.pool.free_all_blocks()

@@ -29,6 +29,19 @@ uses and reads. What the recorder adds for the run (all removed at the end):
 - a ``gc.callbacks`` entry: each Python collection is a GC event (aux 1 when
   it is a full, generation-2, collection), placed at its start so that the frees
   it causes follow it.
+- frees made *inside* a request: between its ``malloc_preprocess`` and its
+  ``malloc_postprocess``, after the pool's best-fit lookup, the only Python code
+  that runs is the ``gc.collect()`` of the pool's limit and OOM paths
+  (``_try_malloc``, docs/models/cupy.md) and the recorder's own hooks. The arrays
+  such a collection frees (ones in reference cycles) are FREEs flagged
+  ``IN_REQUEST`` with aux = which collection of the request freed them (1, 2;
+  0: none), written before the ALLOC (or OOM) of that request: the replay hands
+  them to the pool at that collection, not before the lookup. Python's automatic
+  collections are paused inside a request (``gc.disable()`` from the pre hook to
+  the post hook, when the program had them on), so that one due there runs just
+  after the request, as it would without hooks (Python 3.12 runs a due
+  collection at the next bytecode boundary, which without the recorder's Python
+  hooks is after the request).
 
 Events stream to the file as they happen. Times come from one monotonic clock
 read in each callback. Hooks are thread-local: other threads are not seen; a
@@ -116,7 +129,8 @@ class CupyRecorder(Recorder):
         self.reserved = self.pool.total_bytes()     # what the events account for (0 unless CuPy ran before)
         self.counts = {"malloc": 0, "zero_malloc": 0, "free": 0, "failed_malloc": 0, "unmatched_free": 0,
                        "segment_alloc": 0, "failed_upstream": 0, "segment_free": 0, "gc": 0, "cache_release": 0,
-                       "set_limit": 0, "unseen_release": 0, "unseen_limit": 0}
+                       "set_limit": 0, "unseen_release": 0, "unseen_limit": 0,
+                       "free_in_request": 0, "gc_in_request": 0}
         if self.reserved:
             self.note(f"the pool held {self.reserved} bytes before recording began; their segments are not in "
                       "the trace")
@@ -124,6 +138,9 @@ class CupyRecorder(Recorder):
         self.release_stream = None                  # the stream a program's free_all_blocks named
         self.unexplained = 0                        # bytes the total_bytes() changes and the segments disagree by
         self.limit = 0
+        self.request_gcs = -1                       # inside a request: the collections started in it; else -1
+        self.request_depth = 0                      # requests in progress (one made by a finalizer nests)
+        self.gc_paused = False                      # automatic collections paused by the recorder for the request
         if self.pool.get_limit():                   # CUPY_GPU_MEMORY_LIMIT, or a limit set before recording
             self.record_limit()
         rec = self
@@ -133,8 +150,10 @@ class CupyRecorder(Recorder):
 
             def malloc_preprocess(self, **kw):
                 rec._before_request()
+                rec._enter_request()
 
             def malloc_postprocess(self, **kw):
+                rec._leave_request()
                 rec._on_malloc(kw)
 
             def free_postprocess(self, **kw):
@@ -196,6 +215,26 @@ class CupyRecorder(Recorder):
         return None
 
     # ---- hook callbacks (hot path: a few dict operations and one record each) ----------------------
+    def _enter_request(self) -> None:
+        """The pool's lookup comes next: frees from here to `_leave_request` are inside the request (the outermost
+        one, where a finalizer run by its collection makes a request of its own)."""
+        self.request_depth += 1
+        if self.request_depth > 1:
+            return
+        self.request_gcs = 0
+        if gc.isenabled():
+            gc.disable()
+            self.gc_paused = True
+
+    def _leave_request(self) -> None:
+        self.request_depth = max(0, self.request_depth - 1)
+        if self.request_depth:
+            return
+        self.request_gcs = -1
+        if self.gc_paused:
+            self.gc_paused = False
+            gc.enable()
+
     def _before_request(self) -> None:
         if self.w is None:
             return
@@ -250,7 +289,12 @@ class CupyRecorder(Recorder):
         seg = self._segment_of(self.chunk_at.pop(i))
         if seg is not None:
             seg[2] -= 1
-        self.w.free(i, t=self._now(), addr=kw["mem_ptr"])
+        n = self.request_gcs
+        if n < 0:
+            self.w.free(i, t=self._now(), addr=kw["mem_ptr"])
+        else:
+            self.w.record(ev.FREE, flags=ev.IN_REQUEST, aux=n, id_=i, t=self._now(), addr=kw["mem_ptr"])
+            self.counts["free_in_request"] += 1
         self.counts["free"] += 1
 
     def _on_upstream_alloc(self, kw) -> None:
@@ -273,6 +317,9 @@ class CupyRecorder(Recorder):
         if phase == "start" and self.w is not None:
             self.w.gc(info.get("generation") == 2, t=self._now())
             self.counts["gc"] += 1
+            if self.request_gcs >= 0:
+                self.request_gcs += 1
+                self.counts["gc_in_request"] += 1
 
     def mark(self, label: str) -> None:
         if self.w is not None:
@@ -283,6 +330,8 @@ class CupyRecorder(Recorder):
         cupy = self.cupy
         gc.callbacks.remove(self._on_gc)
         self.hook.__exit__(None, None, None)
+        self.request_depth = min(self.request_depth, 1)
+        self._leave_request()                       # an exit from inside a request (a hook raised)
         cupy.get_default_memory_pool = self.prev_get_pool
         cupy.cuda.Device().synchronize()
         self._before_request()                      # a last release or limit change made after the last request

@@ -128,6 +128,7 @@ class Tally:
         self.max_size = 0
         self.pre_existing = 0
         self.private_segments = 0       # SEGMENT_ALLOCs in CUDA graph private pools
+        self.in_request = 0             # FREEs made inside a request (CuPy's gc.collect on its limit/OOM path)
         self.streams = set()
         self.t_min = self.t_max = None
         self.gc = [0, 0]                # incremental, full
@@ -149,6 +150,7 @@ class Tally:
         if flags.any():                 # rare: most traces flag nothing
             self.pre_existing += int(np.count_nonzero(flags[a] & ev.PRE_EXISTING))
             self.private_segments += int(np.count_nonzero(flags[chunk.where(ev.SEGMENT_ALLOC)] & ev.PRIVATE_POOL))
+            self.in_request += int(np.count_nonzero(flags[chunk.where(ev.FREE)] & ev.IN_REQUEST))
         self._add_streams(chunk, np.concatenate((a, chunk.where(ev.FREE))))
         t = rec["time_ns"]
         lo, hi = int(t.min()), int(t.max())
@@ -254,6 +256,7 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         "limits": tally.limits,
         "upstream_segments": tally.upstream_segments(),
         **({"private_pool_segments": tally.private_segments} if tally.private_segments else {}),
+        **({"frees_in_request": tally.in_request} if tally.in_request else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
         **({"process": {k: meta[k] for k in PROCESS_KEYS if k in meta}} if "pid" in meta or "rank" in meta else {}),

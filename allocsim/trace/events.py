@@ -56,6 +56,9 @@ def bits_fraction(bits: int) -> float:
 PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
 FAILED = 2           # ALLOC that failed in the recorded run (it has no FREE)
 PRIVATE_POOL = 4     # SEGMENT_*: the segment belongs to a CUDA graph private pool (torch.cuda.graph, ...)
+IN_REQUEST = 64      # FREE: made inside the request of the next ALLOC or OOM, after its best-fit lookup (CuPy: the
+                     # arrays a gc.collect() on the pool's limit or OOM path collected); aux = which collection of
+                     # that request it came from (1, 2, ...), 0 none
 
 NO_SITE = 0xFFFFFFFF
 NO_ID = 0xFFFFFFFF

@@ -19,7 +19,9 @@ An arena keeps its free chunks in bins, one list per size in a sorted dict, each
 list in the order its chunks were filed, and ``free`` (address -> chunk) in the order
 chunks were filed, which is the order free_all_blocks releases them. Ties between
 free chunks of one size: v14's set of (size, chunk object) is arbitrary in CuPy, so
-the lowest address wins; v13's ``set.pop()`` likewise, so the last filed wins.
+the lowest address wins; v13's ``set.pop()`` likewise, so the last filed wins; but with
+``follow_ties``, replaying a CuPy recording, the chunk at the address the recorded
+request got wins when it is one of them.
 The limit is the smaller of option ``limit`` and the cap, which a recorded
 ``set_limit`` (SET_LIMIT) moves; each comparison the cap decides is told to the device.
 """
@@ -32,7 +34,7 @@ from sortedcontainers import SortedDict
 from ...errors import UsageError
 from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 from ..base import Policy
-from ..cupy import UNIT, CuPyPool
+from ..cupy import UNIT, CuPyPool, RecordedPlaces, follows_ties
 from ..registry import reference_of
 
 
@@ -70,12 +72,16 @@ class Arena:
             del self.bins[chunk.size]
         return True
 
-    def best_fit(self, size: int) -> Chunk | None:
-        """The free chunk of the smallest size >= ``size``; ties: last filed (v13) or lowest address (v14)."""
+    def best_fit(self, size: int, recorded: int = 0) -> Chunk | None:
+        """The free chunk of the smallest size >= ``size``; ties: the one at address ``recorded`` if it is one of
+        them, else the last filed (v13) or the lowest address (v14)."""
         i = self.bins.bisect_left(size)
         if i == len(self.bins):
             return None
         same_size = self.bins.peekitem(i)[1]
+        taken = [c for c in same_size if c.ptr == recorded]
+        if taken:
+            return taken[0]
         return same_size[-1] if self.lifo else min(same_size, key=lambda c: c.ptr)
 
 
@@ -96,6 +102,8 @@ class CuPyPoolReference(Policy):
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
         self.total_log = array("q") if self.track_total else None
+        self.follows_recording = follows_ties(self.ctx, self.options)
+        self._places = RecordedPlaces(self.ctx.trace) if self.follows_recording else None
 
     @property
     def _limit(self) -> int:
@@ -124,7 +132,7 @@ class CuPyPoolReference(Policy):
     def _malloc(self, size: int, stream: int) -> Chunk | None:
         self.ctx.charge(self.costs.pool_hit_s)
         arena = self._arena(stream)
-        chunk = arena.best_fit(size)
+        chunk = arena.best_fit(size, self._recorded_address())
         if chunk is not None:
             arena.remove_from_free_list(chunk)
             if chunk.size > size:
@@ -136,6 +144,12 @@ class CuPyPoolReference(Policy):
             chunk = Chunk(ptr, size, arena)
         self.allocated += chunk.size
         return chunk
+
+    def _recorded_address(self) -> int:
+        """Following a CuPy recording's ties: where the recorded request was placed, as an address of this
+        model's segments (0: unknown, or not following)."""
+        at = self.event_index
+        return self._places.address(at) if self.follows_recording and at >= 0 else 0
 
     @staticmethod
     def _split(chunk: Chunk, size: int) -> Chunk:
@@ -187,6 +201,8 @@ class CuPyPoolReference(Policy):
         """cudaMalloc."""
         ptr = self.ctx.malloc(size)
         if ptr is not None:
+            if self._places is not None:
+                self._places.model.append(ptr)
             self.total += size
             self.segment_log.append((SEGMENT_ALLOC, size, self.event_index))
         return ptr
