@@ -242,22 +242,20 @@ class Events:
     """The records of ``kind`` in `FOLD_KINDS` from trace index ``lo`` on, up to ``n`` of them: their trace
     indices and columns (numpy)."""
 
+    COLUMNS = ("kind", "id", "size", "stream")
+
     def __init__(self, records, lo: int, n: int):
         parts, end = [], len(records)
         got = 0
         while got < n and lo < end:
-            rec = np.asarray(records[lo:min(end, lo + READ)])
-            keep = np.flatnonzero(np.isin(rec["kind"], FOLD_KINDS))[:n - got]
-            parts.append((keep + lo, rec[keep]))
+            rec = records[lo:min(end, lo + READ)]
+            keep = np.flatnonzero(_folded(rec["kind"]))[:n - got]
+            parts.append([keep + lo] + [rec[name][keep].astype(np.int64) for name in self.COLUMNS])
             got += len(keep)
             lo += len(rec)
-        at = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-        rec = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, records.dtype)
-        self.at = at.astype(np.int64)
-        self.kind = rec["kind"].astype(np.int64)
-        self.id = rec["id"].astype(np.int64)
-        self.size = rec["size"].astype(np.int64)
-        self.stream = rec["stream"].astype(np.int64)
+        cols = [np.concatenate(c) if parts else np.zeros(0, np.int64) for c in zip(*parts)] or \
+            [np.zeros(0, np.int64)] * 5
+        self.at, self.kind, self.id, self.size, self.stream = cols
 
     def __len__(self) -> int:
         return len(self.at)
@@ -320,6 +318,7 @@ class Folder:
     def __init__(self, replay):
         self.r = replay
         self.marks = np.array([at for at, _ in replay.trace.marks()], np.int64)
+        self.sig = step_signatures(replay.trace, self.marks) if len(self.marks) > 2 else np.zeros((0, 2), np.uint64)
         self.next_mark = 0
         self.seen: dict[bytes, list[Boundary]] = {}
         self.order: list[bytes] = []            # fingerprints in the order boundaries were seen (forgetting)
@@ -389,6 +388,10 @@ class Folder:
         key, addr = got
         here = Boundary(at, mark, addr)
         for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
+            p = mark - earlier.mark
+            if (mark + 2 * p > len(self.sig) or not (self.sig[earlier.mark:mark] == self.sig[mark:mark + p]).all()
+                    or not (self.sig[earlier.mark:mark] == self.sig[mark + p:mark + 2 * p]).all()):
+                continue            # the steps after do not repeat: not worth the exact comparison
             if self._try(earlier, here, key, until):
                 break
         self.seen.setdefault(key, []).append(here)
@@ -519,12 +522,55 @@ class Folder:
                 "period": period, "from_step": first, "folds": len(self.periods)}
 
 
+def _folded(kind: np.ndarray) -> np.ndarray:
+    """Which records of these kinds are `FOLD_KINDS`."""
+    return (kind == ALLOC) | (kind == FREE) | np.isin(kind, PRESSURE)
+
+
+def step_signatures(trace, marks: np.ndarray) -> np.ndarray:
+    """A signature of each step's events (``[marks[m], marks[m + 1])``, the last to the end), read once: a hash
+    of their kinds, sizes, streams and, for a FREE, how many ALLOCs lie between its object's and it (by the
+    ids, dense in ALLOC order in every recorder's traces), with their count. Equal steps have equal signatures
+    (with ids given otherwise, repeats may differ and are then not folded), so a boundary tries the exact
+    comparison only where the steps after it repeat those after the earlier one."""
+    sig = np.zeros((len(marks), 2), np.uint64)
+    allocs = 0
+    first = np.zeros(len(marks), np.int64)          # filtered events before each step
+    seen = 0
+    for start, rec in trace.chunks():
+        kind = rec["kind"]
+        keep = np.flatnonzero(_folded(kind))
+        at = keep + start
+        k = kind[keep].astype(np.uint64)
+        before = allocs + np.cumsum(kind == ALLOC)[keep] - (kind[keep] == ALLOC)
+        allocs += int(np.count_nonzero(kind == ALLOC))
+        dist = np.where(kind[keep] == FREE, before - rec["id"][keep].astype(np.int64), 0).astype(np.uint64)
+        step = np.searchsorted(marks, at, side="right") - 1
+        pos = np.arange(seen, seen + len(keep))
+        seen += len(keep)
+        inside = step >= 0
+        step, pos, k, dist = step[inside], pos[inside], k[inside], dist[inside]
+        size, stream = rec["size"][keep][inside].astype(np.uint64), rec["stream"][keep][inside].astype(np.uint64)
+        new = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+        starts = step[new]
+        fresh = sig[starts, 1] == 0
+        first[starts[fresh]] = pos[new[fresh]]
+        with np.errstate(over="ignore"):
+            v = (k * np.uint64(0x9E3779B97F4A7C15) ^ size * np.uint64(0xC2B2AE3D27D4EB4F)
+                 ^ stream * np.uint64(0x165667B19E3779F9) ^ dist * np.uint64(0xD6E8FEB86659FD93))
+            v ^= v >> np.uint64(29)
+            term = v * np.power(np.uint64(0x100000001B3), (pos - first[step]).astype(np.uint64))
+            np.add.at(sig[:, 0], step, term)
+        np.add.at(sig[:, 1], step, np.uint64(1))
+    return sig
+
+
 def _count_between(records, lo: int, hi: int) -> int:
     """How many `FOLD_KINDS` records lie in trace indices [lo, hi)."""
     n = 0
     while lo < hi:
-        rec = np.asarray(records[lo:min(hi, lo + READ)])
-        n += int(np.count_nonzero(np.isin(rec["kind"], FOLD_KINDS)))
+        rec = records[lo:min(hi, lo + READ)]
+        n += int(np.count_nonzero(_folded(rec["kind"])))
         lo += len(rec)
     return n
 
@@ -535,8 +581,8 @@ def _events_before(records, end: int, n: int) -> Events:
     got = 0
     while lo > 0 and got < n:
         step = min(lo, READ)
-        rec = np.asarray(records[lo - step:lo])
-        got += int(np.count_nonzero(np.isin(rec["kind"], FOLD_KINDS)))
+        rec = records[lo - step:lo]
+        got += int(np.count_nonzero(_folded(rec["kind"])))
         lo -= step
     ev = Events(records, lo, got)
     keep = slice(max(0, len(ev) - n), len(ev))
@@ -548,8 +594,8 @@ def _events_before(records, end: int, n: int) -> Events:
 def _index_after(records, lo: int, n: int) -> int:
     """The trace index just past the ``n``-th `FOLD_KINDS` record from ``lo``."""
     while True:
-        rec = np.asarray(records[lo:lo + READ])
-        keep = np.flatnonzero(np.isin(rec["kind"], FOLD_KINDS))
+        rec = records[lo:lo + READ]
+        keep = np.flatnonzero(_folded(rec["kind"]))
         if len(keep) >= n:
             return lo + int(keep[n - 1]) + 1
         n -= len(keep)
