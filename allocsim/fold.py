@@ -40,6 +40,12 @@ FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
 #: Records read at a time when comparing windows, and the most events one comparison batch holds.
 READ = 1 << 16
 BATCH = 1 << 18
+#: Fingerprint bytes made per driving event walked, at most: past it, boundaries are skipped (a state far
+#: larger than a step, such as the gc runtime's dead objects, is then fingerprinted every so many steps, and
+#: a period is found as a multiple of the true one).
+BYTES_PER_EVENT = 8
+#: The longest period looked for, in steps.
+MAX_PERIOD = 512
 #: Earlier boundaries with the same fingerprint tried at a boundary (the most recent first), and how many
 #: boundaries' fingerprints are kept at most (the oldest are forgotten).
 TRIES = 2
@@ -319,6 +325,9 @@ class Folder:
         self.r = replay
         self.marks = np.array([at for at, _ in replay.trace.marks()], np.int64)
         self.sig = step_signatures(replay.trace, self.marks) if len(self.marks) > 2 else np.zeros((0, 2), np.uint64)
+        self.useful = repeating_steps(self.sig)
+        self.spent = 0                          # bytes of fingerprints made: kept within `BYTES_PER_EVENT`
+        self.last = 0
         self.next_mark = 0
         self.seen: dict[bytes, list[Boundary]] = {}
         self.order: list[bytes] = []            # fingerprints in the order boundaries were seen (forgetting)
@@ -382,10 +391,14 @@ class Folder:
         return pickle.dumps((state, runtime, device, w.since_gc), protocol=5), addr
 
     def _boundary(self, at: int, mark: int, until) -> None:
+        if not self.useful[mark] or self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20):
+            return          # the steps after do not repeat; or fingerprints cost more than the walk: skip some
         got = self._fingerprint()
         if got is None:
             return
         key, addr = got
+        self.last = len(key)
+        self.spent += len(key)
         here = Boundary(at, mark, addr)
         for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
             p = mark - earlier.mark
@@ -563,6 +576,22 @@ def step_signatures(trace, marks: np.ndarray) -> np.ndarray:
             np.add.at(sig[:, 0], step, term)
         np.add.at(sig[:, 1], step, np.uint64(1))
     return sig
+
+
+def repeating_steps(sig: np.ndarray) -> np.ndarray:
+    """For each step ``m``, whether for some period ``p`` (up to `MAX_PERIOD`) the ``p`` steps from ``m`` have
+    the signatures of the ``p`` after them: only such a boundary can start or repeat a periodic run."""
+    n = len(sig)
+    out = np.zeros(n + 1, bool)
+    for p in range(1, min(MAX_PERIOD, n // 2) + 1):
+        eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
+        # run[q]: how many steps from q on equal the steps p later
+        run = np.zeros(len(eq) + 1, np.int64)
+        bad = np.flatnonzero(~eq)
+        nxt = np.searchsorted(bad, np.arange(len(eq)))          # the first unequal step at or after q
+        run[:-1] = np.where(nxt < len(bad), bad[np.minimum(nxt, len(bad) - 1)], len(eq)) - np.arange(len(eq))
+        out[:len(eq)] |= run[:-1] >= p
+    return out
 
 
 def _count_between(records, lo: int, hi: int) -> int:
