@@ -337,9 +337,14 @@ class Folder:
 
     @staticmethod
     def possible(replay, device_given: bool, guard: bool) -> bool:
-        """Whether a replay can fold at all: a policy that declares its state, a simulated device, no observer,
-        timeline, event log or tick."""
-        return (type(replay.policy).fold_state is not Policy.fold_state and type(replay.device) is SimulatedDevice and not device_given and not guard
+        """Whether a replay can fold at all: a policy that declares its state (a subclass made outside allocsim
+        only if it declares its own: what it adds is its to say), a simulated device, no observer, timeline,
+        event log or tick."""
+        cls = type(replay.policy)
+        owner = next(c for c in cls.__mro__ if "fold_state" in c.__dict__)
+        if owner is Policy or (owner is not cls and not all(c.__module__.startswith("allocsim.") for c in cls.__mro__)):
+            return False
+        return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and replay.observer is None and not replay.timeline and not replay._log_index
                 and replay.policy.tick is None)
 

@@ -15,7 +15,7 @@ from ..tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..spec import PolicySpec
 from ..report.tune import tune_report
-from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg,
+from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, capacity_arg, cost_model_arg,
                       load_trace, positive_size, say_snapshot_written)
 
 NAME = "tune"
@@ -42,6 +42,7 @@ def add_arguments(p):
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
     add_jobs_argument(p)
     add_cost_model_argument(p)
+    add_fold_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--plot", metavar="OUT", help="draw the Pareto frontier of peak reserved vs allocation time "
                                                  "(.png, .svg or .pdf)")
@@ -104,7 +105,7 @@ def _tune(args, path: str) -> int:
     try:
         res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, headroom=headroom,
                    jobs=args.jobs, top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
-                   settings=Settings(ReplaySettings(costs=costs)), progress=progress)
+                   settings=Settings(ReplaySettings(costs=costs, fold=not args.no_fold)), progress=progress)
     finally:
         progress.close()
     res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
