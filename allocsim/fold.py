@@ -342,7 +342,7 @@ class Folder:
         event log or tick."""
         cls = type(replay.policy)
         owner = next(c for c in cls.__mro__ if "fold_state" in c.__dict__)
-        if owner is Policy or (owner is not cls and not all(c.__module__.startswith("allocsim.") for c in cls.__mro__)):
+        if owner is Policy or (owner is not cls and not all(c.__module__.startswith("allocsim.") for c in cls.__mro__[:-1])):
             return False
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and replay.observer is None and not replay.timeline and not replay._log_index
