@@ -568,6 +568,8 @@ def step_signatures(trace, marks: np.ndarray) -> np.ndarray:
         seen += len(keep)
         inside = step >= 0
         step, pos, k, dist = step[inside], pos[inside], k[inside], dist[inside]
+        if not len(step):
+            continue
         size, stream = rec["size"][keep][inside].astype(np.uint64), rec["stream"][keep][inside].astype(np.uint64)
         new = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
         starts = step[new]
@@ -590,12 +592,10 @@ def repeating_steps(sig: np.ndarray) -> np.ndarray:
     out = np.zeros(n + 1, bool)
     for p in range(1, min(MAX_PERIOD, n // 2) + 1):
         eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
-        # run[q]: how many steps from q on equal the steps p later
-        run = np.zeros(len(eq) + 1, np.int64)
-        bad = np.flatnonzero(~eq)
-        nxt = np.searchsorted(bad, np.arange(len(eq)))          # the first unequal step at or after q
-        run[:-1] = np.where(nxt < len(bad), bad[np.minimum(nxt, len(bad) - 1)], len(eq)) - np.arange(len(eq))
-        out[:len(eq)] |= run[:-1] >= p
+        q = np.arange(len(eq))
+        bad = np.append(np.flatnonzero(~eq), len(eq))
+        run = bad[np.searchsorted(bad, q)] - q          # how many steps from q on equal the steps p later
+        out[:len(eq)] |= run >= p
     return out
 
 
