@@ -256,12 +256,11 @@ class Events:
         while got < n and lo < end:
             rec = records[lo:min(end, lo + READ)]
             keep = np.flatnonzero(_folded(rec["kind"]))[:n - got]
-            parts.append([keep + lo] + [rec[name][keep].astype(np.int64) for name in self.COLUMNS])
+            parts.append([keep + lo] + [rec[name][keep] for name in self.COLUMNS])
             got += len(keep)
             lo += len(rec)
-        cols = [np.concatenate(c) if parts else np.zeros(0, np.int64) for c in zip(*parts)] or \
-            [np.zeros(0, np.int64)] * 5
-        self.at, self.kind, self.id, self.size, self.stream = cols
+        cols = [np.concatenate(c) for c in zip(*parts)] or [np.zeros(0, np.int64)] * 5
+        self.at, self.kind, self.id, self.size, self.stream = cols     # the records' own dtypes
 
     def __len__(self) -> int:
         return len(self.at)
@@ -270,15 +269,27 @@ class Events:
         """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
         a_pos = np.flatnonzero(is_alloc)
-        a_ids = self.id[a_pos]
+        a_ids = self.id[a_pos].astype(np.int64)
+        f = np.flatnonzero(is_free)
+        out = np.full(len(self), -1, np.int64)
+        if not len(a_ids) or not len(f):
+            return out
+        lo, hi = int(a_ids.min()), int(a_ids.max())
+        if hi - lo < 4 * len(self):            # ids in a narrow range (dense, as recorders give them): a table
+            table = np.full(hi - lo + 1, -1, np.int64)
+            table[a_ids - lo] = a_pos
+            fid = self.id[f].astype(np.int64)
+            inside = (fid >= lo) & (fid <= hi)
+            got = np.full(len(f), -1, np.int64)
+            got[inside] = table[fid[inside] - lo]
+            out[f] = np.where(got < f, got, -1)
+            return out
         order = np.argsort(a_ids, kind="stable")
         a_ids, a_pos = a_ids[order], a_pos[order]
-        out = np.full(len(self), -1, np.int64)
-        f = np.flatnonzero(is_free)
-        if len(a_ids) and len(f):
-            k = np.minimum(np.searchsorted(a_ids, self.id[f]), len(a_ids) - 1)
-            hit = (a_ids[k] == self.id[f]) & (a_pos[k] < f)
-            out[f[hit]] = a_pos[k[hit]]
+        fid = self.id[f].astype(np.int64)
+        k = np.minimum(np.searchsorted(a_ids, fid), len(a_ids) - 1)
+        hit = (a_ids[k] == fid) & (a_pos[k] < f)
+        out[f[hit]] = a_pos[k[hit]]
         return out
 
 
@@ -577,11 +588,12 @@ def step_signatures(trace, marks: np.ndarray) -> np.ndarray:
         first[starts[fresh]] = pos[new[fresh]]
         with np.errstate(over="ignore"):
             v = (k * np.uint64(0x9E3779B97F4A7C15) ^ size * np.uint64(0xC2B2AE3D27D4EB4F)
-                 ^ stream * np.uint64(0x165667B19E3779F9) ^ dist * np.uint64(0xD6E8FEB86659FD93))
+                 ^ stream * np.uint64(0x165667B19E3779F9) ^ dist * np.uint64(0xD6E8FEB86659FD93)
+                 ^ (pos - first[step]).astype(np.uint64) * np.uint64(0x100000001B3))      # its place in the step
             v ^= v >> np.uint64(29)
-            term = v * np.power(np.uint64(0x100000001B3), (pos - first[step]).astype(np.uint64))
-            np.add.at(sig[:, 0], step, term)
-        np.add.at(sig[:, 1], step, np.uint64(1))
+            v *= np.uint64(0xBF58476D1CE4E5B9)
+            sig[starts, 0] += np.add.reduceat(v, new)
+        sig[starts, 1] += np.diff(np.append(new, len(step))).astype(np.uint64)
     return sig
 
 

@@ -65,11 +65,26 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
 
 
 class _Chunk:
-    """The driving events of one chunk of records, as lists, and their trace indices."""
+    """The driving events of one chunk of records, as lists (made when the walk first reads them: a chunk a
+    fold passes over is never converted), and their trace indices."""
 
-    def __init__(self, at, kind, ids, sizes, streams, times):
+    def __init__(self, at, rec, local, times: bool):
         self.at = at                # trace index of each driving event (numpy int64)
-        self.kind, self.ids, self.sizes, self.streams, self.times = kind, ids, sizes, streams, times
+        self._rec, self._local, self._times = rec, local, times
+
+    def __getattr__(self, name):
+        """``kind``, ``ids``, ``sizes``, ``streams``, ``times``: the columns as lists, made on first use."""
+        if name not in _CHUNK_COLUMNS or "_rec" not in self.__dict__:
+            raise AttributeError(name)
+        rec, local = self._rec, self._local
+        self.kind, self.ids, self.sizes, self.streams = (rec[col][local].tolist() for col in ("kind", "id", "size",
+                                                                                              "stream"))
+        self.times = rec["time_ns"][local].tolist() if self._times else None
+        del self._rec, self._local
+        return getattr(self, name)
+
+
+_CHUNK_COLUMNS = ("kind", "ids", "sizes", "streams", "times")
 
 
 def driving(trace: Trace, zero_counts: list | None = None):
@@ -333,12 +348,10 @@ class Replay:
                 handles[i] = new[h]
 
     def _driving_chunks(self):
-        """A `_Chunk` of Python lists per chunk of records that holds driving events."""
+        """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events."""
         times = self.policy.tick is not None
         for start, rec, local in driving(self.trace, self._zero_counts):
-            yield _Chunk(local + start, rec["kind"][local].tolist(), rec["id"][local].tolist(),
-                         rec["size"][local].tolist(), rec["stream"][local].tolist(),
-                         rec["time_ns"][local].tolist() if times else None)
+            yield _Chunk(local + start, rec, local, times)
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
