@@ -28,6 +28,7 @@ window computes from the clock in a way the recorder does not follow (its tapes 
 from __future__ import annotations
 
 import pickle
+import weakref
 
 import numpy as np
 
@@ -334,9 +335,7 @@ class Folder:
 
     def __init__(self, replay):
         self.r = replay
-        self.marks = np.array([at for at, _ in replay.trace.marks()], np.int64)
-        self.sig = step_signatures(replay.trace, self.marks) if len(self.marks) > 2 else np.zeros((0, 2), np.uint64)
-        self.useful = repeating_steps(self.sig)
+        self.marks, self.sig, self.useful = steps_of(replay.trace)
         self.spent = 0                          # bytes of fingerprints made: kept within `BYTES_PER_EVENT`
         self.last = 0
         self.next_mark = 0
@@ -549,6 +548,20 @@ class Folder:
         period, first, _ = self.periods[0]
         return {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
                 "period": period, "from_step": first, "folds": len(self.periods)}
+
+
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def steps_of(trace) -> tuple:
+    """``(MARK indices, step signatures, which steps repeat)`` of ``trace``, read once per trace (a tune or
+    fit replays one trace many times)."""
+    got = _STEPS.get(trace)
+    if got is None:
+        marks = np.array([at for at, _ in trace.marks()], np.int64)
+        sig = step_signatures(trace, marks) if len(marks) > 2 else np.zeros((0, 2), np.uint64)
+        got = _STEPS[trace] = (marks, sig, repeating_steps(sig))
+    return got
 
 
 def _folded(kind: np.ndarray) -> np.ndarray:
