@@ -41,6 +41,9 @@ FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
 #: Records read at a time when comparing windows, and the most events one comparison batch holds.
 READ = 1 << 16
 BATCH = 1 << 18
+#: The device's and the runtime's integer totals a period adds to (the walk's are `Folder._counts`').
+DEVICE_COUNTS = ("n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed")
+RUNTIME_COUNTS = ("gc_incremental", "gc_full", "reclaimed_bytes", "reclaimed_objects")
 #: Fingerprint bytes made per driving event walked, at most: past it, boundaries are skipped (a state far
 #: larger than a step, such as the gc runtime's dead objects, is then fingerprinted every so many steps, and
 #: a period is found as a multiple of the true one).
@@ -451,8 +454,7 @@ class Folder:
         r = self.r
         w, dev, rt = r._w, r.device, r.runtime
         return ((w.done, w.n_pressure, w.skipped_frees, len(w.ooms), len(w.served), w.peak_alloc, w.peak_res),
-                (dev.n_malloc, dev.n_free, dev.bytes_malloc, dev.bytes_free, dev.n_failed),
-                (rt.gc_incremental, rt.gc_full, rt.reclaimed_bytes, rt.reclaimed_objects, getattr(rt, "epoch", 0)),
+                tuple(getattr(dev, name) for name in DEVICE_COUNTS), tuple(getattr(rt, name) for name in RUNTIME_COUNTS),
                 r.policy.fold_counts())
 
     # -- the recorded window's end: repeat it ------------------------------------------------------------
@@ -499,23 +501,14 @@ class Folder:
         r = self.r
         w, dev, rt, pol = r._w, r.device, r.runtime, r.policy
         program.repeat(k, dev, rt, r.sections, w.latency)
-        d_walk = [a - b for a, b in zip(after[0][:2], before[0][:2])]
-        w.n_pressure += k * d_walk[1]
-        d_dev = [a - b for a, b in zip(after[1], before[1])]
-        dev.n_malloc += k * d_dev[0]
-        dev.n_free += k * d_dev[1]
-        dev.bytes_malloc += k * d_dev[2]
-        dev.bytes_free += k * d_dev[3]
-        dev.n_failed += k * d_dev[4]
-        d_rt = [a - b for a, b in zip(after[2], before[2])]
-        rt.gc_incremental += k * d_rt[0]
-        rt.gc_full += k * d_rt[1]
-        rt.reclaimed_bytes += k * d_rt[2]
-        rt.reclaimed_objects += k * d_rt[3]
+        for obj, names, b, a in ((w, ("n_pressure",), before[0][1:2], after[0][1:2]),
+                                 (dev, DEVICE_COUNTS, before[1], after[1]), (rt, RUNTIME_COUNTS, before[2], after[2])):
+            for name, x, y in zip(names, b, a):
+                setattr(obj, name, getattr(obj, name) + k * (y - x))
         pol.fold_advance(before[3], after[3], k)
         self._rename(start, end, P)
         skipped = r._move_to(end)
-        assert skipped == k * d_walk[0], (skipped, k, d_walk)
+        assert skipped == k * (after[0][0] - before[0][0]), (skipped, k)
         steps = int(np.searchsorted(self.marks, end) - np.searchsorted(self.marks, start))
         self.next_mark = int(np.searchsorted(self.marks, end))
         self.folded_events += skipped
@@ -559,7 +552,7 @@ def steps_of(trace) -> tuple:
     got = _STEPS.get(trace)
     if got is None:
         marks = np.array([at for at, _ in trace.marks()], np.int64)
-        sig = step_signatures(trace, marks) if len(marks) > 2 else np.zeros((0, 2), np.uint64)
+        sig = step_signatures(trace, marks) if len(marks) > 2 else np.zeros((len(marks), 2), np.uint64)
         got = _STEPS[trace] = (marks, sig, repeating_steps(sig))
     return got
 

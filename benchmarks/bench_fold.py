@@ -60,6 +60,14 @@ def best(trace: Trace, policy: str, repeat: int) -> dict:
     return {"folded_s": min(times[True]), "full_s": min(times[False]), "folded": folded}
 
 
+def against(short: Trace, long_: Trace, policy: str, repeat: int) -> dict:
+    """The long trace's folded and full CPU seconds against the short one's folded, and their ratios."""
+    s, lg = best(short, policy, repeat), best(long_, policy, repeat)
+    return {"policy": policy, "short_s": s["folded_s"], "long_s": lg["folded_s"], "long_full_s": lg["full_s"],
+            "ratio": lg["folded_s"] / s["folded_s"], "ratio_full": lg["full_s"] / s["folded_s"],
+            "folded": lg["folded"]}
+
+
 def first_steps(trace: Trace, n: int) -> Trace:
     """The records before ``trace``'s ``n``-th MARK (its first ``n`` steps and what precedes them)."""
     marks = [at for at, _ in trace.marks()]
@@ -90,10 +98,7 @@ def main(argv=None) -> int:
           f"CPU seconds, best of {a.repeat}")
     print(f"{'policy':<10}{'10 steps':>10}{'long':>10}{'x10':>8}{'long full':>11}{'x10 full':>10}  folded")
     for p in policies:
-        s, lg = best(short, p, a.repeat), best(long_, p, a.repeat)
-        row = {"policy": p, "short_s": s["folded_s"], "long_s": lg["folded_s"], "long_full_s": lg["full_s"],
-               "ratio": lg["folded_s"] / s["folded_s"], "ratio_full": lg["full_s"] / s["folded_s"],
-               "folded": lg["folded"]}
+        row = against(short, long_, p, a.repeat)
         out["fixed_shape"].append(row)
         print(f"{p:<10}{row['short_s']:>10.3f}{row['long_s']:>10.3f}{row['ratio']:>8.2f}{row['long_full_s']:>11.3f}"
               f"{row['ratio_full']:>10.1f}  {fmt_fold(row['folded'])}")
@@ -119,12 +124,9 @@ def main(argv=None) -> int:
         head = first_steps(trace, 10)
         print(f"\n{a.long}: {len(trace.marks())} steps vs its first 10")
         for p in policies:
-            h, lg = best(head, p, a.repeat), best(trace, p, a.repeat)
-            row = {"policy": p, "first10_s": h["folded_s"], "long_s": lg["folded_s"], "long_full_s": lg["full_s"],
-                   "ratio": lg["folded_s"] / h["folded_s"], "ratio_full": lg["full_s"] / h["folded_s"],
-                   "folded": lg["folded"]}
+            row = against(head, trace, p, a.repeat)
             out["long"].append(row)
-            print(f"  {p:<8} first 10 {row['first10_s']:.3f}s  all {row['long_s']:.3f}s (x{row['ratio']:.2f})  "
+            print(f"  {p:<8} first 10 {row['short_s']:.3f}s  all {row['long_s']:.3f}s (x{row['ratio']:.2f})  "
                   f"--no-fold {row['long_full_s']:.3f}s (x{row['ratio_full']:.1f})  {fmt_fold(row['folded'])}")
     if a.json:
         with atomic_open(a.json, "w") as f:

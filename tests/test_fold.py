@@ -246,3 +246,13 @@ def test_replay_says_how_much_it_folded_and_no_fold_walks_it_all(tmp_path):
     for command in (["compare", path, "-p", "torch,split"], ["fit", path, "-p", "split", "--max-replays", "3"]):
         cmd = run_cli(*command, "--no-fold")
         assert cmd.returncode == 0, cmd.stderr
+
+
+@pytest.mark.parametrize("marks", [0, 1, 2, 3])
+def test_a_trace_with_few_steps_replays_as_before(marks):
+    w = TraceWriter(meta={"producer": "test"})
+    for k in range(marks):
+        w.mark(f"step {k}")
+        w.free(w.alloc(4096))
+    w.free(w.alloc(512))
+    assert_folded_is_full(w.finish(), "split")
