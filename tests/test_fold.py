@@ -256,3 +256,25 @@ def test_a_trace_with_few_steps_replays_as_before(marks):
         w.free(w.alloc(4096))
     w.free(w.alloc(512))
     assert_folded_is_full(w.finish(), "split")
+
+
+def test_a_walk_to_targets_folds_only_before_each_and_reads_alike_midway():
+    """`run(until=...)` folds only whole periods before its target; a result read midway (while a period is
+    being recorded, too) changes nothing; the end is the full walk's."""
+    trace = repeat_steps(load("gpt2.bin"), 40)
+    marks = [at for at, _ in trace.marks()]
+    full = Replay(trace, "torch", fold=False)
+    r = Replay(trace, "torch")
+    for target in (marks[7], marks[12] + 5, marks[25], marks[33]):
+        full.run(until=target)
+        r.run(until=target)
+        assert r.events_done == full.events_done
+        mid, mid_full = r.result().to_dict(), full.result().to_dict()
+        for d in (mid, mid_full):
+            d.pop("replay_seconds")
+        assert mid == mid_full
+        assert r.live_blocks() == full.live_blocks()
+    assert r.folded is not None
+    a, b = r.run().to_dict(), full.run().to_dict()
+    a.pop("replay_seconds"), b.pop("replay_seconds")
+    assert a == b
