@@ -27,6 +27,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
+from allocsim import fold as fold_module  # noqa: E402
 from allocsim import synth  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
 from allocsim.replay import Replay  # noqa: E402
@@ -34,7 +35,9 @@ from allocsim.trace import Trace  # noqa: E402
 
 
 def timed(trace: Trace, policy: str, fold: bool):
-    """``(CPU seconds, result dict without timings, folded summary)`` of one replay to the end."""
+    """``(CPU seconds, result dict without timings, folded summary)`` of one replay to the end, as `allocsim
+    replay` runs it: the trace's steps read afresh (a tune or fit reads them once for all its replays)."""
+    fold_module._STEPS.clear()
     c0 = time.process_time()
     r = Replay(trace, policy, fold=fold)
     res = r.run()
