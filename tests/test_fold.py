@@ -3,6 +3,7 @@ the state repeats, and only there."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import pytest
@@ -243,6 +244,12 @@ def test_replay_says_how_much_it_folded_and_no_fold_walks_it_all(tmp_path):
     assert full.returncode == 0 and "folded" not in full.stdout
     strip = [x for x in out.stdout.splitlines() if "folded" not in x and "replay " not in x]
     assert strip == [x for x in full.stdout.splitlines() if "replay " not in x]
+    folded, walked = (json.loads(run_cli("replay", path, "-p", "split", "--json", *more).stdout)
+                      for more in ([], ["--no-fold"]))
+    assert folded.pop("folded")["period"] == 1 and "folded" not in walked
+    for d in (folded, walked):
+        d.pop("replay_seconds"), d.pop("load_seconds")
+    assert folded == walked
     for command in (["compare", path, "-p", "torch,split"], ["fit", path, "-p", "split", "--max-replays", "3"]):
         cmd = run_cli(*command, "--no-fold")
         assert cmd.returncode == 0, cmd.stderr

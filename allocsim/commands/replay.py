@@ -61,7 +61,7 @@ def run(args) -> int:
         say_snapshot_written(snapshot, args.snapshot, f"the replay under {spec.label}")
     res.load_seconds = loaded
     if args.json:
-        dump_json(res.to_dict())
+        dump_json({**res.to_dict(), **({"folded": res.folded} if res.folded else {})})
     else:
         print(replay_summary(res))
         if not args.no_sections:
