@@ -47,7 +47,7 @@ RUNTIME_COUNTS = ("gc_incremental", "gc_full", "reclaimed_bytes", "reclaimed_obj
 #: Fingerprint bytes made per driving event walked, at most: past it, boundaries are skipped (a state far
 #: larger than a step, such as the gc runtime's dead objects, is then fingerprinted every so many steps, and
 #: a period is found as a multiple of the true one).
-BYTES_PER_EVENT = 8
+BYTES_PER_EVENT = 4
 #: The longest period looked for, in steps.
 MAX_PERIOD = 512
 #: Earlier boundaries with the same fingerprint tried at a boundary (the most recent first), and how many
