@@ -376,8 +376,8 @@ class Folder:
         """Called before the walk drives event ``pos`` of chunk ``c``: handle the boundaries the walk has
         reached; True when the walk was moved (a fold), so the caller looks at its chunk again."""
         x = int(c.at[pos])
-        if self.rec is not None and x >= self.rec[1]:
-            return self._end_window(x, until)
+        if self.rec is not None and x >= self.rec[1] and self._end_window(x, until):
+            return True             # folded; else a boundary here is taken below, at its own position
         reached = self.next_mark
         while self.next_mark < len(self.marks) and self.marks[self.next_mark] <= x:
             self.next_mark += 1

@@ -285,3 +285,25 @@ def test_a_walk_to_targets_folds_only_before_each_and_reads_alike_midway():
     a, b = r.run().to_dict(), full.run().to_dict()
     a.pop("replay_seconds"), b.pop("replay_seconds")
     assert a == b
+
+
+def test_every_boundary_is_fingerprinted_where_it_lies_when_a_recorded_period_cannot_repeat(monkeypatch):
+    """A recorded period that cannot be repeated (here: every one) folds nothing, and the boundary where it
+    ends is still taken at its own place (events before it walked, none after), as every other one."""
+    from allocsim import fold
+    trace = repeat_steps(load("synthetic-transformer.bin"), 20)
+    monkeypatch.setattr(fold.Recorder, "stop", lambda self, stop=fold.Recorder.stop: stop(self) and None)
+    taken = []
+    boundary = fold.Folder._boundary
+
+    def check(self, at, mark, until):
+        taken.append((at, self.r.events_done))
+        return boundary(self, at, mark, until)
+    monkeypatch.setattr(fold.Folder, "_boundary", check)
+    r = Replay(trace, "torch")
+    r.run()
+    assert r.folded is None and len(taken) >= 10
+    for at, done in taken:
+        walked = Replay(trace, "torch", fold=False)
+        walked.run(until=at)
+        assert walked.events_done == done, (at, done, walked.events_done)
