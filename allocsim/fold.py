@@ -604,16 +604,20 @@ def step_signatures(trace, marks: np.ndarray) -> np.ndarray:
 
 
 def repeating_steps(sig: np.ndarray) -> np.ndarray:
-    """For each step ``m``, whether for some period ``p`` (up to `MAX_PERIOD`) the ``p`` steps from ``m`` have
-    the signatures of the ``p`` after them: only such a boundary can start or repeat a periodic run."""
+    """For each step ``m``, whether it can start a fold that pays (a template of ``p`` steps from ``m``, up to
+    `MAX_PERIOD`, then the period recorded, then at least two more to skip: ``4p`` steps with the signatures of
+    the steps ``p`` before them) or be where such a template repeats (``m - p`` can start one). Only these
+    boundaries are fingerprinted, so a short trace, or one whose steps never repeat, costs no fingerprint."""
     n = len(sig)
     out = np.zeros(n + 1, bool)
-    for p in range(1, min(MAX_PERIOD, n // 2) + 1):
+    for p in range(1, min(MAX_PERIOD, n // 5) + 1):
         eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
         q = np.arange(len(eq))
         bad = np.append(np.flatnonzero(~eq), len(eq))
         run = bad[np.searchsorted(bad, q)] - q          # how many steps from q on equal the steps p later
-        out[:len(eq)] |= run >= p
+        starts = np.flatnonzero(run >= 4 * p)
+        out[starts] = True
+        out[starts + p] = True
     return out
 
 
