@@ -87,6 +87,9 @@ class ReplayResult:
     #: why reserved > live requested bytes where reserved first reached its peak (`breakdown`, with the
     #: ``event``); None when the policy cannot say
     breakdown_at_peak: dict | None = None
+    #: how much of the walk was folded (`allocsim.fold`: events and steps skipped, the period): how the result
+    #: was computed, not a figure of it, so left out of comparisons and of `to_dict`
+    folded: dict | None = field(default=None, compare=False)
 
     @property
     def first_oom(self) -> OOMRecord | None:
@@ -95,6 +98,7 @@ class ReplayResult:
     def to_dict(self, *, timeline: bool = False) -> dict:
         d = asdict(self)
         d.pop("certified_limits")
+        d.pop("folded")
         if not timeline:
             d.pop("timeline")
         return d

@@ -42,6 +42,7 @@ from .context import PolicyContext
 from .costs import CostModel
 from .device import SimulatedDevice
 from .errors import UsageError
+from .fold import Folder, LatencyTape
 from .metrics import LatencyLog, OOMRecord, ReplayResult, assemble_result, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
 from .guard import guard_device_calls, guard_policy
@@ -71,11 +72,31 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
 
 
 class _Chunk:
-    """The driving events of one chunk of records, as lists, and their trace indices."""
+    """The driving events of one chunk of records, as lists (made when the walk first reads them: a chunk a
+    fold passes over is never converted), and their trace indices."""
 
-    def __init__(self, at, kind, ids, sizes, streams, times):
+    def __init__(self, at, rec, local, times: bool):
         self.at = at                # trace index of each driving event (numpy int64)
-        self.kind, self.ids, self.sizes, self.streams, self.times = kind, ids, sizes, streams, times
+        self._rec, self._local, self._times = rec, local, times
+
+    def __getattr__(self, name):
+        """``kind``, ``ids``, ``sizes``, ``streams``, ``times``: the columns as lists, made on first use."""
+        if name not in _CHUNK_COLUMNS or "_rec" not in self.__dict__:
+            raise AttributeError(name)
+        rec, local = self._rec, self._local
+        kind = rec["kind"][local]
+        inside = (kind == FREE) & (rec["flags"][local] & IN_REQUEST != 0)
+        if inside.any():            # a FREE made inside a request: the walk holds it for that request's collection
+            kind = kind.astype(np.int64)
+            kind[inside] = FREE_IN_REQUEST + rec["aux"][local][inside]
+        self.kind = kind.tolist()
+        self.ids, self.sizes, self.streams = (rec[col][local].tolist() for col in ("id", "size", "stream"))
+        self.times = rec["time_ns"][local].tolist() if self._times else None
+        del self._rec, self._local
+        return getattr(self, name)
+
+
+_CHUNK_COLUMNS = ("kind", "ids", "sizes", "streams", "times")
 
 
 def driving(trace: Trace, zero_counts: list | None = None):
@@ -139,7 +160,8 @@ class ReplaySettings:
     ``gc_every``: an incremental collection every so many allocated bytes; ``keep_going``: count OOMs and go
     on; ``timeline``: sample allocated/reserved for plots; ``backend``: ``"sim"`` or ``"cuda"`` (a simulated
     policy's device calls made real); ``fast_path``: False walks every event through ``malloc``/``free`` even
-    for a policy with a fused loop (the tests compare the two)."""
+    for a policy with a fused loop (the tests compare the two); ``fold``: False walks every periodic run in
+    full (`allocsim.fold`; True skips the repeats, with the same result bit for bit)."""
 
     runtime: str = "eager"
     cap: int | None = None
@@ -150,6 +172,7 @@ class ReplaySettings:
     timeline: bool = False
     backend: str = "sim"
     fast_path: bool = True
+    fold: bool = True
 
     def with_(self, **changes) -> ReplaySettings:
         return replace(self, **changes) if changes else self
@@ -243,17 +266,21 @@ class Replay:
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._result = None
         self._closed = False
+        self._fold_until = None         # the trace index the walk is to reach (None: the end; -1: no folding)
+        self._folder = Folder(self) if s.fold and Folder.possible(self, device is not None, guard) else None
 
     # ---- running -----------------------------------------------------------------------------
     def run(self, until: int | None = None) -> ReplayResult | None:
         """Walk to the end (or to trace index ``until``: the events before it); at the end, finish and
         return the `ReplayResult` (None while stopped short of it)."""
+        self._fold_until = until
         self._walk(lambda c: len(c.at) if until is None else int(np.searchsorted(c.at, until)))
         return self.finish() if self.at_end else None
 
     def step(self, n: int = 1) -> int:
         """Walk the next ``n`` driving events (fewer at the end, or at an OOM that stops); return how many."""
         start = self._w.done
+        self._fold_until = -1
         self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))
         return self._w.done - start
 
@@ -265,7 +292,7 @@ class Replay:
     def _walk(self, end_of) -> None:
         """Walk chunk after chunk, each up to position ``end_of(chunk)``; stop where that falls short of
         the chunk's end (the target is reached), at an OOM that stops, or at the end of the trace."""
-        w = self._w
+        w, folder = self._w, self._folder
         while not w.stopped and self._chunks is not None:
             c = self._chunk
             if c is None or self._pos >= len(c.at):
@@ -278,18 +305,52 @@ class Replay:
                     return
                 if self.policy.renumber is not None:
                     self._renumber()
-            hi = end_of(c)
+            if folder is not None and folder.at(c, self._pos, self._fold_until):
+                if self.progress is not None:
+                    self.progress(w.done)
+                continue                    # folded: the walk moved on
+            target = hi = end_of(c)
+            if folder is not None:
+                hi = min(hi, folder.stop(c, self._pos))
             if hi > self._pos:
-                lat = array("d")
+                recording = folder is not None and folder.rec is not None
+                lat = LatencyTape() if recording else array("d")
                 self._pos = self._walk_chunk(c, self._pos, hi, lat)
+                if recording and not folder.rec[0].take_latencies(lat):
+                    folder.abort()
                 w.latency.extend(lat)
                 w.done = self._j0 + self._pos
                 if self._pos >= len(c.at):
                     self._j0 += len(c.at)
                 if self.progress is not None:
                     self.progress(w.done)
-            if hi < len(c.at):
+            if target < len(c.at) and self._pos >= target:
                 return
+
+    def _move_to(self, at: int) -> int:
+        """Move the walk to trace index ``at`` as if every driving event before it was walked (a fold; the
+        folder has set the state); return how many driving events that passed."""
+        w = self._w
+        start = w.done
+        c = self._chunk
+        while int(c.at[-1]) < at:
+            self._j0 += len(c.at)
+            c = self._chunk = next(self._chunks, None)
+            if c is None:
+                self._chunks = None
+                self._pos = 0
+                w.done = self._j0
+                return w.done - start
+            if self.policy.renumber is not None:
+                self._renumber()
+        self._pos = int(np.searchsorted(c.at, at))
+        w.done = self._j0 + self._pos
+        return w.done - start
+
+    @property
+    def folded(self) -> dict | None:
+        """How much of the walk was folded (`allocsim.fold.Folder.summary`), None if none."""
+        return None if self._folder is None else self._folder.summary()
 
     def _renumber(self) -> None:
         """Between chunks: let the policy rename its handles (`Policy.renumber`) and apply the renaming to the
@@ -301,17 +362,10 @@ class Replay:
                 handles[i] = new[h]
 
     def _driving_chunks(self):
-        """A `_Chunk` of Python lists per chunk of records that holds driving events."""
+        """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events."""
         times = self.policy.tick is not None
         for start, rec, local in driving(self.trace, self._zero_counts):
-            kind = rec["kind"][local]
-            inside = (kind == FREE) & (rec["flags"][local] & IN_REQUEST != 0)
-            if inside.any():
-                kind = kind.astype(np.int64)
-                kind[inside] = FREE_IN_REQUEST + rec["aux"][local][inside]
-            yield _Chunk(local + start, kind.tolist(), rec["id"][local].tolist(),
-                         rec["size"][local].tolist(), rec["stream"][local].tolist(),
-                         rec["time_ns"][local].tolist() if times else None)
+            yield _Chunk(local + start, rec, local, times)
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
@@ -622,6 +676,8 @@ class Replay:
     def finish(self) -> ReplayResult:
         """End the replay (where it is) and return its `ReplayResult`; the policy is closed."""
         if self._result is None:
+            if self._folder is not None:
+                self._folder.abort()
             try:
                 self._result = self._build_result()
             finally:
@@ -641,6 +697,8 @@ class Replay:
         """The result so far (the replay goes on; after `finish`, the final result)."""
         if self._result is not None:
             return self._result
+        if self._folder is not None:
+            self._folder.abort()        # a window being recorded is walked on plainly
         with self.sections.kept():          # the policy's `finish` adds its hot-path totals: only for this result
             return self._build_result()
 
@@ -657,9 +715,11 @@ class Replay:
                 allocs += n_zero_allocs
                 frees += int(np.count_nonzero(passed)) - n_zero_allocs
         self.policy.finish()
-        return assemble_result(w, policy=self.policy, runtime=self.runtime, device=self.device, trace=self.trace,
-                               stats=self.sections.stats, allocs=allocs, frees=frees,
-                               breakdown_at_peak=self._peak_breakdown(), timeline=self.timeline)
+        res = assemble_result(w, policy=self.policy, runtime=self.runtime, device=self.device, trace=self.trace,
+                              stats=self.sections.stats, allocs=allocs, frees=frees,
+                              breakdown_at_peak=self._peak_breakdown(), timeline=self.timeline)
+        res.folded = self.folded
+        return res
 
     def _next_index(self) -> int:
         """The trace index the walk goes on from: the records before it are done."""

@@ -582,3 +582,43 @@ class _Clock:
         if n:
             self.now = int(t[-1])
         return t
+
+
+def repeat_steps(trace: Trace, steps: int) -> Trace:
+    """``trace`` with its last whole step (the records between its last two MARKs) repeated until it holds
+    ``steps`` MARKs, the records after the last MARK following the copies: a long run of a recorded model
+    (folding's tests and benchmark). Each copy's objects get fresh ids, and so do those of the records after,
+    shifted past the copies; a FREE of an object the step before allocated frees the one the copy before
+    allocated at the same place. Needs ids given densely in ALLOC order (every recorder and importer gives
+    them so) and a step that allocates as many objects as the one before it; else `UsageError`."""
+    marks = [at for at, _ in trace.marks()]
+    extra = steps - len(marks)
+    if len(marks) < 3 or extra < 0:
+        raise UsageError(f"repeat_steps: the trace has {len(marks)} MARKs; it needs 3 or more and at most {steps}")
+    rec = np.asarray(trace.records)
+    a, b = marks[-2], marks[-1]
+    kind, ids = rec["kind"], rec["id"].astype(np.int64)
+    alloc_ids = ids[kind == ALLOC]
+    if len(alloc_ids) and not (alloc_ids == np.arange(len(alloc_ids))).all():
+        raise UsageError("repeat_steps: the trace's ids are not given densely in ALLOC order")
+    lo = int(np.count_nonzero(kind[:a] == ALLOC))            # the first id the step allocates
+    d = int(np.count_nonzero(kind[a:b] == ALLOC))           # how many it allocates
+    if int(np.count_nonzero(kind[marks[-3]:a] == ALLOC)) != d:
+        raise UsageError("repeat_steps: the last whole step allocates another number of objects than the one before")
+    has_id = ids != NO_ID
+    step, tail = rec[a:b], rec[b:]
+    dt = int(rec["time_ns"][b]) - int(rec["time_ns"][a])
+    parts = [rec[:b]]
+    for c in range(1, extra + 1):
+        copy_ = step.copy()
+        shift = has_id[a:b] & (ids[a:b] >= lo - d)
+        copy_["id"] = np.where(shift, ids[a:b] + c * d, ids[a:b])
+        copy_["time_ns"] = step["time_ns"] + c * dt
+        parts.append(copy_)
+    tail = tail.copy()
+    shift = has_id[b:] & (ids[b:] >= lo - d)
+    tail["id"] = np.where(shift, ids[b:] + extra * d, ids[b:])
+    tail["time_ns"] = rec["time_ns"][b:] + extra * dt
+    parts.append(tail)
+    return Trace(np.concatenate(parts), dict(trace.meta), streams=trace.streams, sites=trace.sites,
+                 labels=trace.labels, path=trace.path)

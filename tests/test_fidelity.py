@@ -72,3 +72,24 @@ def test_cupy_model_places_every_block_where_cupy_did(path):
     r = Replay(t, "cupy", device=dev, observer=check)
     r.run()
     assert not bad, f"first misplaced block at event {bad[0]}"
+
+
+RANKS = sorted(glob.glob(os.path.join(ROOT, "traces", "runs", "*.rank*.bin")))
+
+
+@pytest.mark.parametrize("path", RANKS, ids=os.path.basename)
+def test_validate_matches_every_rank_of_the_recorded_runs(path):
+    """Each rank's trace of the NCCL runs on two GPUs (traces/runs/) does what its rank's allocator did."""
+    v = validate_trace(path)
+    assert v.match, validation_summary(v)
+    assert v.recorded_events == v.model_events > 0
+
+
+def test_the_recorded_runs_are_shipped_with_every_rank():
+    """Five runs of two ranks each, each rank on its own device and saying which rank it is."""
+    runs = {}
+    for p in RANKS:
+        meta = Trace.load(p).meta
+        runs.setdefault(os.path.basename(p).split(".rank")[0], set()).add((meta["rank"], meta["world_size"]))
+    assert runs and all(ranks == {(0, 2), (1, 2)} for ranks in runs.values()), runs
+    assert len(runs) == 5

@@ -17,7 +17,7 @@ LAYERS = [
     ["importers", "recorders", "synth"],
     ["device", "gpu", "runtime", "metrics", "calibrate"],
     ["policies"],
-    ["spec", "guard", "exporters", "replay"],
+    ["spec", "guard", "exporters", "fold", "replay"],
     ["sweep", "fit", "validate", "tune", "tune_ranks", "spaces", "testing"],
     ["report"],
     ["commands", "cli", "__main__", ""],

@@ -16,7 +16,7 @@ from ..units import parse_size
 
 
 def add_replay_arguments(p, *, multi: bool = False) -> None:
-    """--cap, --capacity, --runtime, --policy-opt, --cost-model, --gc-every, --keep-going."""
+    """--cap, --capacity, --runtime, --policy-opt, --cost-model, --gc-every, --keep-going, --no-fold."""
     if not multi:
         p.add_argument("--cap", default="none", help="pool cap, e.g. 8GB (CUARRAYS_MEMORY_LIMIT); default none")
         p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
@@ -29,6 +29,14 @@ def add_replay_arguments(p, *, multi: bool = False) -> None:
     p.add_argument("--gc-every", metavar="SIZE", help="an incremental collection every SIZE allocated (under eager it "
                    "frees nothing and only costs a pause, as a periodic gc.collect())")
     p.add_argument("--keep-going", action="store_true", help="count OOMs and continue instead of stopping")
+    add_fold_argument(p)
+
+
+def add_fold_argument(p) -> None:
+    """--no-fold: every command that replays through `ReplaySettings`."""
+    p.add_argument("--no-fold", action="store_true",
+                   help="walk every step, even where the replay repeats itself (by default a periodic run's repeats "
+                        "are added without walking them; the result is the same bit for bit)")
 
 
 def add_policies_argument(p, default: str) -> None:
@@ -103,7 +111,7 @@ def cost_model_arg(path):
 
 def replay_settings(args, **fixed) -> ReplaySettings:
     """The `ReplaySettings` of a command's arguments — those it has of --cap, --capacity, --cost-model,
-    --gc-every, --keep-going and --backend — with ``fixed`` over them: built once, handed on as it is
+    --gc-every, --keep-going, --backend and --no-fold — with ``fixed`` over them: built once, handed on as it is
     (a sweep's cells set their own cap, runtime and capacity over it)."""
     a = vars(args)
     found = {}
@@ -116,6 +124,8 @@ def replay_settings(args, **fixed) -> ReplaySettings:
     if a.get("gc_every") is not None:
         found["gc_every"] = gc_every_arg(a["gc_every"])
     found.update({k: a[k] for k in ("keep_going", "backend") if k in a})
+    if a.get("no_fold"):
+        found["fold"] = False
     return ReplaySettings(**{**found, **fixed})
 
 

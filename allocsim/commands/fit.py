@@ -9,7 +9,7 @@ from ..fit import MAX_REPLAYS, MiB, fit_many
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
-from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, load_trace,
+from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
                       plural, policy_specs, positive_size, progress_bar, replay_settings)
 
 NAME = "fit"
@@ -27,6 +27,7 @@ def add_arguments(p):
                    help=f"stop a policy's walk down from its peak after N replays (default {MAX_REPLAYS}; 0: no limit); "
                         "the answer is then safe but marked *, a lower safe capacity may exist")
     add_cost_model_argument(p)
+    add_fold_argument(p)
     add_jobs_argument(p)
     p.add_argument("--no-oracle", action="store_true", help="skip the offline oracle's peak")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -67,7 +67,7 @@ def run_one(args) -> int:
         say_snapshot_written(snapshot, args.snapshot, f"the replay under {spec.label}")
     res.load_seconds = loaded
     if args.json:
-        dump_json(res.to_dict())
+        dump_json({**res.to_dict(), **({"folded": res.folded} if res.folded else {})})
     else:
         print(replay_summary(res))
         if not args.no_sections:

@@ -17,8 +17,8 @@ from ..spec import PolicySpec
 from ..report.tune import tune_report
 from ..ranks import fit_capacity
 from ..units import fmt_bytes
-from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg,
-                      load_trace, positive_size, say_snapshot_written)
+from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, capacity_arg,
+                      cost_model_arg, load_trace, positive_size, say_snapshot_written)
 from ._ranks import traces_of
 
 NAME = "tune"
@@ -46,6 +46,7 @@ def add_arguments(p):
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
     add_jobs_argument(p)
     add_cost_model_argument(p)
+    add_fold_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--plot", metavar="OUT", help="draw the Pareto frontier of peak reserved vs allocation time "
                                                  "(.png, .svg or .pdf)")
@@ -134,7 +135,7 @@ def search_options(args) -> dict:
     """`tune`'s options from the command line, the target's capacity and cap aside."""
     return dict(objective=args.objective, headroom=headroom_arg(args.headroom), jobs=args.jobs, top=args.top,
                 fit=not args.no_fit, max_replays=args.max_replays,
-                settings=Settings(ReplaySettings(costs=cost_model_arg(args.cost_model))))
+                settings=Settings(ReplaySettings(costs=cost_model_arg(args.cost_model), fold=not args.no_fold)))
 
 
 def say_outside(name: str, capacity: int, outside: int) -> None:

@@ -26,7 +26,8 @@ Optional, with a default here (see each member's docstring or comment for its bu
 ``close``, ``tick``, ``walk_chunk`` (the fused loop; `fused_loop` says when the engine
 may use it), ``renumber`` (handles renamed between chunks), ``wants_event_index`` /
 ``event_index`` and ``segment_log`` (`validate`), ``follows_recording``, ``seeded``, ``peak_allocated_override``
-(real-GPU policies), ``layout`` (the snapshot export) and ``gc_on`` (`tune`).
+(real-GPU policies), ``layout`` (the snapshot export), ``gc_on`` (`tune`) and the folding of periodic
+runs: ``fold_state`` (None by default: never folded), ``fold_counts`` and ``fold_advance``.
 
 A built-in whose hot path differs by option declares each variant as a subclass and
 names it in `variant` (torch without expandable segments or GC; cupy with
@@ -236,6 +237,35 @@ class Policy:
         acts now. Per segment call at most; `tune` asks once per search whether a threshold would act under
         its target. False (the default): the allocator has none."""
         return False
+
+    # ---- folding periodic runs (allocsim/fold.py; docs/architecture.md, "Folding") ----------------------
+    def fold_state(self, held) -> object:
+        """The whole state that steers this policy's decisions from here on, canonical and picklable, or None
+        (the default) when it cannot say: the engine then never folds its replay. ``held`` are the handles
+        the engine holds (live objects, and under gc the dead ones not yet collected).
+
+        Two states must be equal exactly when the policy, given the same requests from here on (each FREE
+        naming the block that lies at the same address), makes the same decisions, device calls and modeled
+        charges: blocks by address, size, stream and state, the free structures in the order their ties are
+        broken, and every counter a decision reads (by its difference from another where only that matters),
+        never a handle or an id itself. What only counts (statistics) is `fold_counts`. Once per iteration
+        boundary, so O(blocks) is fine."""
+        return None
+
+    #: Names of the integer attributes that only count (never steer a decision) and go into the result:
+    #: what `fold_counts` and `fold_advance` read and add by default.
+    fold_counters: tuple[str, ...] = ()
+
+    def fold_counts(self) -> tuple:
+        """The totals that only count and go into the result or a log: a snapshot that `fold_advance`
+        repeats (by default the `fold_counters`). Twice per fold."""
+        return tuple(getattr(self, name) for name in self.fold_counters)
+
+    def fold_advance(self, before: tuple, after: tuple, k: int) -> None:
+        """The engine skipped ``k`` more windows like the one walked between the `fold_counts` snapshots
+        ``before`` and ``after``: add ``k`` times that window's growth to the totals. Once per fold."""
+        for name, b, a in zip(self.fold_counters, before, after):
+            setattr(self, name, getattr(self, name) + k * (a - b))
 
     def counters(self) -> dict:
         """Policy-specific counters (``cache_flushes`` goes into the result). Once, at the result."""

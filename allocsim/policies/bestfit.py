@@ -287,6 +287,14 @@ class BestFit(Policy):
         self._start[a] = self._end[a + n] = n
         self._avail.push(a, n)
 
+    # ---- folding (`Policy.fold_state`) ------------------------------------------------
+    fold_counters = ("_flushes", "_fits")
+
+    def fold_state(self, held):
+        """Free blocks, segments and held blocks by address, and ``allocated``: best fit's ties go to the lowest
+        address, so nothing else steers it (the free list's void entries only pace its compaction)."""
+        return sorted(self._start.items()), sorted(self._segments.items()), sorted(held), self.allocated
+
     # ---- reporting -----------------------------------------------------------------
     def block(self, h):
         return h

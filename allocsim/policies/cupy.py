@@ -488,6 +488,31 @@ class CuPyPool(Policy):
                 self.segment_log.append((SEGMENT_FREE, c.size, ev))
         return released
 
+    # ---- folding (`Policy.fold_state`) ------------------------------------------------------
+    fold_counters = ("cache_flushes", "limit_ooms", "device_ooms", "_n_lookup", "_n_malloc")
+
+    def fold_state(self, held):
+        """The arenas in the order they were made, each with its free chunks in filing order (`free_all_blocks`'s
+        order) and their addresses in key order (best fit's order, v13's ties included); the held
+        chunks; the keys' address field and the pool's totals. Chunks by address, never by object."""
+        def where(c):
+            return c.ptr, c.size, None if c.prev is None else c.prev.ptr, None if c.next is None else c.next.ptr
+        stream_of = {id(a): s for s, a in self._arenas.items()}
+        arenas = [(s, [where(c) for c in a.by_key.values()], [a.by_key[k].ptr for k in a.keys])
+                  for s, a in self._arenas.items()]
+        return (arenas, sorted((*where(c), stream_of[id(c.arena)]) for c in held), self._lo, self._hi, self._abits,
+                self.total, self.allocated)
+
+    def fold_counts(self) -> tuple:
+        """`fold_counters`, and where the segment log (and ``total_log``) end: their entries repeat too."""
+        return super().fold_counts() + (len(self.segment_log), None if self.total_log is None else len(self.total_log))
+
+    def fold_advance(self, before, after, k) -> None:
+        super().fold_advance(before, after, k)
+        self.segment_log += self.segment_log[before[-2]:after[-2]] * k
+        if self.total_log is not None:
+            self.total_log.extend(self.total_log[before[-1]:after[-1]] * k)
+
     # ---- reporting ----------------------------------------------------------------------
     def block(self, handle):
         return handle.ptr, handle.size

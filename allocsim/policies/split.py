@@ -482,6 +482,22 @@ class SplittingPool(Policy):
                 return b
         return 0
 
+    # ---- folding (`Policy.fold_state`) ------------------------------------------------
+    fold_counters = ("_scans", "_repops", "_repop_blocks", "_merged", "_splits", "_slow_blocks", "_slow_merged",
+                     "_flushes", "_reclaimed")
+
+    def fold_state(self, held):
+        """The live blocks by address: size, free state (AVAILABLE, FREED, allocated), the rank of their id
+        (best fit's tie order; ids themselves are renamed by `renumber`) and whether a piece of the same buffer
+        lies before and after; the freed blocks in the order they wait; ``allocated``. The free list's void
+        entries and the id counter only pace housekeeping that changes no decision."""
+        size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
+        live = sorted(set(held).union(b for b in range(1, self._next_id) if fsize[b]))
+        rank = {b: n for n, b in enumerate(live)}
+        blocks = sorted((addr[b], size[b], 2 if fsize[b] == FREED else 1 if fsize[b] else 0, rank[b],
+                         bool(prev[b]), bool(nxt[b])) for b in live)
+        return blocks, [addr[b] for b in self._freed], self.allocated
+
     # ---- reporting -----------------------------------------------------------------
     def largest_free(self):
         pending = max((self._size[b] for b in self._freed), default=0)

@@ -901,6 +901,36 @@ class TorchCachingAllocator(Policy):
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
 
+    # ---- folding (`Policy.fold_state`) ----------------------------------------------------------
+    fold_counters = ("n_malloc", "n_free", "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
+                     "num_sync_all_streams", "cache_flushes", "segments_allocated")
+
+    def fold_state(self, held):
+        """Every block (the pools' free ones and the ``held`` ones) by address: mapped, size, allocated (with its
+        requested bytes), pool, expandable segment, neighbours, and a free block's age in ``get_free_block``
+        calls (the GC threshold's clock: only ages matter); the pools made, the expandable segments, and the
+        counts a decision or a statistic's peak reads."""
+        calls = self.gfb_calls
+        blocks = [b for pp in self._pools.values() for pool in pp
+                  for b in (*pool.blocks.values(), *pool.unmapped_blocks.values())]
+        blocks += held
+        out = sorted((b.ptr, b.mapped, b.size, b.allocated, b.requested if b.allocated else 0, b.pool.small,
+                      b.pool.stream, None if b.es is None else b.es.base,
+                      None if b.prev is None else b.prev.ptr, None if b.next is None else b.next.ptr,
+                      0 if b.allocated else calls[b.pool.small] - b.gc_base) for b in blocks)
+        return (out, sorted(self._pools), [(es.base, es.size, es.page) for es in self._segments], self.allocated,
+                self.inactive_split_bytes, self.segments)
+
+    def fold_counts(self) -> tuple:
+        """`fold_counters`, and where the segment log ends (its entries repeat with the window)."""
+        return super().fold_counts() + (len(self.segment_log),)
+
+    def fold_advance(self, before, after, k) -> None:
+        super().fold_advance(before, after, k)
+        lo, hi = before[-1], after[-1]
+        self.segment_log += self.segment_log[lo:hi] * k
+        self.segment_where += self.segment_where[lo:hi] * k
+
     # ---- reporting ------------------------------------------------------------------------
     def block(self, handle):
         return handle.ptr, handle.size

@@ -90,7 +90,18 @@ def replay_summary(result) -> str:
             lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
     lines.append(f"  load {r['load_seconds']:.3f}s  replay {r['replay_seconds']:.3f}s  "
                  f"total {r['load_seconds'] + r['replay_seconds']:.3f}s")
+    folded = getattr(result, "folded", None)
+    if folded:
+        lines.append(f"  {folded_line(folded)}")
     return "\n".join(lines)
+
+
+def folded_line(folded: dict) -> str:
+    """How much of a replay was folded (`ReplayResult.folded`): its repeats added, not walked (allocsim/fold.py)."""
+    more = f", {folded['folds']} folds" if folded["folds"] > 1 else ""
+    return (f"folded {fmt_count(folded['steps'])} of {fmt_count(folded['of_steps'])} steps "
+            f"(period {folded['period']} from step {folded['from_step']}{more}; "
+            f"{fmt_count(folded['events'])} events not walked; --no-fold walks them)")
 
 
 def section_table(rows: list[dict], title: str | None = None) -> str:

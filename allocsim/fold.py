@@ -1,0 +1,678 @@
+"""Folding periodic runs: a long replay costs what is distinct (docs/architecture.md, "Folding").
+
+At each iteration boundary (a MARK record) `Folder` fingerprints the whole state that steers the rest of
+the replay: the policy's (`Policy.fold_state`, blocks by address, never by handle), the runtime's (the gc
+runtime's live and dead objects by the address of their blocks), the device's (reserved, cap, the recorded
+addresses still to hand out, the driver placement) and the walk's (`--gc-every`'s running count). The live
+objects are named by their blocks' addresses, so two boundaries whose states differ only in the ids of the
+live objects have equal fingerprints. The fingerprint is a byte string: a dict finds every earlier boundary
+with the same one (by hash, then exactly).
+
+When boundary ``j`` equals an earlier boundary ``i`` and the driving events after ``j`` repeat those after
+``i`` (kinds, sizes, streams, and every FREE frees the corresponding object: one allocated ``P`` events
+later, or, for an object older than ``i``, the one holding the same block), the replay from ``j`` goes as
+it went from ``i``. The engine then walks one window of ``P`` events from ``j`` while recording what
+adds to the result (`Recorder`): every increment of the modeled clock and of the device's and runtime's
+time totals, each malloc's latency and each section's time as a pair of positions on the clock's tape,
+and the integer counters' growth. It checks that the state at the window's end equals the state at its
+start, finds how many more windows repeat in the trace, and adds them without walking: the clock is
+``numpy.add.accumulate`` over the tape repeated (sequential float additions, the very additions the walk
+makes, so every float is the full walk's bit for bit), latencies and section times are differences on it,
+counts are multiplied; the live ids are renamed to those the full walk would hold. Then the walk goes on.
+
+What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
+never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
+request (``IN_REQUEST``), an observer, a timeline, `log_events`, a policy ``tick``, a real or custom device, a
+guarded plug-in, an OOM or a served recorded OOM inside the window, and any float the window computes from the
+clock in a way the recorder does not follow (its tapes are then "tainted").
+"""
+from __future__ import annotations
+
+import pickle
+import weakref
+
+import numpy as np
+
+from .device import SimulatedDevice
+from .policies.base import Policy
+from .trace.events import ALLOC, FREE, IN_REQUEST, PRESSURE
+
+#: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
+FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
+#: Records read at a time when comparing windows, and the most events one comparison batch holds.
+READ = 1 << 16
+BATCH = 1 << 18
+#: The device's and the runtime's integer totals a period adds to (the walk's are `Folder._counts`').
+DEVICE_COUNTS = ("n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed")
+RUNTIME_COUNTS = ("gc_incremental", "gc_full", "reclaimed_bytes", "reclaimed_objects")
+#: Fingerprint bytes made per driving event walked, at most: past it, boundaries are skipped (a state far
+#: larger than a step, such as the gc runtime's dead objects, is then fingerprinted every so many steps, and
+#: a period is found as a multiple of the true one).
+BYTES_PER_EVENT = 4
+#: The longest period looked for, in steps.
+MAX_PERIOD = 512
+#: Earlier boundaries with the same fingerprint tried at a boundary (the most recent first), and how many
+#: boundaries' fingerprints are kept at most (the oldest are forgotten).
+TRIES = 2
+HISTORY = 4096
+
+
+# ---- the recorder: floats that remember how they were made ---------------------------------------------
+class Tape:
+    """The increments added, in order, to one running float total (the clock, a time total)."""
+
+    def __init__(self):
+        self.incs: list[float] = []
+        self.bad = False            # something was computed from the total that the tape cannot repeat
+
+
+class RecFloat(float):
+    """A running total that appends each increment added to it to its `Tape`; ``n`` is how many it holds.
+    A difference of two totals on the same tape is a `RecDiff`; anything else made of it taints the tape."""
+
+    __slots__ = ("tape", "n")
+
+    @classmethod
+    def on(cls, value: float, tape: Tape, n: int) -> "RecFloat":
+        r = cls(value)
+        r.tape, r.n = tape, n
+        return r
+
+    def __add__(self, c):
+        t = self.tape
+        if type(c) not in (float, int) or self.n != len(t.incs):     # a fork of the tape, or a derived value
+            t.bad = True
+        t.incs.append(float(c))
+        return RecFloat.on(float.__add__(self, float(c)), t, self.n + 1)
+
+    __radd__ = __add__              # IEEE addition is commutative
+
+    def __sub__(self, other):
+        if isinstance(other, RecFloat) and other.tape is self.tape:
+            d = RecDiff(float.__sub__(self, other))
+            d.tape, d.a, d.b = self.tape, other.n, self.n
+            return d
+        return _taint(self, float.__sub__(self, other))
+
+    def __rsub__(self, other):
+        return _taint(self, float.__rsub__(self, other))
+
+    def __mul__(self, other):
+        return _taint(self, float.__mul__(self, other))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return _taint(self, float.__truediv__(self, other))
+
+    def __neg__(self):
+        return _taint(self, float.__neg__(self))
+
+
+class RecDiff(float):
+    """A clock difference (a latency, a section's time): the positions ``a`` and ``b`` on its tape."""
+
+    __slots__ = ("tape", "a", "b")
+
+    def _derived(self, *args):
+        self.tape.bad = True
+        return NotImplemented
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _derived
+
+    def __neg__(self):
+        self.tape.bad = True
+        return -float(self)
+
+
+def _taint(rec: RecFloat, value: float) -> float:
+    rec.tape.bad = True
+    return value
+
+
+class LatencyTape(list):
+    """The latencies of the recorded window, as `RecDiff`s (a fused loop appends to it as to an array)."""
+
+
+class Recorder:
+    """One window walked with its float totals recorded: the clock, the device's malloc/free time, the
+    runtime's GC time, and every section added (by path: a constant or a difference on the clock)."""
+
+    def __init__(self, device, runtime, sections):
+        self.device, self.runtime, self.sections = device, runtime, sections
+        self.tapes = {name: Tape() for name in ("clock", "malloc_time", "free_time", "gc_time")}
+        self.start = {"clock": device.clock, "malloc_time": device.malloc_time, "free_time": device.free_time,
+                      "gc_time": runtime.gc_time}
+        for name, value in self.start.items():
+            self._put(name, RecFloat.on(value, self.tapes[name], 0))
+        self.adds: list = []            # (path, seconds spec, calls) of every section added, in order
+        self.lat: list = []             # (a, b) clock positions of every latency, in order
+        add = sections.add
+
+        def recording_add(name, seconds, calls=1, *, path=None):
+            key = path if path is not None else (*sections.stack, name)
+            self.adds.append((key, seconds, calls))
+            add(name, float(seconds), calls, path=path)
+        sections.add = recording_add
+
+    def _put(self, name, value) -> None:
+        if name == "gc_time":
+            self.runtime.gc_time = value
+        else:
+            setattr(self.device, name, value)
+
+    def _get(self, name):
+        return self.runtime.gc_time if name == "gc_time" else getattr(self.device, name)
+
+    def take_latencies(self, lat: LatencyTape) -> bool:
+        """Keep the positions of a walked piece's latencies; False if one is not a clock difference."""
+        clock = self.tapes["clock"]
+        for d in lat:
+            if not isinstance(d, RecDiff) or d.tape is not clock:
+                return False
+            self.lat.append((d.a, d.b))
+        return True
+
+    def stop(self) -> "Program | None":
+        """Put plain floats back; the window's `Program`, or None if it cannot be repeated exactly."""
+        del self.sections.add
+        ok = True
+        ends = {}
+        for name, tape in self.tapes.items():
+            end = self._get(name)
+            self._put(name, float(end))
+            if tape.bad or not isinstance(end, RecFloat) or end.tape is not tape or end.n != len(tape.incs):
+                ok = False
+                continue
+            ends[name] = float(end)
+            if _accumulate(self.start[name], np.array(tape.incs))[-1] != ends[name]:
+                ok = False
+        clock = self.tapes["clock"]
+        adds = []
+        for key, seconds, calls in self.adds:
+            if isinstance(seconds, RecDiff) and seconds.tape is clock:
+                adds.append((key, (seconds.a, seconds.b), calls))
+            elif type(seconds) in (float, int):
+                adds.append((key, float(seconds), calls))
+            else:
+                ok = False
+        if not ok:
+            return None
+        return Program({name: np.array(t.incs) for name, t in self.tapes.items()},
+                       np.array(self.lat, np.int64).reshape(-1, 2), adds)
+
+
+def _accumulate(start: float, incs: np.ndarray) -> np.ndarray:
+    """``start`` and every running total after each increment, added one by one as the walk adds them."""
+    out = np.empty(len(incs) + 1)
+    out[0] = start
+    out[1:] = incs
+    return np.add.accumulate(out)
+
+
+class Program:
+    """What one window adds to the float totals, to be repeated: the increments per total, the latencies and
+    section times as positions on the clock's tape (or constants)."""
+
+    def __init__(self, incs: dict, lat: np.ndarray, adds: list):
+        self.incs, self.lat, self.adds = incs, lat, adds
+
+    def repeat(self, k: int, device, runtime, sections, latency) -> None:
+        """Add ``k`` windows to the totals, in groups that bound the memory."""
+        n = max(1, len(self.incs["clock"]))
+        while k > 0:
+            g = min(k, max(1, (1 << 20) // n))
+            self._repeat(g, device, runtime, sections, latency)
+            k -= g
+
+    def _repeat(self, g: int, device, runtime, sections, latency) -> None:
+        clock_incs = self.incs["clock"]
+        clock = _accumulate(device.clock, np.tile(clock_incs, g))
+        L = len(clock_incs)
+        base = (np.arange(g) * L)[:, None]
+        if len(self.lat):
+            latency.extend((clock[base + self.lat[:, 1]] - clock[base + self.lat[:, 0]]).ravel())
+        by_key: dict = {}
+        for key, spec, calls in self.adds:
+            by_key.setdefault(key, []).append((spec, calls))
+        for key, specs in by_key.items():
+            cols = [np.full(g, spec) if isinstance(spec, float) else
+                    clock[base[:, 0] + spec[1]] - clock[base[:, 0] + spec[0]] for spec, _ in specs]
+            values = np.stack(cols, axis=1).ravel()       # window by window, in the order they were added
+            stat = sections.stats[key]
+            stat[1] = float(_accumulate(stat[1], values)[-1])
+            stat[0] += g * sum(calls for _, calls in specs)
+        device.clock = float(clock[-1])
+        device.malloc_time = float(_accumulate(device.malloc_time, np.tile(self.incs["malloc_time"], g))[-1])
+        device.free_time = float(_accumulate(device.free_time, np.tile(self.incs["free_time"], g))[-1])
+        runtime.gc_time = float(_accumulate(runtime.gc_time, np.tile(self.incs["gc_time"], g))[-1])
+
+
+# ---- the trace side: the events a window compares -----------------------------------------------------
+class Events:
+    """The records of ``kind`` in `FOLD_KINDS` from trace index ``lo`` on, up to ``n`` of them: their trace
+    indices and columns (numpy)."""
+
+    COLUMNS = ("kind", "id", "size", "stream")
+
+    def __init__(self, records, lo: int, n: int):
+        parts, end = [], len(records)
+        got = 0
+        while got < n and lo < end:
+            rec = records[lo:min(end, lo + READ)]
+            keep = np.flatnonzero(_folded(rec["kind"]))[:n - got]
+            parts.append([keep + lo] + [rec[name][keep] for name in self.COLUMNS])
+            got += len(keep)
+            lo += len(rec)
+        cols = [np.concatenate(c) for c in zip(*parts)] or [np.zeros(0, np.int64)] * 5
+        self.at, self.kind, self.id, self.size, self.stream = cols     # the records' own dtypes
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def alloc_positions(self) -> np.ndarray:
+        """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
+        is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
+        a_pos = np.flatnonzero(is_alloc)
+        a_ids = self.id[a_pos].astype(np.int64)
+        f = np.flatnonzero(is_free)
+        out = np.full(len(self), -1, np.int64)
+        if not len(a_ids) or not len(f):
+            return out
+        lo, hi = int(a_ids.min()), int(a_ids.max())
+        if hi - lo < 4 * len(self):            # ids in a narrow range (dense, as recorders give them): a table
+            table = np.full(hi - lo + 1, -1, np.int64)
+            table[a_ids - lo] = a_pos
+            fid = self.id[f].astype(np.int64)
+            inside = (fid >= lo) & (fid <= hi)
+            got = np.full(len(f), -1, np.int64)
+            got[inside] = table[fid[inside] - lo]
+            out[f] = np.where(got < f, got, -1)
+            return out
+        order = np.argsort(a_ids, kind="stable")
+        a_ids, a_pos = a_ids[order], a_pos[order]
+        fid = self.id[f].astype(np.int64)
+        k = np.minimum(np.searchsorted(a_ids, fid), len(a_ids) - 1)
+        hit = (a_ids[k] == fid) & (a_pos[k] < f)
+        out[f[hit]] = a_pos[k[hit]]
+        return out
+
+
+def windows_repeat(ev: Events, P: int, first: int, addr_i=None, addr_j=None) -> int:
+    """How many whole windows of ``P`` events, from window ``first`` on (window 0 starts at ``ev``'s
+    position ``P``; the one before it is the template), repeat the window before each. In window 0 a FREE of
+    an object allocated before the template frees the one holding the same block (``addr_i``/``addr_j``:
+    id -> address at the two boundaries); later, every FREE frees the object allocated P events after the
+    object the FREE P events before freed."""
+    n = len(ev) // P - 1 - first          # whole windows available to check
+    if n <= 0:
+        return 0
+    lo, hi = (first + 1) * P, (first + 1 + n) * P
+    same = ((ev.kind[lo:hi] == ev.kind[lo - P:hi - P]) & (ev.size[lo:hi] == ev.size[lo - P:hi - P])
+            & (ev.stream[lo:hi] == ev.stream[lo - P:hi - P]))
+    apos = ev.alloc_positions()
+    t = np.arange(lo, hi)
+    is_free = ev.kind[lo:hi] == FREE
+    prev = apos[t - P]
+    young = prev >= 0
+    same &= ~is_free | (young & (apos[t] == prev + P))
+    if first == 0 and addr_i is not None:       # window 0: FREEs of objects older than the template
+        for k in np.flatnonzero(is_free[:P] & ~young[:P]):
+            a_old, a_new = addr_i.get(int(ev.id[lo + k - P])), addr_j.get(int(ev.id[lo + k]))
+            same[k] = a_old is not None and a_old == a_new and ev.kind[lo + k] == ev.kind[lo + k - P]
+    bad = np.flatnonzero(~same)
+    return n if not len(bad) else int(bad[0]) // P
+
+
+# ---- the folder ----------------------------------------------------------------------------------------
+class Boundary:
+    """An iteration boundary walked: its trace index, which MARK it is, and where each live object's block lies."""
+
+    __slots__ = ("at", "mark", "addr")
+
+    def __init__(self, at: int, mark: int, addr: dict):
+        self.at, self.mark, self.addr = at, mark, addr
+
+
+class Folder:
+    """Watches a `Replay`'s walk at each boundary and folds its periodic runs (see the module docstring)."""
+
+    def __init__(self, replay):
+        self.r = replay
+        self.marks, self.sig, self.useful = steps_of(replay.trace)
+        self.spent = 0                          # bytes of fingerprints made: kept within `BYTES_PER_EVENT`
+        self.last = 0
+        self.next_mark = 0
+        self.seen: dict[bytes, list[Boundary]] = {}
+        self.order: list[bytes] = []            # fingerprints in the order boundaries were seen (forgetting)
+        self.rec = None                         # the window being recorded: (Recorder, ...)
+        self.folded_events = self.folded_steps = 0
+        self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
+
+    @staticmethod
+    def possible(replay, device_given: bool, guard: bool) -> bool:
+        """Whether a replay can fold at all: a policy that declares its state (a subclass made outside allocsim
+        only if it declares its own: what it adds is its to say) and does not follow the recording, a simulated
+        device, no observer, timeline, event log or tick."""
+        cls = type(replay.policy)
+        owner = next(c for c in cls.__mro__ if "fold_state" in c.__dict__)
+        if owner is Policy or (owner is not cls and not all(c.__module__.startswith("allocsim.") for c in cls.__mro__[:-1])):
+            return False
+        return (type(replay.device) is SimulatedDevice and not device_given and not guard
+                and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
+                and replay.observer is None and not replay.timeline and not replay._log_index
+                and replay.policy.tick is None and not _held_frees(replay.trace))
+
+    # -- where the walk stops ------------------------------------------------------------------------
+    def stop(self, c, pos: int) -> int:
+        """The position in chunk ``c`` the walk stops at next for the folder: the next boundary or the
+        recorded window's end (past the chunk: its length)."""
+        stops = [len(c.at)]
+        if self.next_mark < len(self.marks):
+            stops.append(int(np.searchsorted(c.at, self.marks[self.next_mark])))
+        if self.rec is not None:
+            stops.append(int(np.searchsorted(c.at, self.rec[1])))
+        return max(pos + 1, min(stops))
+
+    def at(self, c, pos: int, until) -> bool:
+        """Called before the walk drives event ``pos`` of chunk ``c``: handle the boundaries the walk has
+        reached; True when the walk was moved (a fold), so the caller looks at its chunk again."""
+        x = int(c.at[pos])
+        if self.rec is not None and x >= self.rec[1] and self._end_window(x, until):
+            return True             # folded; else a boundary here is taken below, at its own position
+        reached = self.next_mark
+        while self.next_mark < len(self.marks) and self.marks[self.next_mark] <= x:
+            self.next_mark += 1
+        if self.next_mark == reached or self.rec is not None:
+            return False
+        self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
+        return False
+
+    # -- the fingerprint -------------------------------------------------------------------------------
+    def _fingerprint(self):
+        """``(fingerprint bytes, id -> address)`` of the state now, or None when it cannot be folded."""
+        r = self.r
+        w, pol, dev, rt = r._w, r.policy, r.device, r.runtime
+        if w.failed or w.stopped:
+            return None
+        handles = r.handles
+        state = pol.fold_state(handles.values())
+        if state is None:
+            return None
+        block = pol.block
+        addr = {i: block(h)[0] for i, h in handles.items()}
+        if rt.eager:
+            runtime = None
+        else:
+            runtime = (sorted((addr[i], e == rt.epoch, s) for i, (e, s) in rt.born.items()),
+                       [(addr[i], s) for i, s in rt.dead_young], [(addr[i], s) for i, s in rt.dead_old])
+        device = (dev.reserved, dev.cap, dev.limit, dev.pinned, dev._hint, len(dev._hints), dev._next,
+                  _placement_state(dev._driver))
+        return pickle.dumps((state, runtime, device, w.since_gc), protocol=5), addr
+
+    def _boundary(self, at: int, mark: int, until) -> None:
+        if not self.useful[mark] or self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20):
+            return          # the steps after do not repeat; or fingerprints cost more than the walk: skip some
+        got = self._fingerprint()
+        if got is None:
+            return
+        key, addr = got
+        self.last = len(key)
+        self.spent += len(key)
+        here = Boundary(at, mark, addr)
+        for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
+            p = mark - earlier.mark
+            if (mark + 2 * p > len(self.sig) or not (self.sig[earlier.mark:mark] == self.sig[mark:mark + p]).all()
+                    or not (self.sig[earlier.mark:mark] == self.sig[mark + p:mark + 2 * p]).all()):
+                continue            # the steps after do not repeat: not worth the exact comparison
+            if self._try(earlier, here, key, until):
+                break
+        self.seen.setdefault(key, []).append(here)
+        self.order.append(key)
+        if len(self.order) > HISTORY:
+            old = self.order.pop(0)
+            self.seen[old].pop(0)
+            if not self.seen[old]:
+                del self.seen[old]
+
+    def _try(self, i: Boundary, j: Boundary, key: bytes, until) -> bool:
+        """Boundary ``j`` has the state of ``i``: if the events after ``j`` repeat those after ``i`` for at
+        least two windows (one to record, one to skip), start recording the first."""
+        P = _count_between(self.r.trace.records, i.at, j.at)
+        if P == 0:
+            return False
+        ev = Events(self.r.trace.records, i.at, 3 * P)
+        if len(ev) < 3 * P or windows_repeat(ev, P, 0, i.addr, j.addr) < 2:
+            return False
+        end = int(ev.at[2 * P - 1]) + 1
+        if until is not None and end > until:
+            return False
+        r = self.r
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts())
+        return True
+
+    def _counts(self) -> tuple:
+        """The integer totals a window adds to (walk, device, runtime, policy), to repeat."""
+        r = self.r
+        w, dev, rt = r._w, r.device, r.runtime
+        return ((w.done, w.n_pressure, w.skipped_frees, len(w.ooms), len(w.served), w.peak_alloc, w.peak_res),
+                tuple(getattr(dev, name) for name in DEVICE_COUNTS), tuple(getattr(rt, name) for name in RUNTIME_COUNTS),
+                r.policy.fold_counts())
+
+    # -- the recorded window's end: repeat it ------------------------------------------------------------
+    def abort(self) -> None:
+        """Stop recording (the walk ends or is read mid-window): the totals go back to plain floats."""
+        if self.rec is not None:
+            self.rec[0].stop()
+            self.rec = None
+
+    def _end_window(self, x: int, until) -> bool:
+        """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
+        add every following window that repeats (up to ``until``) and move the walk past them; True then."""
+        recorder, end, i, j, key, P, before = self.rec
+        self.rec = None
+        program = recorder.stop()
+        after = self._counts()
+        if program is None or after[0][2:] != before[0][2:]:    # a skipped FREE, an OOM or a new peak inside
+            return False
+        got = self._fingerprint()
+        if got is None or got[0] != key:
+            return False
+        records = self.r.trace.records
+        k, new_end, lo, first = 0, end, i.at, 1     # ev from `lo`: the template, window 0 (walked), then 1, ...
+        while True:
+            ev = Events(records, lo, max(BATCH // P, first + 2) * P)
+            n = windows_repeat(ev, P, first)
+            if n:
+                ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
+                if until is not None:           # only whole windows that end by the walk's target
+                    n = int(np.searchsorted(ends, until, side="right"))
+                if n:
+                    k, new_end = k + n, int(ends[n - 1])
+            if n == 0 or n < len(ev) // P - 1 - first:
+                break
+            lo, first = int(ev.at[(first + n - 1) * P]), 1      # the last two windows checked lead the next batch
+        if k == 0:
+            return False
+        self._skip(program, k, before, after, end, new_end, P, i, j)
+        return True
+
+    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int,
+              i: Boundary, j: Boundary) -> None:
+        """Add ``k`` windows as the recorded one added, rename the live ids, and move the walk to ``end``."""
+        r = self.r
+        w, dev, rt, pol = r._w, r.device, r.runtime, r.policy
+        program.repeat(k, dev, rt, r.sections, w.latency)
+        for obj, names, b, a in ((w, ("n_pressure",), before[0][1:2], after[0][1:2]),
+                                 (dev, DEVICE_COUNTS, before[1], after[1]), (rt, RUNTIME_COUNTS, before[2], after[2])):
+            for name, x, y in zip(names, b, a):
+                setattr(obj, name, getattr(obj, name) + k * (y - x))
+        pol.fold_advance(before[3], after[3], k)
+        self._rename(start, end, P)
+        skipped = r._move_to(end)
+        assert skipped == k * (after[0][0] - before[0][0]), (skipped, k)
+        steps = int(np.searchsorted(self.marks, end) - np.searchsorted(self.marks, start))
+        self.next_mark = int(np.searchsorted(self.marks, end))
+        self.folded_events += skipped
+        self.folded_steps += steps
+        self.periods.append((j.mark - i.mark, j.mark + 1, steps))
+
+    def _rename(self, start: int, end: int, P: int) -> None:
+        """The live ids after the skipped windows: an object allocated in the window walked last (the ``P``
+        events before ``start``) is the one allocated at the same place of the last window skipped (the ``P``
+        events before ``end``); an older one lived through the windows and is itself. Applied to the engine's
+        id -> handle table and to the gc runtime's records."""
+        r = self.r
+        walked, skipped = _events_before(r.trace.records, start, P), _events_before(r.trace.records, end, P)
+        allocs = np.flatnonzero(walked.kind == ALLOC)
+        rename = dict(zip(walked.id[allocs].tolist(), skipped.id[allocs].tolist()))
+        handles = r.handles
+        moved = {rename[i]: handles.pop(i) for i in [i for i in handles if i in rename]}
+        handles.update(moved)
+        rt = r.runtime
+        if not rt.eager:
+            rt.born = {rename.get(i, i): v for i, v in rt.born.items()}
+            rt.dead_young = [(rename.get(i, i), s) for i, s in rt.dead_young]
+            rt.dead_old = [(rename.get(i, i), s) for i, s in rt.dead_old]
+
+    # -- what `replay` reports --------------------------------------------------------------------------
+    def summary(self) -> dict | None:
+        """How much was folded: events and steps skipped, the steps in the trace, the periods found."""
+        if not self.folded_events:
+            return None
+        period, first, _ = self.periods[0]
+        return {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
+                "period": period, "from_step": first, "folds": len(self.periods)}
+
+
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def steps_of(trace) -> tuple:
+    """``(MARK indices, step signatures, which steps repeat)`` of ``trace``, read once per trace (a tune or
+    fit replays one trace many times)."""
+    got = _STEPS.get(trace)
+    if got is None:
+        marks = np.array([at for at, _ in trace.marks()], np.int64)
+        sig = step_signatures(trace, marks) if len(marks) > 2 else np.zeros((len(marks), 2), np.uint64)
+        got = _STEPS[trace] = (marks, sig, repeating_steps(sig))
+    return got
+
+
+def _folded(kind: np.ndarray) -> np.ndarray:
+    """Which records of these kinds are `FOLD_KINDS`."""
+    return (kind == ALLOC) | (kind == FREE) | np.isin(kind, PRESSURE)
+
+
+def step_signatures(trace, marks: np.ndarray) -> np.ndarray:
+    """A signature of each step's events (``[marks[m], marks[m + 1])``, the last to the end), read once: a hash
+    of their kinds, sizes, streams and, for a FREE, how many ALLOCs lie between its object's and it (by the
+    ids, dense in ALLOC order in every recorder's traces), with their count. Equal steps have equal signatures
+    (with ids given otherwise, repeats may differ and are then not folded), so a boundary tries the exact
+    comparison only where the steps after it repeat those after the earlier one."""
+    sig = np.zeros((len(marks), 2), np.uint64)
+    allocs = 0
+    first = np.zeros(len(marks), np.int64)          # filtered events before each step
+    seen = 0
+    for start, rec in trace.chunks():
+        kind = rec["kind"]
+        keep = np.flatnonzero(_folded(kind))
+        at = keep + start
+        k = kind[keep].astype(np.uint64)
+        before = allocs + np.cumsum(kind == ALLOC)[keep] - (kind[keep] == ALLOC)
+        allocs += int(np.count_nonzero(kind == ALLOC))
+        dist = np.where(kind[keep] == FREE, before - rec["id"][keep].astype(np.int64), 0).astype(np.uint64)
+        step = np.searchsorted(marks, at, side="right") - 1
+        pos = np.arange(seen, seen + len(keep))
+        seen += len(keep)
+        inside = step >= 0
+        step, pos, k, dist = step[inside], pos[inside], k[inside], dist[inside]
+        if not len(step):
+            continue
+        size, stream = rec["size"][keep][inside].astype(np.uint64), rec["stream"][keep][inside].astype(np.uint64)
+        new = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
+        starts = step[new]
+        fresh = sig[starts, 1] == 0
+        first[starts[fresh]] = pos[new[fresh]]
+        with np.errstate(over="ignore"):
+            v = (k * np.uint64(0x9E3779B97F4A7C15) ^ size * np.uint64(0xC2B2AE3D27D4EB4F)
+                 ^ stream * np.uint64(0x165667B19E3779F9) ^ dist * np.uint64(0xD6E8FEB86659FD93)
+                 ^ (pos - first[step]).astype(np.uint64) * np.uint64(0x100000001B3))      # its place in the step
+            v ^= v >> np.uint64(29)
+            v *= np.uint64(0xBF58476D1CE4E5B9)
+            sig[starts, 0] += np.add.reduceat(v, new)
+        sig[starts, 1] += np.diff(np.append(new, len(step))).astype(np.uint64)
+    return sig
+
+
+def repeating_steps(sig: np.ndarray) -> np.ndarray:
+    """For each step ``m``, whether it can start a fold that pays (a template of ``p`` steps from ``m``, up to
+    `MAX_PERIOD`, then the period recorded, then at least two more to skip: ``4p`` steps with the signatures of
+    the steps ``p`` before them) or be where such a template repeats (``m - p`` can start one). Only these
+    boundaries are fingerprinted, so a short trace, or one whose steps never repeat, costs no fingerprint."""
+    n = len(sig)
+    out = np.zeros(n + 1, bool)
+    for p in range(1, min(MAX_PERIOD, n // 5) + 1):
+        eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
+        q = np.arange(len(eq))
+        bad = np.append(np.flatnonzero(~eq), len(eq))
+        run = bad[np.searchsorted(bad, q)] - q          # how many steps from q on equal the steps p later
+        starts = np.flatnonzero(run >= 4 * p)
+        out[starts] = True
+        out[starts + p] = True
+    return out
+
+
+def _count_between(records, lo: int, hi: int) -> int:
+    """How many `FOLD_KINDS` records lie in trace indices [lo, hi)."""
+    n = 0
+    while lo < hi:
+        rec = records[lo:min(hi, lo + READ)]
+        n += int(np.count_nonzero(_folded(rec["kind"])))
+        lo += len(rec)
+    return n
+
+
+def _events_before(records, end: int, n: int) -> Events:
+    """The last ``n`` `FOLD_KINDS` records before trace index ``end``."""
+    lo = end
+    got = 0
+    while lo > 0 and got < n:
+        step = min(lo, READ)
+        rec = records[lo - step:lo]
+        got += int(np.count_nonzero(_folded(rec["kind"])))
+        lo -= step
+    ev = Events(records, lo, got)
+    keep = slice(max(0, len(ev) - n), len(ev))
+    for name in ("at", "kind", "id", "size", "stream"):
+        setattr(ev, name, getattr(ev, name)[keep])
+    return ev
+
+
+def _index_after(records, lo: int, n: int) -> int:
+    """The trace index just past the ``n``-th `FOLD_KINDS` record from ``lo``."""
+    while True:
+        rec = records[lo:lo + READ]
+        keep = np.flatnonzero(_folded(rec["kind"]))
+        if len(keep) >= n:
+            return lo + int(keep[n - 1]) + 1
+        n -= len(keep)
+        lo += len(rec)
+
+
+def _placement_state(driver):
+    """The driver placement's state, canonical: what decides where the next segments go."""
+    if driver is None:
+        return None
+    return (driver._frontier, tuple(driver._holes.items()),
+            tuple((r.start, r.end, r.unit, tuple(sorted(r.live.items())), tuple(r.runs.items()))
+                  for r in driver._by_addr.values()),
+            tuple(r.start for r in driver._newest.regions if r is not None),
+            tuple(r.start for r in driver._newest_small.regions if r is not None),
+            tuple(sorted(driver._owner)))
+
+
+def _held_frees(trace) -> bool:
+    """Whether the trace holds FREEs made inside a request (flag ``IN_REQUEST``): the runtime holds them for
+    that request, which a window's comparison of kinds, sizes and streams does not see."""
+    return any(np.any((rec["kind"] == FREE) & (rec["flags"] & IN_REQUEST != 0)) for _, rec in trace.chunks())

@@ -1,0 +1,141 @@
+"""Folding periodic runs (allocsim/fold.py): long runs cost what is distinct.
+
+1. A fixed-shape model (`allocsim.synth`'s ``transformer``, 10 iterations, extended to ``--steps`` by
+   `allocsim.synth.repeat_steps`): each policy replays the 10-step trace and the long one, folded and
+   with ``fold=False``; the table gives CPU seconds and the ratio long / 10 steps (target: <= 3 for 1,000
+   steps, folded), each the best of ``--repeat`` runs, the variants alternated within one run.
+2. The recorded traces (``traces/*.bin``): how much folds as they are, and extended to ``--extend`` steps.
+3. ``--long TRACE``: a long recording (the 300-step one recorded on a GPU) against its first 10 steps
+   (target: <= 10x folded), with ``fold=False`` for comparison.
+
+Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
+
+    python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
+                                     [--long trace.bin] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from allocsim import fold as fold_module  # noqa: E402
+from allocsim import synth  # noqa: E402
+from allocsim.outputs import atomic_open  # noqa: E402
+from allocsim.replay import Replay  # noqa: E402
+from allocsim.trace import Trace  # noqa: E402
+
+
+def timed(trace: Trace, policy: str, fold: bool):
+    """``(CPU seconds, result dict without timings, folded summary)`` of one replay to the end, as `allocsim
+    replay` runs it: the trace's steps read afresh (a tune or fit reads them once for all its replays)."""
+    fold_module._STEPS.clear()
+    c0 = time.process_time()
+    r = Replay(trace, policy, fold=fold)
+    res = r.run()
+    cpu = time.process_time() - c0
+    d = res.to_dict()
+    d.pop("replay_seconds")
+    d.pop("load_seconds")
+    return cpu, d, res.folded
+
+
+def best(trace: Trace, policy: str, repeat: int) -> dict:
+    """Folded and full, alternated ``repeat`` times: the best CPU time of each, the results checked equal."""
+    times = {True: [], False: []}
+    folded = None
+    for _ in range(repeat):
+        for fold in (True, False):
+            cpu, d, how = timed(trace, policy, fold)
+            times[fold].append(cpu)
+            if fold:
+                folded, d_fold = how, d
+            elif d != d_fold:
+                raise SystemExit(f"bench_fold: {policy}: the folded result differs from the full walk's")
+    return {"folded_s": min(times[True]), "full_s": min(times[False]), "folded": folded}
+
+
+def against(short: Trace, long_: Trace, policy: str, repeat: int) -> dict:
+    """The long trace's folded and full CPU seconds against the short one's folded, and their ratios."""
+    s, lg = best(short, policy, repeat), best(long_, policy, repeat)
+    return {"policy": policy, "short_s": s["folded_s"], "long_s": lg["folded_s"], "long_full_s": lg["full_s"],
+            "ratio": lg["folded_s"] / s["folded_s"], "ratio_full": lg["full_s"] / s["folded_s"],
+            "folded": lg["folded"]}
+
+
+def first_steps(trace: Trace, n: int) -> Trace:
+    """The records before ``trace``'s ``n``-th MARK (its first ``n`` steps and what precedes them)."""
+    marks = [at for at, _ in trace.marks()]
+    end = marks[n] if len(marks) > n else len(trace)
+    return Trace(np.asarray(trace.records[:end]), dict(trace.meta), streams=trace.streams, sites=trace.sites,
+                 labels=trace.labels, path=trace.path)
+
+
+def fmt_fold(how) -> str:
+    return "-" if not how else f"{how['steps']}/{how['of_steps']} steps, period {how['period']} from {how['from_step']}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=1000, help="steps of the long fixed-shape run (default 1000)")
+    ap.add_argument("--extend", type=int, default=300, help="recorded traces extended to this many steps (0: not)")
+    ap.add_argument("--policies", default="torch,split,bestfit,cupy")
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each variant (the best is kept)")
+    ap.add_argument("--long", metavar="TRACE", help="a long recording: its whole against its first 10 steps")
+    ap.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
+    a = ap.parse_args(argv)
+    policies = a.policies.split(",")
+    out: dict = {"fixed_shape": [], "recorded": [], "long": []}
+
+    short = synth.generate("transformer", iterations=10)
+    long_ = synth.repeat_steps(short, a.steps)
+    print(f"fixed-shape transformer: 10 steps ({len(short):,} records) vs {a.steps} steps ({len(long_):,} records), "
+          f"CPU seconds, best of {a.repeat}")
+    print(f"{'policy':<10}{'10 steps':>10}{'long':>10}{'x10':>8}{'long full':>11}{'x10 full':>10}  folded")
+    for p in policies:
+        row = against(short, long_, p, a.repeat)
+        out["fixed_shape"].append(row)
+        print(f"{p:<10}{row['short_s']:>10.3f}{row['long_s']:>10.3f}{row['ratio']:>8.2f}{row['long_full_s']:>11.3f}"
+              f"{row['ratio_full']:>10.1f}  {fmt_fold(row['folded'])}")
+
+    print(f"\nrecorded traces: folded as they are, and extended to {a.extend} steps (folded / full CPU seconds)")
+    for path in sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin"))):
+        trace = Trace.load(path)
+        if len(trace.marks()) < 3:
+            continue
+        ext = synth.repeat_steps(trace, a.extend) if a.extend and len(trace.marks()) <= a.extend else None
+        for p in policies:
+            as_is = timed(trace, p, True)[2]
+            row = {"trace": os.path.basename(path), "policy": p, "as_is": as_is}
+            if ext is not None:
+                row.update(best(ext, p, 1))
+            out["recorded"].append(row)
+            more = "" if ext is None else (f"  x{a.extend}: {fmt_fold(row['folded'])}, "
+                                           f"{row['folded_s']:.3f}s / {row['full_s']:.3f}s")
+            print(f"  {row['trace']:<36}{p:<8} as is: {fmt_fold(as_is)}{more}")
+
+    if a.long:
+        trace = Trace.load(a.long)
+        head = first_steps(trace, 10)
+        print(f"\n{a.long}: {len(trace.marks())} steps vs its first 10")
+        for p in policies:
+            row = against(head, trace, p, a.repeat)
+            out["long"].append(row)
+            print(f"  {p:<8} first 10 {row['short_s']:.3f}s  all {row['long_s']:.3f}s (x{row['ratio']:.2f})  "
+                  f"--no-fold {row['long_full_s']:.3f}s (x{row['ratio_full']:.1f})  {fmt_fold(row['folded'])}")
+    if a.json:
+        with atomic_open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

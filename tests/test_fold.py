@@ -1,0 +1,309 @@
+"""Folding periodic runs (allocsim/fold.py): the folded replay is the full walk, bit for bit, and it folds where
+the state repeats, and only there."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import allocsim.trace.trace as trace_module
+from allocsim.policies.split import SplittingPool
+from allocsim.replay import Replay
+from allocsim.synth import repeat_steps
+from allocsim.testing import STREAMS
+from allocsim.trace import Trace, TraceWriter
+from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
+
+from conftest import ROOT, run_cli
+
+MiB = 1 << 20
+SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+#: the policies that declare their state, with options that change it
+FOLDING = [("split", []), ("split", ["huge_exact=true"]), ("torch", []), ("torch", ["max_split_size_mb:20"]),
+           ("torch", ["expandable_segments:true"]), ("torch", ["garbage_collection_threshold:0.6"]),
+           ("bestfit", []), ("bestfit", ["release=true"]), ("cupy", []), ("cupy", ["version=13"]),
+           ("cupy", ["track_total=true"])]
+IDS = [f"{p}[{','.join(o)}]" for p, o in FOLDING]
+
+
+def load(name: str) -> Trace:
+    return Trace.load(os.path.join(ROOT, "traces", name))
+
+
+def walk(trace, policy, options=(), *, fold: bool, **kw):
+    """Everything one replay yields: the whole result record, the live blocks by id, the device's clock and
+    totals, the policy's counters and segment log, and how much was folded."""
+    r = Replay(trace, policy, options=list(options), fold=fold, **kw)
+    r.run(until=len(trace))         # to the end, still open: read the state below
+    dev = r.device
+    state = {"live blocks": r.live_blocks(), "counters": r.policy.counters(), "segment log": r.segment_log,
+             "clock": dev.clock.hex(), "device": (dev.malloc_time.hex(), dev.free_time.hex(), dev.n_malloc,
+                                                  dev.n_free, dev.n_failed), "gc": r.runtime.gc_time.hex()}
+    folded = r.folded
+    res = r.finish().to_dict(timeline=True)
+    res.pop("replay_seconds")
+    return {**state, "result": res}, folded
+
+
+def assert_folded_is_full(trace, policy, options=(), **kw):
+    full, none = walk(trace, policy, options, fold=False, **kw)
+    assert none is None
+    folded, how = walk(trace, policy, options, fold=True, **kw)
+    for what in full:
+        assert folded[what] == full[what], f"{what} differ: folded {folded[what]!r:.300} full {full[what]!r:.300}"
+    return how
+
+
+# ---- every figure is the full walk's --------------------------------------------------------------------
+@pytest.mark.parametrize("path", SHIPPED, ids=os.path.basename)
+def test_folding_is_the_full_walk_on_recorded_traces(path):
+    trace = Trace.load(path)
+    for policy, options in (("torch", []), ("split", []), ("cupy", []), ("bestfit", [])):
+        assert_folded_is_full(trace, policy, options, keep_going=True)
+
+
+@pytest.mark.parametrize("policy, options", FOLDING, ids=IDS)
+@pytest.mark.parametrize("name, steps", [("gpt2.bin", 24), ("resnet50.bin", 40), ("pressure-empty-cache.bin", 30),
+                                         ("pressure-gc-threshold.bin", 30), ("cupy_mlp.bin", 60)])
+def test_folding_is_the_full_walk_on_extended_traces(policy, options, name, steps):
+    assert_folded_is_full(repeat_steps(load(name), steps), policy, options, keep_going=True)
+
+
+@pytest.mark.parametrize("runtime, gc_every", [("gc", None), ("eager", 256 * MiB), ("gc", 64 * MiB)])
+@pytest.mark.parametrize("policy", ["split", "bestfit", "torch"])
+def test_folding_is_the_full_walk_under_gc_and_periodic_collections(policy, runtime, gc_every):
+    assert_folded_is_full(repeat_steps(load("synthetic-transformer.bin"), 30), policy, runtime=runtime,
+                          gc_every=gc_every, keep_going=True)
+
+
+sizes = st.one_of(st.integers(1, 4096), st.integers(4097, 2 * MiB), st.integers(2 * MiB, 48 * MiB),
+                  st.sampled_from([512, MiB, MiB + 1, 2 * MiB, 20 * MiB, 33 * MiB]))
+ops = st.lists(st.tuples(st.integers(0, 10), sizes, st.integers(0, 2), st.integers(0, 10**6)), min_size=1, max_size=30)
+
+
+@st.composite
+def periodic_traces(draw):
+    """A random prefix, then one random step repeated (its objects freed in it, or in the next step: carried),
+    then a random tail: the shape of a training run, with cache releases and limits in the steps."""
+    w = TraceWriter(meta={"producer": "hypothesis"})
+    live: list[int] = []
+
+    def run(program, mine, carried):
+        for what, size, stream, pick in program:
+            if what == 0:
+                w.record(CACHE_RELEASE)
+            elif what == 1:
+                w.record(SET_LIMIT, size=(pick % 64 + 16) * MiB)
+            elif what == 2 and carried:
+                w.free(carried.pop(pick % len(carried)))
+            elif what <= 7 or not mine:
+                mine.append(w.alloc(size, stream=STREAMS[stream]))
+            else:
+                w.free(mine.pop(pick % len(mine)))
+
+    run(draw(ops), live, [])
+    step, carried = draw(ops), []
+    for k in range(draw(st.integers(3, 14))):
+        w.mark(f"step {k}")
+        mine: list[int] = []
+        run(step, mine, carried)
+        for i in carried:
+            w.free(i)
+        carried = mine
+    w.mark("tail")
+    run(draw(ops), live, carried)
+    for i in live + carried:
+        w.free(i)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy, options", FOLDING, ids=IDS)
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_folding_is_the_full_walk_on_generated_traces(policy, options, data, monkeypatch):
+    trace = data.draw(periodic_traces())
+    monkeypatch.setattr(trace_module, "CHUNK", data.draw(st.sampled_from([7, 64, 1 << 16])))
+    cap = data.draw(st.sampled_from([None, int(max(trace.load_bytes, MiB) * 1.2), 64 * MiB]))
+    assert_folded_is_full(trace, policy, options, cap=cap, capacity=None, keep_going=data.draw(st.booleans()),
+                          runtime=data.draw(st.sampled_from(["eager", "gc"])))
+
+
+# ---- it folds where the state repeats, and only there ----------------------------------------------------
+@pytest.mark.parametrize("policy", ["torch", "split", "bestfit", "cupy"])
+def test_a_fixed_shape_model_folds_at_period_1(policy):
+    how = assert_folded_is_full(repeat_steps(load("synthetic-transformer.bin"), 60), policy)
+    assert how is not None and how["period"] == 1 and how["steps"] >= 50, how
+
+
+def test_gpt2_folds_at_period_2_and_resnet50_at_period_10_under_torch():
+    gpt2 = assert_folded_is_full(repeat_steps(load("gpt2.bin"), 40), "torch")
+    assert gpt2["period"] == 2 and gpt2["from_step"] == 6 and gpt2["steps"] >= 30, gpt2
+    resnet = assert_folded_is_full(repeat_steps(load("resnet50.bin"), 60), "torch")
+    assert resnet["period"] == 10 and resnet["steps"] >= 20, resnet
+
+
+def test_a_repeated_step_that_moves_a_block_does_not_fold(monkeypatch):
+    """A split pool whose state carries a counter that grows every step never repeats: no fold, and the
+    result is still the full walk's."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30)
+    assert assert_folded_is_full(trace, "split") is not None
+    steps = iter(range(1 << 30))
+    plain = SplittingPool.fold_state
+    monkeypatch.setattr(SplittingPool, "fold_state", lambda self, held: (plain(self, held), next(steps)))
+    assert assert_folded_is_full(trace, "split") is None
+
+
+def fingerprint_after(trace, policy, mutate):
+    """The folder's fingerprint at the first boundary after the fifth, before and after ``mutate(policy, handles)``."""
+    r = Replay(trace, policy)
+    r.run(until=trace.marks()[5][0])
+    before = r._folder._fingerprint()[0]
+    mutate(r.policy, r.handles)
+    after = r._folder._fingerprint()
+    r.close()
+    return before, None if after is None else after[0]
+
+
+def _moved_free_block(pol, handles):
+    block = next(b for pp in pol._pools.values() for pool in pp for b in pool.blocks.values())
+    block.ptr += 512
+
+
+def _other_stream(pol, handles):
+    next(iter(handles.values())).pool.stream += 1
+
+
+def _older_free_block(pol, handles):
+    next(b for pp in pol._pools.values() for pool in pp for b in pool.blocks.values()).gc_base -= 1
+
+
+def _counter(pol, handles):
+    pol.allocated += 512
+
+
+def _split_tie_order(pol, handles):
+    b1, b2 = sorted(handles.values())[:2]         # swap two blocks' ids: best fit's tie order changes
+    for lst in (pol._size, pol._addr):
+        lst[b1], lst[b2] = lst[b2], lst[b1]
+
+
+def _bestfit_moved(pol, handles):
+    a, n = next(iter(pol._start.items()))
+    del pol._start[a]
+    pol._start[a + 512] = n
+
+
+@pytest.mark.parametrize("policy, mutate", [("torch", _moved_free_block), ("torch", _other_stream),
+                                            ("torch[garbage_collection_threshold:0.6]", _older_free_block),
+                                            ("torch", _counter), ("split", _split_tie_order), ("split", _counter),
+                                            ("bestfit", _bestfit_moved), ("cupy", _counter)])
+def test_a_state_that_differs_in_one_block_or_counter_has_another_fingerprint(policy, mutate):
+    before, after = fingerprint_after(repeat_steps(load("gpt2.bin"), 10), policy, mutate)
+    assert before != after
+
+
+def test_what_cannot_be_folded_is_walked():
+    """An observer, a timeline, the event log, a real device of its own, a plug-in: the full walk."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30)
+    assert Replay(trace, "torch")._folder is not None
+    assert Replay(trace, "torch", observer=lambda *a: None)._folder is None
+    assert Replay(trace, "torch", timeline=True)._folder is None
+    assert Replay(trace, "torch", log_events=True)._folder is None
+    assert Replay(trace, "torch", fold=False)._folder is None
+    assert Replay(trace, "binned")._folder is None          # declares no state
+
+    class Counting(SplittingPool):
+        """A subclass made outside allocsim that adds state of its own: never folded on the built-in's word."""
+    Counting.__module__ = "elsewhere"
+    assert Replay(trace, Counting)._folder is None
+
+
+def test_stepping_never_skips_past_the_steps_target():
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30)
+    r = Replay(trace, "split")
+    while r.step(1000):
+        pass
+    assert r.folded is None
+    assert r.finish().to_dict()["driving_events"] == Replay(trace, "split", fold=False).run().driving_events
+
+
+# ---- the command line ----------------------------------------------------------------------------------
+def test_replay_says_how_much_it_folded_and_no_fold_walks_it_all(tmp_path):
+    path = str(tmp_path / "long.bin")
+    repeat_steps(load("synthetic-transformer.bin"), 40).save(path)
+    out = run_cli("replay", path, "-p", "torch", "--no-sections")
+    assert out.returncode == 0, out.stderr
+    line = next(x for x in out.stdout.splitlines() if "folded" in x)
+    assert "of 40 steps (period 1 from step" in line
+    full = run_cli("replay", path, "-p", "torch", "--no-sections", "--no-fold")
+    assert full.returncode == 0 and "folded" not in full.stdout
+    strip = [x for x in out.stdout.splitlines() if "folded" not in x and "replay " not in x]
+    assert strip == [x for x in full.stdout.splitlines() if "replay " not in x]
+    folded, walked = (json.loads(run_cli("replay", path, "-p", "split", "--json", *more).stdout)
+                      for more in ([], ["--no-fold"]))
+    assert folded.pop("folded")["period"] == 1 and "folded" not in walked
+    for d in (folded, walked):
+        d.pop("replay_seconds"), d.pop("load_seconds")
+    assert folded == walked
+    for command in (["compare", path, "-p", "torch,split"], ["fit", path, "-p", "split", "--max-replays", "3"]):
+        cmd = run_cli(*command, "--no-fold")
+        assert cmd.returncode == 0, cmd.stderr
+
+
+@pytest.mark.parametrize("marks", [0, 1, 2, 3])
+def test_a_trace_with_few_steps_replays_as_before(marks):
+    w = TraceWriter(meta={"producer": "test"})
+    for k in range(marks):
+        w.mark(f"step {k}")
+        w.free(w.alloc(4096))
+    w.free(w.alloc(512))
+    assert_folded_is_full(w.finish(), "split")
+
+
+def test_a_walk_to_targets_folds_only_before_each_and_reads_alike_midway():
+    """`run(until=...)` folds only whole periods before its target; a result read midway (while a period is
+    being recorded, too) changes nothing; the end is the full walk's."""
+    trace = repeat_steps(load("gpt2.bin"), 40)
+    marks = [at for at, _ in trace.marks()]
+    full = Replay(trace, "torch", fold=False)
+    r = Replay(trace, "torch")
+    for target in (marks[7], marks[12] + 5, marks[25], marks[33]):
+        full.run(until=target)
+        r.run(until=target)
+        assert r.events_done == full.events_done
+        mid, mid_full = r.result().to_dict(), full.result().to_dict()
+        for d in (mid, mid_full):
+            d.pop("replay_seconds")
+        assert mid == mid_full
+        assert r.live_blocks() == full.live_blocks()
+    assert r.folded is not None
+    a, b = r.run().to_dict(), full.run().to_dict()
+    a.pop("replay_seconds"), b.pop("replay_seconds")
+    assert a == b
+
+
+def test_every_boundary_is_fingerprinted_where_it_lies_when_a_recorded_period_cannot_repeat(monkeypatch):
+    """A recorded period that cannot be repeated (here: every one) folds nothing, and the boundary where it
+    ends is still taken at its own place (events before it walked, none after), as every other one."""
+    from allocsim import fold
+    trace = repeat_steps(load("synthetic-transformer.bin"), 20)
+    monkeypatch.setattr(fold.Recorder, "stop", lambda self, stop=fold.Recorder.stop: stop(self) and None)
+    taken = []
+    boundary = fold.Folder._boundary
+
+    def check(self, at, mark, until):
+        taken.append((at, self.r.events_done))
+        return boundary(self, at, mark, until)
+    monkeypatch.setattr(fold.Folder, "_boundary", check)
+    r = Replay(trace, "torch")
+    r.run()
+    assert r.folded is None and len(taken) >= 10
+    for at, done in taken:
+        walked = Replay(trace, "torch", fold=False)
+        walked.run(until=at)
+        assert walked.events_done == done, (at, done, walked.events_done)
