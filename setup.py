@@ -20,7 +20,8 @@ FALLBACK = "allocsim: {}; installing the interpreted modules (same results, slow
 def say(why: str, error: Exception | None = None) -> None:
     """The one line a build that falls back prints: why, and the error's first line."""
     if error is not None:
-        why += f" ({type(error).__name__}: {(str(error).splitlines() or ['no message'])[0]})"
+        first = (str(error).splitlines() or ["no message"])[0]
+        why += f" ({type(error).__name__}: {first if len(first) <= 120 else first[:117] + '...'})"
     print(FALLBACK.format(why), file=sys.stderr)
 
 
