@@ -22,7 +22,7 @@ import os
 import sys
 
 #: The modules the compiled build compiles (``setup.py``), dotted.
-COMPILED_MODULES = ("allocsim.policies.cupy",)
+COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit")
 
 #: The environment variable that makes the compiled modules load from their Python source.
 INTERPRETED_ENV = "ALLOCSIM_INTERPRETED"

@@ -95,7 +95,6 @@ call that reached the pool.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left, insort
 
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
@@ -106,6 +105,9 @@ from ..errors import UsageError
 from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 from .registry import register
 from .base import Param, Policy
+
+if not cython.compiled:             # compiled, cupy.pxd cimports their C loops
+    from ._sorted import file_key, first_at_least
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
 TIE_BITS = 64       # v13: the width of a key's tie field
@@ -182,32 +184,6 @@ class _FreeIndex:
         return k
 
 
-if cython.compiled:     # C loops: a call into the bisect module would cost more than the search
-    @cython.cfunc
-    @cython.inline
-    @cython.returns(cython.Py_ssize_t)
-    @cython.locals(keys=list, lo=cython.Py_ssize_t, hi=cython.Py_ssize_t, mid=cython.Py_ssize_t)
-    def _first_at_least(keys, key):
-        """Where ``key`` goes in the sorted ``keys`` (`bisect_left`)."""
-        lo, hi = 0, len(keys)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if keys[mid] < key:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    @cython.cfunc
-    @cython.inline
-    @cython.locals(keys=list)
-    def _file_key(keys, key) -> None:
-        """Insert ``key`` (no other key equals it) into the sorted ``keys`` (`insort`)."""
-        keys.insert(_first_at_least(keys, key), key)
-else:                   # interpreted, the bisect module's C functions are the faster
-    _first_at_least, _file_key = bisect_left, insort
-
-
 # The split and the filing, shared by `malloc`, `free` and the fused loop (one call each, about 5 % of the
 # interpreted fused loop's time, for one copy of the model's rules; compiled, a C call).
 @cython.cfunc
@@ -233,7 +209,7 @@ def _split_off(ix, c, n, arena) -> None:
     c.size = n
     rest.key = k = ix.key(s - n, p) if ix.lifo else (s - n) >> 9 << ix.shift | p - ix.lo
     arena.by_key[k] = rest
-    _file_key(arena.keys, k)
+    file_key(arena.keys, k)
 
 
 @cython.cfunc
@@ -246,7 +222,7 @@ def _file_freed(ix, c) -> None:
     keys, by_key = arena.keys, arena.by_key
     nx = c.next
     if nx is not None and nx.key:            # merge the next chunk into this one
-        del keys[_first_at_least(keys, nx.key)]
+        del keys[first_at_least(keys, nx.key)]
         del by_key[nx.key]
         c.size += nx.size
         c.next = nn = nx.next
@@ -255,7 +231,7 @@ def _file_freed(ix, c) -> None:
         ix.spare.append(nx)
     pv = c.prev
     if pv is not None and pv.key:            # merge this chunk into the previous one
-        del keys[_first_at_least(keys, pv.key)]
+        del keys[first_at_least(keys, pv.key)]
         del by_key[pv.key]
         pv.size += c.size
         pv.next = nn = c.next
@@ -266,7 +242,7 @@ def _file_freed(ix, c) -> None:
     p = c.ptr
     c.key = k = ix.key(c.size, p) if ix.lifo else c.size >> 9 << ix.shift | p - ix.lo
     by_key[k] = c
-    _file_key(keys, k)
+    file_key(keys, k)
 
 
 @register
@@ -346,7 +322,7 @@ class CuPyPool(Policy):
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
         keys = arena.keys
-        del keys[bisect_left(keys, c.key)]
+        del keys[first_at_least(keys, c.key)]
         del arena.by_key[c.key]
         c.key = 0
 
@@ -358,7 +334,7 @@ class CuPyPool(Policy):
         self._charge(self._hit_s)
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
-        i = _first_at_least(keys, n >> 9 << self._ix.shift)   # best fit: smallest size, then the tie order
+        i = first_at_least(keys, n >> 9 << self._ix.shift)   # best fit: smallest size, then the tie order
         if i == len(keys):
             c = self._try_malloc(n, arena)
             if c is None:
@@ -402,7 +378,7 @@ class CuPyPool(Policy):
                 if st != arena_st:
                     arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
-                x = _first_at_least(keys, n >> 9 << ix.shift)
+                x = first_at_least(keys, n >> 9 << ix.shift)
                 if x < len(keys):
                     c = arena.by_key.pop(keys.pop(x))
                     c.key = 0
