@@ -53,7 +53,8 @@ def extensions() -> list:
     from setuptools import Extension
     mods = [Extension(m, [os.path.join(*m.split(".")) + ".py"]) for m in COMPILED["COMPILED_MODULES"]]
     try:
-        return cythonize(mods, compiler_directives={"language_level": 3, "annotation_typing": False}, quiet=True)
+        return cythonize(mods, compiler_directives={"language_level": 3, "annotation_typing": False,
+                                                       "overflowcheck": True}, quiet=True)
     except Exception as e:              # noqa: BLE001  (a Cython too old for pure Python mode, say)
         say("Cython could not translate the modules", e)
         return []
