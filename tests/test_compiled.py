@@ -9,6 +9,7 @@ are at hand. Both must pass as they are: the results are the same bit for bit.
 """
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -52,6 +53,20 @@ def test_version_says_which_build_runs():
     assert here.stdout.strip().endswith(f"({build()})"), here.stdout
     assert interpreted.stdout.strip().endswith("(interpreted)"), interpreted.stdout
     assert ("compiled: " in here.stdout) == bool(compiled_modules())
+
+
+def test_the_compiled_build_here_is_not_older_than_its_source():
+    """An in-place build (``python3 setup.py build_ext --inplace``) goes stale when its source changes after it:
+    Python would go on loading the old compiled module, and the suite would test that. Rebuild, or delete the
+    ``.so`` files."""
+    policies = os.path.join(ROOT, "allocsim", "policies")
+    shared = [os.path.join(policies, "_sorted.pxd")]
+    for name in compiled_modules():
+        base = os.path.join(ROOT, *name.split("."))
+        built = min(os.path.getmtime(p) for p in glob.glob(base + ".*.so") + glob.glob(base + ".*.pyd"))
+        sources = [p for p in [base + ".py", base + ".pxd", *shared] if os.path.exists(p)]
+        newer = [os.path.relpath(p, ROOT) for p in sources if os.path.getmtime(p) > built]
+        assert not newer, f"{name}: the compiled build is older than {', '.join(newer)}: rebuild it"
 
 
 def _compiled_copy(tmp_path) -> str:
