@@ -13,6 +13,8 @@ cdef class _Arena:
 
 cdef class _FreeIndex:
     cdef public bint lifo
-    cdef public object lo, hi, abits, shift, tie
+    cdef public long long lo, hi, fit
+    cdef public int abits, shift
+    cdef public object tie
     cdef public list spare
     cpdef key(self, size, ptr)

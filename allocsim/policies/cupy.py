@@ -162,9 +162,12 @@ class _Arena:
 class _FreeIndex:
     """What every arena's keys share (see the module docstring): the offset field ``[lo, lo + 2**abits)``
     over the device allocations (which end at or below ``hi``), where a key's units start (``shift``), v13's
-    falling ``tie``, and the chunk records `free` merged away (``spare``), reused by the next split."""
+    falling ``tie``, and the chunk records `free` merged away (``spare``), reused by the next split.
 
-    __slots__ = ("lifo", "lo", "hi", "abits", "shift", "tie", "spare")
+    ``fit``: a v14 key of fewer units than this is below 2**62, one machine word (`_split_off` and
+    `_file_freed` make it in C arithmetic in the compiled build); 0 under v13, whose keys `key` makes."""
+
+    __slots__ = ("lifo", "lo", "hi", "abits", "shift", "tie", "spare", "fit")
 
     def __init__(self, lifo: bool):
         self.lifo = lifo                    # v13: ties go to the last freed chunk
@@ -174,6 +177,13 @@ class _FreeIndex:
         self.shift = MIN_ABITS + (TIE_BITS if lifo else 0)      # a key's units: key >> shift
         self.tie = 1 << TIE_BITS            # v13: falls with every chunk filed
         self.spare: list[_Chunk] = []
+        self.fit = 0 if lifo else 1 << 62 - self.shift
+
+    def widen(self, lo: int, hi: int, abits: int) -> None:
+        """Move the offset field to ``[lo, lo + 2**abits)`` (`CuPyPool._cover`, which re-keys the chunks)."""
+        self.lo, self.hi, self.abits = lo, hi, abits
+        self.shift = abits + (TIE_BITS if self.lifo else 0)
+        self.fit = 0 if self.lifo or self.shift >= 62 else 1 << 62 - self.shift
 
     def key(self, size: int, ptr: int):
         """The key that files a free chunk of ``size`` bytes at ``ptr``; under v13 the next tie is taken."""
@@ -188,7 +198,7 @@ class _FreeIndex:
 # interpreted fused loop's time, for one copy of the model's rules; compiled, a C call).
 @cython.cfunc
 @cython.locals(ix=_FreeIndex, c=_Chunk, n=cython.longlong, arena=_Arena, rest=_Chunk, nx=_Chunk, s=cython.longlong,
-               p=cython.longlong, spare=list)
+               p=cython.longlong, u=cython.longlong, spare=list)
 def _split_off(ix, c, n, arena) -> None:
     """Cut chunk ``c``, just taken from ``arena``, to ``n`` bytes; the remainder after it goes back into
     ``arena``, unmerged (``_split`` + ``_append_to_free_list``)."""
@@ -207,14 +217,15 @@ def _split_off(ix, c, n, arena) -> None:
     if nx is not None:
         nx.prev = rest
     c.size = n
-    rest.key = k = ix.key(s - n, p) if ix.lifo else (s - n) >> 9 << ix.shift | p - ix.lo
+    u = (s - n) >> 9
+    rest.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(s - n, p)
     arena.by_key[k] = rest
     file_key(arena.keys, k)
 
 
 @cython.cfunc
 @cython.locals(ix=_FreeIndex, c=_Chunk, nx=_Chunk, pv=_Chunk, nn=_Chunk, keys=list, by_key=dict, arena=_Arena,
-               p=cython.longlong)
+               p=cython.longlong, u=cython.longlong)
 def _file_freed(ix, c) -> None:
     """File the freed chunk ``c`` in its arena, merged first with a free ``next``, then with a free
     ``prev`` (``_remove`` inlined: a call would cost as much as the work)."""
@@ -239,8 +250,8 @@ def _file_freed(ix, c) -> None:
             nn.prev = pv
         ix.spare.append(c)
         c = pv
-    p = c.ptr
-    c.key = k = ix.key(c.size, p) if ix.lifo else c.size >> 9 << ix.shift | p - ix.lo
+    p, u = c.ptr, c.size >> 9
+    c.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(c.size, p)
     by_key[k] = c
     file_key(keys, k)
 
@@ -310,8 +321,7 @@ class CuPyPool(Policy):
             return
         old_abits = ix.abits
         abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
-        ix.lo, ix.hi, ix.abits = lo, hi, abits
-        ix.shift = abits + (TIE_BITS if ix.lifo else 0)
+        ix.widen(lo, hi, abits)
         for arena in self._arenas.values():
             filed = list(arena.by_key.values())         # in filing order, which the new dict keeps
             arena.by_key.clear()
@@ -355,18 +365,18 @@ class CuPyPool(Policy):
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
                    allocated=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
-                   ix=_FreeIndex, arena=_Arena, keys=list, c=_Chunk)
+                   ix=_FreeIndex, arena=_Arena, keys=list, c=_Chunk, shift=object)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` inlined over
         ``events`` (the split and the filing called as they call them), the clock and ``allocated`` kept
         in locals.
 
         A miss runs `_try_malloc` as `malloc` does (the locals written back around it; a device allocation
-        may re-key, so the key fields are read from ``ix`` at each lookup) and is reported to ``served``; a pressure
-        event or the FREE of an id not live is handed back: returns ``(its index or None at the end,
-        peak allocated)``."""
+        may re-key, so ``shift`` is read again after it) and is reported to ``served``; a pressure event or
+        the FREE of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``."""
         arenas_get, new_arena, try_malloc = self._arenas.get, self._arena, self._try_malloc
         ix, hit_s, free_s = self._ix, self._hit_s, self._free_s
+        shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
@@ -378,7 +388,7 @@ class CuPyPool(Policy):
                 if st != arena_st:
                     arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
-                x = first_at_least(keys, n >> 9 << ix.shift)
+                x = first_at_least(keys, n >> 9 << shift)
                 if x < len(keys):
                     c = arena.by_key.pop(keys.pop(x))
                     c.key = 0
@@ -388,7 +398,7 @@ class CuPyPool(Policy):
                 else:
                     dev.clock, self.allocated = clock, allocated
                     c = try_malloc(n, arena)
-                    clock = dev.clock
+                    clock, shift = dev.clock, ix.shift
                     if c is None:
                         lat_append(clock - t0)
                         if served(j, None):
