@@ -84,8 +84,9 @@ them by tests/test_fast_path.py; all three split and file chunks through
 `_split_off` and `_file_freed`.
 
 The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``cupy.pxd``
-makes `_Chunk`, `_Arena` and `_FreeIndex` C records (sizes and addresses as C integers, keys still Python
-ints), the ``@cython`` decorators type the hot loop's locals and make the split and the filing C calls.
+makes `_Chunk`, `_Arena` and `_FreeIndex` C records (sizes, addresses and the key fields as C integers; the
+keys are Python ints, a v14 key below 2**62 made in C arithmetic), the ``@cython`` decorators type the hot
+loop's locals and make the split and the filing C calls.
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
