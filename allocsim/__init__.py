@@ -17,7 +17,9 @@ Python API (the same names as the command line)::
     r = allocsim.Replay(t, "split"); r.run(until=1000); r.live_blocks(); r.run()   # stepped, then to the end
     allocsim.synthesize("transformer", seed=1); allocsim.import_trace("snapshot.pickle", "t.bin")
     allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
+    allocsim.build()                  # which build runs: "interpreted", or the compiled modules
 """
+from .compiled import build         # first: with ALLOCSIM_INTERPRETED set, the compiled modules load from source
 from .costs import CostModel
 from .fit import fit_capacity
 from .importers import import_file as import_trace
@@ -33,5 +35,5 @@ from .validate import validate as validate_trace
 
 from .version import __version__
 
-__all__ = ["CostModel", "PolicySpec", "Replay", "ReplayResult", "ReplaySettings", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
+__all__ = ["CostModel", "build", "PolicySpec", "Replay", "ReplayResult", "ReplaySettings", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
            "import_trace", "mark", "parse_size", "replay", "synthesize", "validate_trace", "__version__"]

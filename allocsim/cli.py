@@ -11,6 +11,7 @@ import signal
 import sys
 
 from . import commands
+from .compiled import build
 from .errors import AllocsimError
 from .filenames import let_stdout_write_names
 from .outputs import Terminated
@@ -67,7 +68,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="allocsim", description="Record GPU allocation traces; replay them against allocator policies.",
                 epilog=MAIN_PATH, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("--version", action="version", version=f"allocsim {version()}")
+    p.add_argument("--version", action="version", version=f"allocsim {version()} ({build()})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in _modules():
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP,

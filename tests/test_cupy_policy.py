@@ -404,10 +404,10 @@ def test_keys_follow_the_address_span_and_stay_within_a_word(version, downward, 
 
     def keys_checked(self, addr, n, cover=CuPyPool._cover):
         cover(self, addr, n)
-        fields.append((self._lo, self._abits))
+        fields.append((self._ix.lo, self._ix.abits))
         for a in self._arenas.values():
             assert a.keys == sorted(c.key for c in a.by_key.values())
-            assert all(c.key >> self._shift << 9 == c.size and (c.key & (1 << self._abits) - 1) + self._lo == c.ptr
+            assert all(c.key >> self._ix.shift << 9 == c.size and (c.key & (1 << self._ix.abits) - 1) + self._ix.lo == c.ptr
                        for c in a.by_key.values())
             widest.extend(k.bit_length() for k in a.keys)
     monkeypatch.setattr(CuPyPool, "_cover", keys_checked)

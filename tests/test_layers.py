@@ -10,7 +10,7 @@ from conftest import ROOT
 #: Lowest first. A module may import from its own layer or a lower one; a package's ``__init__`` is the
 #: layer of the package. Every module of allocsim must be named here (by itself or by its package).
 LAYERS = [
-    ["errors", "units", "sections", "placement", "context", "params", "version", "filenames"],
+    ["errors", "units", "sections", "placement", "context", "params", "version", "filenames", "compiled"],
     ["outputs"],
     ["trace"],
     ["costs", "frameworks", "capacity", "ranks"],

@@ -389,7 +389,8 @@ def test_closed_stdout_is_no_traceback(trace):
 def test_version():
     r = run_cli("--version")
     from allocsim import __version__
-    assert r.returncode == 0 and r.stdout.strip() == f"allocsim {__version__}"
+    from allocsim.compiled import build
+    assert r.returncode == 0 and r.stdout.strip() == f"allocsim {__version__} ({build()})"
 
 
 def test_help_ends_with_the_main_path():

@@ -27,12 +27,18 @@ is live iff ``start[a] == s``), compacted when void entries outnumber live ones.
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+try:
+    import cython                   # the compiled build (docs/architecture.md, "The compiled build")
+except ImportError:
+    from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from .registry import register
 from ._freelists import END, SizeBuckets
 from .base import Param, Policy
 from ..errors import UsageError
+
+if not cython.compiled:             # compiled, bestfit.pxd cimports their C loops
+    from ._sorted import file_key, first_at_least
 
 KEY_BITS = 64                   # a free-list entry: size << KEY_BITS | address (addresses are below 2**64)
 assert (1 << KEY_BITS) - 1 == 0xFFFFFFFFFFFFFFFF               # written as a literal in the hot path
@@ -74,7 +80,7 @@ class BestFit(Policy):
         self._fits += 1
         self._charge(self._hit_s)
         start, entries = self._start, self._avail.entries
-        i = bisect_left(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined: END stops it
+        i = first_at_least(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined: END stops it
         e = entries[i]
         while e != END:
             del entries[i]
@@ -91,7 +97,7 @@ class BestFit(Policy):
             if rem:                     # split: the tail stays free
                 b = a + n
                 start[b] = self._end[a + s] = rem
-                insort(entries, rem << 64 | b)      # SizeBuckets.push, inlined
+                file_key(entries, rem << 64 | b)      # SizeBuckets.push, inlined
                 if len(entries) > self._compact_at:
                     self._compact()
             else:
@@ -124,10 +130,14 @@ class BestFit(Policy):
             return
         start[a] = end[e] = n
         entries = self._avail.entries
-        insort(entries, n << 64 | a)    # SizeBuckets.push, inlined
+        file_key(entries, n << 64 | a)    # SizeBuckets.push, inlined
         if len(entries) > self._compact_at:
             self._compact()
 
+    @cython.locals(handles=dict, start=dict, end=dict, segments=dict, entries=list, k=cython.longlong,
+                   peak=cython.longlong, allocated=cython.longlong, clock=cython.double, t0=cython.double,
+                   hit_s=cython.double, free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t,
+                   slow=cython.bint, release=cython.bint, compact_at=cython.Py_ssize_t)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
         inlined over ``events``, the clock and ``allocated`` kept in locals, the state bound to locals here.
@@ -136,23 +146,22 @@ class BestFit(Policy):
         is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
         returns ``(its index or None at the end, peak allocated)``."""
         start, end, segments, entries = self._start, self._end, self._segments, self._avail.entries
-        start_get, end_get = start.get, end.get
         hit_s, free_s, release, last = self._hit_s, self._free_s, self.release, END
         grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
         clock, allocated = dev.clock, self.allocated
-        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        lat_append, n0 = lat.append, len(lat)
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
-                x = bisect_left(entries, n << 64)
+                x = first_at_least(entries, n << 64)
                 e = entries[x]
                 while e != last:
                     del entries[x]
                     a = e & 0xFFFFFFFFFFFFFFFF
                     s = e >> 64
-                    if start_get(a) == s:
+                    if start.get(a) == s:
                         break
                     e = entries[x]
                 else:
@@ -163,7 +172,7 @@ class BestFit(Policy):
                     if rem:
                         b = a + n
                         start[b] = end[a + s] = rem
-                        insort(entries, rem << 64 | b)
+                        file_key(entries, rem << 64 | b)
                         if len(entries) > compact_at:
                             compact_at = compact()
                     else:
@@ -188,19 +197,19 @@ class BestFit(Policy):
                     self.allocated = allocated
                     served(j, h)
             elif k == 2:                    # FREE: free, as above
-                h = pop(i, None)
+                h = handles.pop(i, None)
                 if h is None:
                     break
                 a, n = h
                 allocated -= n
                 clock += free_s
                 e = a + n
-                ls = end_get(a)
+                ls = end.get(a)
                 if ls is not None and a not in segments:
                     del end[a]
                     a -= ls
                     n += ls
-                rs = start_get(e)
+                rs = start.get(e)
                 if rs is not None and e not in segments:
                     del start[e]
                     e += rs
@@ -211,7 +220,7 @@ class BestFit(Policy):
                     clock = dev.clock
                     continue
                 start[a] = end[e] = n
-                insort(entries, n << 64 | a)
+                file_key(entries, n << 64 | a)
                 if len(entries) > compact_at:
                     compact_at = compact()
             else:

@@ -62,13 +62,14 @@ them as the lookup prefers and names it, and ``by_key`` maps each key to its chu
 (O(1); in the order the chunks were filed, which is `free_all_blocks`'s order):
 
 - v14: ``units << A | offset``, ``units`` the size in 512 B units, ``offset`` the
-  address minus the pool's lowest device address ``_lo``, ``A`` (``_abits``) bits
+  address minus the pool's lowest device address ``lo``, ``A`` (``abits``) bits
   wide: the smallest size first, then the lowest address;
 - v13: ``(units << 64 | tie) << A | offset``, where ``tie`` falls with every chunk
   filed (the last freed first).
 
+These fields are the pool's `_FreeIndex` (``_ix``), with v13's ``tie`` and the spare chunk records.
 ``A`` covers every device allocation the pool has made (with room to double); a
-device allocation outside ``[_lo, _lo + 2**A)`` moves ``_lo`` or widens ``A`` and
+device allocation outside ``[lo, lo + 2**A)`` moves ``lo`` or widens ``A`` and
 re-keys the free chunks (`_cover`: O(f log f), only on a device allocation, and
 the order of the keys does not change). So a v14 key stays within 63 bits (one
 machine word, no big-integer arithmetic) while the largest chunk's units times the
@@ -89,6 +90,11 @@ two inlined over a run of events (docs/architecture.md, "The fast path"), held t
 them by tests/test_fast_path.py; all three split and file chunks through
 `_split_off` and `_file_freed`.
 
+The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``cupy.pxd``
+makes `_Chunk`, `_Arena` and `_FreeIndex` C records (sizes, addresses and the key fields as C integers; the
+keys are Python ints, a v14 key below 2**62 made in C arithmetic), the ``@cython`` decorators type the hot
+loop's locals and make the split and the filing C calls.
+
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
 ``total_log``, an ``array('q')`` of the pool's total bytes after each malloc/free
@@ -101,10 +107,18 @@ from bisect import bisect_left, bisect_right, insort
 
 import numpy as np
 
+try:
+    import cython                   # the compiled build (docs/architecture.md, "The compiled build")
+except ImportError:
+    from ..compiled import cython   # interpreted: its decorators and types change nothing
+
 from ..errors import UsageError
 from ..trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
 from .registry import register
 from .base import Param, Policy
+
+if not cython.compiled:             # compiled, cupy.pxd cimports their C loops
+    from ._sorted import file_key, first_at_least
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
 TIE_BITS = 64       # v13: the width of a key's tie field
@@ -156,6 +170,103 @@ class _Arena:
         self.by_key: dict[int, _Chunk] = {}         # key -> free chunk, in filing order
 
 
+class _FreeIndex:
+    """What every arena's keys share (see the module docstring): the offset field ``[lo, lo + 2**abits)``
+    over the device allocations (which end at or below ``hi``), where a key's units start (``shift``), v13's
+    falling ``tie``, and the chunk records `free` merged away (``spare``), reused by the next split.
+
+    ``fit``: a v14 key of fewer units than this is below 2**62, one machine word (`_split_off` and
+    `_file_freed` make it in C arithmetic in the compiled build); 0 under v13, whose keys `key` makes."""
+
+    __slots__ = ("lifo", "lo", "hi", "abits", "shift", "tie", "spare", "fit")
+
+    def __init__(self, lifo: bool):
+        self.lifo = lifo                    # v13: ties go to the last freed chunk
+        self.lo = 0                         # a key's offset is the address minus this ...
+        self.hi = 0                         # ... and the device allocations end at or below this
+        self.abits = MIN_ABITS              # the offset field's width, A
+        self.shift = MIN_ABITS + (TIE_BITS if lifo else 0)      # a key's units: key >> shift
+        self.tie = 1 << TIE_BITS            # v13: falls with every chunk filed
+        self.spare: list[_Chunk] = []
+        self.fit = 0 if lifo else 1 << 62 - self.shift
+
+    def widen(self, lo: int, hi: int, abits: int) -> None:
+        """Move the offset field to ``[lo, lo + 2**abits)`` (`CuPyPool._cover`, which re-keys the chunks)."""
+        self.lo, self.hi, self.abits = lo, hi, abits
+        self.shift = abits + (TIE_BITS if self.lifo else 0)
+        self.fit = 0 if self.lifo or self.shift >= 62 else 1 << 62 - self.shift
+
+    def key(self, size: int, ptr: int):
+        """The key that files a free chunk of ``size`` bytes at ``ptr``; under v13 the next tie is taken."""
+        k = size >> 9 << self.shift | ptr - self.lo
+        if self.lifo:
+            self.tie -= 1
+            k |= self.tie << self.abits
+        return k
+
+
+# The split and the filing, shared by `malloc`, `free` and the fused loop (one call each, about 5 % of the
+# interpreted fused loop's time, for one copy of the model's rules; compiled, a C call).
+@cython.cfunc
+@cython.locals(ix=_FreeIndex, c=_Chunk, n=cython.longlong, arena=_Arena, rest=_Chunk, nx=_Chunk, s=cython.longlong,
+               p=cython.longlong, u=cython.longlong, spare=list)
+def _split_off(ix, c, n, arena) -> None:
+    """Cut chunk ``c``, just taken from ``arena``, to ``n`` bytes; the remainder after it goes back into
+    ``arena``, unmerged (``_split`` + ``_append_to_free_list``)."""
+    s, nx, p = c.size, c.next, c.ptr + n
+    spare = ix.spare
+    if spare:                                # a chunk `_file_freed` merged away: reset it
+        rest = spare.pop()
+        rest.ptr = p
+        rest.size = s - n
+        rest.prev = c
+        rest.next = nx
+        rest.arena = arena
+    else:
+        rest = _Chunk(p, s - n, c, nx, arena)
+    c.next = rest
+    if nx is not None:
+        nx.prev = rest
+    c.size = n
+    u = (s - n) >> 9
+    rest.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(s - n, p)
+    arena.by_key[k] = rest
+    file_key(arena.keys, k)
+
+
+@cython.cfunc
+@cython.locals(ix=_FreeIndex, c=_Chunk, nx=_Chunk, pv=_Chunk, nn=_Chunk, keys=list, by_key=dict, arena=_Arena,
+               p=cython.longlong, u=cython.longlong)
+def _file_freed(ix, c) -> None:
+    """File the freed chunk ``c`` in its arena, merged first with a free ``next``, then with a free
+    ``prev`` (``_remove`` inlined: a call would cost as much as the work)."""
+    arena = c.arena
+    keys, by_key = arena.keys, arena.by_key
+    nx = c.next
+    if nx is not None and nx.key:            # merge the next chunk into this one
+        del keys[first_at_least(keys, nx.key)]
+        del by_key[nx.key]
+        c.size += nx.size
+        c.next = nn = nx.next
+        if nn is not None:
+            nn.prev = c
+        ix.spare.append(nx)
+    pv = c.prev
+    if pv is not None and pv.key:            # merge this chunk into the previous one
+        del keys[first_at_least(keys, pv.key)]
+        del by_key[pv.key]
+        pv.size += c.size
+        pv.next = nn = c.next
+        if nn is not None:
+            nn.prev = pv
+        ix.spare.append(c)
+        c = pv
+    p, u = c.ptr, c.size >> 9
+    c.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(c.size, p)
+    by_key[k] = c
+    file_key(keys, k)
+
+
 @register
 class CuPyPool(Policy):
     name = "cupy"
@@ -179,12 +290,7 @@ class CuPyPool(Policy):
         if str(self.version) not in ("13", "14"):
             raise UsageError(f"policy 'cupy' option version: expected 13 or 14, got {self.version!r}")
         self.version = int(self.version)
-        self._lifo = self.version < 14           # v13: ties go to the last freed chunk
-        self._lo = 0                        # a key's offset is the address minus this ...
-        self._hi = 0                        # ... and the device allocations end at or below this
-        self._abits = MIN_ABITS             # the offset field's width, A
-        self._shift = MIN_ABITS + (TIE_BITS if self._lifo else 0)    # a key's units: key >> _shift
-        self._tie = 1 << TIE_BITS           # v13: falls with every chunk filed
+        self._ix = _FreeIndex(self.version < 14)
         self._gc_calls = 2 if self.version >= 14 else 1
         self._raises_at_once = self.version >= 14    # a request above the limit itself: OOM, nothing released
         self._arenas: dict[int, _Arena] = {}
@@ -200,7 +306,6 @@ class CuPyPool(Policy):
         self._charge = self.ctx.charge            # bound once: the hot path calls it per event
         self.event_index = -1               # set by the engine before each malloc
         self.segment_log: list[tuple[int, int, int]] = []
-        self._spare: list[_Chunk] = []      # chunks `free` merged away, reused by `malloc`'s splits
         self.total_log = array("q") if self.track_total else None
 
     @classmethod
@@ -219,30 +324,21 @@ class CuPyPool(Policy):
         return arena
 
     # ---- free index --------------------------------------------------------------------
-    def _key(self, size: int, ptr: int) -> int:
-        """The key that files a free chunk of ``size`` bytes at ``ptr`` in its arena (see the module
-        docstring); under v13 the next tie is taken."""
-        k = size >> 9 << self._shift | ptr - self._lo
-        if self._lifo:
-            self._tie -= 1
-            k |= self._tie << self._abits
-        return k
-
     def _cover(self, addr: int, n: int) -> None:
         """Make the keys' offset field cover a new device allocation of ``n`` bytes at ``addr``: if it lies
-        outside ``[_lo, _lo + 2**A)``, lower ``_lo`` and widen ``A`` (to twice the span) and re-key every
+        outside ``[lo, lo + 2**A)``, lower ``lo`` and widen ``A`` (to twice the span) and re-key every
         free chunk (the new keys order the chunks as the old ones did: size, tie, address; ``by_key`` keeps
         the filing order). Per device allocation; O(f log f) for f free chunks when it acts."""
-        if not self._hi:                    # the first: the field starts here
-            self._lo, self._hi = addr, addr + n
-        lo, hi = min(self._lo, addr), max(self._hi, addr + n)
-        if lo == self._lo and hi - lo <= 1 << self._abits:
-            self._hi = hi
+        ix = self._ix
+        if not ix.hi:                       # the first: the field starts here
+            ix.lo, ix.hi = addr, addr + n
+        lo, hi = min(ix.lo, addr), max(ix.hi, addr + n)
+        if lo == ix.lo and hi - lo <= 1 << ix.abits:
+            ix.hi = hi
             return
-        old_abits = self._abits
+        old_abits = ix.abits
         abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
-        self._lo, self._hi, self._abits = lo, hi, abits
-        self._shift = abits + (TIE_BITS if self._lifo else 0)
+        ix.widen(lo, hi, abits)
         for arena in self._arenas.values():
             filed = list(arena.by_key.values())         # in filing order, which the new dict keeps
             arena.by_key.clear()
@@ -253,20 +349,19 @@ class CuPyPool(Policy):
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
         keys = arena.keys
-        del keys[bisect_left(keys, c.key)]
+        del keys[first_at_least(keys, c.key)]
         del arena.by_key[c.key]
         c.key = 0
 
     # ---- the hot path: `malloc` and `free`, and the same two fused in `walk_chunk` ---------------
-    # All three split and file chunks through `_split_off` and `_file_freed` (one call each, about
-    # 5 % of the fused loop's time, for one copy of the model's rules); v13's keys come from `_key`.
+    # All three split and file chunks through `_split_off` and `_file_freed` (above).
     def malloc(self, size, stream):
         n = (size + UNIT - 1) & -UNIT
         self._n_lookup += 1
         self._charge(self._hit_s)
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
-        i = bisect_left(keys, n >> 9 << self._shift)   # best fit: smallest size, then the tie order
+        i = first_at_least(keys, n >> 9 << self._ix.shift)   # best fit: smallest size, then the tie order
         if i == len(keys):
             c = self._try_malloc(n, arena)
             if c is None:
@@ -275,81 +370,32 @@ class CuPyPool(Policy):
             c = arena.by_key.pop(keys.pop(i))
             c.key = 0
             if c.size > n:
-                self._split_off(c, n, arena)
+                _split_off(self._ix, c, n, arena)
         self.allocated += n
         return c
 
     def free(self, c):
         self.allocated -= c.size
         self._charge(self._free_s)
-        self._file_freed(c)
+        _file_freed(self._ix, c)
 
-    def _split_off(self, c: _Chunk, n: int, arena: _Arena) -> None:
-        """Cut chunk ``c``, just taken from ``arena``, to ``n`` bytes; the remainder after it goes back into
-        ``arena``, unmerged (``_split`` + ``_append_to_free_list``)."""
-        s, nx, p = c.size, c.next, c.ptr + n
-        spare = self._spare
-        if spare:                                # a chunk `_file_freed` merged away: reset it
-            rest = spare.pop()
-            rest.ptr = p
-            rest.size = s - n
-            rest.prev = c
-            rest.next = nx
-            rest.arena = arena
-        else:
-            rest = _Chunk(p, s - n, c, nx, arena)
-        c.next = rest
-        if nx is not None:
-            nx.prev = rest
-        c.size = n
-        rest.key = k = self._key(s - n, p) if self._lifo else (s - n) >> 9 << self._shift | p - self._lo
-        arena.by_key[k] = rest
-        insort(arena.keys, k)
-
-    def _file_freed(self, c: _Chunk) -> None:
-        """File the freed chunk ``c`` in its arena, merged first with a free ``next``, then with a free
-        ``prev`` (``_remove`` inlined: a call would cost as much as the work)."""
-        arena = c.arena
-        keys, by_key = arena.keys, arena.by_key
-        nx = c.next
-        if nx is not None and nx.key:            # merge the next chunk into this one
-            del keys[bisect_left(keys, nx.key)]
-            del by_key[nx.key]
-            c.size += nx.size
-            c.next = nn = nx.next
-            if nn is not None:
-                nn.prev = c
-            self._spare.append(nx)
-        pv = c.prev
-        if pv is not None and pv.key:            # merge this chunk into the previous one
-            del keys[bisect_left(keys, pv.key)]
-            del by_key[pv.key]
-            pv.size += c.size
-            pv.next = nn = c.next
-            if nn is not None:
-                nn.prev = pv
-            self._spare.append(c)
-            c = pv
-        p = c.ptr
-        c.key = k = self._key(c.size, p) if self._lifo else c.size >> 9 << self._shift | p - self._lo
-        by_key[k] = c
-        insort(keys, k)
-
+    @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
+                   allocated=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
+                   free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
+                   ix=_FreeIndex, arena=_Arena, keys=list, c=_Chunk, shift=object)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` inlined over
         ``events`` (the split and the filing called as they call them), the clock and ``allocated`` kept
         in locals.
 
-        A miss runs `_try_malloc` as `malloc` does (the locals written back around it, the key fields
-        read again after it: a device allocation may re-key) and is reported to ``served``; a pressure
-        event or the FREE of an id not live is handed back: returns ``(its index or None at the end,
-        peak allocated)``."""
+        A miss runs `_try_malloc` as `malloc` does (the locals written back around it; a device allocation
+        may re-key, so ``shift`` is read again after it) and is reported to ``served``; a pressure event or
+        the FREE of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``."""
         arenas_get, new_arena, try_malloc = self._arenas.get, self._arena, self._try_malloc
-        split_off, file_freed = self._split_off, self._file_freed
-        hit_s, free_s, shift = self._hit_s, self._free_s, self._shift
+        ix, hit_s, free_s = self._ix, self._hit_s, self._free_s
+        shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
-        bisect = bisect_left
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
         for j, k, i, req, st in events:
             if k == 1:                      # ALLOC: malloc, as above
@@ -359,18 +405,17 @@ class CuPyPool(Policy):
                 if st != arena_st:
                     arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
-                x = bisect(keys, n >> 9 << shift)
+                x = first_at_least(keys, n >> 9 << shift)
                 if x < len(keys):
                     c = arena.by_key.pop(keys.pop(x))
                     c.key = 0
                     if c.size > n:
-                        split_off(c, n, arena)
+                        _split_off(ix, c, n, arena)
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
                     c = try_malloc(n, arena)
-                    clock = dev.clock
-                    shift = self._shift
+                    clock, shift = dev.clock, ix.shift
                     if c is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -391,7 +436,7 @@ class CuPyPool(Policy):
                     break
                 allocated -= c.size
                 clock += free_s
-                file_freed(c)
+                _file_freed(ix, c)
             else:
                 break
         else:
@@ -500,7 +545,8 @@ class CuPyPool(Policy):
         stream_of = {id(a): s for s, a in self._arenas.items()}
         arenas = [(s, [where(c) for c in a.by_key.values()], [a.by_key[k].ptr for k in a.keys])
                   for s, a in self._arenas.items()]
-        return (arenas, sorted((*where(c), stream_of[id(c.arena)]) for c in held), self._lo, self._hi, self._abits,
+        ix = self._ix
+        return (arenas, sorted((*where(c), stream_of[id(c.arena)]) for c in held), ix.lo, ix.hi, ix.abits,
                 self.total, self.allocated)
 
     def fold_counts(self) -> tuple:
@@ -518,7 +564,7 @@ class CuPyPool(Policy):
         return handle.ptr, handle.size
 
     def largest_free(self):
-        return max(((a.keys[-1] >> self._shift) << 9 for a in self._arenas.values() if a.keys), default=0)
+        return max(((a.keys[-1] >> self._ix.shift) << 9 for a in self._arenas.values() if a.keys), default=0)
 
     def free_breakdown(self, stream):
         """The free chunks by their arena's stream. A free chunk merges with its free neighbours, so it
@@ -625,7 +671,7 @@ class RecordedTiesCuPyPool(CuPyPool):
         want = self._places.address(at) if at >= 0 else 0
         if arena is None or not want:
             return super().malloc(size, stream)
-        keys, shift = arena.keys, self._shift
+        keys, shift = arena.keys, self._ix.shift
         n = (size + UNIT - 1) & -UNIT
         i = j = bisect_left(keys, n >> 9 << shift)
         units = keys[i] >> shift if i < len(keys) else -1

@@ -49,11 +49,17 @@ memmove, removal O(1) (lazy). A handle is the block id.
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+try:
+    import cython                   # the compiled build (docs/architecture.md, "The compiled build")
+except ImportError:
+    from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from .registry import register
 from ._freelists import END, SizeBuckets
 from .base import Param, Policy
+
+if not cython.compiled:             # compiled, split.pxd cimports their C loops
+    from ._sorted import file_key, first_at_least
 
 SMALL, LARGE, HUGE = 0, 1, 2
 CLASS_NAMES = ("small", "large", "huge")
@@ -184,6 +190,8 @@ class SplittingPool(Policy):
     # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` --------
     # They run once or twice per driving event and inline `SizeBuckets.push` / `pop_fit` (same
     # logic; see ``_freelists.py``); `walk_chunk` binds the lists and constants to locals first.
+    @cython.locals(size=list, prev=list, nxt=list, fsize=list, freed=list, entries=list, k=cython.longlong,
+                   b=cython.longlong, head=cython.longlong, m=cython.longlong, s=cython.longlong, nb=cython.longlong)
     def _repopulate(self) -> float:
         """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
 
@@ -194,7 +202,7 @@ class SplittingPool(Policy):
         their free-list entries. Returns the modeled time, for the caller to charge.
         """
         size, prev, nxt, fsize = self._size, self._prev, self._next, self._fsize
-        freed, entries = self._freed, self._avail.entries
+        freed, entries, id_bits = self._freed, self._avail.entries, ID_BITS
         k = 0
         for b in freed:
             if fsize[b] != FREED:
@@ -217,8 +225,8 @@ class SplittingPool(Policy):
                 prev[m] = head      # m may be the sentinel 0: harmless
                 size[head] = s
                 b = head
-            fsize[b] = e = s >> 9 << 32 | b
-            insort(entries, e)                  # SizeBuckets.push
+            fsize[b] = e = s >> 9 << id_bits | b     # an int: ``<< id_bits`` shifts a Python int, compiled too
+            file_key(entries, e)                  # SizeBuckets.push
         nb = len(freed)
         freed.clear()
         if len(entries) > self._compact_at:
@@ -238,8 +246,8 @@ class SplittingPool(Policy):
         nxt[r] = m
         prev[m] = r             # m may be the sentinel 0: harmless
         nxt[b] = r
-        self._fsize[r] = e = rem >> 9 << 32 | r
-        insort(self._avail.entries, e)                  # SizeBuckets.push
+        self._fsize[r] = e = rem >> 9 << ID_BITS | r
+        file_key(self._avail.entries, e)                # SizeBuckets.push
         size[b] = n
         self._splits += 1
 
@@ -258,7 +266,7 @@ class SplittingPool(Policy):
         else:
             n = (req + 1048575) & -1048576
             cut = 0
-            stop = self._huge_stop or (n >> 9) + 1 << 32
+            stop = self._huge_stop or (n >> 9) + 1 << ID_BITS
         self._scans += 1
         if self._freed:
             self._repops += 1
@@ -267,7 +275,7 @@ class SplittingPool(Policy):
             self._charge(self._hit_s)
         # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
         entries, fsize = self._avail.entries, self._fsize
-        i = bisect_left(entries, n >> 9 << 32)
+        i = first_at_least(entries, n >> 9 << ID_BITS)
         e = entries[i]
         while e < stop:
             del entries[i]
@@ -297,6 +305,12 @@ class SplittingPool(Policy):
         self._freed.append(b)
         self.allocated -= self._size[b]
 
+    @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
+                   cut=cython.longlong, b=cython.longlong, s=cython.longlong, rem=cython.longlong, r=cython.longlong,
+                   m=cython.longlong, i0=cython.Py_ssize_t, next_id=cython.longlong, id_cap=cython.longlong,
+                   repops=cython.longlong, splits=cython.longlong, allocated=cython.longlong, n0=cython.Py_ssize_t,
+                   clock=cython.double, t0=cython.double, hit_s=cython.double, slow=cython.bint, size=list,
+                   addr=list, prev=list, nxt=list, fsize=list, entries=list, freed=list)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` (with `_split`) and
         `free` inlined over ``events``, the clock, ``allocated`` and the next block id kept in locals.
@@ -307,11 +321,11 @@ class SplittingPool(Policy):
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         entries, freed = self._avail.entries, self._freed
         freed_append, repopulate, escalate, new_id = freed.append, self._repopulate, self._escalate, self._new_id
-        hit_s, huge_stop = self._hit_s, self._huge_stop
+        hit_s, huge_stop, id_bits = self._hit_s, self._huge_stop, ID_BITS     # entries shift by a Python int
         next_id, id_cap = self._next_id, self._id_cap
         repops = splits = 0
         clock, allocated = dev.clock, self.allocated
-        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        lat_append, n0 = lat.append, len(lat)
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
@@ -323,14 +337,14 @@ class SplittingPool(Policy):
                 else:
                     n = (req + 1048575) & -1048576
                     cut = 0
-                    stop = huge_stop or (n >> 9) + 1 << 32
+                    stop = huge_stop or (n >> 9) + 1 << id_bits
                 t0 = clock
                 if freed:
                     repops += 1
                     clock += hit_s + repopulate()
                 else:
                     clock += hit_s
-                i0 = bisect_left(entries, n >> 9 << 32)
+                i0 = first_at_least(entries, n >> 9 << id_bits)
                 e = entries[i0]
                 while e < stop:
                     del entries[i0]
@@ -370,8 +384,8 @@ class SplittingPool(Policy):
                     nxt[r] = m
                     prev[m] = r
                     nxt[b] = r
-                    fsize[r] = e = rem >> 9 << 32 | r
-                    insort(entries, e)
+                    fsize[r] = e = rem >> 9 << id_bits | r
+                    file_key(entries, e)
                     size[b] = s = n
                     splits += 1
                 allocated += s
@@ -383,9 +397,10 @@ class SplittingPool(Policy):
                     self.allocated = allocated
                     served(j, b)
             elif k == 2:                    # FREE: free, as above
-                b = pop(i, None)
-                if b is None:
+                h = handles.pop(i, None)
+                if h is None:
                     break
+                b = h
                 fsize[b] = FREED
                 freed_append(b)
                 allocated -= size[b]

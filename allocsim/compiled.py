@@ -1,0 +1,97 @@
+"""Which build runs: the modules the compiled build compiles, whether they are compiled here, and the stand-in
+for Cython's ``cython`` module that lets the same source run interpreted (docs/architecture.md, "The compiled
+build").
+
+A compiled module keeps its Python source as the definition: Cython compiles the ``.py`` file as it is (pure
+Python mode), reading the types its ``@cython.locals``/``@cython.cfunc`` decorators and its ``.pxd`` declare.
+Interpreted, the module imports `cython` from here when Cython is not installed: every decorator returns what
+it decorates, so the source runs as plain Python, with the same results bit for bit.
+
+``ALLOCSIM_INTERPRETED=1`` in the environment (read once, when this module is first imported) makes Python
+load the interpreted source of these modules even where a compiled build lies beside them: the tests walk
+both that way (tests/test_compiled.py).
+
+This file imports nothing of allocsim, so ``setup.py`` reads `COMPILED_MODULES` from it without importing
+the package.
+"""
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+#: The modules the compiled build compiles (``setup.py``), dotted.
+COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit")
+
+#: The environment variable that makes the compiled modules load from their Python source.
+INTERPRETED_ENV = "ALLOCSIM_INTERPRETED"
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _forced_interpreted() -> bool:
+    return os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
+
+
+def _module_path(name: str, suffix: str) -> str:
+    return os.path.join(_ROOT, *name.split(".")) + suffix
+
+
+def compiled_modules() -> list[str]:
+    """The modules of `COMPILED_MODULES` that Python loads compiled here (an extension module lies beside the
+    source, which Python's import takes first), none where ``ALLOCSIM_INTERPRETED`` is set."""
+    if _forced_interpreted():
+        return []
+    return [m for m in COMPILED_MODULES
+            if any(os.path.exists(_module_path(m, s)) for s in importlib.machinery.EXTENSION_SUFFIXES)]
+
+
+def build() -> str:
+    """Which build runs, in words (`allocsim --version`)."""
+    done = compiled_modules()
+    if not done:
+        return "interpreted"
+    left = [m for m in COMPILED_MODULES if m not in done]
+    return "compiled: " + ", ".join(done) + (f"; interpreted: {', '.join(left)}" if left else "")
+
+
+class _SourceFirst:
+    """A meta path finder that loads the modules of `COMPILED_MODULES` from their ``.py`` source."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in COMPILED_MODULES:
+            return None
+        source = _module_path(name, ".py")
+        return importlib.util.spec_from_file_location(name, source) if os.path.exists(source) else None
+
+
+if _forced_interpreted() and not any(isinstance(f, _SourceFirst) for f in sys.meta_path):
+    sys.meta_path.insert(0, _SourceFirst())
+
+
+class _Type:
+    """A C type's name, interpreted: what a declaration names and nothing else."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self):
+        return f"cython.{self.name}"
+
+
+def _as_is(f=None, **_):
+    """A decorator that changes nothing, usable bare (``@cython.cfunc``) or called (``@cython.locals(x=...)``)."""
+    return (lambda g: g) if f is None else f
+
+
+class cython:    # noqa: N801  (it stands for the module of that name)
+    """Cython's ``cython`` module as far as allocsim's compiled modules use it, interpreted: ``compiled`` is
+    False, the decorators change nothing, the types are names."""
+
+    compiled = False
+    cfunc = ccall = inline = staticmethod(_as_is)
+    locals = staticmethod(lambda **types: _as_is)
+    returns = staticmethod(lambda type_: _as_is)
+    longlong, double, Py_ssize_t, bint = (_Type(n) for n in ("longlong", "double", "Py_ssize_t", "bint"))

@@ -1,0 +1,5 @@
+# What Cython reads beside bestfit.py in the compiled build (docs/architecture.md, "The compiled build");
+# bestfit.py stays the definition (its @cython decorators type the fused loop's locals); interpreted, this is
+# not read.
+
+from allocsim.policies._sorted cimport first_at_least, file_key

@@ -1,0 +1,4 @@
+# What Cython reads beside split.py in the compiled build (docs/architecture.md, "The compiled build"); split.py
+# stays the definition (its @cython decorators type the hot loops' locals); interpreted, this is not read.
+
+from allocsim.policies._sorted cimport first_at_least, file_key

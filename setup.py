@@ -1,0 +1,63 @@
+"""Builds allocsim: the modules `allocsim/compiled.py` names are compiled with Cython (their Python source as it
+is, in pure Python mode) where Cython and a C compiler are at hand; else the interpreted modules are installed,
+with one line saying why (docs/architecture.md, "The compiled build"). Everything else is in pyproject.toml.
+
+``ALLOCSIM_INTERPRETED=1`` at install time skips the compiled build."""
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMPILED = runpy.run_path(os.path.join(HERE, "allocsim", "compiled.py"))
+FALLBACK = "allocsim: {}; installing the interpreted modules (same results, slower replays)"
+
+
+def say(why: str, error: Exception | None = None) -> None:
+    """The one line a build that falls back prints: why, and the error's first line."""
+    if error is not None:
+        first = (str(error).splitlines() or ["no message"])[0]
+        why += f" ({type(error).__name__}: {first if len(first) <= 120 else first[:117] + '...'})"
+    print(FALLBACK.format(why), file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """`build_ext` whose failure (no C compiler, a failed compile) leaves the interpreted modules in place."""
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:          # noqa: BLE001  (setuptools raises several kinds: any of them falls back)
+            say("no compiled build", e)
+
+    def build_extension(self, ext):
+        try:
+            super().build_extension(ext)
+        except Exception as e:          # noqa: BLE001
+            say(f"{ext.name} not compiled", e)
+
+
+def extensions() -> list:
+    if os.environ.get(COMPILED["INTERPRETED_ENV"], "") not in ("", "0"):
+        say(f"{COMPILED['INTERPRETED_ENV']} is set")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        say("Cython is not installed")
+        return []
+    from setuptools import Extension
+    mods = [Extension(m, [os.path.join(*m.split(".")) + ".py"]) for m in COMPILED["COMPILED_MODULES"]]
+    try:
+        return cythonize(mods, compiler_directives={"language_level": 3, "annotation_typing": False,
+                                                       "overflowcheck": True}, quiet=True)
+    except Exception as e:              # noqa: BLE001  (a Cython too old for pure Python mode, say)
+        say("Cython could not translate the modules", e)
+        return []
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

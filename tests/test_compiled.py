@@ -1,0 +1,99 @@
+"""The compiled build against the interpreted one (docs/architecture.md, "The compiled build").
+
+The suite itself runs whichever build this checkout holds. Here the differential checks — the fused loops
+against the plain walks (test_fast_path.py), the fast models against the reference models
+(test_reference_models.py) and every replay against the stored results (test_golden.py) — run once more
+against the other build, in a child process: the interpreted modules (``ALLOCSIM_INTERPRETED=1``) where a
+compiled build lies here, else a compiled build made in a copy of the package where Cython and a C compiler
+are at hand. Both must pass as they are: the results are the same bit for bit.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from allocsim.compiled import COMPILED_MODULES, INTERPRETED_ENV, build, compiled_modules
+from conftest import ROOT
+
+DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py"]
+
+
+def child_env(root: str, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != INTERPRETED_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                 if p and os.path.abspath(p) != ROOT])
+    return {**env, **extra}
+
+
+def run(args: list[str], root: str = ROOT, timeout: int = 1200, **extra) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=root, env=child_env(root, **extra), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_interpreted_env_loads_every_compiled_module_from_its_source():
+    code = ("import importlib, allocsim, allocsim.compiled as c\n"
+            "for m in c.COMPILED_MODULES:\n"
+            "    print(importlib.import_module(m).__file__)\n"
+            "print(c.build())")
+    out = run(["-c", code], **{INTERPRETED_ENV: "1"})
+    assert out.returncode == 0, out.stderr
+    *files, which = out.stdout.split("\n")[:-1]
+    assert len(files) == len(COMPILED_MODULES) and all(f.endswith(".py") for f in files), files
+    assert which == "interpreted"
+
+
+def test_version_says_which_build_runs():
+    here = run(["-m", "allocsim", "--version"])
+    interpreted = run(["-m", "allocsim", "--version"], **{INTERPRETED_ENV: "1"})
+    assert here.stdout.strip().endswith(f"({build()})"), here.stdout
+    assert interpreted.stdout.strip().endswith("(interpreted)"), interpreted.stdout
+    assert ("compiled: " in here.stdout) == bool(compiled_modules())
+
+
+def test_the_compiled_build_here_is_not_older_than_its_source():
+    """An in-place build (``python3 setup.py build_ext --inplace``) goes stale when its source changes after it:
+    Python would go on loading the old compiled module, and the suite would test that. Rebuild, or delete the
+    ``.so`` files."""
+    policies = os.path.join(ROOT, "allocsim", "policies")
+    shared = [os.path.join(policies, "_sorted.pxd")]
+    for name in compiled_modules():
+        base = os.path.join(ROOT, *name.split("."))
+        built = min(os.path.getmtime(p) for p in glob.glob(base + ".*.so") + glob.glob(base + ".*.pyd"))
+        sources = [p for p in [base + ".py", base + ".pxd", *shared] if os.path.exists(p)]
+        newer = [os.path.relpath(p, ROOT) for p in sources if os.path.getmtime(p) > built]
+        assert not newer, f"{name}: the compiled build is older than {', '.join(newer)}: rebuild it"
+
+
+def _compiled_copy(tmp_path) -> str:
+    """A copy of the package with its compiled build made in place (``setup.py build_ext --inplace``); skips
+    where Cython or a C compiler is missing (setup.py then says so and builds nothing)."""
+    pytest.importorskip("Cython", reason="no compiled build here, and no Cython to make one")
+    root = str(tmp_path / "src")
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out",
+                                                             ".hypothesis", "*.egg-info"))
+    out = run(["setup.py", "-q", "build_ext", "--inplace"], root=root, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    if "installing the interpreted modules" in out.stderr:
+        pytest.skip(out.stderr.strip().splitlines()[-1])
+    return root
+
+
+def test_differential_checks_pass_on_the_other_build(tmp_path):
+    """The differential test files, against the interpreted modules where this checkout is compiled, else
+    against a compiled copy."""
+    if compiled_modules():
+        out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], **{INTERPRETED_ENV: "1"})
+        other = "interpreted"
+    else:
+        root = _compiled_copy(tmp_path)
+        for name in ("tests", "traces"):        # the copy's own tests and traces are the checkout's
+            assert os.path.isdir(os.path.join(root, name))
+        out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], root=root)
+        assert "compiled: " in run(["-m", "allocsim", "--version"], root=root).stdout
+        other = "compiled"
+    assert out.returncode == 0, f"the {other} build fails the differential checks:\n{out.stdout[-4000:]}"
