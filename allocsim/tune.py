@@ -318,19 +318,20 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
     (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory; ``headroom``:
     the margin ``fastest`` keeps under their limit, a share of it or bytes). The replays run
-    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
-    pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
+    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included; ``jobs`` above 1: its workers),
+    else on one local process pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
     hears of each step as it starts and ends."""
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     from contextlib import nullcontext
     from .sweep import process_pool
     with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
-        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress, headroom)
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress, headroom,
+                       jobs if executor is not None and jobs > 1 else None)
 
 
 def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None,
-            headroom: float | int = HEADROOM) -> Tuning:
+            headroom: float | int = HEADROOM, slots: int | None = None) -> Tuning:
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
     t = cached_trace(trace)
     check_caps([cap], capacity, t)
@@ -355,7 +356,8 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     jobs = [(cell, settings, Space.least_costs(c, costs), ooms) for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     room = None if headroom_bytes is None else target.limit - headroom_bytes
-    rows = _replay_all(jobs, order, ex, objective, room, top)
+    slots = slots or _workers(ex)
+    rows = _replay_all(jobs, order, ex, objective, room, top, slots)
     for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
@@ -372,7 +374,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
         walked = [r for r in out.shown if r["recorded"] or r["pareto"]]
         step.start(f"capacity walks of {len(walked)} settings")
-        n = _fit_all(trace, walked, settings, ex)
+        n = _fit_all(trace, walked, settings, ex, slots, target.cap)
         out.replays += n
         step.end(f"capacity walks of {len(walked)} settings: {n} replays")
     return out
@@ -405,10 +407,11 @@ def nearest_first(keys: list) -> list:
     return sorted(keys, key=distance)          # stable: the space's order among equals
 
 
-def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int) -> list[dict]:
+def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
+                slots: int = 1) -> list[dict]:
     """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
-    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here) as many at a time as it
-    has workers. The rows in the order of ``jobs``."""
+    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` at a time.
+    The rows in the order of ``jobs``."""
     rows: list = [None] * len(jobs)
     done: list[dict] = []
 
@@ -421,7 +424,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
             done.append(rows[i])
         return rows
     from concurrent.futures import FIRST_COMPLETED, wait
-    waiting, flying, slots = iter(order), {}, _workers(ex)
+    waiting, flying = iter(order), {}
     try:
         while True:
             while len(flying) < slots:
@@ -518,14 +521,15 @@ def _to_come(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kept[1]
 
 
-def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
-    """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took.
-    The walk varies the cap, so rows of one spec (a pool under several caps) share one walk; the walks run
-    together, as many replays at a time as ``ex`` has workers (`allocsim.fit.fit_many`)."""
+def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int, top: int | None = None) -> int:
+    """Each row's certified safe capacity (`fit_capacity`; under a cap ``top``, the walk starts there: the
+    smallest allowed memory from which every larger one up to the cap fits), stored in the row; the number of
+    replays it took. The walk varies the cap, so rows of one spec (a pool under several caps) share one walk;
+    the walks run together, ``slots`` replays at a time (`allocsim.fit.fit_many`)."""
     from .fit import fit_many
     specs = list(dict.fromkeys(r["spec"] for r in rows))
-    fits = fit_many([dict(trace=trace, policy=PolicySpec.parse(s), settings=settings, islands=False) for s in specs],
-                    ex, _workers(ex))
+    fits = fit_many([dict(trace=trace, policy=PolicySpec.parse(s), settings=settings, islands=False, top=top)
+                     for s in specs], ex, slots)
     by_spec = dict(zip(specs, fits))
     for r in rows:
         f = by_spec[r["spec"]]

@@ -15,8 +15,8 @@ from ..tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..spec import PolicySpec
 from ..report.tune import tune_report
-from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, capacity_arg, cost_model_arg,
-                      load_trace, positive_size, say_snapshot_written)
+from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_jobs_argument, capacity_arg,
+                      check_scheduler, cost_model_arg, dask_cluster, load_trace, positive_size, say_snapshot_written)
 
 NAME = "tune"
 HELP = "search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, pool caps)"
@@ -41,6 +41,7 @@ def add_arguments(p):
                    help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
     add_jobs_argument(p)
+    add_dask_arguments(p)
     add_cost_model_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     p.add_argument("--plot", metavar="OUT", help="draw the Pareto frontier of peak reserved vs allocation time "
@@ -80,6 +81,7 @@ def _as_trace(path: str):
 
 def _tune(args, path: str) -> int:
     from ..errors import UsageError
+    check_scheduler(args)
     claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
                   force=args.force)
     if args.plot:
@@ -102,9 +104,11 @@ def _tune(args, path: str) -> int:
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)
     try:
-        res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective, headroom=headroom,
-                   jobs=args.jobs, top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
-                   settings=Settings(ReplaySettings(costs=costs)), progress=progress)
+        with dask_cluster(args) as (executor, workers):
+            res = tune(path, capacity=capacity_arg(args.capacity), cap=cap, objective=args.objective,
+                       headroom=headroom, jobs=workers or args.jobs, top=args.top, fit=not args.no_fit,
+                       max_replays=args.max_replays, settings=Settings(ReplaySettings(costs=costs)),
+                       progress=progress, executor=executor)
     finally:
         progress.close()
     res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
