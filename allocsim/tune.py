@@ -521,7 +521,7 @@ def _to_come(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kept[1]
 
 
-def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int, top: int | None = None) -> int:
+def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None) -> int:
     """Each row's certified safe capacity (`fit_capacity`; under a cap ``top``, the walk starts there: the
     smallest allowed memory from which every larger one up to the cap fits), stored in the row; the number of
     replays it took. The walk varies the cap, so rows of one spec (a pool under several caps) share one walk;
