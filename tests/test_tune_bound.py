@@ -13,7 +13,7 @@ from allocsim.replay import Replay
 from allocsim.sweep import Cell, cached_trace, run_cell
 from allocsim.tune import SLACK, Bound, Space, Target, _to_come, tune
 
-from test_tune import STEPS, torch_trace
+from test_tune import STEPS, small_grid, torch_trace  # noqa: F401 (small_grid: a fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -52,15 +52,6 @@ def check_same_answer(monkeypatch, path, **kw):
             for k in ("peak_reserved_bytes", "total_time_seconds", "device_mallocs"):
                 assert ra[k] >= low[k], (ra["setting"], k)
     return bounded
-
-
-@pytest.fixture
-def small_grid(monkeypatch):
-    from allocsim.spaces import torch as torch_space
-    monkeypatch.setattr(torch_space, "TORCH_MAX_SPLIT_MB", (None, 32, 512))
-    monkeypatch.setattr(torch_space, "TORCH_DIVISIONS", (None, "2", "[64:8,256:4,>:2]"))
-    monkeypatch.setattr(torch_space, "TORCH_NON_SPLIT_MB", (20, 64))
-    monkeypatch.setattr(torch_space, "TORCH_GC_THRESHOLDS", (None, 0.6))
 
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

@@ -105,6 +105,9 @@ def fits_legend(rows: list[dict], target=None) -> str:
                 "without OOM")
     else:
         text = "fits on: the smallest GPU (device memory) from which every larger one replays without OOM"
-    if any((smallest_fit(r, target) or (0, None))[1] for r in rows if "fit_capacity_bytes" in r):
+    fits = [smallest_fit(r, target) or (0, None) for r in rows if "fit_capacity_bytes" in r]
+    if target is not None and target.cap is not None and any(n > target.cap for n, _ in fits):
+        text += " (a figure above the cap: it runs out under the cap, and fits from there)"
+    if any(bound for _, bound in fits):
         text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text
