@@ -13,7 +13,10 @@ from allocsim.replay import Replay
 from allocsim.sweep import Cell, cached_trace, run_cell
 from allocsim.tune import SLACK, Bound, Space, Target, _to_come, tune
 
-from test_tune import STEPS, small_grid, torch_trace  # noqa: F401 (small_grid: a fixture)
+import test_tune
+from test_tune import STEPS, torch_trace
+
+small_grid = test_tune.small_grid      # the fixture: test_tune's small space
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
