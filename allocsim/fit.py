@@ -197,8 +197,9 @@ class Walk:
     def result(self) -> dict:
         out = {"policy": self.spec.name, "options": self.spec.option_text, "runtime": self.runtime,
                "capacity_bytes": None, "threshold": self.threshold, "island_bytes": None, "load_bytes": self.load,
-               "unlimited_peak_bytes": self.peak, "top_bytes": self.top,
-               "replays": self.replays}
+               "unlimited_peak_bytes": self.peak, "replays": self.replays}
+        if self.top is not None:        # `fit` itself walks with no cap over it: its JSON stays as it was
+            out["top_bytes"] = self.top
         if self.passed_unlimited:
             out.update(capacity_bytes=self.safe, island_bytes=self.island)
         return out
