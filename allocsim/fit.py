@@ -231,7 +231,12 @@ def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=N
     if the usual outcomes come (`Walk.ahead`), every walk in turn. A walk reads the outcomes in its own order,
     so every answer (and its replay count) is the sequential walk's; a replay ahead that the walk skips is
     not counted. ``on_replay()`` hears of each replay a walk takes, ``on_fit(i, result)`` of each fit as it ends."""
-    walks = [walk_of(**f) for f in fits]
+    return walk_all([walk_of(**f) for f in fits], ex, slots, on_replay, on_fit)
+
+
+def walk_all(walks: list[Walk], ex=None, slots: int = 1, on_replay=None, on_fit=None) -> list[dict]:
+    """`fit_many` of walks already made (`walk_of`), some perhaps already on their way (`tune` starts one while
+    it replays its settings): each goes on from where it is."""
     if ex is None:
         for i, w in enumerate(walks):
             while not w.done:

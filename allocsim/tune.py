@@ -357,7 +357,10 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     room = None if headroom_bytes is None else target.limit - headroom_bytes
     slots = slots or _workers(ex)
-    rows = _replay_all(jobs, order, ex, objective, room, top, slots)
+    from .fit import walk_of
+    recorded_walk = walk_of(trace, chosen[0].spec, settings=settings, islands=False, top=target.cap) \
+        if fit and ex is not None else None     # it is always walked: it goes on beside the settings' replays
+    rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk)
     for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
@@ -374,7 +377,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
         walked = [r for r in out.shown if r["recorded"] or r["pareto"]]
         step.start(f"capacity walks of {len(walked)} settings")
-        n = _fit_all(trace, walked, settings, ex, slots, target.cap)
+        n = _fit_all(trace, walked, settings, ex, slots, target.cap, recorded_walk)
         out.replays += n
         step.end(f"capacity walks of {len(walked)} settings: {n} replays")
     return out
@@ -408,10 +411,12 @@ def nearest_first(keys: list) -> list:
 
 
 def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
-                slots: int = 1) -> list[dict]:
+                slots: int = 1, walk=None) -> list[dict]:
     """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
     done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` at a time.
-    The rows in the order of ``jobs``."""
+    The rows in the order of ``jobs``. ``walk`` (an `allocsim.fit.Walk`) takes one of the slots while the rows
+    are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
+    would otherwise run after them with the other workers idle."""
     rows: list = [None] * len(jobs)
     done: list[dict] = []
 
@@ -424,21 +429,27 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
             done.append(rows[i])
         return rows
     from concurrent.futures import FIRST_COMPLETED, wait
-    waiting, flying = iter(order), {}
+    from .fit import probe
+    waiting, flying, left = iter(order), {}, len(order)
     try:
-        while True:
+        while left or flying:
+            if left and walk is not None and not walk.done and None not in flying.values():
+                flying[ex.submit(probe, walk.task(walk.need))] = None
             while len(flying) < slots:
                 i = next(waiting, None)
                 if i is None:
                     break
                 flying[ex.submit(_replay_job, task(i))] = i
-            if not flying:
-                return rows
             finished, _ = wait(flying, return_when=FIRST_COMPLETED)
             for f in finished:
                 i = flying.pop(f)
+                if i is None:
+                    walk.take(f.result())
+                    continue
                 rows[i] = f.result()
                 done.append(rows[i])
+                left -= 1
+        return rows
     finally:
         for f in flying:
             f.cancel()
@@ -521,15 +532,18 @@ def _to_come(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kept[1]
 
 
-def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None) -> int:
+def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None,
+             started=None) -> int:
     """Each row's certified safe capacity (`fit_capacity`; under a cap ``top``, the walk starts there: the
     smallest allowed memory from which every larger one up to the cap fits), stored in the row; the number of
     replays it took. The walk varies the cap, so rows of one spec (a pool under several caps) share one walk;
-    the walks run together, ``slots`` replays at a time (`allocsim.fit.fit_many`)."""
-    from .fit import fit_many
+    the walks run together, ``slots`` replays at a time (`allocsim.fit.walk_all`); ``started``: a walk already on
+    its way (its spec's: the recorded settings')."""
+    from .fit import walk_all, walk_of
     specs = list(dict.fromkeys(r["spec"] for r in rows))
-    fits = fit_many([dict(trace=trace, policy=PolicySpec.parse(s), settings=settings, islands=False, top=top)
-                     for s in specs], ex, slots)
+    walks = [started if started is not None and s == str(started.spec) else
+             walk_of(trace, PolicySpec.parse(s), settings=settings, islands=False, top=top) for s in specs]
+    fits = walk_all(walks, ex, slots)
     by_spec = dict(zip(specs, fits))
     for r in rows:
         f = by_spec[r["spec"]]

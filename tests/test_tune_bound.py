@@ -153,3 +153,19 @@ def test_tune_runs_on_a_local_dask_cluster(tmp_path, capsys):
     assert all(ra == rb for ra, rb in zip(rows_a, rows_b) if ra["peak_reserved_bytes"] and rb["peak_reserved_bytes"])
     out = run_cli("tune", path, "--scheduler", " ")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--scheduler" in out.stderr
+
+
+def test_the_recorded_walk_beside_the_settings_gives_the_walk_alone():
+    """On an executor the recorded settings' capacity walk goes on while the settings replay: the same "fits on"
+    figures and replay counts as walked after them, in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    alone = tune(path, jobs=1, max_replays=20)
+    with ThreadPoolExecutor(2) as ex:
+        beside = tune(path, jobs=2, executor=ex, max_replays=20)
+    assert alone.replays == beside.replays
+    assert alone.recorded["fit_capacity_bytes"] is not None
+    for a, b in zip(alone.shown, beside.shown):
+        assert a["setting"] == b["setting"]
+        assert (a.get("fit_capacity_bytes"), a.get("fit_threshold")) == (b.get("fit_capacity_bytes"),
+                                                                          b.get("fit_threshold"))
