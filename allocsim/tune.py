@@ -38,7 +38,8 @@ The search is exhaustive over what can differ, and replays nothing twice:
    capacity walk (`fit_capacity`, tens of replays each).
 4. **Parallel**: the distinct settings are cells replayed by the process pool
    `compare` and `fit` use (``-j``), or by any executor given (Dask's included), as many at a time as
-   it has workers, each with the bound as it stands when it starts.
+   it has workers, each with the bound as it stands when it starts. The recorded settings' capacity walk
+   (always shown: a chain of replays, each chosen by the one before) takes one of the workers meanwhile.
 
 With ``max_replays``, the settings nearest the recorded ones (fewest options
 changed) are replayed first, and the answer is the best of those.
