@@ -63,7 +63,7 @@ from .filenames import shown_name
 from .frameworks.torch import N_DIVISION_INTERVALS
 from .capacity import check_caps, device_capacity
 from .metrics import COLUMNS
-from .replay import Replay, driving
+from .replay import Replay, driving, driving_count
 from .spaces import space_of
 from .spaces import torch as torch_space
 from .spec import PolicySpec
@@ -495,42 +495,51 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> 
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
     final peak reserved, modeled time (the clock plus ``least``'s per ALLOC and FREE still to come) and
     device mallocs."""
-    allocs, frees, at = _to_come(r.trace)
-    n = len(at)
-    after = int(np.searchsorted(at, ooms[-1][0], side="right")) if ooms else 0
-    window = min(max(n // 64, WINDOW), 4096)
+    n, window, allocs, frees, at = _to_come(r.trace)
     dev, (per_alloc, per_free) = r.device, least
     while True:
         r.step(window)
         d = r.events_done
         if r.at_end or d >= n:
             return None
-        if d < after:
+        k = d // window             # a step walks ``window`` events unless it ends (or stops at an OOM)
+        if at[k] <= (ooms[-1][0] if ooms else -1):
             continue
-        clock = float(dev.clock + allocs[d] * per_alloc + frees[d] * per_free) * (1 - SLACK)
+        clock = float(dev.clock + allocs[k] * per_alloc + frees[k] * per_free) * (1 - SLACK)
         if bound.hopeless(dev.peak_reserved, clock, dev.n_malloc):
-            return {"event": int(at[d]), "peak_reserved_bytes": dev.peak_reserved, TIME: clock,
+            return {"event": int(at[k]), "peak_reserved_bytes": dev.peak_reserved, TIME: clock,
                     "device_mallocs": dev.n_malloc}
 
 
 _TO_COME: dict = {}
 
 
-def _to_come(trace: Trace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per driving event ``d`` of ``trace`` (`allocsim.replay.driving`), the ALLOCs and the FREEs from ``d`` on
-    (one entry more: none), and the trace index of each driving event; kept for the trace's next replays."""
-    kept = _TO_COME.get(id(trace))
-    if kept is None or kept[0] is not trace:
-        parts = [(local + start, rec["kind"][local]) for start, rec, local in driving(trace)]
-        at = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64)
-        kinds = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int8)
-
-        def from_on(mask):
-            return np.append(np.cumsum(mask[::-1])[::-1], 0)
-        if len(_TO_COME) >= 4:
-            _TO_COME.clear()
-        kept = _TO_COME[id(trace)] = (trace, (from_on(kinds == ALLOC), from_on(kinds == FREE), at))
-    return kept[1]
+def _to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """``(n, window, allocs, frees, at)`` of ``trace``: its ``n`` driving events (`allocsim.replay.driving`), the
+    ``window`` a bounded replay is checked every (1/64 of them, `WINDOW` to 4,096), and at each multiple ``k`` of
+    it the ALLOCs and the FREEs from there on and the trace index of the event there (memory: 24 bytes a window,
+    not an event); kept for the trace's next replays."""
+    kept = _TO_COME.get((id(trace), WINDOW))
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    n = driving_count(trace)
+    window = min(max(n // 64, WINDOW), 4096)
+    before_a, before_f, at = [], [], []
+    done = n_alloc = n_free = 0
+    for start, rec, local in driving(trace):
+        kinds = rec["kind"][local]
+        is_alloc, is_free = np.cumsum(kinds == ALLOC), np.cumsum(kinds == FREE)
+        p = np.arange(-done % window, len(local), window)       # the multiples of ``window`` in this chunk
+        before_a.append(n_alloc + np.where(p > 0, is_alloc[p - 1], 0))
+        before_f.append(n_free + np.where(p > 0, is_free[p - 1], 0))
+        at.append(local[p] + start)
+        done, n_alloc, n_free = done + len(local), n_alloc + int(is_alloc[-1]), n_free + int(is_free[-1])
+    join = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    out = (n, window, n_alloc - join(before_a), n_free - join(before_f), join(at))
+    if len(_TO_COME) >= 4:
+        _TO_COME.clear()
+    _TO_COME[id(trace), WINDOW] = (trace, out)
+    return out
 
 
 def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None,

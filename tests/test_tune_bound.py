@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import allocsim.tune as tune_mod
-from allocsim.replay import Replay
+from allocsim.replay import Replay, driving
+from allocsim.trace import ALLOC, FREE
 from allocsim.sweep import Cell, cached_trace, run_cell
 from allocsim.tune import SLACK, Bound, Space, Target, _to_come, tune
 
@@ -117,7 +118,11 @@ def test_each_event_to_come_costs_at_least_the_spaces_least(name, cap):
     t = cached_trace(path)
     space = Space(t, Target(None, cap))
     candidates = space.candidates()
-    allocs, frees, _ = _to_come(t)
+    kinds = np.concatenate([rec["kind"][local] for _, rec, local in driving(t)])
+    allocs, frees = (np.append(np.cumsum((kinds == k)[::-1])[::-1], 0) for k in (ALLOC, FREE))
+    n, window, w_allocs, w_frees, at = _to_come(t)         # what the bound reads: the same, every window
+    assert n == len(kinds) and (w_allocs == allocs[::window][:len(w_allocs)]).all()
+    assert (w_frees == frees[::window][:len(w_frees)]).all() and len(at) == -(-n // window)
     checked = 0
     for c in candidates[:: max(1, len(candidates) // 24)]:
         per_alloc, per_free = Space.least_costs(c, None)
