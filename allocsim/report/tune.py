@@ -16,7 +16,7 @@ def tune_report(res, took: float) -> str:
              f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
              + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
              + f"; {res.replays} replays in {took:.1f}s"
-             + (f" ({res.pruned} stopped early: dominated, they could not be a finalist)" if res.pruned else ""), ""]
+             + (" (those that could not be a finalist stopped early)" if res.pruned else ""), ""]
     best = res.best
     if best is None:
         lines.append("no setting fits this target; the table shows the ones that got furthest")
