@@ -13,7 +13,8 @@ policy's own comparisons reported by `SimulatedDevice.note`): the replay at C
 goes exactly the same way at every C' from the largest granted need S to the
 smallest refused need F minus one, so one replay certifies the grid points of
 [S, F − 1] (`ReplayResult.certified_limits`). The walk starts from the
-unlimited replay (which certifies its peak and up), probes the grid point just
+unlimited replay (which certifies from the largest need it granted up: its peak, or more where a policy
+asked for more than it took), probes the grid point just
 below the lowest certified one, and stops at the first OOM: every replay
 certifies at least its own cap, and usually many more.
 
@@ -39,6 +40,12 @@ a worker left over replays a cap a walk will need if the usual outcome comes (a 
 from the peak certifies its own grid point alone, a bisection probe fails: `Walk.ahead`).
 Each walk reads the outcomes in its own order, so its answer and replay count are those of
 the walk alone; a replay ahead that the walk skips is work lost, never a different answer.
+
+Up to a cap (``top``, `tune --cap`): the question is then the smallest allowed memory from which every
+larger one *up to the cap* fits. Where the unlimited peak lies above the cap, the walk goes on from a
+replay at the cap itself (which certifies its own cap and below, down to the largest need it granted),
+not from the peak: the caps above it cost no replay (a setting whose peak lies far above the cap used to
+spend its whole budget up there). Where the peak lies below the cap, the walk is the one without ``top``.
 
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;
@@ -66,13 +73,15 @@ class Probe:
     lowest: int
     load: int
     peak: int
+    pinned: bool = False        # it certifies its own cap alone (the policy read the cap's value)
 
 
 def probe(args) -> Probe:
     """Replay ``(trace, spec, cap, runtime, settings)`` (a worker's task: the trace stays loaded, `cached_trace`)."""
     trace, spec, cap, runtime, settings = args
     row, res = run_cell(Cell(trace, spec, cap, runtime), settings, full=True)
-    return Probe(not row["ooms"], res.certified_limits[0], row["load_bytes"], row["peak_reserved_bytes"])
+    lo, hi = res.certified_limits
+    return Probe(not row["ooms"], lo, row["load_bytes"], row["peak_reserved_bytes"], lo == hi)
 
 
 class Walk:
@@ -81,13 +90,14 @@ class Walk:
     ahead on guessed outcomes (`ahead`): the caps a parallel walk replays before the walk asks for them."""
 
     def __init__(self, trace: str, spec: PolicySpec, runtime: str, settings: Settings | None, resolution: int,
-                 islands: bool, max_replays: int):
+                 islands: bool, max_replays: int, top: int | None = None):
         if resolution < 1:
             from .errors import UsageError
             raise UsageError(f"fit resolution must be at least 1 byte, got {resolution}")
         self.trace, self.spec, self.runtime, self.settings = trace, spec, runtime, settings
         self.resolution, self.islands, self.max_replays = resolution, islands, max_replays
         self.replays = 0
+        self.top = top
         self.phase = "unlimited"        # then "down" from the peak, "islands" below the safe cap, "done"
         self.need: int | None = None
         self.load = self.peak = self.safe = self.island = None
@@ -112,11 +122,16 @@ class Walk:
                 self.phase = "done"
                 return
             self.floor = max(p.load, 1)     # below LOAD every replay fails; a cap of 0 means none
-            self.safe = p.peak
+            # what it certifies: from the largest need it granted (above its peak where the policy asked for more
+            # than it got: expandable segments' `fits`); pinned, nothing else, and the walk goes on from the peak
+            self.safe = p.peak if p.pinned else p.lowest
+            if self.top is not None and self.safe > self.top:     # above the cap: nothing to replay
+                self.phase, self.need = "down", self.top
+                return
             self._down()
         elif self.phase == "down":
-            if p.passed:
-                self.safe = -(-p.lowest // res) * res      # the lowest grid point certified
+            if p.passed:        # the lowest grid point certified (at ``top``, not above it)
+                self.safe = min(-(-p.lowest // res) * res, self.need)
                 self._down()
             else:
                 self._to_islands()
@@ -183,6 +198,8 @@ class Walk:
         out = {"policy": self.spec.name, "options": self.spec.option_text, "runtime": self.runtime,
                "capacity_bytes": None, "threshold": self.threshold, "island_bytes": None, "load_bytes": self.load,
                "unlimited_peak_bytes": self.peak, "replays": self.replays}
+        if self.top is not None:        # `fit` itself walks with no cap over it: its JSON stays as it was
+            out["top_bytes"] = self.top
         if self.passed_unlimited:
             out.update(capacity_bytes=self.safe, island_bytes=self.island)
         return out
@@ -190,21 +207,22 @@ class Walk:
 
 def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple = (),
                  settings: Settings | None = None, resolution: int = MiB, islands: bool = True,
-                 on_replay=None, max_replays: int = MAX_REPLAYS) -> dict:
+                 on_replay=None, max_replays: int = MAX_REPLAYS, top: int | None = None) -> dict:
     """The safe capacity of ``policy`` (a `PolicySpec` or its text, ``options`` added) on ``trace`` (see
-    the module docstring), and any island below it.
+    the module docstring; ``top``: up to that cap, the walk starting there), and any island below it.
 
     ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
     the cap behaves differently at every grid point, so its walk takes one replay per point)."""
     (out,) = fit_many([dict(trace=trace, policy=policy, runtime=runtime, options=options, settings=settings,
-                            resolution=resolution, islands=islands, max_replays=max_replays)], on_replay=on_replay)
+                            resolution=resolution, islands=islands, max_replays=max_replays, top=top)],
+                      on_replay=on_replay)
     return out
 
 
 def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), settings: Settings | None = None,
-            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS) -> Walk:
-    """The walk of `fit_capacity` (same arguments), not started."""
-    return Walk(trace, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays)
+            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS, top: int | None = None) -> Walk:
+    """The walk of `fit_capacity` (same arguments; ``top``: start at that cap, module docstring), not started."""
+    return Walk(trace, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays, top)
 
 
 def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=None) -> list[dict]:
@@ -213,7 +231,12 @@ def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=N
     if the usual outcomes come (`Walk.ahead`), every walk in turn. A walk reads the outcomes in its own order,
     so every answer (and its replay count) is the sequential walk's; a replay ahead that the walk skips is
     not counted. ``on_replay()`` hears of each replay a walk takes, ``on_fit(i, result)`` of each fit as it ends."""
-    walks = [walk_of(**f) for f in fits]
+    return walk_all([walk_of(**f) for f in fits], ex, slots, on_replay, on_fit)
+
+
+def walk_all(walks: list[Walk], ex=None, slots: int = 1, on_replay=None, on_fit=None) -> list[dict]:
+    """`fit_many` of walks already made (`walk_of`), some perhaps already on their way (`tune` starts one while
+    it replays its settings): each goes on from where it is."""
     if ex is None:
         for i, w in enumerate(walks):
             while not w.done:

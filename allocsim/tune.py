@@ -16,6 +16,15 @@ The search is exhaustive over what can differ, and replays nothing twice:
    brute-forces small spaces and compares every point's replay with its class's).
 2. **First OOM stops a replay**: a setting that fails at the target stops there
    (the default replay does) and is out of the running.
+2b. **Branch and bound**: a replay also stops as soon as it cannot matter any more (`Bound`): its
+   figures so far are lower bounds of its final ones (peak reserved, device mallocs and the modeled clock
+   only grow; the clock grows by at least the space's least cost of each event still to come,
+   `least_costs`), and once they rank it below the ``top`` best settings replayed to the end *and* one of
+   those strictly dominates it (no better in reserved and time, better in one), it can be neither a
+   finalist nor on the frontier: every figure the report and ``--json`` show is the exhaustive search's.
+   The row keeps what it reached (``pruned``: lower bounds) instead of figures. The recorded settings
+   run to the end (the baseline), then the settings the space expects to be good (`Space.order`), so
+   that a tight bound comes early; no replay stops before the last recorded OOM (the rescue reads them all).
 3. **Dominated settings are pruned** before the costly step: of the replayed
    settings that fit, only the Pareto frontier of (peak reserved, modeled
    time) can hold the best setting of any objective (``fastest``, the default:
@@ -28,7 +37,9 @@ The search is exhaustive over what can differ, and replays nothing twice:
    recorded settings and the frontier among the best few get the certified
    capacity walk (`fit_capacity`, tens of replays each).
 4. **Parallel**: the distinct settings are cells replayed by the process pool
-   `compare` and `fit` use (``-j``), or by any executor given (Dask's included).
+   `compare` and `fit` use (``-j``), or by any executor given (Dask's included), as many at a time as
+   it has workers, each with the bound as it stands when it starts. The recorded settings' capacity walk
+   (always shown: a chain of replays, each chosen by the one before) takes one of the workers meanwhile.
 
 With ``max_replays``, the settings nearest the recorded ones (fewest options
 changed) are replayed first, and the answer is the best of those.
@@ -36,25 +47,28 @@ changed) are replayed first, and the answer is the best of those.
 OOM rescue: for each ``OOM`` record of the trace (a request the recorded run
 failed) the replay's walk gives the request to the policy where it was made:
 a setting that fails it again counts an OOM there (and does not fit); one that
-serves it lists it in ``ooms_avoided``. `rescue` replays every distinct setting
-once more through a `Replay` to read the headroom left under the target while
-the request was held (limit − reserved).
+serves it lists it in ``ooms_avoided``. The setting's own replay reads the headroom
+left under the target while the request was held (limit − reserved, `rescue_of`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .costs import CostModel
 from .errors import UsageError
+from .filenames import shown_name
 from .frameworks.torch import N_DIVISION_INTERVALS
 from .capacity import check_caps, device_capacity
-from .replay import Replay
+from .metrics import COLUMNS
+from .replay import Replay, driving, driving_count
 from .spaces import space_of
 from .spaces import torch as torch_space
 from .spec import PolicySpec
-from .sweep import Cell, Settings, run_cell
-from .trace import ALLOC, Trace
+from .sweep import Cell, Settings, cached_trace, result_row
+from .trace import ALLOC, FREE, Trace
 from .trace.events import OOM
 from .units import fmt_bytes
 
@@ -141,6 +155,17 @@ class Space:
         v = space_of(c.spec.policy_class().framework).canonical(self, c.spec.values())
         return (c.spec.ref, tuple(sorted(v.items())), c.cap)
 
+    @staticmethod
+    def order(c: Candidate) -> int:
+        """Smaller for a candidate its space expects to be good (replayed early, for a tight bound: step 2b)."""
+        return space_of(c.spec.policy_class().framework).promise(c.spec.values())
+
+    @staticmethod
+    def least_costs(c: Candidate, costs: CostModel | None) -> tuple[float, float]:
+        """The least modeled seconds each ALLOC and each FREE still to come adds to a replay's clock under
+        ``c`` (`Bound`)."""
+        return space_of(c.spec.policy_class().framework).least_costs(c.spec.ref, costs or CostModel())
+
 
 # ---- the search -----------------------------------------------------------------------------
 def score(row: dict, objective: str, best: tuple = (1, 1), room: int | None = None):
@@ -156,6 +181,11 @@ def score(row: dict, objective: str, best: tuple = (1, 1), room: int | None = No
     return (r / max(best[0], 1) + t / max(best[1], 1e-12), r, t)
 
 
+def fits(row: dict) -> bool:
+    """Whether a row's setting fits the target: replayed to the end (not pruned) without an OOM."""
+    return row.get("pruned") is None and not row["ooms"]
+
+
 def pareto(rows: list[dict]) -> list[dict]:
     """The rows no other row beats in both peak reserved and modeled time (ties kept once), by reserved."""
     out, best_t = [], float("inf")
@@ -169,7 +199,7 @@ def pareto(rows: list[dict]) -> list[dict]:
 def ranked(rows: list[dict], objective: str, room: int | None = None) -> list[dict]:
     """The fitting rows, best first under ``objective`` (the best is on the frontier, whatever the objective;
     ``room``: `score`'s); with none fitting, the rows that got furthest before their first OOM."""
-    fitting = [r for r in rows if not r["ooms"]]
+    fitting = [r for r in rows if fits(r)]
     if not fitting:
         return sorted(rows, key=lambda r: -(r["first_oom_event"] or 0))
     front = pareto(fitting)
@@ -189,6 +219,45 @@ def margin(target: "Target", headroom: float | int) -> int | None:
     return int(limit * headroom) if isinstance(headroom, float) else int(headroom)
 
 
+#: The clock's lower bound is taken this much lower (relative): the final clock is a sum of floats, each
+#: addition rounded, so it may fall short of the exact sum by far less than this.
+SLACK = 1e-9
+#: A bounded replay is checked every this many driving events at least (every 1/64 of the trace, to 4,096).
+WINDOW = 256
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a replay must still be able to beat (module docstring, step 2b): ``worst``, the `score` of the
+    ``top``-th best fitting row replayed to the end, and ``front``, the (peak reserved, modeled time) of the
+    Pareto frontier of those rows. A replay whose figures so far (lower bounds of its final ones) score
+    worse than ``worst`` and are strictly dominated by a point of ``front`` can be neither a finalist nor on
+    the frontier, whatever it does next."""
+
+    objective: str
+    room: int | None
+    worst: tuple
+    front: tuple
+
+    def hopeless(self, reserved: int, clock: float, mallocs: int) -> bool:
+        """Whether a replay that has reserved ``reserved`` at its peak, made ``mallocs`` device mallocs and
+        will end with a clock of at least ``clock`` can stop."""
+        partial = {"peak_reserved_bytes": reserved, TIME: clock, "device_mallocs": mallocs}
+        if not score(partial, self.objective, room=self.room) > self.worst:
+            return False
+        return any((r < reserved and t <= clock) or (r <= reserved and t < clock) for r, t in self.front)
+
+
+def bound_of(done: list[dict], objective: str, room: int | None, top: int) -> Bound | None:
+    """The `Bound` the rows replayed to the end so far (``done``) set; None while fewer than ``top`` of them
+    fit, or under ``both`` (whose score reads the frontier's best values, not known before the end)."""
+    fitting = [r for r in done if fits(r)]
+    if objective == "both" or len(fitting) < top:
+        return None
+    worst = sorted(score(r, objective, room=room) for r in fitting)[top - 1]
+    return Bound(objective, room, worst, tuple((r["peak_reserved_bytes"], r[TIME]) for r in pareto(fitting)))
+
+
 @dataclass
 class Tuning:
     """What `tune` found; `to_dict` is the ``--json`` output."""
@@ -206,6 +275,7 @@ class Tuning:
     bounded: bool = False
     rescue: list[dict] = field(default_factory=list)
     headroom_bytes: int | None = None     # the margin ``fastest`` keeps under the limit (None: no limit)
+    pruned: int = 0                       # settings whose replay stopped early: they could not matter (`Bound`)
 
     @property
     def room(self) -> int | None:
@@ -215,6 +285,11 @@ class Tuning:
     @property
     def recorded(self) -> dict:
         return self.rows[0]
+
+    @property
+    def fitting(self) -> list[dict]:
+        """The rows whose setting fits (`fits`), in the rows' order."""
+        return [r for r in self.rows if fits(r)]
 
     @property
     def shown(self) -> list[dict]:
@@ -231,7 +306,8 @@ class Tuning:
                 "cap_bytes": self.target.cap, "objective": self.objective,
                 "headroom_bytes": self.headroom_bytes, "settings_total": self.settings_total,
                 "settings_distinct": self.settings_distinct,
-                "settings_replayed": len(self.rows), "replays": self.replays, "bounded": self.bounded,
+                "settings_replayed": len(self.rows), "settings_pruned": self.pruned, "replays": self.replays,
+                "bounded": self.bounded,
                 "recommended": self.best and conf_lines(self.best), "recorded": self.recorded,
                 "finalists": self.finalists, "frontier": [r["setting"] for r in self.frontier],
                 "rescue": self.rescue, "candidates": self.rows}
@@ -243,21 +319,21 @@ def tune(trace: str, *, capacity="trace", cap: int | None = None, objective: str
     """Search the allocator settings of ``trace`` for the best under ``objective`` at the target
     (``capacity``: device memory, "trace" for the recorded device's; ``cap``: allowed memory; ``headroom``:
     the margin ``fastest`` keeps under their limit, a share of it or bytes). The replays run
-    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included), else on one local process
-    pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
+    on ``executor`` (any `concurrent.futures.Executor`, a Dask client's included; ``jobs`` above 1: its workers),
+    else on one local process pool of ``jobs`` workers kept for every step. ``progress`` (a `allocsim.commands._common.PhaseReport`)
     hears of each step as it starts and ends."""
     if objective not in OBJECTIVES:
         raise UsageError(f"--objective: unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})")
     from contextlib import nullcontext
     from .sweep import process_pool
     with nullcontext(executor) if executor is not None or jobs <= 1 else process_pool(jobs) as ex:
-        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress, headroom)
+        return _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress, headroom,
+                       jobs if executor is not None and jobs > 1 else None)
 
 
 def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex, progress=None,
-            headroom: float | int = HEADROOM) -> Tuning:
+            headroom: float | int = HEADROOM, slots: int | None = None) -> Tuning:
     """`tune`'s steps (module docstring), the replays mapped on ``ex`` (None: here)."""
-    from .sweep import cached_trace
     t = cached_trace(trace)
     check_caps([cap], capacity, t)
     total, capacity_name = device_capacity(capacity, t)
@@ -274,31 +350,35 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     chosen = chosen[:max_replays] if bounded else chosen
     cells = [Cell(trace, c.spec, c.cap if c.cap is not None else cap, "eager", capacity=target.capacity)
              for c in chosen]
-    rows = []
     ooms = recorded_ooms(t)
     step = _Steps(progress)
     step.start(f"replaying {len(cells)} settings")
-    for cell, c, row in zip(cells, chosen, _map(_replay_job, [(cell, settings) for cell in cells], ex)):
+    costs = (settings or Settings()).replay.costs
+    jobs = [(cell, settings, Space.least_costs(c, costs), ooms) for cell, c in zip(cells, chosen)]
+    order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
+    room = None if headroom_bytes is None else target.limit - headroom_bytes
+    slots = slots or _workers(ex)
+    from .fit import walk_of
+    recorded_walk = walk_of(trace, chosen[0].spec, settings=settings, islands=False, top=target.cap) \
+        if fit and ex is not None else None     # it is always walked: it goes on beside the settings' replays
+    rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk)
+    for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
-        rows.append(row)
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
-                 replays=len(rows), headroom_bytes=headroom_bytes)
-    step.end(f"{len(rows)} settings replayed", left=bool(ooms) + fit)
+                 replays=len(rows), headroom_bytes=headroom_bytes, pruned=sum(bool(r["pruned"]) for r in rows))
+    step.end(f"{len(rows)} settings replayed" + (f", {out.pruned} of them stopped early" if out.pruned else ""),
+             left=fit)
     if ooms:
-        step.start(f"the recorded OOM under {len(rows)} settings")
-        walks = _map(_rescue_job, [(trace, r["spec"], r["cap_bytes"], target, ooms) for r in rows], ex)
-        out.replays += len(rows)
-        out.rescue = _rescued(rows, walks, ooms)
-        step.end(f"the recorded OOM replayed under {len(rows)} settings")
-    out.frontier = pareto([r for r in rows if not r["ooms"]])
+        out.rescue = _rescued(rows, ooms)
+    out.frontier = pareto(out.fitting)
     out.finalists = ranked(rows, objective, out.room)[:top]
     for r in rows:
         r["pareto"] = any(r is f for f in out.frontier)
     if fit:     # dominated settings are pruned here: only the recorded and the frontier get the walk
         walked = [r for r in out.shown if r["recorded"] or r["pareto"]]
         step.start(f"capacity walks of {len(walked)} settings")
-        n = _fit_all(trace, walked, settings, ex)
+        n = _fit_all(trace, walked, settings, ex, slots, target.cap, recorded_walk)
         out.replays += n
         step.end(f"capacity walks of {len(walked)} settings: {n} replays")
     return out
@@ -331,37 +411,149 @@ def nearest_first(keys: list) -> list:
     return sorted(keys, key=distance)          # stable: the space's order among equals
 
 
+def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
+                slots: int = 1, walk=None) -> list[dict]:
+    """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
+    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` at a time.
+    The rows in the order of ``jobs``. ``walk`` (an `allocsim.fit.Walk`) takes one of the slots while the rows
+    are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
+    would otherwise run after them with the other workers idle."""
+    rows: list = [None] * len(jobs)
+    done: list[dict] = []
+
+    def task(i):
+        cell, settings, least, ooms = jobs[i]
+        return cell, settings, bound_of(done, objective, room, top) if i != order[0] else None, least, ooms
+    if ex is None:
+        for i in order:
+            rows[i] = _replay_job(task(i))
+            done.append(rows[i])
+        return rows
+    from concurrent.futures import FIRST_COMPLETED, wait
+    from .fit import probe
+    waiting, flying, left = iter(order), {}, len(order)
+    try:
+        while left or flying:
+            if left and walk is not None and not walk.done and None not in flying.values():
+                flying[ex.submit(probe, walk.task(walk.need))] = None
+            while len(flying) < slots:
+                i = next(waiting, None)
+                if i is None:
+                    break
+                flying[ex.submit(_replay_job, task(i))] = i
+            finished, _ = wait(flying, return_when=FIRST_COMPLETED)
+            for f in finished:
+                i = flying.pop(f)
+                if i is None:
+                    walk.take(f.result())
+                    continue
+                rows[i] = f.result()
+                done.append(rows[i])
+                left -= 1
+        return rows
+    finally:
+        for f in flying:
+            f.cancel()
+
+
 def _replay_job(args) -> dict:
-    """One setting's replay as a row: the sweep row, its retries (torch's ``num_alloc_retries``, else the
-    pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it served,
-    and the free breakdown where it matters: at its first OOM, else at its reserved peak."""
-    cell, settings = args
-    row, res = run_cell(cell, settings, full=True)
-    counters = res.counters
-    row["retries"] = int(counters.get("num_alloc_retries", counters.get("cache_flushes", 0)))
-    row["ooms_avoided"] = res.ooms_avoided
-    row["breakdown"] = res.first_oom.breakdown if res.first_oom else res.breakdown_at_peak
+    """One setting's replay as a row (``args``: the cell, the `Settings`, the `Bound` or None, the space's least
+    costs per ALLOC and FREE, the recorded OOMs): the sweep row, its retries (torch's ``num_alloc_retries``, else
+    the pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it
+    served (``rescue``: `rescue_of`), and the free breakdown where it matters: at its first OOM, else at its
+    reserved peak. A replay the bound stops is a row of None figures with ``pruned``: where it stopped and
+    the lower bounds it had reached (`_walk_bounded`)."""
+    cell, settings, bound, least, ooms = args
+    s = settings or Settings()
+    t_start = time.perf_counter()
+    r = Replay(cached_trace(cell.trace), cell.policy, s.replay, runtime=cell.runtime, cap=cell.cap,
+               capacity=cell.capacity)
+    try:
+        pruned = _walk_bounded(r, bound, least, ooms) if bound is not None else None
+        res = None if pruned else r.run()
+    finally:
+        r.close()
+    if pruned:
+        row = dict.fromkeys(COLUMNS)
+        row.update(trace=shown_name(cell.trace), policy=cell.policy.name, cap_bytes=cell.cap, runtime=cell.runtime,
+                   options=cell.policy.option_text, retries=None, ooms_avoided=None, breakdown=None)
+    else:
+        res.replay_seconds = time.perf_counter() - t_start
+        row = result_row(res, cell)
+        counters = res.counters
+        row["retries"] = int(counters.get("num_alloc_retries", counters.get("cache_flushes", 0)))
+        row["ooms_avoided"] = res.ooms_avoided
+        row["breakdown"] = res.first_oom.breakdown if res.first_oom else res.breakdown_at_peak
+    row["pruned"] = pruned
+    if ooms:
+        row["rescue"] = rescue_of(r, ooms)
     return row
 
 
-def _map(fn, args: list, ex) -> list:
-    """``fn`` over ``args`` in order, on the executor ``ex`` (None: in this process)."""
-    from concurrent.futures import ProcessPoolExecutor
-    if ex is None:
-        return [fn(a) for a in args]
-    if isinstance(ex, ProcessPoolExecutor):     # a few tasks per message (the replays are short), but many
-        return list(ex.map(fn, args, chunksize=max(1, len(args) // 64)))    # messages: replays differ in cost
-    return list(ex.map(fn, args))
+def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> dict | None:
+    """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
+    ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
+    final peak reserved, modeled time (the clock plus ``least``'s per ALLOC and FREE still to come) and
+    device mallocs."""
+    n, window, allocs, frees, at = _to_come(r.trace)
+    dev, (per_alloc, per_free) = r.device, least
+    while True:
+        r.step(window)
+        d = r.events_done
+        if r.at_end or d >= n:
+            return None
+        k = d // window             # a step walks ``window`` events unless it ends (or stops at an OOM)
+        if at[k] <= (ooms[-1][0] if ooms else -1):
+            continue
+        clock = float(dev.clock + allocs[k] * per_alloc + frees[k] * per_free) * (1 - SLACK)
+        if bound.hopeless(dev.peak_reserved, clock, dev.n_malloc):
+            return {"event": int(at[k]), "peak_reserved_bytes": dev.peak_reserved, TIME: clock,
+                    "device_mallocs": dev.n_malloc}
 
 
-def _fit_all(trace: str, rows: list[dict], settings, ex) -> int:
-    """Each row's certified safe capacity (`fit_capacity`), stored in the row; the number of replays it took.
-    The walk varies the cap, so rows of one spec (a pool under several caps) share one walk; the walks run
-    together, as many replays at a time as ``ex`` has workers (`allocsim.fit.fit_many`)."""
-    from .fit import fit_many
+_TO_COME: dict = {}
+
+
+def _to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """``(n, window, allocs, frees, at)`` of ``trace``: its ``n`` driving events (`allocsim.replay.driving`), the
+    ``window`` a bounded replay is checked every (1/64 of them, `WINDOW` to 4,096), and at each multiple ``k`` of
+    it the ALLOCs and the FREEs from there on and the trace index of the event there (memory: 24 bytes a window,
+    not an event); kept for the trace's next replays."""
+    kept = _TO_COME.get((id(trace), WINDOW))
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    n = driving_count(trace)
+    window = min(max(n // 64, WINDOW), 4096)
+    before_a, before_f, at = [], [], []
+    done = n_alloc = n_free = 0
+    for start, rec, local in driving(trace):
+        kinds = rec["kind"][local]
+        is_alloc, is_free = np.cumsum(kinds == ALLOC), np.cumsum(kinds == FREE)
+        p = np.arange(-done % window, len(local), window)       # the multiples of ``window`` in this chunk
+        before_a.append(n_alloc + np.where(p > 0, is_alloc[p - 1], 0))
+        before_f.append(n_free + np.where(p > 0, is_free[p - 1], 0))
+        at.append(local[p] + start)
+        done, n_alloc, n_free = done + len(local), n_alloc + int(is_alloc[-1]), n_free + int(is_free[-1])
+    join = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    out = (n, window, n_alloc - join(before_a), n_free - join(before_f), join(at))
+    if len(_TO_COME) >= 4:
+        _TO_COME.clear()
+    _TO_COME[id(trace), WINDOW] = (trace, out)
+    return out
+
+
+def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None,
+             started=None) -> int:
+    """Each row's certified safe capacity (`fit_capacity`; under a cap ``top``, the walk starts there: the
+    smallest allowed memory from which every larger one up to the cap fits), stored in the row; the number of
+    replays it took. The walk varies the cap, so rows of one spec (a pool under several caps) share one walk;
+    the walks run together, ``slots`` replays at a time (`allocsim.fit.walk_all`); ``started``: a walk already on
+    its way (its spec's: the recorded settings')."""
+    from .fit import walk_all, walk_of
     specs = list(dict.fromkeys(r["spec"] for r in rows))
-    fits = fit_many([dict(trace=trace, policy=PolicySpec.parse(s), settings=settings, islands=False) for s in specs],
-                    ex, _workers(ex))
+    walks = [started if started is not None and s == str(started.spec) else
+             walk_of(trace, PolicySpec.parse(s), settings=settings, islands=False, top=top) for s in specs]
+    fits = walk_all(walks, ex, slots)
     by_spec = dict(zip(specs, fits))
     for r in rows:
         f = by_spec[r["spec"]]
@@ -399,32 +591,21 @@ def recorded_ooms(trace: Trace) -> list[tuple[int, int, int]]:
     return list(zip(at.tolist(), trace.column("size")[at].tolist(), trace.column("stream")[at].tolist()))
 
 
-def rescue(trace: Trace, spec: PolicySpec, cap, target: Target, ooms) -> dict:
-    """Replay ``trace`` under ``spec``: the walk gives each failed request of ``ooms`` to the policy where it
-    was made (`Replay`); served or not, and the headroom left while it was held: the device's limit then
-    (the target, or a limit the program set itself) less what was reserved.
+def rescue_of(r: Replay, ooms) -> list[dict]:
+    """Per recorded failed request of ``ooms``, what the replay ``r`` (walked past them) did with it: the walk
+    gives each to the policy where it was made (`Replay`); reached, served or not, and the headroom left while it
+    was held: the device's limit then (the target, or a limit the program set itself) less what was reserved.
 
-    A walk that runs out of memory itself (``walk_oom_event``) reaches no OOM record after that point."""
-    r = Replay(trace, spec, cap=cap if cap is not None else target.cap, capacity=target.capacity)
-    res = r.run()
+    A walk that runs out of memory itself reaches no OOM record after that point."""
     served = {at: (limit - reserved if limit is not None else None) for at, reserved, limit in r.served_ooms}
-    stopped_at = next((o.event for o in res.oom_events if not o.recorded), None)
-    results = [{"event": at, "size": size, "reached": stopped_at is None or at < stopped_at, "served": at in served,
-                "headroom_bytes": served.get(at)} for at, size, _ in ooms]
-    return {"ooms": results, "walk_oom_event": stopped_at}
+    stopped_at = next((o.event for o in r.ooms if not o.recorded), None)
+    return [{"event": at, "size": size, "reached": stopped_at is None or at < stopped_at, "served": at in served,
+             "headroom_bytes": served.get(at)} for at, size, _ in ooms]
 
 
-def _rescue_job(args) -> dict:
-    from .sweep import cached_trace
-    trace, spec, cap, target, ooms = args
-    return rescue(cached_trace(trace), PolicySpec.parse(spec), cap, target, ooms)
-
-
-def _rescued(rows: list[dict], walks: list[dict], ooms) -> list[dict]:
+def _rescued(rows: list[dict], ooms) -> list[dict]:
     """Per recorded OOM, the settings that serve it, most headroom first (a row whose replay failed it again
     already counts that OOM)."""
-    for r, w in zip(rows, walks):
-        r["rescue"] = w["ooms"]
     out = []
     for k, (at, size, _) in enumerate(ooms):
         served = [{"setting": r["setting"], "headroom_bytes": r["rescue"][k]["headroom_bytes"]}

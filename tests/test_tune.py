@@ -225,7 +225,8 @@ def test_json_fields(tmp_path, capsys):
     assert out["capacity_bytes"] == 420 * MiB and out["cap_bytes"] is None and out["objective"] == "fastest"
     assert out["headroom_bytes"] == 21 * MiB          # 5 % of 420 MiB
     assert out["settings_distinct"] == out["settings_replayed"] == len(out["candidates"]) <= out["settings_total"]
-    assert out["replays"] >= 2 * out["settings_distinct"]          # every setting replayed and rescue-walked
+    assert out["replays"] >= out["settings_distinct"]          # every setting replayed (its walk reads the rescue)
+    assert all(len(c["rescue"]) == 1 for c in out["candidates"])
     assert out["recommended"]["conf"].startswith("PYTORCH_ALLOC_CONF=")
     assert out["recorded"]["recorded"] and out["recorded"]["ooms"] == 1
     best = out["finalists"][0]
@@ -348,22 +349,45 @@ def test_a_gc_threshold_acts_only_under_a_cap_below_the_device(tmp_path):
 
 # ---- the columns in the user's terms --------------------------------------------------------------------
 def test_fits_on_is_the_allowed_memory_under_a_cap():
-    """Under --cap, "fits on" is a fraction of the device; a walk whose budget ran out above the cap the setting
-    fits under is the cap itself, marked; with no cap it is a GPU's memory."""
+    """Under --cap, "fits on" is a fraction of the device, up to the cap; a walk whose budget ran out is marked;
+    with no cap it is a GPU's memory."""
     from allocsim.report.tune import fits_legend, fits_on
-    row = {"fit_capacity_bytes": 600 * MiB, "fit_threshold": False, "ooms": 0, "cap_bytes": 400 * MiB,
+    row = {"fit_capacity_bytes": 350 * MiB, "fit_threshold": False, "ooms": 0, "cap_bytes": 400 * MiB,
            "pareto": True, "recorded": False}
     capped = Target(1000 * MiB, 400 * MiB)
-    assert fits_on(row, capped) == "0.400 (400.00 MiB)*"
-    assert "at the cap itself" in fits_legend([row], capped) and "allowed memory" in fits_legend([row], capped)
+    assert fits_on(row, capped) == "0.350 (350.00 MiB)*"
+    assert "budget ran out" in fits_legend([row], capped) and "up to the cap" in fits_legend([row], capped)
     below = dict(row, fit_capacity_bytes=300 * MiB, fit_threshold=True)
     assert fits_on(below, capped) == "0.300 (300.00 MiB)"
     assert "*" not in fits_legend([below], capped)
-    # a walk that was not bounded says where every larger allowed memory fits, above the cap or not
-    assert fits_on(dict(row, fit_threshold=True), capped) == "0.600 (600.00 MiB)"
-    assert fits_on(dict(row, fit_threshold=True), Target(1000 * MiB, None)) == "600.00 MiB"
+    assert fits_on(dict(row, fit_threshold=True), Target(1000 * MiB, None)) == "350.00 MiB"
     assert "smallest GPU" in fits_legend([row], Target(1000 * MiB, None))
     assert fits_on(dict(row, fit_capacity_bytes=None), capped) == "none"
+
+
+@pytest.mark.parametrize("cap", [120 * MiB + 12345, 300 * MiB + 12345])
+def test_under_a_cap_the_walk_starts_at_the_cap(tmp_path, monkeypatch, cap):
+    """Under --cap the "fits on" walk replays nothing above the cap (here below the unlimited peaks, 160 MiB, but
+    for expandable segments', 100 MiB; or above them all), and its answer is the brute force's: the smallest grid
+    point (whole MiB, or the cap itself) from which every one up to the cap replays without OOM."""
+    from allocsim import fit
+    caps, probe = [], fit.probe
+    monkeypatch.setattr(fit, "probe", lambda args: caps.append(args[2]) or probe(args))
+    steps = [s for n in (30, 50, 20, 70, 10, 40) for s in (("a", n * MiB), ("a", n * MiB // 3), ("f", 0), ("f", 0))] * 3
+    path = torch_trace(str(tmp_path / "w.bin"), steps, total_memory=1 << 30)
+    for policy in ("torch", "torch[max_split_size_mb:32]", "torch[expandable_segments:True]"):
+        caps.clear()
+        f = fit.fit_capacity(path, policy, islands=False, top=cap)
+        assert f["top_bytes"] == cap and f["threshold"]
+        assert caps[0] is None and all(c <= cap for c in caps[1:]), policy     # the unlimited replay, then none above
+        passing = 0
+        for c in [cap] + list(range(cap // MiB * MiB, 0, -MiB)):
+            if replay(path, policy, cap=c).ooms:
+                break
+            passing = c
+        assert f["capacity_bytes"] == passing, policy
+    res = tune(path, cap=cap, jobs=1, max_replays=6)
+    assert all(r["fit_capacity_bytes"] <= cap for r in res.shown if r.get("fit_capacity_bytes") is not None)
 
 
 @pytest.mark.parametrize("text, error", [("120%", "--headroom"), ("abc%", "--headroom"), ("-1GiB", "--headroom"),

@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 from ..costs import CostModel
 from ..errors import UsageError
@@ -76,6 +77,35 @@ def add_jobs_argument(p) -> None:
     default = min(4, os.cpu_count() or 1)
     p.add_argument("-j", "--jobs", type=jobs_arg, default=default,
                    help=f"parallel processes, at most the number of cores (default {default})")
+
+
+def add_dask_arguments(p) -> None:
+    """--scheduler / --dask-local, for the commands whose replays may run on a Dask cluster (`dask_cluster`)."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
+    g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
+
+
+def check_scheduler(args) -> None:
+    """An empty ``--scheduler`` is one line, before anything is written."""
+    if args.scheduler is not None and not args.scheduler.strip():
+        raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
+
+
+@contextmanager
+def dask_cluster(args):
+    """``(executor, workers)`` of the Dask cluster ``--scheduler`` / ``--dask-local`` name (`add_dask_arguments`),
+    closed at the end; ``(None, None)`` when neither is given."""
+    check_scheduler(args)
+    if not (args.scheduler or args.dask_local):
+        yield None, None
+        return
+    from ..sweep import dask_executor
+    client = dask_executor(args.scheduler, args.dask_local)
+    try:
+        yield client.get_executor(), args.dask_local or sum(client.nthreads().values()) or None
+    finally:
+        client.close()
 
 
 def positive_size(text: str, what: str, *, allow_none: bool = False) -> int | None:

@@ -13,8 +13,8 @@ import sys
 from ..errors import InputError, UsageError
 from ..outputs import claim_outputs, signals_unwind
 from ..report.tables import COLUMNS, dump_json, write_rows
-from ..sweep import Cell, dask_executor, run_cells
-from ._common import distinct, positive_int
+from ..sweep import Cell, run_cells
+from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 
@@ -28,9 +28,7 @@ def add_arguments(p):
     _compare_arguments(p, many_traces=True)
     p.add_argument("-o", "--output", required=True, help="result table: .csv or .jsonl")
     p.add_argument("--format", choices=["csv", "jsonl"], help="default: from the output's extension")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
-    g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
+    add_dask_arguments(p)
 
 
 _ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
@@ -109,36 +107,31 @@ def _table_format(output: str, given: str | None) -> str:
 
 def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
     """Run the cells not done yet, each row appended to ``log`` as it comes; return every row, in cell order."""
-    executor = client = None
     bar = None
     try:
-        if args.scheduler or args.dask_local:
-            client = dask_executor(args.scheduler, args.dask_local)
-            executor = client.get_executor()
-        if not args.quiet and sys.stderr.isatty():
-            from tqdm import tqdm
-            bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
+        with dask_cluster(args) as (executor, _):
+            if not args.quiet and sys.stderr.isatty():
+                from tqdm import tqdm
+                bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
 
-        def on_row(cell, row):
-            row = dict(row, cell=cell.key())
-            row.pop("sections", None)
-            row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
-            try:
-                log.write(json.dumps(row, sort_keys=True) + "\n")
-                log.flush()
-            except OSError as e:
-                raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
-            if bar:
-                bar.update()
-        run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
+            def on_row(cell, row):
+                row = dict(row, cell=cell.key())
+                row.pop("sections", None)
+                row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
+                try:
+                    log.write(json.dumps(row, sort_keys=True) + "\n")
+                    log.flush()
+                except OSError as e:
+                    raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
+                if bar:
+                    bar.update()
+            run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
     except BaseException:           # interrupted or failed: say what is kept and how to go on
         _tell_what_is_kept(log, partial, len(cells))
         raise
     finally:
         if bar:
             bar.close()
-        if client is not None:
-            client.close()
     rows = _done_rows(partial)
     ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
     for r in ordered:
@@ -147,8 +140,7 @@ def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
 
 
 def run(args) -> int:
-    if args.scheduler is not None and not args.scheduler.strip():
-        raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
+    check_scheduler(args)
     fmt = _table_format(args.output, args.format)
     traces = distinct(args.trace, "traces", key=os.path.realpath)
     claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],

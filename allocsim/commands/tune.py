@@ -17,8 +17,9 @@ from ..spec import PolicySpec
 from ..report.tune import tune_report
 from ..ranks import fit_capacity
 from ..units import fmt_bytes
-from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, capacity_arg,
-                      cost_model_arg, load_trace, positive_size, say_snapshot_written)
+from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
+                      capacity_arg, check_scheduler, cost_model_arg, dask_cluster, load_trace, positive_size,
+                      say_snapshot_written)
 from ._ranks import traces_of
 
 NAME = "tune"
@@ -45,6 +46,7 @@ def add_arguments(p):
                    help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
     add_jobs_argument(p)
+    add_dask_arguments(p)
     add_cost_model_argument(p)
     add_fold_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
@@ -88,6 +90,7 @@ def _as_trace(path: str):
 
 def _tune(args, path: str) -> int:
     from ..errors import UsageError
+    check_scheduler(args)
     claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
                   force=args.force)
     if args.plot:
@@ -111,7 +114,9 @@ def _tune(args, path: str) -> int:
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)
     try:
-        res = tune(path, capacity=capacity, cap=cap, progress=progress, **search_options(args))
+        with dask_cluster(args) as (executor, workers):
+            res = tune(path, capacity=capacity, cap=cap, progress=progress, executor=executor,
+                       **search_options(args, workers))
     finally:
         progress.close()
     res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
@@ -131,10 +136,11 @@ def _tune(args, path: str) -> int:
     return 0
 
 
-def search_options(args) -> dict:
-    """`tune`'s options from the command line, the target's capacity and cap aside."""
-    return dict(objective=args.objective, headroom=headroom_arg(args.headroom), jobs=args.jobs, top=args.top,
-                fit=not args.no_fit, max_replays=args.max_replays,
+def search_options(args, workers: int = 0) -> dict:
+    """`tune`'s options from the command line, the target's capacity and cap aside (``workers``: a Dask
+    cluster's, which stand for ``-j``)."""
+    return dict(objective=args.objective, headroom=headroom_arg(args.headroom), jobs=workers or args.jobs,
+                top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
                 settings=Settings(ReplaySettings(costs=cost_model_arg(args.cost_model), fold=not args.no_fold)))
 
 
@@ -158,8 +164,9 @@ def _tune_run(args, paths: list[str]) -> int:
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)
     try:
-        res = tune_run(paths, capacity=capacity_arg(args.capacity), cap=cap, progress=progress,
-                       **search_options(args))
+        with dask_cluster(args) as (executor, workers):
+            res = tune_run(paths, capacity=capacity_arg(args.capacity), cap=cap, progress=progress, executor=executor,
+                           **search_options(args, workers))
     finally:
         progress.close()
     if args.json:

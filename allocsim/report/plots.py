@@ -406,11 +406,13 @@ def tune_frontier_figure(res):
     """Peak reserved vs modeled allocation time of every fitting setting: the Pareto frontier drawn as a
     staircase (rings, so that one point still shows beside the recommendation), the target's limit as a line,
     the recorded settings and the recommendation marked. Settings that land on the same point are drawn once,
-    the larger the more they are, with their number beside it; with none that fits, a note says so."""
+    the larger the more they are, with their number beside it; with none that fits, a note says so. Settings
+    whose replay stopped early (dominated: `allocsim.tune.Bound`) have no point; the title counts them."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
-    fitting = [r for r in res.rows if not r["ooms"]]
-    ax.set_title(f"{os.path.basename(res.trace)}: {len(fitting)} of {len(res.rows)} settings fit, objective "
+    fitting = res.fitting
+    pruned = f" ({res.pruned} dominated, stopped early: not drawn)" if res.pruned else ""
+    ax.set_title(f"{os.path.basename(res.trace)}: {len(fitting)} of {len(res.rows)} settings fit{pruned}, objective "
                  f"{res.objective}", fontsize=9)
     ax.set_xlabel("modeled time (ms)")
     ax.set_ylabel("peak reserved (GiB)")

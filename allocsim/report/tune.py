@@ -15,7 +15,8 @@ def tune_report(res, took: float) -> str:
     lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {objective}",
              f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
              + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
-             + f"; {res.replays} replays in {took:.1f}s", ""]
+             + f"; {res.replays} replays in {took:.1f}s"
+             + (" (those that could not be a finalist stopped early)" if res.pruned else ""), ""]
     best = res.best
     if best is None:
         lines.append("no setting fits this target; the table shows the ones that got furthest")
@@ -88,32 +89,27 @@ def fits_on(r: dict, target=None) -> str:
 
 def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
     """(bytes, what bounded them) of the smallest limit the setting fits under: under a cap, the smallest allowed
-    memory; else the smallest GPU. The walk (`allocsim.fit`) steps down from the setting's own peak; where its
-    replay budget ran out (bound ``walk``) above a cap the setting fits under (it was replayed there), the cap is
-    the answer (bound ``cap``: a smaller may fit). None: it fits under none."""
+    memory (the walk, `allocsim.fit`, starts at the cap and steps down); else the smallest GPU (it steps down from
+    the setting's own peak). Bound ``walk``: the walk's replay budget ran out there. None: it fits under none."""
     n = r["fit_capacity_bytes"]
     if n is None:
         return None
-    bound = None if r["fit_threshold"] else "walk"
-    cap = target.cap if target is not None else None
-    if bound and cap is not None and not r["ooms"] and r.get("cap_bytes") in (None, cap) and n > cap:
-        return cap, "cap"
-    return n, bound
+    return n, None if r["fit_threshold"] else "walk"
 
 
 def fits_legend(rows: list[dict], target=None) -> str:
     """What the "fits on" column measures, and what each mark in it says."""
     if target is not None and target.cap is not None:
         text = ("fits on: the smallest allowed memory " + ("(the fraction of the device, as per_process_memory_fraction "
-                "takes it) " if target.capacity else "") + "from which every larger one replays without OOM")
+                "takes it) " if target.capacity else "") + "from which every larger one up to the cap replays "
+                "without OOM")
     else:
         text = "fits on: the smallest GPU (device memory) from which every larger one replays without OOM"
-    marks = {(smallest_fit(r, target) or (0, None))[1] for r in rows if "fit_capacity_bytes" in r} - {None}
-    why = {"walk": "the walk's replay budget ran out: it fits from there, a smaller may",
-           "cap": "at the cap itself: the walk stopped above the cap, which the setting fits under (replayed "
-                  "there); a smaller may fit"}
-    if marks:
-        text += "; * bounded: " + "; ".join(why[m] for m in sorted(marks, reverse=True))
+    fits = [smallest_fit(r, target) or (0, None) for r in rows if "fit_capacity_bytes" in r]
+    if target is not None and target.cap is not None and any(n > target.cap for n, _ in fits):
+        text += " (a figure above the cap: it runs out under the cap, and fits from there)"
+    if any(bound for _, bound in fits):
+        text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text
 
 

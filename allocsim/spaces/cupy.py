@@ -24,5 +24,16 @@ def canonical(space, values: dict) -> dict:
     return values
 
 
+def promise(values: dict) -> int:
+    """No setting is expected to be better (`allocsim.tune.Space.order`)."""
+    return 0
+
+
+def least_costs(ref: str, costs) -> tuple[float, float]:
+    """The least each ALLOC and each FREE adds to the clock (`allocsim.tune.Bound`): the pool charges
+    ``pool_hit_s`` at every malloc and ``pool_free_s`` at every free (`tests/test_tune_bound.py`)."""
+    return costs.pool_hit_s, costs.pool_free_s
+
+
 def conf_lines(spec: PolicySpec, cap: int | None) -> dict:
     return cupy.conf_lines(spec.values().get("limit"))

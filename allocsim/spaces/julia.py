@@ -24,5 +24,16 @@ def canonical(space, values: dict) -> dict:
     return values
 
 
+def promise(values: dict) -> int:
+    """No setting is expected to be better (`allocsim.tune.Space.order`)."""
+    return 0
+
+
+def least_costs(ref: str, costs) -> tuple[float, float]:
+    """Nothing (`allocsim.tune.Bound`): the ``binned`` pool charges a hit only where CuArrays times it, ``split``
+    a free only at the next malloc; the clock so far is the bound."""
+    return 0.0, 0.0
+
+
 def conf_lines(spec: PolicySpec, cap: int | None) -> dict:
     return julia.conf_lines(spec.ref, cap)

@@ -82,5 +82,18 @@ def canonical(space, values: dict) -> dict:
     return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
 
 
+def promise(values: dict) -> int:
+    """Expandable segments first (`allocsim.tune.Space.order`): they map what they need, so they are often
+    the fastest and smallest, a tight bound early."""
+    return 0 if values.get("expandable_segments") else 1
+
+
+def least_costs(ref: str, costs) -> tuple[float, float]:
+    """The least each ALLOC and each FREE adds to the clock (`allocsim.tune.Bound`): the model charges
+    ``pool_hit_s`` at every malloc and ``pool_free_s`` at every free, whatever else it does (docs/metrics.md,
+    "The cost model"; `tests/test_tune_bound.py` holds every replay to it)."""
+    return costs.pool_hit_s, costs.pool_free_s
+
+
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
     return torch_settings.conf_lines(setting.values())
