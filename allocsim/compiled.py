@@ -24,6 +24,9 @@ import sys
 #: The modules the compiled build compiles (``setup.py``), dotted.
 COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit")
 
+#: The environment variable that asks `pip install` for the compiled build (``setup.py``; off by default).
+COMPILE_ENV = "ALLOCSIM_COMPILE"
+
 #: The environment variable that makes the compiled modules load from their Python source.
 INTERPRETED_ENV = "ALLOCSIM_INTERPRETED"
 

@@ -22,14 +22,17 @@ counts are multiplied; the live ids are renamed to those the full walk would hol
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
-request (``IN_REQUEST``), an observer, a timeline, `log_events`, a policy ``tick``, a real or custom device, a
-guarded plug-in, an OOM or a served recorded OOM inside the window, and any float the window computes from the
-clock in a way the recorder does not follow (its tapes are then "tainted").
+request (``IN_REQUEST``), a compiled policy (its floats are C's), an observer, a timeline, `log_events`, a
+policy ``tick``, a real or custom device, a guarded plug-in, an OOM or a served recorded OOM inside the
+window, and any float the window computes from the clock in a way the recorder does not follow (its tapes are
+then "tainted").
 """
 from __future__ import annotations
 
 import pickle
+import sys
 import weakref
+from importlib.machinery import EXTENSION_SUFFIXES
 
 import numpy as np
 
@@ -361,7 +364,7 @@ class Folder:
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
                 and replay.observer is None and not replay.timeline and not replay._log_index
-                and replay.policy.tick is None and not _held_frees(replay.trace))
+                and replay.policy.tick is None and not _compiled(cls) and not _held_frees(replay.trace))
 
     # -- where the walk stops ------------------------------------------------------------------------
     def stop(self, c, pos: int) -> int:
@@ -676,3 +679,10 @@ def _held_frees(trace) -> bool:
     """Whether the trace holds FREEs made inside a request (flag ``IN_REQUEST``): the runtime holds them for
     that request, which a window's comparison of kinds, sizes and streams does not see."""
     return any(np.any((rec["kind"] == FREE) & (rec["flags"] & IN_REQUEST != 0)) for _, rec in trace.chunks())
+
+
+def _compiled(cls) -> bool:
+    """Whether a class of the policy's runs compiled (docs/architecture.md, "The compiled build"): its sums on
+    the clock are C's, which the window's recorder cannot follow, so the replay walks it in full."""
+    return any(getattr(sys.modules.get(c.__module__), "__file__", "").endswith(tuple(EXTENSION_SUFFIXES))
+               for c in cls.__mro__)

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from allocsim.compiled import COMPILED_MODULES, INTERPRETED_ENV, build, compiled_modules
+from allocsim.compiled import COMPILE_ENV, COMPILED_MODULES, INTERPRETED_ENV, build, compiled_modules
 from conftest import ROOT
 
 DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py"]
@@ -76,7 +76,7 @@ def _compiled_copy(tmp_path) -> str:
     root = str(tmp_path / "src")
     shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out",
                                                              ".hypothesis", "*.egg-info"))
-    out = run(["setup.py", "-q", "build_ext", "--inplace"], root=root, timeout=600)
+    out = run(["setup.py", "-q", "build_ext", "--inplace"], root=root, timeout=600, **{COMPILE_ENV: "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     if "installing the interpreted modules" in out.stderr:
         pytest.skip(out.stderr.strip().splitlines()[-1])
