@@ -56,6 +56,8 @@ def bits_fraction(bits: int) -> float:
 PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
 FAILED = 2           # ALLOC that failed in the recorded run (it has no FREE)
 PRIVATE_POOL = 4     # SEGMENT_*: the segment belongs to a CUDA graph private pool (torch.cuda.graph, ...)
+CATCHES_OOM = 128    # ALLOC made on a path that catches an OOM from it and goes on without it (a cuDNN
+                     # workspace try; docs/allocator-dependent.md): failing under a cap, it is a caught OOM
 
 NO_SITE = 0xFFFFFFFF
 NO_ID = 0xFFFFFFFF

@@ -291,7 +291,7 @@ class _RecordFields:
     AUX = {ev.GC: "0 (incremental) nor 1 (full)", ev.CACHE_RELEASE: "0 (torch) nor 1 (CuPy)",
            ev.SET_LIMIT: "0 (torch) nor 1 (CuPy)"}
     SEGMENT_KINDS = (ev.SEGMENT_ALLOC, ev.SEGMENT_FREE, ev.SEGMENT_MAP, ev.SEGMENT_UNMAP)
-    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL
+    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL | ev.CATCHES_OOM
 
     def __init__(self, trace: Trace, first: _FirstDefects):
         self.trace, self.first = trace, first
@@ -306,9 +306,10 @@ class _RecordFields:
     def add(self, c: "Chunk") -> None:
         first, start, t = self.first, c.start, self.trace
         flags = c.rec["flags"]
-        if int(flags.max()) > self.FLAGS:       # the defined bits are the low three: any other makes it larger
-            first.note("flags", start, flags > self.FLAGS,
-                       lambda j: f"unknown flag bits {int(flags[j]) & ~self.FLAGS:#x} (defined: 1, 2, 4)")
+        unknown = flags & np.uint8(~self.FLAGS & 0xFF)
+        if unknown.any():
+            first.note("flags", start, unknown != 0,
+                       lambda j: f"unknown flag bits {int(unknown[j]):#x} (defined: 1, 2, 4, 128)")
         if self.tables:
             site = c.rec["site"] + np.uint32(1)     # NO_SITE wraps to 0: one comparison finds the bad ones
             if int(site.max()) > len(t.sites):
