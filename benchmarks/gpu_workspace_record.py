@@ -112,11 +112,16 @@ def main() -> None:
     work = os.path.join(out, "work")
     os.makedirs(work, exist_ok=True)
     t0 = time.time()
-    import torch
-    total = torch.cuda.get_device_properties(0).total_memory
-    say(f"{torch.cuda.get_device_name(0)}, {total} B; torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     free = record(work, "maskrcnn-free", a.iters, 0.0, a.timeout)
     rows = [("unconstrained", 0, stats_of(free))]
+    total = 80 * 10**9
+    try:
+        from allocsim.trace import Trace
+        meta = Trace.load(free).meta
+        total = meta["device"]["total_memory"]
+        say(f"{meta['device'].get('name')}, {total} B; torch {meta.get('framework_version')}")
+    except Exception as e:                       # noqa: BLE001 - the caps below are bytes: 80 GB assumed
+        say(f"no unconstrained trace ({type(e).__name__}: {e}); assuming {total} B of device memory")
     try:
         without, with_all, flagged = window(free)
         say(f"flagged requests {flagged}; peak live without them {without} B, with them {with_all} B")
@@ -131,16 +136,19 @@ def main() -> None:
     say(f"caps to try: {caps}")
     with ThreadPoolExecutor(4) as ex:
         paths = list(ex.map(lambda c: record(work, f"maskrcnn-cap{c}", a.iters, c / total, a.timeout), caps))
+    jobs = []                                    # (allocsim arguments, file for its stdout): run at once
     for cap, path in zip(caps, paths):
         rows.append((f"capped {cap}", cap, stats_of(path)))
         if os.path.exists(path):
-            run([sys.executable, "-m", "allocsim", "validate", path, "--json"], 120, path + ".validate.json")
-            run([sys.executable, "-m", "allocsim", "info", path], 60, path + ".info.txt")
+            jobs.append((["validate", path, "--json"], path + ".validate.json"))
+            jobs.append((["info", path], path + ".info.txt"))
         if os.path.exists(free):
-            run([sys.executable, "-m", "allocsim", "replay", free, "-p", "torch", "--cap", str(cap), "--json"], 120,
-                os.path.join(work, f"replay-free-cap{cap}.json"))
+            jobs.append((["replay", free, "-p", "torch", "--cap", str(cap), "--json"],
+                         os.path.join(work, f"replay-free-cap{cap}.json")))
     if os.path.exists(free):
-        run([sys.executable, "-m", "allocsim", "info", free], 60, free + ".info.txt")
+        jobs.append((["info", free], free + ".info.txt"))
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda j: run([sys.executable, "-m", "allocsim", *j[0]], 150, j[1]), jobs))
     if time.time() - t0 < 200:
         run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/test_caught_oom.py"],
             60)
@@ -150,6 +158,17 @@ def main() -> None:
         lines.append(f"{name:<22} {s.get('exit_status')!s:>4} {s.get('steps')!s:>5} {s.get('num_ooms')!s:>5} "
                      f"{s.get('num_alloc_retries')!s:>7} {s.get('peak_reserved')!s:>15} "
                      f"{s.get('device_mallocs')!s:>7} {s.get('device_frees')!s:>6} {s.get('catches_oom')!s:>7}")
+    lines.append("replay of the unconstrained recording under each cap (allocsim replay -p torch --cap):")
+    for _, cap, _ in rows[1:]:
+        try:
+            r = json.load(open(os.path.join(work, f"replay-free-cap{cap}.json")))
+        except (OSError, ValueError):
+            continue
+        first = (r.get("oom_events") or [{}])[0]
+        lines.append(f"  cap {cap}: completed {r.get('completed')}, caught OOMs {r.get('caught_ooms')}, OOMs "
+                     f"{r.get('ooms')} (first at event {first.get('event')}), peak reserved "
+                     f"{r.get('peak_reserved_bytes')}, device mallocs {r.get('device_mallocs')}, frees "
+                     f"{r.get('device_frees')}")
     say("\n".join(lines))
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
