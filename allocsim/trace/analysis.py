@@ -128,6 +128,8 @@ class Tally:
         self.max_size = 0
         self.pre_existing = 0
         self.private_segments = 0       # SEGMENT_ALLOCs in CUDA graph private pools
+        self.catches_oom = 0            # ALLOCs flagged CATCHES_OOM
+        self.catches_oom_max = 0        # the largest of them, bytes
         self.streams = set()
         self.t_min = self.t_max = None
         self.gc = [0, 0]                # incremental, full
@@ -149,6 +151,10 @@ class Tally:
         if flags.any():                 # rare: most traces flag nothing
             self.pre_existing += int(np.count_nonzero(flags[a] & ev.PRE_EXISTING))
             self.private_segments += int(np.count_nonzero(flags[chunk.where(ev.SEGMENT_ALLOC)] & ev.PRIVATE_POOL))
+            caught = a[flags[a] & ev.CATCHES_OOM != 0]
+            if len(caught):
+                self.catches_oom += len(caught)
+                self.catches_oom_max = max(self.catches_oom_max, int(rec["size"][caught].max()))
         self._add_streams(chunk, np.concatenate((a, chunk.where(ev.FREE))))
         t = rec["time_ns"]
         lo, hi = int(t.min()), int(t.max())
@@ -250,9 +256,17 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         "limits": tally.limits,
         "upstream_segments": tally.upstream_segments(),
         **({"private_pool_segments": tally.private_segments} if tally.private_segments else {}),
+        **({"catches_oom": catches_oom_known(tally.catches_oom, meta),
+            "catches_oom_max_bytes": tally.catches_oom_max} if meta.get("framework") == "torch" else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
     }
+
+
+def catches_oom_known(flagged: int, meta: dict) -> int | None:
+    """The number of requests the program survives failing (ALLOCs flagged CATCHES_OOM, ``flagged``), or None
+    when the trace cannot tell: none flagged and no C++ stacks recorded (``meta["stacks"]`` is not ``"all"``)."""
+    return flagged if flagged or meta.get("stacks") == "all" else None
 
 
 def recorded_limit(index: int, r) -> dict:
