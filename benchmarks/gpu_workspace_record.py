@@ -6,7 +6,7 @@
    flagged requests; four caps 6-18 % above it (``--caps`` names others) are recorded at once, each in its own
    process under ``set_per_process_memory_fraction`` (``benchmarks/_with_fraction.py``, so the trace holds the
    SET_LIMIT). The first run (H200, 2026-11-25) tried caps between the peak without the flagged requests and
-   with them: every one died in step 3 (one of them after catching 28 OOMs in one convolution's config
+   with them: every one died in step 4 (one of them after catching 28 OOMs in one convolution's config
    tries); the program needs room for the allocator's fragmentation too.
 3. For each capped run: what the program did (caught OOMs = ``num_ooms`` of a run that finished, peak reserved,
    device calls, from its ``.stats.json``), ``allocsim validate`` of its trace, and ``allocsim replay`` of the

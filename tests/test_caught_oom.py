@@ -24,7 +24,7 @@ from allocsim.trace import events as ev
 from allocsim.trace.analysis import summarize
 from allocsim.validate import validate
 
-from test_fast_path import FUSED, FUSED_IDS, assert_fused_is_plain, sizes
+from test_fast_path import FUSED, FUSED_IDS, assert_fused_is_plain, pressured_traces
 from test_record import _gpu_ok, _script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,34 +91,26 @@ def test_the_fused_loop_is_taken_on_flagged_traces():
 
 @st.composite
 def flagged_traces(draw):
-    """Allocs and frees, some flagged CATCHES_OOM, with limits set mid-run; some objects left live."""
-    ops = draw(st.lists(st.tuples(st.integers(0, 10), sizes, st.booleans(), st.integers(0, 10**6)),
-                        min_size=1, max_size=120))
-    w = TraceWriter(meta={"producer": "hypothesis", "framework": "torch"})
-    live: list[int] = []
-    for what, size, flagged, pick in ops:
-        if what == 0:
-            w.record(ev.SET_LIMIT, size=(pick % 64 + 8) * MiB)
-        elif what <= 6 or not live:
-            live.append(w.alloc(size, flags=ev.CATCHES_OOM if flagged else 0))
-        else:
-            w.free(live.pop(pick % len(live)))
-    for k in draw(st.permutations(range(len(live))))[:draw(st.integers(0, len(live)))]:
-        w.free(live[k])
-    return w.finish()
+    """`pressured_traces` (allocs and frees on three streams, cache releases, recorded OOMs, limits) with some
+    of their ALLOCs flagged CATCHES_OOM."""
+    t = draw(pressured_traces())
+    rec = t.records.copy()
+    alloc = np.flatnonzero(rec["kind"] == ev.ALLOC)
+    flagged = draw(st.lists(st.booleans(), min_size=len(alloc), max_size=len(alloc)))
+    rec["flags"][alloc[np.array(flagged, bool)]] |= ev.CATCHES_OOM
+    return Trace(rec, {**t.meta, "framework": "torch"}, streams=t.streams, sites=t.sites, labels=t.labels)
 
 
 @pytest.mark.parametrize("policy, options", FUSED, ids=FUSED_IDS)
-@settings(max_examples=25, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_caught_ooms_fused_is_plain_and_only_flagged_requests_are_caught(policy, options, data, monkeypatch):
-    trace = data.draw(flagged_traces())
-    monkeypatch.setattr(trace_module, "CHUNK", data.draw(st.sampled_from([3, 17, 1 << 16])))
-    cap = data.draw(st.sampled_from([int(max(trace.load_bytes, MiB) * 0.5), int(max(trace.load_bytes, MiB) * 0.8)]))
-    out = assert_fused_is_plain(trace, policy, options, cap=cap, keep_going=data.draw(st.booleans()),
-                                steps=data.draw(st.sampled_from([None, 1, 5])))["result"]
-    flagged = {i for i, k, f in zip(range(len(trace)), trace.kind, trace.flags) if k == ev.ALLOC and f}
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(trace=flagged_traces(), chunk=st.sampled_from([3, 17, 1 << 16]), tight=st.sampled_from([0.5, 0.8]),
+       keep_going=st.booleans(), steps=st.sampled_from([None, 1, 5]))
+def test_caught_ooms_fused_is_plain_and_only_flagged_requests_are_caught(policy, options, trace, chunk, tight,
+                                                                         keep_going, steps, monkeypatch):
+    monkeypatch.setattr(trace_module, "CHUNK", chunk)
+    out = assert_fused_is_plain(trace, policy, options, cap=int(max(trace.load_bytes, MiB) * tight),
+                                keep_going=keep_going, steps=steps)["result"]
+    flagged = set(np.flatnonzero((trace.kind == ev.ALLOC) & (trace.flags & ev.CATCHES_OOM != 0)).tolist())
     assert {o["event"] for o in out["caught_oom_events"]} <= flagged
     assert not {o["event"] for o in out["oom_events"]} & flagged
     assert out["caught_ooms"] == len(out["caught_oom_events"])
