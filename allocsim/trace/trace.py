@@ -306,10 +306,14 @@ class _RecordFields:
     def add(self, c: "Chunk") -> None:
         first, start, t = self.first, c.start, self.trace
         flags = c.rec["flags"]
-        unknown = flags & np.uint8(~self.FLAGS & 0xFF)
-        if unknown.any():
-            first.note("flags", start, unknown != 0,
-                       lambda j: f"unknown flag bits {int(unknown[j]):#x} (defined: 1, 2, 4, 128)")
+        if flags.any():         # rare: most traces flag nothing
+            unknown = flags & np.uint8(~self.FLAGS & 0xFF)
+            kind = c.rec["kind"]
+            misplaced = (flags & ev.CATCHES_OOM != 0) & (kind != ev.ALLOC)
+            first.note("flags", start, (unknown != 0) | misplaced,
+                       lambda j: f"unknown flag bits {int(unknown[j]):#x} (defined: 1, 2, 4, 128)" if unknown[j] else
+                       f"flag 128 (CATCHES_OOM) on a {ev.KIND_NAMES.get(int(kind[j]), 'kind ' + str(kind[j]))}: "
+                       f"it marks ALLOCs only")
         if self.tables:
             site = c.rec["site"] + np.uint32(1)     # NO_SITE wraps to 0: one comparison finds the bad ones
             if int(site.max()) > len(t.sites):
