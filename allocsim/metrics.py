@@ -14,7 +14,7 @@ from .sections import ALLOC_ROOT, FREE_ROOT, Sections, section_rows
 COLUMNS = ["trace", "policy", "cap_bytes", "runtime", "options", "capacity_bytes", "completed", "load_bytes",
            "peak_allocated_bytes", "peak_reserved_bytes", "utilization", "fragmentation", "overhead_vs_load",
            "device_mallocs", "device_frees", "cache_flushes", "gc_incremental", "gc_full", "gc_time_seconds", "ooms",
-           "first_oom_event", "alloc_time_seconds", "total_time_seconds", "device_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
+           "first_oom_event", "caught_ooms", "alloc_time_seconds", "total_time_seconds", "device_time_seconds", "latency_p50", "latency_p99", "replay_seconds",
            "breakdown_at_peak"]
 
 
@@ -33,6 +33,9 @@ class OOMRecord:
     recorded: bool = False
     #: why reserved > live requested bytes here (`breakdown`); None when the policy cannot say
     breakdown: dict | None = None
+    #: the program catches this failure (an ALLOC flagged CATCHES_OOM, a cuDNN workspace try): the walk went on
+    #: without it (docs/allocator-dependent.md)
+    caught: bool = False
 
 
 @dataclass
@@ -71,6 +74,9 @@ class ReplayResult:
     oom_events: list = field(default_factory=list)
     #: trace indices of the recorded OOMs this policy/setting served (they would not have happened)
     ooms_avoided: list = field(default_factory=list)
+    #: failed requests the program catches (CATCHES_OOM): counted apart from ``ooms``, the walk went on past them
+    caught_ooms: int = 0
+    caught_oom_events: list = field(default_factory=list)
     alloc_time_seconds: float = 0.0
     total_time_seconds: float = 0.0
     #: the part of ``total_time_seconds`` spent in device calls (cudaMalloc, cudaFree and the sync it implies)
@@ -291,7 +297,8 @@ def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs
         device_free_bytes=dev.bytes_free, cache_flushes=int(counters.get("cache_flushes", 0)),
         gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
         gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=list(ooms),
-        ooms_avoided=[at for at, _, _ in w.served], alloc_time_seconds=alloc_time,
+        ooms_avoided=[at for at, _, _ in w.served], caught_ooms=len(w.caught), caught_oom_events=list(w.caught),
+        alloc_time_seconds=alloc_time,
         total_time_seconds=dev.clock, device_time_seconds=dev.malloc_time + dev.free_time, latency=w.latency.summary(), counters=counters,
         latency_measured=pol.real_gpu or getattr(dev, "measured", False),
         sections=section_rows(_with_roots(stats, allocs, frees, alloc_time, dev.clock, rt.eager)),

@@ -7,7 +7,10 @@ at a time:
 - ALLOC: ``policy.malloc``; the modeled latency is the clock before/after; peak
   allocated and reserved are tracked (with the free-space shape and the free breakdown,
   ``policy.free_breakdown``, at the reserved peak and at each OOM);
-  None is an OOM, which stops the walk unless ``keep_going``;
+  None is an OOM, which stops the walk unless ``keep_going``; of an ALLOC flagged
+  CATCHES_OOM (the program catches its failure: a cuDNN workspace try) it is a caught OOM,
+  counted apart, and the walk goes on without it (its FREE is skipped; the request the
+  program made next is not in the trace: none is assumed; docs/allocator-dependent.md);
 - FREE: the handle goes to the runtime (``gc``) or the policy (``eager``); a FREE the
   recorded run made inside the next request (flag ``IN_REQUEST``: CuPy's ``gc.collect()``
   on its limit or OOM path) is held by the eager runtime and reaches the policy at the
@@ -49,7 +52,7 @@ from .guard import guard_device_calls, guard_policy
 from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
-from .trace.events import CACHE_RELEASE, IN_REQUEST, OOM, PRESSURE, SET_LIMIT
+from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
@@ -75,9 +78,10 @@ class _Chunk:
     """The driving events of one chunk of records, as lists (made when the walk first reads them: a chunk a
     fold passes over is never converted), and their trace indices."""
 
-    def __init__(self, at, rec, local, times: bool):
+    def __init__(self, at, rec, local, times: bool, caught=None):
         self.at = at                # trace index of each driving event (numpy int64)
         self._rec, self._local, self._times = rec, local, times
+        self.caught = caught        # positions of the ALLOCs flagged CATCHES_OOM (a set), None when there are none
 
     def __getattr__(self, name):
         """``kind``, ``ids``, ``sizes``, ``streams``, ``times``: the columns as lists, made on first use."""
@@ -200,6 +204,7 @@ class _Walk:
         self.skipped_frees = 0         # FREEs of objects whose ALLOC failed under --keep-going
         self.n_pressure = 0
         self.ooms: list[OOMRecord] = []
+        self.caught: list[OOMRecord] = []       # failed requests the program catches (CATCHES_OOM): the walk goes on
         #: recorded failed requests served: (event, reserved while held, the device's limit then or None)
         self.served: list[tuple[int, int, int | None]] = []
         self.done = 0                  # driving events walked
@@ -365,7 +370,8 @@ class Replay:
         """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events."""
         times = self.policy.tick is not None
         for start, rec, local in driving(self.trace, self._zero_counts):
-            yield _Chunk(local + start, rec, local, times)
+            caught = np.flatnonzero((rec["flags"][local] & CATCHES_OOM != 0) & (rec["kind"][local] == ALLOC))
+            yield _Chunk(local + start, rec, local, times, set(caught.tolist()) if len(caught) else None)
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
@@ -503,8 +509,10 @@ class Replay:
         w.failed_live -= w.failed.pop(i, 0)
 
     def _oom(self, c, j, size, stream, *, recorded: bool = False) -> bool:
-        """Record an OOM at driving event j of chunk c; True if the walk stops here."""
+        """Record an OOM at driving event j of chunk c; True if the walk stops here (neither a recorded OOM nor a
+        caught one stops it)."""
         w, pol, dev = self._w, self.policy, self.device
+        caught = not recorded and c.caught is not None and j in c.caught
         at = int(c.at[j])
         live = self._live.at(self.trace.records, at) - (0 if recorded else size)   # an OOM record adds no bytes
         if not recorded:
@@ -512,13 +520,13 @@ class Replay:
             w.failed_live += size
             w.failed_cum += size
         free = pol.free_breakdown(stream)
-        w.ooms.append(OOMRecord(at, size, stream, live, pol.allocated, dev.reserved,
-                                largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free()),
-                                recorded=recorded,
-                                breakdown=None if free is None else breakdown(
-                                    dev.reserved, pol.allocated,
-                                    self._trace_bytes(at, self._live, self._allocs) + self._held(), free)))
-        if recorded or self.keep_going:
+        (w.caught if caught else w.ooms).append(OOMRecord(
+            at, size, stream, live, pol.allocated, dev.reserved,
+            largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free()), recorded=recorded,
+            breakdown=None if free is None else breakdown(
+                dev.reserved, pol.allocated, self._trace_bytes(at, self._live, self._allocs) + self._held(), free),
+            caught=caught))
+        if recorded or caught or self.keep_going:
             return False
         w.stopped = True
         return True
@@ -647,6 +655,11 @@ class Replay:
     @property
     def ooms(self) -> list[OOMRecord]:
         return list(self._w.ooms)
+
+    @property
+    def caught_ooms(self) -> list[OOMRecord]:
+        """The failed requests the program catches (flagged CATCHES_OOM), which the walk went on past."""
+        return list(self._w.caught)
 
     @property
     def served_ooms(self) -> list[tuple[int, int, int | None]]:

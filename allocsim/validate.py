@@ -39,6 +39,7 @@ from .replay import Replay
 from .errors import InputError
 from .trace import Trace
 from .trace import events as ev
+from .trace.analysis import catches_oom_known
 
 GROW = (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP)
 SHRINK = (ev.SEGMENT_FREE, ev.SEGMENT_UNMAP)
@@ -124,6 +125,9 @@ class Validation:
     #: segment allocations the recording made in CUDA graph private pools (not modelled: the
     #: segment calls, reserved bytes and OOMs cannot be trusted while there are any)
     private_pool_segments: int = 0
+    #: requests flagged CATCHES_OOM (the program survives failing them: docs/allocator-dependent.md); None when
+    #: the trace cannot tell (no C++ stacks)
+    catches_oom: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -202,6 +206,8 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     flags, kind = np.asarray(trace.flags), np.asarray(trace.kind)
     pre = int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
     private = int(np.count_nonzero((kind == ev.SEGMENT_ALLOC) & (flags & ev.PRIVATE_POOL != 0)))
+    catches = catches_oom_known(int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.CATCHES_OOM != 0))),
+                                trace.meta)
     rec = recorded_side(trace, kinds)
     seeded = r.policy.seeded
     mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
@@ -224,9 +230,11 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     checks.append({"name": "OOMs", "recorded": len(rec_ooms), "model": res.ooms, "ok": len(rec_ooms) == res.ooms})
     checks.append({"name": "OOM events", "recorded": _events_text(rec_ooms), "model": _events_text(mod_ooms),
                    "ok": rec_ooms == mod_ooms})
+    if catches:         # the recorded run served every ALLOC it holds: a model that fails one diverged there
+        checks.append({"name": "caught OOMs", "recorded": 0, "model": res.caught_ooms, "ok": not res.caught_ooms})
     return Validation(trace=shown_name(trace.path), framework=fw, policy=spec.policy, options=res.options,
                       kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
-                      pre_existing=pre, private_pool_segments=private, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
+                      pre_existing=pre, private_pool_segments=private, catches_oom=catches, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
                       model_events=len(mod.kinds))
 
 

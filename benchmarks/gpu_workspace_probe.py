@@ -4,8 +4,8 @@ Runs ``examples/maskrcnn_variable.py`` in a fresh process twice — unconstraine
 where the defaults catch OOMs — with ``torch.cuda.memory._record_memory_history(stacks="all")`` (C++ frames),
 and writes, for every OOM the allocator raised and every allocation made from a frame that names cuDNN or
 cuBLAS, the requested size, the free device memory the allocator saw and the innermost frames that say
-who asked. The output (``$OUT/workspace_probe.json``) is what docs/pressure.md's note on allocator-dependent
-requests is drawn from.
+who asked. The output (``$OUT/workspace_probe.json``) is what docs/allocator-dependent.md (requests that
+depend on the allocator) is drawn from.
 
     OUT=dir python3 benchmarks/gpu_workspace_probe.py [--iters 6] [--allowed 5.82e9]
 """

@@ -38,9 +38,11 @@ def adds_up(b: dict, reserved: int) -> bool:
 #: Fields added after the stored results were made, each with its check (``value, the result's fields``): a
 #: result may carry them, and nothing else new. No shipped trace holds an OOM record: none serves one.
 ADDED = {"ooms_avoided": lambda v, d: v == [],
-         "breakdown_at_peak": lambda v, d: v is None or adds_up(v, d["peak_reserved_bytes"])}
+         "breakdown_at_peak": lambda v, d: v is None or adds_up(v, d["peak_reserved_bytes"]),
+         "caught_ooms": lambda v, d: v == 0, "caught_oom_events": lambda v, d: v == []}   # no shipped trace flags one
 #: The same for each OOM record's fields (taken out before a long list is digested).
-OOM_ADDED = {"breakdown": lambda v, o: v is None or adds_up(v, o["reserved_bytes"])}
+OOM_ADDED = {"breakdown": lambda v, o: v is None or adds_up(v, o["reserved_bytes"]),
+             "caught": lambda v, o: v is False}
 
 
 def results(path: str) -> dict:

@@ -56,6 +56,7 @@ def test_missing_framework_or_gpu_is_one_line_exit_2(tmp_path, capsys, fw):
 @pytest.mark.parametrize("argv,msg", [
     ([], "no script"), (["missing.py"], "no such script"), (["-m"], "module name"),
     (["-m", "no_such_module_xyz"], "no module named"), (["--max-events", "0", "x.py"], "--max-events"),
+    (["--stacks", "all"], "needs the script after it"),
 ])
 def test_bad_command_lines(argv, msg, capsys):
     assert main(["record", *argv]) == 2
@@ -70,7 +71,24 @@ def test_script_arguments_pass_through_untouched():
     assert (a.output, t.script, t.args, default) == ("x.bin", "train.py", ["--iters", "3", "-o", "y"], "train.bin")
     a = make_parser().parse_args(["record", "--stacks", "-m", "pkg.train", "--iters", "3"])
     t, default = parse_target(a)
-    assert (a.stacks, t.module, t.args, default) == (True, "pkg.train", ["--iters", "3"], "train.bin")
+    assert (a.stacks, t.module, t.args, default) == ("python", "pkg.train", ["--iters", "3"], "train.bin")
+
+
+@pytest.mark.parametrize("argv,stacks,script,args,out", [
+    (["--stacks", "train.py", "--iters", "3"], "python", "train.py", ["--iters", "3"], None),   # as before
+    (["--stacks", "all", "train.py", "--iters", "3"], "all", "train.py", ["--iters", "3"], None),
+    (["--stacks=all", "-o", "a.bin", "train.py", "-o", "b"], "all", "train.py", ["-o", "b"], "a.bin"),
+    (["--framework", "torch", "--stacks", "all", "-o", "a.bin", "train.py"], "all", "train.py", [], "a.bin"),
+    (["--stacks", "python", "train.py", "all"], "python", "train.py", ["all"], None),
+    (["train.py", "--stacks", "all"], None, "train.py", ["--stacks", "all"], None),    # the script's own
+])
+def test_stacks_all_or_python(argv, stacks, script, args, out):
+    from allocsim.cli import make_parser
+    from allocsim.commands.record import parse_target
+    a = make_parser().parse_args(["record", *argv])
+    t, _ = parse_target(a)
+    assert (a.stacks, t.script, t.args, a.output) == (stacks, script, args, out)
+    assert a.framework == ("torch" if "torch" in argv else "auto")
 
 
 def test_detect_framework(tmp_path):

@@ -36,6 +36,17 @@ def _bucket_label(lo: int, hi: int) -> str:
     return f"[{fmt_bytes(lo, 0)}, {fmt_bytes(hi, 0)})"
 
 
+def catches_oom_line(n: int | None, largest: int) -> str:
+    """What a torch trace says of the requests the program survives failing (docs/allocator-dependent.md)."""
+    if n is None:
+        return ("  requests the program survives failing (cuDNN workspace tries): the trace cannot tell (no C++ "
+                "stacks: record with --stacks all)")
+    if not n:
+        return "  requests the program survives failing: none (C++ stacks recorded)"
+    return (f"  requests the program survives failing: {n:,} (cuDNN workspace tries, up to {fmt_bytes(largest)}); "
+            f"a replay that fails one counts a caught OOM and goes on without it")
+
+
 def format_summary(d: dict) -> str:
     """The human report of `summarize`'s dict."""
     m = d["metadata"]
@@ -93,6 +104,8 @@ def format_summary(d: dict) -> str:
     if d.get("frees_in_request"):
         lines.append(f"  frees inside a request: {d['frees_in_request']:,} (arrays the pool's gc.collect() freed on its "
                      f"limit or OOM path; replayed at that collection)")
+    if "catches_oom" in d:
+        lines.append(catches_oom_line(d["catches_oom"], d["catches_oom_max_bytes"]))
     up = d["upstream_segments"]
     n_seg = sum(v for k, v in up.items() if k != "peak_reserved_bytes")
     if n_seg:

@@ -19,8 +19,11 @@ def add_arguments(p):
     add_force_argument(p)
     p.add_argument("--framework", default="auto", choices=["auto", "torch", "cupy"],
                    help="recorder to use; auto reads the script's imports")
-    p.add_argument("--stacks", action="store_true",
-                   help="torch: keep Python stacks of allocations (call sites; slower)")
+    p.add_argument("--stacks", action="store_const", const="python",
+                   help="torch: keep Python stacks of allocations (call sites; slower); --stacks all (or "
+                        "--stacks=all): C++ frames too, which flag the requests PyTorch survives failing "
+                        "(docs/allocator-dependent.md)")
+    p.add_argument("--stacks=all", dest="stacks", action="store_const", const="all", help=argparse.SUPPRESS)
     p.add_argument("--max-events", type=int, metavar="N",
                    help="torch: ring-buffer entries per drain (default 1000000; drained every optimizer step)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
@@ -34,6 +37,7 @@ def add_arguments(p):
 def parse_target(args):
     """``(Target, default output name)`` from the parsed arguments."""
     from ..recorders import Target
+    stacks_choice(args)
     target = list(args.target or [])
     if target and target[0] == "--":
         target = target[1:]
@@ -94,10 +98,31 @@ def run_program(args, argv: list[str]) -> int:
                           max_events=args.max_events)
 
 
+def stacks_choice(args) -> None:
+    """``--stacks all``: argparse read ``all`` as the start of the program (``--stacks`` alone keeps Python
+    stacks, as before, so that ``--stacks train.py`` still names the script); take it back when a script or
+    ``-m`` follows it, and read allocsim's own options between it and the script."""
+    target = args.target or []
+    if args.stacks != "python" or not target or target[0] not in ("all", "python"):
+        return
+    from ..cli import _Parser
+    p = _Parser(prog="allocsim record")
+    add_arguments(p)
+    rest = p.parse_args(target[1:])
+    for name, value in vars(rest).items():
+        if value != p.get_default(name) and name != "stacks":
+            setattr(args, name, value)
+    args.stacks = target[0]
+    if args.module is None and not args.target:
+        raise UsageError(f"--stacks {target[0]} needs the script after it (allocsim record --stacks "
+                         f"{target[0]} train.py ...)")
+
+
 def run(args) -> int:
     from ..recorders import record
     if args.max_events is not None and args.max_events < 1:
         raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
+    stacks_choice(args)
     argv = program_argv(args)
     if argv is not None:
         return run_program(args, argv)

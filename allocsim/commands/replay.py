@@ -79,6 +79,11 @@ def run_one(args) -> int:
         print(f"allocsim: {name}: {len(again)} recorded OOM{'s' if len(again) > 1 else ''} happened again, as in "
               f"the recorded run (the replay went on, as the program did), the first at {oom_line(again[0])}",
               file=sys.stderr)
+    if res.caught_ooms:
+        print(f"allocsim: {name}: {res.caught_ooms} request{'s' if res.caught_ooms > 1 else ''} that the program "
+              f"survives failing (cuDNN workspace tries) failed, the first at {oom_line(res.caught_oom_events[0])}: "
+              f"the replay went on without them, as the program goes on to its next config, whose request the "
+              f"trace does not hold (none assumed; docs/allocator-dependent.md)", file=sys.stderr)
     if not res.completed:                  # the walk stops at the OOM it just recorded
         print(f"allocsim: {name}: out of memory at "
               f"{oom_line(res.oom_events[-1])} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)

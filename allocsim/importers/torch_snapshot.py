@@ -4,7 +4,8 @@ A snapshot holds the allocator's final state (``segments``, each with its
 ``blocks``) and a per-device ring buffer of what it did (``device_traces``).
 The mapping (``docs/importers.md``, "PyTorch memory snapshots"):
 
-    alloc            -> ALLOC (requested size, addr, stream, call site when frames are present)
+    alloc            -> ALLOC (requested size, addr, stream, call site when frames are present; flagged
+                        CATCHES_OOM when its C++ frames name a path that catches its OOM: `catches_oom`)
     free_requested   -> FREE_REQUESTED of the block live at that address
     free_completed   -> FREE of that block (the block leaves the live set here)
     segment_alloc/free/map/unmap -> SEGMENT_* (informational)
@@ -32,6 +33,7 @@ and unmap entries also scan the segments, O(#segments) each.
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 
 from ..errors import InputError
@@ -81,6 +83,31 @@ def site_of(frames) -> str | None:
             first_py = first_py or f
     f = first_py or (frames[0] if isinstance(frames[0], dict) else {})
     return f"{f.get('filename', '?')}:{f.get('line', '?')}:{f.get('name', '?')}"
+
+
+#: The PyTorch functions whose allocation is caught when it fails (``docs/allocator-dependent.md``): cuDNN v8's
+#: workspace request of a convolution plan (``run_conv_plan``, ``run_conv_plan_fused``: their callers
+#: ``run_single_conv``/``run_fused_conv`` on a cached plan, ``try_configs``/``try_plans`` on each candidate, catch
+#: ``c10::OutOfMemoryError`` and go on to the next) and ``generate_and_filter_plans`` (benchmark mode: the
+#: workspace is asked again at half the size). Matched as a C++ function name in the alloc's frames.
+CAUGHT_OOM_FUNCTIONS = re.compile(r"\b(run_conv_plan(_fused)?|generate_and_filter_plans)\(")
+
+
+def catches_oom(frames) -> bool:
+    """Was the allocation with these frames made where PyTorch catches its OOM (`CAUGHT_OOM_FUNCTIONS`)?"""
+    search = CAUGHT_OOM_FUNCTIONS.search
+    return any(isinstance(f, dict) and search(str(f.get("name", ""))) for f in frames)
+
+
+def stacks_of(entries) -> str | None:
+    """What stacks a history holds, read from its first alloc with frames: ``"all"`` (C++ frames too: a name
+    with ``::``, as every allocation's allocator frames have), ``"python"``, or None (no frames)."""
+    for e in entries:
+        frames = e.get("frames") if isinstance(e, dict) and e.get("action") == "alloc" else None
+        if frames and isinstance(frames, list):
+            return "all" if any(isinstance(f, dict) and "::" in str(f.get("name", "")) for f in frames) \
+                else "python"
+    return None
 
 
 def _is_uint(x) -> bool:
@@ -331,7 +358,7 @@ class SnapshotConversion:
             "allocator_settings": settings if isinstance(settings, dict) else {},
             "time_source": "time_us" if self.t0 is not None else "entry index",
             "wrapped": self.start.wrapped, "pre_existing": len(self.start.blocks),
-            "initial_segments": self.start.initial_segments(),
+            "initial_segments": self.start.initial_segments(), "stacks": stacks_of(self.entries),
         }
         if self.private:
             self.meta["private_pools"] = {"segments": len(self.private), "bytes": sum(self.private.values())}
@@ -376,7 +403,7 @@ class SnapshotConversion:
             "allocs": counts["alloc"], "frees": counts["free_completed"], "free_requested": counts["free_requested"],
             "segment_allocs": counts["segment_alloc"], "segment_frees": counts["segment_free"],
             "segment_maps": counts["segment_map"], "segment_unmaps": counts["segment_unmap"],
-            "ooms": counts["oom"], "cache_releases_inferred": len(releases),
+            "ooms": counts["oom"], "catches_oom": counts["catches_oom"], "cache_releases_inferred": len(releases),
             "snapshots_ignored": counts["snapshot"], "unknown_actions": dict(unknown),
             "seeded": len(start.blocks), "seeded_pending_free": seeded_pending, "wrapped": start.wrapped,
             "initial_segments": len(start.segments), "inconsistent": start.inconsistent,
@@ -436,7 +463,12 @@ class EntryConverter:
                     self._problem("alloc_at_live_address",
                                   f"alloc at address {addr:#x}, which is still live (id {live[addr]})", idx)
                 frames = e.get("frames") if self.stacks else None
-                live[addr] = alloc(e["size"], stream, t=t, addr=addr, site=site_of(frames) if frames else None)
+                flags = 0
+                if frames and isinstance(frames, list) and catches_oom(frames):
+                    flags = ev.CATCHES_OOM
+                    counts["catches_oom"] += 1
+                live[addr] = alloc(e["size"], stream, t=t, addr=addr, site=site_of(frames) if frames else None,
+                                   flags=flags)
             elif a == "free_requested" or a == "free_completed":
                 addr = e["addr"]
                 i = live.get(addr) if a == "free_requested" else live.pop(addr, None)

@@ -125,7 +125,7 @@ class ProcessRecorder(TorchRecorder):
         self.run_command = config.get("command")
         self.rank, self.local_rank, self.world_size = env_int("RANK"), env_int("LOCAL_RANK"), env_int("WORLD_SIZE")
         super().__init__(process_name(self.run_out, self.label()), command=[sys.executable, *sys.argv],
-                         stacks=bool(config.get("stacks")), max_events=config.get("max_events"))
+                         stacks=config.get("stacks") or False, max_events=config.get("max_events"))
 
     def label(self) -> str:
         return f"rank{self.rank}" if self.rank is not None else f"pid{os.getpid()}"

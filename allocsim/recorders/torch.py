@@ -25,7 +25,9 @@ of the program. They run on the main thread between operations, when no
 other thread allocates on the device (autograd's backward has finished before
 an optimizer step), so no entry falls between the copy and the clear: nothing
 is lost, and since every drain clears what it copied, nothing is seen twice.
-The end-of-run check compares the number of ``alloc`` entries converted with
+With ``--stacks all`` the allocations carry C++ frames too, and those made where
+PyTorch catches their OOM (a cuDNN workspace try) are flagged CATCHES_OOM by the converter
+(``docs/allocator-dependent.md``). The end-of-run check compares the number of ``alloc`` entries converted with
 the allocator's own ``allocation.all.allocated`` counter and writes a note
 to the stats file if they differ. Memory stays bounded by one iteration's
 entries (the buffer and one copy); a chunk that fills the whole buffer may have
@@ -66,7 +68,7 @@ class TorchRecorder(Recorder):
     def _arm(self, clear: bool) -> None:
         import torch
         torch.cuda.memory._record_memory_history(
-            enabled="all", context="alloc" if self.stacks else None, stacks="python",
+            enabled="all", context="alloc" if self.stacks else None, stacks=self.stacks or "python",
             max_entries=self.max_entries, clear_history=clear)
 
     #: False: the device is the current one when recording starts. True (a process of a run, started at CUDA's

@@ -81,6 +81,10 @@ def replay_summary(result) -> str:
               for o in r["oom_events"][:5]]
     lines += [f"    recorded OOM at event {at}: served under this policy/setting (would not have happened)"
               for at in r.get("ooms_avoided", ())[:5]]
+    if r.get("caught_ooms"):
+        lines.append(f"  caught OOMs              {r['caught_ooms']:>12,}   (requests the program survives failing: "
+                     f"it went on without them)")
+        lines += [f"    {oom_line(o)}" for o in r["caught_oom_events"][:3]]
     if lat:
         lines.append(f"  malloc latency ({'measured' if r['latency_measured'] else 'modeled'}) "
                      f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
@@ -235,6 +239,10 @@ def validation_summary(validation) -> str:
                      f"pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the model does not "
                      f"follow: it serves those requests from the default pools, so the segment calls, reserved bytes "
                      f"and OOMs below cannot be trusted")
+    if v.get("catches_oom"):
+        lines.append(f"  note: {v['catches_oom']:,} requests the program survives failing (cuDNN workspace tries, "
+                     f"flagged from C++ stacks); the replay follows them: one that fails is a caught OOM and the "
+                     f"walk goes on without it (docs/allocator-dependent.md)")
     lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
     for c in v["checks"]:
         fmt = fmt_bytes if c["name"].endswith("reserved") else str

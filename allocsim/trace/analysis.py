@@ -129,6 +129,8 @@ class Tally:
         self.pre_existing = 0
         self.private_segments = 0       # SEGMENT_ALLOCs in CUDA graph private pools
         self.in_request = 0             # FREEs made inside a request (CuPy's gc.collect on its limit/OOM path)
+        self.catches_oom = 0            # ALLOCs flagged CATCHES_OOM
+        self.catches_oom_max = 0        # the largest of them, bytes
         self.streams = set()
         self.t_min = self.t_max = None
         self.gc = [0, 0]                # incremental, full
@@ -151,6 +153,10 @@ class Tally:
             self.pre_existing += int(np.count_nonzero(flags[a] & ev.PRE_EXISTING))
             self.private_segments += int(np.count_nonzero(flags[chunk.where(ev.SEGMENT_ALLOC)] & ev.PRIVATE_POOL))
             self.in_request += int(np.count_nonzero(flags[chunk.where(ev.FREE)] & ev.IN_REQUEST))
+            caught = a[flags[a] & ev.CATCHES_OOM != 0]
+            if len(caught):
+                self.catches_oom += len(caught)
+                self.catches_oom_max = max(self.catches_oom_max, int(rec["size"][caught].max()))
         self._add_streams(chunk, np.concatenate((a, chunk.where(ev.FREE))))
         t = rec["time_ns"]
         lo, hi = int(t.min()), int(t.max())
@@ -257,11 +263,19 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         "upstream_segments": tally.upstream_segments(),
         **({"private_pool_segments": tally.private_segments} if tally.private_segments else {}),
         **({"frees_in_request": tally.in_request} if tally.in_request else {}),
+        **({"catches_oom": catches_oom_known(tally.catches_oom, meta),
+            "catches_oom_max_bytes": tally.catches_oom_max} if meta.get("framework") == "torch" else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
         **({"process": {k: meta[k] for k in PROCESS_KEYS if k in meta}} if "pid" in meta or "rank" in meta else {}),
         **({"device_memory": meta["device_memory"]} if "device_memory" in meta else {}),
     }
+
+
+def catches_oom_known(flagged: int, meta: dict) -> int | None:
+    """The number of requests the program survives failing (ALLOCs flagged CATCHES_OOM, ``flagged``), or None
+    when the trace cannot tell: none flagged and no C++ stacks recorded (``meta["stacks"]`` is not ``"all"``)."""
+    return flagged if flagged or meta.get("stacks") == "all" else None
 
 
 def recorded_limit(index: int, r) -> dict:

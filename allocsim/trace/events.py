@@ -59,6 +59,8 @@ PRIVATE_POOL = 4     # SEGMENT_*: the segment belongs to a CUDA graph private po
 IN_REQUEST = 64      # FREE: made inside the request of the next ALLOC or OOM, after its best-fit lookup (CuPy: the
                      # arrays a gc.collect() on the pool's limit or OOM path collected); aux = which collection of
                      # that request it came from (1, 2, ...), 0 none
+CATCHES_OOM = 128    # ALLOC made on a path that catches an OOM from it and goes on without it (a cuDNN
+                     # workspace try; docs/allocator-dependent.md): failing under a cap, it is a caught OOM
 
 NO_SITE = 0xFFFFFFFF
 NO_ID = 0xFFFFFFFF

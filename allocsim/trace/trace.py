@@ -278,7 +278,7 @@ class _RecordFields:
     """The record fields `_Validator` checks beyond kinds, ids and sizes, a `Chunk` at a time
     (the table in ``docs/trace-format.md``, section 4).
 
-    Every event: no flag bits beyond the three defined, a site index within the footer's
+    Every event: no flag bits beyond those defined, each on a kind it marks, a site index within the footer's
     ``sites`` (or none). Per kind: GC, CACHE_RELEASE and SET_LIMIT ``aux`` 0 or 1; a MARK's
     label index within ``labels``; an OOM's device free bytes and a torch SET_LIMIT's fraction
     (0 to 1) in range; a SEGMENT_FREE names a segment allocated before it (in the trace or in
@@ -292,7 +292,20 @@ class _RecordFields:
     AUX = {ev.GC: "0 (incremental) nor 1 (full)", ev.CACHE_RELEASE: "0 (torch) nor 1 (CuPy)",
            ev.SET_LIMIT: "0 (torch) nor 1 (CuPy)"}
     SEGMENT_KINDS = (ev.SEGMENT_ALLOC, ev.SEGMENT_FREE, ev.SEGMENT_MAP, ev.SEGMENT_UNMAP)
-    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL | ev.IN_REQUEST
+    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL | ev.IN_REQUEST | ev.CATCHES_OOM
+    #: The flags that mark one kind of record only, and those kinds (docs/trace-format.md).
+    FLAG_KINDS = {ev.IN_REQUEST: (ev.FREE,), ev.CATCHES_OOM: (ev.ALLOC,)}
+    FLAG_NAMES = {ev.IN_REQUEST: "IN_REQUEST", ev.CATCHES_OOM: "CATCHES_OOM"}
+
+    def _bad_flags(self, flags: int, kind: int) -> str:
+        """What is wrong with a record's flags: bits no flag defines, or a flag on a kind it does not mark."""
+        if flags & ~self.FLAGS & 0xFF:
+            defined = ", ".join(str(1 << b) for b in range(8) if self.FLAGS >> b & 1)
+            return f"unknown flag bits {flags & ~self.FLAGS & 0xFF:#x} (defined: {defined})"
+        bit = next(b for b, kinds in self.FLAG_KINDS.items() if flags & b and kind not in kinds)
+        marks = " and ".join(ev.KIND_NAMES[k] + "s" for k in self.FLAG_KINDS[bit])
+        return (f"flag {bit} ({self.FLAG_NAMES[bit]}) on a {ev.KIND_NAMES.get(kind, f'kind {kind}')}: it marks "
+                f"{marks} only")
 
     def __init__(self, trace: Trace, first: _FirstDefects):
         self.trace, self.first = trace, first
@@ -307,9 +320,14 @@ class _RecordFields:
     def add(self, c: "Chunk") -> None:
         first, start, t = self.first, c.start, self.trace
         flags = c.rec["flags"]
-        if len(flags) and int(np.bitwise_or.reduce(flags)) & ~self.FLAGS:
-            first.note("flags", start, flags & np.uint8(~self.FLAGS & 0xFF) != 0,
-                       lambda j: f"unknown flag bits {int(flags[j]) & ~self.FLAGS:#x} (defined: 1, 2, 4, 64)")
+        if flags.any():         # rare: most traces flag nothing
+            unknown = flags & np.uint8(~self.FLAGS & 0xFF)
+            kind = c.rec["kind"]
+            misplaced = np.zeros(len(flags), bool)
+            for bit, kinds in self.FLAG_KINDS.items():
+                misplaced |= (flags & bit != 0) & ~np.isin(kind, kinds)
+            first.note("flags", start, (unknown != 0) | misplaced,
+                       lambda j: self._bad_flags(int(flags[j]), int(kind[j])))
         if self.tables:
             site = c.rec["site"] + np.uint32(1)     # NO_SITE wraps to 0: one comparison finds the bad ones
             if int(site.max()) > len(t.sites):
