@@ -282,7 +282,8 @@ def test_a_stopped_pool_prints_no_invalid_state_error():
     from allocsim.sweep import process_pool
     with pytest.raises(KeyboardInterrupt):
         with process_pool(1) as ex:
-            ex.submit(time.sleep, 1)
+            for _ in range(4):      # the pool hands a worker's call queue one more than it runs: these fill it
+                ex.submit(time.sleep, 1)
             queued = ex.submit(time.sleep, 1)
             assert queued.cancel()
             queued.set_exception(RuntimeError("worker gone"))     # what the pool's thread does on a stop
