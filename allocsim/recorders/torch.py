@@ -47,6 +47,7 @@ from ..importers.torch_snapshot import EntryConverter, private_pool_segments
 from ..trace import events as ev
 from ..trace.events import TORCH_AUX, fraction_bits
 from ._base import Recorder, stderr
+from .torch_pools import PoolHooks
 
 DEFAULT_MAX_ENTRIES = 1_000_000
 #: The functions of ``torch.cuda.memory`` the recorder wraps (also re-exported as ``torch.cuda.NAME``).
@@ -95,6 +96,8 @@ class TorchRecorder(Recorder):
         if get_fraction is not None and get_fraction(self.device) != 1.0:
             self.record_fraction(get_fraction(self.device))
         self._wrap_calls()
+        self.pool_hooks = PoolHooks(self)       # private pools: CUDA graphs, MemPool (`torch_pools`)
+        self.pool_hooks.install()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
 
@@ -174,6 +177,7 @@ class TorchRecorder(Recorder):
         torch = self.torch
         self._hook.remove()
         self._unwrap_calls()
+        self.pool_hooks.remove()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
         torch.cuda.synchronize()
@@ -185,9 +189,13 @@ class TorchRecorder(Recorder):
             self.note(f"trace has {c['alloc']} allocs, the allocator counted {real_allocs}")
         if c["unmatched_free"]:
             self.note(f"{c['unmatched_free']} frees of blocks allocated before recording began were skipped")
-        if self.private_pools:
-            self.note(f"{len(self.private_pools)} segments belong to CUDA graph private pools, which the torch model "
-                      f"does not follow: allocsim validate says which figures cannot be trusted")
+        pools = self.pool_hooks.summary()
+        if self.private_pools and not pools["pools"]:
+            self.note(f"{len(self.private_pools)} segments belong to private pools whose calls were not seen "
+                      f"(no pool events recorded): allocsim validate says which figures cannot be trusted")
+        if pools["checkpoint_restores"]:
+            self.note(f"a private pool's state was restored from a checkpoint {pools['checkpoint_restores']} times "
+                      f"(CUDA graph trees): the torch model does not follow that")
         if self.other_device_entries:
             self.note(f"{self.other_device_entries} entries on devices other than cuda:{self.device} not recorded")
         summary = self.trace_summary(trace)
@@ -196,7 +204,7 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "cache_releases": self.releases, "limits_set": self.limits,
+            "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools, "cache_releases": self.releases, "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 

@@ -187,7 +187,7 @@ class _Validator:
 
     ORDER = ("kind", "stream", "size", "id", "twice", "unknown free", "double free",
              "unknown free_requested", "double free_requested",
-             "flags", "site", "aux", "label", "device free", "fraction", "segment")      # the last: `_RecordFields`
+             "flags", "site", "aux", "pool", "label", "device free", "fraction", "segment")   # the last: `_RecordFields`
 
     def __init__(self, trace: Trace):
         self.trace = trace
@@ -291,7 +291,7 @@ class _RecordFields:
     AUX = {ev.GC: "0 (incremental) nor 1 (full)", ev.CACHE_RELEASE: "0 (torch) nor 1 (CuPy)",
            ev.SET_LIMIT: "0 (torch) nor 1 (CuPy)"}
     SEGMENT_KINDS = (ev.SEGMENT_ALLOC, ev.SEGMENT_FREE, ev.SEGMENT_MAP, ev.SEGMENT_UNMAP)
-    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL
+    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL | ev.POOL_CAPTURE | ev.POOL_ANY_STREAM | ev.POOL_EMPTY
 
     def __init__(self, trace: Trace, first: _FirstDefects):
         self.trace, self.first = trace, first
@@ -306,9 +306,9 @@ class _RecordFields:
     def add(self, c: "Chunk") -> None:
         first, start, t = self.first, c.start, self.trace
         flags = c.rec["flags"]
-        if int(flags.max()) > self.FLAGS:       # the defined bits are the low three: any other makes it larger
+        if int(flags.max()) > self.FLAGS:       # the defined bits are the low six: any other makes it larger
             first.note("flags", start, flags > self.FLAGS,
-                       lambda j: f"unknown flag bits {int(flags[j]) & ~self.FLAGS:#x} (defined: 1, 2, 4)")
+                       lambda j: f"unknown flag bits {int(flags[j]) & ~self.FLAGS:#x} (defined: 1 to 32)")
         if self.tables:
             site = c.rec["site"] + np.uint32(1)     # NO_SITE wraps to 0: one comparison finds the bad ones
             if int(site.max()) > len(t.sites):
@@ -320,6 +320,11 @@ class _RecordFields:
             aux = c.rec["aux"][at]
             first.note("aux", start, aux > 1, lambda j: f"{ev.KIND_NAMES[kind]} aux {int(aux[j])} is neither "
                                                         f"{expected}", at=at)
+        for kind in (*ev.POOL, ev.GRAPH_REPLAY):
+            at = c.where(kind)
+            pool = c.rec["aux"][at]
+            first.note("pool", start, pool == 0, lambda j: f"{ev.KIND_NAMES[kind]} names pool 0 (pools are "
+                                                           f"numbered from 1)", at=at)
         at = c.where(ev.MARK)
         if self.tables and len(at):
             label = c.rec["aux"][at]

@@ -1,0 +1,203 @@
+"""The recorder's pool events (`allocsim.recorders.torch_pools`): on the CPU against a stand-in for the
+``torch`` calls it wraps (order, numbering, flags, what each wrapper records and passes on); on a GPU
+(marked gpu) a real program with a MemPool and a CUDA graph, whose trace must hold the pool events the
+program's calls imply and replay to the real allocator's own figures."""
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from allocsim.recorders.torch_pools import PoolHooks
+from allocsim.trace import Trace
+from allocsim.trace import events as ev
+
+from test_record import _check_torch, _gpu_ok, _record, _script
+
+
+# ---- a stand-in for the wrapped torch calls (CPU) -------------------------------------------------
+class _Log:
+    """The recorder's side as PoolHooks sees it: drains and records land in one list, in order."""
+
+    def __init__(self):
+        self.items = []
+
+    def record(self, kind, **kw):
+        self.items.append((ev.KIND_NAMES[kind], kw["aux"], kw["flags"], kw["stream"], kw["addr"]))
+
+
+def _fake_torch(log):
+    calls = log.items
+
+    class CUDAGraph:
+        counter = [0]
+
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            if pool is None:
+                self.counter[0] += 1
+                pool = (self.counter[0], 0)
+            self._pool = pool
+            calls.append(("capture_begin", pool))
+
+        def capture_end(self):
+            calls.append(("capture_end",))
+
+        def replay(self):
+            calls.append(("replay",))
+
+        def reset(self):
+            calls.append(("reset",))
+
+        def pool(self):
+            return self._pool
+
+    class MemPool:
+        made = [0]
+
+        def __init__(self):
+            self.made[0] += 1
+            self.id = (0, self.made[0])
+            calls.append(("MemPool",))
+
+    def c_call(name):
+        return lambda device, pool, *a: calls.append((name, device, pool))
+
+    names = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_beginAllocateCurrentStreamToPool",
+             "_cuda_endAllocateToPool", "_cuda_releasePool", "_cuda_setCheckpointPoolState")
+    C = types.SimpleNamespace(**{n: c_call(n) for n in names})
+    memory = types.SimpleNamespace(MemPool=MemPool, _cuda_endAllocateToPool=C._cuda_endAllocateToPool,
+                                   _cuda_releasePool=C._cuda_releasePool,
+                                   _cuda_beginAllocateCurrentThreadToPool=C._cuda_beginAllocateCurrentThreadToPool)
+    stream = types.SimpleNamespace(cuda_stream=0x77)
+    cuda = types.SimpleNamespace(CUDAGraph=CUDAGraph, memory=memory, MemPool=MemPool,
+                                 current_stream=lambda device=None: stream)
+    return types.SimpleNamespace(_C=C, cuda=cuda)
+
+
+def _hooks():
+    log = _Log()
+    rec = types.SimpleNamespace(device=0, writer=object(), conv=types.SimpleNamespace(w=log))
+    rec.drain = lambda: log.items.append(("drain",))
+    rec.mark = lambda label: log.items.append(("mark", label))
+    rec.torch = _fake_torch(log)
+    hooks = PoolHooks(rec)
+    hooks.install()
+    return hooks, rec, log
+
+
+def test_a_capture_is_begin_on_its_stream_then_end_after_its_entries_and_release_at_reset():
+    hooks, rec, log = _hooks()
+    g = rec.torch.cuda.CUDAGraph()
+    g.capture_begin()
+    log.items.append(("alloc during capture",))
+    g.capture_end()
+    g.replay()
+    g.reset()
+    g.reset()                           # a second reset holds no pool: nothing recorded
+    bits = ev.pool_id_bits((1, 0))
+    assert log.items == [
+        ("drain",), ("capture_begin", (1, 0)), ("POOL_BEGIN", 1, ev.POOL_CAPTURE, 0x77, bits),
+        ("alloc during capture",), ("capture_end",), ("drain",), ("POOL_END", 1, 0, 0, bits),
+        ("drain",), ("GRAPH_REPLAY", 1, 0, 0, bits), ("replay",),
+        ("drain",), ("POOL_RELEASE", 1, 0, 0, bits), ("reset",), ("reset",)]
+
+
+def test_graphs_sharing_a_pool_share_its_number_and_a_deleted_graph_releases_it():
+    hooks, rec, log = _hooks()
+    a, b = rec.torch.cuda.CUDAGraph(), rec.torch.cuda.CUDAGraph()
+    a.capture_begin()
+    a.capture_end()
+    b.capture_begin(pool=a.pool())
+    b.capture_end()
+    c = rec.torch.cuda.CUDAGraph()
+    c.capture_begin()
+    c.capture_end()
+    log.items.clear()
+    del b                               # no reset: the graph's deletion releases its pool
+    assert [x[:2] for x in log.items if x[0].startswith("POOL")] == [("POOL_RELEASE", 1)]
+    assert hooks.numbers == {(a.pool()[0], 0): 1, (c.pool()[0], 0): 2}
+
+
+def test_mempool_and_use_mem_pool_calls():
+    hooks, rec, log = _hooks()
+    torch = rec.torch
+    p = torch.cuda.MemPool()
+    torch.cuda.memory._cuda_beginAllocateCurrentThreadToPool(0, p.id)
+    torch.cuda.memory._cuda_endAllocateToPool(0, p.id)
+    torch.cuda.memory._cuda_releasePool(0, p.id)
+    torch._C._cuda_beginAllocateCurrentStreamToPool(0, p.id)
+    torch._C._cuda_beginAllocateCurrentStreamToPool(1, p.id)        # another device: passed on, not recorded
+    torch._C._cuda_setCheckpointPoolState(0, "state")
+    del p
+    events = [x[:4] for x in log.items if x[0] in ev.KINDS_BY_NAME]
+    assert events == [("POOL_RETAIN", 1, 0, 0), ("POOL_BEGIN", 1, ev.POOL_ANY_STREAM, 0),
+                      ("POOL_END", 1, 0, 0), ("POOL_RELEASE", 1, 0, 0), ("POOL_BEGIN", 1, 0, 0x77),
+                      ("POOL_RELEASE", 1, ev.POOL_EMPTY, 0)]
+    assert ("_cuda_beginAllocateCurrentStreamToPool", 1, (0, 1)) in log.items
+    assert hooks.checkpoints == 1 and ("mark", "pool checkpoint restored (1)") in log.items
+    # the release is recorded before the call (its segment frees follow it), the end after (its entries precede)
+    order = [x[0] for x in log.items]
+    assert order.index("_cuda_releasePool") == order.index("POOL_RELEASE") + 1
+    assert order.index("POOL_END") > order.index("_cuda_endAllocateToPool")
+
+
+def test_remove_puts_every_original_back():
+    hooks, rec, log = _hooks()
+    torch = rec.torch
+    wrapped = torch._C._cuda_releasePool
+    hooks.remove()
+    assert torch._C._cuda_releasePool is not wrapped and torch.cuda.memory._cuda_releasePool is torch._C._cuda_releasePool
+    assert "capture_begin" in vars(torch.cuda.CUDAGraph) and not hasattr(torch.cuda.CUDAGraph.capture_begin, "__wrapped__")
+    log.items.clear()
+    torch.cuda.MemPool()
+    assert log.items == [("MemPool",)]
+
+
+def test_nothing_is_recorded_once_the_trace_is_closed():
+    hooks, rec, log = _hooks()
+    p = rec.torch.cuda.MemPool()
+    rec.writer = None
+    log.items.clear()
+    del p
+    assert log.items == []
+
+
+# ---- a real program (GPU) ------------------------------------------------------------------------
+POOLS_SCRIPT = """
+    import torch
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        a = torch.randn(1 << 20, device="cuda")          # 4 MiB: the pool's large blocks
+        s = torch.randn(1000, device="cuda")             # the pool's small blocks
+    b = torch.randn(1 << 20, device="cuda")              # the default pool
+    del a
+    with torch.cuda.use_mem_pool(pool):
+        c = torch.randn(1 << 19, device="cuda")          # reuses a's block
+    x = torch.zeros(256, 256, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x @ x + 1
+    g.replay(); g.replay()
+    del g, y, c, s
+    del pool
+    torch.cuda.empty_cache()
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _gpu_ok("torch"), reason="needs torch with a CUDA GPU")
+def test_a_recorded_program_with_pools_has_their_events_and_replays_exactly(tmp_path):
+    from allocsim.validate import validate
+    s = _script(tmp_path, "pools.py", POOLS_SCRIPT)
+    r, out = _record(tmp_path, s)
+    assert r.returncode == 0, r.stderr
+    t = Trace.load(out)
+    stats = json.load(open(out + ".stats.json"))
+    _check_torch(t, stats["memory_stats"])
+    n = {name: int((t.kind == k).sum()) for k, name in ev.KIND_NAMES.items()}
+    assert (n["POOL_RETAIN"], n["POOL_BEGIN"], n["POOL_END"], n["GRAPH_REPLAY"]) == (1, 3, 3, 2)
+    assert n["POOL_RELEASE"] == 4          # two use_mem_pool exits, the graph, the MemPool (with POOL_EMPTY)
+    assert stats["private_pools"]["pools"] == 2
+    v = validate(out)
+    assert v.match, v.checks
