@@ -250,9 +250,15 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         "limits": tally.limits,
         "upstream_segments": tally.upstream_segments(),
         **({"private_pool_segments": tally.private_segments} if tally.private_segments else {}),
+        **({"private_pools": _pool_summary(counts)} if counts[list(ev.POOL)].any() else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
     }
+
+
+def _pool_summary(counts) -> dict:
+    """The private-pool events by kind (``begin``, ``end``, ``retain``, ``release``, ``graph_replay``)."""
+    return {ev.KIND_NAMES[k].lower().removeprefix("pool_"): int(counts[k]) for k in (*ev.POOL, ev.GRAPH_REPLAY)}
 
 
 def recorded_limit(index: int, r) -> dict:
