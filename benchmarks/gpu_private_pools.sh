@@ -4,7 +4,8 @@
 # For each workload of examples/private_pools.py (capture, mempool, compile): record it with `allocsim record`,
 # run it again with its own full history and dump a snapshot (for `allocsim import`), then `allocsim validate`
 # the trace and the imported snapshot; `allocsim tune` on the capture trace; the gpu-marked pool tests.
-# Writes $OUT/pools.tgz: env.txt, runs.log, pools-*.bin (+ .stats.json), pools-*.pickle, validate.txt, tune.txt,
+# Writes $OUT/pools.tgz: env.txt, runs.log, pools-*.bin (+ .stats.json), pools-*.pickle (-mid: before the pools are
+# released), validate.txt, tune.txt,
 # tests.txt. Each step has its own timeout; a failing step leaves the others' files.
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -20,8 +21,11 @@ for w in capture mempool compile; do
   echo "=== $w: snapshot" >> $W/runs.log
   ( time timeout 120 python3 examples/private_pools.py --workload $w --snapshot $W/pools-$w.pickle ) >> $W/runs.log 2>&1
   echo "rc=$?" >> $W/runs.log
-  python3 -m allocsim import $W/pools-$w.pickle -o $W/pools-$w-imported.bin >> $W/runs.log 2>&1
-  echo "import rc=$?" >> $W/runs.log
+  for snap in $W/pools-$w.pickle $W/pools-$w-mid.pickle; do
+    [ -f $snap ] || continue
+    python3 -m allocsim import $snap -o ${snap%.pickle}-imported.bin >> $W/runs.log 2>&1
+    echo "import $snap rc=$?" >> $W/runs.log
+  done
 done
 for f in $W/pools-capture.bin $W/pools-mempool.bin $W/pools-compile.bin $W/pools-*-imported.bin; do
   echo "=== validate $f"; timeout 60 python3 -m allocsim validate $f; echo "rc=$?"

@@ -11,7 +11,9 @@ Three workloads (``--workload``), each small and quick:
   pool, freed inside and after, a pool entered twice, and the pools deleted (their segments go with them).
 
 ``--snapshot PATH`` records the allocator's history from the start and dumps a memory snapshot at the end
-(for ``allocsim import``); leave it out under ``allocsim record``, which records the history itself.
+(for ``allocsim import``), and for ``capture`` and ``mempool`` one more (``PATH`` with ``-mid`` before its
+suffix) before the pools are released, while their segments, which name their pool, are still there; leave
+it out under ``allocsim record``, which records the history itself.
 """
 import os
 import sys
@@ -27,6 +29,13 @@ def mlp(width: int, depth: int, dev) -> torch.nn.Module:
     for _ in range(depth):
         layers += [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
     return torch.nn.Sequential(*layers).to(dev)
+
+
+def snapshot_now(a, tag: str) -> None:
+    """With ``--snapshot``: a snapshot now, beside the final one (``PATH-TAG.pickle``)."""
+    if a.snapshot:
+        root, ext = os.path.splitext(a.snapshot)
+        torch.cuda.memory._dump_snapshot(f"{root}-{tag}{ext or '.pickle'}")
 
 
 def compiled_training(a, dev) -> None:
@@ -73,6 +82,7 @@ def captured_inference(a, dev) -> None:
             total += float(static_out.sum())          # an eager allocation beside the graphs' pool
         print(f"{a.iters} replays over batch sizes {sizes}: checksum {total:.3f}", flush=True)
         mark("replayed")
+        snapshot_now(a, "mid")
         del g, static_in, static_out
         graphs.clear()                                # every graph of the shared pool gone: it may be freed
         torch.cuda.empty_cache()
@@ -105,6 +115,7 @@ def mempool_direct(a, dev) -> None:
     with torch.cuda.use_mem_pool(pool):               # entered again: the freed block is reused
         reuse = torch.randn(a.batch * 2, w, device=dev)
     mark("first pool used twice")
+    snapshot_now(a, "mid")
     torch.cuda.empty_cache()                          # the pool has a user (the MemPool): its segments stay
     second = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(second):

@@ -77,7 +77,7 @@ def _fake_torch(log):
 
 def _hooks():
     log = _Log()
-    rec = types.SimpleNamespace(device=0, writer=object(), conv=types.SimpleNamespace(w=log))
+    rec = types.SimpleNamespace(device=0, writer=object(), conv=types.SimpleNamespace(w=log), draining=False)
     rec.drain = lambda: log.items.append(("drain",))
     rec.mark = lambda label: log.items.append(("mark", label))
     rec.torch = _fake_torch(log)
@@ -201,3 +201,17 @@ def test_a_recorded_program_with_pools_has_their_events_and_replays_exactly(tmp_
     assert stats["private_pools"]["pools"] == 2
     v = validate(out)
     assert v.match, v.checks
+
+
+def test_an_event_met_inside_a_drain_is_written_after_it():
+    """A MemPool's finalizer run by a collection inside a drain: no nested drain (it would feed the same entries
+    twice); the release is written once the running drain has written its entries."""
+    hooks, rec, log = _hooks()
+    p = rec.torch.cuda.MemPool()
+    log.items.clear()
+    rec.draining = True
+    del p
+    assert log.items == [] and len(hooks.deferred) == 1
+    rec.draining = False
+    hooks.flush_deferred()
+    assert [x[:3] for x in log.items] == [("POOL_RELEASE", 1, ev.POOL_EMPTY)]

@@ -7,7 +7,6 @@ while a pool is begun), never from the model's own output. A hypothesis property
 the requests routed to it, and the default pools' only the others."""
 from __future__ import annotations
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -81,6 +81,8 @@ class TorchRecorder(Recorder):
         self.largest_chunk = 0
         self.other_device_entries = 0
         self.private_pools: dict[int, int] = {}     # base -> size of segments seen in CUDA graph private pools
+        self.draining = False
+        self.pool_hooks = None
         props = torch.cuda.get_device_properties(self.device)
         self._arm(clear=True)
         settings = torch.cuda.memory._snapshot().get("allocator_settings", {})
@@ -90,13 +92,13 @@ class TorchRecorder(Recorder):
                 "allocator": "pytorch-caching", "allocator_settings": settings,
                 "max_entries": self.max_entries, "stacks": self.stacks}
         self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks)
+        self.pool_hooks = PoolHooks(self)       # private pools: CUDA graphs, MemPool (`torch_pools`)
         self.total_memory = int(props.total_memory)
         self.releases = self.limits = 0
         get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
         if get_fraction is not None and get_fraction(self.device) != 1.0:
             self.record_fraction(get_fraction(self.device))
         self._wrap_calls()
-        self.pool_hooks = PoolHooks(self)       # private pools: CUDA graphs, MemPool (`torch_pools`)
         self.pool_hooks.install()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
@@ -148,7 +150,19 @@ class TorchRecorder(Recorder):
         self.mark(f"step {self.steps}")
 
     def drain(self) -> None:
-        """Move the ring buffer's entries into the trace and empty it (see the module docstring)."""
+        """Move the ring buffer's entries into the trace and empty it (see the module docstring). A drain
+        started while one runs (a pool's finalizer run by a collection inside it) does nothing: its event is
+        written after the running drain's entries (`PoolHooks.record`)."""
+        if self.draining:
+            return None
+        self.draining = True
+        try:
+            return self._drain()
+        finally:
+            self.draining = False
+            self.pool_hooks.flush_deferred()
+
+    def _drain(self):
         snap = self.torch.cuda.memory._snapshot()
         self._arm(clear=True)
         self.chunks += 1

@@ -54,6 +54,7 @@ class PoolHooks:
         self.graphs: dict[int, tuple] = {}          # id(graph) -> its pool, while it holds one
         self.finalizers: list = []
         self.patched: list[tuple[object, str, object]] = []
+        self.deferred: list[tuple] = []             # events met inside a drain, written at its end
 
     # --- events -----------------------------------------------------------------------------------
     def number(self, pool) -> int:
@@ -65,10 +66,19 @@ class PoolHooks:
         rec = self.rec
         if rec.writer is None:
             return
+        if getattr(rec, "draining", False):         # a finalizer run by a collection inside a drain
+            self.deferred.append((kind, pool, stream, flags))
+            return
         if drain:
             rec.drain()
         rec.conv.w.record(kind, aux=self.number(pool), addr=ev.pool_id_bits(pool), stream=stream, flags=flags)
         self.counts[ev.KIND_NAMES[kind]] += 1
+
+    def flush_deferred(self) -> None:
+        """Write the events met inside the drain that just ended, after its entries (their own come later)."""
+        while self.deferred:
+            kind, pool, stream, flags = self.deferred.pop(0)
+            self.record(kind, pool, stream=stream, flags=flags, drain=False)
 
     def current_stream(self) -> int:
         return int(self.torch.cuda.current_stream(self.rec.device).cuda_stream)
