@@ -13,7 +13,10 @@ The mapping (``docs/importers.md``, "PyTorch memory snapshots"):
 
 A snapshot has no entry for ``torch.cuda.empty_cache()``: `inferred_releases`
 finds the segment frees the allocator's own paths do not explain and puts a
-CACHE_RELEASE before them (``docs/importers.md``, "Cache releases").
+CACHE_RELEASE before them (``docs/importers.md``, "Cache releases"). Nor has it
+one for a private pool's begin and end (CUDA graphs, MemPool): `inferred_pool_runs`
+routes the requests that landed in a segment the final state names a pool of
+(``segment_pool_id``) to that pool (``docs/importers.md``, "Private pools").
 
 Times are ``time_us`` * 1000 relative to the earliest entry, or the entry index
 when the snapshot has no ``time_us`` (before PyTorch 2.2).
@@ -296,6 +299,75 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
     return out
 
 
+def private_pool_ids(snapshot, device: int = 0) -> dict[int, tuple[int, int]]:
+    """``{base address: MempoolId_t}`` of the snapshot's final segments in a private pool (`private_pool_segments`)."""
+    out = {}
+    for seg in snapshot.get("segments") or () if isinstance(snapshot, dict) else ():
+        pool = seg.get("segment_pool_id") if isinstance(seg, dict) else None
+        if seg.get("device", device) == device and isinstance(pool, (list, tuple)) and len(pool) == 2 \
+                and all(_is_uint(x) for x in pool) and any(pool) and _is_uint(seg.get("address")):
+            out[seg["address"]] = (int(pool[0]), int(pool[1]))
+    return out
+
+
+def inferred_pool_runs(entries: list, start: StartState, pool_ids: dict) -> dict[int, list]:
+    """Where to put POOL_BEGIN / POOL_END: ``{entry index: [(kind, MempoolId_t, stream, flags), ...]}``, each to go
+    before that entry.
+
+    A request belongs to a private pool when its block lies in a segment of that pool: a segment the final state
+    names a pool of, in its last incarnation (its base never freed after that segment_alloc, or a starting segment
+    never freed). Each run of consecutive requests of one pool becomes a begin before the first (before the segment
+    allocations just ahead of it, which that request made) and an end after the last. A graph's pool (``(n, 0)``)
+    with one stream is routed on that stream (POOL_CAPTURE), a MemPool's (``(0, n)``) on every stream (its filter is
+    the thread). Segments freed before the snapshot name no pool: their requests stay in the default pools.
+    O(entries · log segments)."""
+    if not pool_ids:
+        return {}
+    last_free = {}
+    for i, e in enumerate(entries):
+        if e["action"] == "segment_free":
+            last_free[e["addr"]] = i
+    live = {base: (s["total_size"], pool_ids.get(base) if base not in last_free else None)
+            for base, s in start.segments.items()}
+    bases = sorted(live)
+    runs, run = [], None                       # run: [pool, streams, first alloc index, last alloc index]
+    for i, e in enumerate(entries):
+        a = e["action"]
+        if a == "segment_alloc":
+            base = e["addr"]
+            live[base] = (e["size"], pool_ids.get(base) if last_free.get(base, -1) < i else None)
+            bisect.insort(bases, base)
+        elif a == "segment_free":
+            if live.pop(e["addr"], None) is not None:
+                del bases[bisect.bisect_left(bases, e["addr"])]
+        elif a == "alloc":
+            k = bisect.bisect_right(bases, e["addr"]) - 1
+            pool = None
+            if k >= 0:
+                size, pool = live[bases[k]]
+                if e["addr"] >= bases[k] + size:
+                    pool = None
+            if run is not None and run[0] != pool:
+                runs.append(run)
+                run = None
+            if pool is not None:
+                if run is None:
+                    run = [pool, set(), i, i]
+                run[1].add(e.get("stream", 0) or 0)
+                run[3] = i
+    if run is not None:
+        runs.append(run)
+    out: dict[int, list] = {}
+    for pool, streams, first, last in runs:
+        while first > 0 and entries[first - 1]["action"] in ("segment_alloc", "segment_map"):
+            first -= 1                          # the segment the request made comes inside the begin
+        capture = pool[0] != 0 and len(streams) == 1
+        flags = ev.POOL_CAPTURE if capture else ev.POOL_ANY_STREAM
+        out.setdefault(first, []).append((ev.POOL_BEGIN, pool, next(iter(streams)) if capture else 0, flags))
+        out.setdefault(last + 1, []).insert(0, (ev.POOL_END, pool, 0, 0))
+    return out
+
+
 class SnapshotConversion:
     """One device's history in a snapshot, checked and ready to emit.
 
@@ -317,6 +389,7 @@ class SnapshotConversion:
             dev["total_memory"] = int(total_memory)
         settings = snapshot.get("allocator_settings")
         self.private = private_pool_segments(snapshot, device)
+        self.pool_ids = private_pool_ids(snapshot, device)
         self.meta = {
             "producer": "allocsim import", "framework": "torch", "format": "torch-snapshot",
             "source_file": source, "device": dev,
@@ -344,10 +417,18 @@ class SnapshotConversion:
             seeded_pending += pending
         gc_threshold = self.meta["allocator_settings"].get("garbage_collection_threshold")
         releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0)
-        for k, (a, b) in enumerate(zip([0, *releases], [*releases, len(self.entries)])):
-            if k:
+        pool_runs = inferred_pool_runs(self.entries, start, self.pool_ids)
+        numbers: dict[tuple, int] = {}
+        released, at = set(releases), 0
+        for cut in sorted(released | set(pool_runs)):
+            conv.feed(self.entries[at:cut])
+            at = cut
+            if cut in released:
                 writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
-            conv.feed(self.entries[a:b])
+            for kind, pool, stream, flags in pool_runs.get(cut, ()):
+                writer.record(kind, aux=numbers.setdefault(pool, len(numbers) + 1), addr=ev.pool_id_bits(pool),
+                              stream=stream, flags=flags)
+        conv.feed(self.entries[at:])
         counts, unknown, live = conv.counts, conv.unknown, conv.live
         final_mismatch = len(set(live) ^ start.final_live)
         warnings = []
@@ -356,9 +437,11 @@ class SnapshotConversion:
                             f"a matching block or segment, {final_mismatch} blocks live at the end differ from "
                             f"the snapshot's active blocks")
         if self.private:
-            warnings.append(f"{len(self.private)} segments ({sum(self.private.values()):,} bytes) belong to CUDA graph "
-                            f"private pools, which the torch model does not follow: figures for them cannot be "
-                            f"trusted (allocsim validate says which)")
+            warnings.append(f"{len(self.private)} segments ({sum(self.private.values()):,} bytes) belong to "
+                            f"{len(numbers)} private pools (CUDA graphs, MemPool): the requests that landed in them "
+                            f"are routed to their pools ({sum(len(v) for v in pool_runs.values()) // 2} runs); a "
+                            f"pool whose segments were all freed before the snapshot names no pool, so its requests "
+                            f"stay in the default pools (record with allocsim record to see every pool)")
         if unknown:
             warnings.append("ignored unknown actions: " + ", ".join(f"{k} x{n}" for k, n in sorted(unknown.items())))
         return {
@@ -367,6 +450,7 @@ class SnapshotConversion:
             "segment_allocs": counts["segment_alloc"], "segment_frees": counts["segment_free"],
             "segment_maps": counts["segment_map"], "segment_unmaps": counts["segment_unmap"],
             "ooms": counts["oom"], "cache_releases_inferred": len(releases),
+            "pool_runs_inferred": sum(len(v) for v in pool_runs.values()) // 2,
             "snapshots_ignored": counts["snapshot"], "unknown_actions": dict(unknown),
             "seeded": len(start.blocks), "seeded_pending_free": seeded_pending, "wrapped": start.wrapped,
             "initial_segments": len(start.segments), "inconsistent": start.inconsistent,
