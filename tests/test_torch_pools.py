@@ -311,3 +311,28 @@ def test_a_pools_segments_hold_only_the_requests_routed_to_it(ops):
             assert addr + size <= base + seg_size
             assert pool == routed_to[i], f"block {i} (routed to pool {routed_to[i]}) lies in pool {pool}'s segment"
     r.close()
+
+
+def test_the_snapshot_export_names_each_segments_pool_and_the_importer_routes_it_back(tmp_path):
+    """A replay exported as a PyTorch snapshot gives a pool's segments that pool's ``MempoolId_t`` (from the
+    trace's pool events) and the default ones (0, 0); importing that snapshot routes the requests back."""
+    import pickle
+    from allocsim.importers import import_file
+    from allocsim.replay import replay_snapshot
+    from allocsim.trace import Trace
+    t = T()
+    d = t.alloc(4 * MiB)
+    t.w.record(ev.POOL_BEGIN, aux=1, stream=S0, flags=ev.POOL_CAPTURE, addr=ev.pool_id_bits((7, 0)))
+    p = t.alloc(4 * MiB)
+    t.w.record(ev.POOL_END, aux=1, addr=ev.pool_id_bits((7, 0)))
+    _, snap = replay_snapshot(t.w.finish(), "torch")
+    by_addr = {s["address"]: tuple(s["segment_pool_id"]) for s in snap["segments"]}
+    assert sorted(by_addr.values()) == [(0, 0), (7, 0)]
+    src, out = str(tmp_path / "s.pickle"), str(tmp_path / "s.bin")
+    with open(src, "wb") as f:
+        pickle.dump(snap, f)
+    import_file(src, out)
+    back = Trace.load(out)
+    assert [ev.KIND_NAMES[int(k)] for k in back.kind if k != ev.FREE_REQUESTED] == [
+        "SEGMENT_ALLOC", "ALLOC", "POOL_BEGIN", "SEGMENT_ALLOC", "ALLOC", "POOL_END"]
+    assert d == 0 and p == 1

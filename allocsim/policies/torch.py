@@ -1014,7 +1014,8 @@ class TorchCachingAllocator(Policy):
         ``live`` are the handles of the live blocks (an allocated block is known only to its
         holder; the free ones are in the pools). As in PyTorch, each run of mapped blocks is
         one segment, so an expandable segment gives one per mapped range. Each segment:
-        ``address, size, stream`` (index), ``small``, ``expandable`` and ``blocks``, a list of
+        ``address, size, stream`` (index), ``small``, ``expandable``, ``pool`` (the private pool's number, 0 for
+        the default pools) and ``blocks``, a list of
         ``(address, size, requested bytes, allocated)`` in address order.
         """
         blocks = [b for _, pp in self._all_pools() for pool in pp for b in pool.blocks.values()]
@@ -1027,8 +1028,10 @@ class TorchCachingAllocator(Policy):
             while b is not None and b.mapped:
                 run.append((b.ptr, b.size, b.requested if b.allocated else 0, b.allocated))
                 b = b.next
+            owner = head.pool.owner
             out.append({"address": head.ptr, "size": sum(r[1] for r in run), "stream": head.pool.stream,
-                        "small": head.pool.small, "expandable": head.es is not None, "blocks": run})
+                        "small": head.pool.small, "expandable": head.es is not None, "blocks": run,
+                        "pool": 0 if owner is None else owner.number})
         return sorted(out, key=lambda s: s["address"])
 
     def largest_free(self) -> int:
