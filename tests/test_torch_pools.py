@@ -336,3 +336,21 @@ def test_the_snapshot_export_names_each_segments_pool_and_the_importer_routes_it
     assert [ev.KIND_NAMES[int(k)] for k in back.kind if k != ev.FREE_REQUESTED] == [
         "SEGMENT_ALLOC", "ALLOC", "POOL_BEGIN", "SEGMENT_ALLOC", "ALLOC", "POOL_END"]
     assert d == 0 and p == 1
+
+
+def test_with_expandable_segments_a_pool_maps_its_own_range_and_unmaps_it_once_freeable():
+    t = T()
+    t.alloc(4 * MiB)                      # the default pool's range: one 20 MiB page mapped
+    t.begin(1)
+    y = t.alloc(4 * MiB)                  # the pool's own range: another page, not the default one's free room
+    t.end(1)
+    t.free(y)
+    kept = t.empty_cache()                # pool 1 has a user: its page stays; the default page holds a live block
+    t.release(1)
+    gone = t.empty_cache()
+    r, _ = t.replay(options={"expandable_segments": True})
+    assert calls(r) == [("SEGMENT_MAP", SEG, 0), ("SEGMENT_MAP", SEG, 2), ("SEGMENT_UNMAP", SEG, gone)]
+    assert kept != gone and r.policy._private == {}
+    (a, _), = r.policy.segment_where[:1]
+    (b, _), = r.policy.segment_where[1:2]
+    assert abs(a - b) >= 80 << 30         # separate virtual ranges (1.125 x device memory each)

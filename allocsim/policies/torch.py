@@ -164,16 +164,17 @@ class BlockPool:
 class PrivatePool:
     """PyTorch's ``PrivatePool`` (a CUDA graph's or a ``MemPool``'s): its own small and large block pools per
     stream, its users (``use_count``: captures and ``use_mem_pool`` contexts begun, MemPools, graphs that keep it)
-    and its segments (``cudaMalloc_count``). With no users left it is freeable: the next `release_cached_blocks`
-    frees its whole free segments, and forgets it once it has none."""
+    and the device memory its segments hold (``reserved``: PyTorch counts its cudaMallocs, ``cudaMalloc_count``;
+    bytes say the same, and also cover expandable pages). With no users left it is freeable: the next
+    `release_cached_blocks` frees its whole free segments, and forgets it once it holds no memory."""
 
-    __slots__ = ("number", "pools", "use_count", "segments")
+    __slots__ = ("number", "pools", "use_count", "reserved")
 
     def __init__(self, number: int):
         self.number = number
         self.pools: dict[int, tuple[BlockPool, BlockPool]] = {}
         self.use_count = 1
-        self.segments = 0
+        self.reserved = 0
 
 
 class ExpandableSegment:
@@ -727,7 +728,7 @@ class TorchCachingAllocator(Policy):
         self.segments += 1
         self.segments_allocated += 1
         if pool.owner is not None:
-            pool.owner.segments += 1
+            pool.owner.reserved += seg
         self._log(SEGMENT_ALLOC, seg, ptr, pool)
         return Block(ptr, seg, pool)
 
@@ -776,7 +777,7 @@ class TorchCachingAllocator(Policy):
         self.num_device_free += 1
         self.segments -= 1
         if b.pool.owner is not None:
-            b.pool.owner.segments -= 1
+            b.pool.owner.reserved -= b.size
         self._log(SEGMENT_FREE, b.size, b.ptr, b.pool)
 
     def release_available_cached_blocks(self, pool: BlockPool, n: int) -> bool:
@@ -816,7 +817,7 @@ class TorchCachingAllocator(Policy):
             for small in (True, False):
                 for pool in self._pools_in_order(small, owner):
                     self._release_blocks(pool)
-            if owner.segments == 0:
+            if owner.reserved == 0:
                 del self._private[number], self._freeable[number]
 
     def _release_blocks(self, pool: BlockPool) -> None:
@@ -953,6 +954,8 @@ class TorchCachingAllocator(Policy):
             return False
         dev.map(mapped)                 # one map call, as num_device_alloc counts it
         pool = b.pool
+        if pool.owner is not None:
+            pool.owner.reserved += mapped
         pool.erase(b)
         b.mapped = True
         if mapped < b.size:
@@ -1001,6 +1004,8 @@ class TorchCachingAllocator(Policy):
         self._try_merge(b, b.next)
         pool.insert(b)
         self.ctx.free(uptr, usize)   # one unmap call, as num_device_free counts it
+        if pool.owner is not None:
+            pool.owner.reserved -= usize
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
 
