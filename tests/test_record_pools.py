@@ -4,16 +4,14 @@
 program's calls imply and replay to the real allocator's own figures."""
 from __future__ import annotations
 
-import json
 import types
 
 import pytest
 
 from allocsim.recorders.torch_pools import PoolHooks
-from allocsim.trace import Trace
 from allocsim.trace import events as ev
 
-from test_record import _check_torch, _gpu_ok, _record, _script
+from test_record import _check_torch, _gpu_ok, _recorded
 
 
 # ---- a stand-in for the wrapped torch calls (CPU) -------------------------------------------------
@@ -189,11 +187,7 @@ POOLS_SCRIPT = """
 @pytest.mark.skipif(not _gpu_ok("torch"), reason="needs torch with a CUDA GPU")
 def test_a_recorded_program_with_pools_has_their_events_and_replays_exactly(tmp_path):
     from allocsim.validate import validate
-    s = _script(tmp_path, "pools.py", POOLS_SCRIPT)
-    r, out = _record(tmp_path, s)
-    assert r.returncode == 0, r.stderr
-    t = Trace.load(out)
-    stats = json.load(open(out + ".stats.json"))
+    t, stats, out = _recorded(tmp_path, "pools.py", POOLS_SCRIPT)
     _check_torch(t, stats["memory_stats"])
     n = {name: int((t.kind == k).sum()) for k, name in ev.KIND_NAMES.items()}
     assert (n["POOL_RETAIN"], n["POOL_BEGIN"], n["POOL_END"], n["GRAPH_REPLAY"]) == (1, 3, 3, 2)
