@@ -15,6 +15,7 @@ Three workloads (``--workload``), each small and quick:
 suffix) before the pools are released, while their segments, which name their pool, are still there; leave
 it out under ``allocsim record``, which records the history itself.
 """
+import gc
 import os
 import sys
 
@@ -85,6 +86,7 @@ def captured_inference(a, dev) -> None:
         snapshot_now(a, "mid")
         del g, static_in, static_out
         graphs.clear()                                # every graph of the shared pool gone: it may be freed
+        gc.collect()
         torch.cuda.empty_cache()
         mark("shared pool released")
         static_in = torch.zeros(a.batch, a.width, device=dev)
@@ -122,10 +124,12 @@ def mempool_direct(a, dev) -> None:
         b = [torch.randn(a.batch * k, w, device=dev) for k in (5, 1)]
     del b
     del second                                        # deleted with nothing live: its segments are freed now
+    gc.collect()
     mark("second pool deleted")
     checksum = float(sum(t.sum() for t in (*inside, *small, again, outside, reuse, keep_default)))
     del inside, small, again, reuse
     del pool                                          # the first pool deleted: its segments go too
+    gc.collect()
     torch.cuda.empty_cache()
     print(f"mempool checksum {checksum:.3f}", flush=True)
 

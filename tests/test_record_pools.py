@@ -163,6 +163,7 @@ def test_nothing_is_recorded_once_the_trace_is_closed():
 
 # ---- a real program (GPU) ------------------------------------------------------------------------
 POOLS_SCRIPT = """
+    import gc
     import torch
     pool = torch.cuda.MemPool()
     with torch.cuda.use_mem_pool(pool):
@@ -178,7 +179,9 @@ POOLS_SCRIPT = """
         y = x @ x + 1
     g.replay(); g.replay()
     del g, y, c, s
+    gc.collect()                                         # the graph is gone here, not at exit
     del pool
+    gc.collect()
     torch.cuda.empty_cache()
 """
 
