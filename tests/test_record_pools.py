@@ -64,6 +64,7 @@ def _fake_torch(log):
     names = ("_cuda_beginAllocateCurrentThreadToPool", "_cuda_beginAllocateCurrentStreamToPool",
              "_cuda_endAllocateToPool", "_cuda_releasePool", "_cuda_setCheckpointPoolState")
     C = types.SimpleNamespace(**{n: c_call(n) for n in names})
+    C._cuda_getCheckpointState = lambda device, pool: types.SimpleNamespace(pool=pool)
     memory = types.SimpleNamespace(MemPool=MemPool, _cuda_endAllocateToPool=C._cuda_endAllocateToPool,
                                    _cuda_releasePool=C._cuda_releasePool,
                                    _cuda_beginAllocateCurrentThreadToPool=C._cuda_beginAllocateCurrentThreadToPool)
@@ -126,7 +127,7 @@ def test_mempool_and_use_mem_pool_calls():
     torch.cuda.memory._cuda_releasePool(0, p.id)
     torch._C._cuda_beginAllocateCurrentStreamToPool(0, p.id)
     torch._C._cuda_beginAllocateCurrentStreamToPool(1, p.id)        # another device: passed on, not recorded
-    torch._C._cuda_setCheckpointPoolState(0, "state")
+    torch._C._cuda_setCheckpointPoolState(0, "a state never taken")    # counted and marked only
     del p
     events = [x[:4] for x in log.items if x[0] in ev.KINDS_BY_NAME]
     assert events == [("POOL_RETAIN", 1, 0, 0), ("POOL_BEGIN", 1, ev.POOL_ANY_STREAM, 0),
@@ -212,3 +213,19 @@ def test_an_event_met_inside_a_drain_is_written_after_it():
     rec.draining = False
     hooks.flush_deferred()
     assert [x[:3] for x in log.items] == [("POOL_RELEASE", 1, ev.POOL_EMPTY)]
+
+
+def test_a_restored_checkpoint_is_made_inside_its_pool():
+    """`_cuda_setCheckpointPoolState` re-makes the pool's blocks in the pool: its entries (drained before the
+    end) lie between a begin (every stream) and an end of the pool the state was taken of, and the begin's user
+    is taken back."""
+    hooks, rec, log = _hooks()
+    torch = rec.torch
+    state = torch._C._cuda_getCheckpointState(0, (5, 0))
+    log.items.clear()
+    torch._C._cuda_setCheckpointPoolState(0, state, [], [])
+    assert [x[:3] for x in log.items if x[0] not in ("drain",)] == [
+        ("mark", "pool checkpoint restored (1)"), ("POOL_BEGIN", 1, ev.POOL_ANY_STREAM),
+        ("_cuda_setCheckpointPoolState", 0, state), ("POOL_END", 1, 0), ("POOL_RELEASE", 1, 0)]
+    assert log.items.index(("drain",), log.items.index(("_cuda_setCheckpointPoolState", 0, state))) \
+        < log.items.index(("POOL_END", 1, 0, 0, ev.pool_id_bits((5, 0))))

@@ -17,8 +17,11 @@ allocator's own history, so the recorder wraps the places a program reaches them
   POOL_RELEASE;
 - ``torch.cuda.MemPool()``: POOL_RETAIN; its deletion: POOL_RELEASE with POOL_EMPTY (the
   destructor releases the pool and empties its cache);
-- ``torch._C._cuda_setCheckpointPoolState`` (graph trees restoring a pool's state): counted
-  and marked, not modelled.
+- ``torch._C._cuda_setCheckpointPoolState`` (graph trees restoring a pool's state from
+  ``_cuda_getCheckpointState``): marked, and its frees and re-allocations of the pool's blocks
+  (entries of the history) are put inside a POOL_BEGIN (every stream) … POOL_END + POOL_RELEASE
+  of that pool, since PyTorch makes them in the pool's own blocks; where the blocks land is the
+  model's best fit, not the checkpoint's addresses.
 
 Each event is written after a drain of the allocator's history, so it lands between the
 entries before and after it. Pools are numbered 1, 2, … in the order they appear.
@@ -39,6 +42,7 @@ C_CALLS = {
     "_cuda_endAllocateCurrentStreamToPool": (ev.POOL_END, 0),
     "_cuda_releasePool": (ev.POOL_RELEASE, 0),
     "_cuda_setCheckpointPoolState": (None, 0),
+    "_cuda_getCheckpointState": (None, 1),
 }
 
 
@@ -51,6 +55,7 @@ class PoolHooks:
         self.numbers: dict[tuple, int] = {}
         self.counts = {ev.KIND_NAMES[k]: 0 for k in (*ev.POOL, ev.GRAPH_REPLAY)}
         self.checkpoints = 0
+        self.states: dict[int, tuple] = {}          # id(checkpoint state) -> (the state, kept alive; its pool)
         self.graphs: dict[int, tuple] = {}          # id(graph) -> its pool, while it holds one
         self.finalizers: list = []
         self.patched: list[tuple[object, str, object]] = []
@@ -135,11 +140,12 @@ class PoolHooks:
         def call(device, pool, *args, **kwargs):
             if not hooks.ours(device):
                 return original(device, pool, *args, **kwargs)
+            if kind is None and flags:               # _cuda_getCheckpointState(device, pool) -> state
+                state = original(device, pool, *args, **kwargs)
+                hooks.states[id(state)] = (state, tuple(pool))
+                return state
             if kind is None:                         # _cuda_setCheckpointPoolState(device, state, ...)
-                hooks.checkpoints += 1
-                if hooks.rec.writer is not None:
-                    hooks.rec.mark(f"pool checkpoint restored ({hooks.checkpoints})")
-                return original(device, pool, *args, **kwargs)
+                return hooks.restore(original, device, pool, *args, **kwargs)
             if kind == ev.POOL_END:
                 result = original(device, pool, *args, **kwargs)
                 hooks.record(kind, pool)
@@ -153,6 +159,24 @@ class PoolHooks:
             hooks.record(kind, pool)
             return original(device, pool, *args, **kwargs)
         return call
+
+    def restore(self, original, device, state, *args, **kwargs):
+        """A checkpoint restored: PyTorch frees the pool's live blocks and re-makes the checkpoint's in the
+        pool's own blocks, so those entries go inside a begin (every stream) and an end of the pool, and the
+        user the begin gave it is taken back."""
+        self.checkpoints += 1
+        rec = self.rec
+        if rec.writer is not None:
+            rec.mark(f"pool checkpoint restored ({self.checkpoints})")
+        known = self.states.get(id(state))
+        pool = known[1] if known is not None and known[0] is state else None
+        if pool is None:
+            return original(device, state, *args, **kwargs)
+        self.record(ev.POOL_BEGIN, pool, flags=ev.POOL_ANY_STREAM)
+        result = original(device, state, *args, **kwargs)
+        self.record(ev.POOL_END, pool)
+        self.record(ev.POOL_RELEASE, pool, drain=False)
+        return result
 
     def _capture_begin(self, original):
         hooks = self
