@@ -209,7 +209,8 @@ class TorchRecorder(Recorder):
                       f"(no pool events recorded): allocsim validate says which figures cannot be trusted")
         if pools["checkpoint_restores"]:
             self.note(f"a private pool's state was restored from a checkpoint {pools['checkpoint_restores']} times "
-                      f"(CUDA graph trees): the torch model does not follow that")
+                      f"(CUDA graph trees): the model re-makes the blocks by best fit, not at the checkpoint's "
+                      f"addresses (allocsim validate says whether the segment calls still match)")
         if self.other_device_entries:
             self.note(f"{self.other_device_entries} entries on devices other than cuda:{self.device} not recorded")
         summary = self.trace_summary(trace)
