@@ -35,10 +35,11 @@ def _fake_torch(log):
             if pool is None:
                 self.counter[0] += 1
                 pool = (self.counter[0], 0)
-            self._pool = pool
+            self._pool, self._ended = pool, False
             calls.append(("capture_begin", pool))
 
         def capture_end(self):
+            self._ended = True
             calls.append(("capture_end",))
 
         def replay(self):
@@ -47,7 +48,9 @@ def _fake_torch(log):
         def reset(self):
             calls.append(("reset",))
 
-        def pool(self):
+        def pool(self):                 # as PyTorch 2.11: only after a finished capture
+            if not getattr(self, "_ended", False):
+                raise RuntimeError("Called CUDAGraph::pool() without a preceding successful capture.")
             return self._pool
 
     class MemPool:
@@ -85,21 +88,49 @@ def _hooks():
     return hooks, rec, log
 
 
-def test_a_capture_is_begin_on_its_stream_then_end_after_its_entries_and_release_at_reset():
+def test_a_capture_into_a_new_pool_is_begun_at_its_end_before_its_entries_are_drained():
+    """A new pool's id is known only after the capture (``CUDAGraph.pool()`` refuses before): the begin, on the
+    captured stream, is written after ``capture_end`` and before the drain that writes the capture's entries
+    (they stay in the allocator's history until then); the end after that drain; the release at reset."""
     hooks, rec, log = _hooks()
     g = rec.torch.cuda.CUDAGraph()
     g.capture_begin()
-    log.items.append(("alloc during capture",))
     g.capture_end()
     g.replay()
     g.reset()
     g.reset()                           # a second reset holds no pool: nothing recorded
-    bits = ev.pool_id_bits((1, 0))
+    bits = ev.pool_id_bits((g._pool[0], 0))
     assert log.items == [
-        ("drain",), ("capture_begin", (1, 0)), ("POOL_BEGIN", 1, ev.POOL_CAPTURE, 0x77, bits),
-        ("alloc during capture",), ("capture_end",), ("drain",), ("POOL_END", 1, 0, 0, bits),
+        ("drain",), ("capture_begin", g._pool), ("capture_end",), ("POOL_BEGIN", 1, ev.POOL_CAPTURE, 0x77, bits),
+        ("drain",), ("POOL_END", 1, 0, 0, bits),
         ("drain",), ("GRAPH_REPLAY", 1, 0, 0, bits), ("replay",),
         ("drain",), ("POOL_RELEASE", 1, 0, 0, bits), ("reset",), ("reset",)]
+    assert hooks.errors == 0
+
+
+def test_a_capture_into_a_named_pool_is_begun_at_once():
+    hooks, rec, log = _hooks()
+    g = rec.torch.cuda.CUDAGraph()
+    g.capture_begin(pool=(0, 9))        # a MemPool's id, or graph_pool_handle()'s
+    assert [x[0] for x in log.items] == ["drain", "capture_begin", "POOL_BEGIN"]
+    mempool = rec.torch.cuda.MemPool()
+    g2 = rec.torch.cuda.CUDAGraph()
+    g2.capture_begin(mempool)
+    assert log.items[-1][:3] == ("POOL_BEGIN", hooks.numbers[mempool.id], ev.POOL_CAPTURE)
+
+
+def test_a_failing_hook_never_breaks_the_program():
+    """A hook's own error is noted and the wrapped call still runs, once."""
+    hooks, rec, log = _hooks()
+    notes = []
+    rec.note = notes.append
+    rec.drain = lambda: 1 / 0
+    g = rec.torch.cuda.CUDAGraph()
+    g.capture_begin()
+    g.capture_end()
+    assert [x for x in log.items if x[0] in ("capture_begin", "capture_end")] == [("capture_begin", g._pool),
+                                                                                 ("capture_end",)]
+    assert hooks.errors >= 1 and "ZeroDivisionError" in notes[0]
 
 
 def test_graphs_sharing_a_pool_share_its_number_and_a_deleted_graph_releases_it():

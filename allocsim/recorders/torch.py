@@ -155,6 +155,8 @@ class TorchRecorder(Recorder):
         written after the running drain's entries (`PoolHooks.record`)."""
         if self.draining:
             return None
+        if self.pool_hooks.pending:         # a capture into a new pool: its begin comes only at its end
+            self.pool_hooks.late += 1
         self.draining = True
         try:
             return self._drain()
@@ -194,7 +196,10 @@ class TorchRecorder(Recorder):
         self.pool_hooks.remove()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
-        torch.cuda.synchronize()
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:              # a program that died inside a graph capture leaves its stream capturing
+            self.note(f"torch.cuda.synchronize() failed at the end ({type(e).__name__}: {e}); counters read as they are")
         mstats = {k: v for k, v in torch.cuda.memory_stats(self.device).items()}
         trace = self.close_trace()
         c = self.conv.counts
@@ -207,6 +212,9 @@ class TorchRecorder(Recorder):
         if self.private_pools and not pools["pools"]:
             self.note(f"{len(self.private_pools)} segments belong to private pools whose calls were not seen "
                       f"(no pool events recorded): allocsim validate says which figures cannot be trusted")
+        if pools["late_capture_begins"]:
+            self.note(f"{pools['late_capture_begins']} drains fell inside a capture into a new pool, whose begin is "
+                      f"written at the capture's end: the requests drained there are not routed to it")
         if pools["checkpoint_restores"]:
             self.note(f"a private pool's state was restored from a checkpoint {pools['checkpoint_restores']} times "
                       f"(CUDA graph trees): the model re-makes the blocks by best fit, not at the checkpoint's "

@@ -60,6 +60,9 @@ class PoolHooks:
         self.finalizers: list = []
         self.patched: list[tuple[object, str, object]] = []
         self.deferred: list[tuple] = []             # events met inside a drain, written at its end
+        self.pending: dict[int, int] = {}           # id(graph) -> stream: captured into a new pool, begin unwritten
+        self.late = 0                               # drains while such a begin was unwritten (`TorchRecorder.drain`)
+        self.errors = 0
 
     # --- events -----------------------------------------------------------------------------------
     def number(self, pool) -> int:
@@ -92,35 +95,54 @@ class PoolHooks:
         return device is None or int(device) == self.rec.device
 
     # --- patching ---------------------------------------------------------------------------------
-    def patch(self, owner, name: str, make) -> None:
+    def patch(self, owner, name: str, before, after=None) -> None:
+        """Replace ``owner.name`` by a wrapper: ``before(*args, **kwargs)`` (its value is the note handed on),
+        the original call, then ``after(note, result, *args, **kwargs)``. What the hooks do is never allowed to
+        break the program: an exception of theirs is noted in the stats file and the call goes on (`safely`)."""
         original = getattr(owner, name, None)
         if original is None:
             return
-        wrapper = functools.wraps(original)(make(original))
+        hooks = self
+
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            note = hooks.safely(before, *args, **kwargs)
+            result = original(*args, **kwargs)
+            if after is not None:
+                hooks.safely(after, note, result, *args, **kwargs)
+            return result
         setattr(owner, name, wrapper)
         self.patched.append((owner, name, original))
+
+    def safely(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:                      # a hook's own failure: noted, the program goes on
+            self.errors += 1
+            if self.errors <= 3:
+                self.rec.note(f"pool hook {getattr(fn, '__name__', fn)} failed ({type(e).__name__}: {e}); "
+                              f"the pool events around it may be missing")
+            return None
 
     def install(self) -> None:
         torch = self.torch
         graph_cls = getattr(torch.cuda, "CUDAGraph", None)
         if graph_cls is not None:
-            self.patch(graph_cls, "capture_begin", self._capture_begin)
-            self.patch(graph_cls, "capture_end", self._capture_end)
-            self.patch(graph_cls, "reset", self._reset)
-            self.patch(graph_cls, "replay", self._replay)
+            self.patch(graph_cls, "capture_begin", self._before_capture, self._after_capture_begin)
+            self.patch(graph_cls, "capture_end", lambda graph, *a, **k: None, self._after_capture_end)
+            self.patch(graph_cls, "reset", self._before_reset)
+            self.patch(graph_cls, "replay", self._before_replay)
         # use_mem_pool imports the calls by name into torch.cuda.memory: wrap them there too
         for name, (kind, flags) in C_CALLS.items():
             original = getattr(torch._C, name, None)
             if original is None:
                 continue
-            wrapper = functools.wraps(original)(self._c_call(original, kind, flags))
-            for owner in (torch._C, torch.cuda.memory, torch.cuda):
-                if getattr(owner, name, None) is original:
-                    setattr(owner, name, wrapper)
-                    self.patched.append((owner, name, original))
+            owners = [o for o in (torch._C, torch.cuda.memory, torch.cuda) if getattr(o, name, None) is original]
+            for owner in owners:
+                self.patch(owner, name, *self._c_hooks(kind, flags))
         mempool = getattr(torch.cuda.memory, "MemPool", None)
         if mempool is not None:
-            self.patch(mempool, "__init__", self._mempool_init)
+            self.patch(mempool, "__init__", lambda *a, **k: None, self._after_mempool_init)
 
     def remove(self) -> None:
         for owner, name, original in reversed(self.patched):
@@ -131,121 +153,127 @@ class PoolHooks:
 
     def summary(self) -> dict:
         return {"pools": len(self.numbers), "events": dict(self.counts), "checkpoint_restores": self.checkpoints,
-                "pool_ids": {str(n): list(k) for k, n in self.numbers.items()}}
+                "pool_ids": {str(n): list(k) for k, n in self.numbers.items()}, "hook_errors": self.errors,
+                "late_capture_begins": self.late}
 
-    # --- wrappers ---------------------------------------------------------------------------------
-    def _c_call(self, original, kind, flags):
+    # --- the torch._C calls -----------------------------------------------------------------------
+    def _c_hooks(self, kind, flags):
+        """``(before, after)`` for one ``torch._C`` call ``(device, pool or state, ...)``: a begin is written after
+        the call (nothing is allocated inside it), an end after the call and a drain (the entries before it are
+        the pool's), a release before the call (a MemPool's segment frees follow it)."""
         hooks = self
 
-        def call(device, pool, *args, **kwargs):
+        def before(device, pool, *args, **kwargs):
             if not hooks.ours(device):
-                return original(device, pool, *args, **kwargs)
-            if kind is None and flags:               # _cuda_getCheckpointState(device, pool) -> state
-                state = original(device, pool, *args, **kwargs)
-                hooks.states[id(state)] = (state, tuple(pool))
-                return state
-            if kind is None:                         # _cuda_setCheckpointPoolState(device, state, ...)
-                return hooks.restore(original, device, pool, *args, **kwargs)
-            if kind == ev.POOL_END:
-                result = original(device, pool, *args, **kwargs)
-                hooks.record(kind, pool)
-                return result
-            stream = hooks.current_stream() if kind == ev.POOL_BEGIN and not flags else 0
+                return None
             if kind == ev.POOL_BEGIN:
-                hooks.rec.drain() if hooks.rec.writer is not None else None
-                result = original(device, pool, *args, **kwargs)
-                hooks.record(kind, pool, stream=stream, flags=flags, drain=False)
-                return result
-            hooks.record(kind, pool)
-            return original(device, pool, *args, **kwargs)
-        return call
+                if hooks.rec.writer is not None:
+                    hooks.rec.drain()
+                return hooks.current_stream() if not flags else 0
+            if kind == ev.POOL_RELEASE:
+                hooks.record(kind, pool)
+            elif kind is None and not flags:         # _cuda_setCheckpointPoolState(device, state, ...)
+                return hooks.restore_begins(pool)
+            return None
 
-    def restore(self, original, device, state, *args, **kwargs):
+        def after(note, result, device, pool, *args, **kwargs):
+            if not hooks.ours(device):
+                return
+            if kind == ev.POOL_BEGIN:
+                hooks.record(kind, pool, stream=note or 0, flags=flags, drain=False)
+            elif kind == ev.POOL_END:
+                hooks.record(kind, pool)
+            elif kind is None and flags:             # _cuda_getCheckpointState(device, pool) -> state
+                hooks.states[id(result)] = (result, tuple(pool))
+            elif kind is None and note is not None:  # a restored checkpoint of a known pool ends
+                hooks.record(ev.POOL_END, note)
+                hooks.record(ev.POOL_RELEASE, note, drain=False)
+        before.__name__, after.__name__ = f"before {kind}", f"after {kind}"
+        return before, after
+
+    def restore_begins(self, state):
         """A checkpoint restored: PyTorch frees the pool's live blocks and re-makes the checkpoint's in the
-        pool's own blocks, so those entries go inside a begin (every stream) and an end of the pool, and the
-        user the begin gave it is taken back."""
+        pool's own blocks, so those entries go inside a begin (every stream) and an end of the pool (after the
+        call), and the user the begin gave it is taken back. Returns the pool, or None for an unknown state."""
         self.checkpoints += 1
-        rec = self.rec
-        if rec.writer is not None:
-            rec.mark(f"pool checkpoint restored ({self.checkpoints})")
+        if self.rec.writer is not None:
+            self.rec.mark(f"pool checkpoint restored ({self.checkpoints})")
         known = self.states.get(id(state))
         pool = known[1] if known is not None and known[0] is state else None
+        if pool is not None:
+            self.record(ev.POOL_BEGIN, pool, flags=ev.POOL_ANY_STREAM)
+        return pool
+
+    # --- CUDA graphs ------------------------------------------------------------------------------
+    @staticmethod
+    def given_pool(args, kwargs):
+        """The pool a ``capture_begin(pool=...)`` names (a handle, a graph's ``pool()``, a MemPool), or None."""
+        pool = kwargs.get("pool", args[0] if args else None)
+        pool = getattr(pool, "id", pool)             # a MemPool
         if pool is None:
-            return original(device, state, *args, **kwargs)
-        self.record(ev.POOL_BEGIN, pool, flags=ev.POOL_ANY_STREAM)
-        result = original(device, state, *args, **kwargs)
-        self.record(ev.POOL_END, pool)
-        self.record(ev.POOL_RELEASE, pool, drain=False)
-        return result
+            return None
+        pool = tuple(int(x) for x in pool)
+        return pool if any(pool) else None
 
-    def _capture_begin(self, original):
-        hooks = self
+    def _before_capture(self, graph, *args, **kwargs):
+        """The stream being captured and the pool named, after a drain of the entries before the capture."""
+        if self.rec.writer is not None:
+            self.rec.drain()
+        return self.current_stream(), self.given_pool(args, kwargs)
 
-        def capture_begin(graph, *args, **kwargs):
-            stream = hooks.current_stream()
-            if hooks.rec.writer is not None:
-                hooks.rec.drain()
-            result = original(graph, *args, **kwargs)
-            pool = tuple(graph.pool())
-            hooks.record(ev.POOL_BEGIN, pool, stream=stream, flags=ev.POOL_CAPTURE, drain=False)
-            key = id(graph)
-            if key not in hooks.graphs:
-                try:
-                    hooks.finalizers.append(weakref.finalize(graph, hooks._graph_gone, key))
-                except TypeError:                    # not weakly referable: its deletion goes unseen
-                    pass
-            hooks.graphs[key] = pool
-            return result
-        return capture_begin
+    def _after_capture_begin(self, note, result, graph, *args, **kwargs):
+        """A named pool's begin is written now; a new pool's id is known only once the capture ends
+        (``CUDAGraph.pool()`` refuses before), so its begin is written then, before the capture's entries, which
+        stay in the allocator's history until that drain."""
+        stream, pool = note
+        key = id(graph)
+        if key not in self.graphs and key not in self.pending:
+            try:
+                self.finalizers.append(weakref.finalize(graph, self._graph_gone, key))
+            except TypeError:                        # not weakly referable: its deletion goes unseen
+                pass
+        if pool is None:
+            self.pending[key] = stream
+            self.graphs.pop(key, None)
+            return
+        self.graphs[key] = pool
+        self.record(ev.POOL_BEGIN, pool, stream=stream, flags=ev.POOL_CAPTURE, drain=False)
 
-    def _capture_end(self, original):
-        hooks = self
+    def _after_capture_end(self, note, result, graph, *args, **kwargs):
+        key = id(graph)
+        if key in self.pending:
+            stream = self.pending.pop(key)
+            pool = self.graphs[key] = tuple(int(x) for x in graph.pool())
+            self.record(ev.POOL_BEGIN, pool, stream=stream, flags=ev.POOL_CAPTURE, drain=False)
+        pool = self.graphs.get(key)
+        if pool is not None:
+            self.record(ev.POOL_END, pool)
 
-        def capture_end(graph, *args, **kwargs):
-            result = original(graph, *args, **kwargs)
-            pool = hooks.graphs.get(id(graph))
-            if pool is not None:
-                hooks.record(ev.POOL_END, pool)
-            return result
-        return capture_end
-
-    def _reset(self, original):
-        hooks = self
-
-        def reset(graph, *args, **kwargs):
-            pool = hooks.graphs.pop(id(graph), None)
-            if pool is not None:
-                hooks.record(ev.POOL_RELEASE, pool)
-            return original(graph, *args, **kwargs)
-        return reset
-
-    def _graph_gone(self, key: int) -> None:
-        pool = self.graphs.pop(key, None)
+    def _before_reset(self, graph, *args, **kwargs):
+        self.pending.pop(id(graph), None)
+        pool = self.graphs.pop(id(graph), None)
         if pool is not None:
             self.record(ev.POOL_RELEASE, pool)
 
-    def _replay(self, original):
-        hooks = self
+    def _graph_gone(self, key: int) -> None:
+        self.pending.pop(key, None)
+        pool = self.graphs.pop(key, None)
+        if pool is not None:
+            self.safely(self.record, ev.POOL_RELEASE, pool)
 
-        def replay(graph, *args, **kwargs):
-            pool = hooks.graphs.get(id(graph))
-            if pool is not None:
-                hooks.record(ev.GRAPH_REPLAY, pool)
-            return original(graph, *args, **kwargs)
-        return replay
+    def _before_replay(self, graph, *args, **kwargs):
+        pool = self.graphs.get(id(graph))
+        if pool is not None:
+            self.record(ev.GRAPH_REPLAY, pool)
 
-    def _mempool_init(self, original):
-        hooks = self
-
-        def __init__(pool_object, *args, **kwargs):
-            original(pool_object, *args, **kwargs)
-            device = getattr(pool_object, "device", None)
-            if callable(device):
-                device = device()
-            if not hooks.ours(device if isinstance(device, int) else None):
-                return
-            pool = tuple(pool_object.id)
-            hooks.record(ev.POOL_RETAIN, pool)
-            hooks.finalizers.append(weakref.finalize(pool_object, hooks.record, ev.POOL_RELEASE, pool,
-                                                     flags=ev.POOL_EMPTY))
-        return __init__
+    # --- MemPool ----------------------------------------------------------------------------------
+    def _after_mempool_init(self, note, result, pool_object, *args, **kwargs):
+        device = getattr(pool_object, "device", None)
+        if callable(device):
+            device = device()
+        if not self.ours(device if isinstance(device, int) else None):
+            return
+        pool = tuple(int(x) for x in pool_object.id)
+        self.record(ev.POOL_RETAIN, pool)
+        self.finalizers.append(weakref.finalize(pool_object, self.safely, self.record, ev.POOL_RELEASE, pool,
+                                                flags=ev.POOL_EMPTY))
