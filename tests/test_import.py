@@ -17,7 +17,8 @@ from hypothesis import given, settings, strategies as st
 
 from allocsim.errors import InputError
 from allocsim.importers import detect, import_file, safe_pickle
-from allocsim.importers.torch_snapshot import StartState, _Where, convert, inferred_pool_runs
+from allocsim.importers.torch_snapshot import (StartState, _Where, convert, inferred_pool_runs, inferred_releases,
+                                               private_incarnations)
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from conftest import run_cli
@@ -599,5 +600,39 @@ def test_a_pools_earlier_segment_at_a_reused_address_and_a_mempool_stream():
            "blocks": [{"address": 0x1000, "size": 512, "requested_size": 512, "state": "active_allocated"},
                       {"address": 0x1200, "size": 512, "requested_size": 512, "state": "active_allocated"}]}
     start = StartState(_pool_snapshot(e, [seg]), e, 0, _Where("x"))
-    runs = inferred_pool_runs(e, start, {0x1000: (0, 3)})
+    runs = inferred_pool_runs(e, start, private_incarnations(e, start, {0x1000: (0, 3)}))
     assert runs == {4: [(ev.POOL_BEGIN, (0, 3), 0, ev.POOL_ANY_STREAM)], 7: [(ev.POOL_END, (0, 3), 0, 0)]}
+
+
+def test_a_release_that_keeps_a_pools_empty_segment_is_still_empty_cache_and_ends_the_pools_run():
+    """``empty_cache()`` frees every default segment with no live block, but a private pool's only once the pool
+    has no users: a release that frees the empty default segment and keeps the pool's segments is a release all
+    the same (a graph tree's capture begins with one). While a pool is begun the default pools are not released,
+    so the release also ends the run of the pool's requests before it (its end written before the release) and
+    the requests after it are a new run."""
+    e = [{"action": "segment_alloc", "addr": 0x100000, "size": 20 * MiB, "stream": 0},
+         {"action": "alloc", "addr": 0x100000, "size": 4 * MiB, "stream": 0},
+         {"action": "free_completed", "addr": 0x100000, "size": 4 * MiB, "stream": 0},
+         {"action": "segment_alloc", "addr": 0x8000000, "size": 20 * MiB, "stream": 7},     # pool (2, 0)
+         {"action": "alloc", "addr": 0x8000000, "size": 4 * MiB, "stream": 7},
+         {"action": "free_completed", "addr": 0x8000000, "size": 4 * MiB, "stream": 7},     # now empty
+         {"action": "segment_alloc", "addr": 0x4000000, "size": 30 * MiB, "stream": 7},     # pool (2, 0)
+         {"action": "alloc", "addr": 0x4000000, "size": 30 * MiB, "stream": 7},
+         {"action": "segment_free", "addr": 0x100000, "size": 20 * MiB, "stream": 0},        # empty_cache()
+         {"action": "alloc", "addr": 0x8000000, "size": 1 * MiB, "stream": 7}]
+    segs = [{"address": 0x4000000, "total_size": 30 * MiB, "stream": 7, "segment_pool_id": (2, 0), "blocks": [
+                {"address": 0x4000000, "size": 30 * MiB, "requested_size": 30 * MiB, "state": "active_allocated"}]},
+            {"address": 0x8000000, "total_size": 20 * MiB, "stream": 7, "segment_pool_id": (2, 0), "blocks": [
+                {"address": 0x8000000, "size": MiB, "requested_size": MiB, "state": "active_allocated"}]}]
+    start = StartState(_pool_snapshot(e, segs), e, 0, _Where("x"))
+    private = private_incarnations(e, start, {0x4000000: (2, 0), 0x8000000: (2, 0)})
+    assert inferred_releases(e, start, False) == []    # blind to the pool: the empty pool segment stayed, "partial"
+    assert inferred_releases(e, start, False, private) == [8]
+    runs = inferred_pool_runs(e, start, private, [8])
+    begin, end = (ev.POOL_BEGIN, (2, 0), 7, ev.POOL_CAPTURE), (ev.POOL_END, (2, 0), 0, 0)
+    assert runs == {3: [begin], 8: [end], 9: [begin], 10: [end]}
+    w = TraceWriter({})
+    convert(_pool_snapshot(e, segs), w)
+    kinds = [ev.KIND_NAMES[int(k)] for k in w.finish().kind]
+    assert kinds == ["SEGMENT_ALLOC", "ALLOC", "FREE", "POOL_BEGIN", "SEGMENT_ALLOC", "ALLOC", "FREE", "SEGMENT_ALLOC",
+                     "ALLOC", "POOL_END", "CACHE_RELEASE", "SEGMENT_FREE", "POOL_BEGIN", "ALLOC", "POOL_END"]

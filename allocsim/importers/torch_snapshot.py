@@ -236,7 +236,23 @@ class StartState:
 RELEASING = frozenset({"segment_free", "segment_unmap"})
 
 
-def inferred_releases(entries: list, start: StartState, gc_threshold: bool = False) -> list[int]:
+def private_incarnations(entries: list, start: StartState, pool_ids: dict) -> tuple[dict, dict]:
+    """The segments the final state names a private pool of, in their last incarnation: ``({base: pool} of the
+    starting segments, {entry index of a segment_alloc: pool})``. A base freed later was another segment then."""
+    if not pool_ids:
+        return {}, {}
+    last_free = {}
+    for i, e in enumerate(entries):
+        if e["action"] == "segment_free":
+            last_free[e["addr"]] = i
+    first = {b: pool_ids[b] for b in start.segments if b in pool_ids and b not in last_free}
+    later = {i: pool_ids[e["addr"]] for i, e in enumerate(entries)
+             if e["action"] == "segment_alloc" and e["addr"] in pool_ids and last_free.get(e["addr"], -1) < i}
+    return first, later
+
+
+def inferred_releases(entries: list, start: StartState, gc_threshold: bool = False,
+                      private: tuple[dict, dict] = ({}, {})) -> list[int]:
     """Indexes of the entries before which the program released the cache (``docs/importers.md``, "Cache releases").
 
     A run of segment frees is the program's ``empty_cache()`` unless the allocator's own
@@ -246,11 +262,14 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
     frees every segment with no live block. With ``gc_threshold`` (a
     ``garbage_collection_threshold`` in the settings) a run followed by a segment alloc or
     map is the collection made for that request. Runs of expandable-segment unmaps, whose
-    pages are not tracked, are judged by the other rules alone. One pass: O(log #segments) per
+    pages are not tracked, are judged by the other rules alone. A private pool's segment
+    (``private``, `private_incarnations`) is freed by a release only once its pool is freeable,
+    so one of them with no live block may stay or go. One pass: O(log #segments) per
     block entry, O(#segments) per segment alloc and per run of segment frees.
     """
     own_path = {"oom", "segment_alloc", "segment_map"} if gc_threshold else {"oom"}
     bases = sorted(b for b, seg in start.segments.items() if not seg["is_expandable"])
+    in_pool = set(private[0])               # live segments of a private pool
     size = {b: start.segments[b]["total_size"] for b in bases}
     live = dict.fromkeys(bases, 0)          # segment -> blocks live in it
     block_in: dict[int, int] = {}           # live block address -> its segment
@@ -277,13 +296,14 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
                 j += 1
             run = entries[i:j]
             freed = {x["addr"] for x in run if x["action"] == "segment_free"}
-            empty = {b for b in bases if not live[b]}      # what empty_cache() would have freed
+            empty = {b for b in bases if not live[b] and b not in in_pool}     # what empty_cache() must free
             only_frees = len(freed) == len(run)
-            if (not only_frees or freed == empty) and not (j < n and entries[j]["action"] in own_path):
+            if (not only_frees or freed - in_pool == empty) and not (j < n and entries[j]["action"] in own_path):
                 out.append(i)
             for b in freed & set(size):
                 bases.remove(b)
                 del size[b], live[b]
+            in_pool -= freed
             i = j
             continue
         if a == "alloc":
@@ -295,6 +315,8 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
         elif a == "segment_alloc":
             bisect.insort(bases, e["addr"])
             size[e["addr"]], live[e["addr"]] = e["size"], 0
+            if i in private[1]:
+                in_pool.add(e["addr"])
         i += 1
     return out
 
@@ -310,7 +332,8 @@ def private_pool_ids(snapshot, device: int = 0) -> dict[int, tuple[int, int]]:
     return out
 
 
-def inferred_pool_runs(entries: list, start: StartState, pool_ids: dict) -> dict[int, list]:
+def inferred_pool_runs(entries: list, start: StartState, private: tuple[dict, dict],
+                       releases=()) -> dict[int, list]:
     """Where to put POOL_BEGIN / POOL_END: ``{entry index: [(kind, MempoolId_t, stream, flags), ...]}``, each to go
     before that entry.
 
@@ -319,23 +342,24 @@ def inferred_pool_runs(entries: list, start: StartState, pool_ids: dict) -> dict
     never freed). Each run of consecutive requests of one pool becomes a begin before the first (before the segment
     allocations just ahead of it, which that request made) and an end after the last. A graph's pool (``(n, 0)``)
     with one stream is routed on that stream (POOL_CAPTURE), a MemPool's (``(0, n)``) on every stream (its filter is
-    the thread). Segments freed before the snapshot name no pool: their requests stay in the default pools.
-    O(entries · log segments)."""
-    if not pool_ids:
+    the thread). A cache release (``releases``, `inferred_releases`) ends a run: the default pools are released
+    only while no pool is begun. Segments freed before the snapshot name no pool: their requests stay in the
+    default pools. O(entries · log segments)."""
+    first, later = private
+    if not first and not later:
         return {}
-    last_free = {}
-    for i, e in enumerate(entries):
-        if e["action"] == "segment_free":
-            last_free[e["addr"]] = i
-    live = {base: (s["total_size"], pool_ids.get(base) if base not in last_free else None)
-            for base, s in start.segments.items()}
+    released = set(releases)
+    live = {base: (s["total_size"], first.get(base)) for base, s in start.segments.items()}
     bases = sorted(live)
     runs, run = [], None                       # run: [pool, streams, first alloc index, last alloc index]
     for i, e in enumerate(entries):
         a = e["action"]
+        if i in released and run is not None:
+            runs.append(run)
+            run = None
         if a == "segment_alloc":
             base = e["addr"]
-            live[base] = (e["size"], pool_ids.get(base) if last_free.get(base, -1) < i else None)
+            live[base] = (e["size"], later.get(i))
             bisect.insort(bases, base)
         elif a == "segment_free":
             if live.pop(e["addr"], None) is not None:
@@ -416,18 +440,24 @@ class SnapshotConversion:
                                            flags=ev.PRE_EXISTING)
             seeded_pending += pending
         gc_threshold = self.meta["allocator_settings"].get("garbage_collection_threshold")
-        releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0)
-        pool_runs = inferred_pool_runs(self.entries, start, self.pool_ids)
+        private = private_incarnations(self.entries, start, self.pool_ids)
+        releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0,
+                                     private)
+        pool_runs = inferred_pool_runs(self.entries, start, private, releases)
         numbers: dict[tuple, int] = {}
         released, at = set(releases), 0
         for cut in sorted(released | set(pool_runs)):
             conv.feed(self.entries[at:cut])
             at = cut
-            if cut in released:
-                writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
-            for kind, pool, stream, flags in pool_runs.get(cut, ()):
+            here = pool_runs.get(cut, ())
+            for kind, pool, stream, flags in sorted(here, key=lambda x: x[0] != ev.POOL_END):
+                if kind == ev.POOL_BEGIN and cut in released:
+                    writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)      # after the ends, before the begins
+                    released.discard(cut)
                 writer.record(kind, aux=numbers.setdefault(pool, len(numbers) + 1), addr=ev.pool_id_bits(pool),
                               stream=stream, flags=flags)
+            if cut in released:
+                writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
         conv.feed(self.entries[at:])
         counts, unknown, live = conv.counts, conv.unknown, conv.live
         final_mismatch = len(set(live) ^ start.final_live)
