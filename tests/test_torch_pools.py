@@ -7,15 +7,22 @@ while a pool is begun), never from the model's own output. A hypothesis property
 the requests routed to it, and the default pools' only the others."""
 from __future__ import annotations
 
+import os
+
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from allocsim.importers import import_file
 from allocsim.policies.torch import TorchPoolsPath
 from allocsim.replay import Replay
-from allocsim.trace import TraceWriter
+from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.validate import validate
 from allocsim.report.text import validation_summary
+
+from conftest import ROOT
 
 MiB = 1 << 20
 SEG = 20 * MiB                    # a large request's segment (get_allocation_size of 1-10 MiB)
@@ -317,9 +324,7 @@ def test_the_snapshot_export_names_each_segments_pool_and_the_importer_routes_it
     """A replay exported as a PyTorch snapshot gives a pool's segments that pool's ``MempoolId_t`` (from the
     trace's pool events) and the default ones (0, 0); importing that snapshot routes the requests back."""
     import pickle
-    from allocsim.importers import import_file
     from allocsim.replay import replay_snapshot
-    from allocsim.trace import Trace
     t = T()
     d = t.alloc(4 * MiB)
     t.w.record(ev.POOL_BEGIN, aux=1, stream=S0, flags=ev.POOL_CAPTURE, addr=ev.pool_id_bits((7, 0)))
@@ -354,3 +359,25 @@ def test_with_expandable_segments_a_pool_maps_its_own_range_and_unmaps_it_once_f
     (a, _), = r.policy.segment_where[:1]
     (b, _), = r.policy.segment_where[1:2]
     assert abs(a - b) >= 80 << 30         # separate virtual ranges (1.125 x device memory each)
+
+
+# ---- real snapshots (traces/raw/pools, recorded on an H200 with PyTorch 2.11) ------------------------
+RAW = os.path.join(ROOT, "traces", "raw", "pools")
+
+
+@pytest.mark.skipif(not os.path.isdir(RAW), reason="no raw pool snapshots")
+@pytest.mark.parametrize("name", ["capture-mid", "mempool-mid", "compile"])
+def test_a_real_snapshot_whose_pools_are_still_there_imports_to_a_match_that_needs_them(tmp_path, name):
+    """examples/private_pools.py's graphs sharing a pool, MemPool and torch.compile reduce-overhead, each
+    snapshot taken while its pools still held segments: imported, the pools inferred from the final segments are
+    followed to the real allocator's segment calls; without the pool events the same requests do not match."""
+    out = str(tmp_path / f"{name}.bin")
+    import_file(os.path.join(RAW, f"{name}.pickle"), out)
+    v = validate(out)
+    text = validation_summary(v)
+    assert v.match and v.pool_events and "not modelled" not in text, text
+    t = Trace.load(out)
+    rec = np.asarray(t.records)
+    bare = Trace(rec[~np.isin(rec["kind"], ev.POOL)].copy(), t.meta, streams=t.streams, sites=t.sites,
+                 labels=t.labels, path=t.path)
+    assert not validate(bare).match
