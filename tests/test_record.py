@@ -193,7 +193,7 @@ def test_recorded_trace_loads_and_agrees_with_its_allocator(path):
     assert stats["exit_status"] == 0 and stats["trace_summary"]["events"] == len(t)
     if t.meta["framework"] == "torch":
         _check_torch(t, stats["memory_stats"])
-        assert len(t.marks()) >= stats["optimizer_steps"] > 0
+        assert len(t.marks()) >= max(1, stats["optimizer_steps"])     # steps, or the program's own marks
     else:
         _check_cupy(t, stats["pool"])
 
