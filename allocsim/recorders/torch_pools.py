@@ -222,10 +222,13 @@ class PoolHooks:
         return self.current_stream(), self.given_pool(args, kwargs)
 
     def _after_capture_begin(self, note, result, graph, *args, **kwargs):
-        """A named pool's begin is written now; a new pool's id is known only once the capture ends
-        (``CUDAGraph.pool()`` refuses before), so its begin is written then, before the capture's entries, which
-        stay in the allocator's history until that drain."""
+        """``capture_begin`` allocates before it begins the pool (the RNG's graph-safe seed and offset, 8 bytes each,
+        from the default pools): a drain writes those first. Then a named pool's begin is written; a new pool's id
+        is known only once the capture ends (``CUDAGraph.pool()`` refuses before), so its begin is written then,
+        before the capture's entries, which stay in the allocator's history until that drain."""
         stream, pool = note
+        if self.rec.writer is not None:
+            self.rec.drain()
         key = id(graph)
         if key not in self.graphs and key not in self.pending:
             try:
