@@ -15,6 +15,7 @@ at a time:
   recorded run made inside the next request (flag ``IN_REQUEST``: CuPy's ``gc.collect()``
   on its limit or OOM path) is held by the eager runtime and reaches the policy at the
   matching collection of that request's malloc, or after it (`Runtime.hold`);
+- the private-pool events (`POOL`) go to ``policy.pool_event`` (docs/models/torch.md, "Private pools");
 - the pressure events (`PRESSURE`): a recorded OOM is attempted again (a failure is
   an OOM marked ``recorded`` and the walk goes on, as the program did; a success is
   freed at once and listed in ``ooms_avoided``; an offline policy's plan leaves it out); CACHE_RELEASE calls
@@ -52,12 +53,14 @@ from .guard import guard_device_calls, guard_policy
 from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
-from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, PRESSURE, SET_LIMIT
+from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
 S_RECORDED_OOM = "recorded OOM attempt"
 S_CACHE_RELEASE = "cache release"
+#: The events the walk drives besides ALLOC and FREE: the pressure events and the private-pool events.
+STEERING = PRESSURE + POOL
 S_PERIODIC_GC = "gc(false) (periodic)"
 
 #: The walk's kind for a FREE flagged IN_REQUEST: this plus its ``aux`` (which collection of the request made
@@ -126,7 +129,7 @@ def driving(trace: Trace, zero_counts: list | None = None):
                 zero_counts.append((skipped + start, zero[skipped]))
             is_alloc = is_alloc & ~zero
             is_free = is_free & ~zero_free
-        local = np.flatnonzero(is_alloc | is_free | (np.isin(kind, PRESSURE) & ((kind != OOM) | (rec["size"] > 0))))
+        local = np.flatnonzero(is_alloc | is_free | (np.isin(kind, STEERING) & ((kind != OOM) | (rec["size"] > 0))))
         if len(local):
             yield start, rec, local
 
@@ -543,6 +546,11 @@ class Replay:
             return
         if kind == OOM and pol.offline:
             return          # an offline plan covers the requests the program made; a failed one is outside it
+        if kind in POOL:    # the pool's number and the flags are read from the record (rare events)
+            rec = self.trace.records[int(c.at[j])]
+            with self._root_section(S_CACHE_RELEASE) if kind == POOL_RELEASE else nullcontext():
+                pol.pool_event(kind, int(rec["aux"]), stream, int(rec["flags"]))
+            return
         with self._root_section(S_RECORDED_OOM if kind == OOM else S_CACHE_RELEASE):
             if kind == CACHE_RELEASE:
                 pol.release_cache()

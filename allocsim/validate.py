@@ -122,12 +122,14 @@ class Validation:
     first_divergence: dict | None = None
     recorded_events: int = 0
     model_events: int = 0
-    #: segment allocations the recording made in CUDA graph private pools (not modelled: the
-    #: segment calls, reserved bytes and OOMs cannot be trusted while there are any)
+    #: segment allocations the recording made in private pools (CUDA graphs, MemPool)
     private_pool_segments: int = 0
     #: requests flagged CATCHES_OOM (the program survives failing them: docs/allocator-dependent.md); None when
     #: the trace cannot tell (no C++ stacks)
     catches_oom: int | None = None
+    #: the trace's private-pool events (`events.POOL`), which the model follows; with private segments and none
+    #: of these the pools were not seen, so the segment calls, reserved bytes and OOMs cannot be trusted
+    pool_events: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +210,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     private = int(np.count_nonzero((kind == ev.SEGMENT_ALLOC) & (flags & ev.PRIVATE_POOL != 0)))
     catches = catches_oom_known(int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.CATCHES_OOM != 0))),
                                 trace.meta)
+    pool_events = int(np.count_nonzero(np.isin(kind, ev.POOL)))
     rec = recorded_side(trace, kinds)
     seeded = r.policy.seeded
     mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
@@ -234,7 +237,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
         checks.append({"name": "caught OOMs", "recorded": 0, "model": res.caught_ooms, "ok": not res.caught_ooms})
     return Validation(trace=shown_name(trace.path), framework=fw, policy=spec.policy, options=res.options,
                       kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
-                      pre_existing=pre, private_pool_segments=private, catches_oom=catches, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
+                      pre_existing=pre, private_pool_segments=private, pool_events=pool_events, catches_oom=catches, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
                       model_events=len(mod.kinds))
 
 

@@ -166,12 +166,13 @@ def test_validate_counts_the_flagged_requests_and_checks_none_failed():
     assert v.match and v.catches_oom == 0 and all(c["name"] != "caught OOMs" for c in v.checks)
 
 
-def test_a_flag_bit_nobody_defined_is_refused(tmp_path):
+def test_a_flag_of_another_kind_on_an_alloc_is_refused(tmp_path):
+    """Every bit of the flags byte is defined now; each marks its own kinds (8: a POOL_BEGIN's capture)."""
     w = TraceWriter({"framework": "torch"})
-    w.alloc(10, flags=8 | ev.CATCHES_OOM)
+    w.alloc(10, flags=ev.POOL_CAPTURE | ev.CATCHES_OOM)
     path = str(tmp_path / "bad.bin")
     w.finish().save(path)
-    with pytest.raises(InputError, match="event 0: unknown flag bits 0x8"):
+    with pytest.raises(InputError, match=r"event 0: flag 8 \(POOL_CAPTURE\) on an ALLOC: it marks POOL_BEGINs only"):
         Trace.load(path)
 
 

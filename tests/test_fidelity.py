@@ -2,12 +2,15 @@
 import glob
 import os
 
+import numpy as np
 import pytest
 
 from allocsim import validate_trace
 from allocsim.policies.cupy import RecordedPlaces
+from allocsim.policies.torch import has_pool_events
 from allocsim.replay import Replay, make_device
 from allocsim.trace import ALLOC, Trace
+from allocsim.trace import events as ev
 from allocsim.report.text import validation_summary
 
 from conftest import ROOT
@@ -15,6 +18,7 @@ from conftest import ROOT
 RECORDED = sorted(p for p in glob.glob(os.path.join(ROOT, "traces", "*.bin"))
                   if Trace.load(p).meta.get("framework") in ("torch", "cupy"))
 TORCH = [p for p in RECORDED if Trace.load(p).meta.get("framework") == "torch"]
+POOLS = [p for p in TORCH if has_pool_events(Trace.load(p))]
 
 
 @pytest.mark.parametrize("path", RECORDED, ids=os.path.basename)
@@ -93,3 +97,16 @@ def test_the_recorded_runs_are_shipped_with_every_rank():
         runs.setdefault(os.path.basename(p).split(".rank")[0], set()).add((meta["rank"], meta["world_size"]))
     assert runs and all(ranks == {(0, 2), (1, 2)} for ranks in runs.values()), runs
     assert len(runs) == 5
+@pytest.mark.parametrize("path", POOLS, ids=os.path.basename)
+def test_private_pools_are_followed_and_needed(path):
+    """The recordings with private pools (CUDA graphs, torch.compile reduce-overhead, MemPool) match with their
+    pool events followed and nothing called unmodelled; without the pool events they do not match, so the match
+    is the pools' doing."""
+    v = validate_trace(path)
+    text = validation_summary(v)
+    assert v.match and v.pool_events and v.private_pool_segments and "not modelled" not in text, text
+    t = Trace.load(path)
+    rec = np.asarray(t.records)
+    bare = Trace(rec[~np.isin(rec["kind"], ev.POOL)].copy(), t.meta, streams=t.streams, sites=t.sites,
+                 labels=t.labels, path=t.path)
+    assert not validate_trace(bare).match

@@ -242,7 +242,7 @@ BAD = {
     # name: (writer, position, message fragment)
     "empty file": (lambda p: write_bytes(p, b""), "byte 0", "bad magic"),
     "wrong magic": (lambda p: write_raw(p, magic=b"PYTORCH!"), "byte 0", "bad magic"),
-    "unsupported version": (lambda p: write_raw(p, version=2), "byte 8", "unsupported trace version 2"),
+    "unsupported version": (lambda p: write_raw(p, version=3), "byte 8", "unsupported trace version 3"),
     "wrong record size": (lambda p: write_raw(p, rec_size=48), "byte 10", "record size 48"),
     "truncated header": (lambda p: write_bytes(p, HEADER.pack(MAGIC, 1, 40, 2, 0, 0, 72)[:30]),
                          "byte 30", "truncated header"),

@@ -11,12 +11,14 @@ import pickle
 import random
 import shutil
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from allocsim.errors import InputError
 from allocsim.importers import detect, import_file, safe_pickle
-from allocsim.importers.torch_snapshot import convert
+from allocsim.importers.torch_snapshot import (StartState, _Where, convert, inferred_pool_runs, inferred_releases,
+                                               private_incarnations)
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from conftest import run_cli
@@ -541,10 +543,11 @@ def test_cli_error_late_in_the_input_leaves_no_file(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["log.csv"]
 
 
-def test_cuda_graph_private_pools_are_marked_and_named(tmp_path):
-    """A segment in a CUDA graph private pool (``segment_pool_id`` not (0, 0)) is flagged on its
-    SEGMENT_ALLOC, counted in the metadata, warned about on import, shown by `info`, and `validate`
-    says plainly that its figures cannot be trusted — never a silent (mis)match."""
+def test_cuda_graph_private_pools_are_marked_named_and_routed(tmp_path):
+    """A segment in a private pool (``segment_pool_id`` not (0, 0)) is flagged on its SEGMENT_ALLOC, counted in
+    the metadata and warned about on import; the requests that landed in it are routed to its pool (a POOL_BEGIN
+    before the run, with the segment allocation it made, a POOL_END after), so `info` shows the pool events and
+    `validate` follows them and never says "not modelled"."""
     snap = load_fixture_dict("snapshot.pickle")
     for seg in snap["segments"]:
         seg["segment_pool_id"] = (1, 0) if seg["address"] == 0x10000000 else (0, 0)
@@ -556,14 +559,81 @@ def test_cuda_graph_private_pools_are_marked_and_named(tmp_path):
     t = Trace.load(out)
     seg = t.kind == ev.SEGMENT_ALLOC
     private = (t.flags & ev.PRIVATE_POOL) != 0
-    assert t.addr[seg & private].tolist() == [0x10000000] and not (private & ~seg).any()
+    assert t.addr[seg & private].tolist() == [0x10000000] and not (private & ~seg & ~np.isin(t.kind, ev.POOL)).any()
     assert t.meta["private_pools"] == {"segments": 1, "bytes": 2 * MiB}
-    assert any("CUDA graph private pools" in w for w in stats["warnings"])
+    assert any("belong to 1 private pools" in w for w in stats["warnings"]) and stats["pool_runs_inferred"] == 2
+    # every ALLOC in the pool's segment lies between a begin and an end of pool 1, every other outside
+    routed, inside = [], False
+    for k, a in zip(t.kind.tolist(), t.addr.tolist()):
+        if k in (ev.POOL_BEGIN, ev.POOL_END):
+            inside = k == ev.POOL_BEGIN
+        elif k == ev.ALLOC:
+            routed.append((0x10000000 <= a < 0x10000000 + 2 * MiB, inside))
+    assert routed and all(x == y for x, y in routed) and any(x for x, _ in routed)
+    begins = np.flatnonzero(t.kind == ev.POOL_BEGIN)
+    assert t.kind[begins[0] + 1] == ev.SEGMENT_ALLOC and (t.flags[begins] == ev.POOL_CAPTURE).all()
+    assert (t.aux[begins] == 1).all() and (t.addr[begins] == ev.pool_id_bits((1, 0))).all()
     p = run_cli("info", out)
-    assert p.returncode == 0 and "CUDA graph private pools: 1 segment allocations" in p.stdout
+    assert p.returncode == 0 and "private pools: begin 2, end 2" in p.stdout
     text = run_cli("validate", out).stdout
-    assert "1 recorded segment allocations belong to CUDA graph private pools" in text
-    assert "(private pools: not modelled)" in text.strip().splitlines()[-1]
+    assert "private pools: 4 pool events followed, 1 recorded segment allocations in them" in text
+    assert "not modelled" not in text
     plain = str(tmp_path / "plain.bin")
     import_file(fixture("snapshot.pickle"), plain)
     assert "private pool" not in run_cli("validate", plain).stdout + run_cli("info", plain).stdout
+
+
+def _pool_snapshot(entries, segments):
+    return {"segments": segments, "device_traces": [entries]}
+
+
+def test_a_pools_earlier_segment_at_a_reused_address_and_a_mempool_stream():
+    """Only a segment's last incarnation is named by the final state: a request in an earlier segment at the
+    same address stays in the default pools. A MemPool's pool ((0, n)) routes every stream."""
+    e = [{"action": "segment_alloc", "addr": 0x1000, "size": 2 * MiB, "stream": 5},
+         {"action": "alloc", "addr": 0x1000, "size": 512, "stream": 5},                 # default (earlier life)
+         {"action": "free_completed", "addr": 0x1000, "size": 512, "stream": 5},
+         {"action": "segment_free", "addr": 0x1000, "size": 2 * MiB, "stream": 5},
+         {"action": "segment_alloc", "addr": 0x1000, "size": 2 * MiB, "stream": 5},
+         {"action": "alloc", "addr": 0x1000, "size": 512, "stream": 5},                 # the MemPool's
+         {"action": "alloc", "addr": 0x1200, "size": 512, "stream": 5}]
+    seg = {"address": 0x1000, "total_size": 2 * MiB, "stream": 5, "segment_pool_id": (0, 3),
+           "blocks": [{"address": 0x1000, "size": 512, "requested_size": 512, "state": "active_allocated"},
+                      {"address": 0x1200, "size": 512, "requested_size": 512, "state": "active_allocated"}]}
+    start = StartState(_pool_snapshot(e, [seg]), e, 0, _Where("x"))
+    runs = inferred_pool_runs(e, start, private_incarnations(e, start, {0x1000: (0, 3)}))
+    assert runs == {4: [(ev.POOL_BEGIN, (0, 3), 0, ev.POOL_ANY_STREAM)], 7: [(ev.POOL_END, (0, 3), 0, 0)]}
+
+
+def test_a_release_that_keeps_a_pools_empty_segment_is_still_empty_cache_and_ends_the_pools_run():
+    """``empty_cache()`` frees every default segment with no live block, but a private pool's only once the pool
+    has no users: a release that frees the empty default segment and keeps the pool's segments is a release all
+    the same (a graph tree's capture begins with one). While a pool is begun the default pools are not released,
+    so the release also ends the run of the pool's requests before it (its end written before the release) and
+    the requests after it are a new run."""
+    e = [{"action": "segment_alloc", "addr": 0x100000, "size": 20 * MiB, "stream": 0},
+         {"action": "alloc", "addr": 0x100000, "size": 4 * MiB, "stream": 0},
+         {"action": "free_completed", "addr": 0x100000, "size": 4 * MiB, "stream": 0},
+         {"action": "segment_alloc", "addr": 0x8000000, "size": 20 * MiB, "stream": 7},     # pool (2, 0)
+         {"action": "alloc", "addr": 0x8000000, "size": 4 * MiB, "stream": 7},
+         {"action": "free_completed", "addr": 0x8000000, "size": 4 * MiB, "stream": 7},     # now empty
+         {"action": "segment_alloc", "addr": 0x4000000, "size": 30 * MiB, "stream": 7},     # pool (2, 0)
+         {"action": "alloc", "addr": 0x4000000, "size": 30 * MiB, "stream": 7},
+         {"action": "segment_free", "addr": 0x100000, "size": 20 * MiB, "stream": 0},        # empty_cache()
+         {"action": "alloc", "addr": 0x8000000, "size": 1 * MiB, "stream": 7}]
+    segs = [{"address": 0x4000000, "total_size": 30 * MiB, "stream": 7, "segment_pool_id": (2, 0), "blocks": [
+                {"address": 0x4000000, "size": 30 * MiB, "requested_size": 30 * MiB, "state": "active_allocated"}]},
+            {"address": 0x8000000, "total_size": 20 * MiB, "stream": 7, "segment_pool_id": (2, 0), "blocks": [
+                {"address": 0x8000000, "size": MiB, "requested_size": MiB, "state": "active_allocated"}]}]
+    start = StartState(_pool_snapshot(e, segs), e, 0, _Where("x"))
+    private = private_incarnations(e, start, {0x4000000: (2, 0), 0x8000000: (2, 0)})
+    assert inferred_releases(e, start, False) == []    # blind to the pool: the empty pool segment stayed, "partial"
+    assert inferred_releases(e, start, False, private) == [8]
+    runs = inferred_pool_runs(e, start, private, [8])
+    begin, end = (ev.POOL_BEGIN, (2, 0), 7, ev.POOL_CAPTURE), (ev.POOL_END, (2, 0), 0, 0)
+    assert runs == {3: [begin], 8: [end], 9: [begin], 10: [end]}
+    w = TraceWriter({})
+    convert(_pool_snapshot(e, segs), w)
+    kinds = [ev.KIND_NAMES[int(k)] for k in w.finish().kind]
+    assert kinds == ["SEGMENT_ALLOC", "ALLOC", "FREE", "POOL_BEGIN", "SEGMENT_ALLOC", "ALLOC", "FREE", "SEGMENT_ALLOC",
+                     "ALLOC", "POOL_END", "CACHE_RELEASE", "SEGMENT_FREE", "POOL_BEGIN", "ALLOC", "POOL_END"]

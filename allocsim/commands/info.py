@@ -98,9 +98,14 @@ def format_summary(d: dict) -> str:
         lines.append(f"  limits set {len(d['limits'])} ({d['limits'][0]['by']}): "
                      + ", ".join(_limit_text(lim) for lim in d["limits"][:5])
                      + (", ..." if len(d["limits"]) > 5 else ""))
-    if d.get("private_pool_segments"):
+    pools = d.get("private_pools")
+    if pools:
+        lines.append("  private pools: " + ", ".join(f"{k} {v:,}" for k, v in pools.items())
+                     + (f"; {d['private_pool_segments']:,} segment allocations in them"
+                        if d.get("private_pool_segments") else ""))
+    elif d.get("private_pool_segments"):
         lines.append(f"  CUDA graph private pools: {d['private_pool_segments']:,} segment allocations (not modelled: "
-                     f"allocsim validate says which figures cannot be trusted)")
+                     f"the trace holds no pool events; allocsim validate says which figures cannot be trusted)")
     if d.get("frees_in_request"):
         lines.append(f"  frees inside a request: {d['frees_in_request']:,} (arrays the pool's gc.collect() freed on its "
                      f"limit or OOM path; replayed at that collection)")

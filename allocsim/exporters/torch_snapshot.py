@@ -32,7 +32,8 @@ from ..errors import UsageError
 from ..frameworks.torch import snapshot_settings
 from ..outputs import atomic_open
 from ..spec import PolicySpec
-from ..trace.events import ALLOC, FREE_REQUESTED, NO_SITE, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from ..trace.events import (ALLOC, FREE_REQUESTED, NO_SITE, POOL, SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP,
+                            SEGMENT_UNMAP)
 
 #: pickle protocol MemoryViz.js reads (it refuses 5, Python 3.14's default)
 PROTOCOL = 4
@@ -65,6 +66,9 @@ class History:
         self.observed = -1                              # the last event the observer saw
         self.end = len(trace)                           # where the walk ended (an OOM can stop it)
         self.policy = None                              # the replay's policy, set once it is made
+        at = np.flatnonzero(np.isin(np.asarray(trace.kind), POOL))      # a private pool's number -> its id
+        self.pool_ids = {int(n): (int(a) >> 32, int(a) & 0xFFFFFFFF)
+                         for n, a in zip(trace.aux[at].tolist(), trace.addr[at].tolist())}
         asked = np.flatnonzero(np.asarray(trace.kind) == FREE_REQUESTED)
         self.asked: dict[int, int] = dict(zip(trace.id[asked].tolist(), asked.tolist()))  # id -> its FREE_REQUESTED
 
@@ -145,7 +149,7 @@ class History:
                         "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
                         "requested_size": sum(b["requested_size"] for b in blocks),
                         "stream": self.stream(seg["stream"]), "segment_type": "small" if seg["small"] else "large",
-                        "segment_pool_id": (0, 0), "is_expandable": seg["expandable"], "frames": [],
+                        "segment_pool_id": self.pool_ids.get(seg.get("pool", 0), (0, 0)), "is_expandable": seg["expandable"], "frames": [],
                         "blocks": blocks})
         return out
 

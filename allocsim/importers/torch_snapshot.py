@@ -14,7 +14,10 @@ The mapping (``docs/importers.md``, "PyTorch memory snapshots"):
 
 A snapshot has no entry for ``torch.cuda.empty_cache()``: `inferred_releases`
 finds the segment frees the allocator's own paths do not explain and puts a
-CACHE_RELEASE before them (``docs/importers.md``, "Cache releases").
+CACHE_RELEASE before them (``docs/importers.md``, "Cache releases"). Nor has it
+one for a private pool's begin and end (CUDA graphs, MemPool): `inferred_pool_runs`
+routes the requests that landed in a segment the final state names a pool of
+(``segment_pool_id``) to that pool (``docs/importers.md``, "Private pools").
 
 Times are ``time_us`` * 1000 relative to the earliest entry, or the entry index
 when the snapshot has no ``time_us`` (before PyTorch 2.2).
@@ -261,7 +264,23 @@ class StartState:
 RELEASING = frozenset({"segment_free", "segment_unmap"})
 
 
-def inferred_releases(entries: list, start: StartState, gc_threshold: bool = False) -> list[int]:
+def private_incarnations(entries: list, start: StartState, pool_ids: dict) -> tuple[dict, dict]:
+    """The segments the final state names a private pool of, in their last incarnation: ``({base: pool} of the
+    starting segments, {entry index of a segment_alloc: pool})``. A base freed later was another segment then."""
+    if not pool_ids:
+        return {}, {}
+    last_free = {}
+    for i, e in enumerate(entries):
+        if e["action"] == "segment_free":
+            last_free[e["addr"]] = i
+    first = {b: pool_ids[b] for b in start.segments if b in pool_ids and b not in last_free}
+    later = {i: pool_ids[e["addr"]] for i, e in enumerate(entries)
+             if e["action"] == "segment_alloc" and e["addr"] in pool_ids and last_free.get(e["addr"], -1) < i}
+    return first, later
+
+
+def inferred_releases(entries: list, start: StartState, gc_threshold: bool = False,
+                      private: tuple[dict, dict] = ({}, {})) -> list[int]:
     """Indexes of the entries before which the program released the cache (``docs/importers.md``, "Cache releases").
 
     A run of segment frees is the program's ``empty_cache()`` unless the allocator's own
@@ -271,11 +290,14 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
     frees every segment with no live block. With ``gc_threshold`` (a
     ``garbage_collection_threshold`` in the settings) a run followed by a segment alloc or
     map is the collection made for that request. Runs of expandable-segment unmaps, whose
-    pages are not tracked, are judged by the other rules alone. One pass: O(log #segments) per
+    pages are not tracked, are judged by the other rules alone. A private pool's segment
+    (``private``, `private_incarnations`) is freed by a release only once its pool is freeable,
+    so one of them with no live block may stay or go. One pass: O(log #segments) per
     block entry, O(#segments) per segment alloc and per run of segment frees.
     """
     own_path = {"oom", "segment_alloc", "segment_map"} if gc_threshold else {"oom"}
     bases = sorted(b for b, seg in start.segments.items() if not seg["is_expandable"])
+    in_pool = set(private[0])               # live segments of a private pool
     size = {b: start.segments[b]["total_size"] for b in bases}
     live = dict.fromkeys(bases, 0)          # segment -> blocks live in it
     block_in: dict[int, int] = {}           # live block address -> its segment
@@ -302,13 +324,14 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
                 j += 1
             run = entries[i:j]
             freed = {x["addr"] for x in run if x["action"] == "segment_free"}
-            empty = {b for b in bases if not live[b]}      # what empty_cache() would have freed
+            empty = {b for b in bases if not live[b] and b not in in_pool}     # what empty_cache() must free
             only_frees = len(freed) == len(run)
-            if (not only_frees or freed == empty) and not (j < n and entries[j]["action"] in own_path):
+            if (not only_frees or freed - in_pool == empty) and not (j < n and entries[j]["action"] in own_path):
                 out.append(i)
             for b in freed & set(size):
                 bases.remove(b)
                 del size[b], live[b]
+            in_pool -= freed
             i = j
             continue
         if a == "alloc":
@@ -320,7 +343,80 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
         elif a == "segment_alloc":
             bisect.insort(bases, e["addr"])
             size[e["addr"]], live[e["addr"]] = e["size"], 0
+            if i in private[1]:
+                in_pool.add(e["addr"])
         i += 1
+    return out
+
+
+def private_pool_ids(snapshot, device: int = 0) -> dict[int, tuple[int, int]]:
+    """``{base address: MempoolId_t}`` of the snapshot's final segments in a private pool (`private_pool_segments`)."""
+    out = {}
+    for seg in snapshot.get("segments") or () if isinstance(snapshot, dict) else ():
+        pool = seg.get("segment_pool_id") if isinstance(seg, dict) else None
+        if seg.get("device", device) == device and isinstance(pool, (list, tuple)) and len(pool) == 2 \
+                and all(_is_uint(x) for x in pool) and any(pool) and _is_uint(seg.get("address")):
+            out[seg["address"]] = (int(pool[0]), int(pool[1]))
+    return out
+
+
+def inferred_pool_runs(entries: list, start: StartState, private: tuple[dict, dict],
+                       releases=()) -> dict[int, list]:
+    """Where to put POOL_BEGIN / POOL_END: ``{entry index: [(kind, MempoolId_t, stream, flags), ...]}``, each to go
+    before that entry.
+
+    A request belongs to a private pool when its block lies in a segment of that pool: a segment the final state
+    names a pool of, in its last incarnation (its base never freed after that segment_alloc, or a starting segment
+    never freed). Each run of consecutive requests of one pool becomes a begin before the first (before the segment
+    allocations just ahead of it, which that request made) and an end after the last. A graph's pool (``(n, 0)``)
+    with one stream is routed on that stream (POOL_CAPTURE), a MemPool's (``(0, n)``) on every stream (its filter is
+    the thread). A cache release (``releases``, `inferred_releases`) ends a run: the default pools are released
+    only while no pool is begun. Segments freed before the snapshot name no pool: their requests stay in the
+    default pools. O(entries · log segments)."""
+    first, later = private
+    if not first and not later:
+        return {}
+    released = set(releases)
+    live = {base: (s["total_size"], first.get(base)) for base, s in start.segments.items()}
+    bases = sorted(live)
+    runs, run = [], None                       # run: [pool, streams, first alloc index, last alloc index]
+    for i, e in enumerate(entries):
+        a = e["action"]
+        if i in released and run is not None:
+            runs.append(run)
+            run = None
+        if a == "segment_alloc":
+            base = e["addr"]
+            live[base] = (e["size"], later.get(i))
+            bisect.insort(bases, base)
+        elif a == "segment_free":
+            if live.pop(e["addr"], None) is not None:
+                del bases[bisect.bisect_left(bases, e["addr"])]
+        elif a == "alloc":
+            k = bisect.bisect_right(bases, e["addr"]) - 1
+            pool = None
+            if k >= 0:
+                size, pool = live[bases[k]]
+                if e["addr"] >= bases[k] + size:
+                    pool = None
+            if run is not None and run[0] != pool:
+                runs.append(run)
+                run = None
+            if pool is not None:
+                if run is None:
+                    run = [pool, set(), i, i]
+                run[1].add(e.get("stream", 0) or 0)
+                run[3] = i
+    if run is not None:
+        runs.append(run)
+    out: dict[int, list] = {}
+    for pool, streams, first, last in runs:
+        while first > 0 and entries[first - 1]["action"] in ("segment_alloc", "segment_map"):
+            first -= 1                          # the segment the request made comes inside the begin
+        capture = pool[0] != 0 and len(streams) == 1
+        flags = ev.POOL_CAPTURE if capture else ev.POOL_ANY_STREAM
+        out.setdefault(first, []).append((ev.POOL_BEGIN, pool, next(iter(streams)) if capture else 0, flags))
+        out.setdefault(last + 1, []).insert(0, (ev.POOL_END, pool, 0, 0))
     return out
 
 
@@ -352,6 +448,7 @@ class SnapshotConversion:
             dev["total_memory"] = int(total_memory)
         settings = snapshot.get("allocator_settings")
         self.private = private_pool_segments(snapshot, device)
+        self.pool_ids = private_pool_ids(snapshot, device)
         self.meta = {
             "producer": "allocsim import", "framework": "torch", "format": "torch-snapshot",
             "source_file": source, "device": dev,
@@ -378,11 +475,25 @@ class SnapshotConversion:
                                            flags=ev.PRE_EXISTING)
             seeded_pending += pending
         gc_threshold = self.meta["allocator_settings"].get("garbage_collection_threshold")
-        releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0)
-        for k, (a, b) in enumerate(zip([0, *releases], [*releases, len(self.entries)])):
-            if k:
+        private = private_incarnations(self.entries, start, self.pool_ids)
+        releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0,
+                                     private)
+        pool_runs = inferred_pool_runs(self.entries, start, private, releases)
+        numbers: dict[tuple, int] = {}
+        released, at = set(releases), 0
+        for cut in sorted(released | set(pool_runs)):
+            conv.feed(self.entries[at:cut])
+            at = cut
+            here = pool_runs.get(cut, ())
+            for kind, pool, stream, flags in sorted(here, key=lambda x: x[0] != ev.POOL_END):
+                if kind == ev.POOL_BEGIN and cut in released:
+                    writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)      # after the ends, before the begins
+                    released.discard(cut)
+                writer.record(kind, aux=numbers.setdefault(pool, len(numbers) + 1), addr=ev.pool_id_bits(pool),
+                              stream=stream, flags=flags)
+            if cut in released:
                 writer.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
-            conv.feed(self.entries[a:b])
+        conv.feed(self.entries[at:])
         counts, unknown, live = conv.counts, conv.unknown, conv.live
         final_mismatch = len(set(live) ^ start.final_live)
         warnings = []
@@ -391,9 +502,11 @@ class SnapshotConversion:
                             f"a matching block or segment, {final_mismatch} blocks live at the end differ from "
                             f"the snapshot's active blocks")
         if self.private:
-            warnings.append(f"{len(self.private)} segments ({sum(self.private.values()):,} bytes) belong to CUDA graph "
-                            f"private pools, which the torch model does not follow: figures for them cannot be "
-                            f"trusted (allocsim validate says which)")
+            warnings.append(f"{len(self.private)} segments ({sum(self.private.values()):,} bytes) belong to "
+                            f"{len(numbers)} private pools (CUDA graphs, MemPool): the requests that landed in them "
+                            f"are routed to their pools ({sum(len(v) for v in pool_runs.values()) // 2} runs); a "
+                            f"pool whose segments were all freed before the snapshot names no pool, so its requests "
+                            f"stay in the default pools (record with allocsim record to see every pool)")
         if unknown:
             warnings.append("ignored unknown actions: " + ", ".join(f"{k} x{n}" for k, n in sorted(unknown.items())))
         warnings += [f"device {d} also holds {n:,} trace entries: --device {d} imports them"
@@ -404,6 +517,7 @@ class SnapshotConversion:
             "segment_allocs": counts["segment_alloc"], "segment_frees": counts["segment_free"],
             "segment_maps": counts["segment_map"], "segment_unmaps": counts["segment_unmap"],
             "ooms": counts["oom"], "catches_oom": counts["catches_oom"], "cache_releases_inferred": len(releases),
+            "pool_runs_inferred": sum(len(v) for v in pool_runs.values()) // 2,
             "snapshots_ignored": counts["snapshot"], "unknown_actions": dict(unknown),
             "seeded": len(start.blocks), "seeded_pending_free": seeded_pending, "wrapped": start.wrapped,
             "initial_segments": len(start.segments), "inconsistent": start.inconsistent,

@@ -22,7 +22,7 @@ Required (the engine calls them):
 - ``block(handle) -> (addr, size)`` (tests and `Replay.live_blocks`): where a live block lies.
 
 Optional, with a default here (see each member's docstring or comment for its budget):
-``largest_free``, ``free_breakdown``, ``release_cache``, ``counters``, ``finish``,
+``largest_free``, ``free_breakdown``, ``release_cache``, ``pool_event``, ``counters``, ``finish``,
 ``close``, ``tick``, ``walk_chunk`` (the fused loop; `fused_loop` says when the engine
 may use it), ``renumber`` (handles renamed between chunks), ``wants_event_index`` /
 ``event_index`` and ``segment_log`` (`validate`), ``follows_recording``, ``seeded``, ``peak_allocated_override``
@@ -231,6 +231,13 @@ class Policy:
         """The program released its allocator's cache (``torch.cuda.empty_cache()``, CuPy
         ``free_all_blocks()``), per CACHE_RELEASE event. By default nothing: a pool that caches nothing has nothing to give back;
         a caching pool returns what its allocator's call would (at least every wholly free segment)."""
+
+    def pool_event(self, kind: int, pool: int, stream: int, flags: int) -> None:
+        """A private-pool event of the trace (`allocsim.trace.events.POOL`: POOL_BEGIN, POOL_END, POOL_RETAIN,
+        POOL_RELEASE), per such event: ``pool`` is the pool's number, ``stream`` the stream index a POOL_BEGIN
+        routes, ``flags`` the record's. By default nothing: an allocator without private pools serves every
+        request from its one pool. `torch` routes requests to the pool while it is begun (docs/models/torch.md,
+        "Private pools")."""
 
     def gc_on(self) -> bool:
         """Whether the allocator's own collection of cached blocks (torch's ``garbage_collection_threshold``)

@@ -23,7 +23,9 @@ Where the model knowingly differs:
   ``synchronize_and_free_events`` therefore frees nothing, and issue #189504 (no pool
   re-search after that synchronisation) cannot bite; ``fix_189504`` adds the re-search
   for fidelity with the fix, and it only matters for blocks the flush itself made fit.
-- No CUDA graphs, private pools or MemPools; ``cudaMallocAsync`` backend is not modeled.
+- Private pools (CUDA graphs, graph trees, MemPool) follow the trace's pool events (`pool_event`,
+  docs/models/torch.md "Private pools"); a use_mem_pool's thread filter is taken as every stream (a trace
+  does not say which thread allocated). ``cudaMallocAsync`` backend is not modeled.
 - ``--cap`` is the allowed memory of ``set_per_process_memory_fraction`` (`AllowedMemory`);
   cudaMalloc fails on the simulated capacity, where the real limit is the device's total
   memory minus the CUDA context, workspaces and other processes. The simulated device
@@ -42,10 +44,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+import numpy as np
+
 from ..errors import UsageError
 from ..frameworks.torch import (MiB, N_DIVISION_INTERVALS, NO_DIVISIONS, PARAMS, SIZE_MAX, divisions_table,
                                 format_value, options_in_force)
-from ..trace.events import SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP
+from ..trace.events import (POOL, POOL_ANY_STREAM, POOL_BEGIN, POOL_EMPTY, POOL_END, POOL_RELEASE, SEGMENT_ALLOC,
+                            SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP)
 from .base import Policy
 from .registry import register
 
@@ -124,11 +129,12 @@ class BlockPool:
     one pool the memmove dominates (10 k: about 1.7 x slower than the runs).
     """
 
-    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks")
+    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks", "owner")
 
-    def __init__(self, small: bool, stream: int):
+    def __init__(self, small: bool, stream: int, owner: "PrivatePool | None" = None):
         self.small = small
         self.stream = stream
+        self.owner = owner              # the private pool these blocks belong to; None: the default pools
         self.keys: list[int] = []
         self.blocks: dict[int, Block] = {}
         self.unmapped: list[int] = []
@@ -153,6 +159,22 @@ class BlockPool:
             unmapped = self.unmapped
             del unmapped[bisect_left(unmapped, b.ptr)]
             del self.unmapped_blocks[b.ptr]
+
+
+class PrivatePool:
+    """PyTorch's ``PrivatePool`` (a CUDA graph's or a ``MemPool``'s): its own small and large block pools per
+    stream, its users (``use_count``: captures and ``use_mem_pool`` contexts begun, MemPools, graphs that keep it)
+    and the device memory its segments hold (``reserved``: PyTorch counts its cudaMallocs, ``cudaMalloc_count``;
+    bytes say the same, and also cover expandable pages). With no users left it is freeable: the next
+    `release_cached_blocks` frees its whole free segments, and forgets it once it holds no memory."""
+
+    __slots__ = ("number", "pools", "use_count", "reserved")
+
+    def __init__(self, number: int):
+        self.number = number
+        self.pools: dict[int, tuple[BlockPool, BlockPool]] = {}
+        self.use_count = 1
+        self.reserved = 0
 
 
 class ExpandableSegment:
@@ -296,6 +318,11 @@ class TorchCachingAllocator(Policy):
         self._hit_s = self.costs.pool_hit_s
         self._free_s = self.costs.pool_free_s
         self._spare: list[Block] = []  # free blocks `_free_fast` merged away, reused by `_malloc_fast`'s splits
+        # private pools (`pool_event`): number -> pool; the routings begun and not ended ((number, stream index or
+        # None for every stream), PyTorch's captures_underway, searched newest first); those without users
+        self._private: dict[int, PrivatePool] = {}
+        self._captures: list[tuple[int, int | None]] = []
+        self._freeable: dict[int, PrivatePool] = {}
 
     @classmethod
     def variant(cls, ctx, options):
@@ -304,18 +331,37 @@ class TorchCachingAllocator(Policy):
         `TorchOptionsPath`. Both declare the fused loop."""
         if cls is not TorchCachingAllocator:
             return cls
+        if ctx.trace is not None and has_pool_events(ctx.trace):
+            return TorchPoolsPath
         opts = options_in_force(options, ctx.trace)
         plain = not opts.get("expandable_segments") and not (opts.get("garbage_collection_threshold") or 0.0) > 0.0
         return TorchFastPath if plain else TorchOptionsPath
 
-    def _make_pools(self, stream: int) -> tuple[BlockPool, BlockPool]:
-        pp = self._pools[stream] = (BlockPool(True, stream), BlockPool(False, stream))
+    def _make_pools(self, stream: int, owner: PrivatePool | None = None) -> tuple[BlockPool, BlockPool]:
+        pools = self._pools if owner is None else owner.pools
+        pp = pools[stream] = (BlockPool(True, stream, owner), BlockPool(False, stream, owner))
         return pp
 
-    def _pools_in_order(self, small: bool) -> list[BlockPool]:
-        vals = self._stream_values
-        order = sorted(self._pools, key=lambda s: (vals[s] if s < len(vals) else s, s))
-        return [self._pools[s][0 if small else 1] for s in order]
+    def _pools_in_order(self, small: bool, owner: PrivatePool | None = None) -> list[BlockPool]:
+        """The default pools (or ``owner``'s) of one size class, in cudaStream_t order, as PyTorch's set holds them."""
+        pools, vals = self._pools if owner is None else owner.pools, self._stream_values
+        order = sorted(pools, key=lambda s: (vals[s] if s < len(vals) else s, s))
+        return [pools[s][0 if small else 1] for s in order]
+
+    def _all_pools(self):
+        """``(stream, (small, large))`` of the default pools, then of each private pool."""
+        yield from self._pools.items()
+        for owner in self._private.values():
+            yield from owner.pools.items()
+
+    def _routed(self, stream: int) -> tuple[BlockPool, BlockPool]:
+        """PyTorch's ``get_pool`` while a pool is begun: the newest begun pool whose filter takes ``stream``
+        (its stream, or every stream), else the default pools."""
+        for number, routed in reversed(self._captures):
+            if routed is None or routed == stream:
+                owner = self._private[number]
+                return owner.pools.get(stream) or self._make_pools(stream, owner)
+        return self._pools.get(stream) or self._make_pools(stream)
 
     def _insert(self, pool: BlockPool, b: Block) -> None:
         b.gc_base = self.gfb_calls[pool.small]      # the counts only tick while the GC is on
@@ -333,7 +379,10 @@ class TorchCachingAllocator(Policy):
             n = (size + 511) & ~511
         else:
             n = round_size(size, self.divisions)
-        pp = self._pools.get(stream) or self._make_pools(stream)
+        if self._captures:
+            pp = self._routed(stream)
+        else:
+            pp = self._pools.get(stream) or self._make_pools(stream)
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
         b = self._get_free_block(pool, n)
@@ -645,7 +694,7 @@ class TorchCachingAllocator(Policy):
                 b = self._alloc_block(pool, n, seg)
                 ctx.pop_section()
             ctx.pop_section()
-        if b is None:
+        if b is None and not self._captures:       # skipped while a pool is begun (captures_underway)
             ctx.push_section("5. release_cached_blocks")
             self.release_cached_blocks()
             ctx.pop_section()
@@ -678,6 +727,8 @@ class TorchCachingAllocator(Policy):
         self.num_device_alloc += 1
         self.segments += 1
         self.segments_allocated += 1
+        if pool.owner is not None:
+            pool.owner.reserved += seg
         self._log(SEGMENT_ALLOC, seg, ptr, pool)
         return Block(ptr, seg, pool)
 
@@ -725,6 +776,8 @@ class TorchCachingAllocator(Policy):
         self.ctx.free(b.ptr, b.size)
         self.num_device_free += 1
         self.segments -= 1
+        if b.pool.owner is not None:
+            b.pool.owner.reserved -= b.size
         self._log(SEGMENT_FREE, b.size, b.ptr, b.pool)
 
     def release_available_cached_blocks(self, pool: BlockPool, n: int) -> bool:
@@ -748,24 +801,75 @@ class TorchCachingAllocator(Policy):
                 self._release_block(b)
         return released >= key_size
 
-    def release_cached_blocks(self) -> None:
-        """empty_cache(): sync events, free every whole cached segment, unmap free pages."""
-        self.num_sync_all_streams += 1          # synchronize_and_free_events: nothing is pending
-        self.cache_flushes += 1
-        for small in (False, True):
-            for pool in self._pools_in_order(small):
-                to_unmap = []
-                for k in list(pool.keys):
-                    b = pool.blocks[k]
-                    if b.es is not None:
-                        to_unmap.append(b)
-                    elif b.prev is None and b.next is None:
-                        self._release_block(b)
-                for b in to_unmap:
-                    self._unmap_block(b)
-                    if b.prev is None and b.next is None and not b.mapped:
-                        pool.erase(b)                       # release_expandable_segment
-                        self._segments.remove(b.es)
+    def release_cached_blocks(self, only: int | None = None) -> None:
+        """empty_cache(): unless a pool is begun, sync events and free every whole cached segment of the default
+        pools (large, then small) and unmap their free pages; then the same for each freeable private pool (small,
+        then large), forgetting one left with no segment. ``only``: ``emptyCache(pool)``, that private pool alone."""
+        if only is None and not self._captures:
+            self.num_sync_all_streams += 1          # synchronize_and_free_events: nothing is pending
+            self.cache_flushes += 1
+            for small in (False, True):
+                for pool in self._pools_in_order(small):
+                    self._release_blocks(pool)
+        for number, owner in list(self._freeable.items()):
+            if only is not None and number != only:
+                continue
+            for small in (True, False):
+                for pool in self._pools_in_order(small, owner):
+                    self._release_blocks(pool)
+            if owner.reserved == 0:
+                del self._private[number], self._freeable[number]
+
+    def _release_blocks(self, pool: BlockPool) -> None:
+        """PyTorch's ``release_blocks``: cudaFree the whole free segments of ``pool``, unmap its free pages."""
+        to_unmap = []
+        for k in list(pool.keys):
+            b = pool.blocks[k]
+            if b.es is not None:
+                to_unmap.append(b)
+            elif b.prev is None and b.next is None:
+                self._release_block(b)
+        for b in to_unmap:
+            self._unmap_block(b)
+            if b.prev is None and b.next is None and not b.mapped:
+                pool.erase(b)                       # release_expandable_segment
+                self._segments.remove(b.es)
+
+    # ---- private pools --------------------------------------------------------------------
+    def pool_event(self, kind: int, pool: int, stream: int, flags: int) -> None:
+        """`Policy.pool_event`: ``beginAllocateToPool`` / ``endAllocateToPool`` / ``createOrIncrefPool`` /
+        ``releasePool`` (+ ``emptyCache(pool)`` with POOL_EMPTY) as CUDACachingAllocator.cpp does them. A release
+        or end of a pool the trace never began (recording started after) is ignored."""
+        if kind == POOL_BEGIN:
+            self._incref(pool)
+            self._captures.append((pool, None if flags & POOL_ANY_STREAM else stream))
+        elif kind == POOL_END:
+            for i, (number, _) in enumerate(self._captures):
+                if number == pool:
+                    del self._captures[i]
+                    break
+        elif kind == POOL_RELEASE:
+            owner = self._private.get(pool)
+            if owner is None or owner.use_count == 0:
+                return
+            owner.use_count -= 1
+            if owner.use_count == 0:
+                self._freeable[pool] = owner
+            if flags & POOL_EMPTY:
+                self.ctx.push_section("empty_cache(pool)")
+                self.release_cached_blocks(only=pool)
+                self.ctx.pop_section()
+        else:                                       # POOL_RETAIN
+            self._incref(pool)
+
+    def _incref(self, pool: int) -> None:
+        """``create_or_incref_pool``: a new pool has one user; a known one gains one."""
+        owner = self._private.get(pool)
+        if owner is None:
+            self._private[pool] = PrivatePool(pool)
+        else:
+            owner.use_count += 1
+            self._freeable.pop(pool, None)
 
     def release_cache(self) -> None:
         """``torch.cuda.empty_cache()`` (a CACHE_RELEASE event): ``emptyCache`` is `release_cached_blocks`."""
@@ -850,6 +954,8 @@ class TorchCachingAllocator(Policy):
             return False
         dev.map(mapped)                 # one map call, as num_device_alloc counts it
         pool = b.pool
+        if pool.owner is not None:
+            pool.owner.reserved += mapped
         pool.erase(b)
         b.mapped = True
         if mapped < b.size:
@@ -898,6 +1004,8 @@ class TorchCachingAllocator(Policy):
         self._try_merge(b, b.next)
         pool.insert(b)
         self.ctx.free(uptr, usize)   # one unmap call, as num_device_free counts it
+        if pool.owner is not None:
+            pool.owner.reserved -= usize
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
 
@@ -941,10 +1049,11 @@ class TorchCachingAllocator(Policy):
         ``live`` are the handles of the live blocks (an allocated block is known only to its
         holder; the free ones are in the pools). As in PyTorch, each run of mapped blocks is
         one segment, so an expandable segment gives one per mapped range. Each segment:
-        ``address, size, stream`` (index), ``small``, ``expandable`` and ``blocks``, a list of
+        ``address, size, stream`` (index), ``small``, ``expandable``, ``pool`` (the private pool's number, 0 for
+        the default pools) and ``blocks``, a list of
         ``(address, size, requested bytes, allocated)`` in address order.
         """
-        blocks = [b for pp in self._pools.values() for pool in pp for b in pool.blocks.values()]
+        blocks = [b for _, pp in self._all_pools() for pool in pp for b in pool.blocks.values()]
         blocks += live
         out = []
         for head in blocks:
@@ -954,13 +1063,15 @@ class TorchCachingAllocator(Policy):
             while b is not None and b.mapped:
                 run.append((b.ptr, b.size, b.requested if b.allocated else 0, b.allocated))
                 b = b.next
+            owner = head.pool.owner
             out.append({"address": head.ptr, "size": sum(r[1] for r in run), "stream": head.pool.stream,
-                        "small": head.pool.small, "expandable": head.es is not None, "blocks": run})
+                        "small": head.pool.small, "expandable": head.es is not None, "blocks": run,
+                        "pool": 0 if owner is None else owner.number})
         return sorted(out, key=lambda s: s["address"])
 
     def largest_free(self) -> int:
         best = 0
-        for pp in self._pools.values():
+        for _, pp in self._all_pools():
             for pool in pp:
                 if pool.keys:
                     best = max(best, pool.keys[-1] >> SHIFT)
@@ -972,7 +1083,7 @@ class TorchCachingAllocator(Policy):
         exactly when a neighbour is allocated: hard; else the whole run is free: soft."""
         def beside_live(b):
             return (b.prev is not None and b.prev.allocated) or (b.next is not None and b.next.allocated)
-        return self.free_parts(((s, b.size, beside_live(b)) for s, pp in self._pools.items() for pool in pp
+        return self.free_parts(((s, b.size, beside_live(b)) for s, pp in self._all_pools() for pool in pp
                                 for b in pool.blocks.values()), stream)
 
     def counters(self) -> dict:
@@ -1011,3 +1122,17 @@ class TorchOptionsPath(TorchCachingAllocator):
     malloc = TorchCachingAllocator.malloc
     free = TorchCachingAllocator.free
     walk_chunk = TorchCachingAllocator._walk_chunk_fused
+
+
+class TorchPoolsPath(TorchCachingAllocator):
+    """`torch` on a trace with pool events (`TorchCachingAllocator.variant` makes it): `malloc` and `free` as
+    they read, which route to the private pools; no fused loop (its inlined malloc knows only the default
+    pools), so the engine takes the plain walk."""
+
+    malloc = TorchCachingAllocator.malloc
+    free = TorchCachingAllocator.free
+
+
+def has_pool_events(trace) -> bool:
+    """Whether ``trace`` holds private-pool events (`allocsim.trace.events.POOL`). O(events), once per replay."""
+    return any(bool(np.isin(rec["kind"], POOL).any()) for _, rec in trace.chunks())

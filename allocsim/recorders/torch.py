@@ -49,6 +49,7 @@ from ..importers.torch_snapshot import EntryConverter, private_pool_segments
 from ..trace import events as ev
 from ..trace.events import TORCH_AUX, fraction_bits
 from ._base import Recorder, stderr
+from .torch_pools import PoolHooks
 
 DEFAULT_MAX_ENTRIES = 1_000_000
 #: The functions of ``torch.cuda.memory`` the recorder wraps (also re-exported as ``torch.cuda.NAME``).
@@ -86,12 +87,15 @@ class TorchRecorder(Recorder):
         self.largest_chunk = 0
         self.other_device_entries = 0
         self.private_pools: dict[int, int] = {}     # base -> size of segments seen in CUDA graph private pools
+        self.draining = False
+        self.pool_hooks = PoolHooks(self)       # private pools: CUDA graphs, MemPool (`torch_pools`)
         self.releases = self.limits = 0
         self.memory: dict = {}
         self._arm(clear=True)
         if not self.follow_device:
             self._open_on(torch.cuda.current_device())
         self._wrap_calls()
+        self.pool_hooks.install()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
 
@@ -171,7 +175,21 @@ class TorchRecorder(Recorder):
         self.mark(f"step {self.steps}")
 
     def drain(self) -> None:
-        """Move the ring buffer's entries into the trace and empty it (see the module docstring)."""
+        """Move the ring buffer's entries into the trace and empty it (see the module docstring). A drain
+        started while one runs (a pool's finalizer run by a collection inside it) does nothing: its event is
+        written after the running drain's entries (`PoolHooks.record`)."""
+        if self.draining:
+            return None
+        if self.pool_hooks.pending:         # a capture into a new pool: its begin comes only at its end
+            self.pool_hooks.late += 1
+        self.draining = True
+        try:
+            return self._drain()
+        finally:
+            self.draining = False
+            self.pool_hooks.flush_deferred()
+
+    def _drain(self):
         snap = self.torch.cuda.memory._snapshot()
         self._arm(clear=True)
         if self.writer is None:                     # follow_device, and nothing opened it yet
@@ -209,11 +227,15 @@ class TorchRecorder(Recorder):
         torch = self.torch
         self._hook.remove()
         self._unwrap_calls()
+        self.pool_hooks.remove()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
         if self.writer is None:                     # a process that never allocated on a device: no trace
             return {}
-        torch.cuda.synchronize()
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:              # a program that died inside a graph capture leaves its stream capturing
+            self.note(f"torch.cuda.synchronize() failed at the end ({type(e).__name__}: {e}); counters read as they are")
         mstats = {k: v for k, v in torch.cuda.memory_stats(self.device).items()}
         self.memory["end"] = self._device_memory()
         self.memory["outside_peak"] = max(self.memory["outside_peak"], self.memory["end"]["outside"],
@@ -225,9 +247,17 @@ class TorchRecorder(Recorder):
             self.note(f"trace has {c['alloc']} allocs, the allocator counted {real_allocs}")
         if c["unmatched_free"]:
             self.note(f"{c['unmatched_free']} frees of blocks allocated before recording began were skipped")
-        if self.private_pools:
-            self.note(f"{len(self.private_pools)} segments belong to CUDA graph private pools, which the torch model "
-                      f"does not follow: allocsim validate says which figures cannot be trusted")
+        pools = self.pool_hooks.summary()
+        if self.private_pools and not pools["pools"]:
+            self.note(f"{len(self.private_pools)} segments belong to private pools whose calls were not seen "
+                      f"(no pool events recorded): allocsim validate says which figures cannot be trusted")
+        if pools["late_capture_begins"]:
+            self.note(f"{pools['late_capture_begins']} drains fell inside a capture into a new pool, whose begin is "
+                      f"written at the capture's end: the requests drained there are not routed to it")
+        if pools["checkpoint_restores"]:
+            self.note(f"a private pool's state was restored from a checkpoint {pools['checkpoint_restores']} times "
+                      f"(CUDA graph trees): the model re-makes the blocks by best fit, not at the checkpoint's "
+                      f"addresses (allocsim validate says whether the segment calls still match)")
         if self.other_device_entries:
             self.note(f"{self.other_device_entries} entries on devices other than cuda:{self.device} not recorded")
         summary = self.trace_summary(trace)
@@ -236,7 +266,7 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "cache_releases": self.releases, "limits_set": self.limits,
+            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools, "cache_releases": self.releases, "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 

@@ -234,11 +234,16 @@ def validation_summary(validation) -> str:
     if v["pre_existing"]:
         lines.append(f"  note: {v['pre_existing']} pre-existing blocks (ring buffer wrapped); the model is not "
                      f"seeded with the recorded layout, so early segment calls may differ (unseeded)")
-    if v.get("private_pool_segments"):
-        lines.append(f"  note: {v['private_pool_segments']} recorded segment allocations belong to CUDA graph private "
-                     f"pools (torch.cuda.graph, torch.compile mode=\"reduce-overhead\"), which the model does not "
-                     f"follow: it serves those requests from the default pools, so the segment calls, reserved bytes "
-                     f"and OOMs below cannot be trusted")
+    unseen = v.get("private_pool_segments") and not v.get("pool_events")
+    if unseen:
+        lines.append(f"  note: {v['private_pool_segments']} recorded segment allocations belong to private pools "
+                     f"(torch.cuda.graph, torch.compile mode=\"reduce-overhead\", MemPool) whose calls the trace does "
+                     f"not hold (no pool events): the model serves those requests from the default pools, so the "
+                     f"segment calls, reserved bytes and OOMs below cannot be trusted")
+    elif v.get("pool_events"):
+        lines.append(f"  private pools: {v['pool_events']} pool events followed"
+                     + (f", {v['private_pool_segments']} recorded segment allocations in them"
+                        if v.get("private_pool_segments") else ""))
     if v.get("catches_oom"):
         lines.append(f"  note: {v['catches_oom']:,} requests the program survives failing (cuDNN workspace tries, "
                      f"flagged from C++ stacks); the replay follows them: one that fails is a caught OOM and the "
@@ -261,5 +266,5 @@ def validation_summary(validation) -> str:
                              f"(reserved {fmt_bytes(s['reserved_before'])} -> {fmt_bytes(s['reserved_after'])})")
     verdict = "MATCH" if v["match"] else "MISMATCH"
     lines.append(f"verdict: {verdict}" + (" (unseeded)" if v["pre_existing"] and not v["seeded"] else "")
-                 + (" (private pools: not modelled)" if v.get("private_pool_segments") else ""))
+                 + (" (private pools: not modelled)" if unseen else ""))
     return "\n".join(lines)

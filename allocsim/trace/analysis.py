@@ -265,6 +265,7 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         **({"frees_in_request": tally.in_request} if tally.in_request else {}),
         **({"catches_oom": catches_oom_known(tally.catches_oom, meta),
             "catches_oom_max_bytes": tally.catches_oom_max} if meta.get("framework") == "torch" else {}),
+        **({"private_pools": _pool_summary(counts)} if counts[list(ev.POOL)].any() else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
         **({"process": {k: meta[k] for k in PROCESS_KEYS if k in meta}} if "pid" in meta or "rank" in meta else {}),
@@ -276,6 +277,11 @@ def catches_oom_known(flagged: int, meta: dict) -> int | None:
     """The number of requests the program survives failing (ALLOCs flagged CATCHES_OOM, ``flagged``), or None
     when the trace cannot tell: none flagged and no C++ stacks recorded (``meta["stacks"]`` is not ``"all"``)."""
     return flagged if flagged or meta.get("stacks") == "all" else None
+
+
+def _pool_summary(counts) -> dict:
+    """The private-pool events by kind (``begin``, ``end``, ``retain``, ``release``, ``graph_replay``)."""
+    return {ev.KIND_NAMES[k].lower().removeprefix("pool_"): int(counts[k]) for k in (*ev.POOL, ev.GRAPH_REPLAY)}
 
 
 def recorded_limit(index: int, r) -> dict:

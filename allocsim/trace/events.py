@@ -25,17 +25,33 @@ CACHE_RELEASE = 11   # the program released its allocator's cache: aux 0 torch.c
                      # aux 1 CuPy MemoryPool.free_all_blocks() (stream = the stream it named, else 0)
 SET_LIMIT = 12       # the program set its allocator's limit: size = allowed bytes (0 = no limit); aux 0 torch
                      # set_per_process_memory_fraction (addr = the fraction's float64 bits), aux 1 CuPy set_limit
+# PyTorch private memory pools (CUDA graphs, torch.compile's CUDA graph trees, torch.cuda.MemPool); aux = the
+# pool's number in the trace (1, 2, ... in order of first appearance), addr = its MempoolId_t (first << 32 | second)
+POOL_BEGIN = 13      # allocations start going to the pool (beginAllocateToPool; the pool is made or gains a user):
+                     # stream = the stream routed; flags POOL_CAPTURE (a graph capture on that stream) or
+                     # POOL_ANY_STREAM (use_mem_pool, graph trees: the thread's allocations, every stream)
+POOL_END = 14        # the pool's latest begin ends (endAllocateToPool)
+POOL_RETAIN = 15     # the pool is made or gains a user without routing (a torch.cuda.MemPool is constructed)
+POOL_RELEASE = 16    # the pool loses a user (releasePool: a graph reset or deleted, use_mem_pool left, a MemPool
+                     # deleted); at no users left its free segments go at the next cache release; flags
+                     # POOL_EMPTY: that release of the pool's own cache follows at once (MemPool's destructor)
+GRAPH_REPLAY = 17    # informational: a captured graph was replayed (aux = its pool; it allocates nothing)
 
 KIND_NAMES = {
     ALLOC: "ALLOC", FREE: "FREE", SEGMENT_ALLOC: "SEGMENT_ALLOC", SEGMENT_FREE: "SEGMENT_FREE",
     SEGMENT_MAP: "SEGMENT_MAP", SEGMENT_UNMAP: "SEGMENT_UNMAP", GC: "GC", OOM: "OOM",
     MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED", CACHE_RELEASE: "CACHE_RELEASE", SET_LIMIT: "SET_LIMIT",
+    POOL_BEGIN: "POOL_BEGIN", POOL_END: "POOL_END", POOL_RETAIN: "POOL_RETAIN", POOL_RELEASE: "POOL_RELEASE",
+    GRAPH_REPLAY: "GRAPH_REPLAY",
 }
 KINDS_BY_NAME = {v: k for k, v in KIND_NAMES.items()}
 DRIVING = (ALLOC, FREE)
 #: What the program did to its allocator under pressure: the replay's walk drives these too
 #: (a recorded OOM is attempted again, a cache release and a limit reach the policy and device).
 PRESSURE = (OOM, CACHE_RELEASE, SET_LIMIT)
+#: Where a private pool's allocations go and when its memory may be released: the walk hands these to the
+#: policy (`Policy.pool_event`); a trace holding any takes the plain walk.
+POOL = (POOL_BEGIN, POOL_END, POOL_RETAIN, POOL_RELEASE)
 
 #: ``aux`` of CACHE_RELEASE and SET_LIMIT: the framework whose call the program made.
 TORCH_AUX = 0
@@ -56,11 +72,20 @@ def bits_fraction(bits: int) -> float:
 PRE_EXISTING = 1     # ALLOC synthesised at t=0 for a block live before the trace began
 FAILED = 2           # ALLOC that failed in the recorded run (it has no FREE)
 PRIVATE_POOL = 4     # SEGMENT_*: the segment belongs to a CUDA graph private pool (torch.cuda.graph, ...)
+POOL_CAPTURE = 8     # POOL_BEGIN: a CUDA graph capture (the allocations of the capturing stream)
+POOL_ANY_STREAM = 16 # POOL_BEGIN: every stream's allocations (the filter is the calling thread)
+POOL_EMPTY = 32      # POOL_RELEASE: the pool's own cache is released right after (torch.cuda.MemPool deleted)
 IN_REQUEST = 64      # FREE: made inside the request of the next ALLOC or OOM, after its best-fit lookup (CuPy: the
                      # arrays a gc.collect() on the pool's limit or OOM path collected); aux = which collection of
                      # that request it came from (1, 2, ...), 0 none
 CATCHES_OOM = 128    # ALLOC made on a path that catches an OOM from it and goes on without it (a cuDNN
                      # workspace try; docs/allocator-dependent.md): failing under a cap, it is a caught OOM
+
+
+def pool_id_bits(mempool_id) -> int:
+    """A PyTorch ``MempoolId_t`` ``(first, second)`` as one integer (a pool event's ``addr``)."""
+    first, second = (int(x) for x in mempool_id)
+    return (first << 32) | second
 
 NO_SITE = 0xFFFFFFFF
 NO_ID = 0xFFFFFFFF

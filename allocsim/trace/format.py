@@ -4,7 +4,7 @@ Layout (all integers little-endian; documented in ``docs/trace-format.md``)::
 
     offset  size  field
     0       8     magic b"ALLOCSIM"
-    8       2     version (1)
+    8       2     version (1; 2 when the records use the pool kinds or flags, which version 1 lacks)
     10      2     record size (40)
     12      4     metadata length M (bytes of UTF-8 JSON)
     16      8     record count N, or 2**64-1 while the writer is still running
@@ -29,11 +29,19 @@ import numpy as np
 
 from ..errors import InputError
 from ..outputs import atomic_path, check_input_file, keep_files_starting_with
-from .events import RECORD_DTYPE
+from .events import POOL_BEGIN, POOL_CAPTURE, RECORD_DTYPE
 
 MAGIC = b"ALLOCSIM"
 keep_files_starting_with(MAGIC, "trace", "an allocsim trace")    # never written over without --force
 VERSION = 1
+#: Version 2 is version 1 with the private-pool kinds (13-17) and flag bits (8, 16, 32): same header, same
+#: records. A file is written as version 1 unless its records use them, so readers of version 1 read it.
+POOL_VERSION = 2
+READS = (VERSION, POOL_VERSION)
+
+
+def _needs_pool_version(kind: int, flags: int) -> bool:
+    return kind >= POOL_BEGIN or flags >= POOL_CAPTURE
 HEADER = struct.Struct("<8sHHIQQQ24x")
 HEADER_SIZE = 64
 UNFINISHED = 2**64 - 1
@@ -66,11 +74,15 @@ class TraceFileWriter:
         self._buf = np.zeros(chunk, RECORD_DTYPE)
         self._n_buf = 0
         self.count = 0
+        self.version = VERSION
 
     def write(self, records: np.ndarray) -> None:
         """Append an array of `RECORD_DTYPE` records."""
         self.flush()
-        self._f.write(np.ascontiguousarray(records, RECORD_DTYPE).tobytes())
+        records = np.ascontiguousarray(records, RECORD_DTYPE)
+        if len(records) and _needs_pool_version(int(records["kind"].max()), int(records["flags"].max())):
+            self._pool_version()
+        self._f.write(records.tobytes())
         self._f.flush()      # each chunk reaches the OS whole: a killed writer loses only what is unwritten
         self.count += len(records)
 
@@ -78,8 +90,19 @@ class TraceFileWriter:
         """Append one record (buffered)."""
         self._buf[self._n_buf] = (kind, flags, stream, id_, site, aux, size, time_ns, addr)
         self._n_buf += 1
+        if _needs_pool_version(kind, flags):
+            self._pool_version()
         if self._n_buf == len(self._buf):
             self.flush()
+
+    def _pool_version(self) -> None:
+        """Mark the file version 2 (in its header, at once: a writer that dies leaves it readable as such)."""
+        if self.version != POOL_VERSION:
+            self.version = POOL_VERSION
+            at = self._f.tell()
+            self._f.seek(8)
+            self._f.write(struct.pack("<H", POOL_VERSION))
+            self._f.seek(at)
 
     def flush(self) -> None:
         if self._n_buf:
@@ -136,9 +159,9 @@ def read_trace_file(path: str, *, mmap: bool = True):
                 raise InputError(f"truncated header: {len(head)} of {HEADER_SIZE} bytes", path=path,
                                  position=f"byte {len(head)}")
             magic, version, rec_size, meta_len, n, footer_off, rec_off = HEADER.unpack(head)
-            if version != VERSION:
-                raise InputError(f"unsupported trace version {version} (this allocsim reads version {VERSION})",
-                                 path=path, position="byte 8")
+            if version not in READS:
+                raise InputError(f"unsupported trace version {version} (this allocsim reads versions "
+                                 f"{', '.join(map(str, READS))})", path=path, position="byte 8")
             if rec_size != RECORD_DTYPE.itemsize:
                 raise InputError(f"record size {rec_size} does not match version {VERSION} ({RECORD_DTYPE.itemsize})",
                                  path=path, position="byte 10")

@@ -188,7 +188,7 @@ class _Validator:
 
     ORDER = ("kind", "stream", "size", "id", "twice", "unknown free", "double free",
              "unknown free_requested", "double free_requested",
-             "flags", "site", "aux", "label", "device free", "fraction", "segment")      # the last: `_RecordFields`
+             "flags", "site", "aux", "pool", "label", "device free", "fraction", "segment")   # the last: `_RecordFields`
 
     def __init__(self, trace: Trace):
         self.trace = trace
@@ -292,10 +292,13 @@ class _RecordFields:
     AUX = {ev.GC: "0 (incremental) nor 1 (full)", ev.CACHE_RELEASE: "0 (torch) nor 1 (CuPy)",
            ev.SET_LIMIT: "0 (torch) nor 1 (CuPy)"}
     SEGMENT_KINDS = (ev.SEGMENT_ALLOC, ev.SEGMENT_FREE, ev.SEGMENT_MAP, ev.SEGMENT_UNMAP)
-    FLAGS = ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL | ev.IN_REQUEST | ev.CATCHES_OOM
+    FLAGS = (ev.PRE_EXISTING | ev.FAILED | ev.PRIVATE_POOL | ev.POOL_CAPTURE | ev.POOL_ANY_STREAM | ev.POOL_EMPTY
+             | ev.IN_REQUEST | ev.CATCHES_OOM)
     #: The flags that mark one kind of record only, and those kinds (docs/trace-format.md).
-    FLAG_KINDS = {ev.IN_REQUEST: (ev.FREE,), ev.CATCHES_OOM: (ev.ALLOC,)}
-    FLAG_NAMES = {ev.IN_REQUEST: "IN_REQUEST", ev.CATCHES_OOM: "CATCHES_OOM"}
+    FLAG_KINDS = {ev.POOL_CAPTURE: (ev.POOL_BEGIN,), ev.POOL_ANY_STREAM: (ev.POOL_BEGIN,),
+                  ev.POOL_EMPTY: (ev.POOL_RELEASE,), ev.IN_REQUEST: (ev.FREE,), ev.CATCHES_OOM: (ev.ALLOC,)}
+    FLAG_NAMES = {ev.POOL_CAPTURE: "POOL_CAPTURE", ev.POOL_ANY_STREAM: "POOL_ANY_STREAM",
+                  ev.POOL_EMPTY: "POOL_EMPTY", ev.IN_REQUEST: "IN_REQUEST", ev.CATCHES_OOM: "CATCHES_OOM"}
 
     def _bad_flags(self, flags: int, kind: int) -> str:
         """What is wrong with a record's flags: bits no flag defines, or a flag on a kind it does not mark."""
@@ -304,7 +307,8 @@ class _RecordFields:
             return f"unknown flag bits {flags & ~self.FLAGS & 0xFF:#x} (defined: {defined})"
         bit = next(b for b, kinds in self.FLAG_KINDS.items() if flags & b and kind not in kinds)
         marks = " and ".join(ev.KIND_NAMES[k] + "s" for k in self.FLAG_KINDS[bit])
-        return (f"flag {bit} ({self.FLAG_NAMES[bit]}) on a {ev.KIND_NAMES.get(kind, f'kind {kind}')}: it marks "
+        name = ev.KIND_NAMES.get(kind, f"kind {kind}")
+        return (f"flag {bit} ({self.FLAG_NAMES[bit]}) on {'an' if name[0] in 'AEIOU' else 'a'} {name}: it marks "
                 f"{marks} only")
 
     def __init__(self, trace: Trace, first: _FirstDefects):
@@ -339,6 +343,11 @@ class _RecordFields:
             aux = c.rec["aux"][at]
             first.note("aux", start, aux > 1, lambda j: f"{ev.KIND_NAMES[kind]} aux {int(aux[j])} is neither "
                                                         f"{expected}", at=at)
+        for kind in (*ev.POOL, ev.GRAPH_REPLAY):
+            at = c.where(kind)
+            pool = c.rec["aux"][at]
+            first.note("pool", start, pool == 0, lambda j: f"{ev.KIND_NAMES[kind]} names pool 0 (pools are "
+                                                           f"numbered from 1)", at=at)
         at = c.where(ev.MARK)
         if self.tables and len(at):
             label = c.rec["aux"][at]
