@@ -22,10 +22,10 @@ counts are multiplied; the live ids are renamed to those the full walk would hol
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
-request (``IN_REQUEST``), a compiled policy (its floats are C's), an observer, a timeline, `log_events`, a
-policy ``tick``, a real or custom device, a guarded plug-in, an OOM or a served recorded OOM inside the
-window, and any float the window computes from the clock in a way the recorder does not follow (its tapes are
-then "tainted").
+request (``IN_REQUEST``), private-pool events, a compiled policy (its floats are C's), an observer, a
+timeline, `log_events`, a policy ``tick``, a real or custom device, a guarded plug-in, an OOM or a served
+recorded OOM inside the window, and any float the window computes from the clock in a way the recorder does
+not follow (its tapes are then "tainted").
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from .device import SimulatedDevice
 from .policies.base import Policy
-from .trace.events import ALLOC, FREE, IN_REQUEST, PRESSURE
+from .trace.events import ALLOC, FREE, IN_REQUEST, POOL, PRESSURE
 
 #: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
 FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
@@ -676,9 +676,11 @@ def _placement_state(driver):
 
 
 def _held_frees(trace) -> bool:
-    """Whether the trace holds FREEs made inside a request (flag ``IN_REQUEST``): the runtime holds them for
-    that request, which a window's comparison of kinds, sizes and streams does not see."""
-    return any(np.any((rec["kind"] == FREE) & (rec["flags"] & IN_REQUEST != 0)) for _, rec in trace.chunks())
+    """Whether the trace holds what a window's comparison of kinds, sizes and streams does not see: FREEs made
+    inside a request (flag ``IN_REQUEST``: the runtime holds them for that request) or private-pool events
+    (`POOL`: the pools' state is not in `Policy.fold_state`)."""
+    return any(np.any(((rec["kind"] == FREE) & (rec["flags"] & IN_REQUEST != 0)) | np.isin(rec["kind"], POOL))
+               for _, rec in trace.chunks())
 
 
 def _compiled(cls) -> bool:

@@ -307,3 +307,14 @@ def test_every_boundary_is_fingerprinted_where_it_lies_when_a_recorded_period_ca
         walked = Replay(trace, "torch", fold=False)
         walked.run(until=at)
         assert walked.events_done == done, (at, done, walked.events_done)
+
+
+@pytest.mark.parametrize("name, policy", [("pools-capture.bin", "torch"), ("pools-mempool.bin", "torch"),
+                                          ("pressure-cupy-cycles-fixed.bin", "split")])
+def test_what_the_window_cannot_compare_is_not_folded(name, policy):
+    """Private-pool events (their pools are not in the policy's fold state) and FREEs held for a request (the
+    runtime's hold is not in the window's comparison) make the replay walk in full."""
+    trace = Trace.load(os.path.join(ROOT, "traces", name))
+    assert Replay(trace, policy, capacity=None)._folder is None
+    assert Replay(repeat_steps(Trace.load(os.path.join(ROOT, "traces", "gpt2.bin")), 8), policy,
+                  capacity=None)._folder is not None         # the same policy folds a trace without them
