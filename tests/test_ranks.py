@@ -356,7 +356,11 @@ SPAWN = """
 
 
 def _record_gpu(tmp_path, *program):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    """Record ``program`` with its processes on one GPU (the first visible), as on a one-GPU machine: on a machine
+    of several, torchrun's rank 1 would take the second (examples/dist_train.py picks LOCAL_RANK's device)."""
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES=first)
     return subprocess.run([sys.executable, "-m", "allocsim", "record", "-o", "run.bin", "--", *program], cwd=tmp_path,
                           capture_output=True, text=True, env=env, timeout=240)
 

@@ -133,11 +133,12 @@ class PoolHooks:
             self.patch(graph_cls, "reset", self._before_reset)
             self.patch(graph_cls, "replay", self._before_replay)
         # use_mem_pool imports the calls by name into torch.cuda.memory: wrap them there too
+        c_module = getattr(torch, "_C", None)       # a stand-in torch (the tests') may have none
         for name, (kind, flags) in C_CALLS.items():
-            original = getattr(torch._C, name, None)
+            original = getattr(c_module, name, None)
             if original is None:
                 continue
-            owners = [o for o in (torch._C, torch.cuda.memory, torch.cuda) if getattr(o, name, None) is original]
+            owners = [o for o in (c_module, torch.cuda.memory, torch.cuda) if getattr(o, name, None) is original]
             for owner in owners:
                 self.patch(owner, name, *self._c_hooks(kind, flags))
         mempool = getattr(torch.cuda.memory, "MemPool", None)
