@@ -14,8 +14,10 @@ Cases are grouped by the class of problem; add a row to the right group.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import lzma
 import os
 import shutil
 import subprocess
@@ -644,6 +646,10 @@ INPUTS_18: list[Case] = [
          stderr_lines=0, subprocess=True, then=_json_names_trace),
     Case("synth-o-non-utf8-name-child", ["synth", "mlp", "-o", "o\udcff.bin"], status=0, stderr_lines=0,
          subprocess=True, then=_made("o\udcff.bin")),
+    Case("replay-a-compressed-trace", ["replay", "{d}/run.bin.gz"], _write("run.bin.gz", gzip.compress(b"ALLOCSIM" * 8)),
+         expect="run.bin.gz: byte 0: not an allocsim trace", stdout_empty=True),
+    Case("info-an-xz-trace-says-how-to-unpack", ["info", "{d}/run.bin.xz"], _write("run.bin.xz", lzma.compress(b"x")),
+         expect="it is xz-compressed; unpack it first (xz -dk ", stdout_empty=True),
     Case("info-non-utf8-name-error-line", ["info", "{d}/" + _NON_UTF8], text_file(_NON_UTF8, "hello"),
          expect="tr\\xffce.bin: byte 0: not an allocsim trace", stdout_empty=True),
     Case("import-total-memory-inf", ["import", _HOOKS, "-o", "{d}/o.bin", "--total-memory", "inf"],

@@ -139,6 +139,11 @@ def _why(e: Exception) -> str:
     return "nested too deeply" if isinstance(e, RecursionError) else str(e)
 
 
+#: Compressed files a trace is often kept in, by their magic: what compressed them and the command that unpacks.
+PACKED = ((b"\xfd7zXZ\x00", ("xz", "xz -dk")), (b"\x1f\x8b", ("gzip", "gunzip -k")),
+          (b"\x28\xb5\x2f\xfd", ("zstd", "zstd -d")), (b"BZh", ("bzip2", "bunzip2 -k")))
+
+
 def read_trace_file(path: str, *, mmap: bool = True):
     """Read and check a `.bin` file; return ``(meta, records, footer, finished)``.
 
@@ -153,8 +158,10 @@ def read_trace_file(path: str, *, mmap: bool = True):
         with open(path, "rb") as f:
             head = f.read(HEADER_SIZE)
             if len(head) < 8 or head[:8] != MAGIC:
-                raise InputError(f"not an allocsim trace (bad magic {head[:8]!r}; expected {MAGIC!r})",
-                                 path=path, position="byte 0")
+                packed = next((how for magic, how in PACKED if head.startswith(magic)), None)
+                raise InputError(f"not an allocsim trace (bad magic {head[:8]!r}; expected {MAGIC!r})"
+                                 + (f": it is {packed[0]}-compressed; unpack it first ({packed[1]} {path})"
+                                    if packed else ""), path=path, position="byte 0")
             if len(head) < HEADER_SIZE:
                 raise InputError(f"truncated header: {len(head)} of {HEADER_SIZE} bytes", path=path,
                                  position=f"byte {len(head)}")
