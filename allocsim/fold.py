@@ -675,12 +675,19 @@ def _placement_state(driver):
             tuple(sorted(driver._owner)))
 
 
+_UNSEEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _held_frees(trace) -> bool:
     """Whether the trace holds what a window's comparison of kinds, sizes and streams does not see: FREEs made
     inside a request (flag ``IN_REQUEST``: the runtime holds them for that request) or private-pool events
-    (`POOL`: the pools' state is not in `Policy.fold_state`)."""
-    return any(np.any(((rec["kind"] == FREE) & (rec["flags"] & IN_REQUEST != 0)) | np.isin(rec["kind"], POOL))
-               for _, rec in trace.chunks())
+    (`POOL`: the pools' state is not in `Policy.fold_state`). Read once per trace, as `steps_of`."""
+    got = _UNSEEN.get(trace)
+    if got is None:
+        got = _UNSEEN[trace] = any(
+            np.any(((rec["kind"] == FREE) & (rec["flags"] & IN_REQUEST != 0)) | np.isin(rec["kind"], POOL))
+            for _, rec in trace.chunks())
+    return got
 
 
 def _compiled(cls) -> bool:

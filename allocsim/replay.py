@@ -81,25 +81,26 @@ class _Chunk:
     """The driving events of one chunk of records, as lists (made when the walk first reads them: a chunk a
     fold passes over is never converted), and their trace indices."""
 
-    def __init__(self, at, rec, local, times: bool, caught=None):
+    def __init__(self, at, rec, local, times: bool, caught=None, flags=None):
         self.at = at                # trace index of each driving event (numpy int64)
-        self._rec, self._local, self._times = rec, local, times
+        self._rec, self._local, self._times, self._flags = rec, local, times, flags
         self.caught = caught        # positions of the ALLOCs flagged CATCHES_OOM (a set), None when there are none
 
     def __getattr__(self, name):
         """``kind``, ``ids``, ``sizes``, ``streams``, ``times``: the columns as lists, made on first use."""
         if name not in _CHUNK_COLUMNS or "_rec" not in self.__dict__:
             raise AttributeError(name)
-        rec, local = self._rec, self._local
+        rec, local, flags = self._rec, self._local, self._flags
         kind = rec["kind"][local]
-        inside = (kind == FREE) & (rec["flags"][local] & IN_REQUEST != 0)
-        if inside.any():            # a FREE made inside a request: the walk holds it for that request's collection
-            kind = kind.astype(np.int64)
-            kind[inside] = FREE_IN_REQUEST + rec["aux"][local][inside]
+        if flags is not None:       # the chunk flags something: a FREE made inside a request is held for it
+            inside = (kind == FREE) & (flags & IN_REQUEST != 0)
+            if inside.any():
+                kind = kind.astype(np.int64)
+                kind[inside] = FREE_IN_REQUEST + rec["aux"][local][inside]
         self.kind = kind.tolist()
         self.ids, self.sizes, self.streams = (rec[col][local].tolist() for col in ("id", "size", "stream"))
         self.times = rec["time_ns"][local].tolist() if self._times else None
-        del self._rec, self._local
+        del self._rec, self._local, self._flags
         return getattr(self, name)
 
 
@@ -373,8 +374,12 @@ class Replay:
         """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events."""
         times = self.policy.tick is not None
         for start, rec, local in driving(self.trace, self._zero_counts):
-            caught = np.flatnonzero((rec["flags"][local] & CATCHES_OOM != 0) & (rec["kind"][local] == ALLOC))
-            yield _Chunk(local + start, rec, local, times, set(caught.tolist()) if len(caught) else None)
+            flags = rec["flags"][local]
+            if not flags.any():         # most traces flag nothing: no caught requests, no held frees
+                yield _Chunk(local + start, rec, local, times)
+                continue
+            caught = np.flatnonzero((flags & CATCHES_OOM != 0) & (rec["kind"][local] == ALLOC))
+            yield _Chunk(local + start, rec, local, times, set(caught.tolist()) if len(caught) else None, flags)
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
