@@ -1,13 +1,14 @@
 """Where each recording frees the large blocks it allocated before its first step ended (issue 21, DDP's rank 0).
 
-    PYTHONPATH=$PWD python3 benchmarks/defer_points.py TRACE.bin ... [PROBE.json ...]
+    PYTHONPATH=$PWD python3 benchmarks/defer_points.py [--size BYTES] TRACE.bin ... [PROBE.json ...]
 
 For every trace: each block of at least 64 MiB allocated before the first MARK and freed inside a later step
 (after its first ALLOC, before the last MARK: DDP's first-iteration gradient bucket, one flat buffer of every
 parameter), and where its FREE lies — the MARK before it and how many ALLOCs after that MARK — with the trace's
 LOAD (peak live bytes). For every
 probe file (`examples/_defer_probe.py`): when the GPU finished each step's backward against when the host
-started the next step, and, with stacks, the frames of the large frees. Prints one line per block or step.
+started the next step, and, with stacks, the frames of the large frees (``--size``: only those of that many
+bytes). Prints one line per block, step or free.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def free_points(path: str) -> list[dict]:
     return out
 
 
-def probe_lines(path: str) -> list[str]:
+def probe_lines(path: str, size: int | None = None) -> list[str]:
     with open(path) as fh:
         p = json.load(fh)
     lines = []
@@ -61,23 +62,26 @@ def probe_lines(path: str) -> list[str]:
                          f"(GPU {'done' if s['gpu_done_at_next_start'] else 'NOT done'} then; lag "
                          f"{s['gpu_backward_done_ms'] - s['next_start_ms']:+.1f} ms)")
     starts = [s["start_wall_us"] for s in p.get("steps", [])]
-    for fr in p.get("frees", []):
+    for fr in (f for f in p.get("frees", []) if size is None or f["size"] == size):
         step = sum(1 for w in starts if fr["time_us"] is not None and w <= fr["time_us"]) - 1
-        names = [f for f in fr["frames"] if "::" in f or ".py" in f]
+        names = [f.split("(")[0].strip() + (f" ({os.path.basename(f.split(' (')[-1])}" if ".py:" in f else "")
+                 for f in fr["frames"] if any(k in f for k in ("c10d::", "Work", "Watchdog", ".py:"))]
         lines.append(f"{os.path.basename(path)} {fr['action']} {fr['size']} B in loop step {step} (0-based) "
                      f"(entry {fr['entry']}, {fr['allocs_before']} allocs since step 0 ended): "
-                     + " <- ".join(names[:12]))
+                     + " <- ".join(names[:8]))
     if "frees_error" in p:
         lines.append(f"{os.path.basename(path)} stacks failed: {p['frees_error']}")
     return lines
 
 
 def main(argv: list[str]) -> int:
-    status = 0
+    status, size = 0, None
+    if argv[:1] == ["--size"] and len(argv) > 1 and argv[1].isdigit():
+        size, argv = int(argv[1]), argv[2:]
     for path in argv:
         try:
             blocks = [] if path.endswith(".json") else free_points(path)
-            lines = probe_lines(path) if path.endswith(".json") else []
+            lines = probe_lines(path, size) if path.endswith(".json") else []
         except (InputError, OSError, ValueError, KeyError) as e:
             print(f"{path}: cannot read: {e}", file=sys.stderr)
             status = 2
