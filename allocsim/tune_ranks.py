@@ -7,8 +7,9 @@ reserved, or its LOAD where no segments were recorded) is tuned as one trace is 
 rank's capacity, and the first that fits every rank is the recommendation (docs/several-processes.md).
 
 The traces may hold one process recorded more than once (``allocsim tune run.bin rerun.bin``): the same program's
-allocations, in the same order and sizes, whose frees can still land elsewhere — where NCCL's hold on DDP's first
-gradient bucket ends follows the GPU's progress, not the setting (traces/README.md, "Runs of two processes").
+allocations, in the same order and sizes, whose frees can still land elsewhere — DDP frees its first gradient bucket
+at the bucket rebuild or one to two steps later, as the run's timing falls, under any setting (traces/README.md,
+"Runs of two processes").
 Each recording is checked as a rank is, and `RunTuning.variants` says which frees moved and the range of the
 setting's peak over the recordings: the fit is judged on every one.
 """

@@ -64,6 +64,28 @@ def test_ddp_rank1_recordings_agree_and_other_programs_are_not_compared():
     assert moved_frees(Trace.load(os.path.join(RUNS, "fsdp.rank0.bin")), r1[0]) is None
 
 
+def _recorded_peak(t: Trace) -> int:
+    """The recorded allocator's peak reserved: the running sum of the trace's segment events."""
+    sign = {ev.SEGMENT_ALLOC: 1, ev.SEGMENT_MAP: 1, ev.SEGMENT_FREE: -1, ev.SEGMENT_UNMAP: -1}
+    kind, size = np.asarray(t.kind), np.asarray(t.size).astype(np.int64)
+    return int(np.cumsum(sum(np.where(kind == k, v * size, 0) for k, v in sign.items())).max())
+
+
+@pytest.mark.parametrize("first, again", [("runs/ddp.rank0.bin", "raw/defer/d-probe.rank0.bin"),
+                                          ("runs/ddp-expandable.rank0.bin", "raw/defer/x-probe.rank0.bin")])
+def test_under_one_setting_the_bucket_went_to_different_points(first, again):
+    """Two recordings of the same command under the same setting (traces/raw/defer/, benchmarks/gpu_defer.sh) free
+    DDP's first bucket at different points, and the allocator reserved more at its peak in the one that freed it
+    later: the point is the run's timing, not the setting (traces/README.md)."""
+    a, b = (Trace.load(os.path.join(ROOT, "traces", p)) for p in (first, again))
+    assert a.meta["allocator_settings"]["expandable_segments"] == b.meta["allocator_settings"]["expandable_segments"]
+    (m,) = moved_frees(a, b)
+    later, sooner = (b, a) if m["after"][1] > m["after"][0] else (a, b)
+    assert _recorded_peak(later) > _recorded_peak(sooner)
+    rerun_miss = moved_frees(*(Trace.load(os.path.join(RUNS, f"{n}.rank0.bin")) for n in ("ddp", "ddp-expandable")))
+    assert [m["alloc"]] == [x["alloc"] for x in rerun_miss]                  # the object of the re-run's miss
+
+
 # ---- moved_frees on any trace --------------------------------------------------------------------------------------
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), pick=st.integers(0, 10**6), later=st.integers(1, 50))

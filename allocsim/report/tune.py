@@ -154,9 +154,10 @@ def recorded_again_lines(res) -> list[str]:
     each, how to see that range."""
     variants = res.variants
     if not variants:
-        return ["each process was recorded once: a free whose point the GPU's progress decides (NCCL's hold on "
-                "DDP's first gradient bucket) can land later in a re-run and raise its peak (traces/README.md); "
-                "record the re-run and tune on both recordings (allocsim tune RUN.bin RERUN.bin) to see the range"]
+        return ["each process was recorded once: a free whose point the run's timing decides, not the setting (DDP "
+                "frees its first gradient bucket at the bucket rebuild or one to two steps later), can land "
+                "elsewhere in a re-run and raise its peak (traces/README.md); record the re-run and tune on both "
+                "recordings (allocsim tune RUN.bin RERUN.bin) to see the range"]
     lines = []
     for v in variants:
         names = ", ".join(v["traces"])
@@ -167,8 +168,8 @@ def recorded_again_lines(res) -> list[str]:
             continue
         where = "; ".join(f"{fmt_bytes(m['size'])} freed after allocation " + " / ".join(f"{a:,}" for a in m["after"])
                           for m in moved[:3]) + (f"; {len(moved) - 3} more" if len(moved) > 3 else "")
-        lines.append(head + f"{len(moved)} free{'s' if len(moved) > 1 else ''} elsewhere ({where}): the GPU's "
-                     "progress, not the setting, decided where (traces/README.md)")
+        lines.append(head + f"{len(moved)} free{'s' if len(moved) > 1 else ''} elsewhere ({where}): the run's "
+                     "timing, not the setting, decided where (traces/README.md)")
         peaks = v["peak_reserved_bytes"]
         if peaks:
             lo, hi = min(peaks), max(peaks)
