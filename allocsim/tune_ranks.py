@@ -119,17 +119,18 @@ def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs
 
 
 def recorded_again(traces: list[Trace]) -> list[dict]:
-    """The groups (of two or more) of the traces that record one program's allocations, the same in number, size
-    and order (one process recorded more than once): ``{"positions", "allocs", "moved"}``, ``moved`` the frees
-    that land at different points (`moved_frees`)."""
-    groups: list[tuple[np.ndarray, list[int]]] = []
+    """The groups (of two or more) of the traces of one process (the same rank, or none) that record one program's
+    allocations, the same in number, size and order (one process recorded more than once; two ranks that allocate
+    alike are two processes): ``{"positions", "allocs", "moved"}``, ``moved`` the frees that land at different
+    points (`moved_frees`)."""
+    groups: list[tuple[str, np.ndarray, list[int]]] = []
     for k, t in enumerate(traces):
-        sizes, _ = free_points(t)
-        for first, members in groups:
-            if np.array_equal(first, sizes):
+        label, sizes = rank_label(t.meta), free_points(t)[0]
+        for who, first, members in groups:
+            if who == label and np.array_equal(first, sizes):
                 members.append(k)
                 break
         else:
-            groups.append((sizes, [k]))
-    return [{"positions": members, "allocs": len(sizes),
-             "moved": moved_frees(*(traces[k] for k in members))} for sizes, members in groups if len(members) > 1]
+            groups.append((label, sizes, [k]))
+    return [{"positions": members, "allocs": len(sizes), "moved": moved_frees(*(traces[k] for k in members))}
+            for _, sizes, members in groups if len(members) > 1]

@@ -176,6 +176,18 @@ def test_rows_follow_the_traces_in_the_order_given(tmp_path):
     assert res.variants == []
 
 
+def test_two_ranks_that_allocate_alike_are_two_processes(tmp_path):
+    from allocsim.tune_ranks import recorded_again
+    t = random_trace(200, seed=9)
+    ranks = []
+    for rank in (0, 1):
+        t.meta = {"framework": "torch", "rank": rank, "world_size": 2}
+        t.save(str(tmp_path / f"run.rank{rank}.bin"))
+        ranks.append(Trace.load(str(tmp_path / f"run.rank{rank}.bin")))
+    assert recorded_again(ranks) == []
+    assert [g["positions"] for g in recorded_again(ranks + ranks[:1])] == [[0, 2]]
+
+
 def test_a_run_recorded_once_says_how_to_see_the_range(tmp_path):
     from allocsim.report.tune import recorded_again_lines
     from allocsim.tune_ranks import tune_run
