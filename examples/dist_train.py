@@ -69,6 +69,16 @@ def build(args, vocab: int):
     return model, list(model.blocks), (lambda m, ids: m(ids))
 
 
+def _cycles_per_s(torch, dev) -> float:
+    """The GPU's clock for ``torch.cuda._sleep``, measured: a spin of 10**7 cycles timed with CUDA events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(10**7)
+    b.record()
+    b.synchronize()
+    return 10**7 / (a.elapsed_time(b) * 1e-3)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["ddp", "fsdp"], default="ddp")
@@ -87,6 +97,12 @@ def main() -> int:
                    help="every rank tries one buffer of this many GiB at step 2 and catches the OOM; over: 1 GiB "
                         "more than --fraction allows (the ranks with the fraction run out, the others not)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo): a smoke test of the program itself")
+    # issue 21's experiment on when DDP's first bucket is freed (benchmarks/gpu_defer.sh, examples/_defer_probe.py)
+    p.add_argument("--sync-steps", action="store_true", help="torch.cuda.synchronize() after every optimizer step")
+    p.add_argument("--gpu-lag-ms", type=float, default=0.0,
+                   help="hold the GPU this long (torch.cuda._sleep) before the first backward: the host runs ahead")
+    p.add_argument("--probe", metavar="FILE", help="write each step's GPU timeline to FILE.rank<R>.json")
+    p.add_argument("--probe-stacks", action="store_true", help="with --probe: the frees of large blocks, with stacks")
     args = p.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -120,13 +136,27 @@ def main() -> int:
         probe = int((args.fraction or 1.0) * torch.cuda.get_device_properties(dev).total_memory) + 2**30
     else:
         probe = int(float(args.oom_probe) * 2**30)
+    probe_ = None
+    if args.probe and not args.cpu:
+        from _defer_probe import DeferProbe
+        probe_ = DeferProbe(torch, dev, rank, args.probe, args.probe_stacks)
     t0 = time.perf_counter()
     for step in range(args.iters):
+        if probe_:
+            probe_.step_start(step)
         ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(dev)
         out = logits_of(train_model, ids)
         loss = nn.functional.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]).float(), ids[:, 1:].reshape(-1))
+        if step == 0 and args.gpu_lag_ms > 0 and not args.cpu:
+            torch.cuda._sleep(int(args.gpu_lag_ms * 1e-3 * _cycles_per_s(torch, dev)))
         loss.backward()
+        if probe_:
+            probe_.after_backward()
         opt.step()
+        if args.sync_steps and not args.cpu:
+            torch.cuda.synchronize(dev)
+        if probe_:
+            probe_.after_step(step)
         opt.zero_grad(set_to_none=True)
         del out
         if rank == 0:                             # the first rank's extra: loss history and an eval pass
@@ -148,6 +178,8 @@ def main() -> int:
         dist.destroy_process_group()
         return 0
     torch.cuda.synchronize()
+    if probe_:
+        probe_.finish()
     peak = torch.cuda.max_memory_reserved(dev)
     free, total = torch.cuda.mem_get_info(dev)
     print(f"rank {rank}/{world} {args.mode} {args.backend} {args.model}: {args.iters} steps in "

@@ -28,9 +28,12 @@ EXAMPLE = "allocsim tune traces/gpt2.bin --capacity 8.5GiB -j 2 --plot frontier.
 
 
 def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin), or a PyTorch memory snapshot, RMM CSV or CuPy JSONL log "
-                                  "(imported on the fly); or a run's name (run.bin for run.rank0.bin, ...): its worst "
-                                  "rank tuned, the setting checked on every rank")
+    p.add_argument("trace", nargs="+",
+                   help="trace file (.bin), or a PyTorch memory snapshot, RMM CSV or CuPy JSONL log "
+                        "(imported on the fly); or a run's name (run.bin for run.rank0.bin, ...): its worst "
+                        "rank tuned, the setting checked on every rank; or several traces or runs (the run and its "
+                        "re-run: a process recorded again is checked on each recording, and the frees that moved "
+                        "between them are named)")
     p.add_argument("--capacity", default="trace",
                    help="the GPU's memory to fit in, e.g. 24GB (default: the recorded device's; none: unlimited)")
     p.add_argument("--cap", help="the allocator's allowed memory within it (torch: the per-process memory fraction)")
@@ -61,6 +64,7 @@ def run(args) -> int:
     paths = traces_of(args)
     if len(paths) > 1:
         return _tune_run(args, paths)
+    args.trace = args.trace[0]
     with _as_trace(paths[0]) as path:
         return _tune(args, path)
 

@@ -144,4 +144,37 @@ def run_report(res, took: float) -> str:
     lines.append(aligned_table(head, body, 2))
     lines.append("capacity: the GPU's memory less what lay outside the rank's caching allocator when recorded "
                  "(CUDA context, NCCL, other processes on the device)")
+    lines += recorded_again_lines(res)
     return "\n".join(lines)
+
+
+def recorded_again_lines(res) -> list[str]:
+    """What the recordings of one process say about the frees that no setting decides: per process recorded
+    more than once, the frees that landed elsewhere and the range of the setting's peak; with one recording
+    each, how to see that range."""
+    variants = res.variants
+    if not variants:
+        return ["each process was recorded once: a free whose point the run's timing decides, not the setting (DDP "
+                "frees its first gradient bucket at the bucket rebuild or one to two steps later), can land "
+                "elsewhere in a re-run and raise its peak (traces/README.md); record the re-run and tune on both "
+                "recordings (allocsim tune RUN.bin RERUN.bin) to see the range"]
+    lines = []
+    for v in variants:
+        names = ", ".join(v["traces"])
+        moved = v["moved"]
+        head = f"{names}: one process recorded {len(v['traces'])} times (the same {v['allocs']:,} allocations); "
+        if not moved:
+            lines.append(head + "every free at the same point")
+            continue
+        where = "; ".join(f"{fmt_bytes(m['size'])} freed after allocation " + " / ".join(f"{a:,}" for a in m["after"])
+                          for m in moved[:3]) + (f"; {len(moved) - 3} more" if len(moved) > 3 else "")
+        lines.append(head + f"{len(moved)} free{'s' if len(moved) > 1 else ''} elsewhere ({where}): the run's "
+                     "timing, not the setting, decided where (traces/README.md)")
+        peaks = v["peak_reserved_bytes"]
+        if peaks:
+            lo, hi = min(peaks), max(peaks)
+            lines.append(f"  under the setting its peak reserved is {fmt_bytes(lo)}" +
+                         (f" to {fmt_bytes(hi)} over the recordings, device mallocs "
+                          + " / ".join(str(n) for n in v["device_mallocs"]) if hi != lo else " on each recording")
+                         + "; it fits only where every recording fits")
+    return lines

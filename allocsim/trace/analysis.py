@@ -292,3 +292,34 @@ def recorded_limit(index: int, r) -> dict:
     else:
         out["by"] = "cupy set_limit"
     return out
+
+
+def free_points(trace) -> tuple[np.ndarray, np.ndarray]:
+    """``(sizes, after)``: each object's requested size, in the order the objects were allocated, and how many
+    ALLOCs the trace made before its FREE (the number of ALLOCs when never freed): where among the program's
+    allocations each free lands. Two recordings of one program hold the same ``sizes``; where their ``after``
+    differ, the same object was let go at a different point (`moved_frees`)."""
+    kind, ids = np.asarray(trace.kind), np.asarray(trace.id).astype(np.int64)
+    is_alloc = kind == ev.ALLOC
+    alloc_at = np.flatnonzero(is_alloc)
+    ordinal = np.full(int(ids[alloc_at].max()) + 1 if len(alloc_at) else 0, -1, np.int64)
+    ordinal[ids[alloc_at]] = np.arange(len(alloc_at))
+    after = np.full(len(alloc_at), len(alloc_at), np.int64)
+    freed = np.flatnonzero(kind == ev.FREE)
+    after[ordinal[ids[freed]]] = np.cumsum(is_alloc)[freed]
+    return np.asarray(trace.size)[alloc_at].astype(np.int64), after
+
+
+def moved_frees(*traces) -> list[dict] | None:
+    """The frees that recordings of one program make at different points: ``None`` when the traces are not the
+    same program (their ALLOCs differ in number, size or order); else one ``{"alloc", "size", "after"}`` per
+    object (its allocation's ordinal, its bytes, and the ALLOCs made before its FREE in each trace) whose FREE
+    lands among different ALLOCs, left out those that every trace frees after its last ALLOC (or never), which
+    change no peak."""
+    points = [free_points(t) for t in traces]
+    sizes = points[0][0]
+    if any(len(s) != len(sizes) or not np.array_equal(s, sizes) for s, _ in points[1:]):
+        return None
+    after = np.stack([a for _, a in points])
+    moved = np.flatnonzero((after.min(axis=0) != after.max(axis=0)) & (after.min(axis=0) < len(sizes)))
+    return [{"alloc": int(i), "size": int(sizes[i]), "after": after[:, i].tolist()} for i in moved]
