@@ -1134,5 +1134,6 @@ class TorchPoolsPath(TorchCachingAllocator):
 
 
 def has_pool_events(trace) -> bool:
-    """Whether ``trace`` holds private-pool events (`allocsim.trace.events.POOL`). O(events), once per replay."""
-    return any(bool(np.isin(rec["kind"], POOL).any()) for _, rec in trace.chunks())
+    """Whether ``trace`` holds private-pool events (`allocsim.trace.events.POOL`). O(events) once per trace
+    (`Trace.kinds_present`)."""
+    return not trace.kinds_present.isdisjoint(POOL)
