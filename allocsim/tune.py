@@ -417,7 +417,8 @@ def nearest_first(keys: list) -> list:
 def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
                 slots: int = 1, walk=None) -> list[dict]:
     """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
-    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` at a time.
+    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` running and
+    as many queued (a replay the bound stops is a few milliseconds: a worker waiting for its next task idles).
     The rows in the order of ``jobs``. ``walk`` (an `allocsim.fit.Walk`) takes one of the slots while the rows
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
     would otherwise run after them with the other workers idle."""
@@ -439,7 +440,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
         while left or flying:
             if left and walk is not None and not walk.done and None not in flying.values():
                 flying[ex.submit(probe, walk.task(walk.need))] = None
-            while len(flying) < slots:
+            while len(flying) < 2 * slots:      # one queued behind each running: a replay that stops early is short
                 i = next(waiting, None)
                 if i is None:
                     break
