@@ -94,7 +94,8 @@ def test_fit_on_resnet50_is_safe_where_bisection_was_not(policy, old_answer):
 def test_a_bisecting_walk_fits_where_it_says_within_a_step_of_a_failure(policy, trace, digits, top):
     """To ``digits`` significant figures (`tune`'s "fits on"): the answer replays without OOM, a cap less than a
     step below it runs out (or lies below LOAD), and it lies less than a step above the exact walk's safe
-    capacity (every cap at or above that one fits, so no failure lies there); in about log2(range/step) replays."""
+    capacity (every cap at or above that one fits, so no failure lies there); in about 2 + log2(range/step)
+    replays."""
     from math import log2
     res = 64 * KiB
     with tempfile.TemporaryDirectory() as d:
@@ -108,7 +109,7 @@ def test_a_bisecting_walk_fits_where_it_says_within_a_step_of_a_failure(policy, 
         got, fails, step = f["capacity_bytes"], f["fails_bytes"], f["step_bytes"]
         assert passes(path, policy, "eager", (), got) and got - fails <= step and got < exact["capacity_bytes"] + step
         assert fails < f["load_bytes"] or not passes(path, policy, "eager", (), fails)
-        assert f["replays"] <= 3 + log2(max(2, exact["unlimited_peak_bytes"] / step))
+        assert f["replays"] <= 4 + log2(max(2, exact["unlimited_peak_bytes"] / step))
 
 
 def test_fit_reports_each_replay_as_it_goes(small_trace_path):

@@ -104,13 +104,13 @@ def fits_legend(rows: list[dict], target=None) -> str:
                 "takes it) " if target.capacity else "") + "under which it replays without OOM, up to the cap")
     else:
         text = "fits on: the smallest GPU (device memory) on which it replays without OOM"
+    fits = [smallest_fit(r, target) or (0, None) for r in rows if "fit_capacity_bytes" in r]
+    if target is not None and target.cap is not None and any(n > target.cap for n, _ in fits):
+        text += " (a figure above the cap: it runs out under the cap, and fits from there)"
     digits = next((r["fit_digits"] for r in rows if r.get("fit_digits")), None)
     if digits:
         text += (f", to {digits} significant figures (bisected: it fits there and runs out less than a unit of the "
                  f"last figure below; allocsim fit certifies every larger one)")
-    fits = [smallest_fit(r, target) or (0, None) for r in rows if "fit_capacity_bytes" in r]
-    if target is not None and target.cap is not None and any(n > target.cap for n, _ in fits):
-        text += " (a figure above the cap: it runs out under the cap, and fits from there)"
     if any(bound for _, bound in fits):
         text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text
