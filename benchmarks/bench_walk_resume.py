@@ -6,9 +6,16 @@ refused is above C'), its state is that of the replay at C'. For each probe of a
 `allocsim fit`, a MiB at a time, and tune's bisection to 3 significant figures, `allocsim.fit`), this takes
 the longest such prefix of any earlier probe of the walk, read at checkpoints every 1/64 of the trace, as a
 share of the probe's driving events: what a resume from the last checkpoint before the divergence would skip.
-Nothing is resumed here; it measures whether building the resume pays.
+Nothing is resumed here; it measures whether building the resume pays, and what a checkpoint would cost
+made the one way a `Replay` can be copied today: `copy.deepcopy` half-way (the trace and its chunks shared),
+as a share of one full replay's CPU time.
 
     python3 benchmarks/bench_walk_resume.py [TRACE[:CAP] ...]
+
+Measured 2026-11-26 (2-core machine, shared): the exact walk 25 / 23 / 25 % on pressure-maxsplit-cap (under
+its cap), resnet50 and gpt2-maxsplit; the bisection 5 / 23 / 17 % of 9 / 7 / 5 probes; a deep copy half-way
+62–69 % and 64–78 % of a full replay (pressure-maxsplit-cap, resnet50; the least of three, in three runs). A resume that pays needs a cheaper snapshot
+than a deep copy (the policies' own state copied by the policies).
 """
 from __future__ import annotations
 
@@ -69,6 +76,35 @@ def measure(path: str, cap: int | None, digits: int | None) -> list[float]:
     return shares
 
 
+def copy_cost(path: str, cap: int | None) -> float:
+    """CPU seconds of a deep copy of the recorded settings' replay half-way, over those of one full replay (the
+    least of three each)."""
+    import copy
+    import time
+    from allocsim.replay import kept_chunks
+    t = cached_trace(path)
+    spec = Space(t, Target(None, cap)).candidates()[0].spec
+    def took(fn) -> float:
+        """The least CPU seconds of three runs of ``fn`` (the machine is shared)."""
+        out = []
+        for _ in range(3):
+            c0 = time.process_time()
+            fn()
+            out.append(time.process_time() - c0)
+        return min(out)
+    full = took(lambda: Replay(t, spec, Settings().replay, cap=cap, fold=False).run())
+    r = Replay(t, spec, Settings().replay, cap=cap, fold=False)
+    r.step(driving_count(t) // 2)
+    kept = kept_chunks(t, False) or ([], [])
+    shared = {id(x): x for x in (t, kept[0], *kept[0])}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)          # a pool's blocks are linked lists: the copy recurses along them
+    try:
+        return took(lambda: copy.deepcopy(r, dict(shared))) / full
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def main(argv=None) -> int:
     for arg in (argv if argv is not None else sys.argv[1:]) or [os.path.join(ROOT, t) for t in TRACES]:
         path, _, cap = arg.partition(":")
@@ -77,6 +113,8 @@ def main(argv=None) -> int:
             q = [round(100 * x) for x in statistics.quantiles(s, n=4)] if len(s) > 1 else [round(100 * x) for x in s]
             print(f"{os.path.basename(path)} {walk}: {len(s)} probes, a resume would skip "
                   f"{100 * statistics.mean(s):.0f} % of their events on average (quartiles {q} %)", flush=True)
+        print(f"{os.path.basename(path)}: a checkpoint by deep copy half-way costs "
+              f"{100 * copy_cost(path, int(cap) if cap else None):.0f} % of a full replay", flush=True)
     return 0
 
 
