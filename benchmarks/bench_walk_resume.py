@@ -14,8 +14,8 @@ as a share of one full replay's CPU time.
 
 Measured 2026-11-26 (2-core machine, shared): the exact walk 25 / 23 / 25 % on pressure-maxsplit-cap (under
 its cap), resnet50 and gpt2-maxsplit; the bisection 5 / 23 / 17 % of 9 / 7 / 5 probes; a deep copy half-way
-62–69 % and 64–78 % of a full replay (pressure-maxsplit-cap, resnet50; the least of three, in three runs). A resume that pays needs a cheaper snapshot
-than a deep copy (the policies' own state copied by the policies).
+62–69 % and 64–78 % of a full replay (pressure-maxsplit-cap, resnet50; the least of three, in three runs).
+A resume that pays needs a cheaper snapshot than a deep copy (the policies' own state copied by the policies).
 """
 from __future__ import annotations
 
