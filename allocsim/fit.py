@@ -52,12 +52,13 @@ replay where a policy fills its pool up to the cap (hundreds of replays over a G
 the byte. With ``digits``, after the start (the unlimited replay, and the cap's where the peak lies above
 it) the walk bisects between the largest cap known to fail (LOAD − 1 at first) and the smallest known to fit
 (the lowest its replay certified) until the two lie within one unit of the start's ``digits``-th
-significant figure (`step_of`; two grid points at least), its first probe a step below the start (where
-that fails, as on most traces without a cap, the walk ends there): a probe that passes certifies [its lowest, its cap] and becomes the smallest
-known to fit, one that fails the largest known to fail. The answer is then a cap certified to fit, with one
-less than a step below it certified to fail — not that every larger one fits (OOM is not monotone in the cap:
-between the answer and the start a cap no probe replayed may fail; the exact walk above says so, and
-``allocsim fit`` keeps it). It takes at most about 2 + log2(range / step) replays: 7–10 at three figures where the walk down took hundreds.
+significant figure (`step_of`; two grid points at least). Its first probe is a step below the start (where
+that fails, as on most walks without a cap, the walk ends there); a probe that passes certifies [its lowest,
+its cap] and becomes the smallest known to fit, one that fails the largest known to fail. The answer is a cap
+certified to fit with one known to fail less than a step below it (``fails_bytes``) — not that every larger
+one fits (OOM is not monotone in the cap: between the answer and the start a cap no probe replayed may
+fail; the exact walk above says so, and ``allocsim fit`` keeps it). It takes about 2 + log2(range / step)
+replays: 7–10 at three figures, where the walk down took hundreds.
 
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;

@@ -54,6 +54,7 @@ from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT
+from .trace import trace as trace_records
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
@@ -169,7 +170,7 @@ def kept_chunks(trace: Trace, times: bool) -> tuple[list, list] | None:
     trace of more than `KEEP_RECORDS` records, whose replays make their own a chunk at a time."""
     if len(trace) > KEEP_RECORDS:
         return None
-    key = (id(trace), times)
+    key = (id(trace), times, trace_records.CHUNK)     # the chunk size as `Trace.chunks` reads it now
     kept = _KEPT.get(key)
     if kept is not None and kept[0] is trace:
         return kept[1]
