@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-import numpy as np
 
 from ..errors import UsageError
 from ..frameworks.torch import (MiB, N_DIVISION_INTERVALS, NO_DIVISIONS, PARAMS, SIZE_MAX, divisions_table,
