@@ -47,6 +47,19 @@ replay at the cap itself (which certifies its own cap and below, down to the lar
 not from the peak: the caps above it cost no replay (a setting whose peak lies far above the cap used to
 spend its whole budget up there). Where the peak lies below the cap, the walk is the one without ``top``.
 
+To a few significant figures (``digits``, `tune`'s "fits on"): the walk down certifies a MiB or a few per
+replay where a policy fills its pool up to the cap (hundreds of replays over a GiB), which no user reads to
+the byte. With ``digits``, after the start (the unlimited replay, and the cap's where the peak lies above
+it) the walk bisects between the largest cap known to fail (LOAD − 1 at first) and the smallest known to fit
+(the lowest its replay certified) until the two lie within one unit of the start's ``digits``-th
+significant figure (`step_of`; two grid points at least). Its first probe is a step below the start (where
+that fails, as on most walks without a cap, the walk ends there); a probe that passes certifies [its lowest,
+its cap] and becomes the smallest known to fit, one that fails the largest known to fail. The answer is a cap
+certified to fit with one known to fail less than a step below it (``fails_bytes``) — not that every larger
+one fits (OOM is not monotone in the cap: between the answer and the start a cap no probe replayed may
+fail; the exact walk above says so, and ``allocsim fit`` keeps it). It takes about 2 + log2(range / step)
+replays: 7–10 at three figures, where the walk down took hundreds.
+
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;
 one found is reported as ``island_bytes`` (a cap that passes, below one that
@@ -90,15 +103,16 @@ class Walk:
     ahead on guessed outcomes (`ahead`): the caps a parallel walk replays before the walk asks for them."""
 
     def __init__(self, trace: str, spec: PolicySpec, runtime: str, settings: Settings | None, resolution: int,
-                 islands: bool, max_replays: int, top: int | None = None):
+                 islands: bool, max_replays: int, top: int | None = None, digits: int | None = None):
         if resolution < 1:
             from .errors import UsageError
             raise UsageError(f"fit resolution must be at least 1 byte, got {resolution}")
         self.trace, self.spec, self.runtime, self.settings = trace, spec, runtime, settings
         self.resolution, self.islands, self.max_replays = resolution, islands, max_replays
         self.replays = 0
-        self.top = top
-        self.phase = "unlimited"        # then "down" from the peak, "islands" below the safe cap, "done"
+        self.top, self.digits = top, digits
+        self.step = None                # with ``digits``: the bisection's stopping width (`step_of`)
+        self.phase = "unlimited"        # then "down" from the peak (or "bisect"), "islands" below the safe cap, "done"
         self.need: int | None = None
         self.load = self.peak = self.safe = self.island = None
         self.floor = self.lo = self.hi = 0
@@ -135,6 +149,12 @@ class Walk:
                 self._down()
             else:
                 self._to_islands()
+        elif self.phase == "bisect":
+            if p.passed:        # certified from its lowest (grid point) up to its cap
+                self.safe = min(-(-p.lowest // res) * res, self.need)
+            else:
+                self.lo = self.need
+            self._halve()
         else:
             if p.passed:
                 self.hi = self.island = max(-(-p.lowest // res) * res, self.floor)
@@ -143,6 +163,16 @@ class Walk:
             self._bisect()
 
     def _down(self) -> None:
+        if self.digits is not None:     # to a few significant figures: bisect from here
+            res = self.resolution
+            self.step = max(2 * res, step_of(self.safe, self.digits))    # a grid point between
+            self.lo = self.floor - 1
+            cap = -(-(self.safe - self.step) // res) * res      # first a step below: where it fails, done
+            if cap <= self.lo:
+                self._halve()
+            else:
+                self.phase, self.need = "bisect", cap
+            return
         cap = (self.safe - 1) // self.resolution * self.resolution
         if cap < self.floor:
             self._to_islands()
@@ -151,6 +181,15 @@ class Walk:
             self._to_islands()
         else:
             self.phase, self.need = "down", cap
+
+    def _halve(self) -> None:
+        """The bisection's next cap, between the largest known to fail and the smallest known to fit, on the
+        grid; done once they lie within `step`."""
+        mid = (self.lo + self.safe) // 2 // self.resolution * self.resolution
+        if self.safe - self.lo <= self.step or mid <= self.lo or mid >= self.safe:
+            self.phase = "done"
+        else:
+            self.phase, self.need = "bisect", mid
 
     def _to_islands(self) -> None:
         """Below the safe cap, a bisection between LOAD − 1 (always fails) and the safe cap."""
@@ -179,7 +218,7 @@ class Walk:
             if p is None:
                 if w.phase == "unlimited":
                     return
-                p = Probe(w.phase == "down", w.need, w.load, w.peak)
+                p = Probe(w.phase == "down", w.need, w.load, w.peak)     # a bisection probe: fails
             w.take(p)
 
     def left(self) -> float:
@@ -192,6 +231,8 @@ class Walk:
         if self.phase == "down":
             passed = max(1, (self.peak - self.need) // res)
             return (self.need - self.floor) / res * min(1.0, self.replays / passed)
+        if self.phase == "bisect":
+            return log2(max(2, (self.safe - self.lo) / self.step))
         return log2(max(2, (self.hi - self.lo) / res)) if self.phase == "islands" else 0.0
 
     def result(self) -> dict:
@@ -200,29 +241,43 @@ class Walk:
                "unlimited_peak_bytes": self.peak, "replays": self.replays}
         if self.top is not None:        # `fit` itself walks with no cap over it: its JSON stays as it was
             out["top_bytes"] = self.top
+        if self.digits is not None:     # bisected: it fits there, and fails less than ``step`` below
+            out.update(digits=self.digits, step_bytes=self.step, fails_bytes=self.lo if self.step else None)
         if self.passed_unlimited:
             out.update(capacity_bytes=self.safe, island_bytes=self.island)
         return out
 
 
+def step_of(start: int, digits: int) -> int:
+    """One unit of the ``digits``-th significant figure of ``start`` (bytes): the width a bisecting walk
+    stops at (3 figures of 3.77e9: 10^7)."""
+    return 10 ** max(0, len(str(max(start, 1))) - digits)
+
+
 def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple = (),
                  settings: Settings | None = None, resolution: int = MiB, islands: bool = True,
-                 on_replay=None, max_replays: int = MAX_REPLAYS, top: int | None = None) -> dict:
+                 on_replay=None, max_replays: int = MAX_REPLAYS, top: int | None = None,
+                 digits: int | None = None) -> dict:
     """The safe capacity of ``policy`` (a `PolicySpec` or its text, ``options`` added) on ``trace`` (see
-    the module docstring; ``top``: up to that cap, the walk starting there), and any island below it.
+    the module docstring; ``top``: up to that cap, the walk starting there; ``digits``: bisected to that many
+    significant figures), and any island below it.
 
     ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
     the cap behaves differently at every grid point, so its walk takes one replay per point)."""
     (out,) = fit_many([dict(trace=trace, policy=policy, runtime=runtime, options=options, settings=settings,
-                            resolution=resolution, islands=islands, max_replays=max_replays, top=top)],
+                            resolution=resolution, islands=islands, max_replays=max_replays, top=top,
+                            digits=digits)],
                       on_replay=on_replay)
     return out
 
 
 def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), settings: Settings | None = None,
-            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS, top: int | None = None) -> Walk:
-    """The walk of `fit_capacity` (same arguments; ``top``: start at that cap, module docstring), not started."""
-    return Walk(trace, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays, top)
+            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS, top: int | None = None,
+            digits: int | None = None) -> Walk:
+    """The walk of `fit_capacity` (same arguments; ``top``: start at that cap; ``digits``: bisect to that many
+    significant figures; module docstring), not started."""
+    return Walk(trace, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays, top,
+                digits)
 
 
 def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=None) -> list[dict]:

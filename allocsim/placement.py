@@ -19,12 +19,15 @@ recording never made needs the addresses the driver would have returned. Measure
 A replay first feeds the model the recorded addresses (`take`); space it never saw used between
 them and the lowest range seen is taken to be held by ranges the trace does not show (the
 context, libraries' workspaces). Costs, with R regions, H holes and k allocations in a region:
-``malloc`` O(log R + log k + H), ``free`` O(log R + log k), ``take`` a ``malloc`` and a ``free``
-plus, when the recorded address differs, O(log R + log k) and O(k log k) for the regions it merges.
+``malloc`` O(log R + k + H), ``free`` O(log R + k) (a region's free runs are plain sorted lists: k is small),
+``take`` a ``malloc`` and a ``free`` plus, when the recorded address differs, O(log R + k) and O(k²) for the
+regions it merges.
 """
 from __future__ import annotations
 
-from sortedcontainers import SortedDict, SortedList
+from bisect import bisect_left, bisect_right, insort
+
+from sortedcontainers import SortedDict
 
 GRANULE = 2 << 20          # allocations take whole 2 MiB granules
 REGION = 32 << 20          # regions are whole 32 MiB multiples, 32 MiB aligned
@@ -39,18 +42,28 @@ def _up(x: int, a: int) -> int:
 
 class Region:
     """A range the driver took from the address space: its allocations (address -> bytes, whole units)
-    and its free runs, by address and by (length, address) for best fit."""
-    __slots__ = ("start", "end", "unit", "live", "runs", "by_len")
+    and its free runs, by address (``starts``/``ends``, sorted) and by (length, address) for best fit.
+
+    Plain sorted lists, not sorted containers: a region holds a few runs (one, free, when it is made: most
+    segments get a region of their own), and making two sorted containers per region was most of a
+    device malloc's cost in the first events of a replay, where a pool grows (`allocsim tune`'s replays
+    that stop early)."""
+    __slots__ = ("start", "end", "unit", "live", "starts", "ends", "by_len")
 
     def __init__(self, start: int, end: int, unit: int):
         self.start, self.end, self.unit = start, end, unit
         self.live: dict[int, int] = {}
-        self.runs = SortedDict({start: end})
-        self.by_len = SortedList([(end - start, start)])
+        self.starts, self.ends = [start], [end]
+        self.by_len = [(end - start, start)]
+
+    @property
+    def runs(self) -> dict[int, int]:
+        """The free runs, start -> end, by address."""
+        return dict(zip(self.starts, self.ends))
 
     def best_run(self, n: int) -> int | None:
         """Start of the smallest free run that holds ``n`` bytes (lowest on ties), or None. O(log runs)."""
-        i = self.by_len.bisect_left((_up(max(n, 1), self.unit), 0))
+        i = bisect_left(self.by_len, (_up(max(n, 1), self.unit), 0))
         return self.by_len[i][1] if i < len(self.by_len) else None
 
     def largest(self) -> int:
@@ -60,34 +73,42 @@ class Region:
     def is_free(self, lo: int, hi: int) -> bool:
         """Whether no allocation holds any of [lo, hi) within this region. O(log runs)."""
         lo, hi = max(lo, self.start), min(hi, self.end)
-        i = self.runs.bisect_right(lo) - 1
-        return lo >= hi or (i >= 0 and self.runs.values()[i] >= hi)
+        i = bisect_right(self.starts, lo) - 1
+        return lo >= hi or (i >= 0 and self.ends[i] >= hi)
 
     def add(self, addr: int, m: int) -> None:
-        """Hold [addr, addr + m), which lies in one free run. O(log runs)."""
-        lo = self.runs.keys()[self.runs.bisect_right(addr) - 1]
-        hi = self.runs.pop(lo)
-        self.by_len.remove((hi - lo, lo))
-        for a, b in ((lo, addr), (addr + m, hi)):
+        """Hold [addr, addr + m), which lies in one free run. O(runs)."""
+        starts, ends, by_len = self.starts, self.ends, self.by_len
+        i = bisect_right(starts, addr) - 1
+        lo, hi = starts[i], ends[i]
+        del by_len[bisect_left(by_len, (hi - lo, lo))]
+        del starts[i], ends[i]
+        for a, b in ((addr + m, hi), (lo, addr)):       # the upper part first: both go in at ``i``
             if a < b:
-                self.runs[a] = b
-                self.by_len.add((b - a, a))
+                starts.insert(i, a)
+                ends.insert(i, b)
+                insort(by_len, (b - a, a))
         self.live[addr] = m
 
     def remove(self, addr: int) -> None:
-        """Free the allocation at ``addr``, merging its range with the free runs beside it. O(log runs)."""
+        """Free the allocation at ``addr``, merging its range with the free runs beside it. O(runs)."""
+        starts, ends, by_len = self.starts, self.ends, self.by_len
         lo = addr
         hi = lo + self.live.pop(addr)
-        i = self.runs.bisect_left(lo)
-        if i and self.runs.values()[i - 1] == lo:
-            lo = self.runs.keys()[i - 1]
-            self.by_len.remove((addr - lo, lo))
-        if hi in self.runs:
-            end = self.runs.pop(hi)
-            self.by_len.remove((end - hi, hi))
+        i = bisect_left(starts, lo)
+        if i and ends[i - 1] == lo:                     # the run below ends where it starts: merged
+            i -= 1
+            lo = starts[i]
+            del by_len[bisect_left(by_len, (addr - lo, lo))]
+            del starts[i], ends[i]
+        if i < len(starts) and starts[i] == hi:         # the run above starts where it ends: merged
+            end = ends[i]
+            del by_len[bisect_left(by_len, (end - hi, hi))]
+            del starts[i], ends[i]
             hi = end
-        self.runs[lo] = hi
-        self.by_len.add((hi - lo, lo))
+        starts.insert(i, lo)
+        ends.insert(i, hi)
+        insort(by_len, (hi - lo, lo))
 
 
 class _Newest:

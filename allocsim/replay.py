@@ -54,6 +54,7 @@ from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT
+from .trace import trace as trace_records
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
@@ -69,11 +70,17 @@ FREE_IN_REQUEST = 0x100
 
 
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
-    """``(size, address)`` of the recorded allocator's segment allocations, in order."""
+    """``(size, address)`` of the recorded allocator's segment allocations, in order (a small trace's kept for its
+    next replays, as its chunks are: `kept_chunks`; the caller copies it)."""
+    kept = _KEPT.get((id(trace), "segments"))
+    if kept is not None and kept[0] is trace:
+        return kept[1]
     out = []
     for _, rec in trace.chunks():
         seg = rec[rec["kind"] == SEGMENT_ALLOC]
         out += zip(seg["size"].tolist(), seg["addr"].tolist())
+    if len(trace) <= KEEP_RECORDS:
+        _keep((id(trace), "segments"), trace, out)
     return out
 
 
@@ -148,6 +155,48 @@ class _AllocBytes:
             self.total += int(rec["size"][rec["kind"] == ALLOC].sum())
             self.pos += len(rec)
         return self.total
+
+
+#: A trace of at most this many records keeps its walk's chunks, lists made, for its next replays in this process
+#: (`kept_chunks`): `tune` and `fit` replay one trace hundreds of times, most replays stopped early, and making
+#: the chunks' lists was a fifth of such a replay. About 100 bytes an event, kept for the last few traces only.
+KEEP_RECORDS = 2 * CHUNK
+_KEPT: dict = {}
+
+
+def kept_chunks(trace: Trace, times: bool) -> tuple[list, list] | None:
+    """``(chunks, zero_counts)`` of a replay of ``trace`` (`Replay._driving_chunks`, with or without ``times``),
+    made by the first replay and shared by the next (read only: a chunk's lists are made once); None for a
+    trace of more than `KEEP_RECORDS` records, whose replays make their own a chunk at a time."""
+    if len(trace) > KEEP_RECORDS:
+        return None
+    key = (id(trace), times, trace_records.CHUNK)     # the chunk size as `Trace.chunks` reads it now
+    kept = _KEPT.get(key)
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    zero_counts: list = []
+    chunks = list(chunks_of(trace, times, zero_counts))
+    _keep(key, trace, (chunks, zero_counts))
+    return chunks, zero_counts
+
+
+def _keep(key, trace: Trace, value) -> None:
+    """Keep ``value`` of ``trace`` under ``key`` (with the trace, so that its id is not reused meanwhile): what
+    the last few traces replayed keep."""
+    if len(_KEPT) >= 8:
+        _KEPT.clear()
+    _KEPT[key] = (trace, value)
+
+
+def chunks_of(trace: Trace, times: bool, zero_counts: list):
+    """A `_Chunk` per chunk of records of ``trace`` that holds driving events (`driving`; ``zero_counts`` its)."""
+    for start, rec, local in driving(trace, zero_counts):
+        flags = rec["flags"][local]
+        if not flags.any():         # most traces flag nothing: no caught requests, no held frees
+            yield _Chunk(local + start, rec, local, times)
+            continue
+        caught = np.flatnonzero((flags & CATCHES_OOM != 0) & (rec["kind"][local] == ALLOC))
+        yield _Chunk(local + start, rec, local, times, set(caught.tolist()) if len(caught) else None, flags)
 
 
 def driving_count(trace: Trace) -> int:
@@ -371,15 +420,14 @@ class Replay:
                 handles[i] = new[h]
 
     def _driving_chunks(self):
-        """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events."""
+        """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events; those
+        of a small trace are kept for its next replays (`kept_chunks`)."""
         times = self.policy.tick is not None
-        for start, rec, local in driving(self.trace, self._zero_counts):
-            flags = rec["flags"][local]
-            if not flags.any():         # most traces flag nothing: no caught requests, no held frees
-                yield _Chunk(local + start, rec, local, times)
-                continue
-            caught = np.flatnonzero((flags & CATCHES_OOM != 0) & (rec["kind"][local] == ALLOC))
-            yield _Chunk(local + start, rec, local, times, set(caught.tolist()) if len(caught) else None, flags)
+        kept = kept_chunks(self.trace, times)
+        if kept is not None:
+            chunks, self._zero_counts[:] = kept
+            return iter(chunks)
+        return chunks_of(self.trace, times, self._zero_counts)
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return

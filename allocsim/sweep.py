@@ -18,7 +18,8 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from copy import deepcopy
+from dataclasses import dataclass, fields
 from functools import partial
 
 from .filenames import shown_name
@@ -94,13 +95,21 @@ def run_cell(cell: Cell, settings: Settings | None = None, *, full: bool = False
 
 
 def result_row(res, cell: Cell) -> dict:
-    d = res.to_dict()
-    row = {k: d.get(k) for k in COLUMNS}
+    """The table row of a replay's result: its `COLUMNS`, read from the result (copies of its dicts, as
+    ``to_dict`` gives them; not the whole ``to_dict``, which copies every OOM record and section too: a
+    tenth of a `tune` whose replays stop early)."""
+    known = _fields_of(type(res))
+    row = {k: deepcopy(getattr(res, k)) if k in known else None for k in COLUMNS}
     row.update(trace=shown_name(cell.trace), policy=cell.policy.name, cap_bytes=cell.cap, runtime=cell.runtime,
                options=cell.policy.option_text,
                first_oom_event=res.first_oom.event if res.first_oom else None,
                latency_p50=res.latency.get("p50"), latency_p99=res.latency.get("p99"))
     return row
+
+
+def _fields_of(cls) -> frozenset:
+    """The dataclass field names of ``cls`` (what its ``to_dict`` holds)."""
+    return frozenset(f.name for f in fields(cls))
 
 
 def _pool_run(args):

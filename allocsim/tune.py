@@ -34,8 +34,8 @@ The search is exhaustive over what can differ, and replays nothing twice:
    value on the frontier) — a dominated one is no better in either figure, and
    what dominates it leaves the headroom whenever it does, so dropping it never
    drops an optimum. Only the
-   recorded settings and the frontier among the best few get the certified
-   capacity walk (`fit_capacity`, tens of replays each).
+   recorded settings and the frontier among the best few get the capacity walk
+   (`fit_capacity` bisecting to `FIT_DIGITS` significant figures, about ten replays each).
 4. **Parallel**: the distinct settings are cells replayed by the process pool
    `compare` and `fit` use (``-j``), or by any executor given (Dask's included), as many at a time as
    it has workers, each with the bound as it stands when it starts. The recorded settings' capacity walk
@@ -76,6 +76,8 @@ OBJECTIVES = ("fastest", "reserved", "time", "both")
 TOP = 3
 #: The modeled time tune compares: the whole replay's clock (device calls, pool work, cache releases).
 TIME = "total_time_seconds"
+#: The significant figures of "fits on": the capacity walks bisect to them (`allocsim.fit`, module docstring).
+FIT_DIGITS = 3
 #: ``fastest``'s default headroom, a share of the limit (docs/metrics.md, "What `tune` recommends").
 HEADROOM = 0.05
 
@@ -359,7 +361,8 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     room = None if headroom_bytes is None else target.limit - headroom_bytes
     slots = slots or _workers(ex)
     from .fit import walk_of
-    recorded_walk = walk_of(trace, chosen[0].spec, settings=settings, islands=False, top=target.cap) \
+    recorded_walk = walk_of(trace, chosen[0].spec, settings=settings, islands=False, top=target.cap,
+                            digits=FIT_DIGITS) \
         if fit and ex is not None else None     # it is always walked: it goes on beside the settings' replays
     rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk)
     for cell, c, row in zip(cells, chosen, rows):
@@ -414,7 +417,8 @@ def nearest_first(keys: list) -> list:
 def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
                 slots: int = 1, walk=None) -> list[dict]:
     """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
-    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` at a time.
+    done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` running and
+    as many queued (a replay the bound stops is a few milliseconds: a worker waiting for its next task idles).
     The rows in the order of ``jobs``. ``walk`` (an `allocsim.fit.Walk`) takes one of the slots while the rows
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
     would otherwise run after them with the other workers idle."""
@@ -436,7 +440,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
         while left or flying:
             if left and walk is not None and not walk.done and None not in flying.values():
                 flying[ex.submit(probe, walk.task(walk.need))] = None
-            while len(flying) < slots:
+            while len(flying) < 2 * slots:      # one queued behind each running: a replay that stops early is short
                 i = next(waiting, None)
                 if i is None:
                     break
@@ -544,20 +548,21 @@ def _to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray
 
 def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None,
              started=None) -> int:
-    """Each row's certified safe capacity (`fit_capacity`; under a cap ``top``, the walk starts there: the
-    smallest allowed memory from which every larger one up to the cap fits), stored in the row; the number of
-    replays it took. The walk varies the cap, so rows of one spec (a pool under several caps) share one walk;
+    """Each row's "fits on" (`fit_capacity` bisecting to `FIT_DIGITS` significant figures: a capacity certified
+    to fit, with one less than a unit of its last figure below it that runs out; under a cap ``top``, the walk
+    starts there), stored in the row; the number of replays it took. The walk varies the cap, so rows of one spec (a pool under several caps) share one walk;
     the walks run together, ``slots`` replays at a time (`allocsim.fit.walk_all`); ``started``: a walk already on
     its way (its spec's: the recorded settings')."""
     from .fit import walk_all, walk_of
     specs = list(dict.fromkeys(r["spec"] for r in rows))
     walks = [started if started is not None and s == str(started.spec) else
-             walk_of(trace, PolicySpec.parse(s), settings=settings, islands=False, top=top) for s in specs]
+             walk_of(trace, PolicySpec.parse(s), settings=settings, islands=False, top=top, digits=FIT_DIGITS)
+             for s in specs]
     fits = walk_all(walks, ex, slots)
     by_spec = dict(zip(specs, fits))
     for r in rows:
         f = by_spec[r["spec"]]
-        r["fit_capacity_bytes"], r["fit_threshold"] = f["capacity_bytes"], f["threshold"]
+        r["fit_capacity_bytes"], r["fit_threshold"], r["fit_digits"] = f["capacity_bytes"], f["threshold"], f.get("digits")
     return sum(f["replays"] for f in fits)
 
 

@@ -105,3 +105,34 @@ def test_section_roots_add_up_to_the_modeled_clock():
     r = replay(t, "none", runtime="gc", cap=t.load_bytes, keep_going=True, gc_every=8 << 20)
     roots = sum(s["seconds"] for s in r.sections if s["depth"] == 0)
     assert roots == pytest.approx(r.total_time_seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize("name, policy", [("cupy_mlp.bin", "cupy"), ("pressure-cupy-cycles-fixed.bin", "cupy"),
+                                          ("pools-compile.bin", "torch"), ("pressure-fraction-oom.bin", "torch")])
+def test_a_small_traces_kept_chunks_replay_as_chunks_made_afresh(monkeypatch, name, policy):
+    """`kept_chunks`: the replays of a small trace share its chunks (lists made once, 0-byte requests counted from
+    the kept arrays, recorded segment calls kept); each replay, stopped part-way or run to the end, gives what one
+    that makes its own gives (traces with 0-byte requests, flagged frees and private-pool events)."""
+    import importlib
+    import os
+    from allocsim.trace import Trace
+    from conftest import ROOT
+    engine = importlib.import_module("allocsim.replay")       # the module (the package's ``replay`` is the function)
+    t = Trace.load(os.path.join(ROOT, "traces", name))
+    assert len(t) <= engine.KEEP_RECORDS
+
+    def results():
+        out = []
+        for until in (len(t) // 3, None):
+            r = Replay(t, policy)
+            r.run(until)
+            out.append(_strip(r.result().to_dict()) if until else _strip(r.finish().to_dict()))
+            r.close()
+        return out
+    kept = [results(), results()]          # the second pair reads what the first kept
+    assert engine._KEPT and any(v[0] is t for v in engine._KEPT.values())
+    monkeypatch.setattr(engine, "KEEP_RECORDS", 0)
+    engine._KEPT.clear()
+    afresh = results()
+    assert not engine._KEPT
+    assert kept[0] == kept[1] == afresh

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from allocsim import policies
 from allocsim.replay import replay
 from allocsim.fit import fit_capacity
+from allocsim.tune import FIT_DIGITS
 from allocsim.trace import TraceWriter
 
 from conftest import ROOT
@@ -86,6 +87,31 @@ def test_fit_on_resnet50_is_safe_where_bisection_was_not(policy, old_answer):
     assert not passes(path, policy, "eager", (), safe - MiB)       # a threshold, not just a passing point
 
 
+@pytest.mark.parametrize("policy", ["split", "torch", "bestfit", "knet", "cupy"])
+@settings(max_examples=10, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=small_traces(), digits=st.integers(1, 3), top=st.sampled_from([None, 5 * MiB, 9 * MiB]))
+def test_a_bisecting_walk_fits_where_it_says_within_a_step_of_a_failure(policy, trace, digits, top):
+    """To ``digits`` significant figures (`tune`'s "fits on"): the answer replays without OOM, a cap less than a
+    step below it runs out (or lies below LOAD), and it lies less than a step above the exact walk's safe
+    capacity (every cap at or above that one fits, so no failure lies there); in about 2 + log2(range/step)
+    replays."""
+    from math import log2
+    res = 64 * KiB
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t.bin")
+        trace.save(path)
+        exact = fit_capacity(path, policy, resolution=res, islands=False, top=top, max_replays=0)
+        f = fit_capacity(path, policy, resolution=res, islands=False, top=top, digits=digits)
+        if exact["capacity_bytes"] is None or (top is not None and exact["capacity_bytes"] > top):
+            assert f["capacity_bytes"] == exact["capacity_bytes"]       # no cap up to top fits: the same answer
+            return
+        got, fails, step = f["capacity_bytes"], f["fails_bytes"], f["step_bytes"]
+        assert passes(path, policy, "eager", (), got) and got - fails <= step and got < exact["capacity_bytes"] + step
+        assert fails < f["load_bytes"] or not passes(path, policy, "eager", (), fails)
+        assert f["replays"] <= 4 + log2(max(2, exact["unlimited_peak_bytes"] / step))
+
+
 def test_fit_reports_each_replay_as_it_goes(small_trace_path):
     heard = []
     f = fit_capacity(small_trace_path, "split", resolution=64 * KiB, on_replay=lambda: heard.append(1))
@@ -148,7 +174,7 @@ def test_tune_walks_each_spec_once(monkeypatch, small_trace_path):
     rows = [{"spec": "split", "cap_bytes": None}, {"spec": "split", "cap_bytes": 8 * MiB},
             {"spec": "binned", "cap_bytes": None}]
     n, walked = _fit_all(small_trace_path, rows, None, None), len(caps)
-    one = {p: fit_capacity(small_trace_path, p, islands=False) for p in ("split", "binned")}
+    one = {p: fit_capacity(small_trace_path, p, islands=False, digits=FIT_DIGITS) for p in ("split", "binned")}
     assert n == walked == one["split"]["replays"] + one["binned"]["replays"]
     assert [r["fit_capacity_bytes"] for r in rows] == [one["split"]["capacity_bytes"]] * 2 + [
         one["binned"]["capacity_bytes"]]

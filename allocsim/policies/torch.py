@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-import numpy as np
 
 from ..errors import UsageError
 from ..frameworks.torch import (MiB, N_DIVISION_INTERVALS, NO_DIVISIONS, PARAMS, SIZE_MAX, divisions_table,
@@ -1134,5 +1133,6 @@ class TorchPoolsPath(TorchCachingAllocator):
 
 
 def has_pool_events(trace) -> bool:
-    """Whether ``trace`` holds private-pool events (`allocsim.trace.events.POOL`). O(events), once per replay."""
-    return any(bool(np.isin(rec["kind"], POOL).any()) for _, rec in trace.chunks())
+    """Whether ``trace`` holds private-pool events (`allocsim.trace.events.POOL`). O(events) once per trace
+    (`Trace.kinds_present`)."""
+    return not trace.kinds_present.isdisjoint(POOL)

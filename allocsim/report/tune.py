@@ -101,13 +101,16 @@ def fits_legend(rows: list[dict], target=None) -> str:
     """What the "fits on" column measures, and what each mark in it says."""
     if target is not None and target.cap is not None:
         text = ("fits on: the smallest allowed memory " + ("(the fraction of the device, as per_process_memory_fraction "
-                "takes it) " if target.capacity else "") + "from which every larger one up to the cap replays "
-                "without OOM")
+                "takes it) " if target.capacity else "") + "under which it replays without OOM, up to the cap")
     else:
-        text = "fits on: the smallest GPU (device memory) from which every larger one replays without OOM"
+        text = "fits on: the smallest GPU (device memory) on which it replays without OOM"
     fits = [smallest_fit(r, target) or (0, None) for r in rows if "fit_capacity_bytes" in r]
     if target is not None and target.cap is not None and any(n > target.cap for n, _ in fits):
         text += " (a figure above the cap: it runs out under the cap, and fits from there)"
+    digits = next((r["fit_digits"] for r in rows if r.get("fit_digits")), None)
+    if digits:
+        text += (f", to {digits} significant figures (bisected: it fits there and runs out less than a unit of the "
+                 f"last figure below; allocsim fit certifies every larger one)")
     if any(bound for _, bound in fits):
         text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text

@@ -108,6 +108,11 @@ class Trace:
     addr = property(lambda self: self.records["addr"])
 
     @cached_property
+    def kinds_present(self) -> frozenset:
+        """The event kinds the trace holds, read once (a policy asks at every replay whether some are there)."""
+        return frozenset(k for _, rec in self.chunks() for k in np.unique(rec["kind"]).tolist())
+
+    @cached_property
     def n_allocs(self) -> int:
         """ALLOC events (counted by `validate` as it goes, else in a pass of its own)."""
         return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self.chunks())
