@@ -61,6 +61,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from ..errors import UsageError
+    for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):     # a run's too
+        if n < (1 if flag == "--top" else 0):
+            raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     paths = traces_of(args)
     if len(paths) > 1:
         return _tune_run(args, paths)
@@ -101,9 +105,6 @@ def _tune(args, path: str) -> int:
         from ..report.plots import picture_format
         if not picture_format(args.plot):
             raise UsageError(f"--plot {args.plot}: expected a .png, .svg or .pdf path")
-    for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):
-        if n < (1 if flag == "--top" else 0):
-            raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     trace = load_trace(path)
     if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
         from ..errors import InputError
