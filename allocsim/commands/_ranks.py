@@ -39,6 +39,20 @@ def label_of(path: str) -> tuple[str, str]:
     return rank_label(meta), suffix
 
 
+def check_outputs_apart(args, paths: list[str], labels: list[tuple[str, str]]) -> None:
+    """Two traces of one rank (a file copied under another rank's name) would write one output file: the second
+    would replace the first's, or stop the command half-way. One line naming both, before anything is written."""
+    given = [name for name in PER_RANK_OUTPUTS if getattr(args, name, None)]
+    seen: dict[str, str] = {}
+    for path, (label, suffix) in zip(paths, labels):
+        if given and suffix in seen:
+            from ..errors import UsageError
+            name = process_name(getattr(args, given[0]), suffix)
+            raise UsageError(f"{seen[suffix]} and {path} are both {label}: their --{given[0]} files would be one "
+                             f"({name}); name each rank's trace once")
+        seen[suffix] = path
+
+
 def each_rank(args, run_one, *, summary=None) -> int:
     """``run_one(args)`` on every trace of the run; the worst exit status. ``summary(paths)``, when given, prints a
     table of the run after the ranks (not with --json)."""
@@ -49,6 +63,7 @@ def each_rank(args, run_one, *, summary=None) -> int:
     as_json = getattr(args, "json", False)
     status, ranks = 0, []
     labels = [label_of(path) for path in paths]       # every rank's header checked before any report is printed
+    check_outputs_apart(args, paths, labels)
     for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
         sub = copy.copy(args)
         sub.trace = path
