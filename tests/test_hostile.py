@@ -784,7 +784,34 @@ SETTINGS_18 = [
          expect="the recorded device's memory 1.00 KiB is below the trace's LOAD", stdout_empty=True),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18
+
+# the hunt on runs, tune of several traces, dask and record (tune's own checks skipped on a run; dask's own
+# traceback for an address it cannot read; a rank's output file written twice; an empty script name)
+def _run_of(*ranks, world=2):
+    """A setup writing ``run.rank<k>.bin`` for each position k, its metadata naming rank ``ranks[k]``."""
+    return lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": world}, name=f"run.rank{k}.bin")(d)
+                      for k, r in enumerate(ranks)]
+
+
+_ONE_RANK_TWICE = "run.rank0.bin and {d}/run.rank1.bin are both rank 0 of 2"
+HUNT: list[Case] = [
+    Case("tune-run-top-zero", ["tune", "{d}/run.bin", "--top", "0"], _run_of(0, 1),
+         expect="--top: expected 1 or more, got 0", stdout_empty=True),
+    Case("tune-two-traces-max-replays-negative", ["tune", "{trace}", "{trace}", "--max-replays", "-1"],
+         expect="--max-replays: expected 0 (no limit) or more, got -1", stdout_empty=True),
+    Case("tune-scheduler-garbage", ["tune", "{trace}", "--scheduler", "garbage"],
+         expect="--scheduler garbage: missing port number", stdout_empty=True),
+    Case("sweep-scheduler-garbage", ["sweep", "{trace}", "-p", "split", "--scheduler", "garbage", "-o", "{d}/r.csv"],
+         expect="--scheduler garbage:", outputs=["r.csv", "r.csv.partial"], stdout_empty=True),
+    Case("compare-run-one-rank-twice-csv", ["compare", "{d}/run.bin", "-p", "split", "-j", "1", "--csv", "{d}/o.csv"],
+         _run_of(0, 0), expect=_ONE_RANK_TWICE, outputs=["o.rank0.csv"], stdout_empty=True),
+    Case("replay-run-one-rank-twice-snapshot", ["replay", "{d}/run.bin", "-p", "torch", "--snapshot", "{d}/s.pickle"],
+         _run_of(0, 0), expect=_ONE_RANK_TWICE, outputs=["s.rank0.pickle"], stdout_empty=True),
+    Case("record-empty-script-name", ["record", "-o", "{d}/r.bin", "--", ""], expect="no script given",
+         outputs=["r.bin"], stdout_empty=True),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
