@@ -807,6 +807,13 @@ HUNT: list[Case] = [
          _run_of(0, 0), expect=_ONE_RANK_TWICE, outputs=["o.rank0.csv"], stdout_empty=True),
     Case("replay-run-one-rank-twice-snapshot", ["replay", "{d}/run.bin", "-p", "torch", "--snapshot", "{d}/s.pickle"],
          _run_of(0, 0), expect=_ONE_RANK_TWICE, outputs=["s.rank0.pickle"], stdout_empty=True),
+    Case("import-snapshot-pool-id-past-32-bits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["segments"][0].update(segment_pool_id=[2 ** 40, 1])),
+         expect="snap.pickle: segments[0]: segment_pool_id (1099511627776, 1): a pool id's halves must be below",
+         outputs=["o.bin"]),
+    Case("import-snapshot-pool-id-second-half-past-32-bits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: [g.update(segment_pool_id=[3, 2 ** 33]) for g in s["segments"]]),
+         expect="segments[0]: segment_pool_id (3, 8589934592)", outputs=["o.bin"]),
     Case("record-empty-script-name", ["record", "-o", "{d}/r.bin", "--", ""], expect="no script given",
          outputs=["r.bin"], stdout_empty=True),
 ]
