@@ -787,13 +787,15 @@ SETTINGS_18 = [
 
 # the hunt on runs, tune of several traces, dask and record (tune's own checks skipped on a run; dask's own
 # traceback for an address it cannot read; a rank's output file written twice; an empty script name)
-def _run_of(*ranks, world=2):
-    """A setup writing ``run.rank<k>.bin`` for each position k, its metadata naming rank ``ranks[k]``."""
-    return lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": world}, name=f"run.rank{k}.bin")(d)
-                      for k, r in enumerate(ranks)]
+def _run_of(*ranks, world=2, name="run.rank{k}.bin"):
+    """A setup writing ``run.rank<k>.bin`` for each position k (or ``name`` with ``{r}``), its metadata naming rank
+    ``ranks[k]`` of ``world`` processes (one world size, or one for each)."""
+    worlds = world if isinstance(world, tuple) else (world,) * len(ranks)
+    return lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": w}, name=name.format(k=k, r=r))(d)
+                      for k, (r, w) in enumerate(zip(ranks, worlds))]
 
 
-_ONE_RANK_TWICE = "run.rank0.bin and {d}/run.rank1.bin are both rank 0 of 2"
+_ONE_RANK_TWICE = "run.rank0.bin and {d}/run.rank1.bin are both rank 0 of 1"
 HUNT: list[Case] = [
     Case("tune-run-top-zero", ["tune", "{d}/run.bin", "--top", "0"], _run_of(0, 1),
          expect="--top: expected 1 or more, got 0", stdout_empty=True),
@@ -804,9 +806,9 @@ HUNT: list[Case] = [
     Case("sweep-scheduler-garbage", ["sweep", "{trace}", "-p", "split", "--scheduler", "garbage", "-o", "{d}/r.csv"],
          expect="--scheduler garbage:", outputs=["r.csv", "r.csv.partial"], stdout_empty=True),
     Case("compare-run-one-rank-twice-csv", ["compare", "{d}/run.bin", "-p", "split", "-j", "1", "--csv", "{d}/o.csv"],
-         _run_of(0, 0), expect=_ONE_RANK_TWICE, outputs=["o.rank0.csv"], stdout_empty=True),
+         _run_of(0, 0, world=1), expect=_ONE_RANK_TWICE, outputs=["o.rank0.csv"], stdout_empty=True),
     Case("replay-run-one-rank-twice-snapshot", ["replay", "{d}/run.bin", "-p", "torch", "--snapshot", "{d}/s.pickle"],
-         _run_of(0, 0), expect=_ONE_RANK_TWICE, outputs=["s.rank0.pickle"], stdout_empty=True),
+         _run_of(0, 0, world=1), expect=_ONE_RANK_TWICE, outputs=["s.rank0.pickle"], stdout_empty=True),
     Case("import-snapshot-pool-id-past-32-bits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          snapshot_with(lambda s: s["segments"][0].update(segment_pool_id=[2 ** 40, 1])),
          expect="snap.pickle: segments[0]: segment_pool_id (1099511627776, 1): a pool id's halves must be below",
@@ -814,6 +816,14 @@ HUNT: list[Case] = [
     Case("import-snapshot-pool-id-second-half-past-32-bits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          snapshot_with(lambda s: [g.update(segment_pool_id=[3, 2 ** 33]) for g in s["segments"]]),
          expect="segments[0]: segment_pool_id (3, 8589934592)", outputs=["o.bin"]),
+    Case("info-run-world-sizes-disagree", ["info", "{d}/run.bin"], _run_of(0, 1, world=(2, 4)),
+         expect="run.bin: its traces disagree on the world size: {d}/run.rank0.bin says 2, {d}/run.rank1.bin says 4",
+         stdout_empty=True),
+    Case("meta-rank-not-below-world-size", ["replay", "{d}/bad.bin"], trace_with({"rank": 3, "world_size": 2}),
+         expect="bad.bin: metadata: rank: 3 is not below world_size 2", stdout_empty=True),
+    Case("tune-run-missing-rank-warns", ["tune", "{d}/run.bin", "--max-replays", "2", "--no-fit", "--json"],
+         _run_of(0, 2, world=3, name="run.rank{r}.bin"), status=0, stdout_json=True,
+         expect="run.bin: no trace of rank 1 of its 3 ({d}/run.rank1.bin does not exist)"),
     Case("record-empty-script-name", ["record", "-o", "{d}/r.bin", "--", ""], expect="no script given",
          outputs=["r.bin"], stdout_empty=True),
 ]

@@ -13,7 +13,9 @@ import copy
 import io
 import json
 import os
+import sys
 
+from ..errors import InputError
 from ..ranks import process_name, rank_label, run_traces
 from ..report.tables import dump_json
 from ..trace import Trace
@@ -26,7 +28,30 @@ PER_RANK_OUTPUTS = ("csv", "snapshot")
 def traces_of(args) -> list[str]:
     """The traces the command's ``trace`` argument (one name, or a list) names, runs expanded."""
     names = args.trace if isinstance(args.trace, list) else [args.trace]
-    return [p for name in names for p in run_traces(name)]
+    found = [(name, run_traces(name)) for name in names]
+    for name, paths in found:
+        if len(paths) > 1:
+            check_run(name, paths)
+    return [p for _, paths in found for p in paths]
+
+
+def check_run(name: str, paths: list[str]) -> None:
+    """The ranks of one run agree on its world size (one line naming two that do not); a rank below it with no
+    trace is a warning on stderr, as the run's verdict then leaves that process out."""
+    metas = [Trace.load(path, validate=False).meta for path in paths]
+    for path, meta in zip(paths, metas):
+        check_meta(meta, path)
+    sizes = [(m["world_size"], path) for m, path in zip(metas, paths) if isinstance(m.get("world_size"), int)]
+    for size, path in sizes[1:]:
+        if size != sizes[0][0]:
+            raise InputError(f"its traces disagree on the world size: {sizes[0][1]} says {sizes[0][0]}, {path} says "
+                             f"{size}", path=name)
+    ranks = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
+    missing = [r for r in range(sizes[0][0]) if r not in ranks] if sizes else []
+    if missing:
+        print(f"allocsim: warning: {name}: no trace of rank {', '.join(map(str, missing))} of its {sizes[0][0]} "
+              f"({process_name(name, f'rank{missing[0]}')} does not exist): the run's figures leave "
+              f"{'it' if len(missing) == 1 else 'them'} out", file=sys.stderr)
 
 
 def label_of(path: str) -> tuple[str, str]:
