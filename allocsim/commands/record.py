@@ -42,7 +42,7 @@ def parse_target(args):
     if target and target[0] == "--":
         target = target[1:]
     if args.module is not None:
-        if not args.module:
+        if not args.module or not args.module[0]:      # -m "": no module either
             raise UsageError("-m needs a module name")
         if target:
             raise UsageError("give either a script or -m MODULE, not both")
