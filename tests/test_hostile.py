@@ -824,6 +824,12 @@ HUNT: list[Case] = [
     Case("tune-run-missing-rank-warns", ["tune", "{d}/run.bin", "--max-replays", "2", "--no-fit", "--json"],
          _run_of(0, 2, world=3, name="run.rank{r}.bin"), status=0, stdout_json=True,
          expect="run.bin: no trace of rank 1 of its 3 ({d}/run.rank1.bin does not exist)"),
+    Case("tune-torch-run-beside-a-cupy-trace", ["tune", "{d}/run.bin", "{d}/c.bin"],
+         lambda d: (_run_of(0, 1)(d), trace_with({"framework": "cupy"}, name="c.bin")(d)),
+         expect="run.rank0.bin was recorded under torch, {d}/c.bin under cupy: tune the processes of one framework",
+         stdout_empty=True),
+    Case("record-empty-module-name", ["record", "-m", "", "-o", "{d}/r.bin"], expect="-m needs a module name",
+         outputs=["r.bin", ".bin"], stdout_empty=True),
     Case("record-empty-script-name", ["record", "-o", "{d}/r.bin", "--", ""], expect="no script given",
          outputs=["r.bin"], stdout_empty=True),
 ]
