@@ -795,6 +795,13 @@ def _run_of(*ranks, world=2, name="run.rank{k}.bin"):
                       for k, (r, w) in enumerate(zip(ranks, worlds))]
 
 
+def _run_of_devices(*memories):
+    """A setup writing a run of one rank per device memory in ``memories`` (bytes)."""
+    return lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": len(memories),
+                                  "device": {"name": "test", "total_memory": m}}, name=f"run.rank{r}.bin")(d)
+                      for r, m in enumerate(memories)]
+
+
 _ONE_RANK_TWICE = "run.rank0.bin and {d}/run.rank1.bin are both rank 0 of 1"
 HUNT: list[Case] = [
     Case("tune-run-top-zero", ["tune", "{d}/run.bin", "--top", "0"], _run_of(0, 1),
@@ -830,6 +837,14 @@ HUNT: list[Case] = [
          stdout_empty=True),
     Case("record-empty-module-name", ["record", "-m", "", "-o", "{d}/r.bin"], expect="-m needs a module name",
          outputs=["r.bin", ".bin"], stdout_empty=True),
+    Case("compare-run-later-rank-fails-csv", ["compare", "{d}/run.bin", "--caps", "2GB", "-p", "split", "-j", "1",
+                                              "--csv", "{d}/o.csv"], _run_of_devices(4 << 30, 1 << 30),
+         expect="--caps 1.86 GiB is larger than the recorded device's memory 1.00 GiB", outputs=["o.rank0.csv"],
+         stdout_empty=True),
+    Case("replay-run-later-rank-bad-settings", ["replay", "{d}/run.bin", "-p", "torch"],
+         lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": 2, "allocator_settings":
+                                {"max_split_size": 1 if r else 1 << 30}}, name=f"run.rank{r}.bin")(d) for r in (0, 1)],
+         expect="run.rank1.bin: metadata: allocator_settings: max_split_size 1 bytes", stdout_empty=True),
     Case("record-empty-script-name", ["record", "-o", "{d}/r.bin", "--", ""], expect="no script given",
          outputs=["r.bin"], stdout_empty=True),
 ]

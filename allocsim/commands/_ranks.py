@@ -89,20 +89,31 @@ def each_rank(args, run_one, *, summary=None) -> int:
     status, ranks = 0, []
     labels = [label_of(path) for path in paths]       # every rank's header checked before any report is printed
     check_outputs_apart(args, paths, labels)
-    for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
-        sub = copy.copy(args)
-        sub.trace = path
-        for name in PER_RANK_OUTPUTS:
-            if getattr(sub, name, None):
-                setattr(sub, name, process_name(getattr(sub, name), suffix))
-        if as_json:
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
+    made: list[str] = []            # the per-rank files this command writes anew: removed if a later rank fails
+    report = io.StringIO()          # the ranks' reports, printed once every rank ran (none half-printed)
+    try:
+        with contextlib.redirect_stdout(report):
+            for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
+                sub = copy.copy(args)
+                sub.trace = path
+                for name in PER_RANK_OUTPUTS:
+                    if getattr(sub, name, None):
+                        setattr(sub, name, process_name(getattr(sub, name), suffix))
+                        made += [] if os.path.lexists(getattr(sub, name)) else [getattr(sub, name)]
+                if as_json:
+                    out = io.StringIO()
+                    with contextlib.redirect_stdout(out):
+                        status = max(status, run_one(sub))
+                    ranks.append({"trace": path, "rank": label, "result": json.loads(out.getvalue())})
+                    continue
+                print(("" if k == 0 else "\n") + f"== {label}: {path} ==")
                 status = max(status, run_one(sub))
-            ranks.append({"trace": path, "rank": label, "result": json.loads(out.getvalue())})
-            continue
-        print(("" if k == 0 else "\n") + f"== {label}: {path} ==")
-        status = max(status, run_one(sub))
+    except BaseException:
+        for path in made:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
+    sys.stdout.write(report.getvalue())
     if as_json:
         dump_json({"run": given[0] if isinstance(given, list) and len(given) == 1 else given, "ranks": ranks})
     elif summary is not None:
