@@ -244,7 +244,8 @@ def dask_executor(scheduler: str | None = None, local_workers: int | None = None
     if scheduler:
         try:
             return Client(scheduler)
-        except ValueError as e:         # an address dask cannot read ('garbage': no port)
+        except (ValueError, TypeError, ImportError) as e:
+            # an address dask cannot read ('garbage': no port; ucx:// without UCX: an abstract connector)
             from .errors import UsageError
             raise UsageError(f"--scheduler {scheduler}: {e} (expected e.g. tcp://host:8786)") from None
     # the client owns the cluster, so closing it (a signal included) stops the workers; a stop's own

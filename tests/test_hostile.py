@@ -812,6 +812,8 @@ HUNT: list[Case] = [
          expect="--scheduler garbage: missing port number", stdout_empty=True),
     Case("sweep-scheduler-garbage", ["sweep", "{trace}", "-p", "split", "--scheduler", "garbage", "-o", "{d}/r.csv"],
          expect="--scheduler garbage:", outputs=["r.csv", "r.csv.partial"], stdout_empty=True),
+    Case("tune-scheduler-scheme-without-its-library", ["tune", "{trace}", "--scheduler", "ucx://127.0.0.1:1"],
+         expect="--scheduler ucx://127.0.0.1:1: ", stdout_empty=True),
     Case("compare-run-one-rank-twice-csv", ["compare", "{d}/run.bin", "-p", "split", "-j", "1", "--csv", "{d}/o.csv"],
          _run_of(0, 0, world=1), expect=_ONE_RANK_TWICE, outputs=["o.rank0.csv"], stdout_empty=True),
     Case("replay-run-one-rank-twice-snapshot", ["replay", "{d}/run.bin", "-p", "torch", "--snapshot", "{d}/s.pickle"],
