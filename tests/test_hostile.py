@@ -784,7 +784,74 @@ SETTINGS_18 = [
          expect="the recorded device's memory 1.00 KiB is below the trace's LOAD", stdout_empty=True),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18
+
+# the hunt on runs, tune of several traces, dask and record (tune's own checks skipped on a run; dask's own
+# traceback for an address it cannot read; a rank's output file written twice; an empty script name)
+def _run_of(*ranks, world=2, name="run.rank{k}.bin"):
+    """A setup writing ``run.rank<k>.bin`` for each position k (or ``name`` with ``{r}``), its metadata naming rank
+    ``ranks[k]`` of ``world`` processes (one world size, or one for each)."""
+    worlds = world if isinstance(world, tuple) else (world,) * len(ranks)
+    return lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": w}, name=name.format(k=k, r=r))(d)
+                      for k, (r, w) in enumerate(zip(ranks, worlds))]
+
+
+def _run_of_devices(*memories):
+    """A setup writing a run of one rank per device memory in ``memories`` (bytes)."""
+    return lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": len(memories),
+                                  "device": {"name": "test", "total_memory": m}}, name=f"run.rank{r}.bin")(d)
+                      for r, m in enumerate(memories)]
+
+
+_ONE_RANK_TWICE = "run.rank0.bin and {d}/run.rank1.bin are both rank 0 of 1"
+HUNT: list[Case] = [
+    Case("tune-run-top-zero", ["tune", "{d}/run.bin", "--top", "0"], _run_of(0, 1),
+         expect="--top: expected 1 or more, got 0", stdout_empty=True),
+    Case("tune-two-traces-max-replays-negative", ["tune", "{trace}", "{trace}", "--max-replays", "-1"],
+         expect="--max-replays: expected 0 (no limit) or more, got -1", stdout_empty=True),
+    Case("tune-scheduler-garbage", ["tune", "{trace}", "--scheduler", "garbage"],
+         expect="--scheduler garbage: missing port number", stdout_empty=True),
+    Case("sweep-scheduler-garbage", ["sweep", "{trace}", "-p", "split", "--scheduler", "garbage", "-o", "{d}/r.csv"],
+         expect="--scheduler garbage:", outputs=["r.csv", "r.csv.partial"], stdout_empty=True),
+    Case("tune-scheduler-scheme-without-its-library", ["tune", "{trace}", "--scheduler", "ucx://127.0.0.1:1"],
+         expect="--scheduler ucx://127.0.0.1:1: ", stdout_empty=True),
+    Case("compare-run-one-rank-twice-csv", ["compare", "{d}/run.bin", "-p", "split", "-j", "1", "--csv", "{d}/o.csv"],
+         _run_of(0, 0, world=1), expect=_ONE_RANK_TWICE, outputs=["o.rank0.csv"], stdout_empty=True),
+    Case("replay-run-one-rank-twice-snapshot", ["replay", "{d}/run.bin", "-p", "torch", "--snapshot", "{d}/s.pickle"],
+         _run_of(0, 0, world=1), expect=_ONE_RANK_TWICE, outputs=["s.rank0.pickle"], stdout_empty=True),
+    Case("import-snapshot-pool-id-past-32-bits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["segments"][0].update(segment_pool_id=[2 ** 40, 1])),
+         expect="snap.pickle: segments[0]: segment_pool_id (1099511627776, 1): a pool id's halves must be below",
+         outputs=["o.bin"]),
+    Case("import-snapshot-pool-id-second-half-past-32-bits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: [g.update(segment_pool_id=[3, 2 ** 33]) for g in s["segments"]]),
+         expect="segments[0]: segment_pool_id (3, 8589934592)", outputs=["o.bin"]),
+    Case("info-run-world-sizes-disagree", ["info", "{d}/run.bin"], _run_of(0, 1, world=(2, 4)),
+         expect="run.bin: its traces disagree on the world size: {d}/run.rank0.bin says 2, {d}/run.rank1.bin says 4",
+         stdout_empty=True),
+    Case("meta-rank-not-below-world-size", ["replay", "{d}/bad.bin"], trace_with({"rank": 3, "world_size": 2}),
+         expect="bad.bin: metadata: rank: 3 is not below world_size 2", stdout_empty=True),
+    Case("tune-run-missing-rank-warns", ["tune", "{d}/run.bin", "--max-replays", "2", "--no-fit", "--json"],
+         _run_of(0, 2, world=3, name="run.rank{r}.bin"), status=0, stdout_json=True,
+         expect="run.bin: no trace of rank 1 of its 3 ({d}/run.rank1.bin does not exist)"),
+    Case("tune-torch-run-beside-a-cupy-trace", ["tune", "{d}/run.bin", "{d}/c.bin"],
+         lambda d: (_run_of(0, 1)(d), trace_with({"framework": "cupy"}, name="c.bin")(d)),
+         expect="run.rank0.bin was recorded under torch, {d}/c.bin under cupy: tune the processes of one framework",
+         stdout_empty=True),
+    Case("record-empty-module-name", ["record", "-m", "", "-o", "{d}/r.bin"], expect="-m needs a module name",
+         outputs=["r.bin", ".bin"], stdout_empty=True),
+    Case("compare-run-later-rank-fails-csv", ["compare", "{d}/run.bin", "--caps", "2GB", "-p", "split", "-j", "1",
+                                              "--csv", "{d}/o.csv"], _run_of_devices(4 << 30, 1 << 30),
+         expect="--caps 1.86 GiB is larger than the recorded device's memory 1.00 GiB", outputs=["o.rank0.csv"],
+         stdout_empty=True),
+    Case("replay-run-later-rank-bad-settings", ["replay", "{d}/run.bin", "-p", "torch"],
+         lambda d: [trace_with({"framework": "torch", "rank": r, "world_size": 2, "allocator_settings":
+                                {"max_split_size": 1 if r else 1 << 30}}, name=f"run.rank{r}.bin")(d) for r in (0, 1)],
+         expect="run.rank1.bin: metadata: allocator_settings: max_split_size 1 bytes", stdout_empty=True),
+    Case("record-empty-script-name", ["record", "-o", "{d}/r.bin", "--", ""], expect="no script given",
+         outputs=["r.bin"], stdout_empty=True),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

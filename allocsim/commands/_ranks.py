@@ -13,7 +13,9 @@ import copy
 import io
 import json
 import os
+import sys
 
+from ..errors import InputError
 from ..ranks import process_name, rank_label, run_traces
 from ..report.tables import dump_json
 from ..trace import Trace
@@ -26,7 +28,30 @@ PER_RANK_OUTPUTS = ("csv", "snapshot")
 def traces_of(args) -> list[str]:
     """The traces the command's ``trace`` argument (one name, or a list) names, runs expanded."""
     names = args.trace if isinstance(args.trace, list) else [args.trace]
-    return [p for name in names for p in run_traces(name)]
+    found = [(name, run_traces(name)) for name in names]
+    for name, paths in found:
+        if len(paths) > 1:
+            check_run(name, paths)
+    return [p for _, paths in found for p in paths]
+
+
+def check_run(name: str, paths: list[str]) -> None:
+    """The ranks of one run agree on its world size (one line naming two that do not); a rank below it with no
+    trace is a warning on stderr, as the run's verdict then leaves that process out."""
+    metas = [Trace.load(path, validate=False).meta for path in paths]
+    for path, meta in zip(paths, metas):
+        check_meta(meta, path)
+    sizes = [(m["world_size"], path) for m, path in zip(metas, paths) if isinstance(m.get("world_size"), int)]
+    for size, path in sizes[1:]:
+        if size != sizes[0][0]:
+            raise InputError(f"its traces disagree on the world size: {sizes[0][1]} says {sizes[0][0]}, {path} says "
+                             f"{size}", path=name)
+    ranks = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
+    missing = [r for r in range(sizes[0][0]) if r not in ranks] if sizes else []
+    if missing:
+        print(f"allocsim: warning: {name}: no trace of rank {', '.join(map(str, missing))} of its {sizes[0][0]} "
+              f"({process_name(name, f'rank{missing[0]}')} does not exist): the run's figures leave "
+              f"{'it' if len(missing) == 1 else 'them'} out", file=sys.stderr)
 
 
 def label_of(path: str) -> tuple[str, str]:
@@ -39,6 +64,20 @@ def label_of(path: str) -> tuple[str, str]:
     return rank_label(meta), suffix
 
 
+def check_outputs_apart(args, paths: list[str], labels: list[tuple[str, str]]) -> None:
+    """Two traces of one rank (a file copied under another rank's name) would write one output file: the second
+    would replace the first's, or stop the command half-way. One line naming both, before anything is written."""
+    given = [name for name in PER_RANK_OUTPUTS if getattr(args, name, None)]
+    seen: dict[str, str] = {}
+    for path, (label, suffix) in zip(paths, labels):
+        if given and suffix in seen:
+            from ..errors import UsageError
+            name = process_name(getattr(args, given[0]), suffix)
+            raise UsageError(f"{seen[suffix]} and {path} are both {label}: their --{given[0]} files would be one "
+                             f"({name}); name each rank's trace once")
+        seen[suffix] = path
+
+
 def each_rank(args, run_one, *, summary=None) -> int:
     """``run_one(args)`` on every trace of the run; the worst exit status. ``summary(paths)``, when given, prints a
     table of the run after the ranks (not with --json)."""
@@ -49,20 +88,32 @@ def each_rank(args, run_one, *, summary=None) -> int:
     as_json = getattr(args, "json", False)
     status, ranks = 0, []
     labels = [label_of(path) for path in paths]       # every rank's header checked before any report is printed
-    for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
-        sub = copy.copy(args)
-        sub.trace = path
-        for name in PER_RANK_OUTPUTS:
-            if getattr(sub, name, None):
-                setattr(sub, name, process_name(getattr(sub, name), suffix))
-        if as_json:
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
+    check_outputs_apart(args, paths, labels)
+    made: list[str] = []            # the per-rank files this command writes anew: removed if a later rank fails
+    report = io.StringIO()          # the ranks' reports, printed once every rank ran (none half-printed)
+    try:
+        with contextlib.redirect_stdout(report):
+            for k, (path, (label, suffix)) in enumerate(zip(paths, labels)):
+                sub = copy.copy(args)
+                sub.trace = path
+                for name in PER_RANK_OUTPUTS:
+                    if getattr(sub, name, None):
+                        setattr(sub, name, process_name(getattr(sub, name), suffix))
+                        made += [] if os.path.lexists(getattr(sub, name)) else [getattr(sub, name)]
+                if as_json:
+                    out = io.StringIO()
+                    with contextlib.redirect_stdout(out):
+                        status = max(status, run_one(sub))
+                    ranks.append({"trace": path, "rank": label, "result": json.loads(out.getvalue())})
+                    continue
+                print(("" if k == 0 else "\n") + f"== {label}: {path} ==")
                 status = max(status, run_one(sub))
-            ranks.append({"trace": path, "rank": label, "result": json.loads(out.getvalue())})
-            continue
-        print(("" if k == 0 else "\n") + f"== {label}: {path} ==")
-        status = max(status, run_one(sub))
+    except BaseException:
+        for path in made:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise
+    sys.stdout.write(report.getvalue())
     if as_json:
         dump_json({"run": given[0] if isinstance(given, list) and len(given) == 1 else given, "ranks": ranks})
     elif summary is not None:

@@ -42,13 +42,13 @@ def parse_target(args):
     if target and target[0] == "--":
         target = target[1:]
     if args.module is not None:
-        if not args.module:
+        if not args.module or not args.module[0]:      # -m "": no module either
             raise UsageError("-m needs a module name")
         if target:
             raise UsageError("give either a script or -m MODULE, not both")
         t = Target(module=args.module[0], args=args.module[1:])
         return t, args.module[0].rsplit(".", 1)[-1] + ".bin"
-    if not target:
+    if not target or not target[0]:         # `record -- ""`: an empty name is no script either
         raise UsageError("no script given (allocsim record [options] train.py [args ...])")
     return Target(script=target[0], args=target[1:]), os.path.splitext(os.path.basename(target[0]))[0] + ".bin"
 

@@ -14,6 +14,8 @@ from ..sweep import Settings
 from ..tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..spec import PolicySpec
+from ..trace import Trace
+from ..trace.schema import check_meta
 from ..report.tune import tune_report
 from ..ranks import fit_capacity
 from ..units import fmt_bytes
@@ -61,6 +63,10 @@ def add_arguments(p):
 
 
 def run(args) -> int:
+    from ..errors import UsageError
+    for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):     # a run's too
+        if n < (1 if flag == "--top" else 0):
+            raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     paths = traces_of(args)
     if len(paths) > 1:
         return _tune_run(args, paths)
@@ -101,9 +107,6 @@ def _tune(args, path: str) -> int:
         from ..report.plots import picture_format
         if not picture_format(args.plot):
             raise UsageError(f"--plot {args.plot}: expected a .png, .svg or .pdf path")
-    for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):
-        if n < (1 if flag == "--top" else 0):
-            raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     trace = load_trace(path)
     if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
         from ..errors import InputError
@@ -164,6 +167,15 @@ def _tune_run(args, paths: list[str]) -> int:
         if value is not None:
             raise UsageError(f"{flag}: tune the run's worst rank's trace by itself to draw or export it "
                              f"({shown_name(paths[0])}, ...)")
+    frameworks = {}
+    for path in paths:          # one framework's settings are tuned: another's process would not read them
+        meta = Trace.load(path, validate=False).meta
+        check_meta(meta, path)
+        frameworks.setdefault(meta.get("framework"), path)
+    if len(frameworks) > 1:
+        (one, first), (other, second) = list(frameworks.items())[:2]
+        raise UsageError(f"{first} was recorded under {one or 'no framework'}, {second} under "
+                         f"{other or 'no framework'}: tune the processes of one framework together")
     cap = positive_size(args.cap, "--cap") if args.cap is not None else None
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)

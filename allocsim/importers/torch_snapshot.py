@@ -349,13 +349,17 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
     return out
 
 
-def private_pool_ids(snapshot, device: int = 0) -> dict[int, tuple[int, int]]:
-    """``{base address: MempoolId_t}`` of the snapshot's final segments in a private pool (`private_pool_segments`)."""
+def private_pool_ids(snapshot, device: int = 0, where: _Where | None = None) -> dict[int, tuple[int, int]]:
+    """``{base address: MempoolId_t}`` of the snapshot's final segments in a private pool (`private_pool_segments`).
+    A pool event holds the id in 64 bits (docs/trace-format.md): a half of 2**32 or more is an error (``where``)."""
     out = {}
-    for seg in snapshot.get("segments") or () if isinstance(snapshot, dict) else ():
+    for k, seg in enumerate(snapshot.get("segments") or () if isinstance(snapshot, dict) else ()):
         pool = seg.get("segment_pool_id") if isinstance(seg, dict) else None
         if seg.get("device", device) == device and isinstance(pool, (list, tuple)) and len(pool) == 2 \
                 and all(_is_uint(x) for x in pool) and any(pool) and _is_uint(seg.get("address")):
+            if where is not None and max(pool) >> 32:
+                raise where.error(f"segment_pool_id {tuple(pool)}: a pool id's halves must be below 2**32 (the "
+                                  f"trace holds the id in 64 bits)", f"segments[{k}]")
             out[seg["address"]] = (int(pool[0]), int(pool[1]))
     return out
 
@@ -448,7 +452,7 @@ class SnapshotConversion:
             dev["total_memory"] = int(total_memory)
         settings = snapshot.get("allocator_settings")
         self.private = private_pool_segments(snapshot, device)
-        self.pool_ids = private_pool_ids(snapshot, device)
+        self.pool_ids = private_pool_ids(snapshot, device, where)
         self.meta = {
             "producer": "allocsim import", "framework": "torch", "format": "torch-snapshot",
             "source_file": source, "device": dev,

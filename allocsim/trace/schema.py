@@ -63,9 +63,13 @@ def check_meta(meta: dict, path: str) -> None:
         dev.get("name", lambda v: isinstance(v, str), "expected a string")
         dev.get("index", lambda v: _is_int(v) and v >= 0, "expected a device index (an integer >= 0)")
     m.sub("allocator_settings")          # its fields are checked by the torch policy that reads them
-    for name in ("rank", "local_rank", "world_size"):       # a process of a run (docs/several-processes.md)
-        m.get(name, lambda v: _is_int(v) and v >= (name == "world_size"), "expected an integer >= "
-              + ("1" if name == "world_size" else "0"))
+    ranks = {name: m.get(name, lambda v: _is_int(v) and v >= (name == "world_size"), "expected an integer >= "
+                         + ("1" if name == "world_size" else "0"))
+             for name in ("rank", "world_size")}                # a process of a run (docs/several-processes.md)
+    m.get("local_rank", lambda v: _is_int(v) and v >= 0, "expected an integer >= 0")
+    if None not in ranks.values() and ranks["rank"] >= ranks["world_size"]:
+        raise InputError(f"{ranks['rank']} is not below world_size {ranks['world_size']}", path=path,
+                         position="metadata: rank")
     mem = m.sub("device_memory")
     if mem is not None:
         _check_device_memory(mem)
