@@ -107,15 +107,19 @@ class _Chunk:
 _CHUNK_COLUMNS = ("kind", "ids", "sizes", "streams", "times")
 
 
-def driving(trace: Trace, zero_counts: list | None = None):
+def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = None):
     """Yield ``(start, records, local)`` per chunk of records: ``local`` are the positions of the
     events the walk drives (ALLOC, FREE, `PRESSURE`), 0-byte ALLOCs and their FREEs left out.
 
     The ids of live 0-byte objects are the only state carried between chunks; ``zero_counts``
-    collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted.
+    collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted. ``skip``, a
+    one-item list a caller may set as it goes: the chunks that end by the trace index it holds are
+    passed over unread while no 0-byte object is live (a fold, which vouches that they make none).
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
     for start, rec in trace.chunks():
+        if skip is not None and start + len(rec) <= skip[0] and not len(zero_live):
+            continue
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
@@ -268,6 +272,7 @@ class Replay:
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
         self._zero_counts: list = []
+        self._skip = [0]                # chunks ending by this trace index are passed unread (`_move_to`)
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
@@ -336,23 +341,29 @@ class Replay:
             if target < len(c.at) and self._pos >= target:
                 return
 
-    def _move_to(self, at: int) -> int:
+    def _move_to(self, at: int, passed: int | None = None) -> int:
         """Move the walk to trace index ``at`` as if every driving event before it was walked (a fold; the
-        folder has set the state); return how many driving events that passed."""
+        folder has set the state); return how many driving events that passed. Given ``passed`` (how many
+        lie between), the folder vouches that no 0-byte ALLOC lies between: the chunks wholly before ``at``
+        are passed unread."""
         w = self._w
         start = w.done
         c = self._chunk
+        if passed is not None:
+            self._skip[0] = at
         while int(c.at[-1]) < at:
             self._j0 += len(c.at)
             c = self._chunk = next(self._chunks, None)
             if c is None:
                 self._chunks = None
                 self._pos = 0
-                w.done = self._j0
+                w.done = self._j0 = self._j0 if passed is None else start + passed
                 return w.done - start
             if self.policy.renumber is not None:
                 self._renumber()
         self._pos = int(np.searchsorted(c.at, at))
+        if passed is not None:      # the chunks passed unread: the count is the folder's
+            self._j0 = start + passed - self._pos
         w.done = self._j0 + self._pos
         return w.done - start
 
@@ -373,7 +384,7 @@ class Replay:
     def _driving_chunks(self):
         """A `_Chunk` (Python lists, made when first read) per chunk of records that holds driving events."""
         times = self.policy.tick is not None
-        for start, rec, local in driving(self.trace, self._zero_counts):
+        for start, rec, local in driving(self.trace, self._zero_counts, self._skip):
             flags = rec["flags"][local]
             if not flags.any():         # most traces flag nothing: no caught requests, no held frees
                 yield _Chunk(local + start, rec, local, times)
