@@ -267,7 +267,7 @@ class Events:
         parts, end = [], len(records)
         got = 0
         while got < n and lo < end:
-            rec = records[lo:min(end, lo + READ)]
+            rec = records[lo:min(end, lo + _reading(n - got))]
             keep = np.flatnonzero(_folded(rec["kind"]))[:n - got]
             parts.append([keep + lo] + [rec[name][keep] for name in self.COLUMNS])
             got += len(keep)
@@ -604,48 +604,50 @@ def steps_of(trace) -> "Steps":
     return got
 
 
-#: For each record kind: whether it is one of `FOLD_KINDS`, and whether it is a `POOL` event (a lookup is one
-#: pass over the kinds, where comparisons with each kind are several).
-_FOLD_KIND = np.zeros(256, bool)
-_FOLD_KIND[FOLD_KINDS] = True
-_POOL_KIND = np.zeros(256, bool)
-_POOL_KIND[list(POOL)] = True
-
-
 def _folded(kind: np.ndarray) -> np.ndarray:
-    """Which records of these kinds are `FOLD_KINDS`."""
-    return _FOLD_KIND[kind]
+    """Which records of these kinds are `FOLD_KINDS` (a comparison per kind: faster than a lookup table)."""
+    out = kind == FOLD_KINDS[0]
+    for k in FOLD_KINDS[1:]:
+        out |= kind == k
+    return out
 
 
 class Steps:
-    """A trace's steps, as the folder reads them: the MARK indices; whether the trace holds what a window's
-    comparison does not see (`unseen`) or 0-byte ALLOCs (`zero_allocs`: the walk's chunks track them) -- these
-    three in one pass over the kinds; and, read only as the walk reaches them (a folded run never reads the
-    steps it skips), the steps' signatures and which steps can take part in a fold that pays (`useful`)."""
+    """A trace's steps, as the folder reads them: the MARK indices, each step's ALLOCs and those before it,
+    whether the trace holds what a window's comparison does not see (`unseen`) -- these in
+    one pass over the kinds -- and, read only where the walk asks (a folded run never reads the steps it
+    skips), the steps' signatures and which steps can take part in a fold that pays (`useful`)."""
 
     def __init__(self, trace):
         self.records = trace.records
-        marks, unseen, zero = [], False, False
+        marks, allocs, unseen = [], [], False
         for start, rec in trace.chunks():
-            kind = rec["kind"]
-            marks.append(np.flatnonzero(kind == MARK) + start)
+            kind = rec["kind"].copy()              # read once: the passes below go over a compact copy
+            at = np.flatnonzero(kind == MARK)
+            marks.append(at + start)
+            cuts = np.concatenate(([0], at))        # a MARK is no ALLOC: an empty piece's sum is 0
+            allocs.append(np.add.reduceat(kind == ALLOC, cuts, dtype=np.int64))
             if not unseen:
                 flags = rec["flags"]
-                unseen = bool(_POOL_KIND[kind].any() or (flags.any() and (
+                unseen = bool(((kind >= POOL[0]) & (kind <= POOL[-1])).any() or (flags.any() and (
                     (kind == FREE) & (flags & IN_REQUEST != 0)).any()))
-            if not zero:
-                zero = bool(((rec["size"] == 0) & (kind == ALLOC)).any())
         self.marks = np.concatenate(marks) if marks else np.zeros(0, np.int64)
+        n = len(self.marks)
+        # pieces between MARKs, chunk after chunk: each chunk's first piece continues the step before it
+        ends = np.cumsum([len(m) for m in marks]) if marks else np.zeros(0, np.int64)
+        a = np.zeros(n + 1, np.int64)
+        for end, pa in zip(ends, allocs):
+            a[end + 1 - len(pa):end + 1] += pa   # from the step of the chunk's first piece (plus one)
+        #: ALLOCs before each step's MARK; each step's ALLOCs
+        self.allocs = np.cumsum(a)[:n]
+        self.counts = a[1:, None]
         #: FREEs made inside a request (flag ``IN_REQUEST``: the runtime holds them for that request) or
         #: private-pool events (`POOL`: the pools' state is not in `Policy.fold_state`)
         self.unseen = unseen
-        self.zero_allocs = zero
-        n = len(self.marks)
         self.sig = np.zeros((n, 2), np.uint64)
         self.known = np.zeros(n, bool)          # which steps' signatures are read
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
-        self._allocs = {0: 0}                   # trace index -> ALLOCs before it, where known
 
     def __len__(self) -> int:
         return len(self.marks)
@@ -663,17 +665,6 @@ class Steps:
                 self._table = repeating_steps(self.sig)
         return self.sig[a:b]
 
-    def _allocs_before(self, at: int) -> int:
-        """How many ALLOCs lie before trace index ``at`` (counted on from the nearest index known before it)."""
-        got = self._allocs.get(at)
-        if got is None:
-            lo = max(i for i in self._allocs if i <= at)
-            got = self._allocs[lo]
-            for s in range(lo, at, READ):
-                got += int(np.count_nonzero(np.asarray(self.records[s:min(at, s + READ)])["kind"] == ALLOC))
-            self._allocs[at] = got
-        return got
-
     def _signatures(self, a: int, b: int) -> None:
         """Read the signatures of steps ``a`` to ``b`` (one run of records): a hash of each step's events'
         kinds, sizes, streams, places in the step and, for a FREE, how many ALLOCs lie between its object's and
@@ -682,40 +673,41 @@ class Steps:
         tries the exact comparison only where the steps after it repeat those after the earlier one."""
         marks, n = self.marks, len(self.marks)
         lo, hi = int(marks[a]), int(marks[b]) if b < n else len(self.records)
-        allocs = self._allocs_before(lo)
-        step, seen = a - 1, 0               # the step before the next MARK; fold events read
-        first = np.zeros(b - a, np.int64)   # each step's first fold event (of those read here)
+        allocs = int(self.allocs[a])
+        step, in_step = a - 1, 0            # the step of the records before the next MARK; its fold events read
         sig = self.sig
+        C = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                                    0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9, 29)]
         for s in range(lo, hi, READ):
             rec = np.asarray(self.records[s:min(hi, s + READ)])
-            kind = rec["kind"]
-            keep = np.flatnonzero(_FOLD_KIND[kind])
-            is_alloc = kind == ALLOC
-            ca, cm = np.cumsum(is_alloc), np.cumsum(kind == MARK)
-            k = kind[keep]
-            before = allocs + ca[keep] - (k == ALLOC)
-            steps = step + cm[keep]
-            allocs += int(ca[-1])
-            step += int(cm[-1])
-            pos = np.arange(seen, seen + len(keep))
-            seen += len(keep)
-            if not len(keep):
+            kind = rec["kind"].copy()                   # read once: the passes below go over a compact copy
+            keep = np.flatnonzero(_folded(kind))
+            cut = np.searchsorted(keep, np.flatnonzero(kind == MARK))    # the fold events before each MARK
+            m = len(keep)
+            if not m:
+                step, in_step = step + len(cut), in_step if not len(cut) else 0
                 continue
-            dist = np.where(k == FREE, before - rec["id"][keep].astype(np.int64), 0).astype(np.uint64)
-            size, stream = rec["size"][keep].astype(np.uint64), rec["stream"][keep].astype(np.uint64)
-            new = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
-            starts = steps[new]
-            fresh = sig[starts, 1] == 0
-            first[starts[fresh] - a] = pos[new[fresh]]
+            marked = np.cumsum(np.bincount(cut, minlength=m + 1)[:m])    # the MARKs before each fold event
+            k = kind[keep]
+            is_alloc = k == ALLOC
+            before = np.cumsum(is_alloc) - is_alloc + allocs            # the ALLOCs before each
+            allocs = int(before[-1]) + bool(is_alloc[-1])
+            place = np.arange(m) - np.concatenate(([-in_step], cut))[marked]     # its place in its step
+            dist = np.where(k == FREE, before - rec["id"][keep], 0).astype(np.uint64)
             with np.errstate(over="ignore"):
-                v = (k.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ size * np.uint64(0xC2B2AE3D27D4EB4F)
-                     ^ stream * np.uint64(0x165667B19E3779F9) ^ dist * np.uint64(0xD6E8FEB86659FD93)
-                     ^ (pos - first[steps - a]).astype(np.uint64) * np.uint64(0x100000001B3))   # its place in the step
-                v ^= v >> np.uint64(29)
-                v *= np.uint64(0xBF58476D1CE4E5B9)
-                sig[starts, 0] += np.add.reduceat(v, new)
-            sig[starts, 1] += np.diff(np.append(new, len(steps))).astype(np.uint64)
-        self._allocs[hi] = allocs
+                v = k.astype(np.uint64) * C[0]
+                v ^= rec["size"][keep] * C[1]
+                v ^= rec["stream"][keep].astype(np.uint64) * C[2]
+                v ^= dist * C[3]
+                v ^= place.astype(np.uint64) * C[4]
+                v ^= v >> C[6]
+                v *= C[5]
+            firsts = np.unique(np.concatenate(([0], cut[cut < m])))    # where each step's events start here
+            steps = step + marked[firsts]
+            with np.errstate(over="ignore"):
+                sig[steps, 0] += np.add.reduceat(v, firsts)
+            sig[steps, 1] += np.diff(np.append(firsts, m)).astype(np.uint64)
+            step, in_step = step + len(cut), (in_step + m if not len(cut) else m - int(cut[-1]))
         self.known[a:b] = True
 
     # -- which steps can take part in a fold ------------------------------------------------------------
@@ -728,11 +720,14 @@ class Steps:
         n, pmax = len(self.marks), self.pmax
         if not pmax:
             return False
+        counts = self.counts                # steps of other ALLOC counts have other signatures: not read
         lo = max(0, m - pmax)
-        sig = self.read(lo, m + pmax + 1)
-        mine = sig[m - lo]
-        ahead = 1 + np.flatnonzero((sig[m - lo + 1:] == mine).all(axis=1))        # m starts a run with period p
-        behind = m - lo - np.flatnonzero((sig[:m - lo] == mine).all(axis=1))       # m - p starts one
+        ahead = 1 + np.flatnonzero((counts[m + 1:m + pmax + 1] == counts[m]).all(axis=1))  # m starts a run, period p
+        behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
+        if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once and keep the equal
+            sig = self.read(lo, m + pmax + 1)
+            ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
+            behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
         for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
             if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
                 return True
@@ -807,12 +802,17 @@ def _count_between(records, lo: int, hi: int) -> int:
     return n
 
 
+def _reading(n: int) -> int:
+    """Records to read for ``n`` more `FOLD_KINDS` events: twice as many (most records are), up to `READ`."""
+    return min(READ, max(4096, 2 * n))
+
+
 def _events_before(records, end: int, n: int) -> Events:
     """The last ``n`` `FOLD_KINDS` records before trace index ``end``."""
     lo = end
     got = 0
     while lo > 0 and got < n:
-        step = min(lo, READ)
+        step = min(lo, _reading(n - got))
         rec = records[lo - step:lo]
         got += int(np.count_nonzero(_folded(rec["kind"])))
         lo -= step
