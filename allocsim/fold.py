@@ -210,13 +210,62 @@ class Recorder:
                        np.array(self.lat, np.int64).reshape(-1, 2), adds)
 
 
-def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
+def _accumulate(start: float, incs: np.ndarray, times: int = 1, out: np.ndarray | None = None) -> np.ndarray:
     """``start`` and every running total after each increment of ``incs`` (repeated ``times`` times), added one
-    by one as the walk adds them."""
-    out = np.empty(len(incs) * times + 1)
+    by one as the walk adds them, bit for bit; in ``out`` if given (a buffer used again: fresh pages cost more
+    than the sums). Whole windows within a binade are made in units of the last place (`_in_ulps`)."""
+    L = len(incs)
+    out = np.empty(L * times + 1) if out is None else out[:L * times + 1]
     out[0] = start
-    out[1:].reshape(times, len(incs))[:] = incs
-    return np.add.accumulate(out, out=out)
+    done = _in_ulps(out, incs, times) if L else times
+    if done < times:                    # the rest one addition after another
+        rest = out[done * L:]
+        rest[1:].reshape(times - done, L)[:] = incs
+        np.add.accumulate(rest, out=rest)
+    return out
+
+
+def _in_ulps(out: np.ndarray, incs: np.ndarray, times: int) -> int:
+    """Fill ``out`` (``out[0]``, the start, given) with the running totals of ``times`` windows of ``incs`` as far
+    as they can be made without the chain of additions; return how many windows that made.
+
+    While a total ``s`` stays in one binade ``[2**e, 2**(e + 1))`` it is ``S`` units ``u = 2**(e - 52)``, ``S``
+    a 53-bit integer, and rounding ``s + inc`` to nearest adds ``round(inc / u)`` units whatever ``S`` is
+    (``inc / u`` is exact, a power-of-two scaling), unless ``inc / u`` ends in exactly one half (a tie rounds
+    to even ``S``: left to the additions). So window ``w``'s totals are ``S0 + w * D + P`` units, ``P`` the
+    running sum of one window's units and ``D`` its last, all integers below ``2**53`` (exact as floats). The
+    window that reaches the next binade is added one increment at a time; a few binades at most."""
+    L, done = len(incs), 0
+    if not (np.isfinite(incs).all() and (incs >= 0).all()):
+        return 0
+    for _ in range(8):                  # binades
+        s = float(out[done * L])
+        if not s >= np.finfo(np.float64).tiny or s == np.inf:
+            return done
+        u = np.ldexp(1.0, int(np.frexp(s)[1]) - 53)
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = incs / u                # exact (or past 2**53: left to the additions)
+            whole = np.floor(r)
+            frac = r - whole
+        if (frac == 0.5).any() or (r >= 2.0 ** 53).any():
+            return done
+        P = np.cumsum(whole + (frac > 0.5))
+        S0, last = int(s / u), int(P[-1])
+        room = (1 << 53) - 1 - S0 - last     # the windows from here whose totals all stay below 2**53 units
+        fit = 0 if room < 0 else times - done if last == 0 else min(times - done, room // last + 1)
+        if fit:                         # (S0 + w * D) * u + P * u: exact parts of a representable sum
+            block = out[1 + done * L:1 + (done + fit) * L].reshape(fit, L)
+            np.add(((S0 + np.arange(fit) * float(last)) * u)[:, None], P * u, out=block)
+            done += fit
+        if done == times:
+            return done
+        window = out[done * L:(done + 1) * L + 1]       # into the next binade: this window by additions
+        window[1:] = incs
+        np.add.accumulate(window, out=window)
+        done += 1
+        if done == times:
+            return done
+    return done
 
 
 class Program:
@@ -229,17 +278,25 @@ class Program:
     def repeat(self, k: int, device, runtime, sections, latency) -> None:
         """Add ``k`` windows to the totals, in groups that bound the memory."""
         n = max(1, len(self.incs["clock"]))
+        g = min(k, max(1, GROUP // n))
+        buffer = np.empty(g * len(self.incs["clock"]) + 1)
         while k > 0:
-            g = min(k, max(1, GROUP // n))
-            self._repeat(g, device, runtime, sections, latency)
+            g = min(k, g)
+            self._repeat(g, device, runtime, sections, latency, buffer)
             k -= g
 
-    def _repeat(self, g: int, device, runtime, sections, latency) -> None:
-        clock = _accumulate(device.clock, self.incs["clock"], g)
+    def _repeat(self, g: int, device, runtime, sections, latency, buffer: np.ndarray) -> None:
+        clock = _accumulate(device.clock, self.incs["clock"], g, buffer)
         L = len(self.incs["clock"])
         windows = np.lib.stride_tricks.as_strided(clock, (g, L + 1), (L * clock.itemsize, clock.itemsize))
         if len(self.lat):               # window by window, each window's latencies in order
-            latency.extend((windows[:, self.lat[:, 1]] - windows[:, self.lat[:, 0]]).ravel())
+            lat = windows[:, self.lat[:, 1]] - windows[:, self.lat[:, 0]]
+            w = 0
+            while w < g:                # windows in one binade have the same latencies: coded once per run
+                same = (lat[w:] == lat[w]).all(axis=1)
+                run = len(same) if same.all() else int(np.argmin(same))
+                latency.extend_repeated(lat[w], run)
+                w += run
         by_key: dict = {}
         for key, spec, calls in self.adds:
             by_key.setdefault(key, []).append((spec, calls))
@@ -784,8 +841,9 @@ def repeating_records(words: np.ndarray, end: int, R: int, D: int, stop: int) ->
     x = end
     while x < stop:
         y = min(stop, x + reps * R)
-        same = words[x:y, 0] - words[x - R:y - R, 0] == tiled[:y - x]
-        same &= words[x:y, 2] == words[x - R:y - R, 2]
+        head, size = words[x - R:y, 0].copy(), words[x - R:y, 2].copy()     # each read once, then compact
+        same = head[R:] - head[:-R] == tiled[:y - x]
+        same &= size[R:] == size[:-R]
         if not same.all():
             return x + int(np.argmin(same))
         x = y

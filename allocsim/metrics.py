@@ -156,6 +156,15 @@ class LatencyLog:
             idx = np.searchsorted(self._sorted, lat)
         self._chunks.append(self._sorted_code[idx].astype(np.uint8 if len(self.values) <= 256 else np.uint16))
 
+    def extend_repeated(self, lat, times: int) -> None:
+        """Append the sequence ``lat`` ``times`` times over (the windows a fold repeats), coded once."""
+        if times <= 0 or not len(lat):
+            return
+        self.extend(lat)
+        if times > 1:
+            self._chunks[-1] = np.tile(self._chunks[-1], times)
+            self.count += len(lat) * (times - 1)
+
     def _range(self, lo: int, n: int) -> np.ndarray:
         """Codes (or raw latencies) ``lo`` to ``lo + n`` of the sequence, gathered from the chunks."""
         if self._offsets is None:
