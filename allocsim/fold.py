@@ -15,10 +15,12 @@ it went from ``i``. The engine then walks one window of ``P`` events from ``j`` 
 adds to the result (`Recorder`): every increment of the modeled clock and of the device's and runtime's
 time totals, each malloc's latency and each section's time as a pair of positions on the clock's tape,
 and the integer counters' growth. It checks that the state at the window's end equals the state at its
-start, finds how many more windows repeat in the trace, and adds them without walking: the clock is
-``numpy.add.accumulate`` over the tape repeated (sequential float additions, the very additions the walk
-makes, so every float is the full walk's bit for bit), latencies and section times are differences on it,
-counts are multiplied; the live ids are renamed to those the full walk would hold. Then the walk goes on.
+start, finds how many more windows repeat in the trace (record for record where the records repeat with the
+period, `repeating_records`; else event by event, `windows_repeat`), and adds them without walking: the clock
+is the tape repeated, summed as the walk sums it (the very float additions, made in units of the last place
+within a binade, `_in_ulps`, so every float is the full walk's bit for bit), latencies and section times are
+differences on it, counts are multiplied; the live ids are renamed to those the full walk would hold. Then the
+walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
