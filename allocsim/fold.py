@@ -18,7 +18,7 @@ and the integer counters' growth. It checks that the state at the window's end e
 start, finds how many more windows repeat in the trace (record for record where the records repeat with the
 period, `repeating_records`; else event by event, `windows_repeat`), and adds them without walking: the clock
 is the tape repeated, summed as the walk sums it (the very float additions, made in units of the last place
-within a binade, `_in_ulps`, so every float is the full walk's bit for bit), latencies and section times are
+within a binade, `_runs`, so every float is the full walk's bit for bit), latencies and section times are
 differences on it, counts are multiplied; the live ids are renamed to those the full walk would hold. Then the
 walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 
@@ -46,6 +46,8 @@ from .trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, 
 FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
 #: Records read at a time when comparing windows, and the most events one comparison batch holds.
 READ = 1 << 16
+#: Records a signature is read from at a time (its dozen temporaries then stay in the cache).
+SIG_READ = 1 << 14
 BATCH = 1 << 18
 #: The device's and the runtime's integer totals a period adds to (the walk's are `Folder._counts`').
 DEVICE_COUNTS = ("n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed")
@@ -212,62 +214,86 @@ class Recorder:
                        np.array(self.lat, np.int64).reshape(-1, 2), adds)
 
 
-def _accumulate(start: float, incs: np.ndarray, times: int = 1, out: np.ndarray | None = None) -> np.ndarray:
+def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
     """``start`` and every running total after each increment of ``incs`` (repeated ``times`` times), added one
-    by one as the walk adds them, bit for bit; in ``out`` if given (a buffer used again: fresh pages cost more
-    than the sums). Whole windows within a binade are made in units of the last place (`_in_ulps`)."""
+    by one as the walk adds them, bit for bit (`_runs`)."""
     L = len(incs)
-    out = np.empty(L * times + 1) if out is None else out[:L * times + 1]
-    out[0] = start
-    done = _in_ulps(out, incs, times) if L else times
-    if done < times:                    # the rest one addition after another
-        rest = out[done * L:]
-        rest[1:].reshape(times - done, L)[:] = incs
-        np.add.accumulate(rest, out=rest)
+    out = np.empty(L * times + 1)
+    out[0], at = start, 0
+    for n, base, offsets in _runs(start, incs, times):
+        if base is None:
+            out[at * L:(at + n) * L + 1] = offsets
+        else:
+            np.add(base[:, None], offsets[1:], out=out[1 + at * L:1 + (at + n) * L].reshape(n, L))
+        at += n
     return out
 
 
-def _in_ulps(out: np.ndarray, incs: np.ndarray, times: int) -> int:
-    """Fill ``out`` (``out[0]``, the start, given) with the running totals of ``times`` windows of ``incs`` as far
-    as they can be made without the chain of additions; return how many windows that made.
+def _total(start: float, incs: np.ndarray, times: int = 1) -> float:
+    """The last of `_accumulate`'s totals, without making the others where it need not."""
+    total = float(start)
+    for _, base, offsets in _runs(start, incs, times):
+        total = float(offsets[-1] if base is None else base[-1] + offsets[-1])
+    return total
+
+
+def _runs(start: float, incs: np.ndarray, times: int):
+    """The running totals of ``start`` plus ``times`` windows of increments ``incs``, as the walk's additions
+    make them, bit for bit, in runs of windows: ``(n, base, offsets)``, ``n`` windows whose totals are
+    ``base[w] + offsets`` (window ``w``'s start and its ``L`` totals after it; the two are exact parts of a
+    representable sum), or, with ``base`` None, ``offsets`` the ``n * L + 1`` totals themselves, added one by one
+    (at most `GROUP` at a time).
 
     While a total ``s`` stays in one binade ``[2**e, 2**(e + 1))`` it is ``S`` units ``u = 2**(e - 52)``, ``S``
     a 53-bit integer, and rounding ``s + inc`` to nearest adds ``round(inc / u)`` units whatever ``S`` is
     (``inc / u`` is exact, a power-of-two scaling), unless ``inc / u`` ends in exactly one half (a tie rounds
     to even ``S``: left to the additions). So window ``w``'s totals are ``S0 + w * D + P`` units, ``P`` the
-    running sum of one window's units and ``D`` its last, all integers below ``2**53`` (exact as floats). The
-    window that reaches the next binade is added one increment at a time; a few binades at most."""
-    L, done = len(incs), 0
-    if not (np.isfinite(incs).all() and (incs >= 0).all()):
-        return 0
-    for _ in range(8):                  # binades
-        s = float(out[done * L])
+    running sum of one window's units and ``D`` its last, all integers below ``2**53`` (exact as floats): every
+    window of a run has the same differences of totals. The window that reaches the next binade is added
+    one increment at a time; a few binades at most."""
+    L, done, s = len(incs), 0, float(start)
+    exact = bool(L) and bool(np.isfinite(incs).all() and (incs >= 0).all())
+    for _ in range(8 if exact else 0):  # binades
         if not s >= np.finfo(np.float64).tiny or s == np.inf:
-            return done
+            break
         u = np.ldexp(1.0, int(np.frexp(s)[1]) - 53)
         with np.errstate(over="ignore", invalid="ignore"):
             r = incs / u                # exact (or past 2**53: left to the additions)
             whole = np.floor(r)
             frac = r - whole
         if (frac == 0.5).any() or (r >= 2.0 ** 53).any():
-            return done
-        P = np.cumsum(whole + (frac > 0.5))
+            break
+        P = np.concatenate(([0.0], np.cumsum(whole + (frac > 0.5))))
         S0, last = int(s / u), int(P[-1])
         room = (1 << 53) - 1 - S0 - last     # the windows from here whose totals all stay below 2**53 units
         fit = 0 if room < 0 else times - done if last == 0 else min(times - done, room // last + 1)
-        if fit:                         # (S0 + w * D) * u + P * u: exact parts of a representable sum
-            block = out[1 + done * L:1 + (done + fit) * L].reshape(fit, L)
-            np.add(((S0 + np.arange(fit) * float(last)) * u)[:, None], P * u, out=block)
+        if fit:
+            yield fit, (S0 + np.arange(fit) * float(last)) * u, P * u
             done += fit
+            s = float(S0 + fit * last) * u
         if done == times:
-            return done
-        window = out[done * L:(done + 1) * L + 1]       # into the next binade: this window by additions
-        window[1:] = incs
-        np.add.accumulate(window, out=window)
+            return
+        window = _added(s, incs, 1)     # into the next binade: this window by additions
+        yield 1, None, window
         done += 1
+        s = float(window[-1])
         if done == times:
-            return done
-    return done
+            return
+    group = max(1, GROUP // max(1, L))
+    while done < times:
+        n = min(group, times - done)
+        window = _added(s, incs, n)
+        yield n, None, window
+        done += n
+        s = float(window[-1])
+
+
+def _added(start: float, incs: np.ndarray, times: int) -> np.ndarray:
+    """`_accumulate` by the additions themselves."""
+    out = np.empty(len(incs) * times + 1)
+    out[0] = start
+    out[1:].reshape(times, len(incs))[:] = incs
+    return np.add.accumulate(out, out=out)
 
 
 class Program:
@@ -275,44 +301,47 @@ class Program:
     section times as positions on the clock's tape (or constants)."""
 
     def __init__(self, incs: dict, lat: np.ndarray, adds: list):
-        self.incs, self.lat, self.adds = incs, lat, adds
+        self.incs, self.lat = incs, lat
+        self.by_key: dict = {}          # section -> [(seconds spec, calls)] in the order they were added
+        for key, spec, calls in adds:
+            self.by_key.setdefault(key, []).append((spec, calls))
 
     def repeat(self, k: int, device, runtime, sections, latency) -> None:
-        """Add ``k`` windows to the totals, in groups that bound the memory."""
-        n = max(1, len(self.incs["clock"]))
-        g = min(k, max(1, GROUP // n))
-        buffer = np.empty(g * len(self.incs["clock"]) + 1)
-        while k > 0:
-            g = min(k, g)
-            self._repeat(g, device, runtime, sections, latency, buffer)
-            k -= g
-
-    def _repeat(self, g: int, device, runtime, sections, latency, buffer: np.ndarray) -> None:
-        clock = _accumulate(device.clock, self.incs["clock"], g, buffer)
-        L = len(self.incs["clock"])
-        windows = np.lib.stride_tricks.as_strided(clock, (g, L + 1), (L * clock.itemsize, clock.itemsize))
-        if len(self.lat):               # window by window, each window's latencies in order
-            lat = windows[:, self.lat[:, 1]] - windows[:, self.lat[:, 0]]
-            w = 0
-            while w < g:                # windows in one binade have the same latencies: coded once per run
-                same = (lat[w:] == lat[w]).all(axis=1)
-                run = len(same) if same.all() else int(np.argmin(same))
-                latency.extend_repeated(lat[w], run)
-                w += run
-        by_key: dict = {}
-        for key, spec, calls in self.adds:
-            by_key.setdefault(key, []).append((spec, calls))
-        for key, specs in by_key.items():
-            cols = [np.full(g, spec) if isinstance(spec, float) else windows[:, spec[1]] - windows[:, spec[0]]
-                    for spec, _ in specs]
-            values = np.stack(cols, axis=1).ravel()       # window by window, in the order they were added
-            stat = sections.stats[key]
-            stat[1] = float(_accumulate(stat[1], values)[-1])
-            stat[0] += g * sum(calls for _, calls in specs)
-        device.clock = float(clock[-1])
+        """Add ``k`` windows to the totals: run by run of `_runs` (one binade's windows take the same
+        latencies and section times, coded once)."""
+        incs = self.incs["clock"]
+        L = len(incs)
+        for n, base, offsets in _runs(device.clock, incs, k):
+            if base is None:            # each window's own totals
+                clock = np.lib.stride_tricks.as_strided(offsets, (n, L + 1), (L * offsets.itemsize, offsets.itemsize))
+                device.clock = float(offsets[-1])
+            else:                       # every window's differences are the offsets'
+                clock = offsets[None, :]
+                device.clock = float(base[-1] + offsets[-1])
+            self._add(clock, n, sections, latency)
         for obj, name in ((device, "malloc_time"), (device, "free_time"), (runtime, "gc_time")):
             if len(self.incs[name]):
-                setattr(obj, name, float(_accumulate(getattr(obj, name), self.incs[name], g)[-1]))
+                setattr(obj, name, _total(getattr(obj, name), self.incs[name], k))
+
+    def _add(self, clock: np.ndarray, n: int, sections, latency) -> None:
+        """The latencies and section times of ``n`` windows whose clock totals are the rows of ``clock`` (one
+        row: the same for all)."""
+        times = n // len(clock)         # how many times over each row counts
+        if len(self.lat):               # window by window, each window's latencies in order
+            lat = clock[:, self.lat[:, 1]] - clock[:, self.lat[:, 0]]
+            w = 0
+            while w < len(lat):         # windows in one binade have the same latencies: coded once per run
+                same = (lat[w:] == lat[w]).all(axis=1)
+                run = len(same) if same.all() else int(np.argmin(same))
+                latency.extend_repeated(lat[w], run * times)
+                w += run
+        for key, specs in self.by_key.items():
+            cols = [np.full(len(clock), spec) if isinstance(spec, float) else clock[:, spec[1]] - clock[:, spec[0]]
+                    for spec, _ in specs]
+            values = np.stack(cols, axis=1)         # window by window, in the order they were added
+            stat = sections.stats[key]
+            stat[1] = _total(stat[1], values.ravel()) if times == 1 else _total(stat[1], values[0], times)
+            stat[0] += n * sum(calls for _, calls in specs)
 
 
 # ---- the trace side: the events a window compares -----------------------------------------------------
@@ -736,9 +765,10 @@ class Steps:
         step, in_step = a - 1, 0            # the step of the records before the next MARK; its fold events read
         sig = self.sig
         C = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                                    0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9, 29)]
-        for s in range(lo, hi, READ):
-            rec = np.asarray(self.records[s:min(hi, s + READ)])
+                                    0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9, 29, 32, 16, 0xFFFF)]
+        words = _words(self.records)
+        for s in range(lo, hi, SIG_READ):
+            rec = np.asarray(self.records[s:min(hi, s + SIG_READ)])
             kind = rec["kind"].copy()                   # read once: the passes below go over a compact copy
             keep = np.flatnonzero(_folded(kind))
             cut = np.searchsorted(keep, np.flatnonzero(kind == MARK))    # the fold events before each MARK
@@ -746,18 +776,21 @@ class Steps:
             if not m:
                 step, in_step = step + len(cut), in_step if not len(cut) else 0
                 continue
-            marked = np.cumsum(np.bincount(cut, minlength=m + 1)[:m])    # the MARKs before each fold event
-            k = kind[keep]
+            pieces = np.diff(np.concatenate(([0], cut, [m])))
+            marked = np.repeat(np.arange(len(pieces)), pieces)              # the MARKs before each fold event
+            head = words[s:s + len(rec), 0][keep] if words is not None else None    # kind, stream, id at once
+            k = kind[keep].astype(np.uint64)
             is_alloc = k == ALLOC
             before = np.cumsum(is_alloc) - is_alloc + allocs            # the ALLOCs before each
             allocs = int(before[-1]) + bool(is_alloc[-1])
-            place = np.arange(m) - np.concatenate(([-in_step], cut))[marked]     # its place in its step
-            dist = np.where(k == FREE, before - rec["id"][keep], 0).astype(np.uint64)
+            place = np.arange(m) - np.repeat(np.concatenate(([-in_step], cut)), pieces)   # its place in its step
+            ids = head >> C[7] if head is not None else rec["id"][keep].astype(np.uint64)
+            stream = (head >> C[8]) & C[9] if head is not None else rec["stream"][keep].astype(np.uint64)
             with np.errstate(over="ignore"):
-                v = k.astype(np.uint64) * C[0]
+                v = k * C[0]
                 v ^= rec["size"][keep] * C[1]
-                v ^= rec["stream"][keep].astype(np.uint64) * C[2]
-                v ^= dist * C[3]
+                v ^= stream * C[2]
+                v ^= (before.astype(np.uint64) - ids) * (k == FREE) * C[3]   # two's complement, as an int64's
                 v ^= place.astype(np.uint64) * C[4]
                 v ^= v >> C[6]
                 v *= C[5]

@@ -334,16 +334,17 @@ binades = st.integers(-40, 12)
                      max_size=12),
        shift=st.integers(3, 60), times=st.integers(1, 300))
 def test_a_repeat_sums_the_clock_as_the_walk_adds_it(e, start, incs, shift, times):
-    """The running totals made in units of the last place (`fold._in_ulps`: whole windows at a time, ties and
-    binade crossings among them) are the walk's additions bit for bit."""
+    """The running totals made in units of the last place (`fold._runs`: whole windows at a time, ties and
+    binade crossings among them) are the walk's additions bit for bit, and so is the last of them."""
     start = float(np.ldexp(start, e))
     incs = np.array([x if x < 1 else float(np.ldexp(x, e - shift)) for x in incs])    # ties: multiples of 2**k
     walked = [start]
     for _ in range(times):
         for x in incs.tolist():
             walked.append(walked[-1] + x)
-    got = fold._accumulate(start, incs, times, np.empty(len(incs) * times + 7))
+    got = fold._accumulate(start, incs, times)
     assert np.array_equal(np.array(walked).view(np.int64), got.view(np.int64))
+    assert fold._total(start, incs, times).hex() == walked[-1].hex()
 
 
 def test_the_steps_read_where_asked_answer_as_the_whole_table():
