@@ -742,10 +742,14 @@ class Steps:
 
     # -- signatures, read where asked -----------------------------------------------------------------
     def read(self, a: int, b: int) -> np.ndarray:
-        """The signatures of steps ``a`` to ``b`` (clipped to the trace's), reading those not read yet."""
-        a, b = max(0, a), min(len(self.marks), b)
+        """The signatures of steps ``a`` to ``b`` (clipped to the trace's), reading those not read yet, and
+        short steps after them up to `SIG_READ` records (the boundaries ask step after step)."""
+        n = len(self.marks)
+        a, b = max(0, a), min(n, b)
         todo = np.flatnonzero(~self.known[a:b]) + a
         if len(todo):
+            ahead = int(np.searchsorted(self.marks, self.marks[todo[-1]] + SIG_READ))
+            todo = np.flatnonzero(~self.known[a:max(b, min(n, ahead))]) + a
             runs = np.split(todo, np.flatnonzero(np.diff(todo) > 1) + 1)
             for run in runs:
                 self._signatures(int(run[0]), int(run[-1]) + 1)
