@@ -129,6 +129,7 @@ class LatencyLog:
         self._chunks: list[np.ndarray] = []
         self._raw = False                   # True: chunks hold the latencies themselves
         self._offsets = None                # where each chunk starts in the sequence, made when needed
+        self._tiled: dict[int, int] = {}    # chunk -> how many times over it holds its first part
         self.count = 0
 
     def extend(self, lat) -> None:
@@ -155,6 +156,16 @@ class LatencyLog:
             self._sorted, self._sorted_code = np.array(self.values)[order], order
             idx = np.searchsorted(self._sorted, lat)
         self._chunks.append(self._sorted_code[idx].astype(np.uint8 if len(self.values) <= 256 else np.uint16))
+
+    def extend_repeated(self, lat, times: int) -> None:
+        """Append the sequence ``lat`` ``times`` times over (the windows a fold repeats), coded once."""
+        if times <= 0 or not len(lat):
+            return
+        self.extend(lat)
+        if times > 1:
+            self._chunks[-1] = np.tile(self._chunks[-1], times)
+            self._tiled[len(self._chunks) - 1] = times
+            self.count += len(lat) * (times - 1)
 
     def _range(self, lo: int, n: int) -> np.ndarray:
         """Codes (or raw latencies) ``lo`` to ``lo + n`` of the sequence, gathered from the chunks."""
@@ -189,15 +200,18 @@ class LatencyLog:
         if self._raw:
             return np.unique(np.concatenate(self._chunks), return_counts=True)
         counts = np.zeros(len(self.values), np.int64)
-        for c in self._chunks:
-            counts += np.bincount(c, minlength=len(self.values))
+        for n, c in enumerate(self._chunks):
+            times = self._tiled.get(n, 1)
+            counts += times * np.bincount(c[:len(c) // times], minlength=len(self.values))
         order = np.argsort(np.array(self.values, np.float64), kind="stable")
         keep = counts[order] > 0
         return np.array(self.values, np.float64)[order][keep], counts[order][keep]
 
     def quantiles(self, q) -> np.ndarray:
         """``numpy.quantile(latencies, q)`` (its default, linear method) from the value counts."""
-        values, counts = self._sorted_counts()
+        return self._quantiles(q, *self._sorted_counts())
+
+    def _quantiles(self, q, values: np.ndarray, counts: np.ndarray) -> np.ndarray:
         n = self.count
         q = np.asarray(q, np.float64)
         virtual = (n - 1) * q                                  # numpy's virtual index for 'linear'
@@ -217,8 +231,8 @@ class LatencyLog:
         """p50, p99, max, mean and count: what `latency_summary` gives on the plain array."""
         if not self.count:
             return {}
-        p50, p99 = self.quantiles(np.true_divide([50, 99], 100))
-        values, _ = self._sorted_counts()
+        values, counts = self._sorted_counts()
+        p50, p99 = self._quantiles(np.true_divide([50, 99], 100), values, counts)
         return {"p50": float(p50), "p99": float(p99), "max": float(values[-1]),
                 "mean": float(np.float64(self.total()) / self.count), "count": int(self.count)}
 

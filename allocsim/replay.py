@@ -86,43 +86,68 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
 
 class _Chunk:
     """The driving events of one chunk of records, as lists (made when the walk first reads them: a chunk a
-    fold passes over is never converted), and their trace indices."""
+    fold passes over is never converted, and a walk that stops at each step, as a folding one does, converts
+    only the steps it walks), and their trace indices."""
 
     def __init__(self, at, rec, local, times: bool, caught=None, flags=None):
         self.at = at                # trace index of each driving event (numpy int64)
         self._rec, self._local, self._times, self._flags = rec, local, times, flags
+        self._pieces = 0            # pieces read so far without the lists
         self.caught = caught        # positions of the ALLOCs flagged CATCHES_OOM (a set), None when there are none
 
     def __getattr__(self, name):
         """``kind``, ``ids``, ``sizes``, ``streams``, ``times``: the columns as lists, made on first use."""
         if name not in _CHUNK_COLUMNS or "_rec" not in self.__dict__:
             raise AttributeError(name)
-        rec, local, flags = self._rec, self._local, self._flags
+        self.kind, self.ids, self.sizes, self.streams = self._lists(0, len(self.at))
+        self.times = self._rec["time_ns"][self._local].tolist() if self._times else None
+        del self._rec, self._local, self._flags
+        return getattr(self, name)
+
+    def columns(self, lo: int, hi: int) -> tuple:
+        """``kind``, ``ids``, ``sizes``, ``streams`` of events ``lo`` to ``hi``: slices of the lists where made,
+        else those events' alone (the whole chunk's once the walk has read half of it)."""
+        if "_rec" in self.__dict__ and 2 * (hi - lo) < len(self.at) and not self._times and self._pieces < 16:
+            self._pieces += 1       # (a walk that reads the chunk in many small pieces gets the whole lists)
+            return self._lists(lo, hi)
+        cols = (self.kind, self.ids, self.sizes, self.streams)
+        return cols if not lo and hi >= len(self.at) else tuple(col[lo:hi] for col in cols)
+
+    def item(self, name: str, j: int) -> int:
+        """Column ``ids``, ``sizes`` or ``streams`` of event ``j``, without making the lists."""
+        if "_rec" not in self.__dict__:
+            return getattr(self, name)[j]
+        return int(self._rec[_RECORD_COLUMN[name]][self._local[j]])
+
+    def _lists(self, lo: int, hi: int) -> tuple:
+        rec, local, flags = self._rec, self._local[lo:hi], self._flags
         kind = rec["kind"][local]
         if flags is not None:       # the chunk flags something: a FREE made inside a request is held for it
+            flags = flags[lo:hi]
             inside = (kind == FREE) & (flags & IN_REQUEST != 0)
             if inside.any():
                 kind = kind.astype(np.int64)
                 kind[inside] = FREE_IN_REQUEST + rec["aux"][local][inside]
-        self.kind = kind.tolist()
-        self.ids, self.sizes, self.streams = (rec[col][local].tolist() for col in ("id", "size", "stream"))
-        self.times = rec["time_ns"][local].tolist() if self._times else None
-        del self._rec, self._local, self._flags
-        return getattr(self, name)
+        return (kind.tolist(), *(rec[col][local].tolist() for col in ("id", "size", "stream")))
 
 
+_RECORD_COLUMN = {"ids": "id", "sizes": "size", "streams": "stream"}
 _CHUNK_COLUMNS = ("kind", "ids", "sizes", "streams", "times")
 
 
-def driving(trace: Trace, zero_counts: list | None = None):
+def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = None):
     """Yield ``(start, records, local)`` per chunk of records: ``local`` are the positions of the
     events the walk drives (ALLOC, FREE, `PRESSURE`), 0-byte ALLOCs and their FREEs left out.
 
     The ids of live 0-byte objects are the only state carried between chunks; ``zero_counts``
-    collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted.
+    collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted. ``skip``, a
+    one-item list a caller may set as it goes: the chunks that end by the trace index it holds are
+    passed over unread while no 0-byte object is live (a fold, which vouches that they make none).
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
     for start, rec in trace.chunks():
+        if skip is not None and start + len(rec) <= skip[0] and not len(zero_live):
+            continue
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
@@ -188,9 +213,10 @@ def _keep(key, trace: Trace, value) -> None:
     _KEPT[key] = (trace, value)
 
 
-def chunks_of(trace: Trace, times: bool, zero_counts: list):
-    """A `_Chunk` per chunk of records of ``trace`` that holds driving events (`driving`; ``zero_counts`` its)."""
-    for start, rec, local in driving(trace, zero_counts):
+def chunks_of(trace: Trace, times: bool, zero_counts: list, skip: list | None = None):
+    """A `_Chunk` per chunk of records of ``trace`` that holds driving events (`driving`; ``zero_counts`` and
+    ``skip`` its)."""
+    for start, rec, local in driving(trace, zero_counts, skip):
         flags = rec["flags"][local]
         if not flags.any():         # most traces flag nothing: no caught requests, no held frees
             yield _Chunk(local + start, rec, local, times)
@@ -317,6 +343,7 @@ class Replay:
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
         self._zero_counts: list = []
+        self._skip = [0]                # chunks ending by this trace index are passed unread (`_move_to`)
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
@@ -385,23 +412,29 @@ class Replay:
             if target < len(c.at) and self._pos >= target:
                 return
 
-    def _move_to(self, at: int) -> int:
+    def _move_to(self, at: int, passed: int | None = None) -> int:
         """Move the walk to trace index ``at`` as if every driving event before it was walked (a fold; the
-        folder has set the state); return how many driving events that passed."""
+        folder has set the state); return how many driving events that passed. Given ``passed`` (how many
+        lie between), the folder vouches that no 0-byte ALLOC lies between: the chunks wholly before ``at``
+        are passed unread."""
         w = self._w
         start = w.done
         c = self._chunk
+        if passed is not None:
+            self._skip[0] = at
         while int(c.at[-1]) < at:
             self._j0 += len(c.at)
             c = self._chunk = next(self._chunks, None)
             if c is None:
                 self._chunks = None
                 self._pos = 0
-                w.done = self._j0
+                w.done = self._j0 = self._j0 if passed is None else start + passed
                 return w.done - start
             if self.policy.renumber is not None:
                 self._renumber()
         self._pos = int(np.searchsorted(c.at, at))
+        if passed is not None:      # the chunks passed unread: the count is the folder's
+            self._j0 = start + passed - self._pos
         w.done = self._j0 + self._pos
         return w.done - start
 
@@ -427,7 +460,7 @@ class Replay:
         if kept is not None:
             chunks, self._zero_counts[:] = kept
             return iter(chunks)
-        return chunks_of(self.trace, times, self._zero_counts)
+        return chunks_of(self.trace, times, self._zero_counts, self._skip)
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
@@ -452,10 +485,7 @@ class Replay:
                 return lo
         if lo >= hi:
             return hi
-        cols = (c.kind, c.ids, c.sizes, c.streams)
-        if lo or hi < len(c.at):
-            cols = tuple(col[lo:hi] for col in cols)
-        events = zip(range(lo, hi), *cols)
+        events = zip(range(lo, hi), *c.columns(lo, hi))
 
         def served(j, h):
             return self._served(c, j, h)
@@ -480,10 +510,10 @@ class Replay:
         recorded, a new reserved peak is taken; True if the walk stops here."""
         w, pol = self._w, self.policy
         if h is None:
-            return self._oom(c, j, c.sizes[j], c.streams[j])
+            return self._oom(c, j, c.item("sizes", j), c.item("streams", j))
         r = self.device.reserved
         if r > w.peak_res:
-            self._new_peak(r, pol.allocated, int(c.at[j]), c.streams[j])
+            self._new_peak(r, pol.allocated, int(c.at[j]), c.item("streams", j))
         return False
 
     def _new_peak(self, reserved: int, allocated: int, at: int, stream: int, held: int = 0) -> None:
@@ -505,10 +535,7 @@ class Replay:
         before, after = self._before, self._after
         peak_alloc, peak_res = w.peak_alloc, w.peak_res
         h = None
-        cols = (c.kind, c.ids, c.sizes, c.streams)
-        if lo or hi < len(c.at):            # a part of the chunk (a step): only then copy the slices
-            cols = tuple(col[lo:hi] for col in cols)
-        for j, k, i, size, st in zip(range(lo, hi), *cols):
+        for j, k, i, size, st in zip(range(lo, hi), *c.columns(lo, hi)):
             if before is not None:
                 before(c, j, k)
             if k == 1:                 # ALLOC (a literal compares fastest)
@@ -572,7 +599,7 @@ class Replay:
         at = int(c.at[j])
         live = self._live.at(self.trace.records, at) - (0 if recorded else size)   # an OOM record adds no bytes
         if not recorded:
-            w.failed[c.ids[j]] = size
+            w.failed[c.item("ids", j)] = size
             w.failed_live += size
             w.failed_cum += size
         free = pol.free_breakdown(stream)

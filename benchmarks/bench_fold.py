@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 
 from allocsim import fold as fold_module  # noqa: E402
 from allocsim import synth  # noqa: E402
+from allocsim.errors import UsageError  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
 from allocsim.replay import Replay  # noqa: E402
 from allocsim.trace import Trace  # noqa: E402
@@ -113,7 +114,10 @@ def main(argv=None) -> int:
         trace = Trace.load(path)
         if len(trace.marks()) < 3:
             continue
-        ext = synth.repeat_steps(trace, a.extend) if a.extend and len(trace.marks()) <= a.extend else None
+        try:
+            ext = synth.repeat_steps(trace, a.extend) if a.extend and len(trace.marks()) <= a.extend else None
+        except UsageError:          # its steps cannot be repeated as they are (allocsim.synth.repeat_steps)
+            ext = None
         for p in policies:
             as_is = timed(trace, p, True)[2]
             row = {"trace": os.path.basename(path), "policy": p, "as_is": as_is}

@@ -3,20 +3,24 @@ the state repeats, and only there."""
 from __future__ import annotations
 
 import glob
+import importlib
 import json
 import os
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
+from allocsim import fold
+from allocsim.metrics import LatencyLog
 from allocsim.policies.split import SplittingPool
 from allocsim.replay import Replay
 from allocsim.synth import repeat_steps
 from allocsim.testing import STREAMS
 from allocsim.trace import Trace, TraceWriter
-from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
+from allocsim.trace.events import ALLOC, CACHE_RELEASE, FREE, SET_LIMIT
 
 from conftest import ROOT, run_cli
 
@@ -318,3 +322,147 @@ def test_what_the_window_cannot_compare_is_not_folded(name, policy):
     assert Replay(trace, policy, capacity=None)._folder is None
     assert Replay(repeat_steps(Trace.load(os.path.join(ROOT, "traces", "gpt2.bin")), 8), policy,
                   capacity=None)._folder is not None         # the same policy folds a trace without them
+
+
+# ---- what a long folded run reads, and what it leaves unread ------------------------------------------------
+binades = st.integers(-40, 12)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(e=binades, start=st.sampled_from([1.0, 1 - 2**-52, 1 - 2**-30, 0.75, 1.5, 1.9999999]),
+       incs=st.lists(st.one_of(st.floats(0, 1e-3), st.integers(0, 64).map(float), st.just(0.0)), min_size=1,
+                     max_size=12),
+       shift=st.integers(3, 60), times=st.integers(1, 300))
+def test_a_repeat_sums_the_clock_as_the_walk_adds_it(e, start, incs, shift, times):
+    """The running totals made in units of the last place (`fold._runs`: whole windows at a time, ties and
+    binade crossings among them) are the walk's additions bit for bit, and so is the last of them."""
+    start = float(np.ldexp(start, e))
+    incs = np.array([x if x < 1 else float(np.ldexp(x, e - shift)) for x in incs])    # ties: multiples of 2**k
+    walked = [start]
+    for _ in range(times):
+        for x in incs.tolist():
+            walked.append(walked[-1] + x)
+    got = fold._accumulate(start, incs, times)
+    assert np.array_equal(np.array(walked).view(np.int64), got.view(np.int64))
+    assert fold._total(start, incs, times).hex() == walked[-1].hex()
+
+
+def test_the_steps_read_where_asked_answer_as_the_whole_table():
+    """`Steps` reads signatures only where a boundary asks: its answers, in any order, are those of the table
+    made from every step's signature, and signatures read in pieces are those read at once."""
+    rng = np.random.default_rng(3)
+    traces = [repeat_steps(load(name), steps) for name, steps in
+              [("synthetic-transformer.bin", 200), ("gpt2.bin", 60), ("resnet50.bin", 90), ("cupy_mlp.bin", 60)]]
+    traces.append(load("gpt2_variable.bin"))
+    for trace in traces:
+        whole = fold.Steps(trace)
+        sig = whole.read(0, len(whole)).copy()
+        table = fold.repeating_steps(sig)
+        lazy = fold.Steps(trace)
+        for m in rng.permutation(len(lazy)):
+            assert lazy.useful(int(m)) == table[m], m
+        pieces = fold.Steps(trace)
+        for a in rng.permutation(len(pieces)):
+            pieces.read(int(a), int(a) + 3)
+        assert np.array_equal(pieces.sig, sig)
+        assert lazy.known.sum() <= len(lazy)
+
+
+def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monkeypatch):
+    """1,000 steps of a fixed-shape model: the folded replay reads the signatures of the steps near those it
+    walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes."""
+    monkeypatch.setattr(trace_module, "CHUNK", 1 << 14)
+    replay_module = importlib.import_module("allocsim.replay")      # (the package's `replay` is the function)
+    trace = repeat_steps(load("synthetic-transformer.bin"), 1000)
+    made, read = [], []
+    chunk_init = replay_module._Chunk.__init__
+    monkeypatch.setattr(replay_module._Chunk, "__init__", lambda self, *a, **k: made.append(1) or chunk_init(self, *a, **k))
+    windows = fold.windows_repeat
+    monkeypatch.setattr(fold, "windows_repeat", lambda ev, *a: read.append(len(ev)) or windows(ev, *a))
+    full, _ = walk(trace, "torch", fold=False)
+    walked = len(made)
+    folded, how = walk(trace, "torch", fold=True)
+    assert folded == full and how["steps"] >= 990
+    assert len(made) - walked <= 3 and walked > 60, (len(made), walked)     # the folded walk's: its first, last
+    assert sum(read) < 5 * 1100, read                       # the windows before the fold only
+    steps = fold.steps_of(trace)
+    assert steps.known.sum() < len(steps) // 2
+
+
+def test_a_fold_over_0_byte_objects_reads_the_chunks_it_passes(monkeypatch):
+    """Steps that allocate 0 bytes: the bypassed requests are counted from the chunks, so a fold does not pass
+    them unread, and the counts are the full walk's. (0-byte objects that live past a boundary hold no block
+    to be matched by: such a run is not folded.)"""
+    monkeypatch.setattr(trace_module, "CHUNK", 64)
+    # a small trace's chunks may be kept whole between replays, where a replay keeps them: not here
+    monkeypatch.setattr(importlib.import_module("allocsim.replay"), "KEEP_RECORDS", 0, raising=False)
+    w = TraceWriter(meta={"producer": "test"})
+    carried: list[int] = []
+    for k in range(80):
+        w.mark(f"step {k}")
+        mine = [w.alloc(4096), w.alloc(0), w.alloc(MiB), w.alloc(0)]
+        for i in carried:
+            w.free(i)
+        w.free(mine.pop(1))
+        w.free(mine.pop())
+        carried = mine
+    for i in carried:
+        w.free(i)
+    trace = w.finish()
+    folds = {policy: assert_folded_is_full(trace, policy) for policy in ("split", "torch", "cupy", "bestfit")}
+    assert folds["split"] is not None and folds["split"]["steps"] >= 60, folds
+
+
+@pytest.mark.parametrize("field, at", [("size", 0), ("kind", 3), ("stream", 1), ("id", 2), ("flags", 0), ("id", 0)])
+def test_windows_read_record_for_record_end_at_the_first_record_that_differs(field, at):
+    """`repeating_records` stops at the first record that is not the one a period before it (kind, flags,
+    stream, size; an id a period's ALLOCs more), and reads to the end where every record repeats."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 50)
+    rec = np.array(trace.records)
+    steps = fold.Steps(trace)
+    R, start = int(steps.marks[11] - steps.marks[10]), int(steps.marks[10])
+    D = int(steps.counts[10, 0])
+    assert fold.repeating_records(fold._words(rec), start + R, R, D, len(rec)) == len(rec)
+    x = start + 20 * R + 7 + at
+    k = int(rec["kind"][x])
+    rec[x][field] = {"size": rec["size"][x] + 512, "kind": FREE if k == ALLOC else ALLOC, "stream": 1,
+                     "id": rec["id"][x] + 1, "flags": 1}[field]
+    assert fold.repeating_records(fold._words(rec), start + R, R, D, len(rec)) == x
+
+
+@pytest.mark.parametrize("mutate", ["size", "free"])
+@pytest.mark.parametrize("policy", ["torch", "split", "bestfit", "cupy"])
+def test_a_step_that_differs_late_in_a_long_run_is_walked(policy, mutate):
+    """A step far into the folded run that allocates another size, or frees another object: the fold stops
+    there and the result is the full walk's."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 120)
+    rec = np.array(trace.records)
+    marks = [at for at, _ in trace.marks()]
+    lo, hi = marks[80], marks[81]
+    kind = rec["kind"][lo:hi]
+    if mutate == "size":
+        a = lo + int(np.flatnonzero(kind == ALLOC)[5])
+        rec["size"][a] += 4096
+    else:                   # two FREEs of objects of other sizes swap: each frees the other's object
+        frees = lo + np.flatnonzero(kind == FREE)
+        sizes = dict(zip(rec["id"][rec["kind"] == ALLOC].tolist(), rec["size"][rec["kind"] == ALLOC].tolist()))
+        f0 = int(frees[0])
+        f1 = next(int(f) for f in frees if sizes[int(rec["id"][f])] != sizes[int(rec["id"][f0])])
+        rec["id"][f0], rec["id"][f1] = rec["id"][f1], rec["id"][f0]
+    changed = Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels)
+    how = assert_folded_is_full(changed, policy)
+    assert how is not None and how["folds"] >= 2, how         # stopped at step 80, folded again after it
+
+
+def test_a_latency_log_takes_repeated_windows_as_their_sequence():
+    rng = np.random.default_rng(1)
+    for distinct in (5, 300, 70000):
+        values = rng.random(distinct)
+        head, window = rng.choice(values, 1000), rng.choice(values, 5000)
+        a, b = LatencyLog(), LatencyLog()
+        a.extend(head), b.extend(head)
+        a.extend_repeated(window, 37)
+        b.extend(np.tile(window, 37))
+        a.extend(head), b.extend(head)
+        assert a.count == b.count and a.summary() == b.summary() and a.total() == b.total()
+        assert (a.quantiles([0.1, 0.5, 0.999]) == b.quantiles([0.1, 0.5, 0.999])).all()
