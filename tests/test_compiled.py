@@ -60,7 +60,7 @@ def test_the_compiled_build_here_is_not_older_than_its_source():
     Python would go on loading the old compiled module, and the suite would test that. Rebuild, or delete the
     ``.so`` files."""
     policies = os.path.join(ROOT, "allocsim", "policies")
-    shared = [os.path.join(policies, "_sorted.pxd")]
+    shared = [os.path.join(policies, name) for name in ("_sorted.pxd", "_latency.pxd")]
     for name in compiled_modules():
         base = os.path.join(ROOT, *name.split("."))
         built = min(os.path.getmtime(p) for p in glob.glob(base + ".*.so") + glob.glob(base + ".*.pyd"))

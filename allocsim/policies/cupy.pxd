@@ -2,6 +2,7 @@
 # Cython reads this beside cupy.py, which stays the definition; interpreted, it is not read.
 
 from allocsim.policies._sorted cimport first_at_least, file_key
+from allocsim.policies._latency cimport add_latency
 
 cdef class _Chunk:
     cdef public long long ptr, size

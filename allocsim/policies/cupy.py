@@ -118,6 +118,7 @@ from .registry import register
 from .base import Param, Policy
 
 if not cython.compiled:             # compiled, cupy.pxd cimports their C loops
+    from ._latency import add_latency
     from ._sorted import file_key, first_at_least
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
@@ -396,6 +397,7 @@ class CuPyPool(Policy):
         shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        compiled = cython.compiled        # compiled: `add_latency`, a C append
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
         for j, k, i, req, st in events:
             if k == 1:                      # ALLOC: malloc, as above
@@ -425,7 +427,10 @@ class CuPyPool(Policy):
                 allocated += n
                 if allocated > peak:
                     peak = allocated
-                lat_append(clock - t0)
+                if compiled:
+                    add_latency(lat, clock - t0)
+                else:
+                    lat_append(clock - t0)
                 handles[i] = c
                 if slow:
                     self.allocated = allocated

@@ -2,3 +2,4 @@
 # stays the definition (its @cython decorators type the hot loops' locals); interpreted, this is not read.
 
 from allocsim.policies._sorted cimport first_at_least, file_key
+from allocsim.policies._latency cimport add_latency

@@ -59,6 +59,7 @@ from ._freelists import END, SizeBuckets
 from .base import Param, Policy
 
 if not cython.compiled:             # compiled, split.pxd cimports their C loops
+    from ._latency import add_latency
     from ._sorted import file_key, first_at_least
 
 SMALL, LARGE, HUGE = 0, 1, 2
@@ -338,6 +339,7 @@ class SplittingPool(Policy):
         repops = splits = repop_blocks = merged_all = 0
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
+        compiled = cython.compiled        # compiled: `add_latency`, a C append
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
@@ -409,7 +411,10 @@ class SplittingPool(Policy):
                 allocated += s
                 if allocated > peak:
                     peak = allocated
-                lat_append(clock - t0)
+                if compiled:
+                    add_latency(lat, clock - t0)
+                else:
+                    lat_append(clock - t0)
                 handles[i] = b
                 if slow:
                     self.allocated = allocated
