@@ -3,10 +3,11 @@
 The suite itself runs whichever build this checkout holds. Here the differential checks — the fused loops
 against the plain walks (test_fast_path.py), the fast models against the reference models
 (test_reference_models.py), every replay against the stored results (test_golden.py), and the compiled
-policies' own rules (test_split_bestfit.py, test_cupy_policy.py: free-list entries past 63 bits among others)
-— run once more against the other build, in a child process: the interpreted modules (``ALLOCSIM_INTERPRETED=1``) where a
-compiled build lies here, else a compiled build made in a copy of the package where Cython and a C compiler
-are at hand. Both must pass as they are: the results are the same bit for bit.
+policies' own rules (test_split_bestfit.py, test_cupy_policy.py: free-list entries past 63 bits among
+others) — run once more against the other build, in a child process: the interpreted modules
+(``ALLOCSIM_INTERPRETED=1``) where a compiled build lies here, else a compiled build made in a copy of the
+package where Cython and a C compiler are at hand. Both must pass as they are: the results are the same bit
+for bit.
 """
 from __future__ import annotations
 
