@@ -30,19 +30,25 @@ cdef extern from *:
     long long PyLong_AsLongLongAndOverflow(object key, int *overflow) except? -1
 
 
+cdef inline Py_ssize_t first_at_least_word(list keys, long long key) noexcept:
+    """Where the C number ``key`` goes in the sorted ``keys`` (``bisect_left``)."""
+    cdef Py_ssize_t lo = 0, hi = len(keys), mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if allocsim_below(keys, mid, key):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 cdef inline Py_ssize_t first_at_least(list keys, object key) except -1:
     """Where ``key`` goes in the sorted ``keys`` (``bisect_left``)."""
     cdef Py_ssize_t lo = 0, hi = len(keys), mid
     cdef int over = 0
     cdef long long k = PyLong_AsLongLongAndOverflow(key, &over)
     if over == 0:
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if allocsim_below(keys, mid, k):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        return first_at_least_word(keys, k)
     while lo < hi:
         mid = (lo + hi) >> 1
         if keys[mid] < key:

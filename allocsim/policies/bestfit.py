@@ -151,7 +151,7 @@ class BestFit(Policy):
         grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
-        compiled = cython.compiled        # compiled: `add_latency`, a C append
+        compiled = cython.compiled          # compiled: `add_latency`, a C append
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 n = (req + 511) & -512

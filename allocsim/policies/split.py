@@ -60,7 +60,7 @@ from .base import Param, Policy
 
 if not cython.compiled:             # compiled, split.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import file_key, first_at_least
+    from ._sorted import file_key, first_at_least, first_at_least_word
 
 SMALL, LARGE, HUGE = 0, 1, 2
 CLASS_NAMES = ("small", "large", "huge")
@@ -339,7 +339,7 @@ class SplittingPool(Policy):
         repops = splits = repop_blocks = merged_all = 0
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
-        compiled = cython.compiled        # compiled: `add_latency`, a C append
+        compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `first_at_least_word`)
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
@@ -364,7 +364,10 @@ class SplittingPool(Policy):
                     clock += hit_s + (nb + merged) * free_s
                 else:
                     clock += hit_s
-                i0 = first_at_least(entries, n >> 9 << id_bits)
+                if compiled and n < 1099511627776:     # below 1 TiB: the entry within 63 bits, made and searched in C
+                    i0 = first_at_least_word(entries, n >> 9 << 32)
+                else:
+                    i0 = first_at_least(entries, n >> 9 << id_bits)
                 e = entries[i0]
                 while e < stop:
                     del entries[i0]
