@@ -2,10 +2,12 @@
 
 The suite itself runs whichever build this checkout holds. Here the differential checks — the fused loops
 against the plain walks (test_fast_path.py), the fast models against the reference models
-(test_reference_models.py) and every replay against the stored results (test_golden.py) — run once more
-against the other build, in a child process: the interpreted modules (``ALLOCSIM_INTERPRETED=1``) where a
-compiled build lies here, else a compiled build made in a copy of the package where Cython and a C compiler
-are at hand. Both must pass as they are: the results are the same bit for bit.
+(test_reference_models.py), every replay against the stored results (test_golden.py), and the compiled
+policies' own rules (test_split_bestfit.py, test_cupy_policy.py: free-list entries past 63 bits among
+others) — run once more against the other build, in a child process: the interpreted modules
+(``ALLOCSIM_INTERPRETED=1``) where a compiled build lies here, else a compiled build made in a copy of the
+package where Cython and a C compiler are at hand. Both must pass as they are: the results are the same bit
+for bit.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import pytest
 from allocsim.compiled import COMPILE_ENV, COMPILED_MODULES, INTERPRETED_ENV, build, compiled_modules
 from conftest import ROOT
 
-DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py"]
+DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py",
+                "tests/test_split_bestfit.py", "tests/test_cupy_policy.py"]
 
 
 def child_env(root: str, **extra) -> dict:
@@ -60,7 +63,7 @@ def test_the_compiled_build_here_is_not_older_than_its_source():
     Python would go on loading the old compiled module, and the suite would test that. Rebuild, or delete the
     ``.so`` files."""
     policies = os.path.join(ROOT, "allocsim", "policies")
-    shared = [os.path.join(policies, "_sorted.pxd")]
+    shared = [os.path.join(policies, name) for name in ("_sorted.pxd", "_latency.pxd")]
     for name in compiled_modules():
         base = os.path.join(ROOT, *name.split("."))
         built = min(os.path.getmtime(p) for p in glob.glob(base + ".*.so") + glob.glob(base + ".*.pyd"))

@@ -162,6 +162,23 @@ def test_free_list_entries_stay_in_63_bits_and_a_larger_block_keeps_its_order(hu
     assert d.block(i)[1] == 2 << 40 and d.dev.n_malloc == 5
 
 
+def test_a_search_within_63_bits_passes_over_larger_entries():
+    """A request whose entry fits 63 bits (600 GiB) is searched among entries that do not (a 2 TiB block and
+    `END`): the compiled search compares it with them in C (docs/architecture.md, "The compiled build"), so
+    each must count as larger, and the 2 TiB block is the best fit."""
+    d = Driver("split")
+    ids = [d.alloc(n) for n in (700, 40 * MiB, 512 << 30, 2 << 40, 3 << 40)]
+    for i in ids:
+        d.free(i)
+    d.alloc(100)                            # repopulates them all
+    entries = d.pol._avail.entries
+    assert sum(e >= 1 << 63 for e in entries) == 3      # the 2 TiB and 3 TiB blocks, and END
+    i = d.alloc(600 << 30)
+    assert d.block(i)[1] == 2 << 40 and d.dev.n_malloc == 5
+    i = d.alloc(100 << 30)                  # below every HUGE block: the 512 GiB one, whole
+    assert d.block(i)[1] == 512 << 30 and d.dev.n_malloc == 5
+
+
 # ---- split: ties go to the oldest block ---------------------------------------------------------------
 
 @pytest.mark.parametrize("free_order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])

@@ -5,8 +5,13 @@
 Interpreted, these are the bisect module's own C functions. In the compiled build (docs/architecture.md,
 "The compiled build") a compiled policy's ``.pxd`` cimports the C loops of ``_sorted.pxd`` under the same
 names instead, which the compiled hot loops call without a Python call (a call into the bisect module costs
-more there than the search); tests/test_compiled.py holds both to the same answers.
+more there than the search), and which compare C numbers where the key is within 63 bits (an int of the list
+past 63 bits counts as larger); tests/test_compiled.py holds both to the same answers.
 """
 from bisect import bisect_left as first_at_least, insort as file_key
 
-__all__ = ["first_at_least", "file_key"]
+#: `first_at_least` for a key within 63 bits, which the compiled build takes as a C number (a hot loop calls it
+#: where ``cython.compiled`` and the key's operands show it fits; interpreted, the same function).
+first_at_least_word = first_at_least
+
+__all__ = ["first_at_least", "first_at_least_word", "file_key"]

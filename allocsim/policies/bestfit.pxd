@@ -3,3 +3,4 @@
 # not read.
 
 from allocsim.policies._sorted cimport first_at_least, file_key
+from allocsim.policies._latency cimport add_latency

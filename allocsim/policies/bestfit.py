@@ -38,6 +38,7 @@ from .base import Param, Policy
 from ..errors import UsageError
 
 if not cython.compiled:             # compiled, bestfit.pxd cimports their C loops
+    from ._latency import add_latency
     from ._sorted import file_key, first_at_least
 
 KEY_BITS = 64                   # a free-list entry: size << KEY_BITS | address (addresses are below 2**64)
@@ -150,6 +151,7 @@ class BestFit(Policy):
         grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
+        compiled = cython.compiled          # compiled: `add_latency`, a C append
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 n = (req + 511) & -512
@@ -191,7 +193,10 @@ class BestFit(Policy):
                 allocated += n
                 if allocated > peak:
                     peak = allocated
-                lat_append(clock - t0)
+                if compiled:
+                    add_latency(lat, clock - t0)
+                else:
+                    lat_append(clock - t0)
                 handles[i] = h = a, n
                 if slow:
                     self.allocated = allocated

@@ -1,7 +1,8 @@
 # The C layout of cupy.py's records in the compiled build (docs/architecture.md, "The compiled build"):
 # Cython reads this beside cupy.py, which stays the definition; interpreted, it is not read.
 
-from allocsim.policies._sorted cimport first_at_least, file_key
+from allocsim.policies._sorted cimport first_at_least, first_at_least_word, file_key
+from allocsim.policies._latency cimport add_latency
 
 cdef class _Chunk:
     cdef public long long ptr, size

@@ -118,7 +118,8 @@ from .registry import register
 from .base import Param, Policy
 
 if not cython.compiled:             # compiled, cupy.pxd cimports their C loops
-    from ._sorted import file_key, first_at_least
+    from ._latency import add_latency
+    from ._sorted import file_key, first_at_least, first_at_least_word
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
 TIE_BITS = 64       # v13: the width of a key's tie field
@@ -396,6 +397,7 @@ class CuPyPool(Policy):
         shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
+        compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `first_at_least_word`)
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
         for j, k, i, req, st in events:
             if k == 1:                      # ALLOC: malloc, as above
@@ -405,7 +407,10 @@ class CuPyPool(Policy):
                 if st != arena_st:
                     arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
-                x = first_at_least(keys, n >> 9 << shift)
+                if compiled and n >> 9 < ix.fit:    # the key below 2**62: made and searched in C
+                    x = first_at_least_word(keys, n >> 9 << ix.shift)
+                else:
+                    x = first_at_least(keys, n >> 9 << shift)
                 if x < len(keys):
                     c = arena.by_key.pop(keys.pop(x))
                     c.key = 0
@@ -425,7 +430,10 @@ class CuPyPool(Policy):
                 allocated += n
                 if allocated > peak:
                     peak = allocated
-                lat_append(clock - t0)
+                if compiled:
+                    add_latency(lat, clock - t0)
+                else:
+                    lat_append(clock - t0)
                 handles[i] = c
                 if slow:
                     self.allocated = allocated

@@ -59,7 +59,8 @@ from ._freelists import END, SizeBuckets
 from .base import Param, Policy
 
 if not cython.compiled:             # compiled, split.pxd cimports their C loops
-    from ._sorted import file_key, first_at_least
+    from ._latency import add_latency
+    from ._sorted import file_key, first_at_least, first_at_least_word
 
 SMALL, LARGE, HUGE = 0, 1, 2
 CLASS_NAMES = ("small", "large", "huge")
@@ -92,6 +93,45 @@ def round_request(req: int) -> tuple[int, int]:
     r = ROUNDOFF[size_class(req)]
     n = -(-req // r) * r
     return n, size_class(n)
+
+
+@cython.cfunc
+@cython.locals(size=list, prev=list, nxt=list, fsize=list, freed=list, entries=list, k=cython.longlong,
+               b=cython.longlong, head=cython.longlong, m=cython.longlong, s=cython.longlong)
+def _merge_freed(size, prev, nxt, fsize, freed, entries) -> int:
+    """``repopulate!`` + ``incremental_compact!`` over the blocks in ``freed`` (emptied): return how many
+    pieces merged away.
+
+    Every block of the batch is FREED (so chain walks see the whole batch, as after the real repopulate);
+    each one not yet merged is merged with its run of FREED/AVAILABLE neighbours into the run's head, which
+    goes into the free list. Pieces merged away get state 0, which voids their free-list entries. A module
+    function, not a method: the hot loop calls it once per malloc after frees (compiled, a C call)."""
+    k = 0
+    for b in freed:
+        if fsize[b] != FREED:
+            continue            # merged into an earlier head of this batch
+        head = b
+        while fsize[prev[head]]:
+            head = prev[head]
+        m = nxt[b]
+        if head == b and not fsize[m]:
+            s = size[b]         # no free neighbour: plain repopulate
+        else:
+            s = size[head]
+            m = nxt[head]
+            while fsize[m]:
+                s += size[m]
+                fsize[m] = 0
+                k += 1
+                m = nxt[m]
+            nxt[head] = m
+            prev[m] = head      # m may be the sentinel 0: harmless
+            size[head] = s
+            b = head
+        fsize[b] = e = s >> 9 << ID_BITS | b     # a Python int: ``<< ID_BITS`` shifts a Python int, compiled too
+        file_key(entries, e)                    # SizeBuckets.push
+    freed.clear()
+    return k
 
 
 #: Fewest block ids before renumbering the live blocks is worth its pass (small traces never renumber).
@@ -190,50 +230,21 @@ class SplittingPool(Policy):
     # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` --------
     # They run once or twice per driving event and inline `SizeBuckets.push` / `pop_fit` (same
     # logic; see ``_freelists.py``); `walk_chunk` binds the lists and constants to locals first.
-    @cython.locals(size=list, prev=list, nxt=list, fsize=list, freed=list, entries=list, k=cython.longlong,
-                   b=cython.longlong, head=cython.longlong, m=cython.longlong, s=cython.longlong, nb=cython.longlong)
     def _repopulate(self) -> float:
-        """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call.
-
-        Every block of the batch is FREED (so chain walks see the whole batch, as
-        after the real repopulate); each one not yet merged is merged with its
-        run of FREED/AVAILABLE neighbours into the run's head, which goes into
-        the free list of its class. Pieces merged away get state 0, which voids
-        their free-list entries. Returns the modeled time, for the caller to charge.
-        """
-        size, prev, nxt, fsize = self._size, self._prev, self._next, self._fsize
-        freed, entries, id_bits = self._freed, self._avail.entries, ID_BITS
-        k = 0
-        for b in freed:
-            if fsize[b] != FREED:
-                continue            # merged into an earlier head of this batch
-            head = b
-            while fsize[prev[head]]:
-                head = prev[head]
-            m = nxt[b]
-            if head == b and not fsize[m]:
-                s = size[b]         # no free neighbour: plain repopulate
-            else:
-                s = size[head]
-                m = nxt[head]
-                while fsize[m]:
-                    s += size[m]
-                    fsize[m] = 0
-                    k += 1
-                    m = nxt[m]
-                nxt[head] = m
-                prev[m] = head      # m may be the sentinel 0: harmless
-                size[head] = s
-                b = head
-            fsize[b] = e = s >> 9 << id_bits | b     # an int: ``<< id_bits`` shifts a Python int, compiled too
-            file_key(entries, e)                  # SizeBuckets.push
-        nb = len(freed)
-        freed.clear()
-        if len(entries) > self._compact_at:
-            self._compact_at = 2 * max(self._avail.compact(), SizeBuckets.COMPACT_MIN)
+        """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call (`_merge_freed`),
+        with its counts and the free list's compaction; returns the modeled time, for the caller to charge."""
+        nb = len(self._freed)
+        k = _merge_freed(self._size, self._prev, self._next, self._fsize, self._freed, self._avail.entries)
+        if len(self._avail.entries) > self._compact_at:
+            self._compact()
         self._repop_blocks += nb
         self._merged += k
         return (nb + k) * self._free_s
+
+    def _compact(self) -> int:
+        """Drop the free list's void entries; return (and keep) the length that next calls for it."""
+        self._compact_at = at = 2 * max(self._avail.compact(), SizeBuckets.COMPACT_MIN)
+        return at
 
     def _split(self, b: int, n: int, rem: int) -> None:
         """Cut block ``b`` to ``n`` bytes; the remainder ``rem`` becomes a new AVAILABLE block after it."""
@@ -309,7 +320,9 @@ class SplittingPool(Policy):
                    cut=cython.longlong, b=cython.longlong, s=cython.longlong, rem=cython.longlong, r=cython.longlong,
                    m=cython.longlong, i0=cython.Py_ssize_t, next_id=cython.longlong, id_cap=cython.longlong,
                    repops=cython.longlong, splits=cython.longlong, allocated=cython.longlong, n0=cython.Py_ssize_t,
-                   clock=cython.double, t0=cython.double, hit_s=cython.double, slow=cython.bint, size=list,
+                   nb=cython.longlong, merged=cython.longlong, repop_blocks=cython.longlong, merged_all=cython.longlong,
+                   compact_at=cython.Py_ssize_t, clock=cython.double, t0=cython.double, hit_s=cython.double,
+                   free_s=cython.double, slow=cython.bint, size=list,
                    addr=list, prev=list, nxt=list, fsize=list, entries=list, freed=list)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` (with `_split`) and
@@ -320,12 +333,13 @@ class SplittingPool(Policy):
         returns ``(its index or None at the end, peak allocated)``."""
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         entries, freed = self._avail.entries, self._freed
-        freed_append, repopulate, escalate, new_id = freed.append, self._repopulate, self._escalate, self._new_id
-        hit_s, huge_stop, id_bits = self._hit_s, self._huge_stop, ID_BITS     # entries shift by a Python int
-        next_id, id_cap = self._next_id, self._id_cap
-        repops = splits = 0
+        freed_append, escalate, new_id, compact = freed.append, self._escalate, self._new_id, self._compact
+        hit_s, free_s, huge_stop, id_bits = self._hit_s, self._free_s, self._huge_stop, ID_BITS   # a Python int shift
+        next_id, id_cap, compact_at = self._next_id, self._id_cap, self._compact_at
+        repops = splits = repop_blocks = merged_all = 0
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
+        compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `first_at_least_word`)
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
@@ -339,12 +353,21 @@ class SplittingPool(Policy):
                     cut = 0
                     stop = huge_stop or (n >> 9) + 1 << id_bits
                 t0 = clock
-                if freed:
+                if freed:                   # `_repopulate`, as `malloc` calls it
                     repops += 1
-                    clock += hit_s + repopulate()
+                    nb = len(freed)
+                    merged = _merge_freed(size, prev, nxt, fsize, freed, entries)
+                    if len(entries) > compact_at:
+                        compact_at = compact()
+                    repop_blocks += nb
+                    merged_all += merged
+                    clock += hit_s + (nb + merged) * free_s
                 else:
                     clock += hit_s
-                i0 = first_at_least(entries, n >> 9 << id_bits)
+                if compiled and n < 1099511627776:     # below 1 TiB: the entry within 63 bits, made and searched in C
+                    i0 = first_at_least_word(entries, n >> 9 << 32)
+                else:
+                    i0 = first_at_least(entries, n >> 9 << id_bits)
                 e = entries[i0]
                 while e < stop:
                     del entries[i0]
@@ -359,9 +382,9 @@ class SplittingPool(Policy):
                     s = size[b]
                     slow = False
                 else:
-                    dev.clock, self.allocated, self._next_id = clock, allocated, next_id
+                    dev.clock, self.allocated, self._next_id, self._compact_at = clock, allocated, next_id, compact_at
                     b = escalate(n, size_class(n))
-                    clock, next_id, id_cap = dev.clock, self._next_id, self._id_cap
+                    clock, next_id, id_cap, compact_at = dev.clock, self._next_id, self._id_cap, self._compact_at
                     if not b:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -391,7 +414,10 @@ class SplittingPool(Policy):
                 allocated += s
                 if allocated > peak:
                     peak = allocated
-                lat_append(clock - t0)
+                if compiled:
+                    add_latency(lat, clock - t0)
+                else:
+                    lat_append(clock - t0)
                 handles[i] = b
                 if slow:
                     self.allocated = allocated
@@ -408,9 +434,11 @@ class SplittingPool(Policy):
                 break
         else:
             j = None
-        dev.clock, self.allocated, self._next_id = clock, allocated, next_id
+        dev.clock, self.allocated, self._next_id, self._compact_at = clock, allocated, next_id, compact_at
         self._scans += len(lat) - n0    # one scan per malloc, as `malloc` counts them
         self._repops += repops
+        self._repop_blocks += repop_blocks
+        self._merged += merged_all
         self._splits += splits
         return j, peak
 
