@@ -423,15 +423,25 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
     would otherwise run after them with the other workers idle."""
     rows: list = [None] * len(jobs)
-    done: list[dict] = []
+    fitting: list[dict] = []        # the rows done so far that fit: only they set the bound
+    made = [None, -1]               # the bound, and how many fitting rows it was made of
+    ended = {"pruned": 0, "ran out": 0}     # how the rows done so far ended early
 
     def task(i):
         cell, settings, least, ooms = jobs[i]
-        return cell, settings, bound_of(done, objective, room, top) if i != order[0] else None, least, ooms
+        if made[1] != len(fitting):     # made again only when a row that fits is done, not for every task
+            made[:] = bound_of(fitting, objective, room, top), len(fitting)
+        return cell, settings, made[0] if i != order[0] else None, least, ooms, ended["ran out"] <= ended["pruned"]
+
+    def done(i, row):
+        rows[i] = row
+        if fits(row):
+            fitting.append(row)
+        elif row["pruned"] or row["ooms"]:
+            ended["pruned" if row["pruned"] else "ran out"] += 1
     if ex is None:
         for i in order:
-            rows[i] = _replay_job(task(i))
-            done.append(rows[i])
+            done(i, _replay_job(task(i)))
         return rows
     from concurrent.futures import FIRST_COMPLETED, wait
     from .fit import probe
@@ -451,8 +461,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
                 if i is None:
                     walk.take(f.result())
                     continue
-                rows[i] = f.result()
-                done.append(rows[i])
+                done(i, f.result())
                 left -= 1
         return rows
     finally:
@@ -462,17 +471,20 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
 
 def _replay_job(args) -> dict:
     """One setting's replay as a row (``args``: the cell, the `Settings`, the `Bound` or None, the space's least
-    costs per ALLOC and FREE, the recorded OOMs): the sweep row, its retries (torch's ``num_alloc_retries``, else
+    costs per ALLOC and FREE, the recorded OOMs, and optionally whether to put off the peak's free state,
+    `Replay.defer_peak_state`: `_replay_all` does while fewer rows ran out than the bound stopped): the sweep row, its retries (torch's ``num_alloc_retries``, else
     the pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it
     served (``rescue``: `rescue_of`), and the free breakdown where it matters: at its first OOM, else at its
     reserved peak. A replay the bound stops is a row of None figures with ``pruned``: where it stopped and
     the lower bounds it had reached (`_walk_bounded`)."""
-    cell, settings, bound, least, ooms = args
+    cell, settings, bound, least, ooms, *defer = args
     s = settings or Settings()
     t_start = time.perf_counter()
     r = Replay(cached_trace(cell.trace), cell.policy, s.replay, runtime=cell.runtime, cap=cell.cap,
                capacity=cell.capacity)
     try:
+        if bound is not None and (not defer or defer[0]):   # a replay the bound stops never reads its peak's
+            r.defer_peak_state()                        # free state; one that runs out reads it, walking again
         pruned = _walk_bounded(r, bound, least, ooms) if bound is not None else None
         res = None if pruned else r.run()
     finally:
