@@ -162,6 +162,11 @@ class Space:
         """Smaller for a candidate its space expects to be good (replayed early, for a tight bound: step 2b)."""
         return space_of(c.spec.policy_class().framework).promise(c.spec.values())
 
+    def least_peak(self, c: Candidate) -> int:
+        """The least peak reserved a replay under ``c`` reaches unless it runs out first (`Bound`: a bound on
+        reserved from the start; 0 where the space knows none)."""
+        return space_of(c.spec.policy_class().framework).least_peak(self.trace, c.spec.values())
+
     @staticmethod
     def least_costs(c: Candidate, costs: CostModel | None) -> tuple[float, float]:
         """The least modeled seconds each ALLOC and each FREE still to come adds to a replay's clock under
@@ -356,7 +361,8 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     step = _Steps(progress)
     step.start(f"replaying {len(cells)} settings")
     costs = (settings or Settings()).replay.costs
-    jobs = [(cell, settings, Space.least_costs(c, costs), ooms) for cell, c in zip(cells, chosen)]
+    jobs = [(cell, settings, Space.least_costs(c, costs) + (space.least_peak(c),), ooms)
+            for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     room = None if headroom_bytes is None else target.limit - headroom_bytes
     slots = slots or _workers(ex)
@@ -509,10 +515,12 @@ def _replay_job(args) -> dict:
 def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> dict | None:
     """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
-    final peak reserved, modeled time (the clock plus ``least``'s per ALLOC and FREE still to come) and
-    device mallocs."""
+    final peak reserved (what it reached, or ``least``'s third, the peak its live blocks reach, if higher:
+    unless it runs out, a row that does not fit either), modeled time (the clock plus ``least``'s per ALLOC
+    and FREE still to come) and device mallocs."""
     n, window, allocs, frees, at = _to_come(r.trace)
-    dev, (per_alloc, per_free) = r.device, least
+    dev, (per_alloc, per_free, *floor) = r.device, least
+    floor = floor[0] if floor else 0
     while True:
         r.step(window)
         d = r.events_done
@@ -522,8 +530,9 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> 
         if at[k] <= (ooms[-1][0] if ooms else -1):
             continue
         clock = float(dev.clock + allocs[k] * per_alloc + frees[k] * per_free) * (1 - SLACK)
-        if bound.hopeless(dev.peak_reserved, clock, dev.n_malloc):
-            return {"event": int(at[k]), "peak_reserved_bytes": dev.peak_reserved, TIME: clock,
+        reserved = max(dev.peak_reserved, floor)
+        if bound.hopeless(reserved, clock, dev.n_malloc):
+            return {"event": int(at[k]), "peak_reserved_bytes": reserved, TIME: clock,
                     "device_mallocs": dev.n_malloc}
 
 

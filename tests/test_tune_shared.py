@@ -88,3 +88,23 @@ def test_live_through_reads_as_a_fresh_walker(events, chunk, data):
             assert w.pos == plain.pos
     finally:
         trace_records.CHUNK = old
+
+
+DIVISIONS = [None, "2", "4", "16", "[64:8,256:4,>:2]", "[256:4,>:1]"]
+
+
+@pytest.mark.parametrize("path", ["traces/gpt2.bin", "traces/resnet50.bin", "traces/gpt2-maxsplit128-rp2div4.bin"])
+@pytest.mark.parametrize("div", DIVISIONS)
+@pytest.mark.parametrize("expandable", [False, True])
+def test_least_peak_is_below_every_replay_that_does_not_run_out(path, div, expandable):
+    """The torch space's bound on reserved (`least_peak`) is at most the peak reserved, indeed the peak allocated,
+    of every replay that runs to the end, and above LOAD once the divisions round."""
+    from allocsim.spaces import torch as space
+    t = cached_trace(path)
+    spec = space.spec({"trace_settings": False, "expandable_segments": expandable, "roundup_power2_divisions": div})
+    low = space.least_peak(t, spec.values())
+    res = R.Replay(t, spec, capacity=None).run()
+    assert res.completed and not res.ooms
+    assert t.load_bytes <= low <= res.peak_allocated_bytes <= res.peak_reserved_bytes
+    if div in ("2", "4"):
+        assert low > t.load_bytes * 1.01
