@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import time
 from array import array
+from copy import copy
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 
@@ -205,6 +206,29 @@ def kept_chunks(trace: Trace, times: bool) -> tuple[list, list] | None:
     return chunks, zero_counts
 
 
+_LIVE: dict = {}
+
+
+def live_through(trace: Trace, walker: LiveBytes, at: int) -> int:
+    """``walker.at(trace.records, at)``: the live requested bytes after event ``at``. A fresh walker's first read
+    of a trace of at most `KEEP_RECORDS` records is kept for the next walker to read there (`tune` replays
+    hundreds of settings that run out at a few of the same events, each read the trace from its start); the
+    walker is left as its own read would have left it, a trace freeing an object twice included (a read
+    replaces the walker's arrays, never changes them: they are shared safely)."""
+    if walker.pos or len(trace) > KEEP_RECORDS:
+        return walker.at(trace.records, at)
+    key = (id(trace), at, trace_records.CHUNK)
+    kept = _LIVE.get(key)
+    if kept is not None and kept[0] is trace:
+        vars(walker).update(vars(kept[1]))
+        return walker.live
+    walker.at(trace.records, at)
+    if len(_LIVE) >= 1024:
+        _LIVE.clear()
+    _LIVE[key] = (trace, copy(walker))
+    return walker.live
+
+
 def _keep(key, trace: Trace, value) -> None:
     """Keep ``value`` of ``trace`` under ``key`` (with the trace, so that its id is not reused meanwhile): what
     the last few traces replayed keep."""
@@ -293,6 +317,14 @@ class _Walk:
         self.timeline = (array("q"), array("q"), array("q"))
 
 
+@dataclass(frozen=True)
+class _PeakLater:
+    """The reserved peak was first reached after trace event ``at``; its free state is taken later
+    (`Replay.defer_peak_state`)."""
+
+    at: int
+
+
 class Replay:
     """One replay of ``trace`` against ``policy``: `run` it, or `step` it and read its state.
 
@@ -340,6 +372,8 @@ class Replay:
         self._recorded_limits = s.cap is None
         self._log_index = (log_events or self.policy.follows_recording) and self.policy.wants_event_index
         self._w = _Walk()
+        self._peak_deferred = False     # `defer_peak_state`
+        self._remade = device is None and observer is None and not guard and not log_events    # made again alike
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
         self._zero_counts: list = []
@@ -518,11 +552,35 @@ class Replay:
 
     def _new_peak(self, reserved: int, allocated: int, at: int, stream: int, held: int = 0) -> None:
         """Reserved memory reached a new peak after event ``at``: keep it, with the free-space shape and
-        the free breakdown there (``held``: a request held outside the trace)."""
+        the free breakdown there (``held``: a request held outside the trace); deferred (`defer_peak_state`):
+        only where."""
         w = self._w
         w.peak_res = reserved
+        if self._peak_deferred:
+            w.at_peak = _PeakLater(at)
+            return
         w.frag_at_peak = largest_free_fragmentation(reserved, allocated, self.policy.largest_free())
         w.at_peak = self._free_state(at, stream, held)
+
+    def defer_peak_state(self) -> None:
+        """Take the free-space shape and breakdown at the reserved peak only if the result is built: a replay
+        reaches a new peak at each of its first segment calls, and a replay that may be given up (`tune`'s
+        bounded ones, most stopped early) need not pay that at each. The result's figures are the same:
+        a second replay walks to the event the peak was first reached at (`_take_peak_state`). Only a replay
+        made of its trace, policy and settings alone (no device, observer, guard or event log given) defers:
+        another takes them at once."""
+        self._peak_deferred = self._remade
+
+    def _take_peak_state(self) -> None:
+        """The peak's free-space shape and breakdown (`defer_peak_state`), from a replay of the same trace,
+        policy and settings walked, unfolded, through the event the peak was first reached at."""
+        w = self._w
+        again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
+        try:
+            again.run(until=w.at_peak.at + 1)
+        finally:
+            again.close()
+        w.frag_at_peak, w.at_peak = again._w.frag_at_peak, again._w.at_peak
 
     def _walk_plain(self, c, lo, hi, lat_append) -> int:
         """`_walk_chunk` event by event through ``malloc``/``free`` and the hooks."""
@@ -597,7 +655,7 @@ class Replay:
         w, pol, dev = self._w, self.policy, self.device
         caught = not recorded and c.caught is not None and j in c.caught
         at = int(c.at[j])
-        live = self._live.at(self.trace.records, at) - (0 if recorded else size)   # an OOM record adds no bytes
+        live = live_through(self.trace, self._live, at) - (0 if recorded else size)   # an OOM record adds none
         if not recorded:
             w.failed[c.item("ids", j)] = size
             w.failed_live += size
@@ -664,8 +722,7 @@ class Replay:
 
     def _trace_bytes(self, at: int, live: LiveBytes, allocs: _AllocBytes) -> int:
         """From the trace, through event ``at``: the live requested bytes (eager) or every requested byte (gc)."""
-        rec = self.trace.records
-        return live.at(rec, at) if self.runtime.eager else allocs.at(rec, at)
+        return live_through(self.trace, live, at) if self.runtime.eager else allocs.at(self.trace.records, at)
 
     def _peak_breakdown(self) -> dict | None:
         """`breakdown` where reserved reached its peak, with the trace ``event``; None if the policy cannot say."""
@@ -815,6 +872,8 @@ class Replay:
                 n_zero_allocs = int(np.count_nonzero(is_zero_alloc[passed]))
                 allocs += n_zero_allocs
                 frees += int(np.count_nonzero(passed)) - n_zero_allocs
+        if isinstance(w.at_peak, _PeakLater):
+            self._take_peak_state()
         self.policy.finish()
         res = assemble_result(w, policy=self.policy, runtime=self.runtime, device=self.device, trace=self.trace,
                               stats=self.sections.stats, allocs=allocs, frees=frees,

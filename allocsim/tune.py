@@ -162,6 +162,11 @@ class Space:
         """Smaller for a candidate its space expects to be good (replayed early, for a tight bound: step 2b)."""
         return space_of(c.spec.policy_class().framework).promise(c.spec.values())
 
+    def least_peak(self, c: Candidate) -> int:
+        """The least peak reserved a replay under ``c`` reaches unless it runs out first (`Bound`: a bound on
+        reserved from the start; 0 where the space knows none)."""
+        return space_of(c.spec.policy_class().framework).least_peak(self.trace, c.spec.values())
+
     @staticmethod
     def least_costs(c: Candidate, costs: CostModel | None) -> tuple[float, float]:
         """The least modeled seconds each ALLOC and each FREE still to come adds to a replay's clock under
@@ -356,7 +361,8 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     step = _Steps(progress)
     step.start(f"replaying {len(cells)} settings")
     costs = (settings or Settings()).replay.costs
-    jobs = [(cell, settings, Space.least_costs(c, costs), ooms) for cell, c in zip(cells, chosen)]
+    jobs = [(cell, settings, Space.least_costs(c, costs) + (space.least_peak(c),), ooms)
+            for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     room = None if headroom_bytes is None else target.limit - headroom_bytes
     slots = slots or _workers(ex)
@@ -423,15 +429,25 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
     would otherwise run after them with the other workers idle."""
     rows: list = [None] * len(jobs)
-    done: list[dict] = []
+    fitting: list[dict] = []        # the rows done so far that fit: only they set the bound
+    made = [None, -1]               # the bound, and how many fitting rows it was made of
+    ended = {"pruned": 0, "ran out": 0}     # how the rows done so far ended early
 
     def task(i):
         cell, settings, least, ooms = jobs[i]
-        return cell, settings, bound_of(done, objective, room, top) if i != order[0] else None, least, ooms
+        if made[1] != len(fitting):     # made again only when a row that fits is done, not for every task
+            made[:] = bound_of(fitting, objective, room, top), len(fitting)
+        return cell, settings, made[0] if i != order[0] else None, least, ooms, ended["ran out"] <= ended["pruned"]
+
+    def done(i, row):
+        rows[i] = row
+        if fits(row):
+            fitting.append(row)
+        elif row["pruned"] or row["ooms"]:
+            ended["pruned" if row["pruned"] else "ran out"] += 1
     if ex is None:
         for i in order:
-            rows[i] = _replay_job(task(i))
-            done.append(rows[i])
+            done(i, _replay_job(task(i)))
         return rows
     from concurrent.futures import FIRST_COMPLETED, wait
     from .fit import probe
@@ -451,8 +467,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
                 if i is None:
                     walk.take(f.result())
                     continue
-                rows[i] = f.result()
-                done.append(rows[i])
+                done(i, f.result())
                 left -= 1
         return rows
     finally:
@@ -462,17 +477,20 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
 
 def _replay_job(args) -> dict:
     """One setting's replay as a row (``args``: the cell, the `Settings`, the `Bound` or None, the space's least
-    costs per ALLOC and FREE, the recorded OOMs): the sweep row, its retries (torch's ``num_alloc_retries``, else
+    costs per ALLOC and FREE, the recorded OOMs, and optionally whether to put off the peak's free state,
+    `Replay.defer_peak_state`: `_replay_all` does while fewer rows ran out than the bound stopped): the sweep row, its retries (torch's ``num_alloc_retries``, else
     the pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it
     served (``rescue``: `rescue_of`), and the free breakdown where it matters: at its first OOM, else at its
     reserved peak. A replay the bound stops is a row of None figures with ``pruned``: where it stopped and
     the lower bounds it had reached (`_walk_bounded`)."""
-    cell, settings, bound, least, ooms = args
+    cell, settings, bound, least, ooms, *defer = args
     s = settings or Settings()
     t_start = time.perf_counter()
     r = Replay(cached_trace(cell.trace), cell.policy, s.replay, runtime=cell.runtime, cap=cell.cap,
                capacity=cell.capacity)
     try:
+        if bound is not None and (not defer or defer[0]):   # a replay the bound stops never reads its peak's
+            r.defer_peak_state()                        # free state; one that runs out reads it, walking again
         pruned = _walk_bounded(r, bound, least, ooms) if bound is not None else None
         res = None if pruned else r.run()
     finally:
@@ -497,10 +515,12 @@ def _replay_job(args) -> dict:
 def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> dict | None:
     """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
-    final peak reserved, modeled time (the clock plus ``least``'s per ALLOC and FREE still to come) and
-    device mallocs."""
+    final peak reserved (what it reached, or ``least``'s third, the peak its live blocks reach, if higher:
+    unless it runs out, a row that does not fit either), modeled time (the clock plus ``least``'s per ALLOC
+    and FREE still to come) and device mallocs."""
     n, window, allocs, frees, at = _to_come(r.trace)
-    dev, (per_alloc, per_free) = r.device, least
+    dev, (per_alloc, per_free, *floor) = r.device, least
+    floor = floor[0] if floor else 0
     while True:
         r.step(window)
         d = r.events_done
@@ -510,8 +530,9 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> 
         if at[k] <= (ooms[-1][0] if ooms else -1):
             continue
         clock = float(dev.clock + allocs[k] * per_alloc + frees[k] * per_free) * (1 - SLACK)
-        if bound.hopeless(dev.peak_reserved, clock, dev.n_malloc):
-            return {"event": int(at[k]), "peak_reserved_bytes": dev.peak_reserved, TIME: clock,
+        reserved = max(dev.peak_reserved, floor)
+        if bound.hopeless(reserved, clock, dev.n_malloc):
+            return {"event": int(at[k]), "peak_reserved_bytes": reserved, TIME: clock,
                     "device_mallocs": dev.n_malloc}
 
 

@@ -12,12 +12,14 @@ answer (which replays the bound stops depends on the order they end in, so only 
 are compared); the benchmark checks it. ``cpu`` is the tune's CPU seconds (this process and every worker) over one
 single replay's: the cost a busy machine does not distort.
 
-``--cap`` is the allowed memory (a size, or ``1.2x``: that multiple of each trace's LOAD); ``--synth ITERATIONS`` adds a
-generated variable-length transformer (`allocsim.synth`, about 1,050 events an iteration) recorded as a PyTorch run,
-for a trace of 10^5 events and more.
+``--cap`` is the allowed memory (a size, or ``1.2x``: that multiple of each trace's LOAD); ``--capacity`` the device's
+memory (default: the recorded device's). ``--synth ITERATIONS`` adds a generated variable-length transformer
+(`allocsim.synth`, about 1,050 events an iteration) recorded as a PyTorch run, for a trace of 10^5 events and more;
+``--recorded-conf`` gives it the ``PYTORCH_CUDA_ALLOC_CONF`` it was recorded with (issue 17's first case: 49
+iterations, ``--recorded-conf max_split_size_mb:128,roundup_power2_divisions:4 --capacity 22GB``).
 
-    python3 benchmarks/bench_tune.py [traces/resnet50.bin ...] [--jobs 1,2] [--cap 1.2x] [--synth 100] [--no-fit]
-                                     [--json out.json]
+    python3 benchmarks/bench_tune.py [traces/resnet50.bin ...] [--jobs 1,2] [--cap 1.2x] [--capacity 22GB]
+                                     [--synth 100 [--recorded-conf CONF]] [--no-fit] [--json out.json]
 """
 from __future__ import annotations
 
@@ -78,11 +80,11 @@ class CountingPool(ProcessPoolExecutor):
         return outer
 
 
-def single_replay_s(path: str, n: int, cap: int | None = None) -> tuple[float, float]:
+def single_replay_s(path: str, n: int, cap: int | None = None, capacity="trace") -> tuple[float, float]:
     """Median wall and CPU seconds of ``n`` replays under the recorded settings (the trace already loaded)."""
     t = cached_trace(path)
     spec = Space(t, Target(None, None)).candidates()[0].spec
-    cell = Cell(path, spec, cap)
+    cell = Cell(path, spec, cap, capacity=capacity)
     times, cpu = [], []
     for _ in range(n):
         c0, t0 = time.process_time(), time.perf_counter()
@@ -111,31 +113,35 @@ def same_answers(answers: list[tuple[str, dict]]) -> bool:
     return all(a == first and all(rows[k] == v for k, v in r.items() if k in rows) for a, r in answers[1:])
 
 
-def tune_run(path: str, jobs: int, fit: bool, cap: int | None = None) -> dict:
+def tune_run(path: str, jobs: int, fit: bool, cap: int | None = None, capacity="trace") -> dict:
     """One tune at ``jobs``; its wall time and CPU seconds (this process and the workers), answer and workers'
     tasks and busy fractions."""
     if jobs <= 1:
         c0, t0 = time.process_time(), time.perf_counter()
-        res = tune(path, cap=cap, jobs=1, fit=fit)
+        res = tune(path, cap=cap, capacity=capacity, jobs=1, fit=fit)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         return {"wall_s": wall, "cpu_s": cpu, "res": res, "workers": [{"tasks": None, "busy": cpu / wall, "held": 1.0}]}
     with CountingPool(jobs) as ex:
         c0, t0 = time.process_time(), time.perf_counter()
-        res = tune(path, cap=cap, jobs=jobs, fit=fit, executor=ex)
+        res = tune(path, cap=cap, capacity=capacity, jobs=jobs, fit=fit, executor=ex)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     workers = [{"tasks": ex.tasks[pid], "busy": ex.cpu[pid] / wall, "held": ex.held[pid] / wall}
                for pid in sorted(ex.tasks)]
     return {"wall_s": wall, "cpu_s": cpu + sum(ex.cpu.values()), "res": res, "workers": workers}
 
 
-def synth_transformer(iterations: int, folder: str) -> str:
+def synth_transformer(iterations: int, folder: str, conf: str | None = None) -> str:
     """A generated variable-length transformer of ``iterations`` steps, saved as a PyTorch recording (the torch
-    space: the caching allocator's settings) on an 80 GiB device; its path."""
+    space: the caching allocator's settings) on an 80 GiB device, recorded under ``conf`` (a
+    ``PYTORCH_CUDA_ALLOC_CONF``; None: the defaults); its path."""
     from allocsim.synth import generate
     from allocsim.trace import Trace
     t = generate("transformer", variable=True, iterations=iterations)
     path = os.path.join(folder, f"transformer-variable-{iterations}.bin")
-    Trace(t.records, {**t.meta, "framework": "torch"}, streams=t.streams, sites=t.sites, labels=t.labels).save(path)
+    meta = {**t.meta, "framework": "torch"}
+    if conf:
+        meta["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": conf}
+    Trace(t.records, meta, streams=t.streams, sites=t.sites, labels=t.labels).save(path)
     return path
 
 
@@ -156,19 +162,24 @@ def main(argv=None) -> int:
     ap.add_argument("--singles", type=int, default=5, help="single replays timed before and after (default 5)")
     ap.add_argument("--no-fit", action="store_true", help="tune without the capacity walks")
     ap.add_argument("--cap", help="the allowed memory: a size, or 1.2x (that multiple of each trace's LOAD)")
+    ap.add_argument("--capacity", default="trace", help="the device's memory (default: the recorded device's)")
     ap.add_argument("--synth", type=int, metavar="ITERATIONS",
                     help="add a generated variable-length transformer of that many steps, as a PyTorch recording")
+    ap.add_argument("--recorded-conf", metavar="CONF", help="the PYTORCH_CUDA_ALLOC_CONF --synth's trace is recorded with")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args(argv)
     jobs = [int(j) for j in args.jobs.split(",")]
+    if args.capacity != "trace":
+        from allocsim.units import parse_size
+        args.capacity = parse_size(args.capacity, what="--capacity")
     out = []
     with tempfile.TemporaryDirectory(prefix="bench-tune-") as folder:
-        traces = args.traces + ([synth_transformer(args.synth, folder)] if args.synth else [])
+        traces = args.traces + ([synth_transformer(args.synth, folder, args.recorded_conf)] if args.synth else [])
         for path in traces:
             cap = cap_of(args.cap, path)
-            before = single_replay_s(path, args.singles, cap)
-            runs = {j: tune_run(path, j, not args.no_fit, cap) for j in jobs}
-            after = single_replay_s(path, args.singles, cap)
+            before = single_replay_s(path, args.singles, cap, args.capacity)
+            runs = {j: tune_run(path, j, not args.no_fit, cap, args.capacity) for j in jobs}
+            after = single_replay_s(path, args.singles, cap, args.capacity)
             single, single_cpu = statistics.median([before[0], after[0]]), statistics.median([before[1], after[1]])
             if not same_answers([answer(r["res"]) for r in runs.values()]):
                 print(f"{path}: the answer depends on -j", file=sys.stderr)

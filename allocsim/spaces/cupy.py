@@ -35,5 +35,10 @@ def least_costs(ref: str, costs) -> tuple[float, float]:
     return costs.pool_hit_s, costs.pool_free_s
 
 
+def least_peak(trace, values: dict) -> int:
+    """The least peak reserved a replay reaches (`allocsim.tune.Bound`): nothing known beyond what it reached."""
+    return 0
+
+
 def conf_lines(spec: PolicySpec, cap: int | None) -> dict:
     return cupy.conf_lines(spec.values().get("limit"))

@@ -35,5 +35,10 @@ def least_costs(ref: str, costs) -> tuple[float, float]:
     return 0.0, 0.0
 
 
+def least_peak(trace, values: dict) -> int:
+    """The least peak reserved a replay reaches (`allocsim.tune.Bound`): nothing known beyond what it reached."""
+    return 0
+
+
 def conf_lines(spec: PolicySpec, cap: int | None) -> dict:
     return julia.conf_lines(spec.ref, cap)

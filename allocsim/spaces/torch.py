@@ -16,10 +16,15 @@ on under the cap (``space.gc_acts``), it is dropped.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..frameworks import torch as torch_settings
 from ..frameworks.torch import MIN_MB, NO_DIVISIONS, MiB, divisions_table, parse_divisions, settings_from_trace
 from ..policies.torch import get_allocation_size, round_size
 from ..spec import PolicySpec
+from ..trace import ALLOC
+from ..trace.events import CATCHES_OOM
+from ..trace.trace import Chunk, LiveBytes
 
 POLICY = "torch"
 
@@ -93,6 +98,38 @@ def least_costs(ref: str, costs) -> tuple[float, float]:
     ``pool_hit_s`` at every malloc and ``pool_free_s`` at every free, whatever else it does (docs/metrics.md,
     "The cost model"; `tests/test_tune_bound.py` holds every replay to it)."""
     return costs.pool_hit_s, costs.pool_free_s
+
+
+_PEAKS: dict = {}
+
+
+def least_peak(trace, values: dict) -> int:
+    """The least peak reserved a replay of ``trace`` under these settings reaches unless it runs out first
+    (`allocsim.tune.Bound`): the peak over the trace of its live objects' blocks, each request rounded as the
+    model rounds it (`round_size` under ``roundup_power2_divisions``; docs/models/torch.md): reserved memory
+    holds every live block, and a block is never smaller than its request rounded. A 0-byte request takes no
+    block and one the program catches (CATCHES_OOM) may fail: both count 0. Kept per trace and divisions."""
+    div = values.get("roundup_power2_divisions")
+    key = (id(trace), repr(div))
+    kept = _PEAKS.get(key)
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    divisions = NO_DIVISIONS if div is None else divisions_table(div)
+    live, rounded = LiveBytes(), {0: 0}
+    for start, rec in trace.chunks():
+        rec = rec.copy()
+        a = rec["kind"] == ALLOC
+        sizes, at = np.unique(rec["size"][a], return_inverse=True)
+        for n in set(sizes.tolist()) - rounded.keys():
+            rounded[n] = round_size(n, divisions)
+        blocks = np.array([rounded[n] for n in sizes.tolist()], np.uint64)[at]
+        blocks[(rec["flags"][a] & CATCHES_OOM) != 0] = 0
+        rec["size"][a] = blocks
+        live.add(Chunk(start, rec))
+    if len(_PEAKS) >= 64:
+        _PEAKS.clear()
+    _PEAKS[key] = (trace, live.peak)
+    return live.peak
 
 
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
