@@ -42,9 +42,12 @@ as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_sna
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-
 import numpy as np
+
+try:
+    import cython                   # the compiled build (docs/architecture.md, "The compiled build")
+except ImportError:
+    from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from ..errors import UsageError
 from ..frameworks.torch import (MiB, N_DIVISION_INTERVALS, NO_DIVISIONS, PARAMS, SIZE_MAX, divisions_table,
@@ -54,14 +57,17 @@ from ..trace.events import (POOL, POOL_ANY_STREAM, POOL_BEGIN, POOL_EMPTY, POOL_
 from .base import Policy
 from .registry import register
 
+if not cython.compiled:             # compiled, torch.pxd cimports their C loops
+    from ._sorted import file_key, first_at_least
+
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
 K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
-SHIFT = 64                         # sort key = size << SHIFT | address
-assert (SHIFT, K_SMALL_SIZE, K_MIN_BLOCK) == (64, 1048576, 512)     # written as literals in the fused loop
+LONG_MAX = 1 << 62                 # above every size (at most 2**50 bytes, docs/trace-format.md): max_split in C
+assert (K_SMALL_SIZE, K_MIN_BLOCK) == (1048576, 512)     # written as literals in the fused loop
 
 
 # ---- sizes -------------------------------------------------------------------------
@@ -116,9 +122,54 @@ class Block:
         self.gc_base = 0
 
 
+class KeyField:
+    """How a free block's key is made: ``size << abits | address - lo``, every segment lying in ``[lo, lo +
+    2**abits)``, so that the keys order free blocks by (size, address) as PyTorch's set does (a policy's one field,
+    shared by its pools; `TorchCachingAllocator._cover` widens it for a new segment and re-keys the pools).
+
+    ``fit``: a size below it makes a key below 2**62, one machine word, which the compiled build makes in C
+    arithmetic (`_key`); a larger one makes a Python int, exact at any width (`_wide_key`). Interpreted, both are
+    the same Python arithmetic. ``low``/``high``: the addresses the segments seen so far span (high 0: none)."""
+
+    __slots__ = ("lo", "abits", "fit", "low", "high")
+
+    def __init__(self):
+        self.lo = self.abits = self.low = self.high = 0
+        self.fit = 1 << 62
+
+    def covers(self, ptr: int, size: int) -> bool:
+        """Whether ``[ptr, ptr + size)`` lies in the field (Python ints: no C shift by ``abits``)."""
+        return self.lo <= ptr and (ptr + size - self.lo) >> self.abits == 0
+
+    def widen(self, ptr: int, size: int) -> None:
+        """Cover ``[ptr, ptr + size)`` and what was covered, with as much room again around them (so a run whose
+        segments climb, or fall, re-keys O(log span) times)."""
+        low = ptr if self.high == 0 else min(self.low, ptr)
+        high = max(self.high, ptr + size)
+        span = high - low
+        abits = (2 * span).bit_length()
+        self.lo = max(0, low - ((1 << abits) - span) // 2)
+        self.low, self.high, self.abits = low, high, abits
+        self.fit = 1 << (62 - abits) if abits < 62 else 0
+
+
+def _wide_key(size, ptr, abits, lo):
+    """A key in Python ints, at any width (`KeyField`)."""
+    return size << abits | ptr - lo
+
+
+@cython.cfunc
+@cython.locals(f=KeyField, size=cython.longlong, ptr=cython.longlong)
+def _key(f, size, ptr):
+    """The key of a free block of ``size`` bytes at ``ptr`` (`KeyField`)."""
+    if size < f.fit:
+        return size << f.abits | ptr - f.lo
+    return _wide_key(size, ptr, f.abits, f.lo)
+
+
 class BlockPool:
     """Free blocks of one (small|large, stream): ``keys`` is the sorted list of the mapped
-    free blocks' keys ``size << SHIFT | address``, with ``blocks`` mapping key -> Block;
+    free blocks' keys (``size << abits | address - lo``, `KeyField`), with ``blocks`` mapping key -> Block;
     ``unmapped`` is the sorted list of the addresses of the unmapped ranges of expandable
     segments (``unmapped_blocks``: ptr -> Block).
 
@@ -129,36 +180,48 @@ class BlockPool:
     one pool the memmove dominates (10 k: about 1.7 x slower than the runs).
     """
 
-    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks", "owner")
+    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks", "owner", "field")
 
-    def __init__(self, small: bool, stream: int, owner: "PrivatePool | None" = None):
+    def __init__(self, small: bool, stream: int, field: KeyField, owner: "PrivatePool | None" = None):
         self.small = small
         self.stream = stream
         self.owner = owner              # the private pool these blocks belong to; None: the default pools
+        self.field = field              # the policy's: how keys are made
         self.keys: list[int] = []
         self.blocks: dict[int, Block] = {}
         self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
 
+    @cython.locals(b=Block)
     def insert(self, b: Block) -> None:
         if b.mapped:
-            k = b.size << SHIFT | b.ptr
-            insort(self.keys, k)
+            k = _key(self.field, b.size, b.ptr)
+            file_key(self.keys, k)
             self.blocks[k] = b
         else:
-            insort(self.unmapped, b.ptr)
+            file_key(self.unmapped, b.ptr)
             self.unmapped_blocks[b.ptr] = b
 
+    @cython.locals(b=Block)
     def erase(self, b: Block) -> None:
         if b.mapped:
-            k = b.size << SHIFT | b.ptr
+            k = _key(self.field, b.size, b.ptr)
             keys = self.keys
-            del keys[bisect_left(keys, k)]
+            del keys[first_at_least(keys, k)]
             del self.blocks[k]
         else:
             unmapped = self.unmapped
-            del unmapped[bisect_left(unmapped, b.ptr)]
+            del unmapped[first_at_least(unmapped, b.ptr)]
             del self.unmapped_blocks[b.ptr]
+
+    def rekey(self) -> None:
+        """Make every key again after the field changed (`KeyField.widen`); the lists and dicts stay the same
+        objects, which the fused loop holds."""
+        held = list(self.blocks.values())
+        self.blocks.clear()
+        for b in held:
+            self.blocks[_key(self.field, b.size, b.ptr)] = b
+        self.keys[:] = sorted(self.blocks)
 
 
 class PrivatePool:
@@ -302,6 +365,7 @@ class TorchCachingAllocator(Policy):
         self.gc_threshold_set = (self.garbage_collection_threshold or 0.0) > 0.0
         # pools: stream index -> (small, large); release paths visit them in cudaStream_t order
         self._pools: dict[int, tuple[BlockPool, BlockPool]] = {}
+        self._field = KeyField()         # how every pool's keys are made (`_cover` widens it)
         self._stream_values = list(trace.streams) if trace is not None else []
         self._segments: list[ExpandableSegment] = []
         self.gfb_calls = [0, 0]          # get_free_block calls per pool (large, small) while GC is on
@@ -339,7 +403,8 @@ class TorchCachingAllocator(Policy):
 
     def _make_pools(self, stream: int, owner: PrivatePool | None = None) -> tuple[BlockPool, BlockPool]:
         pools = self._pools if owner is None else owner.pools
-        pp = pools[stream] = (BlockPool(True, stream, owner), BlockPool(False, stream, owner))
+        field = self._field
+        pp = pools[stream] = (BlockPool(True, stream, field, owner), BlockPool(False, stream, field, owner))
         return pp
 
     def _pools_in_order(self, small: bool, owner: PrivatePool | None = None) -> list[BlockPool]:
@@ -417,10 +482,10 @@ class TorchCachingAllocator(Policy):
         pp = self._pools.get(stream) or self._make_pools(stream)
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
-        keys = pool.keys
-        i = bisect_left(keys, n << SHIFT)
+        keys, field = pool.keys, self._field
+        i = first_at_least(keys, _key(field, n, field.lo))
         ms = self.max_split
-        if i < len(keys) and ((bsize := keys[i] >> SHIFT) < ms
+        if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
             b = pool.blocks.pop(keys.pop(i))
         else:
@@ -454,8 +519,8 @@ class TorchCachingAllocator(Policy):
                 nxt.prev = r
             b.next = r
             b.size = bsize = n
-            rk = rem << SHIFT | rptr
-            insort(keys, rk)
+            rk = _key(field, rem, rptr)
+            file_key(keys, rk)
             pool.blocks[rk] = r
         elif b.prev is not None or b.next is not None:
             self.inactive_split_bytes -= bsize
@@ -471,13 +536,13 @@ class TorchCachingAllocator(Policy):
         size = b.size
         self.allocated -= size
         pool = b.pool
-        keys, blocks = pool.keys, pool.blocks
+        keys, blocks, field = pool.keys, pool.blocks, pool.field
         prev, nxt = b.prev, b.next
         subsumed = 0                            # bytes taken over from free neighbours
         if prev is not None and not prev.allocated:
             subsumed = prev.size
-            pk = subsumed << SHIFT | prev.ptr
-            del keys[bisect_left(keys, pk)], blocks[pk]
+            pk = _key(field, subsumed, prev.ptr)
+            del keys[first_at_least(keys, pk)], blocks[pk]
             b.ptr = prev.ptr
             self._spare.append(prev)
             prev = b.prev = prev.prev
@@ -485,16 +550,16 @@ class TorchCachingAllocator(Policy):
                 prev.next = b
         if nxt is not None and not nxt.allocated:
             nsize = nxt.size
-            nk = nsize << SHIFT | nxt.ptr
-            del keys[bisect_left(keys, nk)], blocks[nk]
+            nk = _key(field, nsize, nxt.ptr)
+            del keys[first_at_least(keys, nk)], blocks[nk]
             self._spare.append(nxt)
             nxt = b.next = nxt.next
             if nxt is not None:
                 nxt.prev = b
             subsumed += nsize
         b.size = size = size + subsumed
-        k = size << SHIFT | b.ptr
-        insort(keys, k)
+        k = _key(field, size, b.ptr)
+        file_key(keys, k)
         blocks[k] = b
         delta = size - subsumed if prev is not None or nxt is not None else -subsumed
         if delta:
@@ -502,6 +567,15 @@ class TorchCachingAllocator(Policy):
             if v > self.inactive_split_bytes_peak:
                 self.inactive_split_bytes_peak = v
 
+    @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, size=cython.longlong, n=cython.longlong,
+                   bsize=cython.longlong, rem=cython.longlong, rptr=cython.longlong, subsumed=cython.longlong,
+                   nsize=cython.longlong, allocated=cython.longlong, isb=cython.longlong, isb_peak=cython.longlong,
+                   nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
+                   free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
+                   small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
+                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=dict, spare=list,
+                   pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
+                   fit=cython.longlong, ms=cython.longlong)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
         `_malloc_fast` and `_free_fast`) inlined over ``events``, the clock, ``allocated`` and the inactive split
@@ -515,9 +589,10 @@ class TorchCachingAllocator(Policy):
         (`_insert`). A pool miss runs `_escalate` as `malloc` does (the locals written back around it) and is
         reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its
         index or None at the end, peak allocated)``."""
-        clock, allocated = dev.clock, self.allocated
+        clock, allocated, field = dev.clock, self.allocated, self._field
+        shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
-        hit_s, free_s, ms = self._hit_s, self._free_s, self.max_split
+        hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
         spare, spare_append, pop = self._spare, self._spare.append, handles.pop
@@ -535,10 +610,10 @@ class TorchCachingAllocator(Policy):
                 if gc:
                     gfb[small] += 1
                 keys = pool.keys
-                x = bisect_left(keys, n << 64)
+                x = first_at_least(keys, n << shift if n < fit else _key(field, n, lo))
                 if es and x < len(keys):
                     x = _grow_least(keys, pool.blocks, x)
-                if x < len(keys) and ((bsize := keys[x] >> 64) < ms or (n >= ms and bsize < n + nsr)):
+                if x < len(keys) and ((bsize := keys[x] >> shift) < ms or (n >= ms and bsize < n + nsr)):
                     b = pool.blocks.pop(keys.pop(x))
                     slow = False
                 else:
@@ -547,6 +622,7 @@ class TorchCachingAllocator(Policy):
                     b = escalate(pool, n)
                     clock = dev.clock
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
+                    shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -584,8 +660,8 @@ class TorchCachingAllocator(Policy):
                     b.size = bsize = n
                     if stamp:
                         r.gc_base = gfb[small]
-                    rk = rem << 64 | rptr
-                    insort(keys, rk)
+                    rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
+                    file_key(keys, rk)
                     pool.blocks[rk] = r
                 elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
@@ -614,8 +690,8 @@ class TorchCachingAllocator(Policy):
                 subsumed = 0
                 if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
-                    pk = subsumed << 64 | prev.ptr
-                    del keys[bisect_left(keys, pk)], blocks[pk]
+                    pk = subsumed << shift | prev.ptr - lo if subsumed < fit else _key(field, subsumed, prev.ptr)
+                    del keys[first_at_least(keys, pk)], blocks[pk]
                     b.ptr = prev.ptr
                     spare_append(prev)
                     prev = b.prev = prev.prev
@@ -623,8 +699,8 @@ class TorchCachingAllocator(Policy):
                         prev.next = b
                 if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
-                    nk = nsize << 64 | nxt.ptr
-                    del keys[bisect_left(keys, nk)], blocks[nk]
+                    nk = nsize << shift | nxt.ptr - lo if nsize < fit else _key(field, nsize, nxt.ptr)
+                    del keys[first_at_least(keys, nk)], blocks[nk]
                     spare_append(nxt)
                     nxt = b.next = nxt.next
                     if nxt is not None:
@@ -633,9 +709,9 @@ class TorchCachingAllocator(Policy):
                 b.size = size = size + subsumed
                 if stamp:
                     b.gc_base = gfb[pool.small]
-                k = size << 64 | b.ptr
-                insort(keys, k)
-                blocks[k] = b
+                fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
+                file_key(keys, fk)
+                blocks[fk] = b
                 if not es:
                     isb += size - subsumed if prev is not None or nxt is not None else -subsumed
                     if isb > isb_peak:
@@ -659,7 +735,7 @@ class TorchCachingAllocator(Policy):
         if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
-        i = bisect_left(keys, n << SHIFT)
+        i = first_at_least(keys, _key(pool.field, n, pool.field.lo))
         if i == len(keys):
             return None
         if self.expandable and pool.blocks[keys[i]].es is not None:
@@ -711,6 +787,14 @@ class TorchCachingAllocator(Policy):
             self.num_ooms += 1
         return b
 
+    def _cover(self, ptr: int, size: int) -> None:
+        """A new segment at ``ptr``: widen the key field to it where it lies outside, re-keying every pool."""
+        if not self._field.covers(ptr, size):
+            self._field.widen(ptr, size)
+            for _, pp in self._all_pools():
+                for pool in pp:
+                    pool.rekey()
+
     def _log(self, kind: int, size: int, addr: int, pool: BlockPool) -> None:
         self.segment_log.append((kind, size, self.event_index))
         self.segment_where.append((addr, pool.stream))
@@ -724,6 +808,7 @@ class TorchCachingAllocator(Policy):
         ptr = self.ctx.malloc(seg)
         if ptr is None:
             return None
+        self._cover(ptr, seg)
         self.num_device_alloc += 1
         self.segments += 1
         self.segments_allocated += 1
@@ -787,7 +872,7 @@ class TorchCachingAllocator(Policy):
             return False
         key_size = max(n, ms)
         keys = list(pool.keys)
-        pos = bisect_left(keys, key_size << SHIFT)
+        pos = first_at_least(keys, _key(pool.field, key_size, pool.field.lo))
         if pos < len(keys) and pool.blocks[keys[pos]].es is None:
             self._release_block(pool.blocks[keys[pos]])
             return True
@@ -927,6 +1012,7 @@ class TorchCachingAllocator(Policy):
         total = self.total_memory or (1 << 44)
         size = (total + total // 8 + page - 1) // page * page
         es = ExpandableSegment(self.ctx.reserve_address_range(size), size, page)
+        self._cover(es.base, size)
         self._segments.append(es)
         c = Block(es.base, size, pool, es, mapped=False)
         pool.insert(c)
@@ -1074,7 +1160,7 @@ class TorchCachingAllocator(Policy):
         for _, pp in self._all_pools():
             for pool in pp:
                 if pool.keys:
-                    best = max(best, pool.keys[-1] >> SHIFT)
+                    best = max(best, pool.keys[-1] >> pool.field.abits)
         return best
 
     def free_breakdown(self, stream):
