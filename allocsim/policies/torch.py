@@ -141,6 +141,10 @@ class KeyField:
         """Whether ``[ptr, ptr + size)`` lies in the field (Python ints: no C shift by ``abits``)."""
         return self.lo <= ptr and (ptr + size - self.lo) >> self.abits == 0
 
+    def least(self, size: int) -> int:
+        """The least key of a block of ``size`` bytes (a Python int: any width)."""
+        return size << self.abits
+
     def widen(self, ptr: int, size: int) -> None:
         """Cover ``[ptr, ptr + size)`` and what was covered, with as much room again around them (so a run whose
         segments climb, or fall, re-keys O(log span) times)."""
@@ -483,7 +487,7 @@ class TorchCachingAllocator(Policy):
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
         keys, field = pool.keys, self._field
-        i = first_at_least(keys, _key(field, n, field.lo))
+        i = first_at_least(keys, field.least(n))
         ms = self.max_split
         if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
@@ -593,9 +597,11 @@ class TorchCachingAllocator(Policy):
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
+        below_ms = field.least(ms)          # the keys of blocks below max_split are below this
+        pp_stream = pp = None               # the last ALLOC's stream and its pools (pools are never dropped)
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
-        spare, spare_append, pop = self._spare, self._spare.append, handles.pop
+        spare = self._spare
         es, stamp, gfb = self.expandable, self.gc_threshold_set, self.gfb_calls
         gc = self.gc_on()
         lat_append, n0 = lat.append, len(lat)
@@ -604,17 +610,19 @@ class TorchCachingAllocator(Policy):
                 t0 = clock
                 clock += hit_s
                 n = (size + 511) & ~511 if plain else round_size(size, divisions)
-                pp = pools.get(stream) or make_pools(stream)
+                if stream is not pp_stream:     # (another int object of the same value only looks it up again)
+                    pp_stream, pp = stream, pools.get(stream) or make_pools(stream)
                 small = n <= 1048576            # K_SMALL_SIZE
                 pool = pp[0] if small else pp[1]
                 if gc:
                     gfb[small] += 1
                 keys = pool.keys
-                x = first_at_least(keys, n << shift if n < fit else _key(field, n, lo))
+                x = first_at_least(keys, n << shift if n < fit else field.least(n))
                 if es and x < len(keys):
                     x = _grow_least(keys, pool.blocks, x)
-                if x < len(keys) and ((bsize := keys[x] >> shift) < ms or (n >= ms and bsize < n + nsr)):
+                if x < len(keys) and (keys[x] < below_ms or (n >= ms and keys[x] >> shift < n + nsr)):
                     b = pool.blocks.pop(keys.pop(x))
+                    bsize = b.size
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
@@ -623,6 +631,7 @@ class TorchCachingAllocator(Policy):
                     clock = dev.clock
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
                     shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
+                    below_ms = field.least(ms)
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -677,7 +686,7 @@ class TorchCachingAllocator(Policy):
                     self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
                     served(j, b)
             elif k == 2:                        # FREE: free
-                b = pop(i, None)
+                b = handles.pop(i, None)
                 if b is None:
                     break
                 clock += free_s
@@ -693,7 +702,7 @@ class TorchCachingAllocator(Policy):
                     pk = subsumed << shift | prev.ptr - lo if subsumed < fit else _key(field, subsumed, prev.ptr)
                     del keys[first_at_least(keys, pk)], blocks[pk]
                     b.ptr = prev.ptr
-                    spare_append(prev)
+                    spare.append(prev)
                     prev = b.prev = prev.prev
                     if prev is not None:
                         prev.next = b
@@ -701,7 +710,7 @@ class TorchCachingAllocator(Policy):
                     nsize = nxt.size
                     nk = nsize << shift | nxt.ptr - lo if nsize < fit else _key(field, nsize, nxt.ptr)
                     del keys[first_at_least(keys, nk)], blocks[nk]
-                    spare_append(nxt)
+                    spare.append(nxt)
                     nxt = b.next = nxt.next
                     if nxt is not None:
                         nxt.prev = b
@@ -735,7 +744,7 @@ class TorchCachingAllocator(Policy):
         if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
-        i = first_at_least(keys, _key(pool.field, n, pool.field.lo))
+        i = first_at_least(keys, pool.field.least(n))
         if i == len(keys):
             return None
         if self.expandable and pool.blocks[keys[i]].es is not None:
@@ -872,7 +881,7 @@ class TorchCachingAllocator(Policy):
             return False
         key_size = max(n, ms)
         keys = list(pool.keys)
-        pos = first_at_least(keys, _key(pool.field, key_size, pool.field.lo))
+        pos = first_at_least(keys, pool.field.least(key_size))
         if pos < len(keys) and pool.blocks[keys[pos]].es is None:
             self._release_block(pool.blocks[keys[pos]])
             return True
