@@ -35,6 +35,11 @@ Where the model knowingly differs:
   whole range fits, as PyTorch maps all or nothing), so device mallocs count map calls, as
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
 
+The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``torch.pxd`` makes
+`Block`, `BlockPool` and `KeyField` C records, the ``@cython`` decorators type the fused loop's locals (its hot
+path C end to end: a key below 2**62 made in C arithmetic and searched for unboxed, `seek_word`); the rare paths
+stay the Python they read as.
+
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
 ``(address, stream)`` to ``segment_where``; `layout` gives the segments and their blocks
@@ -59,6 +64,7 @@ from .registry import register
 
 if not cython.compiled:             # compiled, torch.pxd cimports their C loops
     from ._sorted import file_key, first_at_least
+    seek_word = first_at_least      # compiled: the search for a key in one machine word, never boxed (torch.pxd)
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
@@ -173,7 +179,9 @@ def _key(f, size, ptr):
 
 class BlockPool:
     """Free blocks of one (small|large, stream): ``keys`` is the sorted list of the mapped
-    free blocks' keys (``size << abits | address - lo``, `KeyField`), with ``blocks`` mapping key -> Block;
+    free blocks' keys (``size << abits | address - lo``, `KeyField`), ``blocks`` the blocks in the same order
+    (``blocks[i]`` is the block of ``keys[i]``: found and dropped by position, where a dict by key cost a hash
+    and a probe per step);
     ``unmapped`` is the sorted list of the addresses of the unmapped ranges of expandable
     segments (``unmapped_blocks``: ptr -> Block).
 
@@ -192,7 +200,7 @@ class BlockPool:
         self.owner = owner              # the private pool these blocks belong to; None: the default pools
         self.field = field              # the policy's: how keys are made
         self.keys: list[int] = []
-        self.blocks: dict[int, Block] = {}
+        self.blocks: list[Block] = []
         self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
 
@@ -200,8 +208,9 @@ class BlockPool:
     def insert(self, b: Block) -> None:
         if b.mapped:
             k = _key(self.field, b.size, b.ptr)
-            file_key(self.keys, k)
-            self.blocks[k] = b
+            i = first_at_least(self.keys, k)
+            self.keys.insert(i, k)
+            self.blocks.insert(i, b)
         else:
             file_key(self.unmapped, b.ptr)
             self.unmapped_blocks[b.ptr] = b
@@ -209,10 +218,8 @@ class BlockPool:
     @cython.locals(b=Block)
     def erase(self, b: Block) -> None:
         if b.mapped:
-            k = _key(self.field, b.size, b.ptr)
-            keys = self.keys
-            del keys[first_at_least(keys, k)]
-            del self.blocks[k]
+            i = first_at_least(self.keys, _key(self.field, b.size, b.ptr))
+            del self.keys[i], self.blocks[i]
         else:
             unmapped = self.unmapped
             del unmapped[first_at_least(unmapped, b.ptr)]
@@ -221,11 +228,9 @@ class BlockPool:
     def rekey(self) -> None:
         """Make every key again after the field changed (`KeyField.widen`); the lists and dicts stay the same
         objects, which the fused loop holds."""
-        held = list(self.blocks.values())
-        self.blocks.clear()
-        for b in held:
-            self.blocks[_key(self.field, b.size, b.ptr)] = b
-        self.keys[:] = sorted(self.blocks)
+        rekeyed = sorted((_key(self.field, b.size, b.ptr), b) for b in self.blocks)
+        self.keys[:] = [k for k, _ in rekeyed]
+        self.blocks[:] = [b for _, b in rekeyed]
 
 
 class PrivatePool:
@@ -266,19 +271,26 @@ def _carve(b: Block, n: int, pool: BlockPool) -> Block:
     return r
 
 
+@cython.cfunc
+@cython.locals(b=Block, nxt=Block)
+@cython.returns(cython.longlong)
 def _expandable_size(b: Block) -> int:
     nxt = b.next
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
 
-def _grow_least(keys: list, blocks: dict, i: int) -> int:
-    """`get_free_block` in an expandable pool: from the best fit ``keys[i]`` on, the index of the candidate that
+@cython.cfunc
+@cython.locals(blocks=list, i=cython.Py_ssize_t, y=cython.Py_ssize_t, b=Block, b2=Block, grow=cython.longlong,
+               g2=cython.longlong)
+@cython.returns(cython.Py_ssize_t)
+def _grow_least(blocks: list, i: int) -> int:
+    """`get_free_block` in an expandable pool: from the best fit ``blocks[i]`` on, the index of the candidate that
     can grow least (size + the unmapped space after it), walking on while the next one could grow less than the
-    one held. O(candidates walked), by index: no copy of the keys."""
-    b = blocks[keys[i]]
+    one held. O(candidates walked), by index: no copy of the blocks."""
+    b = blocks[i]
     grow = _expandable_size(b)
-    for y in range(i + 1, len(keys)):
-        b2 = blocks[keys[y]]
+    for y in range(i + 1, len(blocks)):
+        b2 = blocks[y]
         if b.es is None:
             break
         g2 = _expandable_size(b2)
@@ -491,7 +503,8 @@ class TorchCachingAllocator(Policy):
         ms = self.max_split
         if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
-            b = pool.blocks.pop(keys.pop(i))
+            del keys[i]
+            b = pool.blocks.pop(i)
         else:
             b = self._escalate(pool, n)
             if b is None:
@@ -524,8 +537,9 @@ class TorchCachingAllocator(Policy):
             b.next = r
             b.size = bsize = n
             rk = _key(field, rem, rptr)
-            file_key(keys, rk)
-            pool.blocks[rk] = r
+            i = first_at_least(keys, rk)
+            keys.insert(i, rk)
+            pool.blocks.insert(i, r)
         elif b.prev is not None or b.next is not None:
             self.inactive_split_bytes -= bsize
         b.allocated = True
@@ -546,7 +560,8 @@ class TorchCachingAllocator(Policy):
         if prev is not None and not prev.allocated:
             subsumed = prev.size
             pk = _key(field, subsumed, prev.ptr)
-            del keys[first_at_least(keys, pk)], blocks[pk]
+            i = first_at_least(keys, pk)
+            del keys[i], blocks[i]
             b.ptr = prev.ptr
             self._spare.append(prev)
             prev = b.prev = prev.prev
@@ -555,7 +570,8 @@ class TorchCachingAllocator(Policy):
         if nxt is not None and not nxt.allocated:
             nsize = nxt.size
             nk = _key(field, nsize, nxt.ptr)
-            del keys[first_at_least(keys, nk)], blocks[nk]
+            i = first_at_least(keys, nk)
+            del keys[i], blocks[i]
             self._spare.append(nxt)
             nxt = b.next = nxt.next
             if nxt is not None:
@@ -563,8 +579,9 @@ class TorchCachingAllocator(Policy):
             subsumed += nsize
         b.size = size = size + subsumed
         k = _key(field, size, b.ptr)
-        file_key(keys, k)
-        blocks[k] = b
+        i = first_at_least(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, b)
         delta = size - subsumed if prev is not None or nxt is not None else -subsumed
         if delta:
             v = self.inactive_split_bytes = self.inactive_split_bytes + delta
@@ -577,7 +594,7 @@ class TorchCachingAllocator(Policy):
                    nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
                    small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
-                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=dict, spare=list,
+                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=list, spare=list,
                    pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
                    fit=cython.longlong, ms=cython.longlong)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
@@ -617,11 +634,12 @@ class TorchCachingAllocator(Policy):
                 if gc:
                     gfb[small] += 1
                 keys = pool.keys
-                x = first_at_least(keys, n << shift if n < fit else field.least(n))
+                x = seek_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 if es and x < len(keys):
-                    x = _grow_least(keys, pool.blocks, x)
+                    x = _grow_least(pool.blocks, x)
                 if x < len(keys) and (keys[x] < below_ms or (n >= ms and keys[x] >> shift < n + nsr)):
-                    b = pool.blocks.pop(keys.pop(x))
+                    del keys[x]
+                    b = pool.blocks.pop(x)
                     bsize = b.size
                     slow = False
                 else:
@@ -670,8 +688,9 @@ class TorchCachingAllocator(Policy):
                     if stamp:
                         r.gc_base = gfb[small]
                     rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
-                    file_key(keys, rk)
-                    pool.blocks[rk] = r
+                    x = first_at_least(keys, rk)
+                    keys.insert(x, rk)
+                    pool.blocks.insert(x, r)
                 elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
                 b.allocated = True
@@ -699,8 +718,9 @@ class TorchCachingAllocator(Policy):
                 subsumed = 0
                 if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
-                    pk = subsumed << shift | prev.ptr - lo if subsumed < fit else _key(field, subsumed, prev.ptr)
-                    del keys[first_at_least(keys, pk)], blocks[pk]
+                    x = (seek_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
+                         else first_at_least(keys, _key(field, subsumed, prev.ptr)))
+                    del keys[x], blocks[x]
                     b.ptr = prev.ptr
                     spare.append(prev)
                     prev = b.prev = prev.prev
@@ -708,8 +728,9 @@ class TorchCachingAllocator(Policy):
                         prev.next = b
                 if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
-                    nk = nsize << shift | nxt.ptr - lo if nsize < fit else _key(field, nsize, nxt.ptr)
-                    del keys[first_at_least(keys, nk)], blocks[nk]
+                    x = (seek_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
+                         else first_at_least(keys, _key(field, nsize, nxt.ptr)))
+                    del keys[x], blocks[x]
                     spare.append(nxt)
                     nxt = b.next = nxt.next
                     if nxt is not None:
@@ -719,8 +740,9 @@ class TorchCachingAllocator(Policy):
                 if stamp:
                     b.gc_base = gfb[pool.small]
                 fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
-                file_key(keys, fk)
-                blocks[fk] = b
+                x = first_at_least(keys, fk)
+                keys.insert(x, fk)
+                blocks.insert(x, b)
                 if not es:
                     isb += size - subsumed if prev is not None or nxt is not None else -subsumed
                     if isb > isb_peak:
@@ -747,17 +769,15 @@ class TorchCachingAllocator(Policy):
         i = first_at_least(keys, pool.field.least(n))
         if i == len(keys):
             return None
-        if self.expandable and pool.blocks[keys[i]].es is not None:
-            i = _grow_least(keys, pool.blocks, i)
-        k = keys[i]
-        b = pool.blocks[k]
+        if self.expandable and pool.blocks[i].es is not None:
+            i = _grow_least(pool.blocks, i)
+        b = pool.blocks[i]
         size, ms = b.size, self.max_split
         if n < ms and size >= ms:
             return None
         if n >= ms and size >= n + self.max_non_split_rounding:
             return None
-        del keys[i]
-        del pool.blocks[k]
+        del keys[i], pool.blocks[i]
         return b
 
     def _escalate(self, pool: BlockPool, n: int):
@@ -880,14 +900,13 @@ class TorchCachingAllocator(Policy):
         if ms == SIZE_MAX:
             return False
         key_size = max(n, ms)
-        keys = list(pool.keys)
-        pos = first_at_least(keys, pool.field.least(key_size))
-        if pos < len(keys) and pool.blocks[keys[pos]].es is None:
-            self._release_block(pool.blocks[keys[pos]])
+        blocks = list(pool.blocks)
+        pos = first_at_least(pool.keys, pool.field.least(key_size))
+        if pos < len(blocks) and blocks[pos].es is None:
+            self._release_block(blocks[pos])
             return True
         released = 0
-        for k in reversed(keys[:pos]):
-            b = pool.blocks[k]
+        for b in reversed(blocks[:pos]):
             if released >= key_size or b.size < ms:
                 break
             if b.es is None:
@@ -917,8 +936,7 @@ class TorchCachingAllocator(Policy):
     def _release_blocks(self, pool: BlockPool) -> None:
         """PyTorch's ``release_blocks``: cudaFree the whole free segments of ``pool``, unmap its free pages."""
         to_unmap = []
-        for k in list(pool.keys):
-            b = pool.blocks[k]
+        for b in list(pool.blocks):
             if b.es is not None:
                 to_unmap.append(b)
             elif b.prev is None and b.next is None:
@@ -983,7 +1001,7 @@ class TorchCachingAllocator(Policy):
         large = self._pools_in_order(False)
         total_age = count = 0
         for pool in large:
-            for b in pool.blocks.values():
+            for b in pool.blocks:
                 if b.prev is None and b.next is None:
                     total_age += now - b.gc_base
                     count += 1
@@ -992,8 +1010,7 @@ class TorchCachingAllocator(Policy):
             threshold = total_age / count
             freed = False
             for pool in large:
-                for k in list(pool.keys):
-                    b = pool.blocks[k]
+                for b in list(pool.blocks):
                     if b.prev is None and b.next is None and b.es is None and now - b.gc_base >= threshold:
                         freed = True
                         reclaimed += b.size
@@ -1115,7 +1132,7 @@ class TorchCachingAllocator(Policy):
         counts a decision or a statistic's peak reads."""
         calls = self.gfb_calls
         blocks = [b for pp in self._pools.values() for pool in pp
-                  for b in (*pool.blocks.values(), *pool.unmapped_blocks.values())]
+                  for b in (*pool.blocks, *pool.unmapped_blocks.values())]
         blocks += held
         out = sorted((b.ptr, b.mapped, b.size, b.allocated, b.requested if b.allocated else 0, b.pool.small,
                       b.pool.stream, None if b.es is None else b.es.base,
@@ -1148,7 +1165,7 @@ class TorchCachingAllocator(Policy):
         the default pools) and ``blocks``, a list of
         ``(address, size, requested bytes, allocated)`` in address order.
         """
-        blocks = [b for _, pp in self._all_pools() for pool in pp for b in pool.blocks.values()]
+        blocks = [b for _, pp in self._all_pools() for pool in pp for b in pool.blocks]
         blocks += live
         out = []
         for head in blocks:
@@ -1179,7 +1196,7 @@ class TorchCachingAllocator(Policy):
         def beside_live(b):
             return (b.prev is not None and b.prev.allocated) or (b.next is not None and b.next.allocated)
         return self.free_parts(((s, b.size, beside_live(b)) for s, pp in self._all_pools() for pool in pp
-                                for b in pool.blocks.values()), stream)
+                                for b in pool.blocks), stream)
 
     def counters(self) -> dict:
         """``torch.cuda.memory_stats()``'s counters. PyTorch's ``segment`` stat counts cudaMalloc'd segments only,
