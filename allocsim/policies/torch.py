@@ -607,9 +607,13 @@ class TorchCachingAllocator(Policy):
         best fit prefers the candidate that can grow least (`_grow_least`), every remainder of 512 B or more is
         split off, only mapped neighbours merge and no inactive split bytes are counted; with a threshold each
         pool search ticks the GC's clock while it is on and every block entering a pool takes its age base
-        (`_insert`). A pool miss runs `_escalate` as `malloc` does (the locals written back around it) and is
-        reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its
-        index or None at the end, peak allocated)``."""
+        (`_insert`). A pool miss runs `_escalate` as `malloc` does (the locals written back around it, the key
+        field read again: a new segment may widen it) and is reported to ``served``; a pressure event or the FREE
+        of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``.
+
+        Keys of a size below the field's ``fit`` are made in one machine word (C arithmetic in the compiled
+        build) and searched for with `seek_word`; larger ones take `_key`, in Python ints. ``max_split`` unset is
+        ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either."""
         clock, allocated, field = dev.clock, self.allocated, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
