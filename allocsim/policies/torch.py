@@ -204,10 +204,10 @@ class BlockPool:
         self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
 
-    @cython.locals(b=Block)
     def insert(self, b: Block) -> None:
         if b.mapped:
-            k = _key(self.field, b.size, b.ptr)
+            f = self.field
+            k = b.size << f.abits | b.ptr - f.lo       # `KeyField` in Python ints (b untyped: any width)
             i = first_at_least(self.keys, k)
             self.keys.insert(i, k)
             self.blocks.insert(i, b)
@@ -215,10 +215,10 @@ class BlockPool:
             file_key(self.unmapped, b.ptr)
             self.unmapped_blocks[b.ptr] = b
 
-    @cython.locals(b=Block)
     def erase(self, b: Block) -> None:
         if b.mapped:
-            i = first_at_least(self.keys, _key(self.field, b.size, b.ptr))
+            f = self.field
+            i = first_at_least(self.keys, b.size << f.abits | b.ptr - f.lo)
             del self.keys[i], self.blocks[i]
         else:
             unmapped = self.unmapped
@@ -498,8 +498,8 @@ class TorchCachingAllocator(Policy):
         pp = self._pools.get(stream) or self._make_pools(stream)
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
-        keys, field = pool.keys, self._field
-        i = first_at_least(keys, field.least(n))
+        keys, field = pool.keys, self._field       # keys made in Python ints here, as in `BlockPool.insert`
+        i = first_at_least(keys, n << field.abits)
         ms = self.max_split
         if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
@@ -536,7 +536,7 @@ class TorchCachingAllocator(Policy):
                 nxt.prev = r
             b.next = r
             b.size = bsize = n
-            rk = _key(field, rem, rptr)
+            rk = rem << field.abits | rptr - field.lo
             i = first_at_least(keys, rk)
             keys.insert(i, rk)
             pool.blocks.insert(i, r)
@@ -555,11 +555,12 @@ class TorchCachingAllocator(Policy):
         self.allocated -= size
         pool = b.pool
         keys, blocks, field = pool.keys, pool.blocks, pool.field
+        shift, lo = field.abits, field.lo       # keys made in Python ints here, as in `BlockPool.insert`
         prev, nxt = b.prev, b.next
         subsumed = 0                            # bytes taken over from free neighbours
         if prev is not None and not prev.allocated:
             subsumed = prev.size
-            pk = _key(field, subsumed, prev.ptr)
+            pk = subsumed << shift | prev.ptr - lo
             i = first_at_least(keys, pk)
             del keys[i], blocks[i]
             b.ptr = prev.ptr
@@ -569,7 +570,7 @@ class TorchCachingAllocator(Policy):
                 prev.next = b
         if nxt is not None and not nxt.allocated:
             nsize = nxt.size
-            nk = _key(field, nsize, nxt.ptr)
+            nk = nsize << shift | nxt.ptr - lo
             i = first_at_least(keys, nk)
             del keys[i], blocks[i]
             self._spare.append(nxt)
@@ -578,7 +579,7 @@ class TorchCachingAllocator(Policy):
                 nxt.prev = b
             subsumed += nsize
         b.size = size = size + subsumed
-        k = _key(field, size, b.ptr)
+        k = size << shift | b.ptr - lo
         i = first_at_least(keys, k)
         keys.insert(i, k)
         blocks.insert(i, b)
