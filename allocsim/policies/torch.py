@@ -597,7 +597,8 @@ class TorchCachingAllocator(Policy):
                    small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
                    b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=list, spare=list,
                    pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
-                   fit=cython.longlong, ms=cython.longlong)
+                   fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
+                   calls_small=cython.longlong, gfb=list)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
         `_malloc_fast` and `_free_fast`) inlined over ``events``, the clock, ``allocated`` and the inactive split
@@ -625,6 +626,7 @@ class TorchCachingAllocator(Policy):
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
         spare = self._spare
         es, stamp, gfb = self.expandable, self.gc_threshold_set, self.gfb_calls
+        calls_large, calls_small = gfb      # the GC's clocks (`gfb_calls`), written back around every call out
         gc = self.gc_on()
         lat_append, n0 = lat.append, len(lat)
         for j, k, i, size, stream in events:
@@ -637,7 +639,10 @@ class TorchCachingAllocator(Policy):
                 small = n <= 1048576            # K_SMALL_SIZE
                 pool = pp[0] if small else pp[1]
                 if gc:
-                    gfb[small] += 1
+                    if small:
+                        calls_small += 1
+                    else:
+                        calls_large += 1
                 keys = pool.keys
                 x = seek_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 if es and x < len(keys):
@@ -650,8 +655,10 @@ class TorchCachingAllocator(Policy):
                 else:
                     dev.clock, self.allocated = clock, allocated
                     self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+                    gfb[0], gfb[1] = calls_large, calls_small
                     b = escalate(pool, n)
                     clock = dev.clock
+                    calls_large, calls_small = gfb
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
                     shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
                     below_ms = field.least(ms)
@@ -691,7 +698,7 @@ class TorchCachingAllocator(Policy):
                     b.next = r
                     b.size = bsize = n
                     if stamp:
-                        r.gc_base = gfb[small]
+                        r.gc_base = calls_small if small else calls_large
                     rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
                     x = first_at_least(keys, rk)
                     keys.insert(x, rk)
@@ -743,7 +750,7 @@ class TorchCachingAllocator(Policy):
                     subsumed += nsize
                 b.size = size = size + subsumed
                 if stamp:
-                    b.gc_base = gfb[pool.small]
+                    b.gc_base = calls_small if pool.small else calls_large
                 fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
                 x = first_at_least(keys, fk)
                 keys.insert(x, fk)
@@ -758,6 +765,7 @@ class TorchCachingAllocator(Policy):
             j = None
         dev.clock, self.allocated = clock, allocated
         self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+        gfb[0], gfb[1] = calls_large, calls_small
         self.n_malloc += len(lat) - n0      # one per malloc, as `malloc` counts them
         return j, peak
 
