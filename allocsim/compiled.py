@@ -22,7 +22,8 @@ import os
 import sys
 
 #: The modules the compiled build compiles (``setup.py``), dotted.
-COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit")
+COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit",
+                    "allocsim.policies.torch")
 
 #: The environment variable that asks `pip install` for the compiled build (``setup.py``; off by default).
 COMPILE_ENV = "ALLOCSIM_COMPILE"

@@ -100,3 +100,19 @@ def test_differential_checks_pass_on_the_other_build(tmp_path):
         assert "compiled: " in run(["-m", "allocsim", "--version"], root=root).stdout
         other = "compiled"
     assert out.returncode == 0, f"the {other} build fails the differential checks:\n{out.stdout[-4000:]}"
+
+
+def test_folding_walks_the_compiled_policies_in_full():
+    """Folding declines a compiled policy (its clock sums are C's, docs/architecture.md "The compiled build"): a
+    repeated run folds under each policy that runs interpreted here and is walked in full under each that runs
+    compiled."""
+    from allocsim import policies
+    from allocsim.replay import Replay
+    from allocsim.synth import repeat_steps
+    from allocsim.trace import Trace
+    trace = repeat_steps(Trace.load(os.path.join(ROOT, "traces", "synthetic-transformer.bin")), 30)
+    for name in ("cupy", "split", "bestfit", "torch"):
+        compiled = policies.get(name).__module__ in compiled_modules()
+        r = Replay(trace, name)
+        r.run()
+        assert (r.folded is None) == compiled, (name, compiled, r.folded)

@@ -174,7 +174,7 @@ def fingerprint_after(trace, policy, mutate):
 
 
 def _moved_free_block(pol, handles):
-    block = next(b for pp in pol._pools.values() for pool in pp for b in pool.blocks.values())
+    block = next(b for pp in pol._pools.values() for pool in pp for b in pool.blocks)
     block.ptr += 512
 
 
@@ -183,7 +183,7 @@ def _other_stream(pol, handles):
 
 
 def _older_free_block(pol, handles):
-    next(b for pp in pol._pools.values() for pool in pp for b in pool.blocks.values()).gc_base -= 1
+    next(b for pp in pol._pools.values() for pool in pp for b in pool.blocks).gc_base -= 1
 
 
 def _counter(pol, handles):

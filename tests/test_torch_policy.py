@@ -277,3 +277,81 @@ def test_invariants_blocks_disjoint_and_reserved_accounts(ops, expandable):
     grown = sum(s if k in (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP) else -s for k, s, _ in pol.segment_log)
     assert grown == dev.reserved
     assert pol.allocated == sum(s for _, s in blocks.values())
+
+
+# ---- the free blocks' keys (KeyField) --------------------------------------------------------
+SPREAD = 1 << 44        # 16 TiB between segments: a key field of ~50 bits, so most keys pass one machine word
+
+
+def spread_out(mp):
+    """Make the simulated device place ranges by its bump pointer (no driver model), leaving ``SPREAD`` bytes
+    after each (a process whose segments lie far apart in its address space)."""
+    from allocsim.device import SimulatedDevice
+    init, bump = SimulatedDevice.__init__, SimulatedDevice._bump
+
+    def bare(self, *args, address_hints=None, **kw):
+        init(self, *args, **kw)
+
+    def spread(self, n):
+        addr = bump(self, n)
+        self._next += SPREAD
+        return addr
+    mp.setattr(SimulatedDevice, "__init__", bare)
+    mp.setattr(SimulatedDevice, "_bump", spread)
+
+
+def test_the_key_field_widens_for_each_segment_outside_it_and_keeps_the_order():
+    """`KeyField`: a segment outside the field widens it (with room around) and re-keys the free blocks; keys of
+    blocks past ``fit`` are Python ints; either way keys order blocks by (size, address)."""
+    from allocsim.policies.torch import KeyField, _wide_key
+    f = KeyField()
+    f.widen(1 << 40, 2 * MiB)
+    assert f.covers(1 << 40, 2 * MiB) and not f.covers((1 << 40) + (1 << f.abits), 2 * MiB)
+    f.widen(1 << 46, 20 * MiB)
+    assert f.covers(1 << 40, 2 * MiB) and f.covers(1 << 46, 20 * MiB) and f.abits >= 46 and f.fit <= 1 << 16
+    blocks = [(s, p) for s in (512, 4 * KiB, f.fit, 20 * MiB) for p in ((1 << 40) + 512, (1 << 46) + MiB)]
+    keys = [_wide_key(s, p, f.abits, f.lo) for s, p in blocks]
+    assert sorted(keys) == keys and max(keys) > 1 << 63
+    assert [k >> f.abits for k in keys] == [s for s, _ in blocks]
+
+
+WIDE_OPTIONS = [[], ["max_split_size_mb:20"], ["expandable_segments:true"],
+                ["garbage_collection_threshold:0.6"], ["expandable_segments:true,garbage_collection_threshold:0.5"]]
+
+
+def assert_wide_keys_replay_alike(trace, options, cap):
+    """On a device whose segments lie 16 TiB apart: the fused loop is the plain walk, and both the reference
+    model, block for block."""
+    from test_fast_path import assert_fused_is_plain
+    from test_reference_models import assert_same
+    with pytest.MonkeyPatch.context() as mp:
+        spread_out(mp)
+        assert_fused_is_plain(trace, "torch", options, cap=cap)
+        assert_same(trace, "torch-ref", options, cap=cap)
+
+
+@pytest.mark.parametrize("options", WIDE_OPTIONS)
+def test_keys_past_one_machine_word_replay_alike(options):
+    """Segments 16 TiB apart: most keys are Python ints past 2**63 (`_wide_key`, the compiled build's slow
+    path) and the field re-keys the pools as it widens (a generated trace: no recorded addresses, so the
+    device places every segment itself)."""
+    from allocsim import synth
+    trace = synth.generate("alloc-heavy", seed=3, n_allocs=3000)
+    with pytest.MonkeyPatch.context() as mp:
+        spread_out(mp)
+        r = Replay(trace, "torch", options=options, capacity=8 << 30)
+        r.run()
+        field = r.policy._field
+        assert field.abits > 44 and max(k for pp in r.policy._pools.values() for p in pp for k in p.keys) > 1 << 63
+    assert_wide_keys_replay_alike(trace, options, trace.load_bytes * 11 // 10)
+
+
+@pytest.mark.parametrize("options", WIDE_OPTIONS)
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_keys_past_one_machine_word_replay_alike_under_pressure(options, data):
+    """The same on generated traces with cache releases, recorded OOMs and limits set mid-run."""
+    from test_fast_path import pressured_traces
+    trace = data.draw(pressured_traces())
+    cap = data.draw(st.sampled_from([None, int(max(trace.load_bytes, MiB) * 0.7), int(trace.load_bytes * 1.3) or None]))
+    assert_wide_keys_replay_alike(trace, options, cap)

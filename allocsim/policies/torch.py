@@ -35,6 +35,11 @@ Where the model knowingly differs:
   whole range fits, as PyTorch maps all or nothing), so device mallocs count map calls, as
   ``num_device_alloc`` does (103 on ``traces/resnet50-expandable.bin``, as recorded).
 
+The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``torch.pxd`` makes
+`Block`, `BlockPool` and `KeyField` C records, the ``@cython`` decorators type the fused loop's locals (its hot
+path C end to end: a key below 2**62 made in C arithmetic and searched for unboxed, `seek_word`); the rare paths
+stay the Python they read as.
+
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
 ``(address, stream)`` to ``segment_where``; `layout` gives the segments and their blocks
@@ -42,8 +47,10 @@ as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_sna
 """
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-
+try:
+    import cython                   # the compiled build (docs/architecture.md, "The compiled build")
+except ImportError:
+    from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from ..errors import UsageError
 from ..frameworks.torch import (MiB, N_DIVISION_INTERVALS, NO_DIVISIONS, PARAMS, SIZE_MAX, divisions_table,
@@ -53,14 +60,18 @@ from ..trace.events import (POOL, POOL_ANY_STREAM, POOL_BEGIN, POOL_EMPTY, POOL_
 from .base import Policy
 from .registry import register
 
+if not cython.compiled:             # compiled, torch.pxd cimports their C loops
+    from ._sorted import file_key, first_at_least
+    seek_word = first_at_least      # compiled: the search for a key in one machine word, never boxed (torch.pxd)
+
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
 K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
-SHIFT = 64                         # sort key = size << SHIFT | address
-assert (SHIFT, K_SMALL_SIZE, K_MIN_BLOCK) == (64, 1048576, 512)     # written as literals in the fused loop
+LONG_MAX = 1 << 62                 # above every size (at most 2**50 bytes, docs/trace-format.md): max_split in C
+assert (K_SMALL_SIZE, K_MIN_BLOCK) == (1048576, 512)     # written as literals in the fused loop
 
 
 # ---- sizes -------------------------------------------------------------------------
@@ -115,9 +126,60 @@ class Block:
         self.gc_base = 0
 
 
+class KeyField:
+    """How a free block's key is made: ``size << abits | address - lo``, every segment lying in ``[lo, lo +
+    2**abits)``, so that the keys order free blocks by (size, address) as PyTorch's set does (a policy's one field,
+    shared by its pools; `TorchCachingAllocator._cover` widens it for a new segment and re-keys the pools).
+
+    ``fit``: a size below it makes a key below 2**62, one machine word, which the compiled build makes in C
+    arithmetic (`_key`); a larger one makes a Python int, exact at any width (`_wide_key`). Interpreted, both are
+    the same Python arithmetic. ``low``/``high``: the addresses the segments seen so far span (high 0: none)."""
+
+    __slots__ = ("lo", "abits", "fit", "low", "high")
+
+    def __init__(self):
+        self.lo = self.abits = self.low = self.high = 0
+        self.fit = 1 << 62
+
+    def covers(self, ptr: int, size: int) -> bool:
+        """Whether ``[ptr, ptr + size)`` lies in the field (Python ints: no C shift by ``abits``)."""
+        return self.lo <= ptr and (ptr + size - self.lo) >> self.abits == 0
+
+    def least(self, size: int) -> int:
+        """The least key of a block of ``size`` bytes (a Python int: any width)."""
+        return size << self.abits
+
+    def widen(self, ptr: int, size: int) -> None:
+        """Cover ``[ptr, ptr + size)`` and what was covered, with as much room again around them (so a run whose
+        segments climb, or fall, re-keys O(log span) times)."""
+        low = ptr if self.high == 0 else min(self.low, ptr)
+        high = max(self.high, ptr + size)
+        span = high - low
+        abits = (2 * span).bit_length()
+        self.lo = max(0, low - ((1 << abits) - span) // 2)
+        self.low, self.high, self.abits = low, high, abits
+        self.fit = 1 << (62 - abits) if abits < 62 else 0
+
+
+def _wide_key(size, ptr, abits, lo):
+    """A key in Python ints, at any width (`KeyField`)."""
+    return size << abits | ptr - lo
+
+
+@cython.cfunc
+@cython.locals(f=KeyField, size=cython.longlong, ptr=cython.longlong)
+def _key(f, size, ptr):
+    """The key of a free block of ``size`` bytes at ``ptr`` (`KeyField`)."""
+    if size < f.fit:
+        return size << f.abits | ptr - f.lo
+    return _wide_key(size, ptr, f.abits, f.lo)
+
+
 class BlockPool:
     """Free blocks of one (small|large, stream): ``keys`` is the sorted list of the mapped
-    free blocks' keys ``size << SHIFT | address``, with ``blocks`` mapping key -> Block;
+    free blocks' keys (``size << abits | address - lo``, `KeyField`), ``blocks`` the blocks in the same order
+    (``blocks[i]`` is the block of ``keys[i]``: found and dropped by position, where a dict by key cost a hash
+    and a probe per step);
     ``unmapped`` is the sorted list of the addresses of the unmapped ranges of expandable
     segments (``unmapped_blocks``: ptr -> Block).
 
@@ -128,36 +190,45 @@ class BlockPool:
     one pool the memmove dominates (10 k: about 1.7 x slower than the runs).
     """
 
-    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks", "owner")
+    __slots__ = ("small", "stream", "keys", "blocks", "unmapped", "unmapped_blocks", "owner", "field")
 
-    def __init__(self, small: bool, stream: int, owner: "PrivatePool | None" = None):
+    def __init__(self, small: bool, stream: int, field: KeyField, owner: "PrivatePool | None" = None):
         self.small = small
         self.stream = stream
         self.owner = owner              # the private pool these blocks belong to; None: the default pools
+        self.field = field              # the policy's: how keys are made
         self.keys: list[int] = []
-        self.blocks: dict[int, Block] = {}
+        self.blocks: list[Block] = []
         self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
 
     def insert(self, b: Block) -> None:
         if b.mapped:
-            k = b.size << SHIFT | b.ptr
-            insort(self.keys, k)
-            self.blocks[k] = b
+            f = self.field
+            k = b.size << f.abits | b.ptr - f.lo       # `KeyField` in Python ints (b untyped: any width)
+            i = first_at_least(self.keys, k)
+            self.keys.insert(i, k)
+            self.blocks.insert(i, b)
         else:
-            insort(self.unmapped, b.ptr)
+            file_key(self.unmapped, b.ptr)
             self.unmapped_blocks[b.ptr] = b
 
     def erase(self, b: Block) -> None:
         if b.mapped:
-            k = b.size << SHIFT | b.ptr
-            keys = self.keys
-            del keys[bisect_left(keys, k)]
-            del self.blocks[k]
+            f = self.field
+            i = first_at_least(self.keys, b.size << f.abits | b.ptr - f.lo)
+            del self.keys[i], self.blocks[i]
         else:
             unmapped = self.unmapped
-            del unmapped[bisect_left(unmapped, b.ptr)]
+            del unmapped[first_at_least(unmapped, b.ptr)]
             del self.unmapped_blocks[b.ptr]
+
+    def rekey(self) -> None:
+        """Make every key again after the field changed (`KeyField.widen`); the lists and dicts stay the same
+        objects, which the fused loop holds."""
+        rekeyed = sorted((_key(self.field, b.size, b.ptr), b) for b in self.blocks)
+        self.keys[:] = [k for k, _ in rekeyed]
+        self.blocks[:] = [b for _, b in rekeyed]
 
 
 class PrivatePool:
@@ -198,19 +269,26 @@ def _carve(b: Block, n: int, pool: BlockPool) -> Block:
     return r
 
 
+@cython.cfunc
+@cython.locals(b=Block, nxt=Block)
+@cython.returns(cython.longlong)
 def _expandable_size(b: Block) -> int:
     nxt = b.next
     return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
 
-def _grow_least(keys: list, blocks: dict, i: int) -> int:
-    """`get_free_block` in an expandable pool: from the best fit ``keys[i]`` on, the index of the candidate that
+@cython.cfunc
+@cython.locals(blocks=list, i=cython.Py_ssize_t, y=cython.Py_ssize_t, b=Block, b2=Block, grow=cython.longlong,
+               g2=cython.longlong)
+@cython.returns(cython.Py_ssize_t)
+def _grow_least(blocks: list, i: int) -> int:
+    """`get_free_block` in an expandable pool: from the best fit ``blocks[i]`` on, the index of the candidate that
     can grow least (size + the unmapped space after it), walking on while the next one could grow less than the
-    one held. O(candidates walked), by index: no copy of the keys."""
-    b = blocks[keys[i]]
+    one held. O(candidates walked), by index: no copy of the blocks."""
+    b = blocks[i]
     grow = _expandable_size(b)
-    for y in range(i + 1, len(keys)):
-        b2 = blocks[keys[y]]
+    for y in range(i + 1, len(blocks)):
+        b2 = blocks[y]
         if b.es is None:
             break
         g2 = _expandable_size(b2)
@@ -301,6 +379,7 @@ class TorchCachingAllocator(Policy):
         self.gc_threshold_set = (self.garbage_collection_threshold or 0.0) > 0.0
         # pools: stream index -> (small, large); release paths visit them in cudaStream_t order
         self._pools: dict[int, tuple[BlockPool, BlockPool]] = {}
+        self._field = KeyField()         # how every pool's keys are made (`_cover` widens it)
         self._stream_values = list(trace.streams) if trace is not None else []
         self._segments: list[ExpandableSegment] = []
         self.gfb_calls = [0, 0]          # get_free_block calls per pool (large, small) while GC is on
@@ -338,7 +417,8 @@ class TorchCachingAllocator(Policy):
 
     def _make_pools(self, stream: int, owner: PrivatePool | None = None) -> tuple[BlockPool, BlockPool]:
         pools = self._pools if owner is None else owner.pools
-        pp = pools[stream] = (BlockPool(True, stream, owner), BlockPool(False, stream, owner))
+        field = self._field
+        pp = pools[stream] = (BlockPool(True, stream, field, owner), BlockPool(False, stream, field, owner))
         return pp
 
     def _pools_in_order(self, small: bool, owner: PrivatePool | None = None) -> list[BlockPool]:
@@ -416,12 +496,13 @@ class TorchCachingAllocator(Policy):
         pp = self._pools.get(stream) or self._make_pools(stream)
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
-        keys = pool.keys
-        i = bisect_left(keys, n << SHIFT)
+        keys, field = pool.keys, self._field       # keys made in Python ints here, as in `BlockPool.insert`
+        i = first_at_least(keys, n << field.abits)
         ms = self.max_split
-        if i < len(keys) and ((bsize := keys[i] >> SHIFT) < ms
+        if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
-            b = pool.blocks.pop(keys.pop(i))
+            del keys[i]
+            b = pool.blocks.pop(i)
         else:
             b = self._escalate(pool, n)
             if b is None:
@@ -453,9 +534,10 @@ class TorchCachingAllocator(Policy):
                 nxt.prev = r
             b.next = r
             b.size = bsize = n
-            rk = rem << SHIFT | rptr
-            insort(keys, rk)
-            pool.blocks[rk] = r
+            rk = rem << field.abits | rptr - field.lo
+            i = first_at_least(keys, rk)
+            keys.insert(i, rk)
+            pool.blocks.insert(i, r)
         elif b.prev is not None or b.next is not None:
             self.inactive_split_bytes -= bsize
         b.allocated = True
@@ -470,13 +552,15 @@ class TorchCachingAllocator(Policy):
         size = b.size
         self.allocated -= size
         pool = b.pool
-        keys, blocks = pool.keys, pool.blocks
+        keys, blocks, field = pool.keys, pool.blocks, pool.field
+        shift, lo = field.abits, field.lo       # keys made in Python ints here, as in `BlockPool.insert`
         prev, nxt = b.prev, b.next
         subsumed = 0                            # bytes taken over from free neighbours
         if prev is not None and not prev.allocated:
             subsumed = prev.size
-            pk = subsumed << SHIFT | prev.ptr
-            del keys[bisect_left(keys, pk)], blocks[pk]
+            pk = subsumed << shift | prev.ptr - lo
+            i = first_at_least(keys, pk)
+            del keys[i], blocks[i]
             b.ptr = prev.ptr
             self._spare.append(prev)
             prev = b.prev = prev.prev
@@ -484,23 +568,35 @@ class TorchCachingAllocator(Policy):
                 prev.next = b
         if nxt is not None and not nxt.allocated:
             nsize = nxt.size
-            nk = nsize << SHIFT | nxt.ptr
-            del keys[bisect_left(keys, nk)], blocks[nk]
+            nk = nsize << shift | nxt.ptr - lo
+            i = first_at_least(keys, nk)
+            del keys[i], blocks[i]
             self._spare.append(nxt)
             nxt = b.next = nxt.next
             if nxt is not None:
                 nxt.prev = b
             subsumed += nsize
         b.size = size = size + subsumed
-        k = size << SHIFT | b.ptr
-        insort(keys, k)
-        blocks[k] = b
+        k = size << shift | b.ptr - lo
+        i = first_at_least(keys, k)
+        keys.insert(i, k)
+        blocks.insert(i, b)
         delta = size - subsumed if prev is not None or nxt is not None else -subsumed
         if delta:
             v = self.inactive_split_bytes = self.inactive_split_bytes + delta
             if v > self.inactive_split_bytes_peak:
                 self.inactive_split_bytes_peak = v
 
+    @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, size=cython.longlong, n=cython.longlong,
+                   bsize=cython.longlong, rem=cython.longlong, rptr=cython.longlong, subsumed=cython.longlong,
+                   nsize=cython.longlong, allocated=cython.longlong, isb=cython.longlong, isb_peak=cython.longlong,
+                   nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
+                   free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
+                   small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
+                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=list, spare=list,
+                   pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
+                   fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
+                   calls_small=cython.longlong, gfb=list)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
         `_malloc_fast` and `_free_fast`) inlined over ``events``, the clock, ``allocated`` and the inactive split
@@ -511,16 +607,24 @@ class TorchCachingAllocator(Policy):
         best fit prefers the candidate that can grow least (`_grow_least`), every remainder of 512 B or more is
         split off, only mapped neighbours merge and no inactive split bytes are counted; with a threshold each
         pool search ticks the GC's clock while it is on and every block entering a pool takes its age base
-        (`_insert`). A pool miss runs `_escalate` as `malloc` does (the locals written back around it) and is
-        reported to ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its
-        index or None at the end, peak allocated)``."""
-        clock, allocated = dev.clock, self.allocated
+        (`_insert`). A pool miss runs `_escalate` as `malloc` does (the locals written back around it, the key
+        field read again: a new segment may widen it) and is reported to ``served``; a pressure event or the FREE
+        of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``.
+
+        Keys of a size below the field's ``fit`` are made in one machine word (C arithmetic in the compiled
+        build) and searched for with `seek_word`; larger ones take `_key`, in Python ints. ``max_split`` unset is
+        ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either."""
+        clock, allocated, field = dev.clock, self.allocated, self._field
+        shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
-        hit_s, free_s, ms = self._hit_s, self._free_s, self.max_split
+        hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
+        below_ms = field.least(ms)          # the keys of blocks below max_split are below this
+        pp_stream = pp = None               # the last ALLOC's stream and its pools (pools are never dropped)
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
-        spare, spare_append, pop = self._spare, self._spare.append, handles.pop
+        spare = self._spare
         es, stamp, gfb = self.expandable, self.gc_threshold_set, self.gfb_calls
+        calls_large, calls_small = gfb      # the GC's clocks (`gfb_calls`), written back around every call out
         gc = self.gc_on()
         lat_append, n0 = lat.append, len(lat)
         for j, k, i, size, stream in events:
@@ -528,24 +632,34 @@ class TorchCachingAllocator(Policy):
                 t0 = clock
                 clock += hit_s
                 n = (size + 511) & ~511 if plain else round_size(size, divisions)
-                pp = pools.get(stream) or make_pools(stream)
+                if stream is not pp_stream:     # (another int object of the same value only looks it up again)
+                    pp_stream, pp = stream, pools.get(stream) or make_pools(stream)
                 small = n <= 1048576            # K_SMALL_SIZE
                 pool = pp[0] if small else pp[1]
                 if gc:
-                    gfb[small] += 1
+                    if small:
+                        calls_small += 1
+                    else:
+                        calls_large += 1
                 keys = pool.keys
-                x = bisect_left(keys, n << 64)
+                x = seek_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 if es and x < len(keys):
-                    x = _grow_least(keys, pool.blocks, x)
-                if x < len(keys) and ((bsize := keys[x] >> 64) < ms or (n >= ms and bsize < n + nsr)):
-                    b = pool.blocks.pop(keys.pop(x))
+                    x = _grow_least(pool.blocks, x)
+                if x < len(keys) and (keys[x] < below_ms or (n >= ms and keys[x] >> shift < n + nsr)):
+                    del keys[x]
+                    b = pool.blocks.pop(x)
+                    bsize = b.size
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
                     self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+                    gfb[0], gfb[1] = calls_large, calls_small
                     b = escalate(pool, n)
                     clock = dev.clock
+                    calls_large, calls_small = gfb
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
+                    shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
+                    below_ms = field.least(ms)
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -582,10 +696,11 @@ class TorchCachingAllocator(Policy):
                     b.next = r
                     b.size = bsize = n
                     if stamp:
-                        r.gc_base = gfb[small]
-                    rk = rem << 64 | rptr
-                    insort(keys, rk)
-                    pool.blocks[rk] = r
+                        r.gc_base = calls_small if small else calls_large
+                    rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
+                    x = first_at_least(keys, rk)
+                    keys.insert(x, rk)
+                    pool.blocks.insert(x, r)
                 elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
                 b.allocated = True
@@ -600,7 +715,7 @@ class TorchCachingAllocator(Policy):
                     self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
                     served(j, b)
             elif k == 2:                        # FREE: free
-                b = pop(i, None)
+                b = handles.pop(i, None)
                 if b is None:
                     break
                 clock += free_s
@@ -613,28 +728,31 @@ class TorchCachingAllocator(Policy):
                 subsumed = 0
                 if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
-                    pk = subsumed << 64 | prev.ptr
-                    del keys[bisect_left(keys, pk)], blocks[pk]
+                    x = (seek_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
+                         else first_at_least(keys, _key(field, subsumed, prev.ptr)))
+                    del keys[x], blocks[x]
                     b.ptr = prev.ptr
-                    spare_append(prev)
+                    spare.append(prev)
                     prev = b.prev = prev.prev
                     if prev is not None:
                         prev.next = b
                 if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
-                    nk = nsize << 64 | nxt.ptr
-                    del keys[bisect_left(keys, nk)], blocks[nk]
-                    spare_append(nxt)
+                    x = (seek_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
+                         else first_at_least(keys, _key(field, nsize, nxt.ptr)))
+                    del keys[x], blocks[x]
+                    spare.append(nxt)
                     nxt = b.next = nxt.next
                     if nxt is not None:
                         nxt.prev = b
                     subsumed += nsize
                 b.size = size = size + subsumed
                 if stamp:
-                    b.gc_base = gfb[pool.small]
-                k = size << 64 | b.ptr
-                insort(keys, k)
-                blocks[k] = b
+                    b.gc_base = calls_small if pool.small else calls_large
+                fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
+                x = first_at_least(keys, fk)
+                keys.insert(x, fk)
+                blocks.insert(x, b)
                 if not es:
                     isb += size - subsumed if prev is not None or nxt is not None else -subsumed
                     if isb > isb_peak:
@@ -645,6 +763,7 @@ class TorchCachingAllocator(Policy):
             j = None
         dev.clock, self.allocated = clock, allocated
         self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
+        gfb[0], gfb[1] = calls_large, calls_small
         self.n_malloc += len(lat) - n0      # one per malloc, as `malloc` counts them
         return j, peak
 
@@ -658,20 +777,18 @@ class TorchCachingAllocator(Policy):
         if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
-        i = bisect_left(keys, n << SHIFT)
+        i = first_at_least(keys, pool.field.least(n))
         if i == len(keys):
             return None
-        if self.expandable and pool.blocks[keys[i]].es is not None:
-            i = _grow_least(keys, pool.blocks, i)
-        k = keys[i]
-        b = pool.blocks[k]
+        if self.expandable and pool.blocks[i].es is not None:
+            i = _grow_least(pool.blocks, i)
+        b = pool.blocks[i]
         size, ms = b.size, self.max_split
         if n < ms and size >= ms:
             return None
         if n >= ms and size >= n + self.max_non_split_rounding:
             return None
-        del keys[i]
-        del pool.blocks[k]
+        del keys[i], pool.blocks[i]
         return b
 
     def _escalate(self, pool: BlockPool, n: int):
@@ -710,6 +827,14 @@ class TorchCachingAllocator(Policy):
             self.num_ooms += 1
         return b
 
+    def _cover(self, ptr: int, size: int) -> None:
+        """A new segment at ``ptr``: widen the key field to it where it lies outside, re-keying every pool."""
+        if not self._field.covers(ptr, size):
+            self._field.widen(ptr, size)
+            for _, pp in self._all_pools():
+                for pool in pp:
+                    pool.rekey()
+
     def _log(self, kind: int, size: int, addr: int, pool: BlockPool) -> None:
         self.segment_log.append((kind, size, self.event_index))
         self.segment_where.append((addr, pool.stream))
@@ -723,6 +848,7 @@ class TorchCachingAllocator(Policy):
         ptr = self.ctx.malloc(seg)
         if ptr is None:
             return None
+        self._cover(ptr, seg)
         self.num_device_alloc += 1
         self.segments += 1
         self.segments_allocated += 1
@@ -785,14 +911,13 @@ class TorchCachingAllocator(Policy):
         if ms == SIZE_MAX:
             return False
         key_size = max(n, ms)
-        keys = list(pool.keys)
-        pos = bisect_left(keys, key_size << SHIFT)
-        if pos < len(keys) and pool.blocks[keys[pos]].es is None:
-            self._release_block(pool.blocks[keys[pos]])
+        blocks = list(pool.blocks)
+        pos = first_at_least(pool.keys, pool.field.least(key_size))
+        if pos < len(blocks) and blocks[pos].es is None:
+            self._release_block(blocks[pos])
             return True
         released = 0
-        for k in reversed(keys[:pos]):
-            b = pool.blocks[k]
+        for b in reversed(blocks[:pos]):
             if released >= key_size or b.size < ms:
                 break
             if b.es is None:
@@ -822,8 +947,7 @@ class TorchCachingAllocator(Policy):
     def _release_blocks(self, pool: BlockPool) -> None:
         """PyTorch's ``release_blocks``: cudaFree the whole free segments of ``pool``, unmap its free pages."""
         to_unmap = []
-        for k in list(pool.keys):
-            b = pool.blocks[k]
+        for b in list(pool.blocks):
             if b.es is not None:
                 to_unmap.append(b)
             elif b.prev is None and b.next is None:
@@ -888,7 +1012,7 @@ class TorchCachingAllocator(Policy):
         large = self._pools_in_order(False)
         total_age = count = 0
         for pool in large:
-            for b in pool.blocks.values():
+            for b in pool.blocks:
                 if b.prev is None and b.next is None:
                     total_age += now - b.gc_base
                     count += 1
@@ -897,8 +1021,7 @@ class TorchCachingAllocator(Policy):
             threshold = total_age / count
             freed = False
             for pool in large:
-                for k in list(pool.keys):
-                    b = pool.blocks[k]
+                for b in list(pool.blocks):
                     if b.prev is None and b.next is None and b.es is None and now - b.gc_base >= threshold:
                         freed = True
                         reclaimed += b.size
@@ -926,6 +1049,7 @@ class TorchCachingAllocator(Policy):
         total = self.total_memory or (1 << 44)
         size = (total + total // 8 + page - 1) // page * page
         es = ExpandableSegment(self.ctx.reserve_address_range(size), size, page)
+        self._cover(es.base, size)
         self._segments.append(es)
         c = Block(es.base, size, pool, es, mapped=False)
         pool.insert(c)
@@ -1019,7 +1143,7 @@ class TorchCachingAllocator(Policy):
         counts a decision or a statistic's peak reads."""
         calls = self.gfb_calls
         blocks = [b for pp in self._pools.values() for pool in pp
-                  for b in (*pool.blocks.values(), *pool.unmapped_blocks.values())]
+                  for b in (*pool.blocks, *pool.unmapped_blocks.values())]
         blocks += held
         out = sorted((b.ptr, b.mapped, b.size, b.allocated, b.requested if b.allocated else 0, b.pool.small,
                       b.pool.stream, None if b.es is None else b.es.base,
@@ -1052,7 +1176,7 @@ class TorchCachingAllocator(Policy):
         the default pools) and ``blocks``, a list of
         ``(address, size, requested bytes, allocated)`` in address order.
         """
-        blocks = [b for _, pp in self._all_pools() for pool in pp for b in pool.blocks.values()]
+        blocks = [b for _, pp in self._all_pools() for pool in pp for b in pool.blocks]
         blocks += live
         out = []
         for head in blocks:
@@ -1073,7 +1197,7 @@ class TorchCachingAllocator(Policy):
         for _, pp in self._all_pools():
             for pool in pp:
                 if pool.keys:
-                    best = max(best, pool.keys[-1] >> SHIFT)
+                    best = max(best, pool.keys[-1] >> pool.field.abits)
         return best
 
     def free_breakdown(self, stream):
@@ -1083,7 +1207,7 @@ class TorchCachingAllocator(Policy):
         def beside_live(b):
             return (b.prev is not None and b.prev.allocated) or (b.next is not None and b.next.allocated)
         return self.free_parts(((s, b.size, beside_live(b)) for s, pp in self._all_pools() for pool in pp
-                                for b in pool.blocks.values()), stream)
+                                for b in pool.blocks), stream)
 
     def counters(self) -> dict:
         """``torch.cuda.memory_stats()``'s counters. PyTorch's ``segment`` stat counts cudaMalloc'd segments only,
