@@ -32,14 +32,40 @@ CUPY_TRACES = [p for p in TRACES if _framework(p) == "cupy"]
 TORCH_TRACES = [p for p in TRACES if _framework(p) == "torch"]
 
 
-def reserved_after_each_event(trace, policy, **kw):
+def reserved_after_each_event(trace, policy, at=None, **kw):
+    """Reserved bytes after each driving event (and, into ``at`` where given, each one's trace index)."""
     seen = []
-    r = Replay(trace, policy, capacity=None, observer=lambda i, k, id_, h: seen.append(r.reserved), **kw)
+
+    def observe(i, k, id_, h):
+        seen.append(r.reserved)
+        if at is not None:
+            at.append(i)
+    r = Replay(trace, policy, capacity=None, observer=observe, **kw)
     try:
         r.run()
     finally:
         r.close()
     return seen, r.device
+
+
+def tie_points(monkeypatch) -> list:
+    """The trace indices at which the `cupy` model's best fit finds two or more free chunks of the size it takes
+    (a tie, which CuPy's own pool breaks by where its chunk objects lie: docs/models/cupy.md, "Ties"), filled
+    as the model replays."""
+    from bisect import bisect_left
+    from allocsim.policies.cupy import UNIT, RecordedTiesCuPyPool
+    ties, malloc = [], RecordedTiesCuPyPool.malloc
+
+    def counting(self, size, stream):
+        arena = self._arenas.get(stream)
+        if arena is not None:
+            keys, shift = arena.keys, self._ix.shift
+            i = bisect_left(keys, ((size + UNIT - 1) & -UNIT) >> 9 << shift)
+            if i + 1 < len(keys) and keys[i] >> shift == keys[i + 1] >> shift:
+                ties.append(self.event_index)
+        return malloc(self, size, stream)
+    monkeypatch.setattr(RecordedTiesCuPyPool, "malloc", counting)
+    return ties
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="checks the no-GPU message; this machine has a GPU")
@@ -61,22 +87,32 @@ def test_calibrate_and_cuda_backend_fail_cleanly_without_gpu(small_trace_path, t
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("path", CUPY_TRACES or [pytest.param(None, marks=pytest.mark.skip("no CuPy trace shipped"))])
-def test_cupy_real_matches_cupy_model_after_every_event(path):
-    """CuPy's own pool replaying a recording holds what the model holds after every event. Where the recording's
-    segment calls hang on how CuPy broke ties (the lowest-address rule alone does not validate), the real pool
-    breaks them by where its chunk objects lie, as another run of the program would (docs/models/cupy.md,
-    "Ties"): there only the end figures are compared."""
+def test_cupy_real_matches_cupy_model_after_every_event(path, monkeypatch):
+    """CuPy's own pool replaying a recording holds what the model holds after every event, up to the first tie
+    the real pool broke its own way. Where the recording's segment calls hang on how CuPy broke ties (the
+    lowest-address rule alone does not validate), the real pool breaks them by where its chunk objects lie, as
+    another run of the program would (docs/models/cupy.md, "Ties"), and the recording is not held to it; where
+    they do not, a tie can still go another way in the real pool's run (an H100, 2026-11-26, on
+    pressure-cupy-cycles-fixed.bin; the H200 run before it matched throughout): the two must agree up to the
+    first tie, and a later divergence is reported as a skip that names it."""
     trace = Trace.load(path)
     if not validate(trace, options={"follow_ties": False}).match:
         pytest.skip("CuPy's own tie order decides this recording's segment calls (the lowest-address rule alone "
                     "does not validate): the real pool breaks ties by where its chunk objects lie, which no run "
                     "repeats, so it cannot be held to the model here (docs/models/cupy.md, 'Ties'; on an H200, "
                     "2026-11-25, its end figures differed from the model's)")
-    model, dev_model = reserved_after_each_event(trace, "cupy")
+    ties, at = tie_points(monkeypatch), []
+    model, dev_model = reserved_after_each_event(trace, "cupy", at=at)
     real, dev_real = reserved_after_each_event(trace, "cupy-real")
     assert len(model) == len(real)
     first = next((i for i, (a, b) in enumerate(zip(model, real)) if a != b), None)
-    assert first is None, f"total bytes diverge at driving event {first}: model {model[first]} real {real[first]}"
+    if first is None:
+        return
+    where = f"total bytes diverge at driving event {first} (trace index {at[first]}): model {model[first]} " \
+            f"real {real[first]}"
+    assert ties and ties[0] <= at[first], where + ", before any tie"
+    pytest.skip(f"{where}, after the model's first tie at trace index {ties[0]} ({len(ties)} ties in all): the real "
+                "pool broke a tie its own way, which no run repeats (docs/models/cupy.md, 'Ties')")
 
 
 @pytest.mark.gpu
