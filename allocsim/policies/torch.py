@@ -37,8 +37,8 @@ Where the model knowingly differs:
 
 The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``torch.pxd`` makes
 `Block`, `BlockPool` and `KeyField` C records, the ``@cython`` decorators type the fused loop's locals (its hot
-path C end to end: a key below 2**62 made in C arithmetic and searched for unboxed, `seek_word`); the rare paths
-stay the Python they read as.
+path C end to end: a key below 2**62 made in C arithmetic and searched for unboxed, `first_at_least_word`; each
+served ALLOC's latency appended in C, `add_latency`); the rare paths stay the Python they read as.
 
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
@@ -61,8 +61,8 @@ from .base import Policy
 from .registry import register
 
 if not cython.compiled:             # compiled, torch.pxd cimports their C loops
-    from ._sorted import file_key, first_at_least
-    seek_word = first_at_least      # compiled: the search for a key in one machine word, never boxed (torch.pxd)
+    from ._latency import add_latency
+    from ._sorted import file_key, first_at_least, first_at_least_word
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
@@ -596,7 +596,7 @@ class TorchCachingAllocator(Policy):
                    b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=list, spare=list,
                    pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
                    fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
-                   calls_small=cython.longlong, gfb=list)
+                   calls_small=cython.longlong, gfb=list, compiled=cython.bint)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
         `_malloc_fast` and `_free_fast`) inlined over ``events``, the clock, ``allocated`` and the inactive split
@@ -612,7 +612,8 @@ class TorchCachingAllocator(Policy):
         of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``.
 
         Keys of a size below the field's ``fit`` are made in one machine word (C arithmetic in the compiled
-        build) and searched for with `seek_word`; larger ones take `_key`, in Python ints. ``max_split`` unset is
+        build) and searched for with `first_at_least_word`; larger ones take `_key`, in Python ints. Compiled, a
+        served ALLOC's latency is appended in C (`add_latency`), as `cupy` and `split` do. ``max_split`` unset is
         ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either."""
         clock, allocated, field = dev.clock, self.allocated, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
@@ -627,6 +628,7 @@ class TorchCachingAllocator(Policy):
         calls_large, calls_small = gfb      # the GC's clocks (`gfb_calls`), written back around every call out
         gc = self.gc_on()
         lat_append, n0 = lat.append, len(lat)
+        compiled = cython.compiled          # compiled: C appends (`add_latency`)
         for j, k, i, size, stream in events:
             if k == 1:                          # ALLOC: malloc
                 t0 = clock
@@ -642,7 +644,7 @@ class TorchCachingAllocator(Policy):
                     else:
                         calls_large += 1
                 keys = pool.keys
-                x = seek_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
+                x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 if es and x < len(keys):
                     x = _grow_least(pool.blocks, x)
                 if x < len(keys) and (keys[x] < below_ms or (n >= ms and keys[x] >> shift < n + nsr)):
@@ -708,7 +710,10 @@ class TorchCachingAllocator(Policy):
                 allocated += bsize
                 if allocated > peak:
                     peak = allocated
-                lat_append(clock - t0)
+                if compiled:
+                    add_latency(lat, clock - t0)
+                else:
+                    lat_append(clock - t0)
                 handles[i] = b
                 if slow:
                     self.allocated = allocated
@@ -728,7 +733,7 @@ class TorchCachingAllocator(Policy):
                 subsumed = 0
                 if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
-                    x = (seek_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
+                    x = (first_at_least_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
                          else first_at_least(keys, _key(field, subsumed, prev.ptr)))
                     del keys[x], blocks[x]
                     b.ptr = prev.ptr
@@ -738,7 +743,7 @@ class TorchCachingAllocator(Policy):
                         prev.next = b
                 if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
-                    x = (seek_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
+                    x = (first_at_least_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
                          else first_at_least(keys, _key(field, nsize, nxt.ptr)))
                     del keys[x], blocks[x]
                     spare.append(nxt)
