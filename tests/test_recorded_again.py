@@ -153,6 +153,8 @@ def test_tune_checks_every_recording_and_says_which_free_moved(recordings, capsy
     (v,) = res.variants
     assert v["traces"] == [early, late] and [m["alloc"] for m in v["moved"]] == [i]
     assert v["peak_reserved_bytes"] == own
+    from allocsim.report.tune import run_report
+    assert run_report(res, 0.0).startswith("run of 1 process (2 recordings);")   # one process, recorded twice
     text = "\n".join(recorded_again_lines(res))
     assert "recorded 2 times" in text and f"after allocation {v['moved'][0]['after'][0]:,}" in text
     assert main(["tune", late, early, "--max-replays", "4", "--no-fit", "-j", "1", "--json"]) == 0

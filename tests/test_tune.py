@@ -415,3 +415,19 @@ def test_headroom_decides_between_fitting_settings(tmp_path, capsys):
     from conftest import run_cli
     out = run_cli("tune", path, "--cap", "3100MiB", "--no-fit", "--headroom", "4GiB")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "not below the limit" in out.stderr
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 1 << 40), st.integers(1, 1 << 40))
+def test_the_fits_on_fraction_is_rounded_up_to_3_significant_figures(n, capacity):
+    """The fraction a user passes on must allow at least the certified bytes: rounded up, never down, by less
+    than a unit of its third figure."""
+    from decimal import Decimal
+    from allocsim.report.tune import fraction_up
+    shown = fraction_up(n, capacity)
+    d = Decimal(shown)
+    assert d * capacity >= n
+    digits = d.as_tuple().digits
+    assert len(digits) - digits.index(next(x for x in digits if x)) <= 3 or digits[-1] == 0   # 3 figures
+    unit = Decimal(1).scaleb(d.adjusted() - 2)
+    assert (d - unit) * capacity < n                # a unit of the third figure less would not allow it

@@ -33,7 +33,7 @@ def add_arguments(p):
     p.add_argument("trace", nargs="+",
                    help="trace file (.bin), or a PyTorch memory snapshot, RMM CSV or CuPy JSONL log "
                         "(imported on the fly); or a run's name (run.bin for run.rank0.bin, ...): its worst "
-                        "rank tuned, the setting checked on every rank; or several traces or runs (the run and its "
+                        "rank tuned, the setting checked on every rank; or several traces (.bin) or runs (the run and its "
                         "re-run: a process recorded again is checked on each recording, and the frees that moved "
                         "between them are named)")
     p.add_argument("--capacity", default="trace",
@@ -167,6 +167,12 @@ def _tune_run(args, paths: list[str]) -> int:
         if value is not None:
             raise UsageError(f"{flag}: tune the run's worst rank's trace by itself to draw or export it "
                              f"({shown_name(paths[0])}, ...)")
+    for path in paths:          # a log is imported on the fly for one trace; beside others it is named by its trace
+        check_input_file(path)
+        if not is_trace(path):
+            from ..errors import InputError
+            raise InputError("not an allocsim trace: to tune a snapshot or log beside other traces, import it first "
+                             f"(allocsim import {path} -o NAME.bin)", path=path)
     frameworks = {}
     for path in paths:          # one framework's settings are tuned: another's process would not read them
         meta = Trace.load(path, validate=False).meta

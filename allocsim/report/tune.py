@@ -1,6 +1,10 @@
 """The text report of `allocsim tune`: the line to paste, the table, the OOM rescue (reads a `Tuning`)."""
 from __future__ import annotations
 
+import math
+from decimal import Decimal
+from fractions import Fraction
+
 from ..units import fmt_bytes, fmt_seconds
 from .text import aligned_table, breakdown_shares
 
@@ -83,8 +87,24 @@ def fits_on(r: dict, target=None) -> str:
     n, bound = got
     mark = "*" if bound else ""
     if target is not None and target.cap is not None and target.capacity:
-        return f"{n / target.capacity:.3f} ({fmt_bytes(n)}){mark}"
+        return f"{fraction_up(n, target.capacity)} ({fmt_bytes(n)}){mark}"
     return fmt_bytes(n) + mark
+
+
+def fraction_up(n: int, capacity: int, digits: int = 3) -> str:
+    """``n / capacity`` to ``digits`` significant figures, rounded up: the fraction a user passes on
+    (``per_process_memory_fraction``) must allow at least the ``n`` bytes certified, and one rounded down runs out.
+    Exact: the least ``units`` × 10**``e`` (``units`` of ``digits`` figures) at or above the fraction."""
+    f = Fraction(n, capacity)
+    e = math.floor(math.log10(n / capacity)) - (digits - 1)     # a guess, set right by the exact comparisons
+    while f >= Fraction(10) ** (e + digits):
+        e += 1
+    while f < Fraction(10) ** (e + digits - 1):
+        e -= 1
+    units = math.ceil(f / Fraction(10) ** e)
+    if units == 10 ** digits:                   # 0.9995 → 1.00
+        units, e = 10 ** (digits - 1), e + 1
+    return format(Decimal(units).scaleb(e), "f")
 
 
 def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
@@ -109,8 +129,10 @@ def fits_legend(rows: list[dict], target=None) -> str:
         text += " (a figure above the cap: it runs out under the cap, and fits from there)"
     digits = next((r["fit_digits"] for r in rows if r.get("fit_digits")), None)
     if digits:
-        text += (f", to {digits} significant figures (bisected: it fits there and runs out less than a unit of the "
-                 f"last figure below; allocsim fit certifies every larger one)")
+        text += (f", bisected to {digits} significant figures of where its walk started (the cap or the setting's "
+                 f"own peak): it fits there and runs out less than that step below; "
+                 + ("the fraction is rounded up; " if target is not None and target.cap is not None and target.capacity
+                    else "") + "allocsim fit finds the limit from which every larger one fits")
     if any(bound for _, bound in fits):
         text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text
@@ -120,7 +142,10 @@ def run_report(res, took: float) -> str:
     """`allocsim tune` on a run (a `allocsim.tune_ranks.RunTuning`): the worst rank's report, then the
     recommended setting on every rank at its capacity (the GPU less what lay outside its allocator)."""
     worst = res.labels[res.worst]
-    lines = [f"run of {len(res.paths)} processes; the least room is {worst}'s ({res.paths[res.worst]}): tuned below, "
+    again = sum(len(g["positions"]) - 1 for g in res.recordings)     # recordings of a process already counted
+    n = len(res.paths) - again
+    processes = f"{n} process{'es' if n != 1 else ''}" + (f" ({len(res.paths)} recordings)" if again else "")
+    lines = [f"run of {processes}; the least room is {worst}'s ({res.paths[res.worst]}): tuned below, "
              "its finalists then replayed on every rank", "", tune_report(res.tuning, took), ""]
     rows = res.rank_rows
     if not rows:
