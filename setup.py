@@ -28,19 +28,36 @@ def say(why: str, error: Exception | None = None) -> None:
 
 
 class OptionalBuildExt(build_ext):
-    """`build_ext` whose failure (no C compiler, a failed compile) leaves the interpreted modules in place."""
+    """`build_ext` whose failure (no C compiler, a failed compile) leaves the interpreted modules in place: the
+    modules that did not compile are named in one line, with the first error (without a compiler every one
+    fails alike), and only those that did are copied beside their source."""
 
     def run(self):
+        self.failed = []
         try:
             super().run()
         except Exception as e:          # noqa: BLE001  (setuptools raises several kinds: any of them falls back)
-            say("no compiled build", e)
+            if not self.failed:
+                say("no compiled build", e)
+        if self.failed:
+            names = ", ".join(name for name, _ in self.failed)
+            say(f"{names} not compiled" if len(self.failed) < len(self.extensions) else "no compiled build",
+                self.failed[0][1])
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:          # noqa: BLE001
-            say(f"{ext.name} not compiled", e)
+            self.failed.append((ext.name, e))
+
+    def copy_extensions_to_source(self):
+        failed = {name for name, _ in self.failed}
+        built = self.extensions
+        self.extensions = [ext for ext in built if ext.name not in failed]
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.extensions = built
 
 
 def extensions() -> list:
