@@ -289,6 +289,8 @@ class Tuning:
     rescue: list[dict] = field(default_factory=list)
     headroom_bytes: int | None = None     # the margin ``fastest`` keeps under the limit (None: no limit)
     pruned: int = 0                       # settings whose replay stopped early: they could not matter (`Bound`)
+    shared: int = 0                       # settings with a GC threshold given their setting's row (`_replay_family`)
+    resumed: int = 0                      # ... and those resumed from its checkpoint
 
     @property
     def room(self) -> int | None:
@@ -319,7 +321,8 @@ class Tuning:
                 "cap_bytes": self.target.cap, "objective": self.objective,
                 "headroom_bytes": self.headroom_bytes, "settings_total": self.settings_total,
                 "settings_distinct": self.settings_distinct,
-                "settings_replayed": len(self.rows), "settings_pruned": self.pruned, "replays": self.replays,
+                "settings_replayed": len(self.rows), "settings_pruned": self.pruned,
+                "settings_shared": self.shared, "settings_resumed": self.resumed, "replays": self.replays,
                 "bounded": self.bounded,
                 "recommended": self.best and conf_lines(self.best), "recorded": self.recorded,
                 "finalists": self.finalists, "frontier": [r["setting"] for r in self.frontier],
@@ -378,13 +381,16 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
                             digits=FIT_DIGITS) \
         if fit and ex is not None else None     # it is always walked: it goes on beside the settings' replays
     rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk, families)
+    ways = [row.pop(SHARED, None) for row in rows]
     for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
-                 replays=len(rows), headroom_bytes=headroom_bytes, pruned=sum(bool(r["pruned"]) for r in rows))
-    step.end(f"{len(rows)} settings replayed" + (f", {out.pruned} of them stopped early" if out.pruned else ""),
-             left=fit)
+                 replays=len(rows) - ways.count("row"), headroom_bytes=headroom_bytes,
+                 pruned=sum(bool(r["pruned"]) for r in rows), shared=ways.count("row"), resumed=ways.count("resumed"))
+    step.end((f"{len(rows)} settings ({len(rows) - out.shared} replayed, {out.shared} by their setting's replay)"
+              if out.shared else f"{len(rows)} settings replayed")
+             + (f", {out.pruned} of them stopped early" if out.pruned else ""), left=fit)
     if ooms:
         out.rescue = _rescued(rows, ooms)
     out.frontier = pareto(out.fitting)
@@ -659,6 +665,8 @@ def _replay_family(args) -> list[dict]:
             out.append(_as_variant(row, c))
         else:
             out.append(_replay_job((c, *head[1:]), start=trunk.starts[v]))
+            if trunk.starts[v] is not None:
+                out[-1][SHARED] = "resumed"
     return out
 
 
@@ -667,7 +675,13 @@ def _as_variant(row: dict, cell: Cell) -> dict:
     import copy
     out = copy.deepcopy(row)
     out["options"] = cell.policy.option_text
+    out[SHARED] = "row"
     return out
+
+
+#: The key of a row from `_replay_family` that says how it came ("row": its setting's, "resumed": from a
+#: checkpoint), taken out of the row by `_search` (it counts them: `Tuning.shared`, `Tuning.resumed`).
+SHARED = "_shared"
 
 
 _TO_COME: dict = {}

@@ -69,6 +69,7 @@ def check_families(path, cap, bound) -> int:
     families = tune_mod._families(space, chosen)
     for head, members in families.items():
         got = tune_mod._replay_family(args(chosen[head]) + ([(args(chosen[v])[0], gc) for v, gc in members],))
+        assert [r.pop(tune_mod.SHARED, None) for r in got][0] is None       # the setting's own replay
         alone = [tune_mod._replay_job(args(chosen[i])) for i in [head] + [v for v, _ in members]]
         assert timeless(got) == timeless(alone), chosen[head].label
     return len(families)
