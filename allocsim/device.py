@@ -172,9 +172,11 @@ class SimulatedDevice:
         lo = max(self.peak_reserved, self.granted_max)
         return lo, None if self.refused_min is None else self.refused_min - 1
 
-    #: What a walk changes (`checkpoint`); the capacity, cap, costs and ``pinned`` are the replay's own.
-    _WALKED = ("reserved", "peak_reserved", "n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed",
-               "granted_max", "refused_min", "clock", "malloc_time", "free_time", "_next", "_hints", "_hint")
+    #: What a walk changes (`checkpoint`): a SET_LIMIT the trace holds sets the cap; the capacity, costs and
+    #: ``pinned`` are the replay's own.
+    _WALKED = ("cap", "limit", "reserved", "peak_reserved", "n_malloc", "n_free", "bytes_malloc", "bytes_free",
+               "n_failed", "granted_max", "refused_min", "clock", "malloc_time", "free_time", "_next", "_hints",
+               "_hint")
 
     def checkpoint(self) -> tuple:
         """What the walk so far changed, copied (`restore` puts it in a device of the same capacity and cap):
