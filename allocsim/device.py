@@ -172,6 +172,25 @@ class SimulatedDevice:
         lo = max(self.peak_reserved, self.granted_max)
         return lo, None if self.refused_min is None else self.refused_min - 1
 
+    #: What a walk changes (`checkpoint`): a SET_LIMIT the trace holds sets the cap; the capacity, costs and
+    #: ``pinned`` are the replay's own.
+    _WALKED = ("cap", "limit", "reserved", "peak_reserved", "n_malloc", "n_free", "bytes_malloc", "bytes_free",
+               "n_failed", "granted_max", "refused_min", "clock", "malloc_time", "free_time", "_next", "_hints",
+               "_hint")
+
+    def checkpoint(self) -> tuple:
+        """What the walk so far changed, copied (`restore` puts it in a device of the same capacity and cap):
+        a replay's checkpoint (`allocsim.replay.Replay.checkpoint`)."""
+        return tuple(getattr(self, k) for k in self._WALKED), None if self._driver is None else self._driver.copy()
+
+    def restore(self, state: tuple) -> None:
+        """Take a `checkpoint`'s state (copied again: one checkpoint may be restored more than once). Whether the
+        limit is pinned stays this device's (its policy's options pin it, or not, from the start)."""
+        values, driver = state
+        for k, v in zip(self._WALKED, values):
+            setattr(self, k, v)
+        self._driver = None if driver is None else driver.copy()
+
     def reserve_address_range(self, n: int) -> int:
         """A fresh virtual range of ``n`` bytes that holds no memory (expandable segments)."""
         return self._bump(n)

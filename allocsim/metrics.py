@@ -3,6 +3,7 @@ writes them for people and programs."""
 from __future__ import annotations
 
 from bisect import bisect_right
+from copy import copy
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -131,6 +132,13 @@ class LatencyLog:
         self._offsets = None                # where each chunk starts in the sequence, made when needed
         self._tiled: dict[int, int] = {}    # chunk -> how many times over it holds its first part
         self.count = 0
+
+    def copy(self) -> "LatencyLog":
+        """An equal log that shares nothing this one changes (`allocsim.replay.Replay.checkpoint`): its chunks are
+        never changed in place, only their list and the tiling index."""
+        c = copy(self)
+        c.values, c._chunks, c._tiled = self.values[:], self._chunks[:], dict(self._tiled)
+        return c
 
     def extend(self, lat) -> None:
         """Append a chunk of latencies (a float sequence)."""

@@ -56,6 +56,13 @@ class Region:
         self.starts, self.ends = [start], [end]
         self.by_len = [(end - start, start)]
 
+    def copy(self) -> "Region":
+        """An equal region that shares no list or dict with this one (`DriverPlacement.copy`)."""
+        r = Region.__new__(Region)
+        r.start, r.end, r.unit = self.start, self.end, self.unit
+        r.live, r.starts, r.ends, r.by_len = dict(self.live), self.starts[:], self.ends[:], self.by_len[:]
+        return r
+
     @property
     def runs(self) -> dict[int, int]:
         """The free runs, start -> end, by address."""
@@ -144,6 +151,14 @@ class _Newest:
         self.update(r)
         del self.seq[r]
 
+    def copy(self, regions: dict) -> "_Newest":
+        """This index over the copies ``regions`` (id of a region -> its copy)."""
+        n = _Newest.__new__(_Newest)
+        n.size, n.tree = self.size, self.tree[:]
+        n.regions = [None if r is None else regions[id(r)] for r in self.regions]
+        n.seq = {regions[id(r)]: i for r, i in self.seq.items()}
+        return n
+
     def newest(self, m: int) -> Region | None:
         """The newest region whose longest free run is ``m`` bytes or more."""
         if self.tree[1] < m:
@@ -165,6 +180,21 @@ class DriverPlacement:
         self._newest_small = _Newest()               # small regions, for smaller requests
         self._owner: dict[int, Region] = {}          # allocation address -> its region
         self._frontier = top                         # the lowest address any region has reached
+
+    def copy(self) -> "DriverPlacement":
+        """An equal placement state that shares nothing mutable with this one (a replay's checkpoint,
+        `allocsim.device.SimulatedDevice.checkpoint`): O(regions + allocations)."""
+        regions = {}
+        for r in (*self._by_addr.values(), *self._newest.regions, *self._newest_small.regions, *self._owner.values()):
+            if r is not None and id(r) not in regions:
+                regions[id(r)] = r.copy()
+        d = DriverPlacement.__new__(DriverPlacement)
+        d.top, d._frontier = self.top, self._frontier
+        d._by_addr = SortedDict((a, regions[id(r)]) for a, r in self._by_addr.items())
+        d._holes = self._holes.copy()
+        d._newest, d._newest_small = self._newest.copy(regions), self._newest_small.copy(regions)
+        d._owner = {a: regions[id(r)] for a, r in self._owner.items()}
+        return d
 
     def malloc(self, n: int) -> int:
         """The address the driver returns for ``n`` bytes (never fails: capacity is the device's business)."""

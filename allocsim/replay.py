@@ -183,6 +183,11 @@ class _AllocBytes:
         return self.total
 
 
+#: The runtime's counts a `Replay.checkpoint` copies (an eager runtime's: nothing else changes in it).
+_RUNTIME_COUNTS = ("gc_incremental", "gc_full", "gc_time", "reclaimed_bytes", "reclaimed_objects",
+                   "_request_collections")
+
+
 #: A trace of at most this many records keeps its walk's chunks, lists made, for its next replays in this process
 #: (`kept_chunks`): `tune` and `fit` replay one trace hundreds of times, most replays stopped early, and making
 #: the chunks' lists was a fifth of such a replay. About 100 bytes an event, kept for the last few traces only.
@@ -402,6 +407,53 @@ class Replay:
         self._fold_until = -1
         self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))
         return self._w.done - start
+
+    # ---- checkpoints ---------------------------------------------------------------------------
+    def can_checkpoint(self) -> bool:
+        """Whether `checkpoint` can copy this replay: a replay made of its trace, policy and settings alone
+        (`defer_peak_state`'s), eager with no free held, of a trace whose chunks are kept (`kept_chunks`), and a
+        policy that copies its own state (``checkpoint``/``restore``, `allocsim.policies.torch`)."""
+        return (self._remade and self.runtime.eager and not self.runtime.held and not self.timeline
+                and self._before is None and self._after is None and type(self._chunks).__name__ == "list_iterator"
+                and callable(getattr(self.policy, "checkpoint", None)) and not self.at_end)
+
+    def checkpoint(self) -> tuple:
+        """The replay's state between two events, copied (policy, device, walk, sections, where it is in the
+        trace): `resume` starts another replay of the same trace and settings from it, as if that one had walked
+        here (`allocsim.tune` resumes settings that behave alike up to here; `can_checkpoint` says when).
+        O(blocks + regions), not O(events walked)."""
+        if not self.can_checkpoint():
+            raise ValueError("this replay cannot be checkpointed (Replay.can_checkpoint)")
+        w = copy(self._w)
+        w.failed, w.ooms, w.caught, w.served = dict(w.failed), w.ooms[:], w.caught[:], w.served[:]
+        w.latency = self._w.latency.copy()
+        sections = ({k: v[:] for k, v in self.sections.stats.items()}, self.sections.stack[:], self.sections._open[:])
+        return (self.policy.checkpoint(self.handles), self.device.checkpoint(), w, sections, copy(self._live),
+                copy(self._allocs), self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos,
+                self._j0, {k: getattr(self.runtime, k) for k in _RUNTIME_COUNTS})
+
+    def resume(self, state: tuple) -> None:
+        """Go on from ``state`` (a `checkpoint` of a replay of the same trace and settings whose policy is the
+        same class of allocator, its options maybe not) instead of from the first event: the policy keeps its
+        options and takes the state; this replay must not have walked yet. It is not folded from here."""
+        if self._w.done or not self.can_checkpoint():
+            raise ValueError("resume: a fresh replay that can be checkpointed")
+        pol, dev, w, (stats, stack, open_), live, allocs, zeros, skip, chunks, chunk, pos, j0, counts = state
+        self.device.restore(dev)
+        self.sections.stats, self.sections.stack, self.sections._open = ({k: v[:] for k, v in stats.items()},
+                                                                          stack[:], open_[:])
+        handles = self.policy.restore(pol)
+        self.handles.clear()
+        self.handles.update(handles)
+        self._w = copy(w)
+        self._w.failed, self._w.ooms, self._w.caught, self._w.served = dict(w.failed), w.ooms[:], w.caught[:], w.served[:]
+        self._w.latency = w.latency.copy()
+        self._live, self._allocs = copy(live), copy(allocs)
+        self._zero_counts[:], self._skip[:] = zeros, skip
+        self._chunks, self._chunk, self._pos, self._j0 = copy(chunks), chunk, pos, j0
+        for k, v in counts.items():
+            setattr(self.runtime, k, v)
+        self._folder = None
 
     @property
     def at_end(self) -> bool:

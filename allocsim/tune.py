@@ -229,8 +229,14 @@ def margin(target: "Target", headroom: float | int) -> int | None:
 #: The clock's lower bound is taken this much lower (relative): the final clock is a sum of floats, each
 #: addition rounded, so it may fall short of the exact sum by far less than this.
 SLACK = 1e-9
-#: A bounded replay is checked every this many driving events at least (every 1/64 of the trace, to 4,096).
-WINDOW = 256
+#: A bounded replay is checked every this many driving events at least, every 1/`SPREAD` of the trace (to 4,096):
+#: most replays under a cap stop in the first step, where every ALLOC is a segment call; checked every 64 events
+#: they stop a fifth sooner (gpt2 --cap 1.2x: 257k events walked in all instead of 329k).
+WINDOW = 64
+SPREAD = 256
+#: A GC-threshold family's replay takes a checkpoint at most every this many driving events (`_Trunk`), and twice
+#: as far apart after each one no variant resumed from (a copy costs about as much as walking 150 events).
+CHECKPOINT_EVERY = 256
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,8 @@ class Tuning:
     rescue: list[dict] = field(default_factory=list)
     headroom_bytes: int | None = None     # the margin ``fastest`` keeps under the limit (None: no limit)
     pruned: int = 0                       # settings whose replay stopped early: they could not matter (`Bound`)
+    shared: int = 0                       # settings with a GC threshold given their setting's row (`_replay_family`)
+    resumed: int = 0                      # ... and those resumed from its checkpoint
 
     @property
     def room(self) -> int | None:
@@ -313,7 +321,8 @@ class Tuning:
                 "cap_bytes": self.target.cap, "objective": self.objective,
                 "headroom_bytes": self.headroom_bytes, "settings_total": self.settings_total,
                 "settings_distinct": self.settings_distinct,
-                "settings_replayed": len(self.rows), "settings_pruned": self.pruned, "replays": self.replays,
+                "settings_replayed": len(self.rows), "settings_pruned": self.pruned,
+                "settings_shared": self.shared, "settings_resumed": self.resumed, "replays": self.replays,
                 "bounded": self.bounded,
                 "recommended": self.best and conf_lines(self.best), "recorded": self.recorded,
                 "finalists": self.finalists, "frontier": [r["setting"] for r in self.frontier],
@@ -364,20 +373,24 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     jobs = [(cell, settings, Space.least_costs(c, costs) + (space.least_peak(c),), ooms)
             for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
+    families = _families(space, chosen)
     room = None if headroom_bytes is None else target.limit - headroom_bytes
     slots = slots or _workers(ex)
     from .fit import walk_of
     recorded_walk = walk_of(trace, chosen[0].spec, settings=settings, islands=False, top=target.cap,
                             digits=FIT_DIGITS) \
         if fit and ex is not None else None     # it is always walked: it goes on beside the settings' replays
-    rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk)
+    rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk, families)
+    ways = [row.pop(SHARED, None) for row in rows]
     for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c))
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
-                 replays=len(rows), headroom_bytes=headroom_bytes, pruned=sum(bool(r["pruned"]) for r in rows))
-    step.end(f"{len(rows)} settings replayed" + (f", {out.pruned} of them stopped early" if out.pruned else ""),
-             left=fit)
+                 replays=len(rows) - ways.count("row"), headroom_bytes=headroom_bytes,
+                 pruned=sum(bool(r["pruned"]) for r in rows), shared=ways.count("row"), resumed=ways.count("resumed"))
+    step.end((f"{len(rows)} settings ({len(rows) - out.shared} replayed, {out.shared} by their setting's replay)"
+              if out.shared else f"{len(rows)} settings replayed")
+             + (f", {out.pruned} of them stopped early" if out.pruned else ""), left=fit)
     if ooms:
         out.rescue = _rescued(rows, ooms)
     out.frontier = pareto(out.fitting)
@@ -421,13 +434,17 @@ def nearest_first(keys: list) -> list:
 
 
 def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
-                slots: int = 1, walk=None) -> list[dict]:
+                slots: int = 1, walk=None, families: dict | None = None) -> list[dict]:
     """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
     done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` running and
     as many queued (a replay the bound stops is a few milliseconds: a worker waiting for its next task idles).
     The rows in the order of ``jobs``. ``walk`` (an `allocsim.fit.Walk`) takes one of the slots while the rows
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
-    would otherwise run after them with the other workers idle."""
+    would otherwise run after them with the other workers idle. ``families`` (`_families`: a job -> its GC
+    threshold variants) are one task each, `_replay_family`, with the bound as it stands when it starts."""
+    families = families or {}
+    inside = {v for members in families.values() for v, _ in members}
+    order = [i for i in order if i not in inside]
     rows: list = [None] * len(jobs)
     fitting: list[dict] = []        # the rows done so far that fit: only they set the bound
     made = [None, -1]               # the bound, and how many fitting rows it was made of
@@ -437,9 +454,19 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
         cell, settings, least, ooms = jobs[i]
         if made[1] != len(fitting):     # made again only when a row that fits is done, not for every task
             made[:] = bound_of(fitting, objective, room, top), len(fitting)
-        return cell, settings, made[0] if i != order[0] else None, least, ooms, ended["ran out"] <= ended["pruned"]
+        args = (cell, settings, made[0] if i != order[0] else None, least, ooms, ended["ran out"] <= ended["pruned"])
+        if i not in families:
+            return _replay_job, args
+        return _replay_family, args + ([(jobs[v][0], gc) for v, gc in families[i]],)
 
     def done(i, row):
+        if i in families:
+            for k, r in zip([i] + [v for v, _ in families[i]], row):
+                done1(k, r)
+        else:
+            done1(i, row)
+
+    def done1(i, row):
         rows[i] = row
         if fits(row):
             fitting.append(row)
@@ -447,7 +474,8 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
             ended["pruned" if row["pruned"] else "ran out"] += 1
     if ex is None:
         for i in order:
-            done(i, _replay_job(task(i)))
+            fn, args = task(i)
+            done(i, fn(args))
         return rows
     from concurrent.futures import FIRST_COMPLETED, wait
     from .fit import probe
@@ -460,7 +488,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
                 i = next(waiting, None)
                 if i is None:
                     break
-                flying[ex.submit(_replay_job, task(i))] = i
+                flying[ex.submit(*task(i))] = i
             finished, _ = wait(flying, return_when=FIRST_COMPLETED)
             for f in finished:
                 i = flying.pop(f)
@@ -475,23 +503,28 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
             f.cancel()
 
 
-def _replay_job(args) -> dict:
+def _replay_job(args, start=None, trunk: "_Trunk | None" = None) -> dict:
     """One setting's replay as a row (``args``: the cell, the `Settings`, the `Bound` or None, the space's least
     costs per ALLOC and FREE, the recorded OOMs, and optionally whether to put off the peak's free state,
     `Replay.defer_peak_state`: `_replay_all` does while fewer rows ran out than the bound stopped): the sweep row, its retries (torch's ``num_alloc_retries``, else
     the pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it
     served (``rescue``: `rescue_of`), and the free breakdown where it matters: at its first OOM, else at its
     reserved peak. A replay the bound stops is a row of None figures with ``pruned``: where it stopped and
-    the lower bounds it had reached (`_walk_bounded`)."""
+    the lower bounds it had reached (`_walk_bounded`). ``start``: a checkpoint to resume from (`Replay.resume`);
+    ``trunk``: a `_Trunk` that watches the walk (`_replay_family`)."""
     cell, settings, bound, least, ooms, *defer = args
     s = settings or Settings()
     t_start = time.perf_counter()
     r = Replay(cached_trace(cell.trace), cell.policy, s.replay, runtime=cell.runtime, cap=cell.cap,
                capacity=cell.capacity)
     try:
+        if start is not None:                           # resumed from a checkpoint of its family's replay
+            r.resume(start)
+        if trunk is not None:
+            trunk.begin(r)
         if bound is not None and (not defer or defer[0]):   # a replay the bound stops never reads its peak's
             r.defer_peak_state()                        # free state; one that runs out reads it, walking again
-        pruned = _walk_bounded(r, bound, least, ooms) if bound is not None else None
+        pruned = _walk_bounded(r, bound, least, ooms, trunk) if bound is not None else None
         res = None if pruned else r.run()
     finally:
         r.close()
@@ -512,17 +545,22 @@ def _replay_job(args) -> dict:
     return row
 
 
-def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> dict | None:
+def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms, trunk=None) -> dict | None:
     """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
     final peak reserved (what it reached, or ``least``'s third, the peak its live blocks reach, if higher:
     unless it runs out, a row that does not fit either), modeled time (the clock plus ``least``'s per ALLOC
-    and FREE still to come) and device mallocs."""
+    and FREE still to come) and device mallocs. ``trunk`` (`_Trunk`) hears of each window before and after it is
+    walked."""
     n, window, allocs, frees, at = _to_come(r.trace)
     dev, (per_alloc, per_free, *floor) = r.device, least
     floor = floor[0] if floor else 0
     while True:
+        if trunk is not None:
+            trunk.before(r.events_done // window)
         r.step(window)
+        if trunk is not None:
+            trunk.after()
         d = r.events_done
         if r.at_end or d >= n:
             return None
@@ -536,19 +574,129 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms) -> 
                     "device_mallocs": dev.n_malloc}
 
 
+# ---- GC threshold variants: one replay and its checkpoints ---------------------------------
+def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int, float]]]:
+    """``{i: [(j, threshold), ...]}``: for each PyTorch setting ``chosen[i]`` without a GC threshold (not the
+    recorded settings, which run unbounded first), the settings ``chosen[j]`` that are it with a GC threshold
+    (`_replay_family` replays them together). None where the GC does not act (`Space.gc_acts`) or on a trace
+    with private pools (no checkpoints there)."""
+    from .policies.torch import has_pool_events
+    if not space.gc_acts or has_pool_events(space.trace):
+        return {}
+    index = {}
+    for i, c in enumerate(chosen):
+        if c.spec.ref == torch_space.POLICY and not c.recorded:
+            index[space.canonical(c)] = i
+    out: dict = {}
+    for i, c in enumerate(chosen):
+        fam = torch_space.gc_family(c.spec.values()) if c.spec.ref == torch_space.POLICY and not c.recorded else None
+        if fam is None:
+            continue
+        head = index.get(space.canonical(Candidate(torch_space.spec(fam[0]), c.cap)))
+        if head is not None:
+            out.setdefault(head, []).append((i, fam[1]))
+    return out
+
+
+class _Trunk:
+    """What `_replay_family`'s replay of the setting without a threshold keeps for its threshold variants: its
+    policy keeps the GC's clocks (`TorchCachingAllocator.keep_gc_ages`), and before each window that a variant's
+    GC could act in (the reserved bytes could pass its threshold there: `allocsim.spaces.torch.most_grown`) a
+    checkpoint is taken; once the replay's highest reserved at a pool miss has passed a variant's threshold
+    (``int(threshold * allowed)``, where `garbage_collect_cached_blocks` starts to act), the variant resumes from
+    the checkpoint before that window (None: from the first event). A variant whose threshold it never passed
+    replays as it did."""
+
+    def __init__(self, thresholds: dict[int, float], grown):
+        self.thresholds, self.grown = thresholds, grown
+        self.pending: dict[int, int] = {}
+        self.starts: dict = {}
+        self.r = self.here = None
+        self.taken, self.used, self.every = 0, False, CHECKPOINT_EVERY
+
+    def begin(self, r: Replay) -> None:
+        r.policy.keep_gc_ages()
+        allowed = r.policy.allowed()
+        self.r, self.pending = r, {v: int(t * allowed) for v, t in self.thresholds.items()}
+
+    def before(self, k: int) -> None:
+        r = self.r
+        room = r.device.reserved + (int(self.grown[k]) if k < len(self.grown) else 0)
+        if not (k and any(room > g for g in self.pending.values())):
+            self.here = None
+        elif self.here is None or r.events_done - self.taken >= self.every:
+            if self.here is not None and not self.used:
+                self.every *= 2         # the last one went unused: the next ones further apart
+            self.here = r.checkpoint() if r.can_checkpoint() else None
+            self.taken, self.used = r.events_done, False
+
+    def after(self) -> None:
+        high = self.r.policy.gc_high
+        for v, g in list(self.pending.items()):
+            if high > g:
+                self.starts[v] = self.here
+                self.used = True
+                del self.pending[v]
+
+
+def _replay_family(args) -> list[dict]:
+    """`_replay_job` of a PyTorch setting without a GC threshold and of ``args``' last item, its variants with
+    one (``[(cell, threshold), ...]``), as rows in that order. A variant behaves as the setting, figure for figure,
+    up to its first pool miss with more reserved than its threshold of the allowed memory (before it,
+    `garbage_collect_cached_blocks` returns at once: docs/models/torch.md): it resumes from the setting's
+    checkpoint before that (`_Trunk`), or where the setting's replay never got there, its row is the setting's
+    (the same figures, or the same stop: the same walk meets the same bound). With expandable segments the GC
+    frees nothing (it frees only whole non-expandable segments), so a variant's row is the setting's."""
+    *head, variants = args
+    cell, settings, bound = head[:3]
+    values = cell.policy.values()
+    if values.get("expandable_segments"):
+        row = _replay_job(tuple(head))
+        return [row] + [_as_variant(row, c) for c, _ in variants]
+    if bound is None:
+        return [_replay_job(tuple(head))] + [_replay_job((c, *head[1:])) for c, _ in variants]
+    _, window, *_ = _to_come(cached_trace(cell.trace))
+    trunk = _Trunk({v: t for v, (_, t) in enumerate(variants)}, torch_space.most_grown(cached_trace(cell.trace),
+                                                                                        values, window))
+    row = _replay_job(tuple(head), trunk=trunk)
+    out = [row]
+    for v, (c, _) in enumerate(variants):
+        if v in trunk.pending:
+            out.append(_as_variant(row, c))
+        else:
+            out.append(_replay_job((c, *head[1:]), start=trunk.starts[v]))
+            if trunk.starts[v] is not None:
+                out[-1][SHARED] = "resumed"
+    return out
+
+
+def _as_variant(row: dict, cell: Cell) -> dict:
+    """``row`` (its family's setting's) as the row of ``cell``'s setting, which replays alike (`_replay_family`)."""
+    import copy
+    out = copy.deepcopy(row)
+    out["options"] = cell.policy.option_text
+    out[SHARED] = "row"
+    return out
+
+
+#: The key of a row from `_replay_family` that says how it came ("row": its setting's, "resumed": from a
+#: checkpoint), taken out of the row by `_search` (it counts them: `Tuning.shared`, `Tuning.resumed`).
+SHARED = "_shared"
+
+
 _TO_COME: dict = {}
 
 
 def _to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
     """``(n, window, allocs, frees, at)`` of ``trace``: its ``n`` driving events (`allocsim.replay.driving`), the
-    ``window`` a bounded replay is checked every (1/64 of them, `WINDOW` to 4,096), and at each multiple ``k`` of
+    ``window`` a bounded replay is checked every (1/`SPREAD` of them, `WINDOW` to 4,096), and at each multiple ``k`` of
     it the ALLOCs and the FREEs from there on and the trace index of the event there (memory: 24 bytes a window,
     not an event); kept for the trace's next replays."""
     kept = _TO_COME.get((id(trace), WINDOW))
     if kept is not None and kept[0] is trace:
         return kept[1]
     n = driving_count(trace)
-    window = min(max(n // 64, WINDOW), 4096)
+    window = min(max(n // SPREAD, WINDOW), 4096)
     before_a, before_f, at = [], [], []
     done = n_alloc = n_free = 0
     for start, rec, local in driving(trace):

@@ -95,15 +95,17 @@ def single_replay_s(path: str, n: int, cap: int | None = None, capacity="trace")
 
 
 def answer(res) -> tuple[str, dict]:
-    """What must not depend on ``-j``: the ``--json`` object but the wall times of its replays, the rows apart
-    (by setting) and those the bound stopped left out (which ones it stops depends on the order replays end in)."""
+    """What must not depend on ``-j``: the ``--json`` object but the wall times of its replays and the search's
+    counts of its own work, the rows apart (by setting) and those the bound stopped left out (which ones it stops,
+    and which settings share a replay, depends on the order replays end in)."""
     def timeless(v):
         if isinstance(v, dict):
             return {k: timeless(x) for k, x in v.items() if k != "replay_seconds"}
         return [timeless(x) for x in v] if isinstance(v, list) else v
     d = timeless(res.to_dict())
     rows = {r["setting"]: json.dumps(r, sort_keys=True, default=str) for r in d.pop("candidates") if not r["pruned"]}
-    d.pop("settings_pruned")
+    for k in ("settings_pruned", "settings_shared", "settings_resumed", "replays"):     # the search's own effort
+        d.pop(k)
     return json.dumps(d, sort_keys=True, default=str), rows
 
 

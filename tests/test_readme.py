@@ -54,8 +54,9 @@ SHORTEN = {
     # 225 settings and the finalists' walks; the tune outputs the README shows run whole below
     "allocsim tune run.bin": ("--capacity 24GB", "--capacity 24GB --max-replays 30 --no-fit"),
 }
-#: wall-clock figures: the only ones that differ between runs
-WALL = [re.compile(r"(load|replay|total) [\d.]+s"), re.compile(r"replays in [\d.]+s")]
+#: wall-clock figures: the only ones that differ between runs (and how many replays `tune -j N` made: a setting with
+#: a GC threshold takes its setting's figures where that setting's replay, bounded as it stood then, stopped first)
+WALL = [re.compile(r"(load|replay|total) [\d.]+s"), re.compile(r"\d+ replays in [\d.]+s")]
 
 
 @dataclass
@@ -157,7 +158,8 @@ def normalized(lines) -> list[str]:
     out = []
     for line in lines:
         for pat in WALL:
-            line = pat.sub(lambda m: m.group(0).split()[0] + " <s>", line)
+            line = pat.sub(lambda m: ("<n> replays in" if "replays" in m.group(0) else m.group(0).split()[0]) + " <s>",
+                           line)
         line = " ".join(line.replace(EMBEDDED, "<embedded>").split())
         if line and set(line) - set("─ "):
             out.append(line)

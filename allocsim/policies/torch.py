@@ -383,6 +383,8 @@ class TorchCachingAllocator(Policy):
         self._stream_values = list(trace.streams) if trace is not None else []
         self._segments: list[ExpandableSegment] = []
         self.gfb_calls = [0, 0]          # get_free_block calls per pool (large, small) while GC is on
+        self.gc_ages_only = False        # `keep_gc_ages`: the GC's clocks kept, nothing collected
+        self.gc_misses = self.gc_high = 0    # with it: pool misses, and the most reserved at one
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
         self.segment_where: list[tuple[int, int]] = []     # (address, stream) of each segment_log entry
@@ -801,9 +803,13 @@ class TorchCachingAllocator(Policy):
         ctx = self.ctx
         # free-memory callbacks: none registered in a replay, so no second search
         if self.gc_on():
-            ctx.push_section("2. garbage_collect_cached_blocks")
-            self.garbage_collect_cached_blocks()
-            ctx.pop_section()
+            if self.gc_ages_only:
+                self.gc_misses += 1
+                self.gc_high = max(self.gc_high, ctx.reserved)
+            else:
+                ctx.push_section("2. garbage_collect_cached_blocks")
+                self.garbage_collect_cached_blocks()
+                ctx.pop_section()
         seg = get_allocation_size(n)
         ctx.push_section("3. alloc_block")
         b = self._alloc_block(pool, n, seg)
@@ -1136,6 +1142,93 @@ class TorchCachingAllocator(Policy):
             pool.owner.reserved -= usize
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
+
+    # ---- checkpoints (`allocsim.replay.Replay.checkpoint`) ------------------------------------
+    def keep_gc_ages(self) -> None:
+        """Keep the GC threshold's clocks (`gfb_calls`, each block's ``gc_base``) as a threshold in force keeps
+        them, count the pool misses (``gc_misses``) and the most reserved at one (``gc_high``), and collect
+        nothing: before a replay starts, on a policy without a threshold, whose replay is then the same, figure
+        for figure, and whose checkpoints a threshold ``t`` of the same options resumes from as long as
+        ``gc_high <= int(t * allowed)`` (`garbage_collect_cached_blocks` returns at once below it:
+        docs/models/torch.md; `allocsim.tune` resumes them so). ``malloc`` and ``free`` are the general ones,
+        which keep the clocks (the fused loop keeps them too)."""
+        if self.gc_threshold_set or self._captures or self._private:
+            raise ValueError("keep_gc_ages: a policy without a GC threshold, before its replay")
+        self.gc_threshold_set = self.gc_ages_only = True
+        self.malloc = TorchCachingAllocator.malloc.__get__(self)
+        self.free = TorchCachingAllocator.free.__get__(self)
+
+    #: Counters and fields a walk changes, copied by `checkpoint` (the blocks, pools and logs apart).
+    _WALKED = ("allocated", "event_index", "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
+               "num_sync_all_streams", "cache_flushes", "segments", "segments_allocated", "inactive_split_bytes",
+               "inactive_split_bytes_peak", "n_malloc", "n_free", "gc_misses", "gc_high")
+
+    def checkpoint(self, handles: dict) -> tuple:
+        """The state so far, copied, with ``handles`` (the replay's id -> live block) pointing into the copy:
+        O(blocks). Only the default pools (no private pool begun, `TorchPoolsPath`'s), which is what a replay
+        that may checkpoint has (`allocsim.replay.Replay.checkpoint`)."""
+        if self._private or self._captures:
+            raise ValueError("a checkpoint of private pools")
+        return self._copied(self._pools, self._field, handles) + (
+            tuple(getattr(self, k) for k in self._WALKED), self.gfb_calls[:], self._segments[:],
+            self.segment_log[:], self.segment_where[:])
+
+    def restore(self, state: tuple) -> dict:
+        """Take a `checkpoint`'s state (copied again), this policy's options kept; the live blocks' handles, for
+        the replay's table. Under a GC threshold (not `keep_gc_ages`), each pool miss of the walk before counts
+        its ``garbage_collect_cached_blocks`` section, which returned at once (no time)."""
+        pools, field, handles, values, calls, segments, log, where = state
+        pools, field, handles = self._copied(pools, field, handles)
+        for k, v in zip(self._WALKED, values):
+            setattr(self, k, v)
+        self._pools, self._field, self.gfb_calls, self._segments = pools, field, calls[:], segments[:]
+        self.segment_log, self.segment_where, self._spare = log[:], where[:], []
+        if self.gc_threshold_set and not self.gc_ages_only and self.gc_misses:
+            self.ctx.add_section("2. garbage_collect_cached_blocks", 0.0, self.gc_misses)
+            self.gc_misses = self.gc_high = 0
+        return handles
+
+    @staticmethod
+    def _copied(pools: dict, field: KeyField, handles: dict) -> tuple:
+        """Copies of ``pools`` (stream -> (small, large)), their key field and every block in them or held by
+        ``handles``, linked as the originals are; ``handles`` pointing to the copies."""
+        f = KeyField()
+        f.lo, f.abits, f.fit, f.low, f.high = field.lo, field.abits, field.fit, field.low, field.high
+        new: dict = {}
+        out_pools = {}
+        for stream, pp in pools.items():
+            copies = []
+            for pool in pp:
+                q = BlockPool(pool.small, stream, f)
+                q.keys, q.unmapped = pool.keys[:], pool.unmapped[:]
+                new[id(pool)] = q
+                copies.append(q)
+            out_pools[stream] = tuple(copies)
+        blocks = [b for pp in pools.values() for pool in pp for b in (*pool.blocks, *pool.unmapped_blocks.values())]
+        blocks += handles.values()
+        seen = {}
+        todo = blocks
+        while todo:                     # every block linked to one of these (a segment's whole run)
+            more = []
+            for b in todo:
+                if id(b) in seen:
+                    continue
+                c = Block(b.ptr, b.size, new[id(b.pool)], b.es, b.mapped)
+                c.allocated, c.requested, c.gc_base = b.allocated, b.requested, b.gc_base
+                seen[id(b)] = (b, c)
+                for x in (b.prev, b.next):
+                    if x is not None and id(x) not in seen:
+                        more.append(x)
+            todo = more
+        for b, c in seen.values():
+            c.prev = None if b.prev is None else seen[id(b.prev)][1]
+            c.next = None if b.next is None else seen[id(b.next)][1]
+        for pp in pools.values():
+            for pool in pp:
+                q = new[id(pool)]
+                q.blocks = [seen[id(b)][1] for b in pool.blocks]
+                q.unmapped_blocks = {p: seen[id(b)][1] for p, b in pool.unmapped_blocks.items()}
+        return out_pools, f, {i: seen[id(b)][1] for i, b in handles.items()}
 
     # ---- folding (`Policy.fold_state`) ----------------------------------------------------------
     fold_counters = ("n_malloc", "n_free", "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",

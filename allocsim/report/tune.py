@@ -21,6 +21,10 @@ def tune_report(res, took: float) -> str:
              + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
              + f"; {res.replays} replays in {took:.1f}s"
              + (" (those that could not be a finalist stopped early)" if res.pruned else ""), ""]
+    if res.shared or res.resumed:
+        lines.insert(-1, f"{res.shared + res.resumed} settings with a GC threshold behave as the same setting "
+                     f"without one until it acts: {res.shared} took that setting's figures (it never acted there), "
+                     f"{res.resumed} resumed from its checkpoint")
     best = res.best
     if best is None:
         lines.append("no setting fits this target; the table shows the ones that got furthest")

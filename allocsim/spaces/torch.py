@@ -23,7 +23,8 @@ from ..frameworks.torch import MIN_MB, NO_DIVISIONS, MiB, divisions_table, parse
 from ..policies.torch import get_allocation_size, round_size
 from ..spec import PolicySpec
 from ..trace import ALLOC
-from ..trace.events import CATCHES_OOM
+from ..trace.events import CATCHES_OOM, OOM
+from ..replay import driving
 from ..trace.trace import Chunk, LiveBytes
 
 POLICY = "torch"
@@ -130,6 +131,49 @@ def least_peak(trace, values: dict) -> int:
         _PEAKS.clear()
     _PEAKS[key] = (trace, live.peak)
     return live.peak
+
+
+def gc_family(values: dict) -> tuple[dict, float] | None:
+    """``(the same options without a GC threshold, the threshold)`` of a setting with one, else None: the
+    setting behaves as that one up to its first pool miss above the threshold (`most_grown`)."""
+    gc = values.get("garbage_collection_threshold") or 0.0
+    return ({**values, "garbage_collection_threshold": 0.0}, gc) if gc > 0.0 else None
+
+
+_GROWN: dict = {}
+
+
+def most_grown(trace, values: dict, window: int) -> np.ndarray:
+    """Per window of ``window`` driving events (`allocsim.tune` checks a replay at their ends), the most the
+    reserved memory of a replay without expandable segments can grow inside it: each ALLOC and each recorded
+    OOM tried again makes at most one pool miss, and a miss at most one segment, ``get_allocation_size`` of the
+    request rounded (docs/models/torch.md, rules 5 and 6; the release paths only give memory back). A GC
+    threshold cannot act in a window that starts below it by more than this (`tune` checkpoints before the
+    windows where it can). Kept per trace, divisions and window."""
+    div = values.get("roundup_power2_divisions")
+    key = (id(trace), repr(div), window)
+    kept = _GROWN.get(key)
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    divisions = NO_DIVISIONS if div is None else divisions_table(div)
+    segs: dict = {}
+    parts = []
+    for _, rec, local in driving(trace):
+        kinds, sizes = rec["kind"][local], rec["size"][local].astype(np.int64)
+        asks = (kinds == ALLOC) | (kinds == OOM)
+        uniq, at = np.unique(sizes[asks], return_inverse=True)
+        for n in set(uniq.tolist()) - segs.keys():
+            segs[n] = get_allocation_size(round_size(n, divisions)) if n > 0 else 0
+        grown = np.zeros(len(local), np.int64)
+        grown[asks] = np.array([segs[n] for n in uniq.tolist()], np.int64)[at]
+        parts.append(grown)
+    grown = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    edges = np.arange(0, len(grown), window)
+    out = np.add.reduceat(grown, edges) if len(grown) else np.zeros(0, np.int64)
+    if len(_GROWN) >= 64:
+        _GROWN.clear()
+    _GROWN[key] = (trace, out)
+    return out
 
 
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
