@@ -11,7 +11,7 @@ import signal
 import sys
 
 from . import commands
-from .compiled import build
+from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
 from .filenames import let_stdout_write_names
 from .outputs import Terminated
@@ -87,6 +87,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
+        return 2
+    if ENV_PROBLEM:         # ALLOCSIM_INTERPRETED=maybe: which build would run is unclear
+        print(f"allocsim: {ENV_PROBLEM}", file=sys.stderr)
         return 2
     let_stdout_write_names()
     try:

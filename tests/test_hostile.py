@@ -43,6 +43,7 @@ class Case:
     stderr_lines: int = 1          # 0 for a careless input that must simply work (with status 0)
     then: Callable | None = None   # then(d, stdout): checks what a case that works wrote
     stdout_json: bool = False      # stdout must be one JSON document (what a program reads from --json)
+    env: dict | None = None        # environment variables set for the case (it then runs in a child process)
 
 
 def _digest(d):
@@ -57,9 +58,9 @@ def _digest(d):
     return out
 
 
-def _run(argv, cwd, *, child):
-    if child:
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _run(argv, cwd, *, child, env=None):
+    if child or env:
+        env = dict(os.environ, **(env or {}), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         p = subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, cwd=cwd,
                            env=env, timeout=120, errors="surrogateescape")    # a file name's bytes, as printed
         return p.returncode, p.stdout, p.stderr
@@ -854,7 +855,17 @@ HUNT: list[Case] = [
          outputs=["r.bin"], stdout_empty=True),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT
+
+# session 5: the environment switches, a run named where one trace is taken, a rank's file under another's name
+HUNT_5: list[Case] = [
+    Case("env-interpreted-unknown-value", ["info", "{trace}"], env={"ALLOCSIM_INTERPRETED": "maybe"},
+         expect="allocsim: ALLOCSIM_INTERPRETED='maybe': expected 1, true, yes or on (on), or 0, false, no, off or "
+                "empty (off)", stdout_empty=True),
+    Case("env-interpreted-number-two", ["replay", "{trace}", "-p", "none"], env={"ALLOCSIM_INTERPRETED": "2"},
+         expect="ALLOCSIM_INTERPRETED='2'", stdout_empty=True),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -866,7 +877,7 @@ def test_hostile(case, tmp_path):
         case.setup(d)
     before = _digest(d)
     argv = [a.format(d=d, trace=trace) for a in case.argv]
-    status, out, err = _run(argv, d, child=case.subprocess)
+    status, out, err = _run(argv, d, child=case.subprocess, env=case.env)
     assert status == case.status, (status, out, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err
@@ -889,3 +900,21 @@ def test_hostile(case, tmp_path):
 
 def test_table_is_not_empty():
     assert len(CASES) >= 1
+
+
+@pytest.mark.parametrize("name,value,expect,status", [
+    ("ALLOCSIM_COMPILE", "maybe", "allocsim: ALLOCSIM_COMPILE='maybe': expected 1, true, yes or on", 2),
+    ("ALLOCSIM_INTERPRETED", "later", "allocsim: ALLOCSIM_INTERPRETED='later': expected", 2),
+    ("ALLOCSIM_COMPILE", "off", "ALLOCSIM_COMPILE=1 asks for the compiled build", 0),
+    ("ALLOCSIM_INTERPRETED", " Yes", "ALLOCSIM_INTERPRETED is set", 0)])
+def test_setup_reads_its_switches(name, value, expect, status):
+    """setup.py reads ALLOCSIM_COMPILE and ALLOCSIM_INTERPRETED as switches: off is off, yes is on, and a value that
+    is neither stops the build in one line, before setuptools prints anything."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCSIM_")}
+    p = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env={**env, name: value},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == status, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert expect in p.stderr.splitlines()[0], p.stderr
+    if status:
+        assert len(p.stderr.splitlines()) == 1 and p.stdout == "", p.stderr
