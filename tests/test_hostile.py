@@ -856,6 +856,19 @@ HUNT: list[Case] = [
 ]
 
 
+def _ranks_in_json(*names):
+    """A ``then`` check: the ``--json`` output of a run holds one result per rank, of ``names`` in order."""
+    def then(d, out):
+        assert [os.path.basename(r["trace"]) for r in json.loads(out)["ranks"]] == list(names), out
+    return then
+
+
+#: ``run.rank0.bin`` and ``run.rank2.bin``, the second's metadata rank 1 of 2 (a copy under another rank's name)
+def _misnamed(d):
+    for rank, named in ((0, 0), (1, 2)):
+        trace_with({"framework": "torch", "rank": rank, "world_size": 2}, name=f"run.rank{named}.bin")(d)
+
+
 # session 5: the environment switches, a run named where one trace is taken, a rank's file under another's name
 HUNT_5: list[Case] = [
     Case("env-interpreted-unknown-value", ["info", "{trace}"], env={"ALLOCSIM_INTERPRETED": "maybe"},
@@ -863,6 +876,21 @@ HUNT_5: list[Case] = [
                 "empty (off)", stdout_empty=True),
     Case("env-interpreted-number-two", ["replay", "{trace}", "-p", "none"], env={"ALLOCSIM_INTERPRETED": "2"},
          expect="ALLOCSIM_INTERPRETED='2'", stdout_empty=True),
+    Case("fit-run-name", ["fit", "{d}/run.bin", "-p", "none", "-j", "1", "--no-oracle", "--json"], _run_of(0, 1),
+         status=0, stderr_lines=0, stdout_json=True, then=_ranks_in_json("run.rank0.bin", "run.rank1.bin")),
+    Case("sweep-run-name", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _run_of(0, 1),
+         status=0, stderr_lines=0, outputs=["r.csv.partial"],
+         then=lambda d, out: (_holds("r.csv", "run.rank0.bin,none")(d, out), _holds("r.csv", "run.rank1.bin,none")(d, out))),
+    Case("plot-run-name", ["plot", "{d}/run.bin", "-p", "none", "-o", "{d}/k.png"], _run_of(0, 1),
+         expect="run.bin: no such file; it names a run of 2 traces ({d}/run.rank0.bin, {d}/run.rank1.bin): plot takes "
+                "one; give one rank's trace, e.g. allocsim plot {d}/run.rank0.bin", outputs=["k.png"], stdout_empty=True),
+    Case("info-run-rank-misnamed", ["info", "{d}/run.bin"], _misnamed, status=0,
+         expect="allocsim: warning: {d}/run.rank2.bin: its name says rank 2, its metadata rank 1"),
+    Case("replay-one-trace-misnamed", ["replay", "{d}/run.rank2.bin", "-p", "none", "--json"], _misnamed, status=0,
+         stdout_json=True, expect="run.rank2.bin: its name says rank 2, its metadata rank 1 (a copy under another "
+                                  "rank's name?); it is reported as rank 1"),
+    Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
+         status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5

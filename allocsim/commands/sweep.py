@@ -15,6 +15,7 @@ from ..outputs import claim_outputs, signals_unwind
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..sweep import Cell, run_cells
 from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
+from ._ranks import traces_of
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 
@@ -142,7 +143,7 @@ def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
 def run(args) -> int:
     check_scheduler(args)
     fmt = _table_format(args.output, args.format)
-    traces = distinct(args.trace, "traces", key=os.path.realpath)
+    traces = distinct(traces_of(args), "traces", key=os.path.realpath)     # a run's name: its ranks' traces
     claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
                   force=args.force)
     cells: list[Cell] = []
