@@ -145,3 +145,19 @@ def test_a_pool_starts_the_longest_replays_first():
     small, large = (os.path.join(ROOT, "traces", n) for n in ("cupy_mlp.bin", "gpt2.bin"))
     cells = [Cell(t, p) for t in (small, large) for p in ("split", "torch")]
     assert longest_first(cells) == cells[2:] + cells[:2]
+
+
+def test_run_cells_rows_come_sorted_by_cell_whatever_the_order_given(small_trace_path, tmp_path):
+    """`run_cells` returns its rows in `Cell.sort_key` order (trace, policy, cap with none first, runtime), the
+    order compare's table shows, from cells given in another order, in one process or a pool."""
+    import shutil
+    a, b = str(tmp_path / "a.bin"), str(tmp_path / "b.bin")
+    shutil.copy(small_trace_path, a)
+    shutil.copy(small_trace_path, b)
+    cells = [Cell(t, p, cap, rt) for t in (b, a) for p in ("split", "none") for cap in (40 << 20, None)
+             for rt in ("gc", "eager")]
+    want = [(os.path.basename(c.trace), c.policy.name, c.cap, c.runtime) for c in sorted(cells, key=Cell.sort_key)]
+    assert want != [(os.path.basename(c.trace), c.policy.name, c.cap, c.runtime) for c in cells]
+    for jobs in (1, 2):
+        rows = run_cells(cells, Settings(), jobs=jobs)
+        assert [(os.path.basename(r["trace"]), r["policy"], r["cap_bytes"], r["runtime"]) for r in rows] == want
