@@ -856,6 +856,13 @@ HUNT: list[Case] = [
 ]
 
 
+def _one_event(d):
+    """``one.bin``: a trace of one ALLOC, every event at one instant."""
+    w = TraceWriter()
+    w.alloc(100)
+    w.finish().save(os.path.join(d, "one.bin"))
+
+
 def _ranks_in_json(*names):
     """A ``then`` check: the ``--json`` output of a run holds one result per rank, of ``names`` in order."""
     def then(d, out):
@@ -889,6 +896,14 @@ HUNT_5: list[Case] = [
     Case("replay-one-trace-misnamed", ["replay", "{d}/run.rank2.bin", "-p", "none", "--json"], _misnamed, status=0,
          stdout_json=True, expect="run.rank2.bin: its name says rank 2, its metadata rank 1 (a copy under another "
                                   "rank's name?); it is reported as rank 1"),
+    Case("tune-plot-where-nothing-can-be-made", ["tune", "{trace}", "--no-fit", "-j", "1", "--plot", "/proc/a.png"],
+         expect="/proc/a.png: cannot write: No such file or directory", stdout_empty=True),
+    Case("compare-csv-where-nothing-can-be-made", ["compare", "{trace}", "-p", "none", "--csv", "/proc/a.csv"],
+         expect="/proc/a.csv: cannot write:", stdout_empty=True),
+    Case("sweep-o-where-nothing-can-be-made", ["sweep", "{trace}", "-p", "none", "-o", "/proc/a.csv"],
+         expect="/proc/a.csv: cannot write:", stdout_empty=True),
+    Case("plot-memory-of-one-instant-child", ["plot", "{d}/one.bin", "-p", "none", "-o", "{d}/k.png"], _one_event,
+         status=0, stderr_lines=0, subprocess=True, then=_made("k.png")),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
