@@ -856,6 +856,22 @@ HUNT: list[Case] = [
 ]
 
 
+def _installed(**points):
+    """A setup installing, in the case's folder (on a child's path as its working folder), a distribution whose
+    entry points of ``allocsim.policies`` are ``points`` (name -> module:Class), ``x.py``, which exits, and ``y.py``,
+    which holds no class."""
+    def setup(d):
+        info = os.path.join(d, "hostile-0.1.dist-info")
+        os.mkdir(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write("Metadata-Version: 2.1\nName: hostile\nVersion: 0.1\n")
+        with open(os.path.join(info, "entry_points.txt"), "w") as f:
+            f.write("[allocsim.policies]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
+        text_file("x.py", "import sys\nsys.exit(0)\n")(d)
+        text_file("y.py", "z = 1\n")(d)
+    return setup
+
+
 def _one_event(d):
     """``one.bin``: a trace of one ALLOC, every event at one instant."""
     w = TraceWriter()
@@ -904,6 +920,30 @@ HUNT_5: list[Case] = [
          expect="/proc/a.csv: cannot write:", stdout_empty=True),
     Case("plot-memory-of-one-instant-child", ["plot", "{d}/one.bin", "-p", "none", "-o", "{d}/k.png"], _one_event,
          status=0, stderr_lines=0, subprocess=True, then=_made("k.png")),
+    Case("module-plugin-exits-while-loading-child", ["replay", "{trace}", "-p", "x:Pool"],
+         text_file("x.py", "import sys\nsys.exit(0)\n"), subprocess=True, stdout_empty=True,
+         expect="policy 'x:Pool': loading it failed at {d}/x.py:2: SystemExit: the plug-in called sys.exit(0), which "
+                "cannot end allocsim"),
+    Case("module-plugin-prints-json-stays-valid-child", ["replay", "{trace}", "-p", "pr:Pool", "--json"],
+         text_file("pr.py", f"import sys\nsys.path.append({EXAMPLE_POLICIES!r})\nprint('hello from pr')\n"
+                            "from first_fit import FirstFit as Pool\n"),
+         status=0, subprocess=True, stdout_json=True, expect="hello from pr"),
+    Case("entry-point-exits-while-loading-child", ["replay", "{trace}", "-p", "exits"], _installed(exits="x:Pool"),
+         subprocess=True, stdout_empty=True, expect="policy 'exits': loading it failed at {d}/x.py:2: SystemExit"),
+    Case("entry-point-exits-listing-goes-on-child", ["policies"], _installed(exits="x:Pool"), subprocess=True,
+         then=lambda d, out: (None if "split " in out and "torch " in out else pytest.fail(out)),
+         expect="policy 'exits': loading it failed at {d}/x.py:2: SystemExit"),
+    Case("entry-point-names-a-missing-module-child", ["compare", "{trace}", "-p", "split,gone", "-j", "1"],
+         _installed(gone="nosuch_module_xyz:Pool"), subprocess=True, stdout_empty=True,
+         expect="policy 'gone': its installed entry point nosuch_module_xyz:Pool cannot be loaded: ModuleNotFoundError"),
+    Case("entry-point-names-a-missing-class-child", ["replay", "{trace}", "-p", "gone"], _installed(gone="y:Nope"),
+         subprocess=True, stdout_empty=True,
+         expect="policy 'gone': its installed entry point y:Nope cannot be loaded: AttributeError: module 'y' has no "
+                "attribute 'Nope'"),
+    Case("entry-point-shadowed-by-a-built-in-child", ["policies"], _installed(split="x:Pool"), subprocess=True,
+         status=0, then=lambda d, out: (None if out.count("\nsplit ") == 1 else pytest.fail(out)),
+         expect="allocsim: note: the installed entry point split (x:Pool) has a built-in policy's name; -p split is "
+                "the built-in"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
