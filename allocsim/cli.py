@@ -7,6 +7,7 @@ import errno
 import importlib
 import os
 import pkgutil
+import re
 import signal
 import sys
 
@@ -54,8 +55,25 @@ class _Parser(argparse.ArgumentParser):
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
 
+    #: The command line being parsed (`main` sets it): what an error may quote back.
+    argv: list = []
+
     def error(self, message):  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_value(message)}\n")
+
+    def _dash_value(self, message: str) -> str:
+        """``--cap -1GB``: argparse takes a value that starts with ``-`` (and is not a plain negative number) for
+        an option and says only "expected one argument"; name the value and the spelling that passes it."""
+        m = re.fullmatch(r"argument (\S+): expected one argument", message)
+        flags = m.group(1).split("/") if m else []
+        argv = list(self.argv)
+        for k, arg in enumerate(argv[:-1]):
+            value = argv[k + 1]
+            if arg in flags and value.startswith("-") and value.split("=")[0] not in self._option_string_actions \
+                    and value not in ("-", "--"):
+                spelled = f"{arg}={value}" if arg.startswith("--") else f"{arg}{value}"
+                return f" ({value!r} starts with -, so it reads as an option; to give it as the value: {spelled})"
+        return ""
 
 
 def _modules():
@@ -84,6 +102,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _stand_in_for_closed_streams()
     parser = make_parser()
+    _Parser.argv = list(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

@@ -944,6 +944,11 @@ HUNT_5: list[Case] = [
          status=0, then=lambda d, out: (None if out.count("\nsplit ") == 1 else pytest.fail(out)),
          expect="allocsim: note: the installed entry point split (x:Pool) has a built-in policy's name; -p split is "
                 "the built-in"),
+    Case("cap-negative-as-its-own-word", ["replay", "{trace}", "--cap", "-1GB"], stdout_empty=True,
+         expect="argument --cap: expected one argument ('-1GB' starts with -, so it reads as an option; to give it as "
+                "the value: --cap=-1GB)"),
+    Case("output-name-starting-with-dash", ["synth", "mlp", "-o", "-x.bin"], stdout_empty=True, outputs=["-x.bin"],
+         expect="to give it as the value: -o-x.bin)"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
@@ -1001,3 +1006,11 @@ def test_setup_reads_its_switches(name, value, expect, status):
     assert expect in p.stderr.splitlines()[0], p.stderr
     if status:
         assert len(p.stderr.splitlines()) == 1 and p.stdout == "", p.stderr
+
+
+@pytest.mark.parametrize("argv", [["--cap", "--json"], ["--cap", "-q"], ["--cap"], ["-p", "--cap=1GB"]])
+def test_an_option_where_a_value_belongs_gets_no_dash_hint(argv, tmp_path):
+    """The hint for a value starting with - is for values: an option of the command after a flag (a forgotten value)
+    keeps argparse's own line."""
+    status, out, err = _run(["replay", "t.bin", *argv], str(tmp_path), child=False)
+    assert status == 2 and out == "" and err.strip().endswith("expected one argument"), err
