@@ -1014,3 +1014,20 @@ def test_an_option_where_a_value_belongs_gets_no_dash_hint(argv, tmp_path):
     keeps argparse's own line."""
     status, out, err = _run(["replay", "t.bin", *argv], str(tmp_path), child=False)
     assert status == 2 and out == "" and err.strip().endswith("expected one argument"), err
+
+
+def test_an_import_past_32_bit_object_ids_is_one_line(monkeypatch, tmp_path):
+    """A trace's object ids are 32 bits, 0xFFFFFFFF meaning none: the writer refuses the allocation past them
+    (numpy raised OverflowError one later, after writing an ALLOC without an id), and import says so in one line."""
+    from allocsim.trace.events import NO_ID
+    start = TraceWriter.__init__
+
+    def near_the_end(self, *a, **k):
+        start(self, *a, **k)
+        self.next_id = NO_ID - 1        # as after 4,294,967,294 allocations
+    monkeypatch.setattr(TraceWriter, "__init__", near_the_end)
+    log = os.path.join(ROOT, "tests", "fixtures", "log.csv")
+    status, out, err = _run(["import", log, "-o", str(tmp_path / "o.bin")], str(tmp_path), child=False)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "log.csv: cannot be a trace: more than 4,294,967,295 allocations (an object id is 32 bits)" in err, err
+    assert os.listdir(tmp_path) == []
