@@ -949,6 +949,11 @@ HUNT_5: list[Case] = [
                 "the value: --cap=-1GB)"),
     Case("output-name-starting-with-dash", ["synth", "mlp", "-o", "-x.bin"], stdout_empty=True, outputs=["-x.bin"],
          expect="to give it as the value: -o-x.bin)"),
+    Case("tune-log-snapshot-over-itself", ["tune", "{d}/snapshot.pickle", "--no-fit", "--snapshot",
+                                           "{d}/snapshot.pickle"], _copy_fixture("snapshot.pickle"),
+         expect="snapshot.pickle: --snapshot: would overwrite the input", stdout_empty=True),
+    Case("tune-log-plot-not-a-picture", ["tune", "{d}/log.csv", "--plot", "{d}/f.txt"], _copy_fixture("log.csv"),
+         expect="--plot {d}/f.txt: expected a .png, .svg or .pdf path", outputs=["f.txt"], stdout_empty=True),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]

@@ -71,6 +71,7 @@ def run(args) -> int:
     if len(paths) > 1:
         return _tune_run(args, paths)
     args.trace = args.trace[0]
+    _check_options(args)            # before a log is imported: a refusal is then the one line
     with _as_trace(paths[0]) as path:
         return _tune(args, path)
 
@@ -98,7 +99,8 @@ def _as_trace(path: str):
         yield out
 
 
-def _tune(args, path: str) -> int:
+def _check_options(args) -> None:
+    """The scheduler's address and the outputs of a one-trace tune, checked before any work."""
     from ..errors import UsageError
     check_scheduler(args)
     claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
@@ -107,6 +109,10 @@ def _tune(args, path: str) -> int:
         from ..report.plots import picture_format
         if not picture_format(args.plot):
             raise UsageError(f"--plot {args.plot}: expected a .png, .svg or .pdf path")
+
+
+def _tune(args, path: str) -> int:
+    from ..errors import UsageError
     trace = load_trace(path)
     if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
         from ..errors import InputError
