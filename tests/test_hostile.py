@@ -177,7 +177,7 @@ DATA_LOSS: list[Case] = [
 
 # ---------------------------------------------------------------------------------------------
 # malformed files: header, metadata, footer, import formats
-from hostile_files import DEEP, fixture_line, snapshot_with, text_file, trace_with  # noqa: E402
+from hostile_files import DEEP, FIXTURES, fixture_line, snapshot_with, text_file, trace_with  # noqa: E402
 
 EXAMPLE_POLICIES = os.path.join(ROOT, "examples", "policies")
 
@@ -903,10 +903,11 @@ HUNT_5: list[Case] = [
          status=0, stderr_lines=0, stdout_json=True, then=_ranks_in_json("run.rank0.bin", "run.rank1.bin")),
     Case("sweep-run-name", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _run_of(0, 1),
          status=0, stderr_lines=0, outputs=["r.csv.partial"],
-         then=lambda d, out: (_holds("r.csv", "run.rank0.bin,none")(d, out), _holds("r.csv", "run.rank1.bin,none")(d, out))),
+         then=lambda d, out: [_holds("r.csv", f"run.rank{k}.bin,none")(d, out) for k in (0, 1)]),
     Case("plot-run-name", ["plot", "{d}/run.bin", "-p", "none", "-o", "{d}/k.png"], _run_of(0, 1),
-         expect="run.bin: no such file; it names a run of 2 traces ({d}/run.rank0.bin, {d}/run.rank1.bin): plot takes "
-                "one; give one rank's trace, e.g. allocsim plot {d}/run.rank0.bin", outputs=["k.png"], stdout_empty=True),
+         expect="run.bin: no such file; it names a run of 2 traces ({d}/run.rank0.bin, {d}/run.rank1.bin): plot "
+                "takes one; give one rank's trace, e.g. allocsim plot {d}/run.rank0.bin", outputs=["k.png"],
+         stdout_empty=True),
     Case("info-run-rank-misnamed", ["info", "{d}/run.bin"], _misnamed, status=0,
          expect="allocsim: warning: {d}/run.rank2.bin: its name says rank 2, its metadata rank 1"),
     Case("replay-one-trace-misnamed", ["replay", "{d}/run.rank2.bin", "-p", "none", "--json"], _misnamed, status=0,
@@ -935,7 +936,8 @@ HUNT_5: list[Case] = [
          expect="policy 'exits': loading it failed at {d}/x.py:2: SystemExit"),
     Case("entry-point-names-a-missing-module-child", ["compare", "{trace}", "-p", "split,gone", "-j", "1"],
          _installed(gone="nosuch_module_xyz:Pool"), subprocess=True, stdout_empty=True,
-         expect="policy 'gone': its installed entry point nosuch_module_xyz:Pool cannot be loaded: ModuleNotFoundError"),
+         expect="policy 'gone': its installed entry point nosuch_module_xyz:Pool cannot be loaded: "
+                "ModuleNotFoundError"),
     Case("entry-point-names-a-missing-class-child", ["replay", "{trace}", "-p", "gone"], _installed(gone="y:Nope"),
          subprocess=True, stdout_empty=True,
          expect="policy 'gone': its installed entry point y:Nope cannot be loaded: AttributeError: module 'y' has no "
@@ -954,6 +956,15 @@ HUNT_5: list[Case] = [
          expect="snapshot.pickle: --snapshot: would overwrite the input", stdout_empty=True),
     Case("tune-log-plot-not-a-picture", ["tune", "{d}/log.csv", "--plot", "{d}/f.txt"], _copy_fixture("log.csv"),
          expect="--plot {d}/f.txt: expected a .png, .svg or .pdf path", outputs=["f.txt"], stdout_empty=True),
+    Case("info-an-rmm-log-says-to-import-it", ["info", "{d}/log.csv"], _copy_fixture("log.csv"), stdout_empty=True,
+         expect="log.csv: byte 0: not an allocsim trace (bad magic b'Thread,T'; expected b'ALLOCSIM'): it is an RMM "
+                "log; import it first (allocsim import {d}/log.csv -o NAME.bin)"),
+    Case("replay-a-snapshot-says-to-import-it", ["replay", "{d}/my snap.pickle"],
+         lambda d: shutil.copy(os.path.join(FIXTURES, "snapshot.pickle"), os.path.join(d, "my snap.pickle")),
+         stdout_empty=True,
+         expect="it is a PyTorch memory snapshot; import it first (allocsim import '{d}/my snap.pickle' -o NAME.bin)"),
+    Case("compare-a-cupy-log-says-to-import-it", ["compare", "{d}/hooks.jsonl", "-p", "none"],
+         _copy_fixture("hooks.jsonl"), stdout_empty=True, expect="it is a CuPy DebugPrintHook log; import it first"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
