@@ -103,11 +103,12 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
     full = open(out).read()
     os.unlink(out)
     # an interrupted sweep: one finished row and a torn second line
+    from allocsim.commands.sweep import shared_key
     cell = Cell(small_trace_path, "none", None, "eager", (), "trace")
     row = run_cells([cell], Settings())[0]
     row.pop("replay_seconds")
     with open(out + ".partial", "w") as f:
-        f.write(json.dumps(dict(row, cell=cell.key())) + "\n" + '{"trace": "tor')
+        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()))) + "\n" + '{"trace": "tor')
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
     assert "1 of 3 cells already done" in res.stderr

@@ -872,6 +872,19 @@ def _installed(**points):
     return setup
 
 
+def _partial_row(policy, runtime):
+    """A setup leaving ``r.csv.partial`` as a sweep stopped after its cell of ``policy`` × ``runtime`` on the case's
+    trace (default options) leaves it."""
+    def setup(d):
+        from allocsim.commands.sweep import shared_key
+        from allocsim.sweep import Cell, Settings, run_cells
+        cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
+        row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
+        with open(os.path.join(d, "r.csv.partial"), "w") as f:
+            f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings())), sort_keys=True) + "\n")
+    return setup
+
+
 def _one_event(d):
     """``one.bin``: a trace of one ALLOC, every event at one instant."""
     w = TraceWriter()
@@ -965,6 +978,10 @@ HUNT_5: list[Case] = [
          expect="it is a PyTorch memory snapshot; import it first (allocsim import '{d}/my snap.pickle' -o NAME.bin)"),
     Case("compare-a-cupy-log-says-to-import-it", ["compare", "{d}/hooks.jsonl", "-p", "none"],
          _copy_fixture("hooks.jsonl"), stdout_empty=True, expect="it is a CuPy DebugPrintHook log; import it first"),
+    Case("sweep-resumed-under-other-options", ["sweep", "{trace}", "-p", "split", "--runtime", "gc", "--gc-every",
+                                               "1MB", "-j", "1", "-o", "{d}/r.csv"], _partial_row("split", "gc"),
+         expect="r.csv.partial: line 1: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
+                "or --backend differ", outputs=["r.csv"], stdout_empty=True),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
