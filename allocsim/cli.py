@@ -14,7 +14,7 @@ import sys
 from . import commands
 from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
-from .filenames import let_stdout_write_names
+from .filenames import let_stdout_write_names, printable
 from .outputs import Terminated
 
 ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "tune", "plot", "sweep", "validate",
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     except AllocsimError as e:
         if getattr(args, "debug", False):
             raise
-        print(f"allocsim: {e}", file=sys.stderr)
+        print(f"allocsim: {printable(str(e), keep='')}", file=sys.stderr)     # one line, whatever a plug-in raised
         return e.exit_status
     except OSError as e:          # a file system refusal the command did not foresee: still one line
         if getattr(args, "debug", False):

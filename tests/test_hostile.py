@@ -982,6 +982,16 @@ HUNT_5: list[Case] = [
                                                "1MB", "-j", "1", "-o", "{d}/r.csv"], _partial_row("split", "gc"),
          expect="r.csv.partial: line 1: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
                 "or --backend differ", outputs=["r.csv"], stdout_empty=True),
+    Case("info-metadata-escape-sequences", ["info", "{d}/bad.bin"],
+         trace_with({"device": {"name": "H100\x1b]0;pwned\x07", "total_memory": 1 << 30}, "command": "a\rb\x1b[2J"}),
+         status=0, stderr_lines=0, then=lambda d, out: None if "\x1b" not in out and "\r" not in out and
+         "H100\\x1b]0;pwned\\x07" in out and "a\\x0db\\x1b[2J" in out else pytest.fail(out)),
+    Case("replay-name-with-an-escape-sequence", ["replay", "{d}/e\x1b[2Jx.bin", "-p", "none"],
+         lambda d: shutil.copy(os.path.join(d, "t.bin"), os.path.join(d, "e\x1b[2Jx.bin")), status=0,
+         stderr_lines=0, then=lambda d, out: None if "\x1b" not in out and "e\\x1b[2Jx.bin" in out else pytest.fail(out)),
+    Case("plugin-error-message-of-several-lines", ["replay", "{trace}", "-p", "p.py:Pool"],
+         _plugin_body("malloc", "raise RuntimeError('first\\nsecond\\x1b[2J')"), stdout_empty=True,
+         expect="failed while replaying: RuntimeError: first\\x0asecond\\x1b[2J (raised at"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
