@@ -16,6 +16,7 @@ import os
 import sys
 
 from ..errors import InputError
+from ..filenames import printable, shown_name
 from ..outputs import is_trace
 from ..ranks import process_name, process_of_name, rank_label, run_traces
 from ..report.tables import dump_json
@@ -50,16 +51,17 @@ def one_trace(name: str, command: str) -> str:
     paths = run_traces(name)
     if len(paths) > 1:
         from ..errors import UsageError
-        raise UsageError(f"{name}: no such file; it names a run of {len(paths)} traces ({', '.join(paths[:3])}"
-                         f"{', ...' if len(paths) > 3 else ''}): {command} takes one; give one rank's trace, e.g. "
-                         f"allocsim {command} {paths[0]} ...")
+        shown = [shown_name(p) for p in paths]
+        raise UsageError(f"{shown_name(name)}: no such file; it names a run of {len(paths)} traces "
+                         f"({', '.join(shown[:3])}{', ...' if len(paths) > 3 else ''}): {command} takes one; give one "
+                         f"rank's trace, e.g. allocsim {command} {shown[0]} ...")
     say(misnamed(paths))
     return paths[0]
 
 
 def say(warnings: list[str]) -> None:
     for line in warnings:
-        print(f"allocsim: warning: {line}", file=sys.stderr)
+        print(f"allocsim: warning: {printable(line, keep='')}", file=sys.stderr)
 
 
 def check_run(name: str, paths: list[str]) -> list[str]:
@@ -97,7 +99,7 @@ def misnamed(paths: list[str]) -> list[str]:
             continue
         recorded = meta.get(key)
         if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != number:
-            out.append(f"{path}: its name says {key} {number}, its metadata {key} {recorded} (a copy under another "
+            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata {key} {recorded} (a copy under another "
                        f"{key}'s name?); it is reported as {key} {recorded}")
     return out
 
