@@ -992,6 +992,10 @@ HUNT_5: list[Case] = [
     Case("plugin-error-message-of-several-lines", ["replay", "{trace}", "-p", "p.py:Pool"],
          _plugin_body("malloc", "raise RuntimeError('first\\nsecond\\x1b[2J')"), stdout_empty=True,
          expect="failed while replaying: RuntimeError: first\\x0asecond\\x1b[2J (raised at"),
+    Case("rmm-csv-free-of-another-size", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         fixture_line("log.csv", 4, "2342730,23:59:59.900000,free,0x7f0000000000,5,0"), status=0,
+         expect="allocsim: warning: {d}/log.csv: line 4: a free of 5 bytes at 0x7f0000000000, allocated with "
+                "1,048,576 bytes; the allocation's size is the one replayed", then=_made("o.bin")),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
