@@ -996,6 +996,10 @@ HUNT_5: list[Case] = [
          fixture_line("log.csv", 4, "2342730,23:59:59.900000,free,0x7f0000000000,5,0"), status=0,
          expect="allocsim: warning: {d}/log.csv: line 4: a free of 5 bytes at 0x7f0000000000, allocated with "
                 "1,048,576 bytes; the allocation's size is the one replayed", then=_made("o.bin")),
+    Case("tune-headroom-zero-bytes", ["tune", "{trace}", "--headroom", "0B", "--no-fit", "-j", "1", "--json"],
+         status=0, stderr_lines=0, stdout_json=True),
+    Case("tune-headroom-past-1-pib", ["tune", "{trace}", "--headroom", "2PB"], stdout_empty=True,
+         expect="--headroom: expected a size of at most 1 PiB, got '2PB'"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]

@@ -18,7 +18,8 @@ from ..trace import Trace
 from ..trace.schema import check_meta
 from ..report.tune import tune_report
 from ..ranks import fit_capacity
-from ..units import fmt_bytes
+from ..trace.events import MAX_SIZE
+from ..units import fmt_bytes, parse_size
 from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
                       capacity_arg, check_scheduler, cost_model_arg, dask_cluster, load_trace, positive_size,
                       say_snapshot_written)
@@ -215,7 +216,10 @@ def headroom_arg(text: str) -> float | int:
         if not 0 <= share < 1:
             raise UsageError(f"--headroom: expected a share from 0% to below 100% or a size, got {text!r}")
         return share
-    return 0 if text.strip() == "0" else positive_size(text, "--headroom")
+    n = parse_size(text, what="--headroom")        # 0 (0B, 0GiB) keeps none
+    if n > MAX_SIZE:
+        raise UsageError(f"--headroom: expected a size of at most 1 PiB, got {text!r}")
+    return n
 
 
 def _write_snapshot(trace, res, path: str) -> None:
