@@ -1000,6 +1000,10 @@ HUNT_5: list[Case] = [
          status=0, stderr_lines=0, stdout_json=True),
     Case("tune-headroom-past-1-pib", ["tune", "{trace}", "--headroom", "2PB"], stdout_empty=True,
          expect="--headroom: expected a size of at most 1 PiB, got '2PB'"),
+    Case("cost-model-is-the-trace", ["replay", "{trace}", "--cost-model", "{trace}"], stdout_empty=True,
+         expect="t.bin: byte 0: is an allocsim trace, not a cost model (a JSON object, as allocsim calibrate writes)"),
+    Case("cost-model-is-a-snapshot", ["compare", "{trace}", "-p", "none", "--cost-model", "{d}/snapshot.pickle"],
+         _copy_fixture("snapshot.pickle"), stdout_empty=True, expect="snapshot.pickle: byte 0: is a pickle"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
