@@ -12,6 +12,7 @@ import signal
 import sys
 
 from . import commands
+from .commands._common import WARNINGS
 from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
 from .filenames import let_stdout_write_names, printable
@@ -111,8 +112,11 @@ def main(argv=None) -> int:
         print(f"allocsim: {ENV_PROBLEM}", file=sys.stderr)
         return 2
     let_stdout_write_names()
+    WARNINGS.clear()
     try:
         status = int(args._run(args) or 0)
+        for line in WARNINGS.values():      # after the report: an error instead would have been the one line
+            print(f"allocsim: warning: {printable(line, keep='')}", file=sys.stderr)
         if sys.stdout:
             sys.stdout.flush()      # a closed pipe or a full disk shows here, not at interpreter exit
         return status

@@ -885,6 +885,13 @@ def _partial_row(policy, runtime):
     return setup
 
 
+def _unfinished(d):
+    """``u.bin``: the first 200 events of a trace whose writer died before its footer."""
+    from allocsim.trace.format import TraceFileWriter
+    w = TraceFileWriter(os.path.join(d, "u.bin"), {})
+    w.write(random_trace(200, seed=3).records)     # written through to the file; no footer follows
+
+
 def _one_event(d):
     """``one.bin``: a trace of one ALLOC, every event at one instant."""
     w = TraceWriter()
@@ -1004,6 +1011,11 @@ HUNT_5: list[Case] = [
          expect="t.bin: byte 0: is an allocsim trace, not a cost model (a JSON object, as allocsim calibrate writes)"),
     Case("cost-model-is-a-snapshot", ["compare", "{trace}", "-p", "none", "--cost-model", "{d}/snapshot.pickle"],
          _copy_fixture("snapshot.pickle"), stdout_empty=True, expect="snapshot.pickle: byte 0: is a pickle"),
+    Case("replay-an-unfinished-trace", ["replay", "{d}/u.bin", "-p", "none", "--json"], _unfinished, status=0,
+         stdout_json=True, expect="allocsim: warning: {d}/u.bin: unfinished (its writer died, or is still writing): "
+                                  "the figures are of the 200 events read"),
+    Case("sweep-an-unfinished-trace", ["sweep", "{d}/u.bin", "{trace}", "-p", "none", "-j", "1", "-o", "{d}/r.csv"],
+         _unfinished, status=0, outputs=["r.csv.partial"], expect="u.bin: unfinished"),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]

@@ -160,7 +160,7 @@ def run(args) -> int:
 def run_one(args) -> int:
     quiet = args.quiet or args.json
     tally = Tally()
-    trace = load_trace(args.trace, quiet, walkers=[tally])
+    trace = load_trace(args.trace, quiet, walkers=[tally], say_unfinished=False)     # its header says UNFINISHED
     _, close = progress_bar(None, "summarise", quiet, unit=None)
     try:
         d = summarize(trace, tally)
