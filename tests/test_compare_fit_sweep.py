@@ -108,7 +108,8 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
     row = run_cells([cell], Settings())[0]
     row.pop("replay_seconds")
     with open(out + ".partial", "w") as f:
-        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()))) + "\n" + '{"trace": "tor')
+        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+                                trace_bytes=os.path.getsize(small_trace_path))) + "\n" + '{"trace": "tor')
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
     assert "1 of 3 cells already done" in res.stderr
@@ -162,3 +163,27 @@ def test_run_cells_rows_come_sorted_by_cell_whatever_the_order_given(small_trace
     for jobs in (1, 2):
         rows = run_cells(cells, Settings(), jobs=jobs)
         assert [(os.path.basename(r["trace"]), r["policy"], r["cap_bytes"], r["runtime"]) for r in rows] == want
+
+
+def test_sweep_replays_again_a_trace_recorded_again(tmp_path):
+    """A stopped sweep resumed after its trace was written again under the same name (another recording) replays
+    that trace's cells again: its old rows, of another file, are not the table's."""
+    trace, out = str(tmp_path / "t.bin"), str(tmp_path / "s.csv")
+    random_trace(200, seed=1).save(trace)
+    args = ["sweep", trace, "--policies", "none,split", "-o", out, "-j", "1", "-q"]
+    assert run_cli(*args).returncode == 0
+    first = open(out).read()
+    os.unlink(out)
+    from allocsim.commands.sweep import shared_key
+    cell = Cell(trace, "none", None, "eager", (), "trace")
+    row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k != "replay_seconds"}
+    with open(out + ".partial", "w") as f:          # stopped after one cell of the first recording
+        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+                                trace_bytes=os.path.getsize(trace))) + "\n")
+    random_trace(300, seed=2).save(trace)           # recorded again
+    res = run_cli(*args)
+    assert res.returncode == 0 and "already done" not in res.stderr, res.stderr
+    again = open(out).read()
+    assert again != first
+    os.unlink(out)
+    assert run_cli(*args).returncode == 0 and open(out).read() == again      # what a fresh sweep writes

@@ -881,7 +881,8 @@ def _partial_row(policy, runtime):
         cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
         row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
         with open(os.path.join(d, "r.csv.partial"), "w") as f:
-            f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings())), sort_keys=True) + "\n")
+            f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+                                    trace_bytes=os.path.getsize(cell.trace)), sort_keys=True) + "\n")
     return setup
 
 

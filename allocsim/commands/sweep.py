@@ -109,6 +109,12 @@ def _tell_what_is_kept(log, partial: str, n_cells: int, shared: str) -> None:
           f"from them", file=sys.stderr)
 
 
+def _still_done(row: dict | None, cell: Cell) -> bool:
+    """A partial table's row stands for ``cell`` while its trace is the file it was replayed from (as many bytes):
+    a trace recorded again under the same name is replayed again, its new row the one kept."""
+    return row is not None and row.get("trace_bytes") == os.path.getsize(cell.trace)
+
+
 def _table_format(output: str, given: str | None) -> str:
     """csv or jsonl, from --format or the output's name; a name that says the other format, or ``.json``
     (JSON lines are not one JSON document), is refused rather than given a table it does not name."""
@@ -134,7 +140,7 @@ def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
                 bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
 
             def on_row(cell, row):
-                row = dict(row, cell=cell.key(), shared=shared)
+                row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace))
                 row.pop("sections", None)
                 row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
                 try:
@@ -154,8 +160,8 @@ def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
     rows = _done_rows(partial, shared)
     ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
     for r in ordered:
-        r.pop("cell", None)
-        r.pop("shared", None)
+        for k in ("cell", "shared", "trace_bytes"):
+            r.pop(k, None)
     return ordered
 
 
@@ -175,8 +181,8 @@ def run(args) -> int:
     with open(partial, "a") as log, signals_unwind():
         _lock_table(log, args.output)
         done = _done_rows(partial, shared_key(settings))
-        todo = [c for c in cells if c.key() not in done]
-        if done:
+        todo = [c for c in cells if not _still_done(done.get(c.key()), c)]
+        if len(todo) < len(cells):
             print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
         ordered = _run_todo(args, cells, todo, settings, log, partial)
         write_rows(ordered, args.output, fmt)
