@@ -1017,6 +1017,8 @@ HUNT_5: list[Case] = [
                                   "the figures are of the 200 events read"),
     Case("sweep-an-unfinished-trace", ["sweep", "{d}/u.bin", "{trace}", "-p", "none", "-j", "1", "-o", "{d}/r.csv"],
          _unfinished, status=0, outputs=["r.csv.partial"], expect="u.bin: unfinished"),
+    Case("replay-run-missing-rank-then-an-error", ["replay", "{d}/run.bin", "-p", "nosuch"],
+         _run_of(0, 2, world=3, name="run.rank{r}.bin"), expect="unknown policy 'nosuch'", stdout_empty=True),
     Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]

@@ -16,12 +16,13 @@ import os
 import sys
 
 from ..errors import InputError
-from ..filenames import printable, shown_name
+from ..filenames import shown_name
 from ..outputs import is_trace
 from ..ranks import process_name, process_of_name, rank_label, run_traces
 from ..report.tables import dump_json
 from ..trace import Trace
 from ..trace.schema import check_meta
+from ._common import WARNINGS
 
 #: The options whose file each rank writes for itself.
 PER_RANK_OUTPUTS = ("csv", "snapshot")
@@ -29,20 +30,13 @@ PER_RANK_OUTPUTS = ("csv", "snapshot")
 
 def traces_of(args) -> list[str]:
     """The traces the command's ``trace`` argument (one name, or a list) names, runs expanded and checked (one
-    line for a run whose traces disagree), with a warning on stderr for a missing rank or a misnamed trace."""
-    paths, warnings = found_traces(args)
-    say(warnings)
-    return paths
-
-
-def found_traces(args) -> tuple[list[str], list[str]]:
-    """``(traces, warnings)``: `traces_of`'s traces, and the warnings it prints, left to the caller to print after
-    its own refusals (an error is then the one line)."""
+    line for a run whose traces disagree), with a warning once the command is done for a missing rank or a
+    misnamed trace."""
     names = args.trace if isinstance(args.trace, list) else [args.trace]
     found = [(name, run_traces(name)) for name in names]
-    warnings = [line for name, paths in found if len(paths) > 1 for line in check_run(name, paths)]
     paths = [p for _, paths in found for p in paths]
-    return paths, warnings + misnamed(paths)
+    say([line for name, paths in found if len(paths) > 1 for line in check_run(name, paths)] + misnamed(paths))
+    return paths
 
 
 def one_trace(name: str, command: str) -> str:
@@ -60,8 +54,9 @@ def one_trace(name: str, command: str) -> str:
 
 
 def say(warnings: list[str]) -> None:
+    """Warnings said once the command is done (`WARNINGS`): none if it fails, whose error is then the one line."""
     for line in warnings:
-        print(f"allocsim: warning: {printable(line, keep='')}", file=sys.stderr)
+        WARNINGS.setdefault(line, line)
 
 
 def check_run(name: str, paths: list[str]) -> list[str]:
@@ -99,8 +94,8 @@ def misnamed(paths: list[str]) -> list[str]:
             continue
         recorded = meta.get(key)
         if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != number:
-            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata {key} {recorded} (a copy under another "
-                       f"{key}'s name?); it is reported as {key} {recorded}")
+            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata {key} {recorded} (a copy "
+                       f"under another {key}'s name?); it is reported as {key} {recorded}")
     return out
 
 
@@ -131,16 +126,14 @@ def check_outputs_apart(args, paths: list[str], labels: list[tuple[str, str]]) -
 def each_rank(args, run_one, *, summary=None) -> int:
     """``run_one(args)`` on every trace of the run; the worst exit status. ``summary(paths)``, when given, prints a
     table of the run after the ranks (not with --json)."""
-    given, (paths, warnings) = args.trace, found_traces(args)
+    given, paths = args.trace, traces_of(args)
     if len(paths) == 1:
-        say(warnings)
         args.trace = paths[0]
         return run_one(args)
     as_json = getattr(args, "json", False)
     status, ranks = 0, []
     labels = [label_of(path) for path in paths]       # every rank's header checked before any report is printed
     check_outputs_apart(args, paths, labels)
-    say(warnings)
     made: list[str] = []            # the per-rank files this command writes anew: removed if a later rank fails
     report = io.StringIO()          # the ranks' reports, printed once every rank ran (none half-printed)
     try:
