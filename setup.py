@@ -60,11 +60,21 @@ class OptionalBuildExt(build_ext):
             self.extensions = built
 
 
+def switch_on(name: str) -> bool:
+    """The on/off variable ``name`` (`allocsim.compiled.switch_on`'s spellings); another value stops the build
+    with one line, exit status 2."""
+    try:
+        return COMPILED["switch_on"](name)
+    except ValueError as e:
+        print(f"allocsim: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def extensions() -> list:
-    if os.environ.get(COMPILED["INTERPRETED_ENV"], "") not in ("", "0"):
+    if switch_on(COMPILED["INTERPRETED_ENV"]):
         say(f"{COMPILED['INTERPRETED_ENV']} is set")
         return []
-    if os.environ.get(COMPILED["COMPILE_ENV"], "") in ("", "0"):
+    if not switch_on(COMPILED["COMPILE_ENV"]):
         say(f"{COMPILED['COMPILE_ENV']}=1 asks for the compiled build")
         return []
     try:

@@ -7,13 +7,15 @@ import errno
 import importlib
 import os
 import pkgutil
+import re
 import signal
 import sys
 
 from . import commands
-from .compiled import build
+from .commands._common import WARNINGS
+from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
-from .filenames import let_stdout_write_names
+from .filenames import let_stdout_write_names, printable
 from .outputs import Terminated
 
 ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "tune", "plot", "sweep", "validate",
@@ -54,8 +56,25 @@ class _Parser(argparse.ArgumentParser):
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)
 
+    #: The command line being parsed (`main` sets it): what an error may quote back.
+    argv: list = []
+
     def error(self, message):  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_value(message)}\n")
+
+    def _dash_value(self, message: str) -> str:
+        """``--cap -1GB``: argparse takes a value that starts with ``-`` (and is not a plain negative number) for
+        an option and says only "expected one argument"; name the value and the spelling that passes it."""
+        m = re.fullmatch(r"argument (\S+): expected one argument", message)
+        flags = m.group(1).split("/") if m else []
+        argv = list(self.argv)
+        for k, arg in enumerate(argv[:-1]):
+            value = argv[k + 1]
+            if arg in flags and value.startswith("-") and value.split("=")[0] not in self._option_string_actions \
+                    and value not in ("-", "--"):
+                spelled = f"{arg}={value}" if arg.startswith("--") else f"{arg}{value}"
+                return f" ({value!r} starts with -, so it reads as an option; to give it as the value: {spelled})"
+        return ""
 
 
 def _modules():
@@ -84,13 +103,20 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _stand_in_for_closed_streams()
     parser = make_parser()
+    _Parser.argv = list(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
+    if ENV_PROBLEM:         # ALLOCSIM_INTERPRETED=maybe: which build would run is unclear
+        print(f"allocsim: {ENV_PROBLEM}", file=sys.stderr)
+        return 2
     let_stdout_write_names()
+    WARNINGS.clear()
     try:
         status = int(args._run(args) or 0)
+        for line in WARNINGS.values():      # after the report: an error instead would have been the one line
+            print(f"allocsim: warning: {printable(line, keep='')}", file=sys.stderr)
         if sys.stdout:
             sys.stdout.flush()      # a closed pipe or a full disk shows here, not at interpreter exit
         return status
@@ -99,7 +125,7 @@ def main(argv=None) -> int:
     except AllocsimError as e:
         if getattr(args, "debug", False):
             raise
-        print(f"allocsim: {e}", file=sys.stderr)
+        print(f"allocsim: {printable(str(e), keep='')}", file=sys.stderr)     # one line, whatever a plug-in raised
         return e.exit_status
     except OSError as e:          # a file system refusal the command did not foresee: still one line
         if getattr(args, "debug", False):

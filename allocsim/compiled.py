@@ -9,7 +9,9 @@ it decorates, so the source runs as plain Python, with the same results bit for 
 
 ``ALLOCSIM_INTERPRETED=1`` in the environment (read once, when this module is first imported) makes Python
 load the interpreted source of these modules even where a compiled build lies beside them: the tests walk
-both that way (tests/test_compiled.py).
+both that way (tests/test_compiled.py). It and ``ALLOCSIM_COMPILE`` are switches (`switch_on`): 1, true, yes or
+on; 0, false, no, off or empty. Another value leaves the default and is kept in `ENV_PROBLEM`, which the
+command line refuses in one line (a library import goes on).
 
 This file imports nothing of allocsim, so ``setup.py`` reads `COMPILED_MODULES` from it without importing
 the package.
@@ -34,8 +36,38 @@ INTERPRETED_ENV = "ALLOCSIM_INTERPRETED"
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+#: The spellings of an on/off environment variable (compared without case and surrounding blanks).
+ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def switch_on(name: str, environ=None) -> bool:
+    """Whether the on/off environment variable ``name`` is on (unset is off); ValueError, one line naming
+    the variable and its value, for a value that is neither."""
+    value = (os.environ if environ is None else environ).get(name, "")
+    word = value.strip().lower()
+    if word in ON or word in OFF:
+        return word in ON
+    raise ValueError(f"{name}={value!r}: expected {', '.join(ON[:-1])} or {ON[-1]} (on), or {', '.join(OFF[1:])} or "
+                     f"empty (off)")
+
+
+def _env_problem() -> str | None:
+    try:
+        switch_on(INTERPRETED_ENV)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+#: The line saying ``ALLOCSIM_INTERPRETED`` holds neither spelling (None: it is fine), read at import.
+ENV_PROBLEM = _env_problem()
+
+
 def _forced_interpreted() -> bool:
-    return os.environ.get(INTERPRETED_ENV, "") not in ("", "0")
+    try:
+        return switch_on(INTERPRETED_ENV)
+    except ValueError:          # the default; the command line refuses it (`ENV_PROBLEM`)
+        return False
 
 
 def _module_path(name: str, suffix: str) -> str:

@@ -98,8 +98,12 @@ class CostModel:
     @classmethod
     def load(cls, path: str) -> "CostModel":
         """Read a JSON cost model; any key left out keeps its default."""
-        from .outputs import check_input_file
+        from .outputs import check_input_file, kept_input
         check_input_file(path)
+        kept = kept_input(path)         # --cost-model run.bin: a trace where the JSON belongs
+        if kept:
+            raise InputError(f"is {kept}, not a cost model (a JSON object, as allocsim calibrate writes)", path=path,
+                             position="byte 0")
         try:
             with open(path) as f:
                 data = json.load(f)

@@ -5,20 +5,34 @@ On POSIX a file name is bytes; Python hands a name that is not valid UTF-8
 picture or terminal can take (``UnicodeEncodeError``). `shown_name` is the one
 place a file name becomes text for output (CSV and JSON fields, text reports,
 plot titles, error lines): valid UTF-8 is kept as it is, each undecodable byte
-is written ``\\xNN``, as Python writes it.
+is written ``\\xNN``, as Python writes it. `printable` writes control characters so too
+(a name or a trace's metadata holding ESC sequences would otherwise drive the terminal
+that shows the report).
 """
 from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 
 def shown_name(path: str | None) -> str | None:
-    """``path`` as printable text: its undecodable bytes as ``\\xNN`` (None stays None)."""
+    """``path`` as printable text: its undecodable bytes and control characters as ``\\xNN`` (None stays None)."""
     if path is None:
         return None
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
+    return printable(os.fsencode(path).decode("utf-8", "backslashreplace"), keep="")
+
+
+#: The control characters (C0, DEL, C1) `printable` writes as escapes: a terminal acts on them.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str, keep: str = "\n") -> str:
+    """``text`` with its control characters but those in ``keep`` (the line breaks of a report) written
+    ``\\xNN``: text read from a trace (a device name, a command line, a label) shown on a terminal cannot clear
+    it, retitle it or move its cursor."""
+    return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else f"\\x{ord(m.group()):02x}", text)
 
 
 def let_stdout_write_names() -> None:

@@ -168,6 +168,21 @@ def check_writable(path: str) -> str:
     return d
 
 
+def check_can_create(path: str) -> None:
+    """Make and remove the temporary that will become ``path`` (`temp_path`), or raise `InputError`: root passes
+    `os.access` everywhere, and a read-only file system or ``/proc`` refuses only the write itself, which would
+    come after the work."""
+    tmp = temp_path(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:         # this process's own, being written
+        return
+    except OSError as e:
+        raise InputError(f"cannot write: {e.strerror or e}", path=path) from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def check_named(path: str, doing: str = "read") -> None:
     """Raise `InputError` for an empty file name (``"$UNSET"`` in a script): refused, never read as "none";
     and for ``-``, which would be a file called ``-``, not the standard stream a user means by it."""
@@ -256,6 +271,7 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
         check_writable(out)
         if os.path.exists(out) and not os.path.isfile(out):    # a rename would replace /dev/stdout itself
             raise InputError("is a pipe or a device, not a file; name a file", path=out, position=flag)
+        check_can_create(out)
         for src in inputs:
             if same_file(out, src):
                 raise InputError(f"would overwrite the input {src}; choose another output", path=out, position=flag)

@@ -25,6 +25,13 @@ def process_name(out: str, label: str) -> str:
     return f"{stem}.{label}{ext or '.bin'}"
 
 
+def process_of_name(path: str) -> tuple[str, int] | None:
+    """``("rank", 2)`` for ``run.rank2.bin``, ``("pid", 7)`` for ``run.pid7.bin``: the process a trace's name
+    says; None for another name."""
+    m = _LABEL.search(os.path.splitext(path)[0])
+    return (m.group(1), int(m.group(2))) if m else None
+
+
 def run_files(out: str) -> list[str]:
     """The process traces of the run ``out`` that exist (``run.rank<R>.bin``, ``run.pid<PID>.bin``): ranks in
     order, then processes without a rank in pid order."""

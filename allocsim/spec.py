@@ -233,12 +233,15 @@ def _load_file(path: str, shown: str):
 
 def _import(modname: str, shown: str):
     try:
-        return importlib.import_module(modname)
+        with _plugin_output():
+            return importlib.import_module(modname)
     except ModuleNotFoundError as e:
         if e.name and (modname == e.name or modname.startswith(e.name + ".")):
             raise UsageError(f"policy {shown!r}: no module named {e.name!r}") from None
         raise _import_failed(e, shown) from None
-    except Exception as e:
+    except _STOPS:
+        raise
+    except BaseException as e:              # SystemExit included, as for a plug-in file
         raise _import_failed(e, shown) from None
 
 
@@ -311,10 +314,20 @@ def plugin_errors(pcls: type, shown: str, doing: str):
 def load_entry_point(ep) -> type:
     """The class an installed entry point names; its import errors are one line, like a plug-in file's."""
     try:
-        pcls = ep.load()
-    except Exception as e:
+        with _plugin_output():
+            pcls = ep.load()
+    except _STOPS:
+        raise
+    except BaseException as e:              # SystemExit included, as for a plug-in file
+        if _raised_at(e).startswith(_IMPORT_MACHINERY):     # the entry point names what is not there
+            raise UsageError(f"policy {ep.name!r}: its installed entry point {ep.value} cannot be loaded: "
+                             f"{type(e).__name__}: {_what(e)}") from None
         raise _import_failed(e, ep.name) from None
     return _check_policy_class(pcls, ep.name)
+
+
+#: Where Python's import machinery lies: an error raised there is about the name imported, not its code.
+_IMPORT_MACHINERY = os.path.dirname(importlib.__file__) + os.sep
 
 
 def entry_points() -> dict:

@@ -195,7 +195,9 @@ def _fail_unless_cancelled(future: Future, exc: BaseException) -> None:
 
 
 def run_cells(cells, settings: Settings | None = None, *, jobs: int = 1, executor=None, on_row=None) -> list[dict]:
-    """Run ``cells``; return rows in cell order. ``on_row(cell, row)`` sees each as it finishes.
+    """Run ``cells``; return their rows sorted by `Cell.sort_key` (trace, policy, cap — none first —, runtime,
+    options, capacity: the order `compare`'s table shows), whatever order the cells come in; a caller that
+    needs its own order sorts or keys them (`tune_ranks`). ``on_row(cell, row)`` sees each as it finishes.
 
     ``executor`` may be any `concurrent.futures.Executor` (a Dask ``Client.get_executor()``
     included); otherwise ``jobs > 1`` uses a local process pool.

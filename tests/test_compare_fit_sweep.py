@@ -103,11 +103,13 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
     full = open(out).read()
     os.unlink(out)
     # an interrupted sweep: one finished row and a torn second line
+    from allocsim.commands.sweep import shared_key
     cell = Cell(small_trace_path, "none", None, "eager", (), "trace")
     row = run_cells([cell], Settings())[0]
     row.pop("replay_seconds")
     with open(out + ".partial", "w") as f:
-        f.write(json.dumps(dict(row, cell=cell.key())) + "\n" + '{"trace": "tor')
+        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+                                trace_bytes=os.path.getsize(small_trace_path))) + "\n" + '{"trace": "tor')
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
     assert "1 of 3 cells already done" in res.stderr
@@ -145,3 +147,43 @@ def test_a_pool_starts_the_longest_replays_first():
     small, large = (os.path.join(ROOT, "traces", n) for n in ("cupy_mlp.bin", "gpt2.bin"))
     cells = [Cell(t, p) for t in (small, large) for p in ("split", "torch")]
     assert longest_first(cells) == cells[2:] + cells[:2]
+
+
+def test_run_cells_rows_come_sorted_by_cell_whatever_the_order_given(small_trace_path, tmp_path):
+    """`run_cells` returns its rows in `Cell.sort_key` order (trace, policy, cap with none first, runtime), the
+    order compare's table shows, from cells given in another order, in one process or a pool."""
+    import shutil
+    a, b = str(tmp_path / "a.bin"), str(tmp_path / "b.bin")
+    shutil.copy(small_trace_path, a)
+    shutil.copy(small_trace_path, b)
+    cells = [Cell(t, p, cap, rt) for t in (b, a) for p in ("split", "none") for cap in (40 << 20, None)
+             for rt in ("gc", "eager")]
+    want = [(os.path.basename(c.trace), c.policy.name, c.cap, c.runtime) for c in sorted(cells, key=Cell.sort_key)]
+    assert want != [(os.path.basename(c.trace), c.policy.name, c.cap, c.runtime) for c in cells]
+    for jobs in (1, 2):
+        rows = run_cells(cells, Settings(), jobs=jobs)
+        assert [(os.path.basename(r["trace"]), r["policy"], r["cap_bytes"], r["runtime"]) for r in rows] == want
+
+
+def test_sweep_replays_again_a_trace_recorded_again(tmp_path):
+    """A stopped sweep resumed after its trace was written again under the same name (another recording) replays
+    that trace's cells again: its old rows, of another file, are not the table's."""
+    trace, out = str(tmp_path / "t.bin"), str(tmp_path / "s.csv")
+    random_trace(200, seed=1).save(trace)
+    args = ["sweep", trace, "--policies", "none,split", "-o", out, "-j", "1", "-q"]
+    assert run_cli(*args).returncode == 0
+    first = open(out).read()
+    os.unlink(out)
+    from allocsim.commands.sweep import shared_key
+    cell = Cell(trace, "none", None, "eager", (), "trace")
+    row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k != "replay_seconds"}
+    with open(out + ".partial", "w") as f:          # stopped after one cell of the first recording
+        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+                                trace_bytes=os.path.getsize(trace))) + "\n")
+    random_trace(300, seed=2).save(trace)           # recorded again
+    res = run_cli(*args)
+    assert res.returncode == 0 and "already done" not in res.stderr, res.stderr
+    again = open(out).read()
+    assert again != first
+    os.unlink(out)
+    assert run_cli(*args).returncode == 0 and open(out).read() == again      # what a fresh sweep writes

@@ -116,3 +116,17 @@ def test_folding_walks_the_compiled_policies_in_full():
         r = Replay(trace, name)
         r.run()
         assert (r.folded is None) == compiled, (name, compiled, r.folded)
+
+
+def test_a_switch_takes_the_usual_spellings():
+    """ALLOCSIM_COMPILE and ALLOCSIM_INTERPRETED: 1/true/yes/on and 0/false/no/off in any case, blanks around
+    them, or empty; anything else is refused with the variable and its value (the command line prints it)."""
+    from allocsim.compiled import OFF, ON, switch_on
+    for words, on in ((ON, True), (OFF, False)):
+        for w in words:
+            for spelled in (w, w.upper(), f" {w.title()}\n"):
+                assert switch_on("X", {"X": spelled}) is on, spelled
+    assert switch_on("X", {}) is False
+    for bad in ("maybe", "2", "-1", "enabled", "o n"):
+        with pytest.raises(ValueError, match=f"X={bad!r}: expected"):
+            switch_on("X", {"X": bad})

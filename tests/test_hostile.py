@@ -43,6 +43,7 @@ class Case:
     stderr_lines: int = 1          # 0 for a careless input that must simply work (with status 0)
     then: Callable | None = None   # then(d, stdout): checks what a case that works wrote
     stdout_json: bool = False      # stdout must be one JSON document (what a program reads from --json)
+    env: dict | None = None        # environment variables set for the case (it then runs in a child process)
 
 
 def _digest(d):
@@ -57,9 +58,9 @@ def _digest(d):
     return out
 
 
-def _run(argv, cwd, *, child):
-    if child:
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _run(argv, cwd, *, child, env=None):
+    if child or env:
+        env = dict(os.environ, **(env or {}), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         p = subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, cwd=cwd,
                            env=env, timeout=120, errors="surrogateescape")    # a file name's bytes, as printed
         return p.returncode, p.stdout, p.stderr
@@ -176,7 +177,7 @@ DATA_LOSS: list[Case] = [
 
 # ---------------------------------------------------------------------------------------------
 # malformed files: header, metadata, footer, import formats
-from hostile_files import DEEP, fixture_line, snapshot_with, text_file, trace_with  # noqa: E402
+from hostile_files import DEEP, FIXTURES, fixture_line, snapshot_with, text_file, trace_with  # noqa: E402
 
 EXAMPLE_POLICIES = os.path.join(ROOT, "examples", "policies")
 
@@ -854,7 +855,175 @@ HUNT: list[Case] = [
          outputs=["r.bin"], stdout_empty=True),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT
+
+def _installed(**points):
+    """A setup installing, in the case's folder (on a child's path as its working folder), a distribution whose
+    entry points of ``allocsim.policies`` are ``points`` (name -> module:Class), ``x.py``, which exits, and ``y.py``,
+    which holds no class."""
+    def setup(d):
+        info = os.path.join(d, "hostile-0.1.dist-info")
+        os.mkdir(info)
+        with open(os.path.join(info, "METADATA"), "w") as f:
+            f.write("Metadata-Version: 2.1\nName: hostile\nVersion: 0.1\n")
+        with open(os.path.join(info, "entry_points.txt"), "w") as f:
+            f.write("[allocsim.policies]\n" + "".join(f"{k} = {v}\n" for k, v in points.items()))
+        text_file("x.py", "import sys\nsys.exit(0)\n")(d)
+        text_file("y.py", "z = 1\n")(d)
+    return setup
+
+
+def _partial_row(policy, runtime):
+    """A setup leaving ``r.csv.partial`` as a sweep stopped after its cell of ``policy`` × ``runtime`` on the case's
+    trace (default options) leaves it."""
+    def setup(d):
+        from allocsim.commands.sweep import shared_key
+        from allocsim.sweep import Cell, Settings, run_cells
+        cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
+        row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
+        with open(os.path.join(d, "r.csv.partial"), "w") as f:
+            f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+                                    trace_bytes=os.path.getsize(cell.trace)), sort_keys=True) + "\n")
+    return setup
+
+
+def _unfinished(d):
+    """``u.bin``: the first 200 events of a trace whose writer died before its footer."""
+    from allocsim.trace.format import TraceFileWriter
+    w = TraceFileWriter(os.path.join(d, "u.bin"), {})
+    w.write(random_trace(200, seed=3).records)     # written through to the file; no footer follows
+
+
+def _one_event(d):
+    """``one.bin``: a trace of one ALLOC, every event at one instant."""
+    w = TraceWriter()
+    w.alloc(100)
+    w.finish().save(os.path.join(d, "one.bin"))
+
+
+def _ranks_in_json(*names):
+    """A ``then`` check: the ``--json`` output of a run holds one result per rank, of ``names`` in order."""
+    def then(d, out):
+        assert [os.path.basename(r["trace"]) for r in json.loads(out)["ranks"]] == list(names), out
+    return then
+
+
+#: ``run.rank0.bin`` and ``run.rank2.bin``, the second's metadata rank 1 of 2 (a copy under another rank's name)
+def _misnamed(d):
+    for rank, named in ((0, 0), (1, 2)):
+        trace_with({"framework": "torch", "rank": rank, "world_size": 2}, name=f"run.rank{named}.bin")(d)
+
+
+# session 5: the environment switches, a run named where one trace is taken, a rank's file under another's name
+HUNT_5: list[Case] = [
+    Case("env-interpreted-unknown-value", ["info", "{trace}"], env={"ALLOCSIM_INTERPRETED": "maybe"},
+         expect="allocsim: ALLOCSIM_INTERPRETED='maybe': expected 1, true, yes or on (on), or 0, false, no, off or "
+                "empty (off)", stdout_empty=True),
+    Case("env-interpreted-number-two", ["replay", "{trace}", "-p", "none"], env={"ALLOCSIM_INTERPRETED": "2"},
+         expect="ALLOCSIM_INTERPRETED='2'", stdout_empty=True),
+    Case("fit-run-name", ["fit", "{d}/run.bin", "-p", "none", "-j", "1", "--no-oracle", "--json"], _run_of(0, 1),
+         status=0, stderr_lines=0, stdout_json=True, then=_ranks_in_json("run.rank0.bin", "run.rank1.bin")),
+    Case("sweep-run-name", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _run_of(0, 1),
+         status=0, stderr_lines=0, outputs=["r.csv.partial"],
+         then=lambda d, out: [_holds("r.csv", f"run.rank{k}.bin,none")(d, out) for k in (0, 1)]),
+    Case("plot-run-name", ["plot", "{d}/run.bin", "-p", "none", "-o", "{d}/k.png"], _run_of(0, 1),
+         expect="run.bin: no such file; it names a run of 2 traces ({d}/run.rank0.bin, {d}/run.rank1.bin): plot "
+                "takes one; give one rank's trace, e.g. allocsim plot {d}/run.rank0.bin", outputs=["k.png"],
+         stdout_empty=True),
+    Case("info-run-rank-misnamed", ["info", "{d}/run.bin"], _misnamed, status=0,
+         expect="allocsim: warning: {d}/run.rank2.bin: its name says rank 2, its metadata rank 1"),
+    Case("replay-one-trace-misnamed", ["replay", "{d}/run.rank2.bin", "-p", "none", "--json"], _misnamed, status=0,
+         stdout_json=True, expect="run.rank2.bin: its name says rank 2, its metadata rank 1 (a copy under another "
+                                  "rank's name?); it is reported as rank 1"),
+    Case("tune-plot-where-nothing-can-be-made", ["tune", "{trace}", "--no-fit", "-j", "1", "--plot", "/proc/a.png"],
+         expect="/proc/a.png: cannot write: No such file or directory", stdout_empty=True),
+    Case("compare-csv-where-nothing-can-be-made", ["compare", "{trace}", "-p", "none", "--csv", "/proc/a.csv"],
+         expect="/proc/a.csv: cannot write:", stdout_empty=True),
+    Case("sweep-o-where-nothing-can-be-made", ["sweep", "{trace}", "-p", "none", "-o", "/proc/a.csv"],
+         expect="/proc/a.csv: cannot write:", stdout_empty=True),
+    Case("plot-memory-of-one-instant-child", ["plot", "{d}/one.bin", "-p", "none", "-o", "{d}/k.png"], _one_event,
+         status=0, stderr_lines=0, subprocess=True, then=_made("k.png")),
+    Case("module-plugin-exits-while-loading-child", ["replay", "{trace}", "-p", "x:Pool"],
+         text_file("x.py", "import sys\nsys.exit(0)\n"), subprocess=True, stdout_empty=True,
+         expect="policy 'x:Pool': loading it failed at {d}/x.py:2: SystemExit: the plug-in called sys.exit(0), which "
+                "cannot end allocsim"),
+    Case("module-plugin-prints-json-stays-valid-child", ["replay", "{trace}", "-p", "pr:Pool", "--json"],
+         text_file("pr.py", f"import sys\nsys.path.append({EXAMPLE_POLICIES!r})\nprint('hello from pr')\n"
+                            "from first_fit import FirstFit as Pool\n"),
+         status=0, subprocess=True, stdout_json=True, expect="hello from pr"),
+    Case("entry-point-exits-while-loading-child", ["replay", "{trace}", "-p", "exits"], _installed(exits="x:Pool"),
+         subprocess=True, stdout_empty=True, expect="policy 'exits': loading it failed at {d}/x.py:2: SystemExit"),
+    Case("entry-point-exits-listing-goes-on-child", ["policies"], _installed(exits="x:Pool"), subprocess=True,
+         then=lambda d, out: (None if "split " in out and "torch " in out else pytest.fail(out)),
+         expect="policy 'exits': loading it failed at {d}/x.py:2: SystemExit"),
+    Case("entry-point-names-a-missing-module-child", ["compare", "{trace}", "-p", "split,gone", "-j", "1"],
+         _installed(gone="nosuch_module_xyz:Pool"), subprocess=True, stdout_empty=True,
+         expect="policy 'gone': its installed entry point nosuch_module_xyz:Pool cannot be loaded: "
+                "ModuleNotFoundError"),
+    Case("entry-point-names-a-missing-class-child", ["replay", "{trace}", "-p", "gone"], _installed(gone="y:Nope"),
+         subprocess=True, stdout_empty=True,
+         expect="policy 'gone': its installed entry point y:Nope cannot be loaded: AttributeError: module 'y' has no "
+                "attribute 'Nope'"),
+    Case("entry-point-shadowed-by-a-built-in-child", ["policies"], _installed(split="x:Pool"), subprocess=True,
+         status=0, then=lambda d, out: (None if out.count("\nsplit ") == 1 else pytest.fail(out)),
+         expect="allocsim: note: the installed entry point split (x:Pool) has a built-in policy's name; -p split is "
+                "the built-in"),
+    Case("cap-negative-as-its-own-word", ["replay", "{trace}", "--cap", "-1GB"], stdout_empty=True,
+         expect="argument --cap: expected one argument ('-1GB' starts with -, so it reads as an option; to give it as "
+                "the value: --cap=-1GB)"),
+    Case("output-name-starting-with-dash", ["synth", "mlp", "-o", "-x.bin"], stdout_empty=True, outputs=["-x.bin"],
+         expect="to give it as the value: -o-x.bin)"),
+    Case("tune-log-snapshot-over-itself", ["tune", "{d}/snapshot.pickle", "--no-fit", "--snapshot",
+                                           "{d}/snapshot.pickle"], _copy_fixture("snapshot.pickle"),
+         expect="snapshot.pickle: --snapshot: would overwrite the input", stdout_empty=True),
+    Case("tune-log-plot-not-a-picture", ["tune", "{d}/log.csv", "--plot", "{d}/f.txt"], _copy_fixture("log.csv"),
+         expect="--plot {d}/f.txt: expected a .png, .svg or .pdf path", outputs=["f.txt"], stdout_empty=True),
+    Case("info-an-rmm-log-says-to-import-it", ["info", "{d}/log.csv"], _copy_fixture("log.csv"), stdout_empty=True,
+         expect="log.csv: byte 0: not an allocsim trace (bad magic b'Thread,T'; expected b'ALLOCSIM'): it is an RMM "
+                "log; import it first (allocsim import {d}/log.csv -o NAME.bin)"),
+    Case("replay-a-snapshot-says-to-import-it", ["replay", "{d}/my snap.pickle"],
+         lambda d: shutil.copy(os.path.join(FIXTURES, "snapshot.pickle"), os.path.join(d, "my snap.pickle")),
+         stdout_empty=True,
+         expect="it is a PyTorch memory snapshot; import it first (allocsim import '{d}/my snap.pickle' -o NAME.bin)"),
+    Case("compare-a-cupy-log-says-to-import-it", ["compare", "{d}/hooks.jsonl", "-p", "none"],
+         _copy_fixture("hooks.jsonl"), stdout_empty=True, expect="it is a CuPy DebugPrintHook log; import it first"),
+    Case("sweep-resumed-under-other-options", ["sweep", "{trace}", "-p", "split", "--runtime", "gc", "--gc-every",
+                                               "1MB", "-j", "1", "-o", "{d}/r.csv"], _partial_row("split", "gc"),
+         expect="r.csv.partial: line 1: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
+                "or --backend differ", outputs=["r.csv"], stdout_empty=True),
+    Case("info-metadata-escape-sequences", ["info", "{d}/bad.bin"],
+         trace_with({"device": {"name": "H100\x1b]0;pwned\x07", "total_memory": 1 << 30}, "command": "a\rb\x1b[2J"}),
+         status=0, stderr_lines=0, then=lambda d, out: None if "\x1b" not in out and "\r" not in out and
+         "H100\\x1b]0;pwned\\x07" in out and "a\\x0db\\x1b[2J" in out else pytest.fail(out)),
+    Case("replay-name-with-an-escape-sequence", ["replay", "{d}/e\x1b[2Jx.bin", "-p", "none"],
+         lambda d: shutil.copy(os.path.join(d, "t.bin"), os.path.join(d, "e\x1b[2Jx.bin")), status=0,
+         stderr_lines=0, then=lambda d, out: None if "\x1b" not in out and "e\\x1b[2Jx.bin" in out else pytest.fail(out)),
+    Case("plugin-error-message-of-several-lines", ["replay", "{trace}", "-p", "p.py:Pool"],
+         _plugin_body("malloc", "raise RuntimeError('first\\nsecond\\x1b[2J')"), stdout_empty=True,
+         expect="failed while replaying: RuntimeError: first\\x0asecond\\x1b[2J (raised at"),
+    Case("rmm-csv-free-of-another-size", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         fixture_line("log.csv", 4, "2342730,23:59:59.900000,free,0x7f0000000000,5,0"), status=0,
+         expect="allocsim: warning: {d}/log.csv: line 4: a free of 5 bytes at 0x7f0000000000, allocated with "
+                "1,048,576 bytes; the allocation's size is the one replayed", then=_made("o.bin")),
+    Case("tune-headroom-zero-bytes", ["tune", "{trace}", "--headroom", "0B", "--no-fit", "-j", "1", "--json"],
+         status=0, stderr_lines=0, stdout_json=True),
+    Case("tune-headroom-past-1-pib", ["tune", "{trace}", "--headroom", "2PB"], stdout_empty=True,
+         expect="--headroom: expected a size of at most 1 PiB, got '2PB'"),
+    Case("cost-model-is-the-trace", ["replay", "{trace}", "--cost-model", "{trace}"], stdout_empty=True,
+         expect="t.bin: byte 0: is an allocsim trace, not a cost model (a JSON object, as allocsim calibrate writes)"),
+    Case("cost-model-is-a-snapshot", ["compare", "{trace}", "-p", "none", "--cost-model", "{d}/snapshot.pickle"],
+         _copy_fixture("snapshot.pickle"), stdout_empty=True, expect="snapshot.pickle: byte 0: is a pickle"),
+    Case("replay-an-unfinished-trace", ["replay", "{d}/u.bin", "-p", "none", "--json"], _unfinished, status=0,
+         stdout_json=True, expect="allocsim: warning: {d}/u.bin: unfinished (its writer died, or is still writing): "
+                                  "the figures are of the 200 events read"),
+    Case("sweep-an-unfinished-trace", ["sweep", "{d}/u.bin", "{trace}", "-p", "none", "-j", "1", "-o", "{d}/r.csv"],
+         _unfinished, status=0, outputs=["r.csv.partial"], expect="u.bin: unfinished"),
+    Case("replay-run-missing-rank-then-an-error", ["replay", "{d}/run.bin", "-p", "nosuch"],
+         _run_of(0, 2, world=3, name="run.rank{r}.bin"), expect="unknown policy 'nosuch'", stdout_empty=True),
+    Case("sweep-run-rank-misnamed", ["sweep", "{d}/run.bin", "-p", "none", "-j", "1", "-o", "{d}/r.csv"], _misnamed,
+         status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -866,7 +1035,7 @@ def test_hostile(case, tmp_path):
         case.setup(d)
     before = _digest(d)
     argv = [a.format(d=d, trace=trace) for a in case.argv]
-    status, out, err = _run(argv, d, child=case.subprocess)
+    status, out, err = _run(argv, d, child=case.subprocess, env=case.env)
     assert status == case.status, (status, out, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err
@@ -889,3 +1058,46 @@ def test_hostile(case, tmp_path):
 
 def test_table_is_not_empty():
     assert len(CASES) >= 1
+
+
+@pytest.mark.parametrize("name,value,expect,status", [
+    ("ALLOCSIM_COMPILE", "maybe", "allocsim: ALLOCSIM_COMPILE='maybe': expected 1, true, yes or on", 2),
+    ("ALLOCSIM_INTERPRETED", "later", "allocsim: ALLOCSIM_INTERPRETED='later': expected", 2),
+    ("ALLOCSIM_COMPILE", "off", "ALLOCSIM_COMPILE=1 asks for the compiled build", 0),
+    ("ALLOCSIM_INTERPRETED", " Yes", "ALLOCSIM_INTERPRETED is set", 0)])
+def test_setup_reads_its_switches(name, value, expect, status):
+    """setup.py reads ALLOCSIM_COMPILE and ALLOCSIM_INTERPRETED as switches: off is off, yes is on, and a value that
+    is neither stops the build in one line, before setuptools prints anything."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCSIM_")}
+    p = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env={**env, name: value},
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == status, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert expect in p.stderr.splitlines()[0], p.stderr
+    if status:
+        assert len(p.stderr.splitlines()) == 1 and p.stdout == "", p.stderr
+
+
+@pytest.mark.parametrize("argv", [["--cap", "--json"], ["--cap", "-q"], ["--cap"], ["-p", "--cap=1GB"]])
+def test_an_option_where_a_value_belongs_gets_no_dash_hint(argv, tmp_path):
+    """The hint for a value starting with - is for values: an option of the command after a flag (a forgotten value)
+    keeps argparse's own line."""
+    status, out, err = _run(["replay", "t.bin", *argv], str(tmp_path), child=False)
+    assert status == 2 and out == "" and err.strip().endswith("expected one argument"), err
+
+
+def test_an_import_past_32_bit_object_ids_is_one_line(monkeypatch, tmp_path):
+    """A trace's object ids are 32 bits, 0xFFFFFFFF meaning none: the writer refuses the allocation past them
+    (numpy raised OverflowError one later, after writing an ALLOC without an id), and import says so in one line."""
+    from allocsim.trace.events import NO_ID
+    start = TraceWriter.__init__
+
+    def near_the_end(self, *a, **k):
+        start(self, *a, **k)
+        self.next_id = NO_ID - 1        # as after 4,294,967,294 allocations
+    monkeypatch.setattr(TraceWriter, "__init__", near_the_end)
+    log = os.path.join(ROOT, "tests", "fixtures", "log.csv")
+    status, out, err = _run(["import", log, "-o", str(tmp_path / "o.bin")], str(tmp_path), child=False)
+    assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "log.csv: cannot be a trace: more than 4,294,967,295 allocations (an object id is 32 bits)" in err, err
+    assert os.listdir(tmp_path) == []

@@ -365,6 +365,27 @@ def test_fits_on_is_the_allowed_memory_under_a_cap():
     assert fits_on(dict(row, fit_capacity_bytes=None), capped) == "none"
 
 
+def test_the_fits_on_legend_says_only_what_its_rows_show():
+    """The bisection sentence only where a row bisected (not a walk that ran out at the cap, whose figure is the
+    peak above it, nor one that runs out with no limit); under --no-fit, where no row was walked, only that."""
+    from allocsim.report.tune import fits_legend
+    row = {"fit_capacity_bytes": 350 * MiB, "fit_threshold": True, "fit_digits": 3, "ooms": 0, "cap_bytes": None,
+           "pareto": True, "recorded": True}
+    capped, free = Target(1000 * MiB, 400 * MiB), Target(1000 * MiB, None)
+    above_cap = dict(row, fit_capacity_bytes=450 * MiB)
+    never = dict(row, fit_capacity_bytes=None)
+    for rows, target in (([above_cap], capped), ([never], capped), ([never], free)):
+        assert "bisected" not in fits_legend(rows, target), rows
+    assert "a figure above the cap" in fits_legend([above_cap], capped)
+    assert "none: it runs out even with no limit" in fits_legend([never], free)
+    assert "none:" not in fits_legend([row], free)
+    for rows, target in (([row], free), ([row], capped), ([never, row, above_cap], capped)):
+        assert "bisected to 3 significant figures" in fits_legend(rows, target), rows
+    assert "rounded up" in fits_legend([above_cap], capped) and "rounded up" not in fits_legend([never], capped)
+    unwalked = [{k: v for k, v in r.items() if not k.startswith("fit_")} for r in (row, dict(row, pareto=False))]
+    assert fits_legend(unwalked, capped) == fits_legend(unwalked, free) == "fits on: - (not walked: --no-fit)"
+
+
 @pytest.mark.parametrize("cap", [120 * MiB + 12345, 300 * MiB + 12345])
 def test_under_a_cap_the_walk_starts_at_the_cap(tmp_path, monkeypatch, cap):
     """Under --cap the "fits on" walk replays nothing above the cap (here below the unlimited peaks, 160 MiB, but

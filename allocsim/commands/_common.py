@@ -10,6 +10,7 @@ from contextlib import contextmanager
 
 from ..costs import CostModel
 from ..errors import UsageError
+from ..filenames import shown_name
 from ..replay import ReplaySettings
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
@@ -167,16 +168,28 @@ def default_trace_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", DEFAULT_TRACE)
 
 
-def load_trace(path: str | None, quiet: bool = True, walkers=()) -> Trace:
+def load_trace(path: str | None, quiet: bool = True, walkers=(), *, say_unfinished: bool = True) -> Trace:
     """Load (and validate) a trace; a ticking bar on a terminal unless ``quiet`` (large traces take seconds).
 
-    ``walkers`` are fed the validating pass's chunks (`Trace.load`)."""
+    ``walkers`` are fed the validating pass's chunks (`Trace.load`). An unfinished trace (its writer died, or is
+    still writing: docs/trace-format.md, section 6) is a warning once the command is done (`WARNINGS`), once per
+    file, unless the command says so itself (``say_unfinished`` False: `info`): its figures are those of the
+    prefix read."""
     path = default_trace_path() if path is None else path       # "" is refused where it is opened
     _, close = progress_bar(None, f"load {os.path.basename(path)}", quiet, unit=None)
     try:
-        return Trace.load(path, walkers=walkers)
+        trace = Trace.load(path, walkers=walkers)
     finally:
         close()
+    if not trace.finished and say_unfinished:
+        WARNINGS.setdefault(os.path.abspath(path), f"{shown_name(path)}: unfinished (its writer died, or is still "
+                                                   f"writing): the figures are of the {len(trace):,} events read")
+    return trace
+
+
+#: Warnings said when the command is done (`allocsim.cli.main`), once each, by key: none if it fails, so that
+#: its error stays the one line.
+WARNINGS: dict[str, str] = {}
 
 
 def progress_bar(total, desc: str, quiet: bool = False, unit: str | None = "ev"):

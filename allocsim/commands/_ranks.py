@@ -16,28 +16,52 @@ import os
 import sys
 
 from ..errors import InputError
-from ..ranks import process_name, rank_label, run_traces
+from ..filenames import shown_name
+from ..outputs import is_trace
+from ..ranks import process_name, process_of_name, rank_label, run_traces
 from ..report.tables import dump_json
 from ..trace import Trace
 from ..trace.schema import check_meta
+from ._common import WARNINGS
 
 #: The options whose file each rank writes for itself.
 PER_RANK_OUTPUTS = ("csv", "snapshot")
 
 
 def traces_of(args) -> list[str]:
-    """The traces the command's ``trace`` argument (one name, or a list) names, runs expanded."""
+    """The traces the command's ``trace`` argument (one name, or a list) names, runs expanded and checked (one
+    line for a run whose traces disagree), with a warning once the command is done for a missing rank or a
+    misnamed trace."""
     names = args.trace if isinstance(args.trace, list) else [args.trace]
     found = [(name, run_traces(name)) for name in names]
-    for name, paths in found:
-        if len(paths) > 1:
-            check_run(name, paths)
-    return [p for _, paths in found for p in paths]
+    paths = [p for _, paths in found for p in paths]
+    say([line for name, paths in found if len(paths) > 1 for line in check_run(name, paths)] + misnamed(paths))
+    return paths
 
 
-def check_run(name: str, paths: list[str]) -> None:
-    """The ranks of one run agree on its world size (one line naming two that do not); a rank below it with no
-    trace is a warning on stderr, as the run's verdict then leaves that process out."""
+def one_trace(name: str, command: str) -> str:
+    """The one trace a command that takes one (``plot``) is given: a run's name is refused in one line that names
+    its traces and how to go on."""
+    paths = run_traces(name)
+    if len(paths) > 1:
+        from ..errors import UsageError
+        shown = [shown_name(p) for p in paths]
+        raise UsageError(f"{shown_name(name)}: no such file; it names a run of {len(paths)} traces "
+                         f"({', '.join(shown[:3])}{', ...' if len(paths) > 3 else ''}): {command} takes one; give one "
+                         f"rank's trace, e.g. allocsim {command} {shown[0]} ...")
+    say(misnamed(paths))
+    return paths[0]
+
+
+def say(warnings: list[str]) -> None:
+    """Warnings said once the command is done (`WARNINGS`): none if it fails, whose error is then the one line."""
+    for line in warnings:
+        WARNINGS.setdefault(line, line)
+
+
+def check_run(name: str, paths: list[str]) -> list[str]:
+    """The ranks of one run agree on its world size (one line naming two that do not); the warning for a rank
+    below it with no trace, as the run's verdict then leaves that process out."""
     metas = [Trace.load(path, validate=False).meta for path in paths]
     for path, meta in zip(paths, metas):
         check_meta(meta, path)
@@ -48,10 +72,31 @@ def check_run(name: str, paths: list[str]) -> None:
                              f"{size}", path=name)
     ranks = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
     missing = [r for r in range(sizes[0][0]) if r not in ranks] if sizes else []
-    if missing:
-        print(f"allocsim: warning: {name}: no trace of rank {', '.join(map(str, missing))} of its {sizes[0][0]} "
-              f"({process_name(name, f'rank{missing[0]}')} does not exist): the run's figures leave "
-              f"{'it' if len(missing) == 1 else 'them'} out", file=sys.stderr)
+    if not missing:
+        return []
+    return [f"{name}: no trace of rank {', '.join(map(str, missing))} of its {sizes[0][0]} "
+            f"({process_name(name, f'rank{missing[0]}')} does not exist): the run's figures leave "
+            f"{'it' if len(missing) == 1 else 'them'} out"]
+
+
+def misnamed(paths: list[str]) -> list[str]:
+    """A warning for each trace whose name says one process (``run.rank2.bin``, ``run.pid7.bin``) and its metadata
+    another (a file copied under another rank's name): the commands take the metadata's word."""
+    out = []
+    for path in paths:
+        named = process_of_name(path) if path else None
+        if named is None or not is_trace(path):
+            continue
+        key, number = named
+        try:
+            meta = Trace.load(path, validate=False).meta
+        except InputError:          # the command says what is wrong with it
+            continue
+        recorded = meta.get(key)
+        if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != number:
+            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata {key} {recorded} (a copy "
+                       f"under another {key}'s name?); it is reported as {key} {recorded}")
+    return out
 
 
 def label_of(path: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from ..fit import MAX_REPLAYS, MiB, fit_many
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
+from ._ranks import each_rank
 from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
                       plural, policy_specs, positive_size, progress_bar, replay_settings)
 
@@ -18,7 +19,7 @@ EXAMPLE = "allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,b
 
 
 def add_arguments(p):
-    p.add_argument("trace", help="trace file (.bin)")
+    p.add_argument("trace", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each rank)")
     add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
     p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
                    help="eager: frees reach the pool at once; gc: frees wait for a collection (default eager)")
@@ -70,6 +71,10 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
 
 
 def run(args) -> int:
+    return each_rank(args, run_one)
+
+
+def run_one(args) -> int:
     specs = policy_specs(args.policies)
     resolution = positive_size(args.resolution, "--resolution")
     if args.max_replays < 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import UsageError
+from ..filenames import printable, shown_name
 from ..importers import FORMATS, import_file
 from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_count
@@ -36,7 +37,7 @@ def run(args) -> int:
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
                      device_name=args.device_name)
     for w in st.get("warnings", []):
-        print(f"allocsim: warning: {args.file}: {w}", file=sys.stderr)
+        print(f"allocsim: warning: {shown_name(args.file)}: {printable(w, keep='')}", file=sys.stderr)
     print(summary(args.file, args.output, st))
     return 0
 

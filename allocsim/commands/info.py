@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..trace.analysis import Tally, summarize
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..report.tables import dump_json
-from ..filenames import shown_name
+from ..filenames import printable, shown_name
 from ..ranks import rank_label
 from ..report.text import aligned_table
 from ._common import load_trace, progress_bar
@@ -160,7 +160,7 @@ def run(args) -> int:
 def run_one(args) -> int:
     quiet = args.quiet or args.json
     tally = Tally()
-    trace = load_trace(args.trace, quiet, walkers=[tally])
+    trace = load_trace(args.trace, quiet, walkers=[tally], say_unfinished=False)     # its header says UNFINISHED
     _, close = progress_bar(None, "summarise", quiet, unit=None)
     try:
         d = summarize(trace, tally)
@@ -169,5 +169,5 @@ def run_one(args) -> int:
     if args.json:
         dump_json(d)
     else:
-        print(format_summary(d))
+        print(printable(format_summary(d)))     # the metadata's strings are the recorder's, or anyone's
     return 0

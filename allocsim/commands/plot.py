@@ -8,6 +8,7 @@ from ..outputs import add_force_argument, claim_outputs
 from ..sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
                       load_trace, plural, policy_specs, replay_settings, split_list)
+from ._ranks import one_trace
 
 NAME = "plot"
 HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
@@ -128,6 +129,7 @@ def run(args) -> int:
     from ..report.html import index_html
     from .fit import frontier
     check_arguments(args)                           # before the replays, not after
+    args.trace = one_trace(args.trace, "plot")
     trace = load_trace(args.trace)
     specs = policy_specs(args.policies)
     labels = [spec.label for spec in specs]

@@ -18,7 +18,12 @@ def add_arguments(p):
 def run(args) -> int:
     from ..spec import ENTRY_POINT_GROUP, PolicySpec, entry_points
     one = args.name is not None             # "" is one (bad) name, not "list them all"
-    names = [args.name] if one else policies.names() + sorted(entry_points())
+    installed = {} if one else entry_points()
+    shadowed = sorted(set(installed) & set(policies.names()))
+    names = [args.name] if one else policies.names() + sorted(set(installed) - set(shadowed))
+    for n in shadowed:      # -p NAME is the built-in: say so once, not list the built-in twice
+        print(f"allocsim: note: the installed entry point {n} ({installed[n].value}) has a built-in policy's name; "
+              f"-p {n} is the built-in", file=sys.stderr)
     broken = 0
     for n in names:
         try:

@@ -1,8 +1,9 @@
 """`allocsim sweep`: traces × policies × caps × runtimes -> one CSV or JSON-lines table.
 
 Rows are appended to ``OUT.partial`` as cells finish, so an interrupted sweep
-restarted with the same ``-o OUT`` skips the cells it already has; when every
-cell is done the rows are written, sorted by cell, to ``OUT`` atomically.
+restarted with the same ``-o OUT`` skips the cells it already has (rows written under
+other shared options are refused, `shared_key`); when every cell is done the rows are
+written, sorted by cell, to ``OUT`` atomically.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..outputs import claim_outputs, signals_unwind
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..sweep import Cell, run_cells
 from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
+from ._ranks import traces_of
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 
@@ -34,9 +36,20 @@ def add_arguments(p):
 _ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
 
 
-def _done_rows(partial: str) -> dict[str, dict]:
-    """Rows already finished, keyed by cell; a torn last line (a crash mid-write) is cut off the file, in
-    place: the file stays the one a running sweep holds locked and appends to (`_lock_table`)."""
+def shared_key(settings) -> str:
+    """What every cell of a sweep shares and its rows depend on (the cost model, --gc-every, --keep-going,
+    --backend), as text: a partial table's rows are resumed only under the same, else a row of other options would
+    stand in a table that claims this command's."""
+    r = settings.replay
+    costs = None if r.costs is None else {k: v for k, v in r.costs.to_dict().items() if k != "source"}
+    return json.dumps({"costs": costs, "gc_every": r.gc_every, "keep_going": r.keep_going, "backend": r.backend},
+                      sort_keys=True)
+
+
+def _done_rows(partial: str, shared: str) -> dict[str, dict]:
+    """Rows already finished under the options ``shared`` (`shared_key`), keyed by cell; a torn last line (a crash
+    mid-write) is cut off the file, in place: the file stays the one a running sweep holds locked and appends to
+    (`_lock_table`)."""
     done = {}
     if not os.path.exists(partial):
         return done
@@ -59,6 +72,11 @@ def _done_rows(partial: str) -> dict[str, dict]:
             if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
                 raise InputError("not a row of this sweep (a JSON object with every column and the cell)",
                                  path=partial, position=f"line {n}")
+            if row.get("shared") != shared:
+                raise InputError("a row of a sweep under other options (--cost-model, --gc-every, --keep-going or "
+                                 "--backend differ, or an older allocsim wrote it): rerun the command that wrote it to "
+                                 "resume that sweep, or delete the file to start this one over",
+                                 path=partial, position=f"line {n}")
             done[row["cell"]] = row
         good_end += len(line) + 1
     if good_end < len(data):            # drop a torn tail before appending again (a kill now loses nothing)
@@ -80,15 +98,21 @@ def _lock_table(log, output: str) -> None:
                          "command then resumes from its rows)", path=output, position="-o") from None
 
 
-def _tell_what_is_kept(log, partial: str, n_cells: int) -> None:
+def _tell_what_is_kept(log, partial: str, n_cells: int, shared: str) -> None:
     """A stopped sweep's finished rows stay in ``partial`` for the same command to resume from; one with
     none finished leaves nothing behind."""
     log.flush()
     if os.fstat(log.fileno()).st_size == 0:
         os.unlink(partial)
         return
-    print(f"sweep: {len(_done_rows(partial))} of {n_cells} cells kept in {partial}; the same command resumes "
+    print(f"sweep: {len(_done_rows(partial, shared))} of {n_cells} cells kept in {partial}; the same command resumes "
           f"from them", file=sys.stderr)
+
+
+def _still_done(row: dict | None, cell: Cell) -> bool:
+    """A partial table's row stands for ``cell`` while its trace is the file it was replayed from (as many bytes):
+    a trace recorded again under the same name is replayed again, its new row the one kept."""
+    return row is not None and row.get("trace_bytes") == os.path.getsize(cell.trace)
 
 
 def _table_format(output: str, given: str | None) -> str:
@@ -107,6 +131,7 @@ def _table_format(output: str, given: str | None) -> str:
 
 def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
     """Run the cells not done yet, each row appended to ``log`` as it comes; return every row, in cell order."""
+    shared = shared_key(settings)
     bar = None
     try:
         with dask_cluster(args) as (executor, _):
@@ -115,7 +140,7 @@ def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
                 bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
 
             def on_row(cell, row):
-                row = dict(row, cell=cell.key())
+                row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace))
                 row.pop("sections", None)
                 row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
                 try:
@@ -127,22 +152,23 @@ def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
                     bar.update()
             run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
     except BaseException:           # interrupted or failed: say what is kept and how to go on
-        _tell_what_is_kept(log, partial, len(cells))
+        _tell_what_is_kept(log, partial, len(cells), shared)
         raise
     finally:
         if bar:
             bar.close()
-    rows = _done_rows(partial)
+    rows = _done_rows(partial, shared)
     ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
     for r in ordered:
-        r.pop("cell", None)
+        for k in ("cell", "shared", "trace_bytes"):
+            r.pop(k, None)
     return ordered
 
 
 def run(args) -> int:
     check_scheduler(args)
     fmt = _table_format(args.output, args.format)
-    traces = distinct(args.trace, "traces", key=os.path.realpath)
+    traces = distinct(traces_of(args), "traces", key=os.path.realpath)     # a run's name: its ranks' traces
     claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
                   force=args.force)
     cells: list[Cell] = []
@@ -154,9 +180,9 @@ def run(args) -> int:
     partial = args.output + ".partial"
     with open(partial, "a") as log, signals_unwind():
         _lock_table(log, args.output)
-        done = _done_rows(partial)
-        todo = [c for c in cells if c.key() not in done]
-        if done:
+        done = _done_rows(partial, shared_key(settings))
+        todo = [c for c in cells if not _still_done(done.get(c.key()), c)]
+        if len(todo) < len(cells):
             print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
         ordered = _run_todo(args, cells, todo, settings, log, partial)
         write_rows(ordered, args.output, fmt)

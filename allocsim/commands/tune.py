@@ -18,7 +18,8 @@ from ..trace import Trace
 from ..trace.schema import check_meta
 from ..report.tune import tune_report
 from ..ranks import fit_capacity
-from ..units import fmt_bytes
+from ..trace.events import MAX_SIZE
+from ..units import fmt_bytes, parse_size
 from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
                       capacity_arg, check_scheduler, cost_model_arg, dask_cluster, load_trace, positive_size,
                       say_snapshot_written)
@@ -71,6 +72,7 @@ def run(args) -> int:
     if len(paths) > 1:
         return _tune_run(args, paths)
     args.trace = args.trace[0]
+    _check_options(args)            # before a log is imported: a refusal is then the one line
     with _as_trace(paths[0]) as path:
         return _tune(args, path)
 
@@ -98,7 +100,8 @@ def _as_trace(path: str):
         yield out
 
 
-def _tune(args, path: str) -> int:
+def _check_options(args) -> None:
+    """The scheduler's address and the outputs of a one-trace tune, checked before any work."""
     from ..errors import UsageError
     check_scheduler(args)
     claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
@@ -107,6 +110,10 @@ def _tune(args, path: str) -> int:
         from ..report.plots import picture_format
         if not picture_format(args.plot):
             raise UsageError(f"--plot {args.plot}: expected a .png, .svg or .pdf path")
+
+
+def _tune(args, path: str) -> int:
+    from ..errors import UsageError
     trace = load_trace(path)
     if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
         from ..errors import InputError
@@ -209,7 +216,10 @@ def headroom_arg(text: str) -> float | int:
         if not 0 <= share < 1:
             raise UsageError(f"--headroom: expected a share from 0% to below 100% or a size, got {text!r}")
         return share
-    return 0 if text.strip() == "0" else positive_size(text, "--headroom")
+    n = parse_size(text, what="--headroom")        # 0 (0B, 0GiB) keeps none
+    if n > MAX_SIZE:
+        raise UsageError(f"--headroom: expected a size of at most 1 PiB, got {text!r}")
+    return n
 
 
 def _write_snapshot(trace, res, path: str) -> None:

@@ -17,7 +17,7 @@ import json
 from ..errors import InputError, UsageError
 from ..outputs import atomic_path, check_input_file, claim_outputs
 from ..trace import TraceWriter
-from ..trace.format import MAGIC
+from ..trace.format import IMPORTABLE, MAGIC
 from ..trace.schema import check_meta
 from . import safe_pickle
 from .cupy_jsonl import HookLog
@@ -55,6 +55,21 @@ def detect(path: str) -> str:
     raise InputError("cannot tell the format: not a pickle (PyTorch snapshot), an RMM CSV log (header "
                      f"{','.join(COLUMNS)}) or a CuPy DebugPrintHook JSONL (objects with \"hook\"); "
                      "pass --format", path=path, position="byte 0")
+
+
+#: Each format in the user's words, for the line that says a file given as a trace is one to import.
+WHAT = {"torch": "a PyTorch memory snapshot", "rmm": "an RMM log", "cupy": "a CuPy DebugPrintHook log"}
+
+
+def what_to_import(path: str) -> str | None:
+    """What ``path`` is, if `import_file` reads it (`detect`), else None."""
+    try:
+        return WHAT[detect(path)]
+    except InputError:
+        return None
+
+
+IMPORTABLE.append(what_to_import)       # `Trace.load` of a snapshot or log says to import it
 
 
 def open_source(path: str, fmt: str | None = None, *, device: int | None = None, device_name: str | None = None,

@@ -121,8 +121,18 @@ def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
     return n, None if r["fit_threshold"] else "walk"
 
 
+def bisected(r: dict, target=None) -> bool:
+    """Whether a row's "fits on" walk bisected (to ``fit_digits`` figures, `allocsim.fit`): it did wherever it
+    found a fit where it started, under the cap or, without one, at the setting's own peak; a walk that ran out
+    with no cap, or at the cap (its figure is then the peak above the cap), stopped there."""
+    n = r.get("fit_capacity_bytes")
+    return bool(r.get("fit_digits")) and n is not None and (target is None or target.cap is None or n <= target.cap)
+
+
 def fits_legend(rows: list[dict], target=None) -> str:
-    """What the "fits on" column measures, and what each mark in it says."""
+    """What the "fits on" column measures, and what each mark in it says: only the marks its rows show."""
+    if not any("fit_capacity_bytes" in r for r in rows):        # tune --no-fit: every cell is - or dominated
+        return "fits on: - (not walked: --no-fit)"
     if target is not None and target.cap is not None:
         text = ("fits on: the smallest allowed memory " + ("(the fraction of the device, as per_process_memory_fraction "
                 "takes it) " if target.capacity else "") + "under which it replays without OOM, up to the cap")
@@ -131,12 +141,15 @@ def fits_legend(rows: list[dict], target=None) -> str:
     fits = [smallest_fit(r, target) or (0, None) for r in rows if "fit_capacity_bytes" in r]
     if target is not None and target.cap is not None and any(n > target.cap for n, _ in fits):
         text += " (a figure above the cap: it runs out under the cap, and fits from there)"
-    digits = next((r["fit_digits"] for r in rows if r.get("fit_digits")), None)
+    digits = next((r["fit_digits"] for r in rows if bisected(r, target)), None)
     if digits:
         text += (f", bisected to {digits} significant figures of where its walk started (the cap or the setting's "
-                 f"own peak): it fits there and runs out less than that step below; "
-                 + ("the fraction is rounded up; " if target is not None and target.cap is not None and target.capacity
-                    else "") + "allocsim fit finds the limit from which every larger one fits")
+                 f"own peak): it fits there and runs out less than that step below; allocsim fit finds the limit "
+                 f"from which every larger one fits")
+    if target is not None and target.cap is not None and target.capacity and any(n for n, _ in fits):
+        text += "; the fraction is rounded up"
+    if any(r["fit_capacity_bytes"] is None for r in rows if "fit_capacity_bytes" in r):
+        text += "; none: it runs out even with no limit"
     if any(bound for _, bound in fits):
         text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text

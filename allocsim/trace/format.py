@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import struct
 
 import numpy as np
@@ -144,6 +145,17 @@ PACKED = ((b"\xfd7zXZ\x00", ("xz", "xz -dk")), (b"\x1f\x8b", ("gzip", "gunzip -k
           (b"\x28\xb5\x2f\xfd", ("zstd", "zstd -d")), (b"BZh", ("bzip2", "bunzip2 -k")))
 
 
+#: What tells a file `allocsim import` reads (a snapshot, a log) from a trace: functions ``path -> what it is`` (None
+#: if not one); `allocsim.importers` adds its detection, so this module, below the importers, knows none.
+IMPORTABLE: list = []
+
+
+def _import_it(path: str) -> str:
+    """The end of the "not a trace" line for a file `allocsim import` reads: what it is and the command."""
+    what = next((w for w in (sniff(path) for sniff in IMPORTABLE) if w), None)
+    return f": it is {what}; import it first (allocsim import {shlex.quote(path)} -o NAME.bin)" if what else ""
+
+
 def read_trace_file(path: str, *, mmap: bool = True):
     """Read and check a `.bin` file; return ``(meta, records, footer, finished)``.
 
@@ -161,7 +173,7 @@ def read_trace_file(path: str, *, mmap: bool = True):
                 packed = next((how for magic, how in PACKED if head.startswith(magic)), None)
                 raise InputError(f"not an allocsim trace (bad magic {head[:8]!r}; expected {MAGIC!r})"
                                  + (f": it is {packed[0]}-compressed; unpack it first ({packed[1]} {path})"
-                                    if packed else ""), path=path, position="byte 0")
+                                    if packed else _import_it(path)), path=path, position="byte 0")
             if len(head) < HEADER_SIZE:
                 raise InputError(f"truncated header: {len(head)} of {HEADER_SIZE} bytes", path=path,
                                  position=f"byte {len(head)}")

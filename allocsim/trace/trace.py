@@ -686,6 +686,8 @@ class TraceWriter:
         if size < 0 or size > ev.MAX_SIZE:
             raise ValueError(f"bad allocation size {size}")
         i = self.next_id
+        if i >= ev.NO_ID:       # 0xFFFFFFFF marks "no object"; past it numpy would refuse the record
+            raise ValueError(f"more than {ev.NO_ID:,} allocations (an object id is 32 bits)")
         self.next_id += 1
         self.record(ev.ALLOC, flags=flags, stream=stream, id_=i, site=self.site_index(site), size=size,
                     t=t, addr=addr)
