@@ -19,20 +19,22 @@ Sections: ``1. best fit`` (every request, counted on the hot path), then
 ``2. segment alloc``, ``3a. release free segments`` + ``3b. segment alloc``,
 ``4.0 gc(true)`` + ``4.1 best fit`` + ``4.2 segment alloc`` (gc runtime).
 
-Data structures (the hot path, as `split`'s): blocks are parallel lists indexed by block id (address,
-size, the address neighbours ``prev``/``next`` in the segment, and the free-list entry while the block is
-free, else 0), so a block costs no object and its neighbours are one read each. Id 0 is a sentinel "no
-neighbour" whose entry is 0, so a neighbour walk needs no test for None; the ids of merged-away and released
-blocks are kept in ``spare`` for the next split. A freed block absorbs its free right neighbour, and is
-absorbed by its free left one, so a segment's first block keeps its id. The free list is one sorted list of
-entries ``size << abits | address - lo`` (`KeyField`, shared with `torch`: every segment lies in ``[lo, lo +
-2**abits)``, widened and re-keyed when a new one does not; so the entries order free blocks by (size,
-address), best fit ties to the lowest address, and a key of a size below ``fit`` is below 2**62, one machine
-word) ending with `END`, beside the list of their block ids (`END`'s is 0): best fit in O(log k) plus a
-short memmove, with O(1) lazy removal (an entry ``e`` of block ``b`` is live iff ``entry[b] == e``),
-compacted when void entries outnumber live ones. A handle is the block id.
+Data structures (the hot path, as `split`'s): blocks are columns indexed by block id (address, size, the
+address neighbours ``prev``/``next`` in the segment, and the free-list entry while the block is free, else
+0), so a block costs no object and its neighbours are one read each. Id 0 is a sentinel "no neighbour" whose
+entry is 0, so a neighbour walk needs no test for None; the ids of merged-away and released blocks are kept
+in ``spare`` for the next split. A freed block absorbs its free right neighbour, and is absorbed by its free
+left one, so a segment's first block keeps its id. The free list is one sorted list of entries ``size <<
+abits | address - lo`` (`KeyField`, shared with `torch`: every segment lies in ``[lo, lo + 2**abits)``,
+widened and re-keyed when a new one does not; so the entries order free blocks by (size, address), best fit
+ties to the lowest address, and a key of a size below ``fit`` is below 2**62, one machine word) ending with
+`END`, beside the list of their block ids (`END`'s is 0): best fit is one search and the block is taken out
+of both by position; a free neighbour's entry is found by its key (unique: one block per address), so the
+list holds the free blocks and nothing else. A handle is the block id.
 """
 from __future__ import annotations
+
+from array import array
 
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
@@ -40,7 +42,7 @@ except ImportError:
     from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from .registry import register
-from ._freelists import END, SizeBuckets
+from ._freelists import END
 from .base import Param, Policy
 from .torch import KeyField, _wide_key
 from ..errors import UsageError
@@ -48,6 +50,12 @@ from ..errors import UsageError
 if not cython.compiled:             # compiled, bestfit.pxd cimports their C loops
     from ._latency import add_latency
     from ._sorted import first_at_least, first_at_least_word
+
+
+def _column(n: int):
+    """``n`` zeros, a column of numbers by block id: a C array compiled, which the fused loop reads and writes as
+    a typed memoryview (no Python int per write), a list interpreted (where a list is the faster to index)."""
+    return array("q", bytes(8 * n)) if cython.compiled else [0] * n
 
 
 @register
@@ -65,41 +73,35 @@ class BestFit(Policy):
         if not self.segment or self.segment % 512:
             raise UsageError(f"policy 'bestfit' option segment: expected a positive multiple of 512 bytes, "
                              f"got {self.segment!r}")
-        self._addr: list[int] = [0]             # block id -> address (id 0: the "no neighbour" sentinel)
-        self._size: list[int] = [0]             # block id -> size
-        self._prev: list[int] = [0]             # block id -> the block before it in its segment, 0 if none
-        self._next: list[int] = [0]             # block id -> the block after it, 0 if none
-        self._entry: list[int] = [0]            # block id -> its free-list entry while free, else 0
+        self._addr = _column(1)                 # block id -> address (id 0: the "no neighbour" sentinel)
+        self._size = _column(1)                 # block id -> size
+        self._prev = _column(1)                 # block id -> the block before it in its segment, 0 if none
+        self._next = _column(1)                 # block id -> the block after it, 0 if none
+        self._entry: list[int] = [0]            # block id -> its free-list entry while free, else 0 (any width)
         self._spare: list[int] = []             # ids free for a new block
-        self._keys: list[int] = [END]           # the free list: sorted entries (some void), then END
+        self._keys: list[int] = [END]           # the free list: the free blocks' entries, sorted, then END
         self._ids: list[int] = [0]              # the block id of each entry (END's: 0)
         self._field = KeyField()                # how an entry is made (`_cover` widens it)
         self._segments: dict[int, int] = {}     # segment address -> size
         self._flushes = 0
         self._fits = 0                          # best fits on the hot path (section "1. best fit")
-        self._compact_at = SizeBuckets.COMPACT_MIN
         self._charge, self._hit_s, self._free_s = self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
 
     # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` --------
     def _more_ids(self) -> None:
-        """Make ``spare`` hold ids again: every column twice as long."""
-        n = len(self._addr)
-        for column in (self._addr, self._size, self._prev, self._next, self._entry):
-            column.extend([0] * n)
+        """Make ``spare`` hold ids again: every column twice as long (a new object: the fused loop binds them
+        again)."""
+        n = len(self._entry)
+        self._addr, self._size, self._prev, self._next = (c + _column(n) for c in (self._addr, self._size,
+                                                                                  self._prev, self._next))
+        self._entry = self._entry + [0] * n
         self._spare.extend(range(2 * n - 1, n - 1, -1))
 
-    def _compact(self) -> int:
-        """Drop the free list's void and repeated entries and make each live one again from the key field (after
-        it widened, `_cover`); return (and keep) the length that next calls for a compaction."""
-        f, addr, size, entry = self._field, self._addr, self._size, self._entry
-        live = self._free_ids()
-        keys = [_wide_key(size[b], addr[b], f.abits, f.lo) for b in live]
-        for b, e in zip(live, keys):
-            entry[b] = e
-        self._keys[:] = keys + [END]
-        self._ids[:] = live + [0]
-        self._compact_at = at = 2 * max(len(live), SizeBuckets.COMPACT_MIN)
-        return at
+    def _rekey(self) -> None:
+        """Make every entry again after the key field widened (`_cover`): the order stays the same."""
+        f, addr, size, entry, keys = self._field, self._addr, self._size, self._entry, self._keys
+        for x, b in enumerate(self._ids[:-1]):
+            keys[x] = entry[b] = _wide_key(size[b], addr[b], f.abits, f.lo)
 
     def malloc(self, req, stream):
         n = (req + 511) & -512
@@ -121,8 +123,8 @@ class BestFit(Policy):
         self.allocated -= n
         self._charge(self._free_s)
         p = prev[b]
-        if entry[p]:                    # the block before is free: it absorbs this one (its entry voided)
-            entry[p] = 0
+        if entry[p]:                    # the block before is free: it absorbs this one
+            self._unfile(p)
             n += size[p]
             q = nxt[p] = nxt[b]
             prev[q] = p                 # (the sentinel's, where q is 0: never read)
@@ -130,7 +132,7 @@ class BestFit(Policy):
             b = p
         q = nxt[b]
         if entry[q]:                    # the block after is free: this one absorbs it
-            entry[q] = 0
+            self._unfile(q)
             n += size[q]
             r = nxt[b] = nxt[q]
             prev[r] = b
@@ -141,29 +143,30 @@ class BestFit(Policy):
             return
         self._file(b)
 
-    @cython.locals(handles=dict, addr=list, size=list, prev=list, nxt=list, entry=list, spare=list, keys=list,
-                   ids=list, k=cython.longlong, peak=cython.longlong, allocated=cython.longlong,
+    @cython.locals(handles=dict, addr=cython.longlong[:], size=cython.longlong[:], prev=cython.longlong[:],
+                   nxt=cython.longlong[:], entry=list, spare=list, keys=list,
+                   ids=list, k=cython.longlong, req=cython.longlong, peak=cython.longlong, allocated=cython.longlong,
                    clock=cython.double, t0=cython.double, hit_s=cython.double, free_s=cython.double,
                    x=cython.Py_ssize_t, n0=cython.Py_ssize_t, b=cython.Py_ssize_t, p=cython.Py_ssize_t,
                    q=cython.Py_ssize_t, r=cython.Py_ssize_t, n=cython.longlong, s=cython.longlong,
                    rem=cython.longlong, ra=cython.longlong, shift=cython.longlong, lo=cython.longlong,
-                   fit=cython.longlong, slow=cython.bint, release=cython.bint, compact_at=cython.Py_ssize_t,
+                   fit=cython.longlong, slow=cython.bint, release=cython.bint,
                    compiled=cython.bint)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
         inlined over ``events``, the clock and ``allocated`` kept in locals, the state bound to locals here.
 
-        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it, the key field
-        read again: a new segment may widen it) and is reported to ``served``; a pressure event or the FREE of
-        an id not live is handed back: returns ``(its index or None at the end, peak allocated)``. Compiled,
-        a key below 2**62 is made in C and searched for unboxed (`first_at_least_word`), and each latency is
-        appended in C (`add_latency`)."""
+        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it, the key field and
+        the columns read again: a new segment may widen the one and lengthen the others) and is reported to
+        ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its index or None
+        at the end, peak allocated)``. Compiled, the columns are C arrays read through typed memoryviews, a key
+        below 2**62 is made in C and searched for unboxed (`first_at_least_word`), and each latency is appended
+        in C (`add_latency`)."""
         addr, size, prev, nxt, entry, spare = self._addr, self._size, self._prev, self._next, self._entry, self._spare
         keys, ids, field = self._keys, self._ids, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
         hit_s, free_s, release = self._hit_s, self._free_s, self.release
-        grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
-        more_ids = self._more_ids
+        grow, release_segment, more_ids = self._grow, self._release, self._more_ids
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
         compiled = cython.compiled          # compiled: `add_latency`, a C append
@@ -174,20 +177,16 @@ class BestFit(Policy):
                 clock += hit_s
                 x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 b = ids[x]
-                while b:                    # END's id is 0
-                    e = keys[x]
+                if b:                       # (END's id is 0)
                     del keys[x]
                     del ids[x]
-                    if entry[b] == e:
-                        break
-                    b = ids[x]
-                if b:
                     entry[b] = 0
                     s = size[b]
                     rem = s - n
                     if rem:                 # split: the tail stays free, a block of its own
                         if not spare:
                             more_ids()
+                            addr, size, prev, nxt, entry = self._addr, self._size, self._prev, self._next, self._entry
                         r = spare.pop()
                         ra = addr[b] + n
                         addr[r] = ra
@@ -202,15 +201,13 @@ class BestFit(Policy):
                         x = first_at_least_word(keys, e) if rem < fit else first_at_least(keys, e)
                         keys.insert(x, e)
                         ids.insert(x, r)
-                        if len(keys) > compact_at:
-                            compact_at = compact()
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
                     b = grow(n)
                     clock = dev.clock
                     shift, lo, fit = field.abits, field.lo, field.fit
-                    compact_at = self._compact_at
+                    addr, size, prev, nxt, entry = self._addr, self._size, self._prev, self._next, self._entry
                     if not b:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -237,7 +234,11 @@ class BestFit(Policy):
                 allocated -= n
                 clock += free_s
                 p = prev[b]
-                if entry[p]:
+                e = entry[p]
+                if e:
+                    x = first_at_least(keys, e)
+                    del keys[x]
+                    del ids[x]
                     entry[p] = 0
                     n += size[p]
                     q = nxt[p] = nxt[b]
@@ -245,7 +246,11 @@ class BestFit(Policy):
                     spare.append(b)
                     b = p
                 q = nxt[b]
-                if entry[q]:
+                e = entry[q]
+                if e:
+                    x = first_at_least(keys, e)
+                    del keys[x]
+                    del ids[x]
                     entry[q] = 0
                     n += size[q]
                     r = nxt[b] = nxt[q]
@@ -263,8 +268,6 @@ class BestFit(Policy):
                 x = first_at_least_word(keys, e) if n < fit else first_at_least(keys, e)
                 keys.insert(x, e)
                 ids.insert(x, b)
-                if len(keys) > compact_at:
-                    compact_at = compact()
             else:
                 break
         else:
@@ -281,24 +284,23 @@ class BestFit(Policy):
         x = first_at_least(keys, e)
         keys.insert(x, e)
         self._ids.insert(x, b)
-        if len(keys) > self._compact_at:
-            self._compact()
+
+    def _drop(self, x: int) -> int:
+        """Take the entry at ``x`` out of the free list; its block's id."""
+        b = self._ids.pop(x)
+        del self._keys[x]
+        self._entry[b] = 0
+        return b
+
+    def _unfile(self, b: int) -> None:
+        """Take free block ``b`` out of the free list (a merge)."""
+        self._drop(first_at_least(self._keys, self._entry[b]))
 
     def _pop_fit(self, n: int) -> int:
         """Take the smallest free block of size >= ``n``, lowest address first, out of the free list; its id,
-        0 if none. Void entries met on the way are dropped."""
-        keys, ids, entry = self._keys, self._ids, self._entry
-        x = first_at_least(keys, self._field.least(n))
-        b = ids[x]
-        while b:
-            e = keys[x]
-            del keys[x]
-            del ids[x]
-            if entry[b] == e:
-                entry[b] = 0
-                return b
-            b = ids[x]
-        return 0
+        0 if none."""
+        x = first_at_least(self._keys, self._field.least(n))
+        return self._drop(x) if self._ids[x] else 0
 
     def _new_block(self, a: int, n: int, before: int, after: int) -> int:
         """A block of ``n`` bytes at ``a`` between blocks ``before`` and ``after`` of its segment (0: none)."""
@@ -320,18 +322,18 @@ class BestFit(Policy):
 
     # ---- the slow path ---------------------------------------------------------------
     def _release(self, b: int) -> None:
-        """Return block ``b``, which is its whole segment and free, to the device (its entry, if any, voided)."""
+        """Return block ``b``, which is its whole segment and free (out of the free list), to the device."""
         a, n = self._addr[b], self._size[b]
-        self._entry[b] = 0
         self._spare.append(b)
         del self._segments[a]
         self.ctx.free(a, n)
 
     def _release_free_segments(self) -> int:
-        whole = {self._addr[b]: b for b in self._free_ids() if not self._prev[b] and not self._next[b]}
+        whole = {self._addr[b]: b for b in self._ids[:-1] if not self._prev[b] and not self._next[b]}
         freed = 0
         for a, n in list(self._segments.items()):
             if a in whole:
+                self._unfile(whole[a])
                 self._release(whole[a])
                 freed += n
         return freed
@@ -344,7 +346,7 @@ class BestFit(Policy):
         """Widen the key field to a new segment at ``a`` where it lies outside, making every entry again."""
         if not self._field.covers(a, n):
             self._field.widen(a, n)
-            self._compact()
+            self._rekey()
 
     def _new_segment(self, n: int) -> int:
         seg = -(-n // self.segment) * self.segment
@@ -387,36 +389,22 @@ class BestFit(Policy):
 
     def fold_state(self, held):
         """Free blocks, segments and held blocks by address, and ``allocated``: best fit's ties go to the lowest
-        address, so nothing else steers it (block ids, the key field and the free list's void entries do not)."""
+        address, so nothing else steers it (block ids and the key field do not)."""
         return self.free_blocks(), sorted(self._segments.items()), sorted(map(self.block, held)), self.allocated
 
     # ---- reporting -----------------------------------------------------------------
     def block(self, h):
         return self._addr[h], self._size[h]
 
-    def _free_ids(self) -> list[int]:
-        """The ids of the free blocks, in free-list order. A block whose entry was filed again while an older
-        copy of it was still in the list (a block id reused at the same address and size) is named once."""
-        entry, ids, last = self._entry, [], None
-        for e, b in zip(self._keys, self._ids):
-            if b and entry[b] == e and e != last:
-                ids.append(b)
-                last = e
-        return ids
-
     def largest_free(self):
-        keys, ids, entry = self._keys, self._ids, self._entry
-        for x in range(len(keys) - 2, -1, -1):
-            if entry[ids[x]] == keys[x]:
-                return self._size[ids[x]]
-        return 0
+        return self._size[self._ids[-2]] if len(self._ids) > 1 else 0
 
     def free_breakdown(self, stream):
         """A wholly free segment is one free block of its size (neighbours merge at once): soft; every
         other free block shares its segment with a live one: hard. No streams."""
         size, prev, nxt = self._size, self._prev, self._next
         free = soft = 0
-        for b in self._free_ids():
+        for b in self._ids[:-1]:
             free += size[b]
             if not prev[b] and not nxt[b]:
                 soft += size[b]
@@ -424,10 +412,10 @@ class BestFit(Policy):
 
     def free_blocks(self) -> list[tuple[int, int]]:
         """``(address, size)`` of every free block, by address."""
-        return sorted(map(self.block, self._free_ids()))
+        return sorted(map(self.block, self._ids[:-1]))
 
     def counters(self):
-        return {"cache_flushes": self._flushes, "segments": len(self._segments), "free_blocks": len(self._free_ids())}
+        return {"cache_flushes": self._flushes, "segments": len(self._segments), "free_blocks": len(self._ids) - 1}
 
     def finish(self):
         fits = self._fits
