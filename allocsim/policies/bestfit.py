@@ -280,7 +280,7 @@ class BestFit(Policy):
     def _file(self, b: int) -> None:
         """Put free block ``b`` (its size and address set) in the free list."""
         f, keys = self._field, self._keys
-        self._entry[b] = e = _wide_key(self._size[b], self._addr[b], f.abits, f.lo)
+        self._entry[b] = e = self._size[b] << f.abits | self._addr[b] - f.lo     # (Python ints: any width)
         x = first_at_least(keys, e)
         keys.insert(x, e)
         self._ids.insert(x, b)
