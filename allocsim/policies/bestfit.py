@@ -58,6 +58,17 @@ def _column(n: int):
     return array("q", bytes(8 * n)) if cython.compiled else [0] * n
 
 
+@cython.cfunc
+@cython.locals(keys=list, ids=list, entry=list, b=cython.Py_ssize_t, x=cython.Py_ssize_t)
+def _unfile(keys, ids, entry, b):
+    """Take free block ``b`` out of the free list ``keys``/``ids`` (a merge): its entry is found by its key,
+    unique (one block per address). A C call compiled."""
+    x = first_at_least(keys, entry[b])
+    del keys[x]
+    del ids[x]
+    entry[b] = 0
+
+
 @register
 class BestFit(Policy):
     name = "bestfit"
@@ -118,27 +129,21 @@ class BestFit(Policy):
         return b
 
     def free(self, b):
-        size, prev, nxt, entry, spare = self._size, self._prev, self._next, self._entry, self._spare
+        size, prev, nxt, entry = self._size, self._prev, self._next, self._entry
         n = size[b]
         self.allocated -= n
         self._charge(self._free_s)
-        p = prev[b]
+        p, q = prev[b], nxt[b]
         if entry[p]:                    # the block before is free: it absorbs this one
             self._unfile(p)
-            n += size[p]
-            q = nxt[p] = nxt[b]
-            prev[q] = p                 # (the sentinel's, where q is 0: never read)
-            spare.append(b)
-            b = p
-        q = nxt[b]
+            self._spare.append(b)
+            b, n = p, n + size[p]
         if entry[q]:                    # the block after is free: this one absorbs it
             self._unfile(q)
-            n += size[q]
-            r = nxt[b] = nxt[q]
-            prev[r] = b
-            spare.append(q)
-        size[b] = n
-        if self.release and not prev[b] and not nxt[b]:
+            self._spare.append(q)
+            q, n = nxt[q], n + size[q]
+        nxt[b], prev[q], size[b] = q, b, n      # (prev[0], the sentinel's, where q is 0: never read)
+        if self.release and not prev[b] and not q:
             self._release(b)
             return
         self._file(b)
@@ -234,30 +239,21 @@ class BestFit(Policy):
                 allocated -= n
                 clock += free_s
                 p = prev[b]
-                e = entry[p]
-                if e:
-                    x = first_at_least(keys, e)
-                    del keys[x]
-                    del ids[x]
-                    entry[p] = 0
-                    n += size[p]
-                    q = nxt[p] = nxt[b]
-                    prev[q] = p
+                q = nxt[b]
+                if entry[p]:
+                    _unfile(keys, ids, entry, p)
                     spare.append(b)
                     b = p
-                q = nxt[b]
-                e = entry[q]
-                if e:
-                    x = first_at_least(keys, e)
-                    del keys[x]
-                    del ids[x]
-                    entry[q] = 0
-                    n += size[q]
-                    r = nxt[b] = nxt[q]
-                    prev[r] = b
+                    n += size[p]
+                if entry[q]:
+                    _unfile(keys, ids, entry, q)
                     spare.append(q)
+                    n += size[q]
+                    q = nxt[q]
+                nxt[b] = q
+                prev[q] = b
                 size[b] = n
-                if release and not prev[b] and not nxt[b]:
+                if release and not prev[b] and not q:
                     dev.clock = clock
                     release_segment(b)
                     clock = dev.clock
@@ -294,7 +290,7 @@ class BestFit(Policy):
 
     def _unfile(self, b: int) -> None:
         """Take free block ``b`` out of the free list (a merge)."""
-        self._drop(first_at_least(self._keys, self._entry[b]))
+        _unfile(self._keys, self._ids, self._entry, b)
 
     def _pop_fit(self, n: int) -> int:
         """Take the smallest free block of size >= ``n``, lowest address first, out of the free list; its id,
