@@ -281,13 +281,6 @@ class BestFit(Policy):
         keys.insert(x, e)
         self._ids.insert(x, b)
 
-    def _drop(self, x: int) -> int:
-        """Take the entry at ``x`` out of the free list; its block's id."""
-        b = self._ids.pop(x)
-        del self._keys[x]
-        self._entry[b] = 0
-        return b
-
     def _unfile(self, b: int) -> None:
         """Take free block ``b`` out of the free list (a merge)."""
         _unfile(self._keys, self._ids, self._entry, b)
@@ -295,8 +288,14 @@ class BestFit(Policy):
     def _pop_fit(self, n: int) -> int:
         """Take the smallest free block of size >= ``n``, lowest address first, out of the free list; its id,
         0 if none."""
-        x = first_at_least(self._keys, self._field.least(n))
-        return self._drop(x) if self._ids[x] else 0
+        keys, ids = self._keys, self._ids
+        x = first_at_least(keys, self._field.least(n))
+        b = ids[x]
+        if b:
+            del keys[x]
+            del ids[x]
+            self._entry[b] = 0
+        return b
 
     def _new_block(self, a: int, n: int, before: int, after: int) -> int:
         """A block of ``n`` bytes at ``a`` between blocks ``before`` and ``after`` of its segment (0: none)."""
