@@ -64,8 +64,8 @@ def _unfile(keys, ids, entry, b):
     """Take free block ``b`` out of the free list ``keys``/``ids`` (a merge): its entry is found by its key,
     unique (one block per address). A C call compiled."""
     x = first_at_least(keys, entry[b])
-    del keys[x]
-    del ids[x]
+    keys.pop(x)             # (list.pop: a memmove compiled, where del is a slice assignment)
+    ids.pop(x)
     entry[b] = 0
 
 
@@ -183,8 +183,8 @@ class BestFit(Policy):
                 x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 b = ids[x]
                 if b:                       # (END's id is 0)
-                    del keys[x]
-                    del ids[x]
+                    keys.pop(x)
+                    ids.pop(x)
                     entry[b] = 0
                     s = size[b]
                     rem = s - n
@@ -292,8 +292,8 @@ class BestFit(Policy):
         x = first_at_least(keys, self._field.least(n))
         b = ids[x]
         if b:
-            del keys[x]
-            del ids[x]
+            keys.pop(x)
+            ids.pop(x)
             self._entry[b] = 0
         return b
 
