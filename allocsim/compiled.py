@@ -116,6 +116,10 @@ class _Type:
     def __repr__(self):
         return f"cython.{self.name}"
 
+    def __getitem__(self, dims):
+        """``cython.longlong[:]``: a typed memoryview of such numbers, interpreted a name too."""
+        return _Type(f"{self.name}[:]")
+
 
 def _as_is(f=None, **_):
     """A decorator that changes nothing, usable bare (``@cython.cfunc``) or called (``@cython.locals(x=...)``)."""

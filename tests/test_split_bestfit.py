@@ -442,6 +442,26 @@ def test_bestfit_release_option():
     assert d.dev.n_malloc == 2
 
 
+@pytest.mark.parametrize("options", [[], ["release=true"], ["segment=1MiB"]])
+def test_bestfit_keys_past_one_machine_word_replay_alike(options):
+    """Segments 16 TiB apart (`spread_out`, as for `torch`): the key field widens with each segment and re-keys
+    the free list, most entries are Python ints past 2**63 (the compiled build's slow path), and the fused loop
+    still walks as the plain walk, and both as the reference model, block for block."""
+    from allocsim import synth
+    from test_fast_path import assert_fused_is_plain
+    from test_reference_models import assert_same
+    from test_torch_policy import spread_out
+    trace = synth.generate("alloc-heavy", seed=3, n_allocs=3000)
+    with pytest.MonkeyPatch.context() as mp:
+        spread_out(mp)
+        r = Replay(trace, "bestfit", options=options)
+        r.run()
+        assert r.policy._field.abits > 44
+        assert max(r.policy._keys[:-1], default=0) > 1 << 63 or "release=true" in options    # (all released)
+        assert_fused_is_plain(trace, "bestfit", options)
+        assert_same(trace, "bestfit-ref", options)
+
+
 def test_bestfit_rejects_bad_segment():
     with pytest.raises(UsageError, match="segment"):
         Driver("bestfit", options={"segment": 1000})

@@ -1,4 +1,4 @@
-"""Free lists with best fit, shared by the `split` and `bestfit` policies.
+"""Free lists with best fit, as the `split` policy keeps them (`bestfit` keeps its own, exact, ending with `END`).
 
 `SizeBuckets` holds free blocks named by an integer key (a block id, an address)
 as one sorted plain list of int entries ``size >> unit_shift << key_bits | key``

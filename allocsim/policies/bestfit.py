@@ -19,13 +19,22 @@ Sections: ``1. best fit`` (every request, counted on the hot path), then
 ``2. segment alloc``, ``3a. release free segments`` + ``3b. segment alloc``,
 ``4.0 gc(true)`` + ``4.1 best fit`` + ``4.2 segment alloc`` (gc runtime).
 
-Data structures: ``start`` (address -> size) and ``end`` (end address -> size)
-dicts of the free blocks, so both neighbours of a freed block are found in O(1);
-``segments`` (start address -> size); `SizeBuckets` of entries ``size << 64 | address`` for best
-fit in O(log k) plus a short memmove, with O(1) lazy removal (an entry of ``a`` with size ``s``
-is live iff ``start[a] == s``), compacted when void entries outnumber live ones. A handle is the tuple (address, size).
+Data structures (the hot path, as `split`'s): blocks are columns indexed by block id (address, size, the
+address neighbours ``prev``/``next`` in the segment, and the free-list entry while the block is free, else
+0), so a block costs no object and its neighbours are one read each. Id 0 is a sentinel "no neighbour" whose
+entry is 0, so a neighbour walk needs no test for None; the ids of merged-away and released blocks are kept
+in ``spare`` for the next split. A freed block absorbs its free right neighbour, and is absorbed by its free
+left one, so a segment's first block keeps its id. The free list is one sorted list of entries ``size <<
+abits | address - lo`` (`KeyField`, shared with `torch`: every segment lies in ``[lo, lo + 2**abits)``,
+widened and re-keyed when a new one does not; so the entries order free blocks by (size, address), best fit
+ties to the lowest address, and a key of a size below ``fit`` is below 2**62, one machine word) ending with
+`END`, beside the list of their block ids (`END`'s is 0): best fit is one search and the block is taken out
+of both by position; a free neighbour's entry is found by its key (unique: one block per address), so the
+list holds the free blocks and nothing else. A handle is the block id.
 """
 from __future__ import annotations
+
+from array import array
 
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
@@ -33,16 +42,31 @@ except ImportError:
     from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from .registry import register
-from ._freelists import END, SizeBuckets
+from ._freelists import END
 from .base import Param, Policy
+from .torch import KeyField, _wide_key
 from ..errors import UsageError
 
 if not cython.compiled:             # compiled, bestfit.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import file_key, first_at_least
+    from ._sorted import first_at_least, first_at_least_word
 
-KEY_BITS = 64                   # a free-list entry: size << KEY_BITS | address (addresses are below 2**64)
-assert (1 << KEY_BITS) - 1 == 0xFFFFFFFFFFFFFFFF               # written as a literal in the hot path
+
+def _column(n: int):
+    """``n`` zeros, a column of numbers by block id: a C array compiled, which the fused loop reads and writes as
+    a typed memoryview (no Python int per write), a list interpreted (where a list is the faster to index)."""
+    return array("q", bytes(8 * n)) if cython.compiled else [0] * n
+
+
+@cython.cfunc
+@cython.locals(keys=list, ids=list, entry=list, b=cython.Py_ssize_t, x=cython.Py_ssize_t)
+def _unfile(keys, ids, entry, b):
+    """Take free block ``b`` out of the free list ``keys``/``ids`` (a merge): its entry is found by its key,
+    unique (one block per address). A C call compiled."""
+    x = first_at_least(keys, entry[b])
+    keys.pop(x)             # (list.pop: a memmove compiled, where del is a slice assignment)
+    ids.pop(x)
+    entry[b] = 0
 
 
 @register
@@ -60,131 +84,136 @@ class BestFit(Policy):
         if not self.segment or self.segment % 512:
             raise UsageError(f"policy 'bestfit' option segment: expected a positive multiple of 512 bytes, "
                              f"got {self.segment!r}")
-        self._start: dict[int, int] = {}        # free block address -> size
-        self._end: dict[int, int] = {}          # free block end address -> size
+        self._addr = _column(1)                 # block id -> address (id 0: the "no neighbour" sentinel)
+        self._size = _column(1)                 # block id -> size
+        self._prev = _column(1)                 # block id -> the block before it in its segment, 0 if none
+        self._next = _column(1)                 # block id -> the block after it, 0 if none
+        self._entry: list[int] = [0]            # block id -> its free-list entry while free, else 0 (any width)
+        self._spare: list[int] = []             # ids free for a new block
+        self._keys: list[int] = [END]           # the free list: the free blocks' entries, sorted, then END
+        self._ids: list[int] = [0]              # the block id of each entry (END's: 0)
+        self._field = KeyField()                # how an entry is made (`_cover` widens it)
         self._segments: dict[int, int] = {}     # segment address -> size
-        start_get = self._start.get
-        self._avail = SizeBuckets(lambda e: start_get(e & 0xFFFFFFFFFFFFFFFF) == e >> 64, KEY_BITS)
         self._flushes = 0
         self._fits = 0                          # best fits on the hot path (section "1. best fit")
-        self._compact_at = SizeBuckets.COMPACT_MIN
         self._charge, self._hit_s, self._free_s = self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
 
     # ---- the hot path: `malloc` and `free`, and the same two inlined in `walk_chunk` --------
-    def _compact(self) -> int:
-        """Drop the free list's void entries; return (and keep) the length that next calls for it."""
-        self._compact_at = at = 2 * max(self._avail.compact(), SizeBuckets.COMPACT_MIN)
-        return at
+    def _more_ids(self) -> None:
+        """Make ``spare`` hold ids again: every column twice as long (a new object: the fused loop binds them
+        again)."""
+        n = len(self._entry)
+        self._addr, self._size, self._prev, self._next = (c + _column(n) for c in (self._addr, self._size,
+                                                                                  self._prev, self._next))
+        self._entry = self._entry + [0] * n
+        self._spare.extend(range(2 * n - 1, n - 1, -1))
+
+    def _rekey(self) -> None:
+        """Make every entry again after the key field widened (`_cover`): the order stays the same."""
+        f, addr, size, entry, keys = self._field, self._addr, self._size, self._entry, self._keys
+        for x, b in enumerate(self._ids[:-1]):
+            keys[x] = entry[b] = _wide_key(size[b], addr[b], f.abits, f.lo)
 
     def malloc(self, req, stream):
         n = (req + 511) & -512
         self._fits += 1
         self._charge(self._hit_s)
-        start, entries = self._start, self._avail.entries
-        i = first_at_least(entries, n << 64)       # SizeBuckets.pop_fit(n), inlined: END stops it
-        e = entries[i]
-        while e != END:
-            del entries[i]
-            a = e & 0xFFFFFFFFFFFFFFFF
-            s = e >> 64
-            if start.get(a) == s:
-                break
-            e = entries[i]
+        b = self._pop_fit(n)
+        if b:
+            self._take(b, n)
         else:
-            a = 0
-        if a:
-            del start[a]
-            rem = s - n
-            if rem:                     # split: the tail stays free
-                b = a + n
-                start[b] = self._end[a + s] = rem
-                file_key(entries, rem << 64 | b)      # SizeBuckets.push, inlined
-                if len(entries) > self._compact_at:
-                    self._compact()
-            else:
-                del self._end[a + s]
-        else:
-            a = self._grow(n)
-            if not a:
+            b = self._grow(n)
+            if not b:
                 return None
         self.allocated += n
-        return a, n
+        return b
 
-    def free(self, h):
-        a, n = h
+    def free(self, b):
+        size, prev, nxt, entry = self._size, self._prev, self._next, self._entry
+        n = size[b]
         self.allocated -= n
         self._charge(self._free_s)
-        start, end, segments = self._start, self._end, self._segments
-        e = a + n
-        ls = end.get(a)
-        if ls is not None and a not in segments:    # merge with the free block before
-            del end[a]
-            a -= ls
-            n += ls                     # start[a] is rewritten below, voiding its old entry
-        rs = start.get(e)
-        if rs is not None and e not in segments:    # merge with the free block after
-            del start[e]
-            e += rs
-            n += rs                     # end[e] is rewritten below
-        if self.release and segments.get(a) == n:
-            self._release(a, n, e)
+        p, q = prev[b], nxt[b]
+        if entry[p]:                    # the block before is free: it absorbs this one
+            self._unfile(p)
+            self._spare.append(b)
+            b, n = p, n + size[p]
+        if entry[q]:                    # the block after is free: this one absorbs it
+            self._unfile(q)
+            self._spare.append(q)
+            q, n = nxt[q], n + size[q]
+        nxt[b], prev[q], size[b] = q, b, n      # (prev[0], the sentinel's, where q is 0: never read)
+        if self.release and not prev[b] and not q:
+            self._release(b)
             return
-        start[a] = end[e] = n
-        entries = self._avail.entries
-        file_key(entries, n << 64 | a)    # SizeBuckets.push, inlined
-        if len(entries) > self._compact_at:
-            self._compact()
+        self._file(b)
 
-    @cython.locals(handles=dict, start=dict, end=dict, segments=dict, entries=list, k=cython.longlong,
-                   peak=cython.longlong, allocated=cython.longlong, clock=cython.double, t0=cython.double,
-                   hit_s=cython.double, free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t,
-                   slow=cython.bint, release=cython.bint, compact_at=cython.Py_ssize_t)
+    @cython.locals(handles=dict, addr=cython.longlong[:], size=cython.longlong[:], prev=cython.longlong[:],
+                   nxt=cython.longlong[:], entry=list, spare=list, keys=list,
+                   ids=list, k=cython.longlong, req=cython.longlong, peak=cython.longlong, allocated=cython.longlong,
+                   clock=cython.double, t0=cython.double, hit_s=cython.double, free_s=cython.double,
+                   x=cython.Py_ssize_t, n0=cython.Py_ssize_t, b=cython.Py_ssize_t, p=cython.Py_ssize_t,
+                   q=cython.Py_ssize_t, r=cython.Py_ssize_t, n=cython.longlong, s=cython.longlong,
+                   rem=cython.longlong, ra=cython.longlong, shift=cython.longlong, lo=cython.longlong,
+                   fit=cython.longlong, slow=cython.bint, release=cython.bint,
+                   compiled=cython.bint)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
         inlined over ``events``, the clock and ``allocated`` kept in locals, the state bound to locals here.
 
-        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it) and
-        is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
-        returns ``(its index or None at the end, peak allocated)``."""
-        start, end, segments, entries = self._start, self._end, self._segments, self._avail.entries
-        hit_s, free_s, release, last = self._hit_s, self._free_s, self.release, END
-        grow, compact, release_segment, compact_at = self._grow, self._compact, self._release, self._compact_at
+        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it, the key field and
+        the columns read again: a new segment may widen the one and lengthen the others) and is reported to
+        ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its index or None
+        at the end, peak allocated)``. Compiled, the columns are C arrays read through typed memoryviews, a key
+        below 2**62 is made in C and searched for unboxed (`first_at_least_word`), and each latency is appended
+        in C (`add_latency`)."""
+        addr, size, prev, nxt, entry, spare = self._addr, self._size, self._prev, self._next, self._entry, self._spare
+        keys, ids, field = self._keys, self._ids, self._field
+        shift, lo, fit = field.abits, field.lo, field.fit
+        hit_s, free_s, release = self._hit_s, self._free_s, self.release
+        grow, release_segment, more_ids = self._grow, self._release, self._more_ids
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
         compiled = cython.compiled          # compiled: `add_latency`, a C append
         for j, k, i, req, _ in events:
-            if k == 1:                      # ALLOC: malloc, as above
+            if k == 1:                      # ALLOC: malloc, as `_pop_fit` and `_take` do
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
-                x = first_at_least(entries, n << 64)
-                e = entries[x]
-                while e != last:
-                    del entries[x]
-                    a = e & 0xFFFFFFFFFFFFFFFF
-                    s = e >> 64
-                    if start.get(a) == s:
-                        break
-                    e = entries[x]
-                else:
-                    a = 0
-                if a:
-                    del start[a]
+                x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
+                b = ids[x]
+                if b:                       # (END's id is 0)
+                    keys.pop(x)
+                    ids.pop(x)
+                    entry[b] = 0
+                    s = size[b]
                     rem = s - n
-                    if rem:
-                        b = a + n
-                        start[b] = end[a + s] = rem
-                        file_key(entries, rem << 64 | b)
-                        if len(entries) > compact_at:
-                            compact_at = compact()
-                    else:
-                        del end[a + s]
+                    if rem:                 # split: the tail stays free, a block of its own
+                        if not spare:
+                            more_ids()
+                            addr, size, prev, nxt, entry = self._addr, self._size, self._prev, self._next, self._entry
+                        r = spare.pop()
+                        ra = addr[b] + n
+                        addr[r] = ra
+                        size[r] = rem
+                        size[b] = n
+                        q = nxt[r] = nxt[b]
+                        prev[q] = r
+                        prev[r] = b
+                        nxt[b] = r
+                        e = rem << shift | ra - lo if rem < fit else _wide_key(rem, ra, shift, lo)
+                        entry[r] = e
+                        x = first_at_least_word(keys, e) if rem < fit else first_at_least(keys, e)
+                        keys.insert(x, e)
+                        ids.insert(x, r)
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
-                    a = grow(n)
+                    b = grow(n)
                     clock = dev.clock
-                    if not a:
+                    shift, lo, fit = field.abits, field.lo, field.fit
+                    addr, size, prev, nxt, entry = self._addr, self._size, self._prev, self._next, self._entry
+                    if not b:
                         lat_append(clock - t0)
                         if served(j, None):
                             break
@@ -197,37 +226,44 @@ class BestFit(Policy):
                     add_latency(lat, clock - t0)
                 else:
                     lat_append(clock - t0)
-                handles[i] = h = a, n
+                handles[i] = b
                 if slow:
                     self.allocated = allocated
-                    served(j, h)
+                    served(j, b)
             elif k == 2:                    # FREE: free, as above
                 h = handles.pop(i, None)
                 if h is None:
                     break
-                a, n = h
+                b = h
+                n = size[b]
                 allocated -= n
                 clock += free_s
-                e = a + n
-                ls = end.get(a)
-                if ls is not None and a not in segments:
-                    del end[a]
-                    a -= ls
-                    n += ls
-                rs = start.get(e)
-                if rs is not None and e not in segments:
-                    del start[e]
-                    e += rs
-                    n += rs
-                if release and segments.get(a) == n:
+                p = prev[b]
+                q = nxt[b]
+                if entry[p]:
+                    _unfile(keys, ids, entry, p)
+                    spare.append(b)
+                    b = p
+                    n += size[p]
+                if entry[q]:
+                    _unfile(keys, ids, entry, q)
+                    spare.append(q)
+                    n += size[q]
+                    q = nxt[q]
+                nxt[b] = q
+                prev[q] = b
+                size[b] = n
+                if release and not prev[b] and not q:
                     dev.clock = clock
-                    release_segment(a, n, e)
+                    release_segment(b)
                     clock = dev.clock
                     continue
-                start[a] = end[e] = n
-                file_key(entries, n << 64 | a)
-                if len(entries) > compact_at:
-                    compact_at = compact()
+                ra = addr[b]
+                e = n << shift | ra - lo if n < fit else _wide_key(n, ra, shift, lo)
+                entry[b] = e
+                x = first_at_least_word(keys, e) if n < fit else first_at_least(keys, e)
+                keys.insert(x, e)
+                ids.insert(x, b)
             else:
                 break
         else:
@@ -236,19 +272,64 @@ class BestFit(Policy):
         self._fits += len(lat) - n0     # one best fit per malloc, as `malloc` counts them
         return j, peak
 
+    # ---- the free list and the blocks, outside the fused loop ------------------------------------------
+    def _file(self, b: int) -> None:
+        """Put free block ``b`` (its size and address set) in the free list."""
+        f, keys = self._field, self._keys
+        self._entry[b] = e = self._size[b] << f.abits | self._addr[b] - f.lo     # (Python ints: any width)
+        x = first_at_least(keys, e)
+        keys.insert(x, e)
+        self._ids.insert(x, b)
+
+    def _unfile(self, b: int) -> None:
+        """Take free block ``b`` out of the free list (a merge)."""
+        _unfile(self._keys, self._ids, self._entry, b)
+
+    def _pop_fit(self, n: int) -> int:
+        """Take the smallest free block of size >= ``n``, lowest address first, out of the free list; its id,
+        0 if none."""
+        keys, ids = self._keys, self._ids
+        x = first_at_least(keys, self._field.least(n))
+        b = ids[x]
+        if b:
+            keys.pop(x)
+            ids.pop(x)
+            self._entry[b] = 0
+        return b
+
+    def _new_block(self, a: int, n: int, before: int, after: int) -> int:
+        """A block of ``n`` bytes at ``a`` between blocks ``before`` and ``after`` of its segment (0: none)."""
+        if not self._spare:
+            self._more_ids()
+        b = self._spare.pop()
+        self._addr[b], self._size[b], self._entry[b] = a, n, 0
+        self._prev[b], self._next[b] = before, after
+        self._prev[after] = self._next[before] = b
+        return b
+
+    def _take(self, b: int, n: int) -> None:
+        """Allocate the first ``n`` bytes of free block ``b`` (just taken out of the free list); the tail stays
+        free, a block of its own."""
+        rem = self._size[b] - n
+        if rem:
+            self._size[b] = n
+            self._file(self._new_block(self._addr[b] + n, rem, b, self._next[b]))
+
     # ---- the slow path ---------------------------------------------------------------
-    def _release(self, a: int, n: int, e: int) -> None:
-        """Return the wholly free segment at ``a`` to the device (its free-list entry, if any, is voided)."""
-        self._start.pop(a, None)
-        self._end.pop(e, None)
+    def _release(self, b: int) -> None:
+        """Return block ``b``, which is its whole segment and free (out of the free list), to the device."""
+        a, n = self._addr[b], self._size[b]
+        self._spare.append(b)
         del self._segments[a]
         self.ctx.free(a, n)
 
     def _release_free_segments(self) -> int:
+        whole = {self._addr[b]: b for b in self._ids[:-1] if not self._prev[b] and not self._next[b]}
         freed = 0
         for a, n in list(self._segments.items()):
-            if self._start.get(a) == n:
-                self._release(a, n, a + n)
+            if a in whole:
+                self._unfile(whole[a])
+                self._release(whole[a])
                 freed += n
         return freed
 
@@ -256,79 +337,80 @@ class BestFit(Policy):
         """Every wholly free segment goes back to the device (the escalation's step 3a)."""
         self._release_free_segments()
 
+    def _cover(self, a: int, n: int) -> None:
+        """Widen the key field to a new segment at ``a`` where it lies outside, making every entry again."""
+        if not self._field.covers(a, n):
+            self._field.widen(a, n)
+            self._rekey()
+
     def _new_segment(self, n: int) -> int:
         seg = -(-n // self.segment) * self.segment
         a = self.ctx.malloc(seg)
         if a is None:
             return 0
         self._segments[a] = seg
+        self._cover(a, seg)
+        b = self._new_block(a, n, 0, 0)
         if seg > n:
-            self._add_free(a + n, seg - n)
-        return a
+            self._file(self._new_block(a + n, seg - n, b, 0))
+        return b
 
     def _grow(self, n: int) -> int:
-        """A new segment for ``n`` bytes, escalating as the module docstring says; its address, 0 if OOM."""
+        """A new segment for ``n`` bytes, escalating as the module docstring says; its block's id, 0 if OOM."""
         ctx = self.ctx
         with ctx.section("2. segment alloc"):
-            a = self._new_segment(n)
-        if a:
-            return a
+            b = self._new_segment(n)
+        if b:
+            return b
         self._flushes += 1
         with ctx.section("3a. release free segments"):
             self._release_free_segments()
         with ctx.section("3b. segment alloc"):
-            a = self._new_segment(n)
-        if a or ctx.eager:
-            return a
+            b = self._new_segment(n)
+        if b or ctx.eager:
+            return b
         with ctx.section("4.0 gc(true)"):
             ctx.collect(True)
         with ctx.section("4.1 best fit"):
-            a = self._avail.pop_fit(n)
-            if a:
-                self._take(a, n)
-                return a
+            b = self._pop_fit(n)
+            if b:
+                self._take(b, n)
+                return b
         with ctx.section("4.2 segment alloc"):
             return self._new_segment(n)
-
-    def _take(self, a: int, n: int) -> None:
-        """Allocate ``n`` bytes at the start of free block ``a`` (just popped); the tail stays free."""
-        s = self._start.pop(a)
-        del self._end[a + s]
-        if s > n:
-            self._add_free(a + n, s - n)
-
-    def _add_free(self, a: int, n: int) -> None:
-        self._start[a] = self._end[a + n] = n
-        self._avail.push(a, n)
 
     # ---- folding (`Policy.fold_state`) ------------------------------------------------
     fold_counters = ("_flushes", "_fits")
 
     def fold_state(self, held):
         """Free blocks, segments and held blocks by address, and ``allocated``: best fit's ties go to the lowest
-        address, so nothing else steers it (the free list's void entries only pace its compaction)."""
-        return sorted(self._start.items()), sorted(self._segments.items()), sorted(held), self.allocated
+        address, so nothing else steers it (block ids and the key field do not)."""
+        return self.free_blocks(), sorted(self._segments.items()), sorted(map(self.block, held)), self.allocated
 
     # ---- reporting -----------------------------------------------------------------
     def block(self, h):
-        return h
+        return self._addr[h], self._size[h]
 
     def largest_free(self):
-        return self._avail.largest()
+        return self._size[self._ids[-2]] if len(self._ids) > 1 else 0
 
     def free_breakdown(self, stream):
         """A wholly free segment is one free block of its size (neighbours merge at once): soft; every
         other free block shares its segment with a live one: hard. No streams."""
-        free = sum(self._start.values())
-        soft = sum(n for a, n in self._segments.items() if self._start.get(a) == n)
+        size, prev, nxt = self._size, self._prev, self._next
+        free = soft = 0
+        for b in self._ids[:-1]:
+            free += size[b]
+            if not prev[b] and not nxt[b]:
+                soft += size[b]
         return {"hard": free - soft, "soft": soft, "stream": 0}
 
     def free_blocks(self) -> list[tuple[int, int]]:
-        """``(address, size)`` of every free block, by address (tests)."""
-        return sorted(self._start.items())
+        """``(address, size)`` of every free block, by address."""
+        return sorted(map(self.block, self._ids[:-1]))
 
     def counters(self):
-        return {"cache_flushes": self._flushes, "segments": len(self._segments), "free_blocks": len(self._start)}
+        return {"cache_flushes": self._flushes, "segments": len(self._segments), "free_blocks": len(self._ids) - 1}
 
     def finish(self):
         fits = self._fits
