@@ -84,6 +84,10 @@ class _Type:
     def __repr__(self):
         return f"cython.{self.name}"
 
+    def __getitem__(self, _):
+        """A typed memoryview of this C type (``cython.longlong[::1]``), interpreted: the same name."""
+        return self
+
 
 def _as_is(f=None, **_):
     """A decorator that changes nothing, usable bare (``@cython.cfunc``) or called (``@cython.locals(x=...)``)."""

@@ -9,9 +9,19 @@ more there than the search), and which compare C numbers where the key is within
 past 63 bits counts as larger); tests/test_compiled.py holds both to the same answers.
 """
 from bisect import bisect_left as first_at_least, insort as file_key
+from operator import getitem
 
 #: `first_at_least` for a key within 63 bits, which the compiled build takes as a C number (a hot loop calls it
 #: where ``cython.compiled`` and the key's operands show it fits; interpreted, the same function).
 first_at_least_word = first_at_least
 
-__all__ = ["first_at_least", "first_at_least_word", "file_key"]
+#: `file_key` for a key within 63 bits, taken as a C number compiled (interpreted, the same function).
+file_word = file_key
+
+#: ``keys[i]``, which the compiled build reads as a C number, an int past 63 bits as the largest one (2**63 - 1):
+#: for a hot loop that compares keys within 63 bits against a bound within 63 bits, where any larger key only
+#: needs to count as larger. Interpreted, a hot loop indexes the list itself (a call costs more); this is for
+#: the tests that hold both builds to the same answers.
+word_at = getitem
+
+__all__ = ["first_at_least", "first_at_least_word", "file_key", "file_word", "word_at"]
