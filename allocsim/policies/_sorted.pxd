@@ -3,6 +3,10 @@
 # within 63 bits, each step compares C numbers (a list's int read as one, an int past 63 bits counting as
 # larger or smaller by its sign), not two Python ints through a generic comparison.
 
+from cpython.array cimport array, resize_smart
+from cpython.object cimport Py_SIZE
+from libc.string cimport memmove
+
 cdef extern from *:
     """
     /* keys[i] of a list of Python ints as a C number: CPython 3.11's int read in C where it has at most three
@@ -80,3 +84,40 @@ cdef inline int file_word(list keys, long long key) except -1:
 cdef inline long long word_at(list keys, Py_ssize_t i) noexcept:
     """``keys[i]`` as a C number, an int past 63 bits as 2**63 - 1 (``i`` within the list)."""
     return allocsim_word_at(keys, i)
+
+
+# A sorted column of C words (an array('q'), see _sorted.py's `words_first_at_least`): its C buffer searched,
+# read and moved in place; the array never shares its buffer (no memoryview over it), so it may resize.
+
+cdef inline Py_ssize_t words_first_at_least(array keys, long long key) noexcept:
+    """Where ``key`` goes in the sorted ``keys`` (``bisect_left``)."""
+    cdef const long long *k = keys.data.as_longlongs
+    cdef Py_ssize_t lo = 0, hi = Py_SIZE(keys), mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if k[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef inline int words_file(array keys, long long key) except -1:
+    """Insert ``key``, which no key in the sorted ``keys`` equals (``insort``)."""
+    cdef Py_ssize_t n = Py_SIZE(keys), i = words_first_at_least(keys, key)
+    resize_smart(keys, n + 1)
+    memmove(keys.data.as_longlongs + i + 1, keys.data.as_longlongs + i, <size_t>(n - i) * sizeof(long long))
+    keys.data.as_longlongs[i] = key
+    return 0
+
+
+cdef inline int words_drop(array keys, Py_ssize_t i) except -1:
+    """``del keys[i]`` (``i`` within the column)."""
+    cdef Py_ssize_t n = Py_SIZE(keys)
+    memmove(keys.data.as_longlongs + i, keys.data.as_longlongs + i + 1, <size_t>(n - i - 1) * sizeof(long long))
+    return resize_smart(keys, n - 1)
+
+
+cdef inline long long words_at(array keys, Py_ssize_t i) noexcept:
+    """``keys[i]`` (``i`` within the column)."""
+    return keys.data.as_longlongs[i]

@@ -24,4 +24,16 @@ file_word = file_key
 #: the tests that hold both builds to the same answers.
 word_at = getitem
 
-__all__ = ["first_at_least", "first_at_least_word", "file_key", "file_word", "word_at"]
+#: The same three for a sorted column of C words (an ``array('q')`` compiled; interpreted, an owner keeps a list
+#: and these are the list's functions): where a key goes, filing it, and ``keys[i]``; `words_drop` deletes
+#: ``keys[i]``. The compiled build's work on the array's C buffer, without an int object per key.
+words_first_at_least, words_file, words_at = first_at_least, file_key, getitem
+
+
+def words_drop(keys, i: int) -> None:
+    """``del keys[i]``."""
+    del keys[i]
+
+
+__all__ = ["first_at_least", "first_at_least_word", "file_key", "file_word", "word_at", "words_first_at_least",
+           "words_file", "words_at", "words_drop"]
