@@ -86,8 +86,8 @@ def size_class(n: int) -> int:
 
 assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
 assert (SMALL_CUTOFF, LARGE_CUTOFF) == (1048576, 33554432)     # written as literals in the hot path
-assert (UNIT_SHIFT, ID_BITS, ID_MASK, WORD_SIZE) == (9, 32, 0xFFFFFFFF, 1099511627776)     # likewise
-assert (WORD_SIZE - 1) >> UNIT_SHIFT << ID_BITS | (1 << 31) - 1 < WORD_END
+assert (UNIT_SHIFT, ID_BITS, ID_MASK, WORD_SIZE, FREED, OUTSIZE) == (9, 32, 0xFFFFFFFF, 1099511627776, -1, -2)  # likewise
+assert (WORD_SIZE - 1) >> UNIT_SHIFT << ID_BITS | (1 << 31) - 1 < WORD_END == 9223372036854775807
 assert all(r % (1 << UNIT_SHIFT) == 0 for r in ROUNDOFF)        # every block size is a multiple of 512 B
 #: Free-list bounds of the SMALL and LARGE classes: the first entry above the class's largest size.
 SMALL_STOP, LARGE_STOP = (SMALL_CUTOFF >> 9) + 1 << 32, (LARGE_CUTOFF >> 9) + 1 << 32
@@ -132,7 +132,7 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
     columns' C words)."""
     k = 0
     for b in freed:
-        if fsize[b] != FREED:
+        if fsize[b] != -1:      # FREED
             continue            # merged into an earlier head of this batch
         head = b
         while fsize[prev[head]]:
@@ -156,10 +156,18 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
             fsize[b] = e = s >> 9 << 32 | b
             words_file(entries, e)
         else:
-            fsize[b] = OUTSIZE
+            fsize[b] = -2                       # OUTSIZE
             file_key(outsize, _outsize_entry(s, b))
     freed.clear()
     return k
+
+
+@cython.cfunc
+@cython.locals(fsize=cython.longlong[::1], next_id=cython.longlong, b=cython.longlong)
+def _free_ids(fsize, next_id) -> list:
+    """The block ids below ``next_id`` that are free or freed (their free state is set), ascending: a C loop over
+    the column compiled, for `renumber` and `fold_state`, which add the blocks the engine holds."""
+    return [b for b in range(1, next_id) if fsize[b]]
 
 
 #: Fewest block ids before renumbering the live blocks is worth its pass (small traces never renumber).
@@ -239,8 +247,7 @@ class SplittingPool(Policy):
         if next_id <= self._renumber_at:
             return None
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        held = set(held)
-        live = [b for b in range(1, next_id) if fsize[b] or b in held]
+        live = sorted(set(held).union(_free_ids(fsize, next_id)))
         new = dict(zip(live, range(1, len(live) + 1)))
         new[0] = 0
         for buckets in (self._avail, self._outsize):
@@ -304,18 +311,21 @@ class SplittingPool(Policy):
         # Literals: SMALL_CUTOFF = 1048576, LARGE_CUTOFF = 33554432 (constants load fastest).
         # `cut` names the class by its cutoff: 1048576 SMALL, 33554432 LARGE, 0 HUGE.
         # `stop`: the class's free-list bound (SMALL_STOP, LARGE_STOP; HUGE: WORD_END, or n's own size if exact),
-        # which ends the search among the entries within 63 bits; blocks of 1 TiB or more (`WORD_SIZE`: entries
-        # past 63 bits, after the others) are searched for by `_scan` after a HUGE miss
+        # which ends the search among the entries within 63 bits from `key`, n's entry; blocks of 1 TiB or more
+        # (`WORD_SIZE`: entries past 63 bits, in a list of their own) are searched for by `_scan` after a HUGE miss
         if req <= 1048576:
             n = (req + 511) & -512
-            cut, stop = 1048576, 8800387989504     # best fit among the sizes of the class
+            cut, stop, key = 1048576, 8800387989504, n >> 9 << 32  # best fit among the sizes of the class
         elif req <= 33554432:
             n = (req + 131071) & -131072
-            cut, stop = 33554432, 281479271677952
+            cut, stop, key = 33554432, 281479271677952, n >> 9 << 32
         else:
             n = (req + 1048575) & -1048576
             cut = 0
-            stop = self._huge_stop or ((n >> 9) + 1 << 32 if n < 1099511627776 else 0)
+            if n < 1099511627776:           # WORD_SIZE
+                stop, key = self._huge_stop or (n >> 9) + 1 << 32, n >> 9 << 32
+            else:                           # WORD_END: past every entry of the list, a miss
+                stop, key = 0, 9223372036854775807
         self._scans += 1
         if self._freed:
             self._repops += 1
@@ -324,18 +334,16 @@ class SplittingPool(Policy):
             self._charge(self._hit_s)
         # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
         entries, fsize = self._avail.entries, self._fsize
-        b = 0
-        if n < 1099511627776:               # WORD_SIZE
-            i = words_first_at_least(entries, n >> 9 << 32)
+        i = words_first_at_least(entries, key)
+        e = entries[i]
+        while e < stop:
+            del entries[i]
+            b = e & 0xFFFFFFFF
+            if fsize[b] == e:
+                break
             e = entries[i]
-            while e < stop:
-                del entries[i]
-                b = e & 0xFFFFFFFF
-                if fsize[b] == e:
-                    break
-                e = entries[i]
-            else:
-                b = 0
+        else:
+            b = 0
         if not b and not cut:               # HUGE: then the blocks of WORD_SIZE or more
             b = self._scan(n, HUGE)
         if b:
@@ -359,7 +367,7 @@ class SplittingPool(Policy):
         self.allocated -= self._size[b]
 
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
-                   cut=cython.longlong, stop=cython.longlong, huge_stop=cython.longlong, e=cython.longlong, id_mask=cython.longlong,
+                   cut=cython.longlong, stop=cython.longlong, key=cython.longlong, huge_stop=cython.longlong, e=cython.longlong, id_mask=cython.longlong,
                    b=cython.longlong, s=cython.longlong, rem=cython.longlong, r=cython.longlong,
                    m=cython.longlong, i0=cython.Py_ssize_t, next_id=cython.longlong, id_cap=cython.longlong,
                    repops=cython.longlong, splits=cython.longlong, allocated=cython.longlong, n0=cython.Py_ssize_t,
@@ -395,14 +403,17 @@ class SplittingPool(Policy):
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
                     n = (req + 511) & -512
-                    cut, stop = 1048576, 8800387989504
+                    cut, stop, key = 1048576, 8800387989504, n >> 9 << 32
                 elif req <= 33554432:
                     n = (req + 131071) & -131072
-                    cut, stop = 33554432, 281479271677952
+                    cut, stop, key = 33554432, 281479271677952, n >> 9 << 32
                 else:
                     n = (req + 1048575) & -1048576
                     cut = 0
-                    stop = huge_stop or ((n >> 9) + 1 << 32 if n < 1099511627776 else 0)
+                    if n < 1099511627776:   # WORD_SIZE
+                        stop, key = huge_stop or (n >> 9) + 1 << 32, n >> 9 << 32
+                    else:                   # past every entry of the list: a miss, then `_scan`
+                        stop, key = 0, 9223372036854775807
                 t0 = clock
                 if freed:                   # `_repopulate`, as `malloc` calls it
                     repops += 1
@@ -415,21 +426,19 @@ class SplittingPool(Policy):
                     clock += hit_s + (nb + merged) * free_s
                 else:
                     clock += hit_s
-                b = 0
-                if n < 1099511627776:       # WORD_SIZE
-                    i0 = words_first_at_least(entries, n >> 9 << 32)
-                    e = words_at(entries, i0) if compiled else entries[i0]
-                    while e < stop:
-                        if compiled:
-                            words_drop(entries, i0)
-                        else:
-                            del entries[i0]
-                        b = e & id_mask
-                        if fsize[b] == e:
-                            break
-                        e = words_at(entries, i0) if compiled else entries[i0]
+                i0 = words_first_at_least(entries, key)
+                e = words_at(entries, i0) if compiled else entries[i0]
+                while e < stop:
+                    if compiled:
+                        words_drop(entries, i0)
                     else:
-                        b = 0
+                        del entries[i0]
+                    b = e & id_mask
+                    if fsize[b] == e:
+                        break
+                    e = words_at(entries, i0) if compiled else entries[i0]
+                else:
+                    b = 0
                 if b:
                     fsize[b] = 0
                     s = size[b]
@@ -486,7 +495,7 @@ class SplittingPool(Policy):
                 if h is None:
                     break
                 b = h
-                fsize[b] = FREED
+                fsize[b] = -1               # FREED
                 freed_append(h)
                 allocated -= size[b]
             else:
@@ -596,7 +605,7 @@ class SplittingPool(Policy):
         lies before and after; the freed blocks in the order they wait; ``allocated``. The free list's void
         entries and the id counter only pace housekeeping that changes no decision."""
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        live = sorted(set(held).union(b for b in range(1, self._next_id) if fsize[b]))
+        live = sorted(set(held).union(_free_ids(fsize, self._next_id)))
         rank = {b: n for n, b in enumerate(live)}
         blocks = sorted((addr[b], size[b], 2 if fsize[b] == FREED else 1 if fsize[b] else 0, rank[b],
                          bool(prev[b]), bool(nxt[b])) for b in live)
