@@ -9,34 +9,28 @@ from libc.string cimport memmove
 
 cdef extern from *:
     """
-    /* keys[i] of a list of Python ints as a C number: CPython 3.11's int read in C where it has at most three
-       30-bit digits and is below 2**63, else through the C API; an int past 63 bits as LLONG_MAX (LLONG_MIN if
-       negative). */
-    static CYTHON_INLINE long long allocsim_word_at(PyObject *keys, Py_ssize_t i) {
+    /* keys[i] < k for a list of Python ints and a C key: CPython 3.11's int read in C where it has at most
+       three 30-bit digits and is below 2**63 (a non-negative key within 63 bits), else through the C API. */
+    static CYTHON_INLINE int allocsim_below(PyObject *keys, Py_ssize_t i, long long k) {
         PyObject *o = PyList_GET_ITEM(keys, i);
     #if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
         const digit *d = ((PyLongObject *)o)->ob_digit;
         switch (Py_SIZE(o)) {
-        case 0: return 0;
-        case 1: return (long long)d[0];
-        case 2: return (long long)d[1] << 30 | d[0];
-        case 3: if (d[2] < 8) return ((long long)d[2] << 30 | d[1]) << 30 | d[0]; return LLONG_MAX;
+        case 0: return 0 < k;
+        case 1: return (long long)d[0] < k;
+        case 2: return ((long long)d[1] << 30 | d[0]) < k;
+        case 3: if (d[2] < 8) return (((long long)d[2] << 30 | d[1]) << 30 | d[0]) < k; return 0;
         default: break;
         }
     #endif
         {
             int over;
             long long v = PyLong_AsLongLongAndOverflow(o, &over);
-            return over > 0 ? LLONG_MAX : over < 0 ? LLONG_MIN : v;
+            return over < 0 || (over == 0 && v < k);
         }
-    }
-    /* keys[i] < k for a list of Python ints and a C key (a non-negative key within 63 bits). */
-    static CYTHON_INLINE int allocsim_below(PyObject *keys, Py_ssize_t i, long long k) {
-        return allocsim_word_at(keys, i) < k;
     }
     """
     bint allocsim_below(list keys, Py_ssize_t i, long long k)
-    long long allocsim_word_at(list keys, Py_ssize_t i)
     long long PyLong_AsLongLongAndOverflow(object key, int *overflow) except? -1
 
 
@@ -74,32 +68,21 @@ cdef inline int file_key(list keys, object key) except -1:
     return 0
 
 
-
-cdef inline int file_word(list keys, long long key) except -1:
-    """`file_key` for the C number ``key``: searched for unboxed, one int made for the list."""
-    keys.insert(first_at_least_word(keys, key), key)
-    return 0
-
-
-cdef inline long long word_at(list keys, Py_ssize_t i) noexcept:
-    """``keys[i]`` as a C number, an int past 63 bits as 2**63 - 1 (``i`` within the list)."""
-    return allocsim_word_at(keys, i)
-
-
 # A sorted column of C words (an array('q'), see _sorted.py's `words_first_at_least`): its C buffer searched,
 # read and moved in place; the array never shares its buffer (no memoryview over it), so it may resize.
 
 cdef inline Py_ssize_t words_first_at_least(array keys, long long key) noexcept:
-    """Where ``key`` goes in the sorted ``keys`` (``bisect_left``)."""
+    """Where ``key`` goes in the sorted ``keys`` (``bisect_left``): the range halved with no branch on the keys
+    (a conditional move), so a search costs the same steps wherever the key falls."""
     cdef const long long *k = keys.data.as_longlongs
-    cdef Py_ssize_t lo = 0, hi = Py_SIZE(keys), mid
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if k[mid] < key:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    cdef Py_ssize_t n = Py_SIZE(keys), half, lo = 0
+    if n == 0:
+        return 0
+    while n > 1:                # keys[:lo] < key <= keys[lo + n:]
+        half = n >> 1
+        lo = lo + half if k[lo + half] < key else lo
+        n -= half
+    return lo + (k[lo] < key)
 
 
 cdef inline int words_file(array keys, long long key) except -1:

@@ -15,18 +15,9 @@ from operator import getitem
 #: where ``cython.compiled`` and the key's operands show it fits; interpreted, the same function).
 first_at_least_word = first_at_least
 
-#: `file_key` for a key within 63 bits, taken as a C number compiled (interpreted, the same function).
-file_word = file_key
-
-#: ``keys[i]``, which the compiled build reads as a C number, an int past 63 bits as the largest one (2**63 - 1):
-#: for a hot loop that compares keys within 63 bits against a bound within 63 bits, where any larger key only
-#: needs to count as larger. Interpreted, a hot loop indexes the list itself (a call costs more); this is for
-#: the tests that hold both builds to the same answers.
-word_at = getitem
-
-#: The same three for a sorted column of C words (an ``array('q')`` compiled; interpreted, an owner keeps a list
-#: and these are the list's functions): where a key goes, filing it, and ``keys[i]``; `words_drop` deletes
-#: ``keys[i]``. The compiled build's work on the array's C buffer, without an int object per key.
+#: `first_at_least`, `file_key` and ``keys[i]`` for a sorted column of C words within 63 bits (an ``array('q')``
+#: compiled, whose `_sorted.pxd` versions work on its C buffer, without an int object per key; interpreted, an
+#: owner keeps a list and these are the list's own functions); `words_drop` deletes ``keys[i]``.
 words_first_at_least, words_file, words_at = first_at_least, file_key, getitem
 
 
@@ -35,5 +26,5 @@ def words_drop(keys, i: int) -> None:
     del keys[i]
 
 
-__all__ = ["first_at_least", "first_at_least_word", "file_key", "file_word", "word_at", "words_first_at_least",
-           "words_file", "words_at", "words_drop"]
+__all__ = ["first_at_least", "first_at_least_word", "file_key", "words_first_at_least", "words_file", "words_at",
+           "words_drop"]

@@ -30,10 +30,12 @@ Knowing differences: repopulate and compact run as one pass over the batch
 is ``pool_free_s`` per repopulated block (1a) and per block merged away (1b).
 A scan costs ``pool_hit_s`` (hit or miss). The pre-#427 form is not modeled.
 
-Data structures (the hot path): blocks are parallel Python lists indexed by
-block id (size, address, prev, next, free state), grown by doubling, so a
-block costs no object and each field is O(1). The free state is the block's
-free-list entry while it is AVAILABLE (in a free list), FREED (-1) while it
+Data structures (the hot path): blocks are parallel columns indexed by block id
+(size, address, prev, next, free state): C words in an ``array('q')`` in the
+compiled build (which the fused loop reads through typed memoryviews), lists of
+ints interpreted; grown by doubling, so a block costs no object and each field is
+O(1). The free state is the block's free-list entry while it is AVAILABLE (in a
+free list; `OUTSIZE`, -2, for a block of 1 TiB or more), FREED (-1) while it
 waits in ``freed``, and 0 otherwise (ALLOCATED, or merged away); so "free or
 freed" is one truth test, and an entry ``e`` of block ``b`` is live iff
 ``fsize[b] == e``: one comparison voids stale entries. Id 0 is a
@@ -41,11 +43,14 @@ sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. 
 follow creation order (the tie order needs it); when they pass 4x the live blocks
 (and `RENUMBER_MIN`) the live blocks are renumbered 1..L in the same order between
 chunks (`renumber`; the engine renames the handles it holds), so memory is
-O(live blocks + one chunk), about 100 bytes each. The
+O(live blocks + one chunk), about 100 bytes each (interpreted). The
 free lists are `SizeBuckets` (``_freelists.py``): one sorted list of entries
-``size >> 9 << 32 | id`` (sizes are multiples of 512 B, ids stay below 2**32: 63
-bits for any block below 1 TiB), ending with `END`; best fit O(log k) plus a short
-memmove, removal O(1) (lazy). A handle is the block id.
+``size >> 9 << 32 | id`` (sizes are multiples of 512 B, ids stay below 2**31)
+for every block below 1 TiB (`WORD_SIZE`), within 63 bits and ending with
+`WORD_END` (2**63 - 1), a C array compiled; the blocks of 1 TiB or more, whose
+entries are past 63 bits, in a list of their own ending with `END`, searched
+after a HUGE request's miss in the first (all its entries are larger); best fit
+O(log k) plus a short memmove, removal O(1) (lazy). A handle is the block id.
 """
 from __future__ import annotations
 
