@@ -349,16 +349,15 @@ class SplittingPool(Policy):
             e = entries[i]
         else:
             b = 0
-        if not b and not cut:               # HUGE: then the blocks of WORD_SIZE or more
-            b = self._scan(n, HUGE)
         if b:
             fsize[b] = 0
-            s = self._size[b]
         else:
-            b = self._escalate(n, size_class(n))
+            b = 0 if cut else self._scan(n, HUGE)       # HUGE: then the blocks of WORD_SIZE or more
             if not b:
-                return None
-            s = self._size[b]
+                b = self._escalate(n, size_class(n))
+                if not b:
+                    return None
+        s = self._size[b]
         rem = s - n
         if rem and cut and (cut == 1048576 or rem > 1048576):   # not HUGE, and class(rem) == class
             self._split(b, n, rem)
