@@ -91,7 +91,8 @@ def size_class(n: int) -> int:
 
 assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
 assert (SMALL_CUTOFF, LARGE_CUTOFF) == (1048576, 33554432)     # written as literals in the hot path
-assert (UNIT_SHIFT, ID_BITS, ID_MASK, WORD_SIZE, FREED, OUTSIZE) == (9, 32, 0xFFFFFFFF, 1099511627776, -1, -2)  # likewise
+assert (UNIT_SHIFT, ID_BITS, ID_MASK, WORD_SIZE) == (9, 32, 0xFFFFFFFF, 1099511627776)     # likewise
+assert (FREED, OUTSIZE) == (-1, -2)                                                          # likewise
 assert (WORD_SIZE - 1) >> UNIT_SHIFT << ID_BITS | (1 << 31) - 1 < WORD_END == 9223372036854775807
 assert all(r % (1 << UNIT_SHIFT) == 0 for r in ROUNDOFF)        # every block size is a multiple of 512 B
 #: Free-list bounds of the SMALL and LARGE classes: the first entry above the class's largest size.
@@ -132,9 +133,9 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
 
     Every block of the batch is FREED (so chain walks see the whole batch, as after the real repopulate);
     each one not yet merged is merged with its run of FREED/AVAILABLE neighbours into the run's head, which
-    goes into the free list: ``entries`` below `WORD_SIZE`, else ``outsize``. Pieces merged away get state 0, which voids their free-list entries. A module
-    function, not a method: the hot loop calls it once per malloc after frees (compiled, a C call on the
-    columns' C words)."""
+    goes into the free list: ``entries`` below `WORD_SIZE`, else ``outsize``. Pieces merged away get state 0,
+    which voids their free-list entries. A module function, not a method: the hot loop calls it once per malloc
+    after frees (compiled, a C call on the columns' C words)."""
     k = 0
     for b in freed:
         if fsize[b] != -1:      # FREED
@@ -372,7 +373,8 @@ class SplittingPool(Policy):
         self.allocated -= self._size[b]
 
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
-                   cut=cython.longlong, stop=cython.longlong, key=cython.longlong, huge_stop=cython.longlong, e=cython.longlong, id_mask=cython.longlong,
+                   cut=cython.longlong, stop=cython.longlong, key=cython.longlong, huge_stop=cython.longlong,
+                   e=cython.longlong, id_mask=cython.longlong,
                    b=cython.longlong, s=cython.longlong, rem=cython.longlong, r=cython.longlong,
                    m=cython.longlong, i0=cython.Py_ssize_t, next_id=cython.longlong, id_cap=cython.longlong,
                    repops=cython.longlong, splits=cython.longlong, allocated=cython.longlong, n0=cython.Py_ssize_t,
