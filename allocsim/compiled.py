@@ -84,9 +84,9 @@ class _Type:
     def __repr__(self):
         return f"cython.{self.name}"
 
-    def __getitem__(self, _):
-        """A typed memoryview of this C type (``cython.longlong[::1]``), interpreted: the same name."""
-        return self
+    def __getitem__(self, dims):
+        """``cython.longlong[:]``: a typed memoryview of such numbers, interpreted a name too."""
+        return _Type(f"{self.name}[:]")
 
 
 def _as_is(f=None, **_):
