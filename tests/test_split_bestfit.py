@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from allocsim.replay import Replay
 from allocsim.errors import UsageError
-from allocsim.policies.split import HUGE, LARGE, SMALL, round_request, size_class
+from allocsim.policies.split import HUGE, LARGE, SMALL, WORD_END, round_request, size_class
 from allocsim.policies._freelists import END, SizeBuckets
 from allocsim.trace import TraceWriter
 
@@ -148,31 +148,32 @@ def test_huge_exact_option_allocates_exact_size():
 
 @pytest.mark.parametrize("huge_exact", [False, True])
 def test_free_list_entries_stay_in_63_bits_and_a_larger_block_keeps_its_order(huge_exact):
-    """Entries of blocks below 1 TiB fit 63 bits; a 2 TiB block only makes a larger entry: it is still
-    found in its place (taken whole by a smaller HUGE request, or by its exact size under huge_exact)."""
+    """Entries of blocks below 1 TiB fit 63 bits, in a free list that ends below 2**63 (a C array compiled); a
+    2 TiB block's larger entry goes to a free list of its own, after them: it is still found in its place
+    (taken whole by a smaller HUGE request, or by its exact size under huge_exact)."""
     d = Driver("split", options={"huge_exact": huge_exact})
     ids = [d.alloc(n) for n in (700, 3 * MiB + 5, 40 * MiB, 512 << 30, 2 << 40)]
     for i in ids:
         d.free(i)
     d.alloc(100)                            # repopulates them all, takes a piece of the 700 B block
-    entries = d.pol._avail.entries
-    assert entries == sorted(entries) and entries[-1] == END and len(entries) == 6
-    assert all(e < 1 << 63 for e in entries[:-2]) and 1 << 63 < entries[-2] < END
+    entries, outsize = list(d.pol._avail.entries), d.pol._outsize.entries
+    assert entries == sorted(entries) and entries[-1] == WORD_END and len(entries) == 5
+    assert all(e < WORD_END for e in entries[:-1]) and outsize[-1] == END and len(outsize) == 2
+    assert entries[-2] < 1 << 63 < outsize[0] < END
     i = d.alloc((2 << 40) if huge_exact else (1 << 40) + 1)
     assert d.block(i)[1] == 2 << 40 and d.dev.n_malloc == 5
 
 
-def test_a_search_within_63_bits_passes_over_larger_entries():
-    """A request whose entry fits 63 bits (600 GiB) is searched among entries that do not (a 2 TiB block and
-    `END`): the compiled search compares it with them in C (docs/architecture.md, "The compiled build"), so
-    each must count as larger, and the 2 TiB block is the best fit."""
+def test_a_search_within_63_bits_goes_on_to_the_larger_blocks():
+    """A request whose entry fits 63 bits (600 GiB) finds no block below 1 TiB that fits; the blocks of 1 TiB or
+    more (a 2 TiB and a 3 TiB block, whose entries are past 63 bits, in their own free list) are searched next,
+    and the 2 TiB block is the best fit."""
     d = Driver("split")
     ids = [d.alloc(n) for n in (700, 40 * MiB, 512 << 30, 2 << 40, 3 << 40)]
     for i in ids:
         d.free(i)
     d.alloc(100)                            # repopulates them all
-    entries = d.pol._avail.entries
-    assert sum(e >= 1 << 63 for e in entries) == 3      # the 2 TiB and 3 TiB blocks, and END
+    assert sum(e >= 1 << 63 for e in d.pol._outsize.entries) == 3     # the 2 TiB and 3 TiB blocks, and END
     i = d.alloc(600 << 30)
     assert d.block(i)[1] == 2 << 40 and d.dev.n_malloc == 5
     i = d.alloc(100 << 30)                  # below every HUGE block: the 512 GiB one, whole

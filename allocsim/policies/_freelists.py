@@ -37,18 +37,23 @@ END = 1 << 127
 
 
 class SizeBuckets:
-    """Best-fit free lists: a sorted list of ``size >> unit_shift << key_bits | key``, ending with `END`."""
+    """Best-fit free lists: a sorted list of ``size >> unit_shift << key_bits | key``, ending with `END`.
 
-    __slots__ = ("entries", "live", "key_bits", "unit_shift")
+    An owner whose entries all stay below a smaller bound may end the list with that bound instead (``end``,
+    never live) and keep it in another sequence type (``column``, made from a list: `split` keeps its entries
+    within 63 bits in a C array in the compiled build)."""
+
+    __slots__ = ("entries", "live", "key_bits", "unit_shift", "end", "column")
 
     #: Fewest entries before `compact` is worth its pass.
     COMPACT_MIN = 64
 
-    def __init__(self, live, key_bits: int, unit_shift: int = 0):
-        self.entries: list[int] = [END]     # sorted entries (some may be void), then END
+    def __init__(self, live, key_bits: int, unit_shift: int = 0, end: int = END, column=list):
+        self.entries = column([end])        # sorted entries (some may be void), then `end`
         self.live = live                    # owner's test: entry -> is the block still free at that size
         self.key_bits = key_bits
         self.unit_shift = unit_shift
+        self.end, self.column = end, column
 
     def entry(self, size: int, key: int) -> int:
         """The entry of free block ``key`` of ``size`` bytes (a multiple of ``2**unit_shift``)."""
@@ -72,7 +77,7 @@ class SizeBuckets:
         The owner must then mark the key as no longer free in its map. Void entries met on the way are dropped.
         """
         entries, live = self.entries, self.live
-        stop = END if limit is None else (limit >> self.unit_shift) + 1 << self.key_bits
+        stop = self.end if limit is None else min((limit >> self.unit_shift) + 1 << self.key_bits, self.end)
         i = bisect_left(entries, self.entry(n, 0))
         e = entries[i]
         while e < stop:
@@ -89,7 +94,7 @@ class SizeBuckets:
         the last call, so void entries never outnumber the live ones for long (amortised O(1) per push).
         """
         live = self.live
-        self.entries[:] = [e for e in self.entries if live(e)] + [END]
+        self.entries[:] = self.column([e for e in self.entries if live(e)] + [self.end])
         return len(self.entries) - 1
 
     def members(self) -> list[tuple[int, int]]:
@@ -98,7 +103,7 @@ class SizeBuckets:
         for e in self.entries:
             if live(e) and (not kept or kept[-1] != e):
                 kept.append(e)
-        self.entries[:] = kept + [END]
+        self.entries[:] = self.column(kept + [self.end])
         return [(self.size_of(e), self.key_of(e)) for e in kept]
 
     def largest(self) -> int:

@@ -30,10 +30,12 @@ Knowing differences: repopulate and compact run as one pass over the batch
 is ``pool_free_s`` per repopulated block (1a) and per block merged away (1b).
 A scan costs ``pool_hit_s`` (hit or miss). The pre-#427 form is not modeled.
 
-Data structures (the hot path): blocks are parallel Python lists indexed by
-block id (size, address, prev, next, free state), grown by doubling, so a
-block costs no object and each field is O(1). The free state is the block's
-free-list entry while it is AVAILABLE (in a free list), FREED (-1) while it
+Data structures (the hot path): blocks are parallel columns indexed by block id
+(size, address, prev, next, free state): C words in an ``array('q')`` in the
+compiled build (which the fused loop reads through typed memoryviews), lists of
+ints interpreted; grown by doubling, so a block costs no object and each field is
+O(1). The free state is the block's free-list entry while it is AVAILABLE (in a
+free list; `OUTSIZE`, -2, for a block of 1 TiB or more), FREED (-1) while it
 waits in ``freed``, and 0 otherwise (ALLOCATED, or merged away); so "free or
 freed" is one truth test, and an entry ``e`` of block ``b`` is live iff
 ``fsize[b] == e``: one comparison voids stale entries. Id 0 is a
@@ -41,11 +43,14 @@ sentinel "no neighbour" whose state is 0, so neighbour walks need no None test. 
 follow creation order (the tie order needs it); when they pass 4x the live blocks
 (and `RENUMBER_MIN`) the live blocks are renumbered 1..L in the same order between
 chunks (`renumber`; the engine renames the handles it holds), so memory is
-O(live blocks + one chunk), about 100 bytes each. The
+O(live blocks + one chunk), about 100 bytes each (interpreted). The
 free lists are `SizeBuckets` (``_freelists.py``): one sorted list of entries
-``size >> 9 << 32 | id`` (sizes are multiples of 512 B, ids stay below 2**32: 63
-bits for any block below 1 TiB), ending with `END`; best fit O(log k) plus a short
-memmove, removal O(1) (lazy). A handle is the block id.
+``size >> 9 << 32 | id`` (sizes are multiples of 512 B, ids stay below 2**31)
+for every block below 1 TiB (`WORD_SIZE`), within 63 bits and ending with
+`WORD_END` (2**63 - 1), a C array compiled; the blocks of 1 TiB or more, whose
+entries are past 63 bits, in a list of their own ending with `END`, searched
+after a HUGE request's miss in the first (all its entries are larger); best fit
+O(log k) plus a short memmove, removal O(1) (lazy). A handle is the block id.
 """
 from __future__ import annotations
 
@@ -54,13 +59,15 @@ try:
 except ImportError:
     from ..compiled import cython   # interpreted: its decorators and types change nothing
 
+from array import array
+
 from .registry import register
-from ._freelists import END, SizeBuckets
+from ._freelists import SizeBuckets
 from .base import Param, Policy
 
 if not cython.compiled:             # compiled, split.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import file_key, first_at_least, first_at_least_word
+    from ._sorted import file_key, words_at, words_drop, words_file, words_first_at_least
 
 SMALL, LARGE, HUGE = 0, 1, 2
 CLASS_NAMES = ("small", "large", "huge")
@@ -71,8 +78,11 @@ CLASS_LIMIT = (SMALL_CUTOFF, LARGE_CUTOFF, 1 << 62)
 CLASS_RANGE = ((0, SMALL_CUTOFF), (SMALL_CUTOFF, LARGE_CUTOFF), (LARGE_CUTOFF, 1 << 62))
 
 FREED = -1          # free-state value of a block waiting in `freed`; AVAILABLE blocks hold their entry
+OUTSIZE = -2        # free-state value of an AVAILABLE block of `WORD_SIZE` or more, whose entry is past 63 bits
 UNIT_SHIFT, ID_BITS = 9, 32     # a free-list entry: size >> UNIT_SHIFT << ID_BITS | block id
 ID_MASK = (1 << ID_BITS) - 1
+WORD_SIZE = 1 << 40     # a block below 1 TiB has an entry within 63 bits (ids stay below 2**31: `_grow`)
+WORD_END = (1 << 63) - 1        # above every such entry: the end of their free list, and a HUGE request's bound
 
 
 def size_class(n: int) -> int:
@@ -81,11 +91,29 @@ def size_class(n: int) -> int:
 
 assert all(cut % r == 0 for cut in (SMALL_CUTOFF, LARGE_CUTOFF) for r in ROUNDOFF[:2])
 assert (SMALL_CUTOFF, LARGE_CUTOFF) == (1048576, 33554432)     # written as literals in the hot path
-assert (UNIT_SHIFT, ID_BITS, ID_MASK) == (9, 32, 0xFFFFFFFF)     # likewise
+assert (UNIT_SHIFT, ID_BITS, ID_MASK, WORD_SIZE) == (9, 32, 0xFFFFFFFF, 1099511627776)     # likewise
+assert (FREED, OUTSIZE) == (-1, -2)                                                          # likewise
+assert (WORD_SIZE - 1) >> UNIT_SHIFT << ID_BITS | (1 << 31) - 1 < WORD_END == 9223372036854775807
 assert all(r % (1 << UNIT_SHIFT) == 0 for r in ROUNDOFF)        # every block size is a multiple of 512 B
 #: Free-list bounds of the SMALL and LARGE classes: the first entry above the class's largest size.
 SMALL_STOP, LARGE_STOP = (SMALL_CUTOFF >> 9) + 1 << 32, (LARGE_CUTOFF >> 9) + 1 << 32
 assert (SMALL_STOP, LARGE_STOP) == (8800387989504, 281479271677952)     # written as literals in the hot path
+
+
+def _zeros(n: int):
+    """A block column of ``n`` zeros: C words compiled (an ``array('q')``, which the hot loops read through typed
+    memoryviews, no int object per field), a list interpreted (where an array's element costs more to read)."""
+    return array("q", bytes(8 * n)) if cython.compiled else [0] * n
+
+
+def _column(values):
+    """A block column holding ``values`` (`_zeros`)."""
+    return array("q", values) if cython.compiled else list(values)
+
+
+def _outsize_entry(size: int, b: int) -> int:
+    """The free-list entry of block ``b`` of `WORD_SIZE` bytes or more, in Python ints (past 63 bits)."""
+    return size >> UNIT_SHIFT << ID_BITS | b
 
 
 def round_request(req: int) -> tuple[int, int]:
@@ -96,19 +124,21 @@ def round_request(req: int) -> tuple[int, int]:
 
 
 @cython.cfunc
-@cython.locals(size=list, prev=list, nxt=list, fsize=list, freed=list, entries=list, k=cython.longlong,
-               b=cython.longlong, head=cython.longlong, m=cython.longlong, s=cython.longlong)
-def _merge_freed(size, prev, nxt, fsize, freed, entries) -> int:
+@cython.locals(size=cython.longlong[::1], prev=cython.longlong[::1], nxt=cython.longlong[::1],
+               fsize=cython.longlong[::1], freed=list, outsize=list, k=cython.longlong, b=cython.longlong,
+               head=cython.longlong, m=cython.longlong, s=cython.longlong, e=cython.longlong)
+def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
     """``repopulate!`` + ``incremental_compact!`` over the blocks in ``freed`` (emptied): return how many
     pieces merged away.
 
     Every block of the batch is FREED (so chain walks see the whole batch, as after the real repopulate);
     each one not yet merged is merged with its run of FREED/AVAILABLE neighbours into the run's head, which
-    goes into the free list. Pieces merged away get state 0, which voids their free-list entries. A module
-    function, not a method: the hot loop calls it once per malloc after frees (compiled, a C call)."""
+    goes into the free list: ``entries`` below `WORD_SIZE`, else ``outsize``. Pieces merged away get state 0,
+    which voids their free-list entries. A module function, not a method: the hot loop calls it once per malloc
+    after frees (compiled, a C call on the columns' C words)."""
     k = 0
     for b in freed:
-        if fsize[b] != FREED:
+        if fsize[b] != -1:      # FREED
             continue            # merged into an earlier head of this batch
         head = b
         while fsize[prev[head]]:
@@ -128,10 +158,22 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries) -> int:
             prev[m] = head      # m may be the sentinel 0: harmless
             size[head] = s
             b = head
-        fsize[b] = e = s >> 9 << ID_BITS | b     # a Python int: ``<< ID_BITS`` shifts a Python int, compiled too
-        file_key(entries, e)                    # SizeBuckets.push
+        if s < 1099511627776:                   # WORD_SIZE: SizeBuckets.push, the entry within 63 bits
+            fsize[b] = e = s >> 9 << 32 | b
+            words_file(entries, e)
+        else:
+            fsize[b] = -2                       # OUTSIZE
+            file_key(outsize, _outsize_entry(s, b))
     freed.clear()
     return k
+
+
+@cython.cfunc
+@cython.locals(fsize=cython.longlong[::1], next_id=cython.longlong, b=cython.longlong)
+def _free_ids(fsize, next_id) -> list:
+    """The block ids below ``next_id`` that are free or freed (their free state is set), ascending: a C loop over
+    the column compiled, for `renumber` and `fold_state`, which add the blocks the engine holds."""
+    return [b for b in range(1, next_id) if fsize[b]]
 
 
 #: Fewest block ids before renumbering the live blocks is worth its pass (small traces never renumber).
@@ -152,14 +194,19 @@ class SplittingPool(Policy):
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
         cap = 1024
-        self._size = [0] * cap      # block id -> size
-        self._addr = [0] * cap      # block id -> device address
-        self._prev = [0] * cap      # block id -> address-preceding piece of the same buffer, 0 if none
-        self._next = [0] * cap      # block id -> address-following piece, 0 if none
-        self._fsize = [0] * cap     # block id -> free state: its free-list entry if AVAILABLE, FREED, or 0
-        fsize = self._fsize
-        # every class in one list: their size ranges are disjoint
-        self._avail = SizeBuckets(lambda e: fsize[e & 0xFFFFFFFF] == e, ID_BITS, UNIT_SHIFT)
+        self._size = size = _zeros(cap)     # block id -> size
+        self._addr = _zeros(cap)            # block id -> device address
+        self._prev = _zeros(cap)            # block id -> address-preceding piece of the same buffer, 0 if none
+        self._next = _zeros(cap)            # block id -> address-following piece, 0 if none
+        self._fsize = fsize = _zeros(cap)   # block id -> free state: its entry (or OUTSIZE) if AVAILABLE, FREED, or 0
+
+        def outsize_live(e: int) -> bool:
+            b = e & 0xFFFFFFFF
+            return fsize[b] == OUTSIZE and e == _outsize_entry(size[b], b)
+        # every class in one list (their size ranges are disjoint), the blocks of WORD_SIZE or more in another
+        self._avail = SizeBuckets(lambda e: e != WORD_END and fsize[e & 0xFFFFFFFF] == e, ID_BITS, UNIT_SHIFT,
+                                  WORD_END, _column)
+        self._outsize = SizeBuckets(outsize_live, ID_BITS, UNIT_SHIFT)
         self._freed: list[int] = []
         self._slow_blocks = self._slow_merged = 0       # repopulated / merged in phases 2 and 3
         self._flushes = self._reclaimed = 0
@@ -168,13 +215,14 @@ class SplittingPool(Policy):
         # hot-path counts: mallocs (scans), repopulates, blocks repopulated, blocks merged away, splits
         self._scans = self._repops = self._repop_blocks = self._merged = self._splits = 0
         self._charge, self._hit_s, self._free_s = self.ctx.charge, self.costs.pool_hit_s, self.costs.pool_free_s
-        self._huge_stop = 0 if self.huge_exact else END     # 0: a HUGE request takes its exact size only
+        # 29 attributes in all, no more: past 29, CPython 3.11 stops sharing an instance dict's keys, and every
+        # ``self.x`` of the plain walk's `malloc` and `free` becomes a slower lookup (5 % of that walk)
 
     def _grow(self) -> None:
         if self._id_cap > 1 << (ID_BITS - 1):
             raise MemoryError("split: 2**32 block ids would not fit a free-list entry")
-        for lst in (self._size, self._addr, self._prev, self._next, self._fsize):
-            lst.extend([0] * len(lst))          # in place: the hot loops' locals keep seeing the same lists
+        for col in (self._size, self._addr, self._prev, self._next, self._fsize):
+            col.extend(_zeros(len(col)))        # in place (the fused loop lets go of the columns' buffers first)
         self._id_cap = len(self._size)
 
     def _new_id(self) -> int:
@@ -206,24 +254,25 @@ class SplittingPool(Policy):
         if next_id <= self._renumber_at:
             return None
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        held = set(held)
-        live = [b for b in range(1, next_id) if fsize[b] or b in held]
+        live = sorted(set(held).union(_free_ids(fsize, next_id)))
         new = dict(zip(live, range(1, len(live) + 1)))
         new[0] = 0
-        entries = self._avail.entries
-        self._avail.compact()
-        entries[:-1] = [e >> 32 << 32 | new[e & 0xFFFFFFFF] for e in entries[:-1]]    # the same order
+        for buckets in (self._avail, self._outsize):
+            buckets.compact()
+            entries = buckets.entries
+            entries[:-1] = buckets.column([e >> 32 << 32 | new[e & 0xFFFFFFFF] for e in entries[:-1]])  # same order
         self._freed[:] = [new[b] for b in self._freed]
-        for lst in (size, addr):
-            lst[1:len(live) + 1] = [lst[b] for b in live]
-        fsize[1:len(live) + 1] = [f >> 32 << 32 | i if f > 0 else f for i, f in enumerate((fsize[b] for b in live), 1)]
-        for lst in (prev, nxt):
-            lst[1:len(live) + 1] = [new[lst[b]] for b in live]
+        for col in (size, addr):
+            col[1:len(live) + 1] = _column([col[b] for b in live])
+        fsize[1:len(live) + 1] = _column([f >> 32 << 32 | i if f > 0 else f
+                                          for i, f in enumerate((fsize[b] for b in live), 1)])
+        for col in (prev, nxt):
+            col[1:len(live) + 1] = _column([new[col[b]] for b in live])
         self._next_id = next_id = len(live) + 1
         self._id_cap = id_cap = max(1024, 2 * next_id)
-        for lst in (size, addr, prev, nxt, fsize):
-            del lst[id_cap:]
-            lst[next_id:] = [0] * (id_cap - next_id)
+        for col in (size, addr, prev, nxt, fsize):     # in place, as `_grow`
+            del col[id_cap:]
+            col[next_id:] = _zeros(id_cap - next_id)
         self._renumber_at = max(RENUMBER_MIN, 4 * next_id)
         return new
 
@@ -234,7 +283,8 @@ class SplittingPool(Policy):
         """``repopulate!`` + ``incremental_compact!`` over the blocks freed since the last call (`_merge_freed`),
         with its counts and the free list's compaction; returns the modeled time, for the caller to charge."""
         nb = len(self._freed)
-        k = _merge_freed(self._size, self._prev, self._next, self._fsize, self._freed, self._avail.entries)
+        k = _merge_freed(self._size, self._prev, self._next, self._fsize, self._freed, self._avail.entries,
+                         self._outsize.entries)
         if len(self._avail.entries) > self._compact_at:
             self._compact()
         self._repop_blocks += nb
@@ -257,8 +307,8 @@ class SplittingPool(Policy):
         nxt[r] = m
         prev[m] = r             # m may be the sentinel 0: harmless
         nxt[b] = r
-        self._fsize[r] = e = rem >> 9 << ID_BITS | r
-        file_key(self._avail.entries, e)                # SizeBuckets.push
+        self._fsize[r] = e = rem >> 9 << ID_BITS | r     # rem is below 32 MiB: within 63 bits
+        words_file(self._avail.entries, e)              # SizeBuckets.push
         size[b] = n
         self._splits += 1
 
@@ -267,17 +317,22 @@ class SplittingPool(Policy):
         # recomputed from the rounded size is the same (see round_request).
         # Literals: SMALL_CUTOFF = 1048576, LARGE_CUTOFF = 33554432 (constants load fastest).
         # `cut` names the class by its cutoff: 1048576 SMALL, 33554432 LARGE, 0 HUGE.
-        # `stop`: the class's free-list bound (SMALL_STOP, LARGE_STOP; HUGE: END, or n's own size if exact)
+        # `stop`: the class's free-list bound (SMALL_STOP, LARGE_STOP; HUGE: WORD_END, or n's own size if exact),
+        # which ends the search among the entries within 63 bits from `key`, n's entry; blocks of 1 TiB or more
+        # (`WORD_SIZE`: entries past 63 bits, in a list of their own) are searched for by `_scan` after a HUGE miss
         if req <= 1048576:
             n = (req + 511) & -512
-            cut, stop = 1048576, 8800387989504     # best fit among the sizes of the class
+            cut, stop, key = 1048576, 8800387989504, n >> 9 << 32  # best fit among the sizes of the class
         elif req <= 33554432:
             n = (req + 131071) & -131072
-            cut, stop = 33554432, 281479271677952
+            cut, stop, key = 33554432, 281479271677952, n >> 9 << 32
         else:
             n = (req + 1048575) & -1048576
             cut = 0
-            stop = self._huge_stop or (n >> 9) + 1 << ID_BITS
+            if n < 1099511627776:           # WORD_SIZE
+                stop, key = (n >> 9) + 1 << 32 if self.huge_exact else WORD_END, n >> 9 << 32
+            else:                           # WORD_END: past every entry of the list, a miss
+                stop, key = 0, 9223372036854775807
         self._scans += 1
         if self._freed:
             self._repops += 1
@@ -286,7 +341,7 @@ class SplittingPool(Policy):
             self._charge(self._hit_s)
         # x.2 scan: SizeBuckets.pop_fit(n, limit) over the class's size range
         entries, fsize = self._avail.entries, self._fsize
-        i = first_at_least(entries, n >> 9 << ID_BITS)
+        i = words_first_at_least(entries, key)
         e = entries[i]
         while e < stop:
             del entries[i]
@@ -298,12 +353,13 @@ class SplittingPool(Policy):
             b = 0
         if b:
             fsize[b] = 0
-            s = self._size[b]
         else:
-            b = self._escalate(n, size_class(n))
+            b = 0 if cut else self._scan(n, HUGE)       # HUGE: then the blocks of WORD_SIZE or more
             if not b:
-                return None
-            s = self._size[b]
+                b = self._escalate(n, size_class(n))
+                if not b:
+                    return None
+        s = self._size[b]
         rem = s - n
         if rem and cut and (cut == 1048576 or rem > 1048576):   # not HUGE, and class(rem) == class
             self._split(b, n, rem)
@@ -317,46 +373,60 @@ class SplittingPool(Policy):
         self.allocated -= self._size[b]
 
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
-                   cut=cython.longlong, b=cython.longlong, s=cython.longlong, rem=cython.longlong, r=cython.longlong,
+                   cut=cython.longlong, stop=cython.longlong, key=cython.longlong, huge_stop=cython.longlong,
+                   e=cython.longlong, id_mask=cython.longlong,
+                   b=cython.longlong, s=cython.longlong, rem=cython.longlong, r=cython.longlong,
                    m=cython.longlong, i0=cython.Py_ssize_t, next_id=cython.longlong, id_cap=cython.longlong,
                    repops=cython.longlong, splits=cython.longlong, allocated=cython.longlong, n0=cython.Py_ssize_t,
                    nb=cython.longlong, merged=cython.longlong, repop_blocks=cython.longlong, merged_all=cython.longlong,
                    compact_at=cython.Py_ssize_t, clock=cython.double, t0=cython.double, hit_s=cython.double,
-                   free_s=cython.double, slow=cython.bint, size=list,
-                   addr=list, prev=list, nxt=list, fsize=list, entries=list, freed=list)
+                   free_s=cython.double, slow=cython.bint, compiled=cython.bint, size=cython.longlong[::1],
+                   addr=cython.longlong[::1], prev=cython.longlong[::1], nxt=cython.longlong[::1],
+                   fsize=cython.longlong[::1], outsize=list, freed=list)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` (with `_split`) and
         `free` inlined over ``events``, the clock, ``allocated`` and the next block id kept in locals.
 
         A scan miss runs `_escalate` as `malloc` does (the locals written back around it) and is
         reported to ``served``; a pressure event or the FREE of an id not live is handed back:
-        returns ``(its index or None at the end, peak allocated)``."""
+        returns ``(its index or None at the end, peak allocated)``.
+
+        Compiled, the block columns are typed memoryviews over their C words, the free list of the blocks below
+        `WORD_SIZE` is a C array searched, read, cut and filed in place (`words_first_at_least`, `words_at`,
+        `words_drop`, `words_file`) and each latency is appended in C (`add_latency`); around a call that may
+        grow the columns (a new block id past their end, the escalation) the loop lets go of their buffers and
+        takes them again."""
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        entries, freed = self._avail.entries, self._freed
-        freed_append, escalate, new_id, compact = freed.append, self._escalate, self._new_id, self._compact
-        hit_s, free_s, huge_stop, id_bits = self._hit_s, self._free_s, self._huge_stop, ID_BITS   # a Python int shift
+        entries, outsize, freed = self._avail.entries, self._outsize.entries, self._freed
+        freed_append, escalate, scan = freed.append, self._escalate, self._scan
+        new_id, compact = self._new_id, self._compact
+        hit_s, free_s, id_mask = self._hit_s, self._free_s, ID_MASK     # a C mask compiled
+        huge_stop = 0 if self.huge_exact else WORD_END                  # 0: a HUGE request takes its exact size
         next_id, id_cap, compact_at = self._next_id, self._id_cap, self._compact_at
         repops = splits = repop_blocks = merged_all = 0
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
-        compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `first_at_least_word`)
+        compiled = cython.compiled          # compiled: the free list's C buffer, C appends (`add_latency`)
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
                     n = (req + 511) & -512
-                    cut, stop = 1048576, 8800387989504
+                    cut, stop, key = 1048576, 8800387989504, n >> 9 << 32
                 elif req <= 33554432:
                     n = (req + 131071) & -131072
-                    cut, stop = 33554432, 281479271677952
+                    cut, stop, key = 33554432, 281479271677952, n >> 9 << 32
                 else:
                     n = (req + 1048575) & -1048576
                     cut = 0
-                    stop = huge_stop or (n >> 9) + 1 << id_bits
+                    if n < 1099511627776:   # WORD_SIZE
+                        stop, key = huge_stop or (n >> 9) + 1 << 32, n >> 9 << 32
+                    else:                   # past every entry of the list: a miss, then `_scan`
+                        stop, key = 0, 9223372036854775807
                 t0 = clock
                 if freed:                   # `_repopulate`, as `malloc` calls it
                     repops += 1
                     nb = len(freed)
-                    merged = _merge_freed(size, prev, nxt, fsize, freed, entries)
+                    merged = _merge_freed(size, prev, nxt, fsize, freed, entries, outsize)
                     if len(entries) > compact_at:
                         compact_at = compact()
                     repop_blocks += nb
@@ -364,17 +434,17 @@ class SplittingPool(Policy):
                     clock += hit_s + (nb + merged) * free_s
                 else:
                     clock += hit_s
-                if compiled and n < 1099511627776:     # below 1 TiB: the entry within 63 bits, made and searched in C
-                    i0 = first_at_least_word(entries, n >> 9 << 32)
-                else:
-                    i0 = first_at_least(entries, n >> 9 << id_bits)
-                e = entries[i0]
+                i0 = words_first_at_least(entries, key)
+                e = words_at(entries, i0) if compiled else entries[i0]
                 while e < stop:
-                    del entries[i0]
-                    b = e & 0xFFFFFFFF
+                    if compiled:
+                        words_drop(entries, i0)
+                    else:
+                        del entries[i0]
+                    b = e & id_mask
                     if fsize[b] == e:
                         break
-                    e = entries[i0]
+                    e = words_at(entries, i0) if compiled else entries[i0]
                 else:
                     b = 0
                 if b:
@@ -383,7 +453,12 @@ class SplittingPool(Policy):
                     slow = False
                 else:
                     dev.clock, self.allocated, self._next_id, self._compact_at = clock, allocated, next_id, compact_at
-                    b = escalate(n, size_class(n))
+                    size = addr = prev = nxt = fsize = None     # compiled: their buffers let go, so they may grow
+                    b = 0 if cut else scan(n, HUGE)             # HUGE: then the blocks of WORD_SIZE or more
+                    slow = not b
+                    if slow:
+                        b = escalate(n, size_class(n))
+                    size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
                     clock, next_id, id_cap, compact_at = dev.clock, self._next_id, self._id_cap, self._compact_at
                     if not b:
                         lat_append(clock - t0)
@@ -391,13 +466,14 @@ class SplittingPool(Policy):
                             break
                         continue
                     s = size[b]
-                    slow = True
                 rem = s - n
                 if rem and cut and (cut == 1048576 or rem > 1048576):      # _split, inlined
                     r = next_id
                     if r == id_cap:
                         self._next_id = r
+                        size = addr = prev = nxt = fsize = None
                         r = new_id()
+                        size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
                         id_cap = self._id_cap
                     next_id = r + 1
                     m = nxt[b]
@@ -407,8 +483,8 @@ class SplittingPool(Policy):
                     nxt[r] = m
                     prev[m] = r
                     nxt[b] = r
-                    fsize[r] = e = rem >> 9 << id_bits | r
-                    file_key(entries, e)
+                    fsize[r] = e = rem >> 9 << 32 | r
+                    words_file(entries, e)
                     size[b] = s = n
                     splits += 1
                 allocated += s
@@ -427,8 +503,8 @@ class SplittingPool(Policy):
                 if h is None:
                     break
                 b = h
-                fsize[b] = FREED
-                freed_append(b)
+                fsize[b] = -1               # FREED
+                freed_append(h)
                 allocated -= size[b]
             else:
                 break
@@ -449,7 +525,9 @@ class SplittingPool(Policy):
     def _scan(self, n: int, c: int) -> int:
         """``scan!``: best fit in class ``c``'s free list, taken out of it; 0 if none."""
         limit = n if c == HUGE and self.huge_exact else CLASS_LIMIT[c]
-        b = self._avail.pop_fit(n, limit)
+        b = self._avail.pop_fit(n, limit) if n < WORD_SIZE else 0
+        if not b and c == HUGE:
+            b = self._outsize.pop_fit(n, limit)
         if b:
             self._fsize[b] = 0
         return b
@@ -459,7 +537,7 @@ class SplittingPool(Policy):
         freed = 0
         prev, nxt, fsize = self._prev, self._next, self._fsize
         lo, hi = CLASS_RANGE[cls]
-        for s, b in self._avail.members():
+        for s, b in self._avail.members() + self._outsize.members():
             if not lo < s <= hi:
                 continue
             if prev[b] or nxt[b]:
@@ -535,7 +613,7 @@ class SplittingPool(Policy):
         lies before and after; the freed blocks in the order they wait; ``allocated``. The free list's void
         entries and the id counter only pace housekeeping that changes no decision."""
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        live = sorted(set(held).union(b for b in range(1, self._next_id) if fsize[b]))
+        live = sorted(set(held).union(_free_ids(fsize, self._next_id)))
         rank = {b: n for n, b in enumerate(live)}
         blocks = sorted((addr[b], size[b], 2 if fsize[b] == FREED else 1 if fsize[b] else 0, rank[b],
                          bool(prev[b]), bool(nxt[b])) for b in live)
@@ -544,14 +622,14 @@ class SplittingPool(Policy):
     # ---- reporting -----------------------------------------------------------------
     def largest_free(self):
         pending = max((self._size[b] for b in self._freed), default=0)
-        return max(pending, self._avail.largest())
+        return max(pending, self._avail.largest(), self._outsize.largest())
 
     def free_breakdown(self, stream):
         """The free pieces (in the free lists, or freed and waiting for the next malloc) by buffer: hard
         in a buffer that holds an allocated piece; soft in one that holds none, merged back or not yet.
         No streams: any stream's request may take any piece."""
         prev, nxt, fsize, size = self._prev, self._next, self._fsize, self._size
-        free = {e & ID_MASK for e in self._avail.entries if fsize[e & ID_MASK] == e}
+        free = {e & ID_MASK for fl in (self._avail, self._outsize) for e in fl.entries if fl.live(e)}
         free.update(self._freed)
         head_of: dict[int, int] = {}
         for b in free:                  # each piece's buffer, named by its first piece
@@ -572,7 +650,7 @@ class SplittingPool(Policy):
 
     def free_blocks(self) -> list[tuple[int, int, int]]:
         """``(class, size, id)`` of every block in the free lists, in (class, size, id) order (tests, dumps)."""
-        return [(size_class(s), s, b) for s, b in self._avail.members()]
+        return [(size_class(s), s, b) for s, b in self._avail.members() + self._outsize.members()]
 
     def counters(self):
         return {"cache_flushes": self._flushes, "splits": self._splits, "compacted_blocks": self._merged,
