@@ -14,4 +14,20 @@ from bisect import bisect_left as first_at_least, insort as file_key
 #: where ``cython.compiled`` and the key's operands show it fits; interpreted, the same function).
 first_at_least_word = first_at_least
 
-__all__ = ["first_at_least", "first_at_least_word", "file_key"]
+# Sorted keys that may be words: the compiled build keeps a free index's keys as C words in an ``array('q')``
+# while every one is within 63 bits (`cupy`'s arenas), a sorted list of Python ints otherwise; these take either.
+# Interpreted (where the keys are always a list) they are the bisect module's and the list's own C functions.
+#: Where a key goes in sorted ``keys`` (``bisect_left``); ``key_place(keys, key)``.
+key_place = first_at_least
+#: `key_place` for a key within 63 bits, a C number compiled; ``word_place(keys, key)``.
+word_place = first_at_least
+#: Insert ``key`` at position ``x`` of ``keys`` (``list.insert``); ``put_key(keys, x, key)``.
+put_key = list.insert
+#: Drop the key at position ``x`` of ``keys`` (``list.pop``; compiled, it returns nothing); ``drop_key(keys, x)``.
+drop_key = list.pop
+#: Insert an object at position ``x`` of a list (``list.insert``; compiled, one ``memmove`` where CPython's
+#: insert moves the items one by one); ``put_item(items, x, item)``.
+put_item = list.insert
+
+__all__ = ["first_at_least", "first_at_least_word", "file_key", "key_place", "word_place", "put_key", "drop_key",
+           "put_item"]
