@@ -21,6 +21,19 @@ cdef extern from *:
         return 0;
     }
 
+    /* items[x] replaced by o, which goes to position y (0 <= x, y < len(items)): the items between shift by one
+       memmove. */
+    static CYTHON_INLINE int allocsim_move_item(PyObject *items, Py_ssize_t x, Py_ssize_t y, PyObject *o) {
+        PyObject **it = ((PyListObject *)items)->ob_item;
+        PyObject *old = it[x];
+        if (y < x) memmove(it + y + 1, it + y, (size_t)(x - y) * sizeof(PyObject *));
+        else if (y > x) memmove(it + x, it + x + 1, (size_t)(y - x) * sizeof(PyObject *));
+        Py_INCREF(o);
+        it[y] = o;
+        Py_DECREF(old);
+        return 0;
+    }
+
     /* keys[i] < k for a list of Python ints and a C key: CPython 3.11's int read in C where it has at most
        three 30-bit digits and is below 2**63 (a non-negative key within 63 bits), else through the C API. */
     static CYTHON_INLINE int allocsim_below(PyObject *keys, Py_ssize_t i, long long k) {
@@ -44,6 +57,7 @@ cdef extern from *:
     """
     bint allocsim_below(list keys, Py_ssize_t i, long long k)
     int allocsim_put_item(list items, Py_ssize_t x, object o) except -1
+    int allocsim_move_item(list items, Py_ssize_t x, Py_ssize_t y, object o) except -1
     long long PyLong_AsLongLongAndOverflow(object key, int *overflow) except? -1
 
 
@@ -87,14 +101,17 @@ cdef inline int file_key(list keys, object key) except -1:
 @cython.overflowcheck(False)   # positions within one array
 cdef inline Py_ssize_t word_place(object keys, long long key) except -1:
     """Where the C number ``key`` goes in the sorted ``keys`` (``bisect_left``)."""
-    cdef long long *w
-    cdef Py_ssize_t at = 0, n, half
     if type(keys) is not array:
         return first_at_least_word(<list>keys, key)
-    w = (<array>keys).data.as_longlongs
-    n = len(<array>keys)
+    return _word_place_in((<array>keys).data.as_longlongs, 0, len(<array>keys), key)
+
+
+@cython.overflowcheck(False)   # positions within one array
+cdef inline Py_ssize_t _word_place_in(long long *w, Py_ssize_t at, Py_ssize_t n, long long key) noexcept:
+    """Where ``key`` goes among the sorted words ``w[at:at + n]``."""
+    cdef Py_ssize_t half
     if n == 0:
-        return 0
+        return at
     while n > 1:                # without a branch to mispredict: the answer stays in [at, at + n]
         half = n >> 1
         at = at + half if w[at + half] < key else at
@@ -149,3 +166,34 @@ cdef inline int drop_key(object keys, Py_ssize_t x) except -1:
 cdef inline int put_item(list items, Py_ssize_t x, object item) except -1:
     """Insert ``item`` at position ``x`` (0 <= x <= len(items))."""
     return allocsim_put_item(items, x, item)
+
+
+@cython.overflowcheck(False)   # positions within one array
+cdef inline Py_ssize_t move_key(object keys, Py_ssize_t x, object key) except -1:
+    """Replace the key at position ``x`` by ``key``, moved to its place (the keys between shift by one, one
+    ``memmove`` of words); return where it went."""
+    cdef long long *w
+    cdef long long k
+    cdef Py_ssize_t n, y
+    if type(keys) is not array:
+        del (<list>keys)[x]
+        y = first_at_least(<list>keys, key)
+        allocsim_put_item(<list>keys, y, key)
+        return y
+    k = key
+    w = (<array>keys).data.as_longlongs
+    n = len(<array>keys)
+    if k < w[x]:
+        y = _word_place_in(w, 0, x, k)
+        memmove(w + y + 1, w + y, <size_t>(x - y) * sizeof(long long))
+    else:
+        y = _word_place_in(w, x + 1, n - x - 1, k) - 1
+        memmove(w + x, w + x + 1, <size_t>(y - x) * sizeof(long long))
+    w[y] = k
+    return y
+
+
+cdef inline int move_item(list items, Py_ssize_t x, Py_ssize_t y, object item) except -1:
+    """Replace the item at position ``x`` by ``item``, moved to position ``y`` (the items between shift by
+    one)."""
+    return allocsim_move_item(items, x, y, item)
