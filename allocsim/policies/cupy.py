@@ -56,12 +56,12 @@ only locking and speed, not placement, and are not modeled; hooks are not modele
 
 Data structures and costs. A chunk is a `_Chunk`, a record of seven slots (a slot
 read or write is one specialised instruction, no dict): its address, size, the
-neighbouring chunks of its device allocation, its arena, its key and when it was
-filed (``seq``, 0 while in use). Per arena, ``keys`` is the sorted list of the free
+neighbouring chunks of its device allocation, its arena, its key and when it last
+became a whole free chunk (``seq``). Per arena, ``keys`` is the sorted list of the free
 chunks' keys, one int per chunk that orders them as the lookup prefers and names it,
 and ``chunks`` the free chunks in the same order (``chunks[i]`` is the chunk of
-``keys[i]``: found and dropped by position, no dict); the order they were filed in,
-`free_all_blocks`'s order, is their ``seq``'s:
+``keys[i]``: found and dropped by position, no dict); `free_all_blocks` releases the
+whole ones in the order they became whole, their ``seq``'s:
 
 - v14: ``units << A | offset``, ``units`` the size in 512 B units, ``offset`` the
   address minus the pool's lowest device address ``lo``, ``A`` (``abits``) bits
@@ -84,8 +84,8 @@ chunk take the entry of the chunk they came from (the keys between move by one).
 f stays small in practice (at most ~250 in every recorded and synthetic trace), so a
 hit, a split and a free with merges are each a handful of list operations (fewer
 than size buckets plus a sorted size list). The memmove starts to dominate past a
-few thousand free chunks in one arena. ``free_all_blocks`` is O(f log f) (the
-filing order sorted). Chunks that ``free`` merges away are kept and reused for the next
+few thousand free chunks in one arena. ``free_all_blocks`` is O(f + w log w) for w
+whole free chunks. Chunks that ``free`` merges away are kept and reused for the next
 split's remainder, so the chunk records never outnumber the most chunks held at once.
 
 The hot path: `malloc` and `free` serve the plain walk; `walk_chunk` is the same
@@ -150,9 +150,11 @@ class _Chunk:
     """A piece of one device allocation; ``prev``/``next`` link the pieces of the same one,
     ``arena`` is its stream's arena.
 
-    While it is free, ``key`` is its key in its arena's ``keys`` (the handle to remove it by) and ``seq`` says
-    when it was filed (`_FreeIndex.filed`, from 1: its arena's filing order); ``seq`` is 0 while it is in use
-    (the free flag, a C number in the compiled build).
+    ``key``: the chunk's key in its arena's ``keys`` while it is free, 0 while in use
+    (one slot serves as both the free flag and the handle to remove it by).
+
+    ``seq``: when it last became a whole free chunk (a device allocation of its own, free: `_FreeIndex.filed`),
+    the order `free_all_blocks` releases them in.
     """
 
     __slots__ = ("ptr", "size", "prev", "next", "arena", "key", "seq")
@@ -168,7 +170,7 @@ class _Chunk:
 
     @property
     def is_free(self) -> bool:
-        return self.seq != 0
+        return self.key != 0
 
 
 def _filing_order(c: _Chunk) -> int:
@@ -177,7 +179,7 @@ def _filing_order(c: _Chunk) -> int:
 
 class _Arena:
     """The free chunks of one stream (see the module docstring for the costs): ``chunks[i]`` is the chunk of
-    ``keys[i]``, found and dropped by position.
+    ``keys[i]``, found and dropped by position (no dict).
 
     ``words``: the keys are C words in an ``array('q')`` (the compiled build under v14, until a key past 63 bits
     is filed), else a list of Python ints; `_sorted`'s ``key_place``, ``put_key`` and ``drop_key`` take either."""
@@ -189,9 +191,10 @@ class _Arena:
         self.keys = array("q") if words else []     # sorted keys of the free chunks
         self.chunks: list[_Chunk] = []              # the free chunks, in key order
 
-    def filed(self) -> list:
-        """The free chunks in the order they were filed (`free_all_blocks`'s order)."""
-        return sorted(self.chunks, key=_filing_order)
+    def whole(self) -> list:
+        """The free chunks that are a whole device allocation, in the order they became so (`free_all_blocks`'s
+        order; a chunk with a neighbour is released only once its pieces have merged, which files it anew)."""
+        return sorted((c for c in self.chunks if c.prev is None and c.next is None), key=_filing_order)
 
     def widen(self) -> None:
         """Keep the keys as Python ints from here on (a key past 63 bits is to be filed)."""
@@ -211,8 +214,8 @@ class _Arena:
 class _FreeIndex:
     """What every arena's keys share (see the module docstring): the offset field ``[lo, lo + 2**abits)``
     over the device allocations (which end at or below ``hi``), where a key's units start (``shift``), v13's
-    falling ``tie``, the chunk records `free` merged away (``spare``), reused by the next split, and the
-    chunks filed so far (``filed``).
+    falling ``tie``, the chunk records `free` merged away (``spare``), reused by the next split, and how many
+    chunks became whole free chunks so far (``filed``: the last one's `_Chunk.seq`).
 
     ``fit``: a v14 key of fewer units than this is below 2**62, one machine word (`_split_off` and
     `_file_freed` make it in C arithmetic in the compiled build); 0 under v13, whose keys `key` makes."""
@@ -228,7 +231,7 @@ class _FreeIndex:
         self.tie = 1 << TIE_BITS            # v13: falls with every chunk filed
         self.spare: list[_Chunk] = []
         self.fit = 0 if lifo else 1 << 62 - self.shift
-        self.filed = 0                      # chunks filed so far: the last one's `_Chunk.seq`
+        self.filed = 0                      # whole free chunks filed so far: the last one's `_Chunk.seq`
 
     def widen(self, lo: int, hi: int, abits: int) -> None:
         """Move the offset field to ``[lo, lo + 2**abits)`` (`CuPyPool._cover`, which re-keys the chunks)."""
@@ -251,39 +254,39 @@ class _FreeIndex:
 # The split and the filing, shared by `malloc`, `free` and the fused loop (one call each, about 5 % of the
 # interpreted fused loop's time, for one copy of the model's rules; compiled, a C call).
 @cython.cfunc
-@cython.locals(ix=_FreeIndex, c=_Chunk, n=cython.longlong, arena=_Arena, rest=_Chunk, nx=_Chunk, s=cython.longlong,
+@cython.locals(ix=_FreeIndex, c=_Chunk, n=cython.longlong, arena=_Arena, rest=_Chunk, nx=_Chunk, r=cython.longlong,
                p=cython.longlong, u=cython.longlong, spare=list, chunks=list, x=cython.Py_ssize_t)
 def _split_off(ix, c, n, arena, x) -> None:
     """Cut chunk ``c``, just taken from position ``x`` of ``arena``'s index (still there), to ``n`` bytes; the
     remainder after it goes back into ``arena``, unmerged (``_split`` + ``_append_to_free_list``), taking
     ``c``'s entry, moved to its own key's place."""
-    s, nx, p = c.size, c.next, c.ptr + n
+    r, nx, p = c.size - n, c.next, c.ptr + n
     spare = ix.spare
     if spare:                                # a chunk `_file_freed` merged away: reset it
         rest = spare.pop()
         rest.ptr = p
-        rest.size = s - n
+        rest.size = r
         rest.prev = c
         rest.next = nx
         rest.arena = arena
     else:
-        rest = _Chunk(p, s - n, c, nx, arena)
+        rest = _Chunk(p, r, c, nx, arena)
     c.next = rest
     if nx is not None:
         nx.prev = rest
     c.size = n
-    u = (s - n) >> 9
-    rest.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(s - n, p, arena)
-    rest.seq = ix.filed = ix.filed + 1
+    u = r >> 9
+    rest.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(r, p, arena)
     keys, chunks = arena.keys, arena.chunks
     if COMPILED:                             # one move of the entries between (`_sorted.move_key`)
         move_item(chunks, x, move_key(keys, x, k), rest)
-    else:                                    # the same without a Python call: drop, then insert
-        drop_key(keys, x)
-        del chunks[x]
-        x = key_place(keys, k)
-        put_key(keys, x, k)
-        put_item(chunks, x, rest)
+    elif x and keys[x - 1] > k:              # the same interpreted, without a Python call: drop, then insert
+        del keys[x], chunks[x]
+        x = bisect_left(keys, k, 0, x)       # (below ``c``'s key)
+        keys.insert(x, k)
+        chunks.insert(x, rest)
+    else:                                    # it sorts where ``c`` did (a remainder at least the request's size)
+        keys[x], chunks[x] = k, rest
 
 
 @cython.cfunc
@@ -297,7 +300,7 @@ def _file_freed(ix, c) -> None:
     keys, chunks = arena.keys, arena.chunks
     x = -1                                   # the entry of a merged neighbour, if any
     nx = c.next
-    if nx is not None and nx.seq:            # merge the next chunk into this one
+    if nx is not None and nx.key:            # merge the next chunk into this one
         x = key_place(keys, nx.key)
         c.size += nx.size
         c.next = nn = nx.next
@@ -305,7 +308,7 @@ def _file_freed(ix, c) -> None:
             nn.prev = c
         ix.spare.append(nx)
     pv = c.prev
-    if pv is not None and pv.seq:            # merge this chunk into the previous one
+    if pv is not None and pv.key:            # merge this chunk into the previous one
         y = key_place(keys, pv.key)
         if x >= 0:                           # merged with both: the next one's entry goes
             drop_key(keys, x)
@@ -325,16 +328,21 @@ def _file_freed(ix, c) -> None:
     else:
         c.key = k = ix.key(c.size, p, arena)
         keys = arena.keys                    # Python ints from here on, if this key took them past words
-    c.seq = ix.filed = ix.filed + 1
-    if x >= 0 and COMPILED:                  # one move of the entries between (`_sorted.move_key`)
-        move_item(chunks, x, move_key(keys, x, k), c)
-    else:
-        if x >= 0:
-            drop_key(keys, x)
-            del chunks[x]
+    if c.prev is None and c.next is None:   # whole: `free_all_blocks` may release it, in this order
+        c.seq = ix.filed = ix.filed + 1
+    if x < 0:                                # no merge: a new entry
         x = key_place(keys, k)
         put_key(keys, x, k)
         put_item(chunks, x, c)
+    elif COMPILED:                           # one move of the entries between (`_sorted.move_key`)
+        move_item(chunks, x, move_key(keys, x, k), c)
+    elif x + 1 == len(keys) or keys[x + 1] > k:
+        keys[x], chunks[x] = k, c            # interpreted: it sorts where the neighbour did
+    else:                                    # interpreted: drop, then insert (above the neighbour's key)
+        del keys[x], chunks[x]
+        x = bisect_left(keys, k, x)
+        keys.insert(x, k)
+        chunks.insert(x, c)
 
 
 @register
@@ -398,7 +406,7 @@ class CuPyPool(Policy):
         """Make the keys' offset field cover a new device allocation of ``n`` bytes at ``addr``: if it lies
         outside ``[lo, lo + 2**A)``, lower ``lo`` and widen ``A`` (to twice the span) and re-key every
         free chunk (the new keys order the chunks as the old ones did: size, tie, address; each keeps its
-        place in ``chunks`` and its filing order). Per device allocation; O(f log f) for f free chunks when it acts."""
+        place in ``chunks``). Per device allocation; O(f log f) for f free chunks when it acts."""
         ix = self._ix
         if not ix.hi:                       # the first: the field starts here
             ix.lo, ix.hi = addr, addr + n
@@ -418,7 +426,7 @@ class CuPyPool(Policy):
         x = key_place(arena.keys, c.key)
         drop_key(arena.keys, x)
         del arena.chunks[x]
-        c.seq = 0
+        c.key = 0
 
     # ---- the hot path: `malloc` and `free`, and the same two fused in `walk_chunk` ---------------
     # All three split and file chunks through `_split_off` and `_file_freed` (above).
@@ -435,7 +443,7 @@ class CuPyPool(Policy):
                 return None
         else:
             c = arena.chunks[i]
-            c.seq = 0
+            c.key = 0
             if c.size > n:
                 _split_off(self._ix, c, n, arena, i)
             else:
@@ -465,7 +473,7 @@ class CuPyPool(Policy):
         ix, hit_s, free_s = self._ix, self._hit_s, self._free_s
         shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
         clock, allocated = dev.clock, self.allocated
-        lat_append, n0 = lat.append, len(lat)
+        pop, lat_append, n0 = handles.pop, lat.append, len(lat)
         compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `first_at_least_word`)
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
         for j, k, i, req, st in events:
@@ -482,7 +490,7 @@ class CuPyPool(Policy):
                     x = key_place(keys, n >> 9 << shift)
                 if x < len(keys):
                     c = arena.chunks[x]
-                    c.seq = 0
+                    c.key = 0
                     if c.size > n:
                         _split_off(ix, c, n, arena, x)
                     else:
@@ -511,7 +519,7 @@ class CuPyPool(Policy):
                     self.allocated = allocated
                     served(j, c)
             elif k == 2:                    # FREE: free, as above
-                c = handles.pop(i, None)
+                c = handles.pop(i, None) if compiled else pop(i, None)     # each build's cheaper call
                 if c is None:
                     break
                 allocated -= c.size
@@ -604,7 +612,7 @@ class CuPyPool(Policy):
         ev = self.event_index
         arenas = list(self._arenas.values()) if stream is None else [self._arenas.get(stream)]
         for arena in filter(None, arenas):
-            whole = [c for c in arena.filed() if c.prev is None and c.next is None]
+            whole = arena.whole()
             for c in whole:
                 self._remove(arena, c)
                 self.ctx.free(c.ptr, c.size)
@@ -617,13 +625,14 @@ class CuPyPool(Policy):
     fold_counters = ("cache_flushes", "limit_ooms", "device_ooms", "_n_lookup", "_n_malloc")
 
     def fold_state(self, held):
-        """The arenas in the order they were made, each with its free chunks in filing order (`free_all_blocks`'s
-        order) and their addresses in key order (best fit's order, v13's ties included); the held
-        chunks; the keys' address field and the pool's totals. Chunks by address, never by object."""
+        """The arenas in the order they were made, each with its free chunks in key order (best fit's order, v13's
+        ties included) and the addresses of the whole ones in the order `free_all_blocks` releases them (the
+        order of the others steers nothing: a chunk is filed anew when it becomes whole); the held chunks; the
+        keys' address field and the pool's totals. Chunks by address, never by object."""
         def where(c):
             return c.ptr, c.size, None if c.prev is None else c.prev.ptr, None if c.next is None else c.next.ptr
         stream_of = {id(a): s for s, a in self._arenas.items()}
-        arenas = [(s, [where(c) for c in a.filed()], [c.ptr for c in a.chunks])
+        arenas = [(s, [where(c) for c in a.chunks], [c.ptr for c in a.whole()])
                   for s, a in self._arenas.items()]
         ix = self._ix
         return (arenas, sorted((*where(c), stream_of[id(c.arena)]) for c in held), ix.lo, ix.hi, ix.abits,
@@ -650,7 +659,7 @@ class CuPyPool(Policy):
         """The free chunks by their arena's stream. A free chunk merges with its free neighbours, so it
         shares its device allocation with a live chunk exactly when it has a neighbour: hard; a whole one: soft."""
         return self.free_parts(((s, c.size, c.prev is not None or c.next is not None)
-                                for s, a in self._arenas.items() for c in a.filed()), stream)
+                                for s, a in self._arenas.items() for c in a.chunks), stream)
 
     def n_free_blocks(self) -> int:
         return sum(len(a.chunks) for a in self._arenas.values())
