@@ -100,7 +100,8 @@ and make the split and the filing C calls. Under v14 an arena's ``keys`` are C w
 (`_Arena.words`), searched without a branch and moved by ``memmove`` (`_sorted`'s ``word_place``,
 ``move_key``), until a key past 63 bits is filed (`_Arena.widen`), from when they are Python ints as
 interpreted; a split's remainder and a merged chunk take their entry with one move of the entries between
-(``move_key``/``move_item``, where the interpreted source drops and inserts: the same order).
+(``move_key``/``move_item``; interpreted, an entry whose chunk still sorts there is overwritten, else it is
+dropped and inserted: the same order).
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
