@@ -283,7 +283,7 @@ def check_layout(pol, dev):
     """Chunks tile each device allocation exactly; no two free neighbours; totals agree."""
     heads = set()
     for arena in pol._arenas.values():
-        for c in arena.by_key.values():
+        for c in arena.chunks:
             assert c.is_free
             while c.prev is not None:
                 c = c.prev
@@ -406,12 +406,41 @@ def test_keys_follow_the_address_span_and_stay_within_a_word(version, downward, 
         cover(self, addr, n)
         fields.append((self._ix.lo, self._ix.abits))
         for a in self._arenas.values():
-            assert a.keys == sorted(c.key for c in a.by_key.values())
+            assert list(a.keys) == sorted(a.keys) == [c.key for c in a.chunks]
             assert all(c.key >> self._ix.shift << 9 == c.size and (c.key & (1 << self._ix.abits) - 1) + self._ix.lo == c.ptr
-                       for c in a.by_key.values())
+                       for c in a.chunks)
             widest.extend(k.bit_length() for k in a.keys)
     monkeypatch.setattr(CuPyPool, "_cover", keys_checked)
     assert_same(spread_trace(), "cupy-ref", [f"version={version}"], capacity=None)
     assert len(fields) == 14 and fields[-1][1] > fields[0][1]            # the field widened
     assert (fields[-1][0] < fields[0][0]) == downward                   # the base moved down with the device
     assert widest and (max(widest) <= 63) == (version == "14")
+
+
+@pytest.mark.parametrize("version", ["14", "13"])
+def test_keys_past_one_machine_word_replay_alike(version):
+    """Device allocations 64 TiB apart: the larger free chunks' v14 keys pass 2**63, so an arena whose keys were
+    C words (the compiled build, `_Arena.words`) keeps them as Python ints from then on; the fused loop is the
+    plain walk, and both the reference model, chunk for chunk (v13's keys are Python ints throughout)."""
+    from allocsim import synth
+    from allocsim.compiled import compiled_modules
+    from test_fast_path import assert_fused_is_plain
+    from test_reference_models import assert_same
+    import test_torch_policy
+    trace = synth.generate("alloc-heavy", seed=3, n_allocs=3000)
+    words = []                                  # per device allocation: whether the arenas' keys were words
+
+    def cover(self, addr, n, cover=CuPyPool._cover):
+        words.extend(a.words for a in self._arenas.values())
+        cover(self, addr, n)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(test_torch_policy, "SPREAD", 1 << 46)
+        test_torch_policy.spread_out(mp)
+        mp.setattr(CuPyPool, "_cover", cover)
+        r = Replay(trace, "cupy", options={"version": version})
+        r.run()
+        keys = [k for a in r.policy._arenas.values() for k in a.keys]
+        assert max(keys).bit_length() > 63 and not any(a.words for a in r.policy._arenas.values())
+        assert (True in words) == (CuPyPool.__module__ in compiled_modules() and version == "14")
+        assert_fused_is_plain(trace, "cupy", [f"version={version}"])
+        assert_same(trace, "cupy-ref", [f"version={version}"])

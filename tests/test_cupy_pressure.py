@@ -445,7 +445,7 @@ def test_ties_follow_the_recorded_address():
                    observer=lambda at, kind, i, h: kind == ALLOC and blocks.append(h.ptr))
         r.run()
         assert blocks[-1] == split
-        assert [c.ptr for a in r.policy._arenas.values() for c in a.by_key.values()] == [split + MiB]
+        assert [c.ptr for a in r.policy._arenas.values() for c in a.chunks] == [split + MiB]
 
 
 @st.composite

@@ -26,5 +26,39 @@ def words_drop(keys, i: int) -> None:
     del keys[i]
 
 
+# Sorted keys that may be words: the compiled build keeps a free index's keys as C words in an ``array('q')``
+# while every one is within 63 bits (`cupy`'s arenas), a sorted list of Python ints otherwise; these take either.
+# Interpreted (where the keys are always a list) they are the bisect module's and the list's own C functions.
+#: Where a key goes in sorted ``keys`` (``bisect_left``); ``key_place(keys, key)``.
+key_place = first_at_least
+#: `key_place` for a key within 63 bits, a C number compiled; ``word_place(keys, key)``.
+word_place = first_at_least
+#: Insert ``key`` at position ``x`` of ``keys`` (``list.insert``); ``put_key(keys, x, key)``.
+put_key = list.insert
+#: Drop the key at position ``x`` of ``keys`` (``list.pop``; compiled, it returns nothing); ``drop_key(keys, x)``.
+drop_key = list.pop
+#: Insert an object at position ``x`` of a list (``list.insert``; compiled, one ``memmove`` where CPython's
+#: insert moves the items one by one); ``put_item(items, x, item)``.
+put_item = list.insert
+
+
+
+def move_key(keys, x: int, key) -> int:
+    """Replace the key at position ``x`` of the sorted ``keys`` by ``key``, moved to its place; return where it
+    went. Compiled, one move of the keys between; interpreted, what a hot loop does inline instead (a drop and
+    an insert, without the call)."""
+    del keys[x]
+    y = first_at_least(keys, key)
+    keys.insert(y, key)
+    return y
+
+
+def move_item(items: list, x: int, y: int, item) -> None:
+    """Replace the item at position ``x`` of ``items`` by ``item``, moved to position ``y`` (`move_key`'s
+    companion for a list beside the keys)."""
+    del items[x]
+    items.insert(y, item)
+
+
 __all__ = ["first_at_least", "first_at_least_word", "file_key", "words_first_at_least", "words_file", "words_at",
-           "words_drop"]
+           "words_drop", "key_place", "word_place", "put_key", "drop_key", "put_item", "move_key", "move_item"]

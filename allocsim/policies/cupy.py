@@ -54,12 +54,14 @@ the lookup, since v13's bins ``(n - 1) // 512`` hold exactly one rounded size):
 Known differences: v14's ``_pending_free`` and v13's ``_compact_index`` change
 only locking and speed, not placement, and are not modeled; hooks are not modeled.
 
-Data structures and costs. A chunk is a `_Chunk`, a record of six slots (a slot
+Data structures and costs. A chunk is a `_Chunk`, a record of seven slots (a slot
 read or write is one specialised instruction, no dict): its address, size, the
-neighbouring chunks of its device allocation, its arena and its key. Per arena,
-``keys`` is the sorted list of the free chunks' keys, one int per chunk that orders
-them as the lookup prefers and names it, and ``by_key`` maps each key to its chunk
-(O(1); in the order the chunks were filed, which is `free_all_blocks`'s order):
+neighbouring chunks of its device allocation, its arena, its key and when it last
+became a whole free chunk (``seq``). Per arena, ``keys`` is the sorted list of the free
+chunks' keys, one int per chunk that orders them as the lookup prefers and names it,
+and ``chunks`` the free chunks in the same order (``chunks[i]`` is the chunk of
+``keys[i]``: found and dropped by position, no dict); `free_all_blocks` releases the
+whole ones in the order they became whole, their ``seq``'s:
 
 - v14: ``units << A | offset``, ``units`` the size in 512 B units, ``offset`` the
   address minus the pool's lowest device address ``lo``, ``A`` (``abits``) bits
@@ -75,14 +77,15 @@ the order of the keys does not change). So a v14 key stays within 63 bits (one
 machine word, no big-integer arithmetic) while the largest chunk's units times the
 address span stay below 2**63: 1 GiB chunks over 4 TiB of addresses, 64 GiB over
 64 GiB; past that it is a longer int, still exact. v13 keys are longer ints.
-Best fit is one bisect for the first key >= the request's ``units << shift``, then
-``by_key.pop`` of the key taken out of ``keys``. Insert/remove: O(log f) search +
-O(f) memmove (in C) for f free chunks in the arena. f stays small in practice (at
-most ~250 in every recorded and synthetic trace), so a hit, a split and a free with
-merges are each a handful of dict/list operations (fewer than size buckets plus a
-sorted size list). The memmove starts to dominate past a few thousand free chunks
-in one arena (10 k: about 1.7 x slower than the buckets). ``free_all_blocks`` is
-O(free chunks). Chunks that ``free`` merges away are kept and reused for the next
+Best fit is one bisect for the first key >= the request's ``units << shift``; the
+chunk there is taken by position. Insert/remove: O(log f) search + O(f) memmove (in
+C) of both lists for f free chunks in the arena; a split's remainder and a merged
+chunk take the entry of the chunk they came from (the keys between move by one).
+f stays small in practice (at most ~250 in every recorded and synthetic trace), so a
+hit, a split and a free with merges are each a handful of list operations (fewer
+than size buckets plus a sorted size list). The memmove starts to dominate past a
+few thousand free chunks in one arena. ``free_all_blocks`` is O(f + w log w) for w
+whole free chunks. Chunks that ``free`` merges away are kept and reused for the next
 split's remainder, so the chunk records never outnumber the most chunks held at once.
 
 The hot path: `malloc` and `free` serve the plain walk; `walk_chunk` is the same
@@ -91,9 +94,14 @@ them by tests/test_fast_path.py; all three split and file chunks through
 `_split_off` and `_file_freed`.
 
 The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``cupy.pxd``
-makes `_Chunk`, `_Arena` and `_FreeIndex` C records (sizes, addresses and the key fields as C integers; the
-keys are Python ints, a v14 key below 2**62 made in C arithmetic), the ``@cython`` decorators type the hot
-loop's locals and make the split and the filing C calls.
+makes `_Chunk`, `_Arena` and `_FreeIndex` C records (sizes, addresses, ``seq`` and the key fields as C
+integers, a v14 key below 2**62 made in C arithmetic), the ``@cython`` decorators type the hot loop's locals
+and make the split and the filing C calls. Under v14 an arena's ``keys`` are C words in an ``array('q')``
+(`_Arena.words`), searched without a branch and moved by ``memmove`` (`_sorted`'s ``word_place``,
+``move_key``), until a key past 63 bits is filed (`_Arena.widen`), from when they are Python ints as
+interpreted; a split's remainder and a merged chunk take their entry with one move of the entries between
+(``move_key``/``move_item``; interpreted, an entry whose chunk still sorts there is overwritten, else it is
+dropped and inserted: the same order).
 
 Validation hooks: ``segment_log`` is a list of ``(SEGMENT_ALLOC | SEGMENT_FREE,
 size, event_index)``, one per device call; ``track_total=True`` keeps
@@ -119,11 +127,12 @@ from .base import Param, Policy
 
 if not cython.compiled:             # compiled, cupy.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import file_key, first_at_least, first_at_least_word
+    from ._sorted import drop_key, key_place, move_item, move_key, put_item, put_key, word_place
 
 UNIT = 512          # ALLOCATION_UNIT_SIZE; a key counts sizes in these units (``size >> 9``)
 TIE_BITS = 64       # v13: the width of a key's tie field
 MIN_ABITS = 32      # the first address field's width (4 GiB of addresses)
+COMPILED = cython.compiled      # a C constant compiled (cupy.pxd): the split and the filing take one move
 
 # Section names, numbered in escalation order (sections print children by name).
 S_LOOKUP = "1.1 best fit"
@@ -144,9 +153,12 @@ class _Chunk:
 
     ``key``: the chunk's key in its arena's ``keys`` while it is free, 0 while in use
     (one slot serves as both the free flag and the handle to remove it by).
+
+    ``seq``: when it last became a whole free chunk (a device allocation of its own, free: `_FreeIndex.filed`),
+    the order `free_all_blocks` releases them in.
     """
 
-    __slots__ = ("ptr", "size", "prev", "next", "arena", "key")
+    __slots__ = ("ptr", "size", "prev", "next", "arena", "key", "seq")
 
     def __init__(self, ptr, size, prev, next_, arena):
         self.ptr = ptr
@@ -155,31 +167,61 @@ class _Chunk:
         self.next = next_
         self.arena = arena
         self.key = 0
+        self.seq = 0
 
     @property
     def is_free(self) -> bool:
         return self.key != 0
 
 
+def _filing_order(c: _Chunk) -> int:
+    return c.seq
+
+
 class _Arena:
-    """The free chunks of one stream (see the module docstring for the costs)."""
+    """The free chunks of one stream (see the module docstring for the costs): ``chunks[i]`` is the chunk of
+    ``keys[i]``, found and dropped by position (no dict).
 
-    __slots__ = ("keys", "by_key")
+    ``words``: the keys are C words in an ``array('q')`` (the compiled build under v14, until a key past 63 bits
+    is filed), else a list of Python ints; `_sorted`'s ``key_place``, ``put_key`` and ``drop_key`` take either."""
 
-    def __init__(self):
-        self.keys: list[int] = []                   # sorted keys of the free chunks
-        self.by_key: dict[int, _Chunk] = {}         # key -> free chunk, in filing order
+    __slots__ = ("keys", "chunks", "words")
+
+    def __init__(self, words: bool):
+        self.words = words
+        self.keys = array("q") if words else []     # sorted keys of the free chunks
+        self.chunks: list[_Chunk] = []              # the free chunks, in key order
+
+    def whole(self) -> list:
+        """The free chunks that are a whole device allocation, in the order they became so (`free_all_blocks`'s
+        order; a chunk with a neighbour is released only once its pieces have merged, which files it anew)."""
+        return sorted((c for c in self.chunks if c.prev is None and c.next is None), key=_filing_order)
+
+    def widen(self) -> None:
+        """Keep the keys as Python ints from here on (a key past 63 bits is to be filed)."""
+        if self.words:
+            self.keys, self.words = self.keys.tolist(), False
+
+    def rekey(self, keys: list) -> None:
+        """Take ``keys`` (sorted) as the keys, words while every one is within 63 bits."""
+        self.keys = keys
+        if self.words:
+            if keys and keys[-1] >> 63:
+                self.words = False
+            else:
+                self.keys = array("q", keys)
 
 
 class _FreeIndex:
     """What every arena's keys share (see the module docstring): the offset field ``[lo, lo + 2**abits)``
     over the device allocations (which end at or below ``hi``), where a key's units start (``shift``), v13's
-    falling ``tie``, and the chunk records `free` merged away (``spare``), reused by the next split.
+    falling ``tie``, the chunk records `free` merged away (``spare``), reused by the next split, and how many
+    chunks became whole free chunks so far (``filed``: the last one's `_Chunk.seq`).
 
     ``fit``: a v14 key of fewer units than this is below 2**62, one machine word (`_split_off` and
     `_file_freed` make it in C arithmetic in the compiled build); 0 under v13, whose keys `key` makes."""
 
-    __slots__ = ("lifo", "lo", "hi", "abits", "shift", "tie", "spare", "fit")
+    __slots__ = ("lifo", "lo", "hi", "abits", "shift", "tie", "spare", "fit", "filed")
 
     def __init__(self, lifo: bool):
         self.lifo = lifo                    # v13: ties go to the last freed chunk
@@ -190,6 +232,7 @@ class _FreeIndex:
         self.tie = 1 << TIE_BITS            # v13: falls with every chunk filed
         self.spare: list[_Chunk] = []
         self.fit = 0 if lifo else 1 << 62 - self.shift
+        self.filed = 0                      # whole free chunks filed so far: the last one's `_Chunk.seq`
 
     def widen(self, lo: int, hi: int, abits: int) -> None:
         """Move the offset field to ``[lo, lo + 2**abits)`` (`CuPyPool._cover`, which re-keys the chunks)."""
@@ -197,56 +240,69 @@ class _FreeIndex:
         self.shift = abits + (TIE_BITS if self.lifo else 0)
         self.fit = 0 if self.lifo or self.shift >= 62 else 1 << 62 - self.shift
 
-    def key(self, size: int, ptr: int):
-        """The key that files a free chunk of ``size`` bytes at ``ptr``; under v13 the next tie is taken."""
+    def key(self, size: int, ptr: int, arena: _Arena):
+        """The key that files a free chunk of ``size`` bytes at ``ptr`` in ``arena``; under v13 the next tie is
+        taken; a key past 63 bits makes the arena's keys Python ints (`_Arena.widen`)."""
         k = size >> 9 << self.shift | ptr - self.lo
         if self.lifo:
             self.tie -= 1
             k |= self.tie << self.abits
+        elif k >> 63 and arena.words:
+            arena.widen()
         return k
 
 
 # The split and the filing, shared by `malloc`, `free` and the fused loop (one call each, about 5 % of the
 # interpreted fused loop's time, for one copy of the model's rules; compiled, a C call).
 @cython.cfunc
-@cython.locals(ix=_FreeIndex, c=_Chunk, n=cython.longlong, arena=_Arena, rest=_Chunk, nx=_Chunk, s=cython.longlong,
-               p=cython.longlong, u=cython.longlong, spare=list)
-def _split_off(ix, c, n, arena) -> None:
-    """Cut chunk ``c``, just taken from ``arena``, to ``n`` bytes; the remainder after it goes back into
-    ``arena``, unmerged (``_split`` + ``_append_to_free_list``)."""
-    s, nx, p = c.size, c.next, c.ptr + n
+@cython.locals(ix=_FreeIndex, c=_Chunk, n=cython.longlong, arena=_Arena, rest=_Chunk, nx=_Chunk, r=cython.longlong,
+               p=cython.longlong, u=cython.longlong, spare=list, chunks=list, x=cython.Py_ssize_t)
+def _split_off(ix, c, n, arena, x) -> None:
+    """Cut chunk ``c``, just taken from position ``x`` of ``arena``'s index (still there), to ``n`` bytes; the
+    remainder after it goes back into ``arena``, unmerged (``_split`` + ``_append_to_free_list``), taking
+    ``c``'s entry, moved to its own key's place."""
+    r, nx, p = c.size - n, c.next, c.ptr + n
     spare = ix.spare
     if spare:                                # a chunk `_file_freed` merged away: reset it
         rest = spare.pop()
         rest.ptr = p
-        rest.size = s - n
+        rest.size = r
         rest.prev = c
         rest.next = nx
         rest.arena = arena
     else:
-        rest = _Chunk(p, s - n, c, nx, arena)
+        rest = _Chunk(p, r, c, nx, arena)
     c.next = rest
     if nx is not None:
         nx.prev = rest
     c.size = n
-    u = (s - n) >> 9
-    rest.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(s - n, p)
-    arena.by_key[k] = rest
-    file_key(arena.keys, k)
+    u = r >> 9
+    rest.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(r, p, arena)
+    keys, chunks = arena.keys, arena.chunks
+    if COMPILED:                             # one move of the entries between (`_sorted.move_key`)
+        move_item(chunks, x, move_key(keys, x, k), rest)
+    elif x and keys[x - 1] > k:              # the same interpreted, without a Python call: drop, then insert
+        del keys[x], chunks[x]
+        x = bisect_left(keys, k, 0, x)       # (below ``c``'s key)
+        keys.insert(x, k)
+        chunks.insert(x, rest)
+    else:                                    # it sorts where ``c`` did (a remainder at least the request's size)
+        keys[x], chunks[x] = k, rest
 
 
 @cython.cfunc
-@cython.locals(ix=_FreeIndex, c=_Chunk, nx=_Chunk, pv=_Chunk, nn=_Chunk, keys=list, by_key=dict, arena=_Arena,
-               p=cython.longlong, u=cython.longlong)
+@cython.locals(ix=_FreeIndex, c=_Chunk, nx=_Chunk, pv=_Chunk, nn=_Chunk, chunks=list, arena=_Arena,
+               p=cython.longlong, u=cython.longlong, x=cython.Py_ssize_t, y=cython.Py_ssize_t)
 def _file_freed(ix, c) -> None:
     """File the freed chunk ``c`` in its arena, merged first with a free ``next``, then with a free
-    ``prev`` (``_remove`` inlined: a call would cost as much as the work)."""
+    ``prev`` (``_remove`` inlined: a call would cost as much as the work); the merged chunk takes a merged
+    neighbour's entry in the index, moved to its own key's place."""
     arena = c.arena
-    keys, by_key = arena.keys, arena.by_key
+    keys, chunks = arena.keys, arena.chunks
+    x = -1                                   # the entry of a merged neighbour, if any
     nx = c.next
     if nx is not None and nx.key:            # merge the next chunk into this one
-        del keys[first_at_least(keys, nx.key)]
-        del by_key[nx.key]
+        x = key_place(keys, nx.key)
         c.size += nx.size
         c.next = nn = nx.next
         if nn is not None:
@@ -254,8 +310,13 @@ def _file_freed(ix, c) -> None:
         ix.spare.append(nx)
     pv = c.prev
     if pv is not None and pv.key:            # merge this chunk into the previous one
-        del keys[first_at_least(keys, pv.key)]
-        del by_key[pv.key]
+        y = key_place(keys, pv.key)
+        if x >= 0:                           # merged with both: the next one's entry goes
+            drop_key(keys, x)
+            del chunks[x]
+            if x < y:
+                y -= 1
+        x = y
         pv.size += c.size
         pv.next = nn = c.next
         if nn is not None:
@@ -263,9 +324,26 @@ def _file_freed(ix, c) -> None:
         ix.spare.append(c)
         c = pv
     p, u = c.ptr, c.size >> 9
-    c.key = k = u << ix.shift | p - ix.lo if u < ix.fit else ix.key(c.size, p)
-    by_key[k] = c
-    file_key(keys, k)
+    if u < ix.fit:
+        c.key = k = u << ix.shift | p - ix.lo
+    else:
+        c.key = k = ix.key(c.size, p, arena)
+        keys = arena.keys                    # Python ints from here on, if this key took them past words
+    if c.prev is None and c.next is None:   # whole: `free_all_blocks` may release it, in this order
+        c.seq = ix.filed = ix.filed + 1
+    if x < 0:                                # no merge: a new entry
+        x = key_place(keys, k)
+        put_key(keys, x, k)
+        put_item(chunks, x, c)
+    elif COMPILED:                           # one move of the entries between (`_sorted.move_key`)
+        move_item(chunks, x, move_key(keys, x, k), c)
+    elif x + 1 == len(keys) or keys[x + 1] > k:
+        keys[x], chunks[x] = k, c            # interpreted: it sorts where the neighbour did
+    else:                                    # interpreted: drop, then insert (above the neighbour's key)
+        del keys[x], chunks[x]
+        x = bisect_left(keys, k, x)
+        keys.insert(x, k)
+        chunks.insert(x, c)
 
 
 @register
@@ -321,15 +399,15 @@ class CuPyPool(Policy):
         """The stream's arena, made on first use (``SingleDeviceMemoryPool._arena``)."""
         arena = self._arenas.get(stream)
         if arena is None:
-            arena = self._arenas[stream] = _Arena()
+            arena = self._arenas[stream] = _Arena(cython.compiled and not self._ix.lifo)    # v14 compiled: words
         return arena
 
     # ---- free index --------------------------------------------------------------------
     def _cover(self, addr: int, n: int) -> None:
         """Make the keys' offset field cover a new device allocation of ``n`` bytes at ``addr``: if it lies
         outside ``[lo, lo + 2**A)``, lower ``lo`` and widen ``A`` (to twice the span) and re-key every
-        free chunk (the new keys order the chunks as the old ones did: size, tie, address; ``by_key`` keeps
-        the filing order). Per device allocation; O(f log f) for f free chunks when it acts."""
+        free chunk (the new keys order the chunks as the old ones did: size, tie, address; each keeps its
+        place in ``chunks``). Per device allocation; O(f log f) for f free chunks when it acts."""
         ix = self._ix
         if not ix.hi:                       # the first: the field starts here
             ix.lo, ix.hi = addr, addr + n
@@ -341,17 +419,14 @@ class CuPyPool(Policy):
         abits = max(old_abits, (2 * (hi - lo) - 1).bit_length())
         ix.widen(lo, hi, abits)
         for arena in self._arenas.values():
-            filed = list(arena.by_key.values())         # in filing order, which the new dict keeps
-            arena.by_key.clear()
-            for c in filed:
+            for c in arena.chunks:
                 c.key = (c.key >> old_abits) << abits | c.ptr - lo
-                arena.by_key[c.key] = c
-            arena.keys[:] = sorted(arena.by_key)
+            arena.rekey([c.key for c in arena.chunks])
 
     def _remove(self, arena: _Arena, c: _Chunk) -> None:
-        keys = arena.keys
-        del keys[first_at_least(keys, c.key)]
-        del arena.by_key[c.key]
+        x = key_place(arena.keys, c.key)
+        drop_key(arena.keys, x)
+        del arena.chunks[x]
         c.key = 0
 
     # ---- the hot path: `malloc` and `free`, and the same two fused in `walk_chunk` ---------------
@@ -362,16 +437,19 @@ class CuPyPool(Policy):
         self._charge(self._hit_s)
         arena = self._arenas.get(stream) or self._arena(stream)
         keys = arena.keys
-        i = first_at_least(keys, n >> 9 << self._ix.shift)   # best fit: smallest size, then the tie order
+        i = key_place(keys, n >> 9 << self._ix.shift)   # best fit: smallest size, then the tie order
         if i == len(keys):
             c = self._try_malloc(n, arena)
             if c is None:
                 return None
         else:
-            c = arena.by_key.pop(keys.pop(i))
+            c = arena.chunks[i]
             c.key = 0
             if c.size > n:
-                _split_off(self._ix, c, n, arena)
+                _split_off(self._ix, c, n, arena, i)
+            else:
+                drop_key(keys, i)
+                del arena.chunks[i]
         self.allocated += n
         return c
 
@@ -383,7 +461,7 @@ class CuPyPool(Policy):
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
                    allocated=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
-                   ix=_FreeIndex, arena=_Arena, keys=list, c=_Chunk, shift=object)
+                   ix=_FreeIndex, arena=_Arena, c=_Chunk, shift=object)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` inlined over
         ``events`` (the split and the filing called as they call them), the clock and ``allocated`` kept
@@ -404,18 +482,21 @@ class CuPyPool(Policy):
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
-                if st != arena_st:
+                if st is not arena_st and st != arena_st:
                     arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
                 if compiled and n >> 9 < ix.fit:    # the key below 2**62: made and searched in C
-                    x = first_at_least_word(keys, n >> 9 << ix.shift)
+                    x = word_place(keys, n >> 9 << ix.shift)
                 else:
-                    x = first_at_least(keys, n >> 9 << shift)
+                    x = key_place(keys, n >> 9 << shift)
                 if x < len(keys):
-                    c = arena.by_key.pop(keys.pop(x))
+                    c = arena.chunks[x]
                     c.key = 0
                     if c.size > n:
-                        _split_off(ix, c, n, arena)
+                        _split_off(ix, c, n, arena, x)
+                    else:
+                        drop_key(keys, x)
+                        del arena.chunks[x]
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
@@ -439,7 +520,7 @@ class CuPyPool(Policy):
                     self.allocated = allocated
                     served(j, c)
             elif k == 2:                    # FREE: free, as above
-                c = pop(i, None)
+                c = handles.pop(i, None) if compiled else pop(i, None)     # each build's cheaper call
                 if c is None:
                     break
                 allocated -= c.size
@@ -532,7 +613,7 @@ class CuPyPool(Policy):
         ev = self.event_index
         arenas = list(self._arenas.values()) if stream is None else [self._arenas.get(stream)]
         for arena in filter(None, arenas):
-            whole = [c for c in arena.by_key.values() if c.prev is None and c.next is None]
+            whole = arena.whole()
             for c in whole:
                 self._remove(arena, c)
                 self.ctx.free(c.ptr, c.size)
@@ -545,13 +626,14 @@ class CuPyPool(Policy):
     fold_counters = ("cache_flushes", "limit_ooms", "device_ooms", "_n_lookup", "_n_malloc")
 
     def fold_state(self, held):
-        """The arenas in the order they were made, each with its free chunks in filing order (`free_all_blocks`'s
-        order) and their addresses in key order (best fit's order, v13's ties included); the held
-        chunks; the keys' address field and the pool's totals. Chunks by address, never by object."""
+        """The arenas in the order they were made, each with its free chunks in key order (best fit's order, v13's
+        ties included) and the addresses of the whole ones in the order `free_all_blocks` releases them (the
+        order of the others steers nothing: a chunk is filed anew when it becomes whole); the held chunks; the
+        keys' address field and the pool's totals. Chunks by address, never by object."""
         def where(c):
             return c.ptr, c.size, None if c.prev is None else c.prev.ptr, None if c.next is None else c.next.ptr
         stream_of = {id(a): s for s, a in self._arenas.items()}
-        arenas = [(s, [where(c) for c in a.by_key.values()], [a.by_key[k].ptr for k in a.keys])
+        arenas = [(s, [where(c) for c in a.chunks], [c.ptr for c in a.whole()])
                   for s, a in self._arenas.items()]
         ix = self._ix
         return (arenas, sorted((*where(c), stream_of[id(c.arena)]) for c in held), ix.lo, ix.hi, ix.abits,
@@ -578,10 +660,10 @@ class CuPyPool(Policy):
         """The free chunks by their arena's stream. A free chunk merges with its free neighbours, so it
         shares its device allocation with a live chunk exactly when it has a neighbour: hard; a whole one: soft."""
         return self.free_parts(((s, c.size, c.prev is not None or c.next is not None)
-                                for s, a in self._arenas.items() for c in a.by_key.values()), stream)
+                                for s, a in self._arenas.items() for c in a.chunks), stream)
 
     def n_free_blocks(self) -> int:
-        return sum(len(a.by_key) for a in self._arenas.values())
+        return sum(len(a.chunks) for a in self._arenas.values())
 
     def counters(self):
         return {"cache_flushes": self.cache_flushes, "used_bytes": self.allocated, "total_bytes": self.total,
@@ -683,17 +765,20 @@ class RecordedTiesCuPyPool(CuPyPool):
         n = (size + UNIT - 1) & -UNIT
         i = j = bisect_left(keys, n >> 9 << shift)
         units = keys[i] >> shift if i < len(keys) else -1
-        while j < len(keys) and keys[j] >> shift == units and arena.by_key[keys[j]].ptr != want:
+        chunks = arena.chunks
+        while j < len(keys) and keys[j] >> shift == units and chunks[j].ptr != want:
             j += 1
         if j == i or j == len(keys) or keys[j] >> shift != units:
             return super().malloc(size, stream)     # no tie, the rule's own pick, or not among the tied chunks
-        ahead = keys[i:j]                           # the tied chunks the rule prefers: out of the lookup's way
-        del keys[i:j]
+        ahead = list(zip(keys[i:j], chunks[i:j]))   # the tied chunks the rule prefers: out of the lookup's way
+        del keys[i:j], chunks[i:j]
         try:
             return super().malloc(size, stream)
         finally:
-            for k in ahead:
-                insort(keys, k)
+            for k, c in ahead:
+                x = bisect_left(keys, k)
+                keys.insert(x, k)
+                chunks.insert(x, c)
 
 
 class TrackedRecordedTiesCuPyPool(TrackedCuPyPool, RecordedTiesCuPyPool):
