@@ -20,9 +20,9 @@ The search is exhaustive over what can differ, and replays nothing twice:
    figures so far are lower bounds of its final ones (peak reserved, device mallocs and the modeled clock
    only grow; the clock grows by at least the space's least cost of each event still to come,
    `least_costs`, and by the device calls that must still reserve what the live blocks to come need beyond
-   what is reserved now, `live_ahead`: `least_clock`), and once they rank it below the ``top`` best settings replayed to the end *and* one of
-   those strictly dominates it (no better in reserved and time, better in one), it can be neither a
-   finalist nor on the frontier: every figure the report and ``--json`` show is the exhaustive search's.
+   what is reserved now, `live_ahead`: `least_clock`), and once they rank it below the ``top`` best settings
+   replayed to the end *and* one of those strictly dominates it (no better in reserved and time, better in
+   one), it can be neither a finalist nor on the frontier: every figure the report and ``--json`` show is the exhaustive search's.
    The row keeps what it reached (``pruned``: lower bounds) instead of figures. The recorded settings
    run to the end (the baseline), then the settings the space expects to be good (`Space.order`), so
    that a tight bound comes early; no replay stops before the last recorded OOM (the rescue reads them all).
@@ -564,8 +564,8 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple, ooms, trunk=None) -> di
     """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
     final peak reserved (what it reached, or ``least``'s third, the peak its live blocks reach, if higher:
-    unless it runs out, a row that does not fit either), modeled time (`least_clock`) and device mallocs. ``trunk`` (`_Trunk`) hears of each window before and after it is
-    walked."""
+    unless it runs out, a row that does not fit either), modeled time (`least_clock`) and device mallocs.
+    ``trunk`` (`_Trunk`) hears of each window before and after it is walked."""
     come = _to_come(r.trace)
     n, window, _, _, at = come
     dev = r.device
