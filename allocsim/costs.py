@@ -45,6 +45,7 @@ class CostModel:
     def __post_init__(self):
         self._malloc_cache: dict[int, float] = {}
         self._free_cache: dict[int, float] = {}
+        self._least_cache: dict[int, tuple[float, float]] = {}
         # Below the first change of slope the cost is flat: callers test `n <= flat_end` first.
         self.malloc_flat_end, self.malloc_flat = self._flat(self.malloc_points)
         self.free_flat_end, self.free_flat = self._flat(self.free_points)
@@ -87,6 +88,22 @@ class CostModel:
         if c is None:
             c = self._free_cache[n] = self._interp(self.free_points, n) + self.free_sync_s
         return c
+
+    def least_malloc_seconds(self, n: int, largest: int) -> float:
+        """The least modeled seconds device mallocs (or maps, charged alike) take to reserve ``n`` bytes in all,
+        none of them more than ``largest`` bytes: at least ``n / largest`` calls, each costing no less than the
+        cheapest call, and every call of ``m`` bytes at least ``m`` times the least cost per byte of any call up to
+        ``largest``. ``malloc_cost`` is linear between its points (and past the last), so cost per byte and cost
+        are least at a point, at ``largest`` or (clamped at 0) where the line reaches 0: those are all tried."""
+        if n <= 0 or largest <= 0:
+            return 0.0
+        kept = self._least_cache.get(largest)
+        if kept is None:
+            sizes = sorted({x for x, _ in self.malloc_points if x <= largest} | {largest})
+            costs = [self.malloc_cost(x) for x in sizes]
+            kept = self._least_cache[largest] = (min(costs), min(c / x for c, x in zip(costs, sizes)))
+        cheapest, per_byte = kept
+        return max(-(-n // largest) * cheapest, n * per_byte)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -19,9 +19,10 @@ The search is exhaustive over what can differ, and replays nothing twice:
 2b. **Branch and bound**: a replay also stops as soon as it cannot matter any more (`Bound`): its
    figures so far are lower bounds of its final ones (peak reserved, device mallocs and the modeled clock
    only grow; the clock grows by at least the space's least cost of each event still to come,
-   `least_costs`), and once they rank it below the ``top`` best settings replayed to the end *and* one of
-   those strictly dominates it (no better in reserved and time, better in one), it can be neither a
-   finalist nor on the frontier: every figure the report and ``--json`` show is the exhaustive search's.
+   `least_costs`, and by the device calls that must still reserve what the live blocks to come need beyond
+   what is reserved now, `live_ahead`: `least_clock`), and once they rank it below the ``top`` best settings
+   replayed to the end *and* one of those strictly dominates it (no better in reserved and time, better in
+   one), it can be neither a finalist nor on the frontier: every figure the report and ``--json`` show is the exhaustive search's.
    The row keeps what it reached (``pruned``: lower bounds) instead of figures. The recorded settings
    run to the end (the baseline), then the settings the space expects to be good (`Space.order`), so
    that a tight bound comes early; no replay stops before the last recorded OOM (the rescue reads them all).
@@ -167,6 +168,17 @@ class Space:
         reserved from the start; 0 where the space knows none)."""
         return space_of(c.spec.policy_class().framework).least_peak(self.trace, c.spec.values())
 
+    def live_ahead(self, c: Candidate) -> tuple[np.ndarray, int] | None:
+        """``(ahead, largest)``: per check of a bounded replay under ``c`` (`_to_come`'s ``at``), the least
+        reserved memory it must still reach from there on unless it runs out, and the most bytes one of its
+        device calls reserves (`Bound`: the bytes it lacks cost at least `CostModel.least_malloc_seconds`);
+        None where the space knows no such bound."""
+        fw = space_of(c.spec.policy_class().framework)
+        if not hasattr(fw, "live_ahead"):
+            return None
+        values = c.spec.values()
+        return fw.live_ahead(self.trace, values, _to_come(self.trace)[4]), fw.largest_device_call(self, values)
+
     @staticmethod
     def least_costs(c: Candidate, costs: CostModel | None) -> tuple[float, float]:
         """The least modeled seconds each ALLOC and each FREE still to come adds to a replay's clock under
@@ -235,8 +247,11 @@ SLACK = 1e-9
 WINDOW = 64
 SPREAD = 256
 #: A GC-threshold family's replay takes a checkpoint at most every this many driving events (`_Trunk`), and twice
-#: as far apart after each one no variant resumed from (a copy costs about as much as walking 150 events).
-CHECKPOINT_EVERY = 256
+#: as far apart after each one no variant resumed from: a copy costs about as much as walking 500 events (bert_mlm
+#: at its first step's peak: 1.8 ms against 3.8 us an event), and most go unused (the setting's replay stops
+#: before the next threshold: bert_mlm --cap 1.2x took 224 at 256 events, 74 resumed from; 114 at 2,048, the same
+#: events walked; gpt2 60 -> 15 for 6 % more events).
+CHECKPOINT_EVERY = 2048
 
 
 @dataclass(frozen=True)
@@ -370,7 +385,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     step = _Steps(progress)
     step.start(f"replaying {len(cells)} settings")
     costs = (settings or Settings()).replay.costs
-    jobs = [(cell, settings, Space.least_costs(c, costs) + (space.least_peak(c),), ooms)
+    jobs = [(cell, settings, Space.least_costs(c, costs) + (space.least_peak(c), space.live_ahead(c)), ooms)
             for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     families = _families(space, chosen)
@@ -545,16 +560,16 @@ def _replay_job(args, start=None, trunk: "_Trunk | None" = None) -> dict:
     return row
 
 
-def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms, trunk=None) -> dict | None:
+def _walk_bounded(r: Replay, bound: Bound, least: tuple, ooms, trunk=None) -> dict | None:
     """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
     final peak reserved (what it reached, or ``least``'s third, the peak its live blocks reach, if higher:
-    unless it runs out, a row that does not fit either), modeled time (the clock plus ``least``'s per ALLOC
-    and FREE still to come) and device mallocs. ``trunk`` (`_Trunk`) hears of each window before and after it is
-    walked."""
-    n, window, allocs, frees, at = _to_come(r.trace)
-    dev, (per_alloc, per_free, *floor) = r.device, least
-    floor = floor[0] if floor else 0
+    unless it runs out, a row that does not fit either), modeled time (`least_clock`) and device mallocs.
+    ``trunk`` (`_Trunk`) hears of each window before and after it is walked."""
+    come = _to_come(r.trace)
+    n, window, _, _, at = come
+    dev = r.device
+    floor = least[2] if len(least) > 2 else 0
     while True:
         if trunk is not None:
             trunk.before(r.events_done // window)
@@ -567,11 +582,27 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple[float, float], ooms, tru
         k = d // window             # a step walks ``window`` events unless it ends (or stops at an OOM)
         if at[k] <= (ooms[-1][0] if ooms else -1):
             continue
-        clock = float(dev.clock + allocs[k] * per_alloc + frees[k] * per_free) * (1 - SLACK)
+        clock = least_clock(dev, k, come, least)
         reserved = max(dev.peak_reserved, floor)
         if bound.hopeless(reserved, clock, dev.n_malloc):
             return {"event": int(at[k]), "peak_reserved_bytes": reserved, TIME: clock,
                     "device_mallocs": dev.n_malloc}
+
+
+def least_clock(dev, k: int, come: tuple, least: tuple) -> float:
+    """A lower bound of the final modeled clock of a replay on ``dev`` that has walked ``k`` windows of
+    `_to_come` (``come``) and goes on to the end: its clock so far, ``least``'s cost of each ALLOC and FREE still
+    to come (`Space.least_costs`) and, where ``least`` holds `Space.live_ahead`'s ``(ahead, largest)``, the device
+    calls that must still reserve the bytes it lacks (`CostModel.least_malloc_seconds` of ``ahead[k]`` less what
+    it holds now, in calls of ``largest`` bytes at most: reserved memory grows only by them), taken `SLACK` lower."""
+    _, _, allocs, frees, _ = come
+    per_alloc, per_free = least[:2]
+    clock = dev.clock + allocs[k] * per_alloc + frees[k] * per_free
+    if len(least) > 3 and least[3] is not None:
+        ahead, largest = least[3]
+        if ahead[k] > dev.reserved:
+            clock += dev.costs.least_malloc_seconds(int(ahead[k]) - dev.reserved, largest)
+    return float(clock) * (1 - SLACK)
 
 
 # ---- GC threshold variants: one replay and its checkpoints ---------------------------------

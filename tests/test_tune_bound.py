@@ -12,7 +12,9 @@ import allocsim.tune as tune_mod
 from allocsim.replay import Replay, driving
 from allocsim.trace import ALLOC, FREE
 from allocsim.sweep import Cell, cached_trace, run_cell
-from allocsim.tune import SLACK, Bound, Space, Target, _to_come, tune
+from allocsim.costs import CostModel
+from allocsim.trace.events import SEGMENT_ALLOC, SEGMENT_MAP
+from allocsim.tune import SLACK, Bound, Space, Target, _to_come, least_clock, tune
 
 import test_tune
 from test_tune import STEPS, torch_trace
@@ -175,3 +177,69 @@ def test_the_recorded_walk_beside_the_settings_gives_the_walk_alone():
         assert a["setting"] == b["setting"]
         assert (a.get("fit_capacity_bytes"), a.get("fit_threshold")) == (b.get("fit_capacity_bytes"),
                                                                           b.get("fit_threshold"))
+
+
+@pytest.mark.parametrize("name, cap", [("gpt2.bin", None), ("bert_mlm.bin", 6_532_016_563),
+                                       ("pressure-gc-threshold.bin", 3_000_000_000),
+                                       ("resnet50-expandable.bin", 3_673_526_976)])
+def test_the_device_calls_still_to_come_cost_at_least_the_bound(name, cap):
+    """The clock's device-call term (`least_clock`) on real traces, a sample of each space under a cap and not."""
+    assert check_device_call_bound(os.path.join(ROOT, "traces", name), cap, 16)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(steps=STEPS, cap=st.sampled_from([None, 1.1, 1.5]))
+def test_the_device_call_bound_holds_on_generated_traces(tmp_path_factory, monkeypatch, steps, cap):
+    """The same, checked every 2 events, on generated traces (every setting of the space)."""
+    monkeypatch.setattr(tune_mod, "WINDOW", 2)
+    path = torch_trace(str(tmp_path_factory.mktemp("gen") / "g.bin"), steps * 3)
+    load = cached_trace(path).load_bytes
+    check_device_call_bound(path, max(int(cap * load), 1) if cap is not None and load else None, 10**6)
+
+
+def check_device_call_bound(path: str, cap: int | None, sample: int) -> int:
+    """At every check of every replay of about ``sample`` settings of the space (expandable segments, GC
+    thresholds, divisions) that ends without running out, the final clock is at least `least_clock`; every
+    device call reserves at most `largest_device_call`'s bytes, and the calls from a check on reserve at least
+    what `live_ahead` says is missing then. How many replays it checked."""
+    t = cached_trace(path)
+    space = Space(t, Target(None, cap))
+    come = _to_come(t)
+    window = come[1]
+    candidates = [c for c in space.candidates() if c.spec.ref == "torch"]
+    checked = 0
+    for c in candidates[:: max(1, len(candidates) // sample)]:
+        least = Space.least_costs(c, None) + (space.least_peak(c), space.live_ahead(c))
+        ahead, largest = least[3]
+        r = Replay(t, c.spec, cap=cap)
+        seen = []
+        while not r.at_end:
+            k = r.events_done // window
+            if k >= len(ahead):         # past the last driving event (a trace of none): no check there
+                break
+            seen.append((least_clock(r.device, k, come, least), r.device.bytes_malloc,
+                         max(int(ahead[k]) - r.device.reserved, 0)))
+            r.step(window)
+        res = r.finish()
+        if not res.completed:       # stopped at an OOM: the events after it never come
+            continue
+        checked += 1
+        calls = [size for kind, size, _ in r.policy.segment_log if kind in (SEGMENT_ALLOC, SEGMENT_MAP)]
+        assert max(calls, default=0) <= largest, c.label
+        for low, mallocs_before, missing in seen:
+            assert low <= res.total_time_seconds, c.label
+            assert r.device.bytes_malloc - mallocs_before >= missing, c.label
+    return checked
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(points=st.lists(st.tuples(st.integers(1, 1 << 34), st.floats(0, 1e-2)), min_size=2, max_size=6,
+                       unique_by=lambda p: p[0]),
+       calls=st.lists(st.integers(1, 1 << 35), min_size=1, max_size=8), largest=st.integers(1, 1 << 35))
+def test_least_malloc_seconds_is_below_any_calls_that_reserve_as_much(points, calls, largest):
+    """`CostModel.least_malloc_seconds` under any cost model (measured points in any shape, a falling last slope
+    included): any device calls of at most ``largest`` bytes each cost at least it for the bytes they reserve."""
+    costs = CostModel(malloc_points=[list(p) for p in sorted(points)])
+    calls = [min(n, largest) for n in calls]
+    spent = sum(costs.malloc_cost(n) for n in calls)
+    assert costs.least_malloc_seconds(sum(calls), largest) <= spent * (1 + 1e-12)

@@ -104,6 +104,22 @@ def least_costs(ref: str, costs) -> tuple[float, float]:
 _PEAKS: dict = {}
 
 
+def _block_chunks(trace, div):
+    """``(start, records)`` per chunk of ``trace``, each ALLOC's size its block's (`least_peak`)."""
+    divisions = NO_DIVISIONS if div is None else divisions_table(div)
+    rounded = {0: 0}
+    for start, rec in trace.chunks():
+        rec = rec.copy()
+        a = rec["kind"] == ALLOC
+        sizes, at = np.unique(rec["size"][a], return_inverse=True)
+        for n in set(sizes.tolist()) - rounded.keys():
+            rounded[n] = round_size(n, divisions)
+        blocks = np.array([rounded[n] for n in sizes.tolist()], np.uint64)[at]
+        blocks[(rec["flags"][a] & CATCHES_OOM) != 0] = 0
+        rec["size"][a] = blocks
+        yield start, rec
+
+
 def least_peak(trace, values: dict) -> int:
     """The least peak reserved a replay of ``trace`` under these settings reaches unless it runs out first
     (`allocsim.tune.Bound`): the peak over the trace of its live objects' blocks, each request rounded as the
@@ -115,22 +131,61 @@ def least_peak(trace, values: dict) -> int:
     kept = _PEAKS.get(key)
     if kept is not None and kept[0] is trace:
         return kept[1]
-    divisions = NO_DIVISIONS if div is None else divisions_table(div)
-    live, rounded = LiveBytes(), {0: 0}
-    for start, rec in trace.chunks():
-        rec = rec.copy()
-        a = rec["kind"] == ALLOC
-        sizes, at = np.unique(rec["size"][a], return_inverse=True)
-        for n in set(sizes.tolist()) - rounded.keys():
-            rounded[n] = round_size(n, divisions)
-        blocks = np.array([rounded[n] for n in sizes.tolist()], np.uint64)[at]
-        blocks[(rec["flags"][a] & CATCHES_OOM) != 0] = 0
-        rec["size"][a] = blocks
+    live = LiveBytes()
+    for start, rec in _block_chunks(trace, div):
         live.add(Chunk(start, rec))
     if len(_PEAKS) >= 64:
         _PEAKS.clear()
     _PEAKS[key] = (trace, live.peak)
     return live.peak
+
+
+_AHEAD: dict = {}
+
+
+def live_ahead(trace, values: dict, at: np.ndarray) -> np.ndarray:
+    """Per trace index of ``at`` (increasing), the most bytes of live blocks (as `least_peak` counts them) at
+    any point from just before that event to the trace's end: the reserved memory a replay under these settings
+    must still hold at some point from there on, unless it runs out first (`allocsim.tune.Bound`). Memory: 8
+    bytes an entry of ``at``, not an event. Kept per trace, divisions and ``at``."""
+    div = values.get("roundup_power2_divisions")
+    key = (id(trace), repr(div), len(at), int(at[-1]) if len(at) else -1)
+    kept = _AHEAD.get(key)
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    edges = np.maximum(np.asarray(at, np.int64) - 1, 0)      # the state before event at[k]: after at[k] - 1
+    most = np.zeros(len(edges), np.int64)               # per span [edges[k], edges[k + 1]): its most live
+    live = LiveBytes()
+    for start, rec in _block_chunks(trace, div):
+        curve = live.curve(Chunk(start, rec))
+        # the spans this chunk's events fall in, and where in the chunk each begins
+        lo = max(int(np.searchsorted(edges, start, "right")) - 1, 0)
+        hi = int(np.searchsorted(edges, start + len(curve)))
+        if not len(curve) or hi <= lo:
+            continue
+        cuts = np.maximum(edges[lo:hi] - start, 0)
+        first = cuts == 0                               # spans begun before the chunk: the last of them only
+        first[:-1] &= ~first[1:]
+        keep = first | (cuts > 0)
+        np.maximum.at(most, np.arange(lo, hi)[keep], np.maximum.reduceat(curve, cuts[keep]))
+    out = np.maximum.accumulate(most[::-1])[::-1].copy()
+    if len(_AHEAD) >= 64:
+        _AHEAD.clear()
+    _AHEAD[key] = (trace, out)
+    return out
+
+
+def largest_device_call(space, values: dict) -> int:
+    """The most bytes one device malloc or map of a replay under these settings reserves (`allocsim.tune.Bound`:
+    the missing bytes take at least that many calls): a segment is ``get_allocation_size`` of a rounded request
+    (docs/models/torch.md, rules 5 and 6); an expandable segment maps the pages over one rounded request's block,
+    which may start and end inside a page (``K_LARGE_BUFFER``, its largest page), so two pages more at most."""
+    from ..policies.torch import K_LARGE_BUFFER
+    div = values.get("roundup_power2_divisions")
+    divisions = NO_DIVISIONS if div is None else divisions_table(div)
+    block = round_size(space.largest_request, divisions) if space.largest_request else 0
+    return get_allocation_size(block) + 2 * K_LARGE_BUFFER if values.get("expandable_segments") else \
+        get_allocation_size(block)
 
 
 def gc_family(values: dict) -> tuple[dict, float] | None:
