@@ -8,6 +8,7 @@ The compiled build is asked for, not the default: a replay of a compiled policy 
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import sys
 
@@ -70,6 +71,18 @@ def switch_on(name: str) -> bool:
         sys.exit(2)
 
 
+#: The oldest Cython the compiled build is tested with: Cython 3.3.0 compiled ``for ptr in pool.unmapped`` in
+#: torch.py's ``_find_expandable_block`` with no iterable, a segmentation fault (Python 3.12, 2026-11-26),
+#: where 3.3.1 compiles the same source correctly (docs/architecture.md, "The compiled build").
+LEAST_CYTHON = (3, 3, 1)
+
+
+def cython_version(text: str) -> tuple:
+    """``"3.3.1"`` -> ``(3, 3, 1)``, the release numbers a version string starts with (``"3.1b2"`` -> ``(3, 1, 0)``)."""
+    m = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", text)
+    return tuple(int(g or 0) for g in m.groups()) if m else (0, 0, 0)
+
+
 def extensions() -> list:
     if switch_on(COMPILED["INTERPRETED_ENV"]):
         say(f"{COMPILED['INTERPRETED_ENV']} is set")
@@ -78,9 +91,14 @@ def extensions() -> list:
         say(f"{COMPILED['COMPILE_ENV']}=1 asks for the compiled build")
         return []
     try:
+        import Cython
         from Cython.Build import cythonize
     except ImportError:
         say("Cython is not installed")
+        return []
+    if cython_version(Cython.__version__) < LEAST_CYTHON:
+        say(f"Cython {Cython.__version__} is older than {'.'.join(map(str, LEAST_CYTHON))}, which the compiled build "
+            "needs (3.3.0 miscompiles a loop of torch.py: a crash)")
         return []
     from setuptools import Extension
     mods = [Extension(m, [os.path.join(*m.split(".")) + ".py"]) for m in COMPILED["COMPILED_MODULES"]]

@@ -286,7 +286,10 @@ def _with_roots(stats: dict, trace_allocs: int, trace_frees: int, alloc_time: fl
     roots = Sections()
     roots.stats = {k: list(v) for k, v in stats.items()}
     out = roots.stats
-    other_roots = sum(v[1] for k, v in out.items() if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT))
+    other_roots = 0.0               # added in order, not by `sum`: Python 3.12's float sum is compensated,
+    for k, v in out.items():        # and the figure must be the same bit for bit on every Python
+        if len(k) == 1 and k[0] not in (ALLOC_ROOT, FREE_ROOT):
+            other_roots += v[1]
     eager_free_time = max(0.0, clock - alloc_time - other_roots)
     roots.add(ALLOC_ROOT, alloc_time, trace_allocs, path=(ALLOC_ROOT,))
     gc_frees = sum(v[0] for k, v in out.items() if k[-1] == FREE_ROOT)

@@ -130,3 +130,22 @@ def test_a_switch_takes_the_usual_spellings():
     for bad in ("maybe", "2", "-1", "enabled", "o n"):
         with pytest.raises(ValueError, match=f"X={bad!r}: expected"):
             switch_on("X", {"X": bad})
+
+
+def test_a_cython_older_than_the_tested_one_builds_nothing(tmp_path):
+    """setup.py with a Cython older than `LEAST_CYTHON` (3.3.0, which miscompiled torch.py into a crash) says so
+    in one line and installs the interpreted modules; it never reaches ``cythonize``."""
+    fake = tmp_path / "cy" / "Cython"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('__version__ = "3.3.0"\n')
+    (fake / "Build.py").write_text("def cythonize(*args, **kwargs):\n    raise SystemExit('cythonize was called')\n")
+    root = str(tmp_path / "src")
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out", "traces",
+                                                             "tests", ".hypothesis", "*.egg-info"))
+    out = run(["setup.py", "-q", "build_ext", "--inplace"], root=root, timeout=600,
+              **{COMPILE_ENV: "1", "PYTHONPATH": str(tmp_path / "cy")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [line for line in out.stderr.splitlines() if line.startswith("allocsim:")]
+    assert len(said) == 1 and "Cython 3.3.0 is older than 3.3.1" in said[0], out.stderr[-2000:]
+    assert "installing the interpreted modules" in said[0], said
+    assert not glob.glob(os.path.join(root, "allocsim", "**", "*.so"), recursive=True)
