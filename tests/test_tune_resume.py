@@ -160,3 +160,26 @@ def test_keeping_the_gc_ages_changes_no_figure(spec, variant):
     resumed = Replay(t, variant, cap=cap, capacity=None)
     resumed.resume(late.checkpoint())
     assert resumed.run().peak_reserved_bytes != Replay(t, variant, cap=cap, capacity=None).run().peak_reserved_bytes
+
+
+def test_a_threshold_resumed_counts_each_gc_call_in_its_own_section():
+    """A GC-threshold variant resumed from its setting's checkpoint (`keep_gc_ages`) gives the sections its own
+    replay gives: the pool misses the walk before made under a recorded OOM's attempt count the GC's calls there,
+    not under the pooled allocs (pressure-fraction-oom: its one recorded OOM is tried again before the
+    threshold first acts)."""
+    t = cached_trace(os.path.join(ROOT, "traces", "pressure-fraction-oom.bin"))
+    spec, cap = "torch[max_split_size_mb:100]", 3_200_000_000
+    variant = "torch[max_split_size_mb:100,garbage_collection_threshold:0.95]"
+    setting = Replay(t, spec, cap=cap, capacity=None)
+    setting.policy.keep_gc_ages()
+    while not setting.at_end and setting.policy.gc_high <= int(0.95 * cap):
+        state = setting.checkpoint()
+        setting.step(256)
+    assert not setting.at_end
+    resumed = Replay(t, variant, cap=cap, capacity=None)
+    resumed.resume(state)
+    alone = Replay(t, variant, cap=cap, capacity=None).run().to_dict()
+    got = resumed.run().to_dict()
+    assert "recorded OOM attempt/2. garbage_collect_cached_blocks" in [s["path"] for s in alone["sections"]]
+    assert got["sections"] == alone["sections"]
+    assert timeless(got) == timeless(alone)
