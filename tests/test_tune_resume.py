@@ -183,3 +183,17 @@ def test_a_threshold_resumed_counts_each_gc_call_in_its_own_section():
     assert "recorded OOM attempt/2. garbage_collect_cached_blocks" in [s["path"] for s in alone["sections"]]
     assert got["sections"] == alone["sections"]
     assert timeless(got) == timeless(alone)
+
+
+def test_the_report_says_why_a_threshold_took_its_settings_figures(trunks):
+    """resnet50 under a cap just above its LOAD: no row fits (no bound, so no family's checkpoints), and the rows
+    shared are the expandable-segment families', whose threshold acts (reserved passes it: 2.85 GiB against 0.6 of
+    2.86 GiB) but frees nothing; the report's line must not say it never acted."""
+    from allocsim.report.tune import tune_report
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    res = tune(path, cap=3_070_000_000, jobs=1, fit=False)
+    assert res.shared and res.best is None and trunks.given_the_row() == 0
+    assert min(r["peak_reserved_bytes"] for r in res.rows if "expandable_segments:True" in r["setting"]) > \
+        0.8 * 3_070_000_000
+    line = next(x for x in tune_report(res, 0.0).splitlines() if "took that setting's figures" in x)
+    assert "expandable segments" in line and "frees nothing" in line
