@@ -9,8 +9,8 @@ A policy sees the replay through one `PolicyContext` (``self.ctx``):
   limit), ``limit`` (the smaller of cap and capacity), ``capacity``, and ``reserved``;
 - time: ``clock`` (read-only) and ``charge(seconds)`` for modeled pool work; ``costs``;
 - named sections: ``push_section(name)`` / ``pop_section()`` around a slow step,
-  ``add_section(name, seconds, calls)`` for hot-path totals, ``section(name)`` as a
-  ``with`` block;
+  ``add_section(name, seconds, calls)`` for hot-path totals (``section_path()``: where it counts),
+  ``section(name)`` as a ``with`` block;
 - the runtime: ``collect(full)`` (returns the objects reclaimed) and ``eager`` (the engine
   owns the id -> handle table; a pool that renumbers its handles declares ``Policy.renumber``);
 - repeating an idle interval: ``totals(root)`` and ``repeat(k, before, after)`` (binned's background task);
@@ -69,9 +69,14 @@ class PolicyContext:
     def pop_section(self) -> None:
         self._sections.pop(self._device.clock)
 
-    def add_section(self, name: str, seconds: float, calls: int = 1) -> None:
-        """Count ``calls`` calls of ``name`` under the open section, ``seconds`` in all (hot-path totals)."""
-        self._sections.add(name, seconds, calls)
+    def add_section(self, name: str, seconds: float, calls: int = 1, under: tuple | None = None) -> None:
+        """Count ``calls`` calls of ``name`` under the open section (or the path ``under``, a `section_path`),
+        ``seconds`` in all (hot-path totals)."""
+        self._sections.add(name, seconds, calls, path=None if under is None else (*under, name))
+
+    def section_path(self) -> tuple:
+        """The open sections' names, outermost first: where `add_section` would count now."""
+        return tuple(self._sections.stack)
 
     @contextmanager
     def section(self, name: str):

@@ -160,3 +160,40 @@ def test_keeping_the_gc_ages_changes_no_figure(spec, variant):
     resumed = Replay(t, variant, cap=cap, capacity=None)
     resumed.resume(late.checkpoint())
     assert resumed.run().peak_reserved_bytes != Replay(t, variant, cap=cap, capacity=None).run().peak_reserved_bytes
+
+
+def test_a_threshold_resumed_counts_each_gc_call_in_its_own_section():
+    """A GC-threshold variant resumed from its setting's checkpoint (`keep_gc_ages`) gives the sections its own
+    replay gives: the pool misses the walk before made under a recorded OOM's attempt count the GC's calls there,
+    not under the pooled allocs (pressure-fraction-oom: its one recorded OOM is tried again before the
+    threshold first acts)."""
+    t = cached_trace(os.path.join(ROOT, "traces", "pressure-fraction-oom.bin"))
+    spec, cap = "torch[max_split_size_mb:100]", 3_200_000_000
+    variant = "torch[max_split_size_mb:100,garbage_collection_threshold:0.95]"
+    setting = Replay(t, spec, cap=cap, capacity=None)
+    setting.policy.keep_gc_ages()
+    while not setting.at_end and setting.policy.gc_high <= int(0.95 * cap):
+        state = setting.checkpoint()
+        setting.step(256)
+    assert not setting.at_end
+    resumed = Replay(t, variant, cap=cap, capacity=None)
+    resumed.resume(state)
+    alone = Replay(t, variant, cap=cap, capacity=None).run().to_dict()
+    got = resumed.run().to_dict()
+    assert "recorded OOM attempt/2. garbage_collect_cached_blocks" in [s["path"] for s in alone["sections"]]
+    assert got["sections"] == alone["sections"]
+    assert timeless(got) == timeless(alone)
+
+
+def test_the_report_says_why_a_threshold_took_its_settings_figures(trunks):
+    """resnet50 under a cap just above its LOAD: no row fits (no bound, so no family's checkpoints), and the rows
+    shared are the expandable-segment families', whose threshold acts (reserved passes it: 2.85 GiB against 0.6 of
+    2.86 GiB) but frees nothing; the report's line must not say it never acted."""
+    from allocsim.report.tune import tune_report
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    res = tune(path, cap=3_070_000_000, jobs=1, fit=False)
+    assert res.shared and res.best is None and trunks.given_the_row() == 0
+    assert min(r["peak_reserved_bytes"] for r in res.rows if "expandable_segments:True" in r["setting"]) > \
+        0.8 * 3_070_000_000
+    line = next(x for x in tune_report(res, 0.0).splitlines() if "took that setting's figures" in x)
+    assert "expandable segments" in line and "frees nothing" in line

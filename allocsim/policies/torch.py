@@ -384,7 +384,8 @@ class TorchCachingAllocator(Policy):
         self._segments: list[ExpandableSegment] = []
         self.gfb_calls = [0, 0]          # get_free_block calls per pool (large, small) while GC is on
         self.gc_ages_only = False        # `keep_gc_ages`: the GC's clocks kept, nothing collected
-        self.gc_misses = self.gc_high = 0    # with it: pool misses, and the most reserved at one
+        self.gc_misses: dict = {}        # with it: pool misses per open section path (`restore` counts them there)
+        self.gc_high = 0                 # ... and the most reserved at one
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
         self.segment_where: list[tuple[int, int]] = []     # (address, stream) of each segment_log entry
@@ -804,7 +805,8 @@ class TorchCachingAllocator(Policy):
         # free-memory callbacks: none registered in a replay, so no second search
         if self.gc_on():
             if self.gc_ages_only:
-                self.gc_misses += 1
+                where = ctx.section_path()
+                self.gc_misses[where] = self.gc_misses.get(where, 0) + 1
                 self.gc_high = max(self.gc_high, ctx.reserved)
             else:
                 ctx.push_section("2. garbage_collect_cached_blocks")
@@ -1146,10 +1148,10 @@ class TorchCachingAllocator(Policy):
     # ---- checkpoints (`allocsim.replay.Replay.checkpoint`) ------------------------------------
     def keep_gc_ages(self) -> None:
         """Keep the GC threshold's clocks (`gfb_calls`, each block's ``gc_base``) as a threshold in force keeps
-        them, count the pool misses (``gc_misses``) and the most reserved at one (``gc_high``), and collect
-        nothing: before a replay starts, on a policy without a threshold, whose replay is then the same, figure
-        for figure, and whose checkpoints a threshold ``t`` of the same options resumes from as long as
-        ``gc_high <= int(t * allowed)`` (`garbage_collect_cached_blocks` returns at once below it:
+        them, count the pool misses (``gc_misses``, per open section path) and the most reserved at one
+        (``gc_high``), and collect nothing: before a replay starts, on a policy without a threshold, whose replay
+        is then the same, figure for figure, and whose checkpoints a threshold ``t`` of the same options resumes
+        from as long as ``gc_high <= int(t * allowed)`` (`garbage_collect_cached_blocks` returns at once below it:
         docs/models/torch.md; `allocsim.tune` resumes them so). ``malloc`` and ``free`` are the general ones,
         which keep the clocks (the fused loop keeps them too)."""
         if self.gc_threshold_set or self._captures or self._private:
@@ -1170,7 +1172,8 @@ class TorchCachingAllocator(Policy):
         if self._private or self._captures:
             raise ValueError("a checkpoint of private pools")
         return self._copied(self._pools, self._field, handles) + (
-            tuple(getattr(self, k) for k in self._WALKED), self.gfb_calls[:], self._segments[:],
+            tuple(dict(v) if k == "gc_misses" else v for k, v in ((k, getattr(self, k)) for k in self._WALKED)),
+            self.gfb_calls[:], self._segments[:],
             self.segment_log[:], self.segment_where[:])
 
     def restore(self, state: tuple) -> dict:
@@ -1180,12 +1183,13 @@ class TorchCachingAllocator(Policy):
         pools, field, handles, values, calls, segments, log, where = state
         pools, field, handles = self._copied(pools, field, handles)
         for k, v in zip(self._WALKED, values):
-            setattr(self, k, v)
+            setattr(self, k, dict(v) if k == "gc_misses" else v)
         self._pools, self._field, self.gfb_calls, self._segments = pools, field, calls[:], segments[:]
         self.segment_log, self.segment_where, self._spare = log[:], where[:], []
         if self.gc_threshold_set and not self.gc_ages_only and self.gc_misses:
-            self.ctx.add_section("2. garbage_collect_cached_blocks", 0.0, self.gc_misses)
-            self.gc_misses = self.gc_high = 0
+            for path, n in self.gc_misses.items():      # under the section each miss was in (a recorded OOM's)
+                self.ctx.add_section("2. garbage_collect_cached_blocks", 0.0, n, under=path)
+            self.gc_misses, self.gc_high = {}, 0
         return handles
 
     @staticmethod

@@ -23,8 +23,9 @@ def tune_report(res, took: float) -> str:
              + (" (those that could not be a finalist stopped early)" if res.pruned else ""), ""]
     if res.shared or res.resumed:
         lines.insert(-1, f"{res.shared + res.resumed} settings with a GC threshold behave as the same setting "
-                     f"without one until it acts: {res.shared} took that setting's figures (it never acted there), "
-                     f"{res.resumed} resumed from its checkpoint")
+                     f"without one until it acts: {res.shared} took that setting's figures (it never acted there, "
+                     f"or acted on expandable segments, where it frees nothing), {res.resumed} resumed from its "
+                     f"checkpoint")
     best = res.best
     if best is None:
         lines.append("no setting fits this target; the table shows the ones that got furthest")
