@@ -51,23 +51,21 @@ def switch_on(name: str, environ=None) -> bool:
                      f"empty (off)")
 
 
-def _env_problem() -> str | None:
+def _interpreted_switch() -> tuple[bool, str | None]:
+    """``ALLOCSIM_INTERPRETED`` read now: (whether it is on, None); for neither spelling (False, the line saying
+    so): the default, which the command line refuses (`ENV_PROBLEM`)."""
     try:
-        switch_on(INTERPRETED_ENV)
+        return switch_on(INTERPRETED_ENV), None
     except ValueError as e:
-        return str(e)
-    return None
+        return False, str(e)
 
 
 #: The line saying ``ALLOCSIM_INTERPRETED`` holds neither spelling (None: it is fine), read at import.
-ENV_PROBLEM = _env_problem()
+ENV_PROBLEM = _interpreted_switch()[1]
 
 
 def _forced_interpreted() -> bool:
-    try:
-        return switch_on(INTERPRETED_ENV)
-    except ValueError:          # the default; the command line refuses it (`ENV_PROBLEM`)
-        return False
+    return _interpreted_switch()[0]
 
 
 def _module_path(name: str, suffix: str) -> str:

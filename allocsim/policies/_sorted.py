@@ -42,7 +42,6 @@ drop_key = list.pop
 put_item = list.insert
 
 
-
 def move_key(keys, x: int, key) -> int:
     """Replace the key at position ``x`` of the sorted ``keys`` by ``key``, moved to its place; return where it
     went. Compiled, one move of the keys between; interpreted, what a hot loop does inline instead (a drop and
