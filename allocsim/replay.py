@@ -201,14 +201,11 @@ def kept_chunks(trace: Trace, times: bool) -> tuple[list, list] | None:
     trace of more than `KEEP_RECORDS` records, whose replays make their own a chunk at a time."""
     if len(trace) > KEEP_RECORDS:
         return None
-    key = (id(trace), times, trace_records.CHUNK)     # the chunk size as `Trace.chunks` reads it now
-    kept = _KEPT.get(key)
-    if kept is not None and kept[0] is trace:
-        return kept[1]
-    zero_counts: list = []
-    chunks = list(chunks_of(trace, times, zero_counts))
-    _keep(key, trace, (chunks, zero_counts))
-    return chunks, zero_counts
+    def make():
+        zero_counts: list = []
+        return list(chunks_of(trace, times, zero_counts)), zero_counts
+    # the chunk size as `Trace.chunks` reads it now
+    return kept_for(_KEPT, (id(trace), times, trace_records.CHUNK), trace, make, 8)
 
 
 _LIVE: dict = {}
@@ -232,6 +229,19 @@ def live_through(trace: Trace, walker: LiveBytes, at: int) -> int:
         _LIVE.clear()
     _LIVE[key] = (trace, copy(walker))
     return walker.live
+
+
+def kept_for(cache: dict, key, trace: Trace, make, most: int):
+    """``make()``, a value derived from ``trace``, kept in ``cache`` under ``key`` (with the trace, so that its id
+    is not reused meanwhile) for the trace's next replays; ``cache`` is emptied once it holds ``most``."""
+    kept = cache.get(key)
+    if kept is not None and kept[0] is trace:
+        return kept[1]
+    value = make()
+    if len(cache) >= most:
+        cache.clear()
+    cache[key] = (trace, value)
+    return value
 
 
 def _keep(key, trace: Trace, value) -> None:

@@ -64,7 +64,7 @@ from .filenames import shown_name
 from .frameworks.torch import N_DIVISION_INTERVALS
 from .capacity import check_caps, device_capacity
 from .metrics import COLUMNS
-from .replay import Replay, driving, driving_count
+from .replay import Replay, driving, driving_count, kept_for
 from .spaces import space_of
 from .spaces import torch as torch_space
 from .spec import PolicySpec
@@ -723,9 +723,11 @@ def _to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray
     ``window`` a bounded replay is checked every (1/`SPREAD` of them, `WINDOW` to 4,096), and at each multiple ``k`` of
     it the ALLOCs and the FREEs from there on and the trace index of the event there (memory: 24 bytes a window,
     not an event); kept for the trace's next replays."""
-    kept = _TO_COME.get((id(trace), WINDOW))
-    if kept is not None and kept[0] is trace:
-        return kept[1]
+    return kept_for(_TO_COME, (id(trace), WINDOW), trace, lambda: _count_to_come(trace), 4)
+
+
+def _count_to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray]:
+    """`_to_come`, not kept."""
     n = driving_count(trace)
     window = min(max(n // SPREAD, WINDOW), 4096)
     before_a, before_f, at = [], [], []
@@ -739,11 +741,7 @@ def _to_come(trace: Trace) -> tuple[int, int, np.ndarray, np.ndarray, np.ndarray
         at.append(local[p] + start)
         done, n_alloc, n_free = done + len(local), n_alloc + int(is_alloc[-1]), n_free + int(is_free[-1])
     join = (lambda parts: np.concatenate(parts) if parts else np.zeros(0, np.int64))
-    out = (n, window, n_alloc - join(before_a), n_free - join(before_f), join(at))
-    if len(_TO_COME) >= 4:
-        _TO_COME.clear()
-    _TO_COME[id(trace), WINDOW] = (trace, out)
-    return out
+    return n, window, n_alloc - join(before_a), n_free - join(before_f), join(at)
 
 
 def _fit_all(trace: str, rows: list[dict], settings, ex, slots: int = 1, top: int | None = None,

@@ -24,7 +24,7 @@ from ..policies.torch import get_allocation_size, round_size
 from ..spec import PolicySpec
 from ..trace import ALLOC
 from ..trace.events import CATCHES_OOM, OOM
-from ..replay import driving
+from ..replay import driving, kept_for
 from ..trace.trace import Chunk, LiveBytes
 
 POLICY = "torch"
@@ -127,17 +127,13 @@ def least_peak(trace, values: dict) -> int:
     holds every live block, and a block is never smaller than its request rounded. A 0-byte request takes no
     block and one the program catches (CATCHES_OOM) may fail: both count 0. Kept per trace and divisions."""
     div = values.get("roundup_power2_divisions")
-    key = (id(trace), repr(div))
-    kept = _PEAKS.get(key)
-    if kept is not None and kept[0] is trace:
-        return kept[1]
-    live = LiveBytes()
-    for start, rec in _block_chunks(trace, div):
-        live.add(Chunk(start, rec))
-    if len(_PEAKS) >= 64:
-        _PEAKS.clear()
-    _PEAKS[key] = (trace, live.peak)
-    return live.peak
+
+    def make():
+        live = LiveBytes()
+        for start, rec in _block_chunks(trace, div):
+            live.add(Chunk(start, rec))
+        return live.peak
+    return kept_for(_PEAKS, (id(trace), repr(div)), trace, make, 64)
 
 
 _AHEAD: dict = {}
@@ -150,9 +146,11 @@ def live_ahead(trace, values: dict, at: np.ndarray) -> np.ndarray:
     bytes an entry of ``at``, not an event. Kept per trace, divisions and ``at``."""
     div = values.get("roundup_power2_divisions")
     key = (id(trace), repr(div), len(at), int(at[-1]) if len(at) else -1)
-    kept = _AHEAD.get(key)
-    if kept is not None and kept[0] is trace:
-        return kept[1]
+    return kept_for(_AHEAD, key, trace, lambda: _live_ahead(trace, div, at), 64)
+
+
+def _live_ahead(trace, div, at: np.ndarray) -> np.ndarray:
+    """`live_ahead`, not kept."""
     edges = np.maximum(np.asarray(at, np.int64) - 1, 0)      # the state before event at[k]: after at[k] - 1
     most = np.zeros(len(edges), np.int64)               # per span [edges[k], edges[k + 1]): its most live
     live = LiveBytes()
@@ -168,11 +166,7 @@ def live_ahead(trace, values: dict, at: np.ndarray) -> np.ndarray:
         first[:-1] &= ~first[1:]
         keep = first | (cuts > 0)
         np.maximum.at(most, np.arange(lo, hi)[keep], np.maximum.reduceat(curve, cuts[keep]))
-    out = np.maximum.accumulate(most[::-1])[::-1].copy()
-    if len(_AHEAD) >= 64:
-        _AHEAD.clear()
-    _AHEAD[key] = (trace, out)
-    return out
+    return np.maximum.accumulate(most[::-1])[::-1].copy()
 
 
 def largest_device_call(space, values: dict) -> int:
@@ -206,10 +200,11 @@ def most_grown(trace, values: dict, window: int) -> np.ndarray:
     threshold cannot act in a window that starts below it by more than this (`tune` checkpoints before the
     windows where it can). Kept per trace, divisions and window."""
     div = values.get("roundup_power2_divisions")
-    key = (id(trace), repr(div), window)
-    kept = _GROWN.get(key)
-    if kept is not None and kept[0] is trace:
-        return kept[1]
+    return kept_for(_GROWN, (id(trace), repr(div), window), trace, lambda: _most_grown(trace, div, window), 64)
+
+
+def _most_grown(trace, div, window: int) -> np.ndarray:
+    """`most_grown`, not kept."""
     divisions = NO_DIVISIONS if div is None else divisions_table(div)
     segs: dict = {}
     parts = []
@@ -223,12 +218,7 @@ def most_grown(trace, values: dict, window: int) -> np.ndarray:
         grown[asks] = np.array([segs[n] for n in uniq.tolist()], np.int64)[at]
         parts.append(grown)
     grown = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    edges = np.arange(0, len(grown), window)
-    out = np.add.reduceat(grown, edges) if len(grown) else np.zeros(0, np.int64)
-    if len(_GROWN) >= 64:
-        _GROWN.clear()
-    _GROWN[key] = (trace, out)
-    return out
+    return np.add.reduceat(grown, np.arange(0, len(grown), window)) if len(grown) else np.zeros(0, np.int64)
 
 
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
