@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from ..errors import InputError
+from ..errors import InputError, UsageError
 from ..filenames import shown_name
 from ..outputs import is_trace
 from ..ranks import process_name, process_of_name, rank_label, run_traces
@@ -44,7 +44,6 @@ def one_trace(name: str, command: str) -> str:
     its traces and how to go on."""
     paths = run_traces(name)
     if len(paths) > 1:
-        from ..errors import UsageError
         shown = [shown_name(p) for p in paths]
         raise UsageError(f"{shown_name(name)}: no such file; it names a run of {len(paths)} traces "
                          f"({', '.join(shown[:3])}{', ...' if len(paths) > 3 else ''}): {command} takes one; give one "

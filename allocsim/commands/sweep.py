@@ -129,9 +129,9 @@ def _table_format(output: str, given: str | None) -> str:
     return given or named
 
 
-def _run_todo(args, cells, todo, settings, log, partial) -> list[dict]:
-    """Run the cells not done yet, each row appended to ``log`` as it comes; return every row, in cell order."""
-    shared = shared_key(settings)
+def _run_todo(args, cells, todo, settings, log, partial, shared: str) -> list[dict]:
+    """Run the cells not done yet, each row appended to ``log`` as it comes (marked ``shared``, `shared_key`);
+    return every row, in cell order."""
     bar = None
     try:
         with dask_cluster(args) as (executor, _):
@@ -180,11 +180,12 @@ def run(args) -> int:
     partial = args.output + ".partial"
     with open(partial, "a") as log, signals_unwind():
         _lock_table(log, args.output)
-        done = _done_rows(partial, shared_key(settings))
+        shared = shared_key(settings)
+        done = _done_rows(partial, shared)
         todo = [c for c in cells if not _still_done(done.get(c.key()), c)]
         if len(todo) < len(cells):
             print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
-        ordered = _run_todo(args, cells, todo, settings, log, partial)
+        ordered = _run_todo(args, cells, todo, settings, log, partial, shared)
         write_rows(ordered, args.output, fmt)
         os.unlink(partial)
     if args.json:
