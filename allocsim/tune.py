@@ -70,7 +70,7 @@ from .spaces import torch as torch_space
 from .spec import PolicySpec
 from .sweep import Cell, Settings, cached_trace, result_row
 from .trace import ALLOC, FREE, Trace
-from .trace.events import OOM
+from .trace.events import OOM, SEGMENT_ALLOC, SET_LIMIT
 from .units import fmt_bytes
 
 OBJECTIVES = ("fastest", "reserved", "time", "both")
@@ -607,11 +607,11 @@ def least_clock(dev, k: int, come: tuple, least: tuple) -> float:
 
 # ---- families: one replay, its checkpoints, and the settings that behave as it up to a point -------------
 def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int, tuple]]]:
-    """``{i: [(j, watch), ...]}``: for each PyTorch setting ``chosen[i]`` that heads a family (no GC threshold, the
-    least ``max_non_split_rounding_mb``: `allocsim.spaces.torch.family_head`; not the recorded settings, which run
-    unbounded first), the settings ``chosen[j]`` that differ from it only where its replay can tell how far they
-    behave alike (`allocsim.spaces.torch.watch`: a GC threshold, a larger ``max_non_split_rounding_mb``), and what
-    to watch (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there)."""
+    """``{i: [(j, watch), ...]}``: for each PyTorch setting ``chosen[i]`` that heads a family (no GC threshold, no
+    ``max_split_size_mb`` or the least ``max_non_split_rounding_mb``: `allocsim.spaces.torch.family_heads`, the first
+    of them replayed here; not the recorded settings, which run unbounded first), the settings ``chosen[j]`` that
+    differ from it only where its replay can tell how far they behave alike (`allocsim.spaces.torch.watch`: a GC
+    threshold, a larger ``max_non_split_rounding_mb``, a ``max_split_size_mb``), and what to watch (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there)."""
     from .policies.torch import has_pool_events
     if has_pool_events(space.trace):
         return {}
@@ -622,49 +622,53 @@ def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int
             index[key], values[i] = i, dict(key[1])
     out: dict = {}
     for j, v in values.items():
-        head = index.get(space.canonical(Candidate(torch_space.spec(torch_space.family_head(v)), chosen[j].cap)))
-        if head is None or head == j:
-            continue
-        w = torch_space.watch(values[head], v)
-        if w is not None:
-            out.setdefault(head, []).append((j, w))
+        for h in torch_space.family_heads(v):
+            head = index.get(space.canonical(Candidate(torch_space.spec(h), chosen[j].cap)))
+            if head == j:
+                break
+            w = None if head is None else torch_space.watch(values[head], v)
+            if w is not None:
+                out.setdefault(head, []).append((j, w))
+                break
     return out
 
 
 class _Trunk:
     """What `_replay_family`'s replay of the family's head keeps for the other members (``watches``: per member,
-    `allocsim.spaces.torch.watch`'s ``(threshold, rounding)`` against the head). With a threshold to watch, the
-    head's policy keeps the GC's clocks (`TorchCachingAllocator.keep_gc_ages`). Before each window in which a member
-    could start to differ (the reserved bytes could pass its threshold there, `allocsim.spaces.torch.most_grown`;
-    a request there is at least ``max_split``, `largest_asked`) a checkpoint is taken; once the replay's highest
-    reserved at a pool miss has passed a member's threshold (``int(threshold * allowed)``, where
-    `garbage_collect_cached_blocks` starts to act; never with expandable segments, where it frees nothing), or the
-    least excess of a best fit refused to a request of at least ``max_split`` is below its rounding
-    (``oversize_slack``), the member starts from the checkpoint before that window (None: from the first event).
-    A member that never got there behaves as the head throughout. ``start``: the checkpoint the head resumed from."""
+    `allocsim.spaces.torch.watch`'s ``(threshold, rounding, max_split)`` against the head). With a threshold to
+    watch, the head's policy keeps the GC's clocks (`TorchCachingAllocator.keep_gc_ages`). Before each window in
+    which a member could start to differ a checkpoint is taken (``sizes``: per window the most the reserved bytes
+    can grow, its largest request and the largest segment that could make: `allocsim.spaces.torch.most_grown`,
+    `largest_asked`, `largest_segment`); once it does, the member starts from the checkpoint before that window
+    (None: from the first event). It does once the replay's highest reserved at a pool miss has passed its
+    threshold (``int(threshold * allowed)``, where `garbage_collect_cached_blocks` starts to act; never with
+    expandable segments, where it frees nothing), the least excess of a best fit refused to a request of at least
+    the head's ``max_split`` is below its rounding (``oversize_slack``), or the replay has allocated a segment of at
+    least its ``max_split`` or failed an ``alloc_block`` (a retry follows each: ``num_alloc_retries``). A member
+    that never got there behaves as the head throughout. ``start``: the checkpoint the head resumed from."""
 
-    def __init__(self, watches: list[tuple], grown, asked, start=None):
-        self.watches, self.grown, self.asked = watches, grown, asked
+    def __init__(self, watches: list[tuple], sizes, start=None):
+        self.watches, (self.grown, self.asked, self.segment) = watches, sizes
         self.pending: dict[int, tuple] = {}
         self.starts: dict = {}
         self.r, self.here, self.max_split = None, start, 0
         self.taken, self.used, self.every = 0, False, CHECKPOINT_EVERY
+        self.largest = self.seen = self.retries = 0
+        self.limits_move = False
 
     def begin(self, r: Replay) -> None:
         pol = r.policy
-        if any(t for t, _ in self.watches):
+        if any(t for t, _, _ in self.watches):
             pol.keep_gc_ages()
         allowed = pol.allowed()
-        self.r, self.taken, self.max_split = r, r.events_done, pol.max_split
-        self.pending = {v: (None if not t or pol.expandable else int(t * allowed), rounding)
-                        for v, (t, rounding) in enumerate(self.watches)}
+        self.r, self.taken, self.max_split, self.retries = r, r.events_done, pol.max_split, pol.num_alloc_retries
+        self.limits_move = SET_LIMIT in r.trace.kinds_present       # the limit may fall inside a window
+        self.pending = {v: (None if not t or pol.expandable else int(t * allowed), rounding, split)
+                        for v, (t, rounding, split) in enumerate(self.watches)}
 
     def before(self, k: int) -> None:
         r = self.r
-        room = r.device.reserved + (int(self.grown[k]) if k < len(self.grown) else 0)
-        asks = k < len(self.asked) and self.asked[k] >= self.max_split
-        if not (k and any((g is not None and room > g) or (rounding is not None and asks)
-                          for g, rounding in self.pending.values())):
+        if not (k and any(self._could(k, *w) for w in self.pending.values())):
             self.here = None
         elif self.here is None or r.events_done - self.taken >= self.every:
             if self.here is not None and not self.used:
@@ -672,11 +676,34 @@ class _Trunk:
             self.here = r.checkpoint() if r.can_checkpoint() else None
             self.taken, self.used = r.events_done, False
 
+    def _could(self, k: int, g, rounding, split) -> bool:
+        """Whether a member watched so could start to differ in window ``k``: the reserved bytes could pass its GC
+        threshold or the limit there (before the first failure, each request makes at most one segment), a
+        request there is at least the head's ``max_split``, or a segment there could be at least its own."""
+        if k >= len(self.grown):
+            return True
+        r = self.r
+        room = r.device.reserved + int(self.grown[k])
+        if g is not None and room > g:
+            return True
+        if rounding is not None and self.asked[k] >= self.max_split:
+            return True
+        if split is None:
+            return False
+        allowed = r.policy.allowed()
+        return self.segment[k] >= split or self.limits_move or room > min(r.device.limit, allowed or r.device.limit)
+
     def after(self) -> None:
         pol = self.r.policy
-        high, slack = pol.gc_high, pol.oversize_slack
-        for v, (g, rounding) in list(self.pending.items()):
-            if (g is not None and high > g) or (rounding is not None and slack < rounding):
+        log = pol.segment_log
+        for kind, size, _ in log[self.seen:]:
+            if kind == SEGMENT_ALLOC and size > self.largest:
+                self.largest = size
+        self.seen = len(log)
+        high, slack, failed = pol.gc_high, pol.oversize_slack, pol.num_alloc_retries > self.retries
+        for v, (g, rounding, split) in list(self.pending.items()):
+            if ((g is not None and high > g) or (rounding is not None and slack < rounding)
+                    or (split is not None and (failed or self.largest >= split))):
                 self.starts[v] = self.here
                 self.used = True
                 del self.pending[v]
@@ -695,12 +722,13 @@ def _replay_family(args, start=None) -> list[dict]:
     values = cell.policy.values()
     if bound is None:       # no checkpoints: only a GC threshold on expandable segments, which frees nothing, shares
         row = _replay_job(tuple(head), start=start)
-        return [row] + [_as_variant(row, c) if values.get("expandable_segments") and w[1] is None else
+        return [row] + [_as_variant(row, c) if values.get("expandable_segments") and w[1:] == (None, None) else
                         _replay_job((c, *head[1:])) for c, w in members]
     t = cached_trace(cell.trace)
     _, window, *_ = _to_come(t)
-    trunk = _Trunk([w for _, w in members], torch_space.most_grown(t, values, window),
-                   torch_space.largest_asked(t, values, window), start)
+    trunk = _Trunk([w for _, w in members], (torch_space.most_grown(t, values, window),
+                                             torch_space.largest_asked(t, values, window),
+                                             torch_space.largest_segment(t, values, window)), start)
     out = [_replay_job(tuple(head), start=start, trunk=trunk)]
     rows: dict = {}
     groups: dict = {}

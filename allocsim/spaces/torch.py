@@ -182,18 +182,22 @@ def largest_device_call(space, values: dict) -> int:
         get_allocation_size(block)
 
 
-def family_head(values: dict) -> dict:
-    """The setting a member of ``values``' family is watched from (`watch`): the same options without a GC threshold
-    and with the least ``max_non_split_rounding_mb`` (`allocsim.tune` replays it and resumes the others from it)."""
+def family_heads(values: dict) -> list[dict]:
+    """The settings a member of ``values``' family may be watched from (`watch`), the widest family first: the same
+    options without a GC threshold and without ``max_split_size_mb`` (not with expandable segments), then without a
+    GC threshold and with the least ``max_non_split_rounding_mb`` (`allocsim.tune` replays the first it has and
+    resumes the others from it)."""
     out = {**values, "garbage_collection_threshold": 0.0}
-    if out.get("max_split_size_mb") is not None:
-        out["max_non_split_rounding_mb"] = MIN_MB
-    return out
+    if out.get("max_split_size_mb") is None:
+        return [out]
+    out["max_non_split_rounding_mb"] = MIN_MB
+    return ([{**out, "max_split_size_mb": None}] if not out.get("expandable_segments") else []) + [out]
 
 
-def watch(root: dict, member: dict) -> tuple[float | None, int | None] | None:
+def watch(root: dict, member: dict) -> tuple[float | None, int | None, int | None] | None:
     """What tells where a replay under ``member`` can first differ from one under ``root``, read off the root's
-    replay (`allocsim.tune._Trunk`): ``(threshold, rounding)``, None where it cannot be watched.
+    replay (`allocsim.tune._Trunk`): ``(threshold, rounding, max_split)``, None where it cannot be watched
+    (docs/models/torch.md, "Settings that behave alike").
 
     ``threshold``: the member's GC threshold where the root has none (None: the same); the member behaves as the
     root up to the root's first pool miss with more reserved than that share of the allowed memory (rule 13:
@@ -202,20 +206,28 @@ def watch(root: dict, member: dict) -> tuple[float | None, int | None] | None:
     the root's under the same ``max_split_size_mb`` (None: the same); it is read only by rule 5's second clause,
     which refuses a best-fit candidate of at least ``n + rounding`` to a request of ``n >= max_split``: a block the
     root takes the member takes too, and the member differs only at a miss of the root where such a candidate
-    was less than ``rounding`` above the request (the root's ``oversize_slack``: docs/models/torch.md). Every
-    other option the same (``fix_189504`` off: its second search reads the rounding too)."""
+    was less than ``rounding`` above the request (the root's ``oversize_slack``). ``max_split``: the member's
+    ``max_split_size_mb`` in bytes where the root has none (not with expandable segments); the member behaves as
+    the root until the root allocates a segment of at least that size or fails an ``alloc_block``: rules 5, 7
+    and 11 read it only for blocks (and requests) that large, none of which exists before (every block lies in
+    a segment), and step 4 of rule 9 runs only after a failed ``alloc_block``; its rounding is then never read.
+    Every other option the same (``fix_189504`` off: its second search reads the rounding too)."""
     if root.get("fix_189504") or member.get("fix_189504"):
         return None
-    rest = ("garbage_collection_threshold", "max_non_split_rounding_mb")
+    rest = ("garbage_collection_threshold", "max_non_split_rounding_mb", "max_split_size_mb")
     if {k: v for k, v in root.items() if k not in rest} != {k: v for k, v in member.items() if k not in rest}:
         return None
     gc_root, gc = root.get("garbage_collection_threshold") or 0.0, member.get("garbage_collection_threshold") or 0.0
     if gc_root and gc != gc_root:
         return None
+    threshold = gc if gc != gc_root else None
+    ms_root, ms = root.get("max_split_size_mb"), member.get("max_split_size_mb")
+    if ms_root is None and ms is not None:
+        return (threshold, None, ms * MiB) if not root.get("expandable_segments") else None
     r_root, r = root.get("max_non_split_rounding_mb") or MIN_MB, member.get("max_non_split_rounding_mb") or MIN_MB
-    if r < r_root or (r != r_root and root.get("max_split_size_mb") is None):
+    if ms != ms_root or r < r_root or (r != r_root and ms is None):
         return None
-    return (gc if gc != gc_root else None), (r * MiB if r != r_root else None)
+    return threshold, (r * MiB if r != r_root else None), None
 
 
 _WINDOWS: dict = {}
@@ -239,15 +251,22 @@ def largest_asked(trace, values: dict, window: int) -> np.ndarray:
     return _windows(trace, values, window)[1]
 
 
+def largest_segment(trace, values: dict, window: int) -> np.ndarray:
+    """Per window of ``window`` driving events, the largest segment one of its requests could make
+    (``get_allocation_size`` of `largest_asked`, rule 6): a replay without expandable segments allocates none larger
+    there (`watch`'s ``max_split``)."""
+    return _windows(trace, values, window)[2]
+
+
 def _windows(trace, values: dict, window: int) -> np.ndarray:
-    """`most_grown` and `largest_asked`, kept per trace, divisions and window."""
+    """`most_grown`, `largest_asked` and `largest_segment`, kept per trace, divisions and window."""
     div = values.get("roundup_power2_divisions")
     return kept_for(_WINDOWS, (id(trace), repr(div), window), trace, lambda: _per_window(trace, div, window), 64)
 
 
 def _per_window(trace, div, window: int) -> np.ndarray:
-    """`_windows`, not kept: two rows, the segment bytes the requests of each window could make, and its largest
-    rounded request."""
+    """`_windows`, not kept: three rows, the segment bytes the requests of each window could make, its largest
+    rounded request and the largest segment that could make."""
     divisions = NO_DIVISIONS if div is None else divisions_table(div)
     known: dict = {}
     grown_parts, asked_parts = [], []
@@ -264,10 +283,11 @@ def _per_window(trace, div, window: int) -> np.ndarray:
         grown_parts.append(grown)
         asked_parts.append(asked)
     if not grown_parts:
-        return np.zeros((2, 0), np.int64)
+        return np.zeros((3, 0), np.int64)
     starts = np.arange(0, sum(len(g) for g in grown_parts), window)
-    return np.stack([np.add.reduceat(np.concatenate(grown_parts), starts),
-                     np.maximum.reduceat(np.concatenate(asked_parts), starts)])
+    asked = np.maximum.reduceat(np.concatenate(asked_parts), starts)
+    return np.stack([np.add.reduceat(np.concatenate(grown_parts), starts), asked,
+                     np.array([get_allocation_size(int(a)) if a else 0 for a in asked.tolist()], np.int64)])
 
 
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
