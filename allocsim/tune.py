@@ -611,7 +611,8 @@ def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int
     ``max_split_size_mb`` or the least ``max_non_split_rounding_mb``: `allocsim.spaces.torch.family_heads`, the first
     of them replayed here; not the recorded settings, which run unbounded first), the settings ``chosen[j]`` that
     differ from it only where its replay can tell how far they behave alike (`allocsim.spaces.torch.watch`: a GC
-    threshold, a larger ``max_non_split_rounding_mb``, a ``max_split_size_mb``), and what to watch (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there)."""
+    threshold, a larger ``max_non_split_rounding_mb``, a ``max_split_size_mb``), and what to watch
+    (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there)."""
     from .policies.torch import has_pool_events
     if has_pool_events(space.trace):
         return {}
@@ -752,7 +753,8 @@ def _replay_family(args, start=None) -> list[dict]:
 
 def _regroup(cells: list[Cell]) -> list[tuple[int, list[tuple[int, tuple]]]]:
     """``cells`` (members resumed from one checkpoint) as families: ``[(head, [(member, watch), ...]), ...]`` by
-    position, each a head that can watch its members (`allocsim.spaces.torch.watch`), the fewest heads first come."""
+    position, each cell under the first head that can watch it (`allocsim.spaces.torch.watch`), the cells taken by
+    least rounding (a larger one can be watched from it, not the reverse); a cell no head can watch heads its own."""
     heads: list = []
     for i in sorted(range(len(cells)), key=lambda i: _rounding(cells[i])):    # the least rounding heads the rest
         v = cells[i].policy.values()
