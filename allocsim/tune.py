@@ -246,8 +246,8 @@ SLACK = 1e-9
 #: they stop a fifth sooner (gpt2 --cap 1.2x: 257k events walked in all instead of 329k).
 WINDOW = 64
 SPREAD = 256
-#: A GC-threshold family's replay takes a checkpoint at most every this many driving events (`_Trunk`), and twice
-#: as far apart after each one no variant resumed from: a copy costs about as much as walking 500 events (bert_mlm
+#: A family's head replay takes a checkpoint at most every this many driving events (`_Trunk`), and twice
+#: as far apart after each one no member resumed from: a copy costs about as much as walking 500 events (bert_mlm
 #: at its first step's peak: 1.8 ms against 3.8 us an event), and most go unused (the setting's replay stops
 #: before the next threshold: bert_mlm --cap 1.2x took 224 at 256 events, 74 resumed from; 114 at 2,048, the same
 #: events walked; gpt2 60 -> 15 for 6 % more events).
