@@ -70,7 +70,7 @@ from .spaces import torch as torch_space
 from .spec import PolicySpec
 from .sweep import Cell, Settings, cached_trace, result_row
 from .trace import ALLOC, FREE, Trace
-from .trace.events import OOM
+from .trace.events import OOM, SEGMENT_ALLOC, SET_LIMIT
 from .units import fmt_bytes
 
 OBJECTIVES = ("fastest", "reserved", "time", "both")
@@ -246,8 +246,8 @@ SLACK = 1e-9
 #: they stop a fifth sooner (gpt2 --cap 1.2x: 257k events walked in all instead of 329k).
 WINDOW = 64
 SPREAD = 256
-#: A GC-threshold family's replay takes a checkpoint at most every this many driving events (`_Trunk`), and twice
-#: as far apart after each one no variant resumed from: a copy costs about as much as walking 500 events (bert_mlm
+#: A family's head replay takes a checkpoint at most every this many driving events (`_Trunk`), and twice
+#: as far apart after each one no member resumed from: a copy costs about as much as walking 500 events (bert_mlm
 #: at its first step's peak: 1.8 ms against 3.8 us an event), and most go unused (the setting's replay stops
 #: before the next threshold: bert_mlm --cap 1.2x took 224 at 256 events, 74 resumed from; 114 at 2,048, the same
 #: events walked; gpt2 60 -> 15 for 6 % more events).
@@ -304,8 +304,8 @@ class Tuning:
     rescue: list[dict] = field(default_factory=list)
     headroom_bytes: int | None = None     # the margin ``fastest`` keeps under the limit (None: no limit)
     pruned: int = 0                       # settings whose replay stopped early: they could not matter (`Bound`)
-    shared: int = 0                       # settings with a GC threshold given their setting's row (`_replay_family`)
-    resumed: int = 0                      # ... and those resumed from its checkpoint
+    shared: int = 0                       # settings given another's row: they behave alike (`_replay_family`)
+    resumed: int = 0                      # settings resumed from another's checkpoint
 
     @property
     def room(self) -> int | None:
@@ -455,8 +455,8 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
     as many queued (a replay the bound stops is a few milliseconds: a worker waiting for its next task idles).
     The rows in the order of ``jobs``. ``walk`` (an `allocsim.fit.Walk`) takes one of the slots while the rows
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
-    would otherwise run after them with the other workers idle. ``families`` (`_families`: a job -> its GC
-    threshold variants) are one task each, `_replay_family`, with the bound as it stands when it starts."""
+    would otherwise run after them with the other workers idle. ``families`` (`_families`: a job -> the members
+    of its family) are one task each, `_replay_family`, with the bound as it stands when it starts."""
     families = families or {}
     inside = {v for members in families.values() for v, _ in members}
     order = [i for i in order if i not in inside]
@@ -472,7 +472,7 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
         args = (cell, settings, made[0] if i != order[0] else None, least, ooms, ended["ran out"] <= ended["pruned"])
         if i not in families:
             return _replay_job, args
-        return _replay_family, args + ([(jobs[v][0], gc) for v, gc in families[i]],)
+        return _replay_family, args + ([(jobs[v][0], w) for v, w in families[i]],)
 
     def done(i, row):
         if i in families:
@@ -605,55 +605,71 @@ def least_clock(dev, k: int, come: tuple, least: tuple) -> float:
     return float(clock) * (1 - SLACK)
 
 
-# ---- GC threshold variants: one replay and its checkpoints ---------------------------------
-def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int, float]]]:
-    """``{i: [(j, threshold), ...]}``: for each PyTorch setting ``chosen[i]`` without a GC threshold (not the
-    recorded settings, which run unbounded first), the settings ``chosen[j]`` that are it with a GC threshold
-    (`_replay_family` replays them together). None where the GC does not act (`Space.gc_acts`) or on a trace
-    with private pools (no checkpoints there)."""
+# ---- families: one replay, its checkpoints, and the settings that behave as it up to a point -------------
+def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int, tuple]]]:
+    """``{i: [(j, watch), ...]}``: for each PyTorch setting ``chosen[i]`` that heads a family (no GC threshold, no
+    ``max_split_size_mb`` or the least ``max_non_split_rounding_mb``: `allocsim.spaces.torch.family_heads`, the first
+    of them replayed here; not the recorded settings, which run unbounded first), the settings ``chosen[j]`` that
+    differ from it only where its replay can tell how far they behave alike (`allocsim.spaces.torch.watch`: a GC
+    threshold, a larger ``max_non_split_rounding_mb``, a ``max_split_size_mb``), and what to watch
+    (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there)."""
     from .policies.torch import has_pool_events
-    if not space.gc_acts or has_pool_events(space.trace):
+    if has_pool_events(space.trace):
         return {}
-    index = {}
+    index, values = {}, {}
     for i, c in enumerate(chosen):
         if c.spec.ref == torch_space.POLICY and not c.recorded:
-            index[space.canonical(c)] = i
+            key = space.canonical(c)
+            index[key], values[i] = i, dict(key[1])
     out: dict = {}
-    for i, c in enumerate(chosen):
-        fam = torch_space.gc_family(c.spec.values()) if c.spec.ref == torch_space.POLICY and not c.recorded else None
-        if fam is None:
-            continue
-        head = index.get(space.canonical(Candidate(torch_space.spec(fam[0]), c.cap)))
-        if head is not None:
-            out.setdefault(head, []).append((i, fam[1]))
+    for j, v in values.items():
+        for h in torch_space.family_heads(v):
+            head = index.get(space.canonical(Candidate(torch_space.spec(h), chosen[j].cap)))
+            if head == j:
+                break
+            w = None if head is None else torch_space.watch(values[head], v)
+            if w is not None:
+                out.setdefault(head, []).append((j, w))
+                break
     return out
 
 
 class _Trunk:
-    """What `_replay_family`'s replay of the setting without a threshold keeps for its threshold variants: its
-    policy keeps the GC's clocks (`TorchCachingAllocator.keep_gc_ages`), and before each window that a variant's
-    GC could act in (the reserved bytes could pass its threshold there: `allocsim.spaces.torch.most_grown`) a
-    checkpoint is taken; once the replay's highest reserved at a pool miss has passed a variant's threshold
-    (``int(threshold * allowed)``, where `garbage_collect_cached_blocks` starts to act), the variant resumes from
-    the checkpoint before that window (None: from the first event). A variant whose threshold it never passed
-    replays as it did."""
+    """What `_replay_family`'s replay of the family's head keeps for the other members (``watches``: per member,
+    `allocsim.spaces.torch.watch`'s ``(threshold, rounding, max_split)`` against the head). With a threshold to
+    watch, the head's policy keeps the GC's clocks (`TorchCachingAllocator.keep_gc_ages`). Before each window in
+    which a member could start to differ a checkpoint is taken (``sizes``: per window the most the reserved bytes
+    can grow, its largest request and the largest segment that could make: `allocsim.spaces.torch.most_grown`,
+    `largest_asked`, `largest_segment`); once it does, the member starts from the checkpoint before that window
+    (None: from the first event). It does once the replay's highest reserved at a pool miss has passed its
+    threshold (``int(threshold * allowed)``, where `garbage_collect_cached_blocks` starts to act; never with
+    expandable segments, where it frees nothing), the least excess of a best fit refused to a request of at least
+    the head's ``max_split`` is below its rounding (``oversize_slack``), or the replay has allocated a segment of at
+    least its ``max_split`` or failed an ``alloc_block`` (a retry follows each: ``num_alloc_retries``). A member
+    that never got there behaves as the head throughout. ``start``: the checkpoint the head resumed from."""
 
-    def __init__(self, thresholds: dict[int, float], grown):
-        self.thresholds, self.grown = thresholds, grown
-        self.pending: dict[int, int] = {}
+    def __init__(self, watches: list[tuple], sizes, start=None):
+        self.watches, (self.grown, self.asked, self.segment) = watches, sizes
+        self.pending: dict[int, tuple] = {}
         self.starts: dict = {}
-        self.r = self.here = None
+        self.r, self.here, self.max_split = None, start, 0
         self.taken, self.used, self.every = 0, False, CHECKPOINT_EVERY
+        self.largest = self.seen = self.retries = 0
+        self.limits_move = False
 
     def begin(self, r: Replay) -> None:
-        r.policy.keep_gc_ages()
-        allowed = r.policy.allowed()
-        self.r, self.pending = r, {v: int(t * allowed) for v, t in self.thresholds.items()}
+        pol = r.policy
+        if any(t for t, _, _ in self.watches):
+            pol.keep_gc_ages()
+        allowed = pol.allowed()
+        self.r, self.taken, self.max_split, self.retries = r, r.events_done, pol.max_split, pol.num_alloc_retries
+        self.limits_move = SET_LIMIT in r.trace.kinds_present       # the limit may fall inside a window
+        self.pending = {v: (None if not t or pol.expandable else int(t * allowed), rounding, split)
+                        for v, (t, rounding, split) in enumerate(self.watches)}
 
     def before(self, k: int) -> None:
         r = self.r
-        room = r.device.reserved + (int(self.grown[k]) if k < len(self.grown) else 0)
-        if not (k and any(room > g for g in self.pending.values())):
+        if not (k and any(self._could(k, *w) for w in self.pending.values())):
             self.here = None
         elif self.here is None or r.events_done - self.taken >= self.every:
             if self.here is not None and not self.used:
@@ -661,44 +677,100 @@ class _Trunk:
             self.here = r.checkpoint() if r.can_checkpoint() else None
             self.taken, self.used = r.events_done, False
 
+    def _could(self, k: int, g, rounding, split) -> bool:
+        """Whether a member watched so could start to differ in window ``k``: the reserved bytes could pass its GC
+        threshold or the limit there (before the first failure, each request makes at most one segment), a
+        request there is at least the head's ``max_split``, or a segment there could be at least its own."""
+        if k >= len(self.grown):
+            return True
+        r = self.r
+        room = r.device.reserved + int(self.grown[k])
+        if g is not None and room > g:
+            return True
+        if rounding is not None and self.asked[k] >= self.max_split:
+            return True
+        if split is None:
+            return False
+        allowed = r.policy.allowed()
+        return self.segment[k] >= split or self.limits_move or room > min(r.device.limit, allowed or r.device.limit)
+
     def after(self) -> None:
-        high = self.r.policy.gc_high
-        for v, g in list(self.pending.items()):
-            if high > g:
+        pol = self.r.policy
+        log = pol.segment_log
+        for kind, size, _ in log[self.seen:]:
+            if kind == SEGMENT_ALLOC and size > self.largest:
+                self.largest = size
+        self.seen = len(log)
+        high, slack, failed = pol.gc_high, pol.oversize_slack, pol.num_alloc_retries > self.retries
+        for v, (g, rounding, split) in list(self.pending.items()):
+            if ((g is not None and high > g) or (rounding is not None and slack < rounding)
+                    or (split is not None and (failed or self.largest >= split))):
                 self.starts[v] = self.here
                 self.used = True
                 del self.pending[v]
 
 
-def _replay_family(args) -> list[dict]:
-    """`_replay_job` of a PyTorch setting without a GC threshold and of ``args``' last item, its variants with
-    one (``[(cell, threshold), ...]``), as rows in that order. A variant behaves as the setting, figure for figure,
-    up to its first pool miss with more reserved than its threshold of the allowed memory (before it,
-    `garbage_collect_cached_blocks` returns at once: docs/models/torch.md): it resumes from the setting's
-    checkpoint before that (`_Trunk`), or where the setting's replay never got there, its row is the setting's
-    (the same figures, or the same stop: the same walk meets the same bound). With expandable segments the GC
-    frees nothing (it frees only whole non-expandable segments), so a variant's row is the setting's."""
-    *head, variants = args
+def _replay_family(args, start=None) -> list[dict]:
+    """`_replay_job` of the head of a family and of ``args``' last item, its members (``[(cell, watch), ...]``,
+    `_families`), as rows in that order. A member behaves as the head, figure for figure, up to where its watch
+    fires (`_Trunk`; docs/models/torch.md, rules 5 and 13): it resumes from the head's checkpoint before that, or
+    where the head's replay never got there, its row is the head's (the same figures, or the same stop: the same
+    walk meets the same bound, whose least costs and peaks the options watched do not change). Members that
+    resume from one checkpoint are again a family where one of them can watch the others (a GC threshold's
+    variants with a larger rounding), replayed so from there. ``start``: a checkpoint the head resumes from."""
+    *head, members = args
     cell, settings, bound = head[:3]
     values = cell.policy.values()
-    if values.get("expandable_segments"):
-        row = _replay_job(tuple(head))
-        return [row] + [_as_variant(row, c) for c, _ in variants]
-    if bound is None:
-        return [_replay_job(tuple(head))] + [_replay_job((c, *head[1:])) for c, _ in variants]
-    _, window, *_ = _to_come(cached_trace(cell.trace))
-    trunk = _Trunk({v: t for v, (_, t) in enumerate(variants)}, torch_space.most_grown(cached_trace(cell.trace),
-                                                                                        values, window))
-    row = _replay_job(tuple(head), trunk=trunk)
-    out = [row]
-    for v, (c, _) in enumerate(variants):
+    if bound is None:       # no checkpoints: only a GC threshold on expandable segments, which frees nothing, shares
+        row = _replay_job(tuple(head), start=start)
+        return [row] + [_as_variant(row, c) if values.get("expandable_segments") and w[1:] == (None, None) else
+                        _replay_job((c, *head[1:])) for c, w in members]
+    t = cached_trace(cell.trace)
+    _, window, *_ = _to_come(t)
+    trunk = _Trunk([w for _, w in members], (torch_space.most_grown(t, values, window),
+                                             torch_space.largest_asked(t, values, window),
+                                             torch_space.largest_segment(t, values, window)), start)
+    out = [_replay_job(tuple(head), start=start, trunk=trunk)]
+    rows: dict = {}
+    groups: dict = {}
+    for v, (c, _) in enumerate(members):
         if v in trunk.pending:
-            out.append(_as_variant(row, c))
+            rows[v] = _as_variant(out[0], c)
         else:
-            out.append(_replay_job((c, *head[1:]), start=trunk.starts[v]))
-            if trunk.starts[v] is not None:
-                out[-1][SHARED] = "resumed"
-    return out
+            groups.setdefault(id(trunk.starts[v]), []).append(v)
+    for vs in groups.values():          # each group resumes from one checkpoint: a family again where it can
+        begun = trunk.starts[vs[0]]
+        for sub, under in _regroup([members[v][0] for v in vs]):
+            got = _replay_family((members[vs[sub]][0], *head[1:], [(members[vs[u]][0], w) for u, w in under]),
+                                 start=begun) if under else [_replay_job((members[vs[sub]][0], *head[1:]),
+                                                                         start=begun)]
+            for u, row in zip([sub] + [u for u, _ in under], got):
+                if begun is not None and SHARED not in row:
+                    row[SHARED] = "resumed"
+                rows[vs[u]] = row
+    return out + [rows[v] for v in range(len(members))]
+
+
+def _regroup(cells: list[Cell]) -> list[tuple[int, list[tuple[int, tuple]]]]:
+    """``cells`` (members resumed from one checkpoint) as families: ``[(head, [(member, watch), ...]), ...]`` by
+    position, each cell under the first head that can watch it (`allocsim.spaces.torch.watch`), the cells taken by
+    least rounding (a larger one can be watched from it, not the reverse); a cell no head can watch heads its own."""
+    heads: list = []
+    for i in sorted(range(len(cells)), key=lambda i: _rounding(cells[i])):    # the least rounding heads the rest
+        v = cells[i].policy.values()
+        for h, under in heads:
+            w = torch_space.watch(cells[h].policy.values(), v)
+            if w is not None:
+                under.append((i, w))
+                break
+        else:
+            heads.append((i, []))
+    return heads
+
+
+def _rounding(cell: Cell) -> int:
+    """``max_non_split_rounding_mb`` of a PyTorch cell (0: the default)."""
+    return cell.policy.values().get("max_non_split_rounding_mb") or 0
 
 
 def _as_variant(row: dict, cell: Cell) -> dict:

@@ -386,6 +386,7 @@ class TorchCachingAllocator(Policy):
         self.gc_ages_only = False        # `keep_gc_ages`: the GC's clocks kept, nothing collected
         self.gc_misses: dict = {}        # with it: pool misses per open section path (`restore` counts them there)
         self.gc_high = 0                 # ... and the most reserved at one
+        self.oversize_slack = SIZE_MAX   # the least excess of a best fit rule 5's second clause refused (`_escalate`)
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
         self.segment_where: list[tuple[int, int]] = []     # (address, stream) of each segment_log entry
@@ -802,6 +803,8 @@ class TorchCachingAllocator(Policy):
     def _escalate(self, pool: BlockPool, n: int):
         """Steps 2-6 after a pool miss; None after counting an OOM."""
         ctx = self.ctx
+        if n >= self.max_split:         # before anything is freed: the pool as the search saw it
+            self._note_oversize(pool, n)
         # free-memory callbacks: none registered in a replay, so no second search
         if self.gc_on():
             if self.gc_ages_only:
@@ -839,6 +842,18 @@ class TorchCachingAllocator(Policy):
         if b is None:
             self.num_ooms += 1
         return b
+
+    def _note_oversize(self, pool: BlockPool, n: int) -> None:
+        """A pool miss of a request of at least ``max_split``: keep the least excess over ``n`` of a best-fit
+        candidate that rule 5's second clause refused (``oversize_slack``; none: the pool held no block as large).
+        A larger ``max_non_split_rounding_mb`` would have taken it only if the excess is below it: `allocsim.tune`
+        resumes such a setting from this one's replay up to there (`allocsim.spaces.torch.watch`)."""
+        keys = pool.keys
+        i = first_at_least(keys, pool.field.least(n))
+        if i < len(keys):
+            if self.expandable and pool.blocks[i].es is not None:
+                i = _grow_least(pool.blocks, i)
+            self.oversize_slack = min(self.oversize_slack, pool.blocks[i].size - n)
 
     def _cover(self, ptr: int, size: int) -> None:
         """A new segment at ``ptr``: widen the key field to it where it lies outside, re-keying every pool."""
@@ -1163,7 +1178,7 @@ class TorchCachingAllocator(Policy):
     #: Counters and fields a walk changes, copied by `checkpoint` (the blocks, pools and logs apart).
     _WALKED = ("allocated", "event_index", "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
                "num_sync_all_streams", "cache_flushes", "segments", "segments_allocated", "inactive_split_bytes",
-               "inactive_split_bytes_peak", "n_malloc", "n_free", "gc_misses", "gc_high")
+               "inactive_split_bytes_peak", "n_malloc", "n_free", "gc_misses", "gc_high", "oversize_slack")
 
     def checkpoint(self, handles: dict) -> tuple:
         """The state so far, copied, with ``handles`` (the replay's id -> live block) pointing into the copy:

@@ -182,14 +182,55 @@ def largest_device_call(space, values: dict) -> int:
         get_allocation_size(block)
 
 
-def gc_family(values: dict) -> tuple[dict, float] | None:
-    """``(the same options without a GC threshold, the threshold)`` of a setting with one, else None: the
-    setting behaves as that one up to its first pool miss above the threshold (`most_grown`)."""
-    gc = values.get("garbage_collection_threshold") or 0.0
-    return ({**values, "garbage_collection_threshold": 0.0}, gc) if gc > 0.0 else None
+def family_heads(values: dict) -> list[dict]:
+    """The settings a member of ``values``' family may be watched from (`watch`), the widest family first: the same
+    options without a GC threshold and without ``max_split_size_mb`` (not with expandable segments), then without a
+    GC threshold and with the least ``max_non_split_rounding_mb`` (`allocsim.tune` replays the first it has and
+    resumes the others from it)."""
+    out = {**values, "garbage_collection_threshold": 0.0}
+    if out.get("max_split_size_mb") is None:
+        return [out]
+    out["max_non_split_rounding_mb"] = MIN_MB
+    return ([{**out, "max_split_size_mb": None}] if not out.get("expandable_segments") else []) + [out]
 
 
-_GROWN: dict = {}
+def watch(root: dict, member: dict) -> tuple[float | None, int | None, int | None] | None:
+    """What tells where a replay under ``member`` can first differ from one under ``root``, read off the root's
+    replay (`allocsim.tune._Trunk`): ``(threshold, rounding, max_split)``, None where it cannot be watched
+    (docs/models/torch.md, "Settings that behave alike").
+
+    ``threshold``: the member's GC threshold where the root has none (None: the same); the member behaves as the
+    root up to the root's first pool miss with more reserved than that share of the allowed memory (rule 13:
+    `garbage_collect_cached_blocks` returns at once below it; the root keeps the GC's clocks,
+    ``keep_gc_ages``). ``rounding``: the member's ``max_non_split_rounding_mb`` in bytes where it is larger than
+    the root's under the same ``max_split_size_mb`` (None: the same); it is read only by rule 5's second clause,
+    which refuses a best-fit candidate of at least ``n + rounding`` to a request of ``n >= max_split``: a block the
+    root takes the member takes too, and the member differs only at a miss of the root where such a candidate
+    was less than ``rounding`` above the request (the root's ``oversize_slack``). ``max_split``: the member's
+    ``max_split_size_mb`` in bytes where the root has none (not with expandable segments); the member behaves as
+    the root until the root allocates a segment of at least that size or fails an ``alloc_block``: rules 5, 7
+    and 11 read it only for blocks (and requests) that large, none of which exists before (every block lies in
+    a segment), and step 4 of rule 9 runs only after a failed ``alloc_block``; its rounding is then never read.
+    Every other option the same (``fix_189504`` off: its second search reads the rounding too)."""
+    if root.get("fix_189504") or member.get("fix_189504"):
+        return None
+    rest = ("garbage_collection_threshold", "max_non_split_rounding_mb", "max_split_size_mb")
+    if {k: v for k, v in root.items() if k not in rest} != {k: v for k, v in member.items() if k not in rest}:
+        return None
+    gc_root, gc = root.get("garbage_collection_threshold") or 0.0, member.get("garbage_collection_threshold") or 0.0
+    if gc_root and gc != gc_root:
+        return None
+    threshold = gc if gc != gc_root else None
+    ms_root, ms = root.get("max_split_size_mb"), member.get("max_split_size_mb")
+    if ms_root is None and ms is not None:
+        return (threshold, None, ms * MiB) if not root.get("expandable_segments") else None
+    r_root, r = root.get("max_non_split_rounding_mb") or MIN_MB, member.get("max_non_split_rounding_mb") or MIN_MB
+    if ms != ms_root or r < r_root or (r != r_root and ms is None):
+        return None
+    return threshold, (r * MiB if r != r_root else None), None
+
+
+_WINDOWS: dict = {}
 
 
 def most_grown(trace, values: dict, window: int) -> np.ndarray:
@@ -199,26 +240,54 @@ def most_grown(trace, values: dict, window: int) -> np.ndarray:
     request rounded (docs/models/torch.md, rules 5 and 6; the release paths only give memory back). A GC
     threshold cannot act in a window that starts below it by more than this (`tune` checkpoints before the
     windows where it can). Kept per trace, divisions and window."""
+    return _windows(trace, values, window)[0]
+
+
+def largest_asked(trace, values: dict, window: int) -> np.ndarray:
+    """Per window of ``window`` driving events, the largest request of an ALLOC or a recorded OOM tried again,
+    rounded (rule 1): rule 5's second clause reads ``max_non_split_rounding_mb`` only for a request of at least
+    ``max_split_size_mb`` (`watch`), so a setting that differs in it alone cannot differ in a window whose
+    requests are all below."""
+    return _windows(trace, values, window)[1]
+
+
+def largest_segment(trace, values: dict, window: int) -> np.ndarray:
+    """Per window of ``window`` driving events, the largest segment one of its requests could make
+    (``get_allocation_size`` of `largest_asked`, rule 6): a replay without expandable segments allocates none larger
+    there (`watch`'s ``max_split``)."""
+    return _windows(trace, values, window)[2]
+
+
+def _windows(trace, values: dict, window: int) -> np.ndarray:
+    """`most_grown`, `largest_asked` and `largest_segment`, kept per trace, divisions and window."""
     div = values.get("roundup_power2_divisions")
-    return kept_for(_GROWN, (id(trace), repr(div), window), trace, lambda: _most_grown(trace, div, window), 64)
+    return kept_for(_WINDOWS, (id(trace), repr(div), window), trace, lambda: _per_window(trace, div, window), 64)
 
 
-def _most_grown(trace, div, window: int) -> np.ndarray:
-    """`most_grown`, not kept."""
+def _per_window(trace, div, window: int) -> np.ndarray:
+    """`_windows`, not kept: three rows, the segment bytes the requests of each window could make, its largest
+    rounded request and the largest segment that could make."""
     divisions = NO_DIVISIONS if div is None else divisions_table(div)
-    segs: dict = {}
-    parts = []
+    known: dict = {}
+    grown_parts, asked_parts = [], []
     for _, rec, local in driving(trace):
         kinds, sizes = rec["kind"][local], rec["size"][local].astype(np.int64)
         asks = (kinds == ALLOC) | (kinds == OOM)
         uniq, at = np.unique(sizes[asks], return_inverse=True)
-        for n in set(uniq.tolist()) - segs.keys():
-            segs[n] = get_allocation_size(round_size(n, divisions)) if n > 0 else 0
-        grown = np.zeros(len(local), np.int64)
-        grown[asks] = np.array([segs[n] for n in uniq.tolist()], np.int64)[at]
-        parts.append(grown)
-    grown = np.concatenate(parts) if parts else np.zeros(0, np.int64)
-    return np.add.reduceat(grown, np.arange(0, len(grown), window)) if len(grown) else np.zeros(0, np.int64)
+        for n in set(uniq.tolist()) - known.keys():
+            block = round_size(n, divisions) if n > 0 else 0
+            known[n] = (get_allocation_size(block) if n > 0 else 0, block)
+        grown, asked = np.zeros(len(local), np.int64), np.zeros(len(local), np.int64)
+        grown[asks] = np.array([known[n][0] for n in uniq.tolist()], np.int64)[at]
+        asked[asks] = np.array([known[n][1] for n in uniq.tolist()], np.int64)[at]
+        grown_parts.append(grown)
+        asked_parts.append(asked)
+    if not grown_parts:
+        return np.zeros((3, 0), np.int64)
+    starts = np.arange(0, sum(len(g) for g in grown_parts), window)
+    asked = np.maximum.reduceat(np.concatenate(asked_parts), starts)
+    return np.stack([np.add.reduceat(np.concatenate(grown_parts), starts), asked,
+                     np.array([get_allocation_size(int(a)) if a else 0 for a in asked.tolist()], np.int64)])
 
 
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
