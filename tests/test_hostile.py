@@ -1023,7 +1023,17 @@ HUNT_5: list[Case] = [
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5
+
+# session 6: what fills the disk, sizes of a fraction of a byte, loose numbers, frees the CuPy log never allocated
+HUNT_6: list[Case] = [
+    Case("synth-iterations-past-a-million", _SYNTH + ["mlp", "-n", "1000000000"], stdout_empty=True,
+         expect="iterations: at most 1,000,000 (one MARK and label each), got 1,000,000,000", outputs=["s.bin"]),
+    Case("synth-trace-larger-than-the-disk", _SYNTH + ["mlp", "-n", "1000000", "-P", "layers=10000", "-P",
+                                                      "hidden=16", "-q"], stdout_empty=True,
+         expect="s.bin: cannot write: the trace would take about ", outputs=["s.bin"]),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
