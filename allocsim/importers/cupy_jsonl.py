@@ -69,7 +69,8 @@ class HookLog:
                 return log.bad(f"{hook} line without {', '.join(missing)}")
             for k in keys:
                 if k != "pmem_id" and not (type(h[k]) is int and 0 <= h[k] < 2**64):
-                    return log.bad(f"{k} is {h[k]!r}, expected a non-negative integer")
+                    return log.bad(f"{k} is {h[k]!r}, expected a non-negative integer"
+                                   + (" (a whole number of bytes)" if k.endswith("size") else ""))
             if "pmem_id" in keys and type(h["pmem_id"]) not in (str, int):
                 return log.bad(f"pmem_id is {h['pmem_id']!r}, expected a string or an integer")
             if h.get("device_id", device) != device:

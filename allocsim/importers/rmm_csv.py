@@ -17,6 +17,8 @@ Costs: one pass, O(1) per row; a dict maps each live pointer to its id.
 """
 from __future__ import annotations
 
+import re
+
 from ..trace import TraceWriter
 from ..trace.events import MAX_SIZE
 from .common import LineLog, base_meta
@@ -24,6 +26,7 @@ from .common import LineLog, base_meta
 COLUMNS = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
 DAY_US = 86_400 * 10**6
 HALF_DAY_US = DAY_US // 2
+_TIME = re.compile(r"([0-9]+):([0-9]+):([0-9]+)(?:\.([0-9]{0,9}))?\Z")
 
 
 class RmmLog:
@@ -63,7 +66,7 @@ class RmmLog:
             action = f[i_action].strip()
             if action not in counts:
                 log.bad(f"unknown action {action!r} (expected allocate, allocate failure or free)")
-            size = log.parse_int(f[i_size].strip(), "size")
+            size = log.parse_int(f[i_size].strip(), "size", expect="a whole number of bytes")
             if size > MAX_SIZE:
                 log.bad(f"absurd size {size} (> 1 PiB)")
             stream = log.parse_int(f[i_stream].strip(), "stream", 16)
@@ -111,15 +114,8 @@ class RmmLog:
 
 
 def _time_of_day(text: str, log: LineLog) -> int:
-    """``HH:MM:SS.ffffff`` -> microseconds since midnight."""
-    try:
-        h, m, s = text.split(":")
-        sec, _, frac = s.partition(".")
-        if not (frac.isdigit() or frac == "") or len(frac) > 9:
-            raise ValueError
-        h, m, sec = int(h), int(m), int(sec)
-        if not (0 <= h < 24 and 0 <= m < 60 and 0 <= sec < 61):
-            raise ValueError
-        return ((h * 60 + m) * 60 + sec) * 10**6 + int((frac + "000000")[:6])
-    except ValueError:
+    """``HH:MM:SS.ffffff`` (ASCII digits only: no ``1_0``, no other scripts' digits) -> microseconds since midnight."""
+    m = _TIME.match(text)
+    if not m or not (int(m[1]) < 24 and int(m[2]) < 60 and int(m[3]) < 61):
         log.bad(f"bad time {text!r} (expected HH:MM:SS.ffffff)")
+    return ((int(m[1]) * 60 + int(m[2])) * 60 + int(m[3])) * 10**6 + int(((m[4] or "") + "000000")[:6])
