@@ -65,7 +65,11 @@ class Param:
             if text not in self.kind:
                 raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
             return text
-        return (self.parser or PARSERS[self.kind])(text)
+        value = (self.parser or PARSERS[self.kind])(text)
+        if value is None and self.default is not None:      # a size's "no limit", which this one has not
+            raise ValueError(f"expected a size (such as its default {self.format(self.default)}), got {text!r} (no "
+                             f"limit is for the options whose default is none)")
+        return value
 
     def format(self, value) -> str:
         """``value`` as text that `parse` reads back to it."""

@@ -1063,6 +1063,13 @@ HUNT_6: list[Case] = [
                                         '"mem_ptr":150496608256,"pmem_id":"0x7f39200c5278"}'),
          expect="hooks.jsonl: line 2: size is 1.5, expected a non-negative integer (a whole number of bytes)",
          outputs=["o.bin"]),
+    Case("bestfit-segment-none", ["replay", "{trace}", "-p", "bestfit[segment=none]"], stdout_empty=True,
+         expect="policy 'bestfit': option segment: expected a size (such as its default 2MiB), got 'none' (no limit "
+                "is for the options whose default is none)"),
+    Case("binned-max-pool-unlimited", ["compare", "{trace}", "-p", "binned", "-O", "max_pool=unlimited"],
+         stdout_empty=True, expect="option max_pool: expected a size (such as its default 128MiB), got 'unlimited'"),
+    Case("synth-max-size-none", _SYNTH + ["alloc-heavy", "-P", "max_size=none"], outputs=["s.bin"],
+         expect="parameter max_size: expected a size (such as its default 4MiB), got 'none'"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
