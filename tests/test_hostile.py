@@ -19,6 +19,7 @@ import hashlib
 import json
 import lzma
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -1070,6 +1071,13 @@ HUNT_6: list[Case] = [
          stdout_empty=True, expect="option max_pool: expected a size (such as its default 128MiB), got 'unlimited'"),
     Case("synth-max-size-none", _SYNTH + ["alloc-heavy", "-P", "max_size=none"], outputs=["s.bin"],
          expect="parameter max_size: expected a size (such as its default 4MiB), got 'none'"),
+    Case("tune-log-warns-as-import-does", ["tune", "{d}/log.csv", "--no-fit", "-j", "1", "--json"],
+         fixture_line("log.csv", 4, "2342730,23:59:59.900000,free,0x7f0000000000,5,0"), status=0, stderr_lines=3,
+         stdout_json=True, expect="allocsim: warning: {d}/log.csv: line 4: a free of 5 bytes at 0x7f0000000000, "
+                                  "allocated with 1,048,576 bytes; the allocation's size is the one replayed"),
+    Case("tune-cupy-log-cut-short-warns", ["tune", "{d}/h.jsonl", "--no-fit", "-j", "1", "--json"],
+         text_file("h.jsonl", pathlib.Path(_HOOKS).read_text() + '{"hook":"mal'), status=0, stderr_lines=3,
+         stdout_json=True, expect="allocsim: warning: {d}/h.jsonl: line 10: last line is cut short"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
