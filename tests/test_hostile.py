@@ -310,6 +310,7 @@ MALFORMED: list[Case] = [
 # ---------------------------------------------------------------------------------------------
 # nonsense options accepted silently before
 _HOOKS = os.path.join(ROOT, "tests", "fixtures", "hooks.jsonl")
+_HOOK_LINES = pathlib.Path(_HOOKS).read_text().splitlines()
 _SYNTH = ["synth", "-o", "{d}/s.bin"]
 
 NONSENSE: list[Case] = [
@@ -1078,6 +1079,22 @@ HUNT_6: list[Case] = [
     Case("tune-cupy-log-cut-short-warns", ["tune", "{d}/h.jsonl", "--no-fit", "-j", "1", "--json"],
          text_file("h.jsonl", pathlib.Path(_HOOKS).read_text() + '{"hook":"mal'), status=0, stderr_lines=3,
          stdout_json=True, expect="allocsim: warning: {d}/h.jsonl: line 10: last line is cut short"),
+    Case("cupy-jsonl-double-free", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         text_file("hooks.jsonl", "\n".join(_HOOK_LINES + [_HOOK_LINES[8]]) + "\n"), outputs=["o.bin"],
+         expect="hooks.jsonl: line 10: free of unknown pmem_id '0x7f39200c52b0' at mem_ptr 0x230a4c0200 (no open malloc "
+                "with it: never allocated, or already freed)"),
+    Case("cupy-jsonl-free-at-another-pointer", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 9, _HOOK_LINES[8].replace("150496608768", "150496609280")), outputs=["o.bin"],
+         expect="hooks.jsonl: line 9: free of pmem_id '0x7f39200c52b0' at mem_ptr 0x230a4c0400, but its open malloc "
+                "is at 0x230a4c0200"),
+    Case("cupy-jsonl-malloc-at-an-open-pointer", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 5, _HOOK_LINES[4].replace("150496608256", "150496608768")), outputs=["o.bin"],
+         expect="hooks.jsonl: line 5: malloc at mem_ptr 0x230a4c0200, where the malloc of line 3 is not freed yet"),
+    Case("cupy-jsonl-free-of-another-size", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 9, _HOOK_LINES[8].replace('"mem_size":1024', '"mem_size":2048')), status=0,
+         then=_made("o.bin"), expect="allocsim: warning: {d}/hooks.jsonl: line 9: a free of 2,048 bytes at mem_ptr "
+                                     "0x230a4c0200, malloc'd with mem_size 1,024; the allocation's size is the one "
+                                     "replayed"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6

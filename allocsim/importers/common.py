@@ -38,6 +38,7 @@ class LineLog:
         self.dropped_line: int | None = None
         self._cut = False
         self._line = 0
+        self._resized: tuple | None = None      # (line, what) of the first free of another size, and the count
 
     def each(self, handle) -> None:
         try:
@@ -53,7 +54,12 @@ class LineLog:
                     try:
                         handle(text)
                     except _Dropped:
-                        return
+                        break
+        if self._resized:
+            line, what, n = self._resized
+            self.warnings.append(f"line {line}: {what}" + (f" ({n} frees of another size than their allocation in "
+                                                           f"all)" if n > 1 else "")
+                                 + "; the allocation's size is the one replayed")
 
     @property
     def line(self) -> int:
@@ -69,6 +75,12 @@ class LineLog:
             self.warnings.append(f"line {self._line}: last line is cut short ({what}); dropped it, kept the rest")
             raise _Dropped
         raise self.error(what)
+
+    def free_of_another_size(self, what: str) -> None:
+        """Note a free whose size is not its allocation's (a torn or edited log: the caller must free what it
+        allocated); `each` ends by warning of the first, with the count."""
+        line, first, n = self._resized or (self._line, what, 0)
+        self._resized = (line, first, n + 1)
 
     def parse_int(self, text: str, what: str, base: int = 10, expect: str = "a whole number") -> int:
         """An integer field: ASCII digits (base 16: with or without 0x), nothing else Python's int() takes (``1_000``,

@@ -43,7 +43,6 @@ class RmmLog:
         log = LineLog(self.path)
         live: dict[int, int] = {}
         live_size: dict[int, int] = {}          # pointer -> the size its allocate logged
-        resized: list = []                      # (line, text) of the first free of another size, and the count
         counts = {"allocate": 0, "allocate failure": 0, "free": 0}
         threads = set()
         state = {"cols": None, "first": None, "day": 0, "last_us": None, "t": 0}
@@ -93,9 +92,9 @@ class RmmLog:
                 live_size[ptr] = size
             elif action == "free":
                 allocated = live_size.pop(ptr)
-                if size != allocated:           # RMM's caller must free what it allocated: a torn or edited log
-                    resized.append((log.line, f"a free of {size:,} bytes at {ptr_text}, allocated with "
-                                              f"{allocated:,} bytes"))
+                if size != allocated:
+                    log.free_of_another_size(f"a free of {size:,} bytes at {ptr_text}, allocated with {allocated:,} "
+                                             f"bytes")
                 writer.free(live.pop(ptr), t=t, stream=stream, addr=ptr, size=size)
             else:
                 writer.oom(size, stream=stream, t=t)
@@ -103,11 +102,6 @@ class RmmLog:
         log.each(row)
         if state["cols"] is None:
             raise log.error("empty log: no header line")
-        if resized:
-            line, what = resized[0]
-            log.warnings.append(f"line {line}: {what}" + (f" ({len(resized)} frees of another size than their "
-                                                          f"allocation in all)" if len(resized) > 1 else "")
-                                + "; the allocation's size is the one replayed")
         return {"format": "rmm", "rows": sum(counts.values()), "allocs": counts["allocate"], "frees": counts["free"],
                 "ooms": counts["allocate failure"], "threads": len(threads), "live_at_end": len(live),
                 "days_crossed": state["day"] // DAY_US, "dropped_line": log.dropped_line, "warnings": log.warnings}
