@@ -1095,6 +1095,16 @@ HUNT_6: list[Case] = [
          then=_made("o.bin"), expect="allocsim: warning: {d}/hooks.jsonl: line 9: a free of 2,048 bytes at mem_ptr "
                                      "0x230a4c0200, malloc'd with mem_size 1,024; the allocation's size is the one "
                                      "replayed"),
+    Case("torch-snapshot-divisions-list-short", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(roundup_power2_divisions=[1, 2])), outputs=["o.bin"],
+         expect="snap.pickle: metadata: allocator_settings: roundup_power2_divisions: a list of 2 entries, expected "
+                "one per interval (16)"),
+    Case("torch-snapshot-divisions-not-a-power-of-two", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(roundup_power2_divisions={"1": 3, "2": 0})),
+         outputs=["o.bin"], expect="allocator_settings: roundup_power2_divisions entry 3 is neither 0 nor a power of 2"),
+    Case("meta-divisions-list-short-replay", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"roundup_power2_divisions": [1, 2]}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: roundup_power2_divisions: a list of 2"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6

@@ -225,15 +225,25 @@ def settings_from_trace(meta: dict, path=None) -> dict:
                 mb = int(k)
                 if not _pow2(mb):
                     raise ValueError(f"roundup_power2_divisions key {k!r} is not a power of two")
-                table[interval_of_mb(mb)] = int(d)
+                table[interval_of_mb(mb)] = _recorded_divisions(d)
             out["roundup_power2_divisions"] = tuple(table)
         elif isinstance(div, (list, tuple)) and div:
-            out["roundup_power2_divisions"] = tuple(int(d) for d in div)
+            if len(div) != N_DIVISION_INTERVALS:
+                raise ValueError(f"roundup_power2_divisions: a list of {len(div)} entries, expected one per interval "
+                                 f"({N_DIVISION_INTERVALS})")
+            out["roundup_power2_divisions"] = tuple(_recorded_divisions(d) for d in div)
         if not any(d > 1 for d in out.get("roundup_power2_divisions") or ()):
             out.pop("roundup_power2_divisions", None)      # a table that rounds nothing: the default, not an option
     except (ValueError, TypeError, OverflowError, UsageError) as e:
         raise InputError(f"allocator_settings: {e.args[0] if e.args else e}", path=path, position="metadata")
     return out
+
+
+def _recorded_divisions(d) -> int:
+    """One recorded divisions entry: 0 (no rounding) or a power of two, as PyTorch's parser allows."""
+    if isinstance(d, bool) or not isinstance(d, int) or not (d == 0 or _pow2(d)) or d > SIZE_MAX:
+        raise ValueError(f"roundup_power2_divisions entry {d!r} is neither 0 nor a power of 2")
+    return d
 
 
 def options_in_force(options: dict | None, trace) -> dict:
