@@ -1105,6 +1105,10 @@ HUNT_6: list[Case] = [
     Case("meta-divisions-list-short-replay", ["replay", "{d}/bad.bin", "-p", "torch"],
          trace_with({"framework": "torch", "allocator_settings": {"roundup_power2_divisions": [1, 2]}}),
          stdout_empty=True, expect="bad.bin: metadata: allocator_settings: roundup_power2_divisions: a list of 2"),
+    # the note comes as the arguments are read: the unknown policy then stops the sweep before any worker starts
+    Case("dask-local-capped-at-cores", ["sweep", "{trace}", "-p", "nosuch", "--dask-local", "99999", "-o", "{d}/r.csv"],
+         stderr_lines=2, expect=f"allocsim: note: --dask-local 99999 is more than the {os.cpu_count()} cores here; "
+                                f"using {os.cpu_count()}", outputs=["r.csv", "r.csv.partial"]),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
