@@ -1109,6 +1109,9 @@ HUNT_6: list[Case] = [
     Case("dask-local-capped-at-cores", ["sweep", "{trace}", "-p", "nosuch", "--dask-local", "99999", "-o", "{d}/r.csv"],
          stderr_lines=2, expect=f"allocsim: note: --dask-local 99999 is more than the {os.cpu_count()} cores here; "
                                 f"using {os.cpu_count()}", outputs=["r.csv", "r.csv.partial"]),
+    Case("sweep-format-csv-contradicts-a-json-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.json", "--format",
+                                                      "csv"], expect="-o {d}/r.json: --format csv contradicts the .json "
+                                                                     "name", outputs=["r.json", "r.json.partial"]),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
