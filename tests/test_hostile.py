@@ -1026,6 +1026,11 @@ HUNT_5: list[Case] = [
 ]
 
 
+#: ``b.py``: a plug-in whose class attribute ``summary`` raises when read (a property of its metaclass)
+_RAISING_SUMMARY = text_file("b.py", "from allocsim.policies import Policy\nclass Meta(type(Policy)):\n    @property\n"
+                                     "    def summary(cls): raise ValueError('no summary')\n"
+                                     "class Pool(Policy, metaclass=Meta):\n    pass\n")
+
 # session 6: what fills the disk, sizes of a fraction of a byte, loose numbers, frees the CuPy log never allocated
 HUNT_6: list[Case] = [
     Case("synth-iterations-past-a-million", _SYNTH + ["mlp", "-n", "1000000000"], stdout_empty=True,
@@ -1112,6 +1117,12 @@ HUNT_6: list[Case] = [
     Case("sweep-format-csv-contradicts-a-json-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.json", "--format",
                                                       "csv"], expect="-o {d}/r.json: --format csv contradicts the .json "
                                                                      "name", outputs=["r.json", "r.json.partial"]),
+    Case("plugin-declaration-raises", ["replay", "{trace}", "-p", "b.py:Pool"], _RAISING_SUMMARY, stdout_empty=True,
+         expect="policy 'b.py:Pool' failed while its declaration (name, summary, params) was read: ValueError: no "
+                "summary (raised at {d}/b.py:4)"),
+    Case("entry-point-declaration-raises-child", ["compare", "{trace}", "-p", "split,bad", "-j", "1"],
+         lambda d: (_installed(bad="b:Pool")(d), _RAISING_SUMMARY(d)), subprocess=True, stdout_empty=True,
+         expect="policy 'bad' failed while its declaration (name, summary, params) was read: ValueError: no summary"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
