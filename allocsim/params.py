@@ -36,8 +36,11 @@ def _fmt_size(n: int) -> str:
 
 def number(text: str, kind: str = "int"):
     """``text`` as an int (or a float): a ValueError that names what was expected, not Python's
-    "invalid literal for int() with base 10"."""
+    "invalid literal for int() with base 10". Written as people and PyTorch's parser write numbers: ASCII, no
+    ``1_000`` (which Python's int() reads as 1000 and PyTorch as 1)."""
     try:
+        if "_" in str(text) or not str(text).isascii():
+            raise ValueError
         return int(text) if kind == "int" else float(text)
     except ValueError:
         raise ValueError(f"expected {'an integer' if kind == 'int' else 'a number'}, got {text!r}") from None

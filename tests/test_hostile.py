@@ -1123,6 +1123,15 @@ HUNT_6: list[Case] = [
     Case("entry-point-declaration-raises-child", ["compare", "{trace}", "-p", "split,bad", "-j", "1"],
          lambda d: (_installed(bad="b:Pool")(d), _RAISING_SUMMARY(d)), subprocess=True, stdout_empty=True,
          expect="policy 'bad' failed while its declaration (name, summary, params) was read: ValueError: no summary"),
+    Case("torch-option-with-underscores", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=1_000"],
+         stdout_empty=True, expect="policy 'torch': option max_split_size_mb: expected an integer, got '1_000'"),
+    Case("torch-threshold-in-other-digits", ["compare", "{trace}", "-p", "torch[garbage_collection_threshold:0.\u0665]"],
+         stdout_empty=True, expect="option garbage_collection_threshold: expected a number, got '0.\u0665'"),
+    Case("synth-param-with-underscores", _SYNTH + ["mlp", "-P", "batch=1_6"], outputs=["s.bin"],
+         expect="preset 'mlp' parameter batch: expected an integer, got '1_6'"),
+    Case("meta-alloc-conf-with-underscores", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:2_00"}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: "),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
