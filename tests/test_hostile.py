@@ -1031,6 +1031,15 @@ _RAISING_SUMMARY = text_file("b.py", "from allocsim.policies import Policy\nclas
                                      "    def summary(cls): raise ValueError('no summary')\n"
                                      "class Pool(Policy, metaclass=Meta):\n    pass\n")
 
+def _shared_list(depth: int) -> list:
+    """``[a, a]`` with ``a = [b, b]``, ... ``depth`` times: a few bytes pickled (each list once, then referenced),
+    2**depth strings when printed or written out as JSON."""
+    a = ["lol"]
+    for _ in range(depth):
+        a = [a, a]
+    return a
+
+
 # session 6: what fills the disk, sizes of a fraction of a byte, loose numbers, frees the CuPy log never allocated
 HUNT_6: list[Case] = [
     Case("synth-iterations-past-a-million", _SYNTH + ["mlp", "-n", "1000000000"], stdout_empty=True,
@@ -1132,6 +1141,22 @@ HUNT_6: list[Case] = [
     Case("meta-alloc-conf-with-underscores", ["replay", "{d}/bad.bin", "-p", "torch"],
          trace_with({"framework": "torch", "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:2_00"}}),
          stdout_empty=True, expect="bad.bin: metadata: allocator_settings: "),
+    Case("torch-snapshot-settings-shared-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(x=_shared_list(40))), outputs=["o.bin"],
+         expect="snap.pickle: metadata: allocator_settings: more than 10,000 values (with the lists the pickle shares "
+                "expanded, as the trace's JSON metadata would hold them): not a PyTorch allocator's settings"),
+    Case("torch-snapshot-action-shared-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["device_traces"][0][0].update(action=_shared_list(40))), outputs=["o.bin"],
+         expect="snap.pickle: device_traces[0][0]: action is [[[[...], [...]], [[...], [...]]], [[[...], [...]], "
+                "[[...], [...]]]], expected a string"),
+    Case("torch-snapshot-time-shared-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["device_traces"][0][1].update(time_us=_shared_list(40))), outputs=["o.bin"],
+         expect="device_traces[0][1]: time_us is [[[[...]"),
+    Case("torch-snapshot-frames-and-segment-type-shared-lists", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: [s["segments"][0].update(segment_type=_shared_list(40))] +
+                       [e.update(frames=[{"filename": _shared_list(40), "name": _shared_list(40)}])
+                        for e in s["device_traces"][0]]), status=0, stderr_lines=2, then=_made("o.bin"),
+         expect="snap.pickle: ignored unknown actions: annotate x1"),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
