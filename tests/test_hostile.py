@@ -1157,6 +1157,8 @@ HUNT_6: list[Case] = [
                        [e.update(frames=[{"filename": _shared_list(40), "name": _shared_list(40)}])
                         for e in s["device_traces"][0]]), status=0, stderr_lines=2, then=_made("o.bin"),
          expect="snap.pickle: ignored unknown actions: annotate x1"),
+    Case("plot-under-an-unknown-mplbackend", ["plot", "{trace}", "-p", "none", "-o", "{d}/k.png"],
+         env={"MPLBACKEND": "nonsense"}, status=0, stderr_lines=0, then=_made("k.png")),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
