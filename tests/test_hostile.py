@@ -1157,6 +1157,12 @@ HUNT_6: list[Case] = [
                        [e.update(frames=[{"filename": _shared_list(40), "name": _shared_list(40)}])
                         for e in s["device_traces"][0]]), status=0, stderr_lines=2, then=_made("o.bin"),
          expect="snap.pickle: ignored unknown actions: annotate x1"),
+    Case("cupy-jsonl-device-id-a-string", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 2, _HOOK_LINES[1].replace('"device_id":0', '"device_id":"0"')), outputs=["o.bin"],
+         expect="hooks.jsonl: line 2: device_id is '0', expected an integer (the device's index)"),
+    Case("cupy-jsonl-device-id-true", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin", "--device", "1"],
+         fixture_line("hooks.jsonl", 2, _HOOK_LINES[1].replace('"device_id":0', '"device_id":true')), outputs=["o.bin"],
+         expect="hooks.jsonl: line 2: device_id is True, expected an integer"),
     Case("plot-under-an-unknown-mplbackend", ["plot", "{trace}", "-p", "none", "-o", "{d}/k.png"],
          env={"MPLBACKEND": "nonsense"}, status=0, stderr_lines=0, then=_made("k.png")),
 ]

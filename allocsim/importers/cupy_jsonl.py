@@ -74,6 +74,8 @@ class HookLog:
                                    + (" (a whole number of bytes)" if k.endswith("size") else ""))
             if "pmem_id" in keys and type(h["pmem_id"]) not in (str, int):
                 return log.bad(f"pmem_id is {h['pmem_id']!r}, expected a string or an integer")
+            if type(h.get("device_id", device)) is not int:
+                return log.bad(f"device_id is {h['device_id']!r}, expected an integer (the device's index)")
             if h.get("device_id", device) != device:
                 counts["other_devices"] += 1
                 return
