@@ -1163,6 +1163,12 @@ HUNT_6: list[Case] = [
     Case("cupy-jsonl-device-id-true", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin", "--device", "1"],
          fixture_line("hooks.jsonl", 2, _HOOK_LINES[1].replace('"device_id":0', '"device_id":true')), outputs=["o.bin"],
          expect="hooks.jsonl: line 2: device_id is True, expected an integer"),
+    Case("torch-snapshot-segment-device-a-string", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["segments"][0].update(device="0")), outputs=["o.bin"],
+         expect="snap.pickle: segments[0]: device is '0', expected a non-negative integer"),
+    Case("torch-snapshot-no-events-segment-device-a-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: (s.update(device_traces=[[], []]), s["segments"][0].update(device=[1]))),
+         outputs=["o.bin"], expect="snap.pickle: segments[0]: device is [1], expected a non-negative integer"),
     Case("plot-under-an-unknown-mplbackend", ["plot", "{trace}", "-p", "none", "-o", "{d}/k.png"],
          env={"MPLBACKEND": "nonsense"}, status=0, stderr_lines=0, then=_made("k.png")),
 ]

@@ -202,7 +202,7 @@ class StartState:
             pos = f"segments[{k}]"
             if not isinstance(seg, dict):
                 raise where.error("segment is not a dict", pos)
-            if seg.get("device", device) != device:
+            if where.uint(seg, "device", pos, device) != device:
                 continue
             base = where.uint(seg, "address", pos)
             stream = where.uint(seg, "stream", pos, 0)
@@ -675,8 +675,9 @@ def snapshot_device(snapshot, where: _Where) -> int:
     if used:
         return used[0]
     segments = snapshot.get("segments")
-    on = {seg.get("device") for seg in segments if isinstance(seg, dict)} if isinstance(segments, list) else set()
-    return on.pop() if len(on) == 1 and _is_uint(next(iter(on), None)) else 0
+    on = {seg.get("device") for seg in segments if isinstance(seg, dict) and _is_uint(seg.get("device"))} \
+        if isinstance(segments, list) else set()
+    return on.pop() if len(on) == 1 else 0
 
 
 def _device_entries(snapshot, device: int, where: _Where) -> list:
