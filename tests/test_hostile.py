@@ -1169,6 +1169,9 @@ HUNT_6: list[Case] = [
     Case("torch-snapshot-no-events-segment-device-a-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          snapshot_with(lambda s: (s.update(device_traces=[[], []]), s["segments"][0].update(device=[1]))),
          outputs=["o.bin"], expect="snap.pickle: segments[0]: device is [1], expected a non-negative integer"),
+    Case("torch-snapshot-is-expandable-a-string", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["segments"][0].update(is_expandable="False")), outputs=["o.bin"],
+         expect="snap.pickle: segments[0]: is_expandable is 'False', expected True or False"),
     Case("plot-under-an-unknown-mplbackend", ["plot", "{trace}", "-p", "none", "-o", "{d}/k.png"],
          env={"MPLBACKEND": "nonsense"}, status=0, stderr_lines=0, then=_made("k.png")),
 ]

@@ -206,8 +206,11 @@ class StartState:
                 continue
             base = where.uint(seg, "address", pos)
             stream = where.uint(seg, "stream", pos, 0)
+            expandable = seg.get("is_expandable", False)
+            if not isinstance(expandable, bool):        # bool("False") is True
+                raise where.error(f"is_expandable is {_shown(expandable)}, expected True or False", pos)
             self.segments[base] = {"total_size": where.uint(seg, "total_size", pos), "stream": stream,
-                                   "is_expandable": bool(seg.get("is_expandable", False)),
+                                   "is_expandable": expandable,
                                    "segment_type": _text(seg.get("segment_type"), "unknown")}
             blocks = seg.get("blocks", [])
             if not isinstance(blocks, list):
