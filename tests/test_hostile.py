@@ -1031,6 +1031,19 @@ _RAISING_SUMMARY = text_file("b.py", "from allocsim.policies import Policy\nclas
                                      "    def summary(cls): raise ValueError('no summary')\n"
                                      "class Pool(Policy, metaclass=Meta):\n    pass\n")
 
+#: Line 3 of the fixture RMM log, field by field.
+_RMM_LINE_3 = {"thread": "2342727", "time": "23:59:59.200000", "action": "allocate", "pointer": "0x7f0000100000",
+               "size": "256", "stream": "0x5603b2c0"}
+
+
+def _rmm_line_3(expect: str, **fields) -> dict:
+    """A case's arguments: import the fixture RMM log with ``fields`` of its line 3 changed; the line says
+    ``expect`` and no trace is left."""
+    line = ",".join({**_RMM_LINE_3, **fields}.values())
+    return {"argv": ["import", "{d}/log.csv", "-o", "{d}/o.bin"], "setup": fixture_line("log.csv", 3, line),
+            "expect": expect, "outputs": ["o.bin"]}
+
+
 def _shared_list(depth: int) -> list:
     """``[a, a]`` with ``a = [b, b]``, ... ``depth`` times: a few bytes pickled (each list once, then referenced),
     2**depth strings when printed or written out as JSON."""
@@ -1053,27 +1066,19 @@ HUNT_6: list[Case] = [
          expect="--headroom: '0.5B' is not a whole number of bytes"),
     Case("synth-size-parameter-a-fraction", _SYNTH + ["alloc-heavy", "-P", "min_size=16.5"],
          expect="parameter min_size: size: '16.5' is not a whole number of bytes", outputs=["s.bin"]),
-    Case("rmm-csv-size-a-fraction", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,23:59:59.200000,allocate,0x7f0000100000,1.5,0x5603b2c0"),
-         expect="log.csv: line 3: bad size '1.5': expected a whole number of bytes", outputs=["o.bin"]),
-    Case("rmm-csv-size-with-underscores", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,23:59:59.200000,allocate,0x7f0000100000,1_000,0x5603b2c0"),
-         expect="log.csv: line 3: bad size '1_000': expected a whole number of bytes", outputs=["o.bin"]),
-    Case("rmm-csv-size-with-a-plus", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,23:59:59.200000,allocate,0x7f0000100000,+256,0x5603b2c0"),
-         expect="line 3: bad size '+256'", outputs=["o.bin"]),
-    Case("rmm-csv-size-in-other-digits", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,23:59:59.200000,allocate,0x7f0000100000,\u0662\u0665\u0666,0"),
-         expect="line 3: bad size '\u0662\u0665\u0666'", outputs=["o.bin"]),
-    Case("rmm-csv-stream-with-underscores", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,23:59:59.200000,allocate,0x7f0000100000,256,0x5603_b2c0"),
-         expect="line 3: bad stream '0x5603_b2c0': expected a whole number (hexadecimal)", outputs=["o.bin"]),
-    Case("rmm-csv-pointer-with-underscores", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,23:59:59.200000,allocate,0x7f00_0010_0000,256,0"),
-         expect="line 3: bad pointer '0x7f00_0010_0000'", outputs=["o.bin"]),
-    Case("rmm-csv-time-with-underscores", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
-         fixture_line("log.csv", 3, "2342727,2_3:59:59.200000,allocate,0x7f0000100000,256,0"),
-         expect="line 3: bad time '2_3:59:59.200000'", outputs=["o.bin"]),
+    Case("rmm-csv-size-a-fraction", **_rmm_line_3("log.csv: line 3: bad size '1.5': expected a whole number of bytes",
+                                                   size="1.5")),
+    Case("rmm-csv-size-with-underscores", **_rmm_line_3("log.csv: line 3: bad size '1_000': expected a whole number "
+                                                        "of bytes", size="1_000")),
+    Case("rmm-csv-size-with-a-plus", **_rmm_line_3("line 3: bad size '+256'", size="+256")),
+    Case("rmm-csv-size-in-other-digits", **_rmm_line_3("line 3: bad size '\u0662\u0665\u0666'",
+                                                       size="\u0662\u0665\u0666")),
+    Case("rmm-csv-stream-with-underscores", **_rmm_line_3("line 3: bad stream '0x5603_b2c0': expected a whole number "
+                                                          "(hexadecimal)", stream="0x5603_b2c0")),
+    Case("rmm-csv-pointer-with-underscores", **_rmm_line_3("line 3: bad pointer '0x7f00_0010_0000'",
+                                                           pointer="0x7f00_0010_0000")),
+    Case("rmm-csv-time-with-underscores", **_rmm_line_3("line 3: bad time '2_3:59:59.200000'",
+                                                        time="2_3:59:59.200000")),
     Case("cupy-jsonl-size-a-fraction", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
          fixture_line("hooks.jsonl", 2, '{"hook":"malloc","device_id":0,"size":1.5,"mem_size":512,'
                                         '"mem_ptr":150496608256,"pmem_id":"0x7f39200c5278"}'),
