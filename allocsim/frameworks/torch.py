@@ -210,14 +210,21 @@ def settings_from_trace(meta: dict, path=None) -> dict:
     try:
         out = parse_conf(s.get("PYTORCH_CUDA_ALLOC_CONF") or "")
         if s.get("max_split_size") is not None:
-            v = int(s["max_split_size"])
+            v = s["max_split_size"]
+            if type(v) is not int:      # int() would round 1073741824.5 and read "1GB" as an error of its own
+                raise ValueError(f"max_split_size {v!r}: expected a whole number of bytes")
             out["max_split_size_mb"] = None if v >= SIZE_MAX or v <= 0 else v // MiB
             if out["max_split_size_mb"] is not None and out["max_split_size_mb"] < MIN_MB:
                 raise ValueError(f"max_split_size {v} bytes is below the {MIN_MB} MiB PyTorch allows")
         if s.get("garbage_collection_threshold") is not None:
-            out["garbage_collection_threshold"] = float(s["garbage_collection_threshold"])
+            v = s["garbage_collection_threshold"]
+            if type(v) not in (int, float):
+                raise ValueError(f"garbage_collection_threshold {v!r}: expected a number")
+            out["garbage_collection_threshold"] = float(v)
         if s.get("expandable_segments") is not None:
-            out["expandable_segments"] = bool(s["expandable_segments"])
+            if not isinstance(s["expandable_segments"], bool):       # bool("False") is True
+                raise ValueError(f"expandable_segments {s['expandable_segments']!r}: expected true or false")
+            out["expandable_segments"] = s["expandable_segments"]
         div = s.get("roundup_power2_divisions")
         if isinstance(div, dict) and div:
             table = [0] * N_DIVISION_INTERVALS
