@@ -1044,6 +1044,13 @@ def _rmm_line_3(expect: str, **fields) -> dict:
             "expect": expect, "outputs": ["o.bin"]}
 
 
+def _strict_json(d, out):
+    """A ``then`` check: stdout is JSON as jq or JavaScript read it (no NaN, Infinity: only Python takes those)."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    json.loads(out, parse_constant=refuse)
+
+
 def _shared_list(depth: int) -> list:
     """``[a, a]`` with ``a = [b, b]``, ... ``depth`` times: a few bytes pickled (each list once, then referenced),
     2**depth strings when printed or written out as JSON."""
@@ -1190,6 +1197,9 @@ HUNT_6: list[Case] = [
     Case("meta-initial-segment-address-a-fraction", ["info", "{d}/bad.bin"],
          trace_with({"initial_segments": [{"address": 1.5, "total_size": 2 << 20}]}), stdout_empty=True,
          expect="bad.bin: metadata: initial_segments[0].address: expected an address (an integer >= 0), got 1.5"),
+    Case("info-json-of-metadata-holding-nan", ["info", "{d}/bad.bin", "--json"],
+         trace_with({"framework_version": float("nan"), "pool": float("inf")}), status=0, stderr_lines=0,
+         then=_strict_json),
     Case("plot-under-an-unknown-mplbackend", ["plot", "{trace}", "-p", "none", "-o", "{d}/k.png"],
          env={"MPLBACKEND": "nonsense"}, status=0, stderr_lines=0, then=_made("k.png")),
 ]
