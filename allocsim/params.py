@@ -36,8 +36,11 @@ def _fmt_size(n: int) -> str:
 
 def number(text: str, kind: str = "int"):
     """``text`` as an int (or a float): a ValueError that names what was expected, not Python's
-    "invalid literal for int() with base 10"."""
+    "invalid literal for int() with base 10". Written as people and PyTorch's parser write numbers: ASCII, no
+    ``1_000`` (which Python's int() reads as 1000 and PyTorch as 1)."""
     try:
+        if "_" in str(text) or not str(text).isascii():
+            raise ValueError
         return int(text) if kind == "int" else float(text)
     except ValueError:
         raise ValueError(f"expected {'an integer' if kind == 'int' else 'a number'}, got {text!r}") from None
@@ -65,7 +68,11 @@ class Param:
             if text not in self.kind:
                 raise ValueError(f"expected one of {', '.join(self.kind)}, got {text!r}")
             return text
-        return (self.parser or PARSERS[self.kind])(text)
+        value = (self.parser or PARSERS[self.kind])(text)
+        if value is None and self.default is not None:      # a size's "no limit", which this one has not
+            raise ValueError(f"expected a size (such as its default {self.format(self.default)}), got {text!r} (no "
+                             f"limit is for the options whose default is none)")
+        return value
 
     def format(self, value) -> str:
         """``value`` as text that `parse` reads back to it."""

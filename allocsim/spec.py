@@ -169,7 +169,8 @@ def _check_policy_class(pcls, shown: str) -> type:
     if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
         raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
                          f"allocsim.policies.Policy")
-    _check_declaration(pcls, shown)
+    with plugin_errors(pcls, shown, "its declaration (name, summary, params) was read"):
+        _check_declaration(pcls, shown)
     return pcls
 
 

@@ -26,6 +26,9 @@ so the same arguments give byte-identical records.
 from __future__ import annotations
 
 import copy
+import errno
+import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -37,6 +40,10 @@ from .trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace, TraceWriter
 from .outputs import atomic_path
 from .trace.events import MAX_SIZE, NO_ID, NO_SITE
 from .trace.format import TraceFileWriter
+from .units import fmt_bytes, fmt_count
+
+#: The most training iterations a synthetic trace takes (one MARK and one label each): a million steps is a long run.
+MAX_ITERATIONS = 1_000_000
 
 GiB = 1024**3
 DEVICE = {"name": "synthetic", "total_memory": 80 * GiB}
@@ -449,6 +456,8 @@ def generate(preset: str, *, seed: int = 0, iterations: int | None = None, scale
     iterations = spec.iterations if iterations is None else iterations
     if isinstance(iterations, bool) or not isinstance(iterations, (int, np.integer)) or iterations < 1:
         raise UsageError(f"iterations must be a positive integer, got {iterations!r}")
+    if iterations > MAX_ITERATIONS:
+        raise UsageError(f"iterations: at most {MAX_ITERATIONS:,} (one MARK and label each), got {iterations:,}")
     if not (isinstance(scale, (int, float)) and 0 < scale < 1e6):
         raise UsageError(f"scale must be a number above 0 and below 1e6 (a size multiplier), got {scale!r}")
     if variable and spec.vary is None:
@@ -476,11 +485,25 @@ def _training(spec, p: dict, iterations: int, scale: float, variable: bool, rng,
         loop.setup(nominal)
         for k in range(iterations):
             shape = {**p, **spec.vary(p, rng)} if variable else p
+            before = writer.count
             loop.iteration(k, spec.build(shape))
+            if k == 0 and path:         # no later iteration makes more events than the first (Adam's state too)
+                check_room(path, writer.count + (iterations - 1) * (writer.count - before))
     except BaseException:
         writer.abort()
         raise
     return writer.finish()
+
+
+def check_room(path: str, events: int) -> None:
+    """Refuse, before the disk fills, a trace of ``events`` records that the free space beside ``path`` cannot hold
+    (ENOSPC on ``path``, which `atomic_path` reports as one line and cleans up after)."""
+    need = events * RECORD_DTYPE.itemsize
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"the trace would take about {fmt_bytes(need)} ({fmt_count(events)} events), more "
+                                    f"than the {fmt_bytes(free)} free on its disk (fewer iterations or allocations?)",
+                      path)
 
 
 def _alloc_heavy(p: dict, iterations: int, scale: float, rng, meta: dict, path: str | None,
@@ -490,6 +513,7 @@ def _alloc_heavy(p: dict, iterations: int, scale: float, rng, meta: dict, path: 
     blocks = _alloc_heavy_records(p, iterations, scale, rng, block)
     if not path:
         return Trace(np.concatenate(list(blocks)), meta, labels=labels)
+    check_room(path, 2 * p["n_allocs"] + iterations)
     with atomic_path(path) as tmp:
         writer = TraceFileWriter(tmp, meta)
         try:

@@ -4,11 +4,13 @@ Sizes accept ``8GB`` (10^9), ``8GiB`` (2^30), ``512MiB``, ``1.5TB``, ``4k``/``4K
 (taken as KiB, as PyTorch and Julia users write it), plain bytes, and
 ``none``/``unlimited``/``off``/``no`` for "no limit" where a limit is expected. ``inf`` and
 ``nan`` are refused, not read as "no limit": a number that is not a size is a mistake (an
-unset or mis-computed variable), and "no limit" is said in words.
+unset or mis-computed variable), and "no limit" is said in words. A count of bytes is whole:
+``1.5`` or ``1.5B`` is refused, not rounded (``1.5KB`` is 1500 bytes).
 """
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from .errors import UsageError
 
@@ -41,13 +43,14 @@ def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False)
     m = _SIZE.match(s)
     if not m or m.group(3).lower() not in _UNITS:
         raise UsageError(f"{what}: cannot parse size {text!r} (examples: 8GB, 8GiB, 512MiB, 1.5TB, 1048576)")
-    try:
-        value = float(m.group(1)) * (10 ** int(m.group(2) or 0)) * _UNITS[m.group(3).lower()]
-    except (OverflowError, ValueError):      # an exponent too large for a float (or for int())
-        value = float("inf")
-    if value != value or value > 2**62:
+    exponent = int(m.group(2) or 0)
+    value = Fraction(m.group(1)) * 10 ** min(exponent, 30) * _UNITS[m.group(3).lower()]    # exact: no float rounding
+    if exponent > 30 or value > 2**62:
         raise UsageError(f"{what}: size {text!r} is out of range")
-    return int(round(value))
+    if value.denominator != 1 and _UNITS[m.group(3).lower()] == 1:
+        raise UsageError(f"{what}: {text!r} is not a whole number of bytes (a byte count is an integer; "
+                         f"or give a unit: 1.5KB)")
+    return round(value)
 
 
 def fmt_bytes(n: float | None, digits: int = 2) -> str:

@@ -19,6 +19,7 @@ import hashlib
 import json
 import lzma
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -309,6 +310,7 @@ MALFORMED: list[Case] = [
 # ---------------------------------------------------------------------------------------------
 # nonsense options accepted silently before
 _HOOKS = os.path.join(ROOT, "tests", "fixtures", "hooks.jsonl")
+_HOOK_LINES = pathlib.Path(_HOOKS).read_text().splitlines()
 _SYNTH = ["synth", "-o", "{d}/s.bin"]
 
 NONSENSE: list[Case] = [
@@ -1023,7 +1025,186 @@ HUNT_5: list[Case] = [
          status=0, outputs=["r.csv.partial"], expect="run.rank2.bin: its name says rank 2"),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5
+
+#: ``b.py``: a plug-in whose class attribute ``summary`` raises when read (a property of its metaclass)
+_RAISING_SUMMARY = text_file("b.py", "from allocsim.policies import Policy\nclass Meta(type(Policy)):\n    @property\n"
+                                     "    def summary(cls): raise ValueError('no summary')\n"
+                                     "class Pool(Policy, metaclass=Meta):\n    pass\n")
+
+#: Line 3 of the fixture RMM log, field by field.
+_RMM_LINE_3 = {"thread": "2342727", "time": "23:59:59.200000", "action": "allocate", "pointer": "0x7f0000100000",
+               "size": "256", "stream": "0x5603b2c0"}
+
+
+def _rmm_line_3(expect: str, **fields) -> dict:
+    """A case's arguments: import the fixture RMM log with ``fields`` of its line 3 changed; the line says
+    ``expect`` and no trace is left."""
+    line = ",".join({**_RMM_LINE_3, **fields}.values())
+    return {"argv": ["import", "{d}/log.csv", "-o", "{d}/o.bin"], "setup": fixture_line("log.csv", 3, line),
+            "expect": expect, "outputs": ["o.bin"]}
+
+
+def _strict_json(d, out):
+    """A ``then`` check: stdout is JSON as jq or JavaScript read it (no NaN, Infinity: only Python takes those)."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    json.loads(out, parse_constant=refuse)
+
+
+def _shared_list(depth: int) -> list:
+    """``[a, a]`` with ``a = [b, b]``, ... ``depth`` times: a few bytes pickled (each list once, then referenced),
+    2**depth strings when printed or written out as JSON."""
+    a = ["lol"]
+    for _ in range(depth):
+        a = [a, a]
+    return a
+
+
+# session 6: what fills the disk, sizes of a fraction of a byte, loose numbers, frees the CuPy log never allocated
+HUNT_6: list[Case] = [
+    Case("synth-iterations-past-a-million", _SYNTH + ["mlp", "-n", "1000000000"], stdout_empty=True,
+         expect="iterations: at most 1,000,000 (one MARK and label each), got 1,000,000,000", outputs=["s.bin"]),
+    Case("synth-trace-larger-than-the-disk", _SYNTH + ["mlp", "-n", "1000000", "-P", "layers=10000", "-P",
+                                                      "hidden=16", "-q"], stdout_empty=True,
+         expect="s.bin: cannot write: the trace would take about ", outputs=["s.bin"]),
+    Case("cap-a-fraction-of-a-byte", ["replay", "{trace}", "--cap", "1.5"], stdout_empty=True,
+         expect="--cap: '1.5' is not a whole number of bytes (a byte count is an integer; or give a unit: 1.5KB)"),
+    Case("headroom-a-fraction-of-a-byte", ["tune", "{trace}", "--headroom", "0.5B"], stdout_empty=True,
+         expect="--headroom: '0.5B' is not a whole number of bytes"),
+    Case("synth-size-parameter-a-fraction", _SYNTH + ["alloc-heavy", "-P", "min_size=16.5"],
+         expect="parameter min_size: size: '16.5' is not a whole number of bytes", outputs=["s.bin"]),
+    Case("rmm-csv-size-a-fraction", **_rmm_line_3("log.csv: line 3: bad size '1.5': expected a whole number of bytes",
+                                                   size="1.5")),
+    Case("rmm-csv-size-with-underscores", **_rmm_line_3("log.csv: line 3: bad size '1_000': expected a whole number "
+                                                        "of bytes", size="1_000")),
+    Case("rmm-csv-size-with-a-plus", **_rmm_line_3("line 3: bad size '+256'", size="+256")),
+    Case("rmm-csv-size-in-other-digits", **_rmm_line_3("line 3: bad size '\u0662\u0665\u0666'",
+                                                       size="\u0662\u0665\u0666")),
+    Case("rmm-csv-stream-with-underscores", **_rmm_line_3("line 3: bad stream '0x5603_b2c0': expected a whole number "
+                                                          "(hexadecimal)", stream="0x5603_b2c0")),
+    Case("rmm-csv-pointer-with-underscores", **_rmm_line_3("line 3: bad pointer '0x7f00_0010_0000'",
+                                                           pointer="0x7f00_0010_0000")),
+    Case("rmm-csv-time-with-underscores", **_rmm_line_3("line 3: bad time '2_3:59:59.200000'",
+                                                        time="2_3:59:59.200000")),
+    Case("cupy-jsonl-size-a-fraction", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 2, '{"hook":"malloc","device_id":0,"size":1.5,"mem_size":512,'
+                                        '"mem_ptr":150496608256,"pmem_id":"0x7f39200c5278"}'),
+         expect="hooks.jsonl: line 2: size is 1.5, expected a non-negative integer (a whole number of bytes)",
+         outputs=["o.bin"]),
+    Case("bestfit-segment-none", ["replay", "{trace}", "-p", "bestfit[segment=none]"], stdout_empty=True,
+         expect="policy 'bestfit': option segment: expected a size (such as its default 2MiB), got 'none' (no limit "
+                "is for the options whose default is none)"),
+    Case("binned-max-pool-unlimited", ["compare", "{trace}", "-p", "binned", "-O", "max_pool=unlimited"],
+         stdout_empty=True, expect="option max_pool: expected a size (such as its default 128MiB), got 'unlimited'"),
+    Case("synth-max-size-none", _SYNTH + ["alloc-heavy", "-P", "max_size=none"], outputs=["s.bin"],
+         expect="parameter max_size: expected a size (such as its default 4MiB), got 'none'"),
+    Case("tune-log-warns-as-import-does", ["tune", "{d}/log.csv", "--no-fit", "-j", "1", "--json"],
+         fixture_line("log.csv", 4, "2342730,23:59:59.900000,free,0x7f0000000000,5,0"), status=0, stderr_lines=3,
+         stdout_json=True, expect="allocsim: warning: {d}/log.csv: line 4: a free of 5 bytes at 0x7f0000000000, "
+                                  "allocated with 1,048,576 bytes; the allocation's size is the one replayed"),
+    Case("tune-cupy-log-cut-short-warns", ["tune", "{d}/h.jsonl", "--no-fit", "-j", "1", "--json"],
+         text_file("h.jsonl", pathlib.Path(_HOOKS).read_text() + '{"hook":"mal'), status=0, stderr_lines=3,
+         stdout_json=True, expect="allocsim: warning: {d}/h.jsonl: line 10: last line is cut short"),
+    Case("cupy-jsonl-double-free", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         text_file("hooks.jsonl", "\n".join(_HOOK_LINES + [_HOOK_LINES[8]]) + "\n"), outputs=["o.bin"],
+         expect="hooks.jsonl: line 10: free of unknown pmem_id '0x7f39200c52b0' at mem_ptr 0x230a4c0200 (no open malloc "
+                "with it: never allocated, or already freed)"),
+    Case("cupy-jsonl-free-at-another-pointer", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 9, _HOOK_LINES[8].replace("150496608768", "150496609280")), outputs=["o.bin"],
+         expect="hooks.jsonl: line 9: free of pmem_id '0x7f39200c52b0' at mem_ptr 0x230a4c0400, but its open malloc "
+                "is at 0x230a4c0200"),
+    Case("cupy-jsonl-malloc-at-an-open-pointer", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 5, _HOOK_LINES[4].replace("150496608256", "150496608768")), outputs=["o.bin"],
+         expect="hooks.jsonl: line 5: malloc at mem_ptr 0x230a4c0200, where the malloc of line 3 is not freed yet"),
+    Case("cupy-jsonl-free-of-another-size", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 9, _HOOK_LINES[8].replace('"mem_size":1024', '"mem_size":2048')), status=0,
+         then=_made("o.bin"), expect="allocsim: warning: {d}/hooks.jsonl: line 9: a free of 2,048 bytes at mem_ptr "
+                                     "0x230a4c0200, malloc'd with mem_size 1,024; the allocation's size is the one "
+                                     "replayed"),
+    Case("torch-snapshot-divisions-list-short", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(roundup_power2_divisions=[1, 2])), outputs=["o.bin"],
+         expect="snap.pickle: metadata: allocator_settings: roundup_power2_divisions: a list of 2 entries, expected "
+                "one per interval (16)"),
+    Case("torch-snapshot-divisions-not-a-power-of-two", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(roundup_power2_divisions={"1": 3, "2": 0})),
+         outputs=["o.bin"], expect="allocator_settings: roundup_power2_divisions entry 3 is neither 0 nor a power of 2"),
+    Case("meta-divisions-list-short-replay", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"roundup_power2_divisions": [1, 2]}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: roundup_power2_divisions: a list of 2"),
+    # the note comes as the arguments are read: the unknown policy then stops the sweep before any worker starts
+    Case("dask-local-capped-at-cores", ["sweep", "{trace}", "-p", "nosuch", "--dask-local", "99999", "-o", "{d}/r.csv"],
+         stderr_lines=2, expect=f"allocsim: note: --dask-local 99999 is more than the {os.cpu_count()} cores here; "
+                                f"using {os.cpu_count()}", outputs=["r.csv", "r.csv.partial"]),
+    Case("sweep-format-csv-contradicts-a-json-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.json", "--format",
+                                                      "csv"], expect="-o {d}/r.json: --format csv contradicts the .json "
+                                                                     "name", outputs=["r.json", "r.json.partial"]),
+    Case("plugin-declaration-raises", ["replay", "{trace}", "-p", "b.py:Pool"], _RAISING_SUMMARY, stdout_empty=True,
+         expect="policy 'b.py:Pool' failed while its declaration (name, summary, params) was read: ValueError: no "
+                "summary (raised at {d}/b.py:4)"),
+    Case("entry-point-declaration-raises-child", ["compare", "{trace}", "-p", "split,bad", "-j", "1"],
+         lambda d: (_installed(bad="b:Pool")(d), _RAISING_SUMMARY(d)), subprocess=True, stdout_empty=True,
+         expect="policy 'bad' failed while its declaration (name, summary, params) was read: ValueError: no summary"),
+    Case("torch-option-with-underscores", ["replay", "{trace}", "-p", "torch", "-O", "max_split_size_mb=1_000"],
+         stdout_empty=True, expect="policy 'torch': option max_split_size_mb: expected an integer, got '1_000'"),
+    Case("torch-threshold-in-other-digits", ["compare", "{trace}", "-p", "torch[garbage_collection_threshold:0.\u0665]"],
+         stdout_empty=True, expect="option garbage_collection_threshold: expected a number, got '0.\u0665'"),
+    Case("synth-param-with-underscores", _SYNTH + ["mlp", "-P", "batch=1_6"], outputs=["s.bin"],
+         expect="preset 'mlp' parameter batch: expected an integer, got '1_6'"),
+    Case("meta-alloc-conf-with-underscores", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:2_00"}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: "),
+    Case("torch-snapshot-settings-shared-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(x=_shared_list(40))), outputs=["o.bin"],
+         expect="snap.pickle: metadata: allocator_settings: more than 10,000 values (with the lists the pickle shares "
+                "expanded, as the trace's JSON metadata would hold them): not a PyTorch allocator's settings"),
+    Case("torch-snapshot-action-shared-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["device_traces"][0][0].update(action=_shared_list(40))), outputs=["o.bin"],
+         expect="snap.pickle: device_traces[0][0]: action is [[[[...], [...]], [[...], [...]]], [[[...], [...]], "
+                "[[...], [...]]]], expected a string"),
+    Case("torch-snapshot-time-shared-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["device_traces"][0][1].update(time_us=_shared_list(40))), outputs=["o.bin"],
+         expect="device_traces[0][1]: time_us is [[[[...]"),
+    Case("torch-snapshot-frames-and-segment-type-shared-lists", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: [s["segments"][0].update(segment_type=_shared_list(40))] +
+                       [e.update(frames=[{"filename": _shared_list(40), "name": _shared_list(40)}])
+                        for e in s["device_traces"][0]]), status=0, stderr_lines=2, then=_made("o.bin"),
+         expect="snap.pickle: ignored unknown actions: annotate x1"),
+    Case("cupy-jsonl-device-id-a-string", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
+         fixture_line("hooks.jsonl", 2, _HOOK_LINES[1].replace('"device_id":0', '"device_id":"0"')), outputs=["o.bin"],
+         expect="hooks.jsonl: line 2: device_id is '0', expected an integer (the device's index)"),
+    Case("cupy-jsonl-device-id-true", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin", "--device", "1"],
+         fixture_line("hooks.jsonl", 2, _HOOK_LINES[1].replace('"device_id":0', '"device_id":true')), outputs=["o.bin"],
+         expect="hooks.jsonl: line 2: device_id is True, expected an integer"),
+    Case("torch-snapshot-segment-device-a-string", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["segments"][0].update(device="0")), outputs=["o.bin"],
+         expect="snap.pickle: segments[0]: device is '0', expected a non-negative integer"),
+    Case("torch-snapshot-no-events-segment-device-a-list", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: (s.update(device_traces=[[], []]), s["segments"][0].update(device=[1]))),
+         outputs=["o.bin"], expect="snap.pickle: segments[0]: device is [1], expected a non-negative integer"),
+    Case("torch-snapshot-is-expandable-a-string", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["segments"][0].update(is_expandable="False")), outputs=["o.bin"],
+         expect="snap.pickle: segments[0]: is_expandable is 'False', expected True or False"),
+    Case("meta-max-split-a-fraction-of-a-byte", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"max_split_size": (1 << 30) + 0.5}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: max_split_size 1073741824.5: expected a "
+                                   "whole number of bytes"),
+    Case("meta-expandable-segments-a-string", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"expandable_segments": "False"}}), stdout_empty=True,
+         expect="bad.bin: metadata: allocator_settings: expandable_segments 'False': expected true or false"),
+    Case("meta-gc-threshold-a-string", ["compare", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"garbage_collection_threshold": "0.5"}}),
+         stdout_empty=True, expect="allocator_settings: garbage_collection_threshold '0.5': expected a number"),
+    Case("meta-initial-segment-address-a-fraction", ["info", "{d}/bad.bin"],
+         trace_with({"initial_segments": [{"address": 1.5, "total_size": 2 << 20}]}), stdout_empty=True,
+         expect="bad.bin: metadata: initial_segments[0].address: expected an address (an integer >= 0), got 1.5"),
+    Case("info-json-of-metadata-holding-nan", ["info", "{d}/bad.bin", "--json"],
+         trace_with({"framework_version": float("nan"), "pool": float("inf")}), status=0, stderr_lines=0,
+         then=_strict_json),
+    Case("plot-under-an-unknown-mplbackend", ["plot", "{trace}", "-p", "none", "-o", "{d}/k.png"],
+         env={"MPLBACKEND": "nonsense"}, status=0, stderr_lines=0, then=_made("k.png")),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -112,6 +112,23 @@ def test_rank_learnt_from_torch_distributed(tmp_path):
     assert os.listdir(tmp_path).count("run.rank1.bin") == 1
 
 
+@pytest.mark.parametrize("env,name,meta", [
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, None, {"world_size": 2}),
+    ({"RANK": "1_0", "LOCAL_RANK": "+1", "WORLD_SIZE": "0"}, None, {}),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "run.rank3.bin", {"rank": 3}),
+    ({"RANK": " 1 ", "WORLD_SIZE": "2"}, "run.rank1.bin", {"rank": 1, "world_size": 2})])
+def test_a_rank_environment_the_reader_would_refuse_is_left_out(tmp_path, env, name, meta):
+    """RANK, LOCAL_RANK and WORLD_SIZE are counts in ASCII digits, WORLD_SIZE at least 1 and above RANK: anything
+    else is left out of the trace's metadata (a trace that says rank -1 or world_size 0 could not be read back)."""
+    _write(tmp_path, "w.py", "import torch\ntorch.cuda.fake_alloc(20 << 20)\ntorch.optim.fake_step()\n")
+    r = _record(tmp_path, sys.executable, "w.py", env=env)
+    assert r.returncode == 0, r.stderr
+    [trace] = run_files(str(tmp_path / "run.bin"))
+    assert name is None or os.path.basename(trace) == name, trace
+    m = Trace.load(trace).meta
+    assert {k: m[k] for k in ("rank", "local_rank", "world_size") if k in m} == meta, m
+
+
 def test_a_process_that_never_starts_cuda_records_nothing(tmp_path):
     _write(tmp_path, "cpu_only.py", "import sys, torch\nsys.exit(3)\n")
     r = _record(tmp_path, sys.executable, "cpu_only.py")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from allocsim import synth
 from allocsim.cli import main
 from allocsim.errors import UsageError
-from allocsim.trace import ALLOC, FREE, MARK, Trace
+from allocsim.trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace
 
 # Small shapes so each trace takes milliseconds.
 SMALL = {
@@ -202,6 +203,21 @@ def test_cli_rejects_bad_input_in_one_line(tmp_path, capsys, argv):
     err = capsys.readouterr().err.strip()
     assert err.startswith("allocsim: ") and "\n" not in err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("too_big,fits,events", [
+    (["alloc-heavy", "-P", "n_allocs=20000", "-n", "4"], ["alloc-heavy", "-P", "n_allocs=400", "-n", "4"], "40k"),
+    (["mlp", "-n", "20"], ["mlp", "-n", "4"], "1.95k")])
+def test_cli_refuses_a_trace_the_disk_cannot_hold(tmp_path, capsys, monkeypatch, too_big, fits, events):
+    """synth estimates the trace's bytes before writing it (alloc-heavy: 2 events an allocation and a MARK an
+    iteration; a model: the first iteration's events each iteration) and refuses one past the free space."""
+    monkeypatch.setattr(synth.shutil, "disk_usage", lambda p: SimpleNamespace(free=1000 * RECORD_DTYPE.itemsize))
+    assert main(["synth", *too_big, "-o", str(tmp_path / "t.bin"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t.bin: cannot write: the trace would take about" in err, err
+    assert f"({events} events), more than the 39.06 KiB free on its disk" in err, err
+    assert os.listdir(tmp_path) == []
+    assert main(["synth", *fits, "-o", str(tmp_path / "t.bin"), "-q"]) == 0
 
 
 def test_shipped_trace_is_the_small_transformer():

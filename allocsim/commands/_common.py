@@ -63,14 +63,20 @@ def positive_int(text: str) -> int:
     return n
 
 
-def jobs_arg(text: str) -> int:
-    """argparse type of -j: a positive integer, capped at this machine's cores with a note."""
-    n = positive_int(text)
-    cores = os.cpu_count() or 1
-    if n > cores:
-        print(f"allocsim: note: -j {n} is more than the {cores} cores here; using {cores}", file=sys.stderr)
-        return cores
-    return n
+def at_most_cores(flag: str):
+    """argparse type of a count of local processes (``-j``, ``--dask-local``): a positive integer, capped at this
+    machine's cores with a note (more only adds processes: ``--dask-local 99999`` would start them all)."""
+    def count(text: str) -> int:
+        n = positive_int(text)
+        cores = os.cpu_count() or 1
+        if n > cores:
+            print(f"allocsim: note: {flag} {n} is more than the {cores} cores here; using {cores}", file=sys.stderr)
+            return cores
+        return n
+    return count
+
+
+jobs_arg = at_most_cores("-j")
 
 
 def add_jobs_argument(p) -> None:
@@ -84,7 +90,8 @@ def add_dask_arguments(p) -> None:
     """--scheduler / --dask-local, for the commands whose replays may run on a Dask cluster (`dask_cluster`)."""
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler, e.g. tcp://host:8786")
-    g.add_argument("--dask-local", type=positive_int, metavar="N", help="run on a local Dask cluster of N workers")
+    g.add_argument("--dask-local", type=at_most_cores("--dask-local"), metavar="N",
+                   help="run on a local Dask cluster of N workers, at most the number of cores")
 
 
 def check_scheduler(args) -> None:

@@ -36,10 +36,16 @@ def run(args) -> int:
     claim_outputs([("-o", args.output)], [args.file], force=args.force)
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
                      device_name=args.device_name)
-    for w in st.get("warnings", []):
-        print(f"allocsim: warning: {shown_name(args.file)}: {printable(w, keep='')}", file=sys.stderr)
+    show_warnings(args.file, st)
     print(summary(args.file, args.output, st))
     return 0
+
+
+def show_warnings(src: str, st: dict) -> None:
+    """The importer's warnings about ``src`` (a cut-off last line, a free of another size), a line each on stderr:
+    `allocsim import` and the imports that tune makes on the fly show them alike."""
+    for w in st.get("warnings", []):
+        print(f"allocsim: warning: {shown_name(src)}: {printable(w, keep='')}", file=sys.stderr)
 
 
 def summary(src: str, out: str, st: dict) -> str:

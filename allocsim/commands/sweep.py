@@ -118,10 +118,11 @@ def _still_done(row: dict | None, cell: Cell) -> bool:
 def _table_format(output: str, given: str | None) -> str:
     """csv or jsonl, from --format or the output's name; a name that says the other format, or ``.json``
     (JSON lines are not one JSON document), is refused rather than given a table it does not name."""
-    named = {".csv": "csv", ".jsonl": "jsonl"}.get(os.path.splitext(output)[1].lower())
+    ext = os.path.splitext(output)[1].lower()
+    named = {".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}.get(ext)     # .json: JSON, as the lines are
     if given and named and given != named:
-        raise UsageError(f"-o {output}: --format {given} contradicts the .{named} name")
-    if output.lower().endswith(".json") and given != "jsonl":
+        raise UsageError(f"-o {output}: --format {given} contradicts the {ext} name")
+    if ext == ".json" and given != "jsonl":
         raise UsageError(f"-o {output}: sweep writes JSON lines (one object per line), not one JSON document; "
                          f"name it .jsonl (or pass --format jsonl)")
     if not (given or named):

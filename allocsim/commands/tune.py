@@ -87,6 +87,7 @@ def _as_trace(path: str):
         return
     from ..errors import InputError
     from ..importers import detect, import_file
+    from .import_ import show_warnings
     try:
         fmt = detect(path)
     except InputError as e:
@@ -94,7 +95,7 @@ def _as_trace(path: str):
                          path=e.path, position=e.position) from None
     with tempfile.TemporaryDirectory(prefix="allocsim-tune-") as d:
         out = os.path.join(d, os.path.basename(path) + ".bin")
-        import_file(path, out, format=fmt)
+        show_warnings(path, import_file(path, out, format=fmt))
         print(f"allocsim tune: {path}: a {fmt} log, imported for the search (allocsim import {path} -o run.bin "
               f"keeps it)", file=sys.stderr)
         yield out

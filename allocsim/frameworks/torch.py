@@ -210,14 +210,21 @@ def settings_from_trace(meta: dict, path=None) -> dict:
     try:
         out = parse_conf(s.get("PYTORCH_CUDA_ALLOC_CONF") or "")
         if s.get("max_split_size") is not None:
-            v = int(s["max_split_size"])
+            v = s["max_split_size"]
+            if type(v) is not int:      # int() would round 1073741824.5 and read "1GB" as an error of its own
+                raise ValueError(f"max_split_size {v!r}: expected a whole number of bytes")
             out["max_split_size_mb"] = None if v >= SIZE_MAX or v <= 0 else v // MiB
             if out["max_split_size_mb"] is not None and out["max_split_size_mb"] < MIN_MB:
                 raise ValueError(f"max_split_size {v} bytes is below the {MIN_MB} MiB PyTorch allows")
         if s.get("garbage_collection_threshold") is not None:
-            out["garbage_collection_threshold"] = float(s["garbage_collection_threshold"])
+            v = s["garbage_collection_threshold"]
+            if type(v) not in (int, float):
+                raise ValueError(f"garbage_collection_threshold {v!r}: expected a number")
+            out["garbage_collection_threshold"] = float(v)
         if s.get("expandable_segments") is not None:
-            out["expandable_segments"] = bool(s["expandable_segments"])
+            if not isinstance(s["expandable_segments"], bool):       # bool("False") is True
+                raise ValueError(f"expandable_segments {s['expandable_segments']!r}: expected true or false")
+            out["expandable_segments"] = s["expandable_segments"]
         div = s.get("roundup_power2_divisions")
         if isinstance(div, dict) and div:
             table = [0] * N_DIVISION_INTERVALS
@@ -225,15 +232,25 @@ def settings_from_trace(meta: dict, path=None) -> dict:
                 mb = int(k)
                 if not _pow2(mb):
                     raise ValueError(f"roundup_power2_divisions key {k!r} is not a power of two")
-                table[interval_of_mb(mb)] = int(d)
+                table[interval_of_mb(mb)] = _recorded_divisions(d)
             out["roundup_power2_divisions"] = tuple(table)
         elif isinstance(div, (list, tuple)) and div:
-            out["roundup_power2_divisions"] = tuple(int(d) for d in div)
+            if len(div) != N_DIVISION_INTERVALS:
+                raise ValueError(f"roundup_power2_divisions: a list of {len(div)} entries, expected one per interval "
+                                 f"({N_DIVISION_INTERVALS})")
+            out["roundup_power2_divisions"] = tuple(_recorded_divisions(d) for d in div)
         if not any(d > 1 for d in out.get("roundup_power2_divisions") or ()):
             out.pop("roundup_power2_divisions", None)      # a table that rounds nothing: the default, not an option
     except (ValueError, TypeError, OverflowError, UsageError) as e:
         raise InputError(f"allocator_settings: {e.args[0] if e.args else e}", path=path, position="metadata")
     return out
+
+
+def _recorded_divisions(d) -> int:
+    """One recorded divisions entry: 0 (no rounding) or a power of two, as PyTorch's parser allows."""
+    if isinstance(d, bool) or not isinstance(d, int) or not (d == 0 or _pow2(d)) or d > SIZE_MAX:
+        raise ValueError(f"roundup_power2_divisions entry {d!r} is neither 0 nor a power of 2")
+    return d
 
 
 def options_in_force(options: dict | None, trace) -> dict:

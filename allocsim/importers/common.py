@@ -1,7 +1,12 @@
 """What the importers share: trace metadata and line-oriented logs whose tail may be cut off."""
 from __future__ import annotations
 
+import re
+
 from ..errors import InputError
+
+_DECIMAL = re.compile(r"-?[0-9]+\Z")
+_HEX = re.compile(r"-?(0[xX])?[0-9a-fA-F]+\Z")
 
 
 def base_meta(fmt: str, framework: str, source: str, *, device: int = 0, device_name: str | None = None,
@@ -33,6 +38,7 @@ class LineLog:
         self.dropped_line: int | None = None
         self._cut = False
         self._line = 0
+        self._resized: tuple | None = None      # (line, what) of the first free of another size, and the count
 
     def each(self, handle) -> None:
         try:
@@ -48,7 +54,12 @@ class LineLog:
                     try:
                         handle(text)
                     except _Dropped:
-                        return
+                        break
+        if self._resized:
+            line, what, n = self._resized
+            self.warnings.append(f"line {line}: {what}" + (f" ({n} frees of another size than their allocation in "
+                                                           f"all)" if n > 1 else "")
+                                 + "; the allocation's size is the one replayed")
 
     @property
     def line(self) -> int:
@@ -65,12 +76,18 @@ class LineLog:
             raise _Dropped
         raise self.error(what)
 
-    def parse_int(self, text: str, what: str, base: int = 10) -> int:
-        """An integer field; a negative one or one past 64 bits is refused (they are sizes, handles, pointers)."""
-        try:
-            v = int(text, base)
-        except ValueError:
-            self.bad(f"bad {what} {text!r}")
+    def free_of_another_size(self, what: str) -> None:
+        """Note a free whose size is not its allocation's (a torn or edited log: the caller must free what it
+        allocated); `each` ends by warning of the first, with the count."""
+        line, first, n = self._resized or (self._line, what, 0)
+        self._resized = (line, first, n + 1)
+
+    def parse_int(self, text: str, what: str, base: int = 10, expect: str = "a whole number") -> int:
+        """An integer field: ASCII digits (base 16: with or without 0x), nothing else Python's int() takes (``1_000``,
+        ``+1``, other scripts' digits); a negative one or one past 64 bits is refused (sizes, handles, pointers)."""
+        if not (_HEX if base == 16 else _DECIMAL).match(text):
+            self.bad(f"bad {what} {text!r}: expected {expect}" + (" (hexadecimal)" if base == 16 else ""))
+        v = int(text, base)
         if v < 0:
             self.bad(f"negative {what} {v}")
         if v >= 2**64:

@@ -6,7 +6,7 @@ One JSON object per line, printed at postprocess time:
     malloc (size == 0)     -> ALLOC of 0 bytes: a request CuPy answers with a null pointer and
                               never frees, counted as `allocsim record` counts it
     malloc (mem_ptr == 0)  -> OOM of the requested ``size`` (the request raised)
-    free                   -> FREE of the most recent open malloc with that ``pmem_id``
+    free                   -> FREE of the most recent open malloc with that ``pmem_id`` and ``mem_ptr``
     alloc  (mem_ptr != 0)  -> SEGMENT_ALLOC of ``mem_size`` (the pool went upstream)
     alloc  (mem_ptr == 0)  -> nothing: a failed upstream attempt the pool may retry; counted
 
@@ -46,7 +46,8 @@ class HookLog:
     def emit(self, writer: TraceWriter) -> dict:
         """Write one event per hook line of ``device``; return counts."""
         log = LineLog(self.path)
-        open_ids: dict[object, list[int]] = {}    # pmem_id -> ids of its open mallocs, oldest first
+        open_ids: dict[object, list[tuple]] = {}  # pmem_id -> (id, mem_ptr, mem_size) of its open mallocs, oldest first
+        open_at: dict[int, int] = {}              # mem_ptr of an open malloc -> its line
         counts = {"malloc": 0, "zero_malloc": 0, "free": 0, "alloc": 0, "oom": 0, "failed_upstream": 0,
                   "other_devices": 0}
         device = self.device
@@ -69,9 +70,12 @@ class HookLog:
                 return log.bad(f"{hook} line without {', '.join(missing)}")
             for k in keys:
                 if k != "pmem_id" and not (type(h[k]) is int and 0 <= h[k] < 2**64):
-                    return log.bad(f"{k} is {h[k]!r}, expected a non-negative integer")
+                    return log.bad(f"{k} is {h[k]!r}, expected a non-negative integer"
+                                   + (" (a whole number of bytes)" if k.endswith("size") else ""))
             if "pmem_id" in keys and type(h["pmem_id"]) not in (str, int):
                 return log.bad(f"pmem_id is {h['pmem_id']!r}, expected a string or an integer")
+            if type(h.get("device_id", device)) is not int:
+                return log.bad(f"device_id is {h['device_id']!r}, expected an integer (the device's index)")
             if h.get("device_id", device) != device:
                 counts["other_devices"] += 1
                 return
@@ -86,14 +90,29 @@ class HookLog:
                 if h["mem_ptr"] == 0:
                     counts["oom"] += 1
                     return writer.oom(h["size"], t=t)
+                if h["mem_ptr"] in open_at:
+                    return log.bad(f"malloc at mem_ptr {h['mem_ptr']:#x}, where the malloc of line "
+                                   f"{open_at[h['mem_ptr']]} is not freed yet")
                 counts["malloc"] += 1
-                open_ids.setdefault(h["pmem_id"], []).append(writer.alloc(h["size"], t=t, addr=h["mem_ptr"]))
+                open_at[h["mem_ptr"]] = log.line
+                open_ids.setdefault(h["pmem_id"], []).append(
+                    (writer.alloc(h["size"], t=t, addr=h["mem_ptr"]), h["mem_ptr"], h["mem_size"]))
             elif hook == "free":
                 stack = open_ids.get(h["pmem_id"])
                 if not stack:
-                    return log.bad(f"free of unknown pmem_id {h['pmem_id']!r} (no open malloc with it)")
+                    return log.bad(f"free of unknown pmem_id {h['pmem_id']!r} at mem_ptr {h['mem_ptr']:#x} (no open "
+                                   f"malloc with it: never allocated, or already freed)")
+                k = next((k for k in range(len(stack) - 1, -1, -1) if stack[k][1] == h["mem_ptr"]), None)
+                if k is None:
+                    return log.bad(f"free of pmem_id {h['pmem_id']!r} at mem_ptr {h['mem_ptr']:#x}, but its open "
+                                   f"malloc is at {stack[-1][1]:#x}")
+                obj, ptr, mem_size = stack.pop(k)
+                if h["mem_size"] != mem_size:
+                    log.free_of_another_size(f"a free of {h['mem_size']:,} bytes at mem_ptr {ptr:#x}, malloc'd with "
+                                             f"mem_size {mem_size:,}")
                 counts["free"] += 1
-                writer.free(stack.pop(), t=t, addr=h["mem_ptr"], size=h["mem_size"])
+                del open_at[ptr]
+                writer.free(obj, t=t, addr=ptr, size=h["mem_size"])
             elif h["mem_ptr"]:
                 counts["alloc"] += 1
                 writer.segment(SEGMENT_ALLOC, h["mem_ptr"], h["mem_size"], t=t)

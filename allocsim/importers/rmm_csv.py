@@ -17,6 +17,8 @@ Costs: one pass, O(1) per row; a dict maps each live pointer to its id.
 """
 from __future__ import annotations
 
+import re
+
 from ..trace import TraceWriter
 from ..trace.events import MAX_SIZE
 from .common import LineLog, base_meta
@@ -24,6 +26,7 @@ from .common import LineLog, base_meta
 COLUMNS = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
 DAY_US = 86_400 * 10**6
 HALF_DAY_US = DAY_US // 2
+_TIME = re.compile(r"([0-9]+):([0-9]+):([0-9]+)(?:\.([0-9]{0,9}))?\Z")
 
 
 class RmmLog:
@@ -40,7 +43,6 @@ class RmmLog:
         log = LineLog(self.path)
         live: dict[int, int] = {}
         live_size: dict[int, int] = {}          # pointer -> the size its allocate logged
-        resized: list = []                      # (line, text) of the first free of another size, and the count
         counts = {"allocate": 0, "allocate failure": 0, "free": 0}
         threads = set()
         state = {"cols": None, "first": None, "day": 0, "last_us": None, "t": 0}
@@ -63,7 +65,7 @@ class RmmLog:
             action = f[i_action].strip()
             if action not in counts:
                 log.bad(f"unknown action {action!r} (expected allocate, allocate failure or free)")
-            size = log.parse_int(f[i_size].strip(), "size")
+            size = log.parse_int(f[i_size].strip(), "size", expect="a whole number of bytes")
             if size > MAX_SIZE:
                 log.bad(f"absurd size {size} (> 1 PiB)")
             stream = log.parse_int(f[i_stream].strip(), "stream", 16)
@@ -90,9 +92,9 @@ class RmmLog:
                 live_size[ptr] = size
             elif action == "free":
                 allocated = live_size.pop(ptr)
-                if size != allocated:           # RMM's caller must free what it allocated: a torn or edited log
-                    resized.append((log.line, f"a free of {size:,} bytes at {ptr_text}, allocated with "
-                                              f"{allocated:,} bytes"))
+                if size != allocated:
+                    log.free_of_another_size(f"a free of {size:,} bytes at {ptr_text}, allocated with {allocated:,} "
+                                             f"bytes")
                 writer.free(live.pop(ptr), t=t, stream=stream, addr=ptr, size=size)
             else:
                 writer.oom(size, stream=stream, t=t)
@@ -100,26 +102,14 @@ class RmmLog:
         log.each(row)
         if state["cols"] is None:
             raise log.error("empty log: no header line")
-        if resized:
-            line, what = resized[0]
-            log.warnings.append(f"line {line}: {what}" + (f" ({len(resized)} frees of another size than their "
-                                                          f"allocation in all)" if len(resized) > 1 else "")
-                                + "; the allocation's size is the one replayed")
         return {"format": "rmm", "rows": sum(counts.values()), "allocs": counts["allocate"], "frees": counts["free"],
                 "ooms": counts["allocate failure"], "threads": len(threads), "live_at_end": len(live),
                 "days_crossed": state["day"] // DAY_US, "dropped_line": log.dropped_line, "warnings": log.warnings}
 
 
 def _time_of_day(text: str, log: LineLog) -> int:
-    """``HH:MM:SS.ffffff`` -> microseconds since midnight."""
-    try:
-        h, m, s = text.split(":")
-        sec, _, frac = s.partition(".")
-        if not (frac.isdigit() or frac == "") or len(frac) > 9:
-            raise ValueError
-        h, m, sec = int(h), int(m), int(sec)
-        if not (0 <= h < 24 and 0 <= m < 60 and 0 <= sec < 61):
-            raise ValueError
-        return ((h * 60 + m) * 60 + sec) * 10**6 + int((frac + "000000")[:6])
-    except ValueError:
+    """``HH:MM:SS.ffffff`` (ASCII digits only: no ``1_0``, no other scripts' digits) -> microseconds since midnight."""
+    m = _TIME.match(text)
+    if not m or not (int(m[1]) < 24 and int(m[2]) < 60 and int(m[3]) < 61):
         log.bad(f"bad time {text!r} (expected HH:MM:SS.ffffff)")
+    return ((int(m[1]) * 60 + int(m[2])) * 60 + int(m[3])) * 10**6 + int(((m[4] or "") + "000000")[:6])

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import reprlib
 from collections import Counter
 
 from ..errors import InputError
@@ -71,6 +72,46 @@ def convert(snapshot: dict, writer, *, device: int | None = None, source: str = 
     return conv.emit(writer)
 
 
+#: How a value from the snapshot is shown in an error: bounded in depth and length, since a pickle may share one
+#: list many times over (``a = [b, b]; b = [c, c]; ...``): a few bytes whose plain repr or str never ends.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 80, 80, 60
+_shown = _REPR.repr
+
+#: The most values (containers and scalars, a shared one counted each time it appears) ``allocator_settings`` may
+#: hold: PyTorch's are a few dozen; the metadata it goes into is written out as JSON, every sharing expanded.
+SETTINGS_VALUES = 10_000
+
+
+def _text(value, default: str) -> str:
+    """A frame's or segment's text field: the string itself, an int as digits, anything else ``default``."""
+    if isinstance(value, str):
+        return value
+    return str(value) if type(value) is int else default
+
+
+def _settings(settings, where: "_Where") -> dict:
+    """``allocator_settings`` as they go into the metadata: a dict of at most `SETTINGS_VALUES` values."""
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        raise where.error(f"allocator_settings is {_shown(settings)}, expected a dict", "metadata")
+    todo, seen = [settings], 0
+    while todo:
+        value = todo.pop()
+        seen += 1
+        if seen > SETTINGS_VALUES:
+            raise where.error(f"allocator_settings: more than {SETTINGS_VALUES:,} values (with the lists the pickle "
+                              f"shares expanded, as the trace's JSON metadata would hold them): not a PyTorch "
+                              f"allocator's settings", "metadata")
+        if isinstance(value, dict):
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            todo.extend(value)
+    return settings
+
+
 def site_of(frames) -> str | None:
     """Call-site string ``file:line:function`` of the first Python frame outside torch, else the first frame."""
     if not frames or not isinstance(frames, list):
@@ -79,13 +120,13 @@ def site_of(frames) -> str | None:
     for f in frames:
         if not isinstance(f, dict):
             continue
-        name = str(f.get("filename", "?"))
+        name = _text(f.get("filename"), "?")
         if name.endswith(".py"):
             if "/torch/" not in name:
-                return f"{name}:{f.get('line', '?')}:{f.get('name', '?')}"
+                return f"{name}:{_text(f.get('line'), '?')}:{_text(f.get('name'), '?')}"
             first_py = first_py or f
     f = first_py or (frames[0] if isinstance(frames[0], dict) else {})
-    return f"{f.get('filename', '?')}:{f.get('line', '?')}:{f.get('name', '?')}"
+    return f"{_text(f.get('filename'), '?')}:{_text(f.get('line'), '?')}:{_text(f.get('name'), '?')}"
 
 
 #: The PyTorch functions whose allocation is caught when it fails (``docs/allocator-dependent.md``): cuDNN v8's
@@ -99,7 +140,7 @@ CAUGHT_OOM_FUNCTIONS = re.compile(r"\b(run_conv_plan(_fused)?|generate_and_filte
 def catches_oom(frames) -> bool:
     """Was the allocation with these frames made where PyTorch catches its OOM (`CAUGHT_OOM_FUNCTIONS`)?"""
     search = CAUGHT_OOM_FUNCTIONS.search
-    return any(isinstance(f, dict) and search(str(f.get("name", ""))) for f in frames)
+    return any(isinstance(f, dict) and search(_text(f.get("name"), "")) for f in frames)
 
 
 def stacks_of(entries) -> str | None:
@@ -108,7 +149,7 @@ def stacks_of(entries) -> str | None:
     for e in entries:
         frames = e.get("frames") if isinstance(e, dict) and e.get("action") == "alloc" else None
         if frames and isinstance(frames, list):
-            return "all" if any(isinstance(f, dict) and "::" in str(f.get("name", "")) for f in frames) \
+            return "all" if any(isinstance(f, dict) and "::" in _text(f.get("name"), "") for f in frames) \
                 else "python"
     return None
 
@@ -131,7 +172,7 @@ class _Where:
         if x is None:
             raise self.error(f"missing key {key!r}", position)
         if not _is_uint(x):
-            raise self.error(f"{key} is {x!r}, expected a non-negative integer", position)
+            raise self.error(f"{key} is {_shown(x)}, expected a non-negative integer", position)
         return x
 
 
@@ -161,13 +202,16 @@ class StartState:
             pos = f"segments[{k}]"
             if not isinstance(seg, dict):
                 raise where.error("segment is not a dict", pos)
-            if seg.get("device", device) != device:
+            if where.uint(seg, "device", pos, device) != device:
                 continue
             base = where.uint(seg, "address", pos)
             stream = where.uint(seg, "stream", pos, 0)
+            expandable = seg.get("is_expandable", False)
+            if not isinstance(expandable, bool):        # bool("False") is True
+                raise where.error(f"is_expandable is {_shown(expandable)}, expected True or False", pos)
             self.segments[base] = {"total_size": where.uint(seg, "total_size", pos), "stream": stream,
-                                   "is_expandable": bool(seg.get("is_expandable", False)),
-                                   "segment_type": str(seg.get("segment_type", "unknown"))}
+                                   "is_expandable": expandable,
+                                   "segment_type": _text(seg.get("segment_type"), "unknown")}
             blocks = seg.get("blocks", [])
             if not isinstance(blocks, list):
                 raise where.error("'blocks' is not a list", pos)
@@ -450,13 +494,13 @@ class SnapshotConversion:
             dev["name"] = device_name
         if total_memory:
             dev["total_memory"] = int(total_memory)
-        settings = snapshot.get("allocator_settings")
+        settings = _settings(snapshot.get("allocator_settings"), where)
         self.private = private_pool_segments(snapshot, device)
         self.pool_ids = private_pool_ids(snapshot, device, where)
         self.meta = {
             "producer": "allocsim import", "framework": "torch", "format": "torch-snapshot",
             "source_file": source, "device": dev,
-            "allocator_settings": settings if isinstance(settings, dict) else {},
+            "allocator_settings": settings,
             "time_source": "time_us" if self.t0 is not None else "entry index",
             "wrapped": self.start.wrapped, "pre_existing": len(self.start.blocks),
             "initial_segments": self.start.initial_segments(), "stacks": stacks_of(self.entries),
@@ -634,8 +678,9 @@ def snapshot_device(snapshot, where: _Where) -> int:
     if used:
         return used[0]
     segments = snapshot.get("segments")
-    on = {seg.get("device") for seg in segments if isinstance(seg, dict)} if isinstance(segments, list) else set()
-    return on.pop() if len(on) == 1 and _is_uint(next(iter(on), None)) else 0
+    on = {seg.get("device") for seg in segments if isinstance(seg, dict) and _is_uint(seg.get("device"))} \
+        if isinstance(segments, list) else set()
+    return on.pop() if len(on) == 1 else 0
 
 
 def _device_entries(snapshot, device: int, where: _Where) -> list:
@@ -676,7 +721,7 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
             raise where.error("entry is not a dict", f"device_traces[{device}][{i}]")
         a = e.get("action")
         if not isinstance(a, str):
-            raise where.error(f"action is {a!r}, expected a string", f"device_traces[{device}][{i}]")
+            raise where.error(f"action is {_shown(a)}, expected a string", f"device_traces[{device}][{i}]")
         if a in SIZED_ACTIONS:
             if not (uint(e.get("addr")) and uint(e.get("size"))):
                 pos = f"device_traces[{device}][{i}]"
@@ -690,13 +735,14 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
             where.uint(e, "device_free", pos, 0)
         s = e.get("stream", 0)
         if not uint(s):
-            raise where.error(f"stream is {s!r}, expected a non-negative integer", f"device_traces[{device}][{i}]")
+            raise where.error(f"stream is {_shown(s)}, expected a non-negative integer",
+                              f"device_traces[{device}][{i}]")
         if timed:
             tu = e.get("time_us")
             if tu is None:
                 timed = False
             elif type(tu) not in (int, float) or not 0 <= tu < 2**53:
-                raise where.error(f"time_us is {tu!r}, expected microseconds (a number, 0 to 2**53)",
+                raise where.error(f"time_us is {_shown(tu)}, expected microseconds (a number, 0 to 2**53)",
                                   f"device_traces[{device}][{i}]")
             elif t0 is None or tu < t0:
                 t0 = tu

@@ -105,13 +105,13 @@ def _wait_forwarding(proc) -> int:
 
 
 # ---- inside each process of the program ------------------------------------------------------------------------
-def env_int(name: str) -> int | None:
-    """An integer environment variable (torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``), None if unset or not
-    a number."""
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
+def env_int(name: str, least: int = 0) -> int | None:
+    """A count from the environment (torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``): ASCII digits, at least
+    ``least``; None if unset or anything else (``-1``, ``1_0``), which the trace's reader would refuse as metadata."""
+    text = os.environ.get(name, "").strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
         return None
+    return int(text)
 
 
 class ProcessRecorder(TorchRecorder):
@@ -123,7 +123,9 @@ class ProcessRecorder(TorchRecorder):
     def __init__(self, config: dict):
         self.run_out = config["out"]
         self.run_command = config.get("command")
-        self.rank, self.local_rank, self.world_size = env_int("RANK"), env_int("LOCAL_RANK"), env_int("WORLD_SIZE")
+        self.rank, self.local_rank, self.world_size = env_int("RANK"), env_int("LOCAL_RANK"), env_int("WORLD_SIZE", 1)
+        if self.world_size is not None and self.rank is not None and self.rank >= self.world_size:
+            self.world_size = None          # RANK=3 WORLD_SIZE=2: the rank names the trace; the size is not known
         super().__init__(process_name(self.run_out, self.label()), command=[sys.executable, *sys.argv],
                          stacks=config.get("stacks") or False, max_events=config.get("max_events"))
 

@@ -35,9 +35,21 @@ PART_HELP = {"hard": "hard: free beside live blocks", "soft": "soft: free in who
              "stream": "stream: free in other streams' pools", "rounding": "rounding: inside allocated blocks"}
 
 
-def _plt():
-    import matplotlib
+def _matplotlib():
+    """matplotlib, on its Agg backend. It is imported without ``MPLBACKEND``: allocsim draws to files with Agg
+    whatever the environment says, and matplotlib's import refuses (a ValueError) a backend it does not know."""
+    saved = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib
+    finally:
+        if saved is not None:
+            os.environ["MPLBACKEND"] = saved
     matplotlib.use("Agg", force=True)
+    return matplotlib
+
+
+def _plt():
+    _matplotlib()
     import matplotlib.pyplot as plt
     plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 9,
                          "xtick.labelsize": 9, "ytick.labelsize": 9, "figure.titlesize": 12})
@@ -72,7 +84,7 @@ def picture_format(path: str) -> str:
 def save(fig, path: str) -> str:
     """Write ``fig`` whole to ``path`` (PNG, SVG or PDF by extension) and close it."""
     from ..outputs import atomic_path
-    import matplotlib
+    matplotlib = _matplotlib()
     fmt = picture_format(path)
     if not fmt:
         raise ValueError(f"{path}: not a .png, .svg or .pdf path")
@@ -133,7 +145,7 @@ def policy_styles(labels) -> dict:
     """
     import zlib
 
-    import matplotlib
+    matplotlib = _matplotlib()
     from matplotlib.colors import to_hex
     tab20, others = (lambda k, m=matplotlib.colormaps[name]: to_hex(m(k)) for name in ("tab20", "tab20b"))
     out, shaded = {}, set()

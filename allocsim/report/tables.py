@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import sys
 
 from ..metrics import COLUMNS
@@ -31,6 +32,23 @@ def write_rows(rows: list[dict], path: str, fmt: str) -> None:
 
 
 def dump_json(obj, out=None) -> None:
-    """One JSON document (a result's ``to_dict()``, rows, a fit) to ``out`` (stdout), as every ``--json`` prints it."""
-    json.dump(obj, out or sys.stdout, indent=1, default=str)
-    (out or sys.stdout).write("\n")
+    """One JSON document (a result's ``to_dict()``, rows, a fit) to ``out`` (stdout), as every ``--json`` prints it.
+
+    Strict JSON, as jq and JavaScript read it: a NaN or infinity (which a trace's metadata may hold: Python's
+    reader takes them) is written as null, not as the ``NaN`` only Python reads back."""
+    try:
+        text = json.dumps(obj, indent=1, default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), indent=1, default=str, allow_nan=False)
+    (out or sys.stdout).write(text + "\n")
+
+
+def _finite(obj):
+    """``obj`` with every float that is not finite replaced by None (JSON's null)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

@@ -78,8 +78,10 @@ def check_meta(meta: dict, path: str) -> None:
         where = f"metadata: initial_segments[{k}]"
         if not isinstance(s, dict):
             raise InputError(f"expected a JSON object, got {_show(s)}", path=path, position=where)
-        _Fields(s, path, where + ".").get("total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE,
-                                          "expected a size in bytes (an integer, 0 to 1 PiB)")
+        seg = _Fields(s, path, where + ".")
+        seg.get("total_size", lambda v: _is_int(v) and 0 <= v <= MAX_SIZE, "expected a size in bytes (an integer, 0 "
+                                                                           "to 1 PiB)")
+        seg.get("address", lambda v: _is_int(v) and v >= 0, "expected an address (an integer >= 0)")
 
 
 def _check_device_memory(mem: "_Fields") -> None:

@@ -715,6 +715,11 @@ class TraceWriter:
             s = self._labels[label] = len(self._labels)
         self.record(ev.MARK, aux=s, t=t)
 
+    @property
+    def count(self) -> int:
+        """Records written so far."""
+        return self._n + (self._file.count if self._file else 0)
+
     # ---- output ----------------------------------------------------------------
     def _flush(self) -> None:
         self._file.write(self._buf[: self._n])
