@@ -22,6 +22,18 @@ cdef extern from *:
         return 0;
     }
 
+    /* del items[x] for a list and 0 <= x < len(items): the tail moved down by one memmove (CPython's del goes
+       through a slice assignment); the list keeps its room, as a list.pop that does not shrink it does. */
+    static CYTHON_INLINE int allocsim_drop_item(PyObject *items, Py_ssize_t x) {
+        Py_ssize_t n = PyList_GET_SIZE(items);
+        PyObject **it = ((PyListObject *)items)->ob_item;
+        PyObject *old = it[x];
+        memmove(it + x, it + x + 1, (size_t)(n - x - 1) * sizeof(PyObject *));
+        Py_SET_SIZE(items, n - 1);
+        Py_DECREF(old);
+        return 0;
+    }
+
     /* items[x] replaced by o, which goes to position y (0 <= x, y < len(items)): the items between shift by one
        memmove. */
     static CYTHON_INLINE int allocsim_move_item(PyObject *items, Py_ssize_t x, Py_ssize_t y, PyObject *o) {
@@ -58,6 +70,7 @@ cdef extern from *:
     """
     bint allocsim_below(list keys, Py_ssize_t i, long long k)
     int allocsim_put_item(list items, Py_ssize_t x, object o) except -1
+    int allocsim_drop_item(list items, Py_ssize_t x) except -1
     int allocsim_move_item(list items, Py_ssize_t x, Py_ssize_t y, object o) except -1
     long long PyLong_AsLongLongAndOverflow(object key, int *overflow) except? -1
 
@@ -203,6 +216,11 @@ cdef inline int drop_key(object keys, Py_ssize_t x) except -1:
 cdef inline int put_item(list items, Py_ssize_t x, object item) except -1:
     """Insert ``item`` at position ``x`` (0 <= x <= len(items))."""
     return allocsim_put_item(items, x, item)
+
+
+cdef inline int drop_item(list items, Py_ssize_t x) except -1:
+    """Drop the item at position ``x`` (0 <= x < len(items))."""
+    return allocsim_drop_item(items, x)
 
 
 @cython.overflowcheck(False)   # positions within one array

@@ -2,7 +2,7 @@
 # block and pool records as C structs; torch.py stays the definition (its @cython decorators type the fused
 # loop's locals); interpreted, this is not read.
 
-from allocsim.policies._sorted cimport first_at_least, first_at_least_word, file_key
+from allocsim.policies._sorted cimport drop_item, file_key, first_at_least, first_at_least_word, put_item
 from allocsim.policies._latency cimport add_latency
 
 

@@ -62,7 +62,7 @@ from .registry import register
 
 if not cython.compiled:             # compiled, torch.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import file_key, first_at_least, first_at_least_word
+    from ._sorted import drop_item, file_key, first_at_least, first_at_least_word, put_item
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
@@ -622,7 +622,6 @@ class TorchCachingAllocator(Policy):
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
-        below_ms = field.least(ms)          # the keys of blocks below max_split are below this
         pp_stream = pp = None               # the last ALLOC's stream and its pools (pools are never dropped)
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
@@ -646,14 +645,21 @@ class TorchCachingAllocator(Policy):
                         calls_small += 1
                     else:
                         calls_large += 1
-                keys = pool.keys
+                keys, blocks = pool.keys, pool.blocks
                 x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
                 if es and x < len(keys):
-                    x = _grow_least(pool.blocks, x)
-                if x < len(keys) and (keys[x] < below_ms or (n >= ms and keys[x] >> shift < n + nsr)):
-                    del keys[x]
-                    b = pool.blocks.pop(x)
+                    x = _grow_least(blocks, x)
+                if x < len(keys):
+                    b = blocks[x]
                     bsize = b.size
+                else:
+                    bsize = LONG_MAX            # no candidate: a miss below
+                if bsize < ms or (n >= ms and bsize < n + nsr):
+                    if compiled:
+                        drop_item(keys, x)
+                    else:
+                        del keys[x]
+                    b = blocks.pop(x)
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
@@ -664,7 +670,6 @@ class TorchCachingAllocator(Policy):
                     calls_large, calls_small = gfb
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
                     shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
-                    below_ms = field.least(ms)
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -704,8 +709,8 @@ class TorchCachingAllocator(Policy):
                         r.gc_base = calls_small if small else calls_large
                     rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
                     x = first_at_least(keys, rk)
-                    keys.insert(x, rk)
-                    pool.blocks.insert(x, r)
+                    put_item(keys, x, rk)
+                    put_item(blocks, x, r)
                 elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
                 b.allocated = True
@@ -738,7 +743,11 @@ class TorchCachingAllocator(Policy):
                     subsumed = prev.size
                     x = (first_at_least_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
                          else first_at_least(keys, _key(field, subsumed, prev.ptr)))
-                    del keys[x], blocks[x]
+                    if compiled:
+                        drop_item(keys, x)
+                        drop_item(blocks, x)
+                    else:
+                        del keys[x], blocks[x]
                     b.ptr = prev.ptr
                     spare.append(prev)
                     prev = b.prev = prev.prev
@@ -748,7 +757,11 @@ class TorchCachingAllocator(Policy):
                     nsize = nxt.size
                     x = (first_at_least_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
                          else first_at_least(keys, _key(field, nsize, nxt.ptr)))
-                    del keys[x], blocks[x]
+                    if compiled:
+                        drop_item(keys, x)
+                        drop_item(blocks, x)
+                    else:
+                        del keys[x], blocks[x]
                     spare.append(nxt)
                     nxt = b.next = nxt.next
                     if nxt is not None:
@@ -759,8 +772,8 @@ class TorchCachingAllocator(Policy):
                     b.gc_base = calls_small if pool.small else calls_large
                 fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
                 x = first_at_least(keys, fk)
-                keys.insert(x, fk)
-                blocks.insert(x, b)
+                put_item(keys, x, fk)
+                put_item(blocks, x, b)
                 if not es:
                     isb += size - subsumed if prev is not None or nxt is not None else -subsumed
                     if isb > isb_peak:
