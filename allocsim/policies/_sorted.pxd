@@ -181,20 +181,25 @@ cdef inline Py_ssize_t key_place(object keys, object key) except -1:
     return word_place(keys, k)
 
 
-@cython.overflowcheck(False)   # positions within one array
 cdef inline int put_key(object keys, Py_ssize_t x, object key) except -1:
     """Insert ``key`` at position ``x`` (0 <= x <= len(keys)); into words, it must be one (else OverflowError)."""
-    cdef array a
-    cdef Py_ssize_t n
-    cdef long long k
     if type(keys) is not array:
         return allocsim_put_item(<list>keys, x, key)
-    k = key
+    return put_word(keys, x, key)
+
+
+@cython.overflowcheck(False)   # positions within one array
+cdef inline int put_word(object keys, Py_ssize_t x, long long key) except -1:
+    """Insert the C number ``key`` at position ``x`` (0 <= x <= len(keys)): into words, without an int object."""
+    cdef array a
+    cdef Py_ssize_t n
+    if type(keys) is not array:
+        return allocsim_put_item(<list>keys, x, key)
     a = <array>keys
     n = len(a)
     resize_smart(a, n + 1)
     memmove(a.data.as_longlongs + x + 1, a.data.as_longlongs + x, <size_t>(n - x) * sizeof(long long))
-    a.data.as_longlongs[x] = k
+    a.data.as_longlongs[x] = key
     return 0
 
 
@@ -204,8 +209,7 @@ cdef inline int drop_key(object keys, Py_ssize_t x) except -1:
     cdef array a
     cdef Py_ssize_t n
     if type(keys) is not array:
-        del (<list>keys)[x]
-        return 0
+        return allocsim_drop_item(<list>keys, x)
     a = <array>keys
     n = len(a)
     memmove(a.data.as_longlongs + x, a.data.as_longlongs + x + 1, <size_t>(n - x - 1) * sizeof(long long))

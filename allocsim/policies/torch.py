@@ -47,6 +47,8 @@ as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_sna
 """
 from __future__ import annotations
 
+from array import array
+
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
 except ImportError:
@@ -62,7 +64,10 @@ from .registry import register
 
 if not cython.compiled:             # compiled, torch.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import drop_item, file_key, first_at_least, first_at_least_word, put_item
+    from ._sorted import drop_item, drop_key, file_key, first_at_least, key_place, put_item, put_word, word_place
+
+#: Compiled: a pool's keys are C words in an ``array('q')`` while every one is within 63 bits (`BlockPool`).
+COMPILED = cython.compiled
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
@@ -70,6 +75,7 @@ K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
+WORD_END = 1 << 63                 # compiled, a pool's keys below it are C words (`BlockPool`)
 LONG_MAX = 1 << 62                 # above every size (at most 2**50 bytes, docs/trace-format.md): max_split in C
 assert (K_SMALL_SIZE, K_MIN_BLOCK) == (1048576, 512)     # written as literals in the fused loop
 
@@ -179,7 +185,10 @@ class BlockPool:
     """Free blocks of one (small|large, stream): ``keys`` is the sorted list of the mapped
     free blocks' keys (``size << abits | address - lo``, `KeyField`), ``blocks`` the blocks in the same order
     (``blocks[i]`` is the block of ``keys[i]``: found and dropped by position, where a dict by key cost a hash
-    and a probe per step);
+    and a probe per step). Compiled, ``keys`` are C words in an ``array('q')`` while every one is below 2**63
+    (no int object per key, a search without a branch over the words), a list of Python ints from the filing
+    of a larger key (`widen`) until a re-key finds them all within a word again (`rekey`); `_sorted`'s
+    ``key_place``, ``word_place``, ``put_word`` and ``drop_key`` take either. Interpreted, always a list;
     ``unmapped`` is the sorted list of the addresses of the unmapped ranges of expandable
     segments (``unmapped_blocks``: ptr -> Block).
 
@@ -197,7 +206,7 @@ class BlockPool:
         self.stream = stream
         self.owner = owner              # the private pool these blocks belong to; None: the default pools
         self.field = field              # the policy's: how keys are made
-        self.keys: list[int] = []
+        self.keys = array("q") if COMPILED else []     # list[int] interpreted (see the class docstring)
         self.blocks: list[Block] = []
         self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
@@ -206,8 +215,9 @@ class BlockPool:
         if b.mapped:
             f = self.field
             k = b.size << f.abits | b.ptr - f.lo       # `KeyField` in Python ints (b untyped: any width)
-            i = first_at_least(self.keys, k)
-            self.keys.insert(i, k)
+            keys = self.keys if not COMPILED or k < WORD_END else self.widen()
+            i = key_place(keys, k)
+            keys.insert(i, k)
             self.blocks.insert(i, b)
         else:
             file_key(self.unmapped, b.ptr)
@@ -216,18 +226,25 @@ class BlockPool:
     def erase(self, b: Block) -> None:
         if b.mapped:
             f = self.field
-            i = first_at_least(self.keys, b.size << f.abits | b.ptr - f.lo)
+            i = key_place(self.keys, b.size << f.abits | b.ptr - f.lo)
             del self.keys[i], self.blocks[i]
         else:
             unmapped = self.unmapped
             del unmapped[first_at_least(unmapped, b.ptr)]
             del self.unmapped_blocks[b.ptr]
 
+    def widen(self):
+        """The keys as Python ints from here on (compiled, before a key past 63 bits is filed); returns them."""
+        if type(self.keys) is array:
+            self.keys = self.keys.tolist()
+        return self.keys
+
     def rekey(self) -> None:
-        """Make every key again after the field changed (`KeyField.widen`); the lists and dicts stay the same
-        objects, which the fused loop holds."""
+        """Make every key again after the field changed (`KeyField.widen`), as C words again where every one
+        fits (compiled); the blocks' list stays the same object, which the fused loop holds."""
         rekeyed = sorted((_key(self.field, b.size, b.ptr), b) for b in self.blocks)
-        self.keys[:] = [k for k, _ in rekeyed]
+        keys = [k for k, _ in rekeyed]
+        self.keys = array("q", keys) if COMPILED and not (keys and keys[-1] >= WORD_END) else keys
         self.blocks[:] = [b for _, b in rekeyed]
 
 
@@ -500,7 +517,7 @@ class TorchCachingAllocator(Policy):
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
         keys, field = pool.keys, self._field       # keys made in Python ints here, as in `BlockPool.insert`
-        i = first_at_least(keys, n << field.abits)
+        i = key_place(keys, n << field.abits)
         ms = self.max_split
         if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
@@ -538,7 +555,8 @@ class TorchCachingAllocator(Policy):
             b.next = r
             b.size = bsize = n
             rk = rem << field.abits | rptr - field.lo
-            i = first_at_least(keys, rk)
+            keys = pool.keys if not COMPILED or rk < WORD_END else pool.widen()     # (the escalation may re-key)
+            i = key_place(keys, rk)
             keys.insert(i, rk)
             pool.blocks.insert(i, r)
         elif b.prev is not None or b.next is not None:
@@ -562,7 +580,7 @@ class TorchCachingAllocator(Policy):
         if prev is not None and not prev.allocated:
             subsumed = prev.size
             pk = subsumed << shift | prev.ptr - lo
-            i = first_at_least(keys, pk)
+            i = key_place(keys, pk)
             del keys[i], blocks[i]
             b.ptr = prev.ptr
             self._spare.append(prev)
@@ -572,7 +590,7 @@ class TorchCachingAllocator(Policy):
         if nxt is not None and not nxt.allocated:
             nsize = nxt.size
             nk = nsize << shift | nxt.ptr - lo
-            i = first_at_least(keys, nk)
+            i = key_place(keys, nk)
             del keys[i], blocks[i]
             self._spare.append(nxt)
             nxt = b.next = nxt.next
@@ -581,7 +599,9 @@ class TorchCachingAllocator(Policy):
             subsumed += nsize
         b.size = size = size + subsumed
         k = size << shift | b.ptr - lo
-        i = first_at_least(keys, k)
+        if COMPILED and k >= WORD_END:
+            keys = pool.widen()
+        i = key_place(keys, k)
         keys.insert(i, k)
         blocks.insert(i, b)
         delta = size - subsumed if prev is not None or nxt is not None else -subsumed
@@ -596,7 +616,7 @@ class TorchCachingAllocator(Policy):
                    nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
                    small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
-                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=list, spare=list,
+                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, blocks=list, rk=cython.longlong, fk=cython.longlong, spare=list,
                    pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
                    fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
                    calls_small=cython.longlong, gfb=list, compiled=cython.bint)
@@ -646,7 +666,7 @@ class TorchCachingAllocator(Policy):
                     else:
                         calls_large += 1
                 keys, blocks = pool.keys, pool.blocks
-                x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
+                x = word_place(keys, n << shift) if n < fit else key_place(keys, field.least(n))
                 if es and x < len(keys):
                     x = _grow_least(blocks, x)
                 if x < len(keys):
@@ -656,7 +676,7 @@ class TorchCachingAllocator(Policy):
                     bsize = LONG_MAX            # no candidate: a miss below
                 if bsize < ms or (n >= ms and bsize < n + nsr):
                     if compiled:
-                        drop_item(keys, x)
+                        drop_key(keys, x)
                     else:
                         del keys[x]
                     b = blocks.pop(x)
@@ -670,6 +690,7 @@ class TorchCachingAllocator(Policy):
                     calls_large, calls_small = gfb
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
                     shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
+                    keys = pool.keys                                        # ... and re-key the pools
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -707,10 +728,13 @@ class TorchCachingAllocator(Policy):
                     b.size = bsize = n
                     if stamp:
                         r.gc_base = calls_small if small else calls_large
-                    rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
-                    x = first_at_least(keys, rk)
-                    put_item(keys, x, rk)
-                    put_item(blocks, x, r)
+                    if rem < fit:                   # a key below 2**62, made in C and filed as a word compiled
+                        rk = rem << shift | rptr - lo
+                        x = word_place(keys, rk)
+                        put_word(keys, x, rk)
+                        put_item(blocks, x, r)
+                    else:                           # a key in Python ints, at any width
+                        pool.insert(r)
                 elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
                 b.allocated = True
@@ -741,10 +765,10 @@ class TorchCachingAllocator(Policy):
                 subsumed = 0
                 if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
-                    x = (first_at_least_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
-                         else first_at_least(keys, _key(field, subsumed, prev.ptr)))
+                    x = (word_place(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
+                         else key_place(keys, _key(field, subsumed, prev.ptr)))
                     if compiled:
-                        drop_item(keys, x)
+                        drop_key(keys, x)
                         drop_item(blocks, x)
                     else:
                         del keys[x], blocks[x]
@@ -755,10 +779,10 @@ class TorchCachingAllocator(Policy):
                         prev.next = b
                 if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
-                    x = (first_at_least_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
-                         else first_at_least(keys, _key(field, nsize, nxt.ptr)))
+                    x = (word_place(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
+                         else key_place(keys, _key(field, nsize, nxt.ptr)))
                     if compiled:
-                        drop_item(keys, x)
+                        drop_key(keys, x)
                         drop_item(blocks, x)
                     else:
                         del keys[x], blocks[x]
@@ -770,10 +794,13 @@ class TorchCachingAllocator(Policy):
                 b.size = size = size + subsumed
                 if stamp:
                     b.gc_base = calls_small if pool.small else calls_large
-                fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
-                x = first_at_least(keys, fk)
-                put_item(keys, x, fk)
-                put_item(blocks, x, b)
+                if size < fit:
+                    fk = size << shift | b.ptr - lo
+                    x = word_place(keys, fk)
+                    put_word(keys, x, fk)
+                    put_item(blocks, x, b)
+                else:
+                    pool.insert(b)
                 if not es:
                     isb += size - subsumed if prev is not None or nxt is not None else -subsumed
                     if isb > isb_peak:
@@ -798,7 +825,7 @@ class TorchCachingAllocator(Policy):
         if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
-        i = first_at_least(keys, pool.field.least(n))
+        i = key_place(keys, pool.field.least(n))
         if i == len(keys):
             return None
         if self.expandable and pool.blocks[i].es is not None:
@@ -938,7 +965,7 @@ class TorchCachingAllocator(Policy):
             return False
         key_size = max(n, ms)
         blocks = list(pool.blocks)
-        pos = first_at_least(pool.keys, pool.field.least(key_size))
+        pos = key_place(pool.keys, pool.field.least(key_size))
         if pos < len(blocks) and blocks[pos].es is None:
             self._release_block(blocks[pos])
             return True
