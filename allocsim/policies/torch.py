@@ -462,6 +462,7 @@ class TorchCachingAllocator(Policy):
                 return owner.pools.get(stream) or self._make_pools(stream, owner)
         return self._pools.get(stream) or self._make_pools(stream)
 
+    @cython.locals(pool=BlockPool, b=Block)
     def _insert(self, pool: BlockPool, b: Block) -> None:
         b.gc_base = self.gfb_calls[pool.small]      # the counts only tick while the GC is on
         pool.insert(b)
@@ -471,6 +472,7 @@ class TorchCachingAllocator(Policy):
         return self.gc_threshold_set and self.allowed() is not None
 
     # ---- malloc ---------------------------------------------------------------------------
+    @cython.locals(b=Block, pool=BlockPool, pp=tuple)
     def malloc(self, size, stream):
         self._charge(self._hit_s)
         self.n_malloc += 1
@@ -503,6 +505,7 @@ class TorchCachingAllocator(Policy):
         self.allocated += b.size
         return b
 
+    @cython.locals(b=Block, r=Block, nxt=Block, pool=BlockPool, field=KeyField, spare=list, pp=tuple)
     def _malloc_fast(self, size, stream):
         """`malloc` without expandable segments or GC; inlines `_get_free_block` and `_carve`.
 
@@ -566,6 +569,7 @@ class TorchCachingAllocator(Policy):
         self.allocated += bsize
         return b
 
+    @cython.locals(b=Block, prev=Block, nxt=Block, pool=BlockPool, field=KeyField, blocks=list)
     def _free_fast(self, b):
         """`free` without expandable segments or GC: merge with free neighbours inline."""
         self._charge(self._free_s)
@@ -820,6 +824,7 @@ class TorchCachingAllocator(Policy):
         if v > self.inactive_split_bytes_peak:
             self.inactive_split_bytes_peak = v
 
+    @cython.locals(pool=BlockPool, b=Block)
     def _get_free_block(self, pool: BlockPool, n: int):
         """Best fit on this stream: smallest size >= n, lowest address; oversize rules."""
         if self.gc_on():
@@ -911,6 +916,7 @@ class TorchCachingAllocator(Policy):
         return Block(ptr, seg, pool)
 
     # ---- free -----------------------------------------------------------------------------
+    @cython.locals(b=Block, pool=BlockPool, prev=Block, nxt=Block)
     def free(self, b):
         self._charge(self._free_s)
         self.n_free += 1
@@ -931,6 +937,7 @@ class TorchCachingAllocator(Policy):
                 self._inactive_split(delta)
 
     @staticmethod
+    @cython.locals(dst=Block, src=Block, p=Block, nx=Block)
     def _try_merge(dst: Block, src: Block | None) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
             return 0
