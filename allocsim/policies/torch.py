@@ -785,12 +785,12 @@ class TorchCachingAllocator(Policy):
                     nsize = nxt.size
                     x = (word_place(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
                          else key_place(keys, _key(field, nsize, nxt.ptr)))
+                    spare.append(nxt)
                     if compiled:
                         drop_key(keys, x)
                         drop_item(blocks, x)
                     else:
                         del keys[x], blocks[x]
-                    spare.append(nxt)
                     nxt = b.next = nxt.next
                     if nxt is not None:
                         nxt.prev = b
