@@ -7,7 +7,8 @@
 set -u
 OUT=${OUT:-out}; CY=${CY:-_cy}; BASE=${BASE:-7532727}
 POLICIES=${POLICIES:-"torch,torch[expandable_segments:True],split,cupy,bestfit"}
-mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd); LOG="$OUT/compiled-compare.txt"; CY=$(cd "$CY" 2>/dev/null && pwd || echo "$CY")
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd); LOG="$OUT/compiled-compare.txt"
+CY=$(cd "$CY" 2>/dev/null && pwd || echo "$CY")
 here=$PWD; work=$(mktemp -d)
 say() { echo "$@" | tee -a "$LOG"; }
 say "# $(date -u +%FT%TZ) $(python3 -V 2>&1), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -23,13 +24,14 @@ fi
 for t in $trees; do
     ( cd "$work/$t" && find . -name '*.so' -delete
       ALLOCSIM_COMPILE=1 PYTHONPATH=$CY:$PWD timeout 400 python3 setup.py -q build_ext --inplace -j 4 > build.log 2>&1
-      say "# $t: $(PYTHONPATH=$PWD python3 -m allocsim --version 2>&1) ($(grep -c '^allocsim:' build.log) fallback lines)" )
+      say "# $t: $(PYTHONPATH=$PWD python3 -m allocsim --version 2>&1)" \
+          "($(grep -c '^allocsim:' build.log) fallback lines)" )
 done
 for round in 1 2 3; do
     for t in $trees; do
         say "## round $round, $t, load $(cut -d' ' -f1-3 /proc/loadavg)"
-        ( cd "$work/$t" && PYTHONPATH=$PWD timeout 120 python3 benchmarks/bench_replay.py --plain --policies "$POLICIES" \
-              --allocs 300000 2>&1 | tee -a "$LOG" )
+        ( cd "$work/$t" && PYTHONPATH=$PWD timeout 120 python3 benchmarks/bench_replay.py --plain \
+              --policies "$POLICIES" --allocs 300000 2>&1 | tee -a "$LOG" )
     done
 done
 rm -rf "$work"

@@ -68,5 +68,5 @@ def move_item(items: list, x: int, y: int, item) -> None:
 
 
 __all__ = ["first_at_least", "first_at_least_word", "file_key", "words_first_at_least", "words_file", "words_at",
-           "words_drop", "key_place", "word_place", "put_key", "put_word", "drop_key", "put_item", "drop_item", "move_key",
-           "move_item"]
+           "words_drop", "key_place", "word_place", "put_key", "put_word", "drop_key", "put_item", "drop_item",
+           "move_key", "move_item"]

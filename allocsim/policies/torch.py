@@ -37,8 +37,10 @@ Where the model knowingly differs:
 
 The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``torch.pxd`` makes
 `Block`, `BlockPool` and `KeyField` C records, the ``@cython`` decorators type the fused loop's locals (its hot
-path C end to end: a key below 2**62 made in C arithmetic and searched for unboxed, `first_at_least_word`; each
-served ALLOC's latency appended in C, `add_latency`); the rare paths stay the Python they read as.
+path C end to end: a pool's keys C words in an ``array('q')`` while they fit one, `BlockPool`; a key below 2**62
+made in C arithmetic, searched for and filed unboxed, `word_place` and `put_word`; a pool's entries dropped and
+inserted by one ``memmove``; each served ALLOC's latency appended in C, `add_latency`) and the plain walk's
+block and pool variables; the rare paths stay the Python they read as.
 
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
@@ -620,9 +622,9 @@ class TorchCachingAllocator(Policy):
                    nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
                    small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
-                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, blocks=list, rk=cython.longlong, fk=cython.longlong, spare=list,
-                   pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
-                   fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
+                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, blocks=list, rk=cython.longlong,
+                   fk=cython.longlong, spare=list, pp=tuple, pools=dict, field=KeyField, shift=cython.longlong,
+                   lo=cython.longlong, fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
                    calls_small=cython.longlong, gfb=list, compiled=cython.bint)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
@@ -639,7 +641,9 @@ class TorchCachingAllocator(Policy):
         of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``.
 
         Keys of a size below the field's ``fit`` are made in one machine word (C arithmetic in the compiled
-        build) and searched for with `first_at_least_word`; larger ones take `_key`, in Python ints. Compiled, a
+        build), searched for with `word_place` and filed with `put_word` (compiled, into the pool's C words where
+        it keeps them, `BlockPool`); larger ones take `_key`, in Python ints, and are filed by `BlockPool.insert`,
+        which makes the pool's keys Python ints for one past 63 bits. Compiled, a
         served ALLOC's latency is appended in C (`add_latency`), as `cupy` and `split` do. ``max_split`` unset is
         ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either."""
         clock, allocated, field = dev.clock, self.allocated, self._field
