@@ -342,8 +342,26 @@ def test_keys_past_one_machine_word_replay_alike(options):
         r = Replay(trace, "torch", options=options, capacity=8 << 30)
         r.run()
         field = r.policy._field
-        assert field.abits > 44 and max(k for pp in r.policy._pools.values() for p in pp for k in p.keys) > 1 << 63
+        pools = [p for pp in r.policy._pools.values() for p in pp]
+        assert field.abits > 44 and max(k for p in pools for k in p.keys) > 1 << 63
+        assert all(type(p.keys) is list for p in pools if p.keys and p.keys[-1] >= 1 << 63)   # never C words
     assert_wide_keys_replay_alike(trace, options, trace.load_bytes * 11 // 10)
+
+
+def test_compiled_pools_keep_their_keys_as_c_words_within_63_bits():
+    """Compiled, a pool whose keys stay below 2**63 keeps them as C words in an ``array('q')`` (`BlockPool`);
+    interpreted, a list (ResNet-50's recording: every key within 61 bits)."""
+    import os
+    from array import array
+    from conftest import ROOT
+    from allocsim.compiled import compiled_modules
+    from allocsim.trace import Trace
+    r = Replay(Trace.load(os.path.join(ROOT, "traces", "resnet50.bin")), "torch")
+    r.run()
+    pools = [p for pp in r.policy._pools.values() for p in pp]
+    assert pools and all(k < 1 << 63 for p in pools for k in p.keys)
+    words = Torch.__module__ in compiled_modules()
+    assert all(type(p.keys) is (array if words else list) for p in pools), [type(p.keys) for p in pools]
 
 
 @pytest.mark.parametrize("options", WIDE_OPTIONS)

@@ -22,6 +22,18 @@ cdef extern from *:
         return 0;
     }
 
+    /* del items[x] for a list and 0 <= x < len(items): the tail moved down by one memmove (CPython's del goes
+       through a slice assignment); the list keeps its room, as a list.pop that does not shrink it does. */
+    static CYTHON_INLINE int allocsim_drop_item(PyObject *items, Py_ssize_t x) {
+        Py_ssize_t n = PyList_GET_SIZE(items);
+        PyObject **it = ((PyListObject *)items)->ob_item;
+        PyObject *old = it[x];
+        memmove(it + x, it + x + 1, (size_t)(n - x - 1) * sizeof(PyObject *));
+        Py_SET_SIZE(items, n - 1);
+        Py_DECREF(old);
+        return 0;
+    }
+
     /* items[x] replaced by o, which goes to position y (0 <= x, y < len(items)): the items between shift by one
        memmove. */
     static CYTHON_INLINE int allocsim_move_item(PyObject *items, Py_ssize_t x, Py_ssize_t y, PyObject *o) {
@@ -58,6 +70,7 @@ cdef extern from *:
     """
     bint allocsim_below(list keys, Py_ssize_t i, long long k)
     int allocsim_put_item(list items, Py_ssize_t x, object o) except -1
+    int allocsim_drop_item(list items, Py_ssize_t x) except -1
     int allocsim_move_item(list items, Py_ssize_t x, Py_ssize_t y, object o) except -1
     long long PyLong_AsLongLongAndOverflow(object key, int *overflow) except? -1
 
@@ -168,20 +181,25 @@ cdef inline Py_ssize_t key_place(object keys, object key) except -1:
     return word_place(keys, k)
 
 
-@cython.overflowcheck(False)   # positions within one array
 cdef inline int put_key(object keys, Py_ssize_t x, object key) except -1:
     """Insert ``key`` at position ``x`` (0 <= x <= len(keys)); into words, it must be one (else OverflowError)."""
-    cdef array a
-    cdef Py_ssize_t n
-    cdef long long k
     if type(keys) is not array:
         return allocsim_put_item(<list>keys, x, key)
-    k = key
+    return put_word(keys, x, key)
+
+
+@cython.overflowcheck(False)   # positions within one array
+cdef inline int put_word(object keys, Py_ssize_t x, long long key) except -1:
+    """Insert the C number ``key`` at position ``x`` (0 <= x <= len(keys)): into words, without an int object."""
+    cdef array a
+    cdef Py_ssize_t n
+    if type(keys) is not array:
+        return allocsim_put_item(<list>keys, x, key)
     a = <array>keys
     n = len(a)
     resize_smart(a, n + 1)
     memmove(a.data.as_longlongs + x + 1, a.data.as_longlongs + x, <size_t>(n - x) * sizeof(long long))
-    a.data.as_longlongs[x] = k
+    a.data.as_longlongs[x] = key
     return 0
 
 
@@ -191,8 +209,7 @@ cdef inline int drop_key(object keys, Py_ssize_t x) except -1:
     cdef array a
     cdef Py_ssize_t n
     if type(keys) is not array:
-        del (<list>keys)[x]
-        return 0
+        return allocsim_drop_item(<list>keys, x)
     a = <array>keys
     n = len(a)
     memmove(a.data.as_longlongs + x, a.data.as_longlongs + x + 1, <size_t>(n - x - 1) * sizeof(long long))
@@ -203,6 +220,11 @@ cdef inline int drop_key(object keys, Py_ssize_t x) except -1:
 cdef inline int put_item(list items, Py_ssize_t x, object item) except -1:
     """Insert ``item`` at position ``x`` (0 <= x <= len(items))."""
     return allocsim_put_item(items, x, item)
+
+
+cdef inline int drop_item(list items, Py_ssize_t x) except -1:
+    """Drop the item at position ``x`` (0 <= x < len(items))."""
+    return allocsim_drop_item(items, x)
 
 
 @cython.overflowcheck(False)   # positions within one array

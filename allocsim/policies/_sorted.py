@@ -35,11 +35,19 @@ key_place = first_at_least
 word_place = first_at_least
 #: Insert ``key`` at position ``x`` of ``keys`` (``list.insert``); ``put_key(keys, x, key)``.
 put_key = list.insert
+#: `put_key` for a key within 63 bits, a C number compiled (no int object into words); ``put_word(keys, x, key)``.
+put_word = list.insert
 #: Drop the key at position ``x`` of ``keys`` (``list.pop``; compiled, it returns nothing); ``drop_key(keys, x)``.
 drop_key = list.pop
 #: Insert an object at position ``x`` of a list (``list.insert``; compiled, one ``memmove`` where CPython's
 #: insert moves the items one by one); ``put_item(items, x, item)``.
 put_item = list.insert
+
+
+def drop_item(items: list, x: int) -> None:
+    """``del items[x]`` (compiled, one ``memmove``, where CPython's ``del`` goes through a slice assignment; a hot
+    loop does ``del`` inline interpreted, without the call)."""
+    del items[x]
 
 
 def move_key(keys, x: int, key) -> int:
@@ -60,4 +68,5 @@ def move_item(items: list, x: int, y: int, item) -> None:
 
 
 __all__ = ["first_at_least", "first_at_least_word", "file_key", "words_first_at_least", "words_file", "words_at",
-           "words_drop", "key_place", "word_place", "put_key", "drop_key", "put_item", "move_key", "move_item"]
+           "words_drop", "key_place", "word_place", "put_key", "put_word", "drop_key", "put_item", "drop_item",
+           "move_key", "move_item"]

@@ -37,8 +37,10 @@ Where the model knowingly differs:
 
 The compiled build (docs/architecture.md, "The compiled build") compiles this file as it is: ``torch.pxd`` makes
 `Block`, `BlockPool` and `KeyField` C records, the ``@cython`` decorators type the fused loop's locals (its hot
-path C end to end: a key below 2**62 made in C arithmetic and searched for unboxed, `first_at_least_word`; each
-served ALLOC's latency appended in C, `add_latency`); the rare paths stay the Python they read as.
+path C end to end: a pool's keys C words in an ``array('q')`` while they fit one, `BlockPool`; a key below 2**62
+made in C arithmetic, searched for and filed unboxed, `word_place` and `put_word`; a pool's entries dropped and
+inserted by one ``memmove``; each served ALLOC's latency appended in C, `add_latency`) and the plain walk's
+block and pool variables; the rare paths stay the Python they read as.
 
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
@@ -46,6 +48,8 @@ to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`
 as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_snapshot`).
 """
 from __future__ import annotations
+
+from array import array
 
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
@@ -62,7 +66,10 @@ from .registry import register
 
 if not cython.compiled:             # compiled, torch.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import file_key, first_at_least, first_at_least_word
+    from ._sorted import drop_item, drop_key, file_key, first_at_least, key_place, put_item, put_word, word_place
+
+#: Compiled: a pool's keys are C words in an ``array('q')`` while every one is within 63 bits (`BlockPool`).
+COMPILED = cython.compiled
 
 K_MIN_BLOCK = 512
 K_SMALL_SIZE = MiB
@@ -70,6 +77,7 @@ K_SMALL_BUFFER = 2 * MiB
 K_LARGE_BUFFER = 20 * MiB
 K_MIN_LARGE_ALLOC = 10 * MiB
 K_ROUND_LARGE = 2 * MiB
+WORD_END = 1 << 63                 # compiled, a pool's keys below it are C words (`BlockPool`)
 LONG_MAX = 1 << 62                 # above every size (at most 2**50 bytes, docs/trace-format.md): max_split in C
 assert (K_SMALL_SIZE, K_MIN_BLOCK) == (1048576, 512)     # written as literals in the fused loop
 
@@ -179,7 +187,10 @@ class BlockPool:
     """Free blocks of one (small|large, stream): ``keys`` is the sorted list of the mapped
     free blocks' keys (``size << abits | address - lo``, `KeyField`), ``blocks`` the blocks in the same order
     (``blocks[i]`` is the block of ``keys[i]``: found and dropped by position, where a dict by key cost a hash
-    and a probe per step);
+    and a probe per step). Compiled, ``keys`` are C words in an ``array('q')`` while every one is below 2**63
+    (no int object per key, a search without a branch over the words), a list of Python ints from the filing
+    of a larger key (`widen`) until a re-key finds them all within a word again (`rekey`); `_sorted`'s
+    ``key_place``, ``word_place``, ``put_word`` and ``drop_key`` take either. Interpreted, always a list;
     ``unmapped`` is the sorted list of the addresses of the unmapped ranges of expandable
     segments (``unmapped_blocks``: ptr -> Block).
 
@@ -197,7 +208,7 @@ class BlockPool:
         self.stream = stream
         self.owner = owner              # the private pool these blocks belong to; None: the default pools
         self.field = field              # the policy's: how keys are made
-        self.keys: list[int] = []
+        self.keys = array("q") if COMPILED else []     # list[int] interpreted (see the class docstring)
         self.blocks: list[Block] = []
         self.unmapped: list[int] = []
         self.unmapped_blocks: dict[int, Block] = {}
@@ -206,8 +217,9 @@ class BlockPool:
         if b.mapped:
             f = self.field
             k = b.size << f.abits | b.ptr - f.lo       # `KeyField` in Python ints (b untyped: any width)
-            i = first_at_least(self.keys, k)
-            self.keys.insert(i, k)
+            keys = self.keys if not COMPILED or k < WORD_END else self.widen()
+            i = key_place(keys, k)
+            keys.insert(i, k)
             self.blocks.insert(i, b)
         else:
             file_key(self.unmapped, b.ptr)
@@ -216,18 +228,25 @@ class BlockPool:
     def erase(self, b: Block) -> None:
         if b.mapped:
             f = self.field
-            i = first_at_least(self.keys, b.size << f.abits | b.ptr - f.lo)
+            i = key_place(self.keys, b.size << f.abits | b.ptr - f.lo)
             del self.keys[i], self.blocks[i]
         else:
             unmapped = self.unmapped
             del unmapped[first_at_least(unmapped, b.ptr)]
             del self.unmapped_blocks[b.ptr]
 
+    def widen(self):
+        """The keys as Python ints from here on (compiled, before a key past 63 bits is filed); returns them."""
+        if type(self.keys) is array:
+            self.keys = self.keys.tolist()
+        return self.keys
+
     def rekey(self) -> None:
-        """Make every key again after the field changed (`KeyField.widen`); the lists and dicts stay the same
-        objects, which the fused loop holds."""
+        """Make every key again after the field changed (`KeyField.widen`), as C words again where every one
+        fits (compiled); the blocks' list stays the same object, which the fused loop holds."""
         rekeyed = sorted((_key(self.field, b.size, b.ptr), b) for b in self.blocks)
-        self.keys[:] = [k for k, _ in rekeyed]
+        keys = [k for k, _ in rekeyed]
+        self.keys = array("q", keys) if COMPILED and not (keys and keys[-1] >= WORD_END) else keys
         self.blocks[:] = [b for _, b in rekeyed]
 
 
@@ -446,6 +465,7 @@ class TorchCachingAllocator(Policy):
                 return owner.pools.get(stream) or self._make_pools(stream, owner)
         return self._pools.get(stream) or self._make_pools(stream)
 
+    @cython.locals(pool=BlockPool, b=Block)
     def _insert(self, pool: BlockPool, b: Block) -> None:
         b.gc_base = self.gfb_calls[pool.small]      # the counts only tick while the GC is on
         pool.insert(b)
@@ -455,6 +475,7 @@ class TorchCachingAllocator(Policy):
         return self.gc_threshold_set and self.allowed() is not None
 
     # ---- malloc ---------------------------------------------------------------------------
+    @cython.locals(b=Block, pool=BlockPool, pp=tuple)
     def malloc(self, size, stream):
         self._charge(self._hit_s)
         self.n_malloc += 1
@@ -487,6 +508,7 @@ class TorchCachingAllocator(Policy):
         self.allocated += b.size
         return b
 
+    @cython.locals(b=Block, r=Block, nxt=Block, pool=BlockPool, field=KeyField, spare=list, pp=tuple)
     def _malloc_fast(self, size, stream):
         """`malloc` without expandable segments or GC; inlines `_get_free_block` and `_carve`.
 
@@ -501,7 +523,7 @@ class TorchCachingAllocator(Policy):
         small = n <= K_SMALL_SIZE
         pool = pp[0] if small else pp[1]
         keys, field = pool.keys, self._field       # keys made in Python ints here, as in `BlockPool.insert`
-        i = first_at_least(keys, n << field.abits)
+        i = key_place(keys, n << field.abits)
         ms = self.max_split
         if i < len(keys) and ((bsize := keys[i] >> field.abits) < ms
                               or (n >= ms and bsize < n + self.max_non_split_rounding)):
@@ -539,7 +561,8 @@ class TorchCachingAllocator(Policy):
             b.next = r
             b.size = bsize = n
             rk = rem << field.abits | rptr - field.lo
-            i = first_at_least(keys, rk)
+            keys = pool.keys if not COMPILED or rk < WORD_END else pool.widen()     # (the escalation may re-key)
+            i = key_place(keys, rk)
             keys.insert(i, rk)
             pool.blocks.insert(i, r)
         elif b.prev is not None or b.next is not None:
@@ -549,6 +572,7 @@ class TorchCachingAllocator(Policy):
         self.allocated += bsize
         return b
 
+    @cython.locals(b=Block, prev=Block, nxt=Block, pool=BlockPool, field=KeyField, blocks=list)
     def _free_fast(self, b):
         """`free` without expandable segments or GC: merge with free neighbours inline."""
         self._charge(self._free_s)
@@ -563,7 +587,7 @@ class TorchCachingAllocator(Policy):
         if prev is not None and not prev.allocated:
             subsumed = prev.size
             pk = subsumed << shift | prev.ptr - lo
-            i = first_at_least(keys, pk)
+            i = key_place(keys, pk)
             del keys[i], blocks[i]
             b.ptr = prev.ptr
             self._spare.append(prev)
@@ -573,7 +597,7 @@ class TorchCachingAllocator(Policy):
         if nxt is not None and not nxt.allocated:
             nsize = nxt.size
             nk = nsize << shift | nxt.ptr - lo
-            i = first_at_least(keys, nk)
+            i = key_place(keys, nk)
             del keys[i], blocks[i]
             self._spare.append(nxt)
             nxt = b.next = nxt.next
@@ -582,7 +606,9 @@ class TorchCachingAllocator(Policy):
             subsumed += nsize
         b.size = size = size + subsumed
         k = size << shift | b.ptr - lo
-        i = first_at_least(keys, k)
+        if COMPILED and k >= WORD_END:
+            keys = pool.widen()
+        i = key_place(keys, k)
         keys.insert(i, k)
         blocks.insert(i, b)
         delta = size - subsumed if prev is not None or nxt is not None else -subsumed
@@ -597,9 +623,9 @@ class TorchCachingAllocator(Policy):
                    nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
                    small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
-                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, keys=list, blocks=list, spare=list,
-                   pp=tuple, pools=dict, field=KeyField, shift=cython.longlong, lo=cython.longlong,
-                   fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
+                   b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, blocks=list, rk=cython.longlong,
+                   fk=cython.longlong, spare=list, pp=tuple, pools=dict, field=KeyField, shift=cython.longlong,
+                   lo=cython.longlong, fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
                    calls_small=cython.longlong, gfb=list, compiled=cython.bint)
     def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
@@ -616,14 +642,15 @@ class TorchCachingAllocator(Policy):
         of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``.
 
         Keys of a size below the field's ``fit`` are made in one machine word (C arithmetic in the compiled
-        build) and searched for with `first_at_least_word`; larger ones take `_key`, in Python ints. Compiled, a
+        build), searched for with `word_place` and filed with `put_word` (compiled, into the pool's C words where
+        it keeps them, `BlockPool`); larger ones take `_key`, in Python ints, and are filed by `BlockPool.insert`,
+        which makes the pool's keys Python ints for one past 63 bits. Compiled, a
         served ALLOC's latency is appended in C (`add_latency`), as `cupy` and `split` do. ``max_split`` unset is
         ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either."""
         clock, allocated, field = dev.clock, self.allocated, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
-        below_ms = field.least(ms)          # the keys of blocks below max_split are below this
         pp_stream = pp = None               # the last ALLOC's stream and its pools (pools are never dropped)
         plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
@@ -647,14 +674,21 @@ class TorchCachingAllocator(Policy):
                         calls_small += 1
                     else:
                         calls_large += 1
-                keys = pool.keys
-                x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
+                keys, blocks = pool.keys, pool.blocks
+                x = word_place(keys, n << shift) if n < fit else key_place(keys, field.least(n))
                 if es and x < len(keys):
-                    x = _grow_least(pool.blocks, x)
-                if x < len(keys) and (keys[x] < below_ms or (n >= ms and keys[x] >> shift < n + nsr)):
-                    del keys[x]
-                    b = pool.blocks.pop(x)
+                    x = _grow_least(blocks, x)
+                if x < len(keys):
+                    b = blocks[x]
                     bsize = b.size
+                else:
+                    bsize = LONG_MAX            # no candidate: a miss below
+                if bsize < ms or (n >= ms and bsize < n + nsr):
+                    if compiled:
+                        drop_key(keys, x)
+                    else:
+                        del keys[x]
+                    b = blocks.pop(x)
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
@@ -665,7 +699,7 @@ class TorchCachingAllocator(Policy):
                     calls_large, calls_small = gfb
                     isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
                     shift, lo, fit = field.abits, field.lo, field.fit      # a new segment may widen the field
-                    below_ms = field.least(ms)
+                    keys = pool.keys                                        # ... and re-key the pools
                     if b is None:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -703,10 +737,13 @@ class TorchCachingAllocator(Policy):
                     b.size = bsize = n
                     if stamp:
                         r.gc_base = calls_small if small else calls_large
-                    rk = rem << shift | rptr - lo if rem < fit else _key(field, rem, rptr)
-                    x = first_at_least(keys, rk)
-                    keys.insert(x, rk)
-                    pool.blocks.insert(x, r)
+                    if rem < fit:                   # a key below 2**62, made in C and filed as a word compiled
+                        rk = rem << shift | rptr - lo
+                        x = word_place(keys, rk)
+                        put_word(keys, x, rk)
+                        put_item(blocks, x, r)
+                    else:                           # a key in Python ints, at any width
+                        pool.insert(r)
                 elif not es and (b.prev is not None or b.next is not None):
                     isb -= bsize
                 b.allocated = True
@@ -737,9 +774,13 @@ class TorchCachingAllocator(Policy):
                 subsumed = 0
                 if prev is not None and not prev.allocated and prev.mapped:
                     subsumed = prev.size
-                    x = (first_at_least_word(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
-                         else first_at_least(keys, _key(field, subsumed, prev.ptr)))
-                    del keys[x], blocks[x]
+                    x = (word_place(keys, subsumed << shift | prev.ptr - lo) if subsumed < fit
+                         else key_place(keys, _key(field, subsumed, prev.ptr)))
+                    if compiled:
+                        drop_key(keys, x)
+                        drop_item(blocks, x)
+                    else:
+                        del keys[x], blocks[x]
                     b.ptr = prev.ptr
                     spare.append(prev)
                     prev = b.prev = prev.prev
@@ -747,10 +788,14 @@ class TorchCachingAllocator(Policy):
                         prev.next = b
                 if nxt is not None and not nxt.allocated and nxt.mapped:
                     nsize = nxt.size
-                    x = (first_at_least_word(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
-                         else first_at_least(keys, _key(field, nsize, nxt.ptr)))
-                    del keys[x], blocks[x]
+                    x = (word_place(keys, nsize << shift | nxt.ptr - lo) if nsize < fit
+                         else key_place(keys, _key(field, nsize, nxt.ptr)))
                     spare.append(nxt)
+                    if compiled:
+                        drop_key(keys, x)
+                        drop_item(blocks, x)
+                    else:
+                        del keys[x], blocks[x]
                     nxt = b.next = nxt.next
                     if nxt is not None:
                         nxt.prev = b
@@ -758,10 +803,13 @@ class TorchCachingAllocator(Policy):
                 b.size = size = size + subsumed
                 if stamp:
                     b.gc_base = calls_small if pool.small else calls_large
-                fk = size << shift | b.ptr - lo if size < fit else _key(field, size, b.ptr)
-                x = first_at_least(keys, fk)
-                keys.insert(x, fk)
-                blocks.insert(x, b)
+                if size < fit:
+                    fk = size << shift | b.ptr - lo
+                    x = word_place(keys, fk)
+                    put_word(keys, x, fk)
+                    put_item(blocks, x, b)
+                else:
+                    pool.insert(b)
                 if not es:
                     isb += size - subsumed if prev is not None or nxt is not None else -subsumed
                     if isb > isb_peak:
@@ -781,12 +829,13 @@ class TorchCachingAllocator(Policy):
         if v > self.inactive_split_bytes_peak:
             self.inactive_split_bytes_peak = v
 
+    @cython.locals(pool=BlockPool, b=Block)
     def _get_free_block(self, pool: BlockPool, n: int):
         """Best fit on this stream: smallest size >= n, lowest address; oversize rules."""
         if self.gc_on():
             self.gfb_calls[pool.small] += 1
         keys = pool.keys
-        i = first_at_least(keys, pool.field.least(n))
+        i = key_place(keys, pool.field.least(n))
         if i == len(keys):
             return None
         if self.expandable and pool.blocks[i].es is not None:
@@ -886,6 +935,7 @@ class TorchCachingAllocator(Policy):
         return Block(ptr, seg, pool)
 
     # ---- free -----------------------------------------------------------------------------
+    @cython.locals(b=Block, pool=BlockPool, prev=Block, nxt=Block)
     def free(self, b):
         self._charge(self._free_s)
         self.n_free += 1
@@ -906,6 +956,7 @@ class TorchCachingAllocator(Policy):
                 self._inactive_split(delta)
 
     @staticmethod
+    @cython.locals(dst=Block, src=Block, p=Block, nx=Block)
     def _try_merge(dst: Block, src: Block | None) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
             return 0
@@ -940,7 +991,7 @@ class TorchCachingAllocator(Policy):
             return False
         key_size = max(n, ms)
         blocks = list(pool.blocks)
-        pos = first_at_least(pool.keys, pool.field.least(key_size))
+        pos = key_place(pool.keys, pool.field.least(key_size))
         if pos < len(blocks) and blocks[pos].es is None:
             self._release_block(blocks[pos])
             return True
