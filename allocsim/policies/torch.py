@@ -898,7 +898,7 @@ class TorchCachingAllocator(Policy):
         A larger ``max_non_split_rounding_mb`` would have taken it only if the excess is below it: `allocsim.tune`
         resumes such a setting from this one's replay up to there (`allocsim.spaces.torch.watch`)."""
         keys = pool.keys
-        i = first_at_least(keys, pool.field.least(n))
+        i = key_place(keys, pool.field.least(n))
         if i < len(keys):
             if self.expandable and pool.blocks[i].es is not None:
                 i = _grow_least(pool.blocks, i)
