@@ -150,10 +150,16 @@ def _resumable(cell: Cell, settings: Settings):
     return None
 
 
-#: The device's certified interval is read this many times a probe, at even trace indices (`_Trail`).
+#: The device's certified interval is read up to this many times a probe, at even trace indices (`_Trail`) ...
 TRAIL_BOUNDS = 32
-#: A probe leaves at most this many checkpoints of its own (each costs about what walking 500 events does).
+#: A probe leaves at most this many checkpoints of its own: each costs about what walking 500 events does, or 5-10 %
+#: of a shipped trace's replay, and a resume from it as much again.
 TRAIL_MARKS = 3
+#: ... at least this many records apart (a window costs about 40 us to stop and read at).
+TRAIL_WIDTH = 500
+#: A checkpoint is left only this many records past the last one the trail holds: the events a resume from it skips
+#: must pay for the checkpoint and the resume's copy (about 550 events' walk on the shipped traces, 1-2 ms).
+TRAIL_GAIN = 1000
 #: Walks whose newest trail a process keeps (a trail holds up to `TRAIL_BOUNDS` checkpoints).
 TRAILS_KEPT = 8
 _TRAILS: dict = {}
@@ -191,12 +197,12 @@ class _Trail:
         stops being held in the next window; the result, as the replay from the first event would give it."""
         t, dev = r.trace, r.device
         key = (cell.trace, str(cell.policy), r.settings.with_(cap=None))
+        width = max(-(-len(t) // TRAIL_BOUNDS), TRAIL_WIDTH)
         old = _TRAILS.get(key)
-        if old is not None and old.trace is not t:
+        if old is not None and (old.trace is not t or old.width != width):
             old = None
         limit = dev.limit
         below = None if cell.cap is None else cell.cap < dev.capacity
-        width = -(-len(t) // TRAIL_BOUNDS)
         new = _Trail(t, width, below)
         b = old.start_for(limit, below) if old is not None else 0
         if b:
@@ -204,20 +210,21 @@ class _Trail:
             new.bounds = old.bounds[:b + 1]
             new.marks = {k: m for k, m in old.marks.items() if k <= b}
         guide = old.bounds if old is not None else []
-        watched = [] if below is None else sorted({limit, *after})
-        left = TRAIL_MARKS
+        watched = [] if below is None else sorted(set(after) or {limit})
+        left, last = TRAIL_MARKS, b
         while True:
             b += 1
-            res = r.run(until=b * width if b < TRAIL_BOUNDS else None)
+            res = r.run(until=b * width if b * width < len(t) else None)
             if res is not None:
                 break
             new.bounds.append(dev.certified())
             if left and b + 1 < len(guide):
-                leaving = [v for v in watched if _holds(new.bounds[b], v) and not _holds(guide[b + 1], v)]
-                if leaving:
+                # a cap above this one leaves where this replay is refused: where the guide grew past this limit
+                leaving = [v for v in watched if _holds(new.bounds[b], v) and not _holds(guide[b + 1], min(v, limit))]
+                watched = [v for v in watched if v not in leaving]
+                if leaving and (b - last) * width >= TRAIL_GAIN:
                     new.marks[b] = r.checkpoint()
-                    watched = [v for v in watched if v not in leaving]
-                    left -= 1
+                    left, last = left - 1, b
         if len(_TRAILS) >= TRAILS_KEPT and key not in _TRAILS:
             _TRAILS.clear()
         _TRAILS[key] = new
@@ -260,18 +267,19 @@ class Walk:
         way that replay goes (where it is the next cap; a probe leaves checkpoints for them: `_Trail`)."""
         return self.trace, self.spec, cap, self.runtime, self.settings, self._after(cap)
 
-    def _after(self, cap) -> tuple:
-        """The caps this walk replays after ``cap`` if that replay passes certifying its own cap alone, and if it
-        fails; none before the unlimited replay, or for a cap the walk does not ask next."""
+    def _after(self, cap, depth: int = 2) -> tuple:
+        """The caps this walk replays in the ``depth`` replays after ``cap``, each passing certifying its own cap
+        alone or failing (two ahead: at ``-j 2`` the next probe in the same worker is mostly the one after the
+        next); none before the unlimited replay, or for a cap the walk does not ask next."""
         if cap is None or cap != self.need or self.phase == "unlimited":
             return ()
-        out = []
+        out: list = []
         for passed in (True, False):
             w = copy.copy(self)
             w.take(Probe(passed, cap, self.load, self.peak))
             if not w.done:
-                out.append(w.need)
-        return tuple(out)
+                out += [w.need, *(w._after(w.need, depth - 1) if depth > 1 else ())]
+        return tuple(dict.fromkeys(out))
 
     def take(self, p: Probe) -> None:
         """The outcome of the replay at `need`: the walk moves on to its next cap (or is done)."""
