@@ -173,6 +173,9 @@ class _Trail:
     the cap lies below the device's capacity (torch's allowed memory is the cap, else none: the two check
     otherwise); None for a replay under no cap (the recorded limits apply: its bounds only guide)."""
 
+    #: A checkpoint at every boundary (the tests: where to resume is then the rule's choice alone, `_holds`).
+    everywhere = False
+
     def __init__(self, trace, width: int, below):
         self.trace, self.width, self.below = trace, width, below
         self.bounds: list = [(0, None)]
@@ -218,7 +221,9 @@ class _Trail:
             if res is not None:
                 break
             new.bounds.append(dev.certified())
-            if left and b + 1 < len(guide):
+            if _Trail.everywhere and below is not None:
+                new.marks[b] = r.checkpoint()
+            elif left and b + 1 < len(guide):
                 # a cap above this one leaves where this replay is refused: where the guide grew past this limit
                 leaving = [v for v in watched if _holds(new.bounds[b], v) and not _holds(guide[b + 1], min(v, limit))]
                 watched = [v for v in watched if v not in leaving]

@@ -85,12 +85,14 @@ STEPS = st.lists(st.one_of(st.tuples(st.just("a"), SIZES), st.tuples(st.just("f"
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(steps=STEPS, spec=st.sampled_from(SPECS), walk=st.sampled_from(WALKS),
-       resolution=st.sampled_from([MiB, 4 * MiB]), top=st.sampled_from([None, 0.8, 1.1]))
+       resolution=st.sampled_from([MiB, 4 * MiB]), top=st.sampled_from([None, 0.8, 1.1]), everywhere=st.booleans())
 def test_resumed_probes_are_the_probes_on_generated_traces(tmp_path_factory, monkeypatch, checked, steps, spec, walk,
-                                                          resolution, top):
-    """Windows of 2 records, a checkpoint wherever one is due: a trace of 80 events has many."""
+                                                          resolution, top, everywhere):
+    """Windows of 2 records, a checkpoint wherever one is due (or at every boundary): a trace of 80 events has
+    many."""
     monkeypatch.setattr(fit, "TRAIL_WIDTH", 2)
     monkeypatch.setattr(fit, "TRAIL_GAIN", 0)
+    monkeypatch.setattr(fit._Trail, "everywhere", everywhere)
     path = torch_trace(str(tmp_path_factory.mktemp("gen") / "g.bin"), steps, total_memory=2 << 30)
     peak = cached_trace(path).load_bytes
     kw = dict(walk, resolution=resolution, top=None if top is None or not peak else int(top * peak))
@@ -125,7 +127,7 @@ def test_the_check_fails_where_the_divergence_rule_is_broken(monkeypatch, checke
     """With either half of the rule left out (`_holds`), probes resume past the event where their cap makes the
     replay go otherwise, and the comparison above sees it."""
     monkeypatch.setattr(fit, "_holds", broken)
-    monkeypatch.setattr(fit, "TRAIL_GAIN", 0)       # a checkpoint wherever one is due: more resumes to go wrong
+    monkeypatch.setattr(fit._Trail, "everywhere", True)     # where to resume is the rule's choice alone
     path = os.path.join(ROOT, "traces", "resnet50.bin")
     fit.fit_capacity(path, "torch", islands=False, digits=FIT_DIGITS)
     fit.fit_capacity(path, "torch")
