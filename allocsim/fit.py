@@ -64,14 +64,16 @@ Resumed probes: a probe under cap C' goes exactly as an earlier probe of its wal
 comparison that comes out otherwise, so it can go on from that probe's state instead of from event 0. Each probe
 reads the device's certified interval (`SimulatedDevice.certified`: the largest need granted so far, the smallest
 refused) at `TRAIL_BOUNDS` even points of the trace and leaves a few checkpoints (`Replay.checkpoint`) at the last
-of them before the point where the previous probe's intervals say its own limit or a cap the walk asks next
-(`Walk.task`) leaves the interval; the next probe in the same process resumes from the last checkpoint whose
-interval holds its limit (`_Trail`). The intervals only narrow as a replay goes, so the checkpoints that hold a limit
-come first. Results, answers and replay counts are those of the walk from event 0 (`tests/test_fit_resume.py`
-compares every probe whole, and fails with either half of the rule left out). Why it holds, path by path, for what
-`_resumable` lets resume: the built-in `torch` policy (a subclass may read the cap otherwise) on the simulated
-device with a capacity, its limit not pinned, under a cap (never the unlimited replay, whose limit the recorded
-SET_LIMITs change, nor a checkpoint of it), eager, no timeline (`Replay.can_checkpoint`):
+of them before the point where the previous probe's intervals say a cap the walk asks in its next two replays
+(`Walk.task`) leaves the interval (a cap above this one leaves where this one is refused: where the previous probe
+grew past this limit); the next probe in the same process resumes from the last checkpoint whose interval holds its
+limit (`_Trail`). The intervals only narrow as a replay goes, so the checkpoints that hold a limit come first.
+Results, answers and replay counts are those of the walk from event 0 (`tests/test_fit_resume.py` compares every
+probe whole, and fails with either half of the rule left out). Why it holds, path by path, for what `_resumable`
+lets resume (a trace of `TRAIL_LEAST` records or more, where it pays): the built-in `torch` policy (a subclass may
+read the cap otherwise) on the simulated device with a capacity, its limit not pinned, under a cap (never the
+unlimited replay, whose limit the recorded SET_LIMITs change, nor a checkpoint of it), eager, no timeline
+(`Replay.can_checkpoint`):
 
 - the device: `malloc` and `map` compare ``reserved + n`` with the limit, a refusal noted, a grant raising the peak
   reserved to it; `fits` notes both; the placement (recorded addresses, the driver model) runs only after a grant
@@ -139,10 +141,10 @@ def _resumable(cell: Cell, settings: Settings):
     from .device import SimulatedDevice
     from .policies.torch import TorchCachingAllocator
     from .replay import Replay
-    if cell.policy.policy_class() is not TorchCachingAllocator:
+    t = cached_trace(cell.trace)
+    if cell.policy.policy_class() is not TorchCachingAllocator or len(t) < TRAIL_LEAST:
         return None
-    r = Replay(cached_trace(cell.trace), cell.policy, settings.replay, runtime=cell.runtime, cap=cell.cap,
-               capacity=cell.capacity)
+    r = Replay(t, cell.policy, settings.replay, runtime=cell.runtime, cap=cell.cap, capacity=cell.capacity)
     dev = r.device
     if type(dev) is SimulatedDevice and dev.capacity is not None and not dev.pinned and r.can_checkpoint():
         return r
@@ -150,6 +152,9 @@ def _resumable(cell: Cell, settings: Settings):
     return None
 
 
+#: A trace of fewer records is replayed from event 0 (a probe of it takes 10-15 ms: what a resume skips there, the
+#: checkpoint and the copy cost; `benchmarks/bench_fit_resume.py` on the pressure traces, 7,000 records).
+TRAIL_LEAST = 10_000
 #: The device's certified interval is read up to this many times a probe, at even trace indices (`_Trail`) ...
 TRAIL_BOUNDS = 32
 #: A probe leaves at most this many checkpoints of its own: each costs about what walking 500 events does, or 5-10 %
