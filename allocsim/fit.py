@@ -129,7 +129,10 @@ def probe(args) -> Probe:
         row, res = run_cell(cell, settings, full=True)
         lo, hi = res.certified_limits
         return Probe(not row["ooms"], lo, row["load_bytes"], row["peak_reserved_bytes"], lo == hi)
-    res = _Trail.walk(r, cell, after[0] if after else ())
+    try:
+        res = _Trail.walk(r, cell, after[0] if after else ())
+    finally:
+        r.close()
     lo, hi = res.certified_limits
     return Probe(not res.ooms, lo, res.load_bytes, res.peak_reserved_bytes, lo == hi)
 
@@ -157,11 +160,11 @@ def _resumable(cell: Cell, settings: Settings):
 TRAIL_LEAST = 10_000
 #: The device's certified interval is read up to this many times a probe, at even trace indices (`_Trail`) ...
 TRAIL_BOUNDS = 32
+#: ... at least this many records apart (a window costs about 40 us to stop and read at).
+TRAIL_WIDTH = 500
 #: A probe leaves at most this many checkpoints of its own: each costs about what walking 500 events does, or 5-10 %
 #: of a shipped trace's replay, and a resume from it as much again.
 TRAIL_MARKS = 3
-#: ... at least this many records apart (a window costs about 40 us to stop and read at).
-TRAIL_WIDTH = 500
 #: A checkpoint is left only this many records past the last one the trail holds: the events a resume from it skips
 #: must pay for the checkpoint and the resume's copy (about 550 events' walk on the shipped traces, 1-2 ms).
 TRAIL_GAIN = 1000
@@ -201,7 +204,7 @@ class _Trail:
     @staticmethod
     def walk(r, cell: Cell, after: tuple):
         """Run ``r`` (`_resumable`) to the end from the newest trail of its walk where it can, reading its bounds
-        and leaving checkpoints where the previous probe's bounds say a cap of ``after`` (or its own limit)
+        and leaving checkpoints where the previous probe's bounds say a cap of ``after`` (with none, its own limit)
         stops being held in the next window; the result, as the replay from the first event would give it."""
         t, dev = r.trace, r.device
         key = (cell.trace, str(cell.policy), r.settings.with_(cap=None))
