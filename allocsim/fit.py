@@ -60,6 +60,34 @@ one fits (OOM is not monotone in the cap: between the answer and the start a cap
 fail; the exact walk above says so, and ``allocsim fit`` keeps it). It takes about 2 + log2(range / step)
 replays: 7–10 at three figures, where the walk down took hundreds.
 
+Resumed probes: a probe under cap C' goes exactly as an earlier probe of its walk under C up to the first limit
+comparison that comes out otherwise, so it can go on from that probe's state instead of from event 0. Each probe
+reads the device's certified interval (`SimulatedDevice.certified`: the largest need granted so far, the smallest
+refused) at `TRAIL_BOUNDS` even points of the trace and leaves a few checkpoints (`Replay.checkpoint`) at the last
+of them before the point where the previous probe's intervals say a cap the walk asks in its next two replays
+(`Walk.task`) leaves the interval (a cap above this one leaves where this one is refused: where the previous probe
+grew past this limit); the next probe in the same process resumes from the last checkpoint whose interval holds its
+limit (`_Trail`). The intervals only narrow as a replay goes, so the checkpoints that hold a limit come first.
+Results, answers and replay counts are those of the walk from event 0 (`tests/test_fit_resume.py` compares every
+probe whole, and fails with either half of the rule left out). Why it holds, path by path, for what `_resumable`
+lets resume (a trace of `TRAIL_LEAST` records or more, where it pays): the built-in `torch` policy (a subclass may
+read the cap otherwise) on the simulated device with a capacity, its limit not pinned, under a cap (never the
+unlimited replay, whose limit the recorded SET_LIMITs change, nor a checkpoint of it), eager, no timeline
+(`Replay.can_checkpoint`):
+
+- the device: `malloc` and `map` compare ``reserved + n`` with the limit, a refusal noted, a grant raising the peak
+  reserved to it; `fits` notes both; the placement (recorded addresses, the driver model) runs only after a grant
+  and never reads the limit; `free` and `reserve_address_range` compare nothing; `set_cap` runs only with no cap.
+- `torch`: it reads the cap only in `AllowedMemory` and in ``total_memory``. The allowed memory is the cap below the
+  capacity, compared and noted before the device call; with a fraction it is a fraction of the capacity (not of the
+  cap: with no capacity the device is pinned and nothing resumes); the GC threshold's "allowed" is the cap itself
+  (pinned) or that fixed fraction. ``total_memory`` (expandable segments' range) is the capacity. A cap below the
+  capacity and one at or above it check otherwise (the allowed memory, or none), so a checkpoint is taken up only
+  by a cap on the same side of the capacity.
+- the engine: a recorded failed request served keeps the device's limit in the result; a resume names its own
+  (`Replay.resume`'s ``own_limit``), as it keeps its own cap.
+- excluded: the other policies (none copies its own state yet), `--runtime gc`, pinned replays, plug-ins.
+
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:
 reserved ≥ allocated ≥ live) and the safe cap looks for a smaller passing cap;
 one found is reported as ``island_bytes`` (a cap that passes, below one that
@@ -71,7 +99,7 @@ import copy
 from dataclasses import dataclass
 
 from .spec import PolicySpec
-from .sweep import Cell, Settings, run_cell
+from .sweep import Cell, Settings, cached_trace, run_cell
 
 MiB = 1 << 20
 MAX_REPLAYS = 1000      # per policy, for the walk down from the peak
@@ -90,11 +118,136 @@ class Probe:
 
 
 def probe(args) -> Probe:
-    """Replay ``(trace, spec, cap, runtime, settings)`` (a worker's task: the trace stays loaded, `cached_trace`)."""
-    trace, spec, cap, runtime, settings = args
-    row, res = run_cell(Cell(trace, spec, cap, runtime), settings, full=True)
+    """Replay ``(trace, spec, cap, runtime, settings[, after])`` (a worker's task: the trace stays loaded,
+    `cached_trace`); ``after``: the caps the walk may ask next, where this replay leaves checkpoints for them
+    (`_Trail`). A replay that can resume goes on from the newest trail of its walk in this process, from the
+    last checkpoint its cap shares (module docstring: resumed probes)."""
+    trace, spec, cap, runtime, settings, *after = args
+    cell = Cell(trace, spec, cap, runtime)
+    r = _resumable(cell, settings or Settings())
+    if r is None:
+        row, res = run_cell(cell, settings, full=True)
+        lo, hi = res.certified_limits
+        return Probe(not row["ooms"], lo, row["load_bytes"], row["peak_reserved_bytes"], lo == hi)
+    try:
+        res = _Trail.walk(r, cell, after[0] if after else ())
+    finally:
+        r.close()
     lo, hi = res.certified_limits
-    return Probe(not row["ooms"], lo, row["load_bytes"], row["peak_reserved_bytes"], lo == hi)
+    return Probe(not res.ooms, lo, res.load_bytes, res.peak_reserved_bytes, lo == hi)
+
+
+def _resumable(cell: Cell, settings: Settings):
+    """A `Replay` of ``cell`` that can leave and take checkpoints at another cap (`_Trail`), or None: the
+    policies and device paths whose replay reads the cap only through the limit comparisons the device
+    records (module docstring: resumed probes), and nothing else."""
+    from .device import SimulatedDevice
+    from .policies.torch import TorchCachingAllocator
+    from .replay import Replay
+    t = cached_trace(cell.trace)
+    if cell.policy.policy_class() is not TorchCachingAllocator or len(t) < TRAIL_LEAST:
+        return None
+    r = Replay(t, cell.policy, settings.replay, runtime=cell.runtime, cap=cell.cap, capacity=cell.capacity)
+    dev = r.device
+    if type(dev) is SimulatedDevice and dev.capacity is not None and not dev.pinned and r.can_checkpoint():
+        return r
+    r.close()
+    return None
+
+
+#: A trace of fewer records is replayed from event 0 (a probe of it takes 10-15 ms: what a resume skips there, the
+#: checkpoint and the copy cost; `benchmarks/bench_fit_resume.py` on the pressure traces, 7,000 records).
+TRAIL_LEAST = 10_000
+#: The device's certified interval is read up to this many times a probe, at even trace indices (`_Trail`) ...
+TRAIL_BOUNDS = 32
+#: ... at least this many records apart (a window costs about 40 us to stop and read at).
+TRAIL_WIDTH = 500
+#: A probe leaves at most this many checkpoints of its own: each costs about what walking 500 events does, or 5-10 %
+#: of a shipped trace's replay, and a resume from it as much again.
+TRAIL_MARKS = 3
+#: A checkpoint is left only this many records past the last one the trail holds: the events a resume from it skips
+#: must pay for the checkpoint and the resume's copy (about 550 events' walk on the shipped traces, 1-2 ms).
+TRAIL_GAIN = 1000
+#: Walks whose newest trail a process keeps (a trail holds up to `TRAIL_BOUNDS` checkpoints).
+TRAILS_KEPT = 8
+_TRAILS: dict = {}
+
+
+class _Trail:
+    """What a probe leaves for the next probe of its walk in this process: ``bounds[b]``, the device's certified
+    interval (`SimulatedDevice.certified`) after the records before ``b * width``, and ``marks[b]``, checkpoints
+    there (`Replay.checkpoint`). A replay under a constant limit L' goes exactly as this one up to boundary b when
+    ``bounds[b]`` holds L': every comparison it made with its limit so far comes out the same under L'. ``below``:
+    the cap lies below the device's capacity (torch's allowed memory is the cap, else none: the two check
+    otherwise); None for a replay under no cap (the recorded limits apply: its bounds only guide)."""
+
+    #: A checkpoint at every boundary (the tests: where to resume is then the rule's choice alone, `_holds`).
+    everywhere = False
+
+    def __init__(self, trace, width: int, below):
+        self.trace, self.width, self.below = trace, width, below
+        self.bounds: list = [(0, None)]
+        self.marks: dict = {}
+
+    def start_for(self, limit: int, below) -> int:
+        """The last boundary with a checkpoint a replay under ``limit`` (cap below the capacity or not: ``below``)
+        shares, 0 for none (the certified intervals narrow as the replay goes: the boundaries that hold ``limit``
+        come first)."""
+        start = 0
+        if below is not None and below == self.below:
+            for b in sorted(self.marks):
+                if not _holds(self.bounds[b], limit):
+                    break
+                start = b
+        return start
+
+    @staticmethod
+    def walk(r, cell: Cell, after: tuple):
+        """Run ``r`` (`_resumable`) to the end from the newest trail of its walk where it can, reading its bounds
+        and leaving checkpoints where the previous probe's bounds say a cap of ``after`` (with none, its own limit)
+        stops being held in the next window; the result, as the replay from the first event would give it."""
+        t, dev = r.trace, r.device
+        key = (cell.trace, str(cell.policy), r.settings.with_(cap=None))
+        width = max(-(-len(t) // TRAIL_BOUNDS), TRAIL_WIDTH)
+        old = _TRAILS.get(key)
+        if old is not None and (old.trace is not t or old.width != width):
+            old = None
+        limit = dev.limit
+        below = None if cell.cap is None else cell.cap < dev.capacity
+        new = _Trail(t, width, below)
+        b = old.start_for(limit, below) if old is not None else 0
+        if b:
+            r.resume(old.marks[b], own_limit=True)
+            new.bounds = old.bounds[:b + 1]
+            new.marks = {k: m for k, m in old.marks.items() if k <= b}
+        guide = old.bounds if old is not None else []
+        watched = [] if below is None else sorted(set(after) or {limit})
+        left, last = TRAIL_MARKS, b
+        while True:
+            b += 1
+            res = r.run(until=b * width if b * width < len(t) else None)
+            if res is not None:
+                break
+            new.bounds.append(dev.certified())
+            if _Trail.everywhere and below is not None:
+                new.marks[b] = r.checkpoint()
+            elif left and b + 1 < len(guide):
+                # a cap above this one leaves where this replay is refused: where the guide grew past this limit
+                leaving = [v for v in watched if _holds(new.bounds[b], v) and not _holds(guide[b + 1], min(v, limit))]
+                watched = [v for v in watched if v not in leaving]
+                if leaving and (b - last) * width >= TRAIL_GAIN:
+                    new.marks[b] = r.checkpoint()
+                    left, last = left - 1, b
+        if len(_TRAILS) >= TRAILS_KEPT and key not in _TRAILS:
+            _TRAILS.clear()
+        _TRAILS[key] = new
+        return res
+
+
+def _holds(bounds: tuple, limit: int) -> bool:
+    """Whether the certified interval ``bounds`` (lo, hi; hi None: unbounded) holds ``limit``."""
+    lo, hi = bounds
+    return lo <= limit and (hi is None or limit <= hi)
 
 
 class Walk:
@@ -123,8 +276,23 @@ class Walk:
         return self.phase == "done"
 
     def task(self, cap):
-        """`probe`'s argument for a replay of this walk at ``cap``."""
-        return self.trace, self.spec, cap, self.runtime, self.settings
+        """`probe`'s argument for a replay of this walk at ``cap``, with the caps the walk asks next whichever
+        way that replay goes (where it is the next cap; a probe leaves checkpoints for them: `_Trail`)."""
+        return self.trace, self.spec, cap, self.runtime, self.settings, self._after(cap)
+
+    def _after(self, cap, depth: int = 2) -> tuple:
+        """The caps this walk replays in the ``depth`` replays after ``cap``, each passing certifying its own cap
+        alone or failing (two ahead: at ``-j 2`` the next probe in the same worker is mostly the one after the
+        next); none before the unlimited replay, or for a cap the walk does not ask next."""
+        if cap is None or cap != self.need or self.phase == "unlimited":
+            return ()
+        out: list = []
+        for passed in (True, False):
+            w = copy.copy(self)
+            w.take(Probe(passed, cap, self.load, self.peak))
+            if not w.done:
+                out += [w.need, *(w._after(w.need, depth - 1) if depth > 1 else ())]
+        return tuple(dict.fromkeys(out))
 
     def take(self, p: Probe) -> None:
         """The outcome of the replay at `need`: the walk moves on to its next cap (or is done)."""

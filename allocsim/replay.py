@@ -442,14 +442,23 @@ class Replay:
                 copy(self._allocs), self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos,
                 self._j0, {k: getattr(self.runtime, k) for k in _RUNTIME_COUNTS})
 
-    def resume(self, state: tuple) -> None:
+    def resume(self, state: tuple, *, own_limit: bool = False) -> None:
         """Go on from ``state`` (a `checkpoint` of a replay of the same trace and settings whose policy is the
         same class of allocator, its options maybe not) instead of from the first event: the policy keeps its
-        options and takes the state; this replay must not have walked yet. It is not folded from here."""
+        options and takes the state; this replay must not have walked yet. It is not folded from here.
+        ``own_limit``: the checkpoint is of a replay under another constant cap that went as this one would up to
+        there (`allocsim.fit`'s probes): the device keeps its own cap and limit, and the recorded failed requests
+        served so far name this limit."""
         if self._w.done or not self.can_checkpoint():
             raise ValueError("resume: a fresh replay that can be checkpointed")
         pol, dev, w, (stats, stack, open_), live, allocs, zeros, skip, chunks, chunk, pos, j0, counts = state
+        cap = self.device.cap
         self.device.restore(dev)
+        if own_limit:
+            self.device.set_cap(cap)
+            limit = self.device.limit if self.device.limit < 2**63 else None
+            w = copy(w)
+            w.served = [(at, r, limit) for at, r, _ in w.served]
         self.sections.stats, self.sections.stack, self.sections._open = ({k: v[:] for k, v in stats.items()},
                                                                           stack[:], open_[:])
         handles = self.policy.restore(pol)

@@ -1,0 +1,135 @@
+"""`allocsim fit`'s probes resumed from the previous probe's checkpoints (`allocsim.fit._Trail`): every probe's whole
+result (figures, sections, latencies, OOM records, the certified interval) is the one its replay from the first event
+gives, and so is every walk's answer, on generated and shipped traces; and the check fails where the rule that says
+which checkpoint a cap shares is broken on purpose."""
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocsim import fit
+from allocsim.sweep import cached_trace, run_cell
+from allocsim.tune import FIT_DIGITS
+
+from test_tune import SIZES, torch_trace
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+#: Settings a probe may resume under (`_resumable`), and two it never does (a GC threshold or a fraction of the
+#: cap reads the cap's value: the device is pinned).
+SPECS = ["torch", "torch[expandable_segments:True]", "torch[max_split_size_mb:32]",
+         "torch[roundup_power2_divisions:4]", "torch[per_process_memory_fraction:0.5]",
+         "torch[per_process_memory_fraction:0.5,garbage_collection_threshold:0.6]",
+         "torch[garbage_collection_threshold:0.6]"]
+#: What differs between two replays of one cap that are the same replay: wall times and how much was folded.
+UNTIMED = ("replay_seconds", "load_seconds", "folded")
+
+
+class Probes:
+    """Every resumable probe of the walks run while it is installed (`checked`), replayed again from the first
+    event and compared whole: ``resumed`` of ``count`` went on from a checkpoint, ``differ`` lists the caps whose
+    result was not the same."""
+
+    def __init__(self):
+        self.count = self.resumed = 0
+        self.differ: list = []
+
+
+@pytest.fixture
+def checked(monkeypatch):
+    probes = Probes()
+    walk, start_for = fit._Trail.walk, fit._Trail.start_for
+
+    def walked(r, cell, after):
+        res = walk(r, cell, after)
+        alone = run_cell(cell, None, full=True)[1]
+        probes.count += 1
+        if whole(res) != whole(alone):
+            probes.differ.append(cell.cap)
+        return res
+
+    def started(self, limit, below):
+        b = start_for(self, limit, below)
+        probes.resumed += b > 0
+        return b
+    monkeypatch.setattr(fit._Trail, "walk", staticmethod(walked))
+    monkeypatch.setattr(fit._Trail, "start_for", started)
+    monkeypatch.setattr(fit, "TRAIL_LEAST", 0)      # the small traces too: the pressure traces, the generated ones
+    fit._TRAILS.clear()
+    yield probes
+    fit._TRAILS.clear()
+
+
+def whole(res) -> dict:
+    """All of a result but its wall times: the figures, sections, latency quantiles, OOM records, certified limits."""
+    d = {k: v for k, v in res.to_dict().items() if k not in UNTIMED}
+    d["certified_limits"] = res.certified_limits
+    return d
+
+
+def both_ways(path, spec, monkeypatch, **kw) -> tuple[dict, dict]:
+    """``fit_capacity`` with probes resumed, then with every probe replayed from the first event."""
+    fit._TRAILS.clear()
+    resumed = fit.fit_capacity(path, spec, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(fit, "_resumable", lambda cell, settings: None)
+        alone = fit.fit_capacity(path, spec, **kw)
+    return resumed, alone
+
+
+WALKS = [dict(), dict(islands=False, digits=FIT_DIGITS)]
+#: Steps of a PyTorch trace (`test_tune.torch_trace`), recorded failed requests among them (their served limit).
+STEPS = st.lists(st.one_of(st.tuples(st.just("a"), SIZES), st.tuples(st.just("f"), st.integers(0, 50)),
+                           st.tuples(st.just("oom"), SIZES)), min_size=4, max_size=80)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(steps=STEPS, spec=st.sampled_from(SPECS), walk=st.sampled_from(WALKS),
+       resolution=st.sampled_from([MiB, 4 * MiB]), top=st.sampled_from([None, 0.8, 1.1]), everywhere=st.booleans())
+def test_resumed_probes_are_the_probes_on_generated_traces(tmp_path_factory, monkeypatch, checked, steps, spec, walk,
+                                                          resolution, top, everywhere):
+    """Windows of 2 records, a checkpoint wherever one is due (or at every boundary): a trace of 80 events has
+    many."""
+    monkeypatch.setattr(fit, "TRAIL_WIDTH", 2)
+    monkeypatch.setattr(fit, "TRAIL_GAIN", 0)
+    monkeypatch.setattr(fit._Trail, "everywhere", everywhere)
+    path = torch_trace(str(tmp_path_factory.mktemp("gen") / "g.bin"), steps, total_memory=2 << 30)
+    peak = cached_trace(path).load_bytes
+    kw = dict(walk, resolution=resolution, top=None if top is None or not peak else int(top * peak))
+    resumed, alone = both_ways(path, spec, monkeypatch, **kw)
+    assert resumed == alone
+    assert checked.differ == []
+
+
+@pytest.mark.parametrize("name, spec, walk, top", [
+    ("resnet50.bin", "torch", WALKS[0], None),
+    ("resnet50.bin", "torch[max_split_size_mb:128]", WALKS[1], None),
+    ("bert_mlm.bin", "torch[expandable_segments:True]", WALKS[0], None),
+    ("gpt2.bin", "torch", WALKS[1], 1.2),
+    ("pressure-maxsplit-cap.bin", "torch[max_split_size_mb:64]", WALKS[0], 3767323852),
+    ("pressure-fraction-retry.bin", "torch", WALKS[0], None),
+    ("pressure-empty-cache.bin", "torch", WALKS[0], None),
+])
+def test_resumed_probes_are_the_probes_on_shipped_traces(monkeypatch, checked, name, spec, walk, top):
+    path = os.path.join(ROOT, "traces", name)
+    if top is not None and top < 100:
+        top = int(top * cached_trace(path).load_bytes)
+    resumed, alone = both_ways(path, spec, monkeypatch, top=top, **walk)
+    assert resumed == alone
+    assert checked.differ == [] and checked.resumed > 0, (checked.count, checked.resumed)
+
+
+@pytest.mark.parametrize("broken", [
+    lambda bounds, limit: bounds[0] <= limit,           # a refused need below the limit is not a divergence
+    lambda bounds, limit: bounds[1] is None or limit <= bounds[1],      # nor a granted need above it
+])
+def test_the_check_fails_where_the_divergence_rule_is_broken(monkeypatch, checked, broken):
+    """With either half of the rule left out (`_holds`), probes resume past the event where their cap makes the
+    replay go otherwise, and the comparison above sees it."""
+    monkeypatch.setattr(fit, "_holds", broken)
+    monkeypatch.setattr(fit._Trail, "everywhere", True)     # where to resume is the rule's choice alone
+    path = os.path.join(ROOT, "traces", "resnet50.bin")
+    fit.fit_capacity(path, "torch", islands=False, digits=FIT_DIGITS)
+    fit.fit_capacity(path, "torch")
+    assert checked.differ
