@@ -13,6 +13,7 @@ from allocsim.cli import main
 from allocsim.replay import replay
 from allocsim.frameworks.torch import divisions_text, parse_divisions
 from allocsim.trace import TraceWriter
+from allocsim.trace.events import CACHE_RELEASE
 from allocsim.spaces import torch as torch_space
 from allocsim.tune import HEADROOM, TIME, Space, Target, margin, pareto, ranked, tune
 
@@ -21,18 +22,24 @@ MiB = 1 << 20
 FIGURES = ("peak_reserved_bytes", "device_mallocs", "device_frees", TIME, "ooms", "first_oom_event")
 
 
-def torch_trace(path, steps, total_memory=80 << 30):
-    """A PyTorch-framework trace from ``steps``: ("a", bytes) allocates, ("f", k) frees the k-th live object,
-    ("oom", bytes) is a request the recorded run failed."""
-    w = TraceWriter(meta={"framework": "torch", "device": {"name": "test", "total_memory": total_memory}})
+def torch_trace(path, steps, total_memory=80 << 30, conf: str | None = None):
+    """A PyTorch-framework trace from ``steps``: ("a", bytes) allocates (("a", bytes, stream) on that stream),
+    ("f", k) frees the k-th live object, ("oom", bytes) is a request the recorded run failed, ("e",) calls
+    empty_cache(); ``conf``: the PYTORCH_CUDA_ALLOC_CONF it was recorded under."""
+    meta = {"framework": "torch", "device": {"name": "test", "total_memory": total_memory}}
+    if conf:
+        meta["allocator_settings"] = {"PYTORCH_CUDA_ALLOC_CONF": conf}
+    w = TraceWriter(meta=meta)
     live = []
-    for t, (what, x) in enumerate(steps):
+    for t, (what, *x) in enumerate(steps):
         if what == "a":
-            live.append(w.alloc(x, t=t))
+            live.append(w.alloc(*x, t=t))
         elif what == "f" and live:
-            w.free(live.pop(x % len(live)), t=t)
+            w.free(live.pop(x[0] % len(live)), t=t)
         elif what == "oom":
-            w.oom(x, t=t)
+            w.oom(x[0], t=t)
+        elif what == "e":
+            w.record(CACHE_RELEASE, t=t)
     w.finish().save(path)
     return path
 

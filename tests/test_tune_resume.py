@@ -41,9 +41,6 @@ KINDS = ("threshold", "rounding", "max_split")
 class Trunks(list):
     """The `_Trunk`s the families made (monkeypatched in): how their members went."""
 
-    def resumed(self):
-        return sum(s is not None for t in self for s in t.starts.values())
-
     def given_the_row(self):
         return sum(len(t.pending) for t in self)
 
@@ -204,6 +201,99 @@ def test_a_family_is_its_members_replayed_alone_on_generated_traces(tmp_path_fac
         m.setattr(tune_mod, "WINDOW", 4)
         m.setattr(tune_mod, "CHECKPOINT_EVERY", 4)
         check_families(path, max(int(cap * t.load_bytes), 1), NEVER)
+
+
+#: Requests about every limit a watch reads: the 1 MiB small pool and 2 MiB / 10 MiB / 20 MiB segment sizes (rule 6),
+#: max_split 20 and 32 MiB and the segments that large, and cached blocks just under 30 and 64 MiB above a request
+#: (34 MiB + 512 against 64 and 98 MiB) or 20 MiB above it.
+EDGES = st.sampled_from([700 << 10, MiB + 512, 2 * MiB - 512, 2 * MiB, 3 * MiB, 10 * MiB, 10 * MiB + 512, 12 * MiB,
+                         19 * MiB, 20 * MiB, 20 * MiB + 512, 31 * MiB, 32 * MiB, 34 * MiB + 512, 52 * MiB, 64 * MiB,
+                         98 * MiB])
+#: `torch_trace`'s steps: ("a", bytes, stream), ("f", k), ("oom", bytes) and ("e",): empty_cache().
+EDGE_STEPS = st.lists(st.one_of(st.tuples(st.just("a"), EDGES, st.sampled_from([0, 0, 0, 1])),
+                                st.tuples(st.just("f"), st.integers(0, 50)), st.tuples(st.just("oom"), EDGES),
+                                st.tuples(st.just("e"))), min_size=1, max_size=60)
+
+
+def edge_trace(path, steps) -> str:
+    """A PyTorch trace of ``EDGE_STEPS``, recorded under a GC threshold the grid lacks: the defaults are not the
+    recorded setting (which heads no family), so the setting without max_split heads the max_split family."""
+    return torch_trace(path, steps, conf="garbage_collection_threshold:0.7")
+
+
+@pytest.fixture
+def edge_grid(monkeypatch):
+    """max_split 20 and 32 MiB, roundings 20, 30 and 64 MiB and a threshold: every family nests."""
+    monkeypatch.setattr(torch_space, "TORCH_MAX_SPLIT_MB", (None, 20, 32))
+    monkeypatch.setattr(torch_space, "TORCH_DIVISIONS", (None,))
+    monkeypatch.setattr(torch_space, "TORCH_NON_SPLIT_MB", (20, 30, 64))
+    monkeypatch.setattr(torch_space, "TORCH_GC_THRESHOLDS", (None, 0.6))
+
+
+def check_edges(tmp, steps, cap) -> None:
+    """`check_families` on ``edge_trace(steps)`` under ``cap`` x its LOAD, checked and checkpointed every 4 events."""
+    path = edge_trace(str(tmp / "e.bin"), steps)
+    t = cached_trace(path)
+    if t.load_bytes:
+        check_families(path, max(int(cap * t.load_bytes), 1), NEVER)
+
+
+EDGE_CAPS = st.sampled_from([1.0, 1.05, 1.3])
+EDGE_SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+
+
+@EDGE_SETTINGS
+@given(steps=EDGE_STEPS, cap=EDGE_CAPS)
+def test_a_family_is_its_members_replayed_alone_at_the_edges(tmp_path_factory, monkeypatch, edge_grid, steps, cap):
+    """Two streams, recorded OOMs, empty_cache() and requests at every limit a watch reads, under caps that fail
+    segment calls early."""
+    with monkeypatch.context() as m:
+        m.setattr(tune_mod, "WINDOW", 4)
+        m.setattr(tune_mod, "CHECKPOINT_EVERY", 4)
+        check_edges(tmp_path_factory.mktemp("edge"), steps, cap)
+
+
+def _late_rounding(after):
+    """`_Trunk.after` that fires a rounding watch a MiB late."""
+    def late(self):
+        kept = dict(self.pending)
+        self.pending = {v: (g, r and r - MiB, s) for v, (g, r, s) in kept.items()}
+        after(self)
+        self.pending = {v: kept[v] for v in self.pending}
+    return late
+
+
+def _late_segment(after):
+    """`_Trunk.after` that fires a max_split watch only past a segment of exactly that size."""
+    def late(self):
+        kept = dict(self.pending)
+        self.pending = {v: (g, r, s and s + 1) for v, (g, r, s) in kept.items()}
+        after(self)
+        self.pending = {v: kept[v] for v in self.pending}
+    return late
+
+
+@pytest.mark.parametrize("broken", [_late_rounding, _late_segment])
+def test_a_watch_a_step_late_is_caught_at_the_edges(tmp_path_factory, monkeypatch, edge_grid, broken):
+    """The check above finds a trace where a watch broken on purpose, by an edge, misses where a member parts
+    (the rounding's within 300 examples: a 64 MiB block cached when 34 MiB + 512 is asked, 30 MiB - 512 above it)."""
+    from hypothesis import Phase, find
+    from hypothesis.errors import NoSuchExample
+    monkeypatch.setattr(tune_mod, "WINDOW", 4)
+    monkeypatch.setattr(tune_mod, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(tune_mod._Trunk, "after", broken(tune_mod._Trunk.after))
+
+    def parts(example):
+        try:
+            check_edges(tmp_path_factory.mktemp("edge"), *example)
+        except AssertionError:
+            return True
+        return False
+    try:
+        find(st.tuples(EDGE_STEPS, EDGE_CAPS), parts, 
+             settings=settings(EDGE_SETTINGS, max_examples=300, phases=[Phase.generate]))
+    except NoSuchExample:
+        pytest.fail(f"{broken.__name__}: every family still equal to its members replayed alone")
 
 
 @pytest.mark.parametrize("spec", ["torch", "torch[max_split_size_mb:64]", "torch[roundup_power2_divisions:4]",
