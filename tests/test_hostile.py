@@ -1069,6 +1069,10 @@ HUNT_6: list[Case] = [
          expect="s.bin: cannot write: the trace would take about ", outputs=["s.bin"]),
     Case("cap-a-fraction-of-a-byte", ["replay", "{trace}", "--cap", "1.5"], stdout_empty=True,
          expect="--cap: '1.5' is not a whole number of bytes (a byte count is an integer; or give a unit: 1.5KB)"),
+    Case("cap-of-5000-digits", ["replay", "{trace}", "--cap", "9" * 5000], stdout_empty=True,
+         expect="is out of range"),        # int() and Fraction() refuse more than 4,300 digits with a ValueError
+    Case("cap-with-an-exponent-of-5000-digits", ["replay", "{trace}", "--cap", "1e" + "9" * 5000],
+         stdout_empty=True, expect="is out of range"),
     Case("headroom-a-fraction-of-a-byte", ["tune", "{trace}", "--headroom", "0.5B"], stdout_empty=True,
          expect="--headroom: '0.5B' is not a whole number of bytes"),
     Case("synth-size-parameter-a-fraction", _SYNTH + ["alloc-heavy", "-P", "min_size=16.5"],
