@@ -1079,6 +1079,8 @@ HUNT_6: list[Case] = [
          expect="parameter min_size: size: '16.5' is not a whole number of bytes", outputs=["s.bin"]),
     Case("rmm-csv-size-a-fraction", **_rmm_line_3("log.csv: line 3: bad size '1.5': expected a whole number of bytes",
                                                    size="1.5")),
+    Case("rmm-csv-size-of-5000-digits", **_rmm_line_3("line 3: size '99999", size="9" * 5000)),
+    Case("rmm-csv-time-of-5000-digits", **_rmm_line_3("line 3: bad time '", time="9" * 5000 + ":59:59.2")),
     Case("rmm-csv-size-with-underscores", **_rmm_line_3("log.csv: line 3: bad size '1_000': expected a whole number "
                                                         "of bytes", size="1_000")),
     Case("rmm-csv-size-with-a-plus", **_rmm_line_3("line 3: bad size '+256'", size="+256")),
@@ -1226,6 +1228,8 @@ HUNT_6: list[Case] = [
          setup=_TORCH_SCRIPT, expect="argument --max-events: expected a positive integer, got '1_000'"),
     Case("jobs-in-other-digits", ["compare", "{trace}", "-p", "split", "-j", "\u0662"], stdout_empty=True,
          expect="argument -j/--jobs: expected a positive integer, got '\u0662'"),
+    Case("synth-seed-of-5000-digits", _SYNTH + ["mlp", "--seed", "9" * 5000], outputs=["s.bin"],
+         expect="argument --seed: expected a non-negative integer below 10**18, got a number of 5000 digits"),
     Case("dask-local-with-underscores", ["sweep", "{trace}", "--dask-local", "1_0", "-o", "{d}/r.csv"],
          expect="argument --dask-local: expected a positive integer, got '1_0'", outputs=["r.csv", "r.csv.partial"]),
 ]

@@ -55,14 +55,16 @@ def add_cost_model_argument(p) -> None:
 def count(least: int = 0, note: str = ""):
     """argparse type of a count or index on the command line (``-n``, ``--seed``, ``--top``, ``--device``, ...): ASCII
     digits, at least ``least`` (0 or 1). Python's int() would also read ``1_0`` as 10, ``+3`` and other scripts'
-    digits; ``note`` says what 0 means where it means something."""
+    digits; ``note`` says what 0 means where it means something. Below 10**18 (int() refuses 4,300 digits)."""
     expected = ("a positive integer" if least == 1 else "a non-negative integer") + note
 
     def parse(text: str) -> int:
         s = text.strip()
-        if s.isascii() and s.isdigit() and int(s) >= least:
-            return int(s)
         plain = s.isascii() and s.removeprefix("-").isdigit()      # -3 or 0: shown as the number it is
+        if plain and len(s) > 18:
+            raise argparse.ArgumentTypeError(f"expected {expected} below 10**18, got a number of {len(s)} digits")
+        if plain and int(s) >= least:
+            return int(s)
         raise argparse.ArgumentTypeError(f"expected {expected}, got {s if plain else repr(text)}")
     return parse
 
