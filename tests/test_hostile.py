@@ -1228,6 +1228,8 @@ HUNT_6: list[Case] = [
          setup=_TORCH_SCRIPT, expect="argument --max-events: expected a positive integer, got '1_000'"),
     Case("jobs-in-other-digits", ["compare", "{trace}", "-p", "split", "-j", "\u0662"], stdout_empty=True,
          expect="argument -j/--jobs: expected a positive integer, got '\u0662'"),
+    Case("synth-seed-minus-zero", _SYNTH + ["mlp", "--seed", "-0"], outputs=["s.bin"],
+         expect="argument --seed: expected a non-negative integer, got -0"),
     Case("synth-seed-of-5000-digits", _SYNTH + ["mlp", "--seed", "9" * 5000], outputs=["s.bin"],
          expect="argument --seed: expected a non-negative integer below 10**18, got a number of 5000 digits"),
     Case("dask-local-with-underscores", ["sweep", "{trace}", "--dask-local", "1_0", "-o", "{d}/r.csv"],

@@ -60,10 +60,12 @@ def count(least: int = 0, note: str = ""):
 
     def parse(text: str) -> int:
         s = text.strip()
-        plain = s.isascii() and s.removeprefix("-").isdigit()      # -3 or 0: shown as the number it is
-        if plain and len(s) > 18:
-            raise argparse.ArgumentTypeError(f"expected {expected} below 10**18, got a number of {len(s)} digits")
-        if plain and int(s) >= least:
+        digits = s.removeprefix("-")
+        plain = s.isascii() and digits.isdigit()        # -3 or 0: shown as the number it is
+        if plain and len(digits) > 18:
+            raise argparse.ArgumentTypeError(f"expected {expected} below 10**18, got a number of {len(digits)} "
+                                             f"digits")
+        if plain and s == digits and int(s) >= least:
             return int(s)
         raise argparse.ArgumentTypeError(f"expected {expected}, got {s if plain else repr(text)}")
     return parse
