@@ -1175,6 +1175,18 @@ HUNT_6: list[Case] = [
                        [e.update(frames=[{"filename": _shared_list(40), "name": _shared_list(40)}])
                         for e in s["device_traces"][0]]), status=0, stderr_lines=2, then=_made("o.bin"),
          expect="snap.pickle: ignored unknown actions: annotate x1"),
+    Case("torch-snapshot-stream-of-5000-digits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["device_traces"][0][1].update(stream=10**5000)), outputs=["o.bin"],
+         expect="snap.pickle: device_traces[0][1]: stream is an integer of 16,610 bits, expected a non-negative "
+                "integer"),         # repr() refuses an int of 4,300 digits with a ValueError
+    Case("torch-snapshot-setting-of-5000-digits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: s["allocator_settings"].update(pinned_num_register_threads=10**5000)),
+         outputs=["o.bin"], expect="snap.pickle: metadata: allocator_settings: an integer of 16,610 bits (JSON "
+                                   "metadata holds none past 64): not a PyTorch allocator's settings"),
+    Case("torch-snapshot-frame-line-of-5000-digits", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         snapshot_with(lambda s: [e.update(frames=[{"filename": "x.py", "line": 10**5000, "name": "f"}])
+                                  for e in s["device_traces"][0]]), status=0, stderr_lines=2, then=_made("o.bin"),
+         expect="snap.pickle: ignored unknown actions: annotate x1"),
     Case("cupy-jsonl-device-id-a-string", ["import", "{d}/hooks.jsonl", "-o", "{d}/o.bin"],
          fixture_line("hooks.jsonl", 2, _HOOK_LINES[1].replace('"device_id":0', '"device_id":"0"')), outputs=["o.bin"],
          expect="hooks.jsonl: line 2: device_id is '0', expected an integer (the device's index)"),
