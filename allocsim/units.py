@@ -43,9 +43,10 @@ def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False)
     m = _SIZE.match(s)
     if not m or m.group(3).lower() not in _UNITS:
         raise UsageError(f"{what}: cannot parse size {text!r} (examples: 8GB, 8GiB, 512MiB, 1.5TB, 1048576)")
-    exponent = int(m.group(2) or 0)
-    value = Fraction(m.group(1)) * 10 ** min(exponent, 30) * _UNITS[m.group(3).lower()]    # exact: no float rounding
-    if exponent > 30 or value > 2**62:
+    mantissa, exponent = m.group(1), (m.group(2) or "").lstrip("0")
+    # lengths first: int() and Fraction() raise a ValueError on 4,300 digits; the value exact, no float rounding
+    if len(mantissa) > 100 or len(exponent) > 2 or int(exponent or 0) > 30 \
+            or (value := Fraction(mantissa) * 10 ** int(exponent or 0) * _UNITS[m.group(3).lower()]) > 2**62:
         raise UsageError(f"{what}: size {text!r} is out of range")
     if value.denominator != 1 and _UNITS[m.group(3).lower()] == 1:
         raise UsageError(f"{what}: {text!r} is not a whole number of bytes (a byte count is an integer; "

@@ -116,7 +116,8 @@ def test_rank_learnt_from_torch_distributed(tmp_path):
     ({"RANK": "-1", "WORLD_SIZE": "2"}, None, {"world_size": 2}),
     ({"RANK": "1_0", "LOCAL_RANK": "+1", "WORLD_SIZE": "0"}, None, {}),
     ({"RANK": "3", "WORLD_SIZE": "2"}, "run.rank3.bin", {"rank": 3}),
-    ({"RANK": " 1 ", "WORLD_SIZE": "2"}, "run.rank1.bin", {"rank": 1, "world_size": 2})])
+    ({"RANK": " 1 ", "WORLD_SIZE": "2"}, "run.rank1.bin", {"rank": 1, "world_size": 2}),
+    ({"RANK": "9" * 5000, "WORLD_SIZE": "2"}, None, {"world_size": 2})])       # int() refuses 4,300 digits
 def test_a_rank_environment_the_reader_would_refuse_is_left_out(tmp_path, env, name, meta):
     """RANK, LOCAL_RANK and WORLD_SIZE are counts in ASCII digits, WORLD_SIZE at least 1 and above RANK: anything
     else is left out of the trace's metadata (a trace that says rank -1 or world_size 0 could not be read back)."""

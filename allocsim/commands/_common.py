@@ -52,15 +52,27 @@ def add_cost_model_argument(p) -> None:
     p.add_argument("--cost-model", metavar="FILE", help="cost model JSON (from `allocsim calibrate`)")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (worker counts, repetitions)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {n}")
-    return n
+def count(least: int = 0, note: str = ""):
+    """argparse type of a count or index on the command line (``-n``, ``--seed``, ``--top``, ``--device``, ...): ASCII
+    digits, at least ``least`` (0 or 1). Python's int() would also read ``1_0`` as 10, ``+3`` and other scripts'
+    digits; ``note`` says what 0 means where it means something. Below 10**18 (int() refuses 4,300 digits)."""
+    expected = ("a positive integer" if least == 1 else "a non-negative integer") + note
+
+    def parse(text: str) -> int:
+        s = text.strip()
+        digits = s.removeprefix("-")
+        plain = s.isascii() and digits.isdigit()        # -3 or 0: shown as the number it is
+        if plain and len(digits) > 18:
+            raise argparse.ArgumentTypeError(f"expected {expected} below 10**18, got a number of {len(digits)} "
+                                             f"digits")
+        if plain and s == digits and int(s) >= least:
+            return int(s)
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {s if plain else repr(text)}")
+    return parse
+
+
+#: argparse type: an integer >= 1 (worker counts, repetitions).
+positive_int = count(1)
 
 
 def at_most_cores(flag: str):

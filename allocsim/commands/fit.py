@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-from ..errors import UsageError
 from ..filenames import shown_name
 from ..fit import MAX_REPLAYS, MiB, fit_many
 from ..report.tables import dump_json
@@ -11,7 +10,7 @@ from ..report.text import fit_table
 from ..sweep import Settings, process_pool
 from ._ranks import each_rank
 from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
-                      plural, policy_specs, positive_size, progress_bar, replay_settings)
+                      count, plural, policy_specs, positive_size, progress_bar, replay_settings)
 
 NAME = "fit"
 HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
@@ -24,7 +23,8 @@ def add_arguments(p):
     p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
                    help="eager: frees reach the pool at once; gc: frees wait for a collection (default eager)")
     p.add_argument("--resolution", default="1MiB", help="capacity grid (default 1MiB)")
-    p.add_argument("--max-replays", type=int, default=MAX_REPLAYS, metavar="N",
+    p.add_argument("--max-replays", type=count(0, " (0: no limit)"), default=MAX_REPLAYS,
+                   metavar="N",
                    help=f"stop a policy's walk down from its peak after N replays (default {MAX_REPLAYS}; 0: no limit); "
                         "the answer is then safe but marked *, a lower safe capacity may exist")
     add_cost_model_argument(p)
@@ -77,8 +77,6 @@ def run(args) -> int:
 def run_one(args) -> int:
     specs = policy_specs(args.policies)
     resolution = positive_size(args.resolution, "--resolution")
-    if args.max_replays < 0:
-        raise UsageError(f"--max-replays: must be 0 (no limit) or more, got {args.max_replays}")
     res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution, max_replays=args.max_replays,
                    jobs=args.jobs, settings=Settings(replay_settings(args)),
                    oracle=not args.no_oracle, quiet=args.quiet or args.json)

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import UsageError
 from ..filenames import printable, shown_name
 from ..importers import FORMATS, import_file
 from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_count
-from ._common import positive_size
+from ._common import count, positive_size
 
 NAME = "import"
 HELP = "convert a PyTorch snapshot pickle, an RMM CSV log or a CuPy DebugPrintHook JSONL into a trace"
@@ -20,7 +19,7 @@ def add_arguments(p):
     p.add_argument("-o", "--output", required=True, metavar="TRACE", help="trace file to write (.bin)")
     add_force_argument(p)
     p.add_argument("--format", default="auto", choices=("auto",) + FORMATS, help="input format (default: auto)")
-    p.add_argument("--device", type=int, metavar="N",
+    p.add_argument("--device", type=count(0), metavar="N",
                    help="device index to import (torch: device_traces[N]; cupy: device_id N); default: a snapshot's "
                         "device that holds the events (a rank's on cuda:1 too), 0 for a log")
     p.add_argument("--total-memory", metavar="SIZE",
@@ -30,8 +29,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    if args.device is not None and args.device < 0:
-        raise UsageError(f"--device: negative device index {args.device}")
     total = positive_size(args.total_memory, "--total-memory") if args.total_memory is not None else None
     claim_outputs([("-o", args.output)], [args.file], force=args.force)
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,

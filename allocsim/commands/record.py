@@ -8,6 +8,7 @@ import sys
 
 from ..errors import UsageError
 from ..outputs import add_force_argument, claim_outputs
+from ._common import count
 
 NAME = "record"
 HELP = "run a PyTorch or CuPy training script and record its GPU allocation trace"
@@ -24,7 +25,7 @@ def add_arguments(p):
                         "--stacks=all): C++ frames too, which flag the requests PyTorch survives failing "
                         "(docs/allocator-dependent.md)")
     p.add_argument("--stacks=all", dest="stacks", action="store_const", const="all", help=argparse.SUPPRESS)
-    p.add_argument("--max-events", type=int, metavar="N",
+    p.add_argument("--max-events", type=count(1), metavar="N",
                    help="torch: ring-buffer entries per drain (default 1000000; drained every optimizer step)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                    help="run a module as `python -m MODULE args` would (the rest of the line is its arguments)")
@@ -120,8 +121,6 @@ def stacks_choice(args) -> None:
 
 def run(args) -> int:
     from ..recorders import record
-    if args.max_events is not None and args.max_events < 1:
-        raise UsageError(f"--max-events must be at least 1, got {args.max_events}")
     stacks_choice(args)
     argv = program_argv(args)
     if argv is not None:

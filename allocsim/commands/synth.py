@@ -5,7 +5,7 @@ from .. import synth
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_path, claim_outputs
 from ..units import fmt_bytes, fmt_count
-from ._common import load_trace, progress_bar
+from ._common import count, load_trace, progress_bar
 
 NAME = "synth"
 HELP = "generate a synthetic training-workload trace (mlp, cnn, transformer, alloc-heavy)"
@@ -18,8 +18,8 @@ def add_arguments(p):
     p.add_argument("preset", nargs="?", help=f"workload preset: {', '.join(synth.PRESETS)}")
     p.add_argument("-o", "--output", help="output trace file (.bin), written atomically")
     add_force_argument(p)
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes); default 0")
-    p.add_argument("--iterations", "-n", type=int, help="training iterations (one MARK each); default per preset")
+    p.add_argument("--seed", type=count(0), default=0, help="random seed (same seed, same bytes); default 0")
+    p.add_argument("--iterations", "-n", type=count(1), help="training iterations (one MARK each); default per preset")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every requested size by X; default 1")
     p.add_argument("--variable", action="store_true",
                    help="redraw the batch / image size / sequence length every iteration")

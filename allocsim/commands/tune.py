@@ -21,7 +21,7 @@ from ..ranks import fit_capacity
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
-                      capacity_arg, check_scheduler, cost_model_arg, dask_cluster, load_trace, positive_size,
+                      capacity_arg, check_scheduler, cost_model_arg, count, dask_cluster, load_trace, positive_size,
                       say_snapshot_written)
 from ._ranks import traces_of
 
@@ -47,8 +47,8 @@ def add_arguments(p):
     p.add_argument("--headroom", default=f"{HEADROOM:.0%}",
                    help="what fastest keeps free under the limit (the cap, else the capacity): a share such as "
                         f"5%% or a size such as 2GiB (default {100 * HEADROOM:.0f}%%)")
-    p.add_argument("--top", type=int, default=TOP, metavar="N", help=f"candidates in the table (default {TOP})")
-    p.add_argument("--max-replays", type=int, default=0, metavar="N",
+    p.add_argument("--top", type=count(1), default=TOP, metavar="N", help=f"candidates in the table (default {TOP})")
+    p.add_argument("--max-replays", type=count(0, " (0: no limit)"), default=0, metavar="N",
                    help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
     add_jobs_argument(p)
@@ -64,10 +64,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..errors import UsageError
-    for flag, n in (("--top", args.top), ("--max-replays", args.max_replays)):     # a run's too
-        if n < (1 if flag == "--top" else 0):
-            raise UsageError(f"{flag}: expected {'1' if flag == '--top' else '0 (no limit)'} or more, got {n}")
     paths = traces_of(args)
     if len(paths) > 1:
         return _tune_run(args, paths)

@@ -87,7 +87,7 @@ class LineLog:
         ``+1``, other scripts' digits); a negative one or one past 64 bits is refused (sizes, handles, pointers)."""
         if not (_HEX if base == 16 else _DECIMAL).match(text):
             self.bad(f"bad {what} {text!r}: expected {expect}" + (" (hexadecimal)" if base == 16 else ""))
-        v = int(text, base)
+        v = int(text, base) if len(text) <= 40 else 2**64      # int() refuses 4,300 digits: past 64 bits anyway
         if v < 0:
             self.bad(f"negative {what} {v}")
         if v >= 2**64:

@@ -26,7 +26,7 @@ from .common import LineLog, base_meta
 COLUMNS = ("Thread", "Time", "Action", "Pointer", "Size", "Stream")
 DAY_US = 86_400 * 10**6
 HALF_DAY_US = DAY_US // 2
-_TIME = re.compile(r"([0-9]+):([0-9]+):([0-9]+)(?:\.([0-9]{0,9}))?\Z")
+_TIME = re.compile(r"([0-9]{1,2}):([0-9]{1,2}):([0-9]{1,2})(?:\.([0-9]{0,9}))?\Z")
 
 
 class RmmLog:

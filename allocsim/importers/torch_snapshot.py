@@ -72,9 +72,16 @@ def convert(snapshot: dict, writer, *, device: int | None = None, source: str = 
     return conv.emit(writer)
 
 
-#: How a value from the snapshot is shown in an error: bounded in depth and length, since a pickle may share one
-#: list many times over (``a = [b, b]; b = [c, c]; ...``): a few bytes whose plain repr or str never ends.
-_REPR = reprlib.Repr()
+class _Shown(reprlib.Repr):
+    """How a value from the snapshot is shown in an error: bounded in depth and length, since a pickle may share one
+    list many times over (``a = [b, b]; b = [c, c]; ...``): a few bytes whose plain repr or str never ends; an int
+    of 4,300 digits or more (which repr() refuses with a ValueError) by its size."""
+
+    def repr_int(self, x, level):
+        return f"an integer of {x.bit_length():,} bits" if x.bit_length() > 256 else super().repr_int(x, level)
+
+
+_REPR = _Shown()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 80, 80, 60
 _shown = _REPR.repr
 
@@ -84,14 +91,16 @@ SETTINGS_VALUES = 10_000
 
 
 def _text(value, default: str) -> str:
-    """A frame's or segment's text field: the string itself, an int as digits, anything else ``default``."""
+    """A frame's or segment's text field: the string itself, an int of 64 bits at most as digits (str() refuses 4,300
+    digits), anything else ``default``."""
     if isinstance(value, str):
         return value
-    return str(value) if type(value) is int else default
+    return str(value) if type(value) is int and value.bit_length() <= 64 else default
 
 
 def _settings(settings, where: "_Where") -> dict:
-    """``allocator_settings`` as they go into the metadata: a dict of at most `SETTINGS_VALUES` values."""
+    """``allocator_settings`` as they go into the metadata: a dict of at most `SETTINGS_VALUES` values, its integers
+    of 64 bits at most."""
     if settings is None:
         return {}
     if not isinstance(settings, dict):
@@ -109,6 +118,9 @@ def _settings(settings, where: "_Where") -> dict:
             todo.extend(value.values())
         elif isinstance(value, (list, tuple, set, frozenset)):
             todo.extend(value)
+        elif isinstance(value, int) and value.bit_length() > 64:       # json.dumps refuses 4,300 digits
+            raise where.error(f"allocator_settings: an integer of {value.bit_length():,} bits (JSON metadata holds "
+                              f"none past 64): not a PyTorch allocator's settings", "metadata")
     return settings
 
 

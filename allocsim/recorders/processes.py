@@ -107,9 +107,10 @@ def _wait_forwarding(proc) -> int:
 # ---- inside each process of the program ------------------------------------------------------------------------
 def env_int(name: str, least: int = 0) -> int | None:
     """A count from the environment (torchrun's ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``): ASCII digits, at least
-    ``least``; None if unset or anything else (``-1``, ``1_0``), which the trace's reader would refuse as metadata."""
+    ``least``, at most 9 digits; None if unset or anything else (``-1``, ``1_0``, a number int() refuses), which the
+    trace's reader would refuse as metadata."""
     text = os.environ.get(name, "").strip()
-    if not (text.isascii() and text.isdigit()) or int(text) < least:
+    if not (text.isascii() and text.isdigit() and len(text) <= 9) or int(text) < least:
         return None
     return int(text)
 
