@@ -21,7 +21,9 @@ certifies at least its own cap, and usually many more.
 The rule for policies that read the cap otherwise (checked module by module):
 `cupy`'s limit (``min(limit, cap)``) and `knet`'s soft-limit cap (device memory
 − headroom) report their comparisons through ``note``, so they certify like
-the rest, and so does `torch`'s allowed memory (the cap, checked before cudaMalloc);
+the rest, and so does `torch`'s allowed memory (the cap, checked before cudaMalloc; its expandable segments'
+range is 9/8 of the capacity, or of 2**44 with none, never of the cap: `tests/test_torch_pressure.py` holds a
+trace whose replays differed within one certified interval when it was the cap's);
 `torch` pins the device where it reads the cap's value itself: a GC threshold with
 the cap as allowed memory, or ``per_process_memory_fraction`` with no device capacity
 (a replay certifies only its own cap: the walk then probes every grid point it passes); the oracle
