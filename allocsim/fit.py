@@ -21,10 +21,13 @@ certifies at least its own cap, and usually many more.
 The rule for policies that read the cap otherwise (checked module by module):
 `cupy`'s limit (``min(limit, cap)``) and `knet`'s soft-limit cap (device memory
 − headroom) report their comparisons through ``note``, so they certify like
-the rest, and so does `torch`'s allowed memory (the cap, checked before cudaMalloc);
+the rest, and so does `torch`'s allowed memory (the cap, checked before cudaMalloc; its expandable segments'
+range is 9/8 of the capacity, or of 2**44 with none, never of the cap: `tests/test_torch_pressure.py` holds a
+trace whose replays differed within one certified interval when it was the cap's);
 `torch` pins the device where it reads the cap's value itself: a GC threshold with
 the cap as allowed memory, or ``per_process_memory_fraction`` with no device capacity
-(a replay certifies only its own cap: the walk then probes every grid point it passes); the oracle
+(a replay certifies only its own cap: the walk then probes every grid point it passes, the unlimited peak first;
+where that fails no cap up to it is safe, and with ``top`` the walk starts from ``top``); the oracle
 makes one device malloc of its planned heap; the real GPU policies are not fitted.
 
 Budget: a policy that fills its pool up to the cap behaves differently at almost every
@@ -305,16 +308,21 @@ class Walk:
                 return
             self.floor = max(p.load, 1)     # below LOAD every replay fails; a cap of 0 means none
             # what it certifies: from the largest need it granted (above its peak where the policy asked for more
-            # than it got: expandable segments' `fits`); pinned, nothing else, and the walk goes on from the peak
+            # than it got: expandable segments' `fits`); pinned, nothing else: the walk replays the peak first
             self.safe = p.peak if p.pinned else p.lowest
             if self.top is not None and self.safe > self.top:     # above the cap: nothing to replay
                 self.phase, self.need = "down", self.top
+                return
+            if p.pinned:        # the grid's top is certified by its own replay (a GC threshold at it may fail)
+                self.phase, self.need, self.safe = "down", p.peak, None
                 return
             self._down()
         elif self.phase == "down":
             if p.passed:        # the lowest grid point certified (at ``top``, not above it)
                 self.safe = min(-(-p.lowest // res) * res, self.need)
                 self._down()
+            elif self.safe is None and self.top is not None and self.need < self.top:
+                self.need = self.top        # a pinned replay failed at its peak: the walk starts from the cap
             else:
                 self._to_islands()
         elif self.phase == "bisect":
@@ -360,11 +368,11 @@ class Walk:
             self.phase, self.need = "bisect", mid
 
     def _to_islands(self) -> None:
-        """Below the safe cap, a bisection between LOAD − 1 (always fails) and the safe cap."""
+        """Below the safe cap (none: the peak, which failed), a bisection between LOAD − 1 (always fails) and it."""
         if not self.islands:
             self.phase = "done"
             return
-        self.lo, self.hi = self.floor - 1, self.safe
+        self.lo, self.hi = self.floor - 1, self.need if self.safe is None else self.safe
         self._bisect()
 
     def _bisect(self) -> None:

@@ -198,3 +198,25 @@ def test_a_walk_looks_ahead_on_the_usual_outcomes(small_trace_path):
     lo, hi = w.floor - 1, w.safe
     first = (lo + hi) // 2 // MiB * MiB
     assert list(islice(w.ahead({top: stop}), 3)) == [top, first, (first + hi) // 2 // MiB * MiB]
+
+
+def test_a_pinned_walk_replays_the_peak_it_answers(tmp_path):
+    """A GC threshold reads the cap's value (the unlimited replay certifies no cap): the walk took the no-limit peak,
+    126 MiB here, for safe unreplayed, where a GC at that cap fails; it replays it, and no cap up to it is safe."""
+    w, live = TraceWriter(), []
+    for size in (62915072, 2097664, 41943552, None, 1048576, 10486272, 5243904):
+        if size is None:
+            w.free(live.pop(1))
+        else:
+            live.append(w.alloc(size))
+    path = str(tmp_path / "t.bin")
+    w.finish().save(path)
+    options = ("garbage_collection_threshold:0.6",)
+    f = fit_capacity(path, "torch", options=options, resolution=MiB)
+    peak = f["unlimited_peak_bytes"]
+    assert replay(path, "torch", options=list(options)).ooms == 0
+    assert replay(path, "torch", options=list(options), cap=peak).ooms == 1
+    assert f["capacity_bytes"] is None
+    under = fit_capacity(path, "torch", options=options, resolution=MiB, top=2 * peak, islands=False, digits=2)
+    assert under["capacity_bytes"] is not None     # from the cap, where it fits
+    assert replay(path, "torch", options=list(options), cap=under["capacity_bytes"]).ooms == 0

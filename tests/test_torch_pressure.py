@@ -221,6 +221,34 @@ def test_fit_is_the_safe_capacity_when_the_cap_is_the_allowed_memory(tmp_path_fa
                                              f["unlimited_peak_bytes"], MiB)
 
 
+def test_expandable_segments_with_no_device_capacity_certify_only_their_cap(tmp_path):
+    """With no device capacity, an expandable segment's range is 9/8 of 2**44, whatever the cap. It was 9/8 of the
+    cap: under 402-418 MiB that range left the last 300 MiB request no room past the segments freed before it, so
+    a new range was mapped whole and the replay failed, where the unlimited replay (a range of 2**44) peaks at
+    400 MiB and granted a 402 MiB `fits`: it certified every cap from 402 MiB up, and `fit` took 402 MiB for
+    safe. Every cap a replay certifies replays alike, and `fit`'s answer replays without OOM."""
+    w, live = TraceWriter(), []
+    for step in [10 * MiB + 1024, 300 * MiB + 512, 20 * MiB, "f2", "f0", 30 * MiB + 512, "f38", "e", 30 * MiB,
+                 300 * MiB + 1024]:
+        if step == "e":
+            w.record(ev.CACHE_RELEASE)
+        elif isinstance(step, str):
+            w.free(live.pop(int(step[1:]) % len(live)))
+        else:
+            live.append(w.alloc(step))
+    path = str(tmp_path / "t.bin")
+    w.finish().save(path)
+    options = ["expandable_segments:true"]
+    for cap in (None, 410 * MiB):
+        res = allocsim.replay(path, "torch", options=options, cap=cap, keep_going=True)
+        lo, hi = res.certified_limits
+        for other in {lo, hi if hi is not None else 2 * lo}:
+            again = allocsim.replay(path, "torch", options=options, cap=other, keep_going=True)
+            assert outcome(again) == outcome(res), f"cap {cap} certifies {lo}..{hi}, but {other} differs"
+    f = fit_capacity(path, "torch", options=tuple(options), resolution=MiB, islands=False)
+    assert passes(path, "torch", "eager", options, f["capacity_bytes"])
+
+
 def outcome(res) -> tuple:
     """What a replay did that a limit can change: device calls, their bytes, OOMs, counters."""
     return (res.device_mallocs, res.device_malloc_bytes, res.device_frees, res.peak_reserved_bytes,

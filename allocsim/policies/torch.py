@@ -15,7 +15,8 @@ stream; ``get_allocation_size`` (2 MiB, 20 MiB, 2 MiB-rounded from 10 MiB);
 + ``alloc_block`` (retry) -> OOM; the allowed memory of ``set_per_process_memory_fraction``
 (`AllowedMemory`: the fraction, else ``--cap``; the memory fraction as rev B keeps it);
 ``empty_cache`` (`release_cache`); expandable segments (per stream and pool, a virtual
-range of 1.125 x device memory mapped in 2 MiB / 20 MiB pages).
+range of 1.125 x device memory, 2**44 where no capacity is known, never the cap's, mapped in 2 MiB / 20 MiB
+pages).
 
 Where the model knowingly differs:
 - A trace's FREE is ``free_completed``: cross-stream frees (``record_stream``) are
@@ -393,7 +394,9 @@ class TorchCachingAllocator(Policy):
         self.divisions = NO_DIVISIONS if div is None else divisions_table(div)
         self._plain_rounding = not any(d > 1 for d in self.divisions)
         self.expandable = bool(self.expandable_segments)
-        self.total_memory = ctx.capacity if ctx.capacity is not None else ctx.cap
+        # the device's memory, None unknown: expandable segments' range is 9/8 of it (2**44 with none), never of the
+        # cap, whose value the replay would then read (`allocsim fit` certifies caps by limit comparisons alone)
+        self.total_memory = ctx.capacity
         self.allowed = AllowedMemory(ctx, self.per_process_memory_fraction, self.garbage_collection_threshold)
         self.gc_threshold_set = (self.garbage_collection_threshold or 0.0) > 0.0
         # pools: stream index -> (small, large); release paths visit them in cudaStream_t order

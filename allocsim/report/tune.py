@@ -151,7 +151,7 @@ def fits_legend(rows: list[dict], target=None) -> str:
     if target is not None and target.cap is not None and target.capacity and any(n for n, _ in fits):
         text += "; the fraction is rounded up"
     if any(r["fit_capacity_bytes"] is None for r in rows if "fit_capacity_bytes" in r):
-        text += "; none: it runs out even with no limit"
+        text += "; none: it runs out even with no limit, or (a GC threshold, which reads the limit) at its own peak"
     if any(bound for _, bound in fits):
         text += "; * bounded: the walk's replay budget ran out: it fits from there, a smaller may"
     return text

@@ -513,7 +513,7 @@ class TorchCachingAllocatorReference(Policy):
             if has_available_address_space(candidate):
                 return candidate
         segment_size = kSmallBuffer if pool.is_small else kLargeBuffer
-        total = self.total_memory or (1 << 44)
+        total = self.ctx.capacity or (1 << 44)      # the device's memory, not a cap (torch's total_memory)
         va_size = -(-(total + total // 8) // segment_size) * segment_size
         es = ExpandableSegment(self.ctx.reserve_address_range(va_size), va_size, segment_size)
         self.expandable_segments_.append(es)
