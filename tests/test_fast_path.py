@@ -184,8 +184,9 @@ def test_fused_loop_coalesces_as_the_plain_walk(policy, options):
 
 def test_fused_loop_misses_an_empty_pool_under_the_widest_rounding_slack():
     """An oversize request (``n >= max_split``) that finds no candidate is a miss whatever
-    ``max_non_split_rounding_mb`` is, up to the most bytes a size_t holds (its ``n + slack`` passes 2**63:
-    an IndexError from the empty pool before, compiled an overflow), in the fused loop as in the plain walk."""
+    ``max_non_split_rounding_mb`` is, up to the most bytes a size_t holds, in the fused loop as in the plain walk
+    (where ``n + slack`` passed 2**62 the fused loop took the pool's end for a hit: an IndexError interpreted, a
+    drop past the end of the keys compiled; from 2**63 bytes an OverflowError compiled)."""
     w = TraceWriter()
     a = w.alloc(30 * MiB)
     b = w.alloc(60 * MiB)
