@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.replay import Replay, make_device
+from allocsim.frameworks.torch import MAX_MB
 from allocsim.policies.bestfit import BestFit
 from allocsim.policies.cupy import CuPyPool
 from allocsim.testing import STREAMS, check_policy
@@ -179,6 +180,24 @@ def coalescing_trace() -> Trace:
 @pytest.mark.parametrize("policy, options", FUSED, ids=FUSED_IDS)
 def test_fused_loop_coalesces_as_the_plain_walk(policy, options):
     assert_fused_is_plain(coalescing_trace(), policy, options)
+
+
+def test_fused_loop_misses_an_empty_pool_under_the_widest_rounding_slack():
+    """An oversize request (``n >= max_split``) that finds no candidate is a miss whatever
+    ``max_non_split_rounding_mb`` is, up to the most bytes a size_t holds, in the fused loop as in the plain walk
+    (where ``n + slack`` passed 2**62 the fused loop took the pool's end for a hit: an IndexError interpreted, a
+    drop past the end of the keys compiled; from 2**63 bytes an OverflowError compiled)."""
+    w = TraceWriter()
+    a = w.alloc(30 * MiB)
+    b = w.alloc(60 * MiB)
+    w.free(a)
+    c = w.alloc(50 * MiB)       # the pool holds only the 30 MiB block: no candidate, a miss
+    for i in (b, c):
+        w.free(i)
+    trace = w.finish()
+    for mb in (MAX_MB, MAX_MB >> 1, MAX_MB >> 2):
+        fused = assert_fused_is_plain(trace, "torch", [f"max_split_size_mb:20,max_non_split_rounding_mb:{mb}"])
+        assert fused["counters"]["num_device_alloc"] == 3, fused["counters"]
 
 
 def edge_sizes_trace() -> Trace:

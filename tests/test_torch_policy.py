@@ -9,11 +9,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from allocsim.replay import Replay
+from allocsim.testing import STREAMS
 from allocsim.errors import InputError, UsageError
 from allocsim.frameworks.torch import parse_divisions, settings_from_trace
 from allocsim.policies.torch import TorchCachingAllocator as Torch, get_allocation_size, round_size
 from allocsim.trace import TraceWriter
 from allocsim.trace import events as ev
+
+from test_fast_path import pressured_traces     # here: imported inside a @given test, its @given tests nest
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -369,7 +372,61 @@ def test_compiled_pools_keep_their_keys_as_c_words_within_63_bits():
 @given(data=st.data())
 def test_keys_past_one_machine_word_replay_alike_under_pressure(options, data):
     """The same on generated traces with cache releases, recorded OOMs and limits set mid-run."""
-    from test_fast_path import pressured_traces
     trace = data.draw(pressured_traces())
     cap = data.draw(st.sampled_from([None, int(max(trace.load_bytes, MiB) * 0.7), int(trace.load_bytes * 1.3) or None]))
     assert_wide_keys_replay_alike(trace, options, cap)
+
+
+CHECKPOINT_OPTIONS = WIDE_OPTIONS + [["max_split_size_mb:20,max_non_split_rounding_mb:40"]]
+
+
+@st.composite
+def oversize_traces(draw):
+    """Requests about a 20 MiB ``max_split`` on three streams, most freed again: blocks that rule 5 refuses for a
+    request of 20 MiB or more (``oversize_slack``) as well as ones it takes."""
+    w, live = TraceWriter(), []
+    for size, stream, pick in draw(st.lists(st.tuples(st.sampled_from([300 * KiB, 3 * MiB, 21 * MiB, 33 * MiB,
+                                                                         45 * MiB, 70 * MiB, 130 * MiB]),
+                                                        st.integers(0, 2), st.integers(0, 4)), min_size=1, max_size=40)):
+        if pick and live:
+            w.free(live.pop(pick % len(live)))
+        live.append(w.alloc(size, stream=STREAMS[stream]))
+    return w.finish()
+
+
+def _replayed(r) -> dict:
+    """What a torch replay left, walked to the end: its result (no wall time), counters, refused slack, live
+    blocks and segment log."""
+    while not r.at_end and r.step(1 << 62):
+        pass
+    blocks, pol = r.live_blocks(), r.policy
+    slack, log = pol.oversize_slack, pol.segment_log[:]
+    res = r.finish().to_dict()
+    res.pop("replay_seconds", None)
+    return {"result": res, "counters": pol.counters(), "oversize_slack": slack, "live": blocks, "log": log}
+
+
+@pytest.mark.parametrize("options", CHECKPOINT_OPTIONS)
+@settings(max_examples=15, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_a_checkpoint_anywhere_resumes_as_the_replay_walked_on(options, data):
+    """A checkpoint between any two events (pools whose keys are C words, or Python ints past 2**63 on a device
+    whose segments lie 16 TiB apart, re-keyed as the field widens; three streams; a cap), resumed by a fresh
+    replay through the fused loop or the plain walk, ends as the replay walked through, refused slack
+    (``oversize_slack``) and segment log included; the replay checkpointed goes on unchanged."""
+    trace = data.draw(st.one_of(pressured_traces(), oversize_traces()))
+    cap = data.draw(st.sampled_from([None, int(max(trace.load_bytes, MiB) * 0.7)]))
+    k, fast = data.draw(st.integers(1, max(1, len(trace)))), data.draw(st.booleans())
+    with pytest.MonkeyPatch.context() as mp:
+        if data.draw(st.booleans()):
+            spread_out(mp)
+        whole = _replayed(Replay(trace, "torch", options=options, cap=cap, capacity=None))
+        r = Replay(trace, "torch", options=options, cap=cap, capacity=None)
+        r.step(k)
+        if not r.can_checkpoint():
+            return
+        state = r.checkpoint()
+        resumed = Replay(trace, "torch", options=options, cap=cap, capacity=None, fast_path=fast)
+        resumed.resume(state)
+        assert _replayed(r) == whole
+        assert _replayed(resumed) == whole

@@ -624,7 +624,7 @@ class TorchCachingAllocator(Policy):
                    bsize=cython.longlong, rem=cython.longlong, rptr=cython.longlong, subsumed=cython.longlong,
                    nsize=cython.longlong, allocated=cython.longlong, isb=cython.longlong, isb_peak=cython.longlong,
                    nsr=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
-                   free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
+                   free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint, hit=cython.bint,
                    small=cython.bint, es=cython.bint, stamp=cython.bint, gc=cython.bint, plain=cython.bint,
                    b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, blocks=list, rk=cython.longlong,
                    fk=cython.longlong, spare=list, pp=tuple, pools=dict, field=KeyField, shift=cython.longlong,
@@ -649,13 +649,15 @@ class TorchCachingAllocator(Policy):
         it keeps them, `BlockPool`); larger ones take `_key`, in Python ints, and are filed by `BlockPool.insert`,
         which makes the pool's keys Python ints for one past 63 bits. Compiled, a
         served ALLOC's latency is appended in C (`add_latency`), as `cupy` and `split` do. ``max_split`` unset is
-        ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either."""
+        ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either (so is a ``max_non_split_rounding``
+        past it)."""
         clock, allocated, field = dev.clock, self.allocated, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
         pp_stream = pp = None               # the last ALLOC's stream and its pools (pools are never dropped)
-        plain, divisions, nsr = self._plain_rounding, self.divisions, self.max_non_split_rounding
+        plain, divisions = self._plain_rounding, self.divisions
+        nsr = min(self.max_non_split_rounding, LONG_MAX)    # up to a size_t: n + nsr kept within a C word
         pools, make_pools, escalate = self._pools, self._make_pools, self._escalate
         spare = self._spare
         es, stamp, gfb = self.expandable, self.gc_threshold_set, self.gfb_calls
@@ -681,12 +683,12 @@ class TorchCachingAllocator(Policy):
                 x = word_place(keys, n << shift) if n < fit else key_place(keys, field.least(n))
                 if es and x < len(keys):
                     x = _grow_least(blocks, x)
+                hit = False                     # no candidate: a miss below
                 if x < len(keys):
                     b = blocks[x]
                     bsize = b.size
-                else:
-                    bsize = LONG_MAX            # no candidate: a miss below
-                if bsize < ms or (n >= ms and bsize < n + nsr):
+                    hit = bsize < ms or (n >= ms and bsize < n + nsr)
+                if hit:
                     if compiled:
                         drop_key(keys, x)
                     else:
