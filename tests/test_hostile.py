@@ -812,9 +812,9 @@ HUNT: list[Case] = [
     Case("tune-two-traces-max-replays-negative", ["tune", "{trace}", "{trace}", "--max-replays", "-1"],
          stdout_empty=True, expect="argument --max-replays: expected a non-negative integer (0: no limit), got -1"),
     Case("tune-scheduler-garbage", ["tune", "{trace}", "--scheduler", "garbage"],
-         expect="--scheduler garbage: missing port number", stdout_empty=True),
+         expect="--scheduler garbage: missing port number", stdout_empty=True, subprocess=True),
     Case("sweep-scheduler-garbage", ["sweep", "{trace}", "-p", "split", "--scheduler", "garbage", "-o", "{d}/r.csv"],
-         expect="--scheduler garbage:", outputs=["r.csv", "r.csv.partial"], stdout_empty=True),
+         expect="--scheduler garbage:", outputs=["r.csv", "r.csv.partial"], stdout_empty=True, subprocess=True),
     Case("tune-log-beside-a-trace", ["tune", "{d}/log.pickle", "{trace}", "--no-fit", "-j", "1"],
          setup=_write("log.pickle", b"\x80\x04N."), expect="not an allocsim trace: to tune a snapshot or log beside",
          stdout_empty=True),
@@ -1140,7 +1140,7 @@ HUNT_6: list[Case] = [
     # the note comes as the arguments are read: the unknown policy then stops the sweep before any worker starts
     Case("dask-local-capped-at-cores", ["sweep", "{trace}", "-p", "nosuch", "--dask-local", "99999", "-o", "{d}/r.csv"],
          stderr_lines=2, expect=f"allocsim: note: --dask-local 99999 is more than the {os.cpu_count()} cores here; "
-                                f"using {os.cpu_count()}", outputs=["r.csv", "r.csv.partial"]),
+                                f"using {os.cpu_count()}", outputs=["r.csv", "r.csv.partial"], subprocess=True),
     Case("sweep-format-csv-contradicts-a-json-name", ["sweep", "{trace}", "-p", "none", "-o", "{d}/r.json", "--format",
                                                       "csv"], expect="-o {d}/r.json: --format csv contradicts the .json "
                                                                      "name", outputs=["r.json", "r.json.partial"]),
