@@ -78,14 +78,14 @@ positive_int = count(1)
 def at_most_cores(flag: str):
     """argparse type of a count of local processes (``-j``, ``--dask-local``): a positive integer, capped at this
     machine's cores with a note (more only adds processes: ``--dask-local 99999`` would start them all)."""
-    def count(text: str) -> int:
+    def parse(text: str) -> int:
         n = positive_int(text)
         cores = os.cpu_count() or 1
         if n > cores:
             print(f"allocsim: note: {flag} {n} is more than the {cores} cores here; using {cores}", file=sys.stderr)
             return cores
         return n
-    return count
+    return parse
 
 
 jobs_arg = at_most_cores("-j")
