@@ -73,16 +73,15 @@ FREE_IN_REQUEST = 0x100
 def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     """``(size, address)`` of the recorded allocator's segment allocations, in order (a small trace's kept for its
     next replays, as its chunks are: `kept_chunks`; the caller copies it)."""
-    kept = _KEPT.get((id(trace), "segments"))
-    if kept is not None and kept[0] is trace:
-        return kept[1]
-    out = []
-    for _, rec in trace.chunks():
-        seg = rec[rec["kind"] == SEGMENT_ALLOC]
-        out += zip(seg["size"].tolist(), seg["addr"].tolist())
-    if len(trace) <= KEEP_RECORDS:
-        _keep((id(trace), "segments"), trace, out)
-    return out
+    def make():
+        out = []
+        for _, rec in trace.chunks():
+            seg = rec[rec["kind"] == SEGMENT_ALLOC]
+            out += zip(seg["size"].tolist(), seg["addr"].tolist())
+        return out
+    if len(trace) > KEEP_RECORDS:
+        return make()
+    return kept_for(_KEPT, (id(trace), "segments"), trace, make, 8)
 
 
 class _Chunk:
@@ -242,14 +241,6 @@ def kept_for(cache: dict, key, trace: Trace, make, most: int):
         cache.clear()
     cache[key] = (trace, value)
     return value
-
-
-def _keep(key, trace: Trace, value) -> None:
-    """Keep ``value`` of ``trace`` under ``key`` (with the trace, so that its id is not reused meanwhile): what
-    the last few traces replayed keep."""
-    if len(_KEPT) >= 8:
-        _KEPT.clear()
-    _KEPT[key] = (trace, value)
 
 
 def chunks_of(trace: Trace, times: bool, zero_counts: list, skip: list | None = None):
