@@ -112,34 +112,51 @@ cdef inline int file_key(list keys, object key) except -1:
 # A sorted column of C words (an array('q'), see _sorted.py's `words_first_at_least`): its C buffer searched,
 # read and moved in place; the array never shares its buffer (no memoryview over it), so it may resize.
 
-cdef inline Py_ssize_t words_first_at_least(array keys, long long key) noexcept:
-    """Where ``key`` goes in the sorted ``keys`` (``bisect_left``): the range halved with no branch on the keys
+@cython.overflowcheck(False)   # positions within one array
+cdef inline Py_ssize_t _word_place_in(long long *w, Py_ssize_t at, Py_ssize_t n, long long key) noexcept:
+    """Where ``key`` goes among the sorted words ``w[at:at + n]``: the range halved with no branch on the words
     (a conditional move), so a search costs the same steps wherever the key falls."""
-    cdef const long long *k = keys.data.as_longlongs
-    cdef Py_ssize_t n = Py_SIZE(keys), half, lo = 0
+    cdef Py_ssize_t half
     if n == 0:
-        return 0
-    while n > 1:                # keys[:lo] < key <= keys[lo + n:]
+        return at
+    while n > 1:                # without a branch to mispredict: the answer stays in [at, at + n]
         half = n >> 1
-        lo = lo + half if k[lo + half] < key else lo
+        at = at + half if w[at + half] < key else at
         n -= half
-    return lo + (k[lo] < key)
+    return at + (w[at] < key)
+
+
+@cython.overflowcheck(False)   # positions within one array
+cdef inline int _put_word_in(array a, Py_ssize_t x, long long key) except -1:
+    """Insert ``key`` at position ``x`` of the words (0 <= x <= len(a)): the tail moved up by one ``memmove``."""
+    cdef Py_ssize_t n = Py_SIZE(a)
+    resize_smart(a, n + 1)
+    memmove(a.data.as_longlongs + x + 1, a.data.as_longlongs + x, <size_t>(n - x) * sizeof(long long))
+    a.data.as_longlongs[x] = key
+    return 0
+
+
+@cython.overflowcheck(False)   # positions within one array
+cdef inline int _drop_word_in(array a, Py_ssize_t x) except -1:
+    """Drop the word at position ``x`` (0 <= x < len(a)): the tail moved down by one ``memmove``."""
+    cdef Py_ssize_t n = Py_SIZE(a)
+    memmove(a.data.as_longlongs + x, a.data.as_longlongs + x + 1, <size_t>(n - x - 1) * sizeof(long long))
+    return resize_smart(a, n - 1)
+
+
+cdef inline Py_ssize_t words_first_at_least(array keys, long long key) noexcept:
+    """Where ``key`` goes in the sorted ``keys`` (``bisect_left``), without a branch on the keys."""
+    return _word_place_in(keys.data.as_longlongs, 0, Py_SIZE(keys), key)
 
 
 cdef inline int words_file(array keys, long long key) except -1:
     """Insert ``key``, which no key in the sorted ``keys`` equals (``insort``)."""
-    cdef Py_ssize_t n = Py_SIZE(keys), i = words_first_at_least(keys, key)
-    resize_smart(keys, n + 1)
-    memmove(keys.data.as_longlongs + i + 1, keys.data.as_longlongs + i, <size_t>(n - i) * sizeof(long long))
-    keys.data.as_longlongs[i] = key
-    return 0
+    return _put_word_in(keys, words_first_at_least(keys, key), key)
 
 
 cdef inline int words_drop(array keys, Py_ssize_t i) except -1:
     """``del keys[i]`` (``i`` within the column)."""
-    cdef Py_ssize_t n = Py_SIZE(keys)
-    memmove(keys.data.as_longlongs + i, keys.data.as_longlongs + i + 1, <size_t>(n - i - 1) * sizeof(long long))
-    return resize_smart(keys, n - 1)
+    return _drop_word_in(keys, i)
 
 
 cdef inline long long words_at(array keys, Py_ssize_t i) noexcept:
@@ -154,19 +171,6 @@ cdef inline Py_ssize_t word_place(object keys, long long key) except -1:
     if type(keys) is not array:
         return first_at_least_word(<list>keys, key)
     return _word_place_in((<array>keys).data.as_longlongs, 0, len(<array>keys), key)
-
-
-@cython.overflowcheck(False)   # positions within one array
-cdef inline Py_ssize_t _word_place_in(long long *w, Py_ssize_t at, Py_ssize_t n, long long key) noexcept:
-    """Where ``key`` goes among the sorted words ``w[at:at + n]``."""
-    cdef Py_ssize_t half
-    if n == 0:
-        return at
-    while n > 1:                # without a branch to mispredict: the answer stays in [at, at + n]
-        half = n >> 1
-        at = at + half if w[at + half] < key else at
-        n -= half
-    return at + (w[at] < key)
 
 
 cdef inline Py_ssize_t key_place(object keys, object key) except -1:
@@ -191,30 +195,17 @@ cdef inline int put_key(object keys, Py_ssize_t x, object key) except -1:
 @cython.overflowcheck(False)   # positions within one array
 cdef inline int put_word(object keys, Py_ssize_t x, long long key) except -1:
     """Insert the C number ``key`` at position ``x`` (0 <= x <= len(keys)): into words, without an int object."""
-    cdef array a
-    cdef Py_ssize_t n
     if type(keys) is not array:
         return allocsim_put_item(<list>keys, x, key)
-    a = <array>keys
-    n = len(a)
-    resize_smart(a, n + 1)
-    memmove(a.data.as_longlongs + x + 1, a.data.as_longlongs + x, <size_t>(n - x) * sizeof(long long))
-    a.data.as_longlongs[x] = key
-    return 0
+    return _put_word_in(<array>keys, x, key)
 
 
 @cython.overflowcheck(False)   # positions within one array
 cdef inline int drop_key(object keys, Py_ssize_t x) except -1:
     """Drop the key at position ``x`` (0 <= x < len(keys))."""
-    cdef array a
-    cdef Py_ssize_t n
     if type(keys) is not array:
         return allocsim_drop_item(<list>keys, x)
-    a = <array>keys
-    n = len(a)
-    memmove(a.data.as_longlongs + x, a.data.as_longlongs + x + 1, <size_t>(n - x - 1) * sizeof(long long))
-    resize_smart(a, n - 1)
-    return 0
+    return _drop_word_in(<array>keys, x)
 
 
 cdef inline int put_item(list items, Py_ssize_t x, object item) except -1:

@@ -475,7 +475,7 @@ class CuPyPool(Policy):
         shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
         clock, allocated = dev.clock, self.allocated
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
-        compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `first_at_least_word`)
+        compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `word_place`)
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
         for j, k, i, req, st in events:
             if k == 1:                      # ALLOC: malloc, as above
