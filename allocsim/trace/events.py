@@ -36,13 +36,22 @@ POOL_RELEASE = 16    # the pool loses a user (releasePool: a graph reset or dele
                      # deleted); at no users left its free segments go at the next cache release; flags
                      # POOL_EMPTY: that release of the pool's own cache follows at once (MemPool's destructor)
 GRAPH_REPLAY = 17    # informational: a captured graph was replayed (aux = its pool; it allocates nothing)
+# Scopes (version 3): what the program was doing, nested, each END closing the innermost open BEGIN of its pair;
+# aux = index into the label table naming the scope, size = the scope's serial number in the trace (1, 2, ...), the
+# same on its BEGIN and END. A trace cut short may leave scopes open.
+TRY_BEGIN = 18       # the program enters code that catches an OOM raised inside it and goes on (inductor's autotuning,
+                     # cuDNN's workspace tries, `allocsim.tries()`): label = who catches ("inductor autotune", ...)
+TRY_END = 19         # that code is left (normally or by the caught exception)
+PHASE_BEGIN = 20     # a phase of the run begins: label = its name ("compile", "autotune", "eval", "checkpoint", ...)
+PHASE_END = 21       # the innermost open phase ends
 
 KIND_NAMES = {
     ALLOC: "ALLOC", FREE: "FREE", SEGMENT_ALLOC: "SEGMENT_ALLOC", SEGMENT_FREE: "SEGMENT_FREE",
     SEGMENT_MAP: "SEGMENT_MAP", SEGMENT_UNMAP: "SEGMENT_UNMAP", GC: "GC", OOM: "OOM",
     MARK: "MARK", FREE_REQUESTED: "FREE_REQUESTED", CACHE_RELEASE: "CACHE_RELEASE", SET_LIMIT: "SET_LIMIT",
     POOL_BEGIN: "POOL_BEGIN", POOL_END: "POOL_END", POOL_RETAIN: "POOL_RETAIN", POOL_RELEASE: "POOL_RELEASE",
-    GRAPH_REPLAY: "GRAPH_REPLAY",
+    GRAPH_REPLAY: "GRAPH_REPLAY", TRY_BEGIN: "TRY_BEGIN", TRY_END: "TRY_END", PHASE_BEGIN: "PHASE_BEGIN",
+    PHASE_END: "PHASE_END",
 }
 KINDS_BY_NAME = {v: k for k, v in KIND_NAMES.items()}
 DRIVING = (ALLOC, FREE)
@@ -52,6 +61,9 @@ PRESSURE = (OOM, CACHE_RELEASE, SET_LIMIT)
 #: Where a private pool's allocations go and when its memory may be released: the walk hands these to the
 #: policy (`Policy.pool_event`); a trace holding any takes the plain walk.
 POOL = (POOL_BEGIN, POOL_END, POOL_RETAIN, POOL_RELEASE)
+#: The scope kinds (version 3): BEGIN -> its END.
+SCOPES = {TRY_BEGIN: TRY_END, PHASE_BEGIN: PHASE_END}
+SCOPE_KINDS = (TRY_BEGIN, TRY_END, PHASE_BEGIN, PHASE_END)
 
 #: ``aux`` of CACHE_RELEASE and SET_LIMIT: the framework whose call the program made.
 TORCH_AUX = 0

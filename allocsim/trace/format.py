@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..outputs import atomic_path, check_input_file, keep_files_starting_with
-from .events import POOL_BEGIN, POOL_CAPTURE, RECORD_DTYPE
+from .events import POOL_BEGIN, POOL_CAPTURE, RECORD_DTYPE, TRY_BEGIN
 
 MAGIC = b"ALLOCSIM"
 keep_files_starting_with(MAGIC, "trace", "an allocsim trace")    # never written over without --force
@@ -38,11 +38,16 @@ VERSION = 1
 #: Version 2 is version 1 with the private-pool kinds (13-17) and flag bits (8, 16, 32): same header, same
 #: records. A file is written as version 1 unless its records use them, so readers of version 1 read it.
 POOL_VERSION = 2
-READS = (VERSION, POOL_VERSION)
+#: Version 3 is version 2 with the scope kinds (18-21: TRY_BEGIN/END, PHASE_BEGIN/END); written only when used.
+SCOPE_VERSION = 3
+READS = (VERSION, POOL_VERSION, SCOPE_VERSION)
 
 
-def _needs_pool_version(kind: int, flags: int) -> bool:
-    return kind >= POOL_BEGIN or flags >= POOL_CAPTURE
+def _version_needed(kind: int, flags: int) -> int:
+    """The least version whose records hold a record of ``kind`` with ``flags`` (the highest of a batch)."""
+    if kind >= TRY_BEGIN:
+        return SCOPE_VERSION
+    return POOL_VERSION if kind >= POOL_BEGIN or flags >= POOL_CAPTURE else VERSION
 HEADER = struct.Struct("<8sHHIQQQ24x")
 HEADER_SIZE = 64
 UNFINISHED = 2**64 - 1
@@ -81,8 +86,8 @@ class TraceFileWriter:
         """Append an array of `RECORD_DTYPE` records."""
         self.flush()
         records = np.ascontiguousarray(records, RECORD_DTYPE)
-        if len(records) and _needs_pool_version(int(records["kind"].max()), int(records["flags"].max())):
-            self._pool_version()
+        if len(records):
+            self._raise_version(_version_needed(int(records["kind"].max()), int(records["flags"].max())))
         self._f.write(records.tobytes())
         self._f.flush()      # each chunk reaches the OS whole: a killed writer loses only what is unwritten
         self.count += len(records)
@@ -91,18 +96,19 @@ class TraceFileWriter:
         """Append one record (buffered)."""
         self._buf[self._n_buf] = (kind, flags, stream, id_, site, aux, size, time_ns, addr)
         self._n_buf += 1
-        if _needs_pool_version(kind, flags):
-            self._pool_version()
+        if kind >= POOL_BEGIN or flags >= POOL_CAPTURE:
+            self._raise_version(_version_needed(kind, flags))
         if self._n_buf == len(self._buf):
             self.flush()
 
-    def _pool_version(self) -> None:
-        """Mark the file version 2 (in its header, at once: a writer that dies leaves it readable as such)."""
-        if self.version != POOL_VERSION:
-            self.version = POOL_VERSION
+    def _raise_version(self, version: int) -> None:
+        """Mark the file ``version`` if it is above the one written (in its header, at once: a writer that dies
+        leaves it readable as such)."""
+        if version > self.version:
+            self.version = version
             at = self._f.tell()
             self._f.seek(8)
-            self._f.write(struct.pack("<H", POOL_VERSION))
+            self._f.write(struct.pack("<H", version))
             self._f.seek(at)
 
     def flush(self) -> None:

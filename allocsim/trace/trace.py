@@ -647,6 +647,7 @@ class TraceWriter:
         self._streams: dict[int, int] = {}
         self._sites: dict[str, int] = {}
         self._labels: dict[str, int] = {}
+        self._scopes = 0
         self.next_id = 0
         self.now = 0
 
@@ -709,11 +710,25 @@ class TraceWriter:
     def oom(self, size: int, *, device_free: int = 0, stream: int = 0, t=None) -> None:
         self.record(ev.OOM, size=size, addr=device_free, stream=stream, t=t)
 
-    def mark(self, label: str = "", *, t=None) -> None:
+    def label_index(self, label: str) -> int:
         s = self._labels.get(label)
         if s is None:
             s = self._labels[label] = len(self._labels)
-        self.record(ev.MARK, aux=s, t=t)
+        return s
+
+    def mark(self, label: str = "", *, t=None) -> None:
+        self.record(ev.MARK, aux=self.label_index(label), t=t)
+
+    def begin(self, kind: int, label: str, *, t=None) -> int:
+        """Open a scope (`events.TRY_BEGIN` or `events.PHASE_BEGIN`) named ``label``; return its serial number,
+        which its `end` carries."""
+        self._scopes += 1
+        self.record(kind, aux=self.label_index(label), size=self._scopes, t=t)
+        return self._scopes
+
+    def end(self, kind: int, label: str, serial: int, *, t=None) -> None:
+        """Close the scope ``serial`` (`events.TRY_END` or `events.PHASE_END`): the innermost open one of its pair."""
+        self.record(kind, aux=self.label_index(label), size=serial, t=t)
 
     @property
     def count(self) -> int:
