@@ -12,6 +12,7 @@ trace. `mark(label)` lets the program put its own labels in the trace.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -37,6 +38,21 @@ def mark(label: str = "") -> None:
     """
     if _active is not None:
         _active.mark(str(label))
+
+
+@contextlib.contextmanager
+def scope(begin_kind: int, label: str):
+    """Write a scope around the ``with`` body into the trace being recorded (``begin_kind``: `events.TRY_BEGIN`
+    or `events.PHASE_BEGIN`; the END is the pair's, written also when the body raises); a no-op when nothing
+    records. The recorder's own hooks and `allocsim.tries()` use it."""
+    rec = _active
+    serial = rec.scope_begin(begin_kind, str(label)) if rec is not None else None
+    try:
+        yield
+    finally:
+        if rec is not None and serial is not None:
+            from ..trace.events import SCOPES
+            rec.scope_end(SCOPES[begin_kind], str(label), serial)
 
 
 def recorder_class(framework: str):

@@ -37,6 +37,24 @@ class Recorder:
     def check_gpu(cls) -> None:   # pragma: no cover - overridden
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Bring the trace up to now, so that an event written next lands after every entry made before it
+        (torch: drain the ring buffer; a recorder that writes as it sees needs nothing)."""
+
+    def scope_begin(self, kind: int, label: str) -> int | None:
+        """Write a scope's BEGIN (`events.TRY_BEGIN`, `events.PHASE_BEGIN`) at this point of the run; return its
+        serial number for `scope_end`, None where no trace is open (nothing allocated on a device yet)."""
+        self.settle()
+        return None if self.writer is None else self.writer.begin(kind, label)
+
+    def scope_end(self, kind: int, label: str, serial: int | None) -> None:
+        """Write the END (`events.TRY_END`, `events.PHASE_END`) of the scope ``serial`` that `scope_begin` opened."""
+        if serial is None:
+            return
+        self.settle()
+        if self.writer is not None:
+            self.writer.end(kind, label, serial)
+
     def base_meta(self) -> dict:
         return {"producer": f"allocsim {__version__} record", "framework": self.framework,
                 "command": self.command, "cwd": os.getcwd(), "python": platform.python_version(),

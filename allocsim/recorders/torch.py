@@ -174,6 +174,9 @@ class TorchRecorder(Recorder):
         self.steps += 1
         self.mark(f"step {self.steps}")
 
+    def settle(self) -> None:
+        self.drain()
+
     def drain(self) -> None:
         """Move the ring buffer's entries into the trace and empty it (see the module docstring). A drain
         started while one runs (a pool's finalizer run by a collection inside it) does nothing: its event is
