@@ -170,7 +170,7 @@ def test_the_scope_closes_when_the_call_raises(package):
 
 # ---- the phases' shares and the warm view, against a plain walk of the events ------------------------------------
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from allocsim.trace import TraceWriter
@@ -180,17 +180,20 @@ from allocsim.trace.phases import PhaseTally, phase_shares, warm_view
 LABELS = ("compile", "autotune", "eval")
 OPS = st.lists(st.one_of(st.tuples(st.just("alloc"), st.integers(1, 64)), st.tuples(st.just("free"), st.integers(0, 99)),
                          st.tuples(st.just("begin"), st.sampled_from(LABELS)), st.tuples(st.just("end"), st.just(0)),
-                         st.tuples(st.just("oom"), st.integers(1, 64)), st.tuples(st.just("segment"), st.integers(1, 64))),
+                         st.tuples(st.just("oom"), st.integers(1, 64)), st.tuples(st.just("segment"), st.integers(1, 64)),
+                         st.tuples(st.just("mark"), st.just(0))),
                max_size=60)
 
 
 def _build(ops, close=True):
     """A trace of ``ops``: allocations, frees (of the k-th live object), phases opened and closed (the innermost),
-    OOMs and segment allocations; also returns, per ALLOC, the stack of phase labels open at it and the index of the
-    outermost compile/autotune phase open (None), and per object the event of its FREE."""
+    OOMs, segment allocations and marks; also returns, per ALLOC, its size, the stack of phase labels open at it,
+    the outermost compile/autotune phase open (its begin event, None) and whether a warm run leaves it out (freed
+    before the step its cold phase ends in is over: no MARK since that phase closed)."""
     w = TraceWriter({"framework": "torch"})
     live, stack, cold = [], [], []      # stack: (label, serial); cold: the outermost cold phase's begin event
-    allocs = {}                         # id -> (size, labels open, cold phase, freed in that phase)
+    allocs = {}                         # id -> [size, labels open, cold phase, left out]
+    stepped = set()                     # the cold phases closed with a MARK after them
     for op, x in ops:
         if op == "alloc":
             i = w.alloc(x)
@@ -199,7 +202,11 @@ def _build(ops, close=True):
         elif op == "free" and live:
             i = live.pop(x % len(live))
             w.free(i)
-            allocs[i][3] = allocs[i][2] is not None and cold and cold[0] == allocs[i][2]
+            allocs[i][3] = allocs[i][2] is not None and allocs[i][2] not in stepped
+        elif op == "mark":
+            w.mark("step")
+            stepped.update(v[2] for v in allocs.values() if isinstance(v, list) and v[2] is not None
+                           and not (cold and cold[0] == v[2]))
         elif op == "begin":
             if x in ("compile", "autotune") and not cold:
                 cold.append(w.count)
@@ -269,7 +276,7 @@ def test_phase_shares_match_a_plain_walk(ops, chunk):
 
 def _warm_reference(trace, allocs):
     """The warm view's (kind, size) sequence of ALLOCs and FREEs, by a plain walk: an object allocated inside a
-    cold phase and freed inside that same phase is left out."""
+    cold phase and freed before the step that phase ends in is over is left out."""
     out = []
     for e in trace:
         if e.kind in (ev.ALLOC, ev.FREE) and not allocs[e.id][3]:
@@ -279,6 +286,7 @@ def _warm_reference(trace, allocs):
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(OPS)
+@example([("begin", "compile"), ("alloc", 8), ("alloc", 4), ("end", 0), ("free", 0), ("mark", 0), ("free", 0)])
 def test_warm_view_leaves_out_what_dies_inside_cold_phases(ops):
     trace, allocs = _build(ops)
     view = warm_view(trace)

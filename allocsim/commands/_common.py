@@ -45,7 +45,7 @@ def add_warm_cache_argument(p, what: str = "replay") -> None:
     """--warm-cache: every command that predicts a run from a recording (docs/compile.md)."""
     p.add_argument("--warm-cache", action="store_true",
                    help=f"{what} a later run of the program with warm compile caches, from a recording of a first "
-                        "(cold) one: without the allocations made and freed inside its compile and autotune phases "
+                        "(cold) one: without the allocations its compile and autotune phases make and the step frees "
                         "(docs/compile.md)")
 
 
@@ -69,10 +69,11 @@ def warm_cache_trace(path: str | None, warm: bool, command: str):
                          f"not compile, or a recording made before allocsim marked them): nothing tells what a "
                          f"warm run leaves out", path=name)
     print(f"allocsim {command}: {name}: --warm-cache: left out {cut['allocs']:,} allocations "
-          f"({fmt_bytes(cut['alloc_bytes'])}) made and freed inside {cut['phases']:,} compile/autotune phases"
+          f"({fmt_bytes(cut['alloc_bytes'])}) made inside {cut['phases']:,} compile/autotune phases and freed in "
+          f"their step"
           + (f", {cut['ooms']:,} OOMs" if cut["ooms"] else "") + (f", {cut['tries']:,} tries" if cut["tries"] else "")
           + f" and the recorded segment calls; kept {cut['kept_allocs']:,} ({fmt_bytes(cut['kept_alloc_bytes'])}) "
-          f"that outlive their phase", file=sys.stderr)
+          f"that outlive it", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="allocsim-warm-") as d:
         out = os.path.join(d, os.path.basename(path or DEFAULT_TRACE))
         view.save(out)

@@ -154,8 +154,8 @@ def run_tuned_for(trace, warm: bool) -> str | None:
     ``--warm-cache``, one stderr line when the recording peaked inside compilation or autotuning."""
     from ..trace.phases import COLD_PHASES, cold_spans, recorded_peak
     if warm:
-        return "a later run with warm compile caches (--warm-cache: the recording less what it allocated and freed " \
-               "inside its compile and autotune phases)"
+        return "a later run with warm compile caches (--warm-cache: the recording less what its compile and " \
+               "autotune phases allocated for their step only)"
     spans = cold_spans(trace)
     if not len(spans):
         return None

@@ -34,7 +34,7 @@ from ..trace import events as ev
 HOOKS = (
     ("torch._dynamo.convert_frame", "_compile", ev.PHASE_BEGIN, "compile"),
     ("torch._inductor.compile_fx", "_compile_fx_inner", ev.PHASE_BEGIN, "compile"),
-    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.benchmark_all_configs", ev.PHASE_BEGIN,
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.autotune_to_one_config", ev.PHASE_BEGIN,
      "autotune"),
     ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.coordinate_descent_tuning", ev.PHASE_BEGIN,
      "autotune"),

@@ -148,11 +148,19 @@ def cold_spans(trace: Trace, cold=COLD_PHASES) -> np.ndarray:
     return np.array(spans, np.int64).reshape(-1, 2)
 
 
+def step_ends(kind: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """For each span of `cold_spans`, where the step it ends in ends: the first MARK after it (the recorder marks
+    each optimizer step), else the end of the trace."""
+    marks = np.flatnonzero(kind == ev.MARK)
+    k = np.searchsorted(marks, spans[:, 1])
+    return np.where(k < len(marks), marks[np.minimum(k, max(len(marks) - 1, 0))] if len(marks) else 0, len(kind))
+
+
 def warm_view(trace: Trace, cold=COLD_PHASES) -> Trace:
     """What a later run of the recorded program with warm compile caches would make (docs/compile.md): the
-    trace without the objects allocated inside a ``cold`` phase that die in it (freed before it ends, or failed)
-    and their FREE_REQUESTEDs, the OOMs and TRY scopes inside those phases, and the recorded allocator's segment
-    events (a run nobody recorded has none); what outlives its phase is kept. Object ids are renumbered densely.
+    trace without the objects allocated inside a ``cold`` phase that die in the step it ends in (freed before
+    the next MARK, or the end of the trace without one; or failed) and their FREE_REQUESTEDs, the OOMs and TRY scopes inside those phases, and the recorded allocator's segment
+    events (a run nobody recorded has none); what outlives that step is kept. Object ids are renumbered densely.
     The metadata's ``warm_cache`` says what was left out; the view is in memory, without a path."""
     rec = np.asarray(trace.records)
     kind, ids = rec["kind"], rec["id"].astype(np.int64)
@@ -165,9 +173,11 @@ def warm_view(trace: Trace, cold=COLD_PHASES) -> Trace:
     n_ids = int(ids[a].max()) + 1 if len(a) else 0
     born_in = np.full(n_ids, -1, np.int64)
     born_in[ids[a]] = span[a]
-    dies = np.zeros(n_ids, bool)             # allocated and freed (or failed) inside one cold phase
+    dies = np.zeros(n_ids, bool)             # allocated inside a cold phase, freed before its step ends (or failed)
     f = np.flatnonzero(kind == ev.FREE)
-    inside_f = f[(span[f] >= 0) & (born_in[ids[f]] == span[f])]
+    born = born_in[ids[f]]
+    step_end = step_ends(kind, spans)
+    inside_f = f[(born >= 0) & (f < step_end[np.maximum(born, 0)])] if len(spans) else f[:0]
     dies[ids[inside_f]] = True
     failed = a[(span[a] >= 0) & (rec["flags"][a] & ev.FAILED != 0)]
     dies[ids[failed]] = True
