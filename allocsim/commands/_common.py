@@ -50,10 +50,11 @@ def add_warm_cache_argument(p, what: str = "replay") -> None:
 
 
 @contextmanager
-def warm_cache_trace(path: str | None, warm: bool, command: str):
+def warm_cache_trace(path: str | None, warm: bool, command: str, shown: str | None = None):
     """``path`` itself; with ``warm`` (``--warm-cache``) its warm view (`trace.phases.warm_view`) in a temporary
     trace file for the length of the command, named as the trace is, after one stderr line saying what was
-    left out. A trace without compile or autotune phases is refused: nothing in it tells what a warm run skips."""
+    left out (naming ``shown``, the trace as the user gave it: default ``path``). A trace without compile or
+    autotune phases is refused: nothing in it tells what a warm run skips."""
     if not warm:
         yield path
         return
@@ -63,7 +64,7 @@ def warm_cache_trace(path: str | None, warm: bool, command: str):
     trace = load_trace(path)
     view = warm_view(trace)
     cut = view.meta["warm_cache"]
-    name = shown_name(path or DEFAULT_TRACE)
+    name = shown_name(shown or path or DEFAULT_TRACE)
     if not cut["phases"]:
         raise InputError(f"--warm-cache: the trace holds no {' or '.join(COLD_PHASES)} phase (a program that does "
                          f"not compile, or a recording made before allocsim marked them): nothing tells what a "

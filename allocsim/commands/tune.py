@@ -70,7 +70,7 @@ def run(args) -> int:
         return _tune_run(args, paths)
     args.trace = args.trace[0]
     _check_options(args)            # before a log is imported: a refusal is then the one line
-    with _as_trace(paths[0]) as imported, warm_cache_trace(imported, args.warm_cache, NAME) as path:
+    with _as_trace(paths[0]) as imported, warm_cache_trace(imported, args.warm_cache, NAME, args.trace) as path:
         return _tune(args, path)
 
 
