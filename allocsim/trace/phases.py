@@ -23,8 +23,9 @@ class PhaseTally:
     (`Trace.walk`). ``at``: the event whose live bytes are split (None: where LOAD, the peak of live requested
     bytes, is first reached)."""
 
-    def __init__(self, at: int | None = None):
+    def __init__(self, at: int | None = None, n_labels: int | None = None):
         self.at = at
+        self.n_labels = n_labels        # the footer's labels: an index past them counts as one unknown label
         self.stack: list[int] = []          # the open phases' label indices, innermost last
         self.begins = np.zeros(0, np.int64)     # PHASE_BEGINs per label index
         self.requests = np.zeros(0, np.int64)
@@ -51,6 +52,8 @@ class PhaseTally:
         after = np.empty(len(p) + 1, np.int64)      # the innermost open label after each phase event (-1: none)
         after[0] = self.stack[-1] if self.stack else -1
         for k, (kind, label) in enumerate(zip(rec["kind"][p].tolist(), rec["aux"][p].tolist())):
+            if self.n_labels is not None:
+                label = min(label, self.n_labels)
             if kind == ev.PHASE_BEGIN:
                 self.stack.append(label)
                 self._grow(label + 1)
@@ -112,7 +115,7 @@ class PhaseTally:
         split = self.split if len(self.split) else np.zeros(len(self.begins), np.int64)
         phases = {}
         for k in np.flatnonzero(self.begins).tolist():
-            name = names[k] if k < len(names) else f"label {k}"
+            name = names[k] if k < len(names) else "(a label index past the footer's table)"
             phases[name] = {"scopes": int(self.begins[k]), "requests": int(self.requests[k]),
                             "request_bytes": int(self.request_bytes[k]), "live_bytes": int(split[k])}
         return {"phases": phases, "event": self.split_at, "live_bytes": self.split_live,
@@ -121,7 +124,7 @@ class PhaseTally:
 
 def phase_shares(trace: Trace, at: int | None = None) -> dict | None:
     """`PhaseTally.summary` of ``trace`` (a pass of its own), split at event ``at`` (None: the LOAD peak)."""
-    tally = PhaseTally(at)
+    tally = PhaseTally(at, len(trace.labels))
     trace.walk(tally)
     return tally.summary(trace.labels)
 
