@@ -43,7 +43,7 @@ SCOPE_VERSION = 3
 READS = (VERSION, POOL_VERSION, SCOPE_VERSION)
 
 
-def _version_needed(kind: int, flags: int) -> int:
+def version_needed(kind: int, flags: int) -> int:
     """The least version whose records hold a record of ``kind`` with ``flags`` (the highest of a batch)."""
     if kind >= TRY_BEGIN:
         return SCOPE_VERSION
@@ -87,7 +87,7 @@ class TraceFileWriter:
         self.flush()
         records = np.ascontiguousarray(records, RECORD_DTYPE)
         if len(records):
-            self._raise_version(_version_needed(int(records["kind"].max()), int(records["flags"].max())))
+            self._raise_version(version_needed(int(records["kind"].max()), int(records["flags"].max())))
         self._f.write(records.tobytes())
         self._f.flush()      # each chunk reaches the OS whole: a killed writer loses only what is unwritten
         self.count += len(records)
@@ -97,7 +97,7 @@ class TraceFileWriter:
         self._buf[self._n_buf] = (kind, flags, stream, id_, site, aux, size, time_ns, addr)
         self._n_buf += 1
         if kind >= POOL_BEGIN or flags >= POOL_CAPTURE:
-            self._raise_version(_version_needed(kind, flags))
+            self._raise_version(version_needed(kind, flags))
         if self._n_buf == len(self._buf):
             self.flush()
 
@@ -163,7 +163,7 @@ def _import_it(path: str) -> str:
 
 
 def read_trace_file(path: str, *, mmap: bool = True):
-    """Read and check a `.bin` file; return ``(meta, records, footer, finished)``.
+    """Read and check a `.bin` file; return ``(meta, records, footer, finished, version)``.
 
     ``records`` is a read-only memmap (or array) of `RECORD_DTYPE`. An unfinished
     file (writer died) yields its whole-record prefix with ``finished=False`` and
@@ -228,4 +228,4 @@ def read_trace_file(path: str, *, mmap: bool = True):
         records = np.memmap(path, RECORD_DTYPE, mode="r", offset=rec_off, shape=(n,))
     else:
         records = np.fromfile(path, RECORD_DTYPE, count=n, offset=rec_off)
-    return meta, records, footer, finished
+    return meta, records, footer, finished, version
