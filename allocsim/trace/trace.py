@@ -375,7 +375,7 @@ class _RecordFields:
         if "segment" not in first.found and any(len(c.where(k)) for k in self.SEGMENT_KINDS):
             self._segments(c)
         if t.version is not None and "version" not in first.found:
-            need = version_needed(int(c.kind.max()), int(flags.max())) if len(c.kind) else t.version
+            need = version_needed(int(c.kind.max()), int(np.bitwise_or.reduce(flags))) if len(c.kind) else t.version
             if need > t.version:
                 first.note("version", start, np.array([version_needed(int(k), int(f)) > t.version
                                                        for k, f in zip(c.kind, flags)]),
