@@ -15,7 +15,7 @@
 #            no OOM reaches the program; below it the first step fails and the program halves its batch).
 # Two lanes run side by side to fit the time: compile alone; cudnn then backoff.
 # Files (flat): P-V-{rec,plain}.{log,json,oom.jsonl}, P-V-rec.bin(.stats.json), P-V-rec.validate.txt with P in
-# compile/cudnn/backoff and V in cold/warm/capcold/capwarm; caps.txt, env.txt, lanes, table.md.
+# compile/cudnn/backoff and V in cold/warm/capcold/capwarm; caps.txt, env.txt, lanes, table.txt.
 set -u
 
 . benchmarks/_reactive_runs.sh
@@ -64,6 +64,6 @@ wait $A
 wait                      # the validations
 cat $W/env.txt $W/caps.txt $W/lane-compile.txt $W/lane-eager.txt
 for f in $W/*.validate.txt; do echo "== $(basename $f): $(grep -h '^verdict' $f) $(tail -1 $f)"; done
-timeout 120 python3 benchmarks/reactive_table.py $W > $W/table.md 2>&1; cat $W/table.md
+timeout 120 python3 benchmarks/reactive_table.py $W > $W/table.txt 2>&1; cat $W/table.txt
 tar czf $OUT/reactive.tar.gz -C $W .
 echo "total $(( $(date +%s) - T0 ))s"; ls -la $OUT
