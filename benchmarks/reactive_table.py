@@ -2,7 +2,8 @@
 
 Usage: ``python benchmarks/reactive_table.py DIR`` on the unpacked output of ``benchmarks/gpu_reactive.sh`` (or of
 ``gpu_reactive_explore.sh``). DIR holds, per program P (``compile``, ``cudnn``, ``backoff``) and run variant V
-(``cold``, ``warm``, ``capcold``, ``capwarm``; the exploration's ``cap``/``cap2`` are capped cold runs):
+(``cold``, ``warm1`` — the first run after a cold one —, ``warm``, ``capcold``, ``capwarm``; the exploration's
+``cap``/``cap2`` are capped cold runs; a variant naming ``warm`` is predicted with ``--warm-cache``):
 ``P-V-plain.json`` (the program's own ``REACTIVE`` line, run without the recorder), ``P-V-rec.json`` and
 ``P-V-rec.bin`` (the same run recorded) and ``P-V-rec.validate.txt``.
 
@@ -25,7 +26,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_FILE = re.compile(r"^(?P<program>[a-z]+)-(?P<variant>[a-z0-9]+)-(?P<how>plain|rec)\.json$")
 #: Variants in table order (others follow, sorted).
-ORDER = ("cold", "warm", "capcold", "cap", "cap2", "capwarm")
+ORDER = ("cold", "warm1", "warm", "capcold", "cap", "cap2", "capwarm")
 
 
 def measured_runs(folder: str) -> dict:
@@ -93,7 +94,7 @@ def pair(pred: int, meas: int, *, relative: bool = False) -> str:
 
 def row(program: str, variant: str, how: str, m: dict, p: dict | None, check: str) -> str:
     cap = m.get("cap_bytes") or 0
-    run = f"{'warm' if 'warm' in variant else 'cold'}, " + (f"cap {cap:,}" if cap else "no cap")
+    run = f"{variant}, " + (f"cap {cap:,}" if cap else "no cap")
     if how != "plain":
         run += " (recorded run)"
     meas_survived = m["num_ooms"] - (1 if m.get("died") else 0)

@@ -39,7 +39,7 @@ def test_survived_ooms_leave_out_the_one_that_ended_the_run():
                   {"peak_reserved_bytes": 1000, "device_mallocs": 3, "device_frees": 1, "caught_ooms": 2,
                    "ooms": 1, "completed": False}, "MATCH")
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells[1] == "cold, cap 10"
+    assert cells[1] == "capcold, cap 10"
     assert cells[5] == "2 / 2 (exact)" and cells[6] == "OOM / OOM (exact)"
 
 
