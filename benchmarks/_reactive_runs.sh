@@ -14,7 +14,8 @@ begin() {
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 
 # go NAME LIMIT MODE PROG ARGS...: MODE rec (allocsim record), plain, or snap (plain, with its own snapshot);
-# the program's REACTIVE line goes to NAME.json, a recording is validated aside (NAME.validate.txt)
+# the program's REACTIVE line goes to NAME.json, a recording is validated aside (NAME.validate.txt; with INFO
+# set, `allocsim info` too: NAME.info.txt)
 go() {
   local name=$1 lim=$2 mode=$3; shift 3
   if [ $(left) -lt $((lim / 2)) ]; then echo "SKIP $name (time left $(left)s)"; return; fi
@@ -30,7 +31,8 @@ go() {
   echo "$name rc=$rc $(( $(date +%s) - t ))s $(cat $W/$name.json)"
   if [ $mode = rec ] && [ -f $W/$name.bin ]; then
     ( timeout ${VALIDATE_S:-90} python3 -m allocsim validate $W/$name.bin > $W/$name.validate.txt 2>&1
-      echo "rc=$?" >> $W/$name.validate.txt ) &
+      echo "rc=$?" >> $W/$name.validate.txt
+      [ -n "${INFO:-}" ] && timeout 60 python3 -m allocsim info $W/$name.bin > $W/$name.info.txt 2>&1 ) &
   fi
 }
 

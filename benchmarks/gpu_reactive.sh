@@ -16,10 +16,11 @@
 #   backoff: 0.7 x the cold peak *allocated* (a cap above it only makes the allocator free its cache and retry:
 #            no OOM reaches the program; below it the first step fails and the program halves its batch).
 # Two lanes run side by side to fit the time: compile alone; cudnn then backoff.
-# Files (flat): P-V-{rec,plain}.{log,json,oom.jsonl}, P-V-rec.bin(.stats.json), P-V-rec.validate.txt with P in
+# Files (flat): P-V-{rec,plain}.{log,json,oom.jsonl}, P-V-rec.bin(.stats.json), P-V-rec.{validate,info}.txt with P in
 # compile/cudnn/backoff and V in cold/warm/capcold/capwarm; caps.txt, env.txt, lanes, table.txt.
 set -u
 
+INFO=1
 . benchmarks/_reactive_runs.sh
 begin /tmp/reactive-proof ${BUDGET:-480}
 
