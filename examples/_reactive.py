@@ -1,8 +1,9 @@
 """What the reactive examples share: a memory cap, a log of every OOM the allocator raised (with its stacks), and
 the final JSON line of the allocator's own counters.
 
-Issue 28's programs react to memory: inductor's autotuning, cuDNN's workspace tries and a user's back-off catch
-an allocation failure and go on. To see which code caught what, each OOM the caching allocator raises is logged
+Issue 28's programs react to memory: cuDNN's workspace tries and a user's back-off catch an allocation failure
+and go on, and a cold torch.compile makes requests (compile-time benchmarks, autotuning) a warm one does not. To
+see which code caught what, each OOM the caching allocator raises is logged
 by an OOM observer (``torch._C._cuda_attach_out_of_memory_observer``; PyTorch calls it after releasing the
 allocator's lock, before it raises) with the Python stack and, where PyTorch can give them, the C++ frames
 (``CapturedTraceback``: gathered at the OOM, symbolised once at the end). The last line a program prints is

@@ -1,8 +1,10 @@
 """A small CNN trained with ``torch.compile(mode="reduce-overhead")``: a program whose requests depend on memory.
 
-A cold compile cache makes inductor compile and benchmark its Triton kernels (autotuning catches the OOMs of its
-benchmark runs) before CUDA graph trees record the forward and backward into their private pool; a warm cache
-(the same program run again with the same ``TORCHINDUCTOR_CACHE_DIR``) skips most of that. Issue 28.
+With cold caches inductor benchmarks while it compiles (pad_mm) and autotunes each Triton kernel at its first
+launch, inside the CUDA graph trees' warm-up run, before the forward and backward are recorded into the trees'
+private pool; with warm caches (the program run again with the same ``TORCHINDUCTOR_CACHE_DIR`` and
+``TRITON_CACHE_DIR``) it does neither. Neither catches an OOM: under a cap between the warm and the cold peak the
+cold run dies, the warm one lives. Issue 28.
 Ends with a ``REACTIVE {json}`` line (`_reactive`).
 """
 import argparse
