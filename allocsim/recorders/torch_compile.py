@@ -8,10 +8,12 @@ does none of it. The recorder writes the scopes that tell the two apart (`HOOKS`
 
 - PHASE "compile" around dynamo's compilation of a frame and inductor's of a graph (a backward graph may be
   compiled later, at its first call: it gets a phase of its own);
-- PHASE "autotune" around the benchmarking of a Triton kernel's configs, coordinate descent and the choice
-  among a template's candidates (max-autotune);
-- TRY "inductor autotune" around each candidate's benchmark, which inductor runs inside a ``try`` that turns
-  its failure (an OOM included) into an infinite timing and goes on to the next candidate.
+- PHASE "autotune" around the benchmarking of a Triton kernel's configs at its first launch (in a
+  reduce-overhead run, inside the CUDA graph tree's warm-up), coordinate descent and the choice among a
+  template's candidates (max-autotune);
+- TRY "inductor autotune" around each template candidate's benchmark, which inductor runs inside a ``try``
+  that turns its failure (an OOM included) into an infinite timing and goes on to the next candidate. A Triton
+  kernel's config benchmarks catch nothing (an H200 run found no OOM caught there): they are a phase, no try.
 
 **Lazily and cheaply.** Nothing here imports torch._dynamo or torch._inductor: a module of `HOOKS` already
 imported when recording starts is patched at once, one imported later is patched as its import finishes (a
