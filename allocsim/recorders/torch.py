@@ -49,6 +49,7 @@ from ..importers.torch_snapshot import EntryConverter, private_pool_segments
 from ..trace import events as ev
 from ..trace.events import TORCH_AUX, fraction_bits
 from ._base import Recorder, stderr
+from .torch_compile import Hooks as CompileHooks
 from .torch_pools import PoolHooks
 
 DEFAULT_MAX_ENTRIES = 1_000_000
@@ -96,6 +97,8 @@ class TorchRecorder(Recorder):
             self._open_on(torch.cuda.current_device())
         self._wrap_calls()
         self.pool_hooks.install()
+        self.compile_hooks = CompileHooks(self)       # torch.compile's phases and tries (`torch_compile`)
+        self.compile_hooks.install()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
 
@@ -231,6 +234,7 @@ class TorchRecorder(Recorder):
         self._hook.remove()
         self._unwrap_calls()
         self.pool_hooks.remove()
+        self.compile_hooks.remove()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
         if self.writer is None:                     # a process that never allocated on a device: no trace
@@ -269,7 +273,8 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools, "cache_releases": self.releases, "limits_set": self.limits,
+            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools,
+            "compile_scopes": self.compile_hooks.summary(), "cache_releases": self.releases, "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 

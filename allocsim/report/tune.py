@@ -17,6 +17,7 @@ def tune_report(res, took: float) -> str:
     objective = res.objective + (f" ({fmt_bytes(res.headroom_bytes)} headroom under the limit)"
                                  if res.objective == "fastest" and res.headroom_bytes is not None else "")
     lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {objective}",
+             *([f"tuned for {res.run}"] if getattr(res, "run", None) else []),
              f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
              + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
              + f"; {res.replays} replays in {took:.1f}s"
