@@ -167,3 +167,58 @@ def test_choose_framework(monkeypatch):
         is_initialized=lambda: False)))
     with pytest.raises(Exception, match="both torch and cupy"):
         session.choose_framework("auto")
+
+
+# ---- launchers: the command lines recorded process by process (docs/several-processes.md) ---------------------
+def _program_argv(*line):
+    from allocsim.cli import make_parser
+    from allocsim.commands.record import program_argv
+    return program_argv(make_parser().parse_args(["record", *line]))
+
+
+def _console_script(folder, name):
+    """A launcher's console script as pip installs it: a Python script on a ``#!.../python`` line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    p = folder / name
+    p.write_text(f"#!{sys.executable}\nimport sys\nsys.exit(0)\n")
+    p.chmod(0o755)
+    return p
+
+
+def test_launchers_are_programs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bin_ = tmp_path / "bin"
+    _console_script(bin_, "accelerate")
+    _console_script(bin_, "torchrun")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(bin_), os.path.dirname(sys.executable), os.environ["PATH"]]))
+    line = ["accelerate", "launch", "--num_processes", "2", "train.py", "--lr", "1"]
+    assert _program_argv("--", *line) == line
+    python = os.path.basename(sys.executable)
+    dist = [python, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py"]
+    assert _program_argv("--", *dist) == dist
+    assert _program_argv("-m", "accelerate.commands.launch", "train.py") == \
+        [sys.executable, "-m", "accelerate.commands.launch", "train.py"]
+    # a launcher named by its script's path: started as a program, not run inside allocsim as a Python script
+    assert _program_argv("--", "bin/torchrun", "--nproc-per-node", "2", "t.py") == \
+        ["bin/torchrun", "--nproc-per-node", "2", "t.py"]
+    _console_script(tmp_path, "tool")
+    assert _program_argv("--", "./tool") is None           # any other Python script still runs inside allocsim
+
+
+def test_a_launcher_beside_this_python_is_found(tmp_path, monkeypatch):
+    """A virtual environment that is not activated: its ``bin/accelerate`` is not on PATH, but beside its python."""
+    monkeypatch.chdir(tmp_path)
+    venv_bin = tmp_path / "venv" / "bin"
+    launcher = _console_script(venv_bin, "accelerate")
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert _program_argv("--", "accelerate", "launch", "train.py") == [str(launcher), "launch", "train.py"]
+
+
+def test_default_names_of_launched_runs():
+    from allocsim.recorders.processes import default_output
+    assert default_output(["accelerate", "launch", "--num_processes", "2", "train.py"]) == "train.bin"
+    assert default_output(["accelerate", "launch", "-m", "pkg.finetune", "--lr", "1"]) == "finetune.bin"
+    assert default_output(["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "pkg.train"]) \
+        == "train.bin"
+    assert default_output(["python", "-m", "torch.distributed.run"]) == "python.bin"

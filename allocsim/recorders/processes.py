@@ -31,7 +31,10 @@ ENV_RUN = "ALLOCSIM_RECORD_RUN"
 #: The folder put in front of PYTHONPATH: its ``sitecustomize`` starts `in_child` in every Python process.
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 #: Launcher modules run as a program (``allocsim record -m torch.distributed.run ...``), never inside allocsim.
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+                    "accelerate.commands.accelerate_cli")
+#: Launchers' own commands: started as a program even when named by the path of their (Python) script.
+LAUNCHER_PROGRAMS = ("torchrun", "accelerate")
 
 
 def program_env(out: str, options: dict, environ=None) -> dict:
@@ -44,8 +47,14 @@ def program_env(out: str, options: dict, environ=None) -> dict:
 
 
 def default_output(argv: list[str]) -> str:
-    """``train.bin`` for ``torchrun ... train.py``: the first Python script named, else the program's name."""
-    script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
+    """``train.bin`` for ``torchrun ... train.py``: the first Python script named, else the last part of the first
+    module run with ``-m`` that is not a launcher (``accelerate launch -m pkg.train``), else the program's name."""
+    script = next((a for a in argv[1:] if a.endswith(".py")), None)
+    if script is None:
+        modules = [b for a, b in zip(argv, argv[1:]) if a == "-m" and b not in LAUNCHER_MODULES]
+        if modules:
+            return modules[0].rsplit(".", 1)[-1] + ".bin"
+        script = argv[0]
     return os.path.splitext(os.path.basename(script))[0] + ".bin"
 
 
