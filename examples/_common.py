@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -54,3 +55,12 @@ def train_steps(name: str, a, opt, make_batch, loss_of, sync) -> None:
             opt.step()
     timer.report(name)
     print(f"loss {loss.item():.3f}", flush=True)
+
+
+def print_memory_stats(torch, tag: str = "") -> None:
+    """One line ``MEMORY_STATS <tag> {json}``: the caching allocator's own counters (``torch.cuda.memory_stats()``),
+    to compare a recorded run with the same program run without recording (benchmarks/compare_memory_stats.py)."""
+    torch.cuda.synchronize()
+    stats = {k: v for k, v in sorted(torch.cuda.memory_stats().items()) if isinstance(v, (int, float))}
+    print(f"MEMORY_STATS {tag or '-'} {json.dumps(stats, sort_keys=True)}", flush=True)
+

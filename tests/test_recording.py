@@ -222,3 +222,25 @@ def test_default_names_of_launched_runs():
     assert default_output(["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "pkg.train"]) \
         == "train.bin"
     assert default_output(["python", "-m", "torch.distributed.run"]) == "python.bin"
+
+
+def test_under_allocsim_records_program_mode_the_program_does_not_start_its_own(tmp_path):
+    """``allocsim record -- python prog.py``: the process is recorded from CUDA's start; a recording of the program's
+    own would take the same allocator history, so it is refused in one line (a trainer's callback only marks)."""
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import os, allocsim
+        os.environ["ALLOCSIM_RECORD_RUN"] = "{}"
+        try:
+            allocsim.start_recording("own.bin")
+        except allocsim.errors.AllocsimError as e:
+            print("refused:", e)
+        from allocsim.integrations import RunRecording
+        r = RunRecording("own.bin")
+        r.start()
+        print(r.recorder)
+    """))
+    r = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([FAKE_TORCH, ROOT])))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["refused: this process is recorded by allocsim record (ALLOCSIM_RECORD_RUN is "
+                                     "set), from when CUDA starts: let allocsim.mark() label that recording", "None"]

@@ -68,16 +68,17 @@ def env_rank() -> tuple[int | None, int | None]:
 
 class RunRecording:
     """The recording a callback asked for: started with `allocsim.start_recording` into ``path`` unless one runs
-    already (then the callback only marks phases in it, as it does with ``path`` None), stopped by `stop` only if
-    it started it."""
+    already or the process runs under ``allocsim record -- launcher ...`` (whose recording starts with CUDA): then the
+    callback only marks phases in it, as it does with ``path`` None. `stop` stops only a recording it started."""
 
     def __init__(self, path: str | None, framework: str | None = "torch", **options):
         self.path, self.framework, self.options = path, framework, options
         self.recorder = None
 
     def start(self, rank: int | None = None, world_size: int | None = None) -> None:
-        if self.path is None or recorders._active is not None or self.recorder is not None:
-            return
+        from ..recorders.processes import ENV_RUN
+        if self.path is None or recorders._active is not None or self.recorder is not None or os.environ.get(ENV_RUN):
+            return          # a recording runs already, or allocsim record's starts with CUDA: phases only
         if rank is None:
             rank, world_size = env_rank()
         self.recorder = recorders.start_recording(rank_path(os.fspath(self.path), rank, world_size), self.framework,

@@ -51,9 +51,13 @@ def start_recording(path: str, framework: str | None = None, *, stacks: bool | s
     existing trace at ``path``. Blocks already live on the device are seeded into the trace (`TorchRecorder`);
     what that leaves out is said in a warning and in the trace's metadata (``started_late``)."""
     from . import _active, begin, prepare
+    from .processes import ENV_RUN
     if _active is not None:
         raise UsageError(f"a recording is already running in this process (into {_active.out}): stop it first "
                          "(allocsim.stop_recording()), or let allocsim.mark() label the one running")
+    if os.environ.get(ENV_RUN):
+        raise UsageError(f"this process is recorded by allocsim record ({ENV_RUN} is set), from when CUDA starts: "
+                         "let allocsim.mark() label that recording")
     fw = choose_framework(framework)
     cls = prepare(fw, path)
     claim_outputs([("path", path), ("path", f"{path}.stats.json")], force=force)
