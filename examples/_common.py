@@ -64,3 +64,22 @@ def print_memory_stats(torch, tag: str = "") -> None:
     stats = {k: v for k, v in sorted(torch.cuda.memory_stats().items()) if isinstance(v, (int, float))}
     print(f"MEMORY_STATS {tag or '-'} {json.dumps(stats, sort_keys=True)}", flush=True)
 
+
+def recorded_parser(description: str, *, batch: int, dim: int, layers: int, **sizes):
+    """The arguments of the examples recorded from inside Python (docs/recording.md): ``--record TRACE`` and the
+    model's sizes (``--batch``, ``--dim``, ``--layers``, and any of ``seq=``, ``vocab=`` given)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--record", metavar="TRACE", help="record the run into TRACE from inside the program")
+    for name, default in dict(batch=batch, dim=dim, layers=layers, **sizes).items():
+        p.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    return p
+
+
+def cuda_torch(program: str):
+    """torch, once it sees a CUDA GPU; else the program stops with one line saying so."""
+    import sys
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit(f"{program}: needs a CUDA GPU (torch {torch.__version__} sees none)")
+    return torch
+

@@ -11,13 +11,12 @@ Either way it ends with a ``MEMORY_STATS`` line: the allocator's own counters, w
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_memory_stats  # noqa: E402
+from _common import cuda_torch, print_memory_stats, recorded_parser  # noqa: E402
 
 
 def tokens(n: int, seq: int, vocab: int, seed: int):
@@ -37,19 +36,11 @@ def tokens(n: int, seq: int, vocab: int, seed: int):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--record", metavar="TRACE", help="record the run into TRACE through the callback")
+    p = recorded_parser(__doc__.splitlines()[0], batch=8, dim=256, layers=2, seq=128, vocab=4096)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=4, help="evaluate and save every N steps")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=4096)
     a = p.parse_args()
-    import torch
-    if not torch.cuda.is_available():
-        sys.exit("hf_train.py: needs a CUDA GPU")
+    torch = cuda_torch("hf_train.py")
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
     set_seed(0)
     callbacks = []

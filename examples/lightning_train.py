@@ -9,13 +9,12 @@ Either way it ends with a ``MEMORY_STATS`` line: the allocator's own counters, w
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_memory_stats  # noqa: E402
+from _common import cuda_torch, print_memory_stats, recorded_parser  # noqa: E402
 
 
 def lightning():
@@ -62,19 +61,11 @@ def tiny_lm(L, vocab: int, dim: int, layers: int, seq: int):
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--record", metavar="TRACE", help="record the run into TRACE through the callback")
+    p = recorded_parser(__doc__.splitlines()[0], batch=16, dim=256, layers=2, seq=128, vocab=4096)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batches", type=int, default=6, help="training batches per epoch")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--dim", type=int, default=256)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=4096)
     a = p.parse_args()
-    import torch
-    if not torch.cuda.is_available():
-        sys.exit("lightning_train.py: needs a CUDA GPU")
+    torch = cuda_torch("lightning_train.py")
     L = lightning()
     L.seed_everything(0, workers=True)
     g = torch.Generator().manual_seed(0)

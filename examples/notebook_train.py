@@ -10,13 +10,12 @@ It ends with a ``MEMORY_STATS`` line: the allocator's own counters, which record
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import print_memory_stats  # noqa: E402
+from _common import cuda_torch, print_memory_stats, recorded_parser  # noqa: E402
 
 
 def model_of(a):
@@ -46,18 +45,11 @@ def train(model, a, dev) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--record", metavar="TRACE", help="record into TRACE from inside the program")
+    p = recorded_parser(__doc__.splitlines()[0], batch=64, dim=1024, layers=4, iters=8)
     p.add_argument("--form", choices=["with", "start"], default="with")
     p.add_argument("--late", action="store_true", help="put the model on the GPU before recording starts")
-    p.add_argument("--iters", type=int, default=8)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--dim", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=4)
     a = p.parse_args()
-    import torch
-    if not torch.cuda.is_available():
-        sys.exit("notebook_train.py: needs a CUDA GPU")
+    torch = cuda_torch("notebook_train.py")
     dev = torch.device("cuda")
     model = model_of(a).to(dev) if a.late else None
     import allocsim
