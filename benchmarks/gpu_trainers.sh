@@ -1,6 +1,7 @@
 #!/bin/bash
 # One GPU, issue 32 item 5: recording where people train. About 3 minutes on an H200 (torch 2.11, pytorch-lightning,
-# transformers, accelerate installed; nothing downloaded: every model is built in code).
+# transformers, accelerate installed; nothing downloaded: every model is built in code; each program's unrecorded run
+# goes on beside its recorded one).
 #   - the CPU-tested parts again where Lightning and transformers are installed (tests/test_integrations.py, ...);
 #   - what PyTorch accepts at run time, for tune's Python form (benchmarks/gpu_runtime_settings.py);
 #   - a Lightning run and a Hugging Face Trainer run recorded through the callbacks (examples/lightning_train.py,
@@ -21,11 +22,12 @@ REPO=$PWD
 : "${OUT:?set OUT to the folder for trainers.tar.gz}"
 W=$OUT/w; mkdir -p $W/traces
 . $REPO/benchmarks/_gpu_steps.sh
-FAILED=0
 pack() { tar czf $OUT/trainers.tar.gz -C $W . ; }
 trap pack EXIT
-run() {      # run NAME LIMIT_S OUTFILE COMMAND...: a step whose failure is counted
-  step "$@" || { FAILED=$((FAILED + 1)); echo "FAILED: $1 (see $(basename $3))" >> $W/summary.txt; }
+: > $W/summary.txt
+run() {      # run NAME LIMIT_S OUTFILE COMMAND...: a step whose failure is counted (a line in summary.txt: it may run
+             # in the background)
+  step "$@" || echo "FAILED: $1 (see $(basename $3))" >> $W/summary.txt
 }
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda)"
@@ -46,9 +48,11 @@ both() {     # both NAME LIMIT_S "RECORDED COMMAND" "PLAIN COMMAND" [late]: a re
              # same program not recorded ("@OTHER": OTHER's plain run, the same program), their MEMORY_STATS compared,
              # the trace validated and shown; "late": a trace started late, whose validate says "unseeded" (the
              # model places the pre-existing blocks itself), so its verdict is shown but not counted as a failure
+             # The plain run goes on beside the recorded one: each process has its own allocator and counters.
   local name=$1 limit=$2 plain=$W/$1.plain.txt
+  case $4 in @*) plain=$W/${4#@}.plain.txt ;; *) run "$name not recorded" $limit $plain bash -c "$4" & ;; esac
   run "$name recorded" $limit $W/$name.rec.txt bash -c "$3"
-  case $4 in @*) plain=$W/${4#@}.plain.txt ;; *) run "$name not recorded" $limit $plain bash -c "$4" ;; esac
+  wait
   run "$name memory_stats" 10 $W/compare.txt python3 $REPO/benchmarks/compare_memory_stats.py $W/$name.rec.txt $plain
   if [ "${5:-}" = late ]; then step "$name validate (late: unseeded)" 60 $W/validate.txt python3 -m allocsim validate $name.bin
   else run "$name validate" 60 $W/validate.txt python3 -m allocsim validate $name.bin; fi
@@ -63,7 +67,11 @@ both notebook-late 40 "python3 $E/notebook_train.py --record notebook-late.bin -
   "python3 $E/notebook_train.py --late" late
 DIST="-m torch.distributed.run --standalone --nproc-per-node 2 $E/dist_train.py --backend gloo --model tiny --iters 4 \
   --layers 2 --dim 256 --seq 128 --memory-stats"
+# two processes on one GPU: are the counters even the same between two runs without recording? (not counted)
+step "dist not recorded, again" 120 $W/dist.plain2.txt bash -c "python3 $DIST" &
 both dist 120 "python3 -m allocsim record -o dist.bin -- python3 $DIST" "python3 $DIST"
+step "dist memory_stats, two runs not recorded" 10 $W/compare.txt python3 $REPO/benchmarks/compare_memory_stats.py \
+  $W/dist.plain.txt $W/dist.plain2.txt
 ACC="${ACCELERATE[*]} --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no $E/hf_train.py --steps 8"
 both acc 120 "python3 -m allocsim record -o acc.bin -- $ACC --record acc.bin" "$ACC"
 ls -la > $W/traces.txt
@@ -79,7 +87,8 @@ print('expandable at run time:', d['expandable_segments_at_run_time']['segments_
 print('runtime_text selects the setting:', d['ok'])" 2>&1
   tail -4 $W/runtime-fraction.json
   tail -3 $W/tests.txt
-  echo "failed steps: $FAILED"
 } >> $W/summary.txt
+FAILED=$(grep -c '^FAILED' $W/summary.txt)
+echo "failed steps: $FAILED" >> $W/summary.txt
 cat $W/summary.txt; cat $W/steps.txt
 exit $(( FAILED > 0 ))

@@ -98,6 +98,10 @@ def recording(path: str, framework: str | None = None, *, stacks: bool | str = F
             if isinstance(e, Terminated):
                 rec.note(f"terminated by {signal.Signals(e.signum).name}")
             raise
+        except KeyboardInterrupt:
+            status = 130
+            rec.note("interrupted (SIGINT)")
+            raise
         except BaseException as e:
             rec.note(f"the recorded block raised {type(e).__name__}: {e}")
             raise
