@@ -244,3 +244,14 @@ def test_under_allocsim_records_program_mode_the_program_does_not_start_its_own(
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["refused: this process is recorded by allocsim record (ALLOCSIM_RECORD_RUN is "
                                      "set), from when CUDA starts: let allocsim.mark() label that recording", "None"]
+
+
+def test_the_programs_own_history_is_taken_over_and_said(tmp_path):
+    r = _run(tmp_path, """
+        torch.cuda.memory._record_memory_history(enabled="all")
+        torch.cuda.fake_alloc(2 << 20)
+        with allocsim.recording(OUT):
+            pass
+    """)
+    assert r.returncode == 0, r.stderr
+    assert any("_record_memory_history) was on" in n for n in _stats(tmp_path)["notes"])

@@ -35,7 +35,9 @@ wrapped and is reported.
 
 **Conversion** is forward only: recording starts before the program runs, so
 every freed block was allocated inside the trace (blocks freed without a
-recorded allocation are counted, not guessed). An address maps to the dense id
+recorded allocation are counted, not guessed). A recording started from inside a
+program that has blocks live already (a notebook: `allocsim.recording`) is seeded
+with them first, as the importer seeds a snapshot (`late_start`, docs/recording.md). An address maps to the dense id
 of its live block (a dict, O(1) per entry, size = live blocks). MARKs land
 exactly between the chunks they separate. The importer
 (`allocsim.importers.torch_snapshot`) handles the other case, snapshots taken
@@ -78,8 +80,12 @@ class TorchRecorder(Recorder):
 
     def start(self) -> None:
         import torch
+        history_on = torch.cuda.is_initialized() and any(torch.cuda.memory._snapshot().get("device_traces") or [])
         torch.cuda.init()
         self.torch = torch
+        if history_on:          # a program that started late, and recorded its own history
+            self.note("the program's own memory history (torch.cuda.memory._record_memory_history) was on: the "
+                      "recording took it over, cleared it, and turned it off at its end")
         self.device = None
         self.max_entries = self.max_events or DEFAULT_MAX_ENTRIES
         self.steps = 0
