@@ -27,7 +27,8 @@ from .fit import fit_capacity
 from .importers import import_file as import_trace
 from .metrics import ReplayResult
 from .replay import Replay, ReplaySettings, replay
-from .recorders import mark, recording, start_recording, stop_recording
+from .recorders import mark
+from .recorders.session import recording, start_recording, stop_recording
 from .spec import PolicySpec
 from .sweep import compare
 from .synth import generate as synthesize

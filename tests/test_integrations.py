@@ -9,6 +9,7 @@ import types
 import pytest
 
 from allocsim import recorders
+from allocsim.recorders import session
 from allocsim.integrations import Phases, RunRecording
 from allocsim.integrations.hf import HFPhases
 from allocsim.integrations.lightning import LightningPhases
@@ -61,8 +62,8 @@ def started(monkeypatch):
         calls.append(("stop", status))
         monkeypatch.setattr(recorders, "_active", None)
         return {}
-    monkeypatch.setattr(recorders, "start_recording", start)
-    monkeypatch.setattr(recorders, "stop_recording", stop)
+    monkeypatch.setattr(session, "start_recording", start)
+    monkeypatch.setattr(session, "stop_recording", stop)
     monkeypatch.setattr(recorders, "_active", None)
     return calls
 

@@ -20,7 +20,7 @@ LAYERS = [
     ["spec", "guard", "exporters", "fold", "replay"],
     ["sweep", "fit", "validate", "tune", "tune_ranks", "spaces", "testing"],
     ["report"],
-    ["commands", "cli", "__main__", ""],
+    ["commands", "cli", "integrations", "__main__", ""],
 ]
 
 

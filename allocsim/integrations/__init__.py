@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from .. import recorders
+from ..recorders import session
 from ..trace import events as ev
 
 TRAIN, EVAL, TEST, CHECKPOINT = "train", "eval", "test", "checkpoint"
@@ -76,12 +77,11 @@ class RunRecording:
         self.recorder = None
 
     def start(self, rank: int | None = None, world_size: int | None = None) -> None:
-        from ..recorders.processes import ENV_RUN
-        if self.path is None or recorders._active is not None or self.recorder is not None or os.environ.get(ENV_RUN):
+        if self.path is None or recorders._active is not None or self.recorder is not None or os.environ.get(session.ENV_RUN):
             return          # a recording runs already, or allocsim record's starts with CUDA: phases only
         if rank is None:
             rank, world_size = env_rank()
-        self.recorder = recorders.start_recording(rank_path(os.fspath(self.path), rank, world_size), self.framework,
+        self.recorder = session.start_recording(rank_path(os.fspath(self.path), rank, world_size), self.framework,
                                                   **self.options)
 
     @property
@@ -95,4 +95,4 @@ class RunRecording:
             return None
         if note:
             rec.note(note)
-        return recorders.stop_recording(status)
+        return session.stop_recording(status)

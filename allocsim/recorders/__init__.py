@@ -236,4 +236,3 @@ def _print_program_traceback(e: BaseException) -> None:
     traceback.print_exception(type(e), e, tb or e.__traceback__)
 
 
-from .session import recording, start_recording, stop_recording      # noqa: E402 - they use begin and end above

@@ -24,10 +24,9 @@ import sys
 from ..errors import InputError, UsageError
 from ..ranks import process_name, run_files
 from ._base import stderr
+from .session import ENV_RUN
 from .torch import TorchRecorder
 
-#: The variable that carries a recording into the processes of a program (JSON: `program_env`).
-ENV_RUN = "ALLOCSIM_RECORD_RUN"
 #: The folder put in front of PYTHONPATH: its ``sitecustomize`` starts `in_child` in every Python process.
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 #: Launcher modules run as a program (``allocsim record -m torch.distributed.run ...``), never inside allocsim.

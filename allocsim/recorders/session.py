@@ -19,6 +19,9 @@ import sys
 from ..errors import UsageError
 from ..outputs import CATCHABLE, Terminated, claim_outputs, signals_unwind
 
+#: The variable that carries a recording into the processes of a program (JSON: `processes.program_env`).
+ENV_RUN = "ALLOCSIM_RECORD_RUN"
+
 
 def choose_framework(framework: str | None) -> str:
     """The framework to record: the one named, else the one the program has imported (torch if both are and only
@@ -51,7 +54,6 @@ def start_recording(path: str, framework: str | None = None, *, stacks: bool | s
     existing trace at ``path``. Blocks already live on the device are seeded into the trace (`TorchRecorder`);
     what that leaves out is said in a warning and in the trace's metadata (``started_late``)."""
     from . import _active, begin, prepare
-    from .processes import ENV_RUN
     if _active is not None:
         raise UsageError(f"a recording is already running in this process (into {_active.out}): stop it first "
                          "(allocsim.stop_recording()), or let allocsim.mark() label the one running")
