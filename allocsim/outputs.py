@@ -6,9 +6,12 @@ temporary beside them, named ``.NAME.allocsim-PID.tmp`` (hidden, with the pid
 of the writer), that `signals_unwind` removes on any signal that can be caught;
 a later run writing into the same folder names the ones a killed run left.
 `check_input_file` refuses, at once, inputs that cannot be read as files (pipes).
+`guard_stdout` makes a report that cannot reach stdout (a full disk, ``>&-``) an error, not a silent exit 0.
 """
 from __future__ import annotations
 
+import errno
+import io
 import os
 import re
 import shlex
@@ -342,3 +345,84 @@ def atomic_open(path: str, mode: str = "w"):
     with atomic_path(path) as tmp:
         with open(tmp, mode) as f:
             yield f
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standing in for the stdout a program was started without (``>&-``): the first write fails, so a report
+    that cannot be delivered is an error (exit 2), never a silent success that printed nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise OSError(errno.EBADF, "standard output is closed (started with >&-): the report could not be "
+                                       "written")
+        return 0
+
+
+#: Where stdout's file started when `guard_stdout` ran, if stdout is a file of its own: `undo_stdout` cuts the
+#: half-written report off there.
+_stdout_start: int | None = None
+
+
+def guard_stdout() -> None:
+    """Make every failed write to stdout raise, once, at the start of a command.
+
+    Started with stdout closed, Python has None there: a stand-in that refuses the first write takes its place
+    (descriptor 1 is held by ``/dev/null``, so no file opened later becomes the stdout of a child process).
+    Under ``PYTHONUNBUFFERED`` (``python -u``, common in containers) stdout's text layer writes straight to the
+    file and drops what a short write left (a disk that fills mid-report): half a JSON document and exit 0. A
+    buffer, flushed at each line, goes between; it writes the rest or raises."""
+    global _stdout_start
+    out = sys.stdout
+    if out is None:
+        try:
+            os.fstat(1)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            if fd != 1:
+                os.close(fd)
+        sys.stdout = _ClosedStdout()
+        return
+    if isinstance(out, io.TextIOWrapper) and isinstance(out.buffer, io.RawIOBase):
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding, errors=out.errors,
+                                      line_buffering=True)
+    _stdout_start = _own_file_offset(sys.stdout)
+
+
+def _own_file_offset(stream) -> int | None:
+    """Where ``stream`` writes in a regular file that stderr does not share (``> out.json``, not ``> log 2>&1``,
+    whose warnings a cut would lose), or None."""
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            err = os.fstat(sys.stderr.fileno())
+            if (err.st_dev, err.st_ino) == (st.st_dev, st.st_ino):
+                return None
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
+def undo_stdout() -> None:
+    """A write to stdout failed: cut the file it goes to back to where this run started writing it, so that what
+    reads ``out.json`` later finds no report rather than half of one. What is still buffered goes to
+    ``/dev/null`` (the interpreter's final flush would fail again, and say so on stderr)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return                  # not a file (tests capture it)
+    try:
+        if _stdout_start is not None:
+            os.ftruncate(fd, _stdout_start)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass

@@ -23,6 +23,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,6 +46,8 @@ class Case:
     then: Callable | None = None   # then(d, stdout): checks what a case that works wrote
     stdout_json: bool = False      # stdout must be one JSON document (what a program reads from --json)
     env: dict | None = None        # environment variables set for the case (it then runs in a child process)
+    room: int | None = None        # a disk that fills: no file may grow past this many bytes, stdout to a file
+    stdout_closed: bool = False    # started with stdout closed (>&-), in a child process
 
 
 def _digest(d):
@@ -59,12 +62,16 @@ def _digest(d):
     return out
 
 
-def _run(argv, cwd, *, child, env=None):
-    if child or env:
+def _run(argv, cwd, *, child, env=None, room=None, stdout_closed=False):
+    if child or env or room or stdout_closed:
         env = dict(os.environ, **(env or {}), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        p = subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, cwd=cwd,
-                           env=env, timeout=120, errors="surrogateescape")    # a file name's bytes, as printed
-        return p.returncode, p.stdout, p.stderr
+        with tempfile.TemporaryFile() as out:
+            p = subprocess.run([sys.executable, "-m", "allocsim", *argv], stdout=out if room else subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, timeout=120,
+                               errors="surrogateescape",      # a file name's bytes, as printed
+                               preexec_fn=_limited(room, stdout_closed) if room or stdout_closed else None)
+            out.seek(0)
+            return p.returncode, out.read().decode() if room else p.stdout, p.stderr
     import contextlib
     import io
 
@@ -81,6 +88,18 @@ def _run(argv, cwd, *, child, env=None):
     finally:
         os.chdir(old)
     return status, out.getvalue(), err.getvalue()
+
+
+def _limited(room, stdout_closed):
+    """What the child does before it starts allocsim: a disk with ``room`` bytes left (RLIMIT_FSIZE: a write past
+    it is cut short, the next fails, as on a disk that fills), a stdout closed (``>&-``)."""
+    def limit():
+        if room:
+            import resource
+            resource.setrlimit(resource.RLIMIT_FSIZE, (room, room))
+        if stdout_closed:
+            os.close(1)
+    return limit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1248,7 +1267,43 @@ HUNT_6: list[Case] = [
          expect="argument --dask-local: expected a positive integer, got '1_0'", outputs=["r.csv", "r.csv.partial"]),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
+# issue 29 (helper hard2): outputs that vanish or land on the user's files. A disk that fills is a limit on a file's
+# size (RLIMIT_FSIZE: "File too large", as "No space left on device" would be); PYTHONUNBUFFERED=1 (python -u, common
+# in containers) has stdout's text layer write straight to the file, where a short write went unnoticed
+_UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
+_BUFFERED = {"PYTHONUNBUFFERED": ""}
+_STDOUT_FULL = "allocsim: standard output: File too large"
+_STDOUT_CLOSED = "allocsim: standard output is closed (started with >&-): the report could not be written"
+
+
+def _stdout_full(id_: str, argv: list, env=_UNBUFFERED) -> Case:
+    """A report to a stdout on a disk with 256 bytes left: one line, exit 2, and no half report in the file."""
+    return Case(id_, argv, room=256, env=env, expect=_STDOUT_FULL, stdout_empty=True)
+
+
+def _stdout_closed(id_: str, argv: list) -> Case:
+    return Case(id_, argv, stdout_closed=True, expect=_STDOUT_CLOSED)
+
+
+FILLS: list[Case] = [
+    _stdout_full("replay-json-to-a-full-disk", ["replay", "{trace}", "-p", "split", "--json"]),
+    _stdout_full("info-json-to-a-full-disk", ["info", "{trace}", "--json"]),
+    _stdout_full("compare-json-to-a-full-disk", ["compare", "{trace}", "-p", "split,none", "-j", "1", "--json"]),
+    _stdout_full("tune-json-to-a-full-disk", ["tune", "{trace}", "--no-fit", "-j", "1", "--json"]),
+    _stdout_full("fit-json-to-a-full-disk", ["fit", "{trace}", "-p", "none", "-j", "1", "--json"]),
+    _stdout_full("policies-to-a-full-disk", ["policies"]),
+    _stdout_full("replay-text-to-a-full-disk", ["replay", "{trace}", "-p", "split"]),
+    _stdout_full("replay-json-to-a-full-disk-buffered", ["replay", "{trace}", "-p", "split", "--json"], env=_BUFFERED),
+    _stdout_full("help-to-a-full-disk", ["replay", "--help"]),
+    _stdout_closed("replay-json-to-a-closed-stdout", ["replay", "{trace}", "-p", "split", "--json"]),
+    _stdout_closed("info-json-to-a-closed-stdout", ["info", "{trace}", "--json"]),
+    _stdout_closed("compare-json-to-a-closed-stdout", ["compare", "{trace}", "-p", "split", "-j", "1", "--json"]),
+    _stdout_closed("tune-json-to-a-closed-stdout", ["tune", "{trace}", "--no-fit", "-j", "1", "--json"]),
+    _stdout_closed("replay-text-to-a-closed-stdout", ["replay", "{trace}", "-p", "split"]),
+    _stdout_closed("version-to-a-closed-stdout", ["--version"]),
+]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 + FILLS
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -1260,7 +1315,8 @@ def test_hostile(case, tmp_path):
         case.setup(d)
     before = _digest(d)
     argv = [a.format(d=d, trace=trace) for a in case.argv]
-    status, out, err = _run(argv, d, child=case.subprocess, env=case.env)
+    status, out, err = _run(argv, d, child=case.subprocess, env=case.env, room=case.room,
+                            stdout_closed=case.stdout_closed)
     assert status == case.status, (status, out, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err

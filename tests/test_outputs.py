@@ -382,9 +382,10 @@ def test_closed_pipe_ends_quietly_with_141(trace, argv):
 
 
 def test_closed_stdout_is_no_traceback(trace):
+    """A report with nowhere to go is one line and exit 2 (issue 29: it was exit 0, nothing written)."""
     r = subprocess.run(f"{shlex.quote(sys.executable)} -m allocsim info {shlex.quote(trace)} >&-", shell=True,
                        env=ENV, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "standard output is closed" in r.stderr, r.stderr
 
 
 def test_version():
