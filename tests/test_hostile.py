@@ -31,6 +31,8 @@ import pytest
 
 from conftest import ROOT, random_trace
 
+from allocsim.commands.sweep import PARTIAL_MARK  # noqa: E402
+
 
 @dataclass
 class Case:
@@ -210,6 +212,7 @@ def _plugin(raising: str):
 
 _COSTS = '{"malloc_points": [[0, 1e-6], [1073741824, 1e-3]], "pool_hit_s": %s}'
 _ROW = {"cell": "x", "policy": "split"}
+_MARK = PARTIAL_MARK.decode()       # what a sweep's partial table starts with
 
 MALFORMED: list[Case] = [
     Case("meta-total-memory-string-info", ["info", "{d}/bad.bin"], trace_with({"device": {"total_memory": "lots"}}),
@@ -309,10 +312,11 @@ MALFORMED: list[Case] = [
     Case("cost-model-binary", ["fit", "{trace}", "--cost-model", "{d}/c.json"], text_file("c.json", b"\xff\xfe{}"),
          expect="c.json: byte 0: not UTF-8"),
     Case("sweep-partial-foreign-row", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
-         text_file("r.csv.partial", json.dumps(_ROW) + "\n"), expect="r.csv.partial: line 1: not a row of this sweep",
+         text_file("r.csv.partial", _MARK + json.dumps(_ROW) + "\n"), expect="r.csv.partial: line 2: not a row of this sweep",
          outputs=["r.csv"]),
     Case("sweep-partial-row-list", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
-         text_file("r.csv.partial", "[1, 2]\n[3]\n"), expect="line 1: not a row of this sweep", outputs=["r.csv"]),
+         text_file("r.csv.partial", _MARK + "[1, 2]\n[3]\n"), expect="line 2: not a row of this sweep",
+         outputs=["r.csv"]),
     Case("plugin-raises-in-init", ["replay", "{trace}", "-p", "./p.py:Pool"], _plugin("__init__"),
          expect="policy './p.py:Pool' failed while being set up: RuntimeError: boom (raised at", stdout_empty=True),
     Case("plugin-malloc-raises-replay", ["replay", "{trace}", "-p", "p.py:Pool"], _plugin("malloc"),
@@ -902,7 +906,7 @@ def _partial_row(policy, runtime):
         cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
         row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
         with open(os.path.join(d, "r.csv.partial"), "w") as f:
-            f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+            f.write(_MARK + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
                                     trace_bytes=os.path.getsize(cell.trace)), sort_keys=True) + "\n")
     return setup
 
@@ -1009,7 +1013,7 @@ HUNT_5: list[Case] = [
          _copy_fixture("hooks.jsonl"), stdout_empty=True, expect="it is a CuPy DebugPrintHook log; import it first"),
     Case("sweep-resumed-under-other-options", ["sweep", "{trace}", "-p", "split", "--runtime", "gc", "--gc-every",
                                                "1MB", "-j", "1", "-o", "{d}/r.csv"], _partial_row("split", "gc"),
-         expect="r.csv.partial: line 1: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
+         expect="r.csv.partial: line 2: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
                 "or --backend differ", outputs=["r.csv"], stdout_empty=True),
     Case("info-metadata-escape-sequences", ["info", "{d}/bad.bin"],
          trace_with({"device": {"name": "H100\x1b]0;pwned\x07", "total_memory": 1 << 30}, "command": "a\rb\x1b[2J"}),
@@ -1301,6 +1305,42 @@ FILLS: list[Case] = [
     _stdout_closed("tune-json-to-a-closed-stdout", ["tune", "{trace}", "--no-fit", "-j", "1", "--json"]),
     _stdout_closed("replay-text-to-a-closed-stdout", ["replay", "{trace}", "-p", "split"]),
     _stdout_closed("version-to-a-closed-stdout", ["--version"]),
+    # a sweep's partial table beside the output is the sweep's only if it says so: the user's is refused, left as it is
+    Case("sweep-beside-the-users-partial-file", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
+         text_file("r.csv.partial", "my notes on r.csv\n"), outputs=["r.csv"],
+         expect="allocsim: {d}/r.csv.partial: line 1: exists and is not a partial table a sweep wrote"),
+    Case("sweep-beside-the-users-one-line-partial-file", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o",
+                                                          "{d}/r.csv"], text_file("r.csv.partial", "{\"draft"),
+         outputs=["r.csv"], expect="r.csv.partial: line 1: exists and is not a partial table a sweep wrote"),
+    Case("sweep-beside-the-users-empty-partial-file", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o",
+                                                       "{d}/r.csv"], text_file("r.csv.partial", ""),
+         outputs=["r.csv"], expect="r.csv.partial: line 1: exists and is not a partial table a sweep wrote"),
+    Case("sweep-partial-a-link-to-the-users-notes", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/q.csv"],
+         lambda d: (_write("notes.txt", "notes\n")(d), os.symlink("notes.txt", os.path.join(d, "q.csv.partial"))),
+         outputs=["q.csv"], expect="allocsim: {d}/q.csv.partial: is a symbolic link, not a partial table a sweep wrote"),
+    Case("sweep-partial-a-link-to-a-sweeps-partial", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o",
+                                                      "{d}/q.csv"],
+         lambda d: (_write("r.csv.partial", _MARK)(d), os.symlink("r.csv.partial", os.path.join(d, "q.csv.partial"))),
+         outputs=["q.csv"], expect="q.csv.partial: is a symbolic link"),
+    Case("sweep-partial-a-fifo", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/q.csv"],
+         lambda d: os.mkfifo(os.path.join(d, "q.csv.partial")), outputs=["q.csv"], expect="q.csv.partial: -o: is a pipe"),
+    # every file output on the same disk: one line naming the file, exit 2, nothing half-written left
+    Case("compare-csv-on-a-full-disk", ["compare", "{trace}", "-p", "split,none", "-j", "1", "--csv", "{d}/c.csv"],
+         room=256, expect="allocsim: {d}/c.csv: cannot write: File too large", outputs=["c.csv"]),
+    Case("sweep-on-a-full-disk", ["sweep", "{trace}", "-p", "split,none", "-j", "1", "-o", "{d}/x.csv"], room=256,
+         expect="allocsim: {d}/x.csv.partial: cannot write: File too large", outputs=["x.csv", "x.csv.partial"]),
+    Case("sweep-jsonl-on-a-full-disk", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/x.jsonl"], room=256,
+         expect="allocsim: {d}/x.jsonl.partial: cannot write: File too large",
+         outputs=["x.jsonl", "x.jsonl.partial"]),
+    Case("plot-on-a-full-disk", ["plot", "{trace}", "-p", "split", "-o", "{d}/m.png"], room=4096,
+         expect="allocsim: {d}/m.png: cannot write: File too large", outputs=["m.png"], stdout_empty=True),
+    Case("replay-snapshot-on-a-full-disk", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/s.pickle"],
+         room=256, expect="allocsim: {d}/s.pickle: cannot write: File too large", outputs=["s.pickle"],
+         stdout_empty=True),
+    Case("synth-on-a-full-disk", ["synth", "mlp", "-q", "-o", "{d}/s.bin"], room=256,
+         expect="allocsim: {d}/s.bin: cannot write: File too large", outputs=["s.bin"], stdout_empty=True),
+    Case("import-on-a-full-disk", ["import", "{d}/log.csv", "-o", "{d}/o.bin"], setup=_copy_fixture("log.csv"),
+         room=256, expect="allocsim: {d}/o.bin: cannot write: File too large", outputs=["o.bin"], stdout_empty=True),
 ]
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 + FILLS

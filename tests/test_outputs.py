@@ -262,7 +262,9 @@ def test_a_signal_stops_a_dask_sweep_with_its_two_lines(tmp_path, signum):
     partial = tmp_path / "sw.csv.partial"
     try:
         t0 = time.time()
-        while not (partial.exists() and partial.stat().st_size) and p.poll() is None and time.time() - t0 < 90:
+        from allocsim.commands.sweep import PARTIAL_MARK
+        while not (partial.exists() and partial.stat().st_size > len(PARTIAL_MARK)) and p.poll() is None \
+                and time.time() - t0 < 90:              # a row after the sweep's mark
             time.sleep(0.05)
         os.killpg(p.pid, signum)                    # as a terminal's Ctrl-C, or a shutdown, reaches the group
         _, err = p.communicate(timeout=60)
