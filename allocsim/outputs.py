@@ -148,7 +148,8 @@ def notice_stale(directory: str) -> None:
         keep = f" ({len(traces)} unfinished trace{'s' if len(traces) > 1 else ''}, readable: allocsim info " \
                f"{shlex.quote(traces[0])})" if traces else ""
         print(f"allocsim: note: {len(stale)} temporary file{'s' if len(stale) > 1 else ''} ({fmt_bytes(size)}) "
-              f"left in {directory} by a killed run{keep}; remove with: rm -- {' '.join(map(shlex.quote, stale))}",
+              f"left in {directory} by a killed run{keep}; remove with: rm {'-r ' * any(map(os.path.isdir, stale))}-- "
+              f"{' '.join(map(shlex.quote, stale))}",
               file=sys.stderr)
 
 
@@ -337,6 +338,52 @@ def _publish(tmp: str, path: str) -> None:
         raise InputError(f"{kept} appeared there while this run worked (another run writing it?); it is kept: "
                          f"pass --force to replace it", path=path, position=flag)
     os.replace(tmp, path)
+
+
+@contextmanager
+def atomic_folder(path: str, last: str = "index.html"):
+    """Yield a temporary folder beside the folder ``path`` to write a set of files into (a report); they land in
+    ``path`` only if the block succeeds, so a disk that fills leaves ``path`` as it was, never half a report.
+
+    A new ``path`` is the temporary renamed; into an existing one each file is renamed, ``last`` (the page that
+    links the others) last: renames take no room. An error naming a file in the temporary names it in ``path``.
+    The temporary is removed however the block ends, a signal included."""
+    import shutil
+    given, path = path, os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = temp_path(path)
+    with signals_unwind():
+        try:
+            try:
+                os.mkdir(tmp)
+                yield tmp
+                if not os.path.exists(path):
+                    os.rename(tmp, path)
+                    return
+                for name in sorted(os.listdir(tmp), key=lambda n: (n == last, n)):
+                    os.replace(os.path.join(tmp, name), os.path.join(path, name))
+            except OSError as e:
+                if e.filename and not _inside(e.filename, tmp):
+                    raise
+                raise InputError(f"cannot write: {e.strerror or e}", path=_named_in(e.filename or tmp, tmp, given)) \
+                    from None
+            except InputError as e:
+                if e.path and _inside(e.path, tmp):
+                    raise InputError(e.what, path=_named_in(e.path, tmp, given), position=e.position) from None
+                raise
+        finally:
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _inside(name, folder: str) -> bool:
+    return isinstance(name, str) and (os.path.abspath(name) + os.sep).startswith(folder + os.sep)
+
+
+def _named_in(name: str, tmp: str, path: str) -> str:
+    """``name``, a file in the temporary folder ``tmp``, as the user knows it: in ``path``, as they spelled it."""
+    rel = os.path.relpath(os.path.abspath(name), tmp)
+    return path if rel == "." else os.path.join(path, rel)
 
 
 @contextmanager

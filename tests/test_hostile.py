@@ -1422,3 +1422,23 @@ def test_an_import_past_32_bit_object_ids_is_one_line(monkeypatch, tmp_path):
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "log.csv: cannot be a trace: more than 4,294,967,295 allocations (an object id is 32 bits)" in err, err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("before", ["none", "an-old-report"])
+def test_a_report_on_a_disk_that_fills_leaves_the_folder_as_it_was(before, tmp_path):
+    """issue 29: ``plot --report DIR`` on a disk that fills left a half-written report (the pictures drawn so far
+    beside an old index.html, or a new folder without one); now the report is written whole or not at all, and
+    the one line names the picture that did not fit where the user looks for it."""
+    d = str(tmp_path)
+    random_trace(400, seed=7, marks_every=100).save(os.path.join(d, "t.bin"))
+    if before == "an-old-report":
+        _write("rep/index.html", "<html><title>allocsim report — old</title></html>")(d)
+        _write("rep/memory.png", b"an old picture")(d)
+    was = _digest(d)
+    status, out, err = _run(["plot", "t.bin", "-p", "split", "-j", "1", "--report", "rep"], d, child=True,
+                            room=16384)
+    assert status == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == "allocsim: rep/memory.png: cannot write: File too large", err
+    assert _digest(d) == was and sorted(os.listdir(d)) == sorted(["t.bin"] + ["rep"] * (before != "none")), \
+        os.listdir(d)
+    assert out == "", out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError, UsageError
-from ..outputs import add_force_argument, claim_outputs
+from ..outputs import add_force_argument, atomic_folder, claim_outputs
 from ..sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
                       load_trace, plural, policy_specs, replay_settings, split_list)
@@ -177,14 +177,12 @@ def run(args) -> int:
         need(what)
         phases.end(steps[what])
     phases.start(f"{len(KINDS)} pictures")
-    os.makedirs(args.report, exist_ok=True)
     ext = ".svg" if args.svg else ".png"
-    written = {kind: draw(kind, os.path.join(args.report, kind + ext)) for kind in KINDS}
-    images = [(TITLES[k], os.path.basename(p)) for k, p in written.items()]
-    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS,
-                     cap_text)
+    with atomic_folder(args.report) as folder:      # the whole report or none of it (a disk that fills)
+        images = [(TITLES[kind], os.path.basename(draw(kind, os.path.join(folder, kind + ext)))) for kind in KINDS]
+        index_html(folder, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS, cap_text)
     phases.end(f"{len(KINDS)} pictures and index.html")
-    for p in written.values():
-        print(p)
-    print(idx)
+    for _, name in images:
+        print(os.path.join(args.report, name))
+    print(os.path.join(args.report, "index.html"))
     return 0
