@@ -1343,7 +1343,44 @@ FILLS: list[Case] = [
          room=256, expect="allocsim: {d}/o.bin: cannot write: File too large", outputs=["o.bin"], stdout_empty=True),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 + FILLS
+
+def _cap_is(expected):
+    """A ``then`` check: the JSON of a replay, tune (one object) or compare (rows) was run under the cap
+    ``expected(trace)`` bytes, from the case's trace."""
+    def then(d, out):
+        from allocsim.trace import Trace
+        doc = json.loads(out)
+        caps = {r["cap_bytes"] for r in doc} if isinstance(doc, list) else {doc["cap_bytes"]}
+        assert caps == {expected(Trace.load(os.path.join(d, "t.bin")))}, caps
+    return then
+
+
+_RELATIVE_CAPS = [      # --cap as a user types it: 1.2x of the trace's LOAD, 90% of the device (as PyTorch's fraction)
+    Case("replay-cap-a-multiple-of-load", ["replay", "{trace}", "-p", "split", "--cap", "1.2x", "--json"], status=0,
+         stderr_lines=0, then=_cap_is(lambda t: int(1.2 * t.load_bytes))),
+    Case("tune-cap-a-multiple-of-load", ["tune", "{trace}", "--no-fit", "-j", "1", "--cap", "1.5X", "--json"],
+         status=0, stderr_lines=0, then=_cap_is(lambda t: int(1.5 * t.load_bytes))),
+    Case("compare-caps-a-share-of-the-capacity", ["compare", "{trace}", "-p", "split", "-j", "1", "--capacity", "10GB",
+                                                  "--caps", "90%", "--json"], status=0, stderr_lines=0,
+         then=_cap_is(lambda t: int(0.9 * 10**9 * 10))),
+] + [Case(f"{argv[0]}-cap-{name}", [*argv, f"{flag}={bad}"], stdout_empty=True, expect=f"{flag}: {expect}",
+          outputs=["r.csv", "r.csv.partial", "m.png"])
+     for *argv, flag in (["replay", "{trace}", "--cap"], ["compare", "{trace}", "-p", "split", "-j", "1", "--caps"],
+                         ["tune", "{trace}", "--no-fit", "-j", "1", "--cap"],
+                         ["plot", "{trace}", "-p", "split", "-o", "{d}/m.png", "--caps"],
+                         ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv", "--caps"])
+     for name, bad, expect in (
+         ("x-twice", "1.2xx", "cannot parse cap '1.2xx' (examples: 8GB, none, 1.2x: 1.2 × the trace's LOAD, 90%: of "
+                              "the device's memory)"),
+         ("a-negative-share", "-5%", "negative size '-5%'"),
+         ("zero-times-load", "0x", "'0x' caps at 0 bytes; a cap is more than 0 (none: no cap)"),
+         ("twice-the-device", "200%", "'200%' is more than all of "),
+         ("past-any-float", "1e999x", "'1e999x' is out of range"),
+         ("a-share-of-no-device", "90%", "'90%' is a share of the device's memory, which is not known here (no "
+                                         "--capacity, none recorded in the trace); give --capacity"))]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
+    + FILLS + _RELATIVE_CAPS
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

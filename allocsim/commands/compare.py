@@ -26,7 +26,8 @@ def add_arguments(p, *, many_traces: bool = False):
     else:
         p.add_argument("trace", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each rank)")
     add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
-    p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
+    p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,1.2x,90%% (x: of the "
+                                                  "trace's LOAD; %%: of the device's memory)")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
     add_jobs_argument(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -44,7 +45,6 @@ def add_arguments(p, *, many_traces: bool = False):
 def build_cells(args) -> tuple[list[Cell], Settings]:
     trace = load_trace(args.trace)              # validate once, up front
     specs = policy_specs(args.policies, options=args.policy_opt)
-    caps = caps_arg(args.caps)
     runtimes = split_list(args.runtime, "--runtime")
     from ..runtime import RUNTIMES
     from ..errors import UsageError
@@ -52,6 +52,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
         if r not in RUNTIMES:
             raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
     capacity = capacity_arg(args.capacity)
+    caps = caps_arg(args.caps, trace, capacity)
     check_caps(caps, capacity, trace, "--caps")
     settings = Settings(replay_settings(args), sections=getattr(args, "sections", False))
     cells = [Cell(args.trace, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]

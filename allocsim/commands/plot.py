@@ -25,7 +25,8 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     add_policies_argument(p, "split,binned,torch,cupy,bestfit")
     p.add_argument("--caps", default="none",
-                   help="caps for the bars and GC pictures, e.g. none,4GB; the first also for memory and latency")
+                   help="caps for the bars and GC pictures, e.g. none,4GB,1.2x,90%%; the first also for memory and "
+                        "latency")
     p.add_argument("--kind", choices=KINDS, help="which picture with -o (default memory)")
     p.add_argument("-o", "--output", help="output file (.png, .svg or .pdf) for one picture")
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
@@ -53,9 +54,10 @@ def check_arguments(args) -> None:
         raise UsageError("--kind is for -o; --report draws every kind")
 
 
-def parse_caps(text: str) -> dict:
-    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order."""
-    return dict(zip(caps_arg(text), split_list(text, "--caps")))
+def parse_caps(text: str, trace=None) -> dict:
+    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order
+    (``1.2x``, ``90%``: of ``trace``)."""
+    return dict(zip(caps_arg(text, trace), split_list(text, "--caps")))
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
@@ -133,7 +135,7 @@ def run(args) -> int:
     trace = load_trace(args.trace)
     specs = policy_specs(args.policies)
     labels = [spec.label for spec in specs]
-    cap_text = parse_caps(args.caps)
+    cap_text = parse_caps(args.caps, trace)
     caps = list(cap_text)
     settings = Settings(replay_settings(args))
     style = {"styles": plots.policy_styles(labels)}
