@@ -1,8 +1,6 @@
 """`allocsim compare`: policies × caps × runtimes side by side, one replay per cell, in parallel."""
 from __future__ import annotations
 
-import sys
-
 from ..capacity import check_caps
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
@@ -10,6 +8,7 @@ from ..report.text import breakdown_table, compare_table, row_sections, trace_he
 from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
                       load_trace, policy_specs, replay_settings, split_list)
+from ._progress import count_progress
 from ._ranks import each_rank
 
 NAME = "compare"
@@ -66,13 +65,16 @@ def run(args) -> int:
 def run_one(args) -> int:
     claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
     cells, settings = build_cells(args)
-    bar = None
-    if not (args.quiet or args.json) and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=len(cells), desc="compare", unit="run", leave=False)
-    rows = run_cells(cells, settings, jobs=args.jobs, on_row=(lambda c, r: bar.update()) if bar else None)
-    if bar:
-        bar.close()
+    update, close = count_progress("compare", len(cells), "replays", args.quiet or args.json)  # off a terminal: lines
+    finished = [0]
+
+    def on_row(cell, row):
+        finished[0] += 1
+        update(finished[0])
+    try:
+        rows = run_cells(cells, settings, jobs=args.jobs, on_row=on_row)
+    finally:
+        close()
     if args.csv:
         write_rows(rows, args.csv, "csv")
     if args.json:

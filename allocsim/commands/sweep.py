@@ -19,6 +19,7 @@ from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..sweep import Cell, run_cells
 from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
+from ._progress import count_progress
 from ._ranks import traces_of
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
@@ -201,27 +202,23 @@ def _table_format(output: str, given: str | None) -> str:
 def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> list[dict]:
     """Run the cells not done yet, each row appended to ``log`` (a descriptor) as it comes (marked ``shared``, `shared_key`);
     return every row, in cell order."""
-    bar = None
+    update, close = count_progress("sweep", len(todo), "cells", args.quiet)    # off a terminal: a line now and then
+    finished = [0]
     try:
         with dask_cluster(args) as (executor, _):
-            if not args.quiet and sys.stderr.isatty():
-                from tqdm import tqdm
-                bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
-
             def on_row(cell, row):
                 row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace))
                 row.pop("sections", None)
                 row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
                 _append(log, (json.dumps(row, sort_keys=True) + "\n").encode(), partial)
-                if bar:
-                    bar.update()
+                finished[0] += 1
+                update(finished[0])
             run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
     except BaseException:           # interrupted or failed: say what is kept and how to go on
         _tell_what_is_kept(log, partial, len(cells), shared)
         raise
     finally:
-        if bar:
-            bar.close()
+        close()
     rows = _done_rows(partial, shared)
     ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
     for r in ordered:
