@@ -168,3 +168,26 @@ def test_sweep_and_compare_say_their_progress_off_a_terminal(monkeypatch, tmp_pa
     status, err = _in_process("compare", path, "-p", "none,split", "-j", "1")
     assert status == 0 and err.startswith("allocsim compare: 1 of 2 replays in "), err
     assert _in_process("compare", path, "-p", "none,split", "-j", "1", "-q") == (0, "")
+
+
+def test_fit_lines_give_each_policy_its_own_replays_time_and_estimate_from_the_replays_left(monkeypatch):
+    """issue 29: under -j the walks run side by side, and a policy's line took the wall time since the line before
+    (the first had all of them, the next almost nothing); its first estimate, that time × the policies left, was 7×
+    too long. A line now has the policy's own replays' time, and the estimate the replays the walks still need."""
+    import types
+    from math import inf
+    from allocsim.commands.fit import _FitProgress
+    from allocsim.spec import PolicySpec
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stderr", out)
+    progress = _FitProgress([PolicySpec.parse("split"), PolicySpec.parse("torch")], False, 2, False, lambda n: None)
+    walks = [types.SimpleNamespace(done=False, replays=0, left=lambda: 4.0),
+             types.SimpleNamespace(done=False, replays=0, left=lambda: inf)]
+    for _ in range(3):                  # side by side: split's replays take 1 s, torch's 3 s
+        progress.replayed(walks, 0, 1.0)
+        progress.replayed(walks, 1, 3.0)
+    walks[1].done, walks[1].replays = True, 3
+    progress.fitted(1, {"replays": 3})
+    per_replay = (3 * 1.0 + 3 * 3.0) / 6
+    assert out.getvalue() == f"allocsim fit: torch: 3 replays in 9.0s (1 of 2 policies; about " \
+                             f"{per_replay * 4.0 / 2:.0f}s left)\n"
