@@ -159,7 +159,7 @@ def _write_failed(e: OSError, *, debug: bool) -> int:
     if debug:
         raise e
     name = e.filename or _unnamed_writer(e)
-    if not e.filename:
+    if not e.filename and (e.errno in _WRITE_FAILED or e.errno == errno.EBADF):     # stdout's write
         undo_stdout()
     print(f"allocsim: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
     return 2

@@ -388,9 +388,11 @@ def _named_in(name: str, tmp: str, path: str) -> str:
 
 @contextmanager
 def atomic_open(path: str, mode: str = "w"):
-    """Open a temporary file beside ``path``; it becomes ``path`` only if the block succeeds."""
+    """Open a temporary file beside ``path``; it becomes ``path`` only if the block succeeds. A link where the
+    temporary goes (a name another run of this pid left) is not written through."""
     with atomic_path(path) as tmp:
-        with open(tmp, mode) as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with open(fd, mode) as f:
             yield f
 
 

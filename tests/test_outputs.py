@@ -256,7 +256,7 @@ def test_a_signal_stops_a_dask_sweep_with_its_two_lines(tmp_path, signum):
     assert run_cli("synth", "alloc-heavy", "-o", big, "--param", "n_allocs=100000").returncode == 0
     out = tmp_path / "sw.csv"
     p = subprocess.Popen([sys.executable, "-m", "allocsim", "sweep", big, "-p", "split,torch,cupy,bestfit,binned",
-                          "--caps", "none,20MB,30MB", "--dask-local", "2", "-o", str(out)], env=ENV,
+                          "--caps", "none,20MB,30MB", "--dask-local", "2", "-q", "-o", str(out)], env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     partial = tmp_path / "sw.csv.partial"
