@@ -20,8 +20,8 @@ from ..units import parse_cap, parse_size
 def add_replay_arguments(p, *, multi: bool = False) -> None:
     """--cap, --capacity, --runtime, --policy-opt, --cost-model, --gc-every, --keep-going, --no-fold."""
     if not multi:
-        p.add_argument("--cap", default="none", help="pool cap, e.g. 8GB (CUARRAYS_MEMORY_LIMIT), 1.2x (of the trace's LOAD) or 90%% (of the "
-                       "device's memory); default none")
+        p.add_argument("--cap", default="none", help="pool cap, e.g. 8GB (CUARRAYS_MEMORY_LIMIT), 1.2x (of the "
+                       "trace's LOAD) or 90%% (of the device's memory); default none")
         p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
                        help="eager: frees reach the pool at once; gc: frees wait for a collection")
     p.add_argument("--capacity", default="trace",
@@ -174,8 +174,8 @@ def cost_model_arg(path):
 
 def replay_settings(args, trace=None, **fixed) -> ReplaySettings:
     """The `ReplaySettings` of a command's arguments — those it has of --cap (``1.2x``, ``90%``: of ``trace``),
-    --capacity, --cost-model, --gc-every, --keep-going, --backend and --no-fold — with ``fixed`` over them: built once, handed on as it is
-    (a sweep's cells set their own cap, runtime and capacity over it)."""
+    --capacity, --cost-model, --gc-every, --keep-going, --backend and --no-fold — with ``fixed`` over them: built
+    once, handed on as it is (a sweep's cells set their own cap, runtime and capacity over it)."""
     a = vars(args)
     found = {}
     if "capacity" in a:

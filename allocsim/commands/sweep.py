@@ -200,8 +200,8 @@ def _table_format(output: str, given: str | None) -> str:
 
 
 def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> list[dict]:
-    """Run the cells not done yet, each row appended to ``log`` (a descriptor) as it comes (marked ``shared``, `shared_key`);
-    return every row, in cell order."""
+    """Run the cells not done yet, each row appended to ``log`` (a descriptor) as it comes (marked ``shared``,
+    `shared_key`); return every row, in cell order."""
     update, close = count_progress("sweep", len(todo), "cells", args.quiet)    # off a terminal: a line now and then
     finished = [0]
     try:
