@@ -16,7 +16,7 @@ from .commands._common import WARNINGS
 from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
 from .filenames import let_stdout_write_names, printable
-from .outputs import Terminated
+from .outputs import Terminated, guard_stdout, undo_stdout
 
 ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "tune", "plot", "sweep", "validate",
          "calibrate", "policies"]
@@ -58,6 +58,11 @@ class _Parser(argparse.ArgumentParser):
 
     #: The command line being parsed (`main` sets it): what an error may quote back.
     argv: list = []
+
+    def _print_message(self, message, file=None):
+        """As argparse's, but a failed write (``--help`` to a full disk or a closed stdout) is not swallowed."""
+        if message:
+            (file or sys.stderr).write(message)
 
     def error(self, message):  # one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}{self._dash_value(message)}\n")
@@ -104,7 +109,10 @@ def main(argv=None) -> int:
     _stand_in_for_closed_streams()
     parser = make_parser()
     _Parser.argv = list(argv)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except OSError as e:            # --help or --version to a full disk or a closed stdout
+        return _write_failed(e, debug="--debug" in argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -128,11 +136,7 @@ def main(argv=None) -> int:
         print(f"allocsim: {printable(str(e), keep='')}", file=sys.stderr)     # one line, whatever a plug-in raised
         return e.exit_status
     except OSError as e:          # a file system refusal the command did not foresee: still one line
-        if getattr(args, "debug", False):
-            raise
-        name = e.filename or _unnamed_writer(e)
-        print(f"allocsim: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
-        return 2
+        return _write_failed(e, debug=getattr(args, "debug", False))
     except KeyboardInterrupt:
         print("allocsim: interrupted", file=sys.stderr)
         return 130
@@ -142,11 +146,23 @@ def main(argv=None) -> int:
 
 
 def _stand_in_for_closed_streams() -> None:
-    """Started with stdout or stderr closed (``2>&-``), Python has None there: what would go to it goes
-    nowhere, and the exit status still tells (a bad input is 2, not a crash's 1)."""
-    for name in ("stdout", "stderr"):
-        if getattr(sys, name) is None:
-            setattr(sys, name, open(os.devnull, "w"))
+    """Started with stderr closed (``2>&-``), Python has None there: what would go to it goes nowhere, and
+    the exit status still tells (a bad input is 2, not a crash's 1). A stdout that cannot take the report
+    (closed, or a disk that fills) is an error: `guard_stdout`."""
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    guard_stdout()
+
+
+def _write_failed(e: OSError, *, debug: bool) -> int:
+    """One line for a write the command did not foresee failing; a failed stdout's half report is cut off."""
+    if debug:
+        raise e
+    name = e.filename or _unnamed_writer(e)
+    if not e.filename and (e.errno in _WRITE_FAILED or e.errno == errno.EBADF):     # stdout's write
+        undo_stdout()
+    print(f"allocsim: {name + ': ' if name else ''}{e.strerror or e}", file=sys.stderr)
+    return 2
 
 
 #: Errors of a write that failed for want of room or a device: every file output names itself
@@ -155,7 +171,7 @@ _WRITE_FAILED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def _unnamed_writer(e: OSError) -> str:
-    return "standard output" if e.errno in _WRITE_FAILED else ""
+    return "standard output" if e.errno in _WRITE_FAILED else ""   # EBADF: `guard_stdout`'s line names it
 
 
 def _stdout_closed() -> int:

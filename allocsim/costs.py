@@ -109,7 +109,9 @@ class CostModel:
         return asdict(self)
 
     def save(self, path: str) -> None:
-        with open(path, "w") as f:
+        """Write the model as JSON, whole or not at all (a disk that fills leaves no half a model)."""
+        from .outputs import atomic_open
+        with atomic_open(path) as f:
             json.dump(self.to_dict(), f, indent=1)
 
     @classmethod

@@ -99,6 +99,7 @@ fails), never as the answer.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass
 
 from .spec import PolicySpec
@@ -461,7 +462,8 @@ def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=N
     replays keep ``slots`` of its workers busy: each walk's next cap first, then the caps it will need next
     if the usual outcomes come (`Walk.ahead`), every walk in turn. A walk reads the outcomes in its own order,
     so every answer (and its replay count) is the sequential walk's; a replay ahead that the walk skips is
-    not counted. ``on_replay()`` hears of each replay a walk takes, ``on_fit(i, result)`` of each fit as it ends."""
+    not counted. ``on_replay(walks, i, seconds)`` hears of each replay walk ``i`` takes and how long it ran (progress:
+    `commands.fit`), ``on_fit(i, result)`` of each fit as it ends."""
     return walk_all([walk_of(**f) for f in fits], ex, slots, on_replay, on_fit)
 
 
@@ -471,9 +473,10 @@ def walk_all(walks: list[Walk], ex=None, slots: int = 1, on_replay=None, on_fit=
     if ex is None:
         for i, w in enumerate(walks):
             while not w.done:
+                t0 = time.perf_counter()
                 w.take(probe(w.task(w.need)))
                 if on_replay is not None:
-                    on_replay()
+                    on_replay(walks, i, time.perf_counter() - t0)
             if on_fit is not None:
                 on_fit(i, w.result())
         return [w.result() for w in walks]
@@ -484,24 +487,28 @@ def _walk_parallel(walks: list[Walk], ex, slots: int, on_replay, on_fit) -> list
     """`fit_many` on ``ex``: ``slots`` replays in flight (`_next_caps`), each walk taking its outcomes in order."""
     from concurrent.futures import FIRST_COMPLETED, wait
     known: list[dict] = [{} for _ in walks]     # per walk: cap -> Probe
-    flying: dict = {}                            # future -> (walk, cap)
+    took: list[dict] = [{} for _ in walks]      # per walk: cap -> seconds from submission to result: its run, as
+    flying: dict = {}                            # future -> (walk, cap, when sent)       no more than slots fly
     try:
         while True:
             for i, (w, k) in enumerate(zip(walks, known)):
                 while not w.done and w.need in k:
+                    seconds = took[i].pop(w.need, 0.0)
                     w.take(k[w.need])
                     if on_replay is not None:
-                        on_replay()
+                        on_replay(walks, i, seconds)
                     if w.done and on_fit is not None:
                         on_fit(i, w.result())
             if all(w.done for w in walks):
                 return [w.result() for w in walks]
-            for i, cap in _next_caps(walks, known, set(flying.values()), slots - len(flying)):
-                flying[ex.submit(probe, walks[i].task(cap))] = (i, cap)
+            for i, cap in _next_caps(walks, known, {(i, cap) for i, cap, _ in flying.values()},
+                                     slots - len(flying)):
+                flying[ex.submit(probe, walks[i].task(cap))] = (i, cap, time.perf_counter())
             finished, _ = wait(flying, return_when=FIRST_COMPLETED)
             for f in finished:
-                i, cap = flying.pop(f)
+                i, cap, sent = flying.pop(f)
                 known[i][cap] = f.result()
+                took[i][cap] = time.perf_counter() - sent
     finally:
         for f in flying:                # replays ahead that no walk needs any more
             f.cancel()

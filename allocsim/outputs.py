@@ -6,9 +6,12 @@ temporary beside them, named ``.NAME.allocsim-PID.tmp`` (hidden, with the pid
 of the writer), that `signals_unwind` removes on any signal that can be caught;
 a later run writing into the same folder names the ones a killed run left.
 `check_input_file` refuses, at once, inputs that cannot be read as files (pipes).
+`guard_stdout` makes a report that cannot reach stdout (a full disk, ``>&-``) an error, not a silent exit 0.
 """
 from __future__ import annotations
 
+import errno
+import io
 import os
 import re
 import shlex
@@ -145,7 +148,8 @@ def notice_stale(directory: str) -> None:
         keep = f" ({len(traces)} unfinished trace{'s' if len(traces) > 1 else ''}, readable: allocsim info " \
                f"{shlex.quote(traces[0])})" if traces else ""
         print(f"allocsim: note: {len(stale)} temporary file{'s' if len(stale) > 1 else ''} ({fmt_bytes(size)}) "
-              f"left in {directory} by a killed run{keep}; remove with: rm -- {' '.join(map(shlex.quote, stale))}",
+              f"left in {directory} by a killed run{keep}; remove with: rm {'-r ' * any(map(os.path.isdir, stale))}-- "
+              f"{' '.join(map(shlex.quote, stale))}",
               file=sys.stderr)
 
 
@@ -337,8 +341,137 @@ def _publish(tmp: str, path: str) -> None:
 
 
 @contextmanager
+def atomic_folder(path: str, last: str = "index.html"):
+    """Yield a temporary folder beside the folder ``path`` to write a set of files into (a report); they land in
+    ``path`` only if the block succeeds, so a disk that fills leaves ``path`` as it was, never half a report.
+
+    A new ``path`` is the temporary renamed; into an existing one each file is renamed, ``last`` (the page that
+    links the others) last: renames take no room. An error naming a file in the temporary names it in ``path``.
+    The temporary is removed however the block ends, a signal included."""
+    import shutil
+    given, path = path, os.path.abspath(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = temp_path(path)
+    with signals_unwind():
+        try:
+            try:
+                os.mkdir(tmp)
+                yield tmp
+                if not os.path.exists(path):
+                    os.rename(tmp, path)
+                    return
+                for name in sorted(os.listdir(tmp), key=lambda n: (n == last, n)):
+                    os.replace(os.path.join(tmp, name), os.path.join(path, name))
+            except OSError as e:
+                if e.filename and not _inside(e.filename, tmp):
+                    raise
+                raise InputError(f"cannot write: {e.strerror or e}", path=_named_in(e.filename or tmp, tmp, given)) \
+                    from None
+            except InputError as e:
+                if e.path and _inside(e.path, tmp):
+                    raise InputError(e.what, path=_named_in(e.path, tmp, given), position=e.position) from None
+                raise
+        finally:
+            if os.path.lexists(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _inside(name, folder: str) -> bool:
+    return isinstance(name, str) and (os.path.abspath(name) + os.sep).startswith(folder + os.sep)
+
+
+def _named_in(name: str, tmp: str, path: str) -> str:
+    """``name``, a file in the temporary folder ``tmp``, as the user knows it: in ``path``, as they spelled it."""
+    rel = os.path.relpath(os.path.abspath(name), tmp)
+    return path if rel == "." else os.path.join(path, rel)
+
+
+@contextmanager
 def atomic_open(path: str, mode: str = "w"):
-    """Open a temporary file beside ``path``; it becomes ``path`` only if the block succeeds."""
+    """Open a temporary file beside ``path``; it becomes ``path`` only if the block succeeds. A link where the
+    temporary goes (a name another run of this pid left) is not written through."""
     with atomic_path(path) as tmp:
-        with open(tmp, mode) as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        with open(fd, mode) as f:
             yield f
+
+
+class _ClosedStdout(io.TextIOBase):
+    """Standing in for the stdout a program was started without (``>&-``): the first write fails, so a report
+    that cannot be delivered is an error (exit 2), never a silent success that printed nothing."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise OSError(errno.EBADF, "standard output is closed (started with >&-): the report could not be "
+                                       "written")
+        return 0
+
+
+#: Where stdout's file started when `guard_stdout` ran, if stdout is a file of its own: `undo_stdout` cuts the
+#: half-written report off there.
+_stdout_start: int | None = None
+
+
+def guard_stdout() -> None:
+    """Make every failed write to stdout raise, once, at the start of a command.
+
+    Started with stdout closed, Python has None there: a stand-in that refuses the first write takes its place
+    (descriptor 1 is held by ``/dev/null``, so no file opened later becomes the stdout of a child process).
+    Under ``PYTHONUNBUFFERED`` (``python -u``, common in containers) stdout's text layer writes straight to the
+    file and drops what a short write left (a disk that fills mid-report): half a JSON document and exit 0. A
+    buffer, flushed at each line, goes between; it writes the rest or raises."""
+    global _stdout_start
+    out = sys.stdout
+    if out is None:
+        try:
+            os.fstat(1)
+        except OSError:
+            fd = os.open(os.devnull, os.O_WRONLY)
+            if fd != 1:
+                os.close(fd)
+        sys.stdout = _ClosedStdout()
+        return
+    if isinstance(out, io.TextIOWrapper) and isinstance(out.buffer, io.RawIOBase):
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding, errors=out.errors,
+                                      line_buffering=True)
+    _stdout_start = _own_file_offset(sys.stdout)
+
+
+def _own_file_offset(stream) -> int | None:
+    """Where ``stream`` writes in a regular file that stderr does not share (``> out.json``, not ``> log 2>&1``,
+    whose warnings a cut would lose), or None."""
+    try:
+        fd = stream.fileno()
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        try:
+            err = os.fstat(sys.stderr.fileno())
+            if (err.st_dev, err.st_ino) == (st.st_dev, st.st_ino):
+                return None
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass
+        return os.lseek(fd, 0, os.SEEK_CUR)
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return None
+
+
+def undo_stdout() -> None:
+    """A write to stdout failed: cut the file it goes to back to where this run started writing it, so that what
+    reads ``out.json`` later finds no report rather than half of one. What is still buffered goes to
+    ``/dev/null`` (the interpreter's final flush would fail again, and say so on stderr)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return                  # not a file (tests capture it)
+    try:
+        if _stdout_start is not None:
+            os.ftruncate(fd, _stdout_start)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    except OSError:
+        pass

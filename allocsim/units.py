@@ -6,6 +6,10 @@ Sizes accept ``8GB`` (10^9), ``8GiB`` (2^30), ``512MiB``, ``1.5TB``, ``4k``/``4K
 ``nan`` are refused, not read as "no limit": a number that is not a size is a mistake (an
 unset or mis-computed variable), and "no limit" is said in words. A count of bytes is whole:
 ``1.5`` or ``1.5B`` is refused, not rounded (``1.5KB`` is 1500 bytes).
+
+A cap (`parse_cap`) is also written relative to what it caps: ``1.2x`` (1.2 × the trace's LOAD, its peak
+live bytes) or ``90%`` (of the device's memory, as ``torch.cuda.set_per_process_memory_fraction(0.9)``
+allows); docs/cli.md.
 """
 from __future__ import annotations
 
@@ -52,6 +56,41 @@ def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False)
         raise UsageError(f"{what}: {text!r} is not a whole number of bytes (a byte count is an integer; "
                          f"or give a unit: 1.5KB)")
     return round(value)
+
+
+_SHARE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([0-9]+))?\s*([xX%])\s*$")
+
+
+def parse_cap(text: str, *, what: str = "--cap", load: int | None = None, device: int | None = None,
+              device_name: str = "the device's memory") -> int | None:
+    """A cap in bytes (None: no cap): a size or ``none`` (`parse_size`), ``1.2x`` (that multiple of ``load``, the
+    trace's LOAD) or ``90%`` (that share of ``device``, its memory, named ``device_name`` to the user; at most
+    100 %), rounded down to a byte as PyTorch rounds a memory fraction."""
+    s = str(text).strip()
+    if not s.endswith(("x", "X", "%")) or s.startswith(("-", "+")):
+        return parse_size(text, what=what, allow_none=True)
+    m = _SHARE.match(s)
+    if not m:
+        raise UsageError(f"{what}: cannot parse cap {text!r} (examples: 8GB, none, 1.2x: 1.2 × the trace's LOAD, "
+                         f"90%: of the device's memory)")
+    mantissa, exponent, unit = m.group(1), (m.group(2) or "").lstrip("0"), m.group(3).lower()
+    if len(mantissa) > 100 or len(exponent) > 2:
+        raise UsageError(f"{what}: {text!r} is out of range")
+    factor = Fraction(mantissa) * 10 ** int(exponent or 0)
+    if factor <= 0:
+        raise UsageError(f"{what}: {text!r} caps at 0 bytes; a cap is more than 0 (none: no cap)")
+    if unit == "%":
+        if factor > 100:
+            raise UsageError(f"{what}: {text!r} is more than all of {device_name}; a share is at most 100%")
+        if device is None:
+            raise UsageError(f"{what}: {text!r} is a share of the device's memory, which is not known here (no "
+                             f"--capacity, none recorded in the trace); give --capacity")
+        return int(float(factor) / 100 * device)       # as PyTorch: int(fraction * total), in doubles
+    if load is None:
+        raise UsageError(f"{what}: {text!r} is a multiple of a trace's LOAD; here give a size")
+    if factor * load > 2**62:
+        raise UsageError(f"{what}: {text!r} is out of range")
+    return int(factor * load)
 
 
 def fmt_bytes(n: float | None, digits: int = 2) -> str:

@@ -103,12 +103,12 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
     full = open(out).read()
     os.unlink(out)
     # an interrupted sweep: one finished row and a torn second line
-    from allocsim.commands.sweep import shared_key
+    from allocsim.commands.sweep import PARTIAL_MARK, shared_key
     cell = Cell(small_trace_path, "none", None, "eager", (), "trace")
     row = run_cells([cell], Settings())[0]
     row.pop("replay_seconds")
     with open(out + ".partial", "w") as f:
-        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+        f.write(PARTIAL_MARK.decode() + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
                                 trace_bytes=os.path.getsize(small_trace_path))) + "\n" + '{"trace": "tor')
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
@@ -174,11 +174,11 @@ def test_sweep_replays_again_a_trace_recorded_again(tmp_path):
     assert run_cli(*args).returncode == 0
     first = open(out).read()
     os.unlink(out)
-    from allocsim.commands.sweep import shared_key
+    from allocsim.commands.sweep import PARTIAL_MARK, shared_key
     cell = Cell(trace, "none", None, "eager", (), "trace")
     row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k != "replay_seconds"}
     with open(out + ".partial", "w") as f:          # stopped after one cell of the first recording
-        f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+        f.write(PARTIAL_MARK.decode() + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
                                 trace_bytes=os.path.getsize(trace))) + "\n")
     random_trace(300, seed=2).save(trace)           # recorded again
     res = run_cli(*args)

@@ -261,7 +261,8 @@ def test_sweep_partial_rows(row, torn):
     with _workdir() as d:
         t = os.path.join(d, "t.bin")
         _write_trace(t, _META, _FOOTER)
-        text = json.dumps(row) + "\n" + ("{\"cell" if torn else "")
+        from allocsim.commands.sweep import PARTIAL_MARK
+        text = PARTIAL_MARK.decode() + json.dumps(row) + "\n" + ("{\"cell" if torn else "")
         with open(os.path.join(d, "out.csv.partial"), "w") as f:
             f.write(text)
         _cli(["sweep", t, "--policies", "split", "-j", "1", "-o", os.path.join(d, "out.csv")], d)

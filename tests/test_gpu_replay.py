@@ -132,6 +132,7 @@ def test_torch_real_matches_torch_model(path):
     assert real["peak_reserved_bytes"] == model.peak_reserved_bytes
     assert real["final_reserved_bytes"] == model.final_reserved_bytes
     assert real["device_mallocs"] == model.device_mallocs
+    assert real["device_malloc_bytes"] == model.device_malloc_bytes     # issue 29: they were 0 B
     assert real["latency_measured"] and not model.latency_measured
 
 

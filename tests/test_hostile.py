@@ -23,12 +23,15 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
 
 from conftest import ROOT, random_trace
+
+from allocsim.commands.sweep import PARTIAL_MARK  # noqa: E402
 
 
 @dataclass
@@ -45,6 +48,8 @@ class Case:
     then: Callable | None = None   # then(d, stdout): checks what a case that works wrote
     stdout_json: bool = False      # stdout must be one JSON document (what a program reads from --json)
     env: dict | None = None        # environment variables set for the case (it then runs in a child process)
+    room: int | None = None        # a disk that fills: no file may grow past this many bytes, stdout to a file
+    stdout_closed: bool = False    # started with stdout closed (>&-), in a child process
 
 
 def _digest(d):
@@ -59,12 +64,16 @@ def _digest(d):
     return out
 
 
-def _run(argv, cwd, *, child, env=None):
-    if child or env:
+def _run(argv, cwd, *, child, env=None, room=None, stdout_closed=False):
+    if child or env or room or stdout_closed:
         env = dict(os.environ, **(env or {}), PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        p = subprocess.run([sys.executable, "-m", "allocsim", *argv], capture_output=True, text=True, cwd=cwd,
-                           env=env, timeout=120, errors="surrogateescape")    # a file name's bytes, as printed
-        return p.returncode, p.stdout, p.stderr
+        with tempfile.TemporaryFile() as out:
+            p = subprocess.run([sys.executable, "-m", "allocsim", *argv], stdout=out if room else subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=cwd, env=env, timeout=120,
+                               errors="surrogateescape",      # a file name's bytes, as printed
+                               preexec_fn=_limited(room, stdout_closed) if room or stdout_closed else None)
+            out.seek(0)
+            return p.returncode, out.read().decode() if room else p.stdout, p.stderr
     import contextlib
     import io
 
@@ -81,6 +90,18 @@ def _run(argv, cwd, *, child, env=None):
     finally:
         os.chdir(old)
     return status, out.getvalue(), err.getvalue()
+
+
+def _limited(room, stdout_closed):
+    """What the child does before it starts allocsim: a disk with ``room`` bytes left (RLIMIT_FSIZE: a write past
+    it is cut short, the next fails, as on a disk that fills), a stdout closed (``>&-``)."""
+    def limit():
+        if room:
+            import resource
+            resource.setrlimit(resource.RLIMIT_FSIZE, (room, room))
+        if stdout_closed:
+            os.close(1)
+    return limit
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,6 +212,7 @@ def _plugin(raising: str):
 
 _COSTS = '{"malloc_points": [[0, 1e-6], [1073741824, 1e-3]], "pool_hit_s": %s}'
 _ROW = {"cell": "x", "policy": "split"}
+_MARK = PARTIAL_MARK.decode()       # what a sweep's partial table starts with
 
 MALFORMED: list[Case] = [
     Case("meta-total-memory-string-info", ["info", "{d}/bad.bin"], trace_with({"device": {"total_memory": "lots"}}),
@@ -290,10 +312,12 @@ MALFORMED: list[Case] = [
     Case("cost-model-binary", ["fit", "{trace}", "--cost-model", "{d}/c.json"], text_file("c.json", b"\xff\xfe{}"),
          expect="c.json: byte 0: not UTF-8"),
     Case("sweep-partial-foreign-row", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
-         text_file("r.csv.partial", json.dumps(_ROW) + "\n"), expect="r.csv.partial: line 1: not a row of this sweep",
+         text_file("r.csv.partial", _MARK + json.dumps(_ROW) + "\n"),
+         expect="r.csv.partial: line 2: not a row of this sweep",
          outputs=["r.csv"]),
     Case("sweep-partial-row-list", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
-         text_file("r.csv.partial", "[1, 2]\n[3]\n"), expect="line 1: not a row of this sweep", outputs=["r.csv"]),
+         text_file("r.csv.partial", _MARK + "[1, 2]\n[3]\n"), expect="line 2: not a row of this sweep",
+         outputs=["r.csv"]),
     Case("plugin-raises-in-init", ["replay", "{trace}", "-p", "./p.py:Pool"], _plugin("__init__"),
          expect="policy './p.py:Pool' failed while being set up: RuntimeError: boom (raised at", stdout_empty=True),
     Case("plugin-malloc-raises-replay", ["replay", "{trace}", "-p", "p.py:Pool"], _plugin("malloc"),
@@ -883,7 +907,7 @@ def _partial_row(policy, runtime):
         cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
         row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
         with open(os.path.join(d, "r.csv.partial"), "w") as f:
-            f.write(json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
+            f.write(_MARK + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
                                     trace_bytes=os.path.getsize(cell.trace)), sort_keys=True) + "\n")
     return setup
 
@@ -990,7 +1014,7 @@ HUNT_5: list[Case] = [
          _copy_fixture("hooks.jsonl"), stdout_empty=True, expect="it is a CuPy DebugPrintHook log; import it first"),
     Case("sweep-resumed-under-other-options", ["sweep", "{trace}", "-p", "split", "--runtime", "gc", "--gc-every",
                                                "1MB", "-j", "1", "-o", "{d}/r.csv"], _partial_row("split", "gc"),
-         expect="r.csv.partial: line 1: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
+         expect="r.csv.partial: line 2: a row of a sweep under other options (--cost-model, --gc-every, --keep-going "
                 "or --backend differ", outputs=["r.csv"], stdout_empty=True),
     Case("info-metadata-escape-sequences", ["info", "{d}/bad.bin"],
          trace_with({"device": {"name": "H100\x1b]0;pwned\x07", "total_memory": 1 << 30}, "command": "a\rb\x1b[2J"}),
@@ -1248,7 +1272,118 @@ HUNT_6: list[Case] = [
          expect="argument --dask-local: expected a positive integer, got '1_0'", outputs=["r.csv", "r.csv.partial"]),
 ]
 
-CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6
+# issue 29 (helper hard2): outputs that vanish or land on the user's files. A disk that fills is a limit on a file's
+# size (RLIMIT_FSIZE: "File too large", as "No space left on device" would be); PYTHONUNBUFFERED=1 (python -u, common
+# in containers) has stdout's text layer write straight to the file, where a short write went unnoticed
+_UNBUFFERED = {"PYTHONUNBUFFERED": "1"}
+_BUFFERED = {"PYTHONUNBUFFERED": ""}
+_STDOUT_FULL = "allocsim: standard output: File too large"
+_STDOUT_CLOSED = "allocsim: standard output is closed (started with >&-): the report could not be written"
+
+
+def _stdout_full(id_: str, argv: list, env=_UNBUFFERED) -> Case:
+    """A report to a stdout on a disk with 256 bytes left: one line, exit 2, and no half report in the file."""
+    return Case(id_, argv, room=256, env=env, expect=_STDOUT_FULL, stdout_empty=True)
+
+
+def _stdout_closed(id_: str, argv: list) -> Case:
+    return Case(id_, argv, stdout_closed=True, expect=_STDOUT_CLOSED)
+
+
+FILLS: list[Case] = [
+    _stdout_full("replay-json-to-a-full-disk", ["replay", "{trace}", "-p", "split", "--json"]),
+    _stdout_full("info-json-to-a-full-disk", ["info", "{trace}", "--json"]),
+    _stdout_full("compare-json-to-a-full-disk", ["compare", "{trace}", "-p", "split,none", "-j", "1", "--json"]),
+    _stdout_full("tune-json-to-a-full-disk", ["tune", "{trace}", "--no-fit", "-j", "1", "--json"]),
+    _stdout_full("fit-json-to-a-full-disk", ["fit", "{trace}", "-p", "none", "-j", "1", "--json"]),
+    _stdout_full("policies-to-a-full-disk", ["policies"]),
+    _stdout_full("replay-text-to-a-full-disk", ["replay", "{trace}", "-p", "split"]),
+    _stdout_full("replay-json-to-a-full-disk-buffered", ["replay", "{trace}", "-p", "split", "--json"], env=_BUFFERED),
+    _stdout_full("help-to-a-full-disk", ["replay", "--help"]),
+    _stdout_closed("replay-json-to-a-closed-stdout", ["replay", "{trace}", "-p", "split", "--json"]),
+    _stdout_closed("info-json-to-a-closed-stdout", ["info", "{trace}", "--json"]),
+    _stdout_closed("compare-json-to-a-closed-stdout", ["compare", "{trace}", "-p", "split", "-j", "1", "--json"]),
+    _stdout_closed("tune-json-to-a-closed-stdout", ["tune", "{trace}", "--no-fit", "-j", "1", "--json"]),
+    _stdout_closed("replay-text-to-a-closed-stdout", ["replay", "{trace}", "-p", "split"]),
+    _stdout_closed("version-to-a-closed-stdout", ["--version"]),
+    # a sweep's partial table beside the output is the sweep's only if it says so: the user's is refused, left as it is
+    Case("sweep-beside-the-users-partial-file", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv"],
+         text_file("r.csv.partial", "my notes on r.csv\n"), outputs=["r.csv"],
+         expect="allocsim: {d}/r.csv.partial: line 1: exists and is not a partial table a sweep wrote"),
+    Case("sweep-beside-the-users-one-line-partial-file", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o",
+                                                          "{d}/r.csv"], text_file("r.csv.partial", "{\"draft"),
+         outputs=["r.csv"], expect="r.csv.partial: line 1: exists and is not a partial table a sweep wrote"),
+    Case("sweep-beside-the-users-empty-partial-file", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o",
+                                                       "{d}/r.csv"], text_file("r.csv.partial", ""),
+         outputs=["r.csv"], expect="r.csv.partial: line 1: exists and is not a partial table a sweep wrote"),
+    Case("sweep-partial-a-link-to-the-users-notes", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/q.csv"],
+         lambda d: (_write("notes.txt", "notes\n")(d), os.symlink("notes.txt", os.path.join(d, "q.csv.partial"))),
+         outputs=["q.csv"],
+         expect="allocsim: {d}/q.csv.partial: is a symbolic link, not a partial table a sweep wrote"),
+    Case("sweep-partial-a-link-to-a-sweeps-partial", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o",
+                                                      "{d}/q.csv"],
+         lambda d: (_write("r.csv.partial", _MARK)(d), os.symlink("r.csv.partial", os.path.join(d, "q.csv.partial"))),
+         outputs=["q.csv"], expect="q.csv.partial: is a symbolic link"),
+    Case("sweep-partial-a-fifo", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/q.csv"],
+         lambda d: os.mkfifo(os.path.join(d, "q.csv.partial")), outputs=["q.csv"],
+         expect="q.csv.partial: -o: is a pipe"),
+    # every file output on the same disk: one line naming the file, exit 2, nothing half-written left
+    Case("compare-csv-on-a-full-disk", ["compare", "{trace}", "-p", "split,none", "-j", "1", "--csv", "{d}/c.csv"],
+         room=256, expect="allocsim: {d}/c.csv: cannot write: File too large", outputs=["c.csv"]),
+    Case("sweep-on-a-full-disk", ["sweep", "{trace}", "-p", "split,none", "-j", "1", "-o", "{d}/x.csv"], room=256,
+         expect="allocsim: {d}/x.csv.partial: cannot write: File too large", outputs=["x.csv", "x.csv.partial"]),
+    Case("sweep-jsonl-on-a-full-disk", ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/x.jsonl"], room=256,
+         expect="allocsim: {d}/x.jsonl.partial: cannot write: File too large",
+         outputs=["x.jsonl", "x.jsonl.partial"]),
+    Case("plot-on-a-full-disk", ["plot", "{trace}", "-p", "split", "-o", "{d}/m.png"], room=4096,
+         expect="allocsim: {d}/m.png: cannot write: File too large", outputs=["m.png"], stdout_empty=True),
+    Case("replay-snapshot-on-a-full-disk", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/s.pickle"],
+         room=256, expect="allocsim: {d}/s.pickle: cannot write: File too large", outputs=["s.pickle"],
+         stdout_empty=True),
+    Case("synth-on-a-full-disk", ["synth", "mlp", "-q", "-o", "{d}/s.bin"], room=256,
+         expect="allocsim: {d}/s.bin: cannot write: File too large", outputs=["s.bin"], stdout_empty=True),
+    Case("import-on-a-full-disk", ["import", "{d}/log.csv", "-o", "{d}/o.bin"], setup=_copy_fixture("log.csv"),
+         room=256, expect="allocsim: {d}/o.bin: cannot write: File too large", outputs=["o.bin"], stdout_empty=True),
+]
+
+
+def _cap_is(expected):
+    """A ``then`` check: the JSON of a replay, tune (one object) or compare (rows) was run under the cap
+    ``expected(trace)`` bytes, from the case's trace."""
+    def then(d, out):
+        from allocsim.trace import Trace
+        doc = json.loads(out)
+        caps = {r["cap_bytes"] for r in doc} if isinstance(doc, list) else {doc["cap_bytes"]}
+        assert caps == {expected(Trace.load(os.path.join(d, "t.bin")))}, caps
+    return then
+
+
+_RELATIVE_CAPS = [      # --cap as a user types it: 1.2x of the trace's LOAD, 90% of the device (as PyTorch's fraction)
+    Case("replay-cap-a-multiple-of-load", ["replay", "{trace}", "-p", "split", "--cap", "1.2x", "--json"], status=0,
+         stderr_lines=0, then=_cap_is(lambda t: int(1.2 * t.load_bytes))),
+    Case("tune-cap-a-multiple-of-load", ["tune", "{trace}", "--no-fit", "-j", "1", "--cap", "1.5X", "--json"],
+         status=0, stderr_lines=0, then=_cap_is(lambda t: int(1.5 * t.load_bytes))),
+    Case("compare-caps-a-share-of-the-capacity", ["compare", "{trace}", "-p", "split", "-j", "1", "--capacity", "10GB",
+                                                  "--caps", "90%", "--json"], status=0, stderr_lines=0,
+         then=_cap_is(lambda t: int(0.9 * 10**9 * 10))),
+] + [Case(f"{argv[0]}-cap-{name}", [*argv, f"{flag}={bad}"], stdout_empty=True, expect=f"{flag}: {expect}",
+          outputs=["r.csv", "r.csv.partial", "m.png"])
+     for *argv, flag in (["replay", "{trace}", "--cap"], ["compare", "{trace}", "-p", "split", "-j", "1", "--caps"],
+                         ["tune", "{trace}", "--no-fit", "-j", "1", "--cap"],
+                         ["plot", "{trace}", "-p", "split", "-o", "{d}/m.png", "--caps"],
+                         ["sweep", "{trace}", "-p", "split", "-j", "1", "-o", "{d}/r.csv", "--caps"])
+     for name, bad, expect in (
+         ("x-twice", "1.2xx", "cannot parse cap '1.2xx' (examples: 8GB, none, 1.2x: 1.2 × the trace's LOAD, 90%: of "
+                              "the device's memory)"),
+         ("a-negative-share", "-5%", "negative size '-5%'"),
+         ("zero-times-load", "0x", "'0x' caps at 0 bytes; a cap is more than 0 (none: no cap)"),
+         ("twice-the-device", "200%", "'200%' is more than all of "),
+         ("past-any-float", "1e999x", "'1e999x' is out of range"),
+         ("a-share-of-no-device", "90%", "'90%' is a share of the device's memory, which is not known here (no "
+                                         "--capacity, none recorded in the trace); give --capacity"))]
+
+CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
+    + FILLS + _RELATIVE_CAPS
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -1260,7 +1395,8 @@ def test_hostile(case, tmp_path):
         case.setup(d)
     before = _digest(d)
     argv = [a.format(d=d, trace=trace) for a in case.argv]
-    status, out, err = _run(argv, d, child=case.subprocess, env=case.env)
+    status, out, err = _run(argv, d, child=case.subprocess, env=case.env, room=case.room,
+                            stdout_closed=case.stdout_closed)
     assert status == case.status, (status, out, err)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err
@@ -1326,3 +1462,23 @@ def test_an_import_past_32_bit_object_ids_is_one_line(monkeypatch, tmp_path):
     assert status == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert "log.csv: cannot be a trace: more than 4,294,967,295 allocations (an object id is 32 bits)" in err, err
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("before", ["none", "an-old-report"])
+def test_a_report_on_a_disk_that_fills_leaves_the_folder_as_it_was(before, tmp_path):
+    """issue 29: ``plot --report DIR`` on a disk that fills left a half-written report (the pictures drawn so far
+    beside an old index.html, or a new folder without one); now the report is written whole or not at all, and
+    the one line names the picture that did not fit where the user looks for it."""
+    d = str(tmp_path)
+    random_trace(400, seed=7, marks_every=100).save(os.path.join(d, "t.bin"))
+    if before == "an-old-report":
+        _write("rep/index.html", "<html><title>allocsim report — old</title></html>")(d)
+        _write("rep/memory.png", b"an old picture")(d)
+    was = _digest(d)
+    status, out, err = _run(["plot", "t.bin", "-p", "split", "-j", "1", "--report", "rep"], d, child=True,
+                            room=16384)
+    assert status == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1] == "allocsim: rep/memory.png: cannot write: File too large", err
+    assert _digest(d) == was and sorted(os.listdir(d)) == sorted(["t.bin"] + ["rep"] * (before != "none")), \
+        os.listdir(d)
+    assert out == "", out

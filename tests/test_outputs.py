@@ -256,13 +256,15 @@ def test_a_signal_stops_a_dask_sweep_with_its_two_lines(tmp_path, signum):
     assert run_cli("synth", "alloc-heavy", "-o", big, "--param", "n_allocs=100000").returncode == 0
     out = tmp_path / "sw.csv"
     p = subprocess.Popen([sys.executable, "-m", "allocsim", "sweep", big, "-p", "split,torch,cupy,bestfit,binned",
-                          "--caps", "none,20MB,30MB", "--dask-local", "2", "-o", str(out)], env=ENV,
+                          "--caps", "none,20MB,30MB", "--dask-local", "2", "-q", "-o", str(out)], env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     partial = tmp_path / "sw.csv.partial"
     try:
         t0 = time.time()
-        while not (partial.exists() and partial.stat().st_size) and p.poll() is None and time.time() - t0 < 90:
+        from allocsim.commands.sweep import PARTIAL_MARK
+        while not (partial.exists() and partial.stat().st_size > len(PARTIAL_MARK)) and p.poll() is None \
+                and time.time() - t0 < 90:              # a row after the sweep's mark
             time.sleep(0.05)
         os.killpg(p.pid, signum)                    # as a terminal's Ctrl-C, or a shutdown, reaches the group
         _, err = p.communicate(timeout=60)
@@ -382,9 +384,10 @@ def test_closed_pipe_ends_quietly_with_141(trace, argv):
 
 
 def test_closed_stdout_is_no_traceback(trace):
+    """A report with nowhere to go is one line and exit 2 (issue 29: it was exit 0, nothing written)."""
     r = subprocess.run(f"{shlex.quote(sys.executable)} -m allocsim info {shlex.quote(trace)} >&-", shell=True,
                        env=ENV, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "standard output is closed" in r.stderr, r.stderr
 
 
 def test_version():

@@ -196,6 +196,13 @@ def test_memory_timeline_starts_at_the_first_event(figures):
     assert np.min(live.get_xdata()) == 0
 
 
+def test_memory_timeline_ends_at_the_last_event(figures, small):
+    """issue 29: the axis ran to 1.0 s for a trace of 0.65 s (here 1.5 ms): a span shorter than one unit was
+    widened to one, as only an instant needs."""
+    t = np.asarray(small.time_ns)
+    assert figures[0]["memory"].axes[0].get_xlim()[1] == pytest.approx((int(t[-1]) - int(t[0])) / 1e9)
+
+
 def test_pdf_picture(tmp_path, shipped):
     pdf = str(tmp_path / "m.pdf")
     out = run_cli("plot", shipped, "--policies", "none", "-o", pdf, "-j", "1")

@@ -118,3 +118,76 @@ def test_long_commands_off_a_terminal_print_a_line_per_phase(small_trace_path, t
     assert plot.returncode == 0, plot.stderr
     steps = [ln for ln in plot.stderr.splitlines() if ln.startswith("allocsim plot: ")]
     assert len(steps) == 5 and "(5 of 5 phases)" in steps[-1] and "allocsim fit: bestfit" in plot.stderr
+
+
+def test_count_lines_off_a_terminal_come_rarer_as_the_run_goes_on():
+    """issue 29: a sweep of 600 cells said nothing off a terminal for 7.7 s. Lines now: none before `FIRST` seconds,
+    then one each time a tenth more of the time so far has passed (`FIRST` at least, `MOST` at most), none at the
+    end."""
+    from allocsim.commands._progress import FIRST, MOST, CountLines
+    now, out = [0.0], io.StringIO()
+    lines = CountLines("sweep", 100_000, "cells", clock=lambda: now[0], out=out)
+    said = []
+    for done in range(1, 100_000):
+        now[0] = done * 0.1                 # a cell each 0.1 s: 10,000 s in all
+        before = out.getvalue().count("\n")
+        lines.update(done)
+        if out.getvalue().count("\n") > before:
+            said.append(now[0])
+    lines.update(100_000)
+    gaps = [b - a for a, b in zip(said, said[1:])]
+    assert said[0] == FIRST and all(FIRST <= g <= MOST + 0.1 for g in gaps), gaps[:5]
+    assert max(gaps) > MOST - 1 and len(said) < 10_000 / MOST + 40, len(said)
+    done = round(FIRST / 0.1)
+    first = out.getvalue().splitlines()[0]
+    assert first == f"allocsim sweep: {done:,} of 100,000 cells in {FIRST:.1f}s (about " \
+                    f"{FIRST / done * (100_000 - done):.0f}s left)", first
+
+
+def _in_process(*argv):
+    """``allocsim ARGV`` in this process (stderr not a terminal): ``(status, stderr)``."""
+    import contextlib
+    from allocsim.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        status = main(list(argv))
+    return status, err.getvalue()
+
+
+def test_sweep_and_compare_say_their_progress_off_a_terminal(monkeypatch, tmp_path):
+    from allocsim.commands import _progress
+    monkeypatch.setattr(_progress, "FIRST", 0.0)        # a line at the first cell, then as they come due
+    path = str(tmp_path / "t.bin")
+    random_trace(200, seed=4).save(path)
+    status, err = _in_process("sweep", path, "-p", "none,split", "--caps", "none,1GB", "-j", "1", "-o",
+                              str(tmp_path / "r.csv"))
+    assert status == 0, err
+    said = [ln.split(" in ")[0] for ln in err.splitlines()]
+    assert said[0] == "allocsim sweep: 1 of 4 cells" and set(said) <= {f"allocsim sweep: {k} of 4 cells" for k in
+                                                                        (1, 2, 3)}, err     # none at the end
+    status, err = _in_process("compare", path, "-p", "none,split", "-j", "1")
+    assert status == 0 and err.startswith("allocsim compare: 1 of 2 replays in "), err
+    assert _in_process("compare", path, "-p", "none,split", "-j", "1", "-q") == (0, "")
+
+
+def test_fit_lines_give_each_policy_its_own_replays_time_and_estimate_from_the_replays_left(monkeypatch):
+    """issue 29: under -j the walks run side by side, and a policy's line took the wall time since the line before
+    (the first had all of them, the next almost nothing); its first estimate, that time × the policies left, was 7×
+    too long. A line now has the policy's own replays' time, and the estimate the replays the walks still need."""
+    import types
+    from math import inf
+    from allocsim.commands.fit import _FitProgress
+    from allocsim.spec import PolicySpec
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stderr", out)
+    progress = _FitProgress([PolicySpec.parse("split"), PolicySpec.parse("torch")], False, 2, False, lambda n: None)
+    walks = [types.SimpleNamespace(done=False, replays=0, left=lambda: 4.0),
+             types.SimpleNamespace(done=False, replays=0, left=lambda: inf)]
+    for _ in range(3):                  # side by side: split's replays take 1 s, torch's 3 s
+        progress.replayed(walks, 0, 1.0)
+        progress.replayed(walks, 1, 3.0)
+    walks[1].done, walks[1].replays = True, 3
+    progress.fitted(1, {"replays": 3})
+    per_replay = (3 * 1.0 + 3 * 3.0) / 6
+    assert out.getvalue() == f"allocsim fit: torch: 3 replays in 9.0s (1 of 2 policies; about " \
+                             f"{per_replay * 4.0 / 2:.0f}s left)\n"

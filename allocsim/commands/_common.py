@@ -14,13 +14,14 @@ from ..filenames import shown_name
 from ..replay import ReplaySettings
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
-from ..units import fmt_bytes, parse_size
+from ..units import fmt_bytes, parse_cap, parse_size
 
 
 def add_replay_arguments(p, *, multi: bool = False) -> None:
     """--cap, --capacity, --runtime, --policy-opt, --cost-model, --gc-every, --keep-going, --no-fold."""
     if not multi:
-        p.add_argument("--cap", default="none", help="pool cap, e.g. 8GB (CUARRAYS_MEMORY_LIMIT); default none")
+        p.add_argument("--cap", default="none", help="pool cap, e.g. 8GB (CUARRAYS_MEMORY_LIMIT), 1.2x (of the "
+                       "trace's LOAD) or 90%% (of the device's memory); default none")
         p.add_argument("--runtime", default="eager", choices=["eager", "gc"],
                        help="eager: frees reach the pool at once; gc: frees wait for a collection")
     p.add_argument("--capacity", default="trace",
@@ -183,10 +184,22 @@ def capacity_arg(text: str):
     return positive_size(text, "--capacity", allow_none=True)
 
 
-def caps_arg(text: str) -> list[int | None]:
-    """``--caps``: distinct pool caps, ``none`` for no cap."""
+def cap_arg(text: str, what: str, trace=None, capacity="trace") -> int | None:
+    """A pool cap of 1 B to 1 PiB, or None: a size, ``none``, ``1.2x`` (of ``trace``'s LOAD) or ``90%`` (of the
+    device's memory: ``capacity``, ``"trace"`` for the recorded device's), `parse_cap`."""
+    from ..capacity import device_capacity
+    if not str(text).strip().endswith(("x", "X", "%")):
+        return positive_size(text, what, allow_none=True)
+    device, name = device_capacity(capacity, trace)
+    n = parse_cap(text, what=what, load=trace.load_bytes if trace is not None else None, device=device,
+                  device_name=name)
+    return n if n is None else positive_size(n, f"{what} {text}")
+
+
+def caps_arg(text: str, trace=None, capacity="trace") -> list[int | None]:
+    """``--caps``: distinct pool caps, ``none`` for no cap; relative to ``trace`` as `cap_arg` reads them."""
     def size(c):
-        return positive_size(c, "--caps", allow_none=True)
+        return cap_arg(c, "--caps", trace, capacity)
     return [size(c) for c in distinct(split_list(text, "--caps"), "--caps", key=size)]
 
 
@@ -199,16 +212,16 @@ def cost_model_arg(path):
     return CostModel.load(path) if path is not None else None
 
 
-def replay_settings(args, **fixed) -> ReplaySettings:
-    """The `ReplaySettings` of a command's arguments — those it has of --cap, --capacity, --cost-model,
-    --gc-every, --keep-going, --backend and --no-fold — with ``fixed`` over them: built once, handed on as it is
-    (a sweep's cells set their own cap, runtime and capacity over it)."""
+def replay_settings(args, trace=None, **fixed) -> ReplaySettings:
+    """The `ReplaySettings` of a command's arguments — those it has of --cap (``1.2x``, ``90%``: of ``trace``),
+    --capacity, --cost-model, --gc-every, --keep-going, --backend and --no-fold — with ``fixed`` over them: built
+    once, handed on as it is (a sweep's cells set their own cap, runtime and capacity over it)."""
     a = vars(args)
     found = {}
-    if a.get("cap") is not None:
-        found["cap"] = positive_size(a["cap"], "--cap", allow_none=True)
     if "capacity" in a:
         found["capacity"] = capacity_arg(a["capacity"])
+    if a.get("cap") is not None:        # 1.2x, 90%: of ``trace``
+        found["cap"] = cap_arg(a["cap"], "--cap", trace, found.get("capacity", "trace"))
     if a.get("cost_model") is not None:
         found["costs"] = cost_model_arg(a["cost_model"])
     if a.get("gc_every") is not None:

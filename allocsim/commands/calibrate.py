@@ -1,9 +1,7 @@
 """`allocsim calibrate`: measure this GPU's cudaMalloc/cudaFree and pool latencies into a cost model."""
 from __future__ import annotations
 
-import json
-
-from ..outputs import add_force_argument, atomic_open, claim_outputs
+from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_bytes, fmt_seconds
 from ._common import positive_int
 
@@ -22,8 +20,7 @@ def run(args) -> int:
     from ..calibrate import measure
     claim_outputs([("-o", args.output)], force=args.force)     # before minutes of measuring, not after
     model, extra = measure(args.reps)
-    with atomic_open(args.output) as f:
-        json.dump(model.to_dict(), f, indent=1)
+    model.save(args.output)
     print(f"{extra['device']}:")
     print(f"  {'size':>10} {'cudaMalloc':>11} {'cudaFree':>10}")
     for n, row in extra["table"].items():

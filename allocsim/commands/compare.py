@@ -1,8 +1,6 @@
 """`allocsim compare`: policies × caps × runtimes side by side, one replay per cell, in parallel."""
 from __future__ import annotations
 
-import sys
-
 from ..capacity import check_caps
 from ..filenames import shown_name
 from ..outputs import add_force_argument, claim_outputs
@@ -11,6 +9,7 @@ from ..report.text import breakdown_table, compare_table, row_sections, trace_he
 from ..sweep import Cell, Settings, run_cells
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
                       capacity_arg, caps_arg, load_trace, policy_specs, replay_settings, split_list, warm_cache_trace)
+from ._progress import count_progress
 from ._ranks import each_rank
 
 NAME = "compare"
@@ -27,7 +26,8 @@ def add_arguments(p, *, many_traces: bool = False):
     else:
         p.add_argument("trace", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each rank)")
     add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
-    p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,12GB")
+    p.add_argument("--caps", default="none", help="comma-separated pool caps, e.g. none,8GB,1.2x,90%% (x: of the "
+                                                  "trace's LOAD; %%: of the device's memory)")
     p.add_argument("--runtime", default="eager", help="comma-separated runtimes: eager,gc")
     add_jobs_argument(p)
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -49,7 +49,6 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
     path = args.trace if path is None else path
     trace = load_trace(path)              # validate once, up front
     specs = policy_specs(args.policies, options=args.policy_opt)
-    caps = caps_arg(args.caps)
     runtimes = split_list(args.runtime, "--runtime")
     from ..runtime import RUNTIMES
     from ..errors import UsageError
@@ -57,6 +56,7 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
         if r not in RUNTIMES:
             raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
     capacity = capacity_arg(args.capacity)
+    caps = caps_arg(args.caps, trace, capacity)
     check_caps(caps, capacity, trace, "--caps")
     settings = Settings(replay_settings(args), sections=getattr(args, "sections", False))
     cells = [Cell(path, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]
@@ -71,13 +71,16 @@ def run_one(args) -> int:
     claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
     with warm_cache_trace(args.trace, args.warm_cache, NAME) as path:
         cells, settings = build_cells(args, path)
-        bar = None
-        if not (args.quiet or args.json) and sys.stderr.isatty():
-            from tqdm import tqdm
-            bar = tqdm(total=len(cells), desc="compare", unit="run", leave=False)
-        rows = run_cells(cells, settings, jobs=args.jobs, on_row=(lambda c, r: bar.update()) if bar else None)
-        if bar:
-            bar.close()
+        update, close = count_progress("compare", len(cells), "replays", args.quiet or args.json)  # off a terminal: lines
+        finished = [0]
+
+        def on_row(cell, row):
+            finished[0] += 1
+            update(finished[0])
+        try:
+            rows = run_cells(cells, settings, jobs=args.jobs, on_row=on_row)
+        finally:
+            close()
         heading = None if args.json else (trace_heading(args.trace, load_trace(path))
                                           + (" (its warm view: --warm-cache)" if args.warm_cache else ""))
     for r in rows:

@@ -1,6 +1,8 @@
 """`allocsim fit`: the smallest device capacity each policy survives (the capacity frontier)."""
 from __future__ import annotations
 
+import sys
+import time
 from contextlib import nullcontext
 
 from ..filenames import shown_name
@@ -9,7 +11,7 @@ from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
 from ._ranks import each_rank
-from ._common import (PhaseReport, add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
+from ._common import (add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
                       count, plural, policy_specs, positive_size, progress_bar, replay_settings)
 
 NAME = "fit"
@@ -45,29 +47,77 @@ def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, sett
                       max_replays=max_replays) for spec in specs]
     with_oracle = oracle and "oracle" in policies.names()
     update, close = progress_bar(None, f"fit {plural(len(specs), 'policy')}", quiet, unit=" replays")
-    phases = PhaseReport("fit", len(specs) + with_oracle, "policy", quiet=quiet)    # off a terminal: a line each
-    done = [0]
-
-    def replayed():
-        done[0] += 1
-        update(done[0])
-
+    progress = _FitProgress(specs, with_oracle, jobs, quiet, update)
     oracle_cell = Cell(trace, PolicySpec.parse("oracle"), None, runtime, capacity=None) if with_oracle else None
     try:
         with nullcontext() if jobs <= 1 else process_pool(jobs) as ex:   # the oracle's replay beside the walks
-            oracle_row = ex.submit(run_cell, oracle_cell, settings) if ex is not None and with_oracle else None
-            fits = fit_many(fits_args, ex, jobs, on_replay=None if quiet else replayed,
-                            on_fit=lambda i, f: phases.end(f"{specs[i].label}: {plural(f['replays'], 'replay')}"))
+            oracle_row = None
+            if ex is not None and with_oracle:
+                sent = time.perf_counter()
+                oracle_row = ex.submit(run_cell, oracle_cell, settings)
+                oracle_row.add_done_callback(lambda f: progress.oracle_ran(time.perf_counter() - sent))
+            fits = fit_many(fits_args, ex, jobs, on_replay=progress.replayed, on_fit=progress.fitted)
             if with_oracle:
-                oracle_peak = (oracle_row.result() if oracle_row else run_cell(oracle_cell, settings))[
-                    "peak_reserved_bytes"]
-                phases.end("oracle: its peak")
+                sent = time.perf_counter()
+                row = oracle_row.result() if oracle_row else run_cell(oracle_cell, settings)
+                if oracle_row is None:
+                    progress.oracle_ran(time.perf_counter() - sent)
+                oracle_peak = row["peak_reserved_bytes"]
+                progress.line("oracle: its peak", progress.oracle_seconds)
     finally:
         close()
     out = {"trace": shown_name(trace), "load_bytes": t.load_bytes, "resolution_bytes": resolution, "fits": fits}
     if with_oracle:
         out["oracle_peak_bytes"] = oracle_peak
     return out
+
+
+class _FitProgress:
+    """fit's progress: the replays counted on a terminal's bar; elsewhere a line as each policy's walk ends, with
+    the time its own replays took (under -j the walks run side by side: the wall time since the line before
+    would be the others' too), and about how long the rest will take: the replays the walks still need
+    (`fit.Walk.left`; a walk not started yet, as many as a finished one took on average) at the mean replay time
+    so far, over the processes."""
+
+    def __init__(self, specs, with_oracle: bool, jobs: int, quiet: bool, update):
+        self.labels, self.with_oracle, self.jobs, self.update = [s.label for s in specs], with_oracle, jobs, update
+        self.lines = not quiet and not sys.stderr.isatty()
+        self.walks: list = []
+        self.seconds = [0.0] * len(specs)           # per walk: its replays' time
+        self.replays = [0] * len(specs)
+        self.ended = 0
+        self.oracle_seconds = None
+
+    def replayed(self, walks, i: int, seconds: float) -> None:
+        self.walks = walks
+        self.seconds[i] += seconds
+        self.replays[i] += 1
+        self.update(sum(self.replays))
+
+    def oracle_ran(self, seconds: float) -> None:
+        self.oracle_seconds = seconds
+
+    def fitted(self, i: int, fit: dict) -> None:
+        self.line(f"{self.labels[i]}: {plural(fit['replays'], 'replay')}", self.seconds[i])
+
+    def _left(self) -> float:
+        """About the seconds the walks (and the oracle, if it runs last) still take."""
+        from math import isfinite
+        per_replay = sum(self.seconds) / max(1, sum(self.replays))
+        done = [w.replays for w in self.walks if w.done]
+        unstarted = sum(done) / len(done) if done else 0.0
+        left = sum(w.left() if isfinite(w.left()) else unstarted for w in self.walks if not w.done)
+        oracle = per_replay if self.with_oracle and self.oracle_seconds is None and self.jobs <= 1 else 0.0
+        return per_replay * left / max(1, self.jobs) + oracle
+
+    def line(self, what: str, seconds: float) -> None:
+        self.ended += 1
+        if not self.lines:
+            return
+        total = len(self.labels) + self.with_oracle
+        text = f"allocsim fit: {what} in {seconds or 0.0:.1f}s ({self.ended} of {plural(total, 'policy')}"
+        text += f"; about {self._left():.0f}s left)" if self.ended < total else ")"
+        print(text, file=sys.stderr, flush=True)
 
 
 def run(args) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError, UsageError
-from ..outputs import add_force_argument, claim_outputs
+from ..outputs import add_force_argument, atomic_folder, claim_outputs
 from ..sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
                       load_trace, plural, policy_specs, replay_settings, split_list)
@@ -25,7 +25,8 @@ def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     add_policies_argument(p, "split,binned,torch,cupy,bestfit")
     p.add_argument("--caps", default="none",
-                   help="caps for the bars and GC pictures, e.g. none,4GB; the first also for memory and latency")
+                   help="caps for the bars and GC pictures, e.g. none,4GB,1.2x,90%%; the first also for memory and "
+                        "latency")
     p.add_argument("--kind", choices=KINDS, help="which picture with -o (default memory)")
     p.add_argument("-o", "--output", help="output file (.png, .svg or .pdf) for one picture")
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
@@ -53,9 +54,10 @@ def check_arguments(args) -> None:
         raise UsageError("--kind is for -o; --report draws every kind")
 
 
-def parse_caps(text: str) -> dict:
-    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order."""
-    return dict(zip(caps_arg(text), split_list(text, "--caps")))
+def parse_caps(text: str, trace=None) -> dict:
+    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order
+    (``1.2x``, ``90%``: of ``trace``)."""
+    return dict(zip(caps_arg(text, trace), split_list(text, "--caps")))
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):
@@ -133,7 +135,7 @@ def run(args) -> int:
     trace = load_trace(args.trace)
     specs = policy_specs(args.policies)
     labels = [spec.label for spec in specs]
-    cap_text = parse_caps(args.caps)
+    cap_text = parse_caps(args.caps, trace)
     caps = list(cap_text)
     settings = Settings(replay_settings(args))
     style = {"styles": plots.policy_styles(labels)}
@@ -177,14 +179,12 @@ def run(args) -> int:
         need(what)
         phases.end(steps[what])
     phases.start(f"{len(KINDS)} pictures")
-    os.makedirs(args.report, exist_ok=True)
     ext = ".svg" if args.svg else ".png"
-    written = {kind: draw(kind, os.path.join(args.report, kind + ext)) for kind in KINDS}
-    images = [(TITLES[k], os.path.basename(p)) for k, p in written.items()]
-    idx = index_html(args.report, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS,
-                     cap_text)
+    with atomic_folder(args.report) as folder:      # the whole report or none of it (a disk that fills)
+        images = [(TITLES[kind], os.path.basename(draw(kind, os.path.join(folder, kind + ext)))) for kind in KINDS]
+        index_html(folder, trace, images, need("rows") + need("gc_rows"), need("fit"), MAX_REPLAYS, cap_text)
     phases.end(f"{len(KINDS)} pictures and index.html")
-    for p in written.values():
-        print(p)
-    print(idx)
+    for _, name in images:
+        print(os.path.join(args.report, name))
+    print(os.path.join(args.report, "index.html"))
     return 0

@@ -73,7 +73,7 @@ def _replay(args, path: str | None) -> int:
     loaded = time.perf_counter() - t0
     planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
-    settings = replay_settings(args, runtime=args.runtime)
+    settings = replay_settings(args, trace, runtime=args.runtime)
     check_caps([settings.cap], settings.capacity, trace)
     try:
         res = (replay if args.snapshot is None else replay_snapshot)(trace, spec, settings, progress=update,

@@ -3,19 +3,23 @@
 Rows are appended to ``OUT.partial`` as cells finish, so an interrupted sweep
 restarted with the same ``-o OUT`` skips the cells it already has (rows written under
 other shared options are refused, `shared_key`); when every cell is done the rows are
-written, sorted by cell, to ``OUT`` atomically.
+written, sorted by cell, to ``OUT`` atomically. The partial table starts with `PARTIAL_MARK`:
+a file of that name that a sweep did not write (no mark, a symbolic link, a pipe) is the
+user's, refused and left as it is, never read, appended to or deleted (`_open_partial`).
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
 from ..errors import InputError, UsageError
-from ..outputs import claim_outputs, signals_unwind
+from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..sweep import Cell, run_cells
 from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
+from ._progress import count_progress
 from ._ranks import traces_of
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
@@ -34,6 +38,9 @@ def add_arguments(p):
 
 
 _ROW_KEYS = set(COLUMNS) - {"replay_seconds"}       # what a row of the partial file holds (wall time is dropped)
+
+#: The first line of every partial table a sweep writes: what says the file is a sweep's to resume from and delete.
+PARTIAL_MARK = b'{"allocsim sweep": "partial table: one row per finished cell; the same command resumes from it"}\n'
 
 
 def shared_key(settings) -> str:
@@ -59,14 +66,14 @@ def _done_rows(partial: str, shared: str) -> dict[str, dict]:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"not UTF-8 text ({e.reason})", path=partial, position=f"byte {e.start}") from None
-    lines = data.split(b"\n")
-    good_end = 0                        # bytes up to the end of the last whole row
-    for n, line in enumerate(lines, 1):
+    lines = data[len(PARTIAL_MARK):].split(b"\n")       # `_open_partial` saw the mark
+    good_end = len(PARTIAL_MARK)        # bytes up to the end of the last whole row
+    for n, line in enumerate(lines, 2):
         if line.strip():
             try:
                 row = json.loads(line)
             except (ValueError, RecursionError):
-                if n >= len(lines) - 1:      # the torn tail of an interrupted sweep
+                if n >= len(lines):          # the torn tail of an interrupted sweep
                     break
                 raise InputError("not a JSON row", path=partial, position=f"line {n}") from None
             if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
@@ -84,25 +91,87 @@ def _done_rows(partial: str, shared: str) -> dict[str, dict]:
     return done
 
 
-def _lock_table(log, output: str) -> None:
-    """Hold ``OUT.partial`` (open as ``log``) for this sweep alone: a second sweep of the same ``-o``
+def _open_partial(partial: str, output: str) -> int:
+    """Open ``OUT.partial`` for appending rows, made with `PARTIAL_MARK` if it is not there (whole: linked
+    into place once the mark is written); return its descriptor, held locked (`_lock_table`).
+
+    A file there that a sweep did not write is the user's: a symbolic link (``O_NOFOLLOW``: a row is never
+    written through it), a pipe or device, or a file not starting with the mark is refused in one line and
+    left as it is."""
+    tmp = temp_path(partial)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(PARTIAL_MARK)
+        try:
+            os.link(tmp, partial)       # only if nothing is there: a kill leaves no file without its mark
+        except FileExistsError:
+            pass
+        except OSError:                 # no hard links on this file system: made in place, never through a link
+            with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
+                                   0o644), "wb") as f:
+                f.write(PARTIAL_MARK)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+    try:
+        fd = os.open(partial, os.O_RDWR | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        if os.path.islink(partial):
+            raise InputError("is a symbolic link, not a partial table a sweep wrote; it is left as it is: remove it "
+                             "or name another -o", path=partial) from None
+        raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError("is a pipe or a device, not a partial table a sweep wrote; name another -o", path=partial)
+        os.set_blocking(fd, True)
+        _lock_table(fd, output)
+        if os.pread(fd, len(PARTIAL_MARK), 0) != PARTIAL_MARK:
+            raise InputError("exists and is not a partial table a sweep wrote (its first line is not a sweep's mark); "
+                             "it is left as it is: move it away, or name another -o", path=partial, position="line 1")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _append(fd: int, data: bytes, partial: str) -> None:
+    """Append ``data`` (one row) to the partial table whole, or cut the table back to where it was and refuse in
+    one line naming it: a disk that fills leaves no torn row, and nothing is left buffered to fail again."""
+    start = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as e:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
+
+
+def _lock_table(fd: int, output: str) -> None:
+    """Hold ``OUT.partial`` (open as ``fd``) for this sweep alone: a second sweep of the same ``-o``
     started meanwhile is refused with one line, instead of both rewriting one file and failing."""
     try:
         import fcntl
     except ImportError:                 # not POSIX: no lock
         return
     try:
-        fcntl.flock(log.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise InputError("another allocsim sweep is writing this table now; wait for it to finish (the same "
                          "command then resumes from its rows)", path=output, position="-o") from None
 
 
-def _tell_what_is_kept(log, partial: str, n_cells: int, shared: str) -> None:
+def _tell_what_is_kept(fd: int, partial: str, n_cells: int, shared: str) -> None:
     """A stopped sweep's finished rows stay in ``partial`` for the same command to resume from; one with
     none finished leaves nothing behind."""
-    log.flush()
-    if os.fstat(log.fileno()).st_size == 0:
+    if os.fstat(fd).st_size <= len(PARTIAL_MARK):
         os.unlink(partial)
         return
     print(f"sweep: {len(_done_rows(partial, shared))} of {n_cells} cells kept in {partial}; the same command resumes "
@@ -130,34 +199,26 @@ def _table_format(output: str, given: str | None) -> str:
     return given or named
 
 
-def _run_todo(args, cells, todo, settings, log, partial, shared: str) -> list[dict]:
-    """Run the cells not done yet, each row appended to ``log`` as it comes (marked ``shared``, `shared_key`);
-    return every row, in cell order."""
-    bar = None
+def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> list[dict]:
+    """Run the cells not done yet, each row appended to ``log`` (a descriptor) as it comes (marked ``shared``,
+    `shared_key`); return every row, in cell order."""
+    update, close = count_progress("sweep", len(todo), "cells", args.quiet)    # off a terminal: a line now and then
+    finished = [0]
     try:
         with dask_cluster(args) as (executor, _):
-            if not args.quiet and sys.stderr.isatty():
-                from tqdm import tqdm
-                bar = tqdm(total=len(todo), desc="sweep", unit="run", leave=False)
-
             def on_row(cell, row):
                 row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace))
                 row.pop("sections", None)
                 row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
-                try:
-                    log.write(json.dumps(row, sort_keys=True) + "\n")
-                    log.flush()
-                except OSError as e:
-                    raise InputError(f"cannot write: {e.strerror or e}", path=partial) from None
-                if bar:
-                    bar.update()
+                _append(log, (json.dumps(row, sort_keys=True) + "\n").encode(), partial)
+                finished[0] += 1
+                update(finished[0])
             run_cells(todo, settings, jobs=args.jobs, executor=executor, on_row=on_row)
     except BaseException:           # interrupted or failed: say what is kept and how to go on
         _tell_what_is_kept(log, partial, len(cells), shared)
         raise
     finally:
-        if bar:
-            bar.close()
+        close()
     rows = _done_rows(partial, shared)
     ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
     for r in ordered:
@@ -179,16 +240,20 @@ def run(args) -> int:
         c, settings = build_cells(args)
         cells += c
     partial = args.output + ".partial"
-    with open(partial, "a") as log, signals_unwind():
-        _lock_table(log, args.output)
-        shared = shared_key(settings)
-        done = _done_rows(partial, shared)
-        todo = [c for c in cells if not _still_done(done.get(c.key()), c)]
-        if len(todo) < len(cells):
-            print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming", file=sys.stderr)
-        ordered = _run_todo(args, cells, todo, settings, log, partial, shared)
-        write_rows(ordered, args.output, fmt)
-        os.unlink(partial)
+    with signals_unwind():
+        log = _open_partial(partial, args.output)
+        try:
+            shared = shared_key(settings)
+            done = _done_rows(partial, shared)
+            todo = [c for c in cells if not _still_done(done.get(c.key()), c)]
+            if len(todo) < len(cells):
+                print(f"sweep: {len(cells) - len(todo)} of {len(cells)} cells already done, resuming",
+                      file=sys.stderr)
+            ordered = _run_todo(args, cells, todo, settings, log, partial, shared)
+            write_rows(ordered, args.output, fmt)
+            os.unlink(partial)
+        finally:
+            os.close(log)
     if args.json:
         dump_json(ordered)
     else:

@@ -21,8 +21,8 @@ from ..ranks import fit_capacity
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
-                      add_warm_cache_argument, capacity_arg, check_scheduler, cost_model_arg, count, dask_cluster,
-                      load_trace, positive_size, say_snapshot_written, warm_cache_trace)
+                      add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, cost_model_arg, count,
+                      dask_cluster, load_trace, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
 NAME = "tune"
@@ -39,7 +39,8 @@ def add_arguments(p):
                         "between them are named)")
     p.add_argument("--capacity", default="trace",
                    help="the GPU's memory to fit in, e.g. 24GB (default: the recorded device's; none: unlimited)")
-    p.add_argument("--cap", help="the allocator's allowed memory within it (torch: the per-process memory fraction)")
+    p.add_argument("--cap", help="the allocator's allowed memory within it (torch: the per-process memory fraction): "
+                   "a size, 1.2x (of the trace's LOAD) or 90%% (of the device's memory)")
     p.add_argument("--objective", default="fastest", choices=OBJECTIVES,
                    help="fastest: fit with --headroom to spare, then the least modeled time; reserved: least peak "
                         "reserved; time: least modeled time; both: the best balance on their Pareto frontier "
@@ -119,7 +120,7 @@ def _tune(args, path: str) -> int:
     if args.snapshot is not None and trace.meta.get("framework") != "torch":
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
-    cap = positive_size(args.cap, "--cap") if args.cap is not None else None
+    cap = cap_arg(args.cap, "--cap", trace, capacity_arg(args.capacity)) if args.cap is not None else None
     capacity, outside = fit_capacity(capacity_arg(args.capacity), trace)
     if outside:
         say_outside(args.trace, capacity, outside)
@@ -209,7 +210,10 @@ def _tune_run(args, paths: list[str]) -> int:
         (one, first), (other, second) = list(frameworks.items())[:2]
         raise UsageError(f"{first} was recorded under {one or 'no framework'}, {second} under "
                          f"{other or 'no framework'}: tune the processes of one framework together")
-    cap = positive_size(args.cap, "--cap") if args.cap is not None else None
+    cap = None
+    if args.cap is not None:    # 1.2x: of the largest rank's LOAD (the setting must fit every rank)
+        largest = max((Trace.load(p, validate=False) for p in paths), key=lambda t: t.load_bytes)
+        cap = cap_arg(args.cap, "--cap", largest, capacity_arg(args.capacity))
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json)
     try:

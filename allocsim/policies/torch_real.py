@@ -98,8 +98,10 @@ class TorchReal(RealPolicy):
         s, b, dev = self.torch.cuda.memory_stats(), self._base, self.ctx.measured_device
         dev.reserved = s.get("reserved_bytes.all.current", 0)
         dev.peak_reserved = s.get("reserved_bytes.all.peak", 0)
-        dev.n_malloc = s.get("num_device_alloc", 0) - b.get("num_device_alloc", 0)
-        dev.n_free = s.get("num_device_free", 0) - b.get("num_device_free", 0)
+        since = lambda key: s.get(key, 0) - b.get(key, 0)      # noqa: E731 — the counters run for the process
+        dev.n_malloc, dev.n_free = since("num_device_alloc"), since("num_device_free")
+        # the bytes of those calls: what the reserved bytes gained and lost (cudaMalloc, cudaFree; maps alike)
+        dev.bytes_malloc, dev.bytes_free = since("reserved_bytes.all.allocated"), since("reserved_bytes.all.freed")
         self.peak_allocated_override = s.get("allocated_bytes.all.peak", 0)
         self._stats = s
 

@@ -213,7 +213,8 @@ def memory_figure(trace, results: dict, *, styles=None, cap_text=None, setting="
     ax.set_ylabel(f"memory ({unit})")
     ax.set_ylim(bottom=0)
     start = tx[0] if len(tx) else 0
-    ax.set_xlim(start, max(tx[-1], start + 1) if len(tx) else 1)     # one instant: a span, not matplotlib's warning
+    end = tx[-1] if len(tx) and tx[-1] > start else start + 1     # one instant: a span, not matplotlib's warning
+    ax.set_xlim(start, end)
     shaded = "; alternate iterations shaded" if len(marks) > 1 else ""
     ax.set_title(_title(trace, "Memory over time", setting + shaded))
     _outside_legend(fig, ax.get_legend_handles_labels()[0], ncol=3)
