@@ -75,8 +75,6 @@ def test_the_line_names_the_event_both_pools_and_both_numbers(pairs, what):
     assert str(e.value) == f"t.bin: {what}"
 
 
-@pytest.mark.xfail(strict=True, reason="the trace validator (allocsim/trace/trace.py, the lead's) does not call "
-                                       "PoolNumbers yet: call it there, then remove this mark")
 def test_a_trace_with_two_pools_under_one_number_is_refused_where_it_is_read(tmp_path):
     from allocsim.trace.format import TraceFileWriter
     t = Trace.load(os.path.join(ROOT, "traces", "pools-mempool.bin"))

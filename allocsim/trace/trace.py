@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InputError
 from . import events as ev
 from .events import RECORD_DTYPE
+from .pools_check import POOL_NUMBERED, PoolNumbers
 from .format import TraceFileWriter, read_trace_file, version_needed, write_trace_atomic
 from .schema import check_footer, check_meta
 
@@ -194,7 +195,7 @@ class _Validator:
 
     ORDER = ("kind", "version", "stream", "size", "id", "twice", "unknown free", "double free",
              "unknown free_requested", "double free_requested",
-             "flags", "site", "aux", "pool", "label", "device free", "fraction", "segment",
+             "flags", "site", "aux", "pool", "pool numbers", "label", "device free", "fraction", "segment",
              "scope")   # "version" and from "flags" on: `_RecordFields`
 
     def __init__(self, trace: Trace):
@@ -327,6 +328,7 @@ class _RecordFields:
                      if isinstance(s.get("address"), int)}
         #: a starting segment without an address: a free of any address may be of it
         self.by_address = all(isinstance(s.get("address"), int) for s in segs)
+        self.pools = PoolNumbers()                  # one pool per number and one number per pool
         self.open_scopes: dict[int, list] = {}     # BEGIN kind -> the open scopes' (serial, label), innermost last
         self.last_serial = 0
 
@@ -357,6 +359,10 @@ class _RecordFields:
             pool = c.rec["aux"][at]
             first.note("pool", start, pool == 0, lambda j: f"{ev.KIND_NAMES[kind]} names pool 0 (pools are "
                                                            f"numbered from 1)", at=at)
+        if "pool numbers" not in first.found and any(len(c.where(k)) for k in POOL_NUMBERED):
+            clash = self.pools.first_clash(c.rec, start)
+            if clash:
+                first.found["pool numbers"] = clash
         at = c.where(ev.MARK)
         if self.tables and len(at):
             label = c.rec["aux"][at]
