@@ -45,8 +45,8 @@ import numpy as np
 from .capacity import trace_capacity
 from .context import PolicyContext
 from .costs import CostModel
-from .device import SimulatedDevice
-from .errors import UsageError
+from .device import RECORDED_END, SimulatedDevice
+from .errors import InputError, UsageError
 from .fold import Folder, LatencyTape
 from .metrics import LatencyLog, OOMRecord, ReplayResult, assemble_result, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
@@ -75,8 +75,15 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     next replays, as its chunks are: `kept_chunks`; the caller copies it)."""
     def make():
         out = []
-        for _, rec in trace.chunks():
-            seg = rec[rec["kind"] == SEGMENT_ALLOC]
+        for start, rec in trace.chunks():
+            at = np.flatnonzero(rec["kind"] == SEGMENT_ALLOC)
+            seg = rec[at]
+            past = np.flatnonzero(seg["addr"] > RECORDED_END - seg["size"])      # sizes are at most 1 PiB
+            if len(past):
+                j = past[0]
+                raise InputError(f"SEGMENT_ALLOC at {int(seg['addr'][j]):#x} of {int(seg['size'][j]):,} bytes ends "
+                                 f"past 2**62, the highest address the model takes from a trace (a GPU's lie below "
+                                 f"2**57)", path=trace.path, position=f"event {start + int(at[j])}")
             out += zip(seg["size"].tolist(), seg["addr"].tolist())
         return out
     if len(trace) > KEEP_RECORDS:

@@ -1320,8 +1320,58 @@ HUNT_29_RUNS: list[Case] = [
          stdout_json=True),
 ]
 
+def _sized(*sizes, framework="torch", total=1 << 50, segment=None, **settings):
+    """A setup writing ``big.bin``: allocations of ``sizes`` on a device of ``total`` bytes, all live at once, then
+    freed; ``segment=(address, bytes)`` a recorded segment first, under the ``settings`` of its allocator."""
+    def setup(d):
+        meta = {"framework": framework, "device": {"name": "big", "total_memory": total}}
+        w = TraceWriter(meta={**meta, **({"allocator_settings": settings} if settings else {})},
+                        path=os.path.join(d, "big.bin"))
+        if segment:
+            w.segment(ev.SEGMENT_ALLOC, *segment, t=0)
+        ids = [w.alloc(n, t=k + 1) for k, n in enumerate(sizes)]
+        for i in ids:
+            w.free(i, t=len(sizes) + 1)
+        w.finish()
+    return setup
+
+
+_TOP_OF_64_BITS = (2**64 - (20 << 20), 20 << 20)
+_PAST_THE_MODEL = "big.bin: event 0: SEGMENT_ALLOC at 0xfffffffffec00000 of 20,971,520 bytes ends past 2**62"
+HUNT_29_SIZES: list[Case] = [
+    Case("replay-a-request-past-the-driver-space", ["replay", "{d}/big.bin", "-p", "torch"], _sized(2**47), status=0,
+         stderr_lines=0, then=lambda d, out: _holds_line(out, "peak reserved", "128.00 TiB")),
+    Case("compare-a-request-past-the-driver-space", ["compare", "{d}/big.bin", "-p", "torch,cupy", "-j", "1"],
+         _sized(2**47), status=0, stderr_lines=0),
+    Case("tune-a-request-past-the-driver-space", ["tune", "{d}/big.bin", "--max-replays", "3", "--no-fit", "--json"],
+         _sized(2**47), status=0, stderr_lines=0, stdout_json=True),
+    Case("replay-cupy-requests-past-the-driver-space", ["replay", "{d}/big.bin", "-p", "cupy"],
+         _sized(2**46, 2**46, 2**46, framework="cupy"), status=0, stderr_lines=0,
+         then=lambda d, out: _holds_line(out, "peak reserved", "192.00 TiB")),
+    Case("replay-segment-at-the-top-of-64-bits", ["replay", "{d}/big.bin", "-p", "torch"],
+         _sized(1 << 20, segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("compare-segment-at-the-top-of-64-bits", ["compare", "{d}/big.bin", "-p", "split,torch", "-j", "1"],
+         _sized(1 << 20, segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("tune-segment-at-the-top-of-64-bits", ["tune", "{d}/big.bin", "--max-replays", "3", "--no-fit"],
+         _sized(1 << 20, segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("replay-expandable-segment-below-2-to-the-63", ["replay", "{d}/big.bin", "-p", "torch"],
+         _sized(1 << 20, segment=(2**63 - (2 << 20), 2 << 20), expandable_segments=True), stdout_empty=True,
+         expect="big.bin: event 0: SEGMENT_ALLOC at 0x7fffffffffe00000 of 2,097,152 bytes ends past 2**62"),
+    Case("replay-cupy-segment-at-the-top-of-64-bits", ["replay", "{d}/big.bin", "-p", "cupy"],
+         _sized(1 << 20, framework="cupy", segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("replay-segment-ending-at-2-to-the-62", ["replay", "{d}/big.bin", "-p", "torch"],
+         _sized(1 << 20, segment=(2**62 - (2 << 20), 2 << 20), expandable_segments=True), status=0,
+         stderr_lines=0),
+]
+
+
+def _holds_line(out: str, label: str, value: str) -> None:
+    """The report's line ``label`` says ``value``."""
+    assert any(line.strip().startswith(label) and value in line for line in out.splitlines()), out
+
+
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
-    + HUNT_29_RUNS
+    + HUNT_29_RUNS + HUNT_29_SIZES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
