@@ -64,6 +64,7 @@ def check_run(name: str, paths: list[str]) -> list[str]:
     naming two that do not) and hold each rank once (one line naming two traces of one rank: a copy, or two runs
     under one name). The warnings: a rank below the world size with no trace, as the run's verdict then leaves that
     process out (named in bounded words, whatever the world size), and recordings that never overlapped in time."""
+    paths = [path for path in paths if is_trace(path)]      # a log or snapshot is imported, and checked, on its own
     traces = [Trace.load(path, validate=False) for path in paths]
     metas = [t.meta for t in traces]
     for path, meta in zip(paths, metas):
