@@ -30,10 +30,18 @@ Each call is O(1), but for the driver model's own costs (`allocsim.placement`).
 from __future__ import annotations
 
 from .costs import CostModel
-from .placement import DriverPlacement
+from .errors import UsageError
+from .placement import REGION, DriverPlacement, SpaceFull
+from .units import fmt_bytes
 
 ALIGN = 256
 BASE_ADDR = 0x7F0000000000
+#: Every range the model holds ends below this: the compiled build keeps addresses in signed 64-bit words, and
+#: both builds refuse alike what would pass it (docs/models/driver.md, "Address space").
+ADDRESS_END = 1 << 63
+#: A recorded segment must end at or below this (a GPU's addresses lie below 2**57): the model's own ranges go
+#: above the recorded ones, below `ADDRESS_END`.
+RECORDED_END = 1 << 62
 
 
 class SimulatedDevice:
@@ -124,8 +132,12 @@ class SimulatedDevice:
             addr = self._bump(n)
         else:
             addr = self._hinted(n)
-            if addr is None:
-                addr = self._driver.malloc(n)
+            while addr is None:
+                try:
+                    addr = self._driver.malloc(n)
+                except SpaceFull as full:       # a device larger than the space below the top: more above it
+                    lo = self._bump(full.args[0] + REGION, bounded=True)
+                    self._driver.extend(lo, self._next)
         return addr, self._malloc_seconds(n)
 
     def _malloc_seconds(self, n: int) -> float:
@@ -193,10 +205,16 @@ class SimulatedDevice:
 
     def reserve_address_range(self, n: int) -> int:
         """A fresh virtual range of ``n`` bytes that holds no memory (expandable segments)."""
-        return self._bump(n)
+        return self._bump(n, bounded=True)
 
-    def _bump(self, n: int) -> int:
-        """``n`` bytes from the bump pointer: 256-byte aligned, never reused."""
+    def _bump(self, n: int, bounded: bool = False) -> int:
+        """``n`` bytes from the bump pointer: 256-byte aligned, never reused. A ``bounded`` range (one a framework's
+        model keeps: `ADDRESS_END`) past the model's address space is refused in one line; a policy without a
+        framework never reads its addresses."""
         addr = self._next
         self._next += (n + ALIGN - 1) // ALIGN * ALIGN or ALIGN
+        if bounded and self._next >= ADDRESS_END:
+            raise UsageError(f"the replay's device ranges reach past address 2**63, the end of the model's address "
+                             f"space ({fmt_bytes(self._next - BASE_ADDR)} of ranges taken, none given back, the last "
+                             f"one {fmt_bytes(n)}): give a smaller --capacity or cap")
         return addr

@@ -40,6 +40,11 @@ def _up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
+class SpaceFull(MemoryError):
+    """No hole of the address space below the top holds a new region (a device larger than the ~127 TiB below
+    the default top): ``args[0]`` bytes of fresh space above every range would (`DriverPlacement.extend`)."""
+
+
 class Region:
     """A range the driver took from the address space: its allocations (address -> bytes, whole units)
     and its free runs, by address (``starts``/``ends``, sorted) and by (length, address) for best fit.
@@ -292,10 +297,17 @@ class DriverPlacement:
                 return start
         unseen = [r for r in self._by_addr.values() if not r.unit]
         if not unseen:
-            raise MemoryError("the modelled address space is full")
+            raise SpaceFull(size + align)
         for r in unseen:                     # only a guess (recorded addresses low down): given back
             self._drop(r)
         return self._highest_hole(size, align)
+
+    def extend(self, lo: int, hi: int) -> None:
+        """Fresh address space [lo, hi), at or above the top, for regions (after `SpaceFull`): the top moves to
+        ``hi``; what lies between the old top and ``lo`` (the device's own ranges) stays out of the holes."""
+        assert lo >= self.top, (lo, self.top)
+        self.top = hi
+        self._release(lo, hi)
 
     def _new_region(self, start: int, end: int, unit: int) -> Region:
         r = Region(start, end, unit)

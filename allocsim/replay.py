@@ -45,8 +45,8 @@ import numpy as np
 from .capacity import trace_capacity
 from .context import PolicyContext
 from .costs import CostModel
-from .device import SimulatedDevice
-from .errors import UsageError
+from .device import RECORDED_END, SimulatedDevice
+from .errors import InputError, UsageError
 from .fold import Folder, LatencyTape
 from .metrics import LatencyLog, OOMRecord, ReplayResult, assemble_result, breakdown, largest_free_fragmentation
 from .runtime import RUNTIMES
@@ -75,8 +75,15 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     next replays, as its chunks are: `kept_chunks`; the caller copies it)."""
     def make():
         out = []
-        for _, rec in trace.chunks():
-            seg = rec[rec["kind"] == SEGMENT_ALLOC]
+        for start, rec in trace.chunks():
+            at = np.flatnonzero(rec["kind"] == SEGMENT_ALLOC)
+            seg = rec[at]
+            past = np.flatnonzero(seg["addr"] > RECORDED_END - seg["size"])      # sizes are at most 1 PiB
+            if len(past):
+                j = past[0]
+                raise InputError(f"SEGMENT_ALLOC at {int(seg['addr'][j]):#x} of {int(seg['size'][j]):,} bytes ends "
+                                 f"past 2**62, the highest address the model takes from a trace (a GPU's lie below "
+                                 f"2**57)", path=trace.path, position=f"event {start + int(at[j])}")
             out += zip(seg["size"].tolist(), seg["addr"].tolist())
         return out
     if len(trace) > KEEP_RECORDS:
@@ -379,6 +386,9 @@ class Replay:
         self._log_index = (log_events or self.policy.follows_recording) and self.policy.wants_event_index
         self._w = _Walk()
         self._peak_deferred = False     # `defer_peak_state`
+        self._peak_only_at = None       # a second walk's one peak event whose state it takes (`_take_peak_state`)
+        self._peak_seconds = 0.0        # spent taking peak states (`_afford_peak_state`)
+        self._made_at = time.perf_counter()
         self._remade = device is None and observer is None and not guard and not log_events    # made again alike
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
@@ -618,11 +628,33 @@ class Replay:
         only where."""
         w = self._w
         w.peak_res = reserved
-        if self._peak_deferred:
+        if not self._take_peak_now(at):
             w.at_peak = _PeakLater(at)
             return
+        t0 = time.perf_counter()
         w.frag_at_peak = largest_free_fragmentation(reserved, allocated, self.policy.largest_free())
         w.at_peak = self._free_state(at, stream, held)
+        self._peak_seconds += time.perf_counter() - t0
+
+    #: The peak states a replay takes as it walks cost at most this share of its time (and `PEAK_ALLOWANCE`
+    #: seconds): reading every pool at every new peak made a replay of N pools cost N x peaks.
+    PEAK_SHARE, PEAK_ALLOWANCE = 0.25, 0.01
+
+    def _take_peak_now(self, at: int) -> bool:
+        """Whether the state of the new peak after event ``at`` is taken now: in a second walk, at its one event;
+        else unless deferred (`defer_peak_state`) or more than the replay can afford (`_afford_peak_state`)."""
+        if self._peak_only_at is not None:
+            return at == self._peak_only_at
+        return not self._peak_deferred and self._afford_peak_state()
+
+    def _afford_peak_state(self) -> bool:
+        """Whether a new peak's state is taken now: always where the replay cannot be made again alike (a device,
+        observer, guard or event log given), else while the states taken so far cost within `PEAK_SHARE` of the
+        time since the replay was made. One not taken is left to a second walk to the last peak's event, if no
+        later peak is taken (`_take_peak_state`): the figures are the same either way, the cost bounded by the
+        events walked (docs/architecture.md, "The state at the reserved peak")."""
+        return not self._remade or self._peak_seconds <= self.PEAK_ALLOWANCE + self.PEAK_SHARE * (
+            time.perf_counter() - self._made_at)
 
     def defer_peak_state(self) -> None:
         """Take the free-space shape and breakdown at the reserved peak only if the result is built: a replay
@@ -638,6 +670,7 @@ class Replay:
         policy and settings walked, unfolded, through the event the peak was first reached at."""
         w = self._w
         again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
+        again._peak_only_at = w.at_peak.at         # the peaks before it are passed over, as later ones would be
         try:
             again.run(until=w.at_peak.at + 1)
         finally:

@@ -5,10 +5,13 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import allocsim
 from allocsim.replay import Replay, make_device
-from allocsim.device import BASE_ADDR, SimulatedDevice
+from allocsim.device import ADDRESS_END, BASE_ADDR, SimulatedDevice
+from allocsim.errors import UsageError
 from allocsim.trace import SEGMENT_ALLOC, SEGMENT_FREE, Trace
 
 from conftest import ROOT, random_trace
@@ -111,3 +114,40 @@ def test_replay_under_a_setting_the_program_did_not_run_with_predicts_the_real_r
         else:
             reused += any(lo <= a < hi for lo, hi in freed)
     assert reused > 0, "no segment started where a freed one had been (the real run: 22, 23, 65)"
+
+
+# issue 29: a device larger than the ~127 TiB the driver model had below its top, and the end of the address space
+TiB = 1 << 40
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 80), st.booleans()), min_size=1, max_size=12))
+def test_a_device_larger_than_the_space_below_the_top_places_every_segment_apart(calls):
+    """Segments of tens of TiB on a 1 PiB device: the driver model takes space above the bump pointer when the
+    space below its top is full (it raised MemoryError), and no two live ranges, nor an expandable segment's, overlap."""
+    d = SimulatedDevice(capacity=1 << 50, address_hints=[])
+    ranges, mallocs = {}, []            # every live range; the device mallocs among them, oldest first
+    for tib, expandable in calls:
+        if expandable:
+            ranges[d.reserve_address_range(tib * TiB)] = tib * TiB
+            continue
+        while d.reserved + tib * TiB > d.limit:
+            a = mallocs.pop(0)
+            d.free(a, ranges.pop(a))
+        mallocs.append(d.malloc(tib * TiB))
+        ranges[mallocs[-1]] = tib * TiB
+    spans = sorted((a, a + n) for a, n in ranges.items())
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:])), spans
+    assert spans[-1][1] < ADDRESS_END
+
+
+def test_a_range_past_the_end_of_the_address_space_is_one_line():
+    """Ranges a framework's model keeps end below 2**63 (the compiled build's signed words): past it the replay
+    stops in one line, in both builds alike (the device is shared Python)."""
+    d = SimulatedDevice(capacity=1 << 50, address_hints=[])
+    d._next = ADDRESS_END - (2 << 20)
+    with pytest.raises(UsageError, match=r"reach past address 2\*\*63, the end of the model's address space"):
+        d.reserve_address_range(4 << 20)
+    bump = SimulatedDevice(capacity=None, address_hints=None)       # no framework: its addresses are never read
+    bump._next = ADDRESS_END - (2 << 20)
+    assert bump.malloc(4 << 20) == ADDRESS_END - (2 << 20)

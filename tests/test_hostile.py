@@ -1382,8 +1382,130 @@ _RELATIVE_CAPS = [      # --cap as a user types it: 1.2x of the trace's LOAD, 90
          ("a-share-of-no-device", "90%", "'90%' is a share of the device's memory, which is not known here (no "
                                          "--capacity, none recorded in the trace); give --capacity"))]
 
+# issue 29 (helper hard1): a run's traces that do not belong together, sizes past the model's address space
+def _process(name: str, events: int = 40, **meta):
+    """A setup writing ``name``, a torch process's trace of ``events`` allocations and frees (1 µs apart) made by
+    allocsim's own `TraceWriter`, its metadata ``meta``."""
+    def setup(d):
+        w = TraceWriter(meta={"framework": "torch", **meta}, path=os.path.join(d, name))
+        live = []
+        for k in range(events):
+            if k % 3 == 2:
+                w.free(live.pop(0), t=k * 1000)
+            else:
+                live.append(w.alloc((k % 7 + 1) << 20, t=k * 1000))
+        w.finish()
+    return setup
+
+
+def _processes(*setups):
+    return lambda d: [s(d) for s in setups]
+
+
+#: the two ranks of a run recorded with ``allocsim record -o run.bin -- torchrun ...``, as the recorder writes them
+def _rank(rank: int, name: str | None = None, *, at="2026-11-25T22:51:30+0000", command="train.py", output="run.bin",
+          **meta):
+    return _process(name or f"run.rank{rank}.bin", rank=rank, world_size=2, host="vm", recorded_at=at,
+                    run={"output": output, "command": ["torchrun", "--nproc-per-node", "2", command]}, **meta)
+
+
+_TWO_NAMES = "run.rank01.bin and {d}/run.rank1.bin are both rank 1 of 2: a run holds one trace per process"
+HUNT_29_RUNS: list[Case] = [
+    Case("info-run-world-size-a-million", ["info", "{d}/run.bin"], _run_of(0, 1, world=10**6), status=0,
+         expect="run.bin: no trace of ranks 2\u2013999,999 of its 1,000,000 (999,998 missing; {d}/run.rank2.bin does "
+                "not exist): the run's figures leave them out"),
+    Case("tune-run-world-size-10-to-the-15", ["tune", "{d}/run.bin", "--max-replays", "2", "--no-fit", "--json"],
+         _run_of(0, 1, world=10**15), status=0, stdout_json=True,
+         expect="no trace of ranks 2\u2013999,999,999,999,999 of its 1,000,000,000,000,000 (999,999,999,999,998 "
+                "missing;"),
+    Case("info-run-every-other-rank-missing", ["info", "{d}/run.bin"], _run_of(0, 2, 4, 6, 8, 10, world=100, name="run.rank{r}.bin"),
+         status=0, expect="no trace of ranks 1, 3, 5, 7, ... of its 100 (94 missing; {d}/run.rank1.bin"),
+    Case("info-run-of-rank-1-alone", ["info", "{d}/m.bin"], _run_of(1, name="m.rank{r}.bin"), status=0,
+         expect="m.bin: no trace of rank 0 of its 2 ({d}/m.rank0.bin does not exist): the run's figures leave it out"),
+    Case("tune-run-of-rank-1-alone", ["tune", "{d}/m.bin", "--max-replays", "2", "--no-fit", "--json"],
+         _run_of(1, name="m.rank{r}.bin"), status=0, stdout_json=True, expect="m.bin: no trace of rank 0 of its 2"),
+    Case("plot-run-of-rank-1-alone", ["plot", "{d}/m.bin", "-p", "none", "-o", "{d}/k.png"],
+         _run_of(1, name="m.rank{r}.bin"), status=0, then=_made("k.png"), expect="m.bin: no trace of rank 0 of its 2"),
+    Case("info-run-one-rank-under-two-names", ["info", "{d}/run.bin"], _processes(_rank(1), _rank(1, "run.rank01.bin")), expect=_TWO_NAMES, stdout_empty=True),
+    Case("tune-run-one-rank-under-two-names", ["tune", "{d}/run.bin", "--max-replays", "2", "--no-fit", "--json"],
+         _processes(_rank(0), _rank(1), _rank(1, "run.rank01.bin")), expect=_TWO_NAMES, stdout_empty=True),
+    Case("info-run-one-pid-under-two-names", ["info", "{d}/run.bin"],
+         _processes(_process("run.pid7.bin", pid=7), _process("run.pid07.bin", pid=7)),
+         expect="run.pid07.bin and {d}/run.pid7.bin are both pid 7: a run holds one trace per process",
+         stdout_empty=True),
+    Case("replay-run-of-two-frameworks", ["replay", "{d}/run.bin", "-p", "none"],
+         _processes(_rank(0), _rank(1, framework="cupy")), stdout_empty=True,
+         expect="run.bin: its traces disagree on the framework: {d}/run.rank0.bin says torch, {d}/run.rank1.bin says "
+                "cupy: traces of two runs under one name?"),
+    Case("compare-run-ranks-of-two-commands", ["compare", "{d}/run.bin", "-p", "none"],
+         _processes(_rank(0), _rank(1, command="eval.py")), stdout_empty=True,
+         expect="run.bin: its traces disagree on the run's command: {d}/run.rank0.bin says torchrun --nproc-per-node 2 "
+                "train.py, {d}/run.rank1.bin says torchrun --nproc-per-node 2 eval.py"),
+    Case("tune-run-ranks-of-two-runs", ["tune", "{d}/run.bin", "--max-replays", "2", "--no-fit"],
+         _processes(_rank(0), _rank(1, output="ddp.bin")), stdout_empty=True,
+         expect="run.bin: its traces disagree on the run's name: {d}/run.rank0.bin says run.bin, {d}/run.rank1.bin "
+                "says ddp.bin"),
+    Case("info-run-ranks-recorded-days-apart", ["info", "{d}/run.bin", "--json"],
+         _processes(_rank(0), _rank(1, at="2026-11-27T09:00:00+0000")), status=0, stdout_json=True,
+         expect="run.bin: {d}/run.rank1.bin was recorded at 2026-11-27T09:00:00+0000, after {d}/run.rank0.bin's "
+                "recording (from 2026-11-25T22:51:30+0000) had ended: traces of two runs under one name?"),
+    Case("info-run-ranks-recorded-together", ["info", "{d}/run.bin", "--json"],
+         _processes(_rank(0), _rank(1, at="2026-11-25T22:51:42+0000")), status=0, stderr_lines=0,
+         stdout_json=True),
+]
+
+def _sized(*sizes, framework="torch", total=1 << 50, segment=None, **settings):
+    """A setup writing ``big.bin``: allocations of ``sizes`` on a device of ``total`` bytes, all live at once, then
+    freed; ``segment=(address, bytes)`` a recorded segment first, under the ``settings`` of its allocator."""
+    def setup(d):
+        meta = {"framework": framework, "device": {"name": "big", "total_memory": total}}
+        w = TraceWriter(meta={**meta, **({"allocator_settings": settings} if settings else {})},
+                        path=os.path.join(d, "big.bin"))
+        if segment:
+            w.segment(ev.SEGMENT_ALLOC, *segment, t=0)
+        ids = [w.alloc(n, t=k + 1) for k, n in enumerate(sizes)]
+        for i in ids:
+            w.free(i, t=len(sizes) + 1)
+        w.finish()
+    return setup
+
+
+_TOP_OF_64_BITS = (2**64 - (20 << 20), 20 << 20)
+_PAST_THE_MODEL = "big.bin: event 0: SEGMENT_ALLOC at 0xfffffffffec00000 of 20,971,520 bytes ends past 2**62"
+HUNT_29_SIZES: list[Case] = [
+    Case("replay-a-request-past-the-driver-space", ["replay", "{d}/big.bin", "-p", "torch"], _sized(2**47), status=0,
+         stderr_lines=0, then=lambda d, out: _holds_line(out, "peak reserved", "128.00 TiB")),
+    Case("compare-a-request-past-the-driver-space", ["compare", "{d}/big.bin", "-p", "torch,cupy", "-j", "1"],
+         _sized(2**47), status=0, stderr_lines=0),
+    Case("tune-a-request-past-the-driver-space", ["tune", "{d}/big.bin", "--max-replays", "3", "--no-fit", "--json"],
+         _sized(2**47), status=0, stderr_lines=0, stdout_json=True),
+    Case("replay-cupy-requests-past-the-driver-space", ["replay", "{d}/big.bin", "-p", "cupy"],
+         _sized(2**46, 2**46, 2**46, framework="cupy"), status=0, stderr_lines=0,
+         then=lambda d, out: _holds_line(out, "peak reserved", "192.00 TiB")),
+    Case("replay-segment-at-the-top-of-64-bits", ["replay", "{d}/big.bin", "-p", "torch"],
+         _sized(1 << 20, segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("compare-segment-at-the-top-of-64-bits", ["compare", "{d}/big.bin", "-p", "split,torch", "-j", "1"],
+         _sized(1 << 20, segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("tune-segment-at-the-top-of-64-bits", ["tune", "{d}/big.bin", "--max-replays", "3", "--no-fit"],
+         _sized(1 << 20, segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("replay-expandable-segment-below-2-to-the-63", ["replay", "{d}/big.bin", "-p", "torch"],
+         _sized(1 << 20, segment=(2**63 - (2 << 20), 2 << 20), expandable_segments=True), stdout_empty=True,
+         expect="big.bin: event 0: SEGMENT_ALLOC at 0x7fffffffffe00000 of 2,097,152 bytes ends past 2**62"),
+    Case("replay-cupy-segment-at-the-top-of-64-bits", ["replay", "{d}/big.bin", "-p", "cupy"],
+         _sized(1 << 20, framework="cupy", segment=_TOP_OF_64_BITS), expect=_PAST_THE_MODEL, stdout_empty=True),
+    Case("replay-segment-ending-at-2-to-the-62", ["replay", "{d}/big.bin", "-p", "torch"],
+         _sized(1 << 20, segment=(2**62 - (2 << 20), 2 << 20), expandable_segments=True), status=0,
+         stderr_lines=0),
+]
+
+
+def _holds_line(out: str, label: str, value: str) -> None:
+    """The report's line ``label`` says ``value``."""
+    assert any(line.strip().startswith(label) and value in line for line in out.splitlines()), out
+
+
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
-    + FILLS + _RELATIVE_CAPS
+    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

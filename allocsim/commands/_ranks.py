@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import io
 import json
 import os
@@ -35,7 +36,7 @@ def traces_of(args) -> list[str]:
     names = args.trace if isinstance(args.trace, list) else [args.trace]
     found = [(name, run_traces(name)) for name in names]
     paths = [p for _, paths in found for p in paths]
-    say([line for name, paths in found if len(paths) > 1 for line in check_run(name, paths)] + misnamed(paths))
+    say([line for name, paths in found if paths != [name] for line in check_run(name, paths)] + misnamed(paths))
     return paths
 
 
@@ -48,7 +49,7 @@ def one_trace(name: str, command: str) -> str:
         raise UsageError(f"{shown_name(name)}: no such file; it names a run of {len(paths)} traces "
                          f"({', '.join(shown[:3])}{', ...' if len(paths) > 3 else ''}): {command} takes one; give one "
                          f"rank's trace, e.g. allocsim {command} {shown[0]} ...")
-    say(misnamed(paths))
+    say((check_run(name, paths) if paths != [name] else []) + misnamed(paths))
     return paths[0]
 
 
@@ -59,23 +60,93 @@ def say(warnings: list[str]) -> None:
 
 
 def check_run(name: str, paths: list[str]) -> list[str]:
-    """The ranks of one run agree on its world size (one line naming two that do not); the warning for a rank
-    below it with no trace, as the run's verdict then leaves that process out."""
-    metas = [Trace.load(path, validate=False).meta for path in paths]
+    """The traces a run's name found belong to one run: they agree on what a run shares (`RUN_FIELDS`: one line
+    naming two that do not) and hold each rank once (one line naming two traces of one rank: a copy, or two runs
+    under one name). The warnings: a rank below the world size with no trace, as the run's verdict then leaves that
+    process out (named in bounded words, whatever the world size), and recordings that never overlapped in time."""
+    paths = [path for path in paths if is_trace(path)]      # a log or snapshot is imported, and checked, on its own
+    traces = [Trace.load(path, validate=False) for path in paths]
+    metas = [t.meta for t in traces]
     for path, meta in zip(paths, metas):
         check_meta(meta, path)
-    sizes = [(m["world_size"], path) for m, path in zip(metas, paths) if isinstance(m.get("world_size"), int)]
-    for size, path in sizes[1:]:
-        if size != sizes[0][0]:
-            raise InputError(f"its traces disagree on the world size: {sizes[0][1]} says {sizes[0][0]}, {path} says "
-                             f"{size}", path=name)
-    ranks = {m["rank"] for m in metas if isinstance(m.get("rank"), int)}
-    missing = [r for r in range(sizes[0][0]) if r not in ranks] if sizes else []
-    if not missing:
-        return []
-    return [f"{name}: no trace of rank {', '.join(map(str, missing))} of its {sizes[0][0]} "
-            f"({process_name(name, f'rank{missing[0]}')} does not exist): the run's figures leave "
-            f"{'it' if len(missing) == 1 else 'them'} out"]
+    for what, field in RUN_FIELDS:
+        said = [(field(m), path) for m, path in zip(metas, paths) if field(m) is not None]
+        for value, path in said[1:]:
+            if value != said[0][0]:
+                raise InputError(f"its traces disagree on {what}: {said[0][1]} says {_said(said[0][0])}, {path} says "
+                                 f"{_said(value)}: traces of two runs under one name?", path=name)
+    seen: dict[tuple, str] = {}        # ("rank", 1) or ("pid", 4242) -> its trace
+    for path, meta in zip(paths, metas):
+        key = next(((k, meta[k]) for k in ("rank", "pid") if isinstance(meta.get(k), int)), None)
+        if key in seen:
+            raise InputError(f"{seen[key]} and {path} are both {rank_label(meta)}: a run holds one trace per process "
+                             f"(a copy, or two runs under one name?); name the traces you mean", path=name)
+        if key is not None:
+            seen[key] = path
+    ranks = [n for k, n in seen if k == "rank"]
+    sizes = [m["world_size"] for m in metas if isinstance(m.get("world_size"), int)]
+    missing = [missing_ranks(name, sizes[0], ranks)] if sizes and len(ranks) < sizes[0] else []
+    return missing + apart_in_time(name, traces)
+
+
+#: What every trace of one run says alike, where it says it: ``(name, field)``.
+RUN_FIELDS = (
+    ("the world size", lambda m: m.get("world_size")),
+    ("the framework", lambda m: m.get("framework")),
+    ("the run's command", lambda m: m["run"].get("command") if isinstance(m.get("run"), dict) else None),
+    ("the run's name", lambda m: m["run"].get("output") if isinstance(m.get("run"), dict) else None),
+)
+
+
+def _said(value) -> str:
+    """A metadata value as a line shows it: a command as typed, at most 60 characters."""
+    text = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def missing_ranks(name: str, world: int, present) -> str:
+    """The warning for the ranks below ``world`` with no trace, in bounded words: a few ranges of ranks (``2–999,999``)
+    and their count, O(ranks present), whatever the world size."""
+    gaps, lo = [], 0
+    for rank in sorted(r for r in present if r < world) + [world]:
+        if rank > lo:
+            gaps.append((lo, rank - 1))
+        lo = rank + 1
+    count = sum(hi - lo + 1 for lo, hi in gaps)
+    shown = ", ".join(f"{lo:,}" if lo == hi else f"{lo:,}\u2013{hi:,}" for lo, hi in gaps[:4])
+    shown += ", ..." if len(gaps) > 4 else ""
+    first = process_name(name, f"rank{gaps[0][0]}")
+    said = ([f"{count:,} missing"] if count > 1 else []) + ([] if os.path.lexists(first) else [f"{first} does not exist"])
+    return (f"{name}: no trace of {'rank' if count == 1 else 'ranks'} {shown} of its {world:,}"
+            + (f" ({'; '.join(said)})" if said else "") + f": the run's figures leave {'it' if count == 1 else 'them'} out")
+
+
+#: Seconds of slack when judging whether two recordings overlapped: `recorded_at` is to the second, and the ranks'
+#: hosts' clocks may differ a little.
+CLOCK_SLACK = 60
+
+
+def apart_in_time(name: str, traces) -> list[str]:
+    """A warning naming two traces whose recordings never overlapped in time (``recorded_at`` and the last event's
+    time): the processes of one run run together, so these are more likely two runs under one name."""
+    spans = []
+    for t in traces:
+        try:
+            start = datetime.datetime.strptime(str(t.meta.get("recorded_at")), "%Y-%m-%dT%H:%M:%S%z").timestamp()
+        except ValueError:          # not said (an imported trace), or not in the recorder's form
+            continue
+        end = start + (int(t.records["time_ns"][-1]) / 1e9 if len(t.records) else 0)
+        spans.append((start, end, t))
+    spans.sort(key=lambda s: s[0])
+    latest = spans[0] if spans else None            # of the recordings begun so far, the one that ended last
+    for start, end, t in spans[1:]:
+        if start > latest[1] + CLOCK_SLACK:
+            a = latest[2]
+            return [f"{name}: {shown_name(t.path)} was recorded at {t.meta['recorded_at']}, after "
+                    f"{shown_name(a.path)}'s recording (from {a.meta['recorded_at']}) had ended: traces of two runs "
+                    f"under one name?"]
+        latest = max(latest, (start, end, t), key=lambda s: s[1])
+    return []
 
 
 def misnamed(paths: list[str]) -> list[str]:
