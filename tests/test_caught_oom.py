@@ -134,7 +134,7 @@ def test_info_and_replay_on_the_command_line(tmp_path, capsys):
     assert "requests the program survives failing: 1 (cuDNN workspace tries, up to 30.00 MiB)" in capsys.readouterr().out
     assert main(["replay", path, "-p", "torch", "--cap", "40MiB", "--no-sections"]) == 0
     out, err = capsys.readouterr()
-    assert "caught OOMs                         1" in out
+    assert "OOMs survived                       1" in out
     assert len(err.strip().splitlines()) == 1 and "survives failing" in err and "none assumed" in err
     workspace_trace(0).save(path)
     assert main(["info", path]) == 0

@@ -82,9 +82,12 @@ def replay_summary(result) -> str:
     lines += [f"    recorded OOM at event {at}: served under this policy/setting (would not have happened)"
               for at in r.get("ooms_avoided", ())[:5]]
     if r.get("caught_ooms"):
-        lines.append(f"  caught OOMs              {r['caught_ooms']:>12,}   (requests the program survives failing: "
-                     f"it went on without them)")
-        lines += [f"    {oom_line(o)}" for o in r["caught_oom_events"][:3]]
+        lines.append(f"  OOMs survived            {r['caught_ooms']:>12,}   (the program catches them and goes on: "
+                     f"the replay went on without the request" + (
+                         f"; its tries dropped {r['unwound_blocks']:,} blocks and skipped {r['skipped_allocs']:,} "
+                         f"requests" if r.get("unwound_blocks") or r.get("skipped_allocs") else "") + ")")
+        lines += [f"    {oom_line(o)}" + (f"  (in try \"{_fields(o)['scope']}\")" if _fields(o).get("scope") else "")
+                  for o in r["caught_oom_events"][:3]]
     if lat:
         lines.append(f"  malloc latency ({'measured' if r['latency_measured'] else 'modeled'}) "
                      f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
