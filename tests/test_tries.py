@@ -291,3 +291,45 @@ def test_sure_load_leaves_out_what_a_try_can_drop():
     t = autotune_trace()
     assert t.load_bytes == 46 * MiB and sure_load(t) == 24 * MiB       # a + e; b, c, d, f can be dropped
     assert sure_load(without_scopes(t)) == 46 * MiB
+
+
+# ---- compare, fit, tune, validate ----------------------------------------------------------------------------
+def test_compare_fit_and_tune_live_through_survived_ooms(tmp_path):
+    from allocsim.tune import tune
+    t = autotune_trace({"device": {"total_memory": 80 * MiB}})
+    path = str(tmp_path / "t.bin")
+    t.save(path)
+    rows = allocsim.compare(path, ["split", "torch"], caps=[40 * MiB])
+    assert all(r["completed"] and not r["ooms"] and r["caught_ooms"] == 1 for r in rows)
+    f = allocsim.fit_capacity(path, "split")
+    assert f["capacity_bytes"] == 24 * MiB and f["survived_ooms"] == 1     # a + e: below LOAD (46 MiB)
+    res = tune(path, cap=40 * MiB)
+    assert res.best is not None and res.best["caught_ooms"] == 1 and not res.best["ooms"]
+
+
+def recorded_capped_trace() -> Trace:
+    """A torch run recorded under a 40 MiB limit that survived an OOM inside a try: 12 MiB (a) in a segment, then in
+    a try 12 MiB (b) in another, a 30 MiB request that failed (its OOM record), b freed as the exception left; after
+    the try 12 MiB (c) from b's cached segment."""
+    w = TraceWriter({"framework": "torch", "allocator_settings": {}, "device": {"total_memory": 80 << 30}})
+    w.record(ev.SET_LIMIT, size=40 * MiB, addr=ev.fraction_bits(40 * MiB / (80 << 30)))
+    w.segment(ev.SEGMENT_ALLOC, 1 << 32, 12 * MiB)
+    a = w.alloc(12 * MiB, addr=1 << 32)
+    s = w.begin(ev.TRY_BEGIN, "back-off")
+    w.segment(ev.SEGMENT_ALLOC, 2 << 32, 12 * MiB)
+    b = w.alloc(12 * MiB, addr=2 << 32)
+    w.oom(30 * MiB, device_free=40 * MiB)
+    w.free(b)
+    w.end(ev.TRY_END, "back-off", s)
+    c = w.alloc(12 * MiB, addr=2 << 32)
+    w.free(c)
+    w.free(a)
+    return w.finish()
+
+
+def test_a_recorded_capped_run_with_survived_ooms_validates():
+    from allocsim.validate import validate
+    v = validate(recorded_capped_trace())
+    assert v.match and v.try_scopes == 1
+    assert {"name": "OOMs survived", "recorded": 0, "model": 0, "ok": True} in v.checks
+    assert {"name": "OOMs", "recorded": 1, "model": 1, "ok": True} in v.checks

@@ -40,12 +40,17 @@ class Scopes:
 def scopes_of(trace, begin_kind: int = ev.TRY_BEGIN) -> Scopes:
     """The scopes of ``begin_kind`` (`events.TRY_BEGIN` or `events.PHASE_BEGIN`) in ``trace``, kept for its next
     reads (the last few traces)."""
-    key = (id(trace), begin_kind)
+    return _kept(trace, begin_kind, lambda: _read(trace, begin_kind))
+
+
+def _kept(trace, what, make):
+    """``make()``, read from ``trace``, kept for its next reads (with the trace, so that its id is not reused)."""
+    key = (id(trace), what)
     kept = _KEPT.get(key)
     if kept is not None and kept[0] is trace:
         return kept[1]
-    out = _read(trace, begin_kind)
-    if len(_KEPT) >= 16:
+    out = make()
+    if len(_KEPT) >= 32:
         _KEPT.clear()
     _KEPT[key] = (trace, out)
     return out
@@ -85,15 +90,18 @@ def label_of(trace, scopes: Scopes, k: int) -> str:
 def may_survive(trace) -> bool:
     """Whether a replay of ``trace`` may survive a failed request: it holds TRY scopes or ALLOCs flagged
     `events.CATCHES_OOM`."""
-    return bool(len(scopes_of(trace))) or bool(np.any((trace.kind == ev.ALLOC) & (trace.flags & ev.CATCHES_OOM != 0)))
+    return _kept(trace, "survive", lambda: bool(len(scopes_of(trace))) or bool(
+        np.any((trace.kind == ev.ALLOC) & (trace.flags & ev.CATCHES_OOM != 0))))
 
 
 def sure_load(trace) -> int:
     """The peak live requested bytes of the objects no survived failure can drop: those allocated outside every TRY
     scope and not flagged `events.CATCHES_OOM` (LOAD where the trace holds neither). A replay that lives (no OOM that
     stops it) holds at least these: the least memory any policy needs."""
-    if not may_survive(trace):
-        return trace.load_bytes
+    return trace.load_bytes if not may_survive(trace) else _kept(trace, "sure load", lambda: _sure_load(trace))
+
+
+def _sure_load(trace) -> int:
     kind, ids = trace.kind, trace.id.astype(np.int64)
     alloc = kind == ev.ALLOC
     sure = alloc & ~scopes_of(trace).inside(len(trace)) & (trace.flags & ev.CATCHES_OOM == 0)
