@@ -333,3 +333,65 @@ def test_a_recorded_capped_run_with_survived_ooms_validates():
     assert v.match and v.try_scopes == 1
     assert {"name": "OOMs survived", "recorded": 0, "model": 0, "ok": True} in v.checks
     assert {"name": "OOMs", "recorded": 1, "model": 1, "ok": True} in v.checks
+
+
+# ---- cuDNN's plan searches without C++ stacks ----------------------------------------------------------------
+def plan_search_trace(release: str) -> tuple[Trace, int, int]:
+    """A search's workspace w (its own segment) freed, then the emptyCache's segment free: directly
+    (``release`` "none": main's recorder), after a CACHE_RELEASE the recorder inferred ("inferred") or after the
+    program's own ``empty_cache()`` ("program"); then the chosen plan's workspace p and an ordinary request x whose
+    FREE is followed by a segment alloc. Returns the trace, w's index and the CACHE_RELEASE's (or -1)."""
+    w = TraceWriter({"framework": "torch"})
+    w.segment(ev.SEGMENT_ALLOC, 1 << 32, 64 * MiB)
+    ws = w.alloc(64 * MiB, addr=1 << 32)
+    at = w.count - 1
+    w.free_requested(ws)
+    w.free(ws)
+    rel = -1
+    if release != "none":
+        rel = w.count
+        w.record(ev.CACHE_RELEASE)
+    w.segment(ev.SEGMENT_FREE, 1 << 32, 64 * MiB)
+    p = w.alloc(8 * MiB)
+    x = w.alloc(MiB)
+    w.free(x)
+    w.segment(ev.SEGMENT_ALLOC, 2 << 32, 20 * MiB)
+    w.free(p)
+    return w.finish(), at, rel
+
+
+@pytest.mark.parametrize("release", ["none", "inferred", "program"])
+def test_plan_searches_are_the_requests_an_emptycache_follows(release, tmp_path):
+    from allocsim.recorders.cudnn import flag_plan_searches, plan_searches
+    t, at, rel = plan_search_trace(release)
+    program = [rel] if release == "program" else []
+    want = [] if release == "program" else [at]
+    assert plan_searches(t.records, program).tolist() == want
+    path = str(tmp_path / "t.bin")
+    t.save(path)
+    assert flag_plan_searches(path, program) == len(want)
+    flagged = Trace.load(path)
+    assert np.flatnonzero(flagged.flags & ev.CATCHES_OOM).tolist() == want
+    assert flag_plan_searches(path, program) == 0          # flagged already
+
+
+def test_the_torch_recorder_seals_its_trace_with_the_plan_searches(tmp_path, monkeypatch):
+    """`Recorder.seal` runs on the finished file before it is published; the torch recorder's flags the searches
+    where cudnn.benchmark is on and no C++ stacks are kept."""
+    from types import SimpleNamespace
+    from allocsim.recorders import cudnn
+    t, at, _ = plan_search_trace("inferred")
+    for benchmark, stacks, want in ((True, False, [at]), (False, False, []), (True, "all", [])):
+        rec = FakeRecorder()
+        rec.out = str(tmp_path / f"out-{benchmark}-{stacks}.bin")
+        rec.stacks, rec.program_releases = stacks, []
+        rec.torch = SimpleNamespace(backends=SimpleNamespace(cudnn=SimpleNamespace(benchmark=benchmark)))
+        rec.open_trace({"framework": "torch"})
+        for r in np.asarray(t.records).tolist():
+            kind, flags, stream, id_, site, aux, size, time_ns, addr = r
+            rec.writer.record(kind, flags=flags, id_=id_, aux=aux, size=size, addr=addr)
+        rec.seal = cudnn.seal.__get__(rec)
+        out = rec.close_trace()
+        assert np.flatnonzero(out.flags & ev.CATCHES_OOM).tolist() == want
+        assert np.flatnonzero(Trace.load(rec.out).flags & ev.CATCHES_OOM).tolist() == want
+        assert any("plan-search" in n for n in rec.notes) == bool(benchmark and stacks != "all")
