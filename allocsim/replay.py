@@ -10,7 +10,8 @@ at a time:
   None is an OOM, which stops the walk unless ``keep_going``; of an ALLOC flagged
   CATCHES_OOM (the program catches its failure: a cuDNN workspace try) it is a caught OOM,
   counted apart, and the walk goes on without it (its FREE is skipped; the request the
-  program made next is not in the trace: none is assumed; docs/allocator-dependent.md);
+  program made next is not in the trace: none is assumed; docs/allocator-dependent.md), except
+  a cuDNN plan search's, which asks again for half as much until one is granted (`_halve`);
   inside a TRY scope (code that catches an OOM and goes on: `allocsim.tries()`, inductor's
   autotuning) it is an OOM the program survives: counted with those, and the innermost try
   unwinds as the exception would (`_unwind_try`: the blocks allocated inside it since its
@@ -59,13 +60,14 @@ from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT
-from .trace.scopes import label_of, scopes_of
+from .trace.scopes import label_of, plan_search_set, scopes_of
 from .trace import trace as trace_records
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
 S_RECORDED_OOM = "recorded OOM attempt"
 S_CACHE_RELEASE = "cache release"
+S_HALVED = "halved workspace retry"
 #: The events the walk drives besides ALLOC and FREE: the pressure events and the private-pool events.
 STEERING = PRESSURE + POOL
 S_PERIODIC_GC = "gc(false) (periodic)"
@@ -399,6 +401,7 @@ class Replay:
         fused = self.policy.fused_loop() if s.fast_path and not guard else None   # a guarded walk: plain
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
         self._unwind = None             # (BEGIN, failed request, END) trace indices of the try to unwind next
+        self._retry = None              # (chunk, position, size, stream) of a plan search's workspace to halve next
         self._result = None
         self._closed = False
         self._fold_until = None         # the trace index the walk is to reach (None: the end; -1: no folding)
@@ -583,10 +586,13 @@ class Replay:
                 lo = self._walk_fused(c, lo, hi, lat)
             else:
                 lo = self._walk_plain(c, lo, hi, lat.append)
-            if self._unwind is None:
+            if self._unwind is None and self._retry is None:
                 return lo
             w.stopped = False
-            self._unwind_try()
+            if self._retry is not None:
+                self._halve()
+            else:
+                self._unwind_try()
             if lo >= hi:
                 return lo
 
@@ -608,6 +614,33 @@ class Replay:
             w.unwound += 1
             self._drop(i, size, ever=False)
         w.skip_until = end
+
+    def _halve(self) -> None:
+        """The workspace request of a cuDNN plan search failed (`_retry`): ``generate_and_filter_plans`` catches the
+        OOM and asks for half as much, until a request is granted or the size reaches 0; each failure is an OOM
+        survived. The one granted holds the object's block (its FREE frees it)."""
+        (c, j, size, stream), self._retry = self._retry, None
+        w, pol, dev = self._w, self.policy, self.device
+        n, h = size // 2, None
+        with self._root_section(S_HALVED):
+            while n and h is None:
+                h = pol.malloc(n, stream)
+                if h is None:
+                    self._oom_record(c, j, n, stream, recorded=False, caught=True, scope=None)
+                    n //= 2
+        if h is None:
+            return
+        i = c.item("ids", j)
+        self.handles[i] = h
+        if not self.runtime.eager:
+            self.runtime.on_alloc(i, n)
+        size = w.failed.pop(i)
+        w.failed_live -= size
+        w.failed_cum -= size
+        a, r = pol.allocated, dev.reserved
+        w.peak_alloc = max(w.peak_alloc, a)
+        if r > w.peak_res:
+            self._new_peak(r, a, int(c.at[j]), stream)
 
     def _walk_skipping(self, c, lo, hi, lat) -> int:
         """Events ``lo`` to ``hi`` of chunk ``c`` while a try is unwound: its ALLOCs (before ``skip_until``) are
@@ -799,9 +832,22 @@ class Replay:
             if k is not None:
                 caught, scope = True, label_of(self.trace, tries, k)
                 self._unwind = (int(tries.begin[k]), at, int(tries.end[k]))
-        live = live_through(self.trace, self._live, at) - (0 if recorded else size)   # an OOM record adds none
         if not recorded:
             self._drop(c.item("ids", j), size, ever=True)
+        self._oom_record(c, j, size, stream, recorded=recorded, caught=caught, scope=scope)
+        if caught and scope is None and size > 1 and at in plan_search_set(self.trace):
+            self._retry = (c, j, size, stream)      # a plan search: it asks again for half (`_halve`)
+        elif scope is None and (recorded or caught or self.keep_going):
+            return False
+        w.stopped = True
+        return True
+
+    def _oom_record(self, c, j, size, stream, *, recorded: bool, caught: bool, scope) -> None:
+        """File an `OOMRecord` of a failed request of ``size`` bytes at driving event j of chunk c, with the state
+        now: an OOM, or one the program survives (``caught``)."""
+        w, pol, dev = self._w, self.policy, self.device
+        at = int(c.at[j])
+        live = live_through(self.trace, self._live, at) - (0 if recorded else c.item("sizes", j))  # (a record: none)
         free = pol.free_breakdown(stream)
         (w.caught if caught else w.ooms).append(OOMRecord(
             at, size, stream, live, pol.allocated, dev.reserved,
@@ -809,10 +855,6 @@ class Replay:
             breakdown=None if free is None else breakdown(
                 dev.reserved, pol.allocated, self._trace_bytes(at, self._live, self._allocs) + self._held(), free),
             caught=caught, scope=scope))
-        if scope is None and (recorded or caught or self.keep_going):
-            return False
-        w.stopped = True
-        return True
 
     def _pressure(self, c, j, kind, size, stream) -> None:
         """Drive one pressure event (see the module docstring)."""

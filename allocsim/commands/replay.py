@@ -84,7 +84,8 @@ def run_one(args) -> int:
         print(f"allocsim: {name}: {len(flagged)} request{'s' if len(flagged) > 1 else ''} that the program "
               f"survives failing (cuDNN workspace tries) failed, the first at {oom_line(flagged[0])}: "
               f"the replay went on without them, as the program goes on to its next config, whose request the "
-              f"trace does not hold (none assumed; docs/allocator-dependent.md)", file=sys.stderr)
+              f"trace does not hold (none assumed; a benchmark-mode plan search asks again for half, as cuDNN "
+              f"does; docs/allocator-dependent.md)", file=sys.stderr)
     tried = [o for o in res.caught_oom_events if o.scope is not None]
     if tried:
         print(f"allocsim: {name}: {len(tried)} OOM{'s' if len(tried) > 1 else ''} inside code that catches "

@@ -16,37 +16,7 @@ import numpy as np
 
 from ..trace import events as ev
 from ..trace.format import read_trace_file
-
-#: Segment calls that give memory back (an emptyCache frees segments, or unmaps expandable ones).
-_RELEASING = (ev.SEGMENT_FREE, ev.SEGMENT_UNMAP)
-#: The kinds the rule reads, in order: the block, segment and release events (not FREE_REQUESTED, MARK, ...).
-_SEEN = (ev.ALLOC, ev.FREE, ev.SEGMENT_ALLOC, ev.SEGMENT_MAP, *_RELEASING, ev.CACHE_RELEASE, ev.OOM)
-
-
-def plan_searches(records: np.ndarray, program_releases=()) -> np.ndarray:
-    """Trace indices of the ALLOCs whose FREE is followed at once by segment frees (or a CACHE_RELEASE that is
-    not one of ``program_releases``, the trace indices of the program's own ``empty_cache()`` calls, then
-    segment frees): the workspaces of cuDNN's plan searches in benchmark mode. O(records)."""
-    kind = np.asarray(records["kind"])
-    at = np.flatnonzero(np.isin(kind, _SEEN))
-    k = kind[at]
-    nxt = np.append(k[1:], 0)
-    after = np.append(k[2:], [0, 0])
-    inferred = (nxt == ev.CACHE_RELEASE) & np.isin(after, _RELEASING)
-    if len(program_releases):
-        inferred &= ~np.isin(np.append(at[1:], -1), np.asarray(list(program_releases), np.int64))
-    frees = at[(k == ev.FREE) & (np.isin(nxt, _RELEASING) | inferred)]
-    if not len(frees):
-        return np.zeros(0, np.int64)
-    allocs = at[k == ev.ALLOC]
-    ids = np.asarray(records["id"])
-    order = np.argsort(ids[allocs], kind="stable")
-    sorted_ids = ids[allocs][order]
-    want = ids[frees]
-    pos = np.minimum(np.searchsorted(sorted_ids, want), len(sorted_ids) - 1)
-    found = sorted_ids[pos] == want
-    return np.sort(allocs[order[pos[found]]])
-
+from ..trace.scopes import plan_searches
 
 def flag_plan_searches(path: str, program_releases=()) -> int:
     """Flag `plan_searches` of the trace file ``path`` (finished, not yet published) `events.CATCHES_OOM` in

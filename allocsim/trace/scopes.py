@@ -1,5 +1,6 @@
-"""A trace's scopes (`events.SCOPES`) as extents, read once per trace: which TRY scope a failed request lies in (what
-a replay unwinds, docs/allocator-dependent.md, "Try scopes"), and the requests no failure can drop.
+"""What a replay reads of the OOMs a program survives, once per trace: its scopes (`events.SCOPES`) as extents,
+which TRY scope a failed request lies in (what a replay unwinds, docs/allocator-dependent.md, "Try scopes"), the
+requests no failure can drop, and cuDNN's plan searches (`plan_searches`: a failed one asks again for half).
 
 A scope's END closes the open BEGIN of its serial (``size``), and with it any open inside it; an END without an open
 BEGIN is ignored; a scope left open (a trace cut short) ends at the trace's end.
@@ -112,3 +113,45 @@ def _sure_load(trace) -> int:
     free = kind == ev.FREE
     delta[free] = -size[np.minimum(ids[free], len(size) - 1)]
     return int(max(np.cumsum(delta).max(initial=0), 0))
+
+
+#: Segment calls that give memory back (an emptyCache frees segments, or unmaps expandable ones).
+_RELEASING = (ev.SEGMENT_FREE, ev.SEGMENT_UNMAP)
+#: The kinds the rule reads, in order: the block, segment and release events (not FREE_REQUESTED, MARK, ...).
+_SEEN = (ev.ALLOC, ev.FREE, ev.SEGMENT_ALLOC, ev.SEGMENT_MAP, *_RELEASING, ev.CACHE_RELEASE, ev.OOM)
+
+
+def plan_searches(records: np.ndarray, program_releases=()) -> np.ndarray:
+    """Trace indices of the ALLOCs whose FREE is followed at once by segment frees (or a CACHE_RELEASE that is
+    not one of ``program_releases``, the trace indices of the program's own ``empty_cache()`` calls, then
+    segment frees): the workspaces of cuDNN's plan searches in benchmark mode. O(records)."""
+    kind = np.asarray(records["kind"])
+    at = np.flatnonzero(np.isin(kind, _SEEN))
+    k = kind[at]
+    pad = np.append(k, [0, 0])      # (0: no kind) past the end
+    nxt, after = pad[1:len(k) + 1], pad[2:len(k) + 2]
+    inferred = (nxt == ev.CACHE_RELEASE) & np.isin(after, _RELEASING)
+    if len(program_releases):
+        inferred &= ~np.isin(np.append(at[1:], -1), np.asarray(list(program_releases), np.int64))
+    frees = at[(k == ev.FREE) & (np.isin(nxt, _RELEASING) | inferred)]
+    allocs = at[k == ev.ALLOC]
+    if not len(frees) or not len(allocs):
+        return np.zeros(0, np.int64)
+    ids = np.asarray(records["id"])
+    order = np.argsort(ids[allocs], kind="stable")
+    sorted_ids = ids[allocs][order]
+    want = ids[frees]
+    pos = np.minimum(np.searchsorted(sorted_ids, want), len(sorted_ids) - 1)
+    found = sorted_ids[pos] == want
+    return np.sort(allocs[order[pos[found]]])
+
+
+def plan_search_set(trace) -> frozenset:
+    """Trace indices of the ALLOCs flagged `events.CATCHES_OOM` that are cuDNN plan searches (`plan_searches`): a
+    replay that fails one asks again for half as much (docs/allocator-dependent.md, "cuDNN's halving")."""
+    def make():
+        if not np.any((trace.kind == ev.ALLOC) & (trace.flags & ev.CATCHES_OOM != 0)):
+            return frozenset()
+        at = plan_searches(trace.records)
+        return frozenset(at[(np.asarray(trace.flags[at]) & ev.CATCHES_OOM) != 0].tolist())
+    return _kept(trace, "plan searches", make)
