@@ -573,9 +573,9 @@ class Replay:
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
-        where the walk got to (past an OOM that stops). A survived OOM inside a try stops the fused or plain
-        walk for a moment (as an OOM that stops it does): the try is unwound here and the walk goes on, through
-        the ALLOCs it skips (`_walk_skipping`)."""
+        where the walk got to (past an OOM that stops). A survived OOM inside a try, or of a cuDNN plan search,
+        stops the fused or plain walk for a moment (as an OOM that stops it does): the try is unwound here and the
+        walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`)."""
         w = self._w
         while True:
             if w.skip_until is not None:
@@ -821,8 +821,9 @@ class Replay:
 
     def _oom(self, c, j, size, stream, *, recorded: bool = False) -> bool:
         """Record an OOM at driving event j of chunk c; True if the walk stops here (neither a recorded OOM nor a
-        caught one stops it)."""
-        w, pol, dev = self._w, self.policy, self.device
+        survived one stops it; one whose try unwinds, or a plan search that asks again, stops it for a moment:
+        `_walk_chunk`)."""
+        w = self._w
         caught = not recorded and c.caught is not None and j in c.caught
         at = int(c.at[j])
         scope = None
