@@ -441,3 +441,31 @@ def test_the_torch_recorder_seals_its_trace_with_the_plan_searches(tmp_path, mon
         assert np.flatnonzero(out.flags & ev.CATCHES_OOM).tolist() == want
         assert np.flatnonzero(Trace.load(rec.out).flags & ev.CATCHES_OOM).tolist() == want
         assert any("plan-search" in n for n in rec.notes) == bool(benchmark and stacks != "all")
+
+
+def test_a_folded_replay_with_tries_is_the_full_walk():
+    """Steps that survive an OOM in a try are walked; the steps after, which repeat, fold, and the result is the
+    full walk's."""
+    w = TraceWriter({"framework": "torch"})
+    keep = w.alloc(4 * MiB)
+    for step in range(40):
+        w.mark("step")
+        a = w.alloc(8 * MiB)
+        s = w.begin(ev.TRY_BEGIN, "t")
+        b = w.alloc((30 if step < 3 else 2) * MiB)          # fails under 32 MiB in the first steps only
+        c = w.alloc(MiB)
+        for i in (c, b):
+            w.free(i)
+        w.end(ev.TRY_END, "t", s)
+        w.free(a)
+    w.free(keep)
+    t = w.finish()
+    for policy in ("split", "torch", "cupy"):
+        folded = Replay(t, policy, cap=32 * MiB, capacity=None)
+        got = folded.run()
+        want = replay(t, policy, cap=32 * MiB, capacity=None, fold=False)
+        assert got.caught_ooms == 3 and got.skipped_allocs == 3 and folded.folded is not None
+        d, e = got.to_dict(), want.to_dict()
+        for x in (d, e):
+            x.pop("replay_seconds")
+        assert d == e
