@@ -469,3 +469,17 @@ def test_a_folded_replay_with_tries_is_the_full_walk():
         for x in (d, e):
             x.pop("replay_seconds")
         assert d == e
+
+
+def test_a_checkpoint_inside_an_unwound_try_resumes_as_the_walk_goes_on():
+    t = autotune_trace()
+    whole = replay(t, "torch", cap=40 * MiB, capacity=None).to_dict()
+    r = Replay(t, "torch", cap=40 * MiB, capacity=None)
+    r.step(4)                           # past the failed request: the try's later ALLOCs are being skipped
+    assert r._w.skip_until is not None and r.can_checkpoint()
+    again = Replay(t, "torch", cap=40 * MiB, capacity=None)
+    again.resume(r.checkpoint())
+    got = again.run().to_dict()
+    for d in (whole, got):
+        d.pop("replay_seconds")
+    assert got == whole
