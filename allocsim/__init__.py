@@ -19,6 +19,7 @@ Python API (the same names as the command line)::
     allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
     with allocsim.recording("run.bin"): train()       # record from inside Python (docs/recording.md)
     allocsim.start_recording("run.bin"); ...; allocsim.stop_recording()
+    with allocsim.tries("back-off"): ...  # code there catches an OOM and goes on: a replay under a cap survives it
     allocsim.build()                  # which build runs: "interpreted", or the compiled modules
 """
 from .compiled import build         # first: with ALLOCSIM_INTERPRETED set, the compiled modules load from source
@@ -27,7 +28,7 @@ from .fit import fit_capacity
 from .importers import import_file as import_trace
 from .metrics import ReplayResult
 from .replay import Replay, ReplaySettings, replay
-from .recorders import mark
+from .recorders import mark, tries
 from .recorders.session import recording, start_recording, stop_recording
 from .spec import PolicySpec
 from .sweep import compare
@@ -40,4 +41,4 @@ from .version import __version__
 
 __all__ = ["CostModel", "build", "PolicySpec", "Replay", "ReplayResult", "ReplaySettings", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
            "import_trace", "mark", "parse_size", "recording", "replay", "start_recording", "stop_recording", "synthesize",
-           "validate_trace", "__version__"]
+           "tries", "validate_trace", "__version__"]

@@ -104,6 +104,7 @@ from dataclasses import dataclass
 
 from .spec import PolicySpec
 from .sweep import Cell, Settings, cached_trace, run_cell
+from .trace.scopes import sure_load
 
 MiB = 1 << 20
 MAX_REPLAYS = 1000      # per policy, for the walk down from the peak
@@ -119,6 +120,8 @@ class Probe:
     load: int
     peak: int
     pinned: bool = False        # it certifies its own cap alone (the policy read the cap's value)
+    survived: int = 0           # OOMs the program survives (a TRY scope, CATCHES_OOM): it lives through them
+    least: int | None = None    # the least memory any replay that lives needs (`sure_load`; None: LOAD)
 
 
 def probe(args) -> Probe:
@@ -132,13 +135,15 @@ def probe(args) -> Probe:
     if r is None:
         row, res = run_cell(cell, settings, full=True)
         lo, hi = res.certified_limits
-        return Probe(not row["ooms"], lo, row["load_bytes"], row["peak_reserved_bytes"], lo == hi)
+        return Probe(not row["ooms"], lo, row["load_bytes"], row["peak_reserved_bytes"], lo == hi,
+                     row["caught_ooms"] or 0, sure_load(cached_trace(trace)))
     try:
         res = _Trail.walk(r, cell, after[0] if after else ())
     finally:
         r.close()
     lo, hi = res.certified_limits
-    return Probe(not res.ooms, lo, res.load_bytes, res.peak_reserved_bytes, lo == hi)
+    return Probe(not res.ooms, lo, res.load_bytes, res.peak_reserved_bytes, lo == hi, res.caught_ooms,
+                 sure_load(r.trace))
 
 
 def _resumable(cell: Cell, settings: Settings):
@@ -272,7 +277,7 @@ class Walk:
         self.phase = "unlimited"        # then "down" from the peak (or "bisect"), "islands" below the safe cap, "done"
         self.need: int | None = None
         self.load = self.peak = self.safe = self.island = None
-        self.floor = self.lo = self.hi = 0
+        self.floor = self.lo = self.hi = self.survived = 0
         self.passed_unlimited = self.threshold = True
 
     @property
@@ -307,10 +312,12 @@ class Walk:
             if not p.passed:            # it runs out even with no cap: no capacity is safe
                 self.phase = "done"
                 return
-            self.floor = max(p.load, 1)     # below LOAD every replay fails; a cap of 0 means none
+            # below LOAD every replay fails (below what no survived OOM can drop); a cap of 0 means none
+            self.floor = max(p.load if p.least is None else p.least, 1)
             # what it certifies: from the largest need it granted (above its peak where the policy asked for more
             # than it got: expandable segments' `fits`); pinned, nothing else: the walk replays the peak first
             self.safe = p.peak if p.pinned else p.lowest
+            self.survived = p.survived
             if self.top is not None and self.safe > self.top:     # above the cap: nothing to replay
                 self.phase, self.need = "down", self.top
                 return
@@ -320,7 +327,7 @@ class Walk:
             self._down()
         elif self.phase == "down":
             if p.passed:        # the lowest grid point certified (at ``top``, not above it)
-                self.safe = min(-(-p.lowest // res) * res, self.need)
+                self.safe, self.survived = min(-(-p.lowest // res) * res, self.need), p.survived
                 self._down()
             elif self.safe is None and self.top is not None and self.need < self.top:
                 self.need = self.top        # a pinned replay failed at its peak: the walk starts from the cap
@@ -328,7 +335,7 @@ class Walk:
                 self._to_islands()
         elif self.phase == "bisect":
             if p.passed:        # certified from its lowest (grid point) up to its cap
-                self.safe = min(-(-p.lowest // res) * res, self.need)
+                self.safe, self.survived = min(-(-p.lowest // res) * res, self.need), p.survived
             else:
                 self.lo = self.need
             self._halve()
@@ -422,6 +429,8 @@ class Walk:
             out.update(digits=self.digits, step_bytes=self.step, fails_bytes=self.lo if self.step else None)
         if self.passed_unlimited:
             out.update(capacity_bytes=self.safe, island_bytes=self.island)
+            if self.survived:           # at the answer the program lives through OOMs it catches
+                out["survived_ooms"] = self.survived
         return out
 
 

@@ -490,7 +490,7 @@ class Folder:
         """``(fingerprint bytes, id -> address)`` of the state now, or None when it cannot be folded."""
         r = self.r
         w, pol, dev, rt = r._w, r.policy, r.device, r.runtime
-        if w.failed or w.stopped:
+        if w.failed or w.stopped or w.skip_until is not None:
             return None
         handles = r.handles
         state = pol.fold_state(handles.values())
@@ -553,7 +553,8 @@ class Folder:
         """The integer totals a window adds to (walk, device, runtime, policy), to repeat."""
         r = self.r
         w, dev, rt = r._w, r.device, r.runtime
-        return ((w.done, w.n_pressure, w.skipped_frees, len(w.ooms), len(w.served), w.peak_alloc, w.peak_res),
+        return ((w.done, w.n_pressure, w.skipped_frees, len(w.ooms), len(w.served), w.peak_alloc, w.peak_res,
+                 len(w.caught), w.skipped_allocs, w.unwound),
                 tuple(getattr(dev, name) for name in DEVICE_COUNTS), tuple(getattr(rt, name) for name in RUNTIME_COUNTS),
                 r.policy.fold_counts())
 

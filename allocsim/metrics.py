@@ -34,9 +34,11 @@ class OOMRecord:
     recorded: bool = False
     #: why reserved > live requested bytes here (`breakdown`); None when the policy cannot say
     breakdown: dict | None = None
-    #: the program catches this failure (an ALLOC flagged CATCHES_OOM, a cuDNN workspace try): the walk went on
-    #: without it (docs/allocator-dependent.md)
+    #: the program survives this failure (an ALLOC flagged CATCHES_OOM, a cuDNN workspace try, or one inside a
+    #: TRY scope): the walk went on without it (docs/allocator-dependent.md)
     caught: bool = False
+    #: the label of the TRY scope that survived it (the try unwound), None if none
+    scope: str | None = None
 
 
 @dataclass
@@ -75,9 +77,13 @@ class ReplayResult:
     oom_events: list = field(default_factory=list)
     #: trace indices of the recorded OOMs this policy/setting served (they would not have happened)
     ooms_avoided: list = field(default_factory=list)
-    #: failed requests the program catches (CATCHES_OOM): counted apart from ``ooms``, the walk went on past them
+    #: OOMs the program survives (a request flagged CATCHES_OOM, or one inside a TRY scope): counted apart from
+    #: ``ooms``, the walk went on past them
     caught_ooms: int = 0
     caught_oom_events: list = field(default_factory=list)
+    #: what the tries those OOMs unwound dropped: blocks freed at the failure, later ALLOCs skipped up to the END
+    unwound_blocks: int = 0
+    skipped_allocs: int = 0
     alloc_time_seconds: float = 0.0
     total_time_seconds: float = 0.0
     #: the part of ``total_time_seconds`` spent in device calls (cudaMalloc, cudaFree and the sync it implies)
@@ -323,6 +329,7 @@ def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs
         gc_incremental=rt.gc_incremental, gc_full=rt.gc_full, gc_time_seconds=rt.gc_time,
         gc_reclaimed_bytes=rt.reclaimed_bytes, ooms=len(ooms), oom_events=list(ooms),
         ooms_avoided=[at for at, _, _ in w.served], caught_ooms=len(w.caught), caught_oom_events=list(w.caught),
+        unwound_blocks=w.unwound, skipped_allocs=w.skipped_allocs,
         alloc_time_seconds=alloc_time,
         total_time_seconds=dev.clock, device_time_seconds=dev.malloc_time + dev.free_time, latency=w.latency.summary(), counters=counters,
         latency_measured=pol.real_gpu or getattr(dev, "measured", False),

@@ -10,7 +10,12 @@ at a time:
   None is an OOM, which stops the walk unless ``keep_going``; of an ALLOC flagged
   CATCHES_OOM (the program catches its failure: a cuDNN workspace try) it is a caught OOM,
   counted apart, and the walk goes on without it (its FREE is skipped; the request the
-  program made next is not in the trace: none is assumed; docs/allocator-dependent.md);
+  program made next is not in the trace: none is assumed; docs/allocator-dependent.md), except
+  a cuDNN plan search's, which asks again for half as much until one is granted (`_halve`);
+  inside a TRY scope (code that catches an OOM and goes on: `allocsim.tries()`, inductor's
+  autotuning) it is an OOM the program survives: counted with those, and the innermost try
+  unwinds as the exception would (`_unwind_try`: the blocks allocated inside it since its
+  BEGIN and still live are freed, every later ALLOC up to its END is skipped, and their FREEs);
 - FREE: the handle goes to the runtime (``gc``) or the policy (``eager``); a FREE the
   recorded run made inside the next request (flag ``IN_REQUEST``: CuPy's ``gc.collect()``
   on its limit or OOM path) is held by the eager runtime and reaches the policy at the
@@ -55,12 +60,14 @@ from .sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from .trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from .trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT
+from .trace.scopes import label_of, plan_search_set, scopes_of
 from .trace import trace as trace_records
 from .trace.trace import CHUNK, LiveBytes
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
 S_RECORDED_OOM = "recorded OOM attempt"
 S_CACHE_RELEASE = "cache release"
+S_HALVED = "halved workspace retry"
 #: The events the walk drives besides ALLOC and FREE: the pressure events and the private-pool events.
 STEERING = PRESSURE + POOL
 S_PERIODIC_GC = "gc(false) (periodic)"
@@ -318,9 +325,13 @@ class _Walk:
         self.failed: dict = {}         # id -> size of the objects whose ALLOC failed (--keep-going), till their FREE
         self.failed_live = self.failed_cum = 0      # their bytes: still live in the trace / ever
         self.skipped_frees = 0         # FREEs of objects whose ALLOC failed under --keep-going
+        #: a try unwound (`Replay._unwind_try`): the ALLOCs before this trace index are skipped; None: none
+        self.skip_until = None
+        self.skipped_allocs = 0        # ALLOCs skipped so (their FREEs are skipped FREEs)
+        self.unwound = 0               # blocks an unwound try freed (their FREEs are skipped FREEs)
         self.n_pressure = 0
         self.ooms: list[OOMRecord] = []
-        self.caught: list[OOMRecord] = []       # failed requests the program catches (CATCHES_OOM): the walk goes on
+        self.caught: list[OOMRecord] = []       # failed requests the program survives (CATCHES_OOM, a TRY scope)
         #: recorded failed requests served: (event, reserved while held, the device's limit then or None)
         self.served: list[tuple[int, int, int | None]] = []
         self.done = 0                  # driving events walked
@@ -399,6 +410,8 @@ class Replay:
         self._before, self._after = self._before_hook(), self._after_hook()
         fused = self.policy.fused_loop() if s.fast_path and not guard else None   # a guarded walk: plain
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
+        self._unwind = None             # (BEGIN, failed request, END) trace indices of the try to unwind next
+        self._retry = None              # (chunk, position, size, stream) of a plan search's workspace to halve next
         self._result = None
         self._closed = False
         self._fold_until = None         # the trace index the walk is to reach (None: the end; -1: no folding)
@@ -570,10 +583,104 @@ class Replay:
 
     def _walk_chunk(self, c, lo, hi, lat) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
-        where the walk got to (past an OOM that stops)."""
-        if self._fused is not None:
-            return self._walk_fused(c, lo, hi, lat)
-        return self._walk_plain(c, lo, hi, lat.append)
+        where the walk got to (past an OOM that stops). A survived OOM inside a try, or of a cuDNN plan search,
+        stops the fused or plain walk for a moment (as an OOM that stops it does): the try is unwound here and the
+        walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`)."""
+        w = self._w
+        while True:
+            if w.skip_until is not None:
+                lo = self._walk_skipping(c, lo, hi, lat)
+                if lo >= hi:
+                    return lo
+            if self._fused is not None:
+                lo = self._walk_fused(c, lo, hi, lat)
+            else:
+                lo = self._walk_plain(c, lo, hi, lat.append)
+            if self._unwind is None and self._retry is None:
+                return lo
+            w.stopped = False
+            if self._retry is not None:
+                self._halve()
+            else:
+                self._unwind_try()
+            if lo >= hi:
+                return lo
+
+    def _unwind_try(self) -> None:
+        """The request at ``_unwind``'s failed index failed inside the try it names: the exception releases the
+        blocks allocated inside the try since its BEGIN that are still live (freed now, the last allocated first;
+        their FREEs skipped), and the ALLOCs after it up to the try's END are skipped (`_walk_skipping`)."""
+        (begin, at, end), self._unwind = self._unwind, None
+        w, rt, handles, free = self._w, self.runtime, self.handles, self.policy.free
+        rec = np.asarray(self.trace.records[begin + 1:at])
+        made = rec[rec["kind"] == ALLOC]
+        for i, size in zip(reversed(made["id"].tolist()), reversed(made["size"].tolist())):
+            if i not in handles or not (rt.eager or i in rt.born):      # freed already, or never a block
+                continue
+            if rt.eager:
+                free(handles.pop(i))
+            else:
+                rt.on_free(i)       # dead: the collector reclaims it
+            w.unwound += 1
+            self._drop(i, size, ever=False)
+        w.skip_until = end
+
+    def _halve(self) -> None:
+        """The workspace request of a cuDNN plan search failed (`_retry`): ``generate_and_filter_plans`` catches the
+        OOM and asks for half as much, until a request is granted or the size reaches 0; each failure is an OOM
+        survived. The one granted holds the object's block (its FREE frees it)."""
+        (c, j, size, stream), self._retry = self._retry, None
+        w, pol, dev = self._w, self.policy, self.device
+        n, h = size // 2, None
+        with self._root_section(S_HALVED):
+            while n and h is None:
+                h = pol.malloc(n, stream)
+                if h is None:
+                    self._oom_record(c, j, n, stream, recorded=False, caught=True, scope=None)
+                    n //= 2
+        if h is None:
+            return
+        i = c.item("ids", j)
+        self.handles[i] = h
+        if not self.runtime.eager:
+            self.runtime.on_alloc(i, n)
+        size = w.failed.pop(i)
+        w.failed_live -= size
+        w.failed_cum -= size
+        a, r = pol.allocated, dev.reserved
+        w.peak_alloc = max(w.peak_alloc, a)
+        if r > w.peak_res:
+            self._new_peak(r, a, int(c.at[j]), stream)
+
+    def _walk_skipping(self, c, lo, hi, lat) -> int:
+        """Events ``lo`` to ``hi`` of chunk ``c`` while a try is unwound: its ALLOCs (before ``skip_until``) are
+        skipped, the rest walked plainly; return where the walk got to (the end of the skipped ALLOCs is cleared
+        once reached)."""
+        w = self._w
+        full = int(np.searchsorted(c.at, w.skip_until))
+        stop = min(hi, full)
+        if stop > lo:
+            kinds, ids, sizes, _ = c.columns(lo, stop)
+            for j, k, i, size in zip(range(lo, stop), kinds, ids, sizes):
+                if k == ALLOC:
+                    if self.runtime.held:
+                        self.runtime.end_request()
+                    w.skipped_allocs += 1
+                    self._drop(i, size, ever=True)
+                else:
+                    self._walk_plain(c, j, j + 1, lat.append)
+        if stop >= full and full < len(c.at):
+            w.skip_until = None
+        return max(lo, stop)
+
+    def _drop(self, i, size, *, ever: bool) -> None:
+        """Object ``i`` holds no block while the trace holds it live: its FREE is skipped (``ever``: it never
+        held one, a request that failed or was skipped)."""
+        w = self._w
+        w.failed[i] = size
+        w.failed_live += size
+        if ever:
+            w.failed_cum += size
 
     def _walk_fused(self, c, lo, hi, lat) -> int:
         """`_walk_chunk` through the policy's fused loop: it takes events from one iterator over the
@@ -684,6 +791,7 @@ class Replay:
         rt = self.runtime
         on_alloc = None if rt.eager else rt.on_alloc
         on_free = None if rt.eager else rt.on_free
+        born = None if rt.eager else rt.born
         held = rt.held
         before, after = self._before, self._after
         peak_alloc, peak_res = w.peak_alloc, w.peak_res
@@ -722,7 +830,7 @@ class Replay:
                         free(h)
                     else:                  # made inside the next request: held for it
                         rt.hold(h, k - FREE_IN_REQUEST)
-                elif i in handles:
+                elif i in born:            # live (an unwound try's block is dead already)
                     h = handles[i]
                     on_free(i)
                 else:
@@ -746,26 +854,41 @@ class Replay:
 
     def _oom(self, c, j, size, stream, *, recorded: bool = False) -> bool:
         """Record an OOM at driving event j of chunk c; True if the walk stops here (neither a recorded OOM nor a
-        caught one stops it)."""
-        w, pol, dev = self._w, self.policy, self.device
+        survived one stops it; one whose try unwinds, or a plan search that asks again, stops it for a moment:
+        `_walk_chunk`)."""
+        w = self._w
         caught = not recorded and c.caught is not None and j in c.caught
         at = int(c.at[j])
-        live = live_through(self.trace, self._live, at) - (0 if recorded else size)   # an OOM record adds none
+        scope = None
+        if not recorded and not caught:     # inside a try: survived, and the try unwinds
+            tries = scopes_of(self.trace)
+            k = tries.innermost(at) if len(tries) else None
+            if k is not None:
+                caught, scope = True, label_of(self.trace, tries, k)
+                self._unwind = (int(tries.begin[k]), at, int(tries.end[k]))
         if not recorded:
-            w.failed[c.item("ids", j)] = size
-            w.failed_live += size
-            w.failed_cum += size
+            self._drop(c.item("ids", j), size, ever=True)
+        self._oom_record(c, j, size, stream, recorded=recorded, caught=caught, scope=scope)
+        if caught and scope is None and size > 1 and at in plan_search_set(self.trace):
+            self._retry = (c, j, size, stream)      # a plan search: it asks again for half (`_halve`)
+        elif scope is None and (recorded or caught or self.keep_going):
+            return False
+        w.stopped = True
+        return True
+
+    def _oom_record(self, c, j, size, stream, *, recorded: bool, caught: bool, scope) -> None:
+        """File an `OOMRecord` of a failed request of ``size`` bytes at driving event j of chunk c, with the state
+        now: an OOM, or one the program survives (``caught``)."""
+        w, pol, dev = self._w, self.policy, self.device
+        at = int(c.at[j])
+        live = live_through(self.trace, self._live, at) - (0 if recorded else c.item("sizes", j))  # (a record: none)
         free = pol.free_breakdown(stream)
         (w.caught if caught else w.ooms).append(OOMRecord(
             at, size, stream, live, pol.allocated, dev.reserved,
             largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free()), recorded=recorded,
             breakdown=None if free is None else breakdown(
                 dev.reserved, pol.allocated, self._trace_bytes(at, self._live, self._allocs) + self._held(), free),
-            caught=caught))
-        if recorded or caught or self.keep_going:
-            return False
-        w.stopped = True
-        return True
+            caught=caught, scope=scope))
 
     def _pressure(self, c, j, kind, size, stream) -> None:
         """Drive one pressure event (see the module docstring)."""
@@ -898,7 +1021,8 @@ class Replay:
 
     @property
     def caught_ooms(self) -> list[OOMRecord]:
-        """The failed requests the program catches (flagged CATCHES_OOM), which the walk went on past."""
+        """The failed requests the program survives (flagged CATCHES_OOM, or inside a TRY scope), which the walk
+        went on past."""
         return list(self._w.caught)
 
     @property
@@ -959,7 +1083,7 @@ class Replay:
         """The policy's `finish`, then `assemble_result` over the figures of the walk, policy, runtime and device."""
         w = self._w
         allocs = w.latency.count
-        frees = w.done - allocs - w.n_pressure - w.skipped_frees
+        frees = w.done - allocs - w.n_pressure - w.skipped_frees - w.skipped_allocs + w.unwound
         if self._zero_counts:                    # count the bypassed 0-byte requests the walk got past
             end = self._next_index()
             for at, is_zero_alloc in self._zero_counts:

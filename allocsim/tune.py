@@ -26,6 +26,9 @@ The search is exhaustive over what can differ, and replays nothing twice:
    The row keeps what it reached (``pruned``: lower bounds) instead of figures. The recorded settings
    run to the end (the baseline), then the settings the space expects to be good (`Space.order`), so
    that a tight bound comes early; no replay stops before the last recorded OOM (the rescue reads them all).
+   Where the program may survive an OOM (a TRY scope, a request flagged CATCHES_OOM:
+   `allocsim.trace.scopes.may_survive`) the requests still to come bound nothing (a survived OOM drops some):
+   only the figures a replay reached bound it.
 3. **Dominated settings are pruned** before the costly step: of the replayed
    settings that fit, only the Pareto frontier of (peak reserved, modeled
    time) can hold the best setting of any objective (``fastest``, the default:
@@ -71,6 +74,7 @@ from .spec import PolicySpec
 from .sweep import Cell, Settings, cached_trace, result_row
 from .trace import ALLOC, FREE, Trace
 from .trace.events import OOM, SEGMENT_ALLOC, SET_LIMIT
+from .trace.scopes import may_survive, sure_load
 from .units import fmt_bytes
 
 OBJECTIVES = ("fastest", "reserved", "time", "both")
@@ -115,13 +119,15 @@ class Target:
         return min(known) if known else None
 
 
-def check_target(target: Target, load: int, capacity_name: str = "--capacity") -> None:
+def check_target(target: Target, load: int, capacity_name: str = "--capacity", *, survivable: bool = False) -> None:
     """An impossible target is one line: a limit below LOAD (nothing fits), named as the user gave it
-    (``capacity_name``: `allocsim.capacity.device_capacity`'s)."""
+    (``capacity_name``: `allocsim.capacity.device_capacity`'s); ``survivable``: ``load`` is what no survived OOM can
+    drop (`allocsim.trace.scopes.sure_load`)."""
     for what, v in ((capacity_name, target.capacity), ("--cap", target.cap)):
         if v is not None and v < load:
             raise UsageError(f"{what} {fmt_bytes(v)} is below the trace's LOAD {fmt_bytes(load)} (its peak live "
-                             f"bytes): no allocator setting fits; the target is impossible")
+                             f"bytes{', of those no OOM the program survives can drop' if survivable else ''}): "
+                             f"no allocator setting fits; the target is impossible")
 
 
 # ---- the space ------------------------------------------------------------------------------
@@ -369,7 +375,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     check_caps([cap], capacity, t)
     total, capacity_name = device_capacity(capacity, t)
     target = Target(total, cap)
-    check_target(target, t.load_bytes, capacity_name)
+    check_target(target, sure_load(t), capacity_name, survivable=may_survive(t))
     headroom_bytes = margin(target, headroom)         # a headroom above the limit is refused before any replay
     space = Space(t, target)
     everything = space.candidates()
@@ -385,7 +391,9 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     step = _Steps(progress)
     step.start(f"replaying {len(cells)} settings")
     costs = (settings or Settings()).replay.costs
-    jobs = [(cell, settings, Space.least_costs(c, costs) + (space.least_peak(c), space.live_ahead(c)), ooms)
+    survives = may_survive(t)       # a survived OOM drops requests: no bound from the requests still to come
+    jobs = [(cell, settings, (0.0, 0.0, 0, None) if survives else
+             Space.least_costs(c, costs) + (space.least_peak(c), space.live_ahead(c)), ooms)
             for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     families = _families(space, chosen)
@@ -612,9 +620,10 @@ def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int
     of them replayed here; not the recorded settings, which run unbounded first), the settings ``chosen[j]`` that
     differ from it only where its replay can tell how far they behave alike (`allocsim.spaces.torch.watch`: a GC
     threshold, a larger ``max_non_split_rounding_mb``, a ``max_split_size_mb``), and what to watch
-    (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there)."""
+    (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there) or where
+    the program may survive an OOM (`allocsim.trace.scopes.may_survive`: the watches do not follow an unwound try)."""
     from .policies.torch import has_pool_events
-    if has_pool_events(space.trace):
+    if has_pool_events(space.trace) or may_survive(space.trace):    # (a survived OOM unwinds: not watched)
         return {}
     index, values = {}, {}
     for i, c in enumerate(chosen):

@@ -40,6 +40,7 @@ from .errors import InputError
 from .trace import Trace
 from .trace import events as ev
 from .trace.analysis import catches_oom_known
+from .trace.scopes import scopes_of
 
 GROW = (ev.SEGMENT_ALLOC, ev.SEGMENT_MAP)
 SHRINK = (ev.SEGMENT_FREE, ev.SEGMENT_UNMAP)
@@ -130,6 +131,8 @@ class Validation:
     #: the trace's private-pool events (`events.POOL`), which the model follows; with private segments and none
     #: of these the pools were not seen, so the segment calls, reserved bytes and OOMs cannot be trusted
     pool_events: int = 0
+    #: TRY scopes (code that catches an OOM raised inside it and goes on), which the model follows
+    try_scopes: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -228,6 +231,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     catches = catches_oom_known(int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.CATCHES_OOM != 0))),
                                 trace.meta)
     pool_events = int(np.count_nonzero(np.isin(kind, ev.POOL)))
+    tries = len(scopes_of(trace))
     rec = recorded_side(trace, kinds)
     mod = model_side(log, kinds, rec.initial_reserved if seeded else 0, trace)
     if not spec.free_order:
@@ -249,11 +253,12 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
     checks.append({"name": "OOMs", "recorded": len(rec_ooms), "model": res.ooms, "ok": len(rec_ooms) == res.ooms})
     checks.append({"name": "OOM events", "recorded": _events_text(rec_ooms), "model": _events_text(mod_ooms),
                    "ok": rec_ooms == mod_ooms})
-    if catches:         # the recorded run served every ALLOC it holds: a model that fails one diverged there
-        checks.append({"name": "caught OOMs", "recorded": 0, "model": res.caught_ooms, "ok": not res.caught_ooms})
+    if catches or tries:    # the recorded run served every ALLOC it holds: a model that fails one diverged there
+        # (the OOMs the recorded run survived are its OOM records, checked above)
+        checks.append({"name": "OOMs survived", "recorded": 0, "model": res.caught_ooms, "ok": not res.caught_ooms})
     return Validation(trace=shown_name(trace.path), framework=fw, policy=spec.policy, options=res.options,
                       kinds_compared=list(kinds), match=all(c["ok"] for c in checks), seeded=seeded,
-                      pre_existing=pre, private_pool_segments=private, pool_events=pool_events, catches_oom=catches, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
+                      pre_existing=pre, private_pool_segments=private, pool_events=pool_events, catches_oom=catches, try_scopes=tries, checks=checks, first_divergence=div, recorded_events=len(rec.kinds),
                       model_events=len(mod.kinds))
 
 

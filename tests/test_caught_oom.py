@@ -134,7 +134,7 @@ def test_info_and_replay_on_the_command_line(tmp_path, capsys):
     assert "requests the program survives failing: 1 (cuDNN workspace tries, up to 30.00 MiB)" in capsys.readouterr().out
     assert main(["replay", path, "-p", "torch", "--cap", "40MiB", "--no-sections"]) == 0
     out, err = capsys.readouterr()
-    assert "caught OOMs                         1" in out
+    assert "OOMs survived                       1" in out
     assert len(err.strip().splitlines()) == 1 and "survives failing" in err and "none assumed" in err
     workspace_trace(0).save(path)
     assert main(["info", path]) == 0
@@ -159,11 +159,11 @@ def segment_trace(flag: int, limit: int) -> Trace:
 def test_validate_counts_the_flagged_requests_and_checks_none_failed():
     v = validate(segment_trace(ev.CATCHES_OOM, 64 * MiB))
     assert v.match and v.catches_oom == 1
-    assert {"name": "caught OOMs", "recorded": 0, "model": 0, "ok": True} in v.checks
+    assert {"name": "OOMs survived", "recorded": 0, "model": 0, "ok": True} in v.checks
     v = validate(segment_trace(ev.CATCHES_OOM, 40 * MiB))      # the model fails what the recording served
-    assert not v.match and next(c for c in v.checks if c["name"] == "caught OOMs")["model"] == 1
+    assert not v.match and next(c for c in v.checks if c["name"] == "OOMs survived")["model"] == 1
     v = validate(segment_trace(0, 64 * MiB))
-    assert v.match and v.catches_oom == 0 and all(c["name"] != "caught OOMs" for c in v.checks)
+    assert v.match and v.catches_oom == 0 and all(c["name"] != "OOMs survived" for c in v.checks)
 
 
 def test_a_flag_of_another_kind_on_an_alloc_is_refused(tmp_path):

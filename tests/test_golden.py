@@ -39,10 +39,11 @@ def adds_up(b: dict, reserved: int) -> bool:
 #: result may carry them, and nothing else new. No shipped trace holds an OOM record: none serves one.
 ADDED = {"ooms_avoided": lambda v, d: v == [],
          "breakdown_at_peak": lambda v, d: v is None or adds_up(v, d["peak_reserved_bytes"]),
-         "caught_ooms": lambda v, d: v == 0, "caught_oom_events": lambda v, d: v == []}   # no shipped trace flags one
+         "caught_ooms": lambda v, d: v == 0, "caught_oom_events": lambda v, d: v == [],   # no shipped trace flags one
+         "unwound_blocks": lambda v, d: v == 0, "skipped_allocs": lambda v, d: v == 0}    # nor holds a try
 #: The same for each OOM record's fields (taken out before a long list is digested).
 OOM_ADDED = {"breakdown": lambda v, o: v is None or adds_up(v, o["reserved_bytes"]),
-             "caught": lambda v, o: v is False}
+             "caught": lambda v, o: v is False, "scope": lambda v, o: v is None}
 
 
 def results(path: str) -> dict:

@@ -107,11 +107,20 @@ def _replay(args, path: str | None) -> int:
         print(f"allocsim: {name}: {len(again)} recorded OOM{'s' if len(again) > 1 else ''} happened again, as in "
               f"the recorded run (the replay went on, as the program did), the first at {oom_line(again[0])}",
               file=sys.stderr)
-    if res.caught_ooms:
-        print(f"allocsim: {name}: {res.caught_ooms} request{'s' if res.caught_ooms > 1 else ''} that the program "
-              f"survives failing (cuDNN workspace tries) failed, the first at {oom_line(res.caught_oom_events[0])}: "
+    flagged = [o for o in res.caught_oom_events if o.scope is None]
+    if flagged:
+        print(f"allocsim: {name}: {len(flagged)} request{'s' if len(flagged) > 1 else ''} that the program "
+              f"survives failing (cuDNN workspace tries) failed, the first at {oom_line(flagged[0])}: "
               f"the replay went on without them, as the program goes on to its next config, whose request the "
-              f"trace does not hold (none assumed; docs/allocator-dependent.md)", file=sys.stderr)
+              f"trace does not hold (none assumed; a benchmark-mode plan search asks again for half, as cuDNN "
+              f"does; docs/allocator-dependent.md)", file=sys.stderr)
+    tried = [o for o in res.caught_oom_events if o.scope is not None]
+    if tried:
+        print(f"allocsim: {name}: {len(tried)} OOM{'s' if len(tried) > 1 else ''} inside code that catches "
+              f"{'them' if len(tried) > 1 else 'it'} (try scopes), survived, the first at {oom_line(tried[0])} "
+              f"(\"{tried[0].scope}\"): each try unwound as the exception would ({res.unwound_blocks:,} blocks freed, "
+              f"{res.skipped_allocs:,} later requests of the tries skipped; docs/allocator-dependent.md)",
+              file=sys.stderr)
     if not res.completed:                  # the walk stops at the OOM it just recorded
         print(f"allocsim: {name}: out of memory at "
               f"{oom_line(res.oom_events[-1])} (replay stopped; --keep-going counts OOMs and goes on)", file=sys.stderr)

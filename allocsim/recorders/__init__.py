@@ -55,6 +55,15 @@ def scope(begin_kind: int, label: str):
             rec.scope_end(SCOPES[begin_kind], str(label), serial)
 
 
+def tries(label: str = "user"):
+    """Mark the ``with`` body as code that catches an OOM raised inside it and goes on (a TRY scope named
+    ``label``): a replay under a cap that fails a request there counts an OOM the program survives and unwinds the
+    try as the exception would (docs/allocator-dependent.md, "Try scopes"); a no-op when nothing records.
+    ``with allocsim.tries("batch back-off"): try: ... except torch.OutOfMemoryError: ...``"""
+    from ..trace.events import TRY_BEGIN
+    return scope(TRY_BEGIN, label)
+
+
 def recorder_class(framework: str):
     """The recorder class for ``framework`` (imported lazily: no torch/cupy import here)."""
     if framework not in FRAMEWORKS:

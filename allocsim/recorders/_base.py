@@ -88,11 +88,16 @@ class Recorder:
         """Metadata learnt while recording, for the trace's footer (a process of a run: its rank)."""
         return {}
 
+    def seal(self, path: str) -> None:
+        """Last changes to the finished trace file ``path`` before it is published (torch: cuDNN's plan searches
+        flagged, `allocsim.recorders.cudnn`); in place, flags only."""
+
     def close_trace(self, late_meta: dict | None = None):
         """Finish the streamed trace (``late_meta``: `TraceWriter.finish`'s), publish it as ``out``; return the
         `Trace`."""
         w, self.writer = self.writer, None
         trace = w.finish(late_meta)
+        self.seal(w.path)
         os.replace(w.path, self.out)
         trace.path = self.out
         return trace

@@ -50,6 +50,7 @@ from ..errors import GPUUnavailable
 from ..importers.torch_snapshot import EntryConverter, StartState, _Where, private_pool_segments
 from ..trace import events as ev
 from ..trace.events import TORCH_AUX, fraction_bits
+from . import cudnn
 from ._base import Recorder, stderr
 from .torch_compile import Hooks as CompileHooks
 from .torch_pools import PoolHooks
@@ -97,6 +98,7 @@ class TorchRecorder(Recorder):
         self.draining = False
         self.pool_hooks = PoolHooks(self)       # private pools: CUDA graphs, MemPool (`torch_pools`)
         self.releases = self.limits = 0
+        self.program_releases: list[int] = []   # trace indices of the program's empty_cache() (`cudnn.plan_searches`)
         self.memory: dict = {}
         self._arm(clear=True)
         if not self.follow_device:
@@ -168,6 +170,7 @@ class TorchRecorder(Recorder):
                 self._open_on(self.torch.cuda.current_device())
             if self.writer is not None:
                 self.drain()
+                self.program_releases.append(self.writer.count)
                 self.conv.w.record(ev.CACHE_RELEASE, aux=TORCH_AUX)
                 self.releases += 1
             return empty_cache()
@@ -256,6 +259,8 @@ class TorchRecorder(Recorder):
         self.drain()
         if self.writer is not None:
             self.writer.mark(label)
+
+    seal = cudnn.seal       # without C++ stacks, cuDNN's plan searches flagged from the trace's shape
 
     def finish(self, exit_status: int = 0) -> dict:
         torch = self.torch

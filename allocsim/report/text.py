@@ -96,9 +96,12 @@ def replay_summary(result) -> str:
     lines += [f"    recorded OOM at event {at}: served under this policy/setting (would not have happened)"
               for at in r.get("ooms_avoided", ())[:5]]
     if r.get("caught_ooms"):
-        lines.append(f"  caught OOMs              {r['caught_ooms']:>12,}   (requests the program survives failing: "
-                     f"it went on without them)")
-        lines += [f"    {oom_line(o)}" for o in r["caught_oom_events"][:3]]
+        lines.append(f"  OOMs survived            {r['caught_ooms']:>12,}   (the program catches them and goes on: "
+                     f"the replay went on without the request" + (
+                         f"; its tries dropped {r['unwound_blocks']:,} blocks and skipped {r['skipped_allocs']:,} "
+                         f"requests" if r.get("unwound_blocks") or r.get("skipped_allocs") else "") + ")")
+        lines += [f"    {oom_line(o)}" + (f"  (in try \"{_fields(o)['scope']}\")" if _fields(o).get("scope") else "")
+                  for o in r["caught_oom_events"][:3]]
     if lat:
         lines.append(f"  malloc latency ({'measured' if r['latency_measured'] else 'modeled'}) "
                      f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
@@ -170,15 +173,21 @@ def compare_table(rows: list[dict], cap_text: dict | None = None) -> str:
             "GC inc/full", "OOM", "alloc time", "p99 malloc"]
     body = []
     for r in rows:
-        oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
         body.append([
             row_label(r),
             cap_spelling(r["cap_bytes"], cap_text), r["runtime"],
             fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['utilization']:.1f}%",
             f"{100 * r['overhead_vs_load']:+.1f}%", f"{r['device_mallocs']:,}", f"{r['cache_flushes']:,}",
-            f"{r['gc_incremental']}/{r['gc_full']}", oom, fmt_seconds(r["alloc_time_seconds"]),
+            f"{r['gc_incremental']}/{r['gc_full']}", oom_cell(r), fmt_seconds(r["alloc_time_seconds"]),
             fmt_seconds(r["latency_p99"] or 0)])
     return aligned_table(head, body, left=3)
+
+
+def oom_cell(r: dict) -> str:
+    """A row's OOM cell: where it ran out (``@event``) or ``-``, and the OOMs the program survived (it lives through
+    them)."""
+    oom = f"@{r['first_oom_event']}" if r.get("first_oom_event") is not None else "-"
+    return oom + (f" ({r['caught_ooms']:,} survived)" if r.get("caught_ooms") else "")
 
 
 def breakdown_table(rows: list[dict]) -> str:
@@ -232,6 +241,9 @@ def fit_table(fit: dict, max_replays: int) -> str:
                      f"{fmt_bytes(f['unlimited_peak_bytes']):>16}{f['replays']:>9}")
     lines.append(f"safe: every capacity from it up to the no-limit peak ({fmt_bytes(fit['resolution_bytes'])} grid) "
                  f"replayed without OOM; island: a smaller capacity that passes, below one that fails")
+    lines += [f"{row_label(f)}: at {fmt_bytes(f['capacity_bytes'])} the program lives through "
+              f"{f['survived_ooms']:,} OOM{'s' if f['survived_ooms'] > 1 else ''} it catches (OOMs survived: "
+              f"docs/allocator-dependent.md)" for f in by_capacity(fit["fits"]) if f.get("survived_ooms")]
     if not all(f["threshold"] for f in fit["fits"]):
         lines.append(f"*: the walk stopped after --max-replays {max_replays}: safe, but a lower safe capacity may "
                      f"exist")
@@ -262,6 +274,10 @@ def validation_summary(validation) -> str:
         lines.append(f"  note: {v['catches_oom']:,} requests the program survives failing (cuDNN workspace tries, "
                      f"flagged from C++ stacks); the replay follows them: one that fails is a caught OOM and the "
                      f"walk goes on without it (docs/allocator-dependent.md)")
+    if v.get("try_scopes"):
+        lines.append(f"  note: {v['try_scopes']:,} try scopes (code that catches an OOM raised inside it and goes on); "
+                     f"the recorded run's OOMs are its OOM records, replayed as recorded; a request the model fails "
+                     f"inside one is an OOM survived, where the recorded run served it: a divergence")
     lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
     for c in v["checks"]:
         fmt = fmt_bytes if c["name"].endswith("reserved") else str

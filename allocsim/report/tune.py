@@ -6,7 +6,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 from ..units import fmt_bytes, fmt_seconds
-from .text import aligned_table, breakdown_shares
+from .text import aligned_table, breakdown_shares, oom_cell
 
 
 def tune_report(res, took: float) -> str:
@@ -34,6 +34,9 @@ def tune_report(res, took: float) -> str:
     else:
         lines.append("recommended:" + (f" ({best['setting']}: already the best)" if best["recorded"] else ""))
         lines += paste_lines(best)
+        if best.get("caught_ooms"):
+            lines.append(f"  (it lives through {best['caught_ooms']:,} OOM{'s' if best['caught_ooms'] > 1 else ''} the "
+                         f"program survives: code that catches them and goes on; docs/allocator-dependent.md)")
         if res.objective == "fastest" and res.room is not None and best["peak_reserved_bytes"] > res.room:
             lines.append(f"  (no setting fits with {fmt_bytes(res.headroom_bytes)} to spare: this is the fastest "
                          f"that fits at all)")
@@ -88,7 +91,7 @@ def table(rows: list[dict], load: int, target=None) -> str:
         total = r["total_time_seconds"]
         share = f" ({r['device_time_seconds'] / total:.0%})" if total else ""
         body.append([r["setting"], fmt_bytes(r["peak_reserved_bytes"]), f"{100 * r['overhead_vs_load']:+.1f}%",
-                     "-" if r["first_oom_event"] is None else f"@{r['first_oom_event']}",
+                     oom_cell(r),
                      f"{r['device_mallocs']:,} / {r['device_frees']:,}", f"{r['retries']:,}",
                      fmt_seconds(total) + share, fits_on(r, target), breakdown_shares(r.get("breakdown"))])
     return aligned_table(head, body, left=1)
