@@ -18,10 +18,11 @@ from ..trace import events as ev
 from ..trace.format import read_trace_file
 from ..trace.scopes import plan_searches
 
+
 def flag_plan_searches(path: str, program_releases=()) -> int:
     """Flag `plan_searches` of the trace file ``path`` (finished, not yet published) `events.CATCHES_OOM` in
     place; return how many were flagged (those flagged already not counted)."""
-    _, records, _, _ = read_trace_file(path)
+    _, records, _, _, _ = read_trace_file(path)
     at = plan_searches(records, program_releases)
     at = at[(np.asarray(records["flags"][at]) & ev.CATCHES_OOM) == 0]
     if len(at):
@@ -35,7 +36,8 @@ def flag_plan_searches(path: str, program_releases=()) -> int:
 def seal(recorder, path: str) -> None:
     """The torch recorder's `Recorder.seal`: with ``torch.backends.cudnn.benchmark`` on at the end and no C++ stacks
     (which flag them from their frames), flag the plan searches of ``path``; the count goes to the stats' notes."""
-    if recorder.stacks != "all" and recorder.torch.backends.cudnn.benchmark:
+    cudnn = getattr(getattr(recorder.torch, "backends", None), "cudnn", None)     # a torch built without cuDNN
+    if recorder.stacks != "all" and getattr(cudnn, "benchmark", False):
         n = flag_plan_searches(path, recorder.program_releases)
         recorder.note(f"cudnn.benchmark: {n} plan-search workspace requests flagged CATCHES_OOM (each followed by "
                       f"the emptyCache cuDNN makes after a search)")
