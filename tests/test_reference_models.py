@@ -10,8 +10,12 @@ every shipped trace in traces/.
 """
 from __future__ import annotations
 
+import ast
 import glob
+import importlib.util
+import inspect
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -193,6 +197,30 @@ def test_fast_policy_matches_reference_under_a_tight_cap(ref, runtime):
 def test_every_fast_policy_has_its_reference():
     assert {policies.get(r).reference_of for r in REFERENCES} == {"torch", "split", "bestfit", "cupy"}
     assert all(policies.get(r).params is policies.get(policies.get(r).reference_of).params for r in REFERENCES)
+
+
+def _imported_from(module) -> dict[str, set[str]]:
+    """``{module imported from: names}`` of every import statement in ``module``'s source, relative ones resolved."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom):
+            name = importlib.util.resolve_name("." * node.level + (node.module or ""), module.__package__)
+            out.setdefault(name, set()).update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                out.setdefault(a.name, set()).add("*")
+    return out
+
+
+@pytest.mark.parametrize("ref", REFERENCES)
+def test_each_reference_takes_from_its_fast_model_only_the_class_it_restates(ref):
+    """A rule the reference imported from the model it checks would be checked against itself: from its fast
+    twin's module a reference takes only the class it is registered against (its name and options); sizes,
+    rounding, classes, tie breaking and recorded places are its own (docs/models/, each "Reference model")."""
+    cls = policies.get(ref)
+    fast = policies.get(cls.reference_of)
+    taken = _imported_from(sys.modules[cls.__module__]).get(fast.__module__, set())
+    assert taken <= {fast.__name__}, f"{ref} imports {sorted(taken - {fast.__name__})} from {fast.__module__}"
 
 
 # ---- cupy under pressure: limits set and lifted mid-run, cache releases, recorded OOMs' attempts --
@@ -383,6 +411,17 @@ def test_torch_size_rules_match_the_reference_at_every_edge():
                 rounded = torch_rules.round_size(n, table)
                 assert rounded == torch_ref_rules.round_size(n, table), (n, table)
                 assert torch_rules.get_allocation_size(rounded) == torch_ref_rules.get_allocation_size(rounded), n
+
+
+def test_split_size_rules_match_the_references_statement():
+    """`split`'s `size_class` and `round_request` (its hot path inlines them) equal split-ref's, which restates them
+    (docs/models/cuarrays.md, "split: SplittingPool"): every class and roundoff edge, two bytes either side."""
+    from allocsim.policies import split as split_rules
+    from allocsim.policies.reference import split as split_ref_rules
+    edges = {0, 512, 128 * KiB, MiB, MiB + 128 * KiB, 32 * MiB, 33 * MiB, 1 << 40}
+    for n in sorted({n for e in edges for n in range(max(0, e - 2), e + 3)} | {3 * MiB + 7, 100 * MiB + 1}):
+        assert split_rules.size_class(n) == split_ref_rules.size_class(n), n
+        assert split_rules.round_request(n) == split_ref_rules.round_request(n), n
 
 
 @pytest.mark.parametrize("rules", ["fast", "reference"])
