@@ -28,7 +28,7 @@ from allocsim.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.policies.torch import has_pool_events
 from allocsim.trace import ALLOC, Trace, TraceWriter
-from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
+from allocsim.trace.events import CACHE_RELEASE, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
 
 from conftest import ROOT
 
@@ -258,6 +258,37 @@ def test_cupy_matches_reference_under_limits_releases_and_recorded_ooms(trace, o
     """Recorded limits (unless a cap overrides them), cache releases and recorded OOMs' attempts, on a device
     small enough to fail too: the same device calls, blocks, failed requests and counters."""
     assert_same(trace, "cupy-ref", options, runtime=runtime, cap=cap, capacity=capacity)
+
+
+def _edge_placed_recording():
+    """A CuPy recording whose requests lie at every edge of the recorded segments: a segment's first byte and last
+    512 B, its end (outside), below every segment, in a freed segment, in a segment made again at the same address,
+    and a request with no address."""
+    w = TraceWriter(meta={"producer": "edges", "framework": "cupy"})
+    w.segment(SEGMENT_ALLOC, 1000 * MiB, 4 * MiB)
+    w.segment(SEGMENT_ALLOC, 2000 * MiB, 2 * MiB)
+    for a in (1000 * MiB, 1004 * MiB - 512, 1004 * MiB, 500 * MiB, 2001 * MiB, 0):
+        w.alloc(512, addr=a)
+    w.segment(SEGMENT_FREE, 1000 * MiB, 4 * MiB)
+    w.alloc(512, addr=1000 * MiB + 512)
+    w.segment(SEGMENT_ALLOC, 1000 * MiB, 8 * MiB)
+    w.alloc(512, addr=1005 * MiB)
+    return w.finish()
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if Trace.load(p).meta.get("framework") == "cupy"] + ["edges"])
+def test_cupy_recorded_places_match_the_references_statement(path):
+    """Where `cupy` finds each recorded request's place (`RecordedPlaces`, followed on ties) equals cupy-ref's own
+    statement of it (docs/models/cupy.md, "Ties"), record by record, with the model's segments made, all or only
+    some: every ALLOC, and every other record (no place)."""
+    from allocsim.policies import cupy as cupy_rules
+    from allocsim.policies.reference import cupy as cupy_ref_rules
+    trace = _edge_placed_recording() if path == "edges" else Trace.load(path)
+    fast, ref = cupy_rules.RecordedPlaces(trace), cupy_ref_rules.RecordedPlaces(trace)
+    made = sum(1 for e in trace if e.kind == SEGMENT_ALLOC)
+    for model in ([(k + 1) << 40 for k in range(made)], [(k + 1) << 40 for k in range(made // 2)]):
+        fast.model, ref.model = model, list(model)
+        assert [fast.address(at) for at in range(len(trace))] == [ref.address(at) for at in range(len(trace))]
 
 
 # ---- torch's slow path: garbage collection of old cached segments -------------------------
