@@ -10,8 +10,12 @@ every shipped trace in traces/.
 """
 from __future__ import annotations
 
+import ast
 import glob
+import importlib.util
+import inspect
 import os
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,7 +28,7 @@ from allocsim.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.policies.torch import has_pool_events
 from allocsim.trace import ALLOC, Trace, TraceWriter
-from allocsim.trace.events import CACHE_RELEASE, SET_LIMIT
+from allocsim.trace.events import CACHE_RELEASE, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
 
 from conftest import ROOT
 
@@ -195,6 +199,30 @@ def test_every_fast_policy_has_its_reference():
     assert all(policies.get(r).params is policies.get(policies.get(r).reference_of).params for r in REFERENCES)
 
 
+def _imported_from(module) -> dict[str, set[str]]:
+    """``{module imported from: names}`` of every import statement in ``module``'s source, relative ones resolved."""
+    out: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.ImportFrom):
+            name = importlib.util.resolve_name("." * node.level + (node.module or ""), module.__package__)
+            out.setdefault(name, set()).update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                out.setdefault(a.name, set()).add("*")
+    return out
+
+
+@pytest.mark.parametrize("ref", REFERENCES)
+def test_each_reference_takes_from_its_fast_model_only_the_class_it_restates(ref):
+    """A rule the reference imported from the model it checks would be checked against itself: from its fast
+    twin's module a reference takes only the class it is registered against (its name and options); sizes,
+    rounding, classes, tie breaking and recorded places are its own (docs/models/, each "Reference model")."""
+    cls = policies.get(ref)
+    fast = policies.get(cls.reference_of)
+    taken = _imported_from(sys.modules[cls.__module__]).get(fast.__module__, set())
+    assert taken <= {fast.__name__}, f"{ref} imports {sorted(taken - {fast.__name__})} from {fast.__module__}"
+
+
 # ---- cupy under pressure: limits set and lifted mid-run, cache releases, recorded OOMs' attempts --
 @st.composite
 def cupy_pressure_traces(draw):
@@ -230,6 +258,37 @@ def test_cupy_matches_reference_under_limits_releases_and_recorded_ooms(trace, o
     """Recorded limits (unless a cap overrides them), cache releases and recorded OOMs' attempts, on a device
     small enough to fail too: the same device calls, blocks, failed requests and counters."""
     assert_same(trace, "cupy-ref", options, runtime=runtime, cap=cap, capacity=capacity)
+
+
+def _edge_placed_recording():
+    """A CuPy recording whose requests lie at every edge of the recorded segments: a segment's first byte and last
+    512 B, its end (outside), below every segment, in a freed segment, in a segment made again at the same address,
+    and a request with no address."""
+    w = TraceWriter(meta={"producer": "edges", "framework": "cupy"})
+    w.segment(SEGMENT_ALLOC, 1000 * MiB, 4 * MiB)
+    w.segment(SEGMENT_ALLOC, 2000 * MiB, 2 * MiB)
+    for a in (1000 * MiB, 1004 * MiB - 512, 1004 * MiB, 500 * MiB, 2001 * MiB, 0):
+        w.alloc(512, addr=a)
+    w.segment(SEGMENT_FREE, 1000 * MiB, 4 * MiB)
+    w.alloc(512, addr=1000 * MiB + 512)
+    w.segment(SEGMENT_ALLOC, 1000 * MiB, 8 * MiB)
+    w.alloc(512, addr=1005 * MiB)
+    return w.finish()
+
+
+@pytest.mark.parametrize("path", [p for p in SHIPPED if Trace.load(p).meta.get("framework") == "cupy"] + ["edges"])
+def test_cupy_recorded_places_match_the_references_statement(path):
+    """Where `cupy` finds each recorded request's place (`RecordedPlaces`, followed on ties) equals cupy-ref's own
+    statement of it (docs/models/cupy.md, "Ties"), record by record, with the model's segments made, all or only
+    some: every ALLOC, and every other record (no place)."""
+    from allocsim.policies import cupy as cupy_rules
+    from allocsim.policies.reference import cupy as cupy_ref_rules
+    trace = _edge_placed_recording() if path == "edges" else Trace.load(path)
+    fast, ref = cupy_rules.RecordedPlaces(trace), cupy_ref_rules.RecordedPlaces(trace)
+    made = sum(1 for e in trace if e.kind == SEGMENT_ALLOC)
+    for model in ([(k + 1) << 40 for k in range(made)], [(k + 1) << 40 for k in range(made // 2)]):
+        fast.model, ref.model = model, list(model)
+        assert [fast.address(at) for at in range(len(trace))] == [ref.address(at) for at in range(len(trace))]
 
 
 # ---- torch's slow path: garbage collection of old cached segments -------------------------
@@ -383,6 +442,17 @@ def test_torch_size_rules_match_the_reference_at_every_edge():
                 rounded = torch_rules.round_size(n, table)
                 assert rounded == torch_ref_rules.round_size(n, table), (n, table)
                 assert torch_rules.get_allocation_size(rounded) == torch_ref_rules.get_allocation_size(rounded), n
+
+
+def test_split_size_rules_match_the_references_statement():
+    """`split`'s `size_class` and `round_request` (its hot path inlines them) equal split-ref's, which restates them
+    (docs/models/cuarrays.md, "split: SplittingPool"): every class and roundoff edge, two bytes either side."""
+    from allocsim.policies import split as split_rules
+    from allocsim.policies.reference import split as split_ref_rules
+    edges = {0, 512, 128 * KiB, MiB, MiB + 128 * KiB, 32 * MiB, 33 * MiB, 1 << 40}
+    for n in sorted({n for e in edges for n in range(max(0, e - 2), e + 3)} | {3 * MiB + 7, 100 * MiB + 1}):
+        assert split_rules.size_class(n) == split_ref_rules.size_class(n), n
+        assert split_rules.round_request(n) == split_ref_rules.round_request(n), n
 
 
 @pytest.mark.parametrize("rules", ["fast", "reference"])

@@ -24,6 +24,12 @@ the lowest address wins; v13's ``set.pop()`` likewise, so the last filed wins; b
 request got wins when it is one of them.
 The limit is the smaller of option ``limit`` and the cap, which a recorded
 ``set_limit`` (SET_LIMIT) moves; each comparison the cap decides is told to the device.
+
+It shares nothing with `cupy` but the class it is registered against (for its name and
+options): the allocation unit and ``_round_size``, the tie rules, when the recorded ties
+are followed and where the recording placed each request (`RecordedPlaces`) are stated
+again here from docs/models/cupy.md ("Rules", "Ties", "Options"), so that a slip in one
+is a difference tests/test_reference_models.py sees.
 """
 from __future__ import annotations
 
@@ -32,10 +38,18 @@ from array import array
 from sortedcontainers import SortedDict
 
 from ...errors import UsageError
-from ...trace.events import SEGMENT_ALLOC, SEGMENT_FREE
+from ...trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
 from ..base import Policy
-from ..cupy import UNIT, CuPyPool, RecordedPlaces, follows_ties
+from ..cupy import CuPyPool
 from ..registry import reference_of
+
+ALLOCATION_UNIT_SIZE = 512      # memory.pyx: every request is rounded up to a multiple of this (rule 1)
+
+
+def _round_size(size: int) -> int:
+    """``_round_size``: ``size`` rounded up to a multiple of the allocation unit (docs/models/cupy.md rule 1)."""
+    unit = ALLOCATION_UNIT_SIZE
+    return ((size + unit - 1) // unit) * unit
 
 
 class Chunk:
@@ -85,6 +99,39 @@ class Arena:
         return same_size[-1] if self.lifo else min(same_size, key=lambda c: c.ptr)
 
 
+class RecordedPlaces:
+    """Where a CuPy recording placed each request (docs/models/cupy.md, "Ties"): the recorded segment it lay in,
+    numbered in the order the recording made its segments, and the offset in it. The model's own segments,
+    appended to ``model`` as it makes them, carry the same numbers, so `address` is the recorded place in the
+    model's address space, whatever addresses the device gave."""
+
+    def __init__(self, trace):
+        self.place: dict[int, tuple[int, int]] = {}     # trace index of an ALLOC -> (segment number, offset)
+        self.model: list[int] = []                      # the model's segment addresses, in the order it made them
+        live = SortedDict()                             # a live recorded segment's address -> (number, size)
+        made = 0
+        for ev in trace:
+            if ev.kind == SEGMENT_ALLOC:
+                live[ev.addr] = (made, ev.size)
+                made += 1
+            elif ev.kind == SEGMENT_FREE:
+                live.pop(ev.addr, None)
+            elif ev.kind == ALLOC and ev.addr:
+                i = live.bisect_right(ev.addr) - 1      # the live segment starting at or below the address
+                if i >= 0:
+                    base, (number, size) = live.peekitem(i)
+                    if ev.addr < base + size:
+                        self.place[ev.index] = (number, ev.addr - base)
+
+    def address(self, at: int) -> int:
+        """The model's address for the place the request at trace index ``at`` got; 0 if unknown (not in a
+        recorded segment, or in one the model has not made)."""
+        if at not in self.place:
+            return 0
+        number, offset = self.place[at]
+        return self.model[number] + offset if number < len(self.model) else 0
+
+
 @reference_of(CuPyPool)
 class CuPyPoolReference(Policy):
     summary = "CuPy's SingleDeviceMemoryPool as memory.pyx reads, plain bins (slow)"
@@ -102,8 +149,13 @@ class CuPyPoolReference(Policy):
         self.event_index = -1
         self.segment_log: list[tuple[int, int, int]] = []
         self.total_log = array("q") if self.track_total else None
-        self.follows_recording = follows_ties(self.ctx, self.options)
+        self.follows_recording = self.follows_ties()
         self._places = RecordedPlaces(self.ctx.trace) if self.follows_recording else None
+
+    def follows_ties(self) -> bool:
+        """Whether ties go to the recorded run's choice (docs/models/cupy.md, "Ties"): option ``follow_ties`` (on
+        by default) and a trace that CuPy's pool recorded (``framework`` cupy), whose ALLOCs hold its addresses."""
+        return bool(self.follow_ties) and self.ctx.trace is not None and self.ctx.meta.get("framework") == "cupy"
 
     @property
     def _limit(self) -> int:
@@ -265,8 +317,3 @@ class CuPyPoolReference(Policy):
                 "free_bytes": self.total - self.allocated, "n_free_blocks": self.n_free_blocks(),
                 "limit": self._limit, "limit_ooms": self.limit_ooms, "device_ooms": self.device_ooms,
                 "version": self.version}
-
-
-def _round_size(size: int) -> int:
-    """Round up to the allocation unit (512 B)."""
-    return -(-size // UNIT) * UNIT

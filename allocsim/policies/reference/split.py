@@ -16,17 +16,58 @@ The reference model of `split` (rules in docs/models/cuarrays.md). It follows
 Blocks are objects with the source's fields (address, size, state, prev, next, id);
 the free lists are three sorted sets, one per class, ordered by (size, id), the v1.6
 key. A handle is the block.
+
+It shares nothing with `split` but the class it is registered against (for its name
+and options): the size classes, the rounding by class and the split rule are stated
+again here from docs/models/cuarrays.md ("split: SplittingPool"), so that a slip in
+one is a difference tests/test_reference_models.py sees.
 """
 from __future__ import annotations
 
 import math
-from enum import Enum
+from enum import Enum, IntEnum
 
 from sortedcontainers import SortedKeyList
 
 from ..base import Policy
-from ..split import HUGE, LARGE, SMALL, SplittingPool, round_request, size_class
+from ..split import SplittingPool
 from ..registry import reference_of
+
+
+class SizeClass(IntEnum):
+    """split.jl's block classes, in the source's order."""
+    SMALL = 0
+    LARGE = 1
+    HUGE = 2
+
+
+SMALL, LARGE, HUGE = SizeClass.SMALL, SizeClass.LARGE, SizeClass.HUGE
+
+# split.jl's constants (docs/models/cuarrays.md, "split: SplittingPool"), stated again here
+SMALL_CUTOFF = 2**20                # SMALL: up to 1 MiB
+LARGE_CUTOFF = 2**25                # LARGE: up to 32 MiB; HUGE above
+ROUNDOFF = {SMALL: 2**9, LARGE: 2**17, HUGE: 2**20}     # SMALL_ROUNDOFF, LARGE_ROUNDOFF, HUGE_ROUNDOFF
+
+
+def size_class(sz: int) -> SizeClass:
+    """``size_class``: SMALL <= 1 MiB < LARGE <= 32 MiB < HUGE."""
+    if sz <= SMALL_CUTOFF:
+        return SMALL
+    if sz <= LARGE_CUTOFF:
+        return LARGE
+    return HUGE
+
+
+def round_request(sz: int) -> tuple[int, SizeClass]:
+    """``pool_alloc``'s first lines: round ``sz`` up by its class's roundoff, then the class of the rounded size."""
+    roundoff = ROUNDOFF[size_class(sz)]
+    sz = cld(sz, roundoff) * roundoff
+    return sz, size_class(sz)
+
+
+def cld(a: int, b: int) -> int:
+    """Julia's ``cld``: integer division rounding up."""
+    return -(-a // b)
 
 
 class State(Enum):
