@@ -6,7 +6,8 @@ exactly what the real allocator did, segment calls included).
 
 **The program's own calls on its allocator** are recorded where they are
 made, and passed on unchanged: ``torch.cuda.empty_cache()`` is a
-CACHE_RELEASE (aux 0) before the segment frees it causes, and
+CACHE_RELEASE (aux 0) before the segment frees it causes (an ``emptyCache()`` made in C++, as cuDNN's
+benchmark mode makes one per plan search, is inferred from its segment frees by the converter), and
 ``torch.cuda.set_per_process_memory_fraction(f)`` for the recorded device a
 SET_LIMIT (aux 0, addr = ``f`` as IEEE-754 float64 bits, size =
 ``int(f * total_memory)``, the bytes PyTorch allows). The fraction in force
@@ -110,7 +111,10 @@ class TorchRecorder(Recorder):
                 "device": {"index": device, "name": props.name, "total_memory": int(props.total_memory)},
                 "allocator": "pytorch-caching", "allocator_settings": settings,
                 "max_entries": self.max_entries, "stacks": self.stacks}
-        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device)
+        gc = settings.get("garbage_collection_threshold")
+        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device, infer_releases=True,
+                                   limit=int(props.total_memory),
+                                   gc_threshold=isinstance(gc, (int, float)) and gc > 0)
         self.total_memory = int(props.total_memory)
         self.memory = {"total": self.total_memory, "start": self._device_memory(), "outside_peak": 0}
         get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
@@ -137,7 +141,7 @@ class TorchRecorder(Recorder):
                 self._open_on(self.torch.cuda.current_device())
             if self.writer is not None:
                 self.drain()
-                self.conv.w.record(ev.CACHE_RELEASE, aux=TORCH_AUX)
+                self.conv.cache_release()
                 self.releases += 1
             return empty_cache()
 
@@ -168,6 +172,7 @@ class TorchRecorder(Recorder):
         self.drain()
         self.conv.w.record(ev.SET_LIMIT, aux=TORCH_AUX, addr=fraction_bits(fraction),
                            size=int(fraction * self.total_memory))
+        self.conv.limit = int(fraction * self.total_memory)     # the release-and-retry's check (`EntryConverter`)
         self.limits += 1
 
     def _on_step(self, optimizer, args, kwargs) -> None:
@@ -269,7 +274,7 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools, "cache_releases": self.releases, "limits_set": self.limits,
+            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools, "cache_releases": self.releases, "cache_releases_inferred": c["cache_releases_inferred"], "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 
