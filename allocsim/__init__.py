@@ -17,6 +17,8 @@ Python API (the same names as the command line)::
     r = allocsim.Replay(t, "split"); r.run(until=1000); r.live_blocks(); r.run()   # stepped, then to the end
     allocsim.synthesize("transformer", seed=1); allocsim.import_trace("snapshot.pickle", "t.bin")
     allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
+    with allocsim.recording("run.bin"): train()       # record from inside Python (docs/recording.md)
+    allocsim.start_recording("run.bin"); ...; allocsim.stop_recording()
     allocsim.build()                  # which build runs: "interpreted", or the compiled modules
 """
 from .compiled import build         # first: with ALLOCSIM_INTERPRETED set, the compiled modules load from source
@@ -25,7 +27,7 @@ from .fit import fit_capacity
 from .importers import import_file as import_trace
 from .metrics import ReplayResult
 from .replay import Replay, ReplaySettings, replay
-from .recorders import mark
+from .recorders import mark, recording, start_recording, stop_recording
 from .spec import PolicySpec
 from .sweep import compare
 from .synth import generate as synthesize
@@ -36,4 +38,5 @@ from .validate import validate as validate_trace
 from .version import __version__
 
 __all__ = ["CostModel", "build", "PolicySpec", "Replay", "ReplayResult", "ReplaySettings", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
-           "import_trace", "mark", "parse_size", "replay", "synthesize", "validate_trace", "__version__"]
+           "import_trace", "mark", "parse_size", "recording", "replay", "start_recording", "stop_recording", "synthesize",
+           "validate_trace", "__version__"]

@@ -399,7 +399,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     ways = [row.pop(SHARED, None) for row in rows]
     for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
-        row.update(conf_lines(row, c))
+        row.update(conf_lines(row, c, target.capacity))
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
                  replays=len(rows) - ways.count("row"), headroom_bytes=headroom_bytes,
                  pruned=sum(bool(r["pruned"]) for r in rows), shared=ways.count("row"), resumed=ways.count("resumed"))
@@ -844,12 +844,21 @@ def _workers(ex) -> int:
 
 
 # ---- what to paste ----------------------------------------------------------------------------
-def conf_lines(row: dict, c: Candidate | None = None) -> dict:
-    """The environment lines that select a row's setting, ready to paste (``{"conf": ..., "legacy_conf": ...}``):
-    its framework's (`allocsim.frameworks`)."""
+#: The keys of a row that say how to select its setting: the environment lines, and where the framework has one,
+#: the same in Python for a running process (`allocsim.frameworks.torch.python_lines`).
+PASTE_KEYS = ("conf", "legacy_conf", "note", "python", "python_fraction", "fraction", "python_note")
+
+
+def conf_lines(row: dict, c: Candidate | None = None, total: int | None = None) -> dict:
+    """The lines that select a row's setting, ready to paste (``{"conf": ..., "legacy_conf": ...}``, `PASTE_KEYS`):
+    its framework's (`allocsim.frameworks`); ``total``: the device memory its cap is a fraction of."""
     if c is None:
-        return {k: row[k] for k in ("conf", "legacy_conf", "note") if k in row}
-    return space_of(c.spec.policy_class().framework).conf_lines(c.spec, c.cap)
+        return {k: row[k] for k in PASTE_KEYS if k in row}
+    space = space_of(c.spec.policy_class().framework)
+    lines = space.conf_lines(c.spec, c.cap)
+    if hasattr(space, "python_lines"):
+        lines.update(space.python_lines(c.spec, row.get("cap_bytes", c.cap), total))
+    return lines
 
 
 def option_text(spec: PolicySpec) -> str:

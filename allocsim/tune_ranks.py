@@ -28,7 +28,7 @@ from .sweep import Cell, Settings, run_cells
 from .trace import Trace
 from .trace.analysis import Tally, free_points, moved_frees
 from .trace.events import OOM
-from .tune import Tuning, conf_lines, tune
+from .tune import PASTE_KEYS, Tuning, conf_lines, tune
 from .units import fmt_bytes
 
 
@@ -107,7 +107,7 @@ def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs
         spec = PolicySpec.parse(row["spec"])
         others = [k for k in range(len(paths)) if k != worst]
         cells = [Cell(paths[k], spec, row["cap_bytes"], row["runtime"], capacity=capacities[k]) for k in others]
-        named = {k: row[k] for k in ("setting", "spec", "recorded", "conf", "legacy_conf", "note") if k in row}
+        named = {k: row[k] for k in ("setting", "spec", "recorded", *PASTE_KEYS) if k in row}
         by_key = sorted(range(len(cells)), key=lambda i: cells[i].sort_key())   # run_cells' order of its rows
         rows = {others[i]: {**r, **named} for i, r in zip(by_key, run_cells(cells, settings, jobs=jobs))}
         rows[worst] = row

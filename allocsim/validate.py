@@ -182,29 +182,46 @@ def first_divergence(rec: Side, mod: Side) -> dict | None:
     return out
 
 
-def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) -> Validation:
-    """Replay ``trace`` with its recorder's allocator model; compare the segment calls."""
-    if isinstance(trace, str):
-        trace = Trace.load(trace)
-    where = trace.path or "<trace>"
+def spec_of(trace: Trace) -> Spec:
+    """The `Spec` of the framework that recorded ``trace``; `InputError` when it has none."""
     fw = str(trace.meta.get("framework") or "")
     spec = SPECS.get(fw)
     if spec is None:
         raise InputError(f"framework {fw or 'unknown'!r} has no allocator model to validate against "
-                         f"(known: {', '.join(sorted(SPECS))})", path=where, position="metadata")
+                         f"(known: {', '.join(sorted(SPECS))})", path=trace.path or "<trace>", position="metadata")
+    return spec
+
+
+def compared_kinds(trace: Trace, spec: Spec) -> tuple:
+    """The segment kinds compared on ``trace`` (`Spec.always`, and those it holds); `InputError` when it holds
+    none."""
     present = set(np.unique(np.asarray(trace.kind)).tolist())
-    kinds = tuple(k for k in SEGMENT_KINDS if k in spec.always or k in present)
     if not present & set(SEGMENT_KINDS):
         raise InputError("the trace holds no upstream segment events of the recorded allocator; nothing to "
-                         "validate", path=where, position="events")
+                         "validate", path=trace.path or "<trace>", position="events")
+    return tuple(k for k in SEGMENT_KINDS if k in spec.always or k in present)
+
+
+def model_run(trace: Trace, spec: Spec, options, capacity, cap):
+    """``(result, segment log, seeded)``: ``trace`` replayed by the model, its device calls logged."""
     r = Replay(trace, spec.policy, options=options, capacity=capacity, cap=cap, keep_going=True, log_events=True)
     if r.segment_log is None:
         r.close()
-        raise InputError(f"policy {spec.policy!r} keeps no segment_log", path=where)
+        raise InputError(f"policy {spec.policy!r} keeps no segment_log", path=trace.path or "<trace>")
     try:
-        res = r.run()
+        return r.run(), r.segment_log, r.policy.seeded
     finally:
         r.close()
+
+
+def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) -> Validation:
+    """Replay ``trace`` with its recorder's allocator model; compare the segment calls."""
+    if isinstance(trace, str):
+        trace = Trace.load(trace)
+    spec = spec_of(trace)
+    fw = spec.framework
+    kinds = compared_kinds(trace, spec)
+    res, log, seeded = model_run(trace, spec, options, capacity, cap)
     flags, kind = np.asarray(trace.flags), np.asarray(trace.kind)
     pre = int(np.count_nonzero((kind == ev.ALLOC) & (flags & ev.PRE_EXISTING != 0)))
     private = int(np.count_nonzero((kind == ev.SEGMENT_ALLOC) & (flags & ev.PRIVATE_POOL != 0)))
@@ -212,8 +229,7 @@ def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) ->
                                 trace.meta)
     pool_events = int(np.count_nonzero(np.isin(kind, ev.POOL)))
     rec = recorded_side(trace, kinds)
-    seeded = r.policy.seeded
-    mod = model_side(r.segment_log, kinds, rec.initial_reserved if seeded else 0, trace)
+    mod = model_side(log, kinds, rec.initial_reserved if seeded else 0, trace)
     if not spec.free_order:
         rec, mod = rec.frees_by_size(), mod.frees_by_size()
     rt_, mt = rec.totals(), mod.totals()
@@ -246,3 +262,30 @@ def _events_text(events: list) -> str:
     if not events:
         return "-"
     return ",".join(map(str, events[:3])) + (",..." if len(events) > 3 else "")
+
+
+def validate_warm(cold: Trace, warm: Trace, *, options=None, capacity="trace") -> Validation:
+    """Check ``--warm-cache`` (docs/compile.md): the model's replay of the warm view of ``cold`` (a first run's
+    recording) against ``warm``, a recording of a later run with warm caches. The two runs' requests need not be
+    the same ones, so the calls are not matched one by one: the checks are the requests made, the segment calls
+    and the peak and final reserved bytes, and the OOMs."""
+    from .trace.phases import warm_view
+    spec = spec_of(warm)
+    if spec_of(cold) != spec:
+        raise InputError(f"recorded under {cold.meta.get('framework')}, the warm run under {spec.framework}",
+                         path=cold.path or "<trace>", position="metadata")
+    kinds = compared_kinds(warm, spec)
+    view = warm_view(cold)
+    res, log, seeded = model_run(view, spec, options, capacity, None)
+    rec = recorded_side(warm, kinds)
+    rt_, mt = rec.totals(), model_side(log, kinds, rec.initial_reserved if seeded else 0, view).totals()
+    checks = [{"name": "requests", "recorded": warm.n_allocs, "model": view.n_allocs,
+               "ok": warm.n_allocs == view.n_allocs}]
+    checks += [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
+               for k in ("segment_allocs", "segment_frees", "peak_reserved", "final_reserved")]
+    ooms = int(np.count_nonzero(np.asarray(warm.kind) == ev.OOM))
+    checks.append({"name": "OOMs", "recorded": ooms, "model": res.ooms, "ok": ooms == res.ooms})
+    return Validation(trace=f"{shown_name(cold.path)} (--warm-cache) vs {shown_name(warm.path)}",
+                      framework=spec.framework, policy=spec.policy, options=res.options, kinds_compared=list(kinds),
+                      match=all(c["ok"] for c in checks), seeded=seeded, pre_existing=0, checks=checks,
+                      recorded_events=len(rec.kinds), model_events=len(log))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -54,3 +55,31 @@ def train_steps(name: str, a, opt, make_batch, loss_of, sync) -> None:
             opt.step()
     timer.report(name)
     print(f"loss {loss.item():.3f}", flush=True)
+
+
+def print_memory_stats(torch, tag: str = "") -> None:
+    """One line ``MEMORY_STATS <tag> {json}``: the caching allocator's own counters (``torch.cuda.memory_stats()``),
+    to compare a recorded run with the same program run without recording (benchmarks/compare_memory_stats.py)."""
+    torch.cuda.synchronize()
+    stats = {k: v for k, v in sorted(torch.cuda.memory_stats().items()) if isinstance(v, (int, float))}
+    print(f"MEMORY_STATS {tag or '-'} {json.dumps(stats, sort_keys=True)}", flush=True)
+
+
+def recorded_parser(description: str, *, batch: int, dim: int, layers: int, **sizes):
+    """The arguments of the examples recorded from inside Python (docs/recording.md): ``--record TRACE`` and the
+    model's sizes (``--batch``, ``--dim``, ``--layers``, and any of ``seq=``, ``vocab=`` given)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--record", metavar="TRACE", help="record the run into TRACE from inside the program")
+    for name, default in dict(batch=batch, dim=dim, layers=layers, **sizes).items():
+        p.add_argument(f"--{name}", type=int, default=default, help=f"default {default}")
+    return p
+
+
+def cuda_torch(program: str):
+    """torch, once it sees a CUDA GPU; else the program stops with one line saying so."""
+    import sys
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit(f"{program}: needs a CUDA GPU (torch {torch.__version__} sees none)")
+    return torch
+

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import mark  # noqa: E402
+from _common import mark, print_memory_stats  # noqa: E402
 
 
 class Block(nn.Module):
@@ -97,6 +97,8 @@ def main() -> int:
                    help="every rank tries one buffer of this many GiB at step 2 and catches the OOM; over: 1 GiB "
                         "more than --fraction allows (the ranks with the fraction run out, the others not)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU (gloo): a smoke test of the program itself")
+    p.add_argument("--memory-stats", action="store_true",
+                   help="end with each rank's MEMORY_STATS line (the allocator's counters, to compare runs)")
     # issue 21's experiment on when DDP's first bucket is freed (benchmarks/gpu_defer.sh, examples/_defer_probe.py)
     p.add_argument("--sync-steps", action="store_true", help="torch.cuda.synchronize() after every optimizer step")
     p.add_argument("--gpu-lag-ms", type=float, default=0.0,
@@ -185,6 +187,8 @@ def main() -> int:
     print(f"rank {rank}/{world} {args.mode} {args.backend} {args.model}: {args.iters} steps in "
           f"{time.perf_counter() - t0:.1f}s, loss {loss.item():.3f}, peak reserved {peak / 2**30:.3f} GiB, "
           f"device used {(total - free) / 2**30:.3f} GiB, OOMs caught {oomed}", flush=True)
+    if args.memory_stats:
+        print_memory_stats(torch, f"rank{rank}")
     dist.barrier()
     dist.destroy_process_group()
     return 0

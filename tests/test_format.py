@@ -225,10 +225,30 @@ def test_killed_writer_leaves_a_readable_prefix(tmp_path, how, n):
     assert rc == 0 and "UNFINISHED" in out
 
 
+def test_scopes_nest_and_may_stay_open(tmp_path):
+    """Tries and phases nest apart (a phase may close inside a try opened before it) and a trace cut short may
+    leave scopes open; the writer marks the file version 3 only when a scope is written."""
+    p = _scoped([(_A, 0, 8), (_TB, _N, 1), (_PB, _N, 2), (_TE, _N, 1), (_PE, _N, 2), (_PB, _N, 3), (_F, 0, 0)])(
+        str(tmp_path / "ok.bin"))
+    t = Trace.load(p)
+    assert t.version == 3 and (t.kind == ev.PHASE_BEGIN).sum() == 2
+    w = TraceWriter({}, path=str(tmp_path / "w.bin"))
+    w.alloc(8)
+    w.finish()
+    assert Trace.load(str(tmp_path / "w.bin")).version == 1
+    w = TraceWriter({}, path=str(tmp_path / "s.bin"))
+    serial = w.begin(ev.TRY_BEGIN, "user")
+    w.alloc(8)
+    w.end(ev.TRY_END, "user", serial)
+    w.finish()
+    t = Trace.load(str(tmp_path / "s.bin"))
+    assert t.version == 3 and t.labels == ["user"] and t.records["size"][[0, 2]].tolist() == [serial, serial]
+
+
 def test_unfinished_file_with_no_records(tmp_path):
     p = str(tmp_path / "empty.bin")
     TraceFileWriter(p, {"producer": "x"}).abort()
-    meta, records, footer, finished = read_trace_file(p)
+    meta, records, footer, finished, _ = read_trace_file(p)
     assert (meta, len(records), footer, finished) == ({"producer": "x"}, 0, {}, False)
 
 
@@ -237,12 +257,31 @@ def _events(rows):
     return lambda p: write_raw(p, records=raw_trace(rows))
 
 
+def _scoped(rows, version=3):
+    """Rows with scope events (label 0, "user"), in a file of ``version``."""
+    return lambda p: write_raw(p, version=version, records=raw_trace(rows), footer=b'{"labels": ["user"]}')
+
+
 _A, _F, _FR = ev.ALLOC, ev.FREE, ev.FREE_REQUESTED
+_TB, _TE, _PB, _PE, _N = ev.TRY_BEGIN, ev.TRY_END, ev.PHASE_BEGIN, ev.PHASE_END, ev.NO_ID
 BAD = {
     # name: (writer, position, message fragment)
     "empty file": (lambda p: write_bytes(p, b""), "byte 0", "bad magic"),
     "wrong magic": (lambda p: write_raw(p, magic=b"PYTORCH!"), "byte 0", "bad magic"),
-    "unsupported version": (lambda p: write_raw(p, version=3), "byte 8", "unsupported trace version 3"),
+    "unsupported version": (lambda p: write_raw(p, version=4), "byte 8", "unsupported trace version 4"),
+    "pool kind in version 1": (_events([(ev.POOL_BEGIN, _N, 0)]), "event 0", "in a version-1 file: it needs version 2"),
+    "scope kind in version 2": (_scoped([(_A, 0, 8), (_TB, _N, 1), (_TE, _N, 1)], version=2), "event 1",
+                                "TRY_BEGIN (flags 0) in a version-2 file: it needs version 3"),
+    "scope end closing nothing": (_scoped([(_TB, _N, 1), (_TE, _N, 1), (_TE, _N, 1)]), "event 2",
+                                  "TRY_END (serial 1) closes no open TRY_BEGIN"),
+    "scope end of another pair": (_scoped([(_TB, _N, 1), (_PE, _N, 1)]), "event 1",
+                                  "PHASE_END (serial 1) closes no open PHASE_BEGIN"),
+    "scope ends crossed": (_scoped([(_TB, _N, 1), (_TB, _N, 2), (_TE, _N, 1)]), "event 2",
+                           "does not close the innermost open TRY_BEGIN (serial 2"),
+    "scope serial not new": (_scoped([(_PB, _N, 2), (_TB, _N, 2)]), "event 1", "serial 2 is not above the last"),
+    "scope label beyond the table": (lambda p: write_raw(p, version=3, records=raw_trace([(_PB, _N, 1)]),
+                                                         footer=b'{"labels": []}'), "event 0",
+                                     "PHASE_BEGIN label index 0 is beyond the footer's table of 0 labels"),
     "wrong record size": (lambda p: write_raw(p, rec_size=48), "byte 10", "record size 48"),
     "truncated header": (lambda p: write_bytes(p, HEADER.pack(MAGIC, 1, 40, 2, 0, 0, 72)[:30]),
                          "byte 30", "truncated header"),

@@ -1,6 +1,6 @@
-"""The README's commands do what their comments and shown outputs say.
+"""The README's commands, and the manuals', do what their comments and shown outputs say.
 
-Every `allocsim` command of README.md's shell blocks (``sh`` blocks, and ``$ allocsim`` lines of the
+Every `allocsim` command of the shell blocks of README.md and the manuals it sends readers to (`DOCS`) (``sh`` blocks, and ``$ allocsim`` lines of the
 blocks that show an output) runs here, in a temporary folder holding the shipped traces it names, bounded
 in time: it must exit 0, write the files it says it writes, and print the lines the README shows (wall-clock
 seconds masked, spacing collapsed, ``...`` standing for lines left out). `run.bin` in the Usage block is a
@@ -24,6 +24,9 @@ import pytest
 from conftest import ROOT, run_cli
 
 README = os.path.join(ROOT, "README.md")
+#: the documents whose commands run here: the front page and the manuals it links to (each command once, where it
+#: first stands)
+DOCS = ("README.md", "docs/cli.md", "docs/tune.md", "docs/policies.md")
 #: the Usage block's run.bin: a small PyTorch recording (ResNet-18, 8 steps; side stream, no OOM)
 RUN_BIN = os.path.join(ROOT, "traces", "pressure-side-stream.bin")
 #: README traces a command names are linked into the folder; `traces/*.bin` then globs only these
@@ -61,14 +64,15 @@ WALL = [re.compile(r"(load|replay|total) [\d.]+s"), re.compile(r"\d+ replays in 
 
 @dataclass
 class Command:
-    line: str                       # as the README writes it (comment and `$ ` removed)
-    where: int                      # README line number
+    line: str                       # as the document writes it (comment and `$ ` removed)
+    where: int                      # line number in the document
+    doc: str = "README.md"
     comment: str = ""
     shown: list = field(default_factory=list)       # the output lines the README prints under it
 
     @property
     def id(self) -> str:
-        return f"L{self.where}:" + " ".join(self.line.split()[:3])
+        return f"{self.doc.removesuffix('.md')}:L{self.where}:" + " ".join(self.line.split()[:3])
 
 
 def readme_commands(text: str) -> list[Command]:
@@ -105,7 +109,19 @@ def _block_commands(lines, lang, start) -> list[Command]:
     return cmds
 
 
-COMMANDS = readme_commands(open(README, encoding="utf-8").read())
+def documented_commands() -> list[Command]:
+    """The commands of every document in `DOCS`, each command line once: where it shows the most output to check,
+    else where it first stands."""
+    seen: dict[str, Command] = {}
+    for doc in DOCS:
+        for cmd in readme_commands(open(os.path.join(ROOT, doc), encoding="utf-8").read()):
+            cmd.doc = doc
+            if cmd.line not in seen or len(cmd.shown) > len(seen[cmd.line].shown):
+                seen[cmd.line] = cmd
+    return list(seen.values())
+
+
+COMMANDS = documented_commands()
 
 
 def _skip_reason(line: str) -> str | None:

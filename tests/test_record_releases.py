@@ -22,6 +22,7 @@ from allocsim.trace import events as ev
 from allocsim.validate import validate
 
 from conftest import ROOT
+from test_recording import _run
 
 MiB = 1 << 20
 SEG = 20 * MiB
@@ -127,6 +128,26 @@ def test_chunks_do_not_change_what_is_inferred(cuts):
     cuts = sorted(set(cuts))
     chunks = [HISTORY[a:b] for a, b in zip([0, *cuts], [*cuts, len(HISTORY)])]
     assert converted(*chunks) == converted(HISTORY)
+
+
+def test_a_recording_carries_the_releases_made_in_cxx(tmp_path):
+    """End to end through the recorder (the stand-in torch): a segment cached before recording began (the trace's
+    initial segment, seeded as the converter's state) and one freed inside it, both freed by a C++ emptyCache()."""
+    r = _run(tmp_path, """
+        cached = torch.cuda.fake_alloc(2 << 20)
+        torch.cuda.fake_free(cached, 2 << 20)
+        weights = torch.cuda.fake_alloc(6 << 20)
+        with allocsim.recording(OUT):
+            act = torch.cuda.fake_alloc(4 << 20)
+            torch.cuda.fake_free(act, 4 << 20)
+            torch.cuda.fake_cxx_empty_cache()
+            torch.cuda.fake_alloc(4 << 20)
+    """)
+    assert r.returncode == 0, r.stderr
+    t = Trace.load(str(tmp_path / "run.bin"))
+    kinds = [ev.KIND_NAMES[int(k)] for k in t.kind]
+    assert kinds[-5:] == ["CACHE_RELEASE", "SEGMENT_FREE", "SEGMENT_FREE", "SEGMENT_ALLOC", "ALLOC"]
+    assert json.load(open(tmp_path / "run.bin.stats.json"))["cache_releases_inferred"] == 1
 
 
 # ---- the shipped recordings, their entries converted again -------------------------------------------------------

@@ -14,7 +14,7 @@ from ..filenames import shown_name
 from ..replay import ReplaySettings
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
-from ..units import parse_size
+from ..units import fmt_bytes, parse_size
 
 
 def add_replay_arguments(p, *, multi: bool = False) -> None:
@@ -39,6 +39,46 @@ def add_fold_argument(p) -> None:
     p.add_argument("--no-fold", action="store_true",
                    help="walk every step, even where the replay repeats itself (by default a periodic run's repeats "
                         "are added without walking them; the result is the same bit for bit)")
+
+
+def add_warm_cache_argument(p, what: str = "replay") -> None:
+    """--warm-cache: every command that predicts a run from a recording (docs/compile.md)."""
+    p.add_argument("--warm-cache", action="store_true",
+                   help=f"{what} a later run of the program with warm compile caches, from a recording of a first "
+                        "(cold) one: without the allocations its compile and autotune phases make and the step frees "
+                        "(docs/compile.md)")
+
+
+@contextmanager
+def warm_cache_trace(path: str | None, warm: bool, command: str, shown: str | None = None):
+    """``path`` itself; with ``warm`` (``--warm-cache``) its warm view (`trace.phases.warm_view`) in a temporary
+    trace file for the length of the command, named as the trace is, after one stderr line saying what was
+    left out (naming ``shown``, the trace as the user gave it: default ``path``). A trace without compile or
+    autotune phases is refused: nothing in it tells what a warm run skips."""
+    if not warm:
+        yield path
+        return
+    import tempfile
+    from ..errors import InputError
+    from ..trace.phases import COLD_PHASES, warm_view
+    trace = load_trace(path)
+    view = warm_view(trace)
+    cut = view.meta["warm_cache"]
+    name = shown_name(shown or path or DEFAULT_TRACE)
+    if not cut["phases"]:
+        raise InputError(f"--warm-cache: the trace holds no {' or '.join(COLD_PHASES)} phase (a program that does "
+                         f"not compile, or a recording made before allocsim marked them): nothing tells what a "
+                         f"warm run leaves out", path=name)
+    print(f"allocsim {command}: {name}: --warm-cache: left out {cut['allocs']:,} allocations "
+          f"({fmt_bytes(cut['alloc_bytes'])}) made inside {cut['phases']:,} compile/autotune phases and freed in "
+          f"their step"
+          + (f", {cut['ooms']:,} OOMs" if cut["ooms"] else "") + (f", {cut['tries']:,} tries" if cut["tries"] else "")
+          + f" and the recorded segment calls; kept {cut['kept_allocs']:,} ({fmt_bytes(cut['kept_alloc_bytes'])}) "
+          f"that outlive it", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="allocsim-warm-") as d:
+        out = os.path.join(d, os.path.basename(path or DEFAULT_TRACE))
+        view.save(out)
+        yield out
 
 
 def add_policies_argument(p, default: str) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 import sys
 
 from ..capacity import check_caps
+from ..filenames import shown_name
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
 from ..sweep import Cell, Settings, run_cells
-from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, capacity_arg, caps_arg,
-                      load_trace, policy_specs, replay_settings, split_list)
+from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
+                      capacity_arg, caps_arg, load_trace, policy_specs, replay_settings, split_list, warm_cache_trace)
 from ._ranks import each_rank
 
 NAME = "compare"
@@ -37,12 +38,16 @@ def add_arguments(p, *, many_traces: bool = False):
         p.add_argument("--sections", action="store_true", help="print each run's section table")
         p.add_argument("--breakdown", action="store_true",
                        help="also print why reserved > live at each run's reserved peak (hard, soft, stream, rounding)")
+        add_warm_cache_argument(p, "compare the settings on")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_replay_arguments(p, multi=True)
 
 
-def build_cells(args) -> tuple[list[Cell], Settings]:
-    trace = load_trace(args.trace)              # validate once, up front
+def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
+    """The cells of ``args`` on the trace at ``path`` (default ``args.trace``; `compare --warm-cache`: its warm
+    view)."""
+    path = args.trace if path is None else path
+    trace = load_trace(path)              # validate once, up front
     specs = policy_specs(args.policies, options=args.policy_opt)
     caps = caps_arg(args.caps)
     runtimes = split_list(args.runtime, "--runtime")
@@ -54,7 +59,7 @@ def build_cells(args) -> tuple[list[Cell], Settings]:
     capacity = capacity_arg(args.capacity)
     check_caps(caps, capacity, trace, "--caps")
     settings = Settings(replay_settings(args), sections=getattr(args, "sections", False))
-    cells = [Cell(args.trace, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]
+    cells = [Cell(path, spec, cap, rt, capacity=capacity) for spec in specs for cap in caps for rt in runtimes]
     return cells, settings
 
 
@@ -64,20 +69,25 @@ def run(args) -> int:
 
 def run_one(args) -> int:
     claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
-    cells, settings = build_cells(args)
-    bar = None
-    if not (args.quiet or args.json) and sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=len(cells), desc="compare", unit="run", leave=False)
-    rows = run_cells(cells, settings, jobs=args.jobs, on_row=(lambda c, r: bar.update()) if bar else None)
-    if bar:
-        bar.close()
+    with warm_cache_trace(args.trace, args.warm_cache, NAME) as path:
+        cells, settings = build_cells(args, path)
+        bar = None
+        if not (args.quiet or args.json) and sys.stderr.isatty():
+            from tqdm import tqdm
+            bar = tqdm(total=len(cells), desc="compare", unit="run", leave=False)
+        rows = run_cells(cells, settings, jobs=args.jobs, on_row=(lambda c, r: bar.update()) if bar else None)
+        if bar:
+            bar.close()
+        heading = None if args.json else (trace_heading(args.trace, load_trace(path))
+                                          + (" (its warm view: --warm-cache)" if args.warm_cache else ""))
+    for r in rows:
+        r["trace"] = shown_name(args.trace)     # not the warm view's temporary file
     if args.csv:
         write_rows(rows, args.csv, "csv")
     if args.json:
         dump_json(rows)
         return 0
-    print(trace_heading(args.trace, load_trace(args.trace)))
+    print(heading)
     print(compare_table(rows))
     if args.breakdown:
         print("\nreserved - live requested bytes at the reserved peak (docs/metrics.md, the free breakdown)")

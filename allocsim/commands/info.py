@@ -10,7 +10,7 @@ from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..report.tables import dump_json
 from ..filenames import printable, shown_name
 from ..ranks import rank_label
-from ..report.text import aligned_table
+from ..report.text import aligned_table, phase_lines
 from ._common import load_trace, progress_bar
 from ._ranks import each_rank
 
@@ -109,6 +109,8 @@ def format_summary(d: dict) -> str:
     if d.get("frees_in_request"):
         lines.append(f"  frees inside a request: {d['frees_in_request']:,} (arrays the pool's gc.collect() freed on its "
                      f"limit or OOM path; replayed at that collection)")
+    if d.get("phases"):
+        lines += phase_lines(d["phases"], d["allocs"], "the LOAD peak")
     if "catches_oom" in d:
         lines.append(catches_oom_line(d["catches_oom"], d["catches_oom_max_bytes"]))
     up = d["upstream_segments"]

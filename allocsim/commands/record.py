@@ -31,8 +31,8 @@ def add_arguments(p):
                    help="run a module as `python -m MODULE args` would (the rest of the line is its arguments)")
     p.add_argument("target", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
                    help="the script and its arguments, as you would pass them to python; or a program of several "
-                        "processes (-- torchrun --nproc-per-node 2 train.py, -- python spawns.py): one trace per "
-                        "process that uses CUDA, OUT.rank<R>.bin")
+                        "processes (-- torchrun --nproc-per-node 2 train.py, -- accelerate launch train.py, -- python "
+                        "spawns.py): one trace per process that uses CUDA, OUT.rank<R>.bin")
 
 
 def parse_target(args):
@@ -68,24 +68,40 @@ def own_options_after_target(program_args) -> list[str]:
 
 def program_argv(args) -> list[str] | None:
     """The command line of a program whose processes are recorded one by one (docs/several-processes.md): a
-    launcher or any other program (`_is_program`: ``torchrun ...``, ``python train.py``, ``bash run.sh``), or
-    ``-m torch.distributed.run``; None for a Python script or module run inside allocsim, as before."""
+    launcher or any other program (`_is_program`: ``torchrun ...``, ``accelerate launch ...``, ``python -m
+    torch.distributed.run ...``, ``bash run.sh``), or ``-m`` with a launcher module (`LAUNCHER_MODULES`); None for a
+    Python script or module run inside allocsim, as before."""
     from ..recorders.processes import LAUNCHER_MODULES
     if args.module:
         return [sys.executable, "-m", *args.module] if args.module[0] in LAUNCHER_MODULES else None
     target = list(args.target or [])
     if target and target[0] == "--":
         target = target[1:]
-    return target if target and _is_program(target[0]) else None
+    if not target or not _is_program(target[0]):
+        return None
+    return [_beside_python(target[0]) or target[0], *target[1:]]
+
+
+def _beside_python(name: str) -> str | None:
+    """``name`` as a command installed beside this Python (a virtual environment's ``bin/``, where ``torchrun`` and
+    ``accelerate`` are when it is not activated), when PATH has no command of that name; else None."""
+    if os.sep in name or os.path.exists(name) or shutil.which(name) is not None:
+        return None
+    return shutil.which(name, path=os.path.dirname(sys.executable))
 
 
 def _is_program(name: str) -> bool:
-    """A program to start, not a Python script to run inside allocsim: a command on PATH with no file of that name
-    here, or an executable file that is a binary (ELF) or a script for another interpreter (``#!/bin/bash``)."""
+    """A program to start, not a Python script to run inside allocsim: a command on PATH (or beside this Python)
+    with no file of that name here, an executable file that is a binary (ELF) or a script for another interpreter
+    (``#!/bin/bash``), or a launcher's own script (`LAUNCHER_PROGRAMS`: ``venv/bin/torchrun``, a Python script whose
+    work is done by the processes it starts)."""
+    from ..recorders.processes import LAUNCHER_PROGRAMS
     if not os.path.exists(name):
-        return shutil.which(name) is not None
+        return shutil.which(name) is not None or _beside_python(name) is not None
     if name.endswith(".py") or not os.path.isfile(name) or not os.access(name, os.X_OK):
         return False
+    if os.path.basename(name) in LAUNCHER_PROGRAMS:
+        return True
     with open(name, "rb") as f:
         head = f.readline(256)
     return head.startswith(b"\x7fELF") or (head.startswith(b"#!") and b"python" not in head)

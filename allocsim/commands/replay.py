@@ -9,10 +9,11 @@ from ..exporters.torch_snapshot import check_exportable, write_snapshot
 from ..outputs import add_force_argument, claim_outputs
 from ..replay import replay, replay_snapshot
 from ..report.tables import dump_json
-from ..report.text import oom_line, replay_summary, section_table
+from ..filenames import shown_name
+from ..report.text import oom_line, phase_lines, replay_summary, section_table
 from ..spec import PolicySpec
-from ._common import (DEFAULT_TRACE, add_replay_arguments, lazy_progress_bar, load_trace, progress_bar,
-                      replay_settings, say_snapshot_written)
+from ._common import (DEFAULT_TRACE, add_replay_arguments, add_warm_cache_argument, lazy_progress_bar, load_trace,
+                      progress_bar, replay_settings, say_snapshot_written, warm_cache_trace)
 from ._ranks import each_rank
 
 NAME = "replay"
@@ -27,6 +28,7 @@ def add_arguments(p):
     p.add_argument("--policy", "-p", default="split", help="allocator policy (see `allocsim policies`), "
                    "name[key:value,...], or a plug-in: file.py:Class or module:Class")
     add_replay_arguments(p)
+    add_warm_cache_argument(p)
     p.add_argument("--backend", choices=["sim", "cuda"], default="sim",
                    help="cuda: make the policy's device calls real cudaMalloc/cudaFree on this GPU (measured)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the summary")
@@ -42,14 +44,32 @@ def run(args) -> int:
     return each_rank(args, run_one)
 
 
+def replay_phases(trace, res) -> dict | None:
+    """The phases' shares of the requests and of the live bytes where the replay's reserved peak was first
+    reached (where the policy says; else at the LOAD peak: ``at_reserved_peak`` False); None without phases."""
+    from ..trace.events import PHASE_BEGIN
+    from ..trace.phases import phase_shares
+    if PHASE_BEGIN not in trace.kinds_present:
+        return None
+    peak = res.breakdown_at_peak
+    shares = phase_shares(trace, peak["event"] if peak else None)
+    return {**shares, "at_reserved_peak": bool(peak)}
+
+
 def run_one(args) -> int:
+    with warm_cache_trace(args.trace, args.warm_cache, NAME) as path:
+        return _replay(args, path)
+
+
+def _replay(args, path: str | None) -> int:
+    """`run_one` of the trace at ``path`` (``args.trace`` itself, or its warm view)."""
     spec = PolicySpec.parse(args.policy).with_options(args.policy_opt)
     if args.snapshot is not None:
         check_exportable(spec, args.runtime)
         claim_outputs([("--snapshot", args.snapshot)], [args.trace, args.cost_model], force=args.force)
     quiet = args.quiet or args.json
     t0 = time.perf_counter()
-    trace = load_trace(args.trace, quiet)
+    trace = load_trace(path, quiet)
     loaded = time.perf_counter() - t0
     planned, close_plan = lazy_progress_bar(f"plan {args.policy}", quiet, unit="buffer")
     update, close = progress_bar(trace.n_allocs * 2, f"replay {args.policy}", quiet)
@@ -66,10 +86,18 @@ def run_one(args) -> int:
         write_snapshot(snapshot, args.snapshot)     # an OOMed run too: its oom entry is what a user looks for
         say_snapshot_written(snapshot, args.snapshot, f"the replay under {spec.label}")
     res.load_seconds = loaded
+    if path != args.trace:
+        res.trace = shown_name(args.trace)
+    phases = replay_phases(trace, res)
     if args.json:
-        dump_json({**res.to_dict(), **({"folded": res.folded} if res.folded else {})})
+        dump_json({**res.to_dict(), **({"folded": res.folded} if res.folded else {}),
+                   **({"phases": phases} if phases else {}),
+                   **({"warm_cache": trace.meta["warm_cache"]} if args.warm_cache else {})})
     else:
         print(replay_summary(res))
+        if phases:
+            print("\n".join(phase_lines(phases, trace.n_allocs, "the reserved peak" if phases["at_reserved_peak"]
+                                         else "the LOAD peak")))
         if not args.no_sections:
             print()
             print(section_table(res.sections))

@@ -21,8 +21,8 @@ from ..ranks import fit_capacity
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
-                      capacity_arg, check_scheduler, cost_model_arg, count, dask_cluster, load_trace, positive_size,
-                      say_snapshot_written)
+                      add_warm_cache_argument, capacity_arg, check_scheduler, cost_model_arg, count, dask_cluster,
+                      load_trace, positive_size, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
 NAME = "tune"
@@ -51,6 +51,7 @@ def add_arguments(p):
     p.add_argument("--max-replays", type=count(0, " (0: no limit)"), default=0, metavar="N",
                    help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
     p.add_argument("--no-fit", action="store_true", help="skip the smallest-GPU walk for the finalists")
+    add_warm_cache_argument(p, "tune for")
     add_jobs_argument(p)
     add_dask_arguments(p)
     add_cost_model_argument(p)
@@ -69,7 +70,7 @@ def run(args) -> int:
         return _tune_run(args, paths)
     args.trace = args.trace[0]
     _check_options(args)            # before a log is imported: a refusal is then the one line
-    with _as_trace(paths[0]) as path:
+    with _as_trace(paths[0]) as imported, warm_cache_trace(imported, args.warm_cache, NAME, args.trace) as path:
         return _tune(args, path)
 
 
@@ -131,6 +132,7 @@ def _tune(args, path: str) -> int:
     finally:
         progress.close()
     res.trace = shown_name(args.trace)      # as the user named it (an imported log's temporary trace is gone after)
+    res.run = run_tuned_for(trace, args.warm_cache)
     took = time.perf_counter() - t0
     if res.rescue and res.target.capacity is None and res.target.cap is None:
         print("allocsim tune: the trace holds a recorded OOM but does not say the device's memory: every setting "
@@ -141,10 +143,28 @@ def _tune(args, path: str) -> int:
     if args.snapshot is not None:
         _write_snapshot(trace, res, args.snapshot)
     if args.json:
-        dump_json(res.to_dict())
+        dump_json({**res.to_dict(), **({"run_tuned_for": res.run} if res.run else {})})
         return 0
     print(tune_report(res, took))
     return 0
+
+
+def run_tuned_for(trace, warm: bool) -> str | None:
+    """Which run of the program the search is for (docs/compile.md), None for a trace without phases; off
+    ``--warm-cache``, one stderr line when the recording peaked inside compilation or autotuning."""
+    from ..trace.phases import COLD_PHASES, cold_spans, recorded_peak
+    if warm:
+        return "a later run with warm compile caches (--warm-cache: the recording less what its compile and " \
+               "autotune phases allocated for their step only)"
+    spans = cold_spans(trace)
+    if not len(spans):
+        return None
+    what, at = recorded_peak(trace)
+    if ((spans[:, 0] <= at) & (at < spans[:, 1])).any():
+        print(f"allocsim tune: {shown_name(trace.path)}: the recording's {what} (event {at:,}) lies inside "
+              f"{'/'.join(COLD_PHASES)}: a later run with warm caches peaks elsewhere; --warm-cache tunes for that "
+              f"run", file=sys.stderr)
+    return "the recorded run: a first run, which compiled (cold caches); --warm-cache tunes for the later runs"
 
 
 def search_options(args, workers: int = 0) -> dict:
@@ -167,6 +187,9 @@ def _tune_run(args, paths: list[str]) -> int:
     from ..errors import UsageError
     from ..report.tune import run_report
     from ..tune_ranks import tune_run
+    if args.warm_cache:
+        raise UsageError(f"--warm-cache: tune one trace at a time for its warm run ({shown_name(paths[0])}, ...); "
+                         f"the run's worst rank is the one to start with")
     for flag, value in (("--plot", args.plot), ("--snapshot", args.snapshot)):
         if value is not None:
             raise UsageError(f"{flag}: tune the run's worst rank's trace by itself to draw or export it "

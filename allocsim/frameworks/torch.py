@@ -10,7 +10,8 @@ Source: `docs/models/torch.md` (Options; option parsing as in c10/core/Allocator
 - a ``PYTORCH_ALLOC_CONF`` line both ways (`parse_conf`, `conf_text`, `conf_lines`);
 - the settings a trace recorded (`settings_from_trace`, `options_in_force`) and the
   ``allocator_settings`` a snapshot records (`snapshot_settings`, its inverse);
-- the memory fraction whose allowed memory is a given cap (`fraction_for`).
+- the memory fraction whose allowed memory is a given cap (`fraction_for`);
+- the same setting applied from inside a running process (`python_lines`: docs/recording.md).
 """
 from __future__ import annotations
 
@@ -291,3 +292,51 @@ def fraction_for(allowed: int | None, total: int) -> float:
     while int(f * total) > allowed:
         f = math.nextafter(f, 0.0)
     return f
+
+
+# ---- the setting applied from inside a running process (docs/recording.md) -------------------------------------
+#: Options that are the model's, not PyTorch's: never in a settings string.
+MODEL_ONLY = ("trace_settings", "fix_189504", "per_process_memory_fraction")
+#: Options PyTorch's parser keeps at their last value when a settings string leaves them out (it resets
+#: max_split_size_mb, roundup_power2_divisions and garbage_collection_threshold to their defaults), with the
+#: defaults a run-time string names them with, so that it selects the setting whatever was in force before.
+KEPT_WHEN_UNNAMED = {"expandable_segments": False, "max_non_split_rounding_mb": MIN_MB}
+#: What the run-time form changes, and when it must run: PyTorch 2.11's parser accepts every option but ``backend``
+#: (fixed when torch loads) at run time; each applies to what comes after the call.
+RUNTIME_NOTE = ("before the model or any tensor is on the GPU: the options apply from the call on, expandable_segments "
+                "to the segments made after it, and tune modeled them from the start; backend cannot change at run "
+                "time")
+
+
+def runtime_text(values: dict) -> str:
+    """The ``k:v,...`` string that ``torch.cuda.memory._set_allocator_settings`` takes for these option values in a
+    running process: the options it would otherwise keep from before named with their defaults (`KEPT_WHEN_UNNAMED`),
+    the model's own options left out."""
+    chosen = {k: v for k, v in values.items() if k not in MODEL_ONLY and v is not None}
+    return conf_text({k: chosen.get(k, v) for k, v in KEPT_WHEN_UNNAMED.items()} |
+                     {k: v for k, v in chosen.items() if k not in KEPT_WHEN_UNNAMED})
+
+
+def python_lines(values: dict, cap: int | None, total: int | None) -> dict:
+    """The setting as Python that works in a running process (a notebook, where ``PYTORCH_ALLOC_CONF`` was read
+    when CUDA started): ``{"python": the _set_allocator_settings call, "python_fraction": the
+    set_per_process_memory_fraction call for ``cap`` ("" without one), "fraction": its value (None without a device
+    size), "python_note"}``. The fraction is `fraction_for`'s: PyTorch allows ``int(fraction * total)`` bytes, and
+    that is ``cap`` to the byte; it is written as Python's shortest repr, which reads back to the same float. Without
+    the device's size (a trace that does not say it, no --capacity) the call computes it on the device."""
+    fraction = values.get("per_process_memory_fraction")
+    if fraction is None and cap:
+        fraction = fraction_for(cap, total) if total else None
+        call = (f"set_per_process_memory_fraction({fraction!r})" if fraction is not None else
+                f"set_per_process_memory_fraction(fraction_for({cap}, "
+                f"torch.cuda.get_device_properties(0).total_memory))  # from allocsim.frameworks.torch import "
+                f"fraction_for")
+    else:
+        call = f"set_per_process_memory_fraction({fraction!r})" if fraction is not None else ""
+    note = RUNTIME_NOTE + (f"; the fraction allows int(fraction x {total:,}) = {cap:,} bytes, the cap"
+                           if fraction is not None and cap and total and "per_process_memory_fraction" not in values
+                           else "")
+    return {"python": f'torch.cuda.memory._set_allocator_settings("{runtime_text(values)}")',
+            "python_fraction": f"torch.cuda.{call}" if call and fraction != 1.0 else "",
+            "fraction": fraction, "python_note": note}
+

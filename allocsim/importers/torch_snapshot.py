@@ -310,6 +310,20 @@ class StartState:
         """Did the trace free a block or segment that existed before its first entry?"""
         return any(b[3] for b in self.blocks.values()) or any(s.get("freed_in_trace") for s in self.segments.values())
 
+    def seed(self, conv: "EntryConverter") -> int:
+        """Write the live blocks as ALLOCs at t=0 flagged PRE_EXISTING, in address order, into ``conv``'s writer
+        and its live set (so that their frees in the history pair with them); return how many had their free
+        requested already."""
+        pending_frees = 0
+        for addr in sorted(self.blocks):
+            size, stream, pending, _, frames = self.blocks[addr]
+            conv.live[addr] = conv.w.alloc(size, stream, t=0, addr=addr, site=site_of(frames), flags=ev.PRE_EXISTING)
+            pending_frees += pending
+        if conv.use is not None:        # the segments a release must free, and what they hold (`SegmentUse`)
+            conv.use = SegmentUse(self.segments, self.blocks)
+            conv.reserved = sum(s["total_size"] for s in self.segments.values())
+        return pending_frees
+
     def initial_segments(self) -> list[dict]:
         return [{"address": base, "total_size": s["total_size"], "stream": s["stream"],
                  "is_expandable": s["is_expandable"], "segment_type": s["segment_type"]}
@@ -551,12 +565,7 @@ class SnapshotConversion:
         conv = EntryConverter(writer, where=self.where, device=self.device, t0_us=self.t0,
                               untimed=self.t0 is None)
         conv.private = set(self.private)
-        seeded_pending = 0
-        for addr in sorted(start.blocks):
-            size, stream, pending, _, frames = start.blocks[addr]
-            conv.live[addr] = writer.alloc(size, stream, t=0, addr=addr, site=site_of(frames),
-                                           flags=ev.PRE_EXISTING)
-            seeded_pending += pending
+        seeded_pending = start.seed(conv)
         gc_threshold = self.meta["allocator_settings"].get("garbage_collection_threshold")
         private = private_incarnations(self.entries, start, self.pool_ids)
         releases = inferred_releases(self.entries, start, isinstance(gc_threshold, (int, float)) and gc_threshold > 0,

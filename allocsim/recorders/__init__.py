@@ -151,6 +151,17 @@ class Target:
             sys.path[:] = saved_path
 
 
+def prepare(framework: str, out: str):
+    """The recorder class of ``framework``, once the framework, a GPU and ``out``'s folder are known to be there
+    (nothing is written before)."""
+    cls = recorder_class(framework)
+    check_available(framework)
+    out_dir = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(out_dir):
+        raise UsageError(f"{out}: output folder {out_dir} does not exist")
+    return cls
+
+
 def record(target: Target, out: str, framework: str = "auto", **options) -> tuple[int, dict]:
     """Run ``target`` under the framework's recorder; write ``out`` and ``out.stats.json``.
 
@@ -161,26 +172,16 @@ def record(target: Target, out: str, framework: str = "auto", **options) -> tupl
     128 + signal), SIGINT like Ctrl-C; either way the trace is finished, and
     while it is, those signals are ignored.
     """
-    global _active
     target.check()
     if framework == "auto":
         framework = detect_framework(target.source_path())
-    cls = recorder_class(framework)
-    check_available(framework)
-    out_dir = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(out_dir):
-        raise UsageError(f"{out}: output folder {out_dir} does not exist")
+    cls = prepare(framework, out)
     command = [sys.executable, "-m", "allocsim", "record", *(["-m", target.module] if target.module else
                                                               [target.script]), *target.args]
     rec = cls(out, command=command, **options)
     status = 0
     with signals_unwind():
-        try:
-            rec.start()
-        except BaseException:
-            rec.abort()
-            raise
-        _active = rec
+        begin(rec)
         try:
             target.run()
         except SystemExit as e:
@@ -198,10 +199,30 @@ def record(target: Target, out: str, framework: str = "auto", **options) -> tupl
             status = 1
             rec.note(f"program raised {type(e).__name__}: {e}")
         finally:
-            _active = None
-            with signals_ignored():   # no second unwind while finishing
-                stats = rec.finish(exit_status=status)
+            stats = end(rec, status)
     return status, stats
+
+
+def begin(rec) -> None:
+    """Start ``rec`` as this process's recording (`mark` and `scope` write into it); a start that fails leaves
+    no file behind. `record`, `allocsim.start_recording` and each process of a run start this way."""
+    global _active
+    try:
+        rec.start()
+    except BaseException:
+        rec.abort()
+        raise
+    _active = rec
+
+
+def end(rec, status: int = 0) -> dict:
+    """Finish ``rec`` (the trace, renamed into place, and its stats file) with the catchable signals ignored, so
+    that no second unwind cuts the file short; return the stats."""
+    global _active
+    if _active is rec:
+        _active = None
+    with signals_ignored():
+        return rec.finish(exit_status=status)
 
 
 def _print_program_traceback(e: BaseException) -> None:
@@ -213,3 +234,6 @@ def _print_program_traceback(e: BaseException) -> None:
                               or "runpy" in tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     traceback.print_exception(type(e), e, tb or e.__traceback__)
+
+
+from .session import recording, start_recording, stop_recording      # noqa: E402 - they use begin and end above

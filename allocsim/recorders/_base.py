@@ -23,6 +23,9 @@ class Recorder:
     """
 
     framework = ""
+    #: How the recording was started, when not by ``allocsim record``: "python" (`allocsim.recording`,
+    #: `allocsim.start_recording`), written in the trace's metadata as ``started_from``.
+    started_from: str | None = None
 
     def __init__(self, out: str, *, command: list[str], stacks: bool = False, max_events: int | None = None):
         self.out = out
@@ -62,7 +65,8 @@ class Recorder:
                 "env": {k: v for k, v in os.environ.items()
                         if k.startswith(("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
                                          "PYTORCH_NO_CUDA_MEMORY_CACHING",
-                                         "CUPY_GPU_MEMORY_LIMIT", "CUDA_VISIBLE_DEVICES"))}}
+                                         "CUPY_GPU_MEMORY_LIMIT", "CUDA_VISIBLE_DEVICES"))},
+                **({"started_from": self.started_from} if self.started_from else {})}
 
     def open_trace(self, meta: dict) -> TraceWriter:
         self.writer = TraceWriter(meta, path=temp_path(self.out))

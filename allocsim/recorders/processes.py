@@ -15,7 +15,6 @@ which torchrun sends to the other workers when one fails, unwinds to it). Its tr
 """
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import signal
@@ -23,7 +22,6 @@ import subprocess
 import sys
 
 from ..errors import InputError, UsageError
-from ..outputs import CATCHABLE, Terminated, signals_ignored
 from ..ranks import process_name, run_files
 from ._base import stderr
 from .torch import TorchRecorder
@@ -33,7 +31,10 @@ ENV_RUN = "ALLOCSIM_RECORD_RUN"
 #: The folder put in front of PYTHONPATH: its ``sitecustomize`` starts `in_child` in every Python process.
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 #: Launcher modules run as a program (``allocsim record -m torch.distributed.run ...``), never inside allocsim.
-LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+                    "accelerate.commands.accelerate_cli")
+#: Launchers' own commands: started as a program even when named by the path of their (Python) script.
+LAUNCHER_PROGRAMS = ("torchrun", "accelerate")
 
 
 def program_env(out: str, options: dict, environ=None) -> dict:
@@ -46,8 +47,14 @@ def program_env(out: str, options: dict, environ=None) -> dict:
 
 
 def default_output(argv: list[str]) -> str:
-    """``train.bin`` for ``torchrun ... train.py``: the first Python script named, else the program's name."""
-    script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
+    """``train.bin`` for ``torchrun ... train.py``: the first Python script named, else the last part of the first
+    module run with ``-m`` that is not a launcher (``accelerate launch -m pkg.train``), else the program's name."""
+    script = next((a for a in argv[1:] if a.endswith(".py")), None)
+    if script is None:
+        modules = [b for a, b in zip(argv, argv[1:]) if a == "-m" and b not in LAUNCHER_MODULES]
+        if modules:
+            return modules[0].rsplit(".", 1)[-1] + ".bin"
+        script = argv[0]
     return os.path.splitext(os.path.basename(script))[0] + ".bin"
 
 
@@ -57,11 +64,8 @@ def record_program(argv: list[str], out: str, *, force: bool = False, **options)
 
     Traces of an earlier run of the same name would mix with this one's: they are refused, or removed with
     ``force``. The program's own exit status is returned (128 + N when a signal N ended it)."""
-    from . import check_available
-    check_available("torch")
-    out_dir = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(out_dir):
-        raise UsageError(f"{out}: output folder {out_dir} does not exist")
+    from . import prepare
+    prepare("torch", out)
     earlier = run_files(out)
     if earlier and not force:
         raise InputError(f"an earlier run's process traces are there ({', '.join(map(os.path.basename, earlier))}); "
@@ -164,63 +168,15 @@ class ProcessRecorder(TorchRecorder):
         return super().close_trace(late_meta)
 
 
-_recording: list[ProcessRecorder] = []       # this process's recorder, once CUDA started
-#: How the process is ending, for its stats: what its exit status is, as far as it can be seen at exit.
-_ending = {"exit_status": 0, "ended": "normally"}
-
-
 def start_in_process(config: dict) -> None:
-    """CUDA is starting in this process (the bootstrap's call): record it. Whatever fails here is one line, never the program's error."""
+    """CUDA is starting in this process (the bootstrap's call): record it until the process ends
+    (`session.UntilExit`). Whatever fails here is one line, never the program's error."""
+    from . import begin
+    from .session import UntilExit
     try:
         rec = ProcessRecorder(config)
-        rec.start()
+        begin(rec)                      # allocsim.mark() in the program writes into it
     except Exception as e:          # noqa: BLE001 - the program must run on unrecorded
         stderr(f"process {os.getpid()}: not recorded: {type(e).__name__}: {e}")
         return
-    _recording.append(rec)
-    sys.modules[__package__]._active = rec          # allocsim.mark() in the program
-    atexit.register(_finish, os.getpid())
-    _watch_the_end()
-
-
-def _watch_the_end() -> None:
-    """Note how the process ends: an uncaught exception (``sys.excepthook``), or a signal left at its default
-    action, which then unwinds like ``exit(128 + N)`` so that the trace is finished at exit (torchrun stops the
-    other workers with SIGTERM when one fails). Signals can be set only from the main thread."""
-    program_hook = sys.excepthook
-
-    def excepthook(kind, value, tb):
-        _ending.update(exit_status=1, ended=f"uncaught {kind.__name__}")
-        program_hook(kind, value, tb)
-    sys.excepthook = excepthook
-    pid = os.getpid()
-
-    def unwind(signum, frame):
-        if os.getpid() != pid:         # a child forked from here holds this handler: it dies of the signal
-            os._exit(128 + signum)
-        _ending.update(exit_status=128 + signum, ended=f"signal {signal.Signals(signum).name}")
-        raise Terminated(signum)
-    try:
-        for s in CATCHABLE:
-            if s != signal.SIGINT and signal.getsignal(s) is signal.SIG_DFL:
-                signal.signal(s, unwind)
-    except ValueError:                  # not the main thread
-        pass
-
-
-def _finish(pid: int) -> None:
-    """At the process's exit: finish its trace (not in a child forked from it, which holds a copy of the recorder).
-    Its ``exit_status`` is 1 after an uncaught exception, 128 + N after signal N, else 0: a ``sys.exit(N)`` of the
-    program is not visible here (the launcher's status is ``allocsim record``'s)."""
-    if os.getpid() != pid:
-        return
-    sys.modules[__package__]._active = None
-    rec = _recording[0]
-    if _ending["exit_status"]:
-        rec.note(f"the process ended by an {_ending['ended']}" if _ending["ended"].startswith("uncaught")
-                 else f"the process ended by {_ending['ended']}")
-    with signals_ignored():
-        try:
-            rec.finish(exit_status=_ending["exit_status"])
-        except Exception as e:      # noqa: BLE001
-            stderr(f"process {os.getpid()}: trace not finished: {type(e).__name__}: {e}")
+    UntilExit(rec)

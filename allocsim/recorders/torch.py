@@ -36,7 +36,9 @@ wrapped and is reported.
 
 **Conversion** is forward only: recording starts before the program runs, so
 every freed block was allocated inside the trace (blocks freed without a
-recorded allocation are counted, not guessed). An address maps to the dense id
+recorded allocation are counted, not guessed). A recording started from inside a
+program that has blocks live already (a notebook: `allocsim.recording`) is seeded
+with them first, as the importer seeds a snapshot (`late_start`, docs/recording.md). An address maps to the dense id
 of its live block (a dict, O(1) per entry, size = live blocks). MARKs land
 exactly between the chunks they separate. The importer
 (`allocsim.importers.torch_snapshot`) handles the other case, snapshots taken
@@ -46,10 +48,11 @@ final segments; that reconstruction is not needed here.
 from __future__ import annotations
 
 from ..errors import GPUUnavailable
-from ..importers.torch_snapshot import EntryConverter, private_pool_segments
+from ..importers.torch_snapshot import EntryConverter, StartState, _Where, private_pool_segments
 from ..trace import events as ev
 from ..trace.events import TORCH_AUX, fraction_bits
 from ._base import Recorder, stderr
+from .torch_compile import Hooks as CompileHooks
 from .torch_pools import PoolHooks
 
 DEFAULT_MAX_ENTRIES = 1_000_000
@@ -79,8 +82,12 @@ class TorchRecorder(Recorder):
 
     def start(self) -> None:
         import torch
+        history_on = torch.cuda.is_initialized() and any(torch.cuda.memory._snapshot().get("device_traces") or [])
         torch.cuda.init()
         self.torch = torch
+        if history_on:          # a program that started late, and recorded its own history
+            self.note("the program's own memory history (torch.cuda.memory._record_memory_history) was on: the "
+                      "recording took it over, cleared it, and turned it off at its end")
         self.device = None
         self.max_entries = self.max_events or DEFAULT_MAX_ENTRIES
         self.steps = 0
@@ -94,14 +101,31 @@ class TorchRecorder(Recorder):
         self.memory: dict = {}
         self._arm(clear=True)
         if not self.follow_device:
-            self._open_on(torch.cuda.current_device())
+            device = torch.cuda.current_device()
+            self._open_on(device, self._state_at_start(device))
         self._wrap_calls()
         self.pool_hooks.install()
+        self.compile_hooks = CompileHooks(self)       # torch.compile's phases and tries (`torch_compile`)
+        self.compile_hooks.install()
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
 
-    def _open_on(self, device: int) -> None:
-        """Open the trace for ``device``: its metadata, the device's memory now, the fraction in force."""
+    #: ``allocation.all.allocated`` when recording began: the allocations made before it (a late start)
+    allocs_before = 0
+
+    def _state_at_start(self, device: int) -> StartState | None:
+        """What the allocator already holds on ``device`` when recording starts — nothing when CUDA starts with the
+        recording (`allocsim record`), blocks and segments when a program started it late (a notebook that built
+        its model first): the importer's `StartState` of a snapshot with no history yet (just armed and cleared)."""
+        if not self.torch.cuda.memory_reserved(device):
+            return None
+        snap = self.torch.cuda.memory._snapshot()
+        self.allocs_before = int(self.torch.cuda.memory_stats(device).get("allocation.all.allocated", 0))
+        return StartState(snap, [], device, _Where(self.out))
+
+    def _open_on(self, device: int, start: StartState | None = None) -> None:
+        """Open the trace for ``device``: its metadata, the device's memory now, the fraction in force; with
+        ``start``, the blocks and segments live before it, seeded as the importer seeds them (`late_start`)."""
         torch = self.torch
         self.device = device
         props = torch.cuda.get_device_properties(device)
@@ -111,10 +135,17 @@ class TorchRecorder(Recorder):
                 "device": {"index": device, "name": props.name, "total_memory": int(props.total_memory)},
                 "allocator": "pytorch-caching", "allocator_settings": settings,
                 "max_entries": self.max_entries, "stacks": self.stacks}
+        if start is not None:
+            meta.update(late_start(start, device))
         gc = settings.get("garbage_collection_threshold")
         self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device, infer_releases=True,
                                    limit=int(props.total_memory),
                                    gc_threshold=isinstance(gc, (int, float)) and gc > 0)
+        if start is not None:
+            start.seed(self.conv)
+            self.note(meta["started_late"]["missing"])
+            import warnings
+            warnings.warn(f"allocsim: {meta['started_late']['missing']}", RuntimeWarning, stacklevel=2)
         self.total_memory = int(props.total_memory)
         self.memory = {"total": self.total_memory, "start": self._device_memory(), "outside_peak": 0}
         get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
@@ -236,6 +267,7 @@ class TorchRecorder(Recorder):
         self._hook.remove()
         self._unwrap_calls()
         self.pool_hooks.remove()
+        self.compile_hooks.remove()
         snap = self.drain()
         torch.cuda.memory._record_memory_history(enabled=None)
         if self.writer is None:                     # a process that never allocated on a device: no trace
@@ -251,8 +283,9 @@ class TorchRecorder(Recorder):
         trace = self.close_trace({"device_memory": self.memory, **self.late_meta()})
         c = self.conv.counts
         real_allocs = mstats.get("allocation.all.allocated")
-        if real_allocs is not None and real_allocs != c["alloc"]:
-            self.note(f"trace has {c['alloc']} allocs, the allocator counted {real_allocs}")
+        if real_allocs is not None and real_allocs - self.allocs_before != c["alloc"]:
+            self.note(f"trace has {c['alloc']} allocs, the allocator counted {real_allocs - self.allocs_before}"
+                      + (f" after the {self.allocs_before} made before recording began" if self.allocs_before else ""))
         if c["unmatched_free"]:
             self.note(f"{c['unmatched_free']} frees of blocks allocated before recording began were skipped")
         pools = self.pool_hooks.summary()
@@ -274,9 +307,25 @@ class TorchRecorder(Recorder):
         return self.write_stats({
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
-            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools, "cache_releases": self.releases, "cache_releases_inferred": c["cache_releases_inferred"], "limits_set": self.limits,
+            "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools,
+            "compile_scopes": self.compile_hooks.summary(), "cache_releases": self.releases,
+            "cache_releases_inferred": c["cache_releases_inferred"], "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
+
+
+def late_start(start: StartState, device: int) -> dict:
+    """The metadata of a trace whose recording began with blocks already live (docs/recording.md): the importer's
+    ``initial_segments`` and ``pre_existing``, and ``started_late``, which says what the trace then lacks."""
+    blocks = sum(b[0] for b in start.blocks.values())
+    reserved = sum(s["total_size"] for s in start.segments.values())
+    missing = (f"recording began with {len(start.blocks)} blocks ({blocks:,} bytes) live in {len(start.segments)} "
+               f"segments ({reserved:,} bytes) on cuda:{device}: the trace starts with them as pre-existing blocks "
+               f"and initial segments; the order and call sites of their allocations, the segment calls and the "
+               f"peaks before it are not in it, and allocsim validate's model places those blocks itself (unseeded)")
+    return {"initial_segments": start.initial_segments(), "pre_existing": len(start.blocks),
+            "started_late": {"blocks": len(start.blocks), "block_bytes": blocks, "segments": len(start.segments),
+                             "reserved_bytes": reserved, "missing": missing}}
 
 
 RECORDER = TorchRecorder

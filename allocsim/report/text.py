@@ -44,6 +44,20 @@ def breakdown_line(b: dict | None) -> str:
             + " + ".join(f"{p} {fmt_bytes(b[p])}" for p in PARTS))
 
 
+def phase_lines(shares: dict, allocs: int, peak: str) -> list[str]:
+    """What each phase of a run (PHASE scopes: compilation, autotuning, ...) requested, and the live bytes it
+    held at ``peak`` (`allocsim.trace.phases.PhaseTally.summary`; ``allocs``: the trace's requests)."""
+    live = shares["live_bytes"]
+    where = f"event {shares['event']:,}" if shares["event"] is not None else "not reached"
+    lines = [f"  phases: requests made inside them, and their live bytes at {peak} ({where}, "
+             f"{fmt_bytes(live)} live)"]
+    for name, p in shares["phases"].items():
+        lines.append(f"    {name:<12} {p['scopes']:>7,} scopes {p['requests']:>10,} requests "
+                     f"({100 * p['requests'] / max(allocs, 1):.1f}%, {fmt_bytes(p['request_bytes'])})"
+                     f"   {fmt_bytes(p['live_bytes'])} live ({100 * p['live_bytes'] / max(live, 1):.1f}%)")
+    return lines
+
+
 def breakdown_shares(b: dict | None) -> str:
     """The four parts as percentages of reserved, ``h/s/st/r`` (a table cell); ``n/a`` when the policy cannot say."""
     if b is None:

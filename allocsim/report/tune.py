@@ -17,6 +17,7 @@ def tune_report(res, took: float) -> str:
     objective = res.objective + (f" ({fmt_bytes(res.headroom_bytes)} headroom under the limit)"
                                  if res.objective == "fastest" and res.headroom_bytes is not None else "")
     lines = [f"{res.trace}: LOAD {fmt_bytes(res.load_bytes)}; target {where}; objective {objective}",
+             *([f"tuned for {res.run}"] if getattr(res, "run", None) else []),
              f"searched {res.settings_total} settings, {res.settings_distinct} distinct on this trace"
              + (f", the first {len(res.rows)} replayed (--max-replays)" if res.bounded else "")
              + f"; {res.replays} replays in {took:.1f}s"
@@ -32,9 +33,7 @@ def tune_report(res, took: float) -> str:
         lines.append("no setting fits this target; the table shows the ones that got furthest")
     else:
         lines.append("recommended:" + (f" ({best['setting']}: already the best)" if best["recorded"] else ""))
-        lines += [f"  {best[k]}" for k in ("conf", "legacy_conf") if best.get(k)]
-        if best.get("note"):
-            lines.append(f"  ({best['note']})")
+        lines += paste_lines(best)
         if res.objective == "fastest" and res.room is not None and best["peak_reserved_bytes"] > res.room:
             lines.append(f"  (no setting fits with {fmt_bytes(res.headroom_bytes)} to spare: this is the fastest "
                          f"that fits at all)")
@@ -51,6 +50,18 @@ def tune_report(res, took: float) -> str:
                      + (f", most headroom under {o['served_by'][0]['setting']}"
                         + _headroom(o["served_by"][0]["headroom_bytes"]) if o["served_by"] else ""))
     return "\n".join(lines)
+
+
+def paste_lines(row: dict) -> list[str]:
+    """How to select a row's setting: the environment lines and their note, then, where the framework has one, the
+    same in Python for a process already running (a notebook), with its own note."""
+    lines = [f"  {row[k]}" for k in ("conf", "legacy_conf") if row.get(k)]
+    if row.get("note"):
+        lines.append(f"  ({row['note']})")
+    if row.get("python"):
+        lines += ["  in a running Python process (a notebook):"] + \
+            [f"    {row[k]}" for k in ("python", "python_fraction") if row.get(k)] + [f"    ({row['python_note']})"]
+    return lines
 
 
 def rescued(o: dict) -> str:
@@ -178,7 +189,7 @@ def run_report(res, took: float) -> str:
         lines.append(f"recommended for the run: {shown['setting']}" + (
             "" if best is None or shown is best else
             f" ({best['setting']}, the worst rank's best, runs out on another rank)") + "; on each rank:")
-        lines += [f"  {shown[k]}" for k in ("conf", "legacy_conf") if shown.get(k)]
+        lines += paste_lines(shown)
     head = ["process", "trace", "capacity", "outside", "peak reserved", "device mallocs/frees", "fits"]
     body = []
     for label, out, row, path, recorded in zip(res.labels, res.outside, rows, res.paths, res.recorded_ooms):

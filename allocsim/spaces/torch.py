@@ -292,3 +292,9 @@ def _per_window(trace, div, window: int) -> np.ndarray:
 
 def conf_lines(setting: PolicySpec, cap: int | None) -> dict:
     return torch_settings.conf_lines(setting.values())
+
+
+def python_lines(setting: PolicySpec, cap: int | None, total: int | None) -> dict:
+    """The setting, and the memory fraction of ``cap`` on a device of ``total`` bytes, as Python for a running
+    process (`allocsim.frameworks.torch.python_lines`)."""
+    return torch_settings.python_lines(setting.values(), cap, total)

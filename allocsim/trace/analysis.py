@@ -2,12 +2,14 @@
 
 Events by kind, the request-size distribution (power-of-two histogram), LOAD,
 iterations (from MARK events), streams, duration, what the recorded allocator
-did upstream (SEGMENT events), and the recording's metadata (`summarize`).
+did upstream (SEGMENT events), the phases' shares of the requests and of LOAD
+(`phases.phase_shares`), and the recording's metadata (`summarize`).
 
 Cost: `Trace.load`'s validating pass over the records, a chunk at a time, which also finds
-LOAD and feeds `Tally`, then one or two passes over the ALLOC sizes for the exact median;
-nothing per event in Python. Memory: bounded by the live objects (for LOAD), the size range
-and the distinct sizes above 4 MiB (`DistinctSizes`) and the MARKs, not by the trace length.
+LOAD and feeds `Tally`, then one or two passes over the ALLOC sizes for the exact median (and one for
+the phases of a trace that has some); nothing per event in Python. Memory: bounded by the live objects
+(for LOAD), the size range and the distinct sizes above 4 MiB (`DistinctSizes`) and the MARKs, not by
+the trace length.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import numpy as np
 
 from ..filenames import shown_name
 from . import events as ev
+from .phases import phase_shares
 from .trace import Chunk
 
 #: Upstream events that add (+1) or remove (-1) reserved bytes.
@@ -266,6 +269,7 @@ def summarize(trace, tally: Tally | None = None) -> dict:
         **({"catches_oom": catches_oom_known(tally.catches_oom, meta),
             "catches_oom_max_bytes": tally.catches_oom_max} if meta.get("framework") == "torch" else {}),
         **({"private_pools": _pool_summary(counts)} if counts[list(ev.POOL)].any() else {}),
+        **({"phases": phase_shares(trace)} if counts[ev.PHASE_BEGIN] else {}),
         "metadata": {k: meta.get(k) for k in ("producer", "framework", "framework_version", "device",
                                                "allocator_settings", "command", "iterations")},
         **({"process": {k: meta[k] for k in PROCESS_KEYS if k in meta}} if "pid" in meta or "rank" in meta else {}),

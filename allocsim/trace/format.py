@@ -30,7 +30,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..outputs import atomic_path, check_input_file, keep_files_starting_with
-from .events import POOL_BEGIN, POOL_CAPTURE, RECORD_DTYPE, TRY_BEGIN
+from .events import POOL_ANY_STREAM, POOL_BEGIN, POOL_CAPTURE, POOL_EMPTY, RECORD_DTYPE, TRY_BEGIN
 
 MAGIC = b"ALLOCSIM"
 keep_files_starting_with(MAGIC, "trace", "an allocsim trace")    # never written over without --force
@@ -41,13 +41,18 @@ POOL_VERSION = 2
 #: Version 3 is version 2 with the scope kinds (18-21: TRY_BEGIN/END, PHASE_BEGIN/END); written only when used.
 SCOPE_VERSION = 3
 READS = (VERSION, POOL_VERSION, SCOPE_VERSION)
+POOL_FLAGS = POOL_CAPTURE | POOL_ANY_STREAM | POOL_EMPTY
 
 
-def _version_needed(kind: int, flags: int) -> int:
-    """The least version whose records hold a record of ``kind`` with ``flags`` (the highest of a batch)."""
+def version_needed(kind: int, flags: int) -> int:
+    """The least version whose records hold a record of ``kind`` with ``flags`` (for a batch: its highest kind
+    and the OR of its flags). Flag bits 64 and 128 came after version 2 without a new version: version 1 holds
+    them."""
     if kind >= TRY_BEGIN:
         return SCOPE_VERSION
-    return POOL_VERSION if kind >= POOL_BEGIN or flags >= POOL_CAPTURE else VERSION
+    return POOL_VERSION if kind >= POOL_BEGIN or flags & POOL_FLAGS else VERSION
+
+
 HEADER = struct.Struct("<8sHHIQQQ24x")
 HEADER_SIZE = 64
 UNFINISHED = 2**64 - 1
@@ -87,7 +92,7 @@ class TraceFileWriter:
         self.flush()
         records = np.ascontiguousarray(records, RECORD_DTYPE)
         if len(records):
-            self._raise_version(_version_needed(int(records["kind"].max()), int(records["flags"].max())))
+            self._raise_version(version_needed(int(records["kind"].max()), int(np.bitwise_or.reduce(records["flags"]))))
         self._f.write(records.tobytes())
         self._f.flush()      # each chunk reaches the OS whole: a killed writer loses only what is unwritten
         self.count += len(records)
@@ -96,8 +101,8 @@ class TraceFileWriter:
         """Append one record (buffered)."""
         self._buf[self._n_buf] = (kind, flags, stream, id_, site, aux, size, time_ns, addr)
         self._n_buf += 1
-        if kind >= POOL_BEGIN or flags >= POOL_CAPTURE:
-            self._raise_version(_version_needed(kind, flags))
+        if kind >= POOL_BEGIN or flags & POOL_FLAGS:
+            self._raise_version(version_needed(kind, flags))
         if self._n_buf == len(self._buf):
             self.flush()
 
@@ -163,7 +168,7 @@ def _import_it(path: str) -> str:
 
 
 def read_trace_file(path: str, *, mmap: bool = True):
-    """Read and check a `.bin` file; return ``(meta, records, footer, finished)``.
+    """Read and check a `.bin` file; return ``(meta, records, footer, finished, version)``.
 
     ``records`` is a read-only memmap (or array) of `RECORD_DTYPE`. An unfinished
     file (writer died) yields its whole-record prefix with ``finished=False`` and
@@ -228,4 +233,4 @@ def read_trace_file(path: str, *, mmap: bool = True):
         records = np.memmap(path, RECORD_DTYPE, mode="r", offset=rec_off, shape=(n,))
     else:
         records = np.fromfile(path, RECORD_DTYPE, count=n, offset=rec_off)
-    return meta, records, footer, finished
+    return meta, records, footer, finished, version

@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import InputError
 from . import events as ev
 from .events import RECORD_DTYPE
-from .format import TraceFileWriter, read_trace_file, write_trace_atomic
+from .format import TraceFileWriter, read_trace_file, version_needed, write_trace_atomic
 from .schema import check_footer, check_meta
 
 Event = namedtuple("Event", "index kind flags stream id site aux size time_ns addr")
@@ -28,8 +28,9 @@ class Trace:
     """An allocation trace. Build one with `TraceWriter`, read one with `Trace.load`."""
 
     def __init__(self, records: np.ndarray, meta: dict | None = None, *, streams=None, sites=None,
-                 labels=None, finished: bool = True, path: str | None = None):
+                 labels=None, finished: bool = True, path: str | None = None, version: int | None = None):
         self.records = records
+        self.version = version          # the file's format version (None: built in memory)
         self.meta = dict(meta or {})
         self.streams = list(streams if streams is not None else [0])
         self.sites = list(sites or [])
@@ -47,13 +48,13 @@ class Trace:
         each `Chunk` of the validating pass (see `walk`), so a caller that summarises the
         records reads them once.
         """
-        meta, records, footer, finished = read_trace_file(path, mmap=mmap)
+        meta, records, footer, finished, version = read_trace_file(path, mmap=mmap)
         check_footer(footer, path)
         meta = {**meta, **footer.get("meta", {})}      # what the writer learnt only at the end (docs/trace-format.md)
         if validate:
             check_meta(meta, path)
         t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
-                labels=footer.get("labels"), finished=finished, path=path)
+                labels=footer.get("labels"), finished=finished, path=path, version=version)
         if validate:
             t.validate(walkers)
         elif walkers:
@@ -191,9 +192,10 @@ class _Validator:
     consecutive ids (`IdRuns`), bounded by the gaps in them, not by the trace length.
     """
 
-    ORDER = ("kind", "stream", "size", "id", "twice", "unknown free", "double free",
+    ORDER = ("kind", "version", "stream", "size", "id", "twice", "unknown free", "double free",
              "unknown free_requested", "double free_requested",
-             "flags", "site", "aux", "pool", "label", "device free", "fraction", "segment")   # the last: `_RecordFields`
+             "flags", "site", "aux", "pool", "label", "device free", "fraction", "segment",
+             "scope")   # "version" and from "flags" on: `_RecordFields`
 
     def __init__(self, trace: Trace):
         self.trace = trace
@@ -325,6 +327,8 @@ class _RecordFields:
                      if isinstance(s.get("address"), int)}
         #: a starting segment without an address: a free of any address may be of it
         self.by_address = all(isinstance(s.get("address"), int) for s in segs)
+        self.open_scopes: dict[int, list] = {}     # BEGIN kind -> the open scopes' (serial, label), innermost last
+        self.last_serial = 0
 
     def add(self, c: "Chunk") -> None:
         first, start, t = self.first, c.start, self.trace
@@ -370,6 +374,47 @@ class _RecordFields:
                    lambda j: f"SET_LIMIT memory fraction {float(fraction[j])!r} is not a number from 0 to 1", at=at)
         if "segment" not in first.found and any(len(c.where(k)) for k in self.SEGMENT_KINDS):
             self._segments(c)
+        if t.version is not None and "version" not in first.found:
+            need = version_needed(int(c.kind.max()), int(np.bitwise_or.reduce(flags))) if len(c.kind) else t.version
+            if need > t.version:
+                first.note("version", start, np.array([version_needed(int(k), int(f)) > t.version
+                                                       for k, f in zip(c.kind, flags)]),
+                           lambda j: f"{ev.KIND_NAMES.get(int(c.kind[j]), f'kind {int(c.kind[j])}')} (flags "
+                                     f"{int(flags[j])}) in a version-{t.version} file: it needs version "
+                                     f"{version_needed(int(c.kind[j]), int(flags[j]))} (docs/trace-format.md, "
+                                     f"Versioning)")
+        if "scope" not in first.found and any(len(c.where(k)) for k in ev.SCOPE_KINDS):
+            self._scopes_in(c)
+
+    def _scopes_in(self, c: "Chunk") -> None:
+        """Follow the chunk's scope events in order (few): each BEGIN a new serial above the last, its label
+        within ``labels``; each END closing the innermost open BEGIN of its pair, same serial and label."""
+        at = np.sort(np.concatenate([c.where(k) for k in ev.SCOPE_KINDS]))
+        rec = c.rec[at]
+        labels = len(self.trace.labels) if self.tables else None
+        for j, kind, serial, label in zip(at.tolist(), rec["kind"].tolist(), rec["size"].tolist(),
+                                          rec["aux"].tolist()):
+            name, what = ev.KIND_NAMES[kind], None
+            begin = kind if kind in ev.SCOPES else next(b for b, e in ev.SCOPES.items() if e == kind)
+            stack = self.open_scopes.setdefault(begin, [])
+            if labels is not None and label >= labels:
+                what = f"{name} label index {label} is beyond the footer's table of {labels} labels"
+            elif kind in ev.SCOPES:
+                if serial <= self.last_serial:
+                    what = (f"{name} serial {serial} is not above the last scope's ({self.last_serial}): each "
+                            f"scope takes the next number")
+                self.last_serial = max(self.last_serial, serial)
+                stack.append((serial, label))
+            elif not stack:
+                what = f"{name} (serial {serial}) closes no open {ev.KIND_NAMES[begin]}"
+            elif stack[-1] != (serial, label):
+                what = (f"{name} (serial {serial}, label {label}) does not close the innermost open "
+                        f"{ev.KIND_NAMES[begin]} (serial {stack[-1][0]}, label {stack[-1][1]})")
+            else:
+                stack.pop()
+            if what:
+                self.first.found["scope"] = (c.start + j, what)
+                return
 
     def _segments(self, c: "Chunk") -> None:
         """Follow the chunk's segment events in order: the live segments by address, the reserved bytes."""
