@@ -720,12 +720,12 @@ class EntryConverter:
                     self._problem("alloc_at_live_address",
                                   f"alloc at address {addr:#x}, which is still live (id {live[addr]})", idx)
                 frames = e.get("frames") if self.stacks else None
-                flags = 0
+                flags = e.get("_flags", 0)              # `converted_again`: as recorded
                 if frames and isinstance(frames, list) and catches_oom(frames):
                     flags = ev.CATCHES_OOM
                     counts["catches_oom"] += 1
-                live[addr] = alloc(e["size"], stream, t=t, addr=addr, site=site_of(frames) if frames else None,
-                                   flags=flags)
+                live[addr] = alloc(e["size"], stream, t=t, addr=addr,
+                                   site=site_of(frames) if frames else e.get("_site"), flags=flags)
             elif a == "free_requested" or a == "free_completed":
                 addr = e["addr"]
                 i = live.get(addr) if a == "free_requested" else live.pop(addr, None)
@@ -844,3 +844,55 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
     if not timed:
         return None
     return t0 if t0 is not None else 0
+
+
+#: The trace kinds that come from the allocator's history, as the entry actions they were converted from.
+ENTRY_ACTIONS = {ev.ALLOC: "alloc", ev.FREE: "free_completed", ev.FREE_REQUESTED: "free_requested",
+                 ev.OOM: "oom", **{k: a for a, k in SEGMENT_KINDS.items()}}
+
+
+def converted_again(path: str, out: str) -> int:
+    """Convert a torch recording's history again with today's `EntryConverter` (a recording made before it inferred
+    the releases made in C++: docs/importers.md, "In a recording") into ``out``; return the releases inferred. The
+    entries are the trace's own ALLOC, FREE, SEGMENT_* and OOM records (addresses, sizes, streams; times and call
+    sites as recorded), drained at each event the recorder wrote itself (a mark, empty_cache(), a fraction, a pool
+    or scope event), which stay in place; the private segments are those the trace flags."""
+    from ..trace import Trace, TraceWriter
+    t = Trace.load(path)
+    w = TraceWriter(meta=dict(t.meta))
+    gc = (t.meta.get("allocator_settings") or {}).get("garbage_collection_threshold")
+    conv = EntryConverter(w, infer_releases=True, limit=t.meta["device"]["total_memory"],
+                          gc_threshold=isinstance(gc, (int, float)) and gc > 0, t0_us=0)
+    segs = t.records[t.kind == ev.SEGMENT_ALLOC]
+    conv.private = {int(r["addr"]) for r in segs if int(r["flags"]) & ev.PRIVATE_POOL}
+    streams, labels, sites = list(t.streams), t.labels, t.sites
+    chunk: list = []
+    for r in t.records:
+        k, stream, at = int(r["kind"]), streams[int(r["stream"])], int(r["time_ns"]) / 1000
+        action = ENTRY_ACTIONS.get(k)
+        if action == "oom":
+            chunk.append({"action": action, "size": int(r["size"]), "device_free": int(r["addr"]), "stream": stream,
+                          "time_us": at})
+        elif action == "alloc":                 # its call site and flags (CATCHES_OOM, ...) as recorded
+            site = int(r["site"])
+            chunk.append({"action": action, "addr": int(r["addr"]), "size": int(r["size"]), "stream": stream,
+                          "time_us": at, "_flags": int(r["flags"]), "_site": sites[site] if site < len(sites) else None})
+        elif action is not None:
+            chunk.append({"action": action, "addr": int(r["addr"]), "size": int(r["size"]), "stream": stream,
+                          "time_us": at})
+        else:
+            conv.feed(chunk)
+            chunk = []
+            if k == ev.MARK:
+                w.mark(labels[int(r["aux"])], t=int(r["time_ns"]))
+            elif k == ev.CACHE_RELEASE:
+                conv.cache_release()
+            else:
+                aux = w.label_index(labels[int(r["aux"])]) if k in ev.SCOPE_KINDS else int(r["aux"])
+                w.record(k, aux=aux, addr=int(r["addr"]), size=int(r["size"]), flags=int(r["flags"]),
+                         stream=stream, t=int(r["time_ns"]))
+                if k == ev.SET_LIMIT:
+                    conv.limit = int(r["size"])
+    conv.feed(chunk)
+    w.finish().save(out)
+    return conv.counts["cache_releases_inferred"]
