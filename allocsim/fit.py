@@ -89,6 +89,12 @@ unlimited replay, whose limit the recorded SET_LIMITs change, nor a checkpoint o
   by a cap on the same side of the capacity.
 - the engine: a recorded failed request served keeps the device's limit in the result; a resume names its own
   (`Replay.resume`'s ``own_limit``), as it keeps its own cap.
+- private pools (`TorchPoolsPath`): no pool path reads the cap (routing, the no-flush rule while a pool is begun,
+  releases and a MemPool's own empty_cache follow the trace's pool events), and a checkpoint copies the pools'
+  state with the rest (`TorchCachingAllocator.checkpoint`). Resuming pays where the walk is long (a trace of 12,000
+  records with three kept graph pools: the exact walk 0.61x, the bisection 0.80x the CPU from event 0) and costs
+  about nothing where no probe resumes (a periodic capture-and-release trace, 11,000-31,000 records: 1.00-1.10x,
+  as noisy as the bisection's two probes); `benchmarks/bench_fit_resume.py`.
 - excluded: the other policies (none copies its own state yet), `--runtime gc`, pinned replays, plug-ins.
 
 Islands: below the safe cap, a bisection between LOAD − 1 (always fails:

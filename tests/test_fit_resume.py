@@ -9,9 +9,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim import fit
+from allocsim.replay import Replay
 from allocsim.sweep import cached_trace, run_cell
+from allocsim.trace import TraceWriter
+from allocsim.trace import events as ev
 from allocsim.tune import FIT_DIGITS
 
+from conftest import run_cli
+from test_torch_pools import OPS as POOL_OPS, T, _build
 from test_tune import SIZES, torch_trace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -133,3 +138,146 @@ def test_the_check_fails_where_the_divergence_rule_is_broken(monkeypatch, checke
     fit.fit_capacity(path, "torch", islands=False, digits=FIT_DIGITS)
     fit.fit_capacity(path, "torch")
     assert checked.differ
+
+
+# ---- private pools (issue 28, item 4) ------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(ops=POOL_OPS, walk=st.sampled_from(WALKS), everywhere=st.booleans())
+def test_resumed_probes_are_the_probes_on_traces_with_private_pools(tmp_path_factory, monkeypatch, checked, ops, walk,
+                                                                   everywhere):
+    """Captures, MemPools, releases and empty_cache among the requests (`test_torch_pools._build`), windows of 2
+    records: a probe that goes on from a checkpoint taken while pools are begun, hold segments or are freeable gives
+    the replay from the first event, figure for figure."""
+    monkeypatch.setattr(fit, "TRAIL_WIDTH", 2)
+    monkeypatch.setattr(fit, "TRAIL_GAIN", 0)
+    monkeypatch.setattr(fit._Trail, "everywhere", everywhere)
+    path = str(tmp_path_factory.mktemp("pools") / "p.bin")
+    _build(ops)[0].w.finish().save(path)
+    resumed, alone = both_ways(path, "torch", monkeypatch, **walk)
+    assert resumed == alone
+    assert checked.differ == []
+
+
+@pytest.mark.parametrize("name", ["pools-compile.bin", "pools-capture.bin", "pools-mempool.bin"])
+@pytest.mark.parametrize("everywhere", [False, True])
+def test_resumed_probes_are_the_probes_on_the_shipped_pool_traces(monkeypatch, checked, name, everywhere):
+    """The recorded graph captures, graph trees and MemPools, the exact walk (a few hundred records: windows of
+    20)."""
+    monkeypatch.setattr(fit, "TRAIL_WIDTH", 20)
+    monkeypatch.setattr(fit, "TRAIL_GAIN", 0)
+    monkeypatch.setattr(fit._Trail, "everywhere", everywhere)
+    path = os.path.join(ROOT, "traces", name)
+    resumed, alone = both_ways(path, "torch", monkeypatch)
+    assert resumed == alone
+    assert checked.differ == [] and checked.resumed > 0, (checked.count, checked.resumed)
+
+
+def resumed_anywhere(t, cap=None) -> None:
+    """`Replay.checkpoint` after every record of ``t`` and a fresh replay resumed from each: its whole result is
+    the one the replay from the first event gives, bit for bit."""
+    alone = whole(Replay(t, "torch", cap=cap).run())
+    r = Replay(t, "torch", cap=cap)
+    for k in range(1, len(t)):
+        if r.run(until=k) is not None:
+            break
+        again = Replay(t, "torch", cap=cap)
+        again.resume(r.checkpoint())
+        assert whole(again.run()) == alone, f"resumed after record {k}"
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(ops=POOL_OPS, cap=st.sampled_from([None, 30 * MiB, 60 * MiB]))
+def test_a_replay_resumed_anywhere_in_a_trace_with_private_pools_is_the_replay_from_event_0(ops, cap):
+    """Pools begun, ended, retained, released and emptied among the requests (`test_torch_pools._build`)."""
+    resumed_anywhere(_build(ops)[0].w.finish(), cap)
+
+
+def _released_then_emptied(t):
+    """A graph's pool released: the next empty_cache frees its segment (the pool is freeable)."""
+    t.begin(1)
+    a = t.alloc(12 * MiB)
+    t.end(1)
+    t.free(a)
+    t.release(1)
+    t.free(t.alloc(MiB))
+    t.empty_cache()
+    t.alloc(MiB)
+
+
+def _kept_by_a_live_block(t):
+    """A released pool whose block is still live keeps its segment (and itself: its reserved bytes) through one
+    empty_cache, and gives it back at the next."""
+    t.begin(1)
+    a = t.alloc(12 * MiB)
+    t.end(1)
+    t.release(1)
+    t.empty_cache()
+    t.free(a)
+    t.free(t.alloc(MiB))
+    t.empty_cache()
+    t.alloc(MiB)
+
+
+def _begun_across(t):
+    """A capture still begun where the checkpoint is taken: its requests go on to its pool, and empty_cache frees
+    nothing of the default pools meanwhile."""
+    t.free(t.alloc(3 * MiB))
+    t.begin(2, any_stream=True)
+    t.free(t.alloc(3 * MiB))
+    t.empty_cache()
+    b = t.alloc(5 * MiB)
+    t.end(2)
+    t.free(b)
+    t.empty_cache()
+    t.alloc(MiB)
+
+
+@pytest.mark.parametrize("write", [_released_then_emptied, _kept_by_a_live_block, _begun_across])
+def test_a_replay_resumed_anywhere_keeps_the_pools_state(write):
+    """What the pools' state holds besides blocks — the freeable pools, a pool's reserved bytes, the pools begun —
+    each read after the checkpoint."""
+    t = T()
+    write(t)
+    resumed_anywhere(t.w.finish())
+
+
+def pool_steps(path: str, steps: int) -> str:
+    """A torch trace of ``steps`` training steps (12 requests each, half freed mid-step), every 5th step capturing
+    a graph into a new private pool that keeps two blocks, the graph four captures old released, ``empty_cache``
+    every 50th step: 28 records a step."""
+    w = TraceWriter({"framework": "torch", "device": {"name": "test", "total_memory": 80 << 30}})
+    graphs, pool = [], 0
+    for k in range(steps):
+        w.mark(f"step {k}")
+        acts = [w.alloc((1, 2, 3, 6, 12)[(k + i) % 5] * MiB + 512 * i, 0x100) for i in range(12)]
+        for a in acts[::2]:
+            w.free(a)
+        if k % 5 == 0:
+            pool += 1
+            w.record(ev.POOL_BEGIN, aux=pool, stream=0x100, flags=ev.POOL_CAPTURE, addr=pool)
+            inside = [w.alloc((2, 4, 8)[(k + i) % 3] * MiB, 0x100) for i in range(6)]
+            for a in inside[:4]:
+                w.free(a)
+            w.record(ev.POOL_END, aux=pool, addr=pool)
+            graphs.append((pool, inside[4:]))
+            if len(graphs) > 3:
+                old, kept = graphs.pop(0)
+                for a in kept:
+                    w.free(a)
+                w.record(ev.POOL_RELEASE, aux=old, addr=old)
+        for a in acts[1::2]:
+            w.free(a)
+        if k % 50 == 49:
+            w.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
+    w.finish().save(path)
+    return path
+
+
+def test_tune_under_a_cap_on_a_long_trace_with_private_pools(tmp_path):
+    """The crash of issue 28: on a trace with private pools of `fit.TRAIL_LEAST` records or more, ``tune --cap``
+    (and ``fit``) ended in ``ValueError: a checkpoint of private pools`` from a resumed probe."""
+    path = pool_steps(str(tmp_path / "pools.bin"), 360)
+    assert len(cached_trace(path)) >= fit.TRAIL_LEAST
+    peak = Replay(cached_trace(path), "torch").run().peak_reserved_bytes
+    p = run_cli("tune", path, "--cap", str(int(0.9 * peak)), "-j", "1", "--max-replays", "4")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]

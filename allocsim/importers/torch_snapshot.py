@@ -319,6 +319,9 @@ class StartState:
             size, stream, pending, _, frames = self.blocks[addr]
             conv.live[addr] = conv.w.alloc(size, stream, t=0, addr=addr, site=site_of(frames), flags=ev.PRE_EXISTING)
             pending_frees += pending
+        if conv.use is not None:        # the segments a release must free, and what they hold (`SegmentUse`)
+            conv.use = SegmentUse(self.segments, self.blocks)
+            conv.reserved = sum(s["total_size"] for s in self.segments.values())
         return pending_frees
 
     def initial_segments(self) -> list[dict]:
@@ -329,6 +332,8 @@ class StartState:
 
 #: Entries that give memory back upstream; a run of them is one release.
 RELEASING = frozenset({"segment_free", "segment_unmap"})
+#: Entries that take memory from upstream.
+GROWING = frozenset({"segment_alloc", "segment_map"})
 
 
 def private_incarnations(entries: list, start: StartState, pool_ids: dict) -> tuple[dict, dict]:
@@ -346,6 +351,59 @@ def private_incarnations(entries: list, start: StartState, pool_ids: dict) -> tu
     return first, later
 
 
+class SegmentUse:
+    """The non-expandable segments and how many live blocks each holds, entry by entry (`see`), and whether a run
+    of segment frees is the program's cache release (`is_release`: ``docs/importers.md``, "Cache releases"). One
+    rule for the importer (`inferred_releases`, a whole history) and the recorder (`EntryConverter`, chunk by
+    chunk: its state is kept between chunks). ``in_pool``: live segments of a private pool. O(log #segments) per
+    block entry, O(#segments) per segment alloc and per run of segment frees."""
+
+    def __init__(self, segments: dict | None = None, blocks=(), in_pool=()):
+        segments = segments or {}
+        self.bases = sorted(b for b, seg in segments.items() if not seg["is_expandable"])
+        self.size = {b: segments[b]["total_size"] for b in self.bases}
+        self.live = dict.fromkeys(self.bases, 0)        # segment -> blocks live in it
+        self.block_in: dict[int, int] = {}              # live block address -> its segment
+        self.in_pool = set(in_pool)
+        for addr in blocks:
+            self._track(addr)
+
+    def _track(self, addr: int) -> None:
+        bases = self.bases
+        k = bisect.bisect_right(bases, addr) - 1
+        if k >= 0 and addr < bases[k] + self.size[bases[k]]:
+            self.block_in[addr] = bases[k]
+            self.live[bases[k]] += 1
+
+    def see(self, e: dict, pool: bool = False) -> None:
+        """Follow a block or segment-alloc entry (``pool``: a segment of a private pool)."""
+        a = e["action"]
+        if a == "alloc":
+            self._track(e["addr"])
+        elif a == "free_completed":
+            b = self.block_in.pop(e["addr"], None)
+            if b is not None:
+                self.live[b] -= 1
+        elif a == "segment_alloc":
+            bisect.insort(self.bases, e["addr"])
+            self.size[e["addr"]], self.live[e["addr"]] = e["size"], 0
+            if pool:
+                self.in_pool.add(e["addr"])
+
+    def is_release(self, run: list, own_path: bool) -> bool:
+        """Whether ``run`` (a run of `RELEASING` entries) is the program's cache release, and forget what it
+        freed. ``own_path``: the entry after the run is one the allocator's own paths end in (an ``oom``; with a
+        GC threshold a segment alloc or map)."""
+        freed = {x["addr"] for x in run if x["action"] == "segment_free"}
+        empty = {b for b in self.bases if not self.live[b] and b not in self.in_pool}   # what empty_cache() frees
+        release = (len(freed) < len(run) or freed - self.in_pool == empty) and not own_path
+        for b in freed & set(self.size):
+            self.bases.remove(b)
+            del self.size[b], self.live[b]
+        self.in_pool -= freed
+        return release
+
+
 def inferred_releases(entries: list, start: StartState, gc_threshold: bool = False,
                       private: tuple[dict, dict] = ({}, {})) -> list[int]:
     """Indexes of the entries before which the program released the cache (``docs/importers.md``, "Cache releases").
@@ -359,61 +417,29 @@ def inferred_releases(entries: list, start: StartState, gc_threshold: bool = Fal
     map is the collection made for that request. Runs of expandable-segment unmaps, whose
     pages are not tracked, are judged by the other rules alone. A private pool's segment
     (``private``, `private_incarnations`) is freed by a release only once its pool is freeable,
-    so one of them with no live block may stay or go. One pass: O(log #segments) per
-    block entry, O(#segments) per segment alloc and per run of segment frees.
+    so one of them with no live block may stay or go (`SegmentUse`).
     """
     own_path = {"oom", "segment_alloc", "segment_map"} if gc_threshold else {"oom"}
-    bases = sorted(b for b, seg in start.segments.items() if not seg["is_expandable"])
-    in_pool = set(private[0])               # live segments of a private pool
-    size = {b: start.segments[b]["total_size"] for b in bases}
-    live = dict.fromkeys(bases, 0)          # segment -> blocks live in it
-    block_in: dict[int, int] = {}           # live block address -> its segment
-
-    def segment_of(addr):
-        k = bisect.bisect_right(bases, addr) - 1
-        return bases[k] if k >= 0 and addr < bases[k] + size[bases[k]] else None
-
-    def track(addr):
-        b = segment_of(addr)
-        if b is not None:
-            block_in[addr] = b
-            live[b] += 1
-
-    for addr in start.blocks:
-        track(addr)
+    use = SegmentUse(start.segments, start.blocks, private[0])
     out, n, i = [], len(entries), 0
     while i < n:
-        e = entries[i]
-        a = e["action"]
-        if a in RELEASING:
-            j = i
-            while j < n and entries[j]["action"] in RELEASING:
-                j += 1
-            run = entries[i:j]
-            freed = {x["addr"] for x in run if x["action"] == "segment_free"}
-            empty = {b for b in bases if not live[b] and b not in in_pool}     # what empty_cache() must free
-            only_frees = len(freed) == len(run)
-            if (not only_frees or freed - in_pool == empty) and not (j < n and entries[j]["action"] in own_path):
+        if entries[i]["action"] in RELEASING:
+            j = _run_end(entries, i)
+            if use.is_release(entries[i:j], j < n and entries[j]["action"] in own_path):
                 out.append(i)
-            for b in freed & set(size):
-                bases.remove(b)
-                del size[b], live[b]
-            in_pool -= freed
             i = j
             continue
-        if a == "alloc":
-            track(e["addr"])
-        elif a == "free_completed":
-            b = block_in.pop(e["addr"], None)
-            if b is not None:
-                live[b] -= 1
-        elif a == "segment_alloc":
-            bisect.insort(bases, e["addr"])
-            size[e["addr"]], live[e["addr"]] = e["size"], 0
-            if i in private[1]:
-                in_pool.add(e["addr"])
+        use.see(entries[i], i in private[1])
         i += 1
     return out
+
+
+def _run_end(entries: list, i: int) -> int:
+    """The end of the run of `RELEASING` entries that starts at ``entries[i]``."""
+    n = len(entries)
+    while i < n and entries[i]["action"] in RELEASING:
+        i += 1
+    return i
 
 
 def private_pool_ids(snapshot, device: int = 0, where: _Where | None = None) -> dict[int, tuple[int, int]]:
@@ -601,10 +627,22 @@ class EntryConverter:
     ``live`` maps a block address to the dense id of the block live there.
     Times are µs from ``t0_us`` (default: the first timed entry), in ns; untimed
     entries take their index. O(1) per entry.
+
+    ``infer_releases`` (the recorder): a CACHE_RELEASE before each run of segment frees that the allocator's
+    own paths do not explain, by the importer's rule (`SegmentUse`; ``docs/importers.md``, "Cache releases"):
+    ``emptyCache()`` called from C++ (cuDNN's benchmark mode) never passes the Python wrapper. Chunk-safe: the
+    state is kept between chunks, and a run and the entry that explains it (the ``oom``, or the segment the
+    release was made for) come from one ``malloc`` call, which a drain never splits. Besides the importer's rule,
+    a run followed by a segment that would not have fitted under ``limit`` (the bytes the allocator may hold:
+    the memory fraction's, else the device's) with what was reserved before the run is the release-and-retry
+    of that ``malloc``; a run of private-pool segments alone (``private``) is a deleted MemPool's own release
+    (its POOL_RELEASE follows); a run right after `cache_release` (the program's ``empty_cache()``, written
+    where it was called) is that call's.
     """
 
     def __init__(self, writer, *, stacks: bool = True, where: _Where | None = None, device: int = 0,
-                 t0_us=None, untimed: bool = False):
+                 t0_us=None, untimed: bool = False, infer_releases: bool = False, limit: int | None = None,
+                 gc_threshold: bool = False):
         self.w = writer
         self.stacks = stacks
         self.where = where
@@ -616,6 +654,32 @@ class EntryConverter:
         self.n = 0
         self.counts: Counter = Counter()
         self.unknown: Counter = Counter()
+        self.use = SegmentUse() if infer_releases else None
+        self.limit, self.gc_threshold = limit, gc_threshold
+        self.reserved = 0               # bytes of the segments and pages held (the release-and-retry's check)
+        self.explained = False          # a CACHE_RELEASE was just written for the next run (`cache_release`)
+        self._run_end = 0               # with ``use``: where the run of segment frees being written ends
+
+    def cache_release(self) -> None:
+        """Write the program's ``empty_cache()`` here; the segment frees that follow at once are its own."""
+        self.w.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX)
+        self.explained = self.use is not None
+
+    def _infer_release(self, entries: list, k: int, t: int) -> None:
+        """At ``entries[k]``, the first of a run of segment frees: a CACHE_RELEASE before it if the program (or a
+        C++ ``emptyCache()``) released the cache there (the class docstring)."""
+        j = _run_end(entries, k)
+        nxt = entries[j] if j < len(entries) else None
+        freed = {x["addr"] for x in entries[k:j]}
+        own = (nxt is not None and (
+            nxt["action"] == "oom"
+            or (nxt["action"] in GROWING and (self.gc_threshold or (
+                self.limit is not None and self.reserved + nxt["size"] > self.limit))))
+            or freed <= self.use.in_pool)       # a MemPool's own emptyCache(pool) as it is deleted
+        if self.use.is_release(entries[k:j], own) and not self.explained:
+            self.w.record(ev.CACHE_RELEASE, aux=ev.TORCH_AUX, t=t)
+            self.counts["cache_releases_inferred"] += 1
+        self._run_end = j
 
     def _problem(self, key: str, what: str, idx: int) -> None:
         if self.where is not None:
@@ -623,9 +687,12 @@ class EntryConverter:
         self.counts[key] += 1
 
     def feed(self, entries) -> None:
-        w, live, counts = self.w, self.live, self.counts
+        w, live, counts, use = self.w, self.live, self.counts, self.use
         alloc, free, free_requested, segment, oom = w.alloc, w.free, w.free_requested, w.segment, w.oom
-        for e in entries:
+        if use is not None:
+            entries = list(entries)
+            self._run_end = 0
+        for k, e in enumerate(entries):
             idx = self.n
             self.n += 1
             a = e.get("action")
@@ -637,18 +704,28 @@ class EntryConverter:
                     self.t0_us = tu
                 t = max(0, int((tu - self.t0_us) * 1000))
             stream = e.get("stream", 0) or 0
+            if use is not None:
+                if a in RELEASING:
+                    if k >= self._run_end:
+                        self._infer_release(entries, k, t)
+                    self.reserved -= e["size"]
+                elif a in BLOCK_ACTIONS or a in GROWING:
+                    use.see(e, a == "segment_alloc" and e["addr"] in self.private)
+                    if a in GROWING:
+                        self.reserved += e["size"]
+                self.explained = self.explained and a in RELEASING
             if a == "alloc":
                 addr = e["addr"]
                 if addr in live:
                     self._problem("alloc_at_live_address",
                                   f"alloc at address {addr:#x}, which is still live (id {live[addr]})", idx)
                 frames = e.get("frames") if self.stacks else None
-                flags = 0
+                flags = e.get("_flags", 0)              # `converted_again`: as recorded
                 if frames and isinstance(frames, list) and catches_oom(frames):
                     flags = ev.CATCHES_OOM
                     counts["catches_oom"] += 1
-                live[addr] = alloc(e["size"], stream, t=t, addr=addr, site=site_of(frames) if frames else None,
-                                   flags=flags)
+                live[addr] = alloc(e["size"], stream, t=t, addr=addr,
+                                   site=site_of(frames) if frames else e.get("_site"), flags=flags)
             elif a == "free_requested" or a == "free_completed":
                 addr = e["addr"]
                 i = live.get(addr) if a == "free_requested" else live.pop(addr, None)
@@ -767,3 +844,55 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
     if not timed:
         return None
     return t0 if t0 is not None else 0
+
+
+#: The trace kinds that come from the allocator's history, as the entry actions they were converted from.
+ENTRY_ACTIONS = {ev.ALLOC: "alloc", ev.FREE: "free_completed", ev.FREE_REQUESTED: "free_requested",
+                 ev.OOM: "oom", **{k: a for a, k in SEGMENT_KINDS.items()}}
+
+
+def converted_again(path: str, out: str) -> int:
+    """Convert a torch recording's history again with today's `EntryConverter` (a recording made before it inferred
+    the releases made in C++: docs/importers.md, "In a recording") into ``out``; return the releases inferred. The
+    entries are the trace's own ALLOC, FREE, SEGMENT_* and OOM records (addresses, sizes, streams; times and call
+    sites as recorded), drained at each event the recorder wrote itself (a mark, empty_cache(), a fraction, a pool
+    or scope event), which stay in place; the private segments are those the trace flags."""
+    from ..trace import Trace, TraceWriter
+    t = Trace.load(path)
+    w = TraceWriter(meta=dict(t.meta))
+    gc = (t.meta.get("allocator_settings") or {}).get("garbage_collection_threshold")
+    conv = EntryConverter(w, infer_releases=True, limit=t.meta["device"]["total_memory"],
+                          gc_threshold=isinstance(gc, (int, float)) and gc > 0, t0_us=0)
+    segs = t.records[t.kind == ev.SEGMENT_ALLOC]
+    conv.private = {int(r["addr"]) for r in segs if int(r["flags"]) & ev.PRIVATE_POOL}
+    streams, labels, sites = list(t.streams), t.labels, t.sites
+    chunk: list = []
+    for r in t.records:
+        k, stream, at = int(r["kind"]), streams[int(r["stream"])], int(r["time_ns"]) / 1000
+        action = ENTRY_ACTIONS.get(k)
+        if action == "oom":
+            chunk.append({"action": action, "size": int(r["size"]), "device_free": int(r["addr"]), "stream": stream,
+                          "time_us": at})
+        elif action == "alloc":                 # its call site and flags (CATCHES_OOM, ...) as recorded
+            site = int(r["site"])
+            chunk.append({"action": action, "addr": int(r["addr"]), "size": int(r["size"]), "stream": stream,
+                          "time_us": at, "_flags": int(r["flags"]), "_site": sites[site] if site < len(sites) else None})
+        elif action is not None:
+            chunk.append({"action": action, "addr": int(r["addr"]), "size": int(r["size"]), "stream": stream,
+                          "time_us": at})
+        else:
+            conv.feed(chunk)
+            chunk = []
+            if k == ev.MARK:
+                w.mark(labels[int(r["aux"])], t=int(r["time_ns"]))
+            elif k == ev.CACHE_RELEASE:
+                conv.cache_release()
+            else:
+                aux = w.label_index(labels[int(r["aux"])]) if k in ev.SCOPE_KINDS else int(r["aux"])
+                w.record(k, aux=aux, addr=int(r["addr"]), size=int(r["size"]), flags=int(r["flags"]),
+                         stream=stream, t=int(r["time_ns"]))
+                if k == ev.SET_LIMIT:
+                    conv.limit = int(r["size"])
+    conv.feed(chunk)
+    w.finish().save(out)
+    return conv.counts["cache_releases_inferred"]

@@ -1238,25 +1238,25 @@ class TorchCachingAllocator(Policy):
 
     def checkpoint(self, handles: dict) -> tuple:
         """The state so far, copied, with ``handles`` (the replay's id -> live block) pointing into the copy:
-        O(blocks). Only the default pools (no private pool begun, `TorchPoolsPath`'s), which is what a replay
-        that may checkpoint has (`allocsim.replay.Replay.checkpoint`)."""
-        if self._private or self._captures:
-            raise ValueError("a checkpoint of private pools")
-        return self._copied(self._pools, self._field, handles) + (
+        O(blocks). The private pools too (`TorchPoolsPath`'s: their blocks, users and reserved bytes, the pools
+        begun and the freeable ones), so a replay of a trace with pool events resumes as well."""
+        return self._copied(self._pools, self._field, handles, self._private) + (
             tuple(dict(v) if k == "gc_misses" else v for k, v in ((k, getattr(self, k)) for k in self._WALKED)),
             self.gfb_calls[:], self._segments[:],
-            self.segment_log[:], self.segment_where[:])
+            self.segment_log[:], self.segment_where[:], self._captures[:], list(self._freeable))
 
     def restore(self, state: tuple) -> dict:
         """Take a `checkpoint`'s state (copied again), this policy's options kept; the live blocks' handles, for
         the replay's table. Under a GC threshold (not `keep_gc_ages`), each pool miss of the walk before counts
         its ``garbage_collect_cached_blocks`` section, which returned at once (no time)."""
-        pools, field, handles, values, calls, segments, log, where = state
-        pools, field, handles = self._copied(pools, field, handles)
+        pools, field, handles, private, values, calls, segments, log, where, captures, freeable = state
+        pools, field, handles, private = self._copied(pools, field, handles, private)
         for k, v in zip(self._WALKED, values):
             setattr(self, k, dict(v) if k == "gc_misses" else v)
         self._pools, self._field, self.gfb_calls, self._segments = pools, field, calls[:], segments[:]
         self.segment_log, self.segment_where, self._spare = log[:], where[:], []
+        self._private, self._captures = private, captures[:]
+        self._freeable = {number: private[number] for number in freeable}
         if self.gc_threshold_set and not self.gc_ages_only and self.gc_misses:
             for path, n in self.gc_misses.items():      # under the section each miss was in (a recorded OOM's)
                 self.ctx.add_section("2. garbage_collect_cached_blocks", 0.0, n, under=path)
@@ -1264,22 +1264,32 @@ class TorchCachingAllocator(Policy):
         return handles
 
     @staticmethod
-    def _copied(pools: dict, field: KeyField, handles: dict) -> tuple:
-        """Copies of ``pools`` (stream -> (small, large)), their key field and every block in them or held by
-        ``handles``, linked as the originals are; ``handles`` pointing to the copies."""
+    def _copied(pools: dict, field: KeyField, handles: dict, private: dict) -> tuple:
+        """Copies of ``pools`` (stream -> (small, large)), their key field, the ``private`` pools (number ->
+        `PrivatePool`) and every block in them or held by ``handles``, linked as the originals are; ``handles``
+        pointing to the copies."""
         f = KeyField()
         f.lo, f.abits, f.fit, f.low, f.high = field.lo, field.abits, field.fit, field.low, field.high
         new: dict = {}
-        out_pools = {}
-        for stream, pp in pools.items():
-            copies = []
-            for pool in pp:
-                q = BlockPool(pool.small, stream, f)
-                q.keys, q.unmapped = pool.keys[:], pool.unmapped[:]
-                new[id(pool)] = q
-                copies.append(q)
-            out_pools[stream] = tuple(copies)
-        blocks = [b for pp in pools.values() for pool in pp for b in (*pool.blocks, *pool.unmapped_blocks.values())]
+
+        def copied(pools: dict, owner) -> dict:
+            out = {}
+            for stream, pp in pools.items():
+                copies = []
+                for pool in pp:
+                    q = BlockPool(pool.small, stream, f, owner)
+                    q.keys, q.unmapped = pool.keys[:], pool.unmapped[:]
+                    new[id(pool)] = pool, q
+                    copies.append(q)
+                out[stream] = tuple(copies)
+            return out
+        out_pools = copied(pools, None)
+        out_private = {}
+        for number, owner in private.items():
+            c = out_private[number] = PrivatePool(number)
+            c.use_count, c.reserved = owner.use_count, owner.reserved
+            c.pools = copied(owner.pools, c)
+        blocks = [b for pool, _ in new.values() for b in (*pool.blocks, *pool.unmapped_blocks.values())]
         blocks += handles.values()
         seen = {}
         todo = blocks
@@ -1288,7 +1298,7 @@ class TorchCachingAllocator(Policy):
             for b in todo:
                 if id(b) in seen:
                     continue
-                c = Block(b.ptr, b.size, new[id(b.pool)], b.es, b.mapped)
+                c = Block(b.ptr, b.size, new[id(b.pool)][1], b.es, b.mapped)
                 c.allocated, c.requested, c.gc_base = b.allocated, b.requested, b.gc_base
                 seen[id(b)] = (b, c)
                 for x in (b.prev, b.next):
@@ -1298,12 +1308,10 @@ class TorchCachingAllocator(Policy):
         for b, c in seen.values():
             c.prev = None if b.prev is None else seen[id(b.prev)][1]
             c.next = None if b.next is None else seen[id(b.next)][1]
-        for pp in pools.values():
-            for pool in pp:
-                q = new[id(pool)]
-                q.blocks = [seen[id(b)][1] for b in pool.blocks]
-                q.unmapped_blocks = {p: seen[id(b)][1] for p, b in pool.unmapped_blocks.items()}
-        return out_pools, f, {i: seen[id(b)][1] for i, b in handles.items()}
+        for pool, q in new.values():
+            q.blocks = [seen[id(b)][1] for b in pool.blocks]
+            q.unmapped_blocks = {p: seen[id(b)][1] for p, b in pool.unmapped_blocks.items()}
+        return out_pools, f, {i: seen[id(b)][1] for i, b in handles.items()}, out_private
 
     # ---- folding (`Policy.fold_state`) ----------------------------------------------------------
     fold_counters = ("n_malloc", "n_free", "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",

@@ -6,7 +6,8 @@ exactly what the real allocator did, segment calls included).
 
 **The program's own calls on its allocator** are recorded where they are
 made, and passed on unchanged: ``torch.cuda.empty_cache()`` is a
-CACHE_RELEASE (aux 0) before the segment frees it causes, and
+CACHE_RELEASE (aux 0) before the segment frees it causes (an ``emptyCache()`` made in C++, as cuDNN's
+benchmark mode makes one per plan search, is inferred from its segment frees by the converter), and
 ``torch.cuda.set_per_process_memory_fraction(f)`` for the recorded device a
 SET_LIMIT (aux 0, addr = ``f`` as IEEE-754 float64 bits, size =
 ``int(f * total_memory)``, the bytes PyTorch allows). The fraction in force
@@ -138,7 +139,10 @@ class TorchRecorder(Recorder):
                 "max_entries": self.max_entries, "stacks": self.stacks}
         if start is not None:
             meta.update(late_start(start, device))
-        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device)
+        gc = settings.get("garbage_collection_threshold")
+        self.conv = EntryConverter(self.open_trace(meta), stacks=self.stacks, device=device, infer_releases=True,
+                                   limit=int(props.total_memory),
+                                   gc_threshold=isinstance(gc, (int, float)) and gc > 0)
         if start is not None:
             start.seed(self.conv)
             self.note(meta["started_late"]["missing"])
@@ -170,8 +174,8 @@ class TorchRecorder(Recorder):
                 self._open_on(self.torch.cuda.current_device())
             if self.writer is not None:
                 self.drain()
-                self.program_releases.append(self.writer.count)
-                self.conv.w.record(ev.CACHE_RELEASE, aux=TORCH_AUX)
+                self.program_releases.append(self.writer.count)     # the program's own: not cuDNN's (`cudnn.seal`)
+                self.conv.cache_release()
                 self.releases += 1
             return empty_cache()
 
@@ -202,6 +206,7 @@ class TorchRecorder(Recorder):
         self.drain()
         self.conv.w.record(ev.SET_LIMIT, aux=TORCH_AUX, addr=fraction_bits(fraction),
                            size=int(fraction * self.total_memory))
+        self.conv.limit = int(fraction * self.total_memory)     # the release-and-retry's check (`EntryConverter`)
         self.limits += 1
 
     def _on_step(self, optimizer, args, kwargs) -> None:
@@ -308,7 +313,8 @@ class TorchRecorder(Recorder):
             "exit_status": exit_status, "framework_version": torch.__version__, "device": trace.meta["device"],
             "allocator_settings": snap.get("allocator_settings", {}), "memory_stats": mstats,
             "device_memory": self.memory, "optimizer_steps": self.steps, "private_pool_segments": len(self.private_pools), "private_pools": pools,
-            "compile_scopes": self.compile_hooks.summary(), "cache_releases": self.releases, "limits_set": self.limits,
+            "compile_scopes": self.compile_hooks.summary(), "cache_releases": self.releases,
+            "cache_releases_inferred": c["cache_releases_inferred"], "limits_set": self.limits,
             "chunks": self.chunks, "largest_chunk": self.largest_chunk,
             "max_entries": self.max_entries, "conversion": c, "trace_summary": summary})
 
