@@ -1,25 +1,25 @@
-"""`allocsim` command line. Each subcommand is one module in `allocsim.commands`
-with ``NAME``, ``HELP``, ``EXAMPLE``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+"""`allocsim` command line. Each subcommand is one module in `allocsim.commands` that declares one
+`Command` (its name, help, example, ``add_arguments(parser)`` and ``run(args) -> int``); `COMMANDS` lists them."""
 from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import os
-import pkgutil
-import re
 import signal
 import sys
 
-from . import commands
-from .commands._common import WARNINGS
+from .commands import WARNINGS, Parser
+from .commands import (calibrate, compare, fit, import_, info, plot, policies, record, replay, sweep, synth, tune,
+                       validate)
 from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
 from .filenames import let_stdout_write_names, printable
 from .outputs import Terminated, guard_stdout, undo_stdout
 
-ORDER = ["record", "import", "info", "synth", "replay", "compare", "fit", "tune", "plot", "sweep", "validate",
-         "calibrate", "policies"]
+#: The subcommands, in the order ``allocsim --help`` lists them: the main path first (docs/architecture.md,
+#: "Commands").
+COMMANDS = tuple(m.COMMAND for m in (record, import_, info, synth, replay, compare, fit, tune, plot, sweep, validate,
+                                     calibrate, policies))
 
 
 MAIN_PATH = """the main path:
@@ -38,69 +38,19 @@ def version() -> str:
         return __version__
 
 
-class _StoreOnce(argparse._StoreAction):
-    """An option that takes one value refuses a second one (``--cap 4GB ... --cap 8GB`` in a script
-    that adds to a command line): argparse would silently keep the last."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        given = namespace.__dict__.setdefault("_given", {})
-        if self.option_strings and self.dest in given:
-            raise argparse.ArgumentError(self, f"given twice ({given[self.dest]}, then {values}); give it once")
-        given[self.dest] = values
-        super().__call__(parser, namespace, values, option_string)
-
-
-class _Parser(argparse.ArgumentParser):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.register("action", None, _StoreOnce)
-        self.register("action", "store", _StoreOnce)
-
-    #: The command line being parsed (`main` sets it): what an error may quote back.
-    argv: list = []
-
-    def _print_message(self, message, file=None):
-        """As argparse's, but a failed write (``--help`` to a full disk or a closed stdout) is not swallowed."""
-        if message:
-            (file or sys.stderr).write(message)
-
-    def error(self, message):  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}{self._dash_value(message)}\n")
-
-    def _dash_value(self, message: str) -> str:
-        """``--cap -1GB``: argparse takes a value that starts with ``-`` (and is not a plain negative number) for
-        an option and says only "expected one argument"; name the value and the spelling that passes it."""
-        m = re.fullmatch(r"argument (\S+): expected one argument", message)
-        flags = m.group(1).split("/") if m else []
-        argv = list(self.argv)
-        for k, arg in enumerate(argv[:-1]):
-            value = argv[k + 1]
-            if arg in flags and value.startswith("-") and value.split("=")[0] not in self._option_string_actions \
-                    and value not in ("-", "--"):
-                spelled = f"{arg}={value}" if arg.startswith("--") else f"{arg}{value}"
-                return f" ({value!r} starts with -, so it reads as an option; to give it as the value: {spelled})"
-        return ""
-
-
-def _modules():
-    found = {m.name.rstrip("_"): m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_")}
-    names = [n for n in ORDER if n in found] + sorted(set(found) - set(ORDER))
-    return [importlib.import_module(f"{commands.__name__}.{found[n]}") for n in names]
-
-
 def make_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="allocsim", description="Record GPU allocation traces; replay them against allocator policies.",
-                epilog=MAIN_PATH, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="allocsim", description="Record GPU allocation traces; replay them against allocator policies.",
+               epilog=MAIN_PATH, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.add_argument("--version", action="version", version=f"allocsim {version()} ({build()})")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for mod in _modules():
-        sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP,
-                            epilog=f"example:\n  {mod.EXAMPLE}" if getattr(mod, "EXAMPLE", None) else None,
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for command in COMMANDS:
+        sp = sub.add_parser(command.name, help=command.help, description=command.help,
+                            epilog=f"example:\n  {command.example}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
-        mod.add_arguments(sp)
-        sp.set_defaults(_run=mod.run)
+        command.add_arguments(sp)
+        sp.set_defaults(_run=command.run)
     return p
 
 
@@ -108,7 +58,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _stand_in_for_closed_streams()
     parser = make_parser()
-    _Parser.argv = list(argv)
+    Parser.argv = list(argv)
     try:
         args = parser.parse_args(argv)
     except OSError as e:            # --help or --version to a full disk or a closed stdout

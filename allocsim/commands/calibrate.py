@@ -3,19 +3,23 @@ from __future__ import annotations
 
 from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_bytes, fmt_seconds
+from ._command import Command
 from ._common import positive_int
 
-NAME = "calibrate"
-HELP = "measure this GPU's device-call and pool latencies; write a cost model for --cost-model"
-EXAMPLE = "allocsim calibrate -o costs.json && allocsim replay t.bin --policy split --cost-model costs.json"
+COMMAND = Command(
+    name="calibrate",
+    help="measure this GPU's device-call and pool latencies; write a cost model for --cost-model",
+    example="allocsim calibrate -o costs.json && allocsim replay t.bin --policy split --cost-model costs.json")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("-o", "--output", default="costs.json", help="cost model JSON to write (default costs.json)")
     add_force_argument(p)
     p.add_argument("--reps", type=positive_int, default=20, help="repetitions per size (default 20)")
 
 
+@COMMAND.runs
 def run(args) -> int:
     from ..calibrate import measure
     claim_outputs([("-o", args.output)], force=args.force)     # before minutes of measuring, not after

@@ -7,17 +7,20 @@ from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
 from ..sweep import Cell, Settings, run_cells
+from ._command import Command
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
                       capacity_arg, caps_arg, load_trace, policy_specs, replay_settings, split_list, warm_cache_trace)
 from ._progress import count_progress
 from ._ranks import each_rank
 
-NAME = "compare"
-HELP = "replay one trace under several policies, caps and runtimes; one table"
-EXAMPLE = ("allocsim compare traces/resnet50.bin --policies binned,split,knet,torch,cupy,bestfit "
-           "--caps none,8GB,12GB --runtime eager,gc -j 2")
+COMMAND = Command(
+    name="compare",
+    help="replay one trace under several policies, caps and runtimes; one table",
+    example=("allocsim compare traces/resnet50.bin --policies binned,split,knet,torch,cupy,bestfit "
+             "--caps none,8GB,12GB --runtime eager,gc -j 2"))
 
 
+@COMMAND.arguments
 def add_arguments(p, *, many_traces: bool = False):
     """compare's arguments; ``many_traces`` (sweep): traces as a list, and no --csv or --sections, which
     only compare's printed table has (sweep writes its table to -o)."""
@@ -63,13 +66,14 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
     return cells, settings
 
 
+@COMMAND.runs
 def run(args) -> int:
     return each_rank(args, run_one)
 
 
 def run_one(args) -> int:
     claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
-    with warm_cache_trace(args.trace, args.warm_cache, NAME) as path:
+    with warm_cache_trace(args.trace, args.warm_cache, COMMAND.name) as path:
         cells, settings = build_cells(args, path)
         update, close = count_progress("compare", len(cells), "replays", args.quiet or args.json)  # off a terminal: lines
         finished = [0]

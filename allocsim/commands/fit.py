@@ -10,15 +10,19 @@ from ..fit import MAX_REPLAYS, MiB, fit_many
 from ..report.tables import dump_json
 from ..report.text import fit_table
 from ..sweep import Settings, process_pool
+from ._command import Command
 from ._ranks import each_rank
 from ._common import (add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
                       count, plural, policy_specs, positive_size, progress_bar, replay_settings)
 
-NAME = "fit"
-HELP = "find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and the oracle"
-EXAMPLE = "allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,bestfit -j 2"
+COMMAND = Command(
+    name="fit",
+    help=("find each policy's safe capacity (no OOM from it up), and smaller passing islands, beside LOAD and "
+          "the oracle"),
+    example="allocsim fit traces/resnet50.bin --policies binned,split,torch,cupy,bestfit -j 2")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each rank)")
     add_policies_argument(p, "binned,split,knet,torch,cupy,bestfit")
@@ -120,6 +124,7 @@ class _FitProgress:
         print(text, file=sys.stderr, flush=True)
 
 
+@COMMAND.runs
 def run(args) -> int:
     return each_rank(args, run_one)
 

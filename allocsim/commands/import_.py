@@ -7,13 +7,16 @@ from ..filenames import printable, shown_name
 from ..importers import FORMATS, import_file
 from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_count
+from ._command import Command
 from ._common import count, positive_size
 
-NAME = "import"
-HELP = "convert a PyTorch snapshot pickle, an RMM CSV log or a CuPy DebugPrintHook JSONL into a trace"
-EXAMPLE = "allocsim import snapshot.pickle -o resnet50.bin --total-memory 80GiB --device-name 'NVIDIA H100'"
+COMMAND = Command(
+    name="import",
+    help="convert a PyTorch snapshot pickle, an RMM CSV log or a CuPy DebugPrintHook JSONL into a trace",
+    example="allocsim import snapshot.pickle -o resnet50.bin --total-memory 80GiB --device-name 'NVIDIA H100'")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("file", help="input: snapshot.pickle, log.csv or hooks.jsonl (format found from the content)")
     p.add_argument("-o", "--output", required=True, metavar="TRACE", help="trace file to write (.bin)")
@@ -28,6 +31,7 @@ def add_arguments(p):
     p.add_argument("--device-name", metavar="NAME", help="the recorded GPU's name, kept in the metadata")
 
 
+@COMMAND.runs
 def run(args) -> int:
     total = positive_size(args.total_memory, "--total-memory") if args.total_memory is not None else None
     claim_outputs([("-o", args.output)], [args.file], force=args.force)

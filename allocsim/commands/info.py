@@ -11,13 +11,16 @@ from ..report.tables import dump_json
 from ..filenames import printable, shown_name
 from ..ranks import rank_label
 from ..report.text import aligned_table, phase_lines
+from ._command import Command
 from ._common import load_trace, progress_bar
 from ._ranks import each_rank
 
-NAME = "info"
-HELP = "summarise a trace: events, sizes, LOAD, iterations, streams, upstream segments, metadata"
-EXAMPLE = "allocsim info traces/resnet50.bin --json"
+COMMAND = Command(
+    name="info",
+    help="summarise a trace: events, sizes, LOAD, iterations, streams, upstream segments, metadata",
+    example="allocsim info traces/resnet50.bin --json")
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("trace", nargs="+", help="trace file (.bin); several, or a run's name (run.bin for run.rank0.bin, "
                                             "run.rank1.bin, ...): each rank, then a table of the run")
@@ -155,6 +158,7 @@ def run_table(paths: list[str]) -> None:
               f"others' memory")
 
 
+@COMMAND.runs
 def run(args) -> int:
     return each_rank(args, run_one, summary=run_table)
 

@@ -6,13 +6,15 @@ import os
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_folder, claim_outputs
 from ..sweep import Cell, Settings, result_row, run_cell, run_cells
+from ._command import Command
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
                       load_trace, plural, policy_specs, replay_settings, split_list)
 from ._ranks import one_trace
 
-NAME = "plot"
-HELP = "draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html"
-EXAMPLE = ("allocsim plot traces/resnet50.bin --policies split,binned,torch --caps none,4GB --report plots/")
+COMMAND = Command(
+    name="plot",
+    help="draw pictures of replays (PNG, SVG or PDF); --report writes them all plus index.html",
+    example="allocsim plot traces/resnet50.bin --policies split,binned,torch --caps none,4GB --report plots/")
 
 KINDS = ["memory", "bars", "frontier", "latency", "gc", "breakdown"]
 TITLES = {"memory": "Memory over time", "bars": "Policies side by side", "frontier": "Capacity frontier",
@@ -21,6 +23,7 @@ TITLES = {"memory": "Memory over time", "bars": "Policies side by side", "fronti
           "breakdown": "Why reserved > live at the reserved peak: hard, soft, stream, rounding"}
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("trace", help="trace file (.bin)")
     add_policies_argument(p, "split,binned,torch,cupy,bestfit")
@@ -125,6 +128,7 @@ def _check_can_make(folder: str) -> None:
         raise InputError(f"cannot make it: {e.strerror or e} ({first})", path=folder, position="--report") from None
 
 
+@COMMAND.runs
 def run(args) -> int:
     from ..fit import MAX_REPLAYS
     from ..report import plots

@@ -5,16 +5,20 @@ import sys
 
 from .. import policies
 from ..errors import UsageError
+from ._command import Command
 
-NAME = "policies"
-HELP = "list allocator policies and their options"
-EXAMPLE = "allocsim policies split"
+COMMAND = Command(
+    name="policies",
+    help="list allocator policies and their options",
+    example="allocsim policies split")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("name", nargs="?", help="show one policy's options (a plug-in too: file.py:Class)")
 
 
+@COMMAND.runs
 def run(args) -> int:
     from ..spec import ENTRY_POINT_GROUP, PolicySpec, entry_points
     one = args.name is not None             # "" is one (bad) name, not "list them all"

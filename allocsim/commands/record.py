@@ -8,13 +8,17 @@ import sys
 
 from ..errors import UsageError
 from ..outputs import add_force_argument, claim_outputs
+from ._command import Command
 from ._common import count
+from ._parser import Parser
 
-NAME = "record"
-HELP = "run a PyTorch or CuPy training script and record its GPU allocation trace"
-EXAMPLE = "allocsim record -o traces/resnet50.bin examples/resnet50_train.py --iters 8"
+COMMAND = Command(
+    name="record",
+    help="run a PyTorch or CuPy training script and record its GPU allocation trace",
+    example="allocsim record -o traces/resnet50.bin examples/resnet50_train.py --iters 8")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("-o", "--output", metavar="TRACE", help="trace file to write (default: <script name>.bin)")
     add_force_argument(p)
@@ -122,8 +126,7 @@ def stacks_choice(args) -> None:
     target = args.target or []
     if args.stacks != "python" or not target or target[0] not in ("all", "python"):
         return
-    from ..cli import _Parser
-    p = _Parser(prog="allocsim record")
+    p = Parser(prog="allocsim record")
     add_arguments(p)
     rest = p.parse_args(target[1:])
     for name, value in vars(rest).items():
@@ -135,6 +138,7 @@ def stacks_choice(args) -> None:
                          f"{target[0]} train.py ...)")
 
 
+@COMMAND.runs
 def run(args) -> int:
     from ..recorders import record
     stacks_choice(args)

@@ -12,15 +12,18 @@ from ..report.tables import dump_json
 from ..filenames import shown_name
 from ..report.text import oom_line, phase_lines, replay_summary, section_table
 from ..spec import PolicySpec
+from ._command import Command
 from ._common import (DEFAULT_TRACE, add_replay_arguments, add_warm_cache_argument, lazy_progress_bar, load_trace,
                       progress_bar, replay_settings, say_snapshot_written, warm_cache_trace)
 from ._ranks import each_rank
 
-NAME = "replay"
-HELP = "replay a trace against one allocator policy"
-EXAMPLE = "allocsim replay traces/resnet50.bin --policy split --cap 8GB --runtime gc"
+COMMAND = Command(
+    name="replay",
+    help="replay a trace against one allocator policy",
+    example="allocsim replay traces/resnet50.bin --policy split --cap 8GB --runtime gc")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("trace", nargs="?", help="trace file (.bin), or a run's name (run.bin for run.rank0.bin, ...: each "
                                           "rank); default: the embedded ResNet-50 trace (traces/resnet50.bin, "
@@ -40,6 +43,7 @@ def add_arguments(p):
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
 
+@COMMAND.runs
 def run(args) -> int:
     return each_rank(args, run_one)
 
@@ -57,7 +61,7 @@ def replay_phases(trace, res) -> dict | None:
 
 
 def run_one(args) -> int:
-    with warm_cache_trace(args.trace, args.warm_cache, NAME) as path:
+    with warm_cache_trace(args.trace, args.warm_cache, COMMAND.name) as path:
         return _replay(args, path)
 
 

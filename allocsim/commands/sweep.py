@@ -18,18 +18,21 @@ from ..errors import InputError, UsageError
 from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..sweep import Cell, run_cells
+from ._command import Command
 from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
 from ._progress import count_progress
 from ._ranks import traces_of
 from .compare import add_arguments as _compare_arguments
 from .compare import build_cells
 
-NAME = "sweep"
-HELP = "run many traces × policies × caps × runtimes to one result table, locally or on Dask"
-EXAMPLE = ("allocsim sweep traces/*.bin --policies split,binned,torch --caps none,4GB,8GB "
-           "--runtime eager,gc -o results.csv --dask-local 2")
+COMMAND = Command(
+    name="sweep",
+    help="run many traces × policies × caps × runtimes to one result table, locally or on Dask",
+    example=("allocsim sweep traces/*.bin --policies split,binned,torch --caps none,4GB,8GB "
+             "--runtime eager,gc -o results.csv --dask-local 2"))
 
 
+@COMMAND.arguments
 def add_arguments(p):
     _compare_arguments(p, many_traces=True)
     p.add_argument("-o", "--output", required=True, help="result table: .csv or .jsonl")
@@ -227,6 +230,7 @@ def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> li
     return ordered
 
 
+@COMMAND.runs
 def run(args) -> int:
     check_scheduler(args)
     fmt = _table_format(args.output, args.format)

@@ -5,15 +5,18 @@ from .. import synth
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_path, claim_outputs
 from ..units import fmt_bytes, fmt_count
+from ._command import Command
 from ._common import count, load_trace, progress_bar
 
-NAME = "synth"
-HELP = "generate a synthetic training-workload trace (mlp, cnn, transformer, alloc-heavy)"
-EXAMPLE = ("allocsim synth transformer -o traces/gpt.bin --iterations 20 --variable --param batch=4\n"
-           "  allocsim synth alloc-heavy -o traces/heavy.bin --param n_allocs=200000\n"
-           "  allocsim synth --list")
+COMMAND = Command(
+    name="synth",
+    help="generate a synthetic training-workload trace (mlp, cnn, transformer, alloc-heavy)",
+    example=("allocsim synth transformer -o traces/gpt.bin --iterations 20 --variable --param batch=4\n"
+             "  allocsim synth alloc-heavy -o traces/heavy.bin --param n_allocs=200000\n"
+             "  allocsim synth --list"))
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("preset", nargs="?", help=f"workload preset: {', '.join(synth.PRESETS)}")
     p.add_argument("-o", "--output", help="output trace file (.bin), written atomically")
@@ -49,6 +52,7 @@ def _listing() -> str:
     return "\n".join(lines)
 
 
+@COMMAND.runs
 def run(args) -> int:
     if args.list:
         print(_listing())

@@ -20,16 +20,20 @@ from ..report.tune import tune_report
 from ..ranks import fit_capacity
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
+from ._command import Command
 from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
                       add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, cost_model_arg, count,
                       dask_cluster, load_trace, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
-NAME = "tune"
-HELP = "search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, pool caps)"
-EXAMPLE = "allocsim tune traces/gpt2.bin --capacity 8.5GiB -j 2 --plot frontier.png"
+COMMAND = Command(
+    name="tune",
+    help=("search the allocator's settings for the ones that make this run fit (PYTORCH_ALLOC_CONF, CuPy limit, "
+          "pool caps)"),
+    example="allocsim tune traces/gpt2.bin --capacity 8.5GiB -j 2 --plot frontier.png")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("trace", nargs="+",
                    help="trace file (.bin), or a PyTorch memory snapshot, RMM CSV or CuPy JSONL log "
@@ -65,13 +69,14 @@ def add_arguments(p):
     add_force_argument(p)
 
 
+@COMMAND.runs
 def run(args) -> int:
     paths = traces_of(args)
     if len(paths) > 1:
         return _tune_run(args, paths)
     args.trace = args.trace[0]
     _check_options(args)            # before a log is imported: a refusal is then the one line
-    with _as_trace(paths[0]) as imported, warm_cache_trace(imported, args.warm_cache, NAME, args.trace) as path:
+    with _as_trace(paths[0]) as imported, warm_cache_trace(imported, args.warm_cache, COMMAND.name, args.trace) as path:
         return _tune(args, path)
 
 

@@ -9,14 +9,17 @@ from ..report.tables import dump_json
 from ..report.text import validation_summary
 from ..errors import UsageError
 from ..validate import validate, validate_warm
+from ._command import Command
 from ._common import capacity_arg, load_trace, option_text
 from ._ranks import each_rank
 
-NAME = "validate"
-HELP = "replay a trace with its recorder's allocator model and compare segment calls"
-EXAMPLE = "allocsim validate traces/resnet50.bin --json"
+COMMAND = Command(
+    name="validate",
+    help="replay a trace with its recorder's allocator model and compare segment calls",
+    example="allocsim validate traces/resnet50.bin --json")
 
 
+@COMMAND.arguments
 def add_arguments(p):
     p.add_argument("trace", nargs="+", help="trace file (.bin) recorded under torch or cupy; several, or a run's name "
                                             "(run.bin for run.rank0.bin, run.rank1.bin, ...): each rank")
@@ -31,6 +34,7 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+@COMMAND.runs
 def run(args) -> int:
     if args.warm_cache is not None and len(args.trace) > 1:
         raise UsageError(f"--warm-cache {args.warm_cache}: give one trace, the recording of the first run it follows")
