@@ -434,7 +434,9 @@ def guard_stdout() -> None:
                 os.close(fd)
         sys.stdout = _ClosedStdout()
         return
-    if isinstance(out, io.TextIOWrapper) and isinstance(out.buffer, io.RawIOBase):
+    if out is sys.__stdout__ and isinstance(out, io.TextIOWrapper) and isinstance(out.buffer, io.RawIOBase):
+        # the process's own stdout only: a stream a caller put there (a test's capture, a notebook's) is theirs,
+        # and a wrapper of it would close it when collected
         sys.stdout = io.TextIOWrapper(io.BufferedWriter(out.buffer), encoding=out.encoding, errors=out.errors,
                                       line_buffering=True)
     _stdout_start = _own_file_offset(sys.stdout)

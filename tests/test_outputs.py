@@ -436,3 +436,21 @@ def test_a_forked_child_dies_of_the_signal_and_never_unwinds_its_parents_stack()
                 os._exit(7)                 # it unwound: the bug
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGTERM
+
+
+def test_the_command_line_in_process_leaves_the_callers_stdout_open(tmp_path, monkeypatch):
+    """`cli.main` called in a process whose stdout someone else put there (pytest's fd capture, a notebook): the
+    guard of `outputs.guard_stdout` wraps only the process's own stdout; a wrapper of the caller's stream closed it
+    when collected ("I/O operation on closed file" at the caller's next write; seen on a GPU test of test_ranks)."""
+    import gc
+    import io
+    from allocsim.cli import main
+    raw = open(tmp_path / "out.txt", "wb", buffering=0)
+    theirs = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
+    monkeypatch.setattr(sys, "stdout", theirs)
+    for _ in range(2):
+        assert main(["policies", "split"]) == 0
+        sys.stdout = theirs         # as a caller's capture puts its stream back (monkeypatch would keep the other)
+        gc.collect()
+    theirs.write("still open\n")
+    assert not raw.closed and (tmp_path / "out.txt").read_text().endswith("still open\n")
