@@ -74,6 +74,15 @@ def predict(recording: str, cap: int, warm: bool) -> dict:
         return {"error": (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]}
 
 
+def compiles(recording: str) -> bool:
+    """Whether the recording holds compile or autotune phases: a later run of a program without them (cuDNN,
+    back-off) keeps nothing between processes, so it is predicted as the first run is, without ``--warm-cache``."""
+    sys.path.insert(0, ROOT)
+    from allocsim.trace import Trace
+    from allocsim.trace.phases import cold_spans
+    return len(cold_spans(Trace.load(recording))) > 0
+
+
 def verdict(folder: str, program: str, variant: str) -> str:
     path = os.path.join(folder, f"{program}-{variant}-rec.validate.txt")
     if not os.path.exists(path):
@@ -118,9 +127,10 @@ def table(folder: str) -> list[str]:
              "| end | own recording validates |", "|" + "---|" * 8]
     for program, variants in sorted(measured_runs(folder).items()):
         recording = os.path.join(folder, f"{program}-cold-rec.bin")
+        cached = os.path.exists(recording) and compiles(recording)
         for variant in sorted(variants, key=variant_key):
             how, m = variants[variant]
-            warm = "warm" in variant
+            warm = "warm" in variant and cached
             if not os.path.exists(recording):
                 p = {"error": f"no {os.path.basename(recording)}"}
             else:
@@ -128,7 +138,8 @@ def table(folder: str) -> list[str]:
             lines.append(row(program, variant, how, m, p, verdict(folder, program, variant)))
     lines.append("")
     lines.append("Predicted: `allocsim replay P-cold-rec.bin --policy torch [--cap CAP] [--warm-cache]` "
-                 "(the cold, uncapped recording); measured: the program's own torch.cuda.memory_stats() "
+                 "(the cold, uncapped recording; --warm-cache for a warm run of a program that compiles: one that "
+                 "does not keeps nothing between processes); measured: the program's own torch.cuda.memory_stats() "
                  "without the recorder." + ("" if warm_ok else " Warm predictions n/a: this allocsim's replay "
                                                                "has no --warm-cache."))
     return lines
