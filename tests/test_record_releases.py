@@ -164,9 +164,10 @@ def test_a_shipped_recording_converted_again_is_the_same_trace(tmp_path, name):
 
 
 def test_the_cudnn_benchmark_recording_validates_and_its_releases_are_the_rule(tmp_path):
-    """traces/cudnn-benchmark-resnet50.bin (ResNet-50, cudnn.benchmark = True, an H200): its 68 releases, one
-    before each plan search's segment frees, validate MATCH (without them 282 segment allocs recorded against 47
-    modelled). Taken out, converting its records again puts each back where it was."""
+    """traces/cudnn-benchmark-resnet50.bin (ResNet-50, cudnn.benchmark = True, an H200), recorded with the
+    inference: its 68 releases, one before each plan search's segment frees, validate MATCH (an earlier recording
+    without them: 282 segment allocs recorded, 47 modelled). Taken out, converting its records again puts each back
+    where the recorder put it."""
     path = os.path.join(ROOT, "traces", "cudnn-benchmark-resnet50.bin")
     t = Trace.load(path)
     assert validate(t).match
