@@ -292,6 +292,6 @@ def test_info_is_unchanged_on_shipped_traces(name):
         want = json.load(f)
     got = analysis.summarize(Trace.load(os.path.join(ROOT, "traces", f"{name}.bin")))
     got.pop("path")
-    if got["metadata"]["framework"] == "torch":     # added since: no shipped trace holds C++ stacks
+    if got["metadata"]["framework"] == "torch" and "catches_oom" not in want:     # added since: no C++ stacks
         assert (got.pop("catches_oom"), got.pop("catches_oom_max_bytes")) == (None, 0)
     assert json.loads(json.dumps(got)) == want
