@@ -324,6 +324,9 @@ class _Walk:
         self.at_peak = None            # the free breakdown where reserved reached its peak (`Replay._free_state`)
         self.failed: dict = {}         # id -> size of the objects whose ALLOC failed (--keep-going), till their FREE
         self.failed_live = self.failed_cum = 0      # their bytes: still live in the trace / ever
+        #: requests granted smaller than the trace holds them (a plan search's halved workspace, `Replay._halve`):
+        #: (ALLOC event, FREE event or None, bytes the trace holds beyond the block); a tuple, replaced, never changed
+        self.shrunk: tuple = ()
         self.skipped_frees = 0         # FREEs of objects whose ALLOC failed under --keep-going
         #: a try unwound (`Replay._unwind_try`): the ALLOCs before this trace index are skipped; None: none
         self.skip_until = None
@@ -647,10 +650,17 @@ class Replay:
         size = w.failed.pop(i)
         w.failed_live -= size
         w.failed_cum -= size
+        w.shrunk += ((int(c.at[j]), self._free_of(i, int(c.at[j])), size - n),)
         a, r = pol.allocated, dev.reserved
         w.peak_alloc = max(w.peak_alloc, a)
         if r > w.peak_res:
             self._new_peak(r, a, int(c.at[j]), stream)
+
+    def _free_of(self, i: int, after: int) -> int | None:
+        """The event of object ``i``'s FREE after event ``after``, or None (a search per halved request: few)."""
+        rec = self.trace.records
+        at = np.flatnonzero((np.asarray(rec["kind"][after + 1:]) == FREE) & (np.asarray(rec["id"][after + 1:]) == i))
+        return after + 1 + int(at[0]) if len(at) else None
 
     def _walk_skipping(self, c, lo, hi, lat) -> int:
         """Events ``lo`` to ``hi`` of chunk ``c`` while a try is unwound: its ALLOCs (before ``skip_until``) are
@@ -887,7 +897,7 @@ class Replay:
             at, size, stream, live, pol.allocated, dev.reserved,
             largest_free_fragmentation(dev.reserved, pol.allocated, pol.largest_free()), recorded=recorded,
             breakdown=None if free is None else breakdown(
-                dev.reserved, pol.allocated, self._trace_bytes(at, self._live, self._allocs) + self._held(), free),
+                dev.reserved, pol.allocated, self._trace_bytes(at, self._live, self._allocs) + self._held(at), free),
             caught=caught, scope=scope))
 
     def _pressure(self, c, j, kind, size, stream) -> None:
@@ -929,14 +939,19 @@ class Replay:
         """What `_peak_breakdown` needs of the moment after event ``at`` (``held``: a request held outside
         the trace), or None when the policy cannot say; the trace's bytes are read once, at the end."""
         free = self.policy.free_breakdown(stream)
-        return None if free is None else (at, self.device.reserved, self.policy.allocated, free, self._held(held))
+        return None if free is None else (at, self.device.reserved, self.policy.allocated, free, self._held(at, held))
 
-    def _held(self, extra: int = 0) -> int:
-        """What, added to `_trace_bytes` now, gives the requested bytes of the objects holding a block: under
-        eager, less the live objects whose ALLOC failed (--keep-going); under gc, less every failed and every
-        collected object (a dead object keeps its block until collected); plus ``extra``."""
+    def _held(self, at: int, extra: int = 0) -> int:
+        """What, added to `_trace_bytes` through event ``at``, gives the requested bytes of the objects holding a
+        block: under eager, less the live objects whose ALLOC failed (--keep-going) and what the trace holds beyond
+        a live halved request's block; under gc, less every failed and every collected object (a dead object keeps
+        its block until collected) and every halved request's shortfall (collected, it gives back its block's);
+        plus ``extra``."""
         w, rt = self._w, self.runtime
-        return extra - (w.failed_live if rt.eager else w.failed_cum + rt.reclaimed_bytes)
+        if rt.eager:
+            short = sum(b for a, f, b in w.shrunk if a <= at and (f is None or at < f))
+            return extra - w.failed_live - short
+        return extra - w.failed_cum - rt.reclaimed_bytes - sum(b for a, _, b in w.shrunk if a <= at)
 
     def _trace_bytes(self, at: int, live: LiveBytes, allocs: _AllocBytes) -> int:
         """From the trace, through event ``at``: the live requested bytes (eager) or every requested byte (gc)."""
