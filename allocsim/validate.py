@@ -284,13 +284,14 @@ def validate_warm(cold: Trace, warm: Trace, *, options=None, capacity="trace") -
     res, log, seeded = model_run(view, spec, options, capacity, None)
     rec = recorded_side(warm, kinds)
     rt_, mt = rec.totals(), model_side(log, kinds, rec.initial_reserved if seeded else 0, view).totals()
-    checks = [{"name": "requests", "recorded": warm.n_allocs, "model": view.n_allocs,
-               "ok": warm.n_allocs == view.n_allocs}]
+    # the requests are shown, not held: a warm run may still autotune a kernel or two, more so under the recorder
+    # (traces/README.md, "Programs that react to memory"), with the same segments and peak
+    checks = [{"name": "requests", "recorded": warm.n_allocs, "model": view.n_allocs, "ok": None}]
     checks += [{"name": k.replace("_", " "), "recorded": rt_[k], "model": mt[k], "ok": rt_[k] == mt[k]}
                for k in ("segment_allocs", "segment_frees", "peak_reserved", "final_reserved")]
     ooms = int(np.count_nonzero(np.asarray(warm.kind) == ev.OOM))
     checks.append({"name": "OOMs", "recorded": ooms, "model": res.ooms, "ok": ooms == res.ooms})
     return Validation(trace=f"{shown_name(cold.path)} (--warm-cache) vs {shown_name(warm.path)}",
                       framework=spec.framework, policy=spec.policy, options=res.options, kinds_compared=list(kinds),
-                      match=all(c["ok"] for c in checks), seeded=seeded, pre_existing=0, checks=checks,
+                      match=all(c["ok"] is not False for c in checks), seeded=seeded, pre_existing=0, checks=checks,
                       recorded_events=len(rec.kinds), model_events=len(log))

@@ -156,7 +156,8 @@ def folder_for(tmp, line: str) -> None:
     os.makedirs(os.path.join(tmp, "traces"))
     for name in NAMED_TRACES:
         os.symlink(os.path.join(ROOT, "traces", name), os.path.join(tmp, "traces", name))
-    os.symlink(os.path.join(ROOT, "traces", "raw"), os.path.join(tmp, "traces", "raw"))
+    for folder in ("raw", "reactive"):
+        os.symlink(os.path.join(ROOT, "traces", folder), os.path.join(tmp, "traces", folder))
     os.symlink(os.path.join(ROOT, "examples"), os.path.join(tmp, "examples"))
     writes = written_files(shlex.split(line))
     if "run.bin" not in writes:

@@ -282,7 +282,7 @@ def validation_summary(validation) -> str:
     for c in v["checks"]:
         fmt = fmt_bytes if c["name"].endswith("reserved") else str
         lines.append(f"  {c['name']:<22}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
-                     f"{'ok' if c['ok'] else 'MISMATCH'}")
+                     f"{'shown' if c['ok'] is None else 'ok' if c['ok'] else 'MISMATCH'}")
     d = v["first_divergence"]
     if d:
         lines.append(f"  first divergence at segment event #{d['index']}:")
