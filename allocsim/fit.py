@@ -459,7 +459,7 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
     (out,) = fit_many([dict(trace=trace, policy=policy, runtime=runtime, options=options, settings=settings,
                             resolution=resolution, islands=islands, max_replays=max_replays, top=top,
                             digits=digits)],
-                      on_replay=on_replay)
+                      on_replay=None if on_replay is None else lambda walks, i, seconds: on_replay())
     return out
 
 
