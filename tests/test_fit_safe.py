@@ -158,7 +158,8 @@ def test_walks_in_parallel_answer_as_the_walk_in_order(small_trace_path):
     alone = [fit_capacity(**f) for f in fits]
     heard, ended = [], []
     with ThreadPoolExecutor(2) as ex:
-        together = fit.fit_many(fits, ex, 2, on_replay=lambda: heard.append(1), on_fit=lambda i, f: ended.append(i))
+        together = fit.fit_many(fits, ex, 2, on_replay=lambda walks, i, seconds: heard.append(1),
+                                on_fit=lambda i, f: ended.append(i))
     assert together == alone
     assert len(heard) == sum(f["replays"] for f in alone)
     assert sorted(ended) == [0, 1, 2, 3]
