@@ -295,8 +295,8 @@ def spread_out(mp):
     def bare(self, *args, address_hints=None, **kw):
         init(self, *args, **kw)
 
-    def spread(self, n):
-        addr = bump(self, n)
+    def spread(self, n, bounded=False):
+        addr = bump(self, n, bounded)
         self._next += SPREAD
         return addr
     mp.setattr(SimulatedDevice, "__init__", bare)
