@@ -325,7 +325,8 @@ class _Walk:
         self.failed: dict = {}         # id -> size of the objects whose ALLOC failed (--keep-going), till their FREE
         self.failed_live = self.failed_cum = 0      # their bytes: still live in the trace / ever
         #: requests granted smaller than the trace holds them (a plan search's halved workspace, `Replay._halve`):
-        #: (ALLOC event, FREE event or None, bytes the trace holds beyond the block); a tuple, replaced, never changed
+        #: (object, ALLOC event, event its block goes (its FREE, an unwound try) or None, bytes the trace holds
+        #: beyond the block); a tuple, replaced, never changed
         self.shrunk: tuple = ()
         self.skipped_frees = 0         # FREEs of objects whose ALLOC failed under --keep-going
         #: a try unwound (`Replay._unwind_try`): the ALLOCs before this trace index are skipped; None: none
@@ -626,6 +627,8 @@ class Replay:
                 rt.on_free(i)       # dead: the collector reclaims it
             w.unwound += 1
             self._drop(i, size, ever=False)
+            if any(k == i for k, *_ in w.shrunk):      # a halved block: the trace's whole size counts as dropped now
+                w.shrunk = tuple((k, a, at if k == i and (f is None or f > at) else f, b) for k, a, f, b in w.shrunk)
         w.skip_until = end
 
     def _halve(self) -> None:
@@ -650,7 +653,7 @@ class Replay:
         size = w.failed.pop(i)
         w.failed_live -= size
         w.failed_cum -= size
-        w.shrunk += ((int(c.at[j]), self._free_of(i, int(c.at[j])), size - n),)
+        w.shrunk += ((i, int(c.at[j]), self._free_of(i, int(c.at[j])), size - n),)
         a, r = pol.allocated, dev.reserved
         w.peak_alloc = max(w.peak_alloc, a)
         if r > w.peak_res:
@@ -949,9 +952,9 @@ class Replay:
         plus ``extra``."""
         w, rt = self._w, self.runtime
         if rt.eager:
-            short = sum(b for a, f, b in w.shrunk if a <= at and (f is None or at < f))
+            short = sum(b for _, a, f, b in w.shrunk if a <= at and (f is None or at < f))
             return extra - w.failed_live - short
-        return extra - w.failed_cum - rt.reclaimed_bytes - sum(b for a, _, b in w.shrunk if a <= at)
+        return extra - w.failed_cum - rt.reclaimed_bytes - sum(b for _, a, _, b in w.shrunk if a <= at)
 
     def _trace_bytes(self, at: int, live: LiveBytes, allocs: _AllocBytes) -> int:
         """From the trace, through event ``at``: the live requested bytes (eager) or every requested byte (gc)."""

@@ -283,7 +283,9 @@ def validate_warm(cold: Trace, warm: Trace, *, options=None, capacity="trace") -
     view = warm_view(cold)
     res, log, seeded = model_run(view, spec, options, capacity, None)
     rec = recorded_side(warm, kinds)
-    rt_, mt = rec.totals(), model_side(log, kinds, rec.initial_reserved if seeded else 0, view).totals()
+    # the model starts from the first run's segments (its warm view's), the recorded side from the later run's
+    start = recorded_side(view, kinds).initial_reserved if seeded else 0
+    rt_, mt = rec.totals(), model_side(log, kinds, start, view).totals()
     # the requests are shown, not held: a warm run may still autotune a kernel or two, more so under the recorder
     # (traces/README.md, "Programs that react to memory"), with the same segments and peak
     checks = [{"name": "requests", "recorded": warm.n_allocs, "model": view.n_allocs, "ok": None}]

@@ -255,3 +255,13 @@ def test_the_programs_own_history_is_taken_over_and_said(tmp_path):
     """)
     assert r.returncode == 0, r.stderr
     assert any("_record_memory_history) was on" in n for n in _stats(tmp_path)["notes"])
+
+
+def test_stacks_takes_what_record_takes(tmp_path):
+    """``stacks=True`` is Python frames (torch's history takes only 'python' or 'all': True reached it and raised
+    a TypeError inside the recorder); anything else is one line."""
+    import allocsim
+    from allocsim.errors import UsageError
+    with pytest.raises(UsageError, match="stacks='everything'"):
+        allocsim.start_recording(str(tmp_path / "r.bin"), stacks="everything")
+    assert not (tmp_path / "r.bin").exists()

@@ -483,3 +483,28 @@ def test_a_checkpoint_inside_an_unwound_try_resumes_as_the_walk_goes_on():
     for d in (whole, got):
         d.pop("replay_seconds")
     assert got == whole
+
+
+def test_a_halved_workspace_that_its_try_unwinds_counts_once():
+    """A plan search's halved workspace inside a try that a later failure unwinds: the trace's whole size is dropped
+    at the unwind, and the shortfall of the halved block no longer counts beside it (it did: the recorded OOM's
+    breakdown read -18 MiB requested under split, -28 MiB under torch; what lives there is the 2 MiB block)."""
+    w = TraceWriter({"framework": "torch"})
+    b = w.alloc(2 * MiB)
+    s = w.begin(ev.TRY_BEGIN, "t")
+    a = w.alloc(8 * MiB)
+    ws = w.alloc(40 * MiB, flags=ev.CATCHES_OOM)
+    y = w.alloc(30 * MiB)
+    w.oom(100 * MiB)
+    w.free(y)
+    w.free(ws)
+    w.segment(ev.SEGMENT_FREE, 1 << 32, 40 * MiB)      # cuDNN's emptyCache after the search: a plan search
+    w.free(a)
+    w.end(ev.TRY_END, "t", s)
+    w.free(b)
+    t = w.finish()
+    for pol in ("split", "torch"):
+        for fast in (True, False):
+            r = replay(t, pol, cap=32 * MiB, capacity=None, fast_path=fast)
+            (oom,) = r.oom_events
+            assert oom.breakdown["requested"] == 2 * MiB, (pol, fast, oom.breakdown)

@@ -150,6 +150,8 @@ class TorchRecorder(Recorder):
             warnings.warn(f"allocsim: {meta['started_late']['missing']}", RuntimeWarning, stacklevel=2)
         self.total_memory = int(props.total_memory)
         self.memory = {"total": self.total_memory, "start": self._device_memory(), "outside_peak": 0}
+        self.fraction_limit = None
+        self._retry_limit(self.memory["start"]["outside"])
         get_fraction = getattr(torch.cuda.memory, "get_per_process_memory_fraction", None)
         if get_fraction is not None and get_fraction(device) != 1.0:
             self.record_fraction(get_fraction(device))
@@ -206,8 +208,16 @@ class TorchRecorder(Recorder):
         self.drain()
         self.conv.w.record(ev.SET_LIMIT, aux=TORCH_AUX, addr=fraction_bits(fraction),
                            size=int(fraction * self.total_memory))
-        self.conv.limit = int(fraction * self.total_memory)     # the release-and-retry's check (`EntryConverter`)
+        self.fraction_limit = int(fraction * self.total_memory)
+        self._retry_limit(self._device_memory()["outside"])
         self.limits += 1
+
+    def _retry_limit(self, outside: int) -> None:
+        """The bytes the allocator could hold now, for the converter's release-and-retry check (`EntryConverter`):
+        the fraction's, and at most what the device has beside the memory outside the allocator (the CUDA
+        context, NCCL, other processes: a cudaMalloc fails there long before the device's total)."""
+        room = self.total_memory - outside
+        self.conv.limit = room if self.fraction_limit is None else min(self.fraction_limit, room)
 
     def _on_step(self, optimizer, args, kwargs) -> None:
         self.steps += 1
@@ -243,6 +253,7 @@ class TorchRecorder(Recorder):
         self.chunks += 1
         outside = self._device_memory()["outside"]
         self.memory["outside_peak"] = max(self.memory["outside_peak"], outside)
+        self._retry_limit(outside)
         private = private_pool_segments(snap, self.device)     # graph pools' segments alive now
         self.conv.private |= set(private)
         self.private_pools.update(private)

@@ -7,11 +7,14 @@ BEGIN is ignored; a scope left open (a trace cut short) ends at the trace's end.
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from . import events as ev
 
-_KEPT: dict = {}
+#: what `_kept` read of each trace, while the trace lives
+_KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class Scopes:
@@ -45,16 +48,11 @@ def scopes_of(trace, begin_kind: int = ev.TRY_BEGIN) -> Scopes:
 
 
 def _kept(trace, what, make):
-    """``make()``, read from ``trace``, kept for its next reads (with the trace, so that its id is not reused)."""
-    key = (id(trace), what)
-    kept = _KEPT.get(key)
-    if kept is not None and kept[0] is trace:
-        return kept[1]
-    out = make()
-    if len(_KEPT) >= 32:
-        _KEPT.clear()
-    _KEPT[key] = (trace, out)
-    return out
+    """``make()``, read from ``trace``, kept for its next reads while the trace lives."""
+    kept = _KEPT.setdefault(trace, {})
+    if what not in kept:
+        kept[what] = make()
+    return kept[what]
 
 
 def _read(trace, begin_kind: int) -> Scopes:
