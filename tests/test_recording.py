@@ -265,3 +265,27 @@ def test_stacks_takes_what_record_takes(tmp_path):
     with pytest.raises(UsageError, match="stacks='everything'"):
         allocsim.start_recording(str(tmp_path / "r.bin"), stacks="everything")
     assert not (tmp_path / "r.bin").exists()
+
+
+def test_a_start_that_fails_undoes_what_it_installed(tmp_path):
+    """A start that fails part way (here the compile hooks') leaves torch as it found it and no file, so that the
+    notebook can start again: before, the empty_cache/fraction wrappers and the pool hooks stayed in place."""
+    r = _run(tmp_path, """
+        from allocsim.recorders import torch_compile
+        original = torch.cuda.empty_cache
+        install = torch_compile.Hooks.install
+        def broken(self):
+            raise RuntimeError("hooks failed")
+        torch_compile.Hooks.install = broken
+        try:
+            allocsim.start_recording(OUT)
+        except RuntimeError:
+            pass
+        assert torch.cuda.empty_cache is original and torch.cuda.memory.empty_cache is original
+        torch_compile.Hooks.install = install
+        with allocsim.recording(OUT):
+            torch.cuda.fake_alloc(1 << 20)
+        print("again ok")
+    """)
+    assert r.returncode == 0 and "again ok" in r.stdout, r.stderr[-2000:]
+    assert Trace.load(str(tmp_path / "run.bin")).n_allocs == 1

@@ -112,6 +112,18 @@ class TorchRecorder(Recorder):
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self._hook = register_optimizer_step_post_hook(self._on_step)
 
+    def abort(self) -> None:
+        """Start failed: undo what it had installed (the optimizer hook, the wrapped calls, the pool and compile
+        hooks, the memory history), then remove the partial file, so that a notebook can start again."""
+        for undo in (lambda: self._hook.remove(), self._unwrap_calls, lambda: self.pool_hooks.remove(),
+                     lambda: self.compile_hooks.remove(),
+                     lambda: self.torch.cuda.memory._record_memory_history(enabled=None)):
+            try:
+                undo()
+            except Exception:       # not installed yet (AttributeError), or already undone
+                pass
+        super().abort()
+
     #: ``allocation.all.allocated`` when recording began: the allocations made before it (a late start)
     allocs_before = 0
 
