@@ -27,7 +27,7 @@ class Phases:
         self.open: list[tuple] = []         # (label, serial, recorder)
 
     def begin(self, label: str) -> None:
-        rec = recorders._active
+        rec = recorders.active()
         if rec is None:
             return
         serial = rec.scope_begin(ev.PHASE_BEGIN, label)
@@ -48,7 +48,7 @@ class Phases:
     def _close_to(self, depth: int) -> None:
         while len(self.open) > depth:
             label, serial, rec = self.open.pop()
-            if rec is recorders._active:            # a recording stopped meanwhile has been finished
+            if rec is recorders.active():            # a recording stopped meanwhile has been finished
                 rec.scope_end(ev.PHASE_END, label, serial)
 
 
@@ -77,7 +77,7 @@ class RunRecording:
         self.recorder = None
 
     def start(self, rank: int | None = None, world_size: int | None = None) -> None:
-        if self.path is None or recorders._active is not None or self.recorder is not None or os.environ.get(session.ENV_RUN):
+        if self.path is None or recorders.active() is not None or self.recorder is not None or os.environ.get(session.ENV_RUN):
             return          # a recording runs already, or allocsim record's starts with CUDA: phases only
         if rank is None:
             rank, world_size = env_rank()
@@ -86,12 +86,12 @@ class RunRecording:
 
     @property
     def running(self) -> bool:
-        return self.recorder is not None and self.recorder is recorders._active
+        return self.recorder is not None and self.recorder is recorders.active()
 
     def stop(self, status: int = 0, note: str | None = None) -> dict | None:
         """Finish the recording this callback started (its stats), None if it started none."""
         rec, self.recorder = self.recorder, None
-        if rec is None or rec is not recorders._active:
+        if rec is None or rec is not recorders.active():
             return None
         if note:
             rec.note(note)

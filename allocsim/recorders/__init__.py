@@ -30,6 +30,11 @@ FRAMEWORKS = ("torch", "cupy")
 _active = None
 
 
+def active():
+    """The recorder running in this process (`record`, `allocsim.recording`, a trainer's callback), or None."""
+    return _active
+
+
 def mark(label: str = "") -> None:
     """Put a MARK with ``label`` into the trace being recorded; a no-op when nothing records.
 
