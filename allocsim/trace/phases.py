@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import events as ev
+from .scopes import label_of, scopes_of
 from .trace import LiveBytes, Trace, _find
 
 #: The phases a later run with warm caches does not go through again: torch.compile's compilation and
@@ -132,22 +133,13 @@ def phase_shares(trace: Trace, at: int | None = None) -> dict | None:
 def cold_spans(trace: Trace, cold=COLD_PHASES) -> np.ndarray:
     """``[[begin, end], ...]``: the event indices of each outermost phase named in ``cold`` (one inside another
     is its part) and of its END (the trace's length when it never ended), in order."""
-    kind = np.asarray(trace.kind)
-    at = np.flatnonzero((kind == ev.PHASE_BEGIN) | (kind == ev.PHASE_END))
-    cold_labels = {k for k, name in enumerate(trace.labels) if name in cold}
-    spans, stack, opened = [], [], None
-    for j, k, label in zip(at.tolist(), kind[at].tolist(), np.asarray(trace.aux)[at].tolist()):
-        if k == ev.PHASE_BEGIN:
-            stack.append(label in cold_labels)
-            if stack[-1] and opened is None:
-                opened = (j, len(stack))
-        elif stack:
-            stack.pop()
-            if opened is not None and len(stack) < opened[1]:
-                spans.append((opened[0], j))
-                opened = None
-    if opened is not None:
-        spans.append((opened[0], len(kind)))
+    phases = scopes_of(trace, ev.PHASE_BEGIN)
+    cold_labels = [k for k, name in enumerate(trace.labels) if name in cold]
+    spans, last_end = [], -1
+    for k in np.flatnonzero(np.isin(phases.label, cold_labels)).tolist():    # ordered by begin
+        if phases.begin[k] > last_end:
+            spans.append((int(phases.begin[k]), int(phases.end[k])))
+            last_end = int(phases.end[k])
     return np.array(spans, np.int64).reshape(-1, 2)
 
 
@@ -212,15 +204,9 @@ def warm_view(trace: Trace, cold=COLD_PHASES) -> Trace:
 
 def open_phase(trace: Trace, at: int) -> str | None:
     """The innermost phase open at event ``at`` (its label), None outside every phase."""
-    kind = np.asarray(trace.kind[:at])
-    p = np.flatnonzero((kind == ev.PHASE_BEGIN) | (kind == ev.PHASE_END))
-    stack = []
-    for k, label in zip(kind[p].tolist(), np.asarray(trace.aux)[p].tolist()):
-        if k == ev.PHASE_BEGIN:
-            stack.append(label)
-        elif stack:
-            stack.pop()
-    return (trace.labels[stack[-1]] if stack[-1] < len(trace.labels) else f"label {stack[-1]}") if stack else None
+    phases = scopes_of(trace, ev.PHASE_BEGIN)
+    k = phases.innermost(at) if len(phases) else None
+    return None if k is None else label_of(trace, phases, k)
 
 
 def recorded_peak(trace: Trace) -> tuple[str, int]:
