@@ -115,7 +115,7 @@ class PolicyContext:
         """The shared running totals an interval adds to: clock, GC count, time and epoch, and the
         sections under ``root``."""
         rt = self._runtime
-        return (self._device.clock, rt.gc_time, rt.gc_incremental, getattr(rt, "epoch", 0),
+        return (self._device.clock, rt.gc_time, rt.gc_incremental, rt.epoch,
                 {k: tuple(v) for k, v in self._sections.stats.items() if k[0] == root})
 
     def repeat(self, k: int, before: tuple, after: tuple) -> None:
@@ -124,7 +124,7 @@ class PolicyContext:
         self._device.clock += k * (after[0] - before[0])
         rt.gc_time += k * (after[1] - before[1])
         rt.gc_incremental += k * (after[2] - before[2])
-        if hasattr(rt, "epoch"):
+        if not rt.eager:                # an eager runtime promotes nothing: its epoch stays 0
             rt.epoch += k * (after[3] - before[3])
         for key, (calls, secs) in after[4].items():
             c0, s0 = before[4].get(key, (0, 0.0))

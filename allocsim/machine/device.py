@@ -29,7 +29,10 @@ Each call is O(1), but for the driver model's own costs (`allocsim.machine.place
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .costs import CostModel
+from .state import Counted
 from ..errors import UsageError
 from .placement import REGION, DriverPlacement, SpaceFull
 from ..units import fmt_bytes
@@ -44,8 +47,14 @@ ADDRESS_END = 1 << 63
 RECORDED_END = 1 << 62
 
 
-class SimulatedDevice:
+class SimulatedDevice(Counted):
+    """The base of every device a replay runs on (`allocsim.machine.gpu.CudaDevice` measures its calls): what the
+    result reads of a device (``measured``, `certified`) and what a copy of its state is (`checkpoint`, `restore`,
+    `fingerprint`, `COUNTS`) are declared here."""
+
     measured = False          # device-call latency comes from the cost model
+    #: The integer totals a walk adds to and the result reports (a fold adds a period's growth: `Counted.advance`).
+    COUNTS = ("n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed")
 
     def __init__(self, capacity: int | None = None, cap: int | None = None, costs: CostModel | None = None,
                  address_hints=None):
@@ -184,24 +193,26 @@ class SimulatedDevice:
         lo = max(self.peak_reserved, self.granted_max)
         return lo, None if self.refused_min is None else self.refused_min - 1
 
-    #: What a walk changes (`checkpoint`): a SET_LIMIT the trace holds sets the cap; the capacity, costs and
-    #: ``pinned`` are the replay's own.
-    _WALKED = ("cap", "limit", "reserved", "peak_reserved", "n_malloc", "n_free", "bytes_malloc", "bytes_free",
-               "n_failed", "granted_max", "refused_min", "clock", "malloc_time", "free_time", "_next", "_hints",
-               "_hint")
-
-    def checkpoint(self) -> tuple:
+    # ---- the state as a contract (docs/architecture.md, "Folding": who declares what) -----------------------
+    def checkpoint(self) -> "DeviceState":
         """What the walk so far changed, copied (`restore` puts it in a device of the same capacity and cap):
         a replay's checkpoint (`allocsim.engine.replay.Replay.checkpoint`)."""
-        return tuple(getattr(self, k) for k in self._WALKED), None if self._driver is None else self._driver.copy()
+        return DeviceState(**{f: getattr(self, a) for f, a in _WALKED.items()},
+                           driver=None if self._driver is None else self._driver.copy())
 
-    def restore(self, state: tuple) -> None:
+    def restore(self, state: "DeviceState") -> None:
         """Take a `checkpoint`'s state (copied again: one checkpoint may be restored more than once). Whether the
         limit is pinned stays this device's (its policy's options pin it, or not, from the start)."""
-        values, driver = state
-        for k, v in zip(self._WALKED, values):
-            setattr(self, k, v)
-        self._driver = None if driver is None else driver.copy()
+        for f, a in _WALKED.items():
+            setattr(self, a, getattr(state, f))
+        self._driver = None if state.driver is None else state.driver.copy()
+
+    def fingerprint(self) -> tuple:
+        """What steers the rest of a replay from the device, canonical and picklable (`allocsim.engine.fold`): the
+        reserved bytes and the limits, where the recorded addresses still to hand out are, the bump pointer and
+        the driver placement (`DriverPlacement.fingerprint`). Once per iteration boundary."""
+        return (self.reserved, self.cap, self.limit, self.pinned, self._hint, len(self._hints), self._next,
+                None if self._driver is None else self._driver.fingerprint())
 
     def reserve_address_range(self, n: int) -> int:
         """A fresh virtual range of ``n`` bytes that holds no memory (expandable segments)."""
@@ -218,3 +229,35 @@ class SimulatedDevice:
                              f"space ({fmt_bytes(self._next - BASE_ADDR)} of ranges taken, none given back, the last "
                              f"one {fmt_bytes(n)}): give a smaller --capacity or cap")
         return addr
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What a walk changed in a `SimulatedDevice` (its `checkpoint`): the cap a SET_LIMIT set and the limit, the
+    reserved bytes and their peak, the `SimulatedDevice.COUNTS`, the limits granted and refused (`certified`), the
+    clock and the device's time totals, the bump pointer, the recorded addresses still followed and the next one,
+    and a copy of the driver placement (None: no framework). The capacity, costs and ``pinned`` are the replay's."""
+
+    cap: int | None
+    limit: int
+    reserved: int
+    peak_reserved: int
+    n_malloc: int
+    n_free: int
+    bytes_malloc: int
+    bytes_free: int
+    n_failed: int
+    granted_max: int
+    refused_min: int | None
+    clock: float
+    malloc_time: float
+    free_time: float
+    next_address: int
+    hints: list
+    hint: int
+    driver: DriverPlacement | None
+
+
+#: `DeviceState`'s fields but the driver, and the device attribute each copies.
+_WALKED = {f: {"next_address": "_next", "hints": "_hints", "hint": "_hint"}.get(f, f)
+           for f in DeviceState.__dataclass_fields__ if f != "driver"}

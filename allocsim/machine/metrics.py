@@ -332,9 +332,9 @@ def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs
         unwound_blocks=w.unwound, skipped_allocs=w.skipped_allocs,
         alloc_time_seconds=alloc_time,
         total_time_seconds=dev.clock, device_time_seconds=dev.malloc_time + dev.free_time, latency=w.latency.summary(), counters=counters,
-        latency_measured=pol.real_gpu or getattr(dev, "measured", False),
+        latency_measured=pol.real_gpu or dev.measured,
         sections=section_rows(_with_roots(stats, allocs, frees, alloc_time, dev.clock, rt.eager)),
-        certified_limits=dev.certified() if hasattr(dev, "certified") else None,
+        certified_limits=dev.certified(),
         breakdown_at_peak=breakdown_at_peak,
     )
     if res.peak_reserved_bytes:

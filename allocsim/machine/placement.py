@@ -201,6 +201,18 @@ class DriverPlacement:
         d._owner = {a: regions[id(r)] for a, r in self._owner.items()}
         return d
 
+    def fingerprint(self) -> tuple:
+        """The placement's state, canonical and picklable: what decides where the next segments go (the frontier,
+        the holes, every region's range, unit, allocations and free runs, the regions by age, and which
+        addresses are allocations), for folding (`allocsim.machine.device.SimulatedDevice.fingerprint`).
+        O(regions + allocations), once per iteration boundary."""
+        return (self._frontier, tuple(self._holes.items()),
+                tuple((r.start, r.end, r.unit, tuple(sorted(r.live.items())), tuple(r.runs.items()))
+                      for r in self._by_addr.values()),
+                tuple(r.start for r in self._newest.regions if r is not None),
+                tuple(r.start for r in self._newest_small.regions if r is not None),
+                tuple(sorted(self._owner)))
+
     def malloc(self, n: int) -> int:
         """The address the driver returns for ``n`` bytes (never fails: capacity is the device's business)."""
         small = n < SMALL

@@ -22,11 +22,36 @@ Costs: marking a FREE is O(1); a collection is O(objects reclaimed).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .sections import FREE_ROOT
+from .state import Counted
 
 
-class Runtime:
+@dataclass(frozen=True)
+class RuntimeState:
+    """What a walk changed in an eager runtime with no free held (its `Runtime.checkpoint`): the `Runtime.COUNTS`,
+    the GC time, and the full collections made in the request in progress."""
+
+    gc_incremental: int
+    gc_full: int
+    reclaimed_bytes: int
+    reclaimed_objects: int
+    gc_time: float
+    request_collections: int
+
+
+class Runtime(Counted):
+    """The base of the runtimes: what the engine, the policy context and a fold read of one is declared here
+    (``eager``, ``held``, ``epoch``, the copy of its state and its fingerprint)."""
+
     name = ""
+    eager = True
+    #: The collections run so far that promote the survivors (gc: the generation an object born now gets); an
+    #: eager runtime promotes nothing (0). Read by `allocsim.machine.context.PolicyContext.totals`.
+    epoch = 0
+    #: The integer totals a walk adds to and the result reports (a fold adds a period's growth: `Counted.advance`).
+    COUNTS = ("gc_incremental", "gc_full", "reclaimed_bytes", "reclaimed_objects")
 
     def __init__(self, device, sections, *, gc_every: int | None = None):
         self.device = device
@@ -85,6 +110,33 @@ class Runtime:
                 free(h)
         return len(due)
 
+    # ---- the state as a contract (docs/architecture.md, "Folding": who declares what) -----------------------
+    def can_checkpoint(self) -> bool:
+        """Whether `checkpoint` copies the whole state: an eager runtime holding no free (the gc runtime's
+        objects, dead and alive, are not copied). Once per checkpoint."""
+        return self.eager and not self.held
+
+    def checkpoint(self) -> RuntimeState:
+        """What the walk so far changed (`can_checkpoint` says when that is all): a replay's checkpoint."""
+        return RuntimeState(**dict(zip(self.COUNTS, self.counts())), gc_time=self.gc_time,
+                            request_collections=self._request_collections)
+
+    def restore(self, state: RuntimeState) -> None:
+        """Take a `checkpoint`'s state."""
+        for name in self.COUNTS:
+            setattr(self, name, getattr(state, name))
+        self.gc_time, self._request_collections = state.gc_time, state.request_collections
+
+    def fingerprint(self, addr: dict):
+        """What steers the rest of a replay from the runtime, canonical, the objects named by their blocks'
+        addresses (``addr``: id -> address): None for an eager runtime, which keeps no object (a fold is tried
+        only where no free is held). Once per iteration boundary."""
+        return None
+
+    def rename(self, new: dict) -> None:
+        """The live objects' ids renamed (``new``: old id -> new id, a fold's: `allocsim.engine.fold`); an eager
+        runtime keeps no id."""
+
     def end_request(self) -> None:
         """The request the held frees were made in has been served (or failed): free the rest."""
         held = self.held[:]
@@ -120,6 +172,17 @@ class GCRuntime(Runtime):
 
     def _charge(self, full):
         return self.costs.gc_full_s if full else self.costs.gc_incremental_s
+
+    def fingerprint(self, addr: dict):
+        """The live objects (by address, whether born since the last collection, bytes) and the dead ones waiting
+        for a collection, young and old."""
+        return (sorted((addr[i], e == self.epoch, s) for i, (e, s) in self.born.items()),
+                [(addr[i], s) for i, s in self.dead_young], [(addr[i], s) for i, s in self.dead_old])
+
+    def rename(self, new: dict) -> None:
+        self.born = {new.get(i, i): v for i, v in self.born.items()}
+        self.dead_young = [(new.get(i, i), s) for i, s in self.dead_young]
+        self.dead_old = [(new.get(i, i), s) for i, s in self.dead_old]
 
     def on_alloc(self, id_: int, size: int) -> None:
         self.born[id_] = (self.epoch, size)

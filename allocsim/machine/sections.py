@@ -9,9 +9,20 @@ Children print in name order, so the numbered steps print in escalation order.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 ALLOC_ROOT = "pooled alloc"
 FREE_ROOT = "pooled free"
+
+
+@dataclass(frozen=True)
+class SectionsState:
+    """A copy of `Sections` (its `checkpoint`): the totals by path (path -> [ncalls, seconds]), the open sections'
+    names and the clock each was opened at."""
+
+    stats: dict
+    stack: list
+    opened: list
 
 
 class Sections:
@@ -39,6 +50,14 @@ class Sections:
         key = tuple(self.stack)
         self.stack.pop()
         self.add(key[-1], clock - t0, path=key)
+
+    def checkpoint(self) -> SectionsState:
+        """The sections so far, copied (a replay's checkpoint)."""
+        return SectionsState({k: v[:] for k, v in self.stats.items()}, self.stack[:], self._open[:])
+
+    def restore(self, state: SectionsState) -> None:
+        """Take a `checkpoint`'s state, copied again (one state may be restored more than once)."""
+        self.stats, self.stack, self._open = {k: v[:] for k, v in state.stats.items()}, state.stack[:], state.opened[:]
 
     def rows(self) -> list[dict]:
         """`section_rows` of the sections so far."""
