@@ -176,7 +176,7 @@ def test_a_max_split_resumed_past_a_failed_alloc_block_is_not_the_same():
         trunk.before(k)
         r.step(64)
         trunk.after()
-    assert not trunk.pending and trunk.starts[0][2].done <= states[-2][2].done
+    assert not trunk.pending and trunk.starts[0].walk.done <= states[-2].walk.done
 
 
 #: Requests about the watched limits: below and above 32 MiB (max_split) and its segments, blocks that a larger

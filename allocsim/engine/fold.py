@@ -35,11 +35,11 @@ import pickle
 import sys
 import weakref
 from importlib.machinery import EXTENSION_SUFFIXES
+from typing import NamedTuple
 
 import numpy as np
 
 from ..machine.device import SimulatedDevice
-from ..policies.base import Policy
 from ..trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, RECORD_DTYPE
 
 #: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
@@ -49,9 +49,6 @@ READ = 1 << 16
 #: Records a signature is read from at a time (its dozen temporaries then stay in the cache).
 SIG_READ = 1 << 14
 BATCH = 1 << 18
-#: The device's and the runtime's integer totals a period adds to (the walk's are `Folder._counts`').
-DEVICE_COUNTS = ("n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed")
-RUNTIME_COUNTS = ("gc_incremental", "gc_full", "reclaimed_bytes", "reclaimed_objects")
 #: Fingerprint bytes made per driving event walked, at most: past it, boundaries are skipped (a state far
 #: larger than a step, such as the gc runtime's dead objects, is then fingerprinted every so many steps, and
 #: a period is found as a multiple of the true one).
@@ -421,6 +418,17 @@ def windows_repeat(ev: Events, P: int, first: int, addr_i=None, addr_j=None) -> 
 
 
 # ---- the folder ----------------------------------------------------------------------------------------
+class Counts(NamedTuple):
+    """The integer totals a window adds to, as each piece declares them (docs/architecture.md, "Folding": who
+    declares what): the walk's (`allocsim.engine.replay._Walk.counts`), the device's and the runtime's ``COUNTS``
+    (`allocsim.machine.state.Counted`) and the policy's (`Policy.fold_counts`)."""
+
+    walk: tuple
+    device: tuple
+    runtime: tuple
+    policy: tuple
+
+
 class Boundary:
     """An iteration boundary walked: its trace index, which MARK it is, and where each live object's block lies."""
 
@@ -452,12 +460,11 @@ class Folder:
         only if it declares its own: what it adds is its to say) and does not follow the recording, a simulated
         device, no observer, timeline, event log or tick."""
         cls = type(replay.policy)
-        owner = next(c for c in cls.__mro__ if "fold_state" in c.__dict__)
-        if owner is Policy or (owner is not cls and not all(c.__module__.startswith("allocsim.") for c in cls.__mro__[:-1])):
+        if not cls.declares("fold_state"):
             return False
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
-                and replay.observer is None and not replay.timeline and not replay._log_index
+                and replay.observer is None and not replay.timeline and not replay.event_indexed
                 and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen)
 
     # -- where the walk stops ------------------------------------------------------------------------
@@ -489,26 +496,19 @@ class Folder:
     def _fingerprint(self):
         """``(fingerprint bytes, id -> address)`` of the state now, or None when it cannot be folded."""
         r = self.r
-        w, pol, dev, rt = r._w, r.policy, r.device, r.runtime
-        if w.failed or w.stopped or w.skip_until is not None:
+        walk = r.walk.fingerprint()
+        if walk is None:
             return None
-        handles = r.handles
+        handles, pol = r.handles, r.policy
         state = pol.fold_state(handles.values())
         if state is None:
             return None
         block = pol.block
         addr = {i: block(h)[0] for i, h in handles.items()}
-        if rt.eager:
-            runtime = None
-        else:
-            runtime = (sorted((addr[i], e == rt.epoch, s) for i, (e, s) in rt.born.items()),
-                       [(addr[i], s) for i, s in rt.dead_young], [(addr[i], s) for i, s in rt.dead_old])
-        device = (dev.reserved, dev.cap, dev.limit, dev.pinned, dev._hint, len(dev._hints), dev._next,
-                  _placement_state(dev._driver))
-        return pickle.dumps((state, runtime, device, w.since_gc), protocol=5), addr
+        return pickle.dumps((state, r.runtime.fingerprint(addr), r.device.fingerprint(), walk), protocol=5), addr
 
     def _boundary(self, at: int, mark: int, until) -> None:
-        if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark):
+        if self.spent + self.last > BYTES_PER_EVENT * self.r.events_done + (1 << 20) or not self.steps.useful(mark):
             return          # the steps after do not repeat; or fingerprints cost more than the walk: skip some
         got = self._fingerprint()
         if got is None:
@@ -549,14 +549,10 @@ class Folder:
         self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero)
         return True
 
-    def _counts(self) -> tuple:
-        """The integer totals a window adds to (walk, device, runtime, policy), to repeat."""
+    def _counts(self) -> "Counts":
+        """The integer totals a window adds to, as each piece declares them, to repeat."""
         r = self.r
-        w, dev, rt = r._w, r.device, r.runtime
-        return ((w.done, w.n_pressure, w.skipped_frees, len(w.ooms), len(w.served), w.peak_alloc, w.peak_res,
-                 len(w.caught), w.skipped_allocs, w.unwound),
-                tuple(getattr(dev, name) for name in DEVICE_COUNTS), tuple(getattr(rt, name) for name in RUNTIME_COUNTS),
-                r.policy.fold_counts())
+        return Counts(r.walk.counts(), r.device.counts(), r.runtime.counts(), r.policy.fold_counts())
 
     # -- the recorded window's end: repeat it ------------------------------------------------------------
     def abort(self) -> None:
@@ -572,7 +568,7 @@ class Folder:
         self.rec = None
         program = recorder.stop()
         after = self._counts()
-        if program is None or after[0][2:] != before[0][2:]:    # a skipped FREE, an OOM or a new peak inside
+        if program is None or after.walk.settled != before.walk.settled:    # a skipped FREE, an OOM, a new peak
             return False
         got = self._fingerprint()
         if got is None or got[0] != key:
@@ -637,16 +633,15 @@ class Folder:
               i: Boundary, j: Boundary, zero: bool) -> None:
         """Add ``k`` windows as the recorded one added, rename the live ids, and move the walk to ``end``."""
         r = self.r
-        w, dev, rt, pol = r._w, r.device, r.runtime, r.policy
-        program.repeat(k, dev, rt, r.sections, w.latency)
-        for obj, names, b, a in ((w, ("n_pressure",), before[0][1:2], after[0][1:2]),
-                                 (dev, DEVICE_COUNTS, before[1], after[1]), (rt, RUNTIME_COUNTS, before[2], after[2])):
-            for name, x, y in zip(names, b, a):
-                setattr(obj, name, getattr(obj, name) + k * (y - x))
-        pol.fold_advance(before[3], after[3], k)
+        w = r.walk
+        program.repeat(k, r.device, r.runtime, r.sections, w.latency)
+        w.advance(before.walk, after.walk, k)
+        r.device.advance(before.device, after.device, k)
+        r.runtime.advance(before.runtime, after.runtime, k)
+        r.policy.fold_advance(before.policy, after.policy, k)
         self._rename(start, end, P)
-        passed = k * (after[0][0] - before[0][0])
-        skipped = r._move_to(end, None if zero else passed)   # without 0-byte ALLOCs, the chunks passed unread
+        passed = k * (after.walk.done - before.walk.done)
+        skipped = r.move_to(end, None if zero else passed)   # without 0-byte ALLOCs, the chunks passed unread
         assert skipped == passed, (skipped, k)
         steps = int(np.searchsorted(self.marks, end) - np.searchsorted(self.marks, start))
         self.next_mark = int(np.searchsorted(self.marks, end))
@@ -666,11 +661,7 @@ class Folder:
         handles = r.handles
         moved = {rename[i]: handles.pop(i) for i in [i for i in handles if i in rename]}
         handles.update(moved)
-        rt = r.runtime
-        if not rt.eager:
-            rt.born = {rename.get(i, i): v for i, v in rt.born.items()}
-            rt.dead_young = [(rename.get(i, i), s) for i, s in rt.dead_young]
-            rt.dead_old = [(rename.get(i, i), s) for i, s in rt.dead_old]
+        r.runtime.rename(rename)
 
     # -- what `replay` reports --------------------------------------------------------------------------
     def summary(self) -> dict | None:
@@ -930,18 +921,6 @@ def _index_after(records, lo: int, n: int) -> int:
             return lo + int(keep[n - 1]) + 1
         n -= len(keep)
         lo += len(rec)
-
-
-def _placement_state(driver):
-    """The driver placement's state, canonical: what decides where the next segments go."""
-    if driver is None:
-        return None
-    return (driver._frontier, tuple(driver._holes.items()),
-            tuple((r.start, r.end, r.unit, tuple(sorted(r.live.items())), tuple(r.runs.items()))
-                  for r in driver._by_addr.values()),
-            tuple(r.start for r in driver._newest.regions if r is not None),
-            tuple(r.start for r in driver._newest_small.regions if r is not None),
-            tuple(sorted(driver._owner)))
 
 
 def _compiled(cls) -> bool:

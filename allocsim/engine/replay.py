@@ -44,6 +44,7 @@ from array import array
 from copy import copy
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -196,11 +197,6 @@ class _AllocBytes:
         return self.total
 
 
-#: The runtime's counts a `Replay.checkpoint` copies (an eager runtime's: nothing else changes in it).
-_RUNTIME_COUNTS = ("gc_incremental", "gc_full", "gc_time", "reclaimed_bytes", "reclaimed_objects",
-                   "_request_collections")
-
-
 #: A trace of at most this many records keeps its walk's chunks, lists made, for its next replays in this process
 #: (`kept_chunks`): `tune` and `fit` replay one trace hundreds of times, most replays stopped early, and making
 #: the chunks' lists was a fifth of such a replay. About 100 bytes an event, kept for the last few traces only.
@@ -344,6 +340,66 @@ class _Walk:
         self.since_gc = 0
         self.timeline = (array("q"), array("q"), array("q"))
 
+    # ---- the state as a contract (docs/architecture.md, "Folding": who declares what) -----------------------
+    def copy(self) -> "_Walk":
+        """An equal walk that shares nothing a walk changes (a checkpoint; a resume copies it again). O(OOMs +
+        latency chunks)."""
+        w = copy(self)
+        w.failed, w.ooms, w.caught, w.served = dict(self.failed), self.ooms[:], self.caught[:], self.served[:]
+        w.latency = self.latency.copy()
+        return w
+
+    def fingerprint(self):
+        """What steers the rest of a replay from the walk: ``--gc-every``'s running count; None where a fold cannot
+        start (a failed object still live, a stopped walk, a try being unwound). Once per iteration boundary."""
+        if self.failed or self.stopped or self.skip_until is not None:
+            return None
+        return self.since_gc
+
+    def counts(self) -> "WalkCounts":
+        """The walk's counts now: a snapshot a fold compares and repeats (`advance`). Twice per fold."""
+        return WalkCounts(self.done, self.n_pressure, (self.skipped_frees, len(self.ooms), len(self.served),
+                                                       self.peak_alloc, self.peak_res, len(self.caught),
+                                                       self.skipped_allocs, self.unwound))
+
+    def advance(self, before: "WalkCounts", after: "WalkCounts", k: int) -> None:
+        """A fold skipped ``k`` more windows like the one walked between ``before`` and ``after`` (whose
+        ``settled`` counts are equal): add their pressure events (the events walked are the replay's to move)."""
+        self.n_pressure += k * (after.n_pressure - before.n_pressure)
+
+
+class WalkCounts(NamedTuple):
+    """The walk's counts a fold reads (`_Walk.counts`): the driving events walked, the pressure events (a period
+    adds to both), and ``settled``, those a window that folds leaves as it found them (skipped FREEs, OOMs, recorded
+    OOMs served, the peaks, caught OOMs, skipped ALLOCs, blocks unwound)."""
+
+    done: int
+    n_pressure: int
+    settled: tuple
+
+
+@dataclass(frozen=True)
+class ReplayState:
+    """A `Replay.checkpoint`: each piece's own copy (the policy's `allocsim.policies.base.Policy.checkpoint`, the
+    device's `allocsim.machine.device.DeviceState`, the runtime's `allocsim.machine.runtime.RuntimeState`, the
+    walk's `_Walk.copy`, the sections' `allocsim.machine.sections.SectionsState`) and where the walk is in the
+    trace: the readers of live and requested bytes, the 0-byte requests bypassed, the chunks passed unread, the
+    chunks still to walk, the chunk walked, the position in it and the driving events before it."""
+
+    policy: object
+    device: object
+    runtime: object
+    walk: _Walk
+    sections: object
+    live: LiveBytes
+    allocs: _AllocBytes
+    zero_counts: list
+    skip: list
+    chunks: object
+    chunk: object
+    pos: int
+    j0: int
+
 
 @dataclass(frozen=True)
 class _PeakLater:
@@ -408,7 +464,7 @@ class Replay:
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
         self._zero_counts: list = []
-        self._skip = [0]                # chunks ending by this trace index are passed unread (`_move_to`)
+        self._skip = [0]                # chunks ending by this trace index are passed unread (`move_to`)
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
@@ -439,28 +495,25 @@ class Replay:
     # ---- checkpoints ---------------------------------------------------------------------------
     def can_checkpoint(self) -> bool:
         """Whether `checkpoint` can copy this replay: a replay made of its trace, policy and settings alone
-        (`defer_peak_state`'s), eager with no free held, of a trace whose chunks are kept (`kept_chunks`), and a
-        policy that copies its own state (``checkpoint``/``restore``, `allocsim.policies.torch`)."""
-        return (self._remade and self.runtime.eager and not self.runtime.held and not self.timeline
+        (`defer_peak_state`'s), of a trace whose chunks are kept (`kept_chunks`), not at its end, whose runtime
+        and policy copy their own state (`allocsim.machine.runtime.Runtime.can_checkpoint`: eager with no free
+        held; `allocsim.policies.base.Policy.can_checkpoint`: a class that declares ``checkpoint``/``restore``)."""
+        return (self._remade and self.runtime.can_checkpoint() and not self.timeline
                 and self._before is None and self._after is None and type(self._chunks).__name__ == "list_iterator"
-                and callable(getattr(self.policy, "checkpoint", None)) and not self.at_end)
+                and self.policy.can_checkpoint() and not self.at_end)
 
-    def checkpoint(self) -> tuple:
-        """The replay's state between two events, copied (policy, device, walk, sections, where it is in the
-        trace): `resume` starts another replay of the same trace and settings from it, as if that one had walked
-        here (`allocsim.search.tune` resumes settings that behave alike up to here; `can_checkpoint` says when).
-        O(blocks + regions), not O(events walked)."""
+    def checkpoint(self) -> ReplayState:
+        """The replay's state between two events, copied (policy, device, runtime, walk, sections, where it is in
+        the trace): `resume` starts another replay of the same trace and settings from it, as if that one had
+        walked here (`allocsim.search.tune` resumes settings that behave alike up to here; `can_checkpoint` says
+        when). O(blocks + regions), not O(events walked)."""
         if not self.can_checkpoint():
             raise ValueError("this replay cannot be checkpointed (Replay.can_checkpoint)")
-        w = copy(self._w)
-        w.failed, w.ooms, w.caught, w.served = dict(w.failed), w.ooms[:], w.caught[:], w.served[:]
-        w.latency = self._w.latency.copy()
-        sections = ({k: v[:] for k, v in self.sections.stats.items()}, self.sections.stack[:], self.sections._open[:])
-        return (self.policy.checkpoint(self.handles), self.device.checkpoint(), w, sections, copy(self._live),
-                copy(self._allocs), self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos,
-                self._j0, {k: getattr(self.runtime, k) for k in _RUNTIME_COUNTS})
+        return ReplayState(self.policy.checkpoint(self.handles), self.device.checkpoint(), self.runtime.checkpoint(),
+                           self._w.copy(), self.sections.checkpoint(), copy(self._live), copy(self._allocs),
+                           self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos, self._j0)
 
-    def resume(self, state: tuple, *, own_limit: bool = False) -> None:
+    def resume(self, state: ReplayState, *, own_limit: bool = False) -> None:
         """Go on from ``state`` (a `checkpoint` of a replay of the same trace and settings whose policy is the
         same class of allocator, its options maybe not) instead of from the first event: the policy keeps its
         options and takes the state; this replay must not have walked yet. It is not folded from here.
@@ -469,27 +522,22 @@ class Replay:
         served so far name this limit."""
         if self._w.done or not self.can_checkpoint():
             raise ValueError("resume: a fresh replay that can be checkpointed")
-        pol, dev, w, (stats, stack, open_), live, allocs, zeros, skip, chunks, chunk, pos, j0, counts = state
         cap = self.device.cap
-        self.device.restore(dev)
+        self.device.restore(state.device)
+        w = state.walk.copy()
         if own_limit:
             self.device.set_cap(cap)
             limit = self.device.limit if self.device.limit < 2**63 else None
-            w = copy(w)
             w.served = [(at, r, limit) for at, r, _ in w.served]
-        self.sections.stats, self.sections.stack, self.sections._open = ({k: v[:] for k, v in stats.items()},
-                                                                          stack[:], open_[:])
-        handles = self.policy.restore(pol)
+        self.sections.restore(state.sections)
+        handles = self.policy.restore(state.policy)
         self.handles.clear()
         self.handles.update(handles)
-        self._w = copy(w)
-        self._w.failed, self._w.ooms, self._w.caught, self._w.served = dict(w.failed), w.ooms[:], w.caught[:], w.served[:]
-        self._w.latency = w.latency.copy()
-        self._live, self._allocs = copy(live), copy(allocs)
-        self._zero_counts[:], self._skip[:] = zeros, skip
-        self._chunks, self._chunk, self._pos, self._j0 = copy(chunks), chunk, pos, j0
-        for k, v in counts.items():
-            setattr(self.runtime, k, v)
+        self._w = w
+        self._live, self._allocs = copy(state.live), copy(state.allocs)
+        self._zero_counts[:], self._skip[:] = state.zero_counts, state.skip
+        self._chunks, self._chunk, self._pos, self._j0 = copy(state.chunks), state.chunk, state.pos, state.j0
+        self.runtime.restore(state.runtime)
         self._folder = None
 
     @property
@@ -535,7 +583,7 @@ class Replay:
             if target < len(c.at) and self._pos >= target:
                 return
 
-    def _move_to(self, at: int, passed: int | None = None) -> int:
+    def move_to(self, at: int, passed: int | None = None) -> int:
         """Move the walk to trace index ``at`` as if every driving event before it was walked (a fold; the
         folder has set the state); return how many driving events that passed. Given ``passed`` (how many
         lie between), the folder vouches that no 0-byte ALLOC lies between: the chunks wholly before ``at``
@@ -1019,6 +1067,18 @@ class Replay:
     def fast_path(self) -> bool:
         """True when the policy's fused loop walks the common events (see `_walk_fused`)."""
         return self._fused is not None
+
+    @property
+    def walk(self) -> _Walk:
+        """The walk's own state (peaks, counts, OOMs, latencies): what a fold fingerprints, counts and adds to
+        (`_Walk.fingerprint`, `_Walk.counts`, `_Walk.advance`); read only elsewhere."""
+        return self._w
+
+    @property
+    def event_indexed(self) -> bool:
+        """Whether the walk stores each event's trace index in the policy (``event_index``: `validate`'s event log,
+        a policy that follows the recording)."""
+        return bool(self._log_index)
 
     @property
     def events_done(self) -> int:

@@ -26,7 +26,8 @@ Optional, with a default here (see each member's docstring or comment for its bu
 ``close``, ``tick``, ``walk_chunk`` (the fused loop; `fused_loop` says when the engine
 may use it), ``renumber`` (handles renamed between chunks), ``wants_event_index`` /
 ``event_index`` and ``segment_log`` (`validate`), ``follows_recording``, ``seeded``, ``peak_allocated_override``
-(real-GPU policies), ``layout`` (the snapshot export), ``gc_on`` (`tune`) and the folding of periodic
+(real-GPU policies), ``layout`` (the snapshot export), ``gc_on`` (`tune`), the copy of the state
+(``checkpoint``/``restore``, `can_checkpoint`: none by default, so never resumed) and the folding of periodic
 runs: ``fold_state`` (None by default: never folded), ``fold_counts`` and ``fold_advance``.
 
 A built-in whose hot path differs by option declares each variant as a subclass and
@@ -244,6 +245,36 @@ class Policy:
         acts now. Per segment call at most; `tune` asks once per search whether a threshold would act under
         its target. False (the default): the allocator has none."""
         return False
+
+    # ---- the state as a copy: checkpoints (`Replay.checkpoint`; docs/architecture.md, "Folding") ----------------
+    @classmethod
+    def declares(cls, member: str) -> bool:
+        """Whether this class declares ``member`` of the state contract (`checkpoint`, `restore`, `fold_state`)
+        rather than taking the base's "cannot": a subclass made outside allocsim only if it declares it itself
+        (what it adds is its to say; a built-in's declaration covers the built-in's state alone). Once per
+        replay."""
+        owner = next(c for c in cls.__mro__ if member in c.__dict__)
+        return owner is not Policy and (owner is cls or all(c.__module__.startswith("allocsim.")
+                                                            for c in cls.__mro__[:-1]))
+
+    def can_checkpoint(self) -> bool:
+        """Whether `checkpoint` copies this policy's state: its class declares `checkpoint` and `restore`
+        (`declares`). False, the default: a replay of it is never checkpointed (tune's and fit's probes walk it
+        in full). Once per checkpoint."""
+        cls = type(self)
+        return cls.declares("checkpoint") and cls.declares("restore")
+
+    def checkpoint(self, handles: dict) -> object:
+        """The policy's whole state so far, copied, with ``handles`` (the replay's id -> live handle) pointing
+        into the copy: what `restore` takes, in this class or another instance of it with other options (a
+        named record is best: its fields say what it holds). None, the default: the policy cannot copy itself
+        (`can_checkpoint`). O(blocks), once per checkpoint."""
+        return None
+
+    def restore(self, state) -> dict:
+        """Take a `checkpoint`'s state, copied again (one state may be restored more than once), this instance's
+        options kept; return the replay's id -> handle table pointing into this policy. Once per resume."""
+        raise self._not_implemented("restore")
 
     # ---- folding periodic runs (allocsim/engine/fold.py; docs/architecture.md, "Folding") ----------------------
     def fold_state(self, held) -> object:

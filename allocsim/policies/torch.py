@@ -51,6 +51,7 @@ as PyTorch's ``snapshot()`` reports them (both for `allocsim.formats.exporters.t
 from __future__ import annotations
 
 from array import array
+from collections import namedtuple
 
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
@@ -367,6 +368,14 @@ class AllowedMemory:
 
 
 # ---- the policy -------------------------------------------------------------------------
+#: A copy of a `TorchCachingAllocator`'s state (its `checkpoint`, what `restore` takes): the pools, their key field,
+#: the live blocks by id and the private pools, copied and linked alike; the `_WALKED` counters in that order; the GC
+#: threshold's clocks, the expandable segments, the segment log and where each entry was made, the captures begun
+#: and the private pools freeable.
+TorchState = namedtuple("TorchState", "pools field handles private counters gfb_calls segments segment_log "
+                                      "segment_where captures freeable")
+
+
 @register
 class TorchCachingAllocator(Policy):
     name = "torch"
@@ -1236,16 +1245,17 @@ class TorchCachingAllocator(Policy):
                "num_sync_all_streams", "cache_flushes", "segments", "segments_allocated", "inactive_split_bytes",
                "inactive_split_bytes_peak", "n_malloc", "n_free", "gc_misses", "gc_high", "oversize_slack")
 
-    def checkpoint(self, handles: dict) -> tuple:
+    def checkpoint(self, handles: dict) -> "TorchState":
         """The state so far, copied, with ``handles`` (the replay's id -> live block) pointing into the copy:
         O(blocks). The private pools too (`TorchPoolsPath`'s: their blocks, users and reserved bytes, the pools
         begun and the freeable ones), so a replay of a trace with pool events resumes as well."""
-        return self._copied(self._pools, self._field, handles, self._private) + (
-            tuple(dict(v) if k == "gc_misses" else v for k, v in ((k, getattr(self, k)) for k in self._WALKED)),
-            self.gfb_calls[:], self._segments[:],
-            self.segment_log[:], self.segment_where[:], self._captures[:], list(self._freeable))
+        pools, field, handles, private = self._copied(self._pools, self._field, handles, self._private)
+        counters = tuple(dict(v) if k == "gc_misses" else v for k, v in ((k, getattr(self, k)) for k in self._WALKED))
+        return TorchState(pools, field, handles, private, counters,
+                          self.gfb_calls[:], self._segments[:], self.segment_log[:], self.segment_where[:],
+                          self._captures[:], list(self._freeable))
 
-    def restore(self, state: tuple) -> dict:
+    def restore(self, state: "TorchState") -> dict:
         """Take a `checkpoint`'s state (copied again), this policy's options kept; the live blocks' handles, for
         the replay's table. Under a GC threshold (not `keep_gc_ages`), each pool miss of the walk before counts
         its ``garbage_collect_cached_blocks`` section, which returned at once (no time)."""
