@@ -499,7 +499,7 @@ class Replay:
         and policy copy their own state (`allocsim.machine.runtime.Runtime.can_checkpoint`: eager with no free
         held; `allocsim.policies.base.Policy.can_checkpoint`: a class that declares ``checkpoint``/``restore``)."""
         return (self._remade and self.runtime.can_checkpoint() and not self.timeline
-                and self._before is None and self._after is None and type(self._chunks).__name__ == "list_iterator"
+                and self._before is None and self._after is None and self._chunks_kept
                 and self.policy.can_checkpoint() and not self.at_end)
 
     def checkpoint(self) -> ReplayState:
@@ -628,6 +628,7 @@ class Replay:
         of a small trace are kept for its next replays (`kept_chunks`)."""
         times = self.policy.tick is not None
         kept = kept_chunks(self.trace, times)
+        self._chunks_kept = kept is not None     # an iterator over a list, copied by a checkpoint
         if kept is not None:
             chunks, self._zero_counts[:] = kept
             return iter(chunks)
