@@ -1,4 +1,4 @@
-"""The search is generic (docs/tune.md, "Families"): `allocsim.search.tune` names no framework's option nor reads a
+"""The search is generic (docs/tune.md, "The search and its spaces"): `allocsim.search.tune` names no framework's option nor reads a
 policy member the contract does not declare, and a space's own family rule (`allocsim.search.spaces.family`), made
 up here, drives how its settings share a replay, every figure the same."""
 import ast
@@ -15,9 +15,8 @@ from test_tune import small_grid, torch_trace  # noqa: F401  (the fixture)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-#: The torch members a family's watch reads (`allocsim.search.spaces.torch.TorchWatcher`), none declared by `Policy`.
-TORCH_MEMBERS = {"allowed", "keep_gc_ages", "max_split", "num_alloc_retries", "expandable", "gc_high",
-                 "oversize_slack", "segment_log", "gc_on"}
+#: The torch members a family's watch reads (`allocsim.search.spaces.torch.TorchWatcher`) that `Policy` does not declare.
+TORCH_MEMBERS = {"allowed", "keep_gc_ages", "max_split", "num_alloc_retries", "expandable", "gc_high", "oversize_slack"}
 
 
 def test_the_search_names_no_framework_option():
@@ -34,7 +33,7 @@ def test_the_search_names_no_framework_option():
     assert not names & TORCH_MEMBERS, f"{path} reads torch members {sorted(names & TORCH_MEMBERS)}"
     imported = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
         {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not [m for m in imported if "torch" in m or "frameworks" in m or m.startswith("..policies")]
+    assert not [m for m in imported if "torch" in m or m.split(".")[0] in ("frameworks", "policies")]
 
 
 class PartAtOnce(Watcher):
@@ -107,3 +106,16 @@ def test_a_space_s_own_rule_drives_the_families(tmp_path, small_grid, monkeypatc
     for got in (mine[2], torch_rule[2]):
         both = got.keys() & bare[2].keys()
         assert len(both) > len(bare[2]) // 2 and all(got[k] == bare[2][k] for k in both)
+
+
+def test_allocsim_tune_checks_the_trace_once(tmp_path, monkeypatch, capsys):
+    """The command and the search (its replays and capacity walks in this process) read one checked copy."""
+    from allocsim.cli import main
+    from allocsim.trace import Trace
+    path = torch_trace(str(tmp_path / "t.bin"), [("a", 30 * MiB), ("a", 3 * MiB), ("f", 0), ("a", 50 * MiB)])
+    checked = []
+    real = Trace.validate
+    monkeypatch.setattr(Trace, "validate", lambda self, *a, **k: checked.append(self.path) or real(self, *a, **k))
+    assert main(["tune", path, "-j", "1", "--cap", "1.5x"]) == 0
+    assert "recommended" in capsys.readouterr().out
+    assert checked == [path]

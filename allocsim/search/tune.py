@@ -172,7 +172,7 @@ class Space:
         device calls reserves (`Bound`: the bytes it lacks cost at least `CostModel.least_malloc_seconds`);
         None where the space knows no such bound."""
         fw = space_of(c.spec.policy_class().framework)
-        if not hasattr(fw, "live_ahead"):
+        if fw.live_ahead is None:
             return None
         values = c.spec.values()
         return fw.live_ahead(self.trace, values, _to_come(self.trace)[4]), fw.largest_device_call(self, values)
@@ -865,7 +865,7 @@ def conf_lines(row: dict, c: Candidate | None = None, total: int | None = None) 
         return {k: row[k] for k in PASTE_KEYS if k in row}
     space = space_of(c.spec.policy_class().framework)
     lines = space.conf_lines(c.spec, c.cap)
-    if hasattr(space, "python_lines"):
+    if space.python_lines is not None:
         lines.update(space.python_lines(c.spec, row.get("cap_bytes", c.cap), total))
     return lines
 

@@ -10,6 +10,8 @@ from .limits import pool_limits
 POLICY = "cupy"
 FAMILIES = NO_FAMILIES                  # each setting replayed alone (`allocsim.search.spaces.family`)
 RETRIES = ("cache_flushes",)            # a row's retries: the pool's cache flushes, each followed by a retry
+live_ahead = largest_device_call = None     # no bound known on the device calls still to come
+python_lines = None                     # no Python form of the setting for a running process
 
 
 def recorded(trace) -> PolicySpec:
