@@ -66,6 +66,10 @@ MAX_PERIOD = 512
 #: boundaries' fingerprints are kept at most (the oldest are forgotten).
 TRIES = 2
 HISTORY = 4096
+#: At a state inside a cycle folded before (of ``p`` steps), an earlier equal state more than this many times
+#: ``p`` steps back is not tried: recording a window that long (an evaluation every N steps makes a period of N
+#: steps) costs more than walking the few steps after the disturbance until the cycle resumes (`Folder._resume`).
+RESUME_WAIT = 4
 GROUP = 1 << 16
 
 
@@ -366,6 +370,14 @@ class Events:
     def __len__(self) -> int:
         return len(self.at)
 
+    @classmethod
+    def joined(cls, a: "Events", b: "Events") -> "Events":
+        """``a``'s events then ``b``'s (a window far before another: `Folder._resume` compares them)."""
+        out = cls.__new__(cls)
+        for name in ("at",) + cls.COLUMNS:
+            setattr(out, name, np.concatenate((getattr(a, name), getattr(b, name))))
+        return out
+
     def alloc_positions(self) -> np.ndarray:
         """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
@@ -445,6 +457,8 @@ class Folder:
         self.rec = None                         # the window being recorded: (Recorder, ...)
         self.folded_events = self.folded_steps = 0
         self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
+        self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
+        self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
 
     @staticmethod
     def possible(replay, device_given: bool, guard: bool) -> bool:
@@ -517,13 +531,16 @@ class Folder:
         self.last = len(key)
         self.spent += len(key)
         here = Boundary(at, mark, addr)
-        for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
-            p = mark - earlier.mark
-            sig = self.steps.read(earlier.mark, mark + 2 * p)
-            if len(sig) < 3 * p or not (sig[:p] == sig[p:2 * p]).all() or not (sig[:p] == sig[2 * p:]).all():
-                continue            # the steps after do not repeat: not worth the exact comparison
-            if self._try(earlier, here, key, until):
-                break
+        self.recent.append((here, key))
+        del self.recent[:-MAX_PERIOD]
+        cycle = self.cycles.get(key)
+        if not (cycle and self._resume(here, key, until)):
+            for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
+                p = mark - earlier.mark
+                if cycle and p > RESUME_WAIT * cycle[1]:
+                    break           # a window this long costs more than waiting for the cycle to come back
+                if self._repeats(earlier.mark, mark, p) and self._try(earlier, here, key, until):
+                    break
         self.seen.setdefault(key, []).append(here)
         self.order.append(key)
         if len(self.order) > HISTORY:
@@ -531,6 +548,37 @@ class Folder:
             self.seen[old].pop(0)
             if not self.seen[old]:
                 del self.seen[old]
+
+    def _repeats(self, a: int, m: int, p: int) -> bool:
+        """Whether steps ``m`` to ``m + 2p`` have the signatures of the ``p`` steps from ``a`` twice: the steps
+        after ``m`` repeat (by their signatures) for a window to record and one to skip at least."""
+        sig, here = self.steps.read(a, a + p), self.steps.read(m, m + 2 * p)
+        return len(sig) == p and len(here) == 2 * p and (here[:p] == sig).all() and (here[p:] == sig).all()
+
+    def _resume(self, here: Boundary, key: bytes, until) -> bool:
+        """Boundary ``here`` has the state of boundary ``b`` inside a cycle a fold went round, of ``p`` steps (a
+        run broken by a step of another shape, an evaluation, comes back to its cycle): if the ``3p`` steps from
+        it have the signatures of the ``p`` from ``b`` and the events of the first ``p`` repeat those from ``b``
+        (`windows_repeat` across the gap: the same objects, by the blocks they hold, freed), start recording
+        that window at once. Its end checks what `_try` checks before it (`_end_window`): the state is back, and
+        the window after it repeats it. A resume that fails there is not tried again from that state."""
+        b, p = self.cycles[key]
+        m = here.mark
+        if m + 3 * p > len(self.marks) or not (self._repeats(b.mark, m, p) and self._repeats(b.mark, m + p, p)):
+            return False
+        records = self.r.trace.records
+        P = _count_between(records, here.at, int(self.marks[m + p]))
+        ev = Events(records, here.at, P)
+        if P == 0 or len(ev) < P or windows_repeat(Events.joined(Events(records, b.at, P), ev), P, 0, b.addr,
+                                                   here.addr) < 1:
+            return False
+        end = int(ev.at[P - 1]) + 1
+        if until is not None and end > until:
+            return False
+        r = self.r
+        zero = bool(np.any((ev.kind == ALLOC) & (ev.size == 0)))
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
+        return True
 
     def _try(self, i: Boundary, j: Boundary, key: bytes, until) -> bool:
         """Boundary ``j`` has the state of ``i``: if the events after ``j`` repeat those after ``i`` for at
@@ -546,7 +594,8 @@ class Folder:
             return False
         r = self.r
         zero = bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))      # the windows' 0-byte ALLOCs
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero,
+                    j.mark - i.mark)
         return True
 
     def _counts(self) -> tuple:
@@ -568,20 +617,34 @@ class Folder:
     def _end_window(self, x: int, until) -> bool:
         """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
         add every following window that repeats (up to ``until``) and move the walk past them; True then."""
-        recorder, end, i, j, key, P, before, zero = self.rec
+        recorder, end, i, j, key, P, before, zero, p = self.rec
         self.rec = None
         program = recorder.stop()
         after = self._counts()
         if program is None or after[0][2:] != before[0][2:]:    # a skipped FREE, an OOM or a new peak inside
+            self.cycles.pop(key, None)
             return False
         got = self._fingerprint()
         if got is None or got[0] != key:
+            self.cycles.pop(key, None)
             return False
         records = self.r.trace.records
-        k, lo = self._record_windows(i, j, P, end, until)      # read record for record, as far as they repeat
-        new_end, first = end + k * (j.at - i.at), 1
-        while lo is not None:           # ev from `lo`: the template, window 0 (walked), then 1, ...
-            ev = Events(records, lo, max(BATCH // P, first + 2) * P)
+        base, k = end, 0
+        if i is None:       # resumed (`_resume`): the window after the walked one must repeat it, as in `_try`
+            e = Boundary(int(self.marks[j.mark + p]), j.mark + p, got[1])
+            ev = Events(records, j.at, 2 * P)
+            if len(ev) < 2 * P or windows_repeat(ev, P, 0, j.addr, e.addr) < 1:
+                self.cycles.pop(key, None)
+                return False
+            base, k, i, j = int(ev.at[2 * P - 1]) + 1, 1, j, e      # it is skipped; the walked one leads
+            if until is not None and base > until:
+                return False
+        n, lo = self._record_windows(i, j, P, base, until)      # read record for record, as far as they repeat
+        k, new_end, first = k + n, base + n * (j.at - i.at), 1
+        windows = 4                     # read a few windows first, more while they repeat: a run that stops
+        while lo is not None:           # soon (at the next evaluation) is not read a whole batch ahead
+            ev = Events(records, lo, max(min(windows, BATCH // P), first + 2) * P)
+            windows *= 4
             n = windows_repeat(ev, P, first)
             if n:
                 ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
@@ -595,6 +658,8 @@ class Folder:
         if k == 0:
             return False
         self._skip(program, k, before, after, end, new_end, P, i, j, zero)
+        p = j.mark - i.mark
+        self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
 
     def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until) -> tuple[int, int | None]:
