@@ -4,7 +4,7 @@ hand; else, and by default, the interpreted modules are installed, with one line
 (docs/architecture.md, "The compiled build"). Everything else is in pyproject.toml.
 
 The compiled build is asked for, not the default: a replay of a compiled policy is walked in full, never folded
-(`allocsim.fold`), and on long runs folding saves more than compiling."""
+(`allocsim.engine.fold`), and on long runs folding saves more than compiling."""
 from __future__ import annotations
 
 import os
