@@ -370,6 +370,13 @@ class Events:
     def __len__(self) -> int:
         return len(self.at)
 
+    def part(self, lo: int, hi: int) -> "Events":
+        """Events ``lo`` to ``hi`` of these."""
+        out = Events.__new__(Events)
+        for name in ("at",) + self.COLUMNS:
+            setattr(out, name, getattr(self, name)[lo:hi])
+        return out
+
     @classmethod
     def joined(cls, a: "Events", b: "Events") -> "Events":
         """``a``'s events then ``b``'s (a window far before another: `Folder._resume` compares them)."""
@@ -458,6 +465,7 @@ class Folder:
         self.folded_events = self.folded_steps = 0
         self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
         self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
+        self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
 
     @staticmethod
@@ -496,8 +504,7 @@ class Folder:
             self.next_mark += 1
         if self.next_mark == reached or self.rec is not None:
             return False
-        self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
-        return False
+        return self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
 
     # -- the fingerprint -------------------------------------------------------------------------------
     def _fingerprint(self):
@@ -521,18 +528,22 @@ class Folder:
                   _placement_state(dev._driver))
         return pickle.dumps((state, runtime, device, w.since_gc), protocol=5), addr
 
-    def _boundary(self, at: int, mark: int, until) -> None:
+    def _boundary(self, at: int, mark: int, until) -> bool:
+        """Take the boundary at trace index ``at`` (MARK number ``mark``): fold from it if it can (True: the walk
+        was moved), else start recording a window where an earlier boundary had its state, and remember it."""
         if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark):
-            return          # the steps after do not repeat; or fingerprints cost more than the walk: skip some
+            return False    # the steps after do not repeat; or fingerprints cost more than the walk: skip some
         got = self._fingerprint()
         if got is None:
-            return
+            return False
         key, addr = got
         self.last = len(key)
         self.spent += len(key)
         here = Boundary(at, mark, addr)
         self.recent.append((here, key))
         del self.recent[:-MAX_PERIOD]
+        if key in self.saved and self._reuse(here, key, until):
+            return True
         cycle = self.cycles.get(key)
         if not (cycle and self._resume(here, key, until)):
             for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
@@ -548,6 +559,7 @@ class Folder:
             self.seen[old].pop(0)
             if not self.seen[old]:
                 del self.seen[old]
+        return False
 
     def _repeats(self, a: int, m: int, p: int) -> bool:
         """Whether steps ``m`` to ``m + 2p`` have the signatures of the ``p`` steps from ``a`` twice: the steps
@@ -629,6 +641,7 @@ class Folder:
             self.cycles.pop(key, None)
             return False
         records = self.r.trace.records
+        walked, end_addr = j, got[1]
         base, k = end, 0
         if i is None:       # resumed (`_resume`): the window after the walked one must repeat it, as in `_try`
             e = Boundary(int(self.marks[j.mark + p]), j.mark + p, got[1])
@@ -640,24 +653,12 @@ class Folder:
             if until is not None and base > until:
                 return False
         n, lo = self._record_windows(i, j, P, base, until)      # read record for record, as far as they repeat
-        k, new_end, first = k + n, base + n * (j.at - i.at), 1
-        windows = 4                     # read a few windows first, more while they repeat: a run that stops
-        while lo is not None:           # soon (at the next evaluation) is not read a whole batch ahead
-            ev = Events(records, lo, max(min(windows, BATCH // P), first + 2) * P)
-            windows *= 4
-            n = windows_repeat(ev, P, first)
-            if n:
-                ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
-                if until is not None:           # only whole windows that end by the walk's target
-                    n = int(np.searchsorted(ends, until, side="right"))
-                if n:
-                    k, new_end = k + n, int(ends[n - 1])
-            if n == 0 or n < len(ev) // P - 1 - first:
-                break
-            lo, first = int(ev.at[(first + n - 1) * P]), 1      # the last two windows checked lead the next batch
+        k, new_end = self._windows(lo, 1, P, k + n, base + n * (j.at - i.at), until)
         if k == 0:
             return False
-        self._skip(program, k, before, after, end, new_end, P, i, j, zero)
+        self._skip(program, k, before, after, end, new_end, P, (j.mark - i.mark, j.mark + 1), zero)
+        if self.r.runtime.eager:
+            self.saved[key] = (program, before, after, P, p, walked, end_addr, zero)
         p = j.mark - i.mark
         self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
@@ -698,9 +699,68 @@ class Folder:
             return k, None
         return k, (int(ev.at[P]) + (k - 1) * R if k else i.at)      # the last two windows lead on
 
-    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int,
-              i: Boundary, j: Boundary, zero: bool) -> None:
-        """Add ``k`` windows as the recorded one added, rename the live ids, and move the walk to ``end``."""
+    def _windows(self, lo: int | None, first: int, P: int, k: int, new_end: int, until) -> tuple[int, int]:
+        """``(k, new_end)`` counting on the windows that repeat event by event (`windows_repeat`) from window
+        ``first`` of the events from ``lo`` (None: none to read), ``k`` counted and ending at ``new_end`` before.
+        A few windows are read first, more while they repeat: a run that stops soon (at the next evaluation) is
+        not read a whole batch ahead."""
+        records, windows = self.r.trace.records, 4
+        while lo is not None:           # ev from `lo`: the template, window 0, then 1, ...
+            ev = Events(records, lo, max(min(windows, BATCH // P), first + 2) * P)
+            windows *= 4
+            n = windows_repeat(ev, P, first)
+            if n:
+                ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
+                if until is not None:           # only whole windows that end by the walk's target
+                    n = int(np.searchsorted(ends, until, side="right"))
+                if n:
+                    k, new_end = k + n, int(ends[n - 1])
+            if n == 0 or n < len(ev) // P - 1 - first:
+                break
+            lo, first = int(ev.at[(first + n - 1) * P]), 1      # the last two windows checked lead the next batch
+        return k, new_end
+
+    def _reuse(self, here: Boundary, key: bytes, until) -> bool:
+        """Boundary ``here`` has the state a window recorded before started from (a run broken by an evaluation
+        comes back to its cycle): if the windows from here repeat that one, add them with its recording,
+        walking none. The first is compared with the recorded window across the gap (an object older than it
+        freed where the recorded window freed the one holding the same block), the second with the first (an
+        object older than the first freed: the one allocated where the recorded window's follower freed one of
+        the recorded window's), the others each with the one before (`windows_repeat`). The live ids are then
+        those the last window skipped leaves where the recorded window left its own (by block)."""
+        program, before, after, P, p, walked, end_addr, zero = self.saved[key]
+        records = self.r.trace.records
+        W, A = Events(records, walked.at, 2 * P), Events(records, here.at, 2 * P)
+        if len(A) < 2 * P or windows_repeat(Events.joined(W.part(0, P), A), P, 0, walked.addr, here.addr) < 1:
+            return False
+        q, t = np.arange(P), np.arange(P, 2 * P)
+        a_pos, w_pos = A.alloc_positions(), W.alloc_positions()
+        same = (A.kind[t] == A.kind[q]) & (A.size[t] == A.size[q]) & (A.stream[t] == A.stream[q])
+        want = np.where(a_pos[q] >= 0, a_pos[q] + P, w_pos[t])
+        if not (same & ((A.kind[t] != FREE) | ((want >= 0) & (a_pos[t] == want)))).all():
+            return False
+        end = int(A.at[2 * P - 1]) + 1
+        if until is not None and end > until:
+            return False
+        k, new_end = self._windows(here.at, 1, P, 2, end, until)
+        last, allocs = _events_before(records, new_end, P), np.flatnonzero(W.kind[:P] == ALLOC)
+        where = dict(zip(W.id[allocs].tolist(), allocs.tolist()))      # the recorded window's ALLOCs
+        holder = {a: i for i, a in end_addr.items()}                    # who held each block after it
+        rename = {}
+        for i, a in here.addr.items():
+            h = holder.get(a)
+            if h is None:
+                return False
+            if h in where:
+                rename[i] = int(last.id[where[h]])
+        self._skip(program, k, before, after, here.at + 1, new_end, P, (p, here.mark + 1), zero, rename)
+        return True
+
+    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
+              zero: bool, rename: dict | None = None) -> None:
+        """Add ``k`` windows as the recorded one added, rename the live ids (``rename``: ids to their new ones;
+        None: `_rename`'s), and move the walk to ``end``; ``how``: (period in steps, the step it is said to start
+        folding from)."""
         r = self.r
         w, dev, rt, pol = r._w, r.device, r.runtime, r.policy
         program.repeat(k, dev, rt, r.sections, w.latency)
@@ -709,7 +769,11 @@ class Folder:
             for name, x, y in zip(names, b, a):
                 setattr(obj, name, getattr(obj, name) + k * (y - x))
         pol.fold_advance(before[3], after[3], k)
-        self._rename(start, end, P)
+        if rename is None:
+            self._rename(start, end, P)
+        else:
+            handles = r.handles
+            handles.update({rename[i]: handles.pop(i) for i in [i for i in handles if i in rename]})
         passed = k * (after[0][0] - before[0][0])
         skipped = r._move_to(end, None if zero else passed)   # without 0-byte ALLOCs, the chunks passed unread
         assert skipped == passed, (skipped, k)
@@ -717,7 +781,7 @@ class Folder:
         self.next_mark = int(np.searchsorted(self.marks, end))
         self.folded_events += skipped
         self.folded_steps += steps
-        self.periods.append((j.mark - i.mark, j.mark + 1, steps))
+        self.periods.append((*how, steps))
 
     def _rename(self, start: int, end: int, P: int) -> None:
         """The live ids after the skipped windows: an object allocated in the window walked last (the ``P``
