@@ -742,7 +742,11 @@ class Folder:
         end = int(A.at[2 * P - 1]) + 1
         if until is not None and end > until:
             return False
-        k, new_end = self._windows(here.at, 1, P, 2, end, until)
+        if here.mark + p >= len(self.marks):
+            return False
+        a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
+        n, lo = self._record_windows(a0, a1, P, end, until)     # the first two lead, as a template and the walked
+        k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
         last, allocs = _events_before(records, new_end, P), np.flatnonzero(W.kind[:P] == ALLOC)
         where = dict(zip(W.id[allocs].tolist(), allocs.tolist()))      # the recorded window's ALLOCs
         holder = {a: i for i, a in end_addr.items()}                    # who held each block after it
