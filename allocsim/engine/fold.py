@@ -944,23 +944,31 @@ class Steps:
     def useful(self, m: int) -> bool:
         """`repeating_steps`'s answer for step ``m``, reading only the signatures it needs: those of the ``p``
         steps either side for the periods ``p`` whose step equals ``m`` (the others cannot answer yes), then,
-        for each such ``p``, the ``4p`` steps after, as far as they are equal."""
+        for each such ``p``, the ``4p`` steps after, as far as they are equal; periods up to 8 first, then up to
+        32, 128 and `MAX_PERIOD` (a fixed-shape run answers at period 1 or 2, having read a few steps)."""
         if self._table is not None:
             return bool(self._table[m])
         n, pmax = len(self.marks), self.pmax
         if not pmax:
             return False
         counts = self.counts                # steps of other ALLOC counts have other signatures: not read
-        lo = max(0, m - pmax)
-        ahead = 1 + np.flatnonzero((counts[m + 1:m + pmax + 1] == counts[m]).all(axis=1))  # m starts a run, period p
-        behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
-        if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once and keep the equal
-            sig = self.read(lo, m + pmax + 1)
-            ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
-            behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
-        for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
-            if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
-                return True
+        done = 0
+        for reach in (8, 32, 128, pmax):    # the short periods first: most folds are found there, reading little
+            reach = min(reach, pmax)
+            if reach <= done:
+                continue
+            lo = max(0, m - reach)
+            ahead = 1 + np.flatnonzero((counts[m + 1:m + reach + 1] == counts[m]).all(axis=1))  # m starts a run
+            behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
+            ahead, behind = ahead[ahead > done], behind[behind > done]
+            if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
+                sig = self.read(lo, m + reach + 1)
+                ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
+                behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
+            for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
+                if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
+                    return True
+            done = reach
         return False
 
     def _equal(self, a: int, b: int, n: int) -> bool:
