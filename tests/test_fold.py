@@ -197,6 +197,17 @@ def test_a_real_run_broken_by_evaluations_folds_again_from_its_cycle(monkeypatch
     assert how["period"] == 7 and len(gaps) == 2 and gaps[1] < how["period"], (how, spans)
 
 
+def test_a_run_whose_steps_never_repeat_is_walked_with_no_folder():
+    """Where no step has the ALLOC counts of the steps a period after it (gpt2_variable: batch and sequence
+    change every step), no fold can pay: the replay has no folder (it is not stopped at each boundary, nothing is
+    fingerprinted), and a run of fixed shapes has one."""
+    variable = load("gpt2_variable.bin")
+    assert not fold.steps_of(variable).may_repeat()
+    assert Replay(variable, "torch")._folder is None
+    assert Replay(load("gpt2.bin"), "torch")._folder is not None
+    assert_folded_is_full(variable, "torch")
+
+
 # ---- it folds where the state repeats, and only there ----------------------------------------------------
 @pytest.mark.parametrize("policy", ["torch", "split", "bestfit", "cupy"])
 def test_a_fixed_shape_model_folds_at_period_1(policy):

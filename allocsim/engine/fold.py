@@ -71,6 +71,8 @@ HISTORY = 4096
 #: steps) costs more than walking the few steps after the disturbance until the cycle resumes (`Folder._resume`).
 RESUME_WAIT = 4
 GROUP = 1 << 16
+#: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
+COUNTED = 1 << 13
 
 
 # ---- the recorder: floats that remember how they were made ---------------------------------------------
@@ -480,7 +482,8 @@ class Folder:
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
                 and replay.observer is None and not replay.timeline and not replay._log_index
-                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen)
+                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen
+                and steps_of(replay.trace).may_repeat())
 
     # -- where the walk stops ------------------------------------------------------------------------
     def stop(self, c, pos: int) -> int:
@@ -870,9 +873,20 @@ class Steps:
         self.known = np.zeros(n, bool)          # which steps' signatures are read
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
+        self._may = None                        # `may_repeat`'s answer, once asked
 
     def __len__(self) -> int:
         return len(self.marks)
+
+    def may_repeat(self) -> bool:
+        """False where no fold can pay: not one step has the ALLOC counts of the steps a period after it for
+        ``4p`` steps (`repeating_steps` on the counts; equal steps have equal counts). A run whose shapes change
+        every step is then walked with no folder at all: not stopped at each boundary, nothing fingerprinted
+        (give up early: issue 31 asks at most 5 % over ``--no-fold`` where nothing repeats). Answered only for
+        up to `COUNTED` steps (it costs steps x periods); a longer trace may repeat."""
+        if self._may is None:
+            self._may = len(self) > COUNTED or bool(repeating_steps(self.counts).any())
+        return self._may
 
     # -- signatures, read where asked -----------------------------------------------------------------
     def read(self, a: int, b: int) -> np.ndarray:
