@@ -22,6 +22,11 @@ within a binade, `_runs`, so every float is the full walk's bit for bit), latenc
 differences on it, counts are multiplied; the live ids are renamed to those the full walk would hold. Then the
 walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 
+A run broken by an evaluation (or any step of another shape) folds again without searching from scratch: where
+the state comes back to one a recorded window started from, the windows from there are added with that
+recording, none walked (`Folder._reuse`); where it comes back into a cycle folded before, its window is recorded
+at once (`Folder._resume`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
+
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
 request (``IN_REQUEST``), private-pool events, a compiled policy (its floats are C's), an observer, a
