@@ -71,9 +71,11 @@ MAX_PERIOD = 512
 #: boundaries' fingerprints are kept at most (the oldest are forgotten).
 TRIES = 2
 HISTORY = 4096
-#: At a state inside a cycle folded before (of ``p`` steps), an earlier equal state more than this many times
-#: ``p`` steps back is not tried: recording a window that long (an evaluation every N steps makes a period of N
-#: steps) costs more than walking the few steps after the disturbance until the cycle resumes (`Folder._resume`).
+#: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
+#: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
+#: (`Steps.useful`'s ``longest``): recording a window that long (an evaluation every N steps makes a period of N
+#: steps) costs more than walking the few steps after the break until the cycle resumes (`Folder._reuse`,
+#: `Folder._resume`), and the boundaries just before a break repeat only with that long period.
 RESUME_WAIT = 4
 GROUP = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
@@ -539,7 +541,8 @@ class Folder:
     def _boundary(self, at: int, mark: int, until) -> bool:
         """Take the boundary at trace index ``at`` (MARK number ``mark``): fold from it if it can (True: the walk
         was moved), else start recording a window where an earlier boundary had its state, and remember it."""
-        if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark):
+        longest = RESUME_WAIT * min(p for _, p in self.cycles.values()) if self.cycles else None
+        if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark, longest):
             return False    # the steps after do not repeat; or fingerprints cost more than the walk: skip some
         got = self._fingerprint()
         if got is None:
@@ -556,7 +559,7 @@ class Folder:
         if not (cycle and self._resume(here, key, until)):
             for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
                 p = mark - earlier.mark
-                if cycle and p > RESUME_WAIT * cycle[1]:
+                if longest is not None and p > longest:
                     break           # a window this long costs more than waiting for the cycle to come back
                 if self._repeats(earlier.mark, mark, p) and self._try(earlier, here, key, until):
                     break
@@ -960,14 +963,15 @@ class Steps:
         self.known[a:b] = True
 
     # -- which steps can take part in a fold ------------------------------------------------------------
-    def useful(self, m: int) -> bool:
+    def useful(self, m: int, longest: int | None = None) -> bool:
         """`repeating_steps`'s answer for step ``m``, reading only the signatures it needs: those of the ``p``
         steps either side for the periods ``p`` whose step equals ``m`` (the others cannot answer yes), then,
         for each such ``p``, the ``4p`` steps after, as far as they are equal; periods up to 8 first, then up to
-        32, 128 and `MAX_PERIOD` (a fixed-shape run answers at period 1 or 2, having read a few steps)."""
+        32, 128 and `MAX_PERIOD` (a fixed-shape run answers at period 1 or 2, having read a few steps), or up to
+        ``longest`` (the answer for those periods only; once every signature is read, the table's)."""
         if self._table is not None:
             return bool(self._table[m])
-        n, pmax = len(self.marks), self.pmax
+        n, pmax = len(self.marks), self.pmax if longest is None else min(self.pmax, longest)
         if not pmax:
             return False
         counts = self.counts                # steps of other ALLOC counts have other signatures: not read
