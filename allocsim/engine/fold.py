@@ -475,6 +475,7 @@ class Folder:
         self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
         self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
         self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
+        self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
 
     @staticmethod
@@ -670,6 +671,7 @@ class Folder:
         self._skip(program, k, before, after, end, new_end, P, (j.mark - i.mark, j.mark + 1), zero)
         if self.r.runtime.eager:
             self.saved[key] = (program, before, after, P, p, walked, end_addr, zero)
+            self.views.pop(key, None)
         p = j.mark - i.mark
         self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
@@ -741,13 +743,20 @@ class Folder:
         those the last window skipped leaves where the recorded window left its own (by block)."""
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
         records = self.r.trace.records
-        W, A = Events(records, walked.at, 2 * P), Events(records, here.at, 2 * P)
-        if len(A) < 2 * P or windows_repeat(Events.joined(W.part(0, P), A), P, 0, walked.addr, here.addr) < 1:
+        if key not in self.views:       # what a reuse reads of the recorded window, read once
+            W = Events(records, walked.at, 2 * P)
+            allocs = np.flatnonzero(W.kind[:P] == ALLOC)
+            self.views[key] = (W.part(0, P), W.alloc_positions()[P:],
+                               dict(zip(W.id[allocs].tolist(), allocs.tolist())),     # its ALLOCs' places
+                               {a: i for i, a in end_addr.items()})                    # who held each block after it
+        W, follower, where, holder = self.views[key]
+        A = Events(records, here.at, 2 * P)
+        if len(A) < 2 * P or windows_repeat(Events.joined(W, A), P, 0, walked.addr, here.addr) < 1:
             return False
         q, t = np.arange(P), np.arange(P, 2 * P)
-        a_pos, w_pos = A.alloc_positions(), W.alloc_positions()
+        a_pos = A.alloc_positions()
         same = (A.kind[t] == A.kind[q]) & (A.size[t] == A.size[q]) & (A.stream[t] == A.stream[q])
-        want = np.where(a_pos[q] >= 0, a_pos[q] + P, w_pos[t])
+        want = np.where(a_pos[q] >= 0, a_pos[q] + P, follower)
         if not (same & ((A.kind[t] != FREE) | ((want >= 0) & (a_pos[t] == want)))).all():
             return False
         end = int(A.at[2 * P - 1]) + 1
@@ -758,10 +767,7 @@ class Folder:
         a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
         n, lo = self._record_windows(a0, a1, P, end, until)     # the first two lead, as a template and the walked
         k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
-        last, allocs = _events_before(records, new_end, P), np.flatnonzero(W.kind[:P] == ALLOC)
-        where = dict(zip(W.id[allocs].tolist(), allocs.tolist()))      # the recorded window's ALLOCs
-        holder = {a: i for i, a in end_addr.items()}                    # who held each block after it
-        rename = {}
+        last, rename = _events_before(records, new_end, P), {}
         for i, a in here.addr.items():
             h = holder.get(a)
             if h is None:
