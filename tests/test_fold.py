@@ -437,6 +437,20 @@ def test_the_steps_read_where_asked_answer_as_the_whole_table():
         assert lazy.known.sum() <= len(lazy)
 
 
+def test_steps_compared_again_answer_as_compared_afresh():
+    """`Steps._equal` keeps the differences it finds, by period, and answers later questions from them: asked in
+    any order, every answer is the one the signatures give compared afresh."""
+    rng = np.random.default_rng(5)
+    for trace in (load("gpt2_variable.bin"), repeat_steps(load("gpt2.bin"), 60)):
+        sig = fold.Steps(trace).read(0, len(fold.steps_of(trace))).copy()
+        steps, n = fold.Steps(trace), len(sig)
+        for _ in range(400):
+            p, k = int(rng.integers(1, 9)), int(rng.integers(1, 12))
+            a = int(rng.integers(0, n - p - k + 1))
+            want = bool((sig[a:a + k] == sig[a + p:a + p + k]).all())
+            assert steps._equal(a, a + p, k) == want, (a, p, k)
+
+
 def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monkeypatch):
     """1,000 steps of a fixed-shape model: the folded replay reads the signatures of the steps near those it
     walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes."""

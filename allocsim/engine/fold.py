@@ -39,6 +39,7 @@ from __future__ import annotations
 import pickle
 import sys
 import weakref
+from bisect import bisect_left, insort
 from importlib.machinery import EXTENSION_SUFFIXES
 
 import numpy as np
@@ -887,6 +888,7 @@ class Steps:
         self.known = np.zeros(n, bool)          # which steps' signatures are read
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
+        self._differ: dict[int, list[int]] = {}     # period p -> steps t seen to differ from step t + p (sorted)
         self._may = None                        # `may_repeat`'s answer, once asked
 
     def __len__(self) -> int:
@@ -908,6 +910,8 @@ class Steps:
         short steps after them up to `SIG_READ` records (the boundaries ask step after step)."""
         n = len(self.marks)
         a, b = max(0, a), min(n, b)
+        if self.known[a:b].all():           # the common case: asked again (a boundary reads a few steps at a time)
+            return self.sig[a:b]
         todo = np.flatnonzero(~self.known[a:b]) + a
         if len(todo):
             ahead = int(np.searchsorted(self.marks, self.marks[todo[-1]] + SIG_READ))
@@ -1002,11 +1006,25 @@ class Steps:
 
     def _equal(self, a: int, b: int, n: int) -> bool:
         """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in
-        doubling pieces up to the first difference."""
+        doubling pieces up to the first difference. A difference found is kept (by ``b - a``): the boundaries
+        before a break ask about the same steps again, period after period, and are answered without reading."""
+        p = b - a
+        seen = self._differ.get(p)
+        if seen:
+            k = bisect_left(seen, a)
+            if k < len(seen) and seen[k] < a + n:
+                return False
         done, piece = 0, 8
         while done < n:
             take = min(n - done, piece)
-            if not (self.read(a + done, a + done + take) == self.read(b + done, b + done + take)).all():
+            if p <= take:                   # the two pieces overlap: one read
+                s = self.read(a + done, b + done + take)
+                x, y = s[:take], s[p:p + take]
+            else:
+                x, y = self.read(a + done, a + done + take), self.read(b + done, b + done + take)
+            differ = (x != y).any(axis=1)
+            if differ.any():
+                insort(self._differ.setdefault(p, []), a + done + int(np.argmax(differ)))
                 return False
             done += take
             piece *= 2
