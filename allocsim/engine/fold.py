@@ -442,9 +442,11 @@ def windows_repeat(ev: Events, P: int, first: int, addr_i=None, addr_j=None) -> 
     young = prev >= 0
     same &= ~is_free | (young & (apos[t] == prev + P))
     if first == 0 and addr_i is not None:       # window 0: FREEs of objects older than the template
-        for k in np.flatnonzero(is_free[:P] & ~young[:P]):
-            a_old, a_new = addr_i.get(int(ev.id[lo + k - P])), addr_j.get(int(ev.id[lo + k]))
-            same[k] = a_old is not None and a_old == a_new and ev.kind[lo + k] == ev.kind[lo + k - P]
+        k = np.flatnonzero(is_free[:P] & ~young[:P])
+        if len(k):
+            held = [a is not None and a == addr_j.get(b)
+                    for a, b in zip(map(addr_i.get, ev.id[lo + k - P].tolist()), ev.id[lo + k].tolist())]
+            same[k] = np.array(held, bool) & (ev.kind[lo + k] == ev.kind[lo + k - P])
     bad = np.flatnonzero(~same)
     return n if not len(bad) else int(bad[0]) // P
 
