@@ -479,6 +479,7 @@ class Folder:
         self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
         self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
         self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
+        self.cycle_events: dict[tuple, Events] = {}     # (trace index, P) -> a cycle state's window (`_resume`)
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
 
     @staticmethod
@@ -596,7 +597,9 @@ class Folder:
         records = self.r.trace.records
         P = _count_between(records, here.at, int(self.marks[m + p]))
         ev = Events(records, here.at, P)
-        if P == 0 or len(ev) < P or windows_repeat(Events.joined(Events(records, b.at, P), ev), P, 0, b.addr,
+        if (b.at, P) not in self.cycle_events:      # the cycle state's window, read once for every resume
+            self.cycle_events[b.at, P] = Events(records, b.at, P)
+        if P == 0 or len(ev) < P or windows_repeat(Events.joined(self.cycle_events[b.at, P], ev), P, 0, b.addr,
                                                    here.addr) < 1:
             return False
         end = int(ev.at[P - 1]) + 1
