@@ -396,7 +396,14 @@ class Events:
         return out
 
     def alloc_positions(self) -> np.ndarray:
-        """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
+        """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1 (made
+        once: a reuse asks twice)."""
+        got = getattr(self, "_apos", None)
+        if got is None:
+            got = self._apos = self._alloc_positions()
+        return got
+
+    def _alloc_positions(self) -> np.ndarray:
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
         a_pos = np.flatnonzero(is_alloc)
         a_ids = self.id[a_pos].astype(np.int64)
@@ -682,7 +689,8 @@ class Folder:
         self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
 
-    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until) -> tuple[int, int | None]:
+    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until,
+                        ev: Events | None = None) -> tuple[int, int | None]:
         """``(k, lo)``: the ``k`` windows after the walked one (which ends at ``end``) that repeat it record for
         record, read without gathering the events (`repeating_records`), and where `windows_repeat` reads on
         from (None: nowhere, the trace or ``until`` is reached).
@@ -694,12 +702,13 @@ class Folder:
         plus ``D``, and no ALLOC of that id lies between, or one ``R`` records before it would), as
         `windows_repeat` asks, given that the walked window's FREEs free objects allocated since ``i`` -- which
         is checked here, with the template's and the walked window's events lying ``R`` records apart and their
-        ALLOC ids ``D`` apart. Where any of this does not hold, `windows_repeat` reads every window."""
+        ALLOC ids ``D`` apart. Where any of this does not hold, `windows_repeat` reads every window. ``ev``: the
+        ``2P`` events from ``i`` where the caller has read them."""
         records = self.r.trace.records
         words, R = _words(records), j.at - i.at
         if words is None or not 0 < R <= MAX_RECORD_PERIOD:
             return 0, i.at
-        ev = Events(records, i.at, 2 * P)
+        ev = Events(records, i.at, 2 * P) if ev is None else ev
         allocs = np.flatnonzero(ev.kind[:P] == ALLOC)
         if len(ev) < 2 * P or not len(allocs) or not (ev.at[P:] == ev.at[:P] + R).all():
             return 0, i.at
@@ -748,6 +757,8 @@ class Folder:
         the recorded window's), the others each with the one before (`windows_repeat`). The live ids are then
         those the last window skipped leaves where the recorded window left its own (by block)."""
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
+        if not self._repeats(walked.mark, here.mark, p):
+            return False            # the steps from here are not the recorded window's twice: no events read
         records = self.r.trace.records
         if key not in self.views:       # what a reuse reads of the recorded window, read once
             W = Events(records, walked.at, 2 * P)
@@ -771,7 +782,7 @@ class Folder:
         if here.mark + p >= len(self.marks):
             return False
         a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
-        n, lo = self._record_windows(a0, a1, P, end, until)     # the first two lead, as a template and the walked
+        n, lo = self._record_windows(a0, a1, P, end, until, A)  # the first two lead, as a template and the walked
         k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
         last, rename = _events_before(records, new_end, P), {}
         for i, a in here.addr.items():
