@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.engine import fold
-from allocsim.compiled import INTERPRETED_ENV, compiled_modules
 from allocsim.machine.metrics import LatencyLog
 from allocsim.policies.split import SplittingPool
 from allocsim.engine.replay import Replay
@@ -24,13 +23,6 @@ from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import ALLOC, CACHE_RELEASE, FREE, SET_LIMIT
 
 from conftest import ROOT, run_cli
-
-# Folding declines compiled policies (their clock is a C double the fold cannot follow: docs/architecture.md,
-# "The compiled build"), so on a compiled checkout these tests, which expect folds, have nothing to hold;
-# tests/test_compiled.py checks the decline, and the interpreted build runs them.
-pytestmark = pytest.mark.skipif(bool(compiled_modules()), reason=(
-    f"compiled build ({', '.join(compiled_modules())}): folding declines compiled policies; run with "
-    f"{INTERPRETED_ENV}=1 to walk these tests on the interpreted source"))
 
 MiB = 1 << 20
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
