@@ -323,6 +323,21 @@ def test_what_the_window_cannot_compare_is_not_folded(name, policy):
 
 
 # ---- what a long folded run reads, and what it leaves unread ------------------------------------------------
+@pytest.mark.parametrize("name", ["__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+                                  "__rtruediv__"])
+def test_a_clock_difference_in_other_arithmetic_taints_its_tape_and_gives_the_float(name):
+    """A latency (`RecDiff`) added to a total, scaled, divided: the plain float's result and a tainted tape, never
+    NotImplemented, on which compiled code raises where Python falls back to the float's own operator (cupy's
+    ``_t_malloc += clock - t0`` in a recorded window, compiled)."""
+    tape = fold.Tape()
+    start = fold.RecFloat.on(1.0, tape, 0)
+    d = (start + 0.5) - start
+    assert type(d) is fold.RecDiff and not tape.bad
+    got = getattr(d, name)(3.0)
+    assert type(got) is float and got == getattr(0.5, name)(3.0) and tape.bad
+    assert type(-d) is float and -d == -0.5
+
+
 binades = st.integers(-40, 12)
 
 
