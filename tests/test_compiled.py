@@ -2,17 +2,16 @@
 
 The suite itself runs whichever build this checkout holds. Here the differential checks — the fused loops
 against the plain walks (test_fast_path.py), the fast models against the reference models
-(test_reference_models.py), every replay against the stored results (test_golden.py), folded replays against
-the full walk (test_fold.py), and the compiled policies' own rules (test_split_bestfit.py,
-test_cupy_policy.py: free-list entries past 63 bits among others) — run once more against the other build, in
-a child process: the interpreted modules (``ALLOCSIM_INTERPRETED=1``) where a compiled build lies here, else a
-compiled build made in a copy of the package where Cython and a C compiler are at hand. Both must pass as they
-are: the results are the same bit for bit, which a folded run's are also held to across the builds.
+(test_reference_models.py), every replay against the stored results (test_golden.py), and the compiled
+policies' own rules (test_split_bestfit.py, test_cupy_policy.py: free-list entries past 63 bits among
+others) — run once more against the other build, in a child process: the interpreted modules
+(``ALLOCSIM_INTERPRETED=1``) where a compiled build lies here, else a compiled build made in a copy of the
+package where Cython and a C compiler are at hand. Both must pass as they are: the results are the same bit
+for bit.
 """
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import subprocess
@@ -24,7 +23,8 @@ from allocsim.compiled import COMPILE_ENV, COMPILED_MODULES, INTERPRETED_ENV, bu
 from conftest import ROOT
 
 DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py",
-                "tests/test_fold.py", "tests/test_split_bestfit.py", "tests/test_cupy_policy.py"]
+                "tests/test_split_bestfit.py", "tests/test_cupy_policy.py", "tests/test_fold.py",
+                "tests/test_tries.py::test_a_folded_replay_with_tries_is_the_full_walk"]
 
 
 def child_env(root: str, **extra) -> dict:
@@ -84,32 +84,29 @@ def _compiled_copy(tmp_path) -> str:
     assert out.returncode == 0, out.stderr[-2000:]
     if "installing the interpreted modules" in out.stderr:
         pytest.skip(out.stderr.strip().splitlines()[-1])
-    for name in ("tests", "traces"):        # the copy's own tests and traces are the checkout's
-        assert os.path.isdir(os.path.join(root, name))
-    assert "compiled: " in run(["-m", "allocsim", "--version"], root=root).stdout
     return root
 
 
-@pytest.fixture(scope="module")
-def other_build(tmp_path_factory) -> tuple[str, str, dict]:
-    """The build this checkout does not run, made once for the module: ``(its name, its root, the environment
-    that runs it)``: the interpreted modules where this checkout is compiled, else a compiled copy."""
-    if compiled_modules():
-        return "interpreted", ROOT, {INTERPRETED_ENV: "1"}
-    return "compiled", _compiled_copy(tmp_path_factory.mktemp("compiled")), {}
-
-
-def test_differential_checks_pass_on_the_other_build(other_build):
+def test_differential_checks_pass_on_the_other_build(tmp_path):
     """The differential test files, against the interpreted modules where this checkout is compiled, else
     against a compiled copy."""
-    other, root, env = other_build
-    out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], root=root, **env)
+    if compiled_modules():
+        out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], **{INTERPRETED_ENV: "1"})
+        other = "interpreted"
+    else:
+        root = _compiled_copy(tmp_path)
+        for name in ("tests", "traces"):        # the copy's own tests and traces are the checkout's
+            assert os.path.isdir(os.path.join(root, name))
+        out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], root=root)
+        assert "compiled: " in run(["-m", "allocsim", "--version"], root=root).stdout
+        other = "compiled"
     assert out.returncode == 0, f"the {other} build fails the differential checks:\n{out.stdout[-4000:]}"
 
 
 def folded_results(path: str) -> str:
     """A repeated run (`repeat_steps`, 30 steps) replayed folded and in full under each compiled policy: per
     policy and walk, the whole result record, the clock's bits and how much was folded, as JSON."""
+    import json
     from allocsim.engine.replay import Replay
     from allocsim.formats.synth import repeat_steps
     from allocsim.trace import Trace
@@ -125,27 +122,30 @@ def folded_results(path: str) -> str:
     return json.dumps(out, sort_keys=True)
 
 
-def test_folding_is_the_full_walk_in_both_builds_and_the_same_in_each(other_build):
-    """Each compiled policy folds a repeated run in both builds, and every result -- folded or walked in full,
-    here or in the other build -- is the same bit for bit, as is what was folded (docs/architecture.md,
-    "Folding")."""
-    other, root, env = other_build
+def test_folding_is_the_full_walk_in_both_builds_and_the_same_in_each():
+    """Each compiled policy folds a repeated run in both builds (a compiled fused loop's clock is a C double: the
+    recorded period is walked plainly, docs/architecture.md "Folding"), and every result -- folded or walked in
+    full, compiled or interpreted -- is the same bit for bit, as is what was folded. The interpreted modules run
+    in a child where this checkout is compiled; on an interpreted checkout the compiled copy's run of test_fold
+    (`test_differential_checks_pass_on_the_other_build`) holds the compiled build to the full walk."""
+    import json
     path = os.path.join(ROOT, "traces", "synthetic-transformer.bin")
-    here = json.loads(folded_results(path))
-    code = ("import sys; sys.path.insert(0, 'tests'); from test_compiled import folded_results; "
-            f"print(folded_results({path!r}))")
-    out = run(["-c", code], root=root, timeout=600, **env)
-    assert out.returncode == 0, out.stderr[-2000:]
-    there = json.loads(out.stdout)
+    builds = {build(): json.loads(folded_results(path))}
+    if compiled_modules():
+        code = ("import sys; sys.path.insert(0, 'tests'); from test_compiled import folded_results; "
+                f"print(folded_results({path!r}))")
+        out = run(["-c", code], timeout=600, **{INTERPRETED_ENV: "1"})
+        assert out.returncode == 0, out.stderr[-2000:]
+        builds["interpreted"] = json.loads(out.stdout)
+    here = builds[build()]
     for name in ("cupy", "split", "bestfit", "torch"):
         full = here[f"{name} fold=False"]
         assert full["folded"] is None
-        for build_, got in (("here", here), (other, there)):
+        for which, got in builds.items():
             folded = got[f"{name} fold=True"]
-            assert folded["folded"] is not None, (name, build_)
-            assert folded["folded"] == here[f"{name} fold=True"]["folded"], (name, build_)
-            assert {**folded, "folded": None} == full, (name, build_)
-            assert got[f"{name} fold=False"] == full, (name, build_)
+            assert folded["folded"] is not None and folded["folded"] == here[f"{name} fold=True"]["folded"], \
+                (name, which)
+            assert {**folded, "folded": None} == full and got[f"{name} fold=False"] == full, (name, which)
 
 
 def test_a_switch_takes_the_usual_spellings():
