@@ -12,6 +12,7 @@ for bit.
 from __future__ import annotations
 
 import glob
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -132,20 +133,59 @@ def test_a_switch_takes_the_usual_spellings():
             switch_on("X", {"X": bad})
 
 
+def _source_copy(tmp_path) -> str:
+    """A copy of the package to build, without its tests, traces or any build."""
+    root = str(tmp_path / "src")
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out", "traces",
+                                                             "tests", ".hypothesis", "*.egg-info", "BUILD-NOTE.txt"))
+    return root
+
+
+def _fake_cython_build(tmp_path, root: str, version: str, cythonize: str, **extra) -> str:
+    """``setup.py build_ext --inplace`` in ``root`` under a stand-in Cython of ``version`` whose ``cythonize`` is
+    the source ``cythonize``, neither switch set: the one line setup.py printed (it must print exactly one)."""
+    fake = tmp_path / "cy" / "Cython"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    (fake / "Build.py").write_text(cythonize)
+    env = {k: v for k, v in child_env(root, PYTHONPATH=str(tmp_path / "cy"), **extra).items() if k != COMPILE_ENV}
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [line for line in out.stderr.splitlines() if line.startswith("allocsim:")]
+    assert len(said) == 1, out.stderr[-2000:]
+    return said[0]
+
+
 def test_a_cython_older_than_the_tested_one_builds_nothing(tmp_path):
     """setup.py with a Cython older than `LEAST_CYTHON` (3.3.0, which miscompiled torch.py into a crash) says so
     in one line and installs the interpreted modules; it never reaches ``cythonize``."""
-    fake = tmp_path / "cy" / "Cython"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('__version__ = "3.3.0"\n')
-    (fake / "Build.py").write_text("def cythonize(*args, **kwargs):\n    raise SystemExit('cythonize was called')\n")
-    root = str(tmp_path / "src")
-    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out", "traces",
-                                                             "tests", ".hypothesis", "*.egg-info"))
-    out = run(["setup.py", "-q", "build_ext", "--inplace"], root=root, timeout=600,
-              **{COMPILE_ENV: "1", "PYTHONPATH": str(tmp_path / "cy")})
-    assert out.returncode == 0, out.stderr[-2000:]
-    said = [line for line in out.stderr.splitlines() if line.startswith("allocsim:")]
-    assert len(said) == 1 and "Cython 3.3.0 is older than 3.3.1" in said[0], out.stderr[-2000:]
-    assert "installing the interpreted modules" in said[0], said
+    root = _source_copy(tmp_path)
+    said = _fake_cython_build(tmp_path, root, "3.3.0", "def cythonize(*args, **kwargs):\n"
+                                                       "    raise SystemExit('cythonize was called')\n")
+    assert "Cython 3.3.0 is older than 3.3.1" in said and "installing the interpreted modules" in said, said
     assert not glob.glob(os.path.join(root, "allocsim", "**", "*.so"), recursive=True)
+
+
+def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
+    """By default setup.py compiles; where the C compiler fails (here ``CC=false``) it says so in one line, leaves
+    no compiled module (an earlier in-place build's goes, else it would load), and ``allocsim --version`` says
+    why the build runs interpreted."""
+    translate = ("import os\n"
+                 "def cythonize(extensions, build_dir, **kwargs):\n"
+                 "    for ext in extensions:\n"
+                 "        c = os.path.join(build_dir, *ext.name.split('.')) + '.c'\n"
+                 "        os.makedirs(os.path.dirname(c), exist_ok=True)\n"
+                 "        open(c, 'w').close()\n"
+                 "        ext.sources = [c]\n"
+                 "    return extensions\n")
+    root = _source_copy(tmp_path)
+    stale = os.path.join(root, *COMPILED_MODULES[0].split(".")) + importlib.machinery.EXTENSION_SUFFIXES[0]
+    open(stale, "wb").close()
+    said = _fake_cython_build(tmp_path, root, "3.3.1", translate, CC="false")
+    assert said.startswith("allocsim: the C compile failed (CompileError: ") and \
+        said.endswith("; installing the interpreted modules (same results, slower replays)"), said
+    assert not glob.glob(os.path.join(root, "allocsim", "**", "*.so"), recursive=True)
+    version = run(["-m", "allocsim", "--version"], root=root).stdout.strip()
+    assert "(interpreted, because the C compile failed (CompileError: command '" in version and \
+        version.endswith("false' failed with exit code 1))"), version
