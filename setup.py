@@ -11,6 +11,7 @@ cores, without debug information (docs/performance.md, "Install time")."""
 from __future__ import annotations
 
 import importlib.machinery
+import itertools
 import os
 import re
 import runpy
@@ -69,9 +70,9 @@ def cython_version(text: str) -> tuple:
 class OptionalBuildExt(build_ext):
     """`build_ext` that translates the modules with Cython first and whose failure (no Cython, no C compiler, a
     failed compile) leaves the interpreted modules in place: one line names the modules that did not compile,
-    with the first error (without a compiler every one fails alike), only those that did are installed (in
-    place: copied beside their source, where a stale build of the others is removed), and the line is kept
-    for `allocsim --version` (`allocsim.compiled.NOTE`)."""
+    with the first error (without a compiler every one fails alike), only those that did are installed (an
+    earlier build of the others is removed), and the line is kept for `allocsim --version`
+    (`allocsim.compiled.NOTE`)."""
 
     def finalize_options(self):
         super().finalize_options()
@@ -96,8 +97,7 @@ class OptionalBuildExt(build_ext):
             self.failed = [(ext.name, None) for ext in self.extensions]
         if why is not None:
             print(FALLBACK.format(why), file=sys.stderr)
-        if self.inplace:
-            self.drop_stale()
+        self.drop_stale()
         self.keep_note(why)
 
     def translate(self) -> str | None:
@@ -144,10 +144,12 @@ class OptionalBuildExt(build_ext):
             self.extensions = built
 
     def drop_stale(self) -> None:
-        """In place, an earlier build of a module not built now would load in its place: it goes."""
+        """A module not built now goes from the build folder (whence an earlier build's would be packed) and, in
+        place, from beside its source (where it would load)."""
+        roots = [self.build_lib] + [HERE] * bool(self.inplace)
         for name, _ in self.failed:
-            for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-                path = os.path.join(HERE, *name.split(".")) + suffix
+            for root, suffix in itertools.product(roots, importlib.machinery.EXTENSION_SUFFIXES):
+                path = os.path.join(root, *name.split(".")) + suffix
                 if os.path.exists(path):
                     os.remove(path)
 

@@ -141,7 +141,7 @@ def _source_copy(tmp_path) -> str:
     return root
 
 
-def _fake_cython_build(tmp_path, root: str, version: str, cythonize: str, **extra) -> str:
+def _fake_cython_build(tmp_path, root: str, version: str, cythonize: str, *args: str, **extra) -> str:
     """``setup.py build_ext --inplace`` in ``root`` under a stand-in Cython of ``version`` whose ``cythonize`` is
     the source ``cythonize``, neither switch set: the one line setup.py printed (it must print exactly one)."""
     fake = tmp_path / "cy" / "Cython"
@@ -149,7 +149,7 @@ def _fake_cython_build(tmp_path, root: str, version: str, cythonize: str, **extr
     (fake / "__init__.py").write_text(f'__version__ = "{version}"\n')
     (fake / "Build.py").write_text(cythonize)
     env = {k: v for k, v in child_env(root, PYTHONPATH=str(tmp_path / "cy"), **extra).items() if k != COMPILE_ENV}
-    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=root, env=env,
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", *args], cwd=root, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     said = [line for line in out.stderr.splitlines() if line.startswith("allocsim:")]
@@ -169,8 +169,8 @@ def test_a_cython_older_than_the_tested_one_builds_nothing(tmp_path):
 
 def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
     """By default setup.py compiles; where the C compiler fails (here ``CC=false``) it says so in one line, leaves
-    no compiled module (an earlier in-place build's goes, else it would load), and ``allocsim --version`` says
-    why the build runs interpreted."""
+    no compiled module (an earlier build's goes, in place, else it would load, and from the build folder, else a
+    wheel would pack it), and ``allocsim --version`` says why the build runs interpreted."""
     translate = ("import os\n"
                  "def cythonize(extensions, build_dir, **kwargs):\n"
                  "    for ext in extensions:\n"
@@ -180,12 +180,16 @@ def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
                  "        ext.sources = [c]\n"
                  "    return extensions\n")
     root = _source_copy(tmp_path)
-    stale = os.path.join(root, *COMPILED_MODULES[0].split(".")) + importlib.machinery.EXTENSION_SUFFIXES[0]
-    open(stale, "wb").close()
-    said = _fake_cython_build(tmp_path, root, "3.3.1", translate, CC="false")
+    lib = str(tmp_path / "lib")
+    for where in (root, lib):
+        stale = os.path.join(where, *COMPILED_MODULES[0].split(".")) + importlib.machinery.EXTENSION_SUFFIXES[0]
+        os.makedirs(os.path.dirname(stale), exist_ok=True)
+        open(stale, "wb").close()
+    said = _fake_cython_build(tmp_path, root, "3.3.1", translate, "-b", lib, CC="false")
     assert said.startswith("allocsim: the C compile failed (CompileError: ") and \
         said.endswith("; installing the interpreted modules (same results, slower replays)"), said
-    assert not glob.glob(os.path.join(root, "allocsim", "**", "*.so"), recursive=True)
+    for where in (root, lib):
+        assert not glob.glob(os.path.join(where, "allocsim", "**", "*.so"), recursive=True), where
     version = run(["-m", "allocsim", "--version"], root=root).stdout.strip()
     assert "(interpreted, because the C compile failed (CompileError: command '" in version and \
         version.endswith("false' failed with exit code 1))"), version
