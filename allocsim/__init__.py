@@ -23,19 +23,19 @@ Python API (the same names as the command line)::
     allocsim.build()                  # which build runs: "interpreted", or the compiled modules
 """
 from .compiled import build         # first: with ALLOCSIM_INTERPRETED set, the compiled modules load from source
-from .costs import CostModel
-from .fit import fit_capacity
-from .importers import import_file as import_trace
-from .metrics import ReplayResult
-from .replay import Replay, ReplaySettings, replay
-from .recorders import mark, tries
-from .recorders.session import recording, start_recording, stop_recording
-from .spec import PolicySpec
-from .sweep import compare
-from .synth import generate as synthesize
+from .machine.costs import CostModel
+from .search.fit import fit_capacity
+from .formats.importers import import_file as import_trace
+from .machine.metrics import ReplayResult
+from .engine.replay import Replay, ReplaySettings, replay
+from .formats.recorders import mark, tries
+from .formats.recorders.session import recording, start_recording, stop_recording
+from .engine.spec import PolicySpec
+from .search.sweep import compare
+from .formats.synth import generate as synthesize
 from .trace import Trace, TraceWriter
 from .units import fmt_bytes, parse_size
-from .validate import validate as validate_trace
+from .search.validate import validate as validate_trace
 
 from .version import __version__
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import random
 from bisect import bisect_right
 
-from .device import SimulatedDevice
-from .replay import Replay, replay
-from .spec import PolicySpec
+from .machine.device import SimulatedDevice
+from .engine.replay import Replay, replay
+from .engine.spec import PolicySpec
 from .trace import ALLOC, OOM, Trace, TraceWriter
 from .trace.events import CACHE_RELEASE
 

@@ -1,5 +1,5 @@
 """What resuming a capacity walk's probes from the previous probe's checkpoints saves (issue 19, item 3;
-`allocsim.fit`, module docstring: resumed probes).
+`allocsim.search.fit`, module docstring: resumed probes).
 
 In this process, for each trace: the `torch` walk of the recorded settings (the exact walk of `allocsim fit`, and
 tune's bisection to 3 significant figures, under the trace's ``:CAP`` when given) with probes resumed and with every
@@ -25,9 +25,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from allocsim import fit  # noqa: E402
-from allocsim.sweep import cached_trace  # noqa: E402
-from allocsim.tune import FIT_DIGITS  # noqa: E402
+from allocsim.search import fit  # noqa: E402
+from allocsim.search.sweep import cached_trace  # noqa: E402
+from allocsim.search.tune import FIT_DIGITS  # noqa: E402
 
 TRACES = ["traces/bert_mlm.bin", "traces/gpt2.bin", "traces/resnet50.bin", "traces/pressure-maxsplit-cap.bin:3767323852",
           "traces/pressure-empty-cache.bin", "traces/pressure-fraction-retry.bin", "traces/pressure-side-stream.bin"]
@@ -62,7 +62,7 @@ def walk_cpu(path: str, cap: int | None, digits: int | None, resume: bool) -> tu
 def tune_cpu(path: str, cap: int | None, resume: bool) -> tuple[float, float, list]:
     """CPU seconds of ``tune`` at ``-j 1`` in this process and of the capacity walks' probes in it (`fit.probe`),
     and the rows' "fits on" (trails emptied first)."""
-    from allocsim.tune import tune
+    from allocsim.search.tune import tune
     real, resumable, walked = fit.probe, fit._resumable, [0.0]
 
     def timed(args):

@@ -1,7 +1,7 @@
-"""Folding periodic runs (allocsim/fold.py): long runs cost what is distinct.
+"""Folding periodic runs (allocsim/engine/fold.py): long runs cost what is distinct.
 
-1. A fixed-shape model (`allocsim.synth`'s ``transformer``, 10 iterations, extended to ``--steps`` by
-   `allocsim.synth.repeat_steps`): each policy replays the 10-step trace and the long one, folded and
+1. A fixed-shape model (`allocsim.formats.synth`'s ``transformer``, 10 iterations, extended to ``--steps`` by
+   `allocsim.formats.synth.repeat_steps`): each policy replays the 10-step trace and the long one, folded and
    with ``fold=False``; the table gives CPU seconds and the ratio long / 10 steps (target: <= 3 for 1,000
    steps, folded), each the best of ``--repeat`` runs, the variants alternated within one run.
 2. The recorded traces (``traces/*.bin``): how much folds as they are, and extended to ``--extend`` steps.
@@ -29,11 +29,11 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from allocsim import fold as fold_module  # noqa: E402
-from allocsim import synth  # noqa: E402
+from allocsim.engine import fold as fold_module  # noqa: E402
+from allocsim.formats import synth  # noqa: E402
 from allocsim.errors import UsageError  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
-from allocsim.replay import Replay  # noqa: E402
+from allocsim.engine.replay import Replay  # noqa: E402
 from allocsim.trace import Trace  # noqa: E402
 
 
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
             continue
         try:
             ext = synth.repeat_steps(trace, a.extend) if a.extend and len(trace.marks()) <= a.extend else None
-        except UsageError:          # its steps cannot be repeated as they are (allocsim.synth.repeat_steps)
+        except UsageError:          # its steps cannot be repeated as they are (allocsim.formats.synth.repeat_steps)
             ext = None
         for p in policies:
             as_is = timed(trace, p, True)[2]

@@ -106,8 +106,8 @@ def main() -> int:
         del snap
         print(f"pickle: {os.path.getsize(src) / MiB:.1f} MiB")
 
-        from allocsim.importers import safe_pickle
-        from allocsim.importers.torch_snapshot import SnapshotConversion
+        from allocsim.formats.importers import safe_pickle
+        from allocsim.formats.importers.torch_snapshot import SnapshotConversion
         from allocsim.trace import TraceWriter
         t0 = time.perf_counter()
         loaded = safe_pickle.load(src)

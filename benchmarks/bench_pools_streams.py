@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from allocsim.outputs import atomic_open  # noqa: E402
-from allocsim.replay import replay  # noqa: E402
+from allocsim.engine.replay import replay  # noqa: E402
 from allocsim.trace import TraceWriter  # noqa: E402
 from allocsim.trace import events as ev  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Replay speed: driving events per second for every simulated policy on an alloc-heavy trace.
 
-The trace is `allocsim.synth.generate("alloc-heavy", seed=...)` (1 M small and
+The trace is `allocsim.formats.synth.generate("alloc-heavy", seed=...)` (1 M small and
 medium short-lived allocations, 2 M driving events), or a local generator of the
 same shape when the synth module is missing. Each policy replays it once (eager
 runtime, the trace's 80 GiB device); the table gives driving events per second
@@ -29,10 +29,10 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from allocsim import policies  # noqa: E402
-from allocsim.replay import replay  # noqa: E402
+from allocsim.engine.replay import replay  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
 from allocsim.policies.base import Policy  # noqa: E402
-from allocsim.replay import Replay  # noqa: E402
+from allocsim.engine.replay import Replay  # noqa: E402
 from allocsim.trace import ALLOC, FREE, RECORD_DTYPE, Trace  # noqa: E402
 
 FLOOR = "(engine floor)"
@@ -42,7 +42,7 @@ OFFLINE = {"oracle"}        # place the whole trace up front: not an online repl
 def alloc_heavy(n: int, seed: int) -> Trace:
     """The synth preset if it is there, else the same recipe here (log-uniform 16 B-4 MiB, lifetime ~64)."""
     try:
-        from allocsim import synth
+        from allocsim.formats import synth
     except ImportError:
         synth = None
     if synth is not None:

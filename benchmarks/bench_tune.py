@@ -1,7 +1,7 @@
 """Tune's wall time as a ratio to single replays of the same trace, and how busy ``-j N`` keeps its workers.
 
 For each trace: the single replay under the recorded settings (the median of ``--singles`` runs, taken in this
-run, before and after the tunes), then ``allocsim.tune`` at each ``--jobs`` (``-j 1`` in this process, more on a
+run, before and after the tunes), then ``allocsim.search.tune`` at each ``--jobs`` (``-j 1`` in this process, more on a
 local process pool). Per tune: wall seconds, the ratio to one single replay (issue 17 asks for ≤ 100), the
 speed-up over ``-j 1``, the replays the answer counts, and per worker its CPU-busy fraction (its tasks' CPU
 seconds over the tune's wall time), its held fraction (the wall seconds it spent in tasks, over the same) and
@@ -14,7 +14,7 @@ single replay's: the cost a busy machine does not distort.
 
 ``--cap`` is the allowed memory (a size, or ``1.2x``: that multiple of each trace's LOAD); ``--capacity`` the device's
 memory (default: the recorded device's). ``--synth ITERATIONS`` adds a generated variable-length transformer
-(`allocsim.synth`, about 1,050 events an iteration) recorded as a PyTorch run, for a trace of 10^5 events and more;
+(`allocsim.formats.synth`, about 1,050 events an iteration) recorded as a PyTorch run, for a trace of 10^5 events and more;
 ``--recorded-conf`` gives it the ``PYTORCH_CUDA_ALLOC_CONF`` it was recorded with (issue 17's first case: 49
 iterations, ``--recorded-conf max_split_size_mb:128,roundup_power2_divisions:4 --capacity 22GB``).
 
@@ -37,8 +37,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from allocsim.outputs import atomic_open  # noqa: E402
-from allocsim.sweep import Cell, cached_trace, run_cell  # noqa: E402
-from allocsim.tune import Space, Target, tune  # noqa: E402
+from allocsim.search.sweep import Cell, cached_trace, run_cell  # noqa: E402
+from allocsim.search.tune import Space, Target, tune  # noqa: E402
 
 
 def _tagged(fn, *args):
@@ -136,7 +136,7 @@ def synth_transformer(iterations: int, folder: str, conf: str | None = None) -> 
     """A generated variable-length transformer of ``iterations`` steps, saved as a PyTorch recording (the torch
     space: the caching allocator's settings) on an 80 GiB device, recorded under ``conf`` (a
     ``PYTORCH_CUDA_ALLOC_CONF``; None: the defaults); its path."""
-    from allocsim.synth import generate
+    from allocsim.formats.synth import generate
     from allocsim.trace import Trace
     t = generate("transformer", variable=True, iterations=iterations)
     path = os.path.join(folder, f"transformer-variable-{iterations}.bin")

@@ -3,7 +3,7 @@
 A replay under cap C' goes exactly as one under a larger C up to the first limit comparison that comes out
 otherwise: while the largest need the replay at C has granted so far is at most C' (and the smallest it
 refused is above C'), its state is that of the replay at C'. For each probe of a walk (the exact walk of
-`allocsim fit`, a MiB at a time, and tune's bisection to 3 significant figures, `allocsim.fit`), this takes
+`allocsim fit`, a MiB at a time, and tune's bisection to 3 significant figures, `allocsim.search.fit`), this takes
 the longest such prefix of any earlier probe of the walk, read at checkpoints every 1/64 of the trace, as a
 share of the probe's driving events: what a resume from the last checkpoint before the divergence would skip.
 Nothing is resumed here; it measures whether building the resume pays, and what a checkpoint would cost
@@ -26,10 +26,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from allocsim import fit  # noqa: E402
-from allocsim.replay import Replay, driving_count  # noqa: E402
-from allocsim.sweep import Settings, cached_trace  # noqa: E402
-from allocsim.tune import FIT_DIGITS, Space, Target  # noqa: E402
+from allocsim.search import fit  # noqa: E402
+from allocsim.engine.replay import Replay, driving_count  # noqa: E402
+from allocsim.search.sweep import Settings, cached_trace  # noqa: E402
+from allocsim.search.tune import FIT_DIGITS, Space, Target  # noqa: E402
 
 TRACES = ["traces/pressure-maxsplit-cap.bin:3767323852", "traces/resnet50.bin", "traces/gpt2-maxsplit128-rp2div4.bin"]
 
@@ -81,7 +81,7 @@ def copy_cost(path: str, cap: int | None) -> float:
     least of three each)."""
     import copy
     import time
-    from allocsim.replay import kept_chunks
+    from allocsim.engine.replay import kept_chunks
     t = cached_trace(path)
     spec = Space(t, Target(None, cap)).candidates()[0].spec
     def took(fn) -> float:

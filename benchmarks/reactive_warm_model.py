@@ -20,7 +20,8 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from allocsim import Trace, import_trace, replay  # noqa: E402
+from allocsim import Trace, import_trace  # noqa: E402
+from allocsim.engine import replay
 from allocsim.trace import events as ev  # noqa: E402
 
 #: Phase -> file names in an allocation's Python frames that put it there (checked in this order).

@@ -2,7 +2,7 @@
 
 A recording of a first run (``COLD``, with its pool events) has no PHASE scopes; a PyTorch memory snapshot of
 another first run of the same program (``SNAPSHOT``, ``torch.cuda.memory._dump_snapshot`` with C++ and Python
-frames) names, in each allocation's frames, the calls the recorder now wraps (`allocsim/recorders/
+frames) names, in each allocation's frames, the calls the recorder now wraps (`allocsim/formats/recorders/
 torch_compile.py`, `HOOKS`). This script finds the phases each of the snapshot's allocations was made in, carries
 them over to ``COLD``'s allocations by aligning the two runs' request sizes (the runs differ only in how many
 times autotuning repeats a benchmark), writes ``OUT``: ``COLD`` with the PHASE scopes the recorder would have
@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-from allocsim.importers import safe_pickle
-from allocsim.recorders.torch_compile import HOOKS
+from allocsim.formats.importers import safe_pickle
+from allocsim.formats.recorders.torch_compile import HOOKS
 from allocsim.trace import Trace
 from allocsim.trace import events as ev
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim import synth
+from allocsim.formats import synth
 from allocsim.trace import analysis
 from allocsim.errors import InputError
 from allocsim.trace import ALLOC, FREE, FREE_REQUESTED, MARK, RECORD_DTYPE, SEGMENT_ALLOC, Trace, TraceWriter

@@ -14,10 +14,10 @@ from hypothesis import given, settings, strategies as st
 
 import allocsim
 from allocsim.cli import main
-from allocsim.metrics import PARTS
-from allocsim.replay import Replay, make_device
+from allocsim.machine.metrics import PARTS
+from allocsim.engine.replay import Replay, make_device
 from allocsim.report.text import breakdown_table, replay_summary
-from allocsim.sweep import Cell, run_cells
+from allocsim.search.sweep import Cell, run_cells
 from allocsim.trace import ALLOC, TraceWriter
 from allocsim.units import fmt_bytes
 
@@ -255,7 +255,7 @@ def test_compare_breakdown_table_and_csv(tmp_path, capsys):
 
 def test_tune_table_has_the_breakdown_column():
     from allocsim.report.tune import WHY, table
-    from allocsim.tune import tune
+    from allocsim.search.tune import tune
     t = trace_of(("a", 0, 1), ("a", 1, 3 * MiB))
     import tempfile, os
     with tempfile.TemporaryDirectory() as d:

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 import allocsim.trace.trace as trace_module
 from allocsim.cli import main
 from allocsim.errors import InputError
-from allocsim.importers.torch_snapshot import SnapshotConversion, catches_oom, stacks_of
-from allocsim.replay import Replay, replay
+from allocsim.formats.importers.torch_snapshot import SnapshotConversion, catches_oom, stacks_of
+from allocsim.engine.replay import Replay, replay
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.trace.analysis import summarize
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 
 from test_fast_path import FUSED, FUSED_IDS, assert_fused_is_plain, pressured_traces
 from test_record import _gpu_ok, _script

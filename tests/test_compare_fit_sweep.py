@@ -5,9 +5,9 @@ import os
 import pytest
 
 from allocsim import policies
-from allocsim.replay import replay
-from allocsim.fit import fit_capacity
-from allocsim.sweep import COLUMNS, Cell, Settings, run_cells
+from allocsim.engine.replay import replay
+from allocsim.search.fit import fit_capacity
+from allocsim.search.sweep import COLUMNS, Cell, Settings, run_cells
 from allocsim.trace import TraceWriter
 
 from conftest import ROOT, random_trace, run_cli
@@ -124,7 +124,7 @@ def test_fit_rejects_a_zero_resolution(small_trace_path):
 
 def test_cached_trace_keeps_the_last_few_and_reloads_a_changed_file(tmp_path):
     """A worker keeps `TRACES_KEPT` traces for its next cells, no more, and never a stale one."""
-    from allocsim import sweep
+    from allocsim.search import sweep
     from conftest import random_trace
     paths = []
     for k in range(sweep.TRACES_KEPT + 1):
@@ -143,7 +143,7 @@ def test_cached_trace_keeps_the_last_few_and_reloads_a_changed_file(tmp_path):
 def test_a_pool_starts_the_longest_replays_first():
     """`longest_first`: the larger trace's cells first (its replays are the longest), each trace's cells in
     their order."""
-    from allocsim.sweep import longest_first
+    from allocsim.search.sweep import longest_first
     small, large = (os.path.join(ROOT, "traces", n) for n in ("cupy_mlp.bin", "gpt2.bin"))
     cells = [Cell(t, p) for t in (small, large) for p in ("split", "torch")]
     assert longest_first(cells) == cells[2:] + cells[:2]

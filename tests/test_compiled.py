@@ -108,8 +108,8 @@ def test_folding_walks_the_compiled_policies_in_full():
     repeated run folds under each policy that runs interpreted here and is walked in full under each that runs
     compiled."""
     from allocsim import policies
-    from allocsim.replay import Replay
-    from allocsim.synth import repeat_steps
+    from allocsim.engine.replay import Replay
+    from allocsim.formats.synth import repeat_steps
     from allocsim.trace import Trace
     trace = repeat_steps(Trace.load(os.path.join(ROOT, "traces", "synthetic-transformer.bin")), 30)
     for name in ("cupy", "split", "bestfit", "torch"):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from allocsim.costs import CostModel
+from allocsim.machine.costs import CostModel
 from allocsim.errors import InputError
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 from allocsim.trace import TraceWriter
 
 MiB = 1 << 20

@@ -8,14 +8,14 @@ from hypothesis import strategies as st
 
 from conftest import random_trace
 
-from allocsim.replay import replay
-from allocsim.replay import Replay
-from allocsim.context import PolicyContext
-from allocsim.device import SimulatedDevice
+from allocsim.engine.replay import replay
+from allocsim.engine.replay import Replay
+from allocsim.machine.context import PolicyContext
+from allocsim.machine.device import SimulatedDevice
 from allocsim.errors import UsageError
 from allocsim.policies.cupy import CuPyPool
-from allocsim.runtime import EagerRuntime
-from allocsim.sections import Sections
+from allocsim.machine.runtime import EagerRuntime
+from allocsim.machine.sections import Sections
 from allocsim.trace import ALLOC, TraceWriter
 from allocsim.trace.events import SEGMENT_ALLOC, SEGMENT_FREE
 
@@ -422,7 +422,7 @@ def test_keys_past_one_machine_word_replay_alike(version):
     """Device allocations 64 TiB apart: the larger free chunks' v14 keys pass 2**63, so an arena whose keys were
     C words (the compiled build, `_Arena.words`) keeps them as Python ints from then on; the fused loop is the
     plain walk, and both the reference model, chunk for chunk (v13's keys are Python ints throughout)."""
-    from allocsim import synth
+    from allocsim.formats import synth
     from allocsim.compiled import compiled_modules
     from test_fast_path import assert_fused_is_plain
     from test_reference_models import assert_same

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim.replay import replay
-from allocsim.device import SimulatedDevice
-from allocsim.gpu import gpu_available
-from allocsim.replay import Replay, make_device
-from allocsim.runtime import EagerRuntime
-from allocsim.sections import Sections
+from allocsim.engine.replay import replay
+from allocsim.machine.device import SimulatedDevice
+from allocsim.machine.gpu import gpu_available
+from allocsim.engine.replay import Replay, make_device
+from allocsim.machine.runtime import EagerRuntime
+from allocsim.machine.sections import Sections
 from allocsim.trace import ALLOC, FREE, Trace, TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, GC, IN_REQUEST, OOM, SEGMENT_ALLOC, SEGMENT_FREE, SET_LIMIT
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 from allocsim.report.text import validation_summary
 
 from conftest import ROOT

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import allocsim
-from allocsim.replay import Replay, make_device
-from allocsim.device import ADDRESS_END, BASE_ADDR, SimulatedDevice
+from allocsim.engine.replay import Replay, make_device
+from allocsim.machine.device import ADDRESS_END, BASE_ADDR, SimulatedDevice
 from allocsim.errors import UsageError
 from allocsim.trace import SEGMENT_ALLOC, SEGMENT_FREE, Trace
 

@@ -2,8 +2,8 @@
 import pytest
 
 from allocsim import policies
-from allocsim.replay import replay
-from allocsim.replay import Replay
+from allocsim.engine.replay import replay
+from allocsim.engine.replay import Replay
 from allocsim.trace import TraceWriter
 
 from conftest import random_trace
@@ -117,7 +117,7 @@ def test_a_small_traces_kept_chunks_replay_as_chunks_made_afresh(monkeypatch, na
     import os
     from allocsim.trace import Trace
     from conftest import ROOT
-    engine = importlib.import_module("allocsim.replay")       # the module (the package's ``replay`` is the function)
+    engine = importlib.import_module("allocsim.engine.replay")       # the module (the package's ``replay`` is the function)
     t = Trace.load(os.path.join(ROOT, "traces", name))
     assert len(t) <= engine.KEEP_RECORDS
 

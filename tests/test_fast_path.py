@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
-from allocsim.replay import Replay, make_device
+from allocsim.engine.replay import Replay, make_device
 from allocsim.frameworks.torch import MAX_MB
 from allocsim.policies.bestfit import BestFit
 from allocsim.policies.cupy import CuPyPool

@@ -8,7 +8,7 @@ import pytest
 from allocsim import validate_trace
 from allocsim.policies.cupy import RecordedPlaces
 from allocsim.policies.torch import has_pool_events
-from allocsim.replay import Replay, make_device
+from allocsim.engine.replay import Replay, make_device
 from allocsim.trace import ALLOC, Trace
 from allocsim.trace import events as ev
 from allocsim.report.text import validation_summary

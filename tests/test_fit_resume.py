@@ -1,4 +1,4 @@
-"""`allocsim fit`'s probes resumed from the previous probe's checkpoints (`allocsim.fit._Trail`): every probe's whole
+"""`allocsim fit`'s probes resumed from the previous probe's checkpoints (`allocsim.search.fit._Trail`): every probe's whole
 result (figures, sections, latencies, OOM records, the certified interval) is the one its replay from the first event
 gives, and so is every walk's answer, on generated and shipped traces; and the check fails where the rule that says
 which checkpoint a cap shares is broken on purpose."""
@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim import fit
-from allocsim.replay import Replay
-from allocsim.sweep import cached_trace, run_cell
+from allocsim.search import fit
+from allocsim.engine.replay import Replay
+from allocsim.search.sweep import cached_trace, run_cell
 from allocsim.trace import TraceWriter
 from allocsim.trace import events as ev
-from allocsim.tune import FIT_DIGITS
+from allocsim.search.tune import FIT_DIGITS
 
 from conftest import run_cli
 from test_torch_pools import OPS as POOL_OPS, T, _build

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim import policies
-from allocsim.replay import replay
-from allocsim.fit import fit_capacity
-from allocsim.tune import FIT_DIGITS
+from allocsim.engine.replay import replay
+from allocsim.search.fit import fit_capacity
+from allocsim.search.tune import FIT_DIGITS
 from allocsim.trace import TraceWriter
 
 from conftest import ROOT
@@ -152,7 +152,7 @@ def test_walks_in_parallel_answer_as_the_walk_in_order(small_trace_path):
     replaying caps ahead of its need, islands and a bounded walk included — the same answers and replay counts
     as each walk alone."""
     from concurrent.futures import ThreadPoolExecutor
-    from allocsim import fit
+    from allocsim.search import fit
     fits = [dict(trace=small_trace_path, policy=p, resolution=64 * KiB, max_replays=m)
             for p, m in (("split", 0), ("binned", 0), ("knet", 0), ("split", 5))]
     alone = [fit_capacity(**f) for f in fits]
@@ -167,8 +167,8 @@ def test_walks_in_parallel_answer_as_the_walk_in_order(small_trace_path):
 
 def test_tune_walks_each_spec_once(monkeypatch, small_trace_path):
     """Rows of one spec under different pool caps share one capacity walk (the walk varies the cap itself)."""
-    from allocsim import fit
-    from allocsim.tune import _fit_all
+    from allocsim.search import fit
+    from allocsim.search.tune import _fit_all
     caps = []
     real = fit.probe
     monkeypatch.setattr(fit, "probe", lambda args: caps.append(args[2]) or real(args))
@@ -185,7 +185,7 @@ def test_a_walk_looks_ahead_on_the_usual_outcomes(small_trace_path):
     """`Walk.ahead`: down from the peak, the grid points below the need (a probe that passes certifies its own
     cap), a known outcome followed where there is one; in the bisection, the points of a search that fails."""
     from itertools import islice
-    from allocsim import fit
+    from allocsim.search import fit
     w = fit.walk_of(small_trace_path, "split", resolution=MiB)
     assert list(w.ahead({})) == [None]                  # nothing is guessed before the unlimited replay
     assert w.left() == float("inf")

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim.replay import replay
-from allocsim.replay import Replay
+from allocsim.engine.replay import replay
+from allocsim.engine.replay import Replay
 from allocsim.errors import InputError
-from allocsim.metrics import LatencyLog, latency_summary
+from allocsim.machine.metrics import LatencyLog, latency_summary
 from allocsim.trace import ALLOC, FREE, FREE_REQUESTED, Trace, TraceWriter
 from allocsim.trace import trace as trace_module
 

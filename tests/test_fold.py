@@ -1,4 +1,4 @@
-"""Folding periodic runs (allocsim/fold.py): the folded replay is the full walk, bit for bit, and it folds where
+"""Folding periodic runs (allocsim/engine/fold.py): the folded replay is the full walk, bit for bit, and it folds where
 the state repeats, and only there."""
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
-from allocsim import fold
+from allocsim.engine import fold
 from allocsim.compiled import INTERPRETED_ENV, compiled_modules
-from allocsim.metrics import LatencyLog
+from allocsim.machine.metrics import LatencyLog
 from allocsim.policies.split import SplittingPool
-from allocsim.replay import Replay
-from allocsim.synth import repeat_steps
+from allocsim.engine.replay import Replay
+from allocsim.formats.synth import repeat_steps
 from allocsim.testing import STREAMS
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import ALLOC, CACHE_RELEASE, FREE, SET_LIMIT
@@ -300,7 +300,7 @@ def test_a_walk_to_targets_folds_only_before_each_and_reads_alike_midway():
 def test_every_boundary_is_fingerprinted_where_it_lies_when_a_recorded_period_cannot_repeat(monkeypatch):
     """A recorded period that cannot be repeated (here: every one) folds nothing, and the boundary where it
     ends is still taken at its own place (events before it walked, none after), as every other one."""
-    from allocsim import fold
+    from allocsim.engine import fold
     trace = repeat_steps(load("synthetic-transformer.bin"), 20)
     monkeypatch.setattr(fold.Recorder, "stop", lambda self, stop=fold.Recorder.stop: stop(self) and None)
     taken = []
@@ -378,7 +378,7 @@ def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monk
     """1,000 steps of a fixed-shape model: the folded replay reads the signatures of the steps near those it
     walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes."""
     monkeypatch.setattr(trace_module, "CHUNK", 1 << 14)
-    replay_module = importlib.import_module("allocsim.replay")      # (the package's `replay` is the function)
+    replay_module = importlib.import_module("allocsim.engine.replay")      # (the package's `replay` is the function)
     trace = repeat_steps(load("synthetic-transformer.bin"), 1000)
     made, read = [], []
     chunk_init = replay_module._Chunk.__init__
@@ -401,7 +401,7 @@ def test_a_fold_over_0_byte_objects_reads_the_chunks_it_passes(monkeypatch):
     to be matched by: such a run is not folded.)"""
     monkeypatch.setattr(trace_module, "CHUNK", 64)
     # a small trace's chunks may be kept whole between replays, where a replay keeps them: not here
-    monkeypatch.setattr(importlib.import_module("allocsim.replay"), "KEEP_RECORDS", 0, raising=False)
+    monkeypatch.setattr(importlib.import_module("allocsim.engine.replay"), "KEEP_RECORDS", 0, raising=False)
     w = TraceWriter(meta={"producer": "test"})
     carried: list[int] = []
     for k in range(80):

@@ -10,12 +10,12 @@ import os
 import pytest
 
 from allocsim.policies.torch import has_pool_events
-from allocsim.replay import replay
-from allocsim.replay import Replay
-from allocsim.costs import CostModel
-from allocsim.gpu import gpu_available
+from allocsim.engine.replay import replay
+from allocsim.engine.replay import Replay
+from allocsim.machine.costs import CostModel
+from allocsim.machine.gpu import gpu_available
 from allocsim.trace import Trace
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 
 from conftest import ROOT, random_trace, run_cli
 
@@ -185,8 +185,8 @@ def test_calibrate_learns_the_sync_a_cudafree_implies(tmp_path):
     """A cudaFree waits for the kernel queued before it (the premise of ``free_sync_s``), and calibrate writes
     the step time one adds, measured, into the cost model it writes."""
     import time
-    from allocsim.calibrate import _SPIN, measure_free_sync
-    from allocsim.gpu import require_cupy
+    from allocsim.machine.calibrate import _SPIN, measure_free_sync
+    from allocsim.machine.gpu import require_cupy
     cp = require_cupy()
     rt = cp.cuda.runtime
     spin = cp.RawKernel(_SPIN, "spin")

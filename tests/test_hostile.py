@@ -903,7 +903,7 @@ def _partial_row(policy, runtime):
     trace (default options) leaves it."""
     def setup(d):
         from allocsim.commands.sweep import shared_key
-        from allocsim.sweep import Cell, Settings, run_cells
+        from allocsim.search.sweep import Cell, Settings, run_cells
         cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
         row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
         with open(os.path.join(d, "r.csv.partial"), "w") as f:

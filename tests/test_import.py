@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from allocsim.errors import InputError
-from allocsim.importers import detect, import_file, safe_pickle
-from allocsim.importers.torch_snapshot import (StartState, _Where, convert, inferred_pool_runs, inferred_releases,
+from allocsim.formats.importers import detect, import_file, safe_pickle
+from allocsim.formats.importers.torch_snapshot import (StartState, _Where, convert, inferred_pool_runs, inferred_releases,
                                                private_incarnations)
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev

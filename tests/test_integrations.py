@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from allocsim import recorders
-from allocsim.recorders import session
+from allocsim.formats import recorders
+from allocsim.formats.recorders import session
 from allocsim.integrations import Phases, RunRecording
 from allocsim.integrations.hf import HFPhases
 from allocsim.integrations.lightning import LightningPhases

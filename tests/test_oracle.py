@@ -8,7 +8,7 @@ from conftest import random_trace, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 from allocsim.errors import UsageError
 from allocsim.policies.oracle import buffer_lifetimes, plan
 from allocsim.trace import TraceWriter

@@ -117,7 +117,7 @@ def test_killed_atomic_write_leaves_no_temporaries(tmp_path, signum):
 
 FAKE_DRIVER = """
     import sys
-    from allocsim import recorders
+    from allocsim.formats import recorders
     from allocsim.cli import main
     from test_record import FakeRecorder
     recorders.recorder_class = lambda fw: FakeRecorder
@@ -281,7 +281,7 @@ def test_a_signal_stops_a_dask_sweep_with_its_two_lines(tmp_path, signum):
 def test_a_stopped_pool_prints_no_invalid_state_error():
     """Before: Ctrl-C during `tune -j 2` printed `InvalidStateError: CANCELLED` from the pool's thread in 4 of
     18 runs: the pool failed a future `Executor.map` had cancelled. A cancelled future now stays cancelled."""
-    from allocsim.sweep import process_pool
+    from allocsim.search.sweep import process_pool
     with pytest.raises(KeyboardInterrupt):
         with process_pool(1) as ex:
             for _ in range(4):      # the pool hands a worker's call queue one more than it runs: these fill it

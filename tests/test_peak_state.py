@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocsim.policies.torch import TorchCachingAllocator
-from allocsim.replay import Replay, replay
+from allocsim.engine.replay import Replay, replay
 from allocsim.trace import Trace
 
 from conftest import ROOT

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from allocsim.recorders import torch_compile
+from allocsim.formats.recorders import torch_compile
 from allocsim.trace import Trace
 from allocsim.trace import events as ev
 
@@ -307,7 +307,7 @@ def test_warm_view_leaves_out_what_dies_inside_cold_phases(ops):
 
 import json
 
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 
 from allocsim.cli import main
 

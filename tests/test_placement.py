@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import numpy as np
 import pytest
 
-from allocsim.placement import GRANULE, SMALL, SMALL_UNIT, DriverPlacement
+from allocsim.machine.placement import GRANULE, SMALL, SMALL_UNIT, DriverPlacement
 from allocsim.trace import SEGMENT_ALLOC, SEGMENT_FREE, Trace
 
 from conftest import ROOT

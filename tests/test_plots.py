@@ -63,8 +63,8 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from allocsim.report import plots  # noqa: E402
 from allocsim.commands.plot import parse_caps  # noqa: E402
-from allocsim.sweep import Cell, Settings, run_cell, run_cells  # noqa: E402
-from allocsim.replay import ReplaySettings  # noqa: E402
+from allocsim.search.sweep import Cell, Settings, run_cell, run_cells  # noqa: E402
+from allocsim.engine.replay import ReplaySettings  # noqa: E402
 from allocsim.units import parse_size  # noqa: E402
 
 POLICIES = ["split", "bestfit"]
@@ -279,12 +279,12 @@ def test_an_empty_trace_is_a_note_not_blank_axes(tmp_path):
 
 @pytest.fixture(scope="module")
 def tuned(small):
-    from allocsim.tune import tune
+    from allocsim.search.tune import tune
     return tune(small.path, capacity=small.load_bytes * 2, jobs=1, fit=False)
 
 
 def test_tune_plot_titles_the_file_and_draws_the_target_and_the_frontier(tuned, small):
-    from allocsim.tune import fits
+    from allocsim.search.tune import fits
     fig = plots.tune_frontier_figure(tuned)
     ax = fig.axes[0]
     assert ax.get_title().startswith(os.path.basename(small.path) + ":") and os.sep not in ax.get_title()

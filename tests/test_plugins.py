@@ -14,9 +14,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import allocsim
-from allocsim import policies, spec
+from allocsim import policies
+from allocsim.engine import spec
 from allocsim.errors import UsageError
-from allocsim.spec import PolicySpec
+from allocsim.engine.spec import PolicySpec
 from allocsim.testing import check_policy
 from conftest import ROOT, random_trace, run_cli
 

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim.replay import replay
-from allocsim.replay import Replay
+from allocsim.engine.replay import replay
+from allocsim.engine.replay import Replay
 from allocsim.policies import binned
 from allocsim.policies.knet import blocksize, icbrt
 from allocsim.policies.simple import max_oversize
-from allocsim.sections import Sections
+from allocsim.machine.sections import Sections
 from allocsim.trace import ALLOC, TraceWriter
 from conftest import ROOT
 

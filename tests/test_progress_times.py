@@ -4,7 +4,7 @@ import json
 import re
 import time
 
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 from allocsim.commands import _common
 from allocsim.policies import oracle
 
@@ -94,7 +94,7 @@ def test_plural():
 
 def test_fit_bar_counts_its_policies_in_english(monkeypatch, small_trace_path):
     from allocsim.commands.fit import frontier
-    from allocsim.spec import PolicySpec
+    from allocsim.engine.spec import PolicySpec
     term = Terminal()
     monkeypatch.setattr("sys.stderr", term)
     frontier(small_trace_path, [PolicySpec.parse("bestfit")], quiet=False, oracle=False)
@@ -177,7 +177,7 @@ def test_fit_lines_give_each_policy_its_own_replays_time_and_estimate_from_the_r
     import types
     from math import inf
     from allocsim.commands.fit import _FitProgress
-    from allocsim.spec import PolicySpec
+    from allocsim.engine.spec import PolicySpec
     out = io.StringIO()
     monkeypatch.setattr("sys.stderr", out)
     progress = _FitProgress([PolicySpec.parse("split"), PolicySpec.parse("torch")], False, 2, False, lambda n: None)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from allocsim.cli import main
-from allocsim.ranks import fit_capacity, process_name, run_files, run_traces
+from allocsim.machine.ranks import fit_capacity, process_name, run_files, run_traces
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 
@@ -216,7 +216,7 @@ def test_program_mode_is_chosen_for_programs_not_scripts(tmp_path, monkeypatch):
         ["-m", "torch.distributed.run", "--nproc-per-node", "2", "t.py"]
     (tmp_path / "train.py").write_text("import torch\n")
     assert argv("train.py") is None and argv("-m", "pkg.train") is None       # run inside allocsim, as before
-    from allocsim.recorders.processes import default_output
+    from allocsim.formats.recorders.processes import default_output
     assert default_output(["torchrun", "--nproc-per-node", "2", "train.py"]) == "train.bin"
     assert default_output(["bash", "run.sh"]) == "bash.bin"
 
@@ -284,7 +284,7 @@ def test_replay_of_a_run_fails_when_a_rank_runs_out(run, capsys):
 
 
 def test_tune_fits_the_worst_rank_beside_the_memory_outside(run, capsys):
-    from allocsim.tune_ranks import tune_run
+    from allocsim.search.tune_ranks import tune_run
     res = tune_run(run_files(run), max_replays=4, fit=False)
     assert res.paths[res.worst].endswith("run.rank1.bin")            # 1 GiB - 200 MiB - 300 MiB: the least room
     assert res.capacities == [(1 << 30) - 200 * MiB] * 2 and res.outside == [200 * MiB] * 2
@@ -418,7 +418,7 @@ def test_gpu_spawned_gloo_ranks_are_named_by_their_group_rank(tmp_path):
 def _snapshot_on(tmp_path, traces_by_device):
     """The fixture snapshot with its device 1 history moved to the devices named (``{device: entries}``)."""
     import pickle
-    from allocsim.importers import safe_pickle
+    from allocsim.formats.importers import safe_pickle
     snap = safe_pickle.load(os.path.join(ROOT, "tests", "fixtures", "snapshot.pickle"))
     one = snap["device_traces"][1]
     n = max(traces_by_device) + 1
@@ -456,8 +456,8 @@ def test_tune_run_recommends_only_what_fits_every_rank(tmp_path_factory, seeds, 
     """Whatever the ranks hold and whatever lay beside their allocators, a recommended setting replays on every
     rank, at the GPU less that rank's outside memory, without running out; the rank tuned has the least room."""
     from conftest import random_trace
-    from allocsim.replay import replay
-    from allocsim.spec import PolicySpec
+    from allocsim.engine.replay import replay
+    from allocsim.engine.spec import PolicySpec
     from allocsim.errors import UsageError
     d = tmp_path_factory.mktemp("tunerun")
     paths = []
@@ -468,7 +468,7 @@ def test_tune_run_recommends_only_what_fits_every_rank(tmp_path_factory, seeds, 
                   "device_memory": {"total": total * MiB, "outside_peak": outside[rank] * MiB}}
         paths.append(str(d / f"run.rank{rank}.bin"))
         t.save(paths[-1])
-    from allocsim.tune_ranks import tune_run
+    from allocsim.search.tune_ranks import tune_run
     try:
         res = tune_run(paths, max_replays=6, fit=False)
     except UsageError as e:            # a rank whose LOAD is more than its capacity: named, nothing tuned

@@ -12,10 +12,10 @@ import os
 
 import pytest
 
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 from allocsim.trace import Trace
 from allocsim.trace.phases import warm_view
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 from conftest import ROOT
 
 HERE = os.path.join(ROOT, "traces", "reactive")

@@ -257,7 +257,7 @@ def test_a_changed_figure_is_noticed():
 def test_record_says_where_its_own_options_went(tmp_path, monkeypatch, capsys):
     """`allocsim record train.py -o run.bin`: -o is the script's; the note says so and names the trace written
     (the recorder itself, which needs a GPU, is replaced by one that only says what it was asked)."""
-    from allocsim import recorders
+    from allocsim.formats import recorders
     from allocsim.cli import main
     asked = []
 

@@ -15,10 +15,10 @@ import textwrap
 import numpy as np
 import pytest
 
-from allocsim import recorders
+from allocsim.formats import recorders
 from allocsim.cli import main
-from allocsim.recorders._base import Recorder
-from allocsim.recorders.torch import EntryConverter
+from allocsim.formats.recorders._base import Recorder
+from allocsim.formats.recorders.torch import EntryConverter
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 

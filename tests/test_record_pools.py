@@ -1,4 +1,4 @@
-"""The recorder's pool events (`allocsim.recorders.torch_pools`): on the CPU against a stand-in for the
+"""The recorder's pool events (`allocsim.formats.recorders.torch_pools`): on the CPU against a stand-in for the
 ``torch`` calls it wraps (order, numbering, flags, what each wrapper records and passes on); on a GPU
 (marked gpu) a real program with a MemPool and a CUDA graph, whose trace must hold the pool events the
 program's calls imply and replay to the real allocator's own figures."""
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from allocsim.recorders.torch_pools import PoolHooks
+from allocsim.formats.recorders.torch_pools import PoolHooks
 from allocsim.trace import events as ev
 
 from test_record import _check_torch, _gpu_ok, _recorded
@@ -225,7 +225,7 @@ POOLS_SCRIPT = """
 @pytest.mark.gpu
 @pytest.mark.skipif(not _gpu_ok("torch"), reason="needs torch with a CUDA GPU")
 def test_a_recorded_program_with_pools_has_their_events_and_replays_exactly(tmp_path):
-    from allocsim.validate import validate
+    from allocsim.search.validate import validate
     t, stats, out = _recorded(tmp_path, "pools.py", POOLS_SCRIPT)
     _check_torch(t, stats["memory_stats"])
     n = {name: int((t.kind == k).sum()) for k, name in ev.KIND_NAMES.items()}

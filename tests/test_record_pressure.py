@@ -14,9 +14,9 @@ import types
 
 import pytest
 
-from allocsim.importers import import_file, safe_pickle
-from allocsim.importers.torch_snapshot import StartState, _Where, inferred_releases
-from allocsim.recorders.torch import fraction_bits
+from allocsim.formats.importers import import_file, safe_pickle
+from allocsim.formats.importers.torch_snapshot import StartState, _Where, inferred_releases
+from allocsim.formats.recorders.torch import fraction_bits
 from allocsim.trace import Trace
 from allocsim.trace import events as ev
 
@@ -148,7 +148,7 @@ def _fake_cupy(monkeypatch, pool):
 
 def _recording(monkeypatch, tmp_path):
     """A CuPy recorder started on a fake CuPy: ``(pool, cupy, recorder, its memory hook)``."""
-    from allocsim.recorders.cupy import CupyRecorder
+    from allocsim.formats.recorders.cupy import CupyRecorder
     pool = FakePool()
     cupy, hooks = _fake_cupy(monkeypatch, pool)
     rec = CupyRecorder(str(tmp_path / "c.bin"), command=["x"])

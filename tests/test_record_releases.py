@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim.importers.torch_snapshot import EntryConverter, converted_again
+from allocsim.formats.importers.torch_snapshot import EntryConverter, converted_again
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 
 from conftest import ROOT
 from test_recording import _run

@@ -1,5 +1,5 @@
 """One process recorded more than once (issue 21, DDP's rank 0): the frees that land elsewhere, and `tune` on all
-the recordings (allocsim.trace.analysis.moved_frees, allocsim.tune_ranks.recorded_again; traces/README.md)."""
+the recordings (allocsim.trace.analysis.moved_frees, allocsim.search.tune_ranks.recorded_again; traces/README.md)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from conftest import ROOT, random_trace
 from allocsim.cli import main
-from allocsim.replay import replay
-from allocsim.spec import PolicySpec
+from allocsim.engine.replay import replay
+from allocsim.engine.spec import PolicySpec
 from allocsim.trace import Trace
 from allocsim.trace import events as ev
 from allocsim.trace.analysis import free_points, moved_frees
@@ -142,7 +142,7 @@ def recordings(tmp_path):
 
 
 def test_tune_checks_every_recording_and_says_which_free_moved(recordings, capsys):
-    from allocsim.tune_ranks import tune_run
+    from allocsim.search.tune_ranks import tune_run
     from allocsim.report.tune import recorded_again_lines
     late, early, i = recordings
     res = tune_run([early, late], max_replays=4, fit=False)
@@ -166,7 +166,7 @@ def test_tune_checks_every_recording_and_says_which_free_moved(recordings, capsy
 def test_rows_follow_the_traces_in_the_order_given(tmp_path):
     """tune on a run checks each setting on every rank; each rank's row is that rank's own replay whatever order
     the traces come in (the rows of the replays come back sorted by path: ranks 10 and up sort before rank 2)."""
-    from allocsim.tune_ranks import tune_run
+    from allocsim.search.tune_ranks import tune_run
     paths = []
     for k, seed in enumerate((3, 4, 5)):
         t = random_trace(300, seed=seed, max_size=(k + 1) << 21)
@@ -179,7 +179,7 @@ def test_rows_follow_the_traces_in_the_order_given(tmp_path):
 
 
 def test_two_ranks_that_allocate_alike_are_two_processes(tmp_path):
-    from allocsim.tune_ranks import recorded_again
+    from allocsim.search.tune_ranks import recorded_again
     t = random_trace(200, seed=9)
     ranks = []
     for rank in (0, 1):
@@ -192,7 +192,7 @@ def test_two_ranks_that_allocate_alike_are_two_processes(tmp_path):
 
 def test_a_run_recorded_once_says_how_to_see_the_range(tmp_path):
     from allocsim.report.tune import recorded_again_lines
-    from allocsim.tune_ranks import tune_run
+    from allocsim.search.tune_ranks import tune_run
     paths = [_rank0(random_trace(200, seed=s), str(tmp_path / f"r{s}.bin")) for s in (1, 2)]
     lines = recorded_again_lines(tune_run(paths, max_replays=2, fit=False))
     assert len(lines) == 1 and "recorded once" in lines[0] and "RERUN.bin" in lines[0]

@@ -11,7 +11,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from allocsim.recorders import session
+from allocsim.formats.recorders import session
 from allocsim.trace import Trace
 from allocsim.trace import events as ev
 
@@ -216,7 +216,7 @@ def test_a_launcher_beside_this_python_is_found(tmp_path, monkeypatch):
 
 
 def test_default_names_of_launched_runs():
-    from allocsim.recorders.processes import default_output
+    from allocsim.formats.recorders.processes import default_output
     assert default_output(["accelerate", "launch", "--num_processes", "2", "train.py"]) == "train.bin"
     assert default_output(["accelerate", "launch", "-m", "pkg.finetune", "--lr", "1"]) == "finetune.bin"
     assert default_output(["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "pkg.train"]) \
@@ -271,7 +271,7 @@ def test_a_start_that_fails_undoes_what_it_installed(tmp_path):
     """A start that fails part way (here the compile hooks') leaves torch as it found it and no file, so that the
     notebook can start again: before, the empty_cache/fraction wrappers and the pool hooks stayed in place."""
     r = _run(tmp_path, """
-        from allocsim.recorders import torch_compile
+        from allocsim.formats.recorders import torch_compile
         original = torch.cuda.empty_cache
         install = torch_compile.Hooks.install
         def broken(self):

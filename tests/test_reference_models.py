@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from allocsim import policies
 from allocsim.policies import torch as torch_rules
 from allocsim.policies.reference import torch as torch_ref_rules
-from allocsim.replay import Replay, make_device
+from allocsim.engine.replay import Replay, make_device
 from allocsim.errors import UsageError
 from allocsim.policies.torch import has_pool_events
 from allocsim.trace import ALLOC, Trace, TraceWriter

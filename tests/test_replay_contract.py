@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim import policies, validate
-from allocsim.replay import replay
-from allocsim.replay import Replay
+from allocsim import policies
+
+from allocsim.search import validate
+from allocsim.engine.replay import replay
+from allocsim.engine.replay import Replay
 from allocsim.testing import random_trace as generated_trace
 from allocsim.trace import TraceWriter
 from allocsim.trace.events import CACHE_RELEASE, OOM, SET_LIMIT

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import allocsim
-from allocsim import sweep
+from allocsim.search import sweep
 from allocsim.cli import main
 from allocsim.report.text import compare_table, replay_summary, row_label, section_table, validation_summary
-from allocsim.sweep import Cell, run_cells
+from allocsim.search.sweep import Cell, run_cells
 from allocsim.units import fmt_bytes, fmt_count, fmt_seconds
-from allocsim.replay import ReplaySettings
+from allocsim.engine.replay import ReplaySettings
 
 from conftest import ROOT, random_trace
 

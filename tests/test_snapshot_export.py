@@ -1,4 +1,4 @@
-"""`replay --snapshot`: a replay as a PyTorch memory snapshot (allocsim.exporters.torch_snapshot).
+"""`replay --snapshot`: a replay as a PyTorch memory snapshot (allocsim.formats.exporters.torch_snapshot).
 
 The export of a replay of a recorded snapshot must equal the recording where the model is
 exact (the final segments and blocks, and every trace entry), import back to the replayed
@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim.replay import replay
-from allocsim.importers.torch_snapshot import convert
-from allocsim.exporters.torch_snapshot import History, write_snapshot
-from allocsim.replay import replay_snapshot
+from allocsim.engine.replay import replay
+from allocsim.formats.importers.torch_snapshot import convert
+from allocsim.formats.exporters.torch_snapshot import History, write_snapshot
+from allocsim.formats.exporters.torch_snapshot import replay_snapshot
 from allocsim.testing import SIZE_RANGES, STREAMS, build_trace
 from allocsim.trace import ALLOC, FREE, SEGMENT_ALLOC, Trace, TraceWriter
 from allocsim.trace.events import SEGMENT_FREE
@@ -403,7 +403,7 @@ def test_memory_viz_compare_finds_no_difference_with_the_recording(memory_viz, p
 def test_the_exporter_does_not_import_torch():
     import subprocess
     import sys
-    code = ("import sys, allocsim.exporters.torch_snapshot, allocsim.commands.replay; "
+    code = ("import sys, allocsim.formats.exporters.torch_snapshot, allocsim.commands.replay; "
             "print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=ROOT))

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim.replay import Replay
+from allocsim.engine.replay import Replay
 from allocsim.errors import UsageError
 from allocsim.policies.split import HUGE, LARGE, SMALL, WORD_END, round_request, size_class
 from allocsim.policies._freelists import END, SizeBuckets
@@ -448,7 +448,7 @@ def test_bestfit_keys_past_one_machine_word_replay_alike(options):
     """Segments 16 TiB apart (`spread_out`, as for `torch`): the key field widens with each segment and re-keys
     the free list, most entries are Python ints past 2**63 (the compiled build's slow path), and the fused loop
     still walks as the plain walk, and both as the reference model, block for block."""
-    from allocsim import synth
+    from allocsim.formats import synth
     from test_fast_path import assert_fused_is_plain
     from test_reference_models import assert_same
     from test_torch_policy import spread_out

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocsim import synth
+import allocsim
+from allocsim.formats import synth
 from allocsim.cli import main
 from allocsim.errors import UsageError
 from allocsim.trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace
@@ -221,7 +222,7 @@ def test_cli_refuses_a_trace_the_disk_cannot_hold(tmp_path, capsys, monkeypatch,
 
 
 def test_shipped_trace_is_the_small_transformer():
-    here = os.path.join(os.path.dirname(synth.__file__), "data", "synthetic-transformer.bin")
+    here = os.path.join(os.path.dirname(allocsim.__file__), "data", "synthetic-transformer.bin")
     t = Trace.load(here)
     assert t.meta["preset"] == "transformer" and os.path.getsize(here) < 1_000_000
     regenerated = synth.generate("transformer", seed=t.meta["seed"], iterations=t.meta["iterations"])

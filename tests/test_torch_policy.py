@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from allocsim.replay import Replay
+from allocsim.engine.replay import Replay
 from allocsim.testing import STREAMS
 from allocsim.errors import InputError, UsageError
 from allocsim.frameworks.torch import parse_divisions, settings_from_trace
@@ -289,7 +289,7 @@ SPREAD = 1 << 44        # 16 TiB between segments: a key field of ~50 bits, so m
 def spread_out(mp):
     """Make the simulated device place ranges by its bump pointer (no driver model), leaving ``SPREAD`` bytes
     after each (a process whose segments lie far apart in its address space)."""
-    from allocsim.device import SimulatedDevice
+    from allocsim.machine.device import SimulatedDevice
     init, bump = SimulatedDevice.__init__, SimulatedDevice._bump
 
     def bare(self, *args, address_hints=None, **kw):
@@ -338,7 +338,7 @@ def test_keys_past_one_machine_word_replay_alike(options):
     """Segments 16 TiB apart: most keys are Python ints past 2**63 (`_wide_key`, the compiled build's slow
     path) and the field re-keys the pools as it widens (a generated trace: no recorded addresses, so the
     device places every segment itself)."""
-    from allocsim import synth
+    from allocsim.formats import synth
     trace = synth.generate("alloc-heavy", seed=3, n_allocs=3000)
     with pytest.MonkeyPatch.context() as mp:
         spread_out(mp)

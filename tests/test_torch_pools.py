@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from allocsim.importers import import_file
+from allocsim.formats.importers import import_file
 from allocsim.policies.torch import TorchPoolsPath
-from allocsim.replay import Replay
+from allocsim.engine.replay import Replay
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 from allocsim.report.text import validation_summary
 
 from conftest import ROOT
@@ -324,7 +324,7 @@ def test_the_snapshot_export_names_each_segments_pool_and_the_importer_routes_it
     """A replay exported as a PyTorch snapshot gives a pool's segments that pool's ``MempoolId_t`` (from the
     trace's pool events) and the default ones (0, 0); importing that snapshot routes the requests back."""
     import pickle
-    from allocsim.replay import replay_snapshot
+    from allocsim.formats.exporters.torch_snapshot import replay_snapshot
     t = T()
     d = t.alloc(4 * MiB)
     t.w.record(ev.POOL_BEGIN, aux=1, stream=S0, flags=ev.POOL_CAPTURE, addr=ev.pool_id_bits((7, 0)))

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import allocsim
-from allocsim.fit import fit_capacity
+from allocsim.search.fit import fit_capacity
 from allocsim.frameworks.torch import fraction_for
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 from allocsim.report.text import validation_summary
 
 from conftest import ROOT
@@ -262,7 +262,7 @@ def outcome(res) -> tuple:
                                                ("expandable_segments:true", "garbage_collection_threshold:0.3")]),
        factor=st.sampled_from([0.9, 1.1, 1.3, 1.6]))
 def test_a_capped_replay_goes_the_same_way_at_every_cap_it_certifies(trace, options, factor):
-    """`fit`'s premise (allocsim/fit.py): a replay at cap C certifies [lo, hi]; replays there do the same."""
+    """`fit`'s premise (allocsim/search/fit.py): a replay at cap C certifies [lo, hi]; replays there do the same."""
     cap = max(int(trace.load_bytes * factor), MiB)
     res = allocsim.replay(trace, "torch", options=list(options), cap=cap, capacity=4 << 30, keep_going=True)
     lo, hi = res.certified_limits

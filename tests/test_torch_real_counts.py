@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 from conftest import random_trace
 
 SEGMENT = 2 << 20

@@ -9,7 +9,7 @@ import pytest
 
 from allocsim.trace import Trace
 from allocsim.trace.phases import phase_shares
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 from conftest import ROOT
 
 HERE = os.path.join(ROOT, "traces", "trainers")

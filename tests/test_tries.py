@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 import allocsim
 from allocsim.compiled import compiled_modules
-import allocsim.recorders as recorders
+import allocsim.formats.recorders as recorders
 import allocsim.trace.trace as trace_module
-from allocsim.recorders._base import Recorder
-from allocsim.replay import Replay, replay
+from allocsim.formats.recorders._base import Recorder
+from allocsim.engine.replay import Replay, replay
 from allocsim.trace import Trace, TraceWriter
 from allocsim.trace import events as ev
 from allocsim.trace.scopes import scopes_of, sure_load
@@ -342,7 +342,7 @@ def test_sure_load_leaves_out_what_a_try_can_drop():
 
 # ---- compare, fit, tune, validate ----------------------------------------------------------------------------
 def test_compare_fit_and_tune_live_through_survived_ooms(tmp_path):
-    from allocsim.tune import tune
+    from allocsim.search.tune import tune
     t = autotune_trace({"device": {"total_memory": 80 * MiB}})
     path = str(tmp_path / "t.bin")
     t.save(path)
@@ -375,7 +375,7 @@ def recorded_capped_trace() -> Trace:
 
 
 def test_a_recorded_capped_run_with_survived_ooms_validates():
-    from allocsim.validate import validate
+    from allocsim.search.validate import validate
     v = validate(recorded_capped_trace())
     assert v.match and v.try_scopes == 1
     assert {"name": "OOMs survived", "recorded": 0, "model": 0, "ok": True} in v.checks
@@ -409,7 +409,7 @@ def plan_search_trace(release: str) -> tuple[Trace, int, int]:
 
 @pytest.mark.parametrize("release", ["none", "inferred", "program"])
 def test_plan_searches_are_the_requests_an_emptycache_follows(release, tmp_path):
-    from allocsim.recorders.cudnn import flag_plan_searches, plan_searches
+    from allocsim.formats.recorders.cudnn import flag_plan_searches, plan_searches
     t, at, rel = plan_search_trace(release)
     program = [rel] if release == "program" else []
     want = [] if release == "program" else [at]
@@ -426,7 +426,7 @@ def test_the_torch_recorder_seals_its_trace_with_the_plan_searches(tmp_path, mon
     """`Recorder.seal` runs on the finished file before it is published; the torch recorder's flags the searches
     where cudnn.benchmark is on and no C++ stacks are kept."""
     from types import SimpleNamespace
-    from allocsim.recorders import cudnn
+    from allocsim.formats.recorders import cudnn
     t, at, _ = plan_search_trace("inferred")
     for benchmark, stacks, want in ((True, False, [at]), (False, False, []), (True, "all", [])):
         rec = FakeRecorder()

@@ -10,12 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from allocsim.cli import main
-from allocsim.replay import replay
+from allocsim.engine.replay import replay
 from allocsim.frameworks.torch import divisions_text, parse_divisions
 from allocsim.trace import TraceWriter
 from allocsim.trace.events import CACHE_RELEASE
-from allocsim.spaces import torch as torch_space
-from allocsim.tune import HEADROOM, TIME, Space, Target, margin, pareto, ranked, tune
+from allocsim.search.spaces import torch as torch_space
+from allocsim.search.tune import HEADROOM, TIME, Space, Target, margin, pareto, ranked, tune
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -55,7 +55,7 @@ def small_grid(monkeypatch):
 
 def brute_force(path, capacity=None, cap=None):
     """Every raw candidate of the space replayed on its own: (candidate, figures), and the space."""
-    from allocsim.sweep import cached_trace
+    from allocsim.search.sweep import cached_trace
     t = cached_trace(path)
     space = Space(t, Target(capacity, cap))
     out = []
@@ -146,7 +146,7 @@ def test_never_worse_than_a_50_point_grid():
     large as ResNet-50's, a third of its events."""
     path = os.path.join(ROOT, "traces", "pressure-side-stream.bin")
     res = tune(path, jobs=1, fit=False, objective="reserved")
-    from allocsim.sweep import cached_trace
+    from allocsim.search.sweep import cached_trace
     space = Space(cached_trace(path), res.target)
     grid = random.Random(12).sample(space.candidates(), 50)
     for c in grid:
@@ -261,7 +261,7 @@ def test_command_end_to_end_on_a_shipped_trace(tmp_path, capsys):
 def test_recorded_settings_are_the_first_candidate():
     """gpt2-maxsplit128-rp2div4 was recorded under max_split_size_mb:128,roundup_power2_divisions:4: the
     recorded row replays exactly that setting, and the grid point of the same values shares its canonical form."""
-    from allocsim.sweep import cached_trace
+    from allocsim.search.sweep import cached_trace
     path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
     res = tune(path, jobs=1, fit=False, max_replays=3)
     assert res.rows[0]["recorded"]
@@ -330,7 +330,7 @@ def test_rescue_headroom_is_under_the_limit_the_program_set():
     """A run that set its own memory fraction (a recorded SET_LIMIT) and ran out: the headroom a setting
     leaves is measured under that limit, not under the whole device."""
     import numpy as np
-    from allocsim.replay import Replay
+    from allocsim.engine.replay import Replay
     from allocsim.trace import Trace
     from allocsim.trace.events import SET_LIMIT
     path = os.path.join(ROOT, "traces", "pressure-fraction-oom.bin")
@@ -348,7 +348,7 @@ def test_rescue_headroom_is_under_the_limit_the_program_set():
 def test_a_gc_threshold_acts_only_under_a_cap_below_the_device(tmp_path):
     """`Space.gc_acts` is the torch model's ``gc_on()``: a cap at the whole device is fraction 1 (no allowed
     memory), so a threshold never acts and its candidates collapse; a lower cap turns it on."""
-    from allocsim.sweep import cached_trace
+    from allocsim.search.sweep import cached_trace
     t = cached_trace(torch_trace(str(tmp_path / "t.bin"), [("a", 300 * MiB), ("f", 0), ("a", 100 * MiB)], 1 << 30))
     assert not Space(t, Target(1 << 30, 1 << 30)).gc_acts
     assert Space(t, Target(1 << 30, 800 * MiB)).gc_acts
@@ -399,7 +399,7 @@ def test_under_a_cap_the_walk_starts_at_the_cap(tmp_path, monkeypatch, cap):
     """Under --cap the "fits on" walk replays nothing above the cap (here below the unlimited peaks, 160 MiB, but
     for expandable segments', 100 MiB; or above them all), and its answer is the brute force's: the smallest grid
     point (whole MiB, or the cap itself) from which every one up to the cap replays without OOM."""
-    from allocsim import fit
+    from allocsim.search import fit
     caps, probe = [], fit.probe
     monkeypatch.setattr(fit, "probe", lambda args: caps.append(args[2]) or probe(args))
     steps = [s for n in (30, 50, 20, 70, 10, 40) for s in (("a", n * MiB), ("a", n * MiB // 3), ("f", 0), ("f", 0))] * 3

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import allocsim.tune as tune_mod
-from allocsim.replay import Replay, driving
+import allocsim.search.tune as tune_mod
+from allocsim.engine.replay import Replay, driving
 from allocsim.trace import ALLOC, FREE
-from allocsim.sweep import Cell, cached_trace, run_cell
-from allocsim.costs import CostModel
+from allocsim.search.sweep import Cell, cached_trace, run_cell
+from allocsim.machine.costs import CostModel
 from allocsim.trace.events import SEGMENT_ALLOC, SEGMENT_MAP
-from allocsim.tune import SLACK, Bound, Space, Target, _to_come, least_clock, tune
+from allocsim.search.tune import SLACK, Bound, Space, Target, _to_come, least_clock, tune
 
 import test_tune
 from test_tune import STEPS, torch_trace

@@ -1,4 +1,4 @@
-"""`tune`'s families (`allocsim.tune._replay_family`): one replay of a PyTorch setting, its checkpoints, and the
+"""`tune`'s families (`allocsim.search.tune._replay_family`): one replay of a PyTorch setting, its checkpoints, and the
 settings that behave as it up to a point (a GC threshold, a larger max_non_split_rounding_mb, a max_split_size_mb),
 resumed from them or given its row, are row for row what replaying each alone under the same bound gives (stopped
 rows included), and breaking what tells where they part is caught; `Replay.checkpoint`/`resume` go on as the walk
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import allocsim.tune as tune_mod
-from allocsim.replay import Replay
-from allocsim.spaces import torch as torch_space
-from allocsim.spec import PolicySpec
-from allocsim.sweep import Cell, cached_trace
-from allocsim.tune import Bound, Space, Target, bound_of, recorded_ooms, tune
+import allocsim.search.tune as tune_mod
+from allocsim.engine.replay import Replay
+from allocsim.search.spaces import torch as torch_space
+from allocsim.engine.spec import PolicySpec
+from allocsim.search.sweep import Cell, cached_trace
+from allocsim.search.tune import Bound, Space, Target, bound_of, recorded_ooms, tune
 
 import test_tune
 from test_tune import STEPS, torch_trace

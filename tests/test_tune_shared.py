@@ -1,19 +1,19 @@
 """What `tune`'s replays share or put off to be cheaper must leave every figure as it was: the peak's free state
 taken only when a result is built (`Replay.defer_peak_state`), and a fresh walker's first read of the live bytes
-kept for the next replays of the trace (`allocsim.replay.live_through`)."""
+kept for the next replays of the trace (`allocsim.engine.replay.live_through`)."""
 import importlib
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from allocsim.sweep import cached_trace
+from allocsim.search.sweep import cached_trace
 from allocsim.trace import ALLOC, FREE, Trace
 from allocsim.trace import trace as trace_records
 from allocsim.trace.events import RECORD_DTYPE
 from allocsim.trace.trace import LiveBytes
 
-R = importlib.import_module("allocsim.replay")    # the module, not the function `allocsim.replay`
+R = importlib.import_module("allocsim.engine.replay")    # the module, not the function `allocsim.engine.replay`
 
 CASES = [  # trace, policy, cap: runs to the end, runs out under the cap, recorded OOMs replayed
     ("traces/resnet50.bin", "torch[max_split_size_mb:64]", None),
@@ -99,7 +99,7 @@ DIVISIONS = [None, "2", "4", "16", "[64:8,256:4,>:2]", "[256:4,>:1]"]
 def test_least_peak_is_below_every_replay_that_does_not_run_out(path, div, expandable):
     """The torch space's bound on reserved (`least_peak`) is at most the peak reserved, indeed the peak allocated,
     of every replay that runs to the end, and above LOAD once the divisions round."""
-    from allocsim.spaces import torch as space
+    from allocsim.search.spaces import torch as space
     t = cached_trace(path)
     spec = space.spec({"trace_settings": False, "expandable_segments": expandable, "roundup_power2_divisions": div})
     low = space.least_peak(t, spec.values())

@@ -6,12 +6,12 @@ import random
 
 import pytest
 
-from allocsim.replay import Replay
+from allocsim.engine.replay import Replay
 from allocsim.cli import main
 from allocsim.errors import InputError
 from allocsim.trace import TraceWriter
 from allocsim.trace import events as ev
-from allocsim.validate import validate
+from allocsim.search.validate import validate
 from allocsim.report.text import validation_summary
 
 MiB = 1 << 20

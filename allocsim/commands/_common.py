@@ -8,10 +8,10 @@ import threading
 import time
 from contextlib import contextmanager
 
-from ..costs import CostModel
+from ..machine.costs import CostModel
 from ..errors import UsageError
 from ..filenames import shown_name
-from ..replay import ReplaySettings
+from ..engine.replay import ReplaySettings
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_cap, parse_size
@@ -161,7 +161,7 @@ def dask_cluster(args):
     if not (args.scheduler or args.dask_local):
         yield None, None
         return
-    from ..sweep import dask_executor
+    from ..search.sweep import dask_executor
     client = dask_executor(args.scheduler, args.dask_local)
     try:
         yield client.get_executor(), args.dask_local or sum(client.nthreads().values()) or None
@@ -187,7 +187,7 @@ def capacity_arg(text: str):
 def cap_arg(text: str, what: str, trace=None, capacity="trace") -> int | None:
     """A pool cap of 1 B to 1 PiB, or None: a size, ``none``, ``1.2x`` (of ``trace``'s LOAD) or ``90%`` (of the
     device's memory: ``capacity``, ``"trace"`` for the recorded device's), `parse_cap`."""
-    from ..capacity import device_capacity
+    from ..machine.capacity import device_capacity
     if not str(text).strip().endswith(("x", "X", "%")):
         return positive_size(text, what, allow_none=True)
     device, name = device_capacity(capacity, trace)
@@ -387,7 +387,7 @@ def policy_specs(text: str, what: str = "--policies", options=()) -> list:
     """``--policies``: a `PolicySpec` per comma-separated policy (options in brackets), each once;
     ``options`` (``-O`` texts) are added to every one."""
     from ..params import split_top
-    from ..spec import PolicySpec
+    from ..engine.spec import PolicySpec
     specs = [PolicySpec.parse(s) for s in split_top(text)]
     try:
         specs = [s.with_options(options) for s in specs]

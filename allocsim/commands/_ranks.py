@@ -1,6 +1,6 @@
 """The commands on a run of several processes: each rank's trace in turn (docs/several-processes.md).
 
-`each_rank` runs a command's one-trace form on every trace the argument names (`allocsim.ranks.run_traces`:
+`each_rank` runs a command's one-trace form on every trace the argument names (`allocsim.machine.ranks.run_traces`:
 ``run.bin`` for ``run.rank0.bin``, ``run.rank1.bin``, ... or several files), under a heading per rank; with
 ``--json``, one object ``{"run", "ranks": [{"trace", "rank", "result"}]}`` of the ranks' own JSON. A file a command
 writes (``--csv``, ``--snapshot``) is written per rank, named as the rank's trace is (``out.rank1.csv``). One trace
@@ -19,7 +19,7 @@ import sys
 from ..errors import InputError, UsageError
 from ..filenames import shown_name
 from ..outputs import is_trace
-from ..ranks import process_name, process_of_name, rank_label, run_traces
+from ..machine.ranks import process_name, process_of_name, rank_label, run_traces
 from ..report.tables import dump_json
 from ..trace import Trace
 from ..trace.schema import check_meta

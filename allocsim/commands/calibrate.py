@@ -21,7 +21,7 @@ def add_arguments(p):
 
 @COMMAND.runs
 def run(args) -> int:
-    from ..calibrate import measure
+    from ..machine.calibrate import measure
     claim_outputs([("-o", args.output)], force=args.force)     # before minutes of measuring, not after
     model, extra = measure(args.reps)
     model.save(args.output)

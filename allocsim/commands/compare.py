@@ -1,12 +1,12 @@
 """`allocsim compare`: policies × caps × runtimes side by side, one replay per cell, in parallel."""
 from __future__ import annotations
 
-from ..capacity import check_caps
+from ..machine.capacity import check_caps
 from ..filenames import shown_name
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
-from ..sweep import Cell, Settings, run_cells
+from ..search.sweep import Cell, Settings, run_cells
 from ._command import Command
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
                       capacity_arg, caps_arg, load_trace, policy_specs, replay_settings, split_list, warm_cache_trace)
@@ -53,7 +53,7 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
     trace = load_trace(path)              # validate once, up front
     specs = policy_specs(args.policies, options=args.policy_opt)
     runtimes = split_list(args.runtime, "--runtime")
-    from ..runtime import RUNTIMES
+    from ..machine.runtime import RUNTIMES
     from ..errors import UsageError
     for r in runtimes:
         if r not in RUNTIMES:

@@ -6,10 +6,10 @@ import time
 from contextlib import nullcontext
 
 from ..filenames import shown_name
-from ..fit import MAX_REPLAYS, MiB, fit_many
+from ..search.fit import MAX_REPLAYS, MiB, fit_many
 from ..report.tables import dump_json
 from ..report.text import fit_table
-from ..sweep import Settings, process_pool
+from ..search.sweep import Settings, process_pool
 from ._command import Command
 from ._ranks import each_rank
 from ._common import (add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
@@ -44,8 +44,8 @@ def add_arguments(p):
 def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True,
              quiet=True, max_replays=MAX_REPLAYS) -> dict:
     from .. import policies
-    from ..spec import PolicySpec
-    from ..sweep import Cell, run_cell
+    from ..engine.spec import PolicySpec
+    from ..search.sweep import Cell, run_cell
     t = load_trace(trace, quiet)
     fits_args = [dict(trace=trace, policy=spec, runtime=runtime, settings=settings, resolution=resolution,
                       max_replays=max_replays) for spec in specs]

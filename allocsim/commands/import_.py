@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..filenames import printable, shown_name
-from ..importers import FORMATS, import_file
+from ..formats.importers import FORMATS, import_file
 from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_count
 from ._command import Command

@@ -9,7 +9,7 @@ from ..trace.analysis import Tally, summarize
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..report.tables import dump_json
 from ..filenames import printable, shown_name
-from ..ranks import rank_label
+from ..machine.ranks import rank_label
 from ..report.text import aligned_table, phase_lines
 from ._command import Command
 from ._common import load_trace, progress_bar
@@ -137,7 +137,7 @@ def format_summary(d: dict) -> str:
 
 def run_table(paths: list[str]) -> None:
     """The run in one table: each rank's LOAD, the peak the recorded allocator reserved, and what lay beside it."""
-    from ..ranks import shared_devices
+    from ..machine.ranks import shared_devices
     rows, metas = [], []
     for path in paths:
         trace = load_trace(path)

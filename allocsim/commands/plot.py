@@ -5,7 +5,7 @@ import os
 
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_folder, claim_outputs
-from ..sweep import Cell, Settings, result_row, run_cell, run_cells
+from ..search.sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._command import Command
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
                       load_trace, plural, policy_specs, replay_settings, split_list)
@@ -130,7 +130,7 @@ def _check_can_make(folder: str) -> None:
 
 @COMMAND.runs
 def run(args) -> int:
-    from ..fit import MAX_REPLAYS
+    from ..search.fit import MAX_REPLAYS
     from ..report import plots
     from ..report.html import index_html
     from .fit import frontier

@@ -20,7 +20,7 @@ def add_arguments(p):
 
 @COMMAND.runs
 def run(args) -> int:
-    from ..spec import ENTRY_POINT_GROUP, PolicySpec, entry_points
+    from ..engine.spec import ENTRY_POINT_GROUP, PolicySpec, entry_points
     one = args.name is not None             # "" is one (bad) name, not "list them all"
     installed = {} if one else entry_points()
     shadowed = sorted(set(installed) & set(policies.names()))

@@ -41,7 +41,7 @@ def add_arguments(p):
 
 def parse_target(args):
     """``(Target, default output name)`` from the parsed arguments."""
-    from ..recorders import Target
+    from ..formats.recorders import Target
     stacks_choice(args)
     target = list(args.target or [])
     if target and target[0] == "--":
@@ -75,7 +75,7 @@ def program_argv(args) -> list[str] | None:
     launcher or any other program (`_is_program`: ``torchrun ...``, ``accelerate launch ...``, ``python -m
     torch.distributed.run ...``, ``bash run.sh``), or ``-m`` with a launcher module (`LAUNCHER_MODULES`); None for a
     Python script or module run inside allocsim, as before."""
-    from ..recorders.processes import LAUNCHER_MODULES
+    from ..formats.recorders.processes import LAUNCHER_MODULES
     if args.module:
         return [sys.executable, "-m", *args.module] if args.module[0] in LAUNCHER_MODULES else None
     target = list(args.target or [])
@@ -99,7 +99,7 @@ def _is_program(name: str) -> bool:
     with no file of that name here, an executable file that is a binary (ELF) or a script for another interpreter
     (``#!/bin/bash``), or a launcher's own script (`LAUNCHER_PROGRAMS`: ``venv/bin/torchrun``, a Python script whose
     work is done by the processes it starts)."""
-    from ..recorders.processes import LAUNCHER_PROGRAMS
+    from ..formats.recorders.processes import LAUNCHER_PROGRAMS
     if not os.path.exists(name):
         return shutil.which(name) is not None or _beside_python(name) is not None
     if name.endswith(".py") or not os.path.isfile(name) or not os.access(name, os.X_OK):
@@ -112,7 +112,7 @@ def _is_program(name: str) -> bool:
 
 
 def run_program(args, argv: list[str]) -> int:
-    from ..recorders.processes import default_output, record_program
+    from ..formats.recorders.processes import default_output, record_program
     if args.framework == "cupy":
         raise UsageError(f"{argv[0]}: recording each process of a program is for PyTorch (--framework torch)")
     return record_program(argv, args.output or default_output(argv), force=args.force, stacks=args.stacks,
@@ -140,7 +140,7 @@ def stacks_choice(args) -> None:
 
 @COMMAND.runs
 def run(args) -> int:
-    from ..recorders import record
+    from ..formats.recorders import record
     stacks_choice(args)
     argv = program_argv(args)
     if argv is not None:

@@ -4,14 +4,15 @@ from __future__ import annotations
 import sys
 import time
 
-from ..capacity import check_caps
-from ..exporters.torch_snapshot import check_exportable, write_snapshot
+from ..machine.capacity import check_caps
+from ..formats.exporters.torch_snapshot import check_exportable, write_snapshot
 from ..outputs import add_force_argument, claim_outputs
-from ..replay import replay, replay_snapshot
+from ..engine.replay import replay
+from ..formats.exporters.torch_snapshot import replay_snapshot
 from ..report.tables import dump_json
 from ..filenames import shown_name
 from ..report.text import oom_line, phase_lines, replay_summary, section_table
-from ..spec import PolicySpec
+from ..engine.spec import PolicySpec
 from ._command import Command
 from ._common import (DEFAULT_TRACE, add_replay_arguments, add_warm_cache_argument, lazy_progress_bar, load_trace,
                       progress_bar, replay_settings, say_snapshot_written, warm_cache_trace)

@@ -17,7 +17,7 @@ import sys
 from ..errors import InputError, UsageError
 from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
-from ..sweep import Cell, run_cells
+from ..search.sweep import Cell, run_cells
 from ._command import Command
 from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
 from ._progress import count_progress

@@ -1,7 +1,7 @@
-"""`allocsim synth`: write a synthetic training-workload trace (see `allocsim.synth`)."""
+"""`allocsim synth`: write a synthetic training-workload trace (see `allocsim.formats.synth`)."""
 from __future__ import annotations
 
-from .. import synth
+from ..formats import synth
 from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_path, claim_outputs
 from ..units import fmt_bytes, fmt_count

@@ -1,4 +1,4 @@
-"""`allocsim tune`: the allocator settings that make a trace fit, searched offline (`allocsim.tune`)."""
+"""`allocsim tune`: the allocator settings that make a trace fit, searched offline (`allocsim.search.tune`)."""
 from __future__ import annotations
 
 import os
@@ -9,15 +9,15 @@ from contextlib import contextmanager
 
 from ..filenames import shown_name
 from ..outputs import add_force_argument, check_input_file, claim_outputs, is_trace
-from ..replay import ReplaySettings
-from ..sweep import Settings
-from ..tune import HEADROOM, OBJECTIVES, TOP, tune
+from ..engine.replay import ReplaySettings
+from ..search.sweep import Settings
+from ..search.tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
-from ..spec import PolicySpec
+from ..engine.spec import PolicySpec
 from ..trace import Trace
 from ..trace.schema import check_meta
 from ..report.tune import tune_report
-from ..ranks import fit_capacity
+from ..machine.ranks import fit_capacity
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._command import Command
@@ -89,7 +89,7 @@ def _as_trace(path: str):
         yield path
         return
     from ..errors import InputError
-    from ..importers import detect, import_file
+    from ..formats.importers import detect, import_file
     from .import_ import show_warnings
     try:
         fmt = detect(path)
@@ -189,10 +189,10 @@ def say_outside(name: str, capacity: int, outside: int) -> None:
 
 
 def _tune_run(args, paths: list[str]) -> int:
-    """A run of several ranks (`allocsim.tune_ranks`): the worst rank tuned, its answer checked on every rank."""
+    """A run of several ranks (`allocsim.search.tune_ranks`): the worst rank tuned, its answer checked on every rank."""
     from ..errors import UsageError
     from ..report.tune import run_report
-    from ..tune_ranks import tune_run
+    from ..search.tune_ranks import tune_run
     if args.warm_cache:
         raise UsageError(f"--warm-cache: tune one trace at a time for its warm run ({shown_name(paths[0])}, ...); "
                          f"the run's worst rank is the one to start with")
@@ -253,8 +253,8 @@ def headroom_arg(text: str) -> float | int:
 
 def _write_snapshot(trace, res, path: str) -> None:
     """The recommended setting's replay (the recorded one's when none fits) as a PyTorch memory snapshot."""
-    from ..exporters.torch_snapshot import write_snapshot
-    from ..replay import replay_snapshot
+    from ..formats.exporters.torch_snapshot import write_snapshot
+    from ..formats.exporters.torch_snapshot import replay_snapshot
     row = res.best or res.recorded
     _, snapshot = replay_snapshot(trace, PolicySpec.parse(row["spec"]), cap=row["cap_bytes"],
                                   capacity=res.target.capacity)

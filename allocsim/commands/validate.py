@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..report.tables import dump_json
 from ..report.text import validation_summary
 from ..errors import UsageError
-from ..validate import validate, validate_warm
+from ..search.validate import validate, validate_warm
 from ._command import Command
 from ._common import capacity_arg, load_trace, option_text
 from ._ranks import each_rank

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from .. import recorders
-from ..recorders import session
+from ..formats import recorders
+from ..formats.recorders import session
 from ..trace import events as ev
 
 TRAIN, EVAL, TEST, CHECKPOINT = "train", "eval", "test", "checkpoint"
@@ -57,13 +57,13 @@ def rank_path(path: str, rank: int | None, world_size: int | None) -> str:
     itself for a run of one."""
     if rank is None or not world_size or world_size <= 1:
         return path
-    from ..ranks import process_name
+    from ..machine.ranks import process_name
     return process_name(path, f"rank{rank}")
 
 
 def env_rank() -> tuple[int | None, int | None]:
     """``(RANK, WORLD_SIZE)`` as the launchers (torchrun, accelerate) set them; None where unset."""
-    from ..recorders.processes import env_int
+    from ..formats.recorders.processes import env_int
     return env_int("RANK"), env_int("WORLD_SIZE", 1)
 
 

@@ -2,7 +2,7 @@
 decorated by `@register`; `get(name)` imports the package's modules on first use and
 the registry itself is `allocsim.policies.registry`. Installed policies (the entry points of the group
 ``allocsim.policies``) and plug-ins named by file or module (``my.py:MyPool``) are resolved by
-`allocsim.spec.PolicySpec`."""
+`allocsim.engine.spec.PolicySpec`."""
 from __future__ import annotations
 
 import importlib
@@ -31,7 +31,7 @@ def names() -> list[str]:
 
 
 def find(name: str) -> type[Policy] | None:
-    """The built-in policy ``name``, or None (`allocsim.spec.PolicySpec` then looks at installed policies)."""
+    """The built-in policy ``name``, or None (`allocsim.engine.spec.PolicySpec` then looks at installed policies)."""
     _load_all()
     return REGISTRY.get(name)
 

@@ -34,7 +34,7 @@ names it in `variant` (torch without expandable segments or GC; cupy with
 ``track_total``); nothing is bound onto an instance, so a plug-in subclass's
 ``malloc``/``free`` is what the engine calls.
 
-Everything else goes through ``self.ctx``, a `allocsim.context.PolicyContext`: device
+Everything else goes through ``self.ctx``, a `allocsim.machine.context.PolicyContext`: device
 memory (``ctx.malloc(n)`` / ``ctx.free(addr, n)``, which charge their own modeled time),
 pool time (``ctx.charge(self.costs.pool_hit_s)``), the limits, named sections, the
 runtime's ``collect`` and the trace's metadata. The clock is read-only to a policy.
@@ -42,7 +42,7 @@ runtime's ``collect`` and the trace's metadata. The clock is read-only to a poli
 from __future__ import annotations
 
 
-from ..context import PolicyContext
+from ..machine.context import PolicyContext
 from ..errors import UsageError
 from ..params import Param, split_conf
 
@@ -106,7 +106,7 @@ class Policy:
     peak_allocated_override: int | None = None
 
     #: Optional ``layout(live handles) -> list[dict]``: the segments as PyTorch's ``snapshot()`` reports them
-    #: (`allocsim.exporters.torch_snapshot`). Once, after the replay; None: the policy has no layout to export.
+    #: (`allocsim.formats.exporters.torch_snapshot`). Once, after the replay; None: the policy has no layout to export.
     layout = None
 
     def __new__(cls, ctx: PolicyContext | None = None, options: dict | None = None, **extra):
@@ -136,7 +136,7 @@ class Policy:
     def parse_options(cls, texts) -> dict:
         """``["k=v,k2:v2", "k3=v3"]`` -> typed dict; UsageError on unknown keys or bad values.
 
-        `allocsim.spec.PolicySpec` calls it for every entry point (``-O``, brackets, sweep
+        `allocsim.engine.spec.PolicySpec` calls it for every entry point (``-O``, brackets, sweep
         rows, the Python API); a policy with its own value syntax overrides `parse_option`.
         """
         known = {p.name: p for p in cls.params}
@@ -245,7 +245,7 @@ class Policy:
         its target. False (the default): the allocator has none."""
         return False
 
-    # ---- folding periodic runs (allocsim/fold.py; docs/architecture.md, "Folding") ----------------------
+    # ---- folding periodic runs (allocsim/engine/fold.py; docs/architecture.md, "Folding") ----------------------
     def fold_state(self, held) -> object:
         """The whole state that steers this policy's decisions from here on, canonical and picklable, or None
         (the default) when it cannot say: the engine then never folds its replay. ``held`` are the handles

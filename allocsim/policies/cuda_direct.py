@@ -1,7 +1,7 @@
 """`cuda-direct`: raw `cudaMalloc`/`cudaFree` per request on this GPU, measured — the real `none`."""
 from __future__ import annotations
 
-from ..gpu import CudaDevice
+from ..machine.gpu import CudaDevice
 from .registry import register
 from ._real import RealPolicy
 

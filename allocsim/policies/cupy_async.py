@@ -9,7 +9,7 @@ See `docs/models/cupy.md`, section "The real policies".
 """
 from __future__ import annotations
 
-from ..gpu import require_cupy
+from ..machine.gpu import require_cupy
 from .registry import register
 from .cupy_real import CupyRealPool
 

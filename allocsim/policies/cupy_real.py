@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import gc
 
-from ..gpu import require_cupy
+from ..machine.gpu import require_cupy
 from .registry import register
 from ._real import RealPolicy, now_ns
 

@@ -46,7 +46,7 @@ block and pool variables; the rare paths stay the Python they read as.
 Segment log: every device malloc/free/map/unmap appends ``(kind, size, event_index)``
 to ``segment_log`` (kinds from `allocsim.trace.events`), for `allocsim validate`, and
 ``(address, stream)`` to ``segment_where``; `layout` gives the segments and their blocks
-as PyTorch's ``snapshot()`` reports them (both for `allocsim.exporters.torch_snapshot`).
+as PyTorch's ``snapshot()`` reports them (both for `allocsim.formats.exporters.torch_snapshot`).
 """
 from __future__ import annotations
 
@@ -900,8 +900,8 @@ class TorchCachingAllocator(Policy):
     def _note_oversize(self, pool: BlockPool, n: int) -> None:
         """A pool miss of a request of at least ``max_split``: keep the least excess over ``n`` of a best-fit
         candidate that rule 5's second clause refused (``oversize_slack``; none: the pool held no block as large).
-        A larger ``max_non_split_rounding_mb`` would have taken it only if the excess is below it: `allocsim.tune`
-        resumes such a setting from this one's replay up to there (`allocsim.spaces.torch.watch`)."""
+        A larger ``max_non_split_rounding_mb`` would have taken it only if the excess is below it: `allocsim.search.tune`
+        resumes such a setting from this one's replay up to there (`allocsim.search.spaces.torch.watch`)."""
         keys = pool.keys
         i = key_place(keys, pool.field.least(n))
         if i < len(keys):
@@ -1216,14 +1216,14 @@ class TorchCachingAllocator(Policy):
         self.num_device_free += 1
         self._log(SEGMENT_UNMAP, usize, uptr, pool)
 
-    # ---- checkpoints (`allocsim.replay.Replay.checkpoint`) ------------------------------------
+    # ---- checkpoints (`allocsim.engine.replay.Replay.checkpoint`) ------------------------------------
     def keep_gc_ages(self) -> None:
         """Keep the GC threshold's clocks (`gfb_calls`, each block's ``gc_base``) as a threshold in force keeps
         them, count the pool misses (``gc_misses``, per open section path) and the most reserved at one
         (``gc_high``), and collect nothing: before a replay starts, on a policy without a threshold, whose replay
         is then the same, figure for figure, and whose checkpoints a threshold ``t`` of the same options resumes
         from as long as ``gc_high <= int(t * allowed)`` (`garbage_collect_cached_blocks` returns at once below it:
-        docs/models/torch.md; `allocsim.tune` resumes them so). ``malloc`` and ``free`` are the general ones,
+        docs/models/torch.md; `allocsim.search.tune` resumes them so). ``malloc`` and ``free`` are the general ones,
         which keep the clocks (the fused loop keeps them too)."""
         if self.gc_threshold_set or self._captures or self._private:
             raise ValueError("keep_gc_ages: a policy without a GC threshold, before its replay")

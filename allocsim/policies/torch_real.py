@@ -16,7 +16,7 @@ more than the call; so the engine's per-event reserved curve is not available.
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..gpu import require_torch
+from ..machine.gpu import require_torch
 from .registry import register
 from ._real import RealPolicy, now_ns
 from .base import Param

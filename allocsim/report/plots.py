@@ -21,7 +21,7 @@ import os
 import numpy as np
 
 from ..filenames import shown_name
-from ..metrics import PARTS
+from ..machine.metrics import PARTS
 from ..units import fmt_bytes
 from .text import by_capacity, cap_spelling, row_label
 
@@ -421,7 +421,7 @@ def tune_frontier_figure(res):
     staircase (rings, so that one point still shows beside the recommendation), the target's limit as a line,
     the recorded settings and the recommendation marked. Settings that land on the same point are drawn once,
     the larger the more they are, with their number beside it; with none that fits, a note says so. Settings
-    whose replay stopped early (dominated: `allocsim.tune.Bound`) have no point; the title counts them."""
+    whose replay stopped early (dominated: `allocsim.search.tune.Bound`) have no point; the title counts them."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5), layout="constrained")
     fitting = res.fitting

@@ -1,7 +1,7 @@
 """Machine-readable reports: result rows as CSV or JSON lines, one result as a JSON document.
 
 A row is the flat dict `sweep.result_row` makes of a replay (the same figures as
-``allocsim replay --json``); `COLUMNS` (`allocsim.metrics`) is its schema and the CSV column order.
+``allocsim replay --json``); `COLUMNS` (`allocsim.machine.metrics`) is its schema and the CSV column order.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 import math
 import sys
 
-from ..metrics import COLUMNS
+from ..machine.metrics import COLUMNS
 from ..outputs import atomic_open
 
 

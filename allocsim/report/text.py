@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import is_dataclass
 
 from ..filenames import shown_name
-from ..metrics import PARTS
+from ..machine.metrics import PARTS
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 
 
@@ -118,7 +118,7 @@ def replay_summary(result) -> str:
 
 
 def folded_line(folded: dict) -> str:
-    """How much of a replay was folded (`ReplayResult.folded`): its repeats added, not walked (allocsim/fold.py)."""
+    """How much of a replay was folded (`ReplayResult.folded`): its repeats added, not walked (allocsim/engine/fold.py)."""
     more = f", {folded['folds']} folds" if folded["folds"] > 1 else ""
     return (f"folded {fmt_count(folded['steps'])} of {fmt_count(folded['of_steps'])} steps "
             f"(period {folded['period']} from step {folded['from_step']}{more}; "

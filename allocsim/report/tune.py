@@ -83,7 +83,7 @@ WHY = "hard/soft/stream/round %"
 
 
 def table(rows: list[dict], load: int, target=None) -> str:
-    """The settings side by side; ``target`` (a `allocsim.tune.Target`) says what "fits on" measures."""
+    """The settings side by side; ``target`` (a `allocsim.search.tune.Target`) says what "fits on" measures."""
     head = ["setting", "peak reserved", "over LOAD", "OOM", "dev mallocs/frees", "retries", "modeled time (device)",
             "fits on", WHY]
     body = []
@@ -129,7 +129,7 @@ def fraction_up(n: int, capacity: int, digits: int = 3) -> str:
 
 def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
     """(bytes, what bounded them) of the smallest limit the setting fits under: under a cap, the smallest allowed
-    memory (the walk, `allocsim.fit`, starts at the cap and steps down); else the smallest GPU (it steps down from
+    memory (the walk, `allocsim.search.fit`, starts at the cap and steps down); else the smallest GPU (it steps down from
     the setting's own peak). Bound ``walk``: the walk's replay budget ran out there. None: it fits under none."""
     n = r["fit_capacity_bytes"]
     if n is None:
@@ -138,7 +138,7 @@ def smallest_fit(r: dict, target=None) -> tuple[int, str | None] | None:
 
 
 def bisected(r: dict, target=None) -> bool:
-    """Whether a row's "fits on" walk bisected (to ``fit_digits`` figures, `allocsim.fit`): it did wherever it
+    """Whether a row's "fits on" walk bisected (to ``fit_digits`` figures, `allocsim.search.fit`): it did wherever it
     found a fit where it started, under the cap or, without one, at the setting's own peak; a walk that ran out
     with no cap, or at the cap (its figure is then the peak above the cap), stopped there."""
     n = r.get("fit_capacity_bytes")
@@ -172,7 +172,7 @@ def fits_legend(rows: list[dict], target=None) -> str:
 
 
 def run_report(res, took: float) -> str:
-    """`allocsim tune` on a run (a `allocsim.tune_ranks.RunTuning`): the worst rank's report, then the
+    """`allocsim tune` on a run (a `allocsim.search.tune_ranks.RunTuning`): the worst rank's report, then the
     recommended setting on every rank at its capacity (the GPU less what lay outside its allocator)."""
     worst = res.labels[res.worst]
     again = sum(len(g["positions"]) - 1 for g in res.recordings)     # recordings of a process already counted

@@ -157,7 +157,7 @@ PACKED = ((b"\xfd7zXZ\x00", ("xz", "xz -dk")), (b"\x1f\x8b", ("gzip", "gunzip -k
 
 
 #: What tells a file `allocsim import` reads (a snapshot, a log) from a trace: functions ``path -> what it is`` (None
-#: if not one); `allocsim.importers` adds its detection, so this module, below the importers, knows none.
+#: if not one); `allocsim.formats.importers` adds its detection, so this module, below the importers, knows none.
 IMPORTABLE: list = []
 
 

@@ -1,0 +1,951 @@
+"""Folding periodic runs: a long replay costs what is distinct (docs/architecture.md, "Folding").
+
+At each iteration boundary (a MARK record) `Folder` fingerprints the whole state that steers the rest of
+the replay: the policy's (`Policy.fold_state`, blocks by address, never by handle), the runtime's (the gc
+runtime's live and dead objects by the address of their blocks), the device's (reserved, cap, the recorded
+addresses still to hand out, the driver placement) and the walk's (`--gc-every`'s running count). The live
+objects are named by their blocks' addresses, so two boundaries whose states differ only in the ids of the
+live objects have equal fingerprints. The fingerprint is a byte string: a dict finds every earlier boundary
+with the same one (by hash, then exactly).
+
+When boundary ``j`` equals an earlier boundary ``i`` and the driving events after ``j`` repeat those after
+``i`` (kinds, sizes, streams, and every FREE frees the corresponding object: one allocated ``P`` events
+later, or, for an object older than ``i``, the one holding the same block), the replay from ``j`` goes as
+it went from ``i``. The engine then walks one window of ``P`` events from ``j`` while recording what
+adds to the result (`Recorder`): every increment of the modeled clock and of the device's and runtime's
+time totals, each malloc's latency and each section's time as a pair of positions on the clock's tape,
+and the integer counters' growth. It checks that the state at the window's end equals the state at its
+start, finds how many more windows repeat in the trace (record for record where the records repeat with the
+period, `repeating_records`; else event by event, `windows_repeat`), and adds them without walking: the clock
+is the tape repeated, summed as the walk sums it (the very float additions, made in units of the last place
+within a binade, `_runs`, so every float is the full walk's bit for bit), latencies and section times are
+differences on it, counts are multiplied; the live ids are renamed to those the full walk would hold. Then the
+walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
+
+What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
+never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
+request (``IN_REQUEST``), private-pool events, a compiled policy (its floats are C's), an observer, a
+timeline, `log_events`, a policy ``tick``, a real or custom device, a guarded plug-in, an OOM or a served
+recorded OOM inside the window, and any float the window computes from the clock in a way the recorder does
+not follow (its tapes are then "tainted").
+"""
+from __future__ import annotations
+
+import pickle
+import sys
+import weakref
+from importlib.machinery import EXTENSION_SUFFIXES
+
+import numpy as np
+
+from ..machine.device import SimulatedDevice
+from ..policies.base import Policy
+from ..trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, RECORD_DTYPE
+
+#: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
+FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
+#: Records read at a time when comparing windows, and the most events one comparison batch holds.
+READ = 1 << 16
+#: Records a signature is read from at a time (its dozen temporaries then stay in the cache).
+SIG_READ = 1 << 14
+BATCH = 1 << 18
+#: The device's and the runtime's integer totals a period adds to (the walk's are `Folder._counts`').
+DEVICE_COUNTS = ("n_malloc", "n_free", "bytes_malloc", "bytes_free", "n_failed")
+RUNTIME_COUNTS = ("gc_incremental", "gc_full", "reclaimed_bytes", "reclaimed_objects")
+#: Fingerprint bytes made per driving event walked, at most: past it, boundaries are skipped (a state far
+#: larger than a step, such as the gc runtime's dead objects, is then fingerprinted every so many steps, and
+#: a period is found as a multiple of the true one).
+BYTES_PER_EVENT = 4
+#: Records compared at a time when reading windows record for record (a multiple of the period), and the longest
+#: period in records read so (a longer one is read event by event).
+SPAN = 1 << 15
+MAX_RECORD_PERIOD = 1 << 22
+#: The longest period looked for, in steps.
+MAX_PERIOD = 512
+#: Earlier boundaries with the same fingerprint tried at a boundary (the most recent first), and how many
+#: boundaries' fingerprints are kept at most (the oldest are forgotten).
+TRIES = 2
+HISTORY = 4096
+GROUP = 1 << 16
+
+
+# ---- the recorder: floats that remember how they were made ---------------------------------------------
+class Tape:
+    """The increments added, in order, to one running float total (the clock, a time total)."""
+
+    def __init__(self):
+        self.incs: list[float] = []
+        self.bad = False            # something was computed from the total that the tape cannot repeat
+
+
+class RecFloat(float):
+    """A running total that appends each increment added to it to its `Tape`; ``n`` is how many it holds.
+    A difference of two totals on the same tape is a `RecDiff`; anything else made of it taints the tape."""
+
+    __slots__ = ("tape", "n")
+
+    @classmethod
+    def on(cls, value: float, tape: Tape, n: int) -> "RecFloat":
+        r = cls(value)
+        r.tape, r.n = tape, n
+        return r
+
+    def __add__(self, c):
+        t = self.tape
+        if type(c) not in (float, int) or self.n != len(t.incs):     # a fork of the tape, or a derived value
+            t.bad = True
+        t.incs.append(float(c))
+        return RecFloat.on(float.__add__(self, float(c)), t, self.n + 1)
+
+    __radd__ = __add__              # IEEE addition is commutative
+
+    def __sub__(self, other):
+        if isinstance(other, RecFloat) and other.tape is self.tape:
+            d = RecDiff(float.__sub__(self, other))
+            d.tape, d.a, d.b = self.tape, other.n, self.n
+            return d
+        return _taint(self, float.__sub__(self, other))
+
+    def __rsub__(self, other):
+        return _taint(self, float.__rsub__(self, other))
+
+    def __mul__(self, other):
+        return _taint(self, float.__mul__(self, other))
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        return _taint(self, float.__truediv__(self, other))
+
+    def __neg__(self):
+        return _taint(self, float.__neg__(self))
+
+
+class RecDiff(float):
+    """A clock difference (a latency, a section's time): the positions ``a`` and ``b`` on its tape."""
+
+    __slots__ = ("tape", "a", "b")
+
+    def _derived(self, *args):
+        self.tape.bad = True
+        return NotImplemented
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _derived
+
+    def __neg__(self):
+        self.tape.bad = True
+        return -float(self)
+
+
+def _taint(rec: RecFloat, value: float) -> float:
+    rec.tape.bad = True
+    return value
+
+
+class LatencyTape(list):
+    """The latencies of the recorded window, as `RecDiff`s (a fused loop appends to it as to an array)."""
+
+
+class Recorder:
+    """One window walked with its float totals recorded: the clock, the device's malloc/free time, the
+    runtime's GC time, and every section added (by path: a constant or a difference on the clock)."""
+
+    def __init__(self, device, runtime, sections):
+        self.device, self.runtime, self.sections = device, runtime, sections
+        self.tapes = {name: Tape() for name in ("clock", "malloc_time", "free_time", "gc_time")}
+        self.start = {"clock": device.clock, "malloc_time": device.malloc_time, "free_time": device.free_time,
+                      "gc_time": runtime.gc_time}
+        for name, value in self.start.items():
+            self._put(name, RecFloat.on(value, self.tapes[name], 0))
+        self.adds: list = []            # (path, seconds spec, calls) of every section added, in order
+        self.lat: list = []             # (a, b) clock positions of every latency, in order
+        add = sections.add
+
+        def recording_add(name, seconds, calls=1, *, path=None):
+            key = path if path is not None else (*sections.stack, name)
+            self.adds.append((key, seconds, calls))
+            add(name, float(seconds), calls, path=path)
+        sections.add = recording_add
+
+    def _put(self, name, value) -> None:
+        if name == "gc_time":
+            self.runtime.gc_time = value
+        else:
+            setattr(self.device, name, value)
+
+    def _get(self, name):
+        return self.runtime.gc_time if name == "gc_time" else getattr(self.device, name)
+
+    def take_latencies(self, lat: LatencyTape) -> bool:
+        """Keep the positions of a walked piece's latencies; False if one is not a clock difference."""
+        clock = self.tapes["clock"]
+        for d in lat:
+            if not isinstance(d, RecDiff) or d.tape is not clock:
+                return False
+            self.lat.append((d.a, d.b))
+        return True
+
+    def stop(self) -> "Program | None":
+        """Put plain floats back; the window's `Program`, or None if it cannot be repeated exactly."""
+        del self.sections.add
+        ok = True
+        ends = {}
+        for name, tape in self.tapes.items():
+            end = self._get(name)
+            self._put(name, float(end))
+            if tape.bad or not isinstance(end, RecFloat) or end.tape is not tape or end.n != len(tape.incs):
+                ok = False
+                continue
+            ends[name] = float(end)
+            if _accumulate(self.start[name], np.array(tape.incs))[-1] != ends[name]:
+                ok = False
+        clock = self.tapes["clock"]
+        adds = []
+        for key, seconds, calls in self.adds:
+            if isinstance(seconds, RecDiff) and seconds.tape is clock:
+                adds.append((key, (seconds.a, seconds.b), calls))
+            elif type(seconds) in (float, int):
+                adds.append((key, float(seconds), calls))
+            else:
+                ok = False
+        if not ok:
+            return None
+        return Program({name: np.array(t.incs) for name, t in self.tapes.items()},
+                       np.array(self.lat, np.int64).reshape(-1, 2), adds)
+
+
+def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
+    """``start`` and every running total after each increment of ``incs`` (repeated ``times`` times), added one
+    by one as the walk adds them, bit for bit (`_runs`)."""
+    L = len(incs)
+    out = np.empty(L * times + 1)
+    out[0], at = start, 0
+    for n, base, offsets in _runs(start, incs, times):
+        if base is None:
+            out[at * L:(at + n) * L + 1] = offsets
+        else:
+            np.add(base[:, None], offsets[1:], out=out[1 + at * L:1 + (at + n) * L].reshape(n, L))
+        at += n
+    return out
+
+
+def _total(start: float, incs: np.ndarray, times: int = 1) -> float:
+    """The last of `_accumulate`'s totals, without making the others where it need not."""
+    total = float(start)
+    for _, base, offsets in _runs(start, incs, times):
+        total = float(offsets[-1] if base is None else base[-1] + offsets[-1])
+    return total
+
+
+def _runs(start: float, incs: np.ndarray, times: int):
+    """The running totals of ``start`` plus ``times`` windows of increments ``incs``, as the walk's additions
+    make them, bit for bit, in runs of windows: ``(n, base, offsets)``, ``n`` windows whose totals are
+    ``base[w] + offsets`` (window ``w``'s start and its ``L`` totals after it; the two are exact parts of a
+    representable sum), or, with ``base`` None, ``offsets`` the ``n * L + 1`` totals themselves, added one by one
+    (at most `GROUP` at a time).
+
+    While a total ``s`` stays in one binade ``[2**e, 2**(e + 1))`` it is ``S`` units ``u = 2**(e - 52)``, ``S``
+    a 53-bit integer, and rounding ``s + inc`` to nearest adds ``round(inc / u)`` units whatever ``S`` is
+    (``inc / u`` is exact, a power-of-two scaling), unless ``inc / u`` ends in exactly one half (a tie rounds
+    to even ``S``: left to the additions). So window ``w``'s totals are ``S0 + w * D + P`` units, ``P`` the
+    running sum of one window's units and ``D`` its last, all integers below ``2**53`` (exact as floats): every
+    window of a run has the same differences of totals. The window that reaches the next binade is added
+    one increment at a time; a few binades at most."""
+    L, done, s = len(incs), 0, float(start)
+    exact = bool(L) and bool(np.isfinite(incs).all() and (incs >= 0).all())
+    for _ in range(8 if exact else 0):  # binades
+        if not s >= np.finfo(np.float64).tiny or s == np.inf:
+            break
+        u = np.ldexp(1.0, int(np.frexp(s)[1]) - 53)
+        with np.errstate(over="ignore", invalid="ignore"):
+            r = incs / u                # exact (or past 2**53: left to the additions)
+            whole = np.floor(r)
+            frac = r - whole
+        if (frac == 0.5).any() or (r >= 2.0 ** 53).any():
+            break
+        P = np.concatenate(([0.0], np.cumsum(whole + (frac > 0.5))))
+        S0, last = int(s / u), int(P[-1])
+        room = (1 << 53) - 1 - S0 - last     # the windows from here whose totals all stay below 2**53 units
+        fit = 0 if room < 0 else times - done if last == 0 else min(times - done, room // last + 1)
+        if fit:
+            yield fit, (S0 + np.arange(fit) * float(last)) * u, P * u
+            done += fit
+            s = float(S0 + fit * last) * u
+        if done == times:
+            return
+        window = _added(s, incs, 1)     # into the next binade: this window by additions
+        yield 1, None, window
+        done += 1
+        s = float(window[-1])
+        if done == times:
+            return
+    group = max(1, GROUP // max(1, L))
+    while done < times:
+        n = min(group, times - done)
+        window = _added(s, incs, n)
+        yield n, None, window
+        done += n
+        s = float(window[-1])
+
+
+def _added(start: float, incs: np.ndarray, times: int) -> np.ndarray:
+    """`_accumulate` by the additions themselves."""
+    out = np.empty(len(incs) * times + 1)
+    out[0] = start
+    out[1:].reshape(times, len(incs))[:] = incs
+    return np.add.accumulate(out, out=out)
+
+
+class Program:
+    """What one window adds to the float totals, to be repeated: the increments per total, the latencies and
+    section times as positions on the clock's tape (or constants)."""
+
+    def __init__(self, incs: dict, lat: np.ndarray, adds: list):
+        self.incs, self.lat = incs, lat
+        self.by_key: dict = {}          # section -> [(seconds spec, calls)] in the order they were added
+        for key, spec, calls in adds:
+            self.by_key.setdefault(key, []).append((spec, calls))
+
+    def repeat(self, k: int, device, runtime, sections, latency) -> None:
+        """Add ``k`` windows to the totals: run by run of `_runs` (one binade's windows take the same
+        latencies and section times, coded once)."""
+        incs = self.incs["clock"]
+        L = len(incs)
+        for n, base, offsets in _runs(device.clock, incs, k):
+            if base is None:            # each window's own totals
+                clock = np.lib.stride_tricks.as_strided(offsets, (n, L + 1), (L * offsets.itemsize, offsets.itemsize))
+                device.clock = float(offsets[-1])
+            else:                       # every window's differences are the offsets'
+                clock = offsets[None, :]
+                device.clock = float(base[-1] + offsets[-1])
+            self._add(clock, n, sections, latency)
+        for obj, name in ((device, "malloc_time"), (device, "free_time"), (runtime, "gc_time")):
+            if len(self.incs[name]):
+                setattr(obj, name, _total(getattr(obj, name), self.incs[name], k))
+
+    def _add(self, clock: np.ndarray, n: int, sections, latency) -> None:
+        """The latencies and section times of ``n`` windows whose clock totals are the rows of ``clock`` (one
+        row: the same for all)."""
+        times = n // len(clock)         # how many times over each row counts
+        if len(self.lat):               # window by window, each window's latencies in order
+            lat = clock[:, self.lat[:, 1]] - clock[:, self.lat[:, 0]]
+            w = 0
+            while w < len(lat):         # windows in one binade have the same latencies: coded once per run
+                same = (lat[w:] == lat[w]).all(axis=1)
+                run = len(same) if same.all() else int(np.argmin(same))
+                latency.extend_repeated(lat[w], run * times)
+                w += run
+        for key, specs in self.by_key.items():
+            cols = [np.full(len(clock), spec) if isinstance(spec, float) else clock[:, spec[1]] - clock[:, spec[0]]
+                    for spec, _ in specs]
+            values = np.stack(cols, axis=1)         # window by window, in the order they were added
+            stat = sections.stats[key]
+            stat[1] = _total(stat[1], values.ravel()) if times == 1 else _total(stat[1], values[0], times)
+            stat[0] += n * sum(calls for _, calls in specs)
+
+
+# ---- the trace side: the events a window compares -----------------------------------------------------
+class Events:
+    """The records of ``kind`` in `FOLD_KINDS` from trace index ``lo`` on, up to ``n`` of them: their trace
+    indices and columns (numpy)."""
+
+    COLUMNS = ("kind", "id", "size", "stream")
+
+    def __init__(self, records, lo: int, n: int):
+        parts, end = [], len(records)
+        got = 0
+        while got < n and lo < end:
+            rec = records[lo:min(end, lo + _reading(n - got))]
+            keep = np.flatnonzero(_folded(rec["kind"]))[:n - got]
+            parts.append([keep + lo] + [rec[name][keep] for name in self.COLUMNS])
+            got += len(keep)
+            lo += len(rec)
+        cols = [np.concatenate(c) for c in zip(*parts)] or [np.zeros(0, np.int64)] * 5
+        self.at, self.kind, self.id, self.size, self.stream = cols     # the records' own dtypes
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def alloc_positions(self) -> np.ndarray:
+        """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
+        is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
+        a_pos = np.flatnonzero(is_alloc)
+        a_ids = self.id[a_pos].astype(np.int64)
+        f = np.flatnonzero(is_free)
+        out = np.full(len(self), -1, np.int64)
+        if not len(a_ids) or not len(f):
+            return out
+        lo, hi = int(a_ids.min()), int(a_ids.max())
+        if hi - lo < 4 * len(self):            # ids in a narrow range (dense, as recorders give them): a table
+            table = np.full(hi - lo + 1, -1, np.int64)
+            table[a_ids - lo] = a_pos
+            fid = self.id[f].astype(np.int64)
+            inside = (fid >= lo) & (fid <= hi)
+            got = np.full(len(f), -1, np.int64)
+            got[inside] = table[fid[inside] - lo]
+            out[f] = np.where(got < f, got, -1)
+            return out
+        order = np.argsort(a_ids, kind="stable")
+        a_ids, a_pos = a_ids[order], a_pos[order]
+        fid = self.id[f].astype(np.int64)
+        k = np.minimum(np.searchsorted(a_ids, fid), len(a_ids) - 1)
+        hit = (a_ids[k] == fid) & (a_pos[k] < f)
+        out[f[hit]] = a_pos[k[hit]]
+        return out
+
+
+def windows_repeat(ev: Events, P: int, first: int, addr_i=None, addr_j=None) -> int:
+    """How many whole windows of ``P`` events, from window ``first`` on (window 0 starts at ``ev``'s
+    position ``P``; the one before it is the template), repeat the window before each. In window 0 a FREE of
+    an object allocated before the template frees the one holding the same block (``addr_i``/``addr_j``:
+    id -> address at the two boundaries); later, every FREE frees the object allocated P events after the
+    object the FREE P events before freed."""
+    n = len(ev) // P - 1 - first          # whole windows available to check
+    if n <= 0:
+        return 0
+    lo, hi = (first + 1) * P, (first + 1 + n) * P
+    same = ((ev.kind[lo:hi] == ev.kind[lo - P:hi - P]) & (ev.size[lo:hi] == ev.size[lo - P:hi - P])
+            & (ev.stream[lo:hi] == ev.stream[lo - P:hi - P]))
+    apos = ev.alloc_positions()
+    t = np.arange(lo, hi)
+    is_free = ev.kind[lo:hi] == FREE
+    prev = apos[t - P]
+    young = prev >= 0
+    same &= ~is_free | (young & (apos[t] == prev + P))
+    if first == 0 and addr_i is not None:       # window 0: FREEs of objects older than the template
+        for k in np.flatnonzero(is_free[:P] & ~young[:P]):
+            a_old, a_new = addr_i.get(int(ev.id[lo + k - P])), addr_j.get(int(ev.id[lo + k]))
+            same[k] = a_old is not None and a_old == a_new and ev.kind[lo + k] == ev.kind[lo + k - P]
+    bad = np.flatnonzero(~same)
+    return n if not len(bad) else int(bad[0]) // P
+
+
+# ---- the folder ----------------------------------------------------------------------------------------
+class Boundary:
+    """An iteration boundary walked: its trace index, which MARK it is, and where each live object's block lies."""
+
+    __slots__ = ("at", "mark", "addr")
+
+    def __init__(self, at: int, mark: int, addr: dict):
+        self.at, self.mark, self.addr = at, mark, addr
+
+
+class Folder:
+    """Watches a `Replay`'s walk at each boundary and folds its periodic runs (see the module docstring)."""
+
+    def __init__(self, replay):
+        self.r = replay
+        self.steps = steps_of(replay.trace)
+        self.marks = self.steps.marks
+        self.spent = 0                          # bytes of fingerprints made: kept within `BYTES_PER_EVENT`
+        self.last = 0
+        self.next_mark = 0
+        self.seen: dict[bytes, list[Boundary]] = {}
+        self.order: list[bytes] = []            # fingerprints in the order boundaries were seen (forgetting)
+        self.rec = None                         # the window being recorded: (Recorder, ...)
+        self.folded_events = self.folded_steps = 0
+        self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
+
+    @staticmethod
+    def possible(replay, device_given: bool, guard: bool) -> bool:
+        """Whether a replay can fold at all: a policy that declares its state (a subclass made outside allocsim
+        only if it declares its own: what it adds is its to say) and does not follow the recording, a simulated
+        device, no observer, timeline, event log or tick."""
+        cls = type(replay.policy)
+        owner = next(c for c in cls.__mro__ if "fold_state" in c.__dict__)
+        if owner is Policy or (owner is not cls and not all(c.__module__.startswith("allocsim.") for c in cls.__mro__[:-1])):
+            return False
+        return (type(replay.device) is SimulatedDevice and not device_given and not guard
+                and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
+                and replay.observer is None and not replay.timeline and not replay._log_index
+                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen)
+
+    # -- where the walk stops ------------------------------------------------------------------------
+    def stop(self, c, pos: int) -> int:
+        """The position in chunk ``c`` the walk stops at next for the folder: the next boundary or the
+        recorded window's end (past the chunk: its length)."""
+        stops = [len(c.at)]
+        if self.next_mark < len(self.marks):
+            stops.append(int(np.searchsorted(c.at, self.marks[self.next_mark])))
+        if self.rec is not None:
+            stops.append(int(np.searchsorted(c.at, self.rec[1])))
+        return max(pos + 1, min(stops))
+
+    def at(self, c, pos: int, until) -> bool:
+        """Called before the walk drives event ``pos`` of chunk ``c``: handle the boundaries the walk has
+        reached; True when the walk was moved (a fold), so the caller looks at its chunk again."""
+        x = int(c.at[pos])
+        if self.rec is not None and x >= self.rec[1] and self._end_window(x, until):
+            return True             # folded; else a boundary here is taken below, at its own position
+        reached = self.next_mark
+        while self.next_mark < len(self.marks) and self.marks[self.next_mark] <= x:
+            self.next_mark += 1
+        if self.next_mark == reached or self.rec is not None:
+            return False
+        self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
+        return False
+
+    # -- the fingerprint -------------------------------------------------------------------------------
+    def _fingerprint(self):
+        """``(fingerprint bytes, id -> address)`` of the state now, or None when it cannot be folded."""
+        r = self.r
+        w, pol, dev, rt = r._w, r.policy, r.device, r.runtime
+        if w.failed or w.stopped or w.skip_until is not None:
+            return None
+        handles = r.handles
+        state = pol.fold_state(handles.values())
+        if state is None:
+            return None
+        block = pol.block
+        addr = {i: block(h)[0] for i, h in handles.items()}
+        if rt.eager:
+            runtime = None
+        else:
+            runtime = (sorted((addr[i], e == rt.epoch, s) for i, (e, s) in rt.born.items()),
+                       [(addr[i], s) for i, s in rt.dead_young], [(addr[i], s) for i, s in rt.dead_old])
+        device = (dev.reserved, dev.cap, dev.limit, dev.pinned, dev._hint, len(dev._hints), dev._next,
+                  _placement_state(dev._driver))
+        return pickle.dumps((state, runtime, device, w.since_gc), protocol=5), addr
+
+    def _boundary(self, at: int, mark: int, until) -> None:
+        if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark):
+            return          # the steps after do not repeat; or fingerprints cost more than the walk: skip some
+        got = self._fingerprint()
+        if got is None:
+            return
+        key, addr = got
+        self.last = len(key)
+        self.spent += len(key)
+        here = Boundary(at, mark, addr)
+        for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
+            p = mark - earlier.mark
+            sig = self.steps.read(earlier.mark, mark + 2 * p)
+            if len(sig) < 3 * p or not (sig[:p] == sig[p:2 * p]).all() or not (sig[:p] == sig[2 * p:]).all():
+                continue            # the steps after do not repeat: not worth the exact comparison
+            if self._try(earlier, here, key, until):
+                break
+        self.seen.setdefault(key, []).append(here)
+        self.order.append(key)
+        if len(self.order) > HISTORY:
+            old = self.order.pop(0)
+            self.seen[old].pop(0)
+            if not self.seen[old]:
+                del self.seen[old]
+
+    def _try(self, i: Boundary, j: Boundary, key: bytes, until) -> bool:
+        """Boundary ``j`` has the state of ``i``: if the events after ``j`` repeat those after ``i`` for at
+        least two windows (one to record, one to skip), start recording the first."""
+        P = _count_between(self.r.trace.records, i.at, j.at)
+        if P == 0:
+            return False
+        ev = Events(self.r.trace.records, i.at, 3 * P)
+        if len(ev) < 3 * P or windows_repeat(ev, P, 0, i.addr, j.addr) < 2:
+            return False
+        end = int(ev.at[2 * P - 1]) + 1
+        if until is not None and end > until:
+            return False
+        r = self.r
+        zero = bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))      # the windows' 0-byte ALLOCs
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero)
+        return True
+
+    def _counts(self) -> tuple:
+        """The integer totals a window adds to (walk, device, runtime, policy), to repeat."""
+        r = self.r
+        w, dev, rt = r._w, r.device, r.runtime
+        return ((w.done, w.n_pressure, w.skipped_frees, len(w.ooms), len(w.served), w.peak_alloc, w.peak_res,
+                 len(w.caught), w.skipped_allocs, w.unwound),
+                tuple(getattr(dev, name) for name in DEVICE_COUNTS), tuple(getattr(rt, name) for name in RUNTIME_COUNTS),
+                r.policy.fold_counts())
+
+    # -- the recorded window's end: repeat it ------------------------------------------------------------
+    def abort(self) -> None:
+        """Stop recording (the walk ends or is read mid-window): the totals go back to plain floats."""
+        if self.rec is not None:
+            self.rec[0].stop()
+            self.rec = None
+
+    def _end_window(self, x: int, until) -> bool:
+        """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
+        add every following window that repeats (up to ``until``) and move the walk past them; True then."""
+        recorder, end, i, j, key, P, before, zero = self.rec
+        self.rec = None
+        program = recorder.stop()
+        after = self._counts()
+        if program is None or after[0][2:] != before[0][2:]:    # a skipped FREE, an OOM or a new peak inside
+            return False
+        got = self._fingerprint()
+        if got is None or got[0] != key:
+            return False
+        records = self.r.trace.records
+        k, lo = self._record_windows(i, j, P, end, until)      # read record for record, as far as they repeat
+        new_end, first = end + k * (j.at - i.at), 1
+        while lo is not None:           # ev from `lo`: the template, window 0 (walked), then 1, ...
+            ev = Events(records, lo, max(BATCH // P, first + 2) * P)
+            n = windows_repeat(ev, P, first)
+            if n:
+                ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
+                if until is not None:           # only whole windows that end by the walk's target
+                    n = int(np.searchsorted(ends, until, side="right"))
+                if n:
+                    k, new_end = k + n, int(ends[n - 1])
+            if n == 0 or n < len(ev) // P - 1 - first:
+                break
+            lo, first = int(ev.at[(first + n - 1) * P]), 1      # the last two windows checked lead the next batch
+        if k == 0:
+            return False
+        self._skip(program, k, before, after, end, new_end, P, i, j, zero)
+        return True
+
+    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until) -> tuple[int, int | None]:
+        """``(k, lo)``: the ``k`` windows after the walked one (which ends at ``end``) that repeat it record for
+        record, read without gathering the events (`repeating_records`), and where `windows_repeat` reads on
+        from (None: nowhere, the trace or ``until`` is reached).
+
+        The records repeat with the period of the boundaries, ``R = j.at - i.at``, and each window's ALLOC
+        ids are ``D`` more than the one's before (ids dense in ALLOC order, as every recorder gives them): then
+        the kinds, sizes and streams repeat and every FREE frees the object allocated ``P`` events after the
+        one the FREE ``P`` events before freed (the ALLOC ``R`` records after that object's carries its id
+        plus ``D``, and no ALLOC of that id lies between, or one ``R`` records before it would), as
+        `windows_repeat` asks, given that the walked window's FREEs free objects allocated since ``i`` -- which
+        is checked here, with the template's and the walked window's events lying ``R`` records apart and their
+        ALLOC ids ``D`` apart. Where any of this does not hold, `windows_repeat` reads every window."""
+        records = self.r.trace.records
+        words, R = _words(records), j.at - i.at
+        if words is None or not 0 < R <= MAX_RECORD_PERIOD:
+            return 0, i.at
+        ev = Events(records, i.at, 2 * P)
+        allocs = np.flatnonzero(ev.kind[:P] == ALLOC)
+        if len(ev) < 2 * P or not len(allocs) or not (ev.at[P:] == ev.at[:P] + R).all():
+            return 0, i.at
+        ids = ev.id.astype(np.int64)
+        shift = ids[allocs + P] - ids[allocs]
+        D = int(shift[0])
+        if not (shift == D).all() or D <= int(ids[allocs].max() - ids[allocs].min()):
+            return 0, i.at              # ids not given window after window (or windows' ids overlap)
+        frees = np.flatnonzero(ev.kind[P:] == FREE) + P
+        if (ev.alloc_positions()[frees] < 0).any():
+            return 0, i.at              # the walked window frees an object older than the template
+        stop = len(records) if until is None else min(len(records), until)
+        q = repeating_records(words, end, R, D, stop)
+        k = max(0, q - end) // R
+        if q >= stop:
+            return k, None
+        return k, (int(ev.at[P]) + (k - 1) * R if k else i.at)      # the last two windows lead on
+
+    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int,
+              i: Boundary, j: Boundary, zero: bool) -> None:
+        """Add ``k`` windows as the recorded one added, rename the live ids, and move the walk to ``end``."""
+        r = self.r
+        w, dev, rt, pol = r._w, r.device, r.runtime, r.policy
+        program.repeat(k, dev, rt, r.sections, w.latency)
+        for obj, names, b, a in ((w, ("n_pressure",), before[0][1:2], after[0][1:2]),
+                                 (dev, DEVICE_COUNTS, before[1], after[1]), (rt, RUNTIME_COUNTS, before[2], after[2])):
+            for name, x, y in zip(names, b, a):
+                setattr(obj, name, getattr(obj, name) + k * (y - x))
+        pol.fold_advance(before[3], after[3], k)
+        self._rename(start, end, P)
+        passed = k * (after[0][0] - before[0][0])
+        skipped = r._move_to(end, None if zero else passed)   # without 0-byte ALLOCs, the chunks passed unread
+        assert skipped == passed, (skipped, k)
+        steps = int(np.searchsorted(self.marks, end) - np.searchsorted(self.marks, start))
+        self.next_mark = int(np.searchsorted(self.marks, end))
+        self.folded_events += skipped
+        self.folded_steps += steps
+        self.periods.append((j.mark - i.mark, j.mark + 1, steps))
+
+    def _rename(self, start: int, end: int, P: int) -> None:
+        """The live ids after the skipped windows: an object allocated in the window walked last (the ``P``
+        events before ``start``) is the one allocated at the same place of the last window skipped (the ``P``
+        events before ``end``); an older one lived through the windows and is itself. Applied to the engine's
+        id -> handle table and to the gc runtime's records."""
+        r = self.r
+        walked, skipped = _events_before(r.trace.records, start, P), _events_before(r.trace.records, end, P)
+        allocs = np.flatnonzero(walked.kind == ALLOC)
+        rename = dict(zip(walked.id[allocs].tolist(), skipped.id[allocs].tolist()))
+        handles = r.handles
+        moved = {rename[i]: handles.pop(i) for i in [i for i in handles if i in rename]}
+        handles.update(moved)
+        rt = r.runtime
+        if not rt.eager:
+            rt.born = {rename.get(i, i): v for i, v in rt.born.items()}
+            rt.dead_young = [(rename.get(i, i), s) for i, s in rt.dead_young]
+            rt.dead_old = [(rename.get(i, i), s) for i, s in rt.dead_old]
+
+    # -- what `replay` reports --------------------------------------------------------------------------
+    def summary(self) -> dict | None:
+        """How much was folded: events and steps skipped, the steps in the trace, the periods found."""
+        if not self.folded_events:
+            return None
+        period, first, _ = self.periods[0]
+        return {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
+                "period": period, "from_step": first, "folds": len(self.periods)}
+
+
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def steps_of(trace) -> "Steps":
+    """The trace's `Steps`, read once per trace (a tune or fit replays one trace many times)."""
+    got = _STEPS.get(trace)
+    if got is None:
+        got = _STEPS[trace] = Steps(trace)
+    return got
+
+
+def _folded(kind: np.ndarray) -> np.ndarray:
+    """Which records of these kinds are `FOLD_KINDS` (a comparison per kind: faster than a lookup table)."""
+    out = kind == FOLD_KINDS[0]
+    for k in FOLD_KINDS[1:]:
+        out |= kind == k
+    return out
+
+
+class Steps:
+    """A trace's steps, as the folder reads them: the MARK indices, each step's ALLOCs and those before it,
+    whether the trace holds what a window's comparison does not see (`unseen`) -- these in
+    one pass over the kinds -- and, read only where the walk asks (a folded run never reads the steps it
+    skips), the steps' signatures and which steps can take part in a fold that pays (`useful`)."""
+
+    def __init__(self, trace):
+        self.records = trace.records
+        marks, allocs, unseen = [], [], False
+        for start, rec in trace.chunks():
+            kind = rec["kind"].copy()              # read once: the passes below go over a compact copy
+            at = np.flatnonzero(kind == MARK)
+            marks.append(at + start)
+            cuts = np.concatenate(([0], at))        # a MARK is no ALLOC: an empty piece's sum is 0
+            allocs.append(np.add.reduceat(kind == ALLOC, cuts, dtype=np.int64))
+            if not unseen:
+                flags = rec["flags"]
+                unseen = bool(((kind >= POOL[0]) & (kind <= POOL[-1])).any() or (flags.any() and (
+                    (kind == FREE) & (flags & IN_REQUEST != 0)).any()))
+        self.marks = np.concatenate(marks) if marks else np.zeros(0, np.int64)
+        n = len(self.marks)
+        # pieces between MARKs, chunk after chunk: each chunk's first piece continues the step before it
+        ends = np.cumsum([len(m) for m in marks]) if marks else np.zeros(0, np.int64)
+        a = np.zeros(n + 1, np.int64)
+        for end, pa in zip(ends, allocs):
+            a[end + 1 - len(pa):end + 1] += pa   # from the step of the chunk's first piece (plus one)
+        #: ALLOCs before each step's MARK; each step's ALLOCs
+        self.allocs = np.cumsum(a)[:n]
+        self.counts = a[1:, None]
+        #: FREEs made inside a request (flag ``IN_REQUEST``: the runtime holds them for that request) or
+        #: private-pool events (`POOL`: the pools' state is not in `Policy.fold_state`)
+        self.unseen = unseen
+        self.sig = np.zeros((n, 2), np.uint64)
+        self.known = np.zeros(n, bool)          # which steps' signatures are read
+        self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
+        self._table = None                      # `repeating_steps` once every signature is read
+
+    def __len__(self) -> int:
+        return len(self.marks)
+
+    # -- signatures, read where asked -----------------------------------------------------------------
+    def read(self, a: int, b: int) -> np.ndarray:
+        """The signatures of steps ``a`` to ``b`` (clipped to the trace's), reading those not read yet, and
+        short steps after them up to `SIG_READ` records (the boundaries ask step after step)."""
+        n = len(self.marks)
+        a, b = max(0, a), min(n, b)
+        todo = np.flatnonzero(~self.known[a:b]) + a
+        if len(todo):
+            ahead = int(np.searchsorted(self.marks, self.marks[todo[-1]] + SIG_READ))
+            todo = np.flatnonzero(~self.known[a:max(b, min(n, ahead))]) + a
+            runs = np.split(todo, np.flatnonzero(np.diff(todo) > 1) + 1)
+            for run in runs:
+                self._signatures(int(run[0]), int(run[-1]) + 1)
+            if self.known.all() and self._table is None:
+                self._table = repeating_steps(self.sig)
+        return self.sig[a:b]
+
+    def _signatures(self, a: int, b: int) -> None:
+        """Read the signatures of steps ``a`` to ``b`` (one run of records): a hash of each step's events'
+        kinds, sizes, streams, places in the step and, for a FREE, how many ALLOCs lie between its object's and
+        it (by the ids, dense in ALLOC order in every recorder's traces), with their count. Equal steps have
+        equal signatures (with ids given otherwise, repeats may differ and are then not folded), so a boundary
+        tries the exact comparison only where the steps after it repeat those after the earlier one."""
+        marks, n = self.marks, len(self.marks)
+        lo, hi = int(marks[a]), int(marks[b]) if b < n else len(self.records)
+        allocs = int(self.allocs[a])
+        step, in_step = a - 1, 0            # the step of the records before the next MARK; its fold events read
+        sig = self.sig
+        C = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                                    0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9, 29, 32, 16, 0xFFFF)]
+        words = _words(self.records)
+        for s in range(lo, hi, SIG_READ):
+            rec = np.asarray(self.records[s:min(hi, s + SIG_READ)])
+            kind = rec["kind"].copy()                   # read once: the passes below go over a compact copy
+            keep = np.flatnonzero(_folded(kind))
+            cut = np.searchsorted(keep, np.flatnonzero(kind == MARK))    # the fold events before each MARK
+            m = len(keep)
+            if not m:
+                step, in_step = step + len(cut), in_step if not len(cut) else 0
+                continue
+            pieces = np.diff(np.concatenate(([0], cut, [m])))
+            marked = np.repeat(np.arange(len(pieces)), pieces)              # the MARKs before each fold event
+            head = words[s:s + len(rec), 0][keep] if words is not None else None    # kind, stream, id at once
+            k = kind[keep].astype(np.uint64)
+            is_alloc = k == ALLOC
+            before = np.cumsum(is_alloc) - is_alloc + allocs            # the ALLOCs before each
+            allocs = int(before[-1]) + bool(is_alloc[-1])
+            place = np.arange(m) - np.repeat(np.concatenate(([-in_step], cut)), pieces)   # its place in its step
+            ids = head >> C[7] if head is not None else rec["id"][keep].astype(np.uint64)
+            stream = (head >> C[8]) & C[9] if head is not None else rec["stream"][keep].astype(np.uint64)
+            with np.errstate(over="ignore"):
+                v = k * C[0]
+                v ^= rec["size"][keep] * C[1]
+                v ^= stream * C[2]
+                v ^= (before.astype(np.uint64) - ids) * (k == FREE) * C[3]   # two's complement, as an int64's
+                v ^= place.astype(np.uint64) * C[4]
+                v ^= v >> C[6]
+                v *= C[5]
+            firsts = np.unique(np.concatenate(([0], cut[cut < m])))    # where each step's events start here
+            steps = step + marked[firsts]
+            with np.errstate(over="ignore"):
+                sig[steps, 0] += np.add.reduceat(v, firsts)
+            sig[steps, 1] += np.diff(np.append(firsts, m)).astype(np.uint64)
+            step, in_step = step + len(cut), (in_step + m if not len(cut) else m - int(cut[-1]))
+        self.known[a:b] = True
+
+    # -- which steps can take part in a fold ------------------------------------------------------------
+    def useful(self, m: int) -> bool:
+        """`repeating_steps`'s answer for step ``m``, reading only the signatures it needs: those of the ``p``
+        steps either side for the periods ``p`` whose step equals ``m`` (the others cannot answer yes), then,
+        for each such ``p``, the ``4p`` steps after, as far as they are equal."""
+        if self._table is not None:
+            return bool(self._table[m])
+        n, pmax = len(self.marks), self.pmax
+        if not pmax:
+            return False
+        counts = self.counts                # steps of other ALLOC counts have other signatures: not read
+        lo = max(0, m - pmax)
+        ahead = 1 + np.flatnonzero((counts[m + 1:m + pmax + 1] == counts[m]).all(axis=1))  # m starts a run, period p
+        behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
+        if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once and keep the equal
+            sig = self.read(lo, m + pmax + 1)
+            ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
+            behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
+        for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
+            if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
+                return True
+        return False
+
+    def _equal(self, a: int, b: int, n: int) -> bool:
+        """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in
+        doubling pieces up to the first difference."""
+        done, piece = 0, 8
+        while done < n:
+            take = min(n - done, piece)
+            if not (self.read(a + done, a + done + take) == self.read(b + done, b + done + take)).all():
+                return False
+            done += take
+            piece *= 2
+        return True
+
+
+def repeating_steps(sig: np.ndarray) -> np.ndarray:
+    """For each step ``m``, whether it can start a fold that pays (a template of ``p`` steps from ``m``, up to
+    `MAX_PERIOD`, then the period recorded, then at least two more to skip: ``4p`` steps with the signatures of
+    the steps ``p`` before them) or be where such a template repeats (``m - p`` can start one). Only these
+    boundaries are fingerprinted, so a short trace, or one whose steps never repeat, costs no fingerprint."""
+    n = len(sig)
+    out = np.zeros(n + 1, bool)
+    for p in range(1, min(MAX_PERIOD, n // 5) + 1):
+        eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
+        q = np.arange(len(eq))
+        bad = np.append(np.flatnonzero(~eq), len(eq))
+        run = bad[np.searchsorted(bad, q)] - q          # how many steps from q on equal the steps p later
+        starts = np.flatnonzero(run >= 4 * p)
+        out[starts] = True
+        out[starts + p] = True
+    return out
+
+
+def _words(records) -> np.ndarray | None:
+    """The records as rows of five 64-bit words (kind, flags, stream and id in the first; size the third), or
+    None where they are not laid out so (a copy of another layout)."""
+    rec = np.asarray(records)
+    if rec.dtype != RECORD_DTYPE or not rec.flags.c_contiguous:
+        return None
+    return rec.view(np.uint64).reshape(-1, 5)
+
+
+def repeating_records(words: np.ndarray, end: int, R: int, D: int, stop: int) -> int:
+    """The first trace index from ``end`` on (``stop`` if none before it) whose record is not the one ``R``
+    before it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before
+    it has an id. ``words`` are the records' words (`_words`); read a few periods at a time."""
+    first = words[end - R:end, 0]
+    pattern = np.where(first >> np.uint64(32) != np.uint64(NO_ID), np.uint64(D << 32), np.uint64(0))
+    reps = max(1, SPAN // R)
+    tiled = np.tile(pattern, reps)
+    x = end
+    while x < stop:
+        y = min(stop, x + reps * R)
+        head, size = words[x - R:y, 0].copy(), words[x - R:y, 2].copy()     # each read once, then compact
+        same = head[R:] - head[:-R] == tiled[:y - x]
+        same &= size[R:] == size[:-R]
+        if not same.all():
+            return x + int(np.argmin(same))
+        x = y
+    return stop
+
+
+def _count_between(records, lo: int, hi: int) -> int:
+    """How many `FOLD_KINDS` records lie in trace indices [lo, hi)."""
+    n = 0
+    while lo < hi:
+        rec = records[lo:min(hi, lo + READ)]
+        n += int(np.count_nonzero(_folded(rec["kind"])))
+        lo += len(rec)
+    return n
+
+
+def _reading(n: int) -> int:
+    """Records to read for ``n`` more `FOLD_KINDS` events: twice as many (most records are), up to `READ`."""
+    return min(READ, max(4096, 2 * n))
+
+
+def _events_before(records, end: int, n: int) -> Events:
+    """The last ``n`` `FOLD_KINDS` records before trace index ``end``."""
+    lo = end
+    got = 0
+    while lo > 0 and got < n:
+        step = min(lo, _reading(n - got))
+        rec = records[lo - step:lo]
+        got += int(np.count_nonzero(_folded(rec["kind"])))
+        lo -= step
+    ev = Events(records, lo, got)
+    keep = slice(max(0, len(ev) - n), len(ev))
+    for name in ("at", "kind", "id", "size", "stream"):
+        setattr(ev, name, getattr(ev, name)[keep])
+    return ev
+
+
+def _index_after(records, lo: int, n: int) -> int:
+    """The trace index just past the ``n``-th `FOLD_KINDS` record from ``lo``."""
+    while True:
+        rec = records[lo:lo + READ]
+        keep = np.flatnonzero(_folded(rec["kind"]))
+        if len(keep) >= n:
+            return lo + int(keep[n - 1]) + 1
+        n -= len(keep)
+        lo += len(rec)
+
+
+def _placement_state(driver):
+    """The driver placement's state, canonical: what decides where the next segments go."""
+    if driver is None:
+        return None
+    return (driver._frontier, tuple(driver._holes.items()),
+            tuple((r.start, r.end, r.unit, tuple(sorted(r.live.items())), tuple(r.runs.items()))
+                  for r in driver._by_addr.values()),
+            tuple(r.start for r in driver._newest.regions if r is not None),
+            tuple(r.start for r in driver._newest_small.regions if r is not None),
+            tuple(sorted(driver._owner)))
+
+
+def _compiled(cls) -> bool:
+    """Whether a class of the policy's runs compiled (docs/architecture.md, "The compiled build"): its sums on
+    the clock are C's, which the window's recorder cannot follow, so the replay walks it in full."""
+    return any(getattr(sys.modules.get(c.__module__), "__file__", "").endswith(tuple(EXTENSION_SUFFIXES))
+               for c in cls.__mro__)

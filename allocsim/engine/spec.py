@@ -1,0 +1,338 @@
+"""`PolicySpec`: which policy, with which options — parsed in one place for every entry point.
+
+The command line (``--policy``, ``--policies``, ``-O``), the bracket syntax
+(``torch[expandable_segments:True]``), sweep rows and the Python API all make a
+`PolicySpec`, so a typo fails the same way everywhere. The policy is named by
+
+- a registered name (``split``) or an installed entry point of the group
+  ``allocsim.policies``;
+- ``path/to/file.py:Class`` (the path is made absolute here, so that worker
+  processes and Dask workers load the same file);
+- ``package.module:Class`` (imported by name).
+
+Options are a sorted tuple of ``(key, typed value)``, parsed by the policy's own
+declaration (`Policy.parse_options`). A spec is a small immutable value: it travels
+to workers as it is and resolves its class there (`policy_class`).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass, field
+
+from .. import policies
+from ..errors import AllocsimError, PluginError, UsageError
+from ..outputs import Terminated
+from ..params import PARSERS, Param
+from ..policies.base import Policy
+
+ENTRY_POINT_GROUP = "allocsim.policies"
+
+#: Resolved classes of this process, by reference (a plug-in file is executed once).
+_CLASSES: dict[str, type] = {}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy reference and its options; ``str(spec)`` parses back to an equal spec."""
+
+    ref: str                          # registered name, entry point, pkg.mod:Class or /abs/file.py:Class
+    options: tuple = ()               # sorted ((key, typed value), ...)
+    shown: str = field(default="", compare=False)   # the reference as written, for tables
+
+    # ---- making one --------------------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str) -> PolicySpec:
+        """``name``, ``name[k:v,k2=v2]``, ``file.py:Class[k=v]``, ``pkg.mod:Class``."""
+        text = str(text).strip()
+        ref, bracket, rest = text.partition("[")
+        ref = ref.strip()
+        if not ref or (bracket and not rest.endswith("]")):
+            raise UsageError(f"policy {text!r}: expected name, name[key:value,...], file.py:Class or module:Class")
+        spec = cls(_absolute(ref), (), ref)
+        spec.policy_class()                   # unknown names and broken plug-ins fail here, at parse time
+        return spec.with_options([rest[:-1]]) if bracket else spec
+
+    @classmethod
+    def of(cls, policy, options=None) -> PolicySpec:
+        """A spec from what the Python API accepts: text, a spec or a Policy subclass, plus options
+        as ``key=value`` texts or a dict of typed values."""
+        if isinstance(policy, type):
+            spec = cls._of_class(policy)
+        else:
+            spec = policy if isinstance(policy, PolicySpec) else cls.parse(policy)
+        if isinstance(options, dict):
+            return spec.with_values(options)
+        return spec.with_options(options) if options else spec
+
+    @classmethod
+    def _of_class(cls, policy_cls: type) -> PolicySpec:
+        """A spec for a class at hand (`allocsim.testing.check_policy`): resolved in this process only."""
+        _check_policy_class(policy_cls, policy_cls.__qualname__)
+        ref = f"{policy_cls.__module__}:{policy_cls.__qualname__}"
+        _CLASSES[ref] = policy_cls
+        return cls(ref, (), policy_cls.name or policy_cls.__qualname__)
+
+    def with_options(self, texts) -> PolicySpec:
+        """These options plus ``["k=v,k2:v2", ...]`` (``-O``), parsed by the policy's declaration."""
+        return self._adding(lambda pcls: pcls.parse_options(list(texts)))
+
+    def with_values(self, values: dict) -> PolicySpec:
+        """These options plus ``values`` (the Python API's dict): typed values as they are, text for a
+        parameter that is not text parsed as ``-O`` would (``{"limit": "8GB"}``)."""
+        def typed(pcls):
+            known = {p.name: p for p in pcls.params}
+            out = {}
+            for k, v in values.items():
+                pcls.check_option(k)
+                if isinstance(v, str) and known[k].kind != "str":
+                    out.update(pcls.parse_option(known, k, v))
+                else:
+                    out[k] = tuple(v) if isinstance(v, list) else v
+            return out
+        return self._adding(typed)
+
+    def _adding(self, new) -> PolicySpec:
+        """A spec with the options ``new(policy class)`` parses added; an unknown key, a bad value or a
+        key given twice is one line naming the policy."""
+        pcls = self.policy_class()
+        have = dict(self.options)
+        try:
+            pcls.merge_options(have, new(pcls))
+        except UsageError as e:
+            raise UsageError(f"policy {self.name!r}: {e}") from None
+        return PolicySpec(self.ref, tuple(sorted(have.items())), self.shown)
+
+    # ---- reading one ---------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The policy as the user wrote it (a plug-in file as given, not made absolute)."""
+        return self.shown or self.ref
+
+    @property
+    def option_text(self) -> str:
+        """``k:v,k2:v2`` in key order, each value as the policy writes it."""
+        pcls = self.policy_class()
+        return ",".join(f"{k}:{pcls.format_option(k, v)}" for k, v in self.options)
+
+    @property
+    def label(self) -> str:
+        """How tables and plots name this policy: ``torch[expandable_segments:True]``."""
+        return f"{self.name}[{self.option_text}]" if self.options else self.name
+
+    def __str__(self) -> str:
+        return f"{self.ref}[{self.option_text}]" if self.options else self.ref
+
+    def values(self) -> dict:
+        return dict(self.options)
+
+    def policy_class(self) -> type:
+        """The `Policy` subclass named by ``ref``, loaded once per process."""
+        pcls = _CLASSES.get(self.ref)
+        if pcls is None:
+            pcls = _CLASSES[self.ref] = _resolve(self.ref, self.name)
+        return pcls
+
+
+# ---- resolving references ----------------------------------------------------------------
+def _is_file(where: str) -> bool:
+    return where.endswith(".py") or "/" in where or os.sep in where
+
+
+def _absolute(ref: str) -> str:
+    """A plug-in file's reference with its path made absolute; anything else unchanged."""
+    where, colon, name = ref.rpartition(":")
+    return f"{os.path.abspath(where)}:{name}" if colon and _is_file(where) else ref
+
+
+def _resolve(ref: str, shown: str) -> type:
+    where, colon, name = ref.rpartition(":")
+    if not colon:
+        if _is_file(ref):
+            raise UsageError(f"policy {shown!r}: name the class in the file too: {shown}:ClassName")
+        return _named(ref)
+    if not where or not name.isidentifier() or (":" in where and not _is_file(where)):
+        raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
+    module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
+    pcls = getattr(module, name, None)
+    if pcls is None:
+        raise UsageError(f"policy {shown!r}: {where} has no class {name!r}")
+    return _check_policy_class(pcls, shown)
+
+
+def _check_policy_class(pcls, shown: str) -> type:
+    if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
+        raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
+                         f"allocsim.policies.Policy")
+    with plugin_errors(pcls, shown, "its declaration (name, summary, params) was read"):
+        _check_declaration(pcls, shown)
+    return pcls
+
+
+def _check_declaration(pcls: type, shown: str) -> None:
+    """A plug-in's ``name``, ``summary`` and ``params`` are what `-O`, tables and `allocsim policies` read:
+    a wrong one is one line at load, not a traceback wherever it is first read."""
+    for attr in ("name", "summary"):
+        if not isinstance(getattr(pcls, attr), str):
+            raise UsageError(f"policy {shown!r}: {pcls.__name__}.{attr} must be a string, "
+                             f"got {getattr(pcls, attr)!r}")
+    params = pcls.params
+    if not isinstance(params, (tuple, list)) or not all(isinstance(p, Param) for p in params):
+        raise UsageError(f"policy {shown!r}: {pcls.__name__}.params must be a tuple of allocsim.params.Param, "
+                         f"got {params!r}")
+    for p in params:
+        if not (isinstance(p.kind, tuple) or p.kind in PARSERS):
+            raise UsageError(f"policy {shown!r}: {pcls.__name__}.params: {p.name}: kind {p.kind!r} is not one of "
+                             f"{', '.join(PARSERS)} or a tuple of choices")
+
+
+def _named(name: str) -> type:
+    """The built-in policy ``name``, else the installed one (an entry point) of that name."""
+    cls = policies.find(name)
+    if cls is not None:
+        return cls
+    installed = entry_points()
+    if name in installed:
+        return load_entry_point(installed[name])
+    known = policies.names() + sorted(installed)
+    raise UsageError(f"unknown policy {name!r} (known: {', '.join(known)}; or file.py:Class, module:Class)")
+
+
+def _load_file(path: str, shown: str):
+    """Execute a plug-in file as a module of its own (once per process)."""
+    if not os.path.isfile(path):
+        problem = (f"{path} is a folder, not a file" if os.path.isdir(path) else
+                   f"{path} is not a regular file" if os.path.exists(path) else f"no such file {path}")
+        raise UsageError(f"policy {shown!r}: {problem}")
+    if not path.endswith(".py"):
+        raise UsageError(f"policy {shown!r}: {path} is not a Python file (a plug-in file's name ends in .py)")
+    modname = "allocsim_plugin_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+    if modname in sys.modules:
+        return sys.modules[modname]
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.append(folder)             # it imports the modules beside it, as a script would
+    spec = importlib.util.spec_from_file_location(modname, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module           # dataclasses and pickle inside the plug-in look it up
+    try:
+        with _plugin_output():
+            spec.loader.exec_module(module)
+    except _STOPS:
+        del sys.modules[modname]
+        raise
+    except BaseException as e:              # SystemExit included: a plug-in cannot end allocsim
+        del sys.modules[modname]
+        raise _import_failed(e, shown, path) from None
+    return module
+
+
+def _import(modname: str, shown: str):
+    try:
+        with _plugin_output():
+            return importlib.import_module(modname)
+    except ModuleNotFoundError as e:
+        if e.name and (modname == e.name or modname.startswith(e.name + ".")):
+            raise UsageError(f"policy {shown!r}: no module named {e.name!r}") from None
+        raise _import_failed(e, shown) from None
+    except _STOPS:
+        raise
+    except BaseException as e:              # SystemExit included, as for a plug-in file
+        raise _import_failed(e, shown) from None
+
+
+def _raised_at(e: BaseException, path: str | None = None) -> str:
+    """``file:line`` of the innermost frame that raised ``e`` (a syntax error's own position); a syntax
+    error raised by the compiler itself (NUL bytes: no line) is the plug-in ``path``'s."""
+    where = (e.filename or path) if isinstance(e, SyntaxError) else None
+    if where:
+        return f"{where}:{e.lineno}" if e.lineno else where
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith("<frozen")]
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _import_failed(e: BaseException, shown: str, path: str | None = None) -> UsageError:
+    """One line naming where the plug-in failed: its file and line, and the error."""
+    msg = e.msg if isinstance(e, SyntaxError) else _what(e)
+    return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e, path)}: {type(e).__name__}: {msg}")
+
+
+def _what(e: BaseException) -> str:
+    """The exception's message; a `SystemExit` says that the plug-in tried to end the program."""
+    if isinstance(e, SystemExit):
+        return f"the plug-in called sys.exit({e.code!r}), which cannot end allocsim"
+    return str(e)
+
+
+def is_plugin(obj) -> bool:
+    """A policy class (or a method) written outside allocsim (a file, a module, an entry point, a class at hand)."""
+    return not (obj.__module__ == "allocsim" or obj.__module__.startswith("allocsim."))
+
+
+#: What still means "stop" inside a plug-in: the user's Ctrl-C, and a signal unwinding (`Terminated`).
+_STOPS = (KeyboardInterrupt, Terminated)
+
+
+@contextmanager
+def _plugin_output():
+    """While a plug-in's code runs, what it prints goes to stderr: stdout holds allocsim's report
+    (``--json`` must stay valid JSON, and ``| head`` must not fail inside the plug-in)."""
+    if sys.stderr is None:
+        yield
+        return
+    with redirect_stdout(sys.stderr):
+        yield
+
+
+@contextmanager
+def plugin_errors(pcls: type, shown: str, doing: str):
+    """Turn an exception a plug-in raises while ``doing`` (being made, replaying) into one `PluginError`
+    naming the plug-in, the exception and where it was raised; the original stays chained for --debug.
+    Whatever a plug-in raises — `SystemExit` and bare `BaseException` too — becomes that line: a plug-in
+    cannot end allocsim silently; only Ctrl-C and a signal still stop it. Its prints go to stderr.
+    A built-in's exception is allocsim's own bug and passes through with its traceback."""
+    if not is_plugin(pcls):
+        yield
+        return
+    try:
+        with _plugin_output():
+            yield
+    except AllocsimError:
+        raise
+    except _STOPS:
+        raise
+    except BaseException as e:
+        raise PluginError(f"policy {shown!r} failed while {doing}: {type(e).__name__}: {_what(e)} (raised at "
+                          f"{_raised_at(e)}); --debug shows the traceback, allocsim.testing.check_policy "
+                          f"checks a policy against the contract") from e
+
+
+def load_entry_point(ep) -> type:
+    """The class an installed entry point names; its import errors are one line, like a plug-in file's."""
+    try:
+        with _plugin_output():
+            pcls = ep.load()
+    except _STOPS:
+        raise
+    except BaseException as e:              # SystemExit included, as for a plug-in file
+        if _raised_at(e).startswith(_IMPORT_MACHINERY):     # the entry point names what is not there
+            raise UsageError(f"policy {ep.name!r}: its installed entry point {ep.value} cannot be loaded: "
+                             f"{type(e).__name__}: {_what(e)}") from None
+        raise _import_failed(e, ep.name) from None
+    return _check_policy_class(pcls, ep.name)
+
+
+#: Where Python's import machinery lies: an error raised there is about the name imported, not its code.
+_IMPORT_MACHINERY = os.path.dirname(importlib.__file__) + os.sep
+
+
+def entry_points() -> dict:
+    """Installed policies: the entry points of the group ``allocsim.policies``, by name."""
+    from importlib.metadata import entry_points as eps
+    return {ep.name: ep for ep in eps(group=ENTRY_POINT_GROUP)}
+

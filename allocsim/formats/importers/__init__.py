@@ -1,0 +1,125 @@
+"""Import allocation logs written by other tools into allocsim traces.
+
+Formats, told apart by content (never by file name):
+
+    torch   PyTorch memory snapshot pickle (`torch.cuda.memory._dump_snapshot`), see `torch_snapshot`
+    rmm     RMM logging_resource_adaptor CSV, see `rmm_csv`
+    cupy    CuPy DebugPrintHook JSONL, see `cupy_jsonl`
+
+``import_file(path, out)`` streams the events to a temporary file beside
+``out`` and renames it into place only when the whole input converted, so a
+malformed input leaves no output file.
+"""
+from __future__ import annotations
+
+import json
+
+from ...errors import InputError, UsageError
+from ...outputs import atomic_path, check_input_file, claim_outputs
+from ...trace import TraceWriter
+from ...trace.format import IMPORTABLE, MAGIC
+from ...trace.schema import check_meta
+from . import safe_pickle
+from .cupy_jsonl import HookLog
+from .rmm_csv import COLUMNS, RmmLog
+from .torch_snapshot import SnapshotConversion, convert
+
+FORMATS = ("torch", "rmm", "cupy")
+
+__all__ = ["FORMATS", "convert", "detect", "import_file", "open_source"]
+
+
+def detect(path: str) -> str:
+    """``"torch"``, ``"rmm"`` or ``"cupy"``, from the first bytes of ``path``; `InputError` if none fits."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), path=path)
+    if not head.strip():
+        raise InputError("the file is empty; nothing to import", path=path, position="byte 0")
+    if safe_pickle.looks_like_pickle(head):     # protocol 0 and 1 too (no PROTO opcode)
+        return "torch"
+    if head.startswith(MAGIC):
+        raise InputError("already an allocsim trace; nothing to import", path=path, position="byte 0")
+    first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
+    if set(COLUMNS) <= {c.strip() for c in first.decode("utf-8", "replace").split(",")}:
+        return "rmm"
+    if first.startswith(b"{"):
+        try:
+            obj = json.loads(first)
+        except (ValueError, RecursionError):
+            obj = None
+        if isinstance(obj, dict) and "hook" in obj:
+            return "cupy"
+    raise InputError("cannot tell the format: not a pickle (PyTorch snapshot), an RMM CSV log (header "
+                     f"{','.join(COLUMNS)}) or a CuPy DebugPrintHook JSONL (objects with \"hook\"); "
+                     "pass --format", path=path, position="byte 0")
+
+
+#: Each format in the user's words, for the line that says a file given as a trace is one to import.
+WHAT = {"torch": "a PyTorch memory snapshot", "rmm": "an RMM log", "cupy": "a CuPy DebugPrintHook log"}
+
+
+def what_to_import(path: str) -> str | None:
+    """What ``path`` is, if `import_file` reads it (`detect`), else None."""
+    try:
+        return WHAT[detect(path)]
+    except InputError:
+        return None
+
+
+IMPORTABLE.append(what_to_import)       # `Trace.load` of a snapshot or log says to import it
+
+
+def open_source(path: str, fmt: str | None = None, *, device: int | None = None, device_name: str | None = None,
+                total_memory: int | None = None):
+    """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``.
+    ``device`` None: a snapshot's device that holds the events, device 0 of a log."""
+    check_input_file(path)
+    fmt = fmt or detect(path)
+    kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
+    if fmt == "torch":
+        return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
+    kw["device"] = device or 0
+    if fmt == "rmm":
+        return RmmLog(path, **kw)
+    if fmt == "cupy":
+        return HookLog(path, **kw)
+    raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def import_file(path: str, out: str, *, format: str | None = None, device: int | None = None,
+                total_memory: int | None = None,
+                device_name: str | None = None) -> dict:
+    """Convert ``path`` into the trace file ``out``; return stats (counts, warnings, events written).
+
+    ``format`` None or ``"auto"`` detects it from the content. The output
+    appears whole, validated, or not at all.
+    """
+    claim_outputs([("output", out)], [path], force=True)
+    src = open_source(path, None if format in (None, "auto") else format, device=device, device_name=device_name,
+                      total_memory=total_memory)
+    check_meta(src.meta, path)          # what the input says of itself, before a byte is written
+    with atomic_path(out) as tmp:
+        writer = TraceWriter(meta=src.meta, path=tmp, chunk=1 << 16)
+        try:
+            stats = src.emit(writer)
+        except ValueError as e:     # past a limit of the trace format, e.g. more than 65535 streams
+            writer.abort()
+            raise InputError(f"cannot be a trace: {e}", path=path) from None
+        except BaseException:
+            writer.abort()
+            raise
+        trace = writer.finish()
+        if not len(trace):      # a header-only CSV, an empty JSONL: an empty trace only misleads later
+            raise InputError("holds no allocation events; nothing to import (is it the right file?)", path=path)
+        try:
+            trace.validate()
+        except InputError as e:   # the input contradicts itself in a way the importer did not catch
+            raise InputError(f"the converted trace is invalid: {e.what}", path=path, position=e.position)
+        stats["events"] = len(trace)
+        stats["streams"] = len(trace.streams)
+        stats["sites"] = len(trace.sites)
+        del trace
+    return stats
