@@ -346,13 +346,13 @@ def test_rescue_headroom_is_under_the_limit_the_program_set():
 
 
 def test_a_gc_threshold_acts_only_under_a_cap_below_the_device(tmp_path):
-    """`Space.gc_acts` is the torch model's ``gc_on()``: a cap at the whole device is fraction 1 (no allowed
+    """The torch space's ``gc_acts`` is the torch model's ``gc_on()``: a cap at the whole device is fraction 1 (no allowed
     memory), so a threshold never acts and its candidates collapse; a lower cap turns it on."""
     from allocsim.search.sweep import cached_trace
     t = cached_trace(torch_trace(str(tmp_path / "t.bin"), [("a", 300 * MiB), ("f", 0), ("a", 100 * MiB)], 1 << 30))
-    assert not Space(t, Target(1 << 30, 1 << 30)).gc_acts
-    assert Space(t, Target(1 << 30, 800 * MiB)).gc_acts
-    assert not Space(t, Target(1 << 30, None)).gc_acts
+    assert not Space(t, Target(1 << 30, 1 << 30)).facts.gc_acts
+    assert Space(t, Target(1 << 30, 800 * MiB)).facts.gc_acts
+    assert not Space(t, Target(1 << 30, None)).facts.gc_acts
 
 
 # ---- the columns in the user's terms --------------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_a_stepped_replay_that_is_not_stopped_is_the_plain_row():
     never = Bound("fastest", None, (False, 0.0, 0, 0), ())
     for spec in ("torch", "torch[expandable_segments:True]"):
         cell = Cell(path, spec)
-        row = tune_mod._replay_job((cell, None, never, (1e-6, 4e-7), []))
+        row = tune_mod._replay_job(tune_mod.Job(cell, None, tune_mod.Least(1e-6, 4e-7), [], never))
         assert row["pruned"] is None
         assert timeless(row) == timeless({**run_cell(cell), **{k: row[k] for k in ("retries", "ooms_avoided",
                                                                                    "breakdown", "pruned")}})
@@ -210,8 +210,8 @@ def check_device_call_bound(path: str, cap: int | None, sample: int) -> int:
     candidates = [c for c in space.candidates() if c.spec.ref == "torch"]
     checked = 0
     for c in candidates[:: max(1, len(candidates) // sample)]:
-        least = Space.least_costs(c, None) + (space.least_peak(c), space.live_ahead(c))
-        ahead, largest = least[3]
+        least = space.least(c, None)
+        ahead, largest = least.ahead
         r = Replay(t, c.spec, cap=cap)
         seen = []
         while not r.at_end:

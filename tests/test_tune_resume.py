@@ -42,15 +42,15 @@ class Trunks(list):
     """The `_Trunk`s the families made (monkeypatched in): how their members went."""
 
     def given_the_row(self):
-        return sum(len(t.pending) for t in self)
+        return sum(len(t.watcher.pending) for t in self)
 
     def ways(self) -> set:
         """``(what was watched, "resumed" or "row")`` of every member that was resumed from a checkpoint or given its
         head's row (a member with a threshold on expandable segments, never watched, left out)."""
         out = set()
         for t in self:
-            for v, w in enumerate(t.watches):
-                how = "row" if v in t.pending else "resumed" if t.starts[v] is not None else None
+            for v, w in enumerate(t.watcher.watches):
+                how = "row" if v in t.watcher.pending else "resumed" if t.starts[v] is not None else None
                 out |= {(kind, how) for kind, x in zip(KINDS, w) if x is not None and how is not None
                         and not (kind == "threshold" and t.r.policy.expandable)}
         return out
@@ -79,15 +79,16 @@ def check_families(path, cap, bound) -> int:
     chosen = list(distinct.values())
     ooms = recorded_ooms(t)
 
-    def args(c):
-        return (Cell(path, c.spec, cap, "eager", capacity=None), None, bound,
-                Space.least_costs(c, None) + (space.least_peak(c),), ooms, True)
+    def job(c):
+        return tune_mod.Job(Cell(path, c.spec, cap, "eager", capacity=None), None,
+                            tune_mod.Least(*Space.least_costs(c, None), space.least_peak(c)), ooms, bound)
     families = tune_mod._families(space, chosen)
     for head, members in families.items():
-        got = tune_mod._replay_family(args(chosen[head]) + ([(args(chosen[v])[0], gc) for v, gc in members],))
-        assert [r.pop(tune_mod.SHARED, None) for r in got][0] is None       # the setting's own replay
-        alone = [tune_mod._replay_job(args(chosen[i])) for i in [head] + [v for v, _ in members]]
-        assert timeless(got) == timeless(alone), chosen[head].label
+        got = tune_mod._replay_family(tune_mod.Family(job(chosen[head]),
+                                                      [tune_mod.Member(job(chosen[v]).cell, w) for v, w in members]))
+        assert got[0].way is None       # the setting's own replay
+        alone = [tune_mod._replay_job(job(chosen[i])) for i in [head] + [v for v, _ in members]]
+        assert timeless([o.row for o in got]) == timeless(alone), chosen[head].label
     return len(families)
 
 
@@ -131,7 +132,7 @@ def test_a_family_that_misses_where_a_member_parts_is_caught(small_grid, monkeyp
         from allocsim.policies.torch import TorchCachingAllocator
         monkeypatch.setattr(TorchCachingAllocator, "_note_oversize", lambda self, pool, n: None)
     else:
-        monkeypatch.setattr(tune_mod, "SEGMENT_ALLOC", -1)
+        monkeypatch.setattr(torch_space, "SEGMENT_ALLOC", -1)
     path, cap = os.path.join(ROOT, "traces", "pressure-gc-threshold.bin"), 3_000_000_000
     res = tune(path, cap=cap, jobs=1, fit=False)
     final = bound_of([r for r in res.rows if not r["pruned"]], "fastest", res.room, tune_mod.TOP)
@@ -167,9 +168,9 @@ def test_a_max_split_resumed_past_a_failed_alloc_block_is_not_the_same():
     assert timeless(before) == timeless(alone)
     assert timeless({**after, "sections": None}) == timeless({**alone, "sections": None})
     assert after["sections"] != alone["sections"]
-    trunk = tune_mod._Trunk([torch_space.watch(PolicySpec.parse(head).values(), PolicySpec.parse(member).values())],
-                            (np.full(len(states) + 8, 1 << 40), np.zeros(len(states) + 8, np.int64),
-                             np.zeros(len(states) + 8, np.int64)))
+    trunk = tune_mod._Trunk(torch_space.TorchWatcher(
+        [torch_space.watch(PolicySpec.parse(head).values(), PolicySpec.parse(member).values())],
+        (np.full(len(states) + 8, 1 << 40), np.zeros(len(states) + 8, np.int64), np.zeros(len(states) + 8, np.int64))))
     r = Replay(t, head, cap=cap, capacity=None)
     trunk.begin(r)
     for k in range(len(states)):            # windows of 64 events: checkpoints wherever the limit could be passed
@@ -253,23 +254,25 @@ def test_a_family_is_its_members_replayed_alone_at_the_edges(tmp_path_factory, m
         check_edges(tmp_path_factory.mktemp("edge"), steps, cap)
 
 
-def _late_rounding(after):
-    """`_Trunk.after` that fires a rounding watch a MiB late."""
+def _late_rounding(parted):
+    """`TorchWatcher.parted` that fires a rounding watch a MiB late."""
     def late(self):
         kept = dict(self.pending)
         self.pending = {v: (g, r and r - MiB, s) for v, (g, r, s) in kept.items()}
-        after(self)
+        out = parted(self)
         self.pending = {v: kept[v] for v in self.pending}
+        return out
     return late
 
 
-def _late_segment(after):
-    """`_Trunk.after` that fires a max_split watch only past a segment of exactly that size."""
+def _late_segment(parted):
+    """`TorchWatcher.parted` that fires a max_split watch only past a segment of exactly that size."""
     def late(self):
         kept = dict(self.pending)
         self.pending = {v: (g, r, s and s + 1) for v, (g, r, s) in kept.items()}
-        after(self)
+        out = parted(self)
         self.pending = {v: kept[v] for v in self.pending}
+        return out
     return late
 
 
@@ -281,7 +284,7 @@ def test_a_watch_a_step_late_is_caught_at_the_edges(tmp_path_factory, monkeypatc
     from hypothesis.errors import NoSuchExample
     monkeypatch.setattr(tune_mod, "WINDOW", 4)
     monkeypatch.setattr(tune_mod, "CHECKPOINT_EVERY", 4)
-    monkeypatch.setattr(tune_mod._Trunk, "after", broken(tune_mod._Trunk.after))
+    monkeypatch.setattr(torch_space.TorchWatcher, "parted", broken(torch_space.TorchWatcher.parted))
 
     def parts(example):
         try:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from ..filenames import shown_name
 from ..outputs import add_force_argument, check_input_file, claim_outputs, is_trace
 from ..engine.replay import ReplaySettings
-from ..search.sweep import Settings
+from ..search.sweep import Settings, cached_trace
 from ..search.tune import HEADROOM, OBJECTIVES, TOP, tune
 from ..report.tables import dump_json
 from ..engine.spec import PolicySpec
@@ -21,9 +21,9 @@ from ..machine.ranks import fit_capacity
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._command import Command
-from ._common import (PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
+from ._common import (WARNINGS, PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
                       add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, cost_model_arg, count,
-                      dask_cluster, load_trace, say_snapshot_written, warm_cache_trace)
+                      dask_cluster, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
 COMMAND = Command(
@@ -116,9 +116,20 @@ def _check_options(args) -> None:
             raise UsageError(f"--plot {args.plot}: expected a .png, .svg or .pdf path")
 
 
+def _load_once(path: str) -> Trace:
+    """The trace, loaded and checked once per tune: the search's own copy (`allocsim.search.sweep.cached_trace`, which
+    the replays and capacity walks made in this process read too), an unfinished one said when the command is done,
+    as `load_trace` says it."""
+    trace = cached_trace(path)
+    if not trace.finished:
+        WARNINGS.setdefault(os.path.abspath(path), f"{shown_name(path)}: unfinished (its writer died, or is still "
+                                                   f"writing): the figures are of the {len(trace):,} events read")
+    return trace
+
+
 def _tune(args, path: str) -> int:
     from ..errors import UsageError
-    trace = load_trace(path)
+    trace = _load_once(path)
     if trace.load_bytes == 0:       # every setting ties at 0 B: a "recommendation" would be the first one listed
         from ..errors import InputError
         raise InputError("holds no allocation of a byte or more (LOAD 0 B): nothing to tune", path=args.trace)

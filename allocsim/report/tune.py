@@ -23,11 +23,10 @@ def tune_report(res, took: float) -> str:
              + f"; {res.replays} replays in {took:.1f}s"
              + (" (those that could not be a finalist stopped early)" if res.pruned else ""), ""]
     if res.shared or res.resumed:
-        lines.insert(-1, f"{res.shared + res.resumed} settings behave as another up to a point (a GC threshold "
-                     f"until it acts, a larger max_non_split_rounding_mb until a block it would take is refused, a "
-                     f"max_split_size_mb until a segment that large or a failed segment call): "
-                     f"{res.shared} took that setting's figures (it never came there, or the GC acted on expandable "
-                     f"segments, where it frees nothing), {res.resumed} resumed from its checkpoint")
+        rule = res.family_rule          # its space's words for how its settings share (`FamilyRule.alike`)
+        lines.insert(-1, f"{res.shared + res.resumed} settings behave as another up to a point ({rule.alike}): "
+                     f"{res.shared} took that setting's figures ({rule.taken}), {res.resumed} resumed from its "
+                     f"checkpoint")
     best = res.best
     if best is None:
         lines.append("no setting fits this target; the table shows the ones that got furthest")

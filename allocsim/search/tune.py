@@ -29,6 +29,11 @@ The search is exhaustive over what can differ, and replays nothing twice:
    Where the program may survive an OOM (a TRY scope, a request flagged CATCHES_OOM:
    `allocsim.trace.scopes.may_survive`) the requests still to come bound nothing (a survived OOM drops some):
    only the figures a replay reached bound it.
+2c. **Families**: settings that replay as another up to a point the other's replay can tell are replayed with it
+   as one task (`_replay_family`): each resumes from a checkpoint taken before that point, or takes the other's
+   row where it never came. Which settings, and what tells the point, are the space's rule
+   (`allocsim.search.spaces.family.FamilyRule`, the space's ``FAMILIES``): the search names no option and reads
+   no policy member (`tests/test_tune_generic.py`).
 3. **Dominated settings are pruned** before the costly step: of the replayed
    settings that fit, only the Pareto frontier of (peak reserved, modeled
    time) can hold the best setting of any objective (``fastest``, the default:
@@ -57,23 +62,23 @@ left under the target while the request was held (limit − reserved, `rescue_of
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from ..machine.costs import CostModel
 from ..errors import UsageError
 from ..filenames import shown_name
-from ..frameworks.torch import N_DIVISION_INTERVALS
 from ..machine.capacity import check_caps, device_capacity
 from ..machine.metrics import COLUMNS
 from ..engine.replay import Replay, driving, driving_count, kept_for
 from .spaces import space_of
-from .spaces import torch as torch_space
+from .spaces.family import NO_FAMILIES, FamilyRule, Watcher
 from ..engine.spec import PolicySpec
 from .sweep import Cell, Settings, cached_trace, result_row
 from ..trace import ALLOC, FREE, Trace
-from ..trace.events import OOM, SEGMENT_ALLOC, SET_LIMIT
+from ..trace.events import OOM
 from ..trace.scopes import may_survive, sure_load
 from ..units import fmt_bytes
 
@@ -96,14 +101,11 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """``recorded`` (a policy of no recorder: ``split (baseline)``), or the options that differ from the defaults (the policy and pool cap where they vary)."""
+        """``recorded`` (a policy of no recorder: ``split (baseline)``), or its space's name of the setting (the
+        options that differ from the defaults, with the policy and pool cap where they vary)."""
         if self.recorded:
             return "recorded" if self.spec.policy_class().framework else f"{self.spec.name} (baseline)"
-        opts = option_text(self.spec)
-        if self.spec.ref == "torch":
-            return opts or "defaults"
-        cap = f" cap {fmt_bytes(self.cap)}" if self.cap is not None else ""
-        return (f"{self.spec.name}[{opts}]" if opts else self.spec.name) + cap
+        return space_of(self.spec.policy_class().framework).label(self.spec, self.cap)
 
 
 @dataclass
@@ -139,19 +141,9 @@ class Space:
         self.framework = trace.meta.get("framework")
         kinds, sizes = trace.column("kind"), trace.column("size")
         requests = sizes[((kinds == ALLOC) | (kinds == OOM)) & (sizes > 0)].astype(np.int64)
+        self.request_sizes = np.unique(requests)        # the distinct sizes asked, ascending
         self.largest_request = int(requests.max()) if len(requests) else 0
-        bits = np.array([int(n).bit_length() for n in np.unique(requests)], dtype=np.int64)
-        self.intervals = set(np.minimum(np.maximum(bits - 21, 0), N_DIVISION_INTERVALS - 1).tolist())
-        self.gc_acts = target.cap is not None and self._torch_gc_acts()
-
-    def _torch_gc_acts(self) -> bool:
-        """Whether the `torch` model turns ``garbage_collection_threshold`` on under this target (its ``gc_on()``:
-        not when the cap is the whole device, fraction 1)."""
-        r = Replay(self.trace, torch_space.spec({"garbage_collection_threshold": 0.5, "trace_settings": False}),
-                   cap=self.target.cap, capacity=self.target.capacity)
-        pol = r.policy
-        r.close()
-        return pol.gc_on()
+        self.facts = space_of(self.framework).facts(self)     # what its canonical rules read of this trace, once
 
     # the candidates, recorded settings first
     def candidates(self) -> list[Candidate]:
@@ -180,7 +172,7 @@ class Space:
         device calls reserves (`Bound`: the bytes it lacks cost at least `CostModel.least_malloc_seconds`);
         None where the space knows no such bound."""
         fw = space_of(c.spec.policy_class().framework)
-        if not hasattr(fw, "live_ahead"):
+        if fw.live_ahead is None:
             return None
         values = c.spec.values()
         return fw.live_ahead(self.trace, values, _to_come(self.trace)[4]), fw.largest_device_call(self, values)
@@ -190,6 +182,10 @@ class Space:
         """The least modeled seconds each ALLOC and each FREE still to come adds to a replay's clock under
         ``c`` (`Bound`)."""
         return space_of(c.spec.policy_class().framework).least_costs(c.spec.ref, costs or CostModel())
+
+    def least(self, c: Candidate, costs: CostModel | None) -> "Least":
+        """Every lower bound the space knows of a replay under ``c`` (`Least`)."""
+        return Least(*self.least_costs(c, costs), self.least_peak(c), self.live_ahead(c))
 
 
 # ---- the search -----------------------------------------------------------------------------
@@ -292,6 +288,62 @@ def bound_of(done: list[dict], objective: str, room: int | None, top: int) -> Bo
     return Bound(objective, room, worst, tuple((r["peak_reserved_bytes"], r[TIME]) for r in pareto(fitting)))
 
 
+# ---- the jobs: what a worker is handed, and what it hands back ------------------------------------------
+class Least(NamedTuple):
+    """What a bounded replay under one setting reaches at least, from the space (`Bound`, `least_clock`): the
+    modeled seconds each ALLOC and each FREE still to come adds (`Space.least_costs`), the peak reserved it
+    reaches unless it runs out (`Space.least_peak`; 0: none known) and `Space.live_ahead`'s ``(ahead, largest)``
+    (None: none known)."""
+
+    per_alloc: float
+    per_free: float
+    peak: int = 0
+    ahead: tuple | None = None
+
+
+#: No lower bound beyond what a replay reached: where the program may survive an OOM (`tune`'s step 2b).
+NOTHING_KNOWN = Least(0.0, 0.0)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One setting's replay (`_replay_job`): its cell, the `Settings`, the space's `Least` bounds, the recorded
+    OOMs (`recorded_ooms`), the `Bound` that may stop it (None: replayed to the end) and whether to put off the
+    peak's free state while bounded (`Replay.defer_peak_state`: `_replay_all` does while fewer rows ran out than
+    the bound stopped; a replay the bound stops never reads it, one that runs out reads it, walking again)."""
+
+    cell: Cell
+    settings: Settings | None
+    least: Least
+    ooms: list
+    bound: Bound | None = None
+    defer: bool = True
+
+
+class Member(NamedTuple):
+    """A setting replayed with its family's head (`_replay_family`): its cell and what its space's rule watches."""
+
+    cell: Cell
+    watch: object
+
+
+@dataclass(frozen=True)
+class Family:
+    """A head's job and its members (`_families`), replayed as one task (`_replay_family`)."""
+
+    head: Job
+    members: list
+
+
+class Outcome(NamedTuple):
+    """A setting's row and how it came (``way``: None, its own replay from the first event; "row": its family's
+    head's figures, `_as_variant`; "resumed": from a checkpoint of the head's replay): `Tuning.shared`,
+    `Tuning.resumed` count them."""
+
+    row: dict
+    way: str | None = None
+
+
 @dataclass
 class Tuning:
     """What `tune` found; `to_dict` is the ``--json`` output."""
@@ -312,6 +364,7 @@ class Tuning:
     pruned: int = 0                       # settings whose replay stopped early: they could not matter (`Bound`)
     shared: int = 0                       # settings given another's row: they behave alike (`_replay_family`)
     resumed: int = 0                      # settings resumed from another's checkpoint
+    family_rule: FamilyRule = NO_FAMILIES  # how the space's settings share a replay (the report's words)
 
     @property
     def room(self) -> int | None:
@@ -392,8 +445,7 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     step.start(f"replaying {len(cells)} settings")
     costs = (settings or Settings()).replay.costs
     survives = may_survive(t)       # a survived OOM drops requests: no bound from the requests still to come
-    jobs = [(cell, settings, (0.0, 0.0, 0, None) if survives else
-             Space.least_costs(c, costs) + (space.least_peak(c), space.live_ahead(c)), ooms)
+    jobs = [Job(cell, settings, NOTHING_KNOWN if survives else space.least(c, costs), ooms)
             for cell, c in zip(cells, chosen)]
     order = [0] + sorted(range(1, len(cells)), key=lambda i: Space.order(chosen[i]))     # the recorded first
     families = _families(space, chosen)
@@ -403,14 +455,15 @@ def _search(trace, capacity, cap, objective, top, fit, max_replays, settings, ex
     recorded_walk = walk_of(trace, chosen[0].spec, settings=settings, islands=False, top=target.cap,
                             digits=FIT_DIGITS) \
         if fit and ex is not None else None     # it is always walked: it goes on beside the settings' replays
-    rows = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk, families)
-    ways = [row.pop(SHARED, None) for row in rows]
+    outcomes = _replay_all(jobs, order, ex, objective, room, top, slots, recorded_walk, families)
+    rows, ways = [o.row for o in outcomes], [o.way for o in outcomes]
     for cell, c, row in zip(cells, chosen, rows):
         row.update(setting=c.label, spec=str(c.spec), cap_bytes=cell.cap, recorded=c.recorded)
         row.update(conf_lines(row, c, target.capacity))
     out = Tuning(trace, t.load_bytes, target, objective, len(everything), len(distinct), rows, bounded=bounded,
                  replays=len(rows) - ways.count("row"), headroom_bytes=headroom_bytes,
-                 pruned=sum(bool(r["pruned"]) for r in rows), shared=ways.count("row"), resumed=ways.count("resumed"))
+                 pruned=sum(bool(r["pruned"]) for r in rows), shared=ways.count("row"), resumed=ways.count("resumed"),
+                 family_rule=space_of(space.framework).FAMILIES)
     step.end((f"{len(rows)} settings ({len(rows) - out.shared} replayed, {out.shared} by their setting's replay)"
               if out.shared else f"{len(rows)} settings replayed")
              + (f", {out.pruned} of them stopped early" if out.pruned else ""), left=fit)
@@ -456,50 +509,49 @@ def nearest_first(keys: list) -> list:
     return sorted(keys, key=distance)          # stable: the space's order among equals
 
 
-def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: int | None, top: int,
-                slots: int = 1, walk=None, families: dict | None = None) -> list[dict]:
-    """`_replay_job` of each of ``jobs`` (without its bound), started in ``order``, each with the bound the rows
+def _replay_all(jobs: list[Job], order: list[int], ex, objective: str, room: int | None, top: int,
+                slots: int = 1, walk=None, families: dict | None = None) -> list[Outcome]:
+    """`_replay_job` of each of ``jobs`` (without their bound), started in ``order``, each with the bound the rows
     done so far set (`bound_of`; the first of ``order`` with none); on ``ex`` (None: here), ``slots`` running and
     as many queued (a replay the bound stops is a few milliseconds: a worker waiting for its next task idles).
-    The rows in the order of ``jobs``. ``walk`` (an `allocsim.search.fit.Walk`) takes one of the slots while the rows
+    The outcomes in the order of ``jobs``. ``walk`` (an `allocsim.search.fit.Walk`) takes one of the slots while the rows
     are replayed, one replay at a time: a walk is a chain of replays, each chosen by the one before, which
     would otherwise run after them with the other workers idle. ``families`` (`_families`: a job -> the members
     of its family) are one task each, `_replay_family`, with the bound as it stands when it starts."""
     families = families or {}
     inside = {v for members in families.values() for v, _ in members}
     order = [i for i in order if i not in inside]
-    rows: list = [None] * len(jobs)
+    got: list = [None] * len(jobs)
     fitting: list[dict] = []        # the rows done so far that fit: only they set the bound
     made = [None, -1]               # the bound, and how many fitting rows it was made of
     ended = {"pruned": 0, "ran out": 0}     # how the rows done so far ended early
 
     def task(i):
-        cell, settings, least, ooms = jobs[i]
         if made[1] != len(fitting):     # made again only when a row that fits is done, not for every task
             made[:] = bound_of(fitting, objective, room, top), len(fitting)
-        args = (cell, settings, made[0] if i != order[0] else None, least, ooms, ended["ran out"] <= ended["pruned"])
+        job = replace(jobs[i], bound=made[0] if i != order[0] else None, defer=ended["ran out"] <= ended["pruned"])
         if i not in families:
-            return _replay_job, args
-        return _replay_family, args + ([(jobs[v][0], w) for v, w in families[i]],)
+            return _replay_job, job
+        return _replay_family, Family(job, [Member(jobs[v].cell, w) for v, w in families[i]])
 
-    def done(i, row):
+    def done(i, result):
         if i in families:
-            for k, r in zip([i] + [v for v, _ in families[i]], row):
-                done1(k, r)
+            for k, o in zip([i] + [v for v, _ in families[i]], result):
+                done1(k, o)
         else:
-            done1(i, row)
+            done1(i, Outcome(result))
 
-    def done1(i, row):
-        rows[i] = row
-        if fits(row):
-            fitting.append(row)
-        elif row["pruned"] or row["ooms"]:
-            ended["pruned" if row["pruned"] else "ran out"] += 1
+    def done1(i, o: Outcome):
+        got[i] = o
+        if fits(o.row):
+            fitting.append(o.row)
+        elif o.row["pruned"] or o.row["ooms"]:
+            ended["pruned" if o.row["pruned"] else "ran out"] += 1
     if ex is None:
         for i in order:
-            fn, args = task(i)
-            done(i, fn(args))
-        return rows
+            fn, job = task(i)
+            done(i, fn(job))
+        return got
     from concurrent.futures import FIRST_COMPLETED, wait
     from .fit import probe
     waiting, flying, left = iter(order), {}, len(order)
@@ -520,23 +572,21 @@ def _replay_all(jobs: list[tuple], order: list[int], ex, objective: str, room: i
                     continue
                 done(i, f.result())
                 left -= 1
-        return rows
+        return got
     finally:
         for f in flying:
             f.cancel()
 
 
-def _replay_job(args, start=None, trunk: "_Trunk | None" = None) -> dict:
-    """One setting's replay as a row (``args``: the cell, the `Settings`, the `Bound` or None, the space's least
-    costs per ALLOC and FREE, the recorded OOMs, and optionally whether to put off the peak's free state,
-    `Replay.defer_peak_state`: `_replay_all` does while fewer rows ran out than the bound stopped): the sweep row, its retries (torch's ``num_alloc_retries``, else
-    the pool's cache flushes, each followed by a retry), where the engine reports them, the recorded OOMs it
-    served (``rescue``: `rescue_of`), and the free breakdown where it matters: at its first OOM, else at its
+def _replay_job(job: Job, start=None, trunk: "_Trunk | None" = None) -> dict:
+    """One setting's replay as a row: the sweep row, its retries (the first of its space's ``RETRIES`` counters the
+    engine reports: the failed device calls retried, or the pool's cache flushes, each followed by a retry), the
+    recorded OOMs it served (``rescue``: `rescue_of`), and the free breakdown where it matters: at its first OOM, else at its
     reserved peak. A replay the bound stops is a row of None figures with ``pruned``: where it stopped and
     the lower bounds it had reached (`_walk_bounded`). ``start``: a checkpoint to resume from (`Replay.resume`);
     ``trunk``: a `_Trunk` that watches the walk (`_replay_family`)."""
-    cell, settings, bound, least, ooms, *defer = args
-    s = settings or Settings()
+    cell, bound, ooms = job.cell, job.bound, job.ooms
+    s = job.settings or Settings()
     t_start = time.perf_counter()
     r = Replay(cached_trace(cell.trace), cell.policy, s.replay, runtime=cell.runtime, cap=cell.cap,
                capacity=cell.capacity)
@@ -545,9 +595,9 @@ def _replay_job(args, start=None, trunk: "_Trunk | None" = None) -> dict:
             r.resume(start)
         if trunk is not None:
             trunk.begin(r)
-        if bound is not None and (not defer or defer[0]):   # a replay the bound stops never reads its peak's
-            r.defer_peak_state()                        # free state; one that runs out reads it, walking again
-        pruned = _walk_bounded(r, bound, least, ooms, trunk) if bound is not None else None
+        if bound is not None and job.defer:     # a replay the bound stops never reads its peak's free state; one
+            r.defer_peak_state()                # that runs out reads it, walking again
+        pruned = _walk_bounded(r, bound, job.least, ooms, trunk) if bound is not None else None
         res = None if pruned else r.run()
     finally:
         r.close()
@@ -559,7 +609,8 @@ def _replay_job(args, start=None, trunk: "_Trunk | None" = None) -> dict:
         res.replay_seconds = time.perf_counter() - t_start
         row = result_row(res, cell)
         counters = res.counters
-        row["retries"] = int(counters.get("num_alloc_retries", counters.get("cache_flushes", 0)))
+        row["retries"] = next((int(counters[k]) for k in space_of(cell.policy.policy_class().framework).RETRIES
+                               if k in counters), 0)
         row["ooms_avoided"] = res.ooms_avoided
         row["breakdown"] = res.first_oom.breakdown if res.first_oom else res.breakdown_at_peak
     row["pruned"] = pruned
@@ -568,16 +619,15 @@ def _replay_job(args, start=None, trunk: "_Trunk | None" = None) -> dict:
     return row
 
 
-def _walk_bounded(r: Replay, bound: Bound, least: tuple, ooms, trunk=None) -> dict | None:
+def _walk_bounded(r: Replay, bound: Bound, least: Least, ooms, trunk=None) -> dict | None:
     """Step ``r`` until it ends (None) or ``bound`` says it cannot matter (never before the last of the recorded
     ``ooms``): then what it reached, ``event`` (the trace index it stopped before) and lower bounds of its
-    final peak reserved (what it reached, or ``least``'s third, the peak its live blocks reach, if higher:
+    final peak reserved (what it reached, or ``least.peak``, the peak its live blocks reach, if higher:
     unless it runs out, a row that does not fit either), modeled time (`least_clock`) and device mallocs.
     ``trunk`` (`_Trunk`) hears of each window before and after it is walked."""
     come = _to_come(r.trace)
     n, window, _, _, at = come
     dev = r.device
-    floor = least[2] if len(least) > 2 else 0
     while True:
         if trunk is not None:
             trunk.before(r.events_done // window)
@@ -591,94 +641,87 @@ def _walk_bounded(r: Replay, bound: Bound, least: tuple, ooms, trunk=None) -> di
         if at[k] <= (ooms[-1][0] if ooms else -1):
             continue
         clock = least_clock(dev, k, come, least)
-        reserved = max(dev.peak_reserved, floor)
+        reserved = max(dev.peak_reserved, least.peak)
         if bound.hopeless(reserved, clock, dev.n_malloc):
             return {"event": int(at[k]), "peak_reserved_bytes": reserved, TIME: clock,
                     "device_mallocs": dev.n_malloc}
 
 
-def least_clock(dev, k: int, come: tuple, least: tuple) -> float:
+def least_clock(dev, k: int, come: tuple, least: Least) -> float:
     """A lower bound of the final modeled clock of a replay on ``dev`` that has walked ``k`` windows of
     `_to_come` (``come``) and goes on to the end: its clock so far, ``least``'s cost of each ALLOC and FREE still
     to come (`Space.least_costs`) and, where ``least`` holds `Space.live_ahead`'s ``(ahead, largest)``, the device
     calls that must still reserve the bytes it lacks (`CostModel.least_malloc_seconds` of ``ahead[k]`` less what
     it holds now, in calls of ``largest`` bytes at most: reserved memory grows only by them), taken `SLACK` lower."""
     _, _, allocs, frees, _ = come
-    per_alloc, per_free = least[:2]
-    clock = dev.clock + allocs[k] * per_alloc + frees[k] * per_free
-    if len(least) > 3 and least[3] is not None:
-        ahead, largest = least[3]
+    clock = dev.clock + allocs[k] * least.per_alloc + frees[k] * least.per_free
+    if least.ahead is not None:
+        ahead, largest = least.ahead
         if ahead[k] > dev.reserved:
             clock += dev.costs.least_malloc_seconds(int(ahead[k]) - dev.reserved, largest)
     return float(clock) * (1 - SLACK)
 
 
 # ---- families: one replay, its checkpoints, and the settings that behave as it up to a point -------------
-def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int, tuple]]]:
-    """``{i: [(j, watch), ...]}``: for each PyTorch setting ``chosen[i]`` that heads a family (no GC threshold, no
-    ``max_split_size_mb`` or the least ``max_non_split_rounding_mb``: `allocsim.search.spaces.torch.family_heads`, the first
-    of them replayed here; not the recorded settings, which run unbounded first), the settings ``chosen[j]`` that
-    differ from it only where its replay can tell how far they behave alike (`allocsim.search.spaces.torch.watch`: a GC
-    threshold, a larger ``max_non_split_rounding_mb``, a ``max_split_size_mb``), and what to watch
-    (`_replay_family` replays them together). None on a trace with private pools (no checkpoints there) or where
-    the program may survive an OOM (`allocsim.trace.scopes.may_survive`: the watches do not follow an unwound try)."""
-    from ..policies.torch import has_pool_events
-    if has_pool_events(space.trace) or may_survive(space.trace):    # (a survived OOM unwinds: not watched)
+def _families(space: Space, chosen: list[Candidate]) -> dict[int, list[tuple[int, object]]]:
+    """``{i: [(j, watch), ...]}``: for each setting ``chosen[i]`` of the space's policy that heads a family (the
+    first of the heads its rule names for a member that is replayed here, `FamilyRule.heads`; not the recorded
+    settings, which run unbounded first), the settings ``chosen[j]`` that differ from it only where its replay can
+    tell how far they behave alike, and what to watch (`FamilyRule.watch`; `_replay_family` replays them together).
+    None where the space's rule shares nothing on this trace (`FamilyRule.shares`) or where the program may survive an
+    OOM (`allocsim.trace.scopes.may_survive`: the watches do not follow an unwound try)."""
+    fw = space_of(space.framework)
+    rule = fw.FAMILIES
+    if may_survive(space.trace) or not rule.shares(space.trace):    # (a survived OOM unwinds: not watched)
         return {}
     index, values = {}, {}
     for i, c in enumerate(chosen):
-        if c.spec.ref == torch_space.POLICY and not c.recorded:
+        if c.spec.ref == fw.POLICY and not c.recorded:
             key = space.canonical(c)
             index[key], values[i] = i, dict(key[1])
     out: dict = {}
     for j, v in values.items():
-        for h in torch_space.family_heads(v):
-            head = index.get(space.canonical(Candidate(torch_space.spec(h), chosen[j].cap)))
+        for h in rule.heads(v):
+            head = index.get(space.canonical(Candidate(h, chosen[j].cap)))
             if head == j:
                 break
-            w = None if head is None else torch_space.watch(values[head], v)
+            w = None if head is None else rule.watch(values[head], v)
             if w is not None:
                 out.setdefault(head, []).append((j, w))
                 break
     return out
 
 
-class _Trunk:
-    """What `_replay_family`'s replay of the family's head keeps for the other members (``watches``: per member,
-    `allocsim.search.spaces.torch.watch`'s ``(threshold, rounding, max_split)`` against the head). With a threshold to
-    watch, the head's policy keeps the GC's clocks (`TorchCachingAllocator.keep_gc_ages`). Before each window in
-    which a member could start to differ a checkpoint is taken (``sizes``: per window the most the reserved bytes
-    can grow, its largest request and the largest segment that could make: `allocsim.search.spaces.torch.most_grown`,
-    `largest_asked`, `largest_segment`); once it does, the member starts from the checkpoint before that window
-    (None: from the first event). It does once the replay's highest reserved at a pool miss has passed its
-    threshold (``int(threshold * allowed)``, where `garbage_collect_cached_blocks` starts to act; never with
-    expandable segments, where it frees nothing), the least excess of a best fit refused to a request of at least
-    the head's ``max_split`` is below its rounding (``oversize_slack``), or the replay has allocated a segment of at
-    least its ``max_split`` or failed an ``alloc_block`` (a retry follows each: ``num_alloc_retries``). A member
-    that never got there behaves as the head throughout. ``start``: the checkpoint the head resumed from."""
+def _rule_of(cell: Cell) -> FamilyRule:
+    """The family rule of ``cell``'s setting: its space's (`allocsim.search.spaces.family`)."""
+    return space_of(cell.policy.policy_class().framework).FAMILIES
 
-    def __init__(self, watches: list[tuple], sizes, start=None):
-        self.watches, (self.grown, self.asked, self.segment) = watches, sizes
-        self.pending: dict[int, tuple] = {}
+
+class _Trunk:
+    """What `_replay_family`'s replay of the family's head keeps for the other members: the checkpoints they
+    resume from. Before each window in which a member could start to differ (``watcher``: the space's `Watcher`
+    of the members' watches) a checkpoint is taken; once a member does, it starts from the checkpoint before that
+    window (None: from the first event). A member that never got there behaves as the head throughout.
+    ``start``: the checkpoint the head resumed from."""
+
+    def __init__(self, watcher: Watcher, start=None):
+        self.watcher = watcher
         self.starts: dict = {}
-        self.r, self.here, self.max_split = None, start, 0
+        self.r, self.here = None, start
         self.taken, self.used, self.every = 0, False, CHECKPOINT_EVERY
-        self.largest = self.seen = self.retries = 0
-        self.limits_move = False
+
+    @property
+    def pending(self) -> dict:
+        """The members that have not parted from the head yet (`Watcher.pending`)."""
+        return self.watcher.pending
 
     def begin(self, r: Replay) -> None:
-        pol = r.policy
-        if any(t for t, _, _ in self.watches):
-            pol.keep_gc_ages()
-        allowed = pol.allowed()
-        self.r, self.taken, self.max_split, self.retries = r, r.events_done, pol.max_split, pol.num_alloc_retries
-        self.limits_move = SET_LIMIT in r.trace.kinds_present       # the limit may fall inside a window
-        self.pending = {v: (None if not t or pol.expandable else int(t * allowed), rounding, split)
-                        for v, (t, rounding, split) in enumerate(self.watches)}
+        self.r, self.taken = r, r.events_done
+        self.watcher.begin(r)
 
     def before(self, k: int) -> None:
         r = self.r
-        if not (k and any(self._could(k, *w) for w in self.pending.values())):
+        if not (k and self.watcher.could_part(k)):
             self.here = None
         elif self.here is None or r.events_done - self.taken >= self.every:
             if self.here is not None and not self.used:
@@ -686,89 +729,57 @@ class _Trunk:
             self.here = r.checkpoint() if r.can_checkpoint() else None
             self.taken, self.used = r.events_done, False
 
-    def _could(self, k: int, g, rounding, split) -> bool:
-        """Whether a member watched so could start to differ in window ``k``: the reserved bytes could pass its GC
-        threshold or the limit there (before the first failure, each request makes at most one segment), a
-        request there is at least the head's ``max_split``, or a segment there could be at least its own."""
-        if k >= len(self.grown):
-            return True
-        r = self.r
-        room = r.device.reserved + int(self.grown[k])
-        if g is not None and room > g:
-            return True
-        if rounding is not None and self.asked[k] >= self.max_split:
-            return True
-        if split is None:
-            return False
-        allowed = r.policy.allowed()
-        return self.segment[k] >= split or self.limits_move or room > min(r.device.limit, allowed or r.device.limit)
-
     def after(self) -> None:
-        pol = self.r.policy
-        log = pol.segment_log
-        for kind, size, _ in log[self.seen:]:
-            if kind == SEGMENT_ALLOC and size > self.largest:
-                self.largest = size
-        self.seen = len(log)
-        high, slack, failed = pol.gc_high, pol.oversize_slack, pol.num_alloc_retries > self.retries
-        for v, (g, rounding, split) in list(self.pending.items()):
-            if ((g is not None and high > g) or (rounding is not None and slack < rounding)
-                    or (split is not None and (failed or self.largest >= split))):
-                self.starts[v] = self.here
-                self.used = True
-                del self.pending[v]
+        for v in self.watcher.parted():
+            self.starts[v] = self.here
+            self.used = True
 
 
-def _replay_family(args, start=None) -> list[dict]:
-    """`_replay_job` of the head of a family and of ``args``' last item, its members (``[(cell, watch), ...]``,
-    `_families`), as rows in that order. A member behaves as the head, figure for figure, up to where its watch
-    fires (`_Trunk`; docs/models/torch.md, rules 5 and 13): it resumes from the head's checkpoint before that, or
-    where the head's replay never got there, its row is the head's (the same figures, or the same stop: the same
-    walk meets the same bound, whose least costs and peaks the options watched do not change). Members that
-    resume from one checkpoint are again a family where one of them can watch the others (a GC threshold's
-    variants with a larger rounding), replayed so from there. ``start``: a checkpoint the head resumes from."""
-    *head, members = args
-    cell, settings, bound = head[:3]
-    values = cell.policy.values()
-    if bound is None:       # no checkpoints: only a GC threshold on expandable segments, which frees nothing, shares
-        row = _replay_job(tuple(head), start=start)
-        return [row] + [_as_variant(row, c) if values.get("expandable_segments") and w[1:] == (None, None) else
-                        _replay_job((c, *head[1:])) for c, w in members]
-    t = cached_trace(cell.trace)
+def _replay_family(family: Family, start=None) -> list[Outcome]:
+    """`_replay_job` of the head of ``family`` and of its members, as outcomes in that order. A member behaves as
+    the head, figure for figure, up to where its watch fires (`_Trunk`; the space's rule, `FamilyRule`): it resumes
+    from the head's checkpoint before that, or where the head's replay never got there, its row is the head's (the
+    same figures, or the same stop: the same walk meets the same bound, whose least costs and peaks the options
+    watched do not change). Members that resume from one checkpoint are again a family where one of them can watch
+    the others (`_regroup`), replayed so from there. ``start``: a checkpoint the head resumes from."""
+    head, members = family.head, family.members
+    rule, values = _rule_of(head.cell), head.cell.policy.values()
+    if head.bound is None:      # no checkpoints: only the members alike throughout share
+        row = _replay_job(head, start=start)
+        return [Outcome(row)] + [_as_variant(row, m.cell) if rule.alike_throughout(values, m.watch) else
+                                 Outcome(_replay_job(replace(head, cell=m.cell))) for m in members]
+    t = cached_trace(head.cell.trace)
     _, window, *_ = _to_come(t)
-    trunk = _Trunk([w for _, w in members], (torch_space.most_grown(t, values, window),
-                                             torch_space.largest_asked(t, values, window),
-                                             torch_space.largest_segment(t, values, window)), start)
-    out = [_replay_job(tuple(head), start=start, trunk=trunk)]
-    rows: dict = {}
+    trunk = _Trunk(rule.watcher(t, values, [m.watch for m in members], window), start)
+    out = [Outcome(_replay_job(head, start=start, trunk=trunk))]
+    got: dict = {}
     groups: dict = {}
-    for v, (c, _) in enumerate(members):
+    for v, m in enumerate(members):
         if v in trunk.pending:
-            rows[v] = _as_variant(out[0], c)
+            got[v] = _as_variant(out[0].row, m.cell)
         else:
             groups.setdefault(id(trunk.starts[v]), []).append(v)
     for vs in groups.values():          # each group resumes from one checkpoint: a family again where it can
         begun = trunk.starts[vs[0]]
-        for sub, under in _regroup([members[v][0] for v in vs]):
-            got = _replay_family((members[vs[sub]][0], *head[1:], [(members[vs[u]][0], w) for u, w in under]),
-                                 start=begun) if under else [_replay_job((members[vs[sub]][0], *head[1:]),
-                                                                         start=begun)]
-            for u, row in zip([sub] + [u for u, _ in under], got):
-                if begun is not None and SHARED not in row:
-                    row[SHARED] = "resumed"
-                rows[vs[u]] = row
-    return out + [rows[v] for v in range(len(members))]
+        for sub, under in _regroup([members[v].cell for v in vs], rule):
+            job = replace(head, cell=members[vs[sub]].cell)
+            done = _replay_family(Family(job, [Member(members[vs[u]].cell, w) for u, w in under]), start=begun) \
+                if under else [Outcome(_replay_job(job, start=begun))]
+            for u, o in zip([sub] + [u for u, _ in under], done):
+                got[vs[u]] = o._replace(way="resumed") if begun is not None and o.way is None else o
+    return out + [got[v] for v in range(len(members))]
 
 
-def _regroup(cells: list[Cell]) -> list[tuple[int, list[tuple[int, tuple]]]]:
+def _regroup(cells: list[Cell], rule: FamilyRule) -> list[tuple[int, list[tuple[int, object]]]]:
     """``cells`` (members resumed from one checkpoint) as families: ``[(head, [(member, watch), ...]), ...]`` by
-    position, each cell under the first head that can watch it (`allocsim.search.spaces.torch.watch`), the cells taken by
-    least rounding (a larger one can be watched from it, not the reverse); a cell no head can watch heads its own."""
+    position, each cell under the first head that can watch it (`FamilyRule.watch`), the cells taken in the rule's
+    order (`FamilyRule.order`: an earlier one can head a later one, not the reverse); a cell no head can watch heads
+    its own."""
     heads: list = []
-    for i in sorted(range(len(cells)), key=lambda i: _rounding(cells[i])):    # the least rounding heads the rest
+    for i in sorted(range(len(cells)), key=lambda i: rule.order(cells[i].policy.values())):
         v = cells[i].policy.values()
         for h, under in heads:
-            w = torch_space.watch(cells[h].policy.values(), v)
+            w = rule.watch(cells[h].policy.values(), v)
             if w is not None:
                 under.append((i, w))
                 break
@@ -777,23 +788,12 @@ def _regroup(cells: list[Cell]) -> list[tuple[int, list[tuple[int, tuple]]]]:
     return heads
 
 
-def _rounding(cell: Cell) -> int:
-    """``max_non_split_rounding_mb`` of a PyTorch cell (0: the default)."""
-    return cell.policy.values().get("max_non_split_rounding_mb") or 0
-
-
-def _as_variant(row: dict, cell: Cell) -> dict:
+def _as_variant(row: dict, cell: Cell) -> Outcome:
     """``row`` (its family's setting's) as the row of ``cell``'s setting, which replays alike (`_replay_family`)."""
     import copy
     out = copy.deepcopy(row)
     out["options"] = cell.policy.option_text
-    out[SHARED] = "row"
-    return out
-
-
-#: The key of a row from `_replay_family` that says how it came ("row": its setting's, "resumed": from a
-#: checkpoint), taken out of the row by `_search` (it counts them: `Tuning.shared`, `Tuning.resumed`).
-SHARED = "_shared"
+    return Outcome(out, "row")
 
 
 _TO_COME: dict = {}
@@ -865,15 +865,9 @@ def conf_lines(row: dict, c: Candidate | None = None, total: int | None = None) 
         return {k: row[k] for k in PASTE_KEYS if k in row}
     space = space_of(c.spec.policy_class().framework)
     lines = space.conf_lines(c.spec, c.cap)
-    if hasattr(space, "python_lines"):
+    if space.python_lines is not None:
         lines.update(space.python_lines(c.spec, row.get("cap_bytes", c.cap), total))
     return lines
-
-
-def option_text(spec: PolicySpec) -> str:
-    """``k:v,...`` as the policy's option parser takes it, ``trace_settings`` left out."""
-    pcls = spec.policy_class()
-    return ",".join(f"{k}:{pcls.format_option(k, v)}" for k, v in spec.options if k != "trace_settings")
 
 
 # ---- OOM rescue ---------------------------------------------------------------------------------

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from ...frameworks import julia
 from ...engine.spec import PolicySpec
+from .family import NO_FAMILIES
+from .labels import pool_label as label  # noqa: F401  (a setting's name: the pool and its cap)
 from .limits import pool_limits
 
 POLICY = "split"
 POOLS = ("split", "binned")
+FAMILIES = NO_FAMILIES                  # each setting replayed alone (`allocsim.search.spaces.family`)
+RETRIES = ("cache_flushes",)            # a row's retries: the pool's cache flushes, each followed by a retry
+live_ahead = largest_device_call = None     # no bound known on the device calls still to come
+python_lines = None                     # no Python form of the setting for a running process
 
 
 def recorded(trace) -> PolicySpec:
@@ -18,6 +24,11 @@ def recorded(trace) -> PolicySpec:
 def settings(space) -> list[tuple[PolicySpec, int | None]]:
     caps = [None] + pool_limits(space.trace.load_bytes, space.target.limit)
     return [(PolicySpec.parse(p), cap) for p in POOLS for cap in caps]
+
+
+def facts(space) -> None:
+    """Nothing read of the trace beyond the space's own (`allocsim.search.tune.Space`)."""
+    return None
 
 
 def canonical(space, values: dict) -> dict:

@@ -12,22 +12,34 @@ expandable segments a block never outgrows its segment) compares like no limit.
 ``max_non_split_rounding_mb`` is read only for requests of at least ``max_split_size_mb``:
 without one, or with no request that large, it is dropped. ``garbage_collection_threshold``
 acts only under an allowed memory: without a cap, or where the model does not turn its GC
-on under the cap (``space.gc_acts``), it is dropped.
+on under the cap (`Facts`' ``gc_acts``), it is dropped.
+
+The families (`FAMILIES`, `allocsim.search.spaces.family`): a setting with a GC threshold, a larger
+``max_non_split_rounding_mb`` or a ``max_split_size_mb`` replays as the same setting without it up to a point
+the latter's replay shows (`watch`, `TorchWatcher`: the only code of the search that reads the torch model's
+members).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
 from ...frameworks import torch as torch_settings
-from ...frameworks.torch import MIN_MB, NO_DIVISIONS, MiB, divisions_table, parse_divisions, settings_from_trace
-from ...policies.torch import get_allocation_size, round_size
+from ...frameworks.torch import (MIN_MB, N_DIVISION_INTERVALS, NO_DIVISIONS, MiB, divisions_table, parse_divisions,
+                                  settings_from_trace)
+from ...policies.torch import get_allocation_size, has_pool_events, round_size
 from ...engine.spec import PolicySpec
 from ...trace import ALLOC
-from ...trace.events import CATCHES_OOM, OOM
-from ...engine.replay import driving, kept_for
+from ...trace.events import CATCHES_OOM, OOM, SEGMENT_ALLOC, SET_LIMIT
+from ...engine.replay import Replay, driving, kept_for
 from ...trace.trace import Chunk, LiveBytes
+from .family import FamilyRule, Watcher
+from .labels import option_text
 
 POLICY = "torch"
+#: The counters a row's ``retries`` reads, the first the replay reports (`allocsim.search.tune`).
+RETRIES = ("num_alloc_retries", "cache_flushes")
 
 # the grid: every value the model takes, a few per option (the canonical rules shrink it per trace)
 TORCH_MAX_SPLIT_MB = (None, 32, 64, 128, 256, 512)
@@ -46,6 +58,11 @@ def spec(values: dict) -> PolicySpec:
     defaults = {p.name: p.default for p in full.policy_class().params}
     kept = tuple((k, v) for k, v in full.options if k == "trace_settings" or defaults.get(k) != v)
     return PolicySpec(full.ref, kept, full.shown)
+
+
+def label(setting: PolicySpec, cap: int | None) -> str:
+    """A setting's name: its options alone, ``trace_settings`` left out (the target's cap is every setting's)."""
+    return option_text(setting, left_out=("trace_settings",)) or "defaults"
 
 
 def recorded(trace) -> PolicySpec:
@@ -70,11 +87,33 @@ def settings(space) -> list[tuple[PolicySpec, int | None]]:
     return out
 
 
+class Facts(NamedTuple):
+    """What the canonical rules read of one trace under one target, found once per search (`facts`)."""
+
+    intervals: set          # the size intervals of ``roundup_power2_divisions`` a request of the trace falls in
+    gc_acts: bool           # whether the model turns ``garbage_collection_threshold`` on under the target's cap
+
+
+def facts(space) -> Facts:
+    """`Facts` of ``space`` (an `allocsim.search.tune.Space`): the intervals of its request sizes, and whether the
+    model's ``gc_on()`` holds under its cap (not when the cap is the whole device, fraction 1)."""
+    bits = np.array([int(n).bit_length() for n in space.request_sizes], dtype=np.int64)
+    intervals = set(np.minimum(np.maximum(bits - 21, 0), N_DIVISION_INTERVALS - 1).tolist())
+    target = space.target
+    if target.cap is None:
+        return Facts(intervals, False)
+    r = Replay(space.trace, spec({"garbage_collection_threshold": 0.5, "trace_settings": False}), cap=target.cap,
+               capacity=target.capacity)
+    pol = r.policy
+    r.close()
+    return Facts(intervals, pol.gc_on())
+
+
 def canonical(space, values: dict) -> dict:
     """Option values equal for settings whose replays of ``space.trace`` are equal (the module's rules)."""
     v = {"max_non_split_rounding_mb": MIN_MB, **values}
     div = divisions_table(v["roundup_power2_divisions"]) if v.get("roundup_power2_divisions") else NO_DIVISIONS
-    div = tuple(d if d > 1 and i in space.intervals else 0 for i, d in enumerate(div))
+    div = tuple(d if d > 1 and i in space.facts.intervals else 0 for i, d in enumerate(div))
     v["roundup_power2_divisions"] = div if any(div) else None
     ms = v.get("max_split_size_mb")
     largest = space.largest_request
@@ -83,7 +122,7 @@ def canonical(space, values: dict) -> dict:
         v["max_split_size_mb"] = ms = None
     if ms is None or round_size(largest, div) < ms * MiB:
         v["max_non_split_rounding_mb"] = MIN_MB
-    if not (space.gc_acts and v.get("garbage_collection_threshold")):
+    if not (space.facts.gc_acts and v.get("garbage_collection_threshold")):
         v["garbage_collection_threshold"] = 0.0
     return {k: x for k, x in v.items() if x not in (None, False) or k == "trace_settings"}
 
@@ -228,6 +267,106 @@ def watch(root: dict, member: dict) -> tuple[float | None, int | None, int | Non
     if ms != ms_root or r < r_root or (r != r_root and ms is None):
         return None
     return threshold, (r * MiB if r != r_root else None), None
+
+
+class TorchFamilies(FamilyRule):
+    """The caching allocator's families (docs/models/torch.md, "Settings that behave alike"): `family_heads`,
+    `watch`, watched by a `TorchWatcher`."""
+
+    alike = ("a GC threshold until it acts, a larger max_non_split_rounding_mb until a block it would take is refused, "
+             "a max_split_size_mb until a segment that large or a failed segment call")
+    taken = "it never came there, or the GC acted on expandable segments, where it frees nothing"
+
+    def shares(self, trace) -> bool:
+        """Not on a trace with private pools: no checkpoints there."""
+        return not has_pool_events(trace)
+
+    def heads(self, values: dict) -> list[PolicySpec]:
+        return [spec(h) for h in family_heads(values)]
+
+    def watch(self, head: dict, member: dict):
+        return watch(head, member)
+
+    def order(self, values: dict) -> int:
+        """The least ``max_non_split_rounding_mb`` first (0: the default): a larger one can be watched from it."""
+        return values.get("max_non_split_rounding_mb") or 0
+
+    def alike_throughout(self, head: dict, watch) -> bool:
+        """Only a GC threshold on expandable segments, which frees nothing: it never changes the replay."""
+        return bool(head.get("expandable_segments")) and watch[1:] == (None, None)
+
+    def watcher(self, trace, head: dict, watches: list, window: int) -> "TorchWatcher":
+        return TorchWatcher(watches, (most_grown(trace, head, window), largest_asked(trace, head, window),
+                                      largest_segment(trace, head, window)))
+
+
+FAMILIES = TorchFamilies()
+
+
+class TorchWatcher(Watcher):
+    """A head's replay watched for its members (``watches``: per member, `watch`'s ``(threshold, rounding,
+    max_split)`` against the head). With a threshold to watch, the head's policy keeps the GC's clocks
+    (`TorchCachingAllocator.keep_gc_ages`). A member could start to differ in a window (``sizes``: per window the
+    most the reserved bytes can grow, its largest request and the largest segment that could make: `most_grown`,
+    `largest_asked`, `largest_segment`) once the reserved bytes could pass its GC threshold or the limit there, a
+    request there is at least the head's ``max_split`` or a segment there could be at least its own. It does once
+    the replay's highest reserved at a pool miss has passed its threshold (``int(threshold * allowed)``, where
+    `garbage_collect_cached_blocks` starts to act; never with expandable segments, where it frees nothing), the
+    least excess of a best fit refused to a request of at least the head's ``max_split`` is below its rounding
+    (``oversize_slack``), or the replay has allocated a segment of at least its ``max_split`` or failed an
+    ``alloc_block`` (a retry follows each: ``num_alloc_retries``)."""
+
+    def __init__(self, watches: list[tuple], sizes):
+        self.watches, (self.grown, self.asked, self.segment) = watches, sizes
+        self.pending: dict[int, tuple] = {}
+        self.r, self.max_split = None, 0
+        self.largest = self.seen = self.retries = 0
+        self.limits_move = False
+
+    def begin(self, r: Replay) -> None:
+        pol = r.policy
+        if any(t for t, _, _ in self.watches):
+            pol.keep_gc_ages()
+        allowed = pol.allowed()
+        self.r, self.max_split, self.retries = r, pol.max_split, pol.num_alloc_retries
+        self.limits_move = SET_LIMIT in r.trace.kinds_present       # the limit may fall inside a window
+        self.pending = {v: (None if not t or pol.expandable else int(t * allowed), rounding, split)
+                        for v, (t, rounding, split) in enumerate(self.watches)}
+
+    def could_part(self, k: int) -> bool:
+        return any(self._could(k, *w) for w in self.pending.values())
+
+    def _could(self, k: int, g, rounding, split) -> bool:
+        """Whether a member watched so could start to differ in window ``k``: the reserved bytes could pass its GC
+        threshold or the limit there (before the first failure, each request makes at most one segment), a
+        request there is at least the head's ``max_split``, or a segment there could be at least its own."""
+        if k >= len(self.grown):
+            return True
+        r = self.r
+        room = r.device.reserved + int(self.grown[k])
+        if g is not None and room > g:
+            return True
+        if rounding is not None and self.asked[k] >= self.max_split:
+            return True
+        if split is None:
+            return False
+        allowed = r.policy.allowed()
+        return self.segment[k] >= split or self.limits_move or room > min(r.device.limit, allowed or r.device.limit)
+
+    def parted(self) -> list[int]:
+        pol = self.r.policy
+        log = pol.segment_log
+        for kind, size, _ in log[self.seen:]:
+            if kind == SEGMENT_ALLOC and size > self.largest:
+                self.largest = size
+        self.seen = len(log)
+        high, slack, failed = pol.gc_high, pol.oversize_slack, pol.num_alloc_retries > self.retries
+        out = [v for v, (g, rounding, split) in self.pending.items()
+               if ((g is not None and high > g) or (rounding is not None and slack < rounding)
+                   or (split is not None and (failed or self.largest >= split)))]
+        for v in out:
+            del self.pending[v]
+        return out
 
 
 _WINDOWS: dict = {}
