@@ -9,11 +9,16 @@
    for comparison. The 300-step recordings of GPT-2 and ResNet-50 made on an H200 for this are shipped
    compressed in ``benchmarks/data/`` (``--long benchmarks/data/gpt2-300.bin.xz``: an ``.xz`` is unpacked to a
    temporary file first).
+4. ``--real`` (instead of 1 and 2): the real fixed-shape runs of ``traces/fold/`` (issue 31), each folded against
+   its first 10 steps folded and against its whole ``fold=False`` (targets: 300 steps <= 3x their first 10, <= 5x
+   with an evaluation every 50; 1,000 steps with an evaluation every 100 <= half their ``fold=False`` time), and
+   what folding costs where nothing repeats (``--give-up``, default ``traces/gpt2_variable.bin``: <= 5 % over
+   ``fold=False``).
 
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
     python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
-                                     [--long trace.bin] [--json out.json]
+                                     [--long trace.bin] [--real [--give-up trace.bin]] [--json out.json]
 """
 from __future__ import annotations
 
@@ -93,10 +98,16 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="torch,split,bestfit,cupy")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each variant (the best is kept)")
     ap.add_argument("--long", metavar="TRACE", help="a long recording: its whole against its first 10 steps")
+    ap.add_argument("--real", action="store_true", help="the real runs of traces/fold/ and the give-up cost only")
+    ap.add_argument("--give-up", default=os.path.join(ROOT, "traces", "gpt2_variable.bin"), metavar="TRACE",
+                    help="with --real: a trace whose steps do not repeat (default traces/gpt2_variable.bin)")
     ap.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     a = ap.parse_args(argv)
     policies = a.policies.split(",")
-    out: dict = {"fixed_shape": [], "recorded": [], "long": []}
+    out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": []}
+    if a.real:
+        real_runs(policies, a.repeat, a.give_up, out)
+        return write_json(a.json, out)
 
     short = synth.generate("transformer", iterations=10)
     long_ = synth.repeat_steps(short, a.steps)
@@ -137,10 +148,46 @@ def main(argv=None) -> int:
             out["long"].append(row)
             print(f"  {p:<8} first 10 {row['short_s']:.3f}s  all {row['long_s']:.3f}s (x{row['ratio']:.2f})  "
                   f"--no-fold {row['long_full_s']:.3f}s (x{row['ratio_full']:.1f})  {fmt_fold(row['folded'])}")
-    if a.json:
-        with atomic_open(a.json, "w") as f:
+    return write_json(a.json, out)
+
+
+def write_json(path: str | None, out: dict) -> int:
+    if path:
+        with atomic_open(path, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+#: traces/fold/'s runs and the most their folded replay may take: times their first 10 steps' folded replay
+#: ("x10"), or times their whole fold=False replay ("full")
+REAL = (("gpt-fixed", "x10", 3), ("gpt2s-fixed", "x10", 3), ("gpt-eval50", "x10", 5), ("gpt2s-eval50", "x10", 5),
+        ("resnet18-eval100", "full", 0.5))
+
+
+def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None:
+    """Section 4: the real runs against their first 10 steps and their full walk; the give-up cost."""
+    print(f"real runs (traces/fold/), CPU seconds, best of {repeat}: first 10 steps folded, all folded, all with "
+          f"fold=False")
+    print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  target  folded")
+    for name, against_what, most in REAL:
+        trace = Trace.load(unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz")))
+        head = first_steps(trace, 10)
+        for p in policies:
+            row = against(head, trace, p, repeat)
+            row.update(trace=name, over_full=row["long_s"] / row["long_full_s"], target=f"{against_what} <= {most}")
+            row["met"] = (row["ratio"] if against_what == "x10" else row["over_full"]) <= most
+            out["real"].append(row)
+            print(f"{name:<18}{p:<9}{row['short_s']:>9.3f}{row['long_s']:>8.3f}{row['ratio']:>7.2f}"
+                  f"{row['long_full_s']:>8.3f}{row['over_full']:>7.2f}  {row['target']:<9}{'' if row['met'] else '(missed) '}"
+                  f"{fmt_fold(row['folded'])}, {row['folded']['folds'] if row['folded'] else 0} folds")
+    trace = Trace.load(unpacked(give_up))
+    print(f"\nwhere nothing repeats ({os.path.basename(give_up)}): folded / fold=False, best of {3 * repeat}")
+    for p in policies:
+        row = best(trace, p, 3 * repeat)
+        row.update(trace=os.path.basename(give_up), policy=p, over=row["folded_s"] / row["full_s"] - 1)
+        out["give_up"].append(row)
+        print(f"  {p:<8}{row['folded_s']:.4f}s / {row['full_s']:.4f}s  {row['over']:+.1%}  (target <= +5 %)  "
+              f"{fmt_fold(row['folded'])}")
 
 
 def unpacked(path: str) -> str:

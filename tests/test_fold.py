@@ -5,7 +5,9 @@ from __future__ import annotations
 import glob
 import importlib
 import json
+import lzma
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -98,9 +100,10 @@ ops = st.lists(st.tuples(st.integers(0, 10), sizes, st.integers(0, 2), st.intege
 
 
 @st.composite
-def periodic_traces(draw):
+def periodic_traces(draw, evaluations: bool = False):
     """A random prefix, then one random step repeated (its objects freed in it, or in the next step: carried),
-    then a random tail: the shape of a training run, with cache releases and limits in the steps."""
+    then a random tail: the shape of a training run, with cache releases and limits in the steps. With
+    ``evaluations``, more steps, and every few steps another random step (an evaluation) between two of them."""
     w = TraceWriter(meta={"producer": "hypothesis"})
     live: list[int] = []
 
@@ -119,13 +122,19 @@ def periodic_traces(draw):
 
     run(draw(ops), live, [])
     step, carried = draw(ops), []
-    for k in range(draw(st.integers(3, 14))):
+    evaluation, every = (draw(ops), draw(st.integers(3, 9))) if evaluations else (None, 0)
+    for k in range(draw(st.integers(20, 60) if evaluations else st.integers(3, 14))):
         w.mark(f"step {k}")
         mine: list[int] = []
         run(step, mine, carried)
         for i in carried:
             w.free(i)
         carried = mine
+        if evaluation and k % every == every - 1:
+            scratch: list[int] = []
+            run(evaluation, scratch, [])
+            for i in scratch:
+                w.free(i)
     w.mark("tail")
     run(draw(ops), live, carried)
     for i in live + carried:
@@ -143,6 +152,60 @@ def test_folding_is_the_full_walk_on_generated_traces(policy, options, data, mon
     cap = data.draw(st.sampled_from([None, int(max(trace.load_bytes, MiB) * 1.2), 64 * MiB]))
     assert_folded_is_full(trace, policy, options, cap=cap, capacity=None, keep_going=data.draw(st.booleans()),
                           runtime=data.draw(st.sampled_from(["eager", "gc"])))
+
+
+@pytest.mark.parametrize("policy, options", [("torch", []), ("split", []), ("bestfit", []), ("cupy", [])])
+@settings(max_examples=20, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(trace=periodic_traces(evaluations=True), cap=st.sampled_from([None, 64 * MiB]))
+def test_folding_is_the_full_walk_on_generated_traces_with_evaluations(policy, options, trace, cap):
+    """Runs broken by an evaluation every few steps: the folds resumed (a window recorded at once where the state
+    is back in a cycle) and the windows reused (added with an earlier recording) give the full walk's result."""
+    assert_folded_is_full(trace, policy, options, cap=cap, capacity=None, keep_going=True)
+
+
+REAL = os.path.join(ROOT, "traces", "fold")
+
+
+def real_steps(name: str, steps: int) -> Trace:
+    """The first ``steps`` steps of a recording in traces/fold/ (shipped xz-compressed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, name + ".bin")
+        with lzma.open(os.path.join(REAL, name + ".bin.xz")) as f, open(path, "wb") as out:
+            out.write(f.read())
+        trace = Trace.load(path)
+        end = [at for at, _ in trace.marks()][steps]
+        return Trace(np.array(trace.records[:end]), dict(trace.meta), streams=trace.streams, labels=trace.labels)
+
+
+def test_a_real_run_broken_by_evaluations_folds_again_from_its_cycle(monkeypatch):
+    """A real GPT run (traces/fold/gpt-eval50, period 7) with a logging and evaluation step every 50: folded,
+    the full walk's result under each policy; and after the second evaluation, whose state comes back to the
+    one the recorded window started from, the fold goes on with that recording, within a period's steps."""
+    trace = real_steps("gpt-eval50", 130)
+    for policy in ("split", "bestfit", "cupy"):
+        assert_folded_is_full(trace, policy)
+    spans = []
+    skip = fold.Folder._skip
+
+    def spy(self, program, k, before, after, start, end, *args, **kw):
+        spans.append((int(np.searchsorted(self.marks, start)), int(np.searchsorted(self.marks, end))))
+        return skip(self, program, k, before, after, start, end, *args, **kw)
+    monkeypatch.setattr(fold.Folder, "_skip", spy)
+    how = assert_folded_is_full(trace, "torch")
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]         # steps walked between folds
+    assert how["period"] == 7 and len(gaps) == 2 and gaps[1] < how["period"], (how, spans)
+
+
+def test_a_run_whose_steps_never_repeat_is_walked_with_no_folder():
+    """Where no step has the ALLOC counts of the steps a period after it (gpt2_variable: batch and sequence
+    change every step), no fold can pay: the replay has no folder (it is not stopped at each boundary, nothing is
+    fingerprinted), and a run of fixed shapes has one."""
+    variable = load("gpt2_variable.bin")
+    assert not fold.steps_of(variable).may_repeat()
+    assert Replay(variable, "torch")._folder is None
+    assert Replay(load("gpt2.bin"), "torch")._folder is not None
+    assert_folded_is_full(variable, "torch")
 
 
 # ---- it folds where the state repeats, and only there ----------------------------------------------------

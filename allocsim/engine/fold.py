@@ -22,6 +22,11 @@ within a binade, `_runs`, so every float is the full walk's bit for bit), latenc
 differences on it, counts are multiplied; the live ids are renamed to those the full walk would hold. Then the
 walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 
+A run broken by an evaluation (or any step of another shape) folds again without searching from scratch: where
+the state comes back to one a recorded window started from, the windows from there are added with that
+recording, none walked (`Folder._reuse`); where it comes back into a cycle folded before, its window is recorded
+at once (`Folder._resume`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
+
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
 request (``IN_REQUEST``), private-pool events, a compiled policy (its floats are C's), an observer, a
@@ -66,7 +71,15 @@ MAX_PERIOD = 512
 #: boundaries' fingerprints are kept at most (the oldest are forgotten).
 TRIES = 2
 HISTORY = 4096
+#: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
+#: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
+#: (`Steps.useful`'s ``longest``): recording a window that long (an evaluation every N steps makes a period of N
+#: steps) costs more than walking the few steps after the break until the cycle resumes (`Folder._reuse`,
+#: `Folder._resume`), and the boundaries just before a break repeat only with that long period.
+RESUME_WAIT = 4
 GROUP = 1 << 16
+#: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
+COUNTED = 1 << 13
 
 
 # ---- the recorder: floats that remember how they were made ---------------------------------------------
@@ -366,6 +379,21 @@ class Events:
     def __len__(self) -> int:
         return len(self.at)
 
+    def part(self, lo: int, hi: int) -> "Events":
+        """Events ``lo`` to ``hi`` of these."""
+        out = Events.__new__(Events)
+        for name in ("at",) + self.COLUMNS:
+            setattr(out, name, getattr(self, name)[lo:hi])
+        return out
+
+    @classmethod
+    def joined(cls, a: "Events", b: "Events") -> "Events":
+        """``a``'s events then ``b``'s (a window far before another: `Folder._resume` compares them)."""
+        out = cls.__new__(cls)
+        for name in ("at",) + cls.COLUMNS:
+            setattr(out, name, np.concatenate((getattr(a, name), getattr(b, name))))
+        return out
+
     def alloc_positions(self) -> np.ndarray:
         """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
@@ -445,6 +473,10 @@ class Folder:
         self.rec = None                         # the window being recorded: (Recorder, ...)
         self.folded_events = self.folded_steps = 0
         self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
+        self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
+        self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
+        self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
+        self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
 
     @staticmethod
     def possible(replay, device_given: bool, guard: bool) -> bool:
@@ -458,7 +490,8 @@ class Folder:
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
                 and replay.observer is None and not replay.timeline and not replay._log_index
-                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen)
+                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen
+                and steps_of(replay.trace).may_repeat())
 
     # -- where the walk stops ------------------------------------------------------------------------
     def stop(self, c, pos: int) -> int:
@@ -482,8 +515,7 @@ class Folder:
             self.next_mark += 1
         if self.next_mark == reached or self.rec is not None:
             return False
-        self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
-        return False
+        return self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
 
     # -- the fingerprint -------------------------------------------------------------------------------
     def _fingerprint(self):
@@ -507,23 +539,31 @@ class Folder:
                   _placement_state(dev._driver))
         return pickle.dumps((state, runtime, device, w.since_gc), protocol=5), addr
 
-    def _boundary(self, at: int, mark: int, until) -> None:
-        if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark):
-            return          # the steps after do not repeat; or fingerprints cost more than the walk: skip some
+    def _boundary(self, at: int, mark: int, until) -> bool:
+        """Take the boundary at trace index ``at`` (MARK number ``mark``): fold from it if it can (True: the walk
+        was moved), else start recording a window where an earlier boundary had its state, and remember it."""
+        longest = RESUME_WAIT * min(p for _, p in self.cycles.values()) if self.cycles else None
+        if self.spent + self.last > BYTES_PER_EVENT * self.r._w.done + (1 << 20) or not self.steps.useful(mark, longest):
+            return False    # the steps after do not repeat; or fingerprints cost more than the walk: skip some
         got = self._fingerprint()
         if got is None:
-            return
+            return False
         key, addr = got
         self.last = len(key)
         self.spent += len(key)
         here = Boundary(at, mark, addr)
-        for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
-            p = mark - earlier.mark
-            sig = self.steps.read(earlier.mark, mark + 2 * p)
-            if len(sig) < 3 * p or not (sig[:p] == sig[p:2 * p]).all() or not (sig[:p] == sig[2 * p:]).all():
-                continue            # the steps after do not repeat: not worth the exact comparison
-            if self._try(earlier, here, key, until):
-                break
+        self.recent.append((here, key))
+        del self.recent[:-MAX_PERIOD]
+        if key in self.saved and self._reuse(here, key, until):
+            return True
+        cycle = self.cycles.get(key)
+        if not (cycle and self._resume(here, key, until)):
+            for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
+                p = mark - earlier.mark
+                if longest is not None and p > longest:
+                    break           # a window this long costs more than waiting for the cycle to come back
+                if self._repeats(earlier.mark, mark, p) and self._try(earlier, here, key, until):
+                    break
         self.seen.setdefault(key, []).append(here)
         self.order.append(key)
         if len(self.order) > HISTORY:
@@ -531,6 +571,38 @@ class Folder:
             self.seen[old].pop(0)
             if not self.seen[old]:
                 del self.seen[old]
+        return False
+
+    def _repeats(self, a: int, m: int, p: int) -> bool:
+        """Whether steps ``m`` to ``m + 2p`` have the signatures of the ``p`` steps from ``a`` twice: the steps
+        after ``m`` repeat (by their signatures) for a window to record and one to skip at least."""
+        sig, here = self.steps.read(a, a + p), self.steps.read(m, m + 2 * p)
+        return len(sig) == p and len(here) == 2 * p and (here[:p] == sig).all() and (here[p:] == sig).all()
+
+    def _resume(self, here: Boundary, key: bytes, until) -> bool:
+        """Boundary ``here`` has the state of boundary ``b`` inside a cycle a fold went round, of ``p`` steps (a
+        run broken by a step of another shape, an evaluation, comes back to its cycle): if the ``3p`` steps from
+        it have the signatures of the ``p`` from ``b`` and the events of the first ``p`` repeat those from ``b``
+        (`windows_repeat` across the gap: the same objects, by the blocks they hold, freed), start recording
+        that window at once. Its end checks what `_try` checks before it (`_end_window`): the state is back, and
+        the window after it repeats it. A resume that fails there is not tried again from that state."""
+        b, p = self.cycles[key]
+        m = here.mark
+        if m + 3 * p > len(self.marks) or not (self._repeats(b.mark, m, p) and self._repeats(b.mark, m + p, p)):
+            return False
+        records = self.r.trace.records
+        P = _count_between(records, here.at, int(self.marks[m + p]))
+        ev = Events(records, here.at, P)
+        if P == 0 or len(ev) < P or windows_repeat(Events.joined(Events(records, b.at, P), ev), P, 0, b.addr,
+                                                   here.addr) < 1:
+            return False
+        end = int(ev.at[P - 1]) + 1
+        if until is not None and end > until:
+            return False
+        r = self.r
+        zero = bool(np.any((ev.kind == ALLOC) & (ev.size == 0)))
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
+        return True
 
     def _try(self, i: Boundary, j: Boundary, key: bytes, until) -> bool:
         """Boundary ``j`` has the state of ``i``: if the events after ``j`` repeat those after ``i`` for at
@@ -546,7 +618,8 @@ class Folder:
             return False
         r = self.r
         zero = bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))      # the windows' 0-byte ALLOCs
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero,
+                    j.mark - i.mark)
         return True
 
     def _counts(self) -> tuple:
@@ -568,33 +641,39 @@ class Folder:
     def _end_window(self, x: int, until) -> bool:
         """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
         add every following window that repeats (up to ``until``) and move the walk past them; True then."""
-        recorder, end, i, j, key, P, before, zero = self.rec
+        recorder, end, i, j, key, P, before, zero, p = self.rec
         self.rec = None
         program = recorder.stop()
         after = self._counts()
         if program is None or after[0][2:] != before[0][2:]:    # a skipped FREE, an OOM or a new peak inside
+            self.cycles.pop(key, None)
             return False
         got = self._fingerprint()
         if got is None or got[0] != key:
+            self.cycles.pop(key, None)
             return False
         records = self.r.trace.records
-        k, lo = self._record_windows(i, j, P, end, until)      # read record for record, as far as they repeat
-        new_end, first = end + k * (j.at - i.at), 1
-        while lo is not None:           # ev from `lo`: the template, window 0 (walked), then 1, ...
-            ev = Events(records, lo, max(BATCH // P, first + 2) * P)
-            n = windows_repeat(ev, P, first)
-            if n:
-                ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
-                if until is not None:           # only whole windows that end by the walk's target
-                    n = int(np.searchsorted(ends, until, side="right"))
-                if n:
-                    k, new_end = k + n, int(ends[n - 1])
-            if n == 0 or n < len(ev) // P - 1 - first:
-                break
-            lo, first = int(ev.at[(first + n - 1) * P]), 1      # the last two windows checked lead the next batch
+        walked, end_addr = j, got[1]
+        base, k = end, 0
+        if i is None:       # resumed (`_resume`): the window after the walked one must repeat it, as in `_try`
+            e = Boundary(int(self.marks[j.mark + p]), j.mark + p, got[1])
+            ev = Events(records, j.at, 2 * P)
+            if len(ev) < 2 * P or windows_repeat(ev, P, 0, j.addr, e.addr) < 1:
+                self.cycles.pop(key, None)
+                return False
+            base, k, i, j = int(ev.at[2 * P - 1]) + 1, 1, j, e      # it is skipped; the walked one leads
+            if until is not None and base > until:
+                return False
+        n, lo = self._record_windows(i, j, P, base, until)      # read record for record, as far as they repeat
+        k, new_end = self._windows(lo, 1, P, k + n, base + n * (j.at - i.at), until)
         if k == 0:
             return False
-        self._skip(program, k, before, after, end, new_end, P, i, j, zero)
+        self._skip(program, k, before, after, end, new_end, P, (j.mark - i.mark, j.mark + 1), zero)
+        if self.r.runtime.eager:
+            self.saved[key] = (program, before, after, P, p, walked, end_addr, zero)
+            self.views.pop(key, None)
+        p = j.mark - i.mark
+        self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
 
     def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until) -> tuple[int, int | None]:
@@ -633,9 +712,76 @@ class Folder:
             return k, None
         return k, (int(ev.at[P]) + (k - 1) * R if k else i.at)      # the last two windows lead on
 
-    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int,
-              i: Boundary, j: Boundary, zero: bool) -> None:
-        """Add ``k`` windows as the recorded one added, rename the live ids, and move the walk to ``end``."""
+    def _windows(self, lo: int | None, first: int, P: int, k: int, new_end: int, until) -> tuple[int, int]:
+        """``(k, new_end)`` counting on the windows that repeat event by event (`windows_repeat`) from window
+        ``first`` of the events from ``lo`` (None: none to read), ``k`` counted and ending at ``new_end`` before.
+        A few windows are read first, more while they repeat: a run that stops soon (at the next evaluation) is
+        not read a whole batch ahead."""
+        records, windows = self.r.trace.records, 4
+        while lo is not None:           # ev from `lo`: the template, window 0, then 1, ...
+            ev = Events(records, lo, max(min(windows, BATCH // P), first + 2) * P)
+            windows *= 4
+            n = windows_repeat(ev, P, first)
+            if n:
+                ends = ev.at[(np.arange(first, first + n) + 2) * P - 1] + 1
+                if until is not None:           # only whole windows that end by the walk's target
+                    n = int(np.searchsorted(ends, until, side="right"))
+                if n:
+                    k, new_end = k + n, int(ends[n - 1])
+            if n == 0 or n < len(ev) // P - 1 - first:
+                break
+            lo, first = int(ev.at[(first + n - 1) * P]), 1      # the last two windows checked lead the next batch
+        return k, new_end
+
+    def _reuse(self, here: Boundary, key: bytes, until) -> bool:
+        """Boundary ``here`` has the state a window recorded before started from (a run broken by an evaluation
+        comes back to its cycle): if the windows from here repeat that one, add them with its recording,
+        walking none. The first is compared with the recorded window across the gap (an object older than it
+        freed where the recorded window freed the one holding the same block), the second with the first (an
+        object older than the first freed: the one allocated where the recorded window's follower freed one of
+        the recorded window's), the others each with the one before (`windows_repeat`). The live ids are then
+        those the last window skipped leaves where the recorded window left its own (by block)."""
+        program, before, after, P, p, walked, end_addr, zero = self.saved[key]
+        records = self.r.trace.records
+        if key not in self.views:       # what a reuse reads of the recorded window, read once
+            W = Events(records, walked.at, 2 * P)
+            allocs = np.flatnonzero(W.kind[:P] == ALLOC)
+            self.views[key] = (W.part(0, P), W.alloc_positions()[P:],
+                               dict(zip(W.id[allocs].tolist(), allocs.tolist())),     # its ALLOCs' places
+                               {a: i for i, a in end_addr.items()})                    # who held each block after it
+        W, follower, where, holder = self.views[key]
+        A = Events(records, here.at, 2 * P)
+        if len(A) < 2 * P or windows_repeat(Events.joined(W, A), P, 0, walked.addr, here.addr) < 1:
+            return False
+        q, t = np.arange(P), np.arange(P, 2 * P)
+        a_pos = A.alloc_positions()
+        same = (A.kind[t] == A.kind[q]) & (A.size[t] == A.size[q]) & (A.stream[t] == A.stream[q])
+        want = np.where(a_pos[q] >= 0, a_pos[q] + P, follower)
+        if not (same & ((A.kind[t] != FREE) | ((want >= 0) & (a_pos[t] == want)))).all():
+            return False
+        end = int(A.at[2 * P - 1]) + 1
+        if until is not None and end > until:
+            return False
+        if here.mark + p >= len(self.marks):
+            return False
+        a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
+        n, lo = self._record_windows(a0, a1, P, end, until)     # the first two lead, as a template and the walked
+        k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
+        last, rename = _events_before(records, new_end, P), {}
+        for i, a in here.addr.items():
+            h = holder.get(a)
+            if h is None:
+                return False
+            if h in where:
+                rename[i] = int(last.id[where[h]])
+        self._skip(program, k, before, after, here.at + 1, new_end, P, (p, here.mark + 1), zero, rename)
+        return True
+
+    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
+              zero: bool, rename: dict | None = None) -> None:
+        """Add ``k`` windows as the recorded one added, rename the live ids (``rename``: ids to their new ones;
+        None: `_rename`'s), and move the walk to ``end``; ``how``: (period in steps, the step it is said to start
+        folding from)."""
         r = self.r
         w, dev, rt, pol = r._w, r.device, r.runtime, r.policy
         program.repeat(k, dev, rt, r.sections, w.latency)
@@ -644,7 +790,11 @@ class Folder:
             for name, x, y in zip(names, b, a):
                 setattr(obj, name, getattr(obj, name) + k * (y - x))
         pol.fold_advance(before[3], after[3], k)
-        self._rename(start, end, P)
+        if rename is None:
+            self._rename(start, end, P)
+        else:
+            handles = r.handles
+            handles.update({rename[i]: handles.pop(i) for i in [i for i in handles if i in rename]})
         passed = k * (after[0][0] - before[0][0])
         skipped = r._move_to(end, None if zero else passed)   # without 0-byte ALLOCs, the chunks passed unread
         assert skipped == passed, (skipped, k)
@@ -652,7 +802,7 @@ class Folder:
         self.next_mark = int(np.searchsorted(self.marks, end))
         self.folded_events += skipped
         self.folded_steps += steps
-        self.periods.append((j.mark - i.mark, j.mark + 1, steps))
+        self.periods.append((*how, steps))
 
     def _rename(self, start: int, end: int, P: int) -> None:
         """The live ids after the skipped windows: an object allocated in the window walked last (the ``P``
@@ -737,9 +887,20 @@ class Steps:
         self.known = np.zeros(n, bool)          # which steps' signatures are read
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
+        self._may = None                        # `may_repeat`'s answer, once asked
 
     def __len__(self) -> int:
         return len(self.marks)
+
+    def may_repeat(self) -> bool:
+        """False where no fold can pay: not one step has the ALLOC counts of the steps a period after it for
+        ``4p`` steps (`repeating_steps` on the counts; equal steps have equal counts). A run whose shapes change
+        every step is then walked with no folder at all: not stopped at each boundary, nothing fingerprinted
+        (give up early: issue 31 asks at most 5 % over ``--no-fold`` where nothing repeats). Answered only for
+        up to `COUNTED` steps (it costs steps x periods); a longer trace may repeat."""
+        if self._may is None:
+            self._may = len(self) > COUNTED or bool(repeating_steps(self.counts).any())
+        return self._may
 
     # -- signatures, read where asked -----------------------------------------------------------------
     def read(self, a: int, b: int) -> np.ndarray:
@@ -808,26 +969,35 @@ class Steps:
         self.known[a:b] = True
 
     # -- which steps can take part in a fold ------------------------------------------------------------
-    def useful(self, m: int) -> bool:
+    def useful(self, m: int, longest: int | None = None) -> bool:
         """`repeating_steps`'s answer for step ``m``, reading only the signatures it needs: those of the ``p``
         steps either side for the periods ``p`` whose step equals ``m`` (the others cannot answer yes), then,
-        for each such ``p``, the ``4p`` steps after, as far as they are equal."""
+        for each such ``p``, the ``4p`` steps after, as far as they are equal; periods up to 8 first, then up to
+        32, 128 and `MAX_PERIOD` (a fixed-shape run answers at period 1 or 2, having read a few steps), or up to
+        ``longest`` (the answer for those periods only; once every signature is read, the table's)."""
         if self._table is not None:
             return bool(self._table[m])
-        n, pmax = len(self.marks), self.pmax
+        n, pmax = len(self.marks), self.pmax if longest is None else min(self.pmax, longest)
         if not pmax:
             return False
         counts = self.counts                # steps of other ALLOC counts have other signatures: not read
-        lo = max(0, m - pmax)
-        ahead = 1 + np.flatnonzero((counts[m + 1:m + pmax + 1] == counts[m]).all(axis=1))  # m starts a run, period p
-        behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
-        if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once and keep the equal
-            sig = self.read(lo, m + pmax + 1)
-            ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
-            behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
-        for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
-            if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
-                return True
+        done = 0
+        for reach in (8, 32, 128, pmax):    # the short periods first: most folds are found there, reading little
+            reach = min(reach, pmax)
+            if reach <= done:
+                continue
+            lo = max(0, m - reach)
+            ahead = 1 + np.flatnonzero((counts[m + 1:m + reach + 1] == counts[m]).all(axis=1))  # m starts a run
+            behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
+            ahead, behind = ahead[ahead > done], behind[behind > done]
+            if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
+                sig = self.read(lo, m + reach + 1)
+                ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
+                behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
+            for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
+                if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
+                    return True
+            done = reach
         return False
 
     def _equal(self, a: int, b: int, n: int) -> bool:
