@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.engine import fold
-from allocsim.compiled import INTERPRETED_ENV, compiled_modules
 from allocsim.machine.metrics import LatencyLog
 from allocsim.policies.split import SplittingPool
 from allocsim.engine.replay import Replay
@@ -26,13 +25,6 @@ from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import ALLOC, CACHE_RELEASE, FREE, SET_LIMIT
 
 from conftest import ROOT, run_cli
-
-# Folding declines compiled policies (their clock is a C double the fold cannot follow: docs/architecture.md,
-# "The compiled build"), so on a compiled checkout these tests, which expect folds, have nothing to hold;
-# tests/test_compiled.py checks the decline, and the interpreted build runs them.
-pytestmark = pytest.mark.skipif(bool(compiled_modules()), reason=(
-    f"compiled build ({', '.join(compiled_modules())}): folding declines compiled policies; run with "
-    f"{INTERPRETED_ENV}=1 to walk these tests on the interpreted source"))
 
 MiB = 1 << 20
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
@@ -394,6 +386,21 @@ def test_what_the_window_cannot_compare_is_not_folded(name, policy):
 
 
 # ---- what a long folded run reads, and what it leaves unread ------------------------------------------------
+@pytest.mark.parametrize("name", ["__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+                                  "__rtruediv__"])
+def test_a_clock_difference_in_other_arithmetic_taints_its_tape_and_gives_the_float(name):
+    """A latency (`RecDiff`) added to a total, scaled, divided: the plain float's result and a tainted tape, never
+    NotImplemented, on which compiled code raises where Python falls back to the float's own operator (cupy's
+    ``_t_malloc += clock - t0`` in a recorded window, compiled)."""
+    tape = fold.Tape()
+    start = fold.RecFloat.on(1.0, tape, 0)
+    d = (start + 0.5) - start
+    assert type(d) is fold.RecDiff and not tape.bad
+    got = getattr(d, name)(3.0)
+    assert type(got) is float and got == getattr(0.5, name)(3.0) and tape.bad
+    assert type(-d) is float and -d == -0.5
+
+
 binades = st.integers(-40, 12)
 
 

@@ -11,8 +11,9 @@ with the same one (by hash, then exactly).
 When boundary ``j`` equals an earlier boundary ``i`` and the driving events after ``j`` repeat those after
 ``i`` (kinds, sizes, streams, and every FREE frees the corresponding object: one allocated ``P`` events
 later, or, for an object older than ``i``, the one holding the same block), the replay from ``j`` goes as
-it went from ``i``. The engine then walks one window of ``P`` events from ``j`` while recording what
-adds to the result (`Recorder`): every increment of the modeled clock and of the device's and runtime's
+it went from ``i``. The engine then walks one window of ``P`` events from ``j``, plainly (``malloc`` and
+``free``: a compiled fused loop adds to the clock in a C double), while recording what adds to the result
+(`Recorder`): every increment of the modeled clock and of the device's and runtime's
 time totals, each malloc's latency and each section's time as a pair of positions on the clock's tape,
 and the integer counters' growth. It checks that the state at the window's end equals the state at its
 start, finds how many more windows repeat in the trace (record for record where the records repeat with the
@@ -29,7 +30,7 @@ at once (`Folder._resume`). A trace whose steps never repeat gets no folder (`St
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
-request (``IN_REQUEST``), private-pool events, a compiled policy (its floats are C's), an observer, a
+request (``IN_REQUEST``), private-pool events, an observer, a
 timeline, `log_events`, a policy ``tick``, a real or custom device, a guarded plug-in, an OOM or a served
 recorded OOM inside the window, and any float the window computes from the clock in a way the recorder does
 not follow (its tapes are then "tainted").
@@ -37,10 +38,8 @@ not follow (its tapes are then "tainted").
 from __future__ import annotations
 
 import pickle
-import sys
 import weakref
 from bisect import bisect_left, insort
-from importlib.machinery import EXTENSION_SUFFIXES
 
 import numpy as np
 
@@ -135,20 +134,25 @@ class RecFloat(float):
         return _taint(self, float.__neg__(self))
 
 
+def _derived(op):
+    """A `RecDiff` operator: taints the tape and gives the plain float's result. Never NotImplemented: compiled
+    code (Cython's fast float paths) raises where Python would fall back to the float's own operator."""
+
+    def derived(self, *args):
+        self.tape.bad = True
+        return op(float(self), *args)
+    return derived
+
+
 class RecDiff(float):
     """A clock difference (a latency, a section's time): the positions ``a`` and ``b`` on its tape."""
 
     __slots__ = ("tape", "a", "b")
 
-    def _derived(self, *args):
-        self.tape.bad = True
-        return NotImplemented
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _derived
-
-    def __neg__(self):
-        self.tape.bad = True
-        return -float(self)
+    __add__, __radd__, __sub__, __rsub__ = (_derived(op) for op in (float.__add__, float.__radd__, float.__sub__,
+                                                                     float.__rsub__))
+    __mul__, __rmul__, __truediv__, __rtruediv__, __neg__ = (
+        _derived(op) for op in (float.__mul__, float.__rmul__, float.__truediv__, float.__rtruediv__, float.__neg__))
 
 
 def _taint(rec: RecFloat, value: float) -> float:
@@ -501,7 +505,7 @@ class Folder:
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
                 and replay.observer is None and not replay.timeline and not replay._log_index
-                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen
+                and replay.policy.tick is None and not steps_of(replay.trace).unseen
                 and steps_of(replay.trace).may_repeat())
 
     # -- where the walk stops ------------------------------------------------------------------------
@@ -1147,9 +1151,3 @@ def _placement_state(driver):
             tuple(r.start for r in driver._newest_small.regions if r is not None),
             tuple(sorted(driver._owner)))
 
-
-def _compiled(cls) -> bool:
-    """Whether a class of the policy's runs compiled (docs/architecture.md, "The compiled build"): its sums on
-    the clock are C's, which the window's recorder cannot follow, so the replay walks it in full."""
-    return any(getattr(sys.modules.get(c.__module__), "__file__", "").endswith(tuple(EXTENSION_SUFFIXES))
-               for c in cls.__mro__)

@@ -523,7 +523,7 @@ class Replay:
             if hi > self._pos:
                 recording = folder is not None and folder.rec is not None
                 lat = LatencyTape() if recording else array("d")
-                self._pos = self._walk_chunk(c, self._pos, hi, lat)
+                self._pos = self._walk_chunk(c, self._pos, hi, lat, fused=not recording)
                 if recording and not folder.rec[0].take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
@@ -585,18 +585,21 @@ class Replay:
             return iter(chunks)
         return chunks_of(self.trace, times, self._zero_counts, self._skip)
 
-    def _walk_chunk(self, c, lo, hi, lat) -> int:
+    def _walk_chunk(self, c, lo, hi, lat, fused: bool = True) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
         where the walk got to (past an OOM that stops). A survived OOM inside a try, or of a cuDNN plan search,
         stops the fused or plain walk for a moment (as an OOM that stops it does): the try is unwound here and the
-        walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`)."""
+        walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`).
+        ``fused`` False walks plainly even where the policy has a fused loop: a window the folder records
+        (`allocsim.engine.fold.Recorder`) goes through ``malloc``, ``free`` and the device's Python additions to
+        the clock, which a compiled fused loop would make on a C double the recorder cannot see."""
         w = self._w
         while True:
             if w.skip_until is not None:
                 lo = self._walk_skipping(c, lo, hi, lat)
                 if lo >= hi:
                     return lo
-            if self._fused is not None:
+            if fused and self._fused is not None:
                 lo = self._walk_fused(c, lo, hi, lat)
             else:
                 lo = self._walk_plain(c, lo, hi, lat.append)
