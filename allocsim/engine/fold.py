@@ -609,6 +609,8 @@ class Folder:
         P = _count_between(records, here.at, int(self.marks[m + p]))
         ev = Events(records, here.at, P)
         if (b.at, P) not in self.cycle_events:      # the cycle state's window, read once for every resume
+            while self.cycle_events and P * (len(self.cycle_events) + 1) > BATCH:    # kept to a batch of events:
+                del self.cycle_events[next(iter(self.cycle_events))]                  # the oldest go first
             self.cycle_events[b.at, P] = Events(records, b.at, P)
         if P == 0 or len(ev) < P or windows_repeat(Events.joined(self.cycle_events[b.at, P], ev), P, 0, b.addr,
                                                    here.addr) < 1:
