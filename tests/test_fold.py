@@ -556,3 +556,63 @@ def test_a_latency_log_takes_repeated_windows_as_their_sequence():
         a.extend(head), b.extend(head)
         assert a.count == b.count and a.summary() == b.summary() and a.total() == b.total()
         assert (a.quantiles([0.1, 0.5, 0.999]) == b.quantiles([0.1, 0.5, 0.999])).all()
+
+
+# ---- giving up a fold that does not pay (Budget) ----------------------------------------------------------
+class Ticks:
+    """A clock that moves ``step`` seconds each time it is read."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(monkeypatch):
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    monkeypatch.setattr(fold, "MIN_EVENTS", 100)
+    monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
+    b = fold.Budget(clock=Ticks(1.0))
+    b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
+    b.leave(b.enter(1000), 1000, False, 0)      # 1,000 events walked in 1 s: 1 ms each; the folder 2 s so far
+    assert b.walk_n == 1000 and b.walk_s == 1.0 and b.spent == 2.0
+    # the whole walk, 1,000 events at a tenth of the steps: 10,000 events, 10 s
+    assert b.over(1000, 0.1)                    # 0.5 s slack + 0.25 s allowance < 2 s spent
+    b.saved = 1300                              # folds passed 1,300 events: 1.3 s saved, + 0.75 s > 2 s
+    assert not b.over(1000, 0.1)
+    monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
+    b.saved = 0
+    assert not b.over(1000, 0.1)
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    b.walk_n = 99                               # too few events walked to trust the cost of one
+    assert not b.over(1000, 0.1)
+
+
+def test_a_recorded_window_is_charged_beyond_what_walking_it_costs(monkeypatch):
+    monkeypatch.setattr(fold, "MIN_EVENTS", 1)
+    b = fold.Budget(clock=Ticks(1.0))
+    b.leave(b.enter(0), 0, False, 0)
+    b.leave(b.enter(300), 300, True, 0)         # 300 events walked plainly in 1 s; then recording
+    b.enter(600)                                # 300 events recorded in 1 s: spent, charged back at the rate
+    assert (b.walk_n, b.recorded) == (300, 300) and b.spent == 3.0 and b.walk_s == 1.0
+
+
+@pytest.mark.parametrize("policy", ["torch", "split"])
+def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch, policy):
+    """No slack: the folder gives up at its first look past `MIN_EVENTS` (it spent time and saved nothing yet,
+    or less than it spent); the replay goes on plainly, and its result is the full walk's."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30)
+    monkeypatch.setattr(fold, "MIN_EVENTS", 1)
+    monkeypatch.setattr(fold, "SLACK", 0.0)
+    monkeypatch.setattr(fold, "ALLOWANCE", 0.0)
+    r = Replay(trace, policy)
+    r.run()
+    assert not r._folder.active and r._folder.gave_up_at is not None
+    assert r.folded is None or r.folded["gave_up_at_step"] == r._folder.gave_up_at
+    assert_folded_is_full(trace, policy)
+    monkeypatch.setattr(fold, "SLACK", None)
+    r = Replay(trace, policy)
+    r.run()
+    assert r._folder.active and r.folded["steps"] > 20

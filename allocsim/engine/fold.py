@@ -38,6 +38,7 @@ not follow (its tapes are then "tainted").
 from __future__ import annotations
 
 import pickle
+import time
 import weakref
 from bisect import bisect_left, insort
 
@@ -71,6 +72,13 @@ MAX_PERIOD = 512
 #: boundaries' fingerprints are kept at most (the oldest are forgotten).
 TRIES = 2
 HISTORY = 4096
+#: What folding may spend beyond what its folds saved, as a share of the whole walk's time, before it gives up
+#: (`Budget`; issue 31: where nothing repeats, at most 5 % over ``--no-fold``). None: it never gives up.
+SLACK = 0.05
+#: Driving events walked before the walk's cost per event is trusted (`Budget.over`), and the seconds looking for a
+#: period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints, a short run).
+MIN_EVENTS = 4096
+ALLOWANCE = 0.01
 #: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
 #: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
 #: (`Steps.useful`'s ``longest``): recording a window that long (an evaluation every N steps makes a period of N
@@ -472,6 +480,57 @@ class Boundary:
         self.at, self.mark, self.addr = at, mark, addr
 
 
+class Budget:
+    """Folding's account in seconds of wall time, so that a fold that does not pay is given up (docs/architecture.md,
+    "Folding"): what the folder spends (its boundaries, the windows it records beyond what walking
+    them would cost) against the walk's own cost per event (as walked so far between the folder's looks). The folder gives up once it has spent more than
+    `SLACK` of the whole walk's estimated time, plus what its folds saved, plus `ALLOWANCE`: a run that folds
+    little then costs about `SLACK` more than ``--no-fold`` (and `ALLOWANCE` at most on a short one), one that
+    folds much keeps folding. Wall time steers only whether to
+    go on folding, never a result (a fold is the full walk bit for bit). O(1) a boundary."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.walk_s, self.walk_n = 0.0, 0       # walked plainly (fused): seconds, driving events
+        self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
+        self.recorded = 0                       # driving events walked while recording (charged back at the rate)
+        self.saved = 0                          # driving events the folds passed
+        self.mark = None                        # (when, events done, recording) as the folder last let go
+
+    def enter(self, done: int) -> float:
+        """The folder is asked again with ``done`` events walked: the stretch since it let go was walked."""
+        now = self.clock()
+        if self.mark is not None:
+            then, before, recording = self.mark
+            if recording:
+                self.spent += now - then
+                self.recorded += done - before
+            else:
+                self.walk_s += now - then
+                self.walk_n += done - before
+        return now
+
+    def leave(self, began: float, done: int, recording: bool, passed: int) -> None:
+        """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold."""
+        now = self.clock()
+        self.spent += now - began
+        self.saved += passed
+        self.mark = (now, done, recording)
+
+    def pause(self) -> None:
+        """The walk stopped (a stepped replay): the time until it walks again is its caller's."""
+        self.mark = None
+
+    def over(self, done: int, share: float) -> bool:
+        """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
+        included) at ``share`` of the trace's steps (the whole walk is estimated from them)."""
+        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0:
+            return False
+        per = self.walk_s / self.walk_n
+        total = done / share
+        return self.spent - per * self.recorded > per * (SLACK * total + self.saved) + ALLOWANCE
+
+
 class Folder:
     """Watches a `Replay`'s walk at each boundary and folds its periodic runs (see the module docstring)."""
 
@@ -492,6 +551,9 @@ class Folder:
         self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
         self.cycle_events: dict[tuple, Events] = {}     # (trace index, P) -> a cycle state's window (`_resume`)
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
+        self.active = True                      # False once the folder gave up (`Budget`): the walk goes on plainly
+        self.gave_up_at = None                  # the step it gave up at
+        self.budget = Budget()
 
     @staticmethod
     def possible(replay, device_given: bool, guard: bool) -> bool:
@@ -521,7 +583,21 @@ class Folder:
 
     def at(self, c, pos: int, until) -> bool:
         """Called before the walk drives event ``pos`` of chunk ``c``: handle the boundaries the walk has
-        reached; True when the walk was moved (a fold), so the caller looks at its chunk again."""
+        reached; True when the walk was moved (a fold), so the caller looks at its chunk again. Each call is
+        charged to the `Budget`; past it the folder gives up (``active`` False) and the walk goes on plainly."""
+        w, budget = self.r._w, self.budget
+        done = w.done
+        began = budget.enter(done)
+        moved = self._at(c, pos, until)
+        budget.leave(began, w.done, self.rec is not None, w.done - done if moved else 0)
+        if budget.over(w.done, self.next_mark / len(self.marks)):
+            self.abort()
+            self.active = False
+            self.gave_up_at = self.next_mark
+        return moved
+
+    def _at(self, c, pos: int, until) -> bool:
+        """`at`'s work: the recorded window's end, and a boundary reached."""
         x = int(c.at[pos])
         if self.rec is not None and x >= self.rec[1] and self._end_window(x, until):
             return True             # folded; else a boundary here is taken below, at its own position
@@ -851,8 +927,11 @@ class Folder:
         if not self.folded_events:
             return None
         period, first, _ = self.periods[0]
-        return {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
-                "period": period, "from_step": first, "folds": len(self.periods)}
+        out = {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
+               "period": period, "from_step": first, "folds": len(self.periods)}
+        if self.gave_up_at is not None:
+            out["gave_up_at_step"] = self.gave_up_at
+        return out
 
 
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

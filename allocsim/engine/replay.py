@@ -501,6 +501,11 @@ class Replay:
         """Walk chunk after chunk, each up to position ``end_of(chunk)``; stop where that falls short of
         the chunk's end (the target is reached), at an OOM that stops, or at the end of the trace."""
         w, folder = self._w, self._folder
+        if folder is not None:
+            if not folder.active:
+                folder = None
+            else:
+                folder.budget.pause()
         while not w.stopped and self._chunks is not None:
             c = self._chunk
             if c is None or self._pos >= len(c.at):
@@ -513,10 +518,14 @@ class Replay:
                     return
                 if self.policy.renumber is not None:
                     self._renumber()
-            if folder is not None and folder.at(c, self._pos, self._fold_until):
-                if self.progress is not None:
-                    self.progress(w.done)
-                continue                    # folded: the walk moved on
+            if folder is not None:
+                moved = folder.at(c, self._pos, self._fold_until)
+                if not folder.active:
+                    folder = None           # it gave up: no more stops at boundaries
+                if moved:
+                    if self.progress is not None:
+                        self.progress(w.done)
+                    continue                # folded: the walk moved on
             target = hi = end_of(c)
             if folder is not None:
                 hi = min(hi, folder.stop(c, self._pos))
