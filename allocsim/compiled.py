@@ -27,11 +27,16 @@ import sys
 COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit",
                     "allocsim.policies.torch")
 
-#: The environment variable that asks `pip install` for the compiled build (``setup.py``; off by default).
+#: The environment variable that, off (``ALLOCSIM_COMPILE=0``), asks `pip install` for the interpreted build
+#: (``setup.py``; on by default).
 COMPILE_ENV = "ALLOCSIM_COMPILE"
 
 #: The environment variable that makes the compiled modules load from their Python source.
 INTERPRETED_ENV = "ALLOCSIM_INTERPRETED"
+
+#: The file beside this one where an install that fell back to the interpreted modules keeps the line saying
+#: why (``setup.py``), which `build` repeats.
+NOTE = "BUILD-NOTE.txt"
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,10 +45,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
-def switch_on(name: str, environ=None) -> bool:
-    """Whether the on/off environment variable ``name`` is on (unset is off); ValueError, one line naming
+def switch_on(name: str, environ=None, default: bool = False) -> bool:
+    """Whether the on/off environment variable ``name`` is on (unset is ``default``); ValueError, one line naming
     the variable and its value, for a value that is neither."""
-    value = (os.environ if environ is None else environ).get(name, "")
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return default
     word = value.strip().lower()
     if word in ON or word in OFF:
         return word in ON
@@ -82,12 +89,20 @@ def compiled_modules() -> list[str]:
 
 
 def build() -> str:
-    """Which build runs, in words (`allocsim --version`)."""
-    done = compiled_modules()
-    if not done:
+    """Which build runs, in words (`allocsim --version`), and why a module runs interpreted where the install
+    fell back (`NOTE`)."""
+    if _forced_interpreted():
         return "interpreted"
+    done = compiled_modules()
     left = [m for m in COMPILED_MODULES if m not in done]
-    return "compiled: " + ", ".join(done) + (f"; interpreted: {', '.join(left)}" if left else "")
+    which = ("compiled: " + ", ".join(done) + (f"; interpreted: {', '.join(left)}" if left else "")) if done else \
+        "interpreted"
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), NOTE)) as f:
+            why = f.readline().strip()
+    except OSError:
+        why = ""
+    return f"{which}, because {why}" if left and why else which
 
 
 class _SourceFirst:

@@ -10,6 +10,29 @@ from allocsim.trace import TraceWriter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--compiled-policies-only", action="store_true",
+                     help="test_golden replays only the policies the compiled build compiles (tests/test_compiled.py "
+                          "runs the other build so: the rest run the same code in both)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The run of the other build (tests/test_compiled.py) starts in a child process as soon as the tests are
+    collected, and the test that waits for it goes last: on two cores the two run side by side."""
+    test_compiled = sys.modules.get("test_compiled")
+    waits = [item for item in items if test_compiled and item.nodeid == test_compiled.WAITS]
+    if waits:
+        items.remove(waits[0])
+        items.append(waits[0])
+        test_compiled.start_interpreted_run()
+
+
+def pytest_sessionfinish(session):
+    """A run of the other build still going (the session stopped early, -x) is stopped."""
+    if "test_compiled" in sys.modules:
+        sys.modules["test_compiled"].stop_interpreted_run()
+
+
 def random_trace(n=2000, seed=1, max_size=1 << 22, streams=1, marks_every=0, total_memory=None):
     """A random alloc/free trace with timestamps, optional marks and streams."""
     rng = random.Random(seed)
@@ -24,6 +47,15 @@ def random_trace(n=2000, seed=1, max_size=1 << 22, streams=1, marks_every=0, tot
         else:
             live.append(w.alloc(rng.randint(1, max_size), rng.randrange(streams), t=k * 1000))
     return w.finish()
+
+
+@pytest.fixture(autouse=True)
+def _folding_never_gives_up(monkeypatch):
+    """Folding's budget reads wall time (allocsim/engine/fold.py, `Budget`): with it off, the tests that count
+    folds see every fold a trace allows whatever the machine's load (a fold never changes a result either way);
+    tests/test_fold.py checks the budget with settings of its own."""
+    from allocsim.engine import fold
+    monkeypatch.setattr(fold, "SLACK", None)
 
 
 @pytest.fixture

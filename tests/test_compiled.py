@@ -2,20 +2,23 @@
 
 The suite itself runs whichever build this checkout holds. Here the differential checks — the fused loops
 against the plain walks (test_fast_path.py), the fast models against the reference models
-(test_reference_models.py), every replay against the stored results (test_golden.py), and the compiled
-policies' own rules (test_split_bestfit.py, test_cupy_policy.py: free-list entries past 63 bits among
-others) — run once more against the other build, in a child process: the interpreted modules
-(``ALLOCSIM_INTERPRETED=1``) where a compiled build lies here, else a compiled build made in a copy of the
-package where Cython and a C compiler are at hand. Both must pass as they are: the results are the same bit
-for bit.
+(test_reference_models.py), every replay of the compiled policies against the stored results (test_golden.py),
+and the compiled policies' own rules (test_split_bestfit.py, test_cupy_policy.py: free-list entries past 63
+bits among others) — and folding (test_fold.py, test_tries.py's folded replay) run once more against the other
+build, in a child process: the interpreted modules (``ALLOCSIM_INTERPRETED=1``) where a compiled build lies
+here, else a compiled build made in a copy of the package where Cython and a C compiler are at hand. Both must
+pass as they are: the results are the same bit for bit. The interpreted run starts as soon as the suite is
+collected, beside it (conftest.py), and its test waits for it last.
 """
 from __future__ import annotations
 
 import glob
+import importlib.machinery
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -23,7 +26,12 @@ from allocsim.compiled import COMPILE_ENV, COMPILED_MODULES, INTERPRETED_ENV, bu
 from conftest import ROOT
 
 DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py",
-                "tests/test_split_bestfit.py", "tests/test_cupy_policy.py"]
+                "tests/test_split_bestfit.py", "tests/test_cupy_policy.py", "tests/test_fold.py",
+                "tests/test_tries.py::test_a_folded_replay_with_tries_is_the_full_walk"]
+#: The child's pytest: the policies no build compiles run the same code in both, so test_golden leaves them out.
+CHILD_PYTEST = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--compiled-policies-only", *DIFFERENTIAL]
+#: The test that waits for the other build's run (conftest.py starts it early and moves this test last).
+WAITS = "tests/test_compiled.py::test_differential_checks_pass_on_the_other_build"
 
 
 def child_env(root: str, **extra) -> dict:
@@ -86,36 +94,92 @@ def _compiled_copy(tmp_path) -> str:
     return root
 
 
+_started: list = []
+
+
+def start_interpreted_run() -> None:
+    """Where this checkout is compiled, the differential checks start on the interpreted modules in a child
+    process (its output in a temporary file), for the test below to wait for."""
+    if compiled_modules() and not _started:
+        out = tempfile.TemporaryFile("w+")
+        _started.append((subprocess.Popen([sys.executable, *CHILD_PYTEST], cwd=ROOT, stdout=out,
+                                          stderr=subprocess.STDOUT, text=True,
+                                          env=child_env(ROOT, **{INTERPRETED_ENV: "1"})), out))
+
+
+def stop_interpreted_run() -> None:
+    while _started:
+        child, out = _started.pop()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        out.close()
+
+
 def test_differential_checks_pass_on_the_other_build(tmp_path):
     """The differential test files, against the interpreted modules where this checkout is compiled, else
     against a compiled copy."""
     if compiled_modules():
-        out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], **{INTERPRETED_ENV: "1"})
+        start_interpreted_run()         # unless conftest.py started it at collection
+        child, log = _started[0]
+        child.wait(timeout=1200)
+        log.seek(0)
+        out = subprocess.CompletedProcess(child.args, child.returncode, log.read(), "")
+        stop_interpreted_run()
         other = "interpreted"
     else:
         root = _compiled_copy(tmp_path)
         for name in ("tests", "traces"):        # the copy's own tests and traces are the checkout's
             assert os.path.isdir(os.path.join(root, name))
-        out = run(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *DIFFERENTIAL], root=root)
+        out = run(CHILD_PYTEST, root=root)
         assert "compiled: " in run(["-m", "allocsim", "--version"], root=root).stdout
         other = "compiled"
     assert out.returncode == 0, f"the {other} build fails the differential checks:\n{out.stdout[-4000:]}"
 
 
-def test_folding_walks_the_compiled_policies_in_full():
-    """Folding declines a compiled policy (its clock sums are C's, docs/architecture.md "The compiled build"): a
-    repeated run folds under each policy that runs interpreted here and is walked in full under each that runs
-    compiled."""
-    from allocsim import policies
+def folded_results(path: str) -> str:
+    """A repeated run (`repeat_steps`, 30 steps) replayed folded and in full under each compiled policy: per
+    policy and walk, the whole result record, the clock's bits and how much was folded, as JSON."""
+    import json
     from allocsim.engine.replay import Replay
     from allocsim.formats.synth import repeat_steps
     from allocsim.trace import Trace
-    trace = repeat_steps(Trace.load(os.path.join(ROOT, "traces", "synthetic-transformer.bin")), 30)
+    trace = repeat_steps(Trace.load(path), 30)
+    out = {}
     for name in ("cupy", "split", "bestfit", "torch"):
-        compiled = policies.get(name).__module__ in compiled_modules()
-        r = Replay(trace, name)
-        r.run()
-        assert (r.folded is None) == compiled, (name, compiled, r.folded)
+        for fold in (True, False):
+            r = Replay(trace, name, fold=fold)
+            d = r.run().to_dict()
+            for key in ("replay_seconds", "load_seconds"):
+                d.pop(key, None)
+            out[f"{name} fold={fold}"] = {"result": d, "clock": r.device.clock.hex(), "folded": r.folded}
+    return json.dumps(out, sort_keys=True)
+
+
+def test_folding_is_the_full_walk_in_both_builds_and_the_same_in_each():
+    """Each compiled policy folds a repeated run in both builds (a compiled fused loop's clock is a C double: the
+    recorded period is walked plainly, docs/architecture.md "Folding"), and every result -- folded or walked in
+    full, compiled or interpreted -- is the same bit for bit, as is what was folded. The interpreted modules run
+    in a child where this checkout is compiled; on an interpreted checkout the compiled copy's run of test_fold
+    (`test_differential_checks_pass_on_the_other_build`) holds the compiled build to the full walk."""
+    import json
+    path = os.path.join(ROOT, "traces", "synthetic-transformer.bin")
+    builds = {build(): json.loads(folded_results(path))}
+    if compiled_modules():
+        code = ("import sys; sys.path.insert(0, 'tests'); from test_compiled import folded_results; "
+                f"print(folded_results({path!r}))")
+        out = run(["-c", code], timeout=600, **{INTERPRETED_ENV: "1"})
+        assert out.returncode == 0, out.stderr[-2000:]
+        builds["interpreted"] = json.loads(out.stdout)
+    here = builds[build()]
+    for name in ("cupy", "split", "bestfit", "torch"):
+        full = here[f"{name} fold=False"]
+        assert full["folded"] is None
+        for which, got in builds.items():
+            folded = got[f"{name} fold=True"]
+            assert folded["folded"] is not None and folded["folded"] == here[f"{name} fold=True"]["folded"], \
+                (name, which)
+            assert {**folded, "folded": None} == full and got[f"{name} fold=False"] == full, (name, which)
 
 
 def test_a_switch_takes_the_usual_spellings():
@@ -132,20 +196,64 @@ def test_a_switch_takes_the_usual_spellings():
             switch_on("X", {"X": bad})
 
 
+def _source_copy(tmp_path) -> str:
+    """A copy of the package to build, without its tests, traces or any build."""
+    root = str(tmp_path / "src")
+    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out", "traces",
+                                                             "tests", ".hypothesis", "*.egg-info", "BUILD-NOTE.txt"))
+    return root
+
+
+def _fake_cython_build(tmp_path, root: str, version: str, cythonize: str, *args: str, **extra) -> str:
+    """``setup.py build_ext --inplace`` in ``root`` under a stand-in Cython of ``version`` whose ``cythonize`` is
+    the source ``cythonize``, neither switch set: the one line setup.py printed (it must print exactly one)."""
+    fake = tmp_path / "cy" / "Cython"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f'__version__ = "{version}"\n')
+    (fake / "Build.py").write_text(cythonize)
+    env = {k: v for k, v in child_env(root, PYTHONPATH=str(tmp_path / "cy"), **extra).items() if k != COMPILE_ENV}
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace", *args], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    said = [line for line in out.stderr.splitlines() if line.startswith("allocsim:")]
+    assert len(said) == 1, out.stderr[-2000:]
+    return said[0]
+
+
 def test_a_cython_older_than_the_tested_one_builds_nothing(tmp_path):
     """setup.py with a Cython older than `LEAST_CYTHON` (3.3.0, which miscompiled torch.py into a crash) says so
     in one line and installs the interpreted modules; it never reaches ``cythonize``."""
-    fake = tmp_path / "cy" / "Cython"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('__version__ = "3.3.0"\n')
-    (fake / "Build.py").write_text("def cythonize(*args, **kwargs):\n    raise SystemExit('cythonize was called')\n")
-    root = str(tmp_path / "src")
-    shutil.copytree(ROOT, root, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.so", "build", "out", "traces",
-                                                             "tests", ".hypothesis", "*.egg-info"))
-    out = run(["setup.py", "-q", "build_ext", "--inplace"], root=root, timeout=600,
-              **{COMPILE_ENV: "1", "PYTHONPATH": str(tmp_path / "cy")})
-    assert out.returncode == 0, out.stderr[-2000:]
-    said = [line for line in out.stderr.splitlines() if line.startswith("allocsim:")]
-    assert len(said) == 1 and "Cython 3.3.0 is older than 3.3.1" in said[0], out.stderr[-2000:]
-    assert "installing the interpreted modules" in said[0], said
+    root = _source_copy(tmp_path)
+    said = _fake_cython_build(tmp_path, root, "3.3.0", "def cythonize(*args, **kwargs):\n"
+                                                       "    raise SystemExit('cythonize was called')\n")
+    assert "Cython 3.3.0 is older than 3.3.1" in said and "installing the interpreted modules" in said, said
     assert not glob.glob(os.path.join(root, "allocsim", "**", "*.so"), recursive=True)
+
+
+def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
+    """By default setup.py compiles; where the C compiler fails (here ``CC=false``) it says so in one line, leaves
+    no compiled module (an earlier build's goes, in place, else it would load, and from the build folder, else a
+    wheel would pack it), and ``allocsim --version`` says why the build runs interpreted."""
+    translate = ("import os\n"
+                 "def cythonize(extensions, build_dir, **kwargs):\n"
+                 "    for ext in extensions:\n"
+                 "        c = os.path.join(build_dir, *ext.name.split('.')) + '.c'\n"
+                 "        os.makedirs(os.path.dirname(c), exist_ok=True)\n"
+                 "        open(c, 'w').close()\n"
+                 "        ext.sources = [c]\n"
+                 "    return extensions\n")
+    root = _source_copy(tmp_path)
+    lib = str(tmp_path / "lib")
+    for where in (root, lib):
+        stale = os.path.join(where, *COMPILED_MODULES[0].split(".")) + importlib.machinery.EXTENSION_SUFFIXES[0]
+        os.makedirs(os.path.dirname(stale), exist_ok=True)
+        open(stale, "wb").close()
+        os.utime(stale, (1, 1))     # older than any source: else distutils may take it for this build's, up to date
+    said = _fake_cython_build(tmp_path, root, "3.3.1", translate, "-b", lib, CC="false")
+    assert said.startswith("allocsim: the C compile failed (CompileError: ") and \
+        said.endswith("; installing the interpreted modules (same results, slower replays)"), said
+    for where in (root, lib):
+        assert not glob.glob(os.path.join(where, "allocsim", "**", "*.so"), recursive=True), where
+    version = run(["-m", "allocsim", "--version"], root=root).stdout.strip()
+    assert "(interpreted, because the C compile failed (CompileError: command '" in version and \
+        version.endswith("false' failed with exit code 1))"), version

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.engine import fold
-from allocsim.compiled import INTERPRETED_ENV, compiled_modules
 from allocsim.machine.metrics import LatencyLog
 from allocsim.policies.split import SplittingPool
 from allocsim.engine.replay import Replay
@@ -26,13 +25,6 @@ from allocsim.trace import Trace, TraceWriter
 from allocsim.trace.events import ALLOC, CACHE_RELEASE, FREE, SET_LIMIT
 
 from conftest import ROOT, run_cli
-
-# Folding declines compiled policies (their clock is a C double the fold cannot follow: docs/architecture.md,
-# "The compiled build"), so on a compiled checkout these tests, which expect folds, have nothing to hold;
-# tests/test_compiled.py checks the decline, and the interpreted build runs them.
-pytestmark = pytest.mark.skipif(bool(compiled_modules()), reason=(
-    f"compiled build ({', '.join(compiled_modules())}): folding declines compiled policies; run with "
-    f"{INTERPRETED_ENV}=1 to walk these tests on the interpreted source"))
 
 MiB = 1 << 20
 SHIPPED = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
@@ -394,6 +386,21 @@ def test_what_the_window_cannot_compare_is_not_folded(name, policy):
 
 
 # ---- what a long folded run reads, and what it leaves unread ------------------------------------------------
+@pytest.mark.parametrize("name", ["__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+                                  "__rtruediv__"])
+def test_a_clock_difference_in_other_arithmetic_taints_its_tape_and_gives_the_float(name):
+    """A latency (`RecDiff`) added to a total, scaled, divided: the plain float's result and a tainted tape, never
+    NotImplemented, on which compiled code raises where Python falls back to the float's own operator (cupy's
+    ``_t_malloc += clock - t0`` in a recorded window, compiled)."""
+    tape = fold.Tape()
+    start = fold.RecFloat.on(1.0, tape, 0)
+    d = (start + 0.5) - start
+    assert type(d) is fold.RecDiff and not tape.bad
+    got = getattr(d, name)(3.0)
+    assert type(got) is float and got == getattr(0.5, name)(3.0) and tape.bad
+    assert type(-d) is float and -d == -0.5
+
+
 binades = st.integers(-40, 12)
 
 
@@ -435,6 +442,20 @@ def test_the_steps_read_where_asked_answer_as_the_whole_table():
             pieces.read(int(a), int(a) + 3)
         assert np.array_equal(pieces.sig, sig)
         assert lazy.known.sum() <= len(lazy)
+
+
+def test_steps_compared_again_answer_as_compared_afresh():
+    """`Steps._equal` keeps the differences it finds, by period, and answers later questions from them: asked in
+    any order, every answer is the one the signatures give compared afresh."""
+    rng = np.random.default_rng(5)
+    for trace in (load("gpt2_variable.bin"), repeat_steps(load("gpt2.bin"), 60)):
+        sig = fold.Steps(trace).read(0, len(fold.steps_of(trace))).copy()
+        steps, n = fold.Steps(trace), len(sig)
+        for _ in range(400):
+            p, k = int(rng.integers(1, 9)), int(rng.integers(1, 12))
+            a = int(rng.integers(0, n - p - k + 1))
+            want = bool((sig[a:a + k] == sig[a + p:a + p + k]).all())
+            assert steps._equal(a, a + p, k) == want, (a, p, k)
 
 
 def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monkeypatch):
@@ -535,3 +556,63 @@ def test_a_latency_log_takes_repeated_windows_as_their_sequence():
         a.extend(head), b.extend(head)
         assert a.count == b.count and a.summary() == b.summary() and a.total() == b.total()
         assert (a.quantiles([0.1, 0.5, 0.999]) == b.quantiles([0.1, 0.5, 0.999])).all()
+
+
+# ---- giving up a fold that does not pay (Budget) ----------------------------------------------------------
+class Ticks:
+    """A clock that moves ``step`` seconds each time it is read."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(monkeypatch):
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    monkeypatch.setattr(fold, "MIN_EVENTS", 100)
+    monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
+    b = fold.Budget(clock=Ticks(1.0))
+    b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
+    b.leave(b.enter(1000), 1000, False, 0)      # 1,000 events walked in 1 s: 1 ms each; the folder 2 s so far
+    assert b.walk_n == 1000 and b.walk_s == 1.0 and b.spent == 2.0
+    # the whole walk, 1,000 events at a tenth of the steps: 10,000 events, 10 s
+    assert b.over(1000, 0.1)                    # 0.5 s slack + 0.25 s allowance < 2 s spent
+    b.saved = 1300                              # folds passed 1,300 events: 1.3 s saved, + 0.75 s > 2 s
+    assert not b.over(1000, 0.1)
+    monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
+    b.saved = 0
+    assert not b.over(1000, 0.1)
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    b.walk_n = 99                               # too few events walked to trust the cost of one
+    assert not b.over(1000, 0.1)
+
+
+def test_a_recorded_window_is_charged_beyond_what_walking_it_costs(monkeypatch):
+    monkeypatch.setattr(fold, "MIN_EVENTS", 1)
+    b = fold.Budget(clock=Ticks(1.0))
+    b.leave(b.enter(0), 0, False, 0)
+    b.leave(b.enter(300), 300, True, 0)         # 300 events walked plainly in 1 s; then recording
+    b.enter(600)                                # 300 events recorded in 1 s: spent, charged back at the rate
+    assert (b.walk_n, b.recorded) == (300, 300) and b.spent == 3.0 and b.walk_s == 1.0
+
+
+@pytest.mark.parametrize("policy", ["torch", "split"])
+def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch, policy):
+    """No slack: the folder gives up at its first look past `MIN_EVENTS` (it spent time and saved nothing yet,
+    or less than it spent); the replay goes on plainly, and its result is the full walk's."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30)
+    monkeypatch.setattr(fold, "MIN_EVENTS", 1)
+    monkeypatch.setattr(fold, "SLACK", 0.0)
+    monkeypatch.setattr(fold, "ALLOWANCE", 0.0)
+    r = Replay(trace, policy)
+    r.run()
+    assert not r._folder.active and r._folder.gave_up_at is not None
+    assert r.folded is None or r.folded["gave_up_at_step"] == r._folder.gave_up_at
+    assert_folded_is_full(trace, policy)
+    monkeypatch.setattr(fold, "SLACK", None)
+    r = Replay(trace, policy)
+    r.run()
+    assert r._folder.active and r.folded["steps"] > 20

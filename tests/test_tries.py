@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import allocsim
-from allocsim.compiled import compiled_modules
 import allocsim.formats.recorders as recorders
 import allocsim.trace.trace as trace_module
 from allocsim.formats.recorders._base import Recorder
@@ -444,8 +443,6 @@ def test_the_torch_recorder_seals_its_trace_with_the_plan_searches(tmp_path, mon
         assert any("plan-search" in n for n in rec.notes) == bool(benchmark and stacks != "all")
 
 
-@pytest.mark.skipif(bool(compiled_modules()), reason="compiled build: folding declines compiled policies (as "
-                    "tests/test_fold.py skips; the interpreted build runs this)")
 def test_a_folded_replay_with_tries_is_the_full_walk():
     """Steps that survive an OOM in a try are walked; the steps after, which repeat, fold, and the result is the
     full walk's."""

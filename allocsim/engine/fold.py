@@ -11,8 +11,9 @@ with the same one (by hash, then exactly).
 When boundary ``j`` equals an earlier boundary ``i`` and the driving events after ``j`` repeat those after
 ``i`` (kinds, sizes, streams, and every FREE frees the corresponding object: one allocated ``P`` events
 later, or, for an object older than ``i``, the one holding the same block), the replay from ``j`` goes as
-it went from ``i``. The engine then walks one window of ``P`` events from ``j`` while recording what
-adds to the result (`Recorder`): every increment of the modeled clock and of the device's and runtime's
+it went from ``i``. The engine then walks one window of ``P`` events from ``j``, plainly (``malloc`` and
+``free``: a compiled fused loop adds to the clock in a C double), while recording what adds to the result
+(`Recorder`): every increment of the modeled clock and of the device's and runtime's
 time totals, each malloc's latency and each section's time as a pair of positions on the clock's tape,
 and the integer counters' growth. It checks that the state at the window's end equals the state at its
 start, finds how many more windows repeat in the trace (record for record where the records repeat with the
@@ -29,7 +30,7 @@ at once (`Folder._resume`). A trace whose steps never repeat gets no folder (`St
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
-request (``IN_REQUEST``), private-pool events, a compiled policy (its floats are C's), an observer, a
+request (``IN_REQUEST``), private-pool events, an observer, a
 timeline, `log_events`, a policy ``tick``, a real or custom device, a guarded plug-in, an OOM or a served
 recorded OOM inside the window, and any float the window computes from the clock in a way the recorder does
 not follow (its tapes are then "tainted").
@@ -37,9 +38,9 @@ not follow (its tapes are then "tainted").
 from __future__ import annotations
 
 import pickle
-import sys
+import time
 import weakref
-from importlib.machinery import EXTENSION_SUFFIXES
+from bisect import bisect_left, insort
 from typing import NamedTuple
 
 import numpy as np
@@ -68,6 +69,13 @@ MAX_PERIOD = 512
 #: boundaries' fingerprints are kept at most (the oldest are forgotten).
 TRIES = 2
 HISTORY = 4096
+#: What folding may spend beyond what its folds saved, as a share of the whole walk's time, before it gives up
+#: (`Budget`; issue 31: where nothing repeats, at most 5 % over ``--no-fold``). None: it never gives up.
+SLACK = 0.05
+#: Driving events walked before the walk's cost per event is trusted (`Budget.over`), and the seconds looking for a
+#: period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints, a short run).
+MIN_EVENTS = 4096
+ALLOWANCE = 0.01
 #: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
 #: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
 #: (`Steps.useful`'s ``longest``): recording a window that long (an evaluation every N steps makes a period of N
@@ -131,20 +139,25 @@ class RecFloat(float):
         return _taint(self, float.__neg__(self))
 
 
+def _derived(op):
+    """A `RecDiff` operator: taints the tape and gives the plain float's result. Never NotImplemented: compiled
+    code (Cython's fast float paths) raises where Python would fall back to the float's own operator."""
+
+    def derived(self, *args):
+        self.tape.bad = True
+        return op(float(self), *args)
+    return derived
+
+
 class RecDiff(float):
     """A clock difference (a latency, a section's time): the positions ``a`` and ``b`` on its tape."""
 
     __slots__ = ("tape", "a", "b")
 
-    def _derived(self, *args):
-        self.tape.bad = True
-        return NotImplemented
-
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _derived
-
-    def __neg__(self):
-        self.tape.bad = True
-        return -float(self)
+    __add__, __radd__, __sub__, __rsub__ = (_derived(op) for op in (float.__add__, float.__radd__, float.__sub__,
+                                                                     float.__rsub__))
+    __mul__, __rmul__, __truediv__, __rtruediv__, __neg__ = (
+        _derived(op) for op in (float.__mul__, float.__rmul__, float.__truediv__, float.__rtruediv__, float.__neg__))
 
 
 def _taint(rec: RecFloat, value: float) -> float:
@@ -392,7 +405,14 @@ class Events:
         return out
 
     def alloc_positions(self) -> np.ndarray:
-        """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1."""
+        """For each FREE, the position (in these events) of its object's ALLOC, -1 if before them; else -1 (made
+        once: a reuse asks twice)."""
+        got = getattr(self, "_apos", None)
+        if got is None:
+            got = self._apos = self._alloc_positions()
+        return got
+
+    def _alloc_positions(self) -> np.ndarray:
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
         a_pos = np.flatnonzero(is_alloc)
         a_ids = self.id[a_pos].astype(np.int64)
@@ -438,9 +458,11 @@ def windows_repeat(ev: Events, P: int, first: int, addr_i=None, addr_j=None) -> 
     young = prev >= 0
     same &= ~is_free | (young & (apos[t] == prev + P))
     if first == 0 and addr_i is not None:       # window 0: FREEs of objects older than the template
-        for k in np.flatnonzero(is_free[:P] & ~young[:P]):
-            a_old, a_new = addr_i.get(int(ev.id[lo + k - P])), addr_j.get(int(ev.id[lo + k]))
-            same[k] = a_old is not None and a_old == a_new and ev.kind[lo + k] == ev.kind[lo + k - P]
+        k = np.flatnonzero(is_free[:P] & ~young[:P])
+        if len(k):
+            held = [a is not None and a == addr_j.get(b)
+                    for a, b in zip(map(addr_i.get, ev.id[lo + k - P].tolist()), ev.id[lo + k].tolist())]
+            same[k] = np.array(held, bool) & (ev.kind[lo + k] == ev.kind[lo + k - P])
     bad = np.flatnonzero(~same)
     return n if not len(bad) else int(bad[0]) // P
 
@@ -466,6 +488,57 @@ class Boundary:
         self.at, self.mark, self.addr = at, mark, addr
 
 
+class Budget:
+    """Folding's account in seconds of wall time, so that a fold that does not pay is given up (docs/architecture.md,
+    "Folding"): what the folder spends (its boundaries, the windows it records beyond what walking
+    them would cost) against the walk's own cost per event (as walked so far between the folder's looks). The folder gives up once it has spent more than
+    `SLACK` of the whole walk's estimated time, plus what its folds saved, plus `ALLOWANCE`: a run that folds
+    little then costs about `SLACK` more than ``--no-fold`` (and `ALLOWANCE` at most on a short one), one that
+    folds much keeps folding. Wall time steers only whether to
+    go on folding, never a result (a fold is the full walk bit for bit). O(1) a boundary."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock = clock
+        self.walk_s, self.walk_n = 0.0, 0       # walked plainly (fused): seconds, driving events
+        self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
+        self.recorded = 0                       # driving events walked while recording (charged back at the rate)
+        self.saved = 0                          # driving events the folds passed
+        self.mark = None                        # (when, events done, recording) as the folder last let go
+
+    def enter(self, done: int) -> float:
+        """The folder is asked again with ``done`` events walked: the stretch since it let go was walked."""
+        now = self.clock()
+        if self.mark is not None:
+            then, before, recording = self.mark
+            if recording:
+                self.spent += now - then
+                self.recorded += done - before
+            else:
+                self.walk_s += now - then
+                self.walk_n += done - before
+        return now
+
+    def leave(self, began: float, done: int, recording: bool, passed: int) -> None:
+        """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold."""
+        now = self.clock()
+        self.spent += now - began
+        self.saved += passed
+        self.mark = (now, done, recording)
+
+    def pause(self) -> None:
+        """The walk stopped (a stepped replay): the time until it walks again is its caller's."""
+        self.mark = None
+
+    def over(self, done: int, share: float) -> bool:
+        """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
+        included) at ``share`` of the trace's steps (the whole walk is estimated from them)."""
+        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0:
+            return False
+        per = self.walk_s / self.walk_n
+        total = done / share
+        return self.spent - per * self.recorded > per * (SLACK * total + self.saved) + ALLOWANCE
+
+
 class Folder:
     """Watches a `Replay`'s walk at each boundary and folds its periodic runs (see the module docstring)."""
 
@@ -484,7 +557,11 @@ class Folder:
         self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
         self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
         self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
+        self.cycle_events: dict[tuple, Events] = {}     # (trace index, P) -> a cycle state's window (`_resume`)
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
+        self.active = True                      # False once the folder gave up (`Budget`): the walk goes on plainly
+        self.gave_up_at = None                  # the step it gave up at
+        self.budget = Budget()
 
     @staticmethod
     def possible(replay, device_given: bool, guard: bool) -> bool:
@@ -497,7 +574,7 @@ class Folder:
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
                 and replay.observer is None and not replay.timeline and not replay.event_indexed
-                and replay.policy.tick is None and not _compiled(cls) and not steps_of(replay.trace).unseen
+                and replay.policy.tick is None and not steps_of(replay.trace).unseen
                 and steps_of(replay.trace).may_repeat())
 
     # -- where the walk stops ------------------------------------------------------------------------
@@ -513,7 +590,21 @@ class Folder:
 
     def at(self, c, pos: int, until) -> bool:
         """Called before the walk drives event ``pos`` of chunk ``c``: handle the boundaries the walk has
-        reached; True when the walk was moved (a fold), so the caller looks at its chunk again."""
+        reached; True when the walk was moved (a fold), so the caller looks at its chunk again. Each call is
+        charged to the `Budget`; past it the folder gives up (``active`` False) and the walk goes on plainly."""
+        r, budget = self.r, self.budget
+        done = r.events_done
+        began = budget.enter(done)
+        moved = self._at(c, pos, until)
+        budget.leave(began, r.events_done, self.rec is not None, r.events_done - done if moved else 0)
+        if budget.over(r.events_done, self.next_mark / len(self.marks)):
+            self.abort()
+            self.active = False
+            self.gave_up_at = self.next_mark
+        return moved
+
+    def _at(self, c, pos: int, until) -> bool:
+        """`at`'s work: the recorded window's end, and a boundary reached."""
         x = int(c.at[pos])
         if self.rec is not None and x >= self.rec[1] and self._end_window(x, until):
             return True             # folded; else a boundary here is taken below, at its own position
@@ -594,7 +685,11 @@ class Folder:
         records = self.r.trace.records
         P = _count_between(records, here.at, int(self.marks[m + p]))
         ev = Events(records, here.at, P)
-        if P == 0 or len(ev) < P or windows_repeat(Events.joined(Events(records, b.at, P), ev), P, 0, b.addr,
+        if (b.at, P) not in self.cycle_events:      # the cycle state's window, read once for every resume
+            while self.cycle_events and P * (len(self.cycle_events) + 1) > BATCH:    # kept to a batch of events:
+                del self.cycle_events[next(iter(self.cycle_events))]                  # the oldest go first
+            self.cycle_events[b.at, P] = Events(records, b.at, P)
+        if P == 0 or len(ev) < P or windows_repeat(Events.joined(self.cycle_events[b.at, P], ev), P, 0, b.addr,
                                                    here.addr) < 1:
             return False
         end = int(ev.at[P - 1]) + 1
@@ -673,7 +768,8 @@ class Folder:
         self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
 
-    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until) -> tuple[int, int | None]:
+    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until,
+                        ev: Events | None = None) -> tuple[int, int | None]:
         """``(k, lo)``: the ``k`` windows after the walked one (which ends at ``end``) that repeat it record for
         record, read without gathering the events (`repeating_records`), and where `windows_repeat` reads on
         from (None: nowhere, the trace or ``until`` is reached).
@@ -685,12 +781,13 @@ class Folder:
         plus ``D``, and no ALLOC of that id lies between, or one ``R`` records before it would), as
         `windows_repeat` asks, given that the walked window's FREEs free objects allocated since ``i`` -- which
         is checked here, with the template's and the walked window's events lying ``R`` records apart and their
-        ALLOC ids ``D`` apart. Where any of this does not hold, `windows_repeat` reads every window."""
+        ALLOC ids ``D`` apart. Where any of this does not hold, `windows_repeat` reads every window. ``ev``: the
+        ``2P`` events from ``i`` where the caller has read them."""
         records = self.r.trace.records
         words, R = _words(records), j.at - i.at
         if words is None or not 0 < R <= MAX_RECORD_PERIOD:
             return 0, i.at
-        ev = Events(records, i.at, 2 * P)
+        ev = Events(records, i.at, 2 * P) if ev is None else ev
         allocs = np.flatnonzero(ev.kind[:P] == ALLOC)
         if len(ev) < 2 * P or not len(allocs) or not (ev.at[P:] == ev.at[:P] + R).all():
             return 0, i.at
@@ -739,6 +836,8 @@ class Folder:
         the recorded window's), the others each with the one before (`windows_repeat`). The live ids are then
         those the last window skipped leaves where the recorded window left its own (by block)."""
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
+        if not self._repeats(walked.mark, here.mark, p):
+            return False            # the steps from here are not the recorded window's twice: no events read
         records = self.r.trace.records
         if key not in self.views:       # what a reuse reads of the recorded window, read once
             W = Events(records, walked.at, 2 * P)
@@ -762,7 +861,7 @@ class Folder:
         if here.mark + p >= len(self.marks):
             return False
         a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
-        n, lo = self._record_windows(a0, a1, P, end, until)     # the first two lead, as a template and the walked
+        n, lo = self._record_windows(a0, a1, P, end, until, A)  # the first two lead, as a template and the walked
         k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
         last, rename = _events_before(records, new_end, P), {}
         for i, a in here.addr.items():
@@ -820,8 +919,11 @@ class Folder:
         if not self.folded_events:
             return None
         period, first, _ = self.periods[0]
-        return {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
-                "period": period, "from_step": first, "folds": len(self.periods)}
+        out = {"events": self.folded_events, "steps": self.folded_steps, "of_steps": len(self.marks),
+               "period": period, "from_step": first, "folds": len(self.periods)}
+        if self.gave_up_at is not None:
+            out["gave_up_at_step"] = self.gave_up_at
+        return out
 
 
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -879,6 +981,7 @@ class Steps:
         self.known = np.zeros(n, bool)          # which steps' signatures are read
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
+        self._differ: dict[int, list[int]] = {}     # period p -> steps t seen to differ from step t + p (sorted)
         self._may = None                        # `may_repeat`'s answer, once asked
 
     def __len__(self) -> int:
@@ -900,6 +1003,8 @@ class Steps:
         short steps after them up to `SIG_READ` records (the boundaries ask step after step)."""
         n = len(self.marks)
         a, b = max(0, a), min(n, b)
+        if self.known[a:b].all():           # the common case: asked again (a boundary reads a few steps at a time)
+            return self.sig[a:b]
         todo = np.flatnonzero(~self.known[a:b]) + a
         if len(todo):
             ahead = int(np.searchsorted(self.marks, self.marks[todo[-1]] + SIG_READ))
@@ -994,11 +1099,25 @@ class Steps:
 
     def _equal(self, a: int, b: int, n: int) -> bool:
         """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in
-        doubling pieces up to the first difference."""
+        doubling pieces up to the first difference. A difference found is kept (by ``b - a``): the boundaries
+        before a break ask about the same steps again, period after period, and are answered without reading."""
+        p = b - a
+        seen = self._differ.get(p)
+        if seen:
+            k = bisect_left(seen, a)
+            if k < len(seen) and seen[k] < a + n:
+                return False
         done, piece = 0, 8
         while done < n:
             take = min(n - done, piece)
-            if not (self.read(a + done, a + done + take) == self.read(b + done, b + done + take)).all():
+            if p <= take:                   # the two pieces overlap: one read
+                s = self.read(a + done, b + done + take)
+                x, y = s[:take], s[p:p + take]
+            else:
+                x, y = self.read(a + done, a + done + take), self.read(b + done, b + done + take)
+            differ = (x != y).any(axis=1)
+            if differ.any():
+                insort(self._differ.setdefault(p, []), a + done + int(np.argmax(differ)))
                 return False
             done += take
             piece *= 2
@@ -1094,8 +1213,3 @@ def _index_after(records, lo: int, n: int) -> int:
         lo += len(rec)
 
 
-def _compiled(cls) -> bool:
-    """Whether a class of the policy's runs compiled (docs/architecture.md, "The compiled build"): its sums on
-    the clock are C's, which the window's recorder cannot follow, so the replay walks it in full."""
-    return any(getattr(sys.modules.get(c.__module__), "__file__", "").endswith(tuple(EXTENSION_SUFFIXES))
-               for c in cls.__mro__)

@@ -549,6 +549,11 @@ class Replay:
         """Walk chunk after chunk, each up to position ``end_of(chunk)``; stop where that falls short of
         the chunk's end (the target is reached), at an OOM that stops, or at the end of the trace."""
         w, folder = self._w, self._folder
+        if folder is not None:
+            if not folder.active:
+                folder = None
+            else:
+                folder.budget.pause()
         while not w.stopped and self._chunks is not None:
             c = self._chunk
             if c is None or self._pos >= len(c.at):
@@ -561,17 +566,21 @@ class Replay:
                     return
                 if self.policy.renumber is not None:
                     self._renumber()
-            if folder is not None and folder.at(c, self._pos, self._fold_until):
-                if self.progress is not None:
-                    self.progress(w.done)
-                continue                    # folded: the walk moved on
+            if folder is not None:
+                moved = folder.at(c, self._pos, self._fold_until)
+                if not folder.active:
+                    folder = None           # it gave up: no more stops at boundaries
+                if moved:
+                    if self.progress is not None:
+                        self.progress(w.done)
+                    continue                # folded: the walk moved on
             target = hi = end_of(c)
             if folder is not None:
                 hi = min(hi, folder.stop(c, self._pos))
             if hi > self._pos:
                 recording = folder is not None and folder.rec is not None
                 lat = LatencyTape() if recording else array("d")
-                self._pos = self._walk_chunk(c, self._pos, hi, lat)
+                self._pos = self._walk_chunk(c, self._pos, hi, lat, fused=not recording)
                 if recording and not folder.rec[0].take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
@@ -634,18 +643,21 @@ class Replay:
             return iter(chunks)
         return chunks_of(self.trace, times, self._zero_counts, self._skip)
 
-    def _walk_chunk(self, c, lo, hi, lat) -> int:
+    def _walk_chunk(self, c, lo, hi, lat, fused: bool = True) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
         where the walk got to (past an OOM that stops). A survived OOM inside a try, or of a cuDNN plan search,
         stops the fused or plain walk for a moment (as an OOM that stops it does): the try is unwound here and the
-        walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`)."""
+        walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`).
+        ``fused`` False walks plainly even where the policy has a fused loop: a window the folder records
+        (`allocsim.engine.fold.Recorder`) goes through ``malloc``, ``free`` and the device's Python additions to
+        the clock, which a compiled fused loop would make on a C double the recorder cannot see."""
         w = self._w
         while True:
             if w.skip_until is not None:
                 lo = self._walk_skipping(c, lo, hi, lat)
                 if lo >= hi:
                     return lo
-            if self._fused is not None:
+            if fused and self._fused is not None:
                 lo = self._walk_fused(c, lo, hi, lat)
             else:
                 lo = self._walk_plain(c, lo, hi, lat.append)
