@@ -591,13 +591,14 @@ class Folder:
     def at(self, c, pos: int, until) -> bool:
         """Called before the walk drives event ``pos`` of chunk ``c``: handle the boundaries the walk has
         reached; True when the walk was moved (a fold), so the caller looks at its chunk again. Each call is
-        charged to the `Budget`; past it the folder gives up (``active`` False) and the walk goes on plainly."""
+        charged to the `Budget`; past it the folder gives up (``active`` False) and the walk goes on plainly --
+        judged between windows, not while one is recorded (its fold, about to pay, is then counted)."""
         r, budget = self.r, self.budget
         done = r.events_done
         began = budget.enter(done)
         moved = self._at(c, pos, until)
         budget.leave(began, r.events_done, self.rec is not None, r.events_done - done if moved else 0)
-        if budget.over(r.events_done, self.next_mark / len(self.marks)):
+        if self.rec is None and budget.over(r.events_done, self.next_mark / len(self.marks)):
             self.abort()
             self.active = False
             self.gave_up_at = self.next_mark
