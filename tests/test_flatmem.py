@@ -88,7 +88,7 @@ def _verdict(rec):
     return None
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_validate_reports_the_same_defect_for_any_chunk_size(data):
     rec = _bad_records(data)

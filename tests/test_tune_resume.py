@@ -92,7 +92,8 @@ def check_families(path, cap, bound) -> int:
     return len(families)
 
 
-@pytest.mark.parametrize("name, cap", [("gpt2.bin", 1.2), ("resnet50.bin", 1.2), ("bert_mlm.bin", 1.2),
+@pytest.mark.parametrize("name, cap", [pytest.param("gpt2.bin", 1.2, marks=pytest.mark.slow), ("resnet50.bin", 1.2),
+                                       pytest.param("bert_mlm.bin", 1.2, marks=pytest.mark.slow),
                                        ("pressure-gc-threshold.bin", 3_000_000_000),
                                        ("pressure-fraction-oom.bin", 1.05),         # a recorded OOM: the rescue
                                        ("pressure-maxsplit-cap.bin", 1.05)])        # alloc_block fails early
@@ -276,7 +277,7 @@ def _late_segment(parted):
     return late
 
 
-@pytest.mark.parametrize("broken", [_late_rounding, _late_segment])
+@pytest.mark.parametrize("broken", [pytest.param(_late_rounding, marks=pytest.mark.slow), _late_segment])
 def test_a_watch_a_step_late_is_caught_at_the_edges(tmp_path_factory, monkeypatch, edge_grid, broken):
     """The check above finds a trace where a watch broken on purpose, by an edge, misses where a member parts
     (the rounding's within 300 examples: a 64 MiB block cached when 34 MiB + 512 is asked, 30 MiB - 512 above it)."""
