@@ -83,9 +83,11 @@ class OptionalBuildExt(build_ext):
         self.failed = []
         why = SWITCHED_OFF or self.translate()
         if why is None:
+            inplace = self.inplace      # setuptools' run sets it to 0 around the build, and a raise leaves it so
             try:
                 super().run()
             except Exception as e:      # noqa: BLE001  (setuptools raises several kinds: any of them falls back)
+                self.inplace = inplace
                 if not self.failed:
                     why = because("no compiled build", e)
                     self.failed = [(ext.name, e) for ext in self.extensions]

@@ -616,3 +616,42 @@ def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch,
     r = Replay(trace, policy)
     r.run()
     assert r._folder.active and r.folded["steps"] > 20
+
+
+def test_a_checkpoint_taken_where_a_recorded_window_ends_holds_plain_floats():
+    """`run(until=...)` can stop exactly where a recorded window ends (fit's probes do): the checkpoint then stops
+    the recording first, so neither the copy nor a replay resumed from it adds to the recorder's tape."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 60)
+    ends = []
+    try_ = fold.Folder._try
+
+    def spy(self, i, j, key, until):
+        started = try_(self, i, j, key, until)
+        if started:
+            ends.append(self.rec[1])
+        return started
+    fold.Folder._try = spy
+    try:
+        Replay(trace, "torch").run()
+    finally:
+        fold.Folder._try = try_
+    r = Replay(trace, "torch")
+    r.run(until=ends[0])
+    state = r.checkpoint()
+    assert r._folder.rec is None and type(r.device.clock) is float and type(state.device.clock) is float
+    resumed = Replay(trace, "torch", fold=False)
+    resumed.resume(state)
+    assert resumed.run() == Replay(trace, "torch", fold=False).run() == r.run()
+
+
+def test_stepping_never_looks_at_the_boundaries():
+    """`step` never folds: the folder is not asked at each boundary (it was, fingerprinting every one for nothing)."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 20)
+    r = Replay(trace, "torch")
+    calls = []
+    at = r._folder.at
+    r._folder.at = lambda *a: calls.append(1) or at(*a)
+    while not r.at_end:
+        r.step(64)
+    assert calls == [] and r.folded is None
+    assert r.finish() == Replay(trace, "torch", fold=False).run()

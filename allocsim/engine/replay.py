@@ -509,6 +509,8 @@ class Replay:
         when). O(blocks + regions), not O(events walked)."""
         if not self.can_checkpoint():
             raise ValueError("this replay cannot be checkpointed (Replay.can_checkpoint)")
+        if self._folder is not None:
+            self._folder.abort()        # a window recorded up to here: its clock goes back to a plain float first
         return ReplayState(self.policy.checkpoint(self.handles), self.device.checkpoint(), self.runtime.checkpoint(),
                            self._w.copy(), self.sections.checkpoint(), copy(self._live), copy(self._allocs),
                            self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos, self._j0)
@@ -550,8 +552,8 @@ class Replay:
         the chunk's end (the target is reached), at an OOM that stops, or at the end of the trace."""
         w, folder = self._w, self._folder
         if folder is not None:
-            if not folder.active:
-                folder = None
+            if not folder.active or (self._fold_until == -1 and folder.rec is None):
+                folder = None           # gave up; or `step`, which never folds: no look at each boundary
             else:
                 folder.budget.pause()
         while not w.stopped and self._chunks is not None:
