@@ -559,9 +559,13 @@ class Folder:
         self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
         self.cycle_events: dict[tuple, Events] = {}     # (trace index, P) -> a cycle state's window (`_resume`)
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
-        self.active = True                      # False once the folder gave up (`Budget`): the walk goes on plainly
-        self.gave_up_at = None                  # the step it gave up at
+        self.gave_up_at = None                  # the step the folder gave up at (`Budget`): the walk goes on plainly
         self.budget = Budget()
+
+    @property
+    def active(self) -> bool:
+        """Whether the folder still looks at the boundaries (it has not given up)."""
+        return self.gave_up_at is None
 
     @staticmethod
     def possible(replay, device_given: bool, guard: bool) -> bool:
@@ -600,7 +604,6 @@ class Folder:
         budget.leave(began, r.events_done, self.rec is not None, r.events_done - done if moved else 0)
         if self.rec is None and budget.over(r.events_done, self.next_mark / len(self.marks)):
             self.abort()
-            self.active = False
             self.gave_up_at = self.next_mark
         return moved
 

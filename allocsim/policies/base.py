@@ -44,6 +44,7 @@ from __future__ import annotations
 
 
 from ..machine.context import PolicyContext
+from ..machine.state import add_growth, snapshot
 from ..errors import UsageError
 from ..params import Param, split_conf
 
@@ -297,13 +298,12 @@ class Policy:
     def fold_counts(self) -> tuple:
         """The totals that only count and go into the result or a log: a snapshot that `fold_advance`
         repeats (by default the `fold_counters`). Twice per fold."""
-        return tuple(getattr(self, name) for name in self.fold_counters)
+        return snapshot(self, self.fold_counters)
 
     def fold_advance(self, before: tuple, after: tuple, k: int) -> None:
         """The engine skipped ``k`` more windows like the one walked between the `fold_counts` snapshots
         ``before`` and ``after``: add ``k`` times that window's growth to the totals. Once per fold."""
-        for name, b, a in zip(self.fold_counters, before, after):
-            setattr(self, name, getattr(self, name) + k * (a - b))
+        add_growth(self, self.fold_counters, before, after, k)
 
     def counters(self) -> dict:
         """Policy-specific counters (``cache_flushes`` goes into the result). Once, at the result."""

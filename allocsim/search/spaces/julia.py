@@ -6,7 +6,7 @@ from ...frameworks import julia
 from ...engine.spec import PolicySpec
 from .family import NO_FAMILIES
 from .labels import pool_label as label  # noqa: F401  (a setting's name: the pool and its cap)
-from .limits import pool_limits
+from .limits import canonical, facts, least_peak, pool_limits, promise  # noqa: F401  (a pool space's answers)
 
 POLICY = "split"
 POOLS = ("split", "binned")
@@ -26,18 +26,7 @@ def settings(space) -> list[tuple[PolicySpec, int | None]]:
     return [(PolicySpec.parse(p), cap) for p in POOLS for cap in caps]
 
 
-def facts(space) -> None:
-    """Nothing read of the trace beyond the space's own (`allocsim.search.tune.Space`)."""
-    return None
 
-
-def canonical(space, values: dict) -> dict:
-    return values
-
-
-def promise(values: dict) -> int:
-    """No setting is expected to be better (`allocsim.search.tune.Space.order`)."""
-    return 0
 
 
 def least_costs(ref: str, costs) -> tuple[float, float]:
@@ -45,10 +34,6 @@ def least_costs(ref: str, costs) -> tuple[float, float]:
     a free only at the next malloc; the clock so far is the bound."""
     return 0.0, 0.0
 
-
-def least_peak(trace, values: dict) -> int:
-    """The least peak reserved a replay reaches (`allocsim.search.tune.Bound`): nothing known beyond what it reached."""
-    return 0
 
 
 def conf_lines(spec: PolicySpec, cap: int | None) -> dict:
