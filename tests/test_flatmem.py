@@ -117,6 +117,34 @@ def test_latency_log_equals_numpy(lat, step):
         assert log.quantiles(q).tolist() == np.quantile(a, q).tolist()
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.sampled_from([1e-6, 2.5e-6, 3.3e-5, 0.0, 1.5e-4]), max_size=40),
+                          st.sampled_from(["list", "array", "numpy", "repeated"]), st.integers(1, 3)), max_size=30),
+       st.sampled_from([3, 64, 1 << 14]))
+def test_latency_log_pieces_pending_repeated_and_copied_equal_numpy(pieces, pending):
+    """However the latencies come (short pieces kept pending, numpy arrays coded at once, a fold's repeated
+    window) and wherever a copy is taken, the figures are numpy's over the whole sequence in order."""
+    import allocsim.machine.metrics as metrics
+    from array import array
+    old, metrics.PENDING = metrics.PENDING, pending
+    try:
+        log, whole, copies = LatencyLog(), [], []
+        for lat, how, times in pieces:
+            if how == "repeated":
+                log.extend_repeated(lat, times)
+                whole += lat * times
+            else:
+                log.extend({"list": list, "array": lambda x: array("d", x), "numpy": np.array}[how](lat))
+                whole += lat
+            copies.append((log.copy(), len(whole)))
+    finally:
+        metrics.PENDING = old
+    a = np.array(whole, np.float64)
+    assert log.count == len(a) and log.summary() == latency_summary(a) and log.total() == float(a.sum())
+    for c, n in copies:
+        assert c.count == n and c.summary() == latency_summary(a[:n]) and c.total() == float(a[:n].sum())
+
+
 def test_latency_log_large_and_measured():
     """Long runs (the pairwise sum's split into leaves) and many distinct values (float storage)."""
     rng = np.random.default_rng(0)

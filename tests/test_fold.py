@@ -576,7 +576,8 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
     b = fold.Budget(clock=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
-    b.leave(b.enter(1000), 1000, False, 0)      # 1,000 events walked in 1 s: 1 ms each; the folder 2 s so far
+    b.walked(1.0, 1000)                         # 1,000 events walked in 1 s: 1 ms each
+    b.leave(b.enter(1000), 1000, False, 0)      # the folder 2 s so far
     assert b.walk_n == 1000 and b.walk_s == 1.0 and b.spent == 2.0
     # the whole walk, 1,000 events at a tenth of the steps: 10,000 events, 10 s
     assert b.over(1000, 0.1)                    # 0.5 s slack + 0.25 s allowance < 2 s spent
@@ -594,9 +595,33 @@ def test_a_recorded_window_is_charged_beyond_what_walking_it_costs(monkeypatch):
     monkeypatch.setattr(fold, "MIN_EVENTS", 1)
     b = fold.Budget(clock=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)
+    b.walked(1.0, 300)
     b.leave(b.enter(300), 300, True, 0)         # 300 events walked plainly in 1 s; then recording
     b.enter(600)                                # 300 events recorded in 1 s: spent, charged back at the rate
     assert (b.walk_n, b.recorded) == (300, 300) and b.spent == 3.0 and b.walk_s == 1.0
+
+
+def test_stopping_at_a_boundary_is_the_folders_cost_and_the_rate_is_the_steady_walks(monkeypatch):
+    """A stretch between two looks costs more than the walk's own calls in it (the stop, the pieces): that is
+    charged to the folder, not to the walk's rate; and the rate is the lower quartile of the stretches' (the first
+    steps, while the pools grow, cost many times a steady step an event: a mean would credit folds with more
+    than they save)."""
+    b = fold.Budget(clock=Ticks(1.0))
+    b.leave(b.enter(0), 0, False, 0)            # spent 1 s; the clock reads 2
+    b.walked(0.25, 500)                         # the walk's calls: 0.25 s of the 1 s stretch
+    b.leave(b.enter(500), 500, False, 0)        # the stretch's other 0.75 s are the folder's, and its own 1 s
+    assert b.walk_s == 0.25 and b.walk_n == 500 and b.spent == 2.75
+    b.walked(0.1, 100)                          # too short a stretch to be taken into the rate
+    b.leave(b.enter(600), 600, False, 0)
+    assert b.rates == [0.25 / 500]
+    for seconds in (0.01, 0.012, 0.011, 0.5, 0.013, 0.9, 0.014, 0.015):
+        b.walked(seconds, 1000)
+        b.leave(b.enter(b.walk_n + 1000), b.walk_n + 1000, False, 0)
+    assert len(b.rates) == 9 and b.rate() == 0.012 / 1000
+    monkeypatch.setattr(fold, "RATES", 4)
+    b.walked(0.02, 1000)
+    b.leave(b.enter(b.walk_n + 1000), b.walk_n + 1000, False, 0)
+    assert len(b.rates) == 4 and b.rate() == 0.015 / 1000          # the last four: 0.9, 0.014, 0.015, 0.02
 
 
 @pytest.mark.parametrize("policy", ["torch", "split"])

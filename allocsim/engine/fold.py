@@ -75,6 +75,8 @@ SLACK = 0.05
 #: Driving events walked before the walk's cost per event is trusted (`Budget.over`), and the seconds looking for a
 #: period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints, a short run).
 MIN_EVENTS = 4096
+#: A stretch walked between two looks is taken into `Budget.rate` from this many driving events; the last `RATES`.
+STRETCH, RATES = 256, 64
 ALLOWANCE = 0.01
 #: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
 #: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
@@ -500,6 +502,8 @@ class Budget:
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
         self.walk_s, self.walk_n = 0.0, 0       # walked plainly (fused): seconds, driving events
+        self.inner_s, self.inner_n = 0.0, 0     # ... of them since the folder last let go (`walked`)
+        self.rates: list[float] = []            # seconds an event of the last `RATES` stretches walked
         self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
         self.recorded = 0                       # driving events walked while recording (charged back at the rate)
         self.saved = 0                          # driving events the folds passed
@@ -513,10 +517,21 @@ class Budget:
             if recording:
                 self.spent += now - then
                 self.recorded += done - before
-            else:
-                self.walk_s += now - then
-                self.walk_n += done - before
+            else:               # the walk's own calls; the rest of the stretch (stopping at a boundary) is folding's
+                self.walk_s += self.inner_s
+                self.walk_n += self.inner_n
+                self.spent += max(0.0, now - then - self.inner_s)
+                if self.inner_n >= STRETCH:
+                    self.rates.append(self.inner_s / self.inner_n)
+                    del self.rates[:-RATES]
+        self.inner_s, self.inner_n = 0.0, 0
         return now
+
+    def walked(self, seconds: float, events: int) -> None:
+        """The walk drove ``events`` in ``seconds`` between two boundaries: its cost per event is measured on the
+        walking alone, as a walk that does not stop at each boundary walks (stopping is the folder's cost)."""
+        self.inner_s += seconds
+        self.inner_n += events
 
     def leave(self, began: float, done: int, recording: bool, passed: int) -> None:
         """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold."""
@@ -529,12 +544,19 @@ class Budget:
         """The walk stopped (a stepped replay): the time until it walks again is its caller's."""
         self.mark = None
 
+    def rate(self) -> float:
+        """The walk's seconds an event, as a walk that does not stop would walk: the lower quartile of the last
+        stretches' rates (a stretch walked in pieces, or in the first steps, while the pools grow, costs more an
+        event than the whole walk's steady chunks: an estimate above it would credit folds with savings they do
+        not make)."""
+        return sorted(self.rates)[len(self.rates) // 4]
+
     def over(self, done: int, share: float) -> bool:
         """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
         included) at ``share`` of the trace's steps (the whole walk is estimated from them)."""
-        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0:
+        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0 or not self.rates:
             return False
-        per = self.walk_s / self.walk_n
+        per = self.rate()
         total = done / share
         return self.spent - per * self.recorded > per * (SLACK * total + self.saved) + ALLOWANCE
 
@@ -993,12 +1015,13 @@ class Steps:
 
     def may_repeat(self) -> bool:
         """False where no fold can pay: not one step has the ALLOC counts of the steps a period after it for
-        ``4p`` steps (`repeating_steps` on the counts; equal steps have equal counts). A run whose shapes change
-        every step is then walked with no folder at all: not stopped at each boundary, nothing fingerprinted
-        (give up early: issue 31 asks at most 5 % over ``--no-fold`` where nothing repeats). Answered only for
-        up to `COUNTED` steps (it costs steps x periods); a longer trace may repeat."""
+        ``4p`` steps (`repeating_steps` on the counts, the shortest periods first, up to the first found; equal
+        steps have equal counts). A run whose shapes change every step is then walked with no folder at all: not
+        stopped at each boundary, nothing fingerprinted (give up early: issue 31 asks at most 5 % over
+        ``--no-fold`` where nothing repeats). Answered only for up to `COUNTED` steps (it costs steps x periods
+        where nothing repeats); a longer trace may repeat."""
         if self._may is None:
-            self._may = len(self) > COUNTED or bool(repeating_steps(self.counts).any())
+            self._may = len(self) > COUNTED or any(len(starts) for _, starts in _starts(self.counts))
         return self._may
 
     # -- signatures, read where asked -----------------------------------------------------------------
@@ -1075,7 +1098,10 @@ class Steps:
         steps either side for the periods ``p`` whose step equals ``m`` (the others cannot answer yes), then,
         for each such ``p``, the ``4p`` steps after, as far as they are equal; periods up to 8 first, then up to
         32, 128 and `MAX_PERIOD` (a fixed-shape run answers at period 1 or 2, having read a few steps), or up to
-        ``longest`` (the answer for those periods only; once every signature is read, the table's)."""
+        ``longest`` (the answer for those periods only; once every signature is read, the table's). Ahead of
+        ``m``, only periods up to ``max(8, m)``: a longer one would read up to ``5p`` steps the walk may never walk
+        (a first step unlike the rest read 200 steps ahead, a tenth of a cheap run's walk); its fold is found a
+        period later, looking behind."""
         if self._table is not None:
             return bool(self._table[m])
         n, pmax = len(self.marks), self.pmax if longest is None else min(self.pmax, longest)
@@ -1088,7 +1114,8 @@ class Steps:
             if reach <= done:
                 continue
             lo = max(0, m - reach)
-            ahead = 1 + np.flatnonzero((counts[m + 1:m + reach + 1] == counts[m]).all(axis=1))  # m starts a run
+            far = min(reach, max(8, m))     # ahead, periods up to the steps walked (else found from behind later)
+            ahead = 1 + np.flatnonzero((counts[m + 1:m + far + 1] == counts[m]).all(axis=1))  # m starts a run
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
             ahead, behind = ahead[ahead > done], behind[behind > done]
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
@@ -1133,17 +1160,23 @@ def repeating_steps(sig: np.ndarray) -> np.ndarray:
     `MAX_PERIOD`, then the period recorded, then at least two more to skip: ``4p`` steps with the signatures of
     the steps ``p`` before them) or be where such a template repeats (``m - p`` can start one). Only these
     boundaries are fingerprinted, so a short trace, or one whose steps never repeat, costs no fingerprint."""
+    out = np.zeros(len(sig) + 1, bool)
+    for p, starts in _starts(sig):
+        out[starts] = True
+        out[starts + p] = True
+    return out
+
+
+def _starts(sig: np.ndarray):
+    """``(p, steps)`` for each period ``p`` up to `MAX_PERIOD`, shortest first: the steps from which ``4p`` steps
+    have the signatures of the steps ``p`` before them (`repeating_steps`; O(steps) a period)."""
     n = len(sig)
-    out = np.zeros(n + 1, bool)
     for p in range(1, min(MAX_PERIOD, n // 5) + 1):
         eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
         q = np.arange(len(eq))
         bad = np.append(np.flatnonzero(~eq), len(eq))
         run = bad[np.searchsorted(bad, q)] - q          # how many steps from q on equal the steps p later
-        starts = np.flatnonzero(run >= 4 * p)
-        out[starts] = True
-        out[starts + p] = True
-    return out
+        yield p, np.flatnonzero(run >= 4 * p)
 
 
 def _words(records) -> np.ndarray | None:

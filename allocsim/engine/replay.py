@@ -582,7 +582,12 @@ class Replay:
             if hi > self._pos:
                 recording = folder is not None and folder.rec is not None
                 lat = LatencyTape() if recording else array("d")
-                self._pos = self._walk_chunk(c, self._pos, hi, lat, fused=not recording)
+                if folder is None or recording:
+                    self._pos = self._walk_chunk(c, self._pos, hi, lat, fused=not recording)
+                else:           # the walk's own time, for the folder's account (`allocsim.engine.fold.Budget`)
+                    t0, pos = time.perf_counter(), self._pos
+                    self._pos = self._walk_chunk(c, pos, hi, lat)
+                    folder.budget.walked(time.perf_counter() - t0, self._pos - pos)
                 if recording and not folder.rec[0].take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)

@@ -2,6 +2,7 @@
 writes them for people and programs."""
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from copy import copy
 from dataclasses import asdict, dataclass, field
@@ -137,6 +138,7 @@ class LatencyLog:
         self._raw = False                   # True: chunks hold the latencies themselves
         self._offsets = None                # where each chunk starts in the sequence, made when needed
         self._tiled: dict[int, int] = {}    # chunk -> how many times over it holds its first part
+        self._pending = array("d")          # latencies appended since the last chunk was coded (`extend`)
         self.count = 0
 
     def copy(self) -> "LatencyLog":
@@ -144,13 +146,30 @@ class LatencyLog:
         never changed in place, only their list and the tiling index."""
         c = copy(self)
         c.values, c._chunks, c._tiled = self.values[:], self._chunks[:], dict(self._tiled)
+        c._pending = array("d", self._pending)
         return c
 
     def extend(self, lat) -> None:
-        """Append a chunk of latencies (a float sequence)."""
+        """Append latencies (a float sequence). A short piece (a walk that stops at every step boundary, as a
+        folding one does, hands one per step) is kept as it is until `PENDING` have gathered: coding a piece costs
+        tens of microseconds whatever its length. The codes, and so every figure, do not depend on the pieces."""
         if not len(lat):
             return
         self.count += len(lat)
+        if isinstance(lat, np.ndarray) or len(lat) + len(self._pending) > PENDING:
+            self._flush()
+            self._code(lat)
+        else:
+            self._pending.extend(lat)
+
+    def _flush(self) -> None:
+        """Code the pending latencies (before anything reads the chunks)."""
+        if len(self._pending):
+            self._code(self._pending)
+            self._pending = array("d")
+
+    def _code(self, lat) -> None:
+        """Append one chunk: the latencies' codes (new distinct values take the next ones)."""
         self._offsets = None
         if self._raw:
             self._chunks.append(np.array(lat, np.float64))
@@ -175,7 +194,9 @@ class LatencyLog:
         """Append the sequence ``lat`` ``times`` times over (the windows a fold repeats), coded once."""
         if times <= 0 or not len(lat):
             return
-        self.extend(lat)
+        self._flush()
+        self.count += len(lat)
+        self._code(lat)
         if times > 1:
             self._chunks[-1] = np.tile(self._chunks[-1], times)
             self._tiled[len(self._chunks) - 1] = times
@@ -183,6 +204,7 @@ class LatencyLog:
 
     def _range(self, lo: int, n: int) -> np.ndarray:
         """Codes (or raw latencies) ``lo`` to ``lo + n`` of the sequence, gathered from the chunks."""
+        self._flush()
         if self._offsets is None:
             self._offsets = np.cumsum([0] + [len(c) for c in self._chunks]).tolist()
         k = bisect_right(self._offsets, lo) - 1
@@ -197,6 +219,7 @@ class LatencyLog:
 
     def total(self) -> float:
         """``numpy.sum`` of the latencies in order: its pairwise tree, leaves of `_LEAF` decoded at a time."""
+        self._flush()
         table = None if self._raw else np.array(self.values, np.float64)
 
         def pairwise(lo: int, n: int) -> float:
@@ -211,6 +234,7 @@ class LatencyLog:
 
     def _sorted_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """Distinct latencies ascending and how many times each occurs."""
+        self._flush()
         if self._raw:
             return np.unique(np.concatenate(self._chunks), return_counts=True)
         counts = np.zeros(len(self.values), np.int64)
@@ -253,6 +277,9 @@ class LatencyLog:
 
 #: Latencies decoded at a time by `LatencyLog.total`.
 _LEAF = 1 << 16
+
+#: Latencies `LatencyLog.extend` gathers before it codes them.
+PENDING = 1 << 14
 
 
 def latency_summary(lat: np.ndarray) -> dict:
