@@ -127,6 +127,7 @@ def test_recorded_addresses_anywhere_keep_the_map_whole(ops):
             addr = sorted(live)[pick % len(live)]
             m.free(addr)
             del live[addr]
+            assert_consistent(m)
             continue
         if op == "take":
             addr = top - (pick % 4096 + 1) * GRANULE
@@ -149,6 +150,7 @@ def assert_consistent(m):
     assert spans[0][0] == 0 and all(x[1] == y[0] for x, y in zip(spans, spans[1:])) and spans[-1][1] == m.top
     for addr, r in m._owner.items():
         assert r.start <= addr and addr + r.live[addr] <= r.end
+    assert m.fingerprint() == m._make_fingerprint(), "the kept fingerprint is not the placement's now"
 
 
 def test_recorded_ranges_at_the_bottom_of_the_space_leave_room():

@@ -185,6 +185,7 @@ class DriverPlacement:
         self._newest_small = _Newest()               # small regions, for smaller requests
         self._owner: dict[int, Region] = {}          # allocation address -> its region
         self._frontier = top                         # the lowest address any region has reached
+        self._fingerprint = None                     # `fingerprint`, kept until a call changes the placement
 
     def copy(self) -> "DriverPlacement":
         """An equal placement state that shares nothing mutable with this one (a replay's checkpoint,
@@ -199,13 +200,20 @@ class DriverPlacement:
         d._holes = self._holes.copy()
         d._newest, d._newest_small = self._newest.copy(regions), self._newest_small.copy(regions)
         d._owner = {a: regions[id(r)] for a, r in self._owner.items()}
+        d._fingerprint = self._fingerprint
         return d
 
     def fingerprint(self) -> tuple:
         """The placement's state, canonical and picklable: what decides where the next segments go (the frontier,
         the holes, every region's range, unit, allocations and free runs, the regions by age, and which
         addresses are allocations), for folding (`allocsim.machine.device.SimulatedDevice.fingerprint`).
-        O(regions + allocations), once per iteration boundary."""
+        O(regions + allocations) where a call changed the placement since the last one (`malloc`, `free`, `take`
+        and `extend` forget it), else O(1): in a steady run the segments, and so the driver, stay as they are."""
+        if self._fingerprint is None:
+            self._fingerprint = self._make_fingerprint()
+        return self._fingerprint
+
+    def _make_fingerprint(self) -> tuple:
         return (self._frontier, tuple(self._holes.items()),
                 tuple((r.start, r.end, r.unit, tuple(sorted(r.live.items())), tuple(r.runs.items()))
                       for r in self._by_addr.values()),
@@ -215,6 +223,7 @@ class DriverPlacement:
 
     def malloc(self, n: int) -> int:
         """The address the driver returns for ``n`` bytes (never fails: capacity is the device's business)."""
+        self._fingerprint = None
         small = n < SMALL
         regions = self._newest_small if small else self._newest
         r = regions.newest(_up(max(n, 1), SMALL_UNIT))
@@ -235,6 +244,7 @@ class DriverPlacement:
     def free(self, addr: int, undo: bool = False) -> None:
         """Release the allocation at ``addr``; its region goes back to the address space once empty
         (a small one only when ``undo`` takes back the call that made it)."""
+        self._fingerprint = None
         r = self._owner.pop(addr)
         r.remove(addr)
         if not r.live and (r.unit != SMALL_UNIT or undo):
@@ -252,6 +262,7 @@ class DriverPlacement:
         the regions it touches and the range, aligned as a new region would be and cut short by the
         other neighbours, become one region.
         """
+        self._fingerprint = None
         regions, frontier = len(self._newest.regions), self._frontier
         got = self.malloc(n)
         if got == addr:
@@ -317,6 +328,7 @@ class DriverPlacement:
     def extend(self, lo: int, hi: int) -> None:
         """Fresh address space [lo, hi), at or above the top, for regions (after `SpaceFull`): the top moves to
         ``hi``; what lies between the old top and ``lo`` (the device's own ranges) stays out of the holes."""
+        self._fingerprint = None
         assert lo >= self.top, (lo, self.top)
         self.top = hi
         self._release(lo, hi)
