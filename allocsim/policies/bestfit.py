@@ -170,8 +170,8 @@ class BestFit(Policy):
             return
         self._file(b)
 
-    @cython.locals(handles=dict, addr=cython.longlong[:], size=cython.longlong[:], prev=cython.longlong[:],
-                   nxt=cython.longlong[:], filed=cython.longlong[:], spare=list, k=cython.longlong,
+    @cython.locals(handles=dict, addr=cython.longlong[::1], size=cython.longlong[::1], prev=cython.longlong[::1],
+                   nxt=cython.longlong[::1], filed=cython.longlong[::1], spare=list, k=cython.longlong,
                    req=cython.longlong, peak=cython.longlong, allocated=cython.longlong, clock=cython.double,
                    t0=cython.double, hit_s=cython.double, free_s=cython.double, x=cython.Py_ssize_t,
                    n0=cython.Py_ssize_t, b=cython.Py_ssize_t, p=cython.Py_ssize_t, q=cython.Py_ssize_t,
