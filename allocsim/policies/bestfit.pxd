@@ -2,5 +2,5 @@
 # bestfit.py stays the definition (its @cython decorators type the fused loop's locals); interpreted, this is
 # not read.
 
-from allocsim.policies._sorted cimport first_at_least, first_at_least_word
+from allocsim.policies._sorted cimport drop_key, key_place, put_key, put_word, word_place, words_at
 from allocsim.policies._latency cimport add_latency

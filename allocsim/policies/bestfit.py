@@ -20,17 +20,21 @@ Sections: ``1. best fit`` (every request, counted on the hot path), then
 ``4.0 gc(true)`` + ``4.1 best fit`` + ``4.2 segment alloc`` (gc runtime).
 
 Data structures (the hot path, as `split`'s): blocks are columns indexed by block id (address, size, the
-address neighbours ``prev``/``next`` in the segment, and the free-list entry while the block is free, else
-0), so a block costs no object and its neighbours are one read each. Id 0 is a sentinel "no neighbour" whose
-entry is 0, so a neighbour walk needs no test for None; the ids of merged-away and released blocks are kept
+address neighbours ``prev``/``next`` in the segment, and ``filed``: 1 while the block is in the free list, else
+0), so a block costs no object and its neighbours are one read each. Id 0 is a sentinel "no neighbour" that
+is never filed, so a neighbour walk needs no test for None; the ids of merged-away and released blocks are kept
 in ``spare`` for the next split. A freed block absorbs its free right neighbour, and is absorbed by its free
-left one, so a segment's first block keeps its id. The free list is one sorted list of entries ``size <<
-abits | address - lo`` (`KeyField`, shared with `torch`: every segment lies in ``[lo, lo + 2**abits)``,
-widened and re-keyed when a new one does not; so the entries order free blocks by (size, address), best fit
-ties to the lowest address, and a key of a size below ``fit`` is below 2**62, one machine word) ending with
-`END`, beside the list of their block ids (`END`'s is 0): best fit is one search and the block is taken out
-of both by position; a free neighbour's entry is found by its key (unique: one block per address), so the
-list holds the free blocks and nothing else. A handle is the block id.
+left one, so a segment's first block keeps its id. The free list is one sorted column of keys ``size << abits
+| address - lo`` (`KeyField`, shared with `torch`: every segment lies in ``[lo, lo + 2**abits)``, widened and
+re-keyed when a new one does not; so the keys order free blocks by (size, address), best fit ties to the lowest
+address, and a key of a size below ``fit`` is below 2**62, one machine word) ending with a key above them all,
+beside the column of their block ids (the end's is 0): best fit is one search and the block is taken out of
+both by position; a free neighbour's key is made again from its size and address and found (unique: one block
+per address), so the list holds the free blocks and nothing else. Compiled, the ids are C words in an
+``array('q')``, and so are the keys (ending with `WORD_END`) while every one is below that, as `torch`'s pools
+keep theirs: the filing of a larger key makes them a list of Python ints ending with `END` (`_widen`) until a
+re-key finds them all within a word again (`_rekey`); interpreted, both are lists and the keys end with `END`.
+A handle is the block id.
 """
 from __future__ import annotations
 
@@ -49,7 +53,11 @@ from ..errors import UsageError
 
 if not cython.compiled:             # compiled, bestfit.pxd cimports their C loops
     from ._latency import add_latency
-    from ._sorted import first_at_least, first_at_least_word
+    from ._sorted import drop_key, key_place, put_key, put_word, word_place, words_at
+
+COMPILED = cython.compiled
+#: The free list's last key while its keys are C words (compiled): above every key within 63 bits.
+WORD_END = (1 << 63) - 1
 
 
 def _column(n: int):
@@ -58,15 +66,23 @@ def _column(n: int):
     return array("q", bytes(8 * n)) if cython.compiled else [0] * n
 
 
+def _free_list(keys: list):
+    """The free list's keys column holding the sorted ``keys`` and its end: C words ending with `WORD_END`
+    compiled where every key is below it, else Python ints ending with `END`."""
+    if COMPILED and not (keys and keys[-1] >= WORD_END):
+        return array("q", keys + [WORD_END])
+    return keys + [END]
+
+
 @cython.cfunc
-@cython.locals(keys=list, ids=list, entry=list, b=cython.Py_ssize_t, x=cython.Py_ssize_t)
-def _unfile(keys, ids, entry, b):
-    """Take free block ``b`` out of the free list ``keys``/``ids`` (a merge): its entry is found by its key,
-    unique (one block per address). A C call compiled."""
-    x = first_at_least(keys, entry[b])
-    keys.pop(x)             # (list.pop: a memmove compiled, where del is a slice assignment)
-    ids.pop(x)
-    entry[b] = 0
+@cython.locals(s=cython.longlong, a=cython.longlong, shift=cython.longlong, lo=cython.longlong,
+               fit=cython.longlong, x=cython.Py_ssize_t)
+def _unfile(keys, ids, s, a, shift, lo, fit):
+    """Take the free block of ``s`` bytes at ``a`` out of the free list ``keys``/``ids`` (a merge): its key is
+    made again (`KeyField`: in C below ``fit``) and found, unique (one block per address). A C call compiled."""
+    x = word_place(keys, s << shift | a - lo) if s < fit else key_place(keys, _wide_key(s, a, shift, lo))
+    drop_key(keys, x)
+    drop_key(ids, x)
 
 
 @register
@@ -88,11 +104,11 @@ class BestFit(Policy):
         self._size = _column(1)                 # block id -> size
         self._prev = _column(1)                 # block id -> the block before it in its segment, 0 if none
         self._next = _column(1)                 # block id -> the block after it, 0 if none
-        self._entry: list[int] = [0]            # block id -> its free-list entry while free, else 0 (any width)
+        self._filed = _column(1)                # block id -> 1 while it is in the free list, else 0
         self._spare: list[int] = []             # ids free for a new block
-        self._keys: list[int] = [END]           # the free list: the free blocks' entries, sorted, then END
-        self._ids: list[int] = [0]              # the block id of each entry (END's: 0)
-        self._field = KeyField()                # how an entry is made (`_cover` widens it)
+        self._keys = _free_list([])             # the free list: the free blocks' keys, sorted, then its end
+        self._ids = array("q", [0]) if COMPILED else [0]    # the block id of each key (the end's: 0)
+        self._field = KeyField()                # how a key is made (`_cover` widens it)
         self._segments: dict[int, int] = {}     # segment address -> size
         self._flushes = 0
         self._fits = 0                          # best fits on the hot path (section "1. best fit")
@@ -102,17 +118,23 @@ class BestFit(Policy):
     def _more_ids(self) -> None:
         """Make ``spare`` hold ids again: every column twice as long (a new object: the fused loop binds them
         again)."""
-        n = len(self._entry)
-        self._addr, self._size, self._prev, self._next = (c + _column(n) for c in (self._addr, self._size,
-                                                                                  self._prev, self._next))
-        self._entry = self._entry + [0] * n
+        n = len(self._addr)
+        self._addr, self._size, self._prev, self._next, self._filed = (
+            c + _column(n) for c in (self._addr, self._size, self._prev, self._next, self._filed))
         self._spare.extend(range(2 * n - 1, n - 1, -1))
 
     def _rekey(self) -> None:
-        """Make every entry again after the key field widened (`_cover`): the order stays the same."""
-        f, addr, size, entry, keys = self._field, self._addr, self._size, self._entry, self._keys
-        for x, b in enumerate(self._ids[:-1]):
-            keys[x] = entry[b] = _wide_key(size[b], addr[b], f.abits, f.lo)
+        """Make every key again after the key field widened (`_cover`): the order stays the same; C words again
+        where every one fits (compiled). A new keys column: the fused loop binds it again."""
+        f, addr, size = self._field, self._addr, self._size
+        self._keys = _free_list([_wide_key(size[b], addr[b], f.abits, f.lo) for b in self._ids[:-1]])
+
+    def _widen(self):
+        """The free list's keys as Python ints from here on (compiled, before a key past 63 bits is filed);
+        returns them."""
+        if type(self._keys) is array:
+            self._keys = self._keys.tolist()[:-1] + [END]
+        return self._keys
 
     def malloc(self, req, stream):
         n = (req + 511) & -512
@@ -129,16 +151,16 @@ class BestFit(Policy):
         return b
 
     def free(self, b):
-        size, prev, nxt, entry = self._size, self._prev, self._next, self._entry
+        size, prev, nxt, filed = self._size, self._prev, self._next, self._filed
         n = size[b]
         self.allocated -= n
         self._charge(self._free_s)
         p, q = prev[b], nxt[b]
-        if entry[p]:                    # the block before is free: it absorbs this one
+        if filed[p]:                    # the block before is free: it absorbs this one
             self._unfile(p)
             self._spare.append(b)
             b, n = p, n + size[p]
-        if entry[q]:                    # the block after is free: this one absorbs it
+        if filed[q]:                    # the block after is free: this one absorbs it
             self._unfile(q)
             self._spare.append(q)
             q, n = nxt[q], n + size[q]
@@ -148,50 +170,55 @@ class BestFit(Policy):
             return
         self._file(b)
 
-    @cython.locals(handles=dict, addr=cython.longlong[:], size=cython.longlong[:], prev=cython.longlong[:],
-                   nxt=cython.longlong[:], entry=list, spare=list, keys=list,
-                   ids=list, k=cython.longlong, req=cython.longlong, peak=cython.longlong, allocated=cython.longlong,
-                   clock=cython.double, t0=cython.double, hit_s=cython.double, free_s=cython.double,
-                   x=cython.Py_ssize_t, n0=cython.Py_ssize_t, b=cython.Py_ssize_t, p=cython.Py_ssize_t,
-                   q=cython.Py_ssize_t, r=cython.Py_ssize_t, n=cython.longlong, s=cython.longlong,
+    @cython.locals(handles=dict, addr=cython.longlong[::1], size=cython.longlong[::1], prev=cython.longlong[::1],
+                   nxt=cython.longlong[::1], filed=cython.longlong[::1], spare=list, k=cython.longlong,
+                   req=cython.longlong, peak=cython.longlong, allocated=cython.longlong, clock=cython.double,
+                   t0=cython.double, hit_s=cython.double, free_s=cython.double, x=cython.Py_ssize_t,
+                   n0=cython.Py_ssize_t, b=cython.Py_ssize_t, p=cython.Py_ssize_t, q=cython.Py_ssize_t,
+                   r=cython.Py_ssize_t, n=cython.longlong, s=cython.longlong, e=cython.longlong,
                    rem=cython.longlong, ra=cython.longlong, shift=cython.longlong, lo=cython.longlong,
-                   fit=cython.longlong, slow=cython.bint, release=cython.bint,
-                   compiled=cython.bint)
+                   fit=cython.longlong, slow=cython.bint, release=cython.bint, compiled=cython.bint)
     def walk_chunk(self, events, handles, lat, peak, dev, served):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
         inlined over ``events``, the clock and ``allocated`` kept in locals, the state bound to locals here.
 
-        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it, the key field and
-        the columns read again: a new segment may widen the one and lengthen the others) and is reported to
-        ``served``; a pressure event or the FREE of an id not live is handed back: returns ``(its index or None
-        at the end, peak allocated)``. Compiled, the columns are C arrays read through typed memoryviews, a key
-        below 2**62 is made in C and searched for unboxed (`first_at_least_word`), and each latency is appended
-        in C (`add_latency`)."""
-        addr, size, prev, nxt, entry, spare = self._addr, self._size, self._prev, self._next, self._entry, self._spare
-        keys, ids, field = self._keys, self._ids, self._field
+        A miss runs `_grow` as `malloc` does (clock and ``allocated`` written back around it, the key field, the
+        keys and the columns read again: a new segment may widen the one, re-key the next and lengthen the
+        others) and is reported to ``served``; a pressure event or the FREE of an id not live is handed back:
+        returns ``(its index or None at the end, peak allocated)``. Compiled, the columns are C arrays read
+        through typed memoryviews, a key of a size below ``fit`` is made in C, searched for and filed unboxed
+        (`word_place`, `put_word`: into the C words of the free list where it keeps them), a block id is read
+        from and filed into the ids' C words (`words_at`, `put_word`), and each latency is appended in C
+        (`add_latency`); a larger key is filed by `_file`, in Python ints."""
+        addr, size, prev, nxt, filed = self._addr, self._size, self._prev, self._next, self._filed
+        keys, ids, spare, field = self._keys, self._ids, self._spare, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
         hit_s, free_s, release = self._hit_s, self._free_s, self.release
         grow, release_segment, more_ids = self._grow, self._release, self._more_ids
+        pop_fit, file = self._pop_fit, self._file
         clock, allocated = dev.clock, self.allocated
         lat_append, n0 = lat.append, len(lat)
-        compiled = cython.compiled          # compiled: `add_latency`, a C append
+        compiled = cython.compiled          # compiled: the ids' C words (`words_at`), C appends (`add_latency`)
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as `_pop_fit` and `_take` do
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
-                x = first_at_least_word(keys, n << shift) if n < fit else first_at_least(keys, field.least(n))
-                b = ids[x]
-                if b:                       # (END's id is 0)
-                    keys.pop(x)
-                    ids.pop(x)
-                    entry[b] = 0
-                    s = size[b]
-                    rem = s - n
+                if n < fit:                 # `_pop_fit`, the key in one word
+                    x = word_place(keys, n << shift)
+                    b = words_at(ids, x) if compiled else ids[x]
+                    if b:                   # (the end's id is 0)
+                        drop_key(keys, x)
+                        drop_key(ids, x)
+                        filed[b] = 0
+                else:
+                    b = pop_fit(n)
+                if b:
+                    rem = size[b] - n
                     if rem:                 # split: the tail stays free, a block of its own
                         if not spare:
                             more_ids()
-                            addr, size, prev, nxt, entry = self._addr, self._size, self._prev, self._next, self._entry
+                            addr, size, prev, nxt, filed = self._addr, self._size, self._prev, self._next, self._filed
                         r = spare.pop()
                         ra = addr[b] + n
                         addr[r] = ra
@@ -201,18 +228,23 @@ class BestFit(Policy):
                         prev[q] = r
                         prev[r] = b
                         nxt[b] = r
-                        e = rem << shift | ra - lo if rem < fit else _wide_key(rem, ra, shift, lo)
-                        entry[r] = e
-                        x = first_at_least_word(keys, e) if rem < fit else first_at_least(keys, e)
-                        keys.insert(x, e)
-                        ids.insert(x, r)
+                        if rem < fit:       # `_file`, the key in one word
+                            e = rem << shift | ra - lo
+                            x = word_place(keys, e)
+                            put_word(keys, x, e)
+                            put_word(ids, x, r)
+                            filed[r] = 1
+                        else:
+                            file(r)
+                            keys = self._keys
                     slow = False
                 else:
                     dev.clock, self.allocated = clock, allocated
                     b = grow(n)
                     clock = dev.clock
                     shift, lo, fit = field.abits, field.lo, field.fit
-                    addr, size, prev, nxt, entry = self._addr, self._size, self._prev, self._next, self._entry
+                    addr, size, prev, nxt, filed = self._addr, self._size, self._prev, self._next, self._filed
+                    keys = self._keys
                     if not b:
                         lat_append(clock - t0)
                         if served(j, None):
@@ -240,15 +272,19 @@ class BestFit(Policy):
                 clock += free_s
                 p = prev[b]
                 q = nxt[b]
-                if entry[p]:
-                    _unfile(keys, ids, entry, p)
+                if filed[p]:
+                    s = size[p]
+                    _unfile(keys, ids, s, addr[p], shift, lo, fit)
+                    filed[p] = 0
                     spare.append(b)
                     b = p
-                    n += size[p]
-                if entry[q]:
-                    _unfile(keys, ids, entry, q)
+                    n += s
+                if filed[q]:
+                    s = size[q]
+                    _unfile(keys, ids, s, addr[q], shift, lo, fit)
+                    filed[q] = 0
                     spare.append(q)
-                    n += size[q]
+                    n += s
                     q = nxt[q]
                 nxt[b] = q
                 prev[q] = b
@@ -258,12 +294,15 @@ class BestFit(Policy):
                     release_segment(b)
                     clock = dev.clock
                     continue
-                ra = addr[b]
-                e = n << shift | ra - lo if n < fit else _wide_key(n, ra, shift, lo)
-                entry[b] = e
-                x = first_at_least_word(keys, e) if n < fit else first_at_least(keys, e)
-                keys.insert(x, e)
-                ids.insert(x, b)
+                if n < fit:                 # `_file`, the key in one word
+                    e = n << shift | addr[b] - lo
+                    x = word_place(keys, e)
+                    put_word(keys, x, e)
+                    put_word(ids, x, b)
+                    filed[b] = 1
+                else:
+                    file(b)
+                    keys = self._keys
             else:
                 break
         else:
@@ -275,26 +314,30 @@ class BestFit(Policy):
     # ---- the free list and the blocks, outside the fused loop ------------------------------------------
     def _file(self, b: int) -> None:
         """Put free block ``b`` (its size and address set) in the free list."""
-        f, keys = self._field, self._keys
-        self._entry[b] = e = self._size[b] << f.abits | self._addr[b] - f.lo     # (Python ints: any width)
-        x = first_at_least(keys, e)
-        keys.insert(x, e)
-        self._ids.insert(x, b)
+        f = self._field
+        e = _wide_key(self._size[b], self._addr[b], f.abits, f.lo)     # (Python ints: any width)
+        keys = self._keys if not COMPILED or e < WORD_END else self._widen()
+        x = key_place(keys, e)
+        put_key(keys, x, e)
+        put_word(self._ids, x, b)
+        self._filed[b] = 1
 
     def _unfile(self, b: int) -> None:
         """Take free block ``b`` out of the free list (a merge)."""
-        _unfile(self._keys, self._ids, self._entry, b)
+        f = self._field
+        _unfile(self._keys, self._ids, self._size[b], self._addr[b], f.abits, f.lo, f.fit)
+        self._filed[b] = 0
 
     def _pop_fit(self, n: int) -> int:
         """Take the smallest free block of size >= ``n``, lowest address first, out of the free list; its id,
         0 if none."""
         keys, ids = self._keys, self._ids
-        x = first_at_least(keys, self._field.least(n))
-        b = ids[x]
+        x = key_place(keys, self._field.least(n))
+        b = ids[x] if x < len(ids) else 0       # (compiled, a key past the words' end: a miss)
         if b:
-            keys.pop(x)
-            ids.pop(x)
-            self._entry[b] = 0
+            drop_key(keys, x)
+            drop_key(ids, x)
+            self._filed[b] = 0
         return b
 
     def _new_block(self, a: int, n: int, before: int, after: int) -> int:
@@ -302,7 +345,7 @@ class BestFit(Policy):
         if not self._spare:
             self._more_ids()
         b = self._spare.pop()
-        self._addr[b], self._size[b], self._entry[b] = a, n, 0
+        self._addr[b], self._size[b], self._filed[b] = a, n, 0
         self._prev[b], self._next[b] = before, after
         self._prev[after] = self._next[before] = b
         return b
@@ -338,7 +381,7 @@ class BestFit(Policy):
         self._release_free_segments()
 
     def _cover(self, a: int, n: int) -> None:
-        """Widen the key field to a new segment at ``a`` where it lies outside, making every entry again."""
+        """Widen the key field to a new segment at ``a`` where it lies outside, making every key again."""
         if not self._field.covers(a, n):
             self._field.widen(a, n)
             self._rekey()

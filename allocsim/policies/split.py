@@ -127,6 +127,7 @@ def round_request(req: int) -> tuple[int, int]:
 @cython.locals(size=cython.longlong[::1], prev=cython.longlong[::1], nxt=cython.longlong[::1],
                fsize=cython.longlong[::1], freed=list, outsize=list, k=cython.longlong, b=cython.longlong,
                head=cython.longlong, m=cython.longlong, s=cython.longlong, e=cython.longlong)
+@cython.returns(cython.longlong)
 def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
     """``repopulate!`` + ``incremental_compact!`` over the blocks in ``freed`` (emptied): return how many
     pieces merged away.
@@ -158,7 +159,8 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
             prev[m] = head      # m may be the sentinel 0: harmless
             size[head] = s
             b = head
-        if s < 1099511627776:                   # WORD_SIZE: SizeBuckets.push, the entry within 63 bits
+        # below WORD_SIZE, 2**40 (a shift: compiled, the literal would be a Python int, compared boxed):
+        if s >> 40 == 0:                        # SizeBuckets.push, the entry within 63 bits
             fsize[b] = e = s >> 9 << 32 | b
             words_file(entries, e)
         else:
@@ -398,7 +400,7 @@ class SplittingPool(Policy):
         takes them again."""
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         entries, outsize, freed = self._avail.entries, self._outsize.entries, self._freed
-        freed_append, escalate, scan = freed.append, self._escalate, self._scan
+        escalate, scan = self._escalate, self._scan
         new_id, compact = self._new_id, self._compact
         hit_s, free_s, id_mask = self._hit_s, self._free_s, ID_MASK     # a C mask compiled
         huge_stop = 0 if self.huge_exact else WORD_END                  # 0: a HUGE request takes its exact size
@@ -504,7 +506,7 @@ class SplittingPool(Policy):
                     break
                 b = h
                 fsize[b] = -1               # FREED
-                freed_append(h)
+                freed.append(h)
                 allocated -= size[b]
             else:
                 break
