@@ -576,19 +576,25 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
     b = fold.Budget(clock=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
-    b.walked(1.0, 1000)                         # 1,000 events walked in 1 s: 1 ms each
-    b.leave(b.enter(1000), 1000, False, 0)      # the folder 2 s so far
-    assert b.walk_n == 1000 and b.walk_s == 1.0 and b.spent == 2.0
-    # the whole walk, 1,000 events at a tenth of the steps: 10,000 events, 10 s
-    assert b.over(1000, 0.1)                    # 0.5 s slack + 0.25 s allowance < 2 s spent
-    b.saved = 1300                              # folds passed 1,300 events: 1.3 s saved, + 0.75 s > 2 s
-    assert not b.over(1000, 0.1)
-    monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
+    for k in range(1, 4):                       # three stretches of 1,000 events walked in 1 s: 1 ms each
+        b.walked(1.0, 1000)
+        b.leave(b.enter(1000 * k), 1000 * k, False, 0)
+    assert not b.over(3000, 0.1)                # three stretches rated: too few to trust the rate
+    b.walked(1.0, 1000)
+    b.leave(b.enter(4000), 4000, False, 0)      # the folder 5 s so far
+    assert b.walk_n == 4000 and b.walk_s == 4.0 and b.spent == 5.0 and b.rate() == 1e-3
+    # the whole walk, 4,000 events at a tenth of the steps: 40,000 events, 40 s
+    assert b.over(4000, 0.1)                    # 2 s slack + 0.25 s allowance < 5 s spent
+    b.saved = 3000                              # folds passed 3,000 events: 3 s saved, + 2.25 s > 5 s
+    assert not b.over(4000, 0.1)
     b.saved = 0
-    assert not b.over(1000, 0.1)
+    monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2 s
+    assert b.over(4000, 0.1)
+    monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
+    assert not b.over(4000, 0.1)
     monkeypatch.setattr(fold, "SLACK", 0.05)
     b.walk_n = 99                               # too few events walked to trust the cost of one
-    assert not b.over(1000, 0.1)
+    assert not b.over(4000, 0.1)
 
 
 def test_a_recorded_window_is_charged_beyond_what_walking_it_costs(monkeypatch):

@@ -72,12 +72,13 @@ HISTORY = 4096
 #: What folding may spend beyond what its folds saved, as a share of the whole walk's time, before it gives up
 #: (`Budget`; issue 31: where nothing repeats, at most 5 % over ``--no-fold``). None: it never gives up.
 SLACK = 0.05
-#: Driving events walked before the walk's cost per event is trusted (`Budget.over`), and the seconds looking for a
-#: period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints, a short run).
-MIN_EVENTS = 4096
+#: Driving events walked (and four stretches of them rated) before the walk's cost per event is trusted
+#: (`Budget.over`: a cheap run was judged only after 40 steps, having spent half its time), and the seconds looking
+#: for a period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints).
+MIN_EVENTS = 1024
+ALLOWANCE = 0.01        # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
 #: A stretch walked between two looks is taken into `Budget.rate` from this many driving events; the last `RATES`.
 STRETCH, RATES = 256, 64
-ALLOWANCE = 0.01
 #: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
 #: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
 #: (`Steps.useful`'s ``longest``): recording a window that long (an evaluation every N steps makes a period of N
@@ -492,12 +493,12 @@ class Boundary:
 
 class Budget:
     """Folding's account in seconds of wall time, so that a fold that does not pay is given up (docs/architecture.md,
-    "Folding"): what the folder spends (its boundaries, the windows it records beyond what walking
-    them would cost) against the walk's own cost per event (as walked so far between the folder's looks). The folder gives up once it has spent more than
-    `SLACK` of the whole walk's estimated time, plus what its folds saved, plus `ALLOWANCE`: a run that folds
-    little then costs about `SLACK` more than ``--no-fold`` (and `ALLOWANCE` at most on a short one), one that
-    folds much keeps folding. Wall time steers only whether to
-    go on folding, never a result (a fold is the full walk bit for bit). O(1) a boundary."""
+    "Folding"): what the folder spends (its looks at the boundaries, the stops they make the walk take, the windows it
+    records beyond what walking them would cost) against the walk's own cost per event (`rate`). The folder gives up
+    once it has spent more than `SLACK` of the whole walk's estimated time, plus what its folds saved, plus
+    `ALLOWANCE` (at most that slack again): a run that folds little then costs about `SLACK` more than
+    ``--no-fold`` (up to twice that on a short one), one that folds much keeps folding. Wall time steers only whether
+    to go on folding, never a result (a fold is the full walk bit for bit). O(1) a boundary."""
 
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
@@ -554,11 +555,12 @@ class Budget:
     def over(self, done: int, share: float) -> bool:
         """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
         included) at ``share`` of the trace's steps (the whole walk is estimated from them)."""
-        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0 or not self.rates:
+        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0 or len(self.rates) < 4:
             return False
         per = self.rate()
         total = done / share
-        return self.spent - per * self.recorded > per * (SLACK * total + self.saved) + ALLOWANCE
+        slack = per * SLACK * total
+        return self.spent - per * self.recorded > slack + per * self.saved + min(ALLOWANCE, slack)
 
 
 class Folder:
