@@ -617,13 +617,16 @@ def test_stopping_at_a_boundary_is_the_folders_cost_and_the_rate_is_the_steady_w
     b.walked(0.25, 500)                         # the walk's calls: 0.25 s of the 1 s stretch
     b.leave(b.enter(500), 500, False, 0)        # the stretch's other 0.75 s are the folder's, and its own 1 s
     assert b.walk_s == 0.25 and b.walk_n == 500 and b.spent == 2.75
-    b.walked(0.1, 100)                          # too short a stretch to be taken into the rate
+    b.walked(0.1, 100)                          # too short a stretch to be rated alone (short steps) ...
     b.leave(b.enter(600), 600, False, 0)
     assert b.rates == [0.25 / 500]
+    b.walked(0.2, 200)                          # ... gathered with the next ones to `STRETCH` events
+    b.leave(b.enter(800), 800, False, 0)
+    assert b.rates == [0.25 / 500, (0.1 + 0.2) / 300]
     for seconds in (0.01, 0.012, 0.011, 0.5, 0.013, 0.9, 0.014, 0.015):
         b.walked(seconds, 1000)
         b.leave(b.enter(b.walk_n + 1000), b.walk_n + 1000, False, 0)
-    assert len(b.rates) == 9 and b.rate() == 0.012 / 1000
+    assert len(b.rates) == 10 and b.rate() == 0.012 / 1000
     monkeypatch.setattr(fold, "RATES", 4)
     b.walked(0.02, 1000)
     b.leave(b.enter(b.walk_n + 1000), b.walk_n + 1000, False, 0)
@@ -632,16 +635,17 @@ def test_stopping_at_a_boundary_is_the_folders_cost_and_the_rate_is_the_steady_w
 
 @pytest.mark.parametrize("policy", ["torch", "split"])
 def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch, policy):
-    """No slack: the folder gives up at its first look past `MIN_EVENTS` (it spent time and saved nothing yet,
-    or less than it spent); the replay goes on plainly, and its result is the full walk's."""
+    """No slack: the folder gives up at its first look past `MIN_EVENTS` and one rated stretch (it spent time and
+    saved nothing yet), before its first fold; the replay goes on plainly, and its result is the full walk's."""
     trace = repeat_steps(load("synthetic-transformer.bin"), 30)
     monkeypatch.setattr(fold, "MIN_EVENTS", 1)
+    monkeypatch.setattr(fold, "MIN_RATES", 1)
     monkeypatch.setattr(fold, "SLACK", 0.0)
     monkeypatch.setattr(fold, "ALLOWANCE", 0.0)
     r = Replay(trace, policy)
     r.run()
     assert not r._folder.active and r._folder.gave_up_at is not None
-    assert r.folded is None or r.folded["gave_up_at_step"] == r._folder.gave_up_at
+    assert r.folded is None and r._folder.gave_up_at < 4      # (unbudgeted, it folds from step 4)
     assert_folded_is_full(trace, policy)
     monkeypatch.setattr(fold, "SLACK", None)
     r = Replay(trace, policy)

@@ -72,13 +72,14 @@ HISTORY = 4096
 #: What folding may spend beyond what its folds saved, as a share of the whole walk's time, before it gives up
 #: (`Budget`; issue 31: where nothing repeats, at most 5 % over ``--no-fold``). None: it never gives up.
 SLACK = 0.05
-#: Driving events walked (and four stretches of them rated) before the walk's cost per event is trusted
+#: Driving events walked (and `MIN_RATES` stretches of them rated) before the walk's cost per event is trusted
 #: (`Budget.over`: a cheap run was judged only after 40 steps, having spent half its time), and the seconds looking
 #: for a period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints).
 MIN_EVENTS = 1024
 ALLOWANCE = 0.01        # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
-#: A stretch walked between two looks is taken into `Budget.rate` from this many driving events; the last `RATES`.
-STRETCH, RATES = 256, 64
+#: The stretches walked between looks are rated (`Budget.rate`) in runs of at least this many driving events, the
+#: last `RATES` kept, `MIN_RATES` of them before the rate is trusted.
+STRETCH, RATES, MIN_RATES = 256, 64, 4
 #: Once a cycle is folded (the shortest of ``p`` steps), an earlier equal state more than this many times
 #: ``p`` steps back is not tried, and a boundary is fingerprinted only where such a short period repeats from it
 #: (`Steps.useful`'s ``longest``): recording a window that long (an evaluation every N steps makes a period of N
@@ -504,6 +505,7 @@ class Budget:
         self.clock = clock
         self.walk_s, self.walk_n = 0.0, 0       # walked plainly (fused): seconds, driving events
         self.inner_s, self.inner_n = 0.0, 0     # ... of them since the folder last let go (`walked`)
+        self.run_s, self.run_n = 0.0, 0         # ... not yet rated (short steps: stretches gathered to `STRETCH`)
         self.rates: list[float] = []            # seconds an event of the last `RATES` stretches walked
         self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
         self.recorded = 0                       # driving events walked while recording (charged back at the rate)
@@ -522,9 +524,12 @@ class Budget:
                 self.walk_s += self.inner_s
                 self.walk_n += self.inner_n
                 self.spent += max(0.0, now - then - self.inner_s)
-                if self.inner_n >= STRETCH:
-                    self.rates.append(self.inner_s / self.inner_n)
+                self.run_s += self.inner_s
+                self.run_n += self.inner_n
+                if self.run_n >= STRETCH:
+                    self.rates.append(self.run_s / self.run_n)
                     del self.rates[:-RATES]
+                    self.run_s, self.run_n = 0.0, 0
         self.inner_s, self.inner_n = 0.0, 0
         return now
 
@@ -555,7 +560,7 @@ class Budget:
     def over(self, done: int, share: float) -> bool:
         """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
         included) at ``share`` of the trace's steps (the whole walk is estimated from them)."""
-        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0 or len(self.rates) < 4:
+        if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0 or len(self.rates) < MIN_RATES:
             return False
         per = self.rate()
         total = done / share
@@ -1096,14 +1101,16 @@ class Steps:
 
     # -- which steps can take part in a fold ------------------------------------------------------------
     def useful(self, m: int, longest: int | None = None) -> bool:
-        """`repeating_steps`'s answer for step ``m``, reading only the signatures it needs: those of the ``p``
+        """`repeating_steps`'s answer for step ``m`` (but see below for long periods ahead of an early step),
+        reading only the signatures it needs: those of the ``p``
         steps either side for the periods ``p`` whose step equals ``m`` (the others cannot answer yes), then,
         for each such ``p``, the ``4p`` steps after, as far as they are equal; periods up to 8 first, then up to
         32, 128 and `MAX_PERIOD` (a fixed-shape run answers at period 1 or 2, having read a few steps), or up to
         ``longest`` (the answer for those periods only; once every signature is read, the table's). Ahead of
         ``m``, only periods up to ``max(8, m)``: a longer one would read up to ``5p`` steps the walk may never walk
         (a first step unlike the rest read 200 steps ahead, a tenth of a cheap run's walk); its fold is found a
-        period later, looking behind."""
+        period later, looking behind from ``m + p``, or, where the run is too short for that (``4p`` steps from a
+        step before ``p``), not at all: such a fold skips at most two periods."""
         if self._table is not None:
             return bool(self._table[m])
         n, pmax = len(self.marks), self.pmax if longest is None else min(self.pmax, longest)
@@ -1121,7 +1128,7 @@ class Steps:
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
             ahead, behind = ahead[ahead > done], behind[behind > done]
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
-                sig = self.read(lo, m + reach + 1)
+                sig = self.read(lo, m + far + 1)
                 ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
                 behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
             for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):

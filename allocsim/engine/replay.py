@@ -559,7 +559,10 @@ class Replay:
         while not w.stopped and self._chunks is not None:
             c = self._chunk
             if c is None or self._pos >= len(c.at):
+                t0 = time.perf_counter()
                 c = self._chunk = next(self._chunks, None)
+                if folder is not None:      # reading a chunk is the walk's own work, as `--no-fold` does it
+                    folder.budget.walked(time.perf_counter() - t0, 0)
                 self._pos = 0
                 if c is None:
                     self._chunks = None
@@ -582,15 +585,13 @@ class Replay:
             if hi > self._pos:
                 recording = folder is not None and folder.rec is not None
                 lat = LatencyTape() if recording else array("d")
-                if folder is None or recording:
-                    self._pos = self._walk_chunk(c, self._pos, hi, lat, fused=not recording)
-                else:           # the walk's own time, for the folder's account (`allocsim.engine.fold.Budget`)
-                    t0, pos = time.perf_counter(), self._pos
-                    self._pos = self._walk_chunk(c, pos, hi, lat)
-                    folder.budget.walked(time.perf_counter() - t0, self._pos - pos)
+                t0, pos = time.perf_counter(), self._pos
+                self._pos = self._walk_chunk(c, pos, hi, lat, fused=not recording)
                 if recording and not folder.rec[0].take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
+                if folder is not None and not recording:    # the walk's own time, for the folder's account
+                    folder.budget.walked(time.perf_counter() - t0, self._pos - pos)    # (`fold.Budget`)
                 w.done = self._j0 + self._pos
                 if self._pos >= len(c.at):
                     self._j0 += len(c.at)
