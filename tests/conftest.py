@@ -18,13 +18,24 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     """The run of the other build (tests/test_compiled.py) starts in a child process as soon as the tests are
-    collected, and the test that waits for it goes last: on two cores the two run side by side."""
+    collected, and the test that waits for it goes last: on two cores the two run side by side. Spread over xdist's
+    workers, their controller starts it (below), once."""
     test_compiled = sys.modules.get("test_compiled")
     waits = [item for item in items if test_compiled and item.nodeid == test_compiled.WAITS]
     if waits:
         items.remove(waits[0])
         items.append(waits[0])
-        test_compiled.start_interpreted_run()
+        if not hasattr(config, "workerinput"):
+            test_compiled.start_interpreted_run()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist's controller: a worker collected the test that waits for the other build's run, so the run starts
+    in a folder every worker can name (`test_compiled.shared_folder`)."""
+    import test_compiled
+    if test_compiled.WAITS in ids:
+        test_compiled.start_interpreted_run(test_compiled.shared_folder(node.workerinput["testrunuid"]))
 
 
 def pytest_sessionfinish(session):

@@ -16,9 +16,11 @@ import glob
 import importlib.machinery
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -94,38 +96,64 @@ def _compiled_copy(tmp_path) -> str:
     return root
 
 
-_started: list = []
+_started: list = []         # (the run, its folder): the other build's run this process started
+#: The run's exit status is written by a small parent of it, so that a process other than the one that started it
+#: (an xdist worker) can wait for it.
+_WRAP = ("import os, subprocess, sys\n"
+         "with open(os.path.join(sys.argv[1], 'log'), 'w') as log:\n"
+         "    rc = subprocess.call(sys.argv[2:], stdout=log, stderr=subprocess.STDOUT)\n"
+         "with open(os.path.join(sys.argv[1], 'rc.tmp'), 'w') as f:\n"
+         "    f.write(str(rc))\n"
+         "os.replace(os.path.join(sys.argv[1], 'rc.tmp'), os.path.join(sys.argv[1], 'rc'))\n")
 
 
-def start_interpreted_run() -> None:
+def shared_folder(testrunuid: str) -> str:
+    """The folder of the other build's run in a suite spread over xdist's workers: their controller starts the
+    run there (conftest.py), the worker that draws the waiting test reads it."""
+    return os.path.join(tempfile.gettempdir(), f"allocsim-other-build-{testrunuid}")
+
+
+def start_interpreted_run(where: str | None = None) -> str | None:
     """Where this checkout is compiled, the differential checks start on the interpreted modules in a child
-    process (its output in a temporary file), for the test below to wait for."""
-    if compiled_modules() and not _started:
-        out = tempfile.TemporaryFile("w+")
-        _started.append((subprocess.Popen([sys.executable, *CHILD_PYTEST], cwd=ROOT, stdout=out,
-                                          stderr=subprocess.STDOUT, text=True,
-                                          env=child_env(ROOT, **{INTERPRETED_ENV: "1"})), out))
+    process, once per process (its output and exit status in ``where``, a temporary folder if None), for the test
+    below to wait for: the folder, or None where nothing is compiled."""
+    if not compiled_modules():
+        return None
+    if not _started:
+        where = where or tempfile.mkdtemp(prefix="allocsim-other-build-")
+        os.makedirs(where, exist_ok=True)
+        child = subprocess.Popen([sys.executable, "-c", _WRAP, where, sys.executable, *CHILD_PYTEST], cwd=ROOT,
+                                 env=child_env(ROOT, **{INTERPRETED_ENV: "1"}), start_new_session=True)
+        _started.append((child, where))
+    return _started[0][1]
 
 
 def stop_interpreted_run() -> None:
+    """The run started here is stopped (with its own children) if still going, and its folder removed."""
     while _started:
-        child, out = _started.pop()
+        child, where = _started.pop()
         if child.poll() is None:
-            child.kill()
-            child.wait()
-        out.close()
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+        shutil.rmtree(where, ignore_errors=True)
 
 
-def test_differential_checks_pass_on_the_other_build(tmp_path):
+def wait_for_interpreted_run(where: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    """The other build's run in ``where``, once it has ended: its exit status and output."""
+    rc, deadline = os.path.join(where, "rc"), time.monotonic() + timeout
+    while not os.path.exists(rc):
+        assert time.monotonic() < deadline, f"the interpreted build's run in {where} did not end in {timeout} s"
+        time.sleep(0.5)
+    with open(rc) as f, open(os.path.join(where, "log")) as log:
+        return subprocess.CompletedProcess(CHILD_PYTEST, int(f.read()), log.read(), "")
+
+
+def test_differential_checks_pass_on_the_other_build(tmp_path, request):
     """The differential test files, against the interpreted modules where this checkout is compiled, else
     against a compiled copy."""
     if compiled_modules():
-        start_interpreted_run()         # unless conftest.py started it at collection
-        child, log = _started[0]
-        child.wait(timeout=1200)
-        log.seek(0)
-        out = subprocess.CompletedProcess(child.args, child.returncode, log.read(), "")
-        stop_interpreted_run()
+        worker = getattr(request.config, "workerinput", None)       # xdist's: the controller started the run
+        out = wait_for_interpreted_run(shared_folder(worker["testrunuid"]) if worker else start_interpreted_run())
         other = "interpreted"
     else:
         root = _compiled_copy(tmp_path)
