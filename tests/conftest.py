@@ -16,6 +16,16 @@ def pytest_addoption(parser):
                           "runs the other build so: the rest run the same code in both)")
 
 
+def pytest_configure(config):
+    """The package's bytecode is written once, before any worker or child starts, where the environment asks
+    Python not to write it (PYTHONDONTWRITEBYTECODE, as on the project's machines): else every ``python -m
+    allocsim`` the tests start compiles the whole package again, 0.35 s of its 0.9 s start. Written where Python
+    writes it (``__pycache__``, which git ignores)."""
+    if sys.flags.dont_write_bytecode and not hasattr(config, "workerinput"):
+        import compileall
+        compileall.compile_dir(os.path.join(ROOT, "allocsim"), quiet=2)
+
+
 def pytest_collection_modifyitems(config, items):
     """The run of the other build (tests/test_compiled.py) starts in a child process as soon as the tests are
     collected, and the test that waits for it goes last: on two cores the two run side by side. Spread over xdist's
