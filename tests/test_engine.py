@@ -136,3 +136,24 @@ def test_a_small_traces_kept_chunks_replay_as_chunks_made_afresh(monkeypatch, na
     afresh = results()
     assert not engine._KEPT
     assert kept[0] == kept[1] == afresh
+
+
+@pytest.mark.parametrize("policy", ["split", "torch", "simple"])
+def test_a_results_json_form_is_asdicts(policy):
+    """`ReplayResult.to_dict` builds the OOM lists itself (`OOMRecord.to_dict`): the whole form equals
+    `dataclasses.asdict`'s less the three fields it leaves out, OOMs with and without a breakdown, caught ones too."""
+    import dataclasses
+    t = random_trace(n=1500, seed=7, max_size=1 << 24)
+    for timeline in (False, True):
+        r = replay(t, policy, cap=t.load_bytes // 2, keep_going=True, timeline=timeline)
+        assert r.oom_events
+        r.caught_oom_events.append(dataclasses.replace(r.oom_events[0], caught=True, scope="try", breakdown=None))
+        want = dataclasses.asdict(r)
+        for name in ("certified_limits", "folded") + (() if timeline else ("timeline",)):
+            del want[name]
+        got = r.to_dict(timeline=timeline)
+        assert got == want and list(got) == list(want)
+        got["oom_events"][0]["size"] += 1
+        if got["oom_events"][0]["breakdown"] is not None:
+            got["oom_events"][0]["breakdown"]["hard"] += 1          # a copy: the result is as it was
+        assert dataclasses.asdict(r)["oom_events"] == want["oom_events"]

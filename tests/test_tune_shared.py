@@ -108,3 +108,40 @@ def test_least_peak_is_below_every_replay_that_does_not_run_out(path, div, expan
     assert t.load_bytes <= low <= res.peak_allocated_bytes <= res.peak_reserved_bytes
     if div in ("2", "4"):
         assert low > t.load_bytes * 1.01
+
+
+@settings(max_examples=80, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 1 << 40)), min_size=1, max_size=60),
+       chunk=st.integers(1, 9), data=st.data())
+def test_a_walker_asked_at_increasing_events_reads_what_each_event_leaves(steps, chunk, data):
+    """`LiveBytes.at` and the replay's `_AllocBytes.at` (each reads a whole chunk ahead and answers from it) give,
+    at any non-decreasing events, the live bytes and the bytes allocated so far as one event at a time gives them:
+    objects freed in any order, a FREE of an object never allocated freeing nothing."""
+    events, live = [], []
+    for what, size in steps:            # 0: allocate; 1: free a live object (if any); 2: free one never allocated
+        if what == 1 and live:
+            events.append((False, live.pop(data.draw(st.integers(0, len(live) - 1))), 0))
+        elif what == 2:
+            events.append((False, 10 ** 6 + len(events), 0))
+        else:
+            events.append((True, len(events), size))
+            live.append(len(events) - 1)
+    want_live, want_allocated, held, total = [], [], {}, 0
+    for is_alloc, i, size in events:
+        if is_alloc:
+            held[i] = size
+            total += size
+        else:
+            held.pop(i, None)
+        want_live.append(sum(held.values()))
+        want_allocated.append(total)
+    asked = sorted(data.draw(st.lists(st.integers(0, len(events) - 1), min_size=1, max_size=10)))
+    rec = records_of(events)
+    old = trace_records.CHUNK
+    trace_records.CHUNK = chunk
+    try:
+        walker, allocs = LiveBytes(), R._AllocBytes()
+        assert [walker.at(rec, k) for k in asked] == [want_live[k] for k in asked]
+        assert [allocs.at(rec, k) for k in asked] == [want_allocated[k] for k in asked]
+    finally:
+        trace_records.CHUNK = old

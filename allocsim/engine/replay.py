@@ -186,15 +186,20 @@ class _AllocBytes:
     """Requested bytes of every ALLOC through a trace index, read forward as `LiveBytes` reads."""
 
     def __init__(self):
-        self.total = 0
+        self.total = 0                  # through the last chunk read
         self.pos = 0
+        self._read = np.zeros(0, np.int64)      # the running total after each record of that chunk
+        self._read_at = 0
 
     def at(self, records: np.ndarray, index: int) -> int:
+        """The bytes through event ``index`` (non-decreasing over the calls), a whole `CHUNK` read at a time."""
         while self.pos <= index:
-            rec = np.asarray(records[self.pos:min(self.pos + CHUNK, index + 1)])
-            self.total += int(rec["size"][rec["kind"] == ALLOC].sum())
+            rec = np.asarray(records[self.pos:self.pos + trace_records.CHUNK])
+            sizes = np.where(rec["kind"] == ALLOC, rec["size"], 0).astype(np.int64)
+            self._read, self._read_at = np.cumsum(sizes) + self.total, self.pos
+            self.total = int(self._read[-1])
             self.pos += len(rec)
-        return self.total
+        return int(self._read[index - self._read_at])
 
 
 #: A trace of at most this many records keeps its walk's chunks, lists made, for its next replays in this process
@@ -232,12 +237,12 @@ def live_through(trace: Trace, walker: LiveBytes, at: int) -> int:
     kept = _LIVE.get(key)
     if kept is not None and kept[0] is trace:
         vars(walker).update(vars(kept[1]))
-        return walker.live
-    walker.at(trace.records, at)
+        return kept[2]
+    live = walker.at(trace.records, at)
     if len(_LIVE) >= 1024:
         _LIVE.clear()
-    _LIVE[key] = (trace, copy(walker))
-    return walker.live
+    _LIVE[key] = (trace, copy(walker), live)
+    return live
 
 
 def kept_for(cache: dict, key, trace: Trace, make, most: int):

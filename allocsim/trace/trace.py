@@ -632,18 +632,22 @@ class LiveBytes:
         self.freed_from = np.zeros(0, np.intp)  # per FREE of the last chunk: where in it the object freed was
         #                                          allocated, -1 before it, -2 no live object of that id
         self.freed_twice = False                # a live object freed twice in the last chunk
+        self._read = np.zeros(0, np.int64)      # `at`: live bytes after each record of the last chunk read
+        self._read_at = 0                       # where that chunk starts
 
     def at(self, records: np.ndarray, index: int) -> int:
         """Live bytes after event ``index`` of ``records``, read from where the last call stopped.
 
-        Calls must come with non-decreasing ``index``; each record is read once over them all,
-        `CHUNK` at most at a time. (The replay asks only at OOMs.)
+        Calls must come with non-decreasing ``index``; each record is read once over them all, a
+        whole `CHUNK` at a time, its curve kept: the replay asks at each OOM, and under a tight cap
+        with ``--keep-going`` they come a few events apart (a read of a few records cost a chunk's
+        fixed numpy work). ``live`` and the arrays are then those after the chunk, not ``index``.
         """
         while self.pos <= index:
-            rec = np.asarray(records[self.pos:min(self.pos + CHUNK, index + 1)])
-            self.curve(Chunk(self.pos, rec))
+            rec = np.asarray(records[self.pos:self.pos + CHUNK])
+            self._read, self._read_at = self.curve(Chunk(self.pos, rec)), self.pos
             self.pos += len(rec)
-        return self.live
+        return int(self._read[index - self._read_at])
 
     def add(self, chunk: Chunk) -> None:
         self.peak = max(self.peak, int(self.curve(chunk).max()))
