@@ -1336,11 +1336,14 @@ class TorchCachingAllocator(Policy):
         as eleven machine words a block (-1: no segment or neighbour), bytes to compare (a fingerprint is taken at
         every boundary: compiled, the words are written in C, no tuple per block to sort and pickle); the pools
         made, the expandable segments, and the counts a decision or a statistic's peak reads. None if a block's
-        pool is not among them (a private pool's: never folded)."""
+        pool is not among them (a private pool's: never folded) or two blocks share an address."""
         large, small = self.gfb_calls     # (indexed by `BlockPool.small`)
-        by_address = {b.ptr: b for pp in self._pools.values() for pool in pp
-                      for b in (*pool.blocks, *pool.unmapped_blocks.values())}
-        by_address.update({b.ptr: b for b in held})
+        blocks = [b for pp in self._pools.values() for pool in pp
+                  for b in (*pool.blocks, *pool.unmapped_blocks.values())]
+        blocks += held
+        by_address = {b.ptr: b for b in blocks}
+        if len(by_address) != len(blocks):
+            return None                 # two blocks at one address (none seen): not told apart, not folded
         streams = sorted(self._pools)
         place = {s: n for n, s in enumerate(streams)}
         words = array("q", bytes(88 * len(by_address)))
