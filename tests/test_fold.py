@@ -460,7 +460,9 @@ def test_steps_compared_again_answer_as_compared_afresh():
 
 def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monkeypatch):
     """1,000 steps of a fixed-shape model: the folded replay reads the signatures of the steps near those it
-    walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes."""
+    walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes. The
+    signatures of the steps it passes are known from those comparisons (`Steps.repeated`), each the one read
+    afresh."""
     monkeypatch.setattr(trace_module, "CHUNK", 1 << 14)
     replay_module = importlib.import_module("allocsim.engine.replay")      # (the package's `replay` is the function)
     trace = repeat_steps(load("synthetic-transformer.bin"), 1000)
@@ -471,12 +473,17 @@ def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monk
     monkeypatch.setattr(fold, "windows_repeat", lambda ev, *a: read.append(len(ev)) or windows(ev, *a))
     full, _ = walk(trace, "torch", fold=False)
     walked = len(made)
+    signatures, sig_read = fold.Steps._signatures, []
+    monkeypatch.setattr(fold.Steps, "_signatures", lambda self, a, b: sig_read.append(b - a) or signatures(self, a, b))
     folded, how = walk(trace, "torch", fold=True)
     assert folded == full and how["steps"] >= 990
     assert len(made) - walked <= 3 and walked > 60, (len(made), walked)     # the folded walk's: its first, last
     assert sum(read) < 5 * 1100, read                       # the windows before the fold only
     steps = fold.steps_of(trace)
-    assert steps.known.sum() < len(steps) // 2
+    assert sum(sig_read) < len(steps) // 2, sig_read
+    fresh = fold.Steps(trace)
+    fresh.read(0, len(fresh))
+    assert steps.known.sum() > len(steps) // 2 and (steps.sig[steps.known] == fresh.sig[steps.known]).all()
 
 
 def test_a_fold_over_0_byte_objects_reads_the_chunks_it_passes(monkeypatch):

@@ -1327,21 +1327,48 @@ class TorchCachingAllocator(Policy):
     fold_counters = ("n_malloc", "n_free", "num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms",
                      "num_sync_all_streams", "cache_flushes", "segments_allocated")
 
+    @cython.locals(b=Block, pool=BlockPool, w=cython.longlong[::1], k=cython.Py_ssize_t, small=cython.longlong,
+                   large=cython.longlong)
     def fold_state(self, held):
         """Every block (the pools' free ones and the ``held`` ones) by address: mapped, size, allocated (with its
-        requested bytes), pool, expandable segment, neighbours, and a free block's age in ``get_free_block``
-        calls (the GC threshold's clock: only ages matter); the pools made, the expandable segments, and the
-        counts a decision or a statistic's peak reads."""
-        calls = self.gfb_calls
+        requested bytes), pool (small, and its stream's place among the pools made), expandable segment,
+        neighbours, and a free block's age in ``get_free_block`` calls (the GC threshold's clock: only ages matter),
+        as eleven machine words a block (-1: no segment or neighbour), bytes to compare (a fingerprint is taken at
+        every boundary: compiled, the words are written in C, no tuple per block to sort and pickle); the pools
+        made, the expandable segments, and the counts a decision or a statistic's peak reads. None if a block's
+        pool is not among them (a private pool's: never folded) or two blocks share an address."""
+        large, small = self.gfb_calls     # (indexed by `BlockPool.small`)
         blocks = [b for pp in self._pools.values() for pool in pp
                   for b in (*pool.blocks, *pool.unmapped_blocks.values())]
         blocks += held
-        out = sorted((b.ptr, b.mapped, b.size, b.allocated, b.requested if b.allocated else 0, b.pool.small,
-                      b.pool.stream, None if b.es is None else b.es.base,
-                      None if b.prev is None else b.prev.ptr, None if b.next is None else b.next.ptr,
-                      0 if b.allocated else calls[b.pool.small] - b.gc_base) for b in blocks)
-        return (out, sorted(self._pools), [(es.base, es.size, es.page) for es in self._segments], self.allocated,
-                self.inactive_split_bytes, self.segments)
+        by_address = {b.ptr: b for b in blocks}
+        if len(by_address) != len(blocks):
+            return None                 # two blocks at one address (none seen): not told apart, not folded
+        streams = sorted(self._pools)
+        place = {s: n for n, s in enumerate(streams)}
+        words = array("q", bytes(88 * len(by_address)))
+        w = words
+        k = 0
+        for ptr in sorted(by_address):
+            b = by_address[ptr]
+            pool = b.pool
+            n = place.get(pool.stream)
+            if n is None:
+                return None
+            w[k] = b.ptr
+            w[k + 1] = b.mapped
+            w[k + 2] = b.size
+            w[k + 3] = b.allocated
+            w[k + 4] = b.requested if b.allocated else 0
+            w[k + 5] = pool.small
+            w[k + 6] = n
+            w[k + 7] = -1 if b.es is None else b.es.base
+            w[k + 8] = -1 if b.prev is None else b.prev.ptr
+            w[k + 9] = -1 if b.next is None else b.next.ptr
+            w[k + 10] = 0 if b.allocated else (small if pool.small else large) - b.gc_base
+            k += 11
+        return (words.tobytes(), streams, [(es.base, es.size, es.page) for es in self._segments],
+                self.allocated, self.inactive_split_bytes, self.segments)
 
     def fold_counts(self) -> tuple:
         """`fold_counters`, and where the segment log ends (its entries repeat with the window)."""
