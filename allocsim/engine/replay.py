@@ -71,6 +71,10 @@ S_CACHE_RELEASE = "cache release"
 S_HALVED = "halved workspace retry"
 #: The events the walk drives besides ALLOC and FREE: the pressure events and the private-pool events.
 STEERING = PRESSURE + POOL
+#: The same as a table by kind (the kinds are bytes): `driving` looks each record's kind up in it, a tenth of the
+#: time `np.isin` took on a chunk (a twelfth of a compiled walk)
+_STEERS = np.zeros(256, bool)
+_STEERS[list(STEERING)] = True
 S_PERIODIC_GC = "gc(false) (periodic)"
 
 #: The walk's kind for a FREE flagged IN_REQUEST: this plus its ``aux`` (which collection of the request made
@@ -177,7 +181,7 @@ def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = N
                 zero_counts.append((skipped + start, zero[skipped]))
             is_alloc = is_alloc & ~zero
             is_free = is_free & ~zero_free
-        local = np.flatnonzero(is_alloc | is_free | (np.isin(kind, STEERING) & ((kind != OOM) | (rec["size"] > 0))))
+        local = np.flatnonzero(is_alloc | is_free | (_STEERS.take(kind) & ((kind != OOM) | (rec["size"] > 0))))
         if len(local):
             yield start, rec, local
 
