@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..machine.device import SimulatedDevice
-from ..trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, RECORD_DTYPE
+from ..trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, RECORD_DTYPE, kind_table
 
 #: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
 FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
@@ -980,13 +980,11 @@ def steps_of(trace) -> "Steps":
 
 
 def _folded(kind: np.ndarray) -> np.ndarray:
-    """Which records of these kinds are `FOLD_KINDS` (a table looked up by ``take``: a third of the time of a
-    comparison per kind, which made a pass each)."""
+    """Which records of these kinds are `FOLD_KINDS` (by table: a third of the time of a comparison per kind)."""
     return _FOLDED.take(kind)
 
 
-_FOLDED = np.zeros(256, bool)           # the kinds are bytes
-_FOLDED[FOLD_KINDS] = True
+_FOLDED = kind_table(FOLD_KINDS)
 
 
 class Steps:

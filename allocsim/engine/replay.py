@@ -60,7 +60,8 @@ from .guard import guard_device_calls, guard_policy
 from ..machine.sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
-from ..trace.events import CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT
+from ..trace.events import (CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT,
+                            kind_table)
 from ..trace.scopes import label_of, plan_search_set, scopes_of
 from ..trace import trace as trace_records
 from ..trace.trace import CHUNK, LiveBytes
@@ -71,10 +72,8 @@ S_CACHE_RELEASE = "cache release"
 S_HALVED = "halved workspace retry"
 #: The events the walk drives besides ALLOC and FREE: the pressure events and the private-pool events.
 STEERING = PRESSURE + POOL
-#: The same as a table by kind (the kinds are bytes): `driving` looks each record's kind up in it, a tenth of the
-#: time `np.isin` took on a chunk (a twelfth of a compiled walk)
-_STEERS = np.zeros(256, bool)
-_STEERS[list(STEERING)] = True
+#: The same as a table by kind: `driving` looks each record's kind up in it (`np.isin` took a twelfth of a compiled walk)
+_STEERS = kind_table(STEERING)
 S_PERIODIC_GC = "gc(false) (periodic)"
 
 #: The walk's kind for a FREE flagged IN_REQUEST: this plus its ``aux`` (which collection of the request made

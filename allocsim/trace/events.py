@@ -70,6 +70,14 @@ TORCH_AUX = 0
 CUPY_AUX = 1
 
 
+def kind_table(kinds) -> np.ndarray:
+    """A table by kind (the kinds are bytes) that is True at ``kinds``: ``kind_table(K).take(kinds_column)`` tells
+    which records are of those kinds, about five times faster than ``np.isin`` (a pass a kind, or a sort)."""
+    table = np.zeros(256, bool)
+    table[list(kinds)] = True
+    return table
+
+
 def fraction_bits(fraction: float) -> int:
     """A memory fraction as the integer holding its IEEE-754 float64 bits (a torch SET_LIMIT's ``addr``)."""
     return struct.unpack("<Q", struct.pack("<d", float(fraction)))[0]
