@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import importlib
+from array import array
 import json
 import lzma
 import os
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.engine import fold
+from allocsim.policies.base import Policy
 from allocsim.machine.metrics import LatencyLog
 from allocsim.policies.split import SplittingPool
 from allocsim.engine.replay import Replay
@@ -697,3 +699,109 @@ def test_stepping_never_looks_at_the_boundaries():
         r.step(64)
     assert calls == [] and r.folded is None
     assert r.finish() == Replay(trace, "torch", fold=False).run()
+
+
+# ---- a window recorded through the policy's fused loop (`Policy.fused_tape`) ------------------------------
+def recorded(trace, policy, monkeypatch, *, tape: bool):
+    """A folded replay's recorded windows (`Program`s), how many events each kind of walk drove while a window was
+    recorded (the fused loop onto the tape; the plain walk), and the replay's result and state. ``tape`` False:
+    the windows are recorded plainly, as before the fused loops could record."""
+    programs, drove = [], {"fused": 0, "plain": 0}
+    stop, walk_fused, walk_plain = fold.Recorder.stop, Replay._walk_fused, Replay._walk_plain
+
+    def spy_stop(self):
+        programs.append(stop(self))
+        return programs[-1]
+
+    def spy_fused(self, c, lo, hi, lat, tape=None):
+        if tape is not None:
+            drove["fused"] += hi - lo
+        return walk_fused(self, c, lo, hi, lat, tape)
+
+    def spy_plain(self, c, lo, hi, lat_append):
+        if self._folder is not None and self._folder.rec is not None:
+            drove["plain"] += hi - lo
+        return walk_plain(self, c, lo, hi, lat_append)
+    with monkeypatch.context() as m:
+        m.setattr(fold.Recorder, "stop", spy_stop)
+        m.setattr(Replay, "_walk_fused", spy_fused)
+        m.setattr(Replay, "_walk_plain", spy_plain)
+        if not tape:
+            m.setattr(Policy, "fused_tape", lambda self: False)
+        got, how = walk(trace, policy, fold=True)
+    return programs, drove, got, how
+
+
+def released_every_step(steps: int) -> Trace:
+    """Steps that release the cache at their end: each step's first request misses the pools (a segment again)."""
+    w = TraceWriter(meta={"producer": "test"})
+    for k in range(steps):
+        w.mark(f"step {k}")
+        big, small = w.alloc(3 * MiB), w.alloc(4096)
+        w.free(big)
+        w.free(w.alloc(2 * MiB))
+        w.free(small)
+        w.record(CACHE_RELEASE)
+    return w.finish()
+
+
+@pytest.mark.parametrize("name", ["transformer", "released"])
+def test_a_window_the_fused_loop_records_is_the_window_recorded_plainly(name, monkeypatch):
+    """`torch`'s fused loop records a window onto the clock's tape: the same increments, latencies (as positions on
+    it) and sections as the plain walk's recording, so the same folds and the full walk's result; the requests it
+    cannot serve from its pools (a miss after each cache release) and the release itself are handed back to the
+    plain walk, whose additions the recorder follows on the same tape."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30) if name == "transformer" else released_every_step(40)
+    with_tape = recorded(trace, "torch", monkeypatch, tape=True)
+    plainly = recorded(trace, "torch", monkeypatch, tape=False)
+    assert with_tape[0] and len(with_tape[0]) == len(plainly[0]) and None not in with_tape[0]
+    for a, b in zip(with_tape[0], plainly[0]):
+        assert a.incs.keys() == b.incs.keys() and all(np.array_equal(a.incs[k], b.incs[k]) for k in a.incs)
+        assert np.array_equal(a.lat, b.lat) and a.by_key == b.by_key
+    assert with_tape[1]["fused"] > 0 and plainly[1]["fused"] == 0
+    assert (with_tape[1]["plain"] > 0) == (name == "released")      # a miss, a release: walked plainly
+    assert with_tape[2] == plainly[2] and with_tape[3] == plainly[3] and with_tape[3]["steps"] > 20
+    assert_folded_is_full(trace, "torch")
+
+
+@pytest.mark.parametrize("options", [[], ["garbage_collection_threshold:0.6"]])
+def test_a_fused_loop_recording_hands_a_miss_back_undone(options):
+    """On a tape, a request the pools cannot serve is handed back before anything changes: its index, the clock the
+    tape's latest total of the same value, the GC threshold's clocks and ``allocated`` as they were, no latency;
+    the requests before it are on the tape, one increment each and a latency for the ALLOC."""
+    r = Replay(released_every_step(1), "torch", options=options, cap=256 * MiB, fold=False)
+    pol, dev = r.policy, r.device
+    assert pol.fused_tape() and pol.gc_on() == bool(options)
+    handles, loop = {}, pol.fused_loop()
+    loop(iter([(0, ALLOC, 1, 4096, 0), (1, FREE, 1, 0, 0)]), handles, array("d"), 0, dev, lambda j, h: False)
+    tape, lat = fold.Tape(), fold.LatencyTape()
+    dev.clock = tape.at(float(dev.clock))
+    start = float(dev.clock)
+
+    def never(j, h):
+        pytest.fail("a miss on a tape is handed back, not served")
+    assert loop(iter([(2, ALLOC, 2, 4096, 0), (3, FREE, 2, 0, 0)]), handles, lat, 0, dev, never, tape)[0] is None
+    served = (float(dev.clock), list(pol.gfb_calls), pol.allocated, dev.n_malloc)
+    j, _ = loop(iter([(4, ALLOC, 3, 64 * MiB, 0), (5, FREE, 3, 0, 0)]), handles, lat, 0, dev, never, tape)
+    assert j == 4 and not handles
+    assert (float(dev.clock), list(pol.gfb_calls), pol.allocated, dev.n_malloc) == served
+    assert tape.incs == [pol._hit_s, pol._free_s] and not tape.bad
+    assert [(d.a, d.b, float(d)) for d in lat] == [(0, 1, (start + pol._hit_s) - start)]
+    assert isinstance(dev.clock, fold.RecFloat) and dev.clock.tape is tape and dev.clock.n == 2
+
+
+def test_only_the_class_that_defines_the_fused_loop_says_it_records_onto_a_tape():
+    """`Policy.fused_tape`: torch's loops record; split's does not (its windows are recorded plainly); a subclass
+    with a loop of its own is not taken to record because the class it derives from says its loop does."""
+    trace = released_every_step(2)
+    assert Replay(trace, "torch").policy.fused_tape()
+    assert not Replay(trace, "split").policy.fused_tape()
+    torch_class = type(Replay(trace, "torch").policy)
+
+    class OwnLoop(torch_class):
+        def walk_chunk(self, events, handles, lat, peak, dev, served):
+            return torch_class.walk_chunk(self, events, handles, lat, peak, dev, served)
+        malloc, free = torch_class.malloc, torch_class.free
+    OwnLoop.__module__ = "elsewhere"
+    own = OwnLoop.__new__(OwnLoop)
+    assert own.fused_loop() is not None and not own.fused_tape()

@@ -93,11 +93,32 @@ COUNTED = 1 << 13
 
 # ---- the recorder: floats that remember how they were made ---------------------------------------------
 class Tape:
-    """The increments added, in order, to one running float total (the clock, a time total)."""
+    """The increments added, in order, to one running float total (the clock, a time total).
+
+    A policy's fused loop records onto the clock's tape itself (`Policy.fused_tape`): it keeps the total in a C
+    double, appends each increment it adds to ``incs``, makes each latency with `diff` and hands the total back
+    with `at`, so the window walks at the fused loop's pace while every sum is followed as the plain walk's."""
 
     def __init__(self):
         self.incs: list[float] = []
         self.bad = False            # something was computed from the total that the tape cannot repeat
+
+    def at(self, value: float) -> "RecFloat":
+        """The running total ``value`` after every increment on the tape (a fused loop hands its total back)."""
+        return RecFloat.on(value, self, len(self.incs))
+
+    def diff(self, value: float, a: int, b: int) -> "RecDiff":
+        """The difference ``value`` of the totals after ``a`` and after ``b`` increments (a fused loop's latency)."""
+        d = _new_float(RecDiff, value)
+        d.tape, d.a, d.b = self, a, b
+        return d
+
+    def follows(self, total) -> bool:
+        """Whether ``total`` is this tape's latest running total (a fused loop may go on from it); else the tape
+        is marked bad (a total forked from an earlier one)."""
+        if not (isinstance(total, RecFloat) and total.tape is self and total.n == len(self.incs)):
+            self.bad = True
+        return not self.bad
 
 
 _new_float, _float_add = float.__new__, float.__add__
@@ -200,6 +221,11 @@ class Recorder:
             self.adds.append((key, seconds, calls))
             add(name, float(seconds), calls, path=path)
         sections.add = recording_add
+
+    @property
+    def clock_tape(self) -> Tape:
+        """The clock's tape, for a fused loop that records onto it (`Policy.fused_tape`)."""
+        return self.tapes["clock"]
 
     def _put(self, name, value) -> None:
         if name == "gc_time":

@@ -478,6 +478,7 @@ class Replay:
         self._before, self._after = self._before_hook(), self._after_hook()
         fused = self.policy.fused_loop() if s.fast_path and not guard else None   # a guarded walk: plain
         self._fused = fused if self._before is None and self._after is None and self.runtime.eager else None
+        self._fused_tape = self._fused is not None and self.policy.fused_tape()    # it records a folded window
         self._unwind = None             # (BEGIN, failed request, END) trace indices of the try to unwind next
         self._retry = None              # (chunk, position, size, stream) of a plan search's workspace to halve next
         self._result = None
@@ -593,8 +594,9 @@ class Replay:
             if hi > self._pos:
                 recording = folder is not None and folder.rec is not None
                 lat = LatencyTape() if recording else array("d")
+                tape = folder.rec[0].clock_tape if recording and self._fused_tape else None
                 t0, pos = time.perf_counter(), self._pos
-                self._pos = self._walk_chunk(c, pos, hi, lat, fused=not recording)
+                self._pos = self._walk_chunk(c, pos, hi, lat, fused=not recording or tape is not None, tape=tape)
                 if recording and not folder.rec[0].take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
@@ -659,14 +661,15 @@ class Replay:
             return iter(chunks)
         return chunks_of(self.trace, times, self._zero_counts, self._skip)
 
-    def _walk_chunk(self, c, lo, hi, lat, fused: bool = True) -> int:
+    def _walk_chunk(self, c, lo, hi, lat, fused: bool = True, tape=None) -> int:
         """Drive events ``lo`` to ``hi`` of chunk ``c``, each ALLOC's latency appended to ``lat``; return
         where the walk got to (past an OOM that stops). A survived OOM inside a try, or of a cuDNN plan search,
         stops the fused or plain walk for a moment (as an OOM that stops it does): the try is unwound here and the
         walk goes on, through the ALLOCs it skips (`_walk_skipping`), or the search asks again (`_halve`).
         ``fused`` False walks plainly even where the policy has a fused loop: a window the folder records
         (`allocsim.engine.fold.Recorder`) goes through ``malloc``, ``free`` and the device's Python additions to
-        the clock, which a compiled fused loop would make on a C double the recorder cannot see."""
+        the clock, which a compiled fused loop would make on a C double the recorder cannot see -- unless the loop
+        records onto the clock's ``tape`` itself (`Policy.fused_tape`)."""
         w = self._w
         while True:
             if w.skip_until is not None:
@@ -674,7 +677,7 @@ class Replay:
                 if lo >= hi:
                     return lo
             if fused and self._fused is not None:
-                lo = self._walk_fused(c, lo, hi, lat)
+                lo = self._walk_fused(c, lo, hi, lat, tape)
             else:
                 lo = self._walk_plain(c, lo, hi, lat.append)
             if self._unwind is None and self._retry is None:
@@ -772,13 +775,15 @@ class Replay:
         if ever:
             w.failed_cum += size
 
-    def _walk_fused(self, c, lo, hi, lat) -> int:
+    def _walk_fused(self, c, lo, hi, lat, tape=None) -> int:
         """`_walk_chunk` through the policy's fused loop: it takes events from one iterator over the
         range, serves what it can and hands back the event it stops at (a pressure event, a FREE of an
         id not live), which the plain loop drives before the fused loop goes on from the next one.
 
         The fused loop reports each ALLOC it served through its own escalation (the only ones that can
-        raise reserved memory or fail) to `_served`, for the reserved peak and the OOMs."""
+        raise reserved memory or fail) to `_served`, for the reserved peak and the OOMs. With ``tape`` it records
+        onto it (a window the folder records, `Policy.fused_tape`), handing back what it does not serve from its
+        pools."""
         w, dev, handles = self._w, self.device, self.handles
         fused, plain = self._fused, self._walk_plain
         held = self.runtime.held
@@ -793,7 +798,11 @@ class Replay:
         def served(j, h):
             return self._served(c, j, h)
         while True:
-            j, w.peak_alloc = fused(events, handles, lat, w.peak_alloc, dev, served)
+            if tape is None:
+                j, w.peak_alloc = fused(events, handles, lat, w.peak_alloc, dev, served)
+            else:
+                tape.follows(dev.clock)         # (else the tape is marked bad: nothing is folded)
+                j, w.peak_alloc = fused(events, handles, lat, w.peak_alloc, dev, served, tape)
             if w.stopped:
                 return j + 1
             if j is None:

@@ -76,6 +76,13 @@ class Policy:
     #: "The fast path"). Once per run of common events; the engine takes it only through `fused_loop`.
     walk_chunk = None
 
+    #: True where `walk_chunk` also takes ``tape`` (a `allocsim.engine.fold.Tape`): while the folder records a
+    #: window, the loop appends each increment it adds to the clock to ``tape.incs``, appends each latency as
+    #: ``tape.diff(seconds, a, b)`` (the tape positions of its two totals), hands an event it would serve other
+    #: than by its pools back undone, for the plain walk, and writes the clock back as ``tape.at(clock)``. Read
+    #: with `walk_chunk` from the class that defines it (`fused_tape`); else a recorded window walks plainly.
+    records_fused = False
+
     #: Optional ``renumber(held) -> {old handle: new handle} | None``, for a policy whose handles index its own
     #: tables (split): called by the engine between chunks, never inside a request, with the handles the
     #: engine's id -> handle table holds (the gc runtime's dead, uncollected objects included). The policy may
@@ -207,6 +214,15 @@ class Policy:
             return None
         owners = {next(c for c in type(self).__mro__ if name in c.__dict__) for name in ("malloc", "free", "walk_chunk")}
         return self.walk_chunk if len(owners) == 1 else None
+
+    def fused_tape(self) -> bool:
+        """Whether the fused loop records a window onto a tape (`records_fused`, declared by the class that
+        defines `walk_chunk`: a subclass's own loop is not taken to)."""
+        loop = self.fused_loop()
+        if loop is None:
+            return False
+        owner = next(c for c in type(self).__mro__ if "walk_chunk" in c.__dict__)
+        return bool(owner.__dict__.get("records_fused", False))
 
     def largest_free(self) -> int | None:
         """The largest free block inside reserved memory, bytes. Asked at each new reserved peak and each OOM

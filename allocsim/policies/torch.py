@@ -638,8 +638,8 @@ class TorchCachingAllocator(Policy):
                    b=Block, r=Block, nxt=Block, prev=Block, pool=BlockPool, blocks=list, rk=cython.longlong,
                    fk=cython.longlong, spare=list, pp=tuple, pools=dict, field=KeyField, shift=cython.longlong,
                    lo=cython.longlong, fit=cython.longlong, ms=cython.longlong, calls_large=cython.longlong,
-                   calls_small=cython.longlong, gfb=list, compiled=cython.bint)
-    def _walk_chunk_fused(self, events, handles, lat, peak, dev, served):
+                   calls_small=cython.longlong, gfb=list, compiled=cython.bint, rec=cython.bint, m=cython.Py_ssize_t)
+    def _walk_chunk_fused(self, events, handles, lat, peak, dev, served, tape=None):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` (the common case:
         `_malloc_fast` and `_free_fast`) inlined over ``events``, the clock, ``allocated`` and the inactive split
         bytes in locals.
@@ -659,8 +659,12 @@ class TorchCachingAllocator(Policy):
         which makes the pool's keys Python ints for one past 63 bits. Compiled, a
         served ALLOC's latency is appended in C (`add_latency`), as `cupy` and `split` do. ``max_split`` unset is
         ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either (so is a ``max_non_split_rounding``
-        past it)."""
-        clock, allocated, field = dev.clock, self.allocated, self._field
+        past it).
+
+        With ``tape`` (a window the folder records, `Policy.fused_tape`) each increment to the clock goes onto it,
+        each latency is the tape's difference, and a pool miss is handed back undone (the clock and the GC's
+        clocks as they were), for the plain walk, whose escalation the recorder follows."""
+        clock, allocated, field = float(dev.clock), self.allocated, self._field     # (a recorded total: its value)
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
         hit_s, free_s, ms = self._hit_s, self._free_s, min(self.max_split, LONG_MAX)
@@ -674,6 +678,9 @@ class TorchCachingAllocator(Policy):
         gc = self.gc_on()
         lat_append, n0 = lat.append, len(lat)
         compiled = cython.compiled          # compiled: C appends (`add_latency`)
+        rec, m = tape is not None, 0
+        if rec:
+            incs_append, diff, m = tape.incs.append, tape.diff, len(tape.incs)
         for j, k, i, size, stream in events:
             if k == 1:                          # ALLOC: malloc
                 t0 = clock
@@ -704,6 +711,14 @@ class TorchCachingAllocator(Policy):
                         del keys[x]
                     b = blocks.pop(x)
                     slow = False
+                elif rec:                       # recorded: the plain walk serves it (its escalation followed)
+                    clock = t0
+                    if gc:
+                        if small:
+                            calls_small -= 1
+                        else:
+                            calls_large -= 1
+                    break
                 else:
                     dev.clock, self.allocated = clock, allocated
                     self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
@@ -765,7 +780,11 @@ class TorchCachingAllocator(Policy):
                 allocated += bsize
                 if allocated > peak:
                     peak = allocated
-                if compiled:
+                if rec:
+                    incs_append(hit_s)
+                    m += 1
+                    lat_append(diff(clock - t0, m - 1, m))
+                elif compiled:
                     add_latency(lat, clock - t0)
                 else:
                     lat_append(clock - t0)
@@ -779,6 +798,9 @@ class TorchCachingAllocator(Policy):
                 if b is None:
                     break
                 clock += free_s
+                if rec:
+                    incs_append(free_s)
+                    m += 1
                 b.allocated = False
                 size = b.size
                 allocated -= size
@@ -832,7 +854,7 @@ class TorchCachingAllocator(Policy):
                 break
         else:
             j = None
-        dev.clock, self.allocated = clock, allocated
+        dev.clock, self.allocated = tape.at(clock) if rec else clock, allocated
         self.inactive_split_bytes, self.inactive_split_bytes_peak = isb, isb_peak
         gfb[0], gfb[1] = calls_large, calls_small
         self.n_malloc += len(lat) - n0      # one per malloc, as `malloc` counts them
@@ -1453,6 +1475,7 @@ class TorchFastPath(TorchCachingAllocator):
     malloc = TorchCachingAllocator._malloc_fast
     free = TorchCachingAllocator._free_fast
     walk_chunk = TorchCachingAllocator._walk_chunk_fused
+    records_fused = True
 
 
 class TorchOptionsPath(TorchCachingAllocator):
@@ -1463,6 +1486,7 @@ class TorchOptionsPath(TorchCachingAllocator):
     malloc = TorchCachingAllocator.malloc
     free = TorchCachingAllocator.free
     walk_chunk = TorchCachingAllocator._walk_chunk_fused
+    records_fused = True
 
 
 class TorchPoolsPath(TorchCachingAllocator):
