@@ -805,3 +805,27 @@ def test_only_the_class_that_defines_the_fused_loop_says_it_records_onto_a_tape(
     OwnLoop.__module__ = "elsewhere"
     own = OwnLoop.__new__(OwnLoop)
     assert own.fused_loop() is not None and not own.fused_tape()
+
+
+def test_a_fold_that_lands_inside_a_chunk_reads_that_chunk_from_where_it_lands(monkeypatch):
+    """A fold passes the records before where it lands unread: the chunks wholly before, and the part before it of
+    the chunk it lands in (read from there on, to the chunk's own end); the result is the full walk's."""
+    replay_module = importlib.import_module("allocsim.engine.replay")
+    monkeypatch.setattr(trace_module, "CHUNK", 1 << 14)
+    monkeypatch.setattr(replay_module, "KEEP_RECORDS", 0)      # (a small trace's chunks are kept whole: not here)
+    trace = real_steps("gpt-eval50", 130)
+    read, landed = [], []
+    driving, move_to = replay_module.driving, Replay.move_to
+
+    def spy_driving(*a, **k):
+        for start, rec, local in driving(*a, **k):
+            read.append((start, start + len(rec)))
+            yield start, rec, local
+    monkeypatch.setattr(replay_module, "driving", spy_driving)
+    monkeypatch.setattr(Replay, "move_to", lambda self, at, passed=None: (
+        passed is not None and landed.append(at)) or move_to(self, at, passed))
+    how = assert_folded_is_full(trace, "torch")
+    chunk = trace_module.CHUNK
+    inside = [(a, b) for a, b in read if a % chunk]
+    assert how["folds"] >= 2 and inside, (how, read)
+    assert all(a in landed and b == min(len(trace), (a // chunk + 1) * chunk) for a, b in inside), (inside, landed)

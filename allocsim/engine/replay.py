@@ -159,13 +159,17 @@ def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = N
 
     The ids of live 0-byte objects are the only state carried between chunks; ``zero_counts``
     collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted. ``skip``, a
-    one-item list a caller may set as it goes: the chunks that end by the trace index it holds are
-    passed over unread while no 0-byte object is live (a fold, which vouches that they make none).
+    one-item list a caller may set as it goes: the records before the trace index it holds are passed
+    over unread while no 0-byte object is live (a fold, which vouches that they make none): the chunks
+    that end by it, and the part before it of the chunk it lies in (a fold that lands mid-chunk walks
+    a few steps before the next: the chunk's records from there are read, not the whole chunk).
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
     for start, rec in trace.chunks():
-        if skip is not None and start + len(rec) <= skip[0] and not len(zero_live):
-            continue
+        if skip is not None and start < skip[0] and not len(zero_live):
+            if start + len(rec) <= skip[0]:
+                continue
+            rec, start = rec[skip[0] - start:], skip[0]
         kind = rec["kind"]
         is_alloc = kind == ALLOC
         is_free = kind == FREE
