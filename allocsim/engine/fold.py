@@ -40,6 +40,7 @@ from __future__ import annotations
 import pickle
 import time
 import weakref
+from array import array
 from bisect import bisect_left, insort
 from typing import NamedTuple
 
@@ -96,22 +97,19 @@ class Tape:
     """The increments added, in order, to one running float total (the clock, a time total).
 
     A policy's fused loop records onto the clock's tape itself (`Policy.fused_tape`): it keeps the total in a C
-    double, appends each increment it adds to ``incs``, makes each latency with `diff` and hands the total back
-    with `at`, so the window walks at the fused loop's pace while every sum is followed as the plain walk's."""
+    double, appends each increment it adds to ``incs``, notes each latency it makes (a plain float: the last
+    increment) by the number of increments then on the tape in ``fused``, and hands the total back with `at`,
+    so the window walks at the fused loop's pace while every sum is followed as the plain walk's."""
 
     def __init__(self):
-        self.incs: list[float] = []
+        self.incs = array("d")
+        self.fused = array("d")     # a fused loop's latencies: where each ends on the tape (it starts one before),
+        #                             counts held as doubles (exact below 2**53), which the loop appends in C
         self.bad = False            # something was computed from the total that the tape cannot repeat
 
     def at(self, value: float) -> "RecFloat":
         """The running total ``value`` after every increment on the tape (a fused loop hands its total back)."""
         return RecFloat.on(value, self, len(self.incs))
-
-    def diff(self, value: float, a: int, b: int) -> "RecDiff":
-        """The difference ``value`` of the totals after ``a`` and after ``b`` increments (a fused loop's latency)."""
-        d = _new_float(RecDiff, value)
-        d.tape, d.a, d.b = self, a, b
-        return d
 
     def follows(self, total) -> bool:
         """Whether ``total`` is this tape's latest running total (a fused loop may go on from it); else the tape
@@ -213,7 +211,8 @@ class Recorder:
         for name, value in self.start.items():
             self._put(name, RecFloat.on(value, self.tapes[name], 0))
         self.adds: list = []            # (path, seconds spec, calls) of every section added, in order
-        self.lat: list = []             # (a, b) clock positions of every latency, in order
+        self.lat: list = []             # (a, b) clock positions of every latency, in order: (n, 2) arrays
+        self.taken = 0                  # the fused loop's latencies taken (`Tape.fused`)
         add = sections.add
 
         def recording_add(name, seconds, calls=1, *, path=None):
@@ -237,12 +236,28 @@ class Recorder:
         return self.runtime.gc_time if name == "gc_time" else getattr(self.device, name)
 
     def take_latencies(self, lat: LatencyTape) -> bool:
-        """Keep the positions of a walked piece's latencies; False if one is not a clock difference."""
+        """Keep the positions of a walked piece's latencies; False if one is not a clock difference. A plain float
+        is a fused loop's, ending where `Tape.fused` says (a piece walked by the fused loop alone: taken at once)."""
         clock = self.tapes["clock"]
-        for d in lat:
-            if not isinstance(d, RecDiff) or d.tape is not clock:
+        fused, k = clock.fused, self.taken
+        if all(type(d) is float for d in lat):
+            if k + len(lat) > len(fused):
                 return False
-            self.lat.append((d.a, d.b))
+            ends = np.frombuffer(fused)[k:k + len(lat)].astype(np.int64)
+            self.lat.append(np.stack((ends - 1, ends), axis=1))
+            self.taken = k + len(lat)
+            return True
+        pairs = []
+        for d in lat:
+            if type(d) is float and k < len(fused):
+                pairs.append((int(fused[k]) - 1, int(fused[k])))
+                k += 1
+            elif isinstance(d, RecDiff) and d.tape is clock:
+                pairs.append((d.a, d.b))
+            else:
+                return False
+        self.lat.append(np.array(pairs, np.int64).reshape(-1, 2))
+        self.taken = k
         return True
 
     def stop(self) -> "Program | None":
@@ -268,10 +283,10 @@ class Recorder:
                 adds.append((key, float(seconds), calls))
             else:
                 ok = False
-        if not ok:
+        if not ok or self.taken != len(clock.fused):
             return None
         return Program({name: np.array(t.incs) for name, t in self.tapes.items()},
-                       np.array(self.lat, np.int64).reshape(-1, 2), adds)
+                       np.concatenate(self.lat) if self.lat else np.zeros((0, 2), np.int64), adds)
 
 
 def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
@@ -701,8 +716,11 @@ class Folder:
         was moved), else start recording a window where an earlier boundary had its state, and remember it."""
         longest = RESUME_WAIT * min(p for _, p in self.cycles.values()) if self.cycles else None
         budget = BYTES_PER_EVENT * self.r.events_done + (1 << 20)
-        if self.spent + self.last > budget or not self.steps.useful(mark, longest):
-            return False    # the steps after do not repeat; or fingerprints cost more than the walk: skip some
+        if self.spent + self.last > budget:
+            return False    # fingerprints cost more than the walk: skip some
+        back = self._coming_back(mark)
+        if not back and not self.steps.useful(mark, longest):
+            return False    # the steps after do not repeat
         got = self._fingerprint()
         if got is None:
             return False
@@ -716,12 +734,12 @@ class Folder:
             return True
         cycle = self.cycles.get(key)
         if not (cycle and self._resume(here, key, until)):
-            for earlier in reversed(self.seen.get(key, [])[-TRIES:]):
-                p = mark - earlier.mark
-                if longest is not None and p > longest:
-                    break           # a window this long costs more than waiting for the cycle to come back
-                if self._repeats(earlier.mark, mark, p) and self._try(earlier, here, key, until):
-                    break
+            earlier = [e for e in reversed(self.seen.get(key, [])[-TRIES:])
+                       if longest is None or mark - e.mark <= longest]  # (a longer window costs more than waiting
+            if earlier and (not back or self.steps.useful(mark, longest)):        # for the cycle to come back)
+                for e in earlier:
+                    if self._repeats(e.mark, mark, mark - e.mark) and self._try(e, here, key, until):
+                        break
         self.seen.setdefault(key, []).append(here)
         self.order.append(key)
         if len(self.order) > HISTORY:
@@ -730,6 +748,28 @@ class Folder:
             if not self.seen[old]:
                 del self.seen[old]
         return False
+
+    def _coming_back(self, m: int) -> bool:
+        """Whether boundary ``m`` may be where a run comes back to a cycle a fold went round (`_reuse`, `_resume`):
+        the ``p`` steps after it have the ALLOC counts of the ``p`` after those, for a cycle's period ``p``. Such a
+        boundary is fingerprinted without reading the steps' signatures first (after a break, the few boundaries
+        before the run is folded again read no signature: those came to more than the walk between folds);
+        others ask `Steps.useful`."""
+        counts, n = self.steps.counts, len(self.marks)
+        return any(m + 2 * p <= n and (counts[m:m + p] == counts[m + p:m + 2 * p]).all()
+                   for p in {p for _, p in self.cycles.values()})
+
+    def _alike(self, a: int, m: int, p: int) -> bool:
+        """Whether steps ``m`` to ``m + 2p`` may be the ``p`` steps from ``a`` twice, before their events are
+        compared exactly (`_reuse`, `_resume`): by the steps' signatures where all are read, else by their ALLOC
+        counts (a weaker test, read for nothing)."""
+        steps, n = self.steps, len(self.marks)
+        if a + p > n or m + 2 * p > n:
+            return False
+        if steps.known[a:a + p].all() and steps.known[m:m + 2 * p].all():
+            return self._repeats(a, m, p)
+        c = steps.counts
+        return bool((c[m:m + p] == c[a:a + p]).all() and (c[m + p:m + 2 * p] == c[a:a + p]).all())
 
     def _repeats(self, a: int, m: int, p: int) -> bool:
         """Whether steps ``m`` to ``m + 2p`` have the signatures of the ``p`` steps from ``a`` twice: the steps
@@ -746,7 +786,7 @@ class Folder:
         the window after it repeats it. A resume that fails there is not tried again from that state."""
         b, p = self.cycles[key]
         m = here.mark
-        if m + 3 * p > len(self.marks) or not (self._repeats(b.mark, m, p) and self._repeats(b.mark, m + p, p)):
+        if m + 3 * p > len(self.marks) or not (self._alike(b.mark, m, p) and self._alike(b.mark, m + p, p)):
             return False
         records = self.r.trace.records
         P = _count_between(records, here.at, int(self.marks[m + p]))
@@ -869,9 +909,17 @@ class Folder:
         q = repeating_records(words, end, R, D, stop)
         self.steps.repeated(end, q, R, j.mark - i.mark, D)    # the skipped steps' signatures, known unread
         k = max(0, q - end) // R
-        if q >= stop:
+        if q >= stop or self._differs(q, j.mark - i.mark):
             return k, None
         return k, (int(ev.at[P]) + (k - 1) * R if k else i.at)      # the last two windows lead on
+
+    def _differs(self, x: int, p: int) -> bool:
+        """Whether the step that trace index ``x`` lies in has another ALLOC count than the step ``p`` before it:
+        then the window of ``p`` steps that holds it cannot repeat the one before it, even event by event (a run
+        broken by an evaluation: `_windows` need not read on)."""
+        s = int(np.searchsorted(self.marks, x, side="right")) - 1
+        counts = self.steps.counts
+        return s >= p and bool((counts[s] != counts[s - p]).any())
 
     def _windows(self, lo: int | None, first: int, P: int, k: int, new_end: int, until) -> tuple[int, int]:
         """``(k, new_end)`` counting on the windows that repeat event by event (`windows_repeat`) from window
@@ -903,7 +951,7 @@ class Folder:
         the recorded window's), the others each with the one before (`windows_repeat`). The live ids are then
         those the last window skipped leaves where the recorded window left its own (by block)."""
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
-        if not self._repeats(walked.mark, here.mark, p):
+        if not self._alike(walked.mark, here.mark, p):
             return False            # the steps from here are not the recorded window's twice: no events read
         records = self.r.trace.records
         if key not in self.views:       # what a reuse reads of the recorded window, read once
@@ -1050,6 +1098,7 @@ class Steps:
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
         self._differ: dict[int, list[int]] = {}     # period p -> steps t seen to differ from step t + p (sorted)
+        self._runs: dict[int, np.ndarray] = {}      # period p -> `_count_runs(p)`
         self._may = None                        # `may_repeat`'s answer, once asked
 
     def __len__(self) -> int:
@@ -1181,7 +1230,8 @@ class Steps:
             far = min(reach, max(8, m))     # ahead, periods up to the steps walked (else found from behind later)
             ahead = 1 + np.flatnonzero((counts[m + 1:m + far + 1] == counts[m]).all(axis=1))  # m starts a run
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
-            ahead, behind = ahead[ahead > done], behind[behind > done]
+            ahead = np.array([p for p in ahead if p > done and self._count_runs(p)[m]], np.int64)
+            behind = np.array([p for p in behind if p > done and self._count_runs(p)[m - p]], np.int64)
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
                 sig = self.read(lo, m + far + 1)
                 ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
@@ -1191,6 +1241,20 @@ class Steps:
                     return True
             done = reach
         return False
+
+    def _count_runs(self, p: int) -> np.ndarray:
+        """For each step ``q``, whether the ``4p`` steps from it have the ALLOC counts of the steps ``p`` after them
+        (and the trace holds them): what equal signatures need, so `useful` reads no signature where this says no
+        (the steps about an evaluation, each period looked for). O(steps) once a period."""
+        got = self._runs.get(p)
+        if got is None:
+            n = len(self.marks)
+            eq = (self.counts[:-p] == self.counts[p:]).all(axis=1) if p < n else np.zeros(0, bool)
+            q = np.arange(len(eq))
+            bad = np.append(np.flatnonzero(~eq), len(eq))
+            got = self._runs[p] = np.zeros(n + 1, bool)
+            got[:len(eq)] = bad[np.searchsorted(bad, q)] - q >= 4 * p
+        return got
 
     def _equal(self, a: int, b: int, n: int) -> bool:
         """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in

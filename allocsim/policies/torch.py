@@ -661,9 +661,9 @@ class TorchCachingAllocator(Policy):
         ``SIZE_MAX``, held here as `LONG_MAX`, which no size reaches either (so is a ``max_non_split_rounding``
         past it).
 
-        With ``tape`` (a window the folder records, `Policy.fused_tape`) each increment to the clock goes onto it,
-        each latency is the tape's difference, and a pool miss is handed back undone (the clock and the GC's
-        clocks as they were), for the plain walk, whose escalation the recorder follows."""
+        With ``tape`` (a window the folder records, `Policy.fused_tape`) each increment to the clock goes onto it
+        and each latency's place on it, and a pool miss is handed back undone (the clock and the GC's clocks as
+        they were), for the plain walk, whose escalation the recorder follows."""
         clock, allocated, field = float(dev.clock), self.allocated, self._field     # (a recorded total: its value)
         shift, lo, fit = field.abits, field.lo, field.fit
         isb, isb_peak = self.inactive_split_bytes, self.inactive_split_bytes_peak
@@ -680,7 +680,7 @@ class TorchCachingAllocator(Policy):
         compiled = cython.compiled          # compiled: C appends (`add_latency`)
         rec, m = tape is not None, 0
         if rec:
-            incs_append, diff, m = tape.incs.append, tape.diff, len(tape.incs)
+            incs, ends, m = tape.incs, tape.fused, len(tape.incs)
         for j, k, i, size, stream in events:
             if k == 1:                          # ALLOC: malloc
                 t0 = clock
@@ -781,9 +781,10 @@ class TorchCachingAllocator(Policy):
                 if allocated > peak:
                     peak = allocated
                 if rec:
-                    incs_append(hit_s)
+                    add_latency(incs, hit_s)
                     m += 1
-                    lat_append(diff(clock - t0, m - 1, m))
+                    add_latency(ends, m)                # (a count as a double: exact)
+                    lat_append(clock - t0)
                 elif compiled:
                     add_latency(lat, clock - t0)
                 else:
@@ -799,7 +800,7 @@ class TorchCachingAllocator(Policy):
                     break
                 clock += free_s
                 if rec:
-                    incs_append(free_s)
+                    add_latency(incs, free_s)
                     m += 1
                 b.allocated = False
                 size = b.size
