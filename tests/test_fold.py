@@ -829,3 +829,23 @@ def test_a_fold_that_lands_inside_a_chunk_reads_that_chunk_from_where_it_lands(m
     inside = [(a, b) for a, b in read if a % chunk]
     assert how["folds"] >= 2 and inside, (how, read)
     assert all(a in landed and b == min(len(trace), (a // chunk + 1) * chunk) for a, b in inside), (inside, landed)
+
+
+@pytest.mark.parametrize("policy", ["torch", "split"])
+def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_plainly_is_charged(policy, monkeypatch):
+    """The folder's account (`Budget`): a window torch's fused loop records onto the tape walks at the walk's own
+    pace, its pieces counted as walked (rated, nothing charged back); split records plainly, its windows' whole
+    time charged to the folder, less their events at the walk's rate."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 30)
+    marks, pieces = [], []
+    leave, walked = fold.Budget.leave, fold.Budget.walked
+    monkeypatch.setattr(fold.Budget, "leave", lambda self, began, done, recording, passed: (
+        marks.append(recording), leave(self, began, done, recording, passed))[1])
+    monkeypatch.setattr(fold.Budget, "walked", lambda self, seconds, events: (
+        pieces.append(events), walked(self, seconds, events))[1])
+    r = Replay(trace, policy)
+    r.run()
+    assert r.folded["steps"] > 20 and r.records_fused == (policy == "torch")
+    assert any(marks) == (policy == "split") and (r._folder.budget.recorded > 0) == (policy == "split")
+    full = Replay(trace, policy, fold=False).run().driving_events
+    assert sum(pieces) + r._folder.budget.recorded + r.folded["events"] == full

@@ -556,9 +556,9 @@ class Budget:
         self.run_s, self.run_n = 0.0, 0         # ... not yet rated (short steps: stretches gathered to `STRETCH`)
         self.rates: list[float] = []            # seconds an event of the last `RATES` stretches walked
         self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
-        self.recorded = 0                       # driving events walked while recording (charged back at the rate)
-        self.saved = 0                          # driving events the folds passed
-        self.mark = None                        # (when, events done, recording) as the folder last let go
+        self.recorded = 0                       # driving events walked while recording plainly (charged back at
+        self.saved = 0                          # the rate); driving events the folds passed
+        self.mark = None                        # (when, events done, recording plainly) as the folder last let go
 
     def enter(self, done: int) -> float:
         """The folder is asked again with ``done`` events walked: the stretch since it let go was walked."""
@@ -588,7 +588,9 @@ class Budget:
         self.inner_n += events
 
     def leave(self, began: float, done: int, recording: bool, passed: int) -> None:
-        """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold."""
+        """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold;
+        ``recording``: a window is walked plainly from here (its time is the folder's, less its events at the walk's
+        rate; one the fused loop records onto the tape is walked at the walk's own pace, and counted as walking)."""
         now = self.clock()
         self.spent += now - began
         self.saved += passed
@@ -678,7 +680,8 @@ class Folder:
         done = r.events_done
         began = budget.enter(done)
         moved = self._at(c, pos, until)
-        budget.leave(began, r.events_done, self.rec is not None, r.events_done - done if moved else 0)
+        plainly = self.rec is not None and not r.records_fused     # a window walked plainly is charged whole
+        budget.leave(began, r.events_done, plainly, r.events_done - done if moved else 0)
         if self.rec is None and budget.over(r.events_done, self.next_mark / len(self.marks)):
             self.abort()
             self.gave_up_at = self.next_mark

@@ -604,8 +604,8 @@ class Replay:
                 if recording and not folder.rec[0].take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
-                if folder is not None and not recording:    # the walk's own time, for the folder's account
-                    folder.budget.walked(time.perf_counter() - t0, self._pos - pos)    # (`fold.Budget`)
+                if folder is not None and (not recording or tape is not None):  # the walk's own time, for the
+                    folder.budget.walked(time.perf_counter() - t0, self._pos - pos)    # folder's account (`fold.Budget`)
                 w.done = self._j0 + self._pos
                 if self._pos >= len(c.at):
                     self._j0 += len(c.at)
@@ -1109,6 +1109,12 @@ class Replay:
     def fast_path(self) -> bool:
         """True when the policy's fused loop walks the common events (see `_walk_fused`)."""
         return self._fused is not None
+
+    @property
+    def records_fused(self) -> bool:
+        """True when a window the folder records walks through the policy's fused loop, onto the recorder's tape
+        (`Policy.fused_tape`): at the walk's own pace, so the folder's account counts it as walking."""
+        return self._fused_tape
 
     @property
     def walk(self) -> _Walk:
