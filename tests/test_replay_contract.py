@@ -252,3 +252,31 @@ def test_cli_a_recorded_oom_that_happens_again_is_not_a_stop():
     assert json.loads(same.stdout)["completed"]
     other = run_cli("replay", path, "-p", "split", "--json")
     assert other.returncode == 1 and "(replay stopped;" in other.stderr and "recorded OOM" not in other.stderr
+
+
+@settings(max_examples=30, deadline=None)
+@given(pieces=st.lists(st.integers(1, 400), min_size=1, max_size=40), most=st.integers(1, 50))
+def test_a_chunk_read_in_pieces_converts_what_is_read_until_half_or_many_pieces(pieces, most):
+    """`_Chunk.columns`: each piece is the events' own columns (the whole chunk's lists' slices, bit for bit); the
+    whole chunk is converted only once the pieces read reach half of it, or `PIECES` pieces (a folding walk that
+    passes most of a chunk converts only the steps it walks)."""
+    import allocsim.engine.replay as replay_module
+    w = TraceWriter(meta={"producer": "test"})
+    for k in range(1500):
+        w.free(w.alloc(512 * (k % 7 + 1), stream=k % 2))
+    trace = w.finish()
+    whole = next(replay_module.chunks_of(trace, False, []))
+    c = next(replay_module.chunks_of(trace, False, []))
+    n, lo, read = len(c.at), 0, 0
+    kept, replay_module.PIECES = replay_module.PIECES, most
+    try:
+        for k, size in enumerate(pieces):
+            hi = min(n, lo + size)
+            got = c.columns(lo, hi)
+            assert [list(col) for col in got] == [getattr(whole, name)[lo:hi]
+                                                  for name in ("kind", "ids", "sizes", "streams")]
+            read += hi - lo
+            assert ("_rec" not in c.__dict__) == (2 * read >= n or k >= most), (k, read, n)
+            lo = hi
+    finally:
+        replay_module.PIECES = kept
