@@ -849,3 +849,22 @@ def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_pl
     assert any(marks) == (policy == "split") and (r._folder.budget.recorded > 0) == (policy == "split")
     full = Replay(trace, policy, fold=False).run().driving_events
     assert sum(pieces) + r._folder.budget.recorded + r.folded["events"] == full
+
+
+@pytest.mark.parametrize("policy", ["torch", "split", "bestfit", "cupy"])
+def test_the_live_objects_are_named_by_the_addresses_their_blocks_have(policy):
+    """`Policy.addresses` (torch's reads each block's field) is `block`'s address for every held object, and a
+    subclass that says where its blocks lie itself is asked."""
+    trace = load("synthetic-transformer.bin")
+    r = Replay(trace, policy, fold=False)
+    r.run(until=len(trace) // 2)
+    pol = r.policy
+    assert len(r.handles) > 10
+    assert pol.addresses(r.handles) == {i: pol.block(h)[0] for i, h in r.handles.items()}
+
+    class Elsewhere(type(pol)):
+        def block(self, handle):
+            return 4096, 1
+    Elsewhere.__module__ = "elsewhere"
+    other = Elsewhere.__new__(Elsewhere)
+    assert set(other.addresses(r.handles).values()) == {4096}

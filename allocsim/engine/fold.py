@@ -710,8 +710,7 @@ class Folder:
         state = pol.fold_state(handles.values())
         if state is None:
             return None
-        block = pol.block
-        addr = {i: block(h)[0] for i, h in handles.items()}
+        addr = pol.addresses(handles)
         return pickle.dumps((state, r.runtime.fingerprint(addr), r.device.fingerprint(), walk), protocol=5), addr
 
     def _boundary(self, at: int, mark: int, until) -> bool:

@@ -308,6 +308,13 @@ class Policy:
         boundary, so O(blocks) is fine."""
         return None
 
+    def addresses(self, held: dict) -> dict:
+        """``id -> address`` of each block in ``held`` (the engine's id -> handle table): how the folder names the
+        live objects at a boundary. The default asks `block` for each; a policy may say it faster. Once per
+        fingerprinted boundary, O(held)."""
+        block = self.block
+        return {i: block(h)[0] for i, h in held.items()}
+
     #: Names of the integer attributes that only count (never steer a decision) and go into the result:
     #: what `fold_counts` and `fold_advance` read and add by default.
     fold_counters: tuple[str, ...] = ()

@@ -1407,6 +1407,18 @@ class TorchCachingAllocator(Policy):
     def block(self, handle):
         return handle.ptr, handle.size
 
+    @cython.locals(out=dict, b=Block)
+    def addresses(self, held: dict) -> dict:
+        """`Policy.addresses`: each block's ``ptr`` read directly (compiled: a C field), not through `block` (unless
+        a subclass says where its blocks lie itself)."""
+        if type(self).block is not TorchCachingAllocator.block:
+            return Policy.addresses(self, held)
+        out = {}
+        for i, h in held.items():
+            b = h
+            out[i] = b.ptr
+        return out
+
     def layout(self, live) -> list[dict]:
         """The segments as PyTorch's ``snapshot()`` reports them, by address; read-only, O(blocks).
 
