@@ -868,3 +868,21 @@ def test_the_live_objects_are_named_by_the_addresses_their_blocks_have(policy):
     Elsewhere.__module__ = "elsewhere"
     other = Elsewhere.__new__(Elsewhere)
     assert set(other.addresses(r.handles).values()) == {4096}
+
+
+def test_a_cycle_state_whose_window_differs_at_every_break_is_not_resumed_from_again(monkeypatch):
+    """GPT-2 small (traces/fold/gpt2s-fixed, period 2): after each logging step the state is one of the folded
+    cycle's, but two old objects lie in each other's blocks, so its window is not the cycle's; the resume from that
+    state is tried `RESUME_TRIES` times, then no more (the reuse a step later folds the run); the result is the full
+    walk's."""
+    trace = real_steps("gpt2s-fixed", 160)
+    tried = []
+    resume = fold.Folder._resume
+    monkeypatch.setattr(fold.Folder, "_resume", lambda self, here, key, until: (
+        tried.append((here.mark, key)), resume(self, here, key, until))[1])
+    r = Replay(trace, "torch")
+    r.run()
+    differed = {key for key, n in r._folder.unlike.items() if n}
+    assert r.folded["folds"] >= 3 and differed, (r.folded, r._folder.unlike)
+    assert all(r._folder.unlike[key] == sum(k == key for _, k in tried) == fold.RESUME_TRIES for key in differed)
+    assert_folded_is_full(trace, "torch")

@@ -87,6 +87,9 @@ STRETCH, RATES, MIN_RATES = 256, 64, 4
 #: steps) costs more than walking the few steps after the break until the cycle resumes (`Folder._reuse`,
 #: `Folder._resume`), and the boundaries just before a break repeat only with that long period.
 RESUME_WAIT = 4
+#: Resumes from one cycle state whose events did not repeat the cycle's (`Folder._resume`) before it is not tried
+#: from that state again (a break that leaves two old objects in each other's blocks does so at every break).
+RESUME_TRIES = 2
 GROUP = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
@@ -634,6 +637,7 @@ class Folder:
         self.folded_events = self.folded_steps = 0
         self.periods: list[tuple[int, int, int]] = []    # (period in steps, first step folded, steps folded)
         self.cycles: dict[bytes, tuple[Boundary, int]] = {}     # a state a fold went round: where, period (`_resume`)
+        self.unlike: dict[bytes, int] = {}      # resumes from a cycle state whose events differed (`RESUME_TRIES`)
         self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
         self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
         self.cycle_events: dict[tuple, Events] = {}     # (trace index, P) -> a cycle state's window (`_resume`)
@@ -734,7 +738,7 @@ class Folder:
         del self.recent[:-MAX_PERIOD]
         if key in self.saved and self._reuse(here, key, until):
             return True
-        cycle = self.cycles.get(key)
+        cycle = self.cycles.get(key) if self.unlike.get(key, 0) < RESUME_TRIES else None
         if not (cycle and self._resume(here, key, until)):
             earlier = [e for e in reversed(self.seen.get(key, [])[-TRIES:])
                        if longest is None or mark - e.mark <= longest]  # (a longer window costs more than waiting
@@ -799,6 +803,7 @@ class Folder:
             self.cycle_events[b.at, P] = Events(records, b.at, P)
         if P == 0 or len(ev) < P or windows_repeat(Events.joined(self.cycle_events[b.at, P], ev), P, 0, b.addr,
                                                    here.addr) < 1:
+            self.unlike[key] = self.unlike.get(key, 0) + 1
             return False
         end = int(ev.at[P - 1]) + 1
         if until is not None and end > until:
@@ -959,10 +964,12 @@ class Folder:
         if key not in self.views:       # what a reuse reads of the recorded window, read once
             W = Events(records, walked.at, 2 * P)
             allocs = np.flatnonzero(W.kind[:P] == ALLOC)
+            made = W.id[allocs].astype(np.int64)
+            by_id = np.argsort(made)
             self.views[key] = (W.part(0, P), W.alloc_positions()[P:],
-                               dict(zip(W.id[allocs].tolist(), allocs.tolist())),     # its ALLOCs' places
-                               {a: i for i, a in end_addr.items()})                    # who held each block after it
-        W, follower, where, holder = self.views[key]
+                               (made[by_id], allocs[by_id]),       # its ALLOCs' ids, sorted, and places
+                               _by_address(end_addr))             # who held each block after it
+        W, follower, (made, place), (holder, held_at) = self.views[key]
         A = Events(records, here.at, 2 * P)
         first = Events.joined(W, A.part(0, P))     # the first window (the second is compared below)
         if len(A) < 2 * P or windows_repeat(first, P, 0, walked.addr, here.addr) < 1:
@@ -981,13 +988,15 @@ class Folder:
         a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
         n, lo = self._record_windows(a0, a1, P, end, until, A)  # the first two lead, as a template and the walked
         k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
-        last, rename = _events_before(records, new_end, P), {}
-        for i, a in here.addr.items():
-            h = holder.get(a)
-            if h is None:
-                return False
-            if h in where:
-                rename[i] = int(last.id[where[h]])
+        ids, at = _by_address(here.addr)
+        x = np.minimum(np.searchsorted(held_at, at), max(0, len(held_at) - 1))
+        if len(at) and (not len(held_at) or not (held_at[x] == at).all()):
+            return False            # a live object whose block no object held after the recorded window
+        h = holder[x]               # (each live object's block: who held it after the recorded window)
+        y = np.minimum(np.searchsorted(made, h), max(0, len(made) - 1))
+        new = (made[y] == h) if len(made) else np.zeros(len(h), bool)   # ... allocated in it: renamed
+        last = _events_before(records, new_end, P)
+        rename = dict(zip(ids[new].tolist(), last.id[place[y[new]]].tolist()))
         self._skip(program, k, before, after, here.at + 1, new_end, P, (p, here.mark + 1), zero, rename)
         return True
 
@@ -1335,6 +1344,14 @@ def repeating_records(words: np.ndarray, end: int, R: int, D: int, stop: int) ->
             return x + int(np.argmin(same))
         x = y
     return stop
+
+
+def _by_address(addr: dict) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, addresses)`` of an ``id -> address`` table, in address order (searched with ``searchsorted``)."""
+    n = len(addr)
+    ids, at = np.fromiter(addr.keys(), np.int64, n), np.fromiter(addr.values(), np.int64, n)
+    order = np.argsort(at)
+    return ids[order], at[order]
 
 
 def _count_between(records, lo: int, hi: int) -> int:
