@@ -785,7 +785,7 @@ def test_a_fused_loop_recording_hands_a_miss_back_undone(options):
     j, _ = loop(iter([(4, ALLOC, 3, 64 * MiB, 0), (5, FREE, 3, 0, 0)]), handles, lat, 0, dev, never, tape)
     assert j == 4 and not handles
     assert (float(dev.clock), list(pol.gfb_calls), pol.allocated, dev.n_malloc) == served
-    assert list(tape.incs) == [pol._hit_s, pol._free_s] and list(tape.fused) == [1.0] and not tape.bad
+    assert list(tape.incs) == [pol._hit_s, pol._free_s] and list(tape.latency_ends) == [1.0] and not tape.bad
     assert lat == [(start + pol._hit_s) - start] and type(lat[0]) is float
     assert isinstance(dev.clock, fold.RecFloat) and dev.clock.tape is tape and dev.clock.n == 2
 
@@ -851,10 +851,11 @@ def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_pl
     assert sum(pieces) + r._folder.budget.recorded + r.folded["events"] == full
 
 
-@pytest.mark.parametrize("policy", ["torch", "split", "bestfit", "cupy"])
+@pytest.mark.parametrize("policy", ["torch"])
 def test_the_live_objects_are_named_by_the_addresses_their_blocks_have(policy):
-    """`Policy.addresses` (torch's reads each block's field) is `block`'s address for every held object, and a
-    subclass that says where its blocks lie itself is asked."""
+    """`Policy.addresses` where a policy says it itself (torch reads each block's field) is `block`'s address for
+    every held object, and a subclass that says where its blocks lie itself is asked (the others take the default,
+    which is `block`'s)."""
     trace = load("synthetic-transformer.bin")
     r = Replay(trace, policy, fold=False)
     r.run(until=len(trace) // 2)
@@ -873,16 +874,57 @@ def test_the_live_objects_are_named_by_the_addresses_their_blocks_have(policy):
 def test_a_cycle_state_whose_window_differs_at_every_break_is_not_resumed_from_again(monkeypatch):
     """GPT-2 small (traces/fold/gpt2s-fixed, period 2): after each logging step the state is one of the folded
     cycle's, but two old objects lie in each other's blocks, so its window is not the cycle's; the resume from that
-    state is tried `RESUME_TRIES` times, then no more (the reuse a step later folds the run); the result is the full
-    walk's."""
+    state is tried `RESUME_TRIES` times, then no more (the reuse a step later folds the run); the boundaries where
+    the run comes back read no step signature (`Folder._coming_back`: those are read before the first fold only);
+    the result is the full walk's."""
     trace = real_steps("gpt2s-fixed", 160)
-    tried = []
-    resume = fold.Folder._resume
+    tried, read, folds = [], [], []
+    resume, signatures, skip = fold.Folder._resume, fold.Steps._signatures, fold.Folder._skip
     monkeypatch.setattr(fold.Folder, "_resume", lambda self, here, key, until: (
         tried.append((here.mark, key)), resume(self, here, key, until))[1])
+    monkeypatch.setattr(fold.Steps, "_signatures", lambda self, a, b: (
+        read.append(len(folds)), signatures(self, a, b))[1])
+    monkeypatch.setattr(fold.Folder, "_skip", lambda self, *a, **k: (folds.append(1), skip(self, *a, **k))[1])
     r = Replay(trace, "torch")
     r.run()
+    assert len(folds) >= 3 and read and set(read) == {0}, (folds, read)
     differed = {key for key, n in r._folder.unlike.items() if n}
     assert r.folded["folds"] >= 3 and differed, (r.folded, r._folder.unlike)
     assert all(r._folder.unlike[key] == sum(k == key for _, k in tried) == fold.RESUME_TRIES for key in differed)
     assert_folded_is_full(trace, "torch")
+
+
+def test_a_recorder_takes_the_fused_latencies_it_was_told_of_and_no_more():
+    """`Recorder.take_latencies` pairs each plain float (a fused loop's latency) with the next end on
+    `Tape.latency_ends`, in order among the plain walk's `RecDiff`s; a float with no end left, or an end no float
+    took by the window's end, or a total forked from an earlier one (`Tape.follows`), leaves no `Program`."""
+    def recorder():
+        r = Replay(released_every_step(2), "torch", fold=False)
+        return fold.Recorder(r.device, r.runtime, r.sections), r.device
+    rec, dev = recorder()
+    tape = rec.clock_tape
+    start = float(dev.clock)
+    t0 = dev.clock
+    dev.clock = dev.clock + 1e-6                    # the plain walk: a RecFloat addition and a RecDiff latency
+    mixed = fold.LatencyTape([dev.clock - t0])
+    tape.incs.append(2e-6)                          # the fused loop: an increment, a float, where it ends
+    tape.latency_ends.append(2.0)
+    mixed.append((start + 1e-6 + 2e-6) - (start + 1e-6))
+    dev.clock = tape.at(start + 1e-6 + 2e-6)
+    assert rec.take_latencies(mixed) and rec.taken == 1
+    program = rec.stop()
+    assert program is not None and program.lat.tolist() == [[0, 1], [1, 2]]
+    assert program.incs["clock"].tolist() == [1e-6, 2e-6]
+
+    rec, dev = recorder()                           # a float with no end noted
+    assert not rec.take_latencies(fold.LatencyTape([1e-6]))
+    rec.stop()
+    rec, dev = recorder()                           # an end no float took
+    rec.clock_tape.incs.append(1e-6)
+    rec.clock_tape.latency_ends.append(1.0)
+    dev.clock = rec.clock_tape.at(float(dev.clock) + 1e-6)
+    assert rec.take_latencies(fold.LatencyTape()) and rec.stop() is None
+    rec, dev = recorder()                           # a fused loop starting from an old total
+    old = dev.clock
+    dev.clock = dev.clock + 1e-6
+    assert not rec.clock_tape.follows(old) and rec.clock_tape.bad and rec.stop() is None

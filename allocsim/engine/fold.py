@@ -101,13 +101,13 @@ class Tape:
 
     A policy's fused loop records onto the clock's tape itself (`Policy.fused_tape`): it keeps the total in a C
     double, appends each increment it adds to ``incs``, notes each latency it makes (a plain float: the last
-    increment) by the number of increments then on the tape in ``fused``, and hands the total back with `at`,
+    increment) by the number of increments then on the tape in ``latency_ends``, and hands the total back with `at`,
     so the window walks at the fused loop's pace while every sum is followed as the plain walk's."""
 
     def __init__(self):
         self.incs = array("d")
-        self.fused = array("d")     # a fused loop's latencies: where each ends on the tape (it starts one before),
-        #                             counts held as doubles (exact below 2**53), which the loop appends in C
+        self.latency_ends = array("d")  # a fused loop's latencies: where each ends on the tape (it starts one
+        #                                  before), counts held as doubles (exact below 2**53; appended in C compiled)
         self.bad = False            # something was computed from the total that the tape cannot repeat
 
     def at(self, value: float) -> "RecFloat":
@@ -199,7 +199,9 @@ def _taint(rec: RecFloat, value: float) -> float:
 
 
 class LatencyTape(list):
-    """The latencies of the recorded window, as `RecDiff`s (a fused loop appends to it as to an array)."""
+    """The latencies of a recorded window's piece: `RecDiff`s from the plain walk, plain floats from a fused loop
+    that records onto the tape (`Tape.latency_ends` says where each ends); a fused loop appends to it as to an
+    array."""
 
 
 class Recorder:
@@ -215,7 +217,7 @@ class Recorder:
             self._put(name, RecFloat.on(value, self.tapes[name], 0))
         self.adds: list = []            # (path, seconds spec, calls) of every section added, in order
         self.lat: list = []             # (a, b) clock positions of every latency, in order: (n, 2) arrays
-        self.taken = 0                  # the fused loop's latencies taken (`Tape.fused`)
+        self.taken = 0                  # the fused loop's latencies taken (`Tape.latency_ends`)
         add = sections.add
 
         def recording_add(name, seconds, calls=1, *, path=None):
@@ -240,9 +242,9 @@ class Recorder:
 
     def take_latencies(self, lat: LatencyTape) -> bool:
         """Keep the positions of a walked piece's latencies; False if one is not a clock difference. A plain float
-        is a fused loop's, ending where `Tape.fused` says (a piece walked by the fused loop alone: taken at once)."""
+        is a fused loop's, ending where `Tape.latency_ends` says (a piece walked by the fused loop alone: taken at once)."""
         clock = self.tapes["clock"]
-        fused, k = clock.fused, self.taken
+        fused, k = clock.latency_ends, self.taken
         if all(type(d) is float for d in lat):
             if k + len(lat) > len(fused):
                 return False
@@ -286,7 +288,7 @@ class Recorder:
                 adds.append((key, float(seconds), calls))
             else:
                 ok = False
-        if not ok or self.taken != len(clock.fused):
+        if not ok or self.taken != len(clock.latency_ends):
             return None
         return Program({name: np.array(t.incs) for name, t in self.tapes.items()},
                        np.concatenate(self.lat) if self.lat else np.zeros((0, 2), np.int64), adds)
@@ -546,7 +548,8 @@ class Boundary:
 class Budget:
     """Folding's account in seconds of wall time, so that a fold that does not pay is given up (docs/architecture.md,
     "Folding"): what the folder spends (its looks at the boundaries, the stops they make the walk take, the windows it
-    records beyond what walking them would cost) against the walk's own cost per event (`rate`). The folder gives up
+    records plainly beyond what walking them would cost; a window a fused loop records is walking) against the walk's
+    own cost per event (`rate`). The folder gives up
     once it has spent more than `SLACK` of the whole walk's estimated time, plus what its folds saved, plus
     `ALLOWANCE` (at most that slack again): a run that folds little then costs about `SLACK` more than
     ``--no-fold`` (up to twice that on a short one), one that folds much keeps folding. Wall time steers only whether
@@ -554,21 +557,21 @@ class Budget:
 
     def __init__(self, clock=time.perf_counter):
         self.clock = clock
-        self.walk_s, self.walk_n = 0.0, 0       # walked plainly (fused): seconds, driving events
+        self.walk_s, self.walk_n = 0.0, 0       # walked (fused, or recorded by the fused loop): seconds, events
         self.inner_s, self.inner_n = 0.0, 0     # ... of them since the folder last let go (`walked`)
         self.run_s, self.run_n = 0.0, 0         # ... not yet rated (short steps: stretches gathered to `STRETCH`)
         self.rates: list[float] = []            # seconds an event of the last `RATES` stretches walked
         self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
-        self.recorded = 0                       # driving events walked while recording plainly (charged back at
-        self.saved = 0                          # the rate); driving events the folds passed
+        self.recorded = 0                       # events walked recording plainly (charged back at the rate)
+        self.saved = 0                          # driving events the folds passed
         self.mark = None                        # (when, events done, recording plainly) as the folder last let go
 
     def enter(self, done: int) -> float:
         """The folder is asked again with ``done`` events walked: the stretch since it let go was walked."""
         now = self.clock()
         if self.mark is not None:
-            then, before, recording = self.mark
-            if recording:
+            then, before, plainly = self.mark
+            if plainly:
                 self.spent += now - then
                 self.recorded += done - before
             else:               # the walk's own calls; the rest of the stretch (stopping at a boundary) is folding's
@@ -590,14 +593,14 @@ class Budget:
         self.inner_s += seconds
         self.inner_n += events
 
-    def leave(self, began: float, done: int, recording: bool, passed: int) -> None:
+    def leave(self, began: float, done: int, plainly: bool, passed: int) -> None:
         """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold;
-        ``recording``: a window is walked plainly from here (its time is the folder's, less its events at the walk's
+        ``plainly``: a window is recorded plainly from here (its time is the folder's, less its events at the walk's
         rate; one the fused loop records onto the tape is walked at the walk's own pace, and counted as walking)."""
         now = self.clock()
         self.spent += now - began
         self.saved += passed
-        self.mark = (now, done, recording)
+        self.mark = (now, done, plainly)
 
     def pause(self) -> None:
         """The walk stopped (a stepped replay): the time until it walks again is its caller's."""
@@ -740,9 +743,10 @@ class Folder:
             return True
         cycle = self.cycles.get(key) if self.unlike.get(key, 0) < RESUME_TRIES else None
         if not (cycle and self._resume(here, key, until)):
+            # (an earlier state more than `longest` steps back: its window costs more than waiting for the cycle)
             earlier = [e for e in reversed(self.seen.get(key, [])[-TRIES:])
-                       if longest is None or mark - e.mark <= longest]  # (a longer window costs more than waiting
-            if earlier and (not back or self.steps.useful(mark, longest)):        # for the cycle to come back)
+                       if longest is None or mark - e.mark <= longest]
+            if earlier and (not back or self.steps.useful(mark, longest)):
                 for e in earlier:
                     if self._repeats(e.mark, mark, mark - e.mark) and self._try(e, here, key, until):
                         break
@@ -965,7 +969,7 @@ class Folder:
             W = Events(records, walked.at, 2 * P)
             allocs = np.flatnonzero(W.kind[:P] == ALLOC)
             made = W.id[allocs].astype(np.int64)
-            by_id = np.argsort(made)
+            by_id = np.argsort(made, kind="stable")     # (an id allocated twice: its last ALLOC, as `_rename`)
             self.views[key] = (W.part(0, P), W.alloc_positions()[P:],
                                (made[by_id], allocs[by_id]),       # its ALLOCs' ids, sorted, and places
                                _by_address(end_addr))             # who held each block after it
@@ -993,7 +997,7 @@ class Folder:
         if len(at) and (not len(held_at) or not (held_at[x] == at).all()):
             return False            # a live object whose block no object held after the recorded window
         h = holder[x]               # (each live object's block: who held it after the recorded window)
-        y = np.minimum(np.searchsorted(made, h), max(0, len(made) - 1))
+        y = np.maximum(np.searchsorted(made, h, side="right") - 1, 0)
         new = (made[y] == h) if len(made) else np.zeros(len(h), bool)   # ... allocated in it: renamed
         last = _events_before(records, new_end, P)
         rename = dict(zip(ids[new].tolist(), last.id[place[y[new]]].tolist()))
@@ -1109,7 +1113,6 @@ class Steps:
         self.pmax = min(MAX_PERIOD, n // 5) if n > 2 else 0
         self._table = None                      # `repeating_steps` once every signature is read
         self._differ: dict[int, list[int]] = {}     # period p -> steps t seen to differ from step t + p (sorted)
-        self._runs: dict[int, np.ndarray] = {}      # period p -> `_count_runs(p)`
         self._may = None                        # `may_repeat`'s answer, once asked
 
     def __len__(self) -> int:
@@ -1241,8 +1244,8 @@ class Steps:
             far = min(reach, max(8, m))     # ahead, periods up to the steps walked (else found from behind later)
             ahead = 1 + np.flatnonzero((counts[m + 1:m + far + 1] == counts[m]).all(axis=1))  # m starts a run
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
-            ahead = np.array([p for p in ahead if p > done and self._count_runs(p)[m]], np.int64)
-            behind = np.array([p for p in behind if p > done and self._count_runs(p)[m - p]], np.int64)
+            ahead = np.array([p for p in ahead.tolist() if p > done and self._counts_repeat(m, p)], np.int64)
+            behind = np.array([p for p in behind.tolist() if p > done and self._counts_repeat(m - p, p)], np.int64)
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
                 sig = self.read(lo, m + far + 1)
                 ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
@@ -1253,19 +1256,12 @@ class Steps:
             done = reach
         return False
 
-    def _count_runs(self, p: int) -> np.ndarray:
-        """For each step ``q``, whether the ``4p`` steps from it have the ALLOC counts of the steps ``p`` after them
-        (and the trace holds them): what equal signatures need, so `useful` reads no signature where this says no
-        (the steps about an evaluation, each period looked for). O(steps) once a period."""
-        got = self._runs.get(p)
-        if got is None:
-            n = len(self.marks)
-            eq = (self.counts[:-p] == self.counts[p:]).all(axis=1) if p < n else np.zeros(0, bool)
-            q = np.arange(len(eq))
-            bad = np.append(np.flatnonzero(~eq), len(eq))
-            got = self._runs[p] = np.zeros(n + 1, bool)
-            got[:len(eq)] = bad[np.searchsorted(bad, q)] - q >= 4 * p
-        return got
+    def _counts_repeat(self, q: int, p: int) -> bool:
+        """Whether the ``4p`` steps from step ``q`` have the ALLOC counts of the steps ``p`` after them (and the trace
+        holds them): what equal signatures need, so `useful` reads no signature where this says no (the steps about an
+        evaluation, each period looked for). O(p)."""
+        c = self.counts
+        return q >= 0 and q + 5 * p <= len(self.marks) and bool((c[q:q + 4 * p] == c[q + p:q + 5 * p]).all())
 
     def _equal(self, a: int, b: int, n: int) -> bool:
         """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in

@@ -485,7 +485,7 @@ class Replay:
         self._live = LiveBytes()       # live requested bytes, read up to each OOM
         self._allocs = _AllocBytes()   # requested bytes so far, read up to each OOM (gc: `_trace_bytes`)
         self._zero_counts: list = []
-        self._skip = [0]                # chunks ending by this trace index are passed unread (`move_to`)
+        self._skip = [0]                # records before this trace index are passed unread (`move_to`)
         self._chunks = self._driving_chunks()
         self._chunk, self._pos, self._j0 = None, 0, 0     # the chunk walked, the position in it, events before it
         self._before, self._after = self._before_hook(), self._after_hook()
@@ -626,8 +626,8 @@ class Replay:
     def move_to(self, at: int, passed: int | None = None) -> int:
         """Move the walk to trace index ``at`` as if every driving event before it was walked (a fold; the
         folder has set the state); return how many driving events that passed. Given ``passed`` (how many
-        lie between), the folder vouches that no 0-byte ALLOC lies between: the chunks wholly before ``at``
-        are passed unread."""
+        lie between), the folder vouches that no 0-byte ALLOC lies between: the records before ``at`` not read
+        yet are passed unread (the chunks wholly before it, and the part before it of the chunk it lies in)."""
         w = self._w
         start = w.done
         c = self._chunk

@@ -78,10 +78,10 @@ class Policy:
 
     #: True where `walk_chunk` also takes ``tape`` (a `allocsim.engine.fold.Tape`): while the folder records a
     #: window, the loop appends each increment it adds to the clock to ``tape.incs`` (an ``array('d')``), and for
-    #: each latency it appends (a float, as always) the number of increments then on the tape to ``tape.fused``
-    #: (an ``array('d')``: the latency is the last increment), hands an event it would serve other than by its
-    #: pools back undone, for the plain walk, and writes the clock back as ``tape.at(clock)``. Read with
-    #: `walk_chunk` from the class that defines it (`fused_tape`); else a recorded window walks plainly.
+    #: each latency it appends (a float, as always) the number of increments then on the tape to
+    #: ``tape.latency_ends`` (an ``array('d')``: the latency is the last increment), hands an event it would serve
+    #: other than by its pools back undone, for the plain walk, and writes the clock back as ``tape.at(clock)``.
+    #: Read with `walk_chunk` from the class that defines it (`fused_tape`); else a recorded window walks plainly.
     records_fused = False
 
     #: Optional ``renumber(held) -> {old handle: new handle} | None``, for a policy whose handles index its own

@@ -680,7 +680,7 @@ class TorchCachingAllocator(Policy):
         compiled = cython.compiled          # compiled: C appends (`add_latency`)
         rec, m = tape is not None, 0
         if rec:
-            incs, ends, m = tape.incs, tape.fused, len(tape.incs)
+            incs, ends, m = tape.incs, tape.latency_ends, len(tape.incs)
         for j, k, i, size, stream in events:
             if k == 1:                          # ALLOC: malloc
                 t0 = clock
