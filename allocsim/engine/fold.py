@@ -765,9 +765,7 @@ class Folder:
         boundary is fingerprinted without reading the steps' signatures first (after a break, the few boundaries
         before the run is folded again read no signature: those came to more than the walk between folds);
         others ask `Steps.useful`."""
-        counts, n = self.steps.counts, len(self.marks)
-        return any(m + 2 * p <= n and (counts[m:m + p] == counts[m + p:m + 2 * p]).all()
-                   for p in {p for _, p in self.cycles.values()})
+        return any(self.steps.counts_repeat(m, p, p) for p in {p for _, p in self.cycles.values()})
 
     def _alike(self, a: int, m: int, p: int) -> bool:
         """Whether steps ``m`` to ``m + 2p`` may be the ``p`` steps from ``a`` twice, before their events are
@@ -778,8 +776,7 @@ class Folder:
             return False
         if steps.known[a:a + p].all() and steps.known[m:m + 2 * p].all():
             return self._repeats(a, m, p)
-        c = steps.counts
-        return bool((c[m:m + p] == c[a:a + p]).all() and (c[m + p:m + 2 * p] == c[a:a + p]).all())
+        return steps.counts_repeat(a, m - a, p) and steps.counts_repeat(a, m + p - a, p)
 
     def _repeats(self, a: int, m: int, p: int) -> bool:
         """Whether steps ``m`` to ``m + 2p`` have the signatures of the ``p`` steps from ``a`` twice: the steps
@@ -929,8 +926,7 @@ class Folder:
         then the window of ``p`` steps that holds it cannot repeat the one before it, even event by event (a run
         broken by an evaluation: `_windows` need not read on)."""
         s = int(np.searchsorted(self.marks, x, side="right")) - 1
-        counts = self.steps.counts
-        return s >= p and bool((counts[s] != counts[s - p]).any())
+        return s >= p and not self.steps.counts_repeat(s - p, p, 1)
 
     def _windows(self, lo: int | None, first: int, P: int, k: int, new_end: int, until) -> tuple[int, int]:
         """``(k, new_end)`` counting on the windows that repeat event by event (`windows_repeat`) from window
@@ -1244,8 +1240,9 @@ class Steps:
             far = min(reach, max(8, m))     # ahead, periods up to the steps walked (else found from behind later)
             ahead = 1 + np.flatnonzero((counts[m + 1:m + far + 1] == counts[m]).all(axis=1))  # m starts a run
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
-            ahead = np.array([p for p in ahead.tolist() if p > done and self._counts_repeat(m, p)], np.int64)
-            behind = np.array([p for p in behind.tolist() if p > done and self._counts_repeat(m - p, p)], np.int64)
+            ahead = np.array([p for p in ahead.tolist() if p > done and self.counts_repeat(m, p, 4 * p)], np.int64)
+            behind = np.array([p for p in behind.tolist() if p > done and self.counts_repeat(m - p, p, 4 * p)],
+                              np.int64)
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
                 sig = self.read(lo, m + far + 1)
                 ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
@@ -1256,12 +1253,13 @@ class Steps:
             done = reach
         return False
 
-    def _counts_repeat(self, q: int, p: int) -> bool:
-        """Whether the ``4p`` steps from step ``q`` have the ALLOC counts of the steps ``p`` after them (and the trace
-        holds them): what equal signatures need, so `useful` reads no signature where this says no (the steps about an
-        evaluation, each period looked for). O(p)."""
+    def counts_repeat(self, q: int, p: int, n: int) -> bool:
+        """Whether the ``n`` steps from step ``q`` have the ALLOC counts of the steps ``p`` after them (and the trace
+        holds them): what equal steps need, read for nothing. `useful` reads no signature where the ``4p`` steps it
+        would compare say no (the steps about an evaluation, each period looked for); the folder asks it where a run
+        may come back to a cycle (`Folder._coming_back`) and whether a window can repeat (`Folder._differs`). O(n)."""
         c = self.counts
-        return q >= 0 and q + 5 * p <= len(self.marks) and bool((c[q:q + 4 * p] == c[q + p:q + 5 * p]).all())
+        return q >= 0 and q + n + p <= len(self.marks) and bool((c[q:q + n] == c[q + p:q + p + n]).all())
 
     def _equal(self, a: int, b: int, n: int) -> bool:
         """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in
