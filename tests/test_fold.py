@@ -460,6 +460,66 @@ def test_steps_compared_again_answer_as_compared_afresh():
             assert steps._equal(a, a + p, k) == want, (a, p, k)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=14))
+def test_count_comparisons_answer_as_the_counts_compared(counts):
+    """`Steps.counts_repeat` (by the steps where the counts change, kept per period, or directly past
+    `COUNT_BREAKS`) and `Steps.counts_repeat_all` (in one gather, or one by one past `COUNTS_AT_ONCE`) say, for
+    every ``(q, p, n)``, whether the ``n`` steps from ``q`` have the counts of the ``n`` from ``q + p``, the trace
+    holding them."""
+    N, c = len(counts), np.array(counts)
+    qs = [(q, p, n) for q in range(-2, N + 2) for p in range(1, N + 2) for n in range(1, N + 2)]
+    wanted = [q >= 0 and q + n + p <= N and bool((c[q:q + n] == c[q + p:q + p + n]).all()) for q, p, n in qs]
+    q, p, n = (np.array(col, np.int64) for col in zip(*qs))
+    steps = fold.Steps(steps_trace(counts))
+    assert [steps.counts_repeat(*x) for x in qs] == wanted
+    for k in range(0, len(qs), 50):        # (in rows of periods and lengths, as `useful` asks)
+        assert steps.counts_repeat_all(q[k:k + 50], p[k:k + 50], n[k:k + 50]).tolist() == wanted[k:k + 50]
+    bounded = fold.Steps(steps_trace(counts))
+    old = fold.COUNT_BREAKS, fold.COUNTS_AT_ONCE
+    try:
+        fold.COUNT_BREAKS = fold.COUNTS_AT_ONCE = 0         # nothing kept, nothing gathered at once
+        assert [bounded.counts_repeat(*x) for x in qs] == wanted
+        assert bounded.counts_repeat_all(q[:50], p[:50], n[:50]).tolist() == wanted[:50]
+    finally:
+        fold.COUNT_BREAKS, fold.COUNTS_AT_ONCE = old
+
+
+def steps_trace(counts) -> Trace:
+    """A trace whose steps make ``counts`` ALLOCs each."""
+    w = TraceWriter(meta={"producer": "test"})
+    for c in counts:
+        w.mark("step")
+        for _ in range(c):
+            w.free(w.alloc(512))
+    return w.finish()
+
+
+def test_kind_flags_are_each_records_kind_and_flags():
+    """`Trace.kind_flags` (kept by `validate`'s pass, or read when first asked, from records laid out as the file's
+    or any other way) is ``kind | flags << 8`` of every record, and the folder's steps read from it what they read
+    from the records."""
+    trace = Trace.load(os.path.join(ROOT, "traces", "cupy_mlp.bin"))
+    assert "kind_flags" in vars(trace)          # kept by the load's validation
+    rec = np.asarray(trace.records)
+    want = rec["kind"].astype(np.uint16) | (rec["flags"].astype(np.uint16) << 8)
+    assert np.array_equal(trace.kind_flags, want)
+    other = np.empty(len(rec), dtype=[(n, rec.dtype[n]) for n in reversed(rec.dtype.names)])   # another layout
+    for name in rec.dtype.names:
+        other[name] = rec[name]
+    for records in (rec.copy(), other, rec[::-1][::-1]):
+        again = Trace(records, dict(trace.meta), streams=trace.streams, sites=trace.sites, labels=trace.labels)
+        assert np.array_equal(again.kind_flags, want)
+    flagged = rec.copy()
+    flagged["flags"][flagged["kind"] == FREE] |= 64          # IN_REQUEST: what a window's comparison does not see
+    for records in (rec, flagged):
+        t = Trace(records.copy(), dict(trace.meta), streams=trace.streams, sites=trace.sites, labels=trace.labels)
+        assert np.array_equal(t.kind_flags, records["kind"].astype(np.uint16) | (records["flags"].astype(np.uint16) << 8))
+        steps = fold.Steps(t)
+        assert steps.unseen == bool(((records["kind"] == FREE) & (records["flags"] & 64 != 0)).any())
+        assert np.array_equal(steps.marks, np.flatnonzero(records["kind"] == trace_module.ev.MARK))
+
+
 def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monkeypatch):
     """1,000 steps of a fixed-shape model: the folded replay reads the signatures of the steps near those it
     walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes. The

@@ -48,6 +48,7 @@ import numpy as np
 
 from ..machine.device import SimulatedDevice
 from ..trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, RECORD_DTYPE, kind_table
+from ..trace import trace as trace_records
 
 #: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
 FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
@@ -93,6 +94,10 @@ RESUME_TRIES = 2
 GROUP = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
+#: Steps `Steps._count_breaks` keeps at most, all periods together (8 bytes each).
+COUNT_BREAKS = 1 << 20
+#: Counts `Steps.counts_repeat_all` compares in one gather at most (periods x steps); past it, period by period.
+COUNTS_AT_ONCE = 1 << 14
 
 
 # ---- the recorder: floats that remember how they were made ---------------------------------------------
@@ -1070,6 +1075,10 @@ def _folded(kind: np.ndarray) -> np.ndarray:
 
 
 _FOLDED = kind_table(FOLD_KINDS)
+#: What a window's comparison does not see (`Steps.unseen`): private-pool kinds, and a FREE flagged
+#: ``IN_REQUEST`` (``kind | flags << 8``, as `Trace.kind_flags` holds them).
+_UNSEEN = kind_table(np.array(POOL))
+_HELD_MASK, _HELD_FREE = np.uint16(0xFF | IN_REQUEST << 8), np.uint16(FREE | IN_REQUEST << 8)
 
 
 class Steps:
@@ -1081,16 +1090,17 @@ class Steps:
     def __init__(self, trace):
         self.records = trace.records
         marks, allocs, unseen = [], [], False
-        for start, rec in trace.chunks():
-            kind = rec["kind"].copy()              # read once: the passes below go over a compact copy
+        kind_flags = trace.kind_flags               # (kind and flags read once, kept with the trace)
+        for start in range(0, len(kind_flags), trace_records.CHUNK):
+            both = kind_flags[start:start + trace_records.CHUNK]
+            kind = both.astype(np.uint8)            # the low byte
             at = np.flatnonzero(kind == MARK)
             marks.append(at + start)
             cuts = np.concatenate(([0], at))        # a MARK is no ALLOC: an empty piece's sum is 0
             allocs.append(np.add.reduceat(kind == ALLOC, cuts, dtype=np.int64))
             if not unseen:
-                flags = rec["flags"]
-                unseen = bool(((kind >= POOL[0]) & (kind <= POOL[-1])).any() or (flags.any() and (
-                    (kind == FREE) & (flags & IN_REQUEST != 0)).any()))
+                unseen = bool(_UNSEEN.take(kind).any() or (
+                    (both & _HELD_MASK) == _HELD_FREE).any())
         self.marks = np.concatenate(marks) if marks else np.zeros(0, np.int64)
         n = len(self.marks)
         # pieces between MARKs, chunk after chunk: each chunk's first piece continues the step before it
@@ -1110,6 +1120,8 @@ class Steps:
         self._table = None                      # `repeating_steps` once every signature is read
         self._differ: dict[int, list[int]] = {}     # period p -> steps t seen to differ from step t + p (sorted)
         self._may = None                        # `may_repeat`'s answer, once asked
+        self._breaks: dict[int, np.ndarray | None] = {}     # period -> `_count_breaks` (None: past the bound)
+        self._kept = 0                          # steps held in ``_breaks``
 
     def __len__(self) -> int:
         return len(self.marks)
@@ -1240,9 +1252,9 @@ class Steps:
             far = min(reach, max(8, m))     # ahead, periods up to the steps walked (else found from behind later)
             ahead = 1 + np.flatnonzero((counts[m + 1:m + far + 1] == counts[m]).all(axis=1))  # m starts a run
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
-            ahead = np.array([p for p in ahead.tolist() if p > done and self.counts_repeat(m, p, 4 * p)], np.int64)
-            behind = np.array([p for p in behind.tolist() if p > done and self.counts_repeat(m - p, p, 4 * p)],
-                              np.int64)
+            ahead, behind = ahead[ahead > done], behind[behind > done]
+            ahead = ahead[self.counts_repeat_all(m + 0 * ahead, ahead, 4 * ahead)]
+            behind = behind[self.counts_repeat_all(m - behind, behind, 4 * behind)]
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
                 sig = self.read(lo, m + far + 1)
                 ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
@@ -1257,9 +1269,43 @@ class Steps:
         """Whether the ``n`` steps from step ``q`` have the ALLOC counts of the steps ``p`` after them (and the trace
         holds them): what equal steps need, read for nothing. `useful` reads no signature where the ``4p`` steps it
         would compare say no (the steps about an evaluation, each period looked for); the folder asks it where a run
-        may come back to a cycle (`Folder._coming_back`) and whether a window can repeat (`Folder._differs`). O(n)."""
-        c = self.counts
-        return q >= 0 and q + n + p <= len(self.marks) and bool((c[q:q + n] == c[q + p:q + p + n]).all())
+        may come back to a cycle (`Folder._coming_back`) and whether a window can repeat (`Folder._differs`).
+        O(log steps) by the steps where the counts change with period ``p`` (`_count_breaks`), else O(n)."""
+        if q < 0 or q + n + p > len(self.marks):
+            return False
+        breaks = self._count_breaks(p)
+        if breaks is None:
+            c = self.counts
+            return bool((c[q:q + n] == c[q + p:q + p + n]).all())
+        k = int(np.searchsorted(breaks, q))
+        return k == len(breaks) or breaks[k] >= q + n
+
+    def counts_repeat_all(self, q: np.ndarray, p: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """`counts_repeat` for each ``(q, p, n)`` of three arrays (`useful` asks for dozens of periods at each
+        boundary): one gather of the counts compared where that is small (`COUNTS_AT_ONCE`), else one by one."""
+        if not len(p) or len(p) * int(n.max()) > COUNTS_AT_ONCE:
+            return np.array([self.counts_repeat(*x) for x in zip(q.tolist(), p.tolist(), n.tolist())], bool)
+        c, N = self.counts[:, 0], len(self.marks)
+        t = q[:, None] + np.arange(int(n.max()))         # the steps compared, a row per question
+        inside = t < (q + n)[:, None]
+        a, b = np.clip(t, 0, N - 1), np.clip(t + p[:, None], 0, N - 1)     # (out of the trace: answered no)
+        return (q >= 0) & (q + n + p <= N) & ((c[a] == c[b]) | ~inside).all(axis=1)
+
+    def _count_breaks(self, p: int) -> np.ndarray | None:
+        """The steps ``t`` whose ALLOC count is not step ``t + p``'s, kept per period asked (a boundary asks about
+        dozens of periods, each boundary about the same ones): O(steps) once a period, then each `counts_repeat` a
+        binary search. At most `COUNT_BREAKS` kept in all (a run whose counts never repeat would keep a step per
+        step and period): past it, None (compared directly)."""
+        got = self._breaks.get(p)
+        if got is None and p not in self._breaks:
+            c = self.counts[:, 0]
+            got = np.flatnonzero(c[:-p] != c[p:]) if p < len(c) else np.zeros(0, np.int64)
+            if self._kept + len(got) > COUNT_BREAKS:
+                got = None
+            else:
+                self._kept += len(got)
+            self._breaks[p] = got
+        return got
 
     def _equal(self, a: int, b: int, n: int) -> bool:
         """Whether the ``n`` steps from ``a`` have the signatures of the ``n`` from ``b`` (``a < b``), read in

@@ -86,9 +86,11 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     next replays, as its chunks are: `kept_chunks`; the caller copies it)."""
     def make():
         out = []
-        for start, rec in trace.chunks():
-            at = np.flatnonzero(rec["kind"] == SEGMENT_ALLOC)
-            seg = rec[at]
+        records, chunk = trace.records, trace_records.CHUNK
+        kind = trace.kind_flags.view(np.uint8)[::2]         # (the low bytes, little-endian: kept with the trace)
+        for start in range(0, len(kind), chunk):
+            at = np.flatnonzero(kind[start:start + chunk] == SEGMENT_ALLOC)
+            seg = np.asarray(records[start:start + chunk])[at]
             past = np.flatnonzero(seg["addr"] > RECORDED_END - seg["size"])      # sizes are at most 1 PiB
             if len(past):
                 j = past[0]

@@ -115,6 +115,17 @@ class Trace:
         return frozenset(k for _, rec in self.chunks() for k in np.unique(rec["kind"]).tolist())
 
     @cached_property
+    def kind_flags(self) -> np.ndarray:
+        """Each record's kind and flags as one contiguous little-endian ``uint16``, ``kind | flags << 8``, kept
+        (2 bytes a record, a twentieth of the records'): the passes that look at kinds alone (the folder's steps,
+        the recorded segments) read it, not the records' 40-byte-strided columns (each such pass cost a read of
+        every record). `validate` keeps the one its pass reads; else read here, once."""
+        out = np.empty(len(self), "<u2")
+        for start, rec in self.chunks():
+            out[start:start + len(rec)] = kind_flags_of(rec)
+        return out
+
+    @cached_property
     def n_allocs(self) -> int:
         """ALLOC events (counted by `validate` as it goes, else in a pass of its own)."""
         return sum(int(np.count_nonzero(rec["kind"] == ev.ALLOC)) for _, rec in self.chunks())
@@ -172,9 +183,21 @@ class Trace:
         (kept as `load_bytes` and `n_allocs`) and feeds ``walkers`` (see `walk`).
         """
         check = _Validator(self)
-        self.walk(check, *walkers)
+        kept = _KindFlags(len(self))
+        self.walk(check, kept, *walkers)
         check.finish()
         self.__dict__["load_bytes"], self.__dict__["n_allocs"] = check.live.peak, check.n_allocs
+        self.__dict__["kind_flags"] = kept.out
+
+
+class _KindFlags:
+    """A walker keeping each `Chunk`'s ``kind_flags`` (`Trace.kind_flags`, read by `validate`'s pass)."""
+
+    def __init__(self, n: int):
+        self.out = np.empty(n, "<u2")
+
+    def add(self, c: "Chunk") -> None:
+        self.out[c.start:c.start + len(c.kind)] = c.kind_flags
 
 
 class _Validator:
@@ -334,10 +357,10 @@ class _RecordFields:
 
     def add(self, c: "Chunk") -> None:
         first, start, t = self.first, c.start, self.trace
-        flags = c.rec["flags"]
+        flags = (c.kind_flags >> 8).astype(np.uint8)
         if flags.any():         # rare: most traces flag nothing
             unknown = flags & np.uint8(~self.FLAGS & 0xFF)
-            kind = c.rec["kind"]
+            kind = c.kind
             misplaced = np.zeros(len(flags), bool)
             for bit, kinds in self.FLAG_KINDS.items():
                 misplaced |= (flags & bit != 0) & ~np.isin(kind, kinds)
@@ -570,6 +593,14 @@ class IdRuns:
 CHUNK = 1 << 16
 
 
+def kind_flags_of(rec: np.ndarray) -> np.ndarray:
+    """``kind | flags << 8`` of each record, contiguous little-endian ``uint16``s: of records laid out as
+    `RECORD_DTYPE`, the first two bytes of each, in one strided read."""
+    if rec.dtype == RECORD_DTYPE and rec.flags.c_contiguous:
+        return rec.view(np.uint8).view("<u2")[::RECORD_DTYPE.itemsize // 2].copy()
+    return rec["kind"].astype("<u2") | (rec["flags"].astype("<u2") << 8)
+
+
 class Chunk:
     """Records ``start`` onwards (``rec``), with the columns the chunked walks share, each read once.
 
@@ -579,7 +610,8 @@ class Chunk:
 
     def __init__(self, start: int, rec: np.ndarray):
         self.start, self.rec = start, rec
-        self.kind = np.ascontiguousarray(rec["kind"])
+        self.kind_flags = kind_flags_of(rec)        # both bytes in one strided read (`Trace.kind_flags`)
+        self.kind = self.kind_flags.astype(np.uint8)
         self._where: dict[int, np.ndarray] = {}
         self._ids: dict[int, np.ndarray] = {}
 
