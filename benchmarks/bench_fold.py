@@ -18,7 +18,7 @@
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
     python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
-                                     [--long trace.bin] [--real [--give-up trace.bin]] [--json out.json]
+                                     [--long trace.bin] [--real [--give-up trace.bin]] [--json out.json] [--kept]
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ sys.path.insert(0, ROOT)
 import numpy as np  # noqa: E402
 
 from allocsim.engine import fold as fold_module  # noqa: E402
+from allocsim.engine import replay as replay_module  # noqa: E402
 from allocsim.formats import synth  # noqa: E402
 from allocsim.errors import UsageError  # noqa: E402
 from allocsim.outputs import atomic_open  # noqa: E402
@@ -42,10 +43,20 @@ from allocsim.engine.replay import Replay  # noqa: E402
 from allocsim.trace import Trace  # noqa: E402
 
 
+#: ``--kept``: replays keep what a tune or fit keeps between its replays of one trace (its steps excepted).
+KEPT = False
+
+
 def timed(trace: Trace, policy: str, fold: bool):
     """``(CPU seconds, result dict without timings, folded summary)`` of one replay to the end, as `allocsim
-    replay` runs it: the trace's steps read afresh (a tune or fit reads them once for all its replays)."""
+    replay` runs it: the trace's steps read afresh, and (unless ``--kept``) a short trace's walk chunks and
+    segments made afresh too (a tune or fit makes them once for all its replays of a trace of at most
+    `replay_module.KEEP_RECORDS` records: until 2026-12-03 only the 10 steps had them kept, the long runs, larger,
+    never)."""
     fold_module._STEPS.clear()
+    if not KEPT:
+        replay_module._KEPT.clear()
+        replay_module._LIVE.clear()
     c0 = time.process_time()
     r = Replay(trace, policy, fold=fold)
     res = r.run()
@@ -102,7 +113,14 @@ def main(argv=None) -> int:
     ap.add_argument("--give-up", default=os.path.join(ROOT, "traces", "gpt2_variable.bin"), metavar="TRACE",
                     help="with --real: a trace whose steps do not repeat (default traces/gpt2_variable.bin)")
     ap.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
+    ap.add_argument("--kept", action="store_true",
+                    help="keep a short trace's walk chunks between its replays, as a tune or fit does (the figures "
+                         "before 2026-12-03 kept them)")
     a = ap.parse_args(argv)
+    global KEPT
+    KEPT = a.kept
+    print(f"each replay {'keeps' if KEPT else 'makes afresh'} a short trace's walk chunks (--kept: "
+          f"{'on' if KEPT else 'off'})")
     policies = a.policies.split(",")
     out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": []}
     if a.real:
