@@ -954,6 +954,48 @@ def test_a_cycle_state_whose_window_differs_at_every_break_is_not_resumed_from_a
     assert_folded_is_full(trace, "torch")
 
 
+@pytest.mark.parametrize("name, steps, lap", [("gpt2s-fixed", 215, 50), ("resnet18-eval100", 560, 100)])
+def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, name, steps, lap):
+    """Real runs broken by a logging or evaluation step every 50 steps (GPT-2 small; ResNet-18, which also
+    evaluates every 100): once a recorded window's state is reused a lap after its last reuse, the lap is recorded
+    (its folds and the stretches walked between them) and the laps after it are added at once (`Folder._lap_close`),
+    only the first checked event by event; the result is the full walk's, and a lap that does not repeat is not
+    added (`LAP_TRIES`)."""
+    trace = real_steps(name, steps)
+    closed, events = [], []
+    close, windows = fold.Folder._lap_close, fold.windows_repeat
+    monkeypatch.setattr(fold.Folder, "_lap_close", lambda self, *a: (closed.append(close(self, *a)), closed[-1])[1])
+    monkeypatch.setattr(fold, "windows_repeat", lambda ev, *a: (events.append(len(ev)), windows(ev, *a))[1])
+    how = assert_folded_is_full(trace, "torch")
+    r = Replay(trace, "torch")
+    r.run()
+    laps = [(p, first, n) for p, first, n in r._folder.periods if p == lap]
+    assert closed.count(True) == 2 and len(laps) == 1 and laps[0][2] >= lap, (closed, r._folder.periods)
+    marks = fold.steps_of(trace).marks
+    assert how["steps"] == r.folded["steps"] and max(events) < fold._count_between(trace.records, marks[0],
+                                                                                 marks[lap]), max(events)
+    # stopped short inside the laps, stepped, and walked on: still the full walk's
+    full, _ = walk(trace, "torch", fold=False)
+    r = Replay(trace, "torch")
+    r.run(until=int(marks[steps * 3 // 4]))
+    r.step(3000)
+    r.run(until=len(trace))
+    res = r.finish().to_dict(timeline=True)
+    res.pop("replay_seconds")
+    assert res == full["result"]
+    # a lap whose old objects' blocks disagree (each freed object held another block at the lap's start) is not
+    # added, and the result is still the full walk's
+    def moved(self, here, until):
+        b1 = self.lap.b1
+        self.lap.b1 = fold.Boundary(b1.at, b1.mark, {i: a + 256 for i, a in b1.addr.items()})
+        return close(self, here, until)
+    monkeypatch.setattr(fold.Folder, "_lap_close", moved)
+    r = Replay(trace, "torch")
+    r.run()
+    assert r._folder.lap_misses >= 1 and not [p for p, _, _ in r._folder.periods if p == lap], r._folder.periods
+    assert_folded_is_full(trace, "torch")
+
+
 def test_a_recorder_takes_the_fused_latencies_it_was_told_of_and_no_more():
     """`Recorder.take_latencies` pairs each plain float (a fused loop's latency) with the next end on
     `Tape.latency_ends`, in order among the plain walk's `RecDiff`s; a float with no end left, or an end no float

@@ -26,7 +26,9 @@ walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 A run broken by an evaluation (or any step of another shape) folds again without searching from scratch: where
 the state comes back to one a recorded window started from, the windows from there are added with that
 recording, none walked (`Folder._reuse`); where it comes back into a cycle folded before, its window is recorded
-at once (`Folder._resume`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
+at once (`Folder._resume`). A run broken every so many steps goes round the same folds and walks: from a state's
+reuse to its next reuse, a lap (`Lap`), recorded as it goes and added as many times as the laps after it repeat it
+(`Folder._lap_close`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
@@ -91,11 +93,15 @@ RESUME_WAIT = 4
 #: Resumes from one cycle state whose events did not repeat the cycle's (`Folder._resume`) before it is not tried
 #: from that state again (a break that leaves two old objects in each other's blocks does so at every break).
 RESUME_TRIES = 2
+#: Laps recorded that did not repeat (`Folder._lap_close`) before no lap is recorded again.
+LAP_TRIES = 2
 GROUP = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
 #: Steps `Steps._count_breaks` keeps at most, all periods together (8 bytes each).
 COUNT_BREAKS = 1 << 20
+#: The longest reach (in steps) `Steps.useful` rules steps out for by their counts alone, all at once.
+CANDIDATE_REACH = 64
 #: Counts `Steps.counts_repeat_all` compares in one gather at most (periods x steps); past it, period by period.
 COUNTS_AT_ONCE = 1 << 14
 
@@ -391,6 +397,10 @@ class Program:
         for key, spec, calls in adds:
             self.by_key.setdefault(key, []).append((spec, calls))
 
+    def adds_anything(self) -> bool:
+        """Whether repeating it adds to any total (a stretch of no events adds nothing)."""
+        return bool(len(self.lat) or self.by_key or any(len(incs) for incs in self.incs.values()))
+
     def repeat(self, k: int, device, runtime, sections, latency) -> None:
         """Add ``k`` windows to the totals: run by run of `_runs` (one binade's windows take the same
         latencies and section times, coded once)."""
@@ -427,6 +437,35 @@ class Program:
             stat = sections.stats[key]
             stat[1] = _total(stat[1], values.ravel()) if times == 1 else _total(stat[1], values[0], times)
             stat[0] += n * sum(calls for _, calls in specs)
+
+
+class Chain:
+    """A lap's additions in order (`Lap`): each a `Program` and how many times over it adds (a fold's window ``k``
+    times, a stretch walked once). Repeated, each is added in turn, as the walk added them, so every float is
+    the full walk's."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def repeat(self, k: int, device, runtime, sections, latency) -> None:
+        for _ in range(k):
+            for program, times in self.parts:
+                program.repeat(times, device, runtime, sections, latency)
+
+
+class Lap:
+    """A run broken by an evaluation every so many steps goes round the same folds and walks: a lap is the
+    stretch from a reuse of a recorded window's state (`Folder._reuse`) to the next reuse of that state, where
+    the one before ran as long (``b0`` to ``b1``, the template, ``b1`` to the next, recorded). It is recorded as
+    it goes: each fold's `Program` and count, and each stretch walked between folds onto a `Recorder`'s tapes
+    (through the policy's fused loop: `Policy.fused_tape`) -- `Folder._lap_close` repeats the whole (`Chain`)."""
+
+    __slots__ = ("b0", "b1", "key", "before", "parts", "recorder")
+
+    def __init__(self, b0: Boundary, b1: Boundary, key: bytes, before: "Counts"):
+        self.b0, self.b1, self.key, self.before = b0, b1, key, before
+        self.parts: list = []               # (Program, times), in order
+        self.recorder = None                # the stretch being walked since the last fold
 
 
 # ---- the trace side: the events a window compares -----------------------------------------------------
@@ -652,6 +691,16 @@ class Folder:
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
         self.gave_up_at = None                  # the step the folder gave up at (`Budget`): the walk goes on plainly
         self.budget = Budget()
+        self.reused: dict[bytes, Boundary] = {}     # where each saved state was last reused (a lap's start)
+        self.lap: Lap | None = None             # the lap being recorded (`_lap_fold`)
+        self.lap_misses = 0                     # laps recorded that did not repeat (`LAP_TRIES`)
+
+    @property
+    def recorder(self) -> "Recorder | None":
+        """What the walk records onto now: the window's `Recorder`, or the lap's stretch's, else None."""
+        if self.rec is not None:
+            return self.rec[0]
+        return None if self.lap is None else self.lap.recorder
 
     @property
     def active(self) -> bool:
@@ -692,7 +741,7 @@ class Folder:
         done = r.events_done
         began = budget.enter(done)
         moved = self._at(c, pos, until)
-        plainly = self.rec is not None and not r.records_fused     # a window walked plainly is charged whole
+        plainly = self.recorder is not None and not r.records_fused     # a window walked plainly is charged whole
         budget.leave(began, r.events_done, plainly, r.events_done - done if moved else 0)
         if self.rec is None and budget.over(r.events_done, self.next_mark / len(self.marks)):
             self.abort()
@@ -709,6 +758,9 @@ class Folder:
             self.next_mark += 1
         if self.next_mark == reached or self.rec is not None:
             return False
+        lap = self.lap
+        if lap is not None and self.marks[self.next_mark - 1] > 2 * lap.b1.at - lap.b0.at:
+            self._drop_lap()        # walked past where the lap should have come round: not recorded on
         return self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
 
     # -- the fingerprint -------------------------------------------------------------------------------
@@ -815,6 +867,7 @@ class Folder:
         if until is not None and end > until:
             return False
         r = self.r
+        self._drop_lap()            # (a window is recorded alone)
         zero = bool(np.any((ev.kind == ALLOC) & (ev.size == 0)))
         self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
         return True
@@ -832,6 +885,7 @@ class Folder:
         if until is not None and end > until:
             return False
         r = self.r
+        self._drop_lap()            # (a window is recorded alone)
         zero = bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))      # the windows' 0-byte ALLOCs
         self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero,
                     j.mark - i.mark)
@@ -848,6 +902,7 @@ class Folder:
         if self.rec is not None:
             self.rec[0].stop()
             self.rec = None
+        self._drop_lap()
 
     def _end_window(self, x: int, until) -> bool:
         """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
@@ -962,6 +1017,8 @@ class Folder:
         object older than the first freed: the one allocated where the recorded window's follower freed one of
         the recorded window's), the others each with the one before (`windows_repeat`). The live ids are then
         those the last window skipped leaves where the recorded window left its own (by block)."""
+        if self.lap is not None and self.lap.key == key and self._lap_close(here, until):
+            return True
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
         if not self._alike(walked.mark, here.mark, p):
             return False            # the steps from here are not the recorded window's twice: no events read
@@ -1002,8 +1059,108 @@ class Folder:
         new = (made[y] == h) if len(made) else np.zeros(len(h), bool)   # ... allocated in it: renamed
         last = _events_before(records, new_end, P)
         rename = dict(zip(ids[new].tolist(), last.id[place[y[new]]].tolist()))
+        self._lap_fold(here, key, until)
         self._skip(program, k, before, after, here.at + 1, new_end, P, (p, here.mark + 1), zero, rename)
+        self._lap_folded(program, k)
         return True
+
+    # -- laps: a run broken periodically, folded a lap at a time (`Lap`) ---------------------------------------
+    def _lap_fold(self, here: Boundary, key: bytes, until) -> None:
+        """A reuse at ``here`` is about to fold: the lap's stretch walked since its last fold ends (recorded), or a
+        lap starts here (`_lap_start`)."""
+        lap = self.lap
+        if lap is not None:
+            program = lap.recorder.stop() if lap.recorder is not None else None
+            lap.recorder = None
+            if program is None:
+                self._drop_lap()
+            elif program.adds_anything():
+                lap.parts.append((program, 1))
+        if self.lap is None:
+            self._lap_start(here, key, until)
+        self.reused[key] = here
+
+    def _lap_start(self, here: Boundary, key: bytes, until) -> None:
+        """Start a lap at ``here`` where its state was last reused a number of steps ago whose ALLOC counts the
+        two laps after ``here`` repeat (a pre-check, read for nothing), and two more laps fit in the trace: for
+        a policy whose fused loop records (`Replay.records_fused`: a stretch recorded costs what walking it does)."""
+        b0, r = self.reused.get(key), self.r
+        if b0 is None or self.lap_misses >= LAP_TRIES or not r.records_fused or r.policy.renumber is not None:
+            return
+        p, R = here.mark - b0.mark, here.at - b0.at
+        stop = len(r.trace.records) if until is None else until
+        if here.at + 2 * R <= stop and self.steps.counts_repeat(b0.mark, p, 2 * p):
+            self.lap = Lap(b0, here, key, self._counts())
+
+    def _lap_folded(self, program: Program, k: int) -> None:
+        """A reuse folded ``k`` windows of ``program``: the lap records it, and the stretch walked from here."""
+        if self.lap is not None:
+            self.lap.parts.append((program, k))
+            r = self.r
+            self.lap.recorder = Recorder(r.device, r.runtime, r.sections)
+
+    def _lap_close(self, here: Boundary, until) -> bool:
+        """The lap came round to its state at ``here``: if it ran as long as the one before it (its template,
+        from ``b0``), its records repeat the template's with every id ``D`` more (`repeating_records`; ``D`` the
+        template's ALLOCs, its ids given in ALLOC order), every FREE in it of an object older than the template
+        frees the one holding the same block (by the two states' addresses) and allocated in the template, and
+        the laps after it repeat it record for record, add them all as it added (`Chain`) and move past them
+        (True). Else the lap is dropped, and ``here`` is reused as any boundary is.
+
+        Record for record, as `_record_windows` argues for windows: a FREE in the walked lap frees the object
+        allocated ``R`` records after the one the template's FREE freed, or, for an object older than the
+        template, the one holding the same block (checked here, by address): its events repeat the template's as
+        `windows_repeat` asks, without gathering them (a lap is tens of steps)."""
+        lap, self.lap = self.lap, None
+        program = lap.recorder.stop() if lap.recorder is not None else None
+        b0, b1, r = lap.b0, lap.b1, self.r
+        R, p = b1.at - b0.at, b1.mark - b0.mark
+        after = self._counts()
+        records, words = r.trace.records, _words(r.trace.records)
+        D = int(self.steps.allocs[b1.mark] - self.steps.allocs[b0.mark])
+        if until is not None and here.at + R > until:
+            return False                # (no whole lap before the walk's target: a stepped replay's -1 included)
+        if program is None or here.at - b1.at != R or after.walk.settled != lap.before.walk.settled \
+                or words is None or D == 0 or repeating_records(words, b1.at, R, D, here.at) < here.at:
+            self.lap_misses += 1
+            return False
+        kind = r.trace.kind_flags.view(np.uint8)[::2][b0.at:b1.at]        # the template's kinds
+        made = records["id"][b0.at + np.flatnonzero(kind == ALLOC)].astype(np.int64)
+        freed = records["id"][b0.at + np.flatnonzero(kind == FREE)].astype(np.int64)
+        lo, hi = int(made.min()), int(made.max())
+        if D <= hi - lo:
+            self.lap_misses += 1        # (ids not given lap after lap)
+            return False
+        ours = np.zeros(hi - lo + 1, bool)
+        ours[made - lo] = True
+        inside = (freed >= lo) & (freed <= hi)
+        older = freed[~inside | ~ours[np.clip(freed - lo, 0, hi - lo)]]    # freed, made before the template
+        later = older + D           # what the walked lap frees in their place: made in the template, same block
+        if len(older) and not (((later >= lo) & (later <= hi)).all() and ours[later - lo].all() and all(
+                b0.addr.get(h) is not None and b0.addr.get(h) == b1.addr.get(g)
+                for h, g in zip(older.tolist(), later.tolist()))):
+            self.lap_misses += 1
+            return False
+        stop = len(records) if until is None else min(len(records), until)
+        q = repeating_records(words, here.at, R, D, stop)
+        k = (q - here.at) // R
+        if k <= 0:
+            return False
+        self.steps.repeated(here.at, q, R, p, D)
+        zero = bool((records["size"][b0.at + np.flatnonzero(kind == ALLOC)] == 0).any())   # 0-byte ALLOCs
+        walked = {i for i in self.r.handles if lo + D <= i <= hi + D and ours[i - lo - D]}   # live, made in it
+        parts = lap.parts + ([(program, 1)] if program.adds_anything() else [])
+        self._skip(Chain(parts), k, lap.before, after, here.at, here.at + k * R, 0, (here.mark - b1.mark,
+                   here.mark + 1), zero, {i: i + k * D for i in walked})
+        del self.reused[lap.key]        # (a lap starts again where this state is next reused twice)
+        return True
+
+    def _drop_lap(self) -> None:
+        """Stop recording the lap (its totals go back to plain floats): it will not be repeated."""
+        if self.lap is not None:
+            if self.lap.recorder is not None:
+                self.lap.recorder.stop()
+            self.lap = None
 
     def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
               zero: bool, rename: dict | None = None) -> None:
@@ -1122,6 +1279,7 @@ class Steps:
         self._may = None                        # `may_repeat`'s answer, once asked
         self._breaks: dict[int, np.ndarray | None] = {}     # period -> `_count_breaks` (None: past the bound)
         self._kept = 0                          # steps held in ``_breaks``
+        self._by_reach: dict[int, np.ndarray] = {}  # reach -> `_candidates`
 
     def __len__(self) -> int:
         return len(self.marks)
@@ -1240,7 +1398,7 @@ class Steps:
         if self._table is not None:
             return bool(self._table[m])
         n, pmax = len(self.marks), self.pmax if longest is None else min(self.pmax, longest)
-        if not pmax:
+        if not pmax or (longest is not None and pmax <= CANDIDATE_REACH and not self._candidates(pmax)[m]):
             return False
         counts = self.counts                # steps of other ALLOC counts have other signatures: not read
         done = 0
@@ -1264,6 +1422,18 @@ class Steps:
                     return True
             done = reach
         return False
+
+    def _candidates(self, reach: int) -> np.ndarray:
+        """Which steps `useful` may answer yes for with periods up to ``reach``, by the ALLOC counts alone (`_starts`
+        on the counts): a step the counts rule out is answered at once. Made once a reach (O(steps x reach)): the
+        boundaries of a folded run ask with one reach, a few cycles' (`Folder._boundary`'s ``longest``)."""
+        got = self._by_reach.get(reach)
+        if got is None:
+            got = self._by_reach[reach] = np.zeros(len(self.marks) + 1, bool)
+            for p, starts in _starts(self.counts, reach):
+                got[starts] = True
+                got[starts + p] = True
+        return got
 
     def counts_repeat(self, q: int, p: int, n: int) -> bool:
         """Whether the ``n`` steps from step ``q`` have the ALLOC counts of the steps ``p`` after them (and the trace
@@ -1346,11 +1516,11 @@ def repeating_steps(sig: np.ndarray) -> np.ndarray:
     return out
 
 
-def _starts(sig: np.ndarray):
-    """``(p, steps)`` for each period ``p`` up to `MAX_PERIOD`, shortest first: the steps from which ``4p`` steps
-    have the signatures of the steps ``p`` before them (`repeating_steps`; O(steps) a period)."""
+def _starts(sig: np.ndarray, most: int = MAX_PERIOD):
+    """``(p, steps)`` for each period ``p`` up to ``most`` (`MAX_PERIOD`), shortest first: the steps from which
+    ``4p`` steps have the signatures of the steps ``p`` after them (`repeating_steps`; O(steps) a period)."""
     n = len(sig)
-    for p in range(1, min(MAX_PERIOD, n // 5) + 1):
+    for p in range(1, min(most, n // 5) + 1):
         eq = (sig[:-p] == sig[p:]).all(axis=1)          # step q equals step q + p
         q = np.arange(len(eq))
         bad = np.append(np.flatnonzero(~eq), len(eq))
@@ -1370,7 +1540,21 @@ def _words(records) -> np.ndarray | None:
 def repeating_records(words: np.ndarray, end: int, R: int, D: int, stop: int) -> int:
     """The first trace index from ``end`` on (``stop`` if none before it) whose record is not the one ``R``
     before it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before
-    it has an id. ``words`` are the records' words (`_words`); read a few periods at a time."""
+    it has an id. ``words`` are the records' words (`_words`); read a few periods at a time, or, for a period
+    longer than `SPAN` (a `Folder` lap), `SPAN` records at a time (a whole period's temporaries left the cache:
+    twice the time)."""
+    if R > SPAN:
+        no_id, shift = np.uint64(NO_ID), np.uint64(D << 32)
+        x = end
+        while x < stop:
+            y = min(stop, x + SPAN)
+            back = words[x - R:y - R, 0]
+            same = np.subtract(words[x:y, 0], back) == np.where(back >> np.uint64(32) != no_id, shift, np.uint64(0))
+            same &= words[x:y, 2] == words[x - R:y - R, 2]
+            if not same.all():
+                return x + int(np.argmin(same))
+            x = y
+        return stop
     first = words[end - R:end, 0]
     pattern = np.where(first >> np.uint64(32) != np.uint64(NO_ID), np.uint64(D << 32), np.uint64(0))
     reps = max(1, SPAN // R)

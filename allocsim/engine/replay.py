@@ -576,7 +576,7 @@ class Replay:
         the chunk's end (the target is reached), at an OOM that stops, or at the end of the trace."""
         w, folder = self._w, self._folder
         if folder is not None:
-            if not folder.active or (self._fold_until == -1 and folder.rec is None):
+            if not folder.active or (self._fold_until == -1 and folder.recorder is None):
                 folder = None           # gave up; or `step`, which never folds: no look at each boundary
             else:
                 folder.budget.pause()
@@ -607,12 +607,13 @@ class Replay:
             if folder is not None:
                 hi = min(hi, folder.stop(c, self._pos))
             if hi > self._pos:
-                recording = folder is not None and folder.rec is not None
+                recorder = None if folder is None else folder.recorder
+                recording = recorder is not None
                 lat = LatencyTape() if recording else array("d")
-                tape = folder.rec[0].clock_tape if recording and self._fused_tape else None
+                tape = recorder.clock_tape if recording and self._fused_tape else None
                 t0, pos = time.perf_counter(), self._pos
                 self._pos = self._walk_chunk(c, pos, hi, lat, fused=not recording or tape is not None, tape=tape)
-                if recording and not folder.rec[0].take_latencies(lat):
+                if recording and not recorder.take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
                 if folder is not None and (not recording or tape is not None):  # the walk's own time, for the
