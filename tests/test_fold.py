@@ -423,6 +423,11 @@ def test_a_repeat_sums_the_clock_as_the_walk_adds_it(e, start, incs, shift, time
     got = fold._accumulate(start, incs, times)
     assert np.array_equal(np.array(walked).view(np.int64), got.view(np.int64))
     assert fold._total(start, incs, times).hex() == walked[-1].hex()
+    memo, totals = {}, [start]      # in two repeats from where the first ended, the second reading the first's memo
+    for part in (times // 2, times - times // 2):
+        for _, base, offsets in fold._runs(totals[-1], incs, part, memo):
+            totals += (offsets[1:] if base is None else (base[:, None] + offsets[None, 1:]).ravel()).tolist()
+    assert np.array_equal(np.array(walked).view(np.int64), np.array(totals).view(np.int64))
 
 
 def test_the_steps_read_where_asked_answer_as_the_whole_table():
@@ -475,12 +480,18 @@ def test_count_comparisons_answer_as_the_counts_compared(counts):
     assert [steps.counts_repeat(*x) for x in qs] == wanted
     for k in range(0, len(qs), 50):        # (in rows of periods and lengths, as `useful` asks)
         assert steps.counts_repeat_all(q[k:k + 50], p[k:k + 50], n[k:k + 50]).tolist() == wanted[k:k + 50]
+    def laps(q, p, m):              # whole periods from m whose counts repeat the period before each
+        return max(w for w in range((N - m) // p + 1)
+                   if not w or all(c[t] == c[t + p] for t in range(q, m + (w - 1) * p)))
+    lap_qs = [(q, p, m) for p in range(1, N + 1) for m in range(0, N + 1) for q in range(0, m + 1)]
+    assert [steps.repeating_for(*x) for x in lap_qs] == [laps(*x) for x in lap_qs]
     bounded = fold.Steps(steps_trace(counts))
     old = fold.COUNT_BREAKS, fold.COUNTS_AT_ONCE
     try:
         fold.COUNT_BREAKS = fold.COUNTS_AT_ONCE = 0         # nothing kept, nothing gathered at once
         assert [bounded.counts_repeat(*x) for x in qs] == wanted
         assert bounded.counts_repeat_all(q[:50], p[:50], n[:50]).tolist() == wanted[:50]
+        assert [bounded.repeating_for(*x) for x in lap_qs] == [laps(*x) for x in lap_qs]
     finally:
         fold.COUNT_BREAKS, fold.COUNTS_AT_ONCE = old
 
@@ -514,7 +525,8 @@ def test_kind_flags_are_each_records_kind_and_flags():
     flagged["flags"][flagged["kind"] == FREE] |= 64          # IN_REQUEST: what a window's comparison does not see
     for records in (rec, flagged):
         t = Trace(records.copy(), dict(trace.meta), streams=trace.streams, sites=trace.sites, labels=trace.labels)
-        assert np.array_equal(t.kind_flags, records["kind"].astype(np.uint16) | (records["flags"].astype(np.uint16) << 8))
+        both = records["kind"].astype(np.uint16) | (records["flags"].astype(np.uint16) << 8)
+        assert np.array_equal(t.kind_flags, both)
         steps = fold.Steps(t)
         assert steps.unseen == bool(((records["kind"] == FREE) & (records["flags"] & 64 != 0)).any())
         assert np.array_equal(steps.marks, np.flatnonzero(records["kind"] == trace_module.ev.MARK))

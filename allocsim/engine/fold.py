@@ -256,7 +256,7 @@ class Recorder:
         is a fused loop's, ending where `Tape.latency_ends` says (a piece walked by the fused loop alone: taken at once)."""
         clock = self.tapes["clock"]
         fused, k = clock.latency_ends, self.taken
-        if all(type(d) is float for d in lat):
+        if set(map(type, lat)) <= {float}:     # (all plain: the fused loop walked the piece alone)
             if k + len(lat) > len(fused):
                 return False
             ends = np.frombuffer(fused)[k:k + len(lat)].astype(np.int64)
@@ -328,7 +328,7 @@ def _total(start: float, incs: np.ndarray, times: int = 1) -> float:
     return total
 
 
-def _runs(start: float, incs: np.ndarray, times: int):
+def _runs(start: float, incs: np.ndarray, times: int, memo: dict | None = None):
     """The running totals of ``start`` plus ``times`` windows of increments ``incs``, as the walk's additions
     make them, bit for bit, in runs of windows: ``(n, base, offsets)``, ``n`` windows whose totals are
     ``base[w] + offsets`` (window ``w``'s start and its ``L`` totals after it; the two are exact parts of a
@@ -341,20 +341,25 @@ def _runs(start: float, incs: np.ndarray, times: int):
     to even ``S``: left to the additions). So window ``w``'s totals are ``S0 + w * D + P`` units, ``P`` the
     running sum of one window's units and ``D`` its last, all integers below ``2**53`` (exact as floats): every
     window of a run has the same differences of totals. The window that reaches the next binade is added
-    one increment at a time; a few binades at most."""
+    one increment at a time; a few binades at most. ``memo``: a dict kept with ``incs`` (`Program`), ``u`` -> the
+    window's units in that binade (a lap repeats each of its parts in the same binade, lap after lap)."""
     L, done, s = len(incs), 0, float(start)
-    exact = bool(L) and bool(np.isfinite(incs).all() and (incs >= 0).all())
+    exact = memo.get("exact") if memo is not None else None
+    if exact is None:
+        exact = bool(L) and bool(np.isfinite(incs).all() and (incs >= 0).all())
+        if memo is not None:
+            memo["exact"] = exact
     for _ in range(8 if exact else 0):  # binades
         if not s >= np.finfo(np.float64).tiny or s == np.inf:
             break
         u = np.ldexp(1.0, int(np.frexp(s)[1]) - 53)
-        with np.errstate(over="ignore", invalid="ignore"):
-            r = incs / u                # exact (or past 2**53: left to the additions)
-            whole = np.floor(r)
-            frac = r - whole
-        if (frac == 0.5).any() or (r >= 2.0 ** 53).any():
+        P = memo.get(u, False) if memo is not None else False
+        if P is False:
+            P = _units(incs, u)
+            if memo is not None:
+                memo[u] = P
+        if P is None:
             break
-        P = np.concatenate(([0.0], np.cumsum(whole + (frac > 0.5))))
         S0, last = int(s / u), int(P[-1])
         room = (1 << 53) - 1 - S0 - last     # the windows from here whose totals all stay below 2**53 units
         fit = 0 if room < 0 else times - done if last == 0 else min(times - done, room // last + 1)
@@ -379,6 +384,18 @@ def _runs(start: float, incs: np.ndarray, times: int):
         s = float(window[-1])
 
 
+def _units(incs: np.ndarray, u: float) -> np.ndarray | None:
+    """The running sum of ``incs`` in units ``u`` rounded to nearest, from 0 (`_runs`), or None where an increment
+    ends in exactly half a unit or reaches ``2**53`` units (left to the additions)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = incs / u                # exact (or past 2**53: left to the additions)
+        whole = np.floor(r)
+        frac = r - whole
+    if (frac == 0.5).any() or (r >= 2.0 ** 53).any():
+        return None
+    return np.concatenate(([0.0], np.cumsum(whole + (frac > 0.5))))
+
+
 def _added(start: float, incs: np.ndarray, times: int) -> np.ndarray:
     """`_accumulate` by the additions themselves."""
     out = np.empty(len(incs) * times + 1)
@@ -394,6 +411,7 @@ class Program:
     def __init__(self, incs: dict, lat: np.ndarray, adds: list):
         self.incs, self.lat = incs, lat
         self.by_key: dict = {}          # section -> [(seconds spec, calls)] in the order they were added
+        self.units: dict = {}           # the clock's `_runs` memo: binade unit -> the window's units
         for key, spec, calls in adds:
             self.by_key.setdefault(key, []).append((spec, calls))
 
@@ -406,7 +424,7 @@ class Program:
         latencies and section times, coded once)."""
         incs = self.incs["clock"]
         L = len(incs)
-        for n, base, offsets in _runs(device.clock, incs, k):
+        for n, base, offsets in _runs(device.clock, incs, k, self.units):
             if base is None:            # each window's own totals
                 clock = np.lib.stride_tricks.as_strided(offsets, (n, L + 1), (L * offsets.itemsize, offsets.itemsize))
                 device.clock = float(offsets[-1])
@@ -691,7 +709,7 @@ class Folder:
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
         self.gave_up_at = None                  # the step the folder gave up at (`Budget`): the walk goes on plainly
         self.budget = Budget()
-        self.reused: dict[bytes, Boundary] = {}     # where each saved state was last reused (a lap's start)
+        self.reused: dict[bytes, Boundary] = {}     # where a fold last started from each state (a lap's start)
         self.lap: Lap | None = None             # the lap being recorded (`_lap_fold`)
         self.lap_misses = 0                     # laps recorded that did not repeat (`LAP_TRIES`)
 
@@ -751,8 +769,10 @@ class Folder:
     def _at(self, c, pos: int, until) -> bool:
         """`at`'s work: the recorded window's end, and a boundary reached."""
         x = int(c.at[pos])
-        if self.rec is not None and x >= self.rec[1] and self._end_window(x, until):
-            return True             # folded; else a boundary here is taken below, at its own position
+        if self.rec is not None and x >= self.rec[1]:
+            if self._end_window(x, until):
+                return True         # folded; else a boundary here is taken below, at its own position
+            self._drop_lap()        # (the window walked is no part of the lap)
         reached = self.next_mark
         while self.next_mark < len(self.marks) and self.marks[self.next_mark] <= x:
             self.next_mark += 1
@@ -867,7 +887,7 @@ class Folder:
         if until is not None and end > until:
             return False
         r = self.r
-        self._drop_lap()            # (a window is recorded alone)
+        self._lap_pause()           # (a lap goes on with the window as one of its parts)
         zero = bool(np.any((ev.kind == ALLOC) & (ev.size == 0)))
         self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
         return True
@@ -885,7 +905,7 @@ class Folder:
         if until is not None and end > until:
             return False
         r = self.r
-        self._drop_lap()            # (a window is recorded alone)
+        self._lap_pause()           # (a lap goes on with the window as one of its parts)
         zero = bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))      # the windows' 0-byte ALLOCs
         self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero,
                     j.mark - i.mark)
@@ -934,7 +954,9 @@ class Folder:
         k, new_end = self._windows(lo, 1, P, k + n, base + n * (j.at - i.at), until)
         if k == 0:
             return False
+        self._lap_fold(walked, key, until, j.mark - i.mark, before)     # (a lap may start where the window did)
         self._skip(program, k, before, after, end, new_end, P, (j.mark - i.mark, j.mark + 1), zero)
+        self._lap_folded(program, 1 + k)                # (the window walked, and the ``k`` after it)
         if self.r.runtime.eager:
             self.saved[key] = (program, before, after, P, p, walked, end_addr, zero)
             self.views.pop(key, None)
@@ -1059,38 +1081,51 @@ class Folder:
         new = (made[y] == h) if len(made) else np.zeros(len(h), bool)   # ... allocated in it: renamed
         last = _events_before(records, new_end, P)
         rename = dict(zip(ids[new].tolist(), last.id[place[y[new]]].tolist()))
-        self._lap_fold(here, key, until)
+        self._lap_fold(here, key, until, p)
         self._skip(program, k, before, after, here.at + 1, new_end, P, (p, here.mark + 1), zero, rename)
         self._lap_folded(program, k)
         return True
 
     # -- laps: a run broken periodically, folded a lap at a time (`Lap`) ---------------------------------------
-    def _lap_fold(self, here: Boundary, key: bytes, until) -> None:
-        """A reuse at ``here`` is about to fold: the lap's stretch walked since its last fold ends (recorded), or a
-        lap starts here (`_lap_start`)."""
+    def _lap_fold(self, here: Boundary, key: bytes, until, period: int, before: "Counts | None" = None) -> None:
+        """A fold from ``here`` is about to be made (a reuse; or a recorded window's, ``before`` the counts where
+        it started): the lap's stretch walked since its last fold ends (recorded), or a lap starts here
+        (`_lap_start`)."""
+        if self.lap is None:
+            self._lap_start(here, key, until, period, before)
+        else:
+            self._lap_pause()       # (after a window: paused already)
+        self.reused[key] = here
+
+    def _lap_pause(self) -> None:
+        """The lap's stretch walked since its last fold ends here (a fold, or a window recorded from here): kept
+        as one of its parts, or, where it cannot be repeated exactly, the lap is dropped."""
         lap = self.lap
-        if lap is not None:
-            program = lap.recorder.stop() if lap.recorder is not None else None
+        if lap is not None and lap.recorder is not None:
+            program = lap.recorder.stop()
             lap.recorder = None
             if program is None:
                 self._drop_lap()
             elif program.adds_anything():
                 lap.parts.append((program, 1))
-        if self.lap is None:
-            self._lap_start(here, key, until)
-        self.reused[key] = here
 
-    def _lap_start(self, here: Boundary, key: bytes, until) -> None:
-        """Start a lap at ``here`` where its state was last reused a number of steps ago whose ALLOC counts the
-        two laps after ``here`` repeat (a pre-check, read for nothing), and two more laps fit in the trace: for
-        a policy whose fused loop records (`Replay.records_fused`: a stretch recorded costs what walking it does)."""
-        b0, r = self.reused.get(key), self.r
-        if b0 is None or self.lap_misses >= LAP_TRIES or not r.records_fused or r.policy.renumber is not None:
+    def _lap_start(self, here: Boundary, key: bytes, until, period: int, before: "Counts | None" = None) -> None:
+        """Start a lap at ``here`` where its state was last folded from, or seen (the most recent `TRIES` such
+        boundaries more than the window's ``period`` steps back: a lap holds more than its window), a number of
+        steps ago whose ALLOC counts the two laps after ``here`` repeat (a pre-check, read for nothing), and two
+        more laps fit in the trace: for a policy whose fused loop records (`Replay.records_fused`: a stretch
+        recorded costs what walking it does). ``before``: the counts where the fold started (else now)."""
+        r = self.r
+        if self.lap_misses >= LAP_TRIES or not r.records_fused or r.policy.renumber is not None:
             return
-        p, R = here.mark - b0.mark, here.at - b0.at
         stop = len(r.trace.records) if until is None else until
-        if here.at + 2 * R <= stop and self.steps.counts_repeat(b0.mark, p, 2 * p):
-            self.lap = Lap(b0, here, key, self._counts())
+        earlier = [b for b in [self.reused.get(key), *self.seen.get(key, [])[::-1]]
+                   if b is not None and b.mark < here.mark - period]        # (a lap holds more than the window)
+        for b0 in earlier[:TRIES]:
+            p, R = here.mark - b0.mark, here.at - b0.at
+            if here.at + 2 * R <= stop and self.steps.counts_repeat(b0.mark, p, 2 * p):
+                self.lap = Lap(b0, here, key, self._counts() if before is None else before)
+                return
 
     def _lap_folded(self, program: Program, k: int) -> None:
         """A reuse folded ``k`` windows of ``program``: the lap records it, and the stretch walked from here."""
@@ -1141,8 +1176,11 @@ class Folder:
                 for h, g in zip(older.tolist(), later.tolist()))):
             self.lap_misses += 1
             return False
+        laps = self.steps.repeating_for(b1.mark, p, here.mark)  # (laps whose counts repeat: no more is read)
         stop = len(records) if until is None else min(len(records), until)
-        q = repeating_records(words, here.at, R, D, stop)
+        if here.mark + laps * p < len(self.marks):
+            stop = min(stop, int(self.marks[here.mark + laps * p]))
+        q = repeating_records(words, here.at, R, D, stop) if laps else here.at
         k = (q - here.at) // R
         if k <= 0:
             return False
@@ -1443,7 +1481,7 @@ class Steps:
         O(log steps) by the steps where the counts change with period ``p`` (`_count_breaks`), else O(n)."""
         if q < 0 or q + n + p > len(self.marks):
             return False
-        breaks = self._count_breaks(p)
+        breaks = self._count_breaks(p) if p > 0 else None
         if breaks is None:
             c = self.counts
             return bool((c[q:q + n] == c[q + p:q + p + n]).all())
@@ -1460,6 +1498,22 @@ class Steps:
         inside = t < (q + n)[:, None]
         a, b = np.clip(t, 0, N - 1), np.clip(t + p[:, None], 0, N - 1)     # (out of the trace: answered no)
         return (q >= 0) & (q + n + p <= N) & ((c[a] == c[b]) | ~inside).all(axis=1)
+
+    def repeating_for(self, q: int, p: int, m: int) -> int:
+        """How many whole periods of ``p`` steps from step ``m`` have the ALLOC counts of the ``p`` steps before
+        each, the steps from ``q`` (at most ``m``) on repeating with period ``p`` (a `Folder` lap: the laps after the
+        walked one that may repeat it, read no further)."""
+        n = len(self.marks)
+        whole = max(0, (n - m) // p)
+        breaks = self._count_breaks(p)
+        if breaks is None:
+            while whole and not self.counts_repeat(q, p, m - q + whole * p - p):
+                whole -= 1
+            return whole
+        k = int(np.searchsorted(breaks, q))
+        if k < len(breaks):         # steps t and t + p differ: no lap holding t + p repeats
+            whole = min(whole, max(0, (int(breaks[k]) + p - m) // p))
+        return whole
 
     def _count_breaks(self, p: int) -> np.ndarray | None:
         """The steps ``t`` whose ALLOC count is not step ``t + p``'s, kept per period asked (a boundary asks about
