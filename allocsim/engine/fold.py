@@ -125,6 +125,13 @@ class Tape:
         """The running total ``value`` after every increment on the tape (a fused loop hands its total back)."""
         return RecFloat.on(value, self, len(self.incs))
 
+    def between(self, start: float, n: int, end) -> "RecDiff":
+        """The latency from total ``start``, when the tape held ``n`` increments, to ``end`` (a total on it): one a
+        fused loop makes around a call out (an escalation adds to the clock as the plain walk does), a `RecDiff`
+        as the plain walk's; the tape is marked bad where ``end`` is not its latest total."""
+        self.follows(end)
+        return end - RecFloat.on(start, self, n) if not self.bad else float(end) - start
+
     def follows(self, total) -> bool:
         """Whether ``total`` is this tape's latest running total (a fused loop may go on from it); else the tape
         is marked bad (a total forked from an earlier one)."""

@@ -374,6 +374,8 @@ class SplittingPool(Policy):
         self._freed.append(b)
         self.allocated -= self._size[b]
 
+    records_fused = True        # `walk_chunk` records a folded window onto the clock's tape (`Policy.fused_tape`)
+
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
                    cut=cython.longlong, stop=cython.longlong, key=cython.longlong, huge_stop=cython.longlong,
                    e=cython.longlong, id_mask=cython.longlong,
@@ -384,8 +386,9 @@ class SplittingPool(Policy):
                    compact_at=cython.Py_ssize_t, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, slow=cython.bint, compiled=cython.bint, size=cython.longlong[::1],
                    addr=cython.longlong[::1], prev=cython.longlong[::1], nxt=cython.longlong[::1],
-                   fsize=cython.longlong[::1], outsize=list, freed=list)
-    def walk_chunk(self, events, handles, lat, peak, dev, served):
+                   fsize=cython.longlong[::1], outsize=list, freed=list, rec=cython.bint, inc=cython.double,
+                   m0=cython.Py_ssize_t, called=cython.bint)
+    def walk_chunk(self, events, handles, lat, peak, dev, served, tape=None):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` (with `_split`) and
         `free` inlined over ``events``, the clock, ``allocated`` and the next block id kept in locals.
 
@@ -397,7 +400,12 @@ class SplittingPool(Policy):
         `WORD_SIZE` is a C array searched, read, cut and filed in place (`words_first_at_least`, `words_at`,
         `words_drop`, `words_file`) and each latency is appended in C (`add_latency`); around a call that may
         grow the columns (a new block id past their end, the escalation) the loop lets go of their buffers and
-        takes them again."""
+        takes them again.
+
+        With ``tape`` (a window the folder records, `Policy.fused_tape`) each increment to the clock goes onto it
+        and each served latency's end; around the escalation the clock is the tape's running total, so the
+        escalation's additions go onto it as the plain walk's do, and that ALLOC's latency is a difference on it
+        (`Tape.between`)."""
         size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
         entries, outsize, freed = self._avail.entries, self._outsize.entries, self._freed
         escalate, scan = self._escalate, self._scan
@@ -406,9 +414,12 @@ class SplittingPool(Policy):
         huge_stop = 0 if self.huge_exact else WORD_END                  # 0: a HUGE request takes its exact size
         next_id, id_cap, compact_at = self._next_id, self._id_cap, self._compact_at
         repops = splits = repop_blocks = merged_all = 0
-        clock, allocated = dev.clock, self.allocated
+        clock, allocated = float(dev.clock), self.allocated     # (a recorded total: its value)
         lat_append, n0 = lat.append, len(lat)
         compiled = cython.compiled          # compiled: the free list's C buffer, C appends (`add_latency`)
+        rec, m0 = tape is not None, 0
+        if rec:
+            incs, ends = tape.incs, tape.latency_ends
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as above
                 if req <= 1048576:
@@ -433,9 +444,13 @@ class SplittingPool(Policy):
                         compact_at = compact()
                     repop_blocks += nb
                     merged_all += merged
-                    clock += hit_s + (nb + merged) * free_s
+                    inc = hit_s + (nb + merged) * free_s
                 else:
-                    clock += hit_s
+                    inc = hit_s
+                clock += inc
+                if rec:
+                    m0 = len(incs)
+                    add_latency(incs, inc)
                 i0 = words_first_at_least(entries, key)
                 e = words_at(entries, i0) if compiled else entries[i0]
                 while e < stop:
@@ -449,21 +464,23 @@ class SplittingPool(Policy):
                     e = words_at(entries, i0) if compiled else entries[i0]
                 else:
                     b = 0
+                called = not b              # a call out: the scan of the largest blocks, the escalation
                 if b:
                     fsize[b] = 0
                     s = size[b]
                     slow = False
                 else:
-                    dev.clock, self.allocated, self._next_id, self._compact_at = clock, allocated, next_id, compact_at
+                    dev.clock = tape.at(clock) if rec else clock    # (recorded: the escalation adds onto the tape)
+                    self.allocated, self._next_id, self._compact_at = allocated, next_id, compact_at
                     size = addr = prev = nxt = fsize = None     # compiled: their buffers let go, so they may grow
                     b = 0 if cut else scan(n, HUGE)             # HUGE: then the blocks of WORD_SIZE or more
                     slow = not b
                     if slow:
                         b = escalate(n, size_class(n))
                     size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-                    clock, next_id, id_cap, compact_at = dev.clock, self._next_id, self._id_cap, self._compact_at
+                    clock, next_id, id_cap, compact_at = float(dev.clock), self._next_id, self._id_cap, self._compact_at
                     if not b:
-                        lat_append(clock - t0)
+                        lat_append(tape.between(t0, m0, dev.clock) if rec else clock - t0)
                         if served(j, None):
                             break
                         continue
@@ -492,7 +509,13 @@ class SplittingPool(Policy):
                 allocated += s
                 if allocated > peak:
                     peak = allocated
-                if compiled:
+                if rec:
+                    if called:              # (what the call added lies between)
+                        lat_append(tape.between(t0, m0, dev.clock))
+                    else:
+                        add_latency(ends, len(incs))        # (a count as a double: exact)
+                        lat_append(clock - t0)
+                elif compiled:
                     add_latency(lat, clock - t0)
                 else:
                     lat_append(clock - t0)
@@ -512,7 +535,8 @@ class SplittingPool(Policy):
                 break
         else:
             j = None
-        dev.clock, self.allocated, self._next_id, self._compact_at = clock, allocated, next_id, compact_at
+        dev.clock = tape.at(clock) if rec else clock
+        self.allocated, self._next_id, self._compact_at = allocated, next_id, compact_at
         self._scans += len(lat) - n0    # one scan per malloc, as `malloc` counts them
         self._repops += repops
         self._repop_blocks += repop_blocks
