@@ -956,9 +956,10 @@ def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_pl
     assert sum(pieces) + r._folder.budget.recorded + r.folded["events"] == full
 
 
-@pytest.mark.parametrize("policy", ["torch"])
+@pytest.mark.parametrize("policy", ["torch", "split"])
 def test_the_live_objects_are_named_by_the_addresses_their_blocks_have(policy):
-    """`Policy.addresses` where a policy says it itself (torch reads each block's field) is `block`'s address for
+    """`Policy.addresses` where a policy says it itself (torch reads each block's field, split its address column)
+    is `block`'s address for
     every held object, and a subclass that says where its blocks lie itself is asked (the others take the default,
     which is `block`'s)."""
     trace = load("synthetic-transformer.bin")

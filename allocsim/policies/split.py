@@ -547,6 +547,14 @@ class SplittingPool(Policy):
     def block(self, b):
         return self._addr[b], self._size[b]
 
+    def addresses(self, held: dict) -> dict:
+        """`Policy.addresses`: each held block's address read from its column (a handle is a block id), not through
+        `block` (unless a subclass says where its blocks lie itself)."""
+        if type(self).block is not SplittingPool.block:
+            return Policy.addresses(self, held)
+        addr = self._addr
+        return {i: addr[h] for i, h in held.items()}
+
     # ---- the slow path ---------------------------------------------------------------
     def _scan(self, n: int, c: int) -> int:
         """``scan!``: best fit in class ``c``'s free list, taken out of it; 0 if none."""
