@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
@@ -1040,6 +1040,41 @@ def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, nam
     r.run()
     assert r._folder.lap_misses >= 1 and not [p for p, _, _ in r._folder.periods if p == lap], r._folder.periods
     assert_folded_is_full(trace, "torch")
+
+
+def three_sizes(steps: int) -> Trace:
+    """Steps whose state two events in is the boundary's: a walk that reaches a step's MARK late must not take it."""
+    w = TraceWriter(meta={"producer": "test"})
+    for k in range(steps):
+        w.mark(f"step {k}")
+        for size in (3 * MiB, 5 * MiB, 600):
+            w.free(w.alloc(size))
+    w.mark("tail")
+    return w.finish()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["run", "step"]), st.integers(1, 40), st.integers(0, 8)), max_size=5),
+       st.sampled_from(["torch", "split"]))
+@example(moves=[("run", 20, 2), ("step", 1, 6)], policy="torch")     # two events into step 20, then across a MARK
+def test_a_replay_stepped_and_run_in_any_order_is_the_full_walk(moves, policy):
+    """`Replay.step` walks without the folder looking at the MARKs it passes (`Folder.passed`): a replay run to some
+    events, stepped, run on and stepped again, in any order, then run to its end, gives the full walk's result
+    (a MARK passed by a step was once taken as reached where the walk went on, a few events later)."""
+    trace = three_sizes(60)
+    marks = fold.steps_of(trace).marks
+    full = Replay(trace, policy, fold=False).run().to_dict()
+    r = Replay(trace, policy)
+    for move, k, d in moves:      # run to ``d`` records past the MARK ``k`` steps on; step ``d + 1`` events
+        if move == "step":
+            r.step(d + 1)
+        elif not r.at_end:
+            here = int(np.searchsorted(marks, r.events_done * 7 // 6))      # (about: 6 events a step, 7 records)
+            r.run(until=min(len(trace), int(marks[min(len(marks) - 1, here + k)]) + d))
+    got = (r.run() if not r.at_end else r.finish()).to_dict()
+    for d in (full, got):
+        d.pop("replay_seconds")
+    assert got == full
 
 
 def test_a_recorder_takes_the_fused_latencies_it_was_told_of_and_no_more():

@@ -514,6 +514,8 @@ class Replay:
         start = self._w.done
         self._fold_until = -1
         self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))
+        if self._folder is not None and self._chunk is not None and self._pos:
+            self._folder.passed(int(self._chunk.at[self._pos - 1]))     # (it did not look at the MARKs passed)
         return self._w.done - start
 
     # ---- checkpoints ---------------------------------------------------------------------------
