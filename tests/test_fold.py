@@ -956,6 +956,33 @@ def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_pl
     assert sum(pieces) + r._folder.budget.recorded + r.folded["events"] == full
 
 
+def test_splits_fold_state_tells_apart_each_field_it_holds():
+    """`split`'s `fold_state` (its rows packed into machine words) changes with every field of a block it holds (size,
+    free state, whether a piece lies before or after it), with the order the freed blocks wait in and with
+    ``allocated``, and comes back when they do."""
+    trace = repeat_steps(load("synthetic-transformer.bin"), 6)
+    r = Replay(trace, "split", fold=False)
+    r.run(until=int(fold.steps_of(trace).marks[4]) + 40)       # (inside a step: some blocks wait in `freed`)
+    pol, held = r.policy, list(r.handles.values())
+    base = pol.fold_state(held)
+    free = [b for b in range(1, pol._next_id) if pol._fsize[b]]
+    assert free and held and pol._freed, (len(free), len(pol._freed))
+    for b in (free[0], held[0]):
+        for column, value in ((pol._size, pol._size[b] + 512), (pol._fsize, -1 if pol._fsize[b] != -1 else 0),
+                              (pol._prev, 0 if pol._prev[b] else b), (pol._next, 0 if pol._next[b] else b)):
+            old = column[b]
+            column[b] = value
+            assert pol.fold_state(held) != base, (b, value)
+            column[b] = old
+    pol._freed.append(pol._freed[0])
+    assert pol.fold_state(held) != base
+    pol._freed.pop()
+    pol.allocated += 512
+    assert pol.fold_state(held) != base
+    pol.allocated -= 512
+    assert pol.fold_state(held) == base
+
+
 @pytest.mark.parametrize("policy", ["torch", "split"])
 def test_the_live_objects_are_named_by_the_addresses_their_blocks_have(policy):
     """`Policy.addresses` where a policy says it itself (torch reads each block's field, split its address column)

@@ -61,6 +61,8 @@ except ImportError:
 
 from array import array
 
+import numpy as np
+
 from .registry import register
 from ._freelists import SizeBuckets
 from .base import Param, Policy
@@ -170,11 +172,20 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
     return k
 
 
-@cython.cfunc
-@cython.locals(fsize=cython.longlong[::1], next_id=cython.longlong, b=cython.longlong)
+def _words_of(c, ids: np.ndarray) -> np.ndarray:
+    """Block column ``c`` at ``ids``, an int64 array: gathered from its C words compiled, read one by one from the
+    list interpreted (a copy of a whole list column would cost O(ids ever made))."""
+    if isinstance(c, array):
+        return np.frombuffer(c, np.int64)[ids]
+    return np.array([c[b] for b in ids.tolist()], np.int64)
+
+
 def _free_ids(fsize, next_id) -> list:
-    """The block ids below ``next_id`` that are free or freed (their free state is set), ascending: a C loop over
-    the column compiled, for `renumber` and `fold_state`, which add the blocks the engine holds."""
+    """The block ids below ``next_id`` that are free or freed (their free state is set), ascending, for `renumber`
+    and `fold_state`, which add the blocks the engine holds: compiled, numpy's pass over the column's C words (a
+    loop over tens of thousands of ids, each made an int object, was most of a fold's fingerprint)."""
+    if isinstance(fsize, array):
+        return (np.flatnonzero(np.frombuffer(fsize, np.int64)[1:next_id]) + 1).tolist()
     return [b for b in range(1, next_id) if fsize[b]]
 
 
@@ -646,12 +657,16 @@ class SplittingPool(Policy):
         (best fit's tie order; ids themselves are renamed by `renumber`) and whether a piece of the same buffer
         lies before and after; the freed blocks in the order they wait; ``allocated``. The free list's void
         entries and the id counter only pace housekeeping that changes no decision."""
-        size, addr, prev, nxt, fsize = self._size, self._addr, self._prev, self._next, self._fsize
-        live = sorted(set(held).union(_free_ids(fsize, self._next_id)))
-        rank = {b: n for n, b in enumerate(live)}
-        blocks = sorted((addr[b], size[b], 2 if fsize[b] == FREED else 1 if fsize[b] else 0, rank[b],
-                         bool(prev[b]), bool(nxt[b])) for b in live)
-        return blocks, [addr[b] for b in self._freed], self.allocated
+        live = np.union1d(np.fromiter(held, np.int64), np.array(_free_ids(self._fsize, self._next_id), np.int64))
+        size, addr, prev, nxt, fsize = (_words_of(c, live) for c in (self._size, self._addr, self._prev, self._next,
+                                                                       self._fsize))
+        state = np.where(fsize == FREED, 2, fsize != 0)
+        rank = np.arange(len(live))                     # (the rank of each id: ``live`` ascends)
+        order = np.lexsort((nxt != 0, prev != 0, rank, state, size, addr))    # the rows sorted as tuples
+        flags = state * 4 + (prev != 0) * 2 + (nxt != 0)
+        blocks = b"".join(c[order].tobytes() for c in (addr, size, rank.astype(np.int32), flags.astype(np.uint8)))
+        freed = _words_of(self._addr, np.array(self._freed, np.int64)).tobytes()
+        return blocks, freed, self.allocated
 
     # ---- reporting -----------------------------------------------------------------
     def largest_free(self):
