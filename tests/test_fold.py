@@ -1080,14 +1080,25 @@ def three_sizes(steps: int) -> Trace:
     return w.finish()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["run", "step"]), st.integers(1, 40), st.integers(0, 8)), max_size=5),
-       st.sampled_from(["torch", "split"]))
-@example(moves=[("run", 20, 2), ("step", 1, 6)], policy="torch")     # two events into step 20, then across a MARK
-def test_a_replay_stepped_and_run_in_any_order_is_the_full_walk(moves, policy):
+       st.sampled_from(["torch", "split"]), st.sampled_from([10, 64, 1 << 16]))
+@example(moves=[("run", 20, 2), ("step", 1, 6)], policy="torch", chunk=1 << 16)  # two events into step 20, across a MARK
+@example(moves=[("run", 4, 2), ("step", 1, 8)], policy="torch", chunk=10)      # ... a step that ends at a chunk's end
+def test_a_replay_stepped_and_run_in_any_order_is_the_full_walk(moves, policy, chunk):
     """`Replay.step` walks without the folder looking at the MARKs it passes (`Folder.passed`): a replay run to some
     events, stepped, run on and stepped again, in any order, then run to its end, gives the full walk's result
-    (a MARK passed by a step was once taken as reached where the walk went on, a few events later)."""
+    (a MARK passed by a step was once taken as reached where the walk went on, a few events later; a step ending at
+    a chunk's end hid the MARKs it passed once more), whatever the chunks."""
+    old = trace_module.CHUNK
+    trace_module.CHUNK = chunk
+    try:
+        stepped_and_run(moves, policy)
+    finally:
+        trace_module.CHUNK = old
+
+
+def stepped_and_run(moves, policy):
     trace = three_sizes(60)
     marks = fold.steps_of(trace).marks
     full = Replay(trace, policy, fold=False).run().to_dict()

@@ -499,6 +499,7 @@ class Replay:
         self._result = None
         self._closed = False
         self._fold_until = None         # the trace index the walk is to reach (None: the end; -1: no folding)
+        self._last_at = -1              # the trace index of the last event walked
         self._folder = Folder(self) if s.fold and Folder.possible(self, device is not None, guard) else None
 
     # ---- running -----------------------------------------------------------------------------
@@ -514,8 +515,8 @@ class Replay:
         start = self._w.done
         self._fold_until = -1
         self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))
-        if self._folder is not None and self._chunk is not None and self._pos:
-            self._folder.passed(int(self._chunk.at[self._pos - 1]))     # (it did not look at the MARKs passed)
+        if self._folder is not None and self._w.done > start:
+            self._folder.passed(self._last_at)      # (it did not look at the MARKs passed, a chunk's end included)
         return self._w.done - start
 
     # ---- checkpoints ---------------------------------------------------------------------------
@@ -615,6 +616,8 @@ class Replay:
                 tape = recorder.clock_tape if recording and self._fused_tape else None
                 t0, pos = time.perf_counter(), self._pos
                 self._pos = self._walk_chunk(c, pos, hi, lat, fused=not recording or tape is not None, tape=tape)
+                if self._pos > pos:
+                    self._last_at = int(c.at[self._pos - 1])      # (a step's last event: `Folder.passed`)
                 if recording and not recorder.take_latencies(lat):
                     folder.abort()
                 w.latency.extend(lat)
