@@ -817,16 +817,19 @@ def released_every_step(steps: int) -> Trace:
     return w.finish()
 
 
-def test_split_records_the_escalation_it_makes_in_its_loop_onto_the_tape():
-    """`split`'s fused loop serves a miss itself, also on a tape: the escalation's additions (the device's malloc)
-    go onto the tape through the clock, a `RecFloat` around the call, and that request's latency is a `RecDiff`
-    from before its first increment to after the call (`Tape.between`); a request served from the pools is one
-    increment, its end noted. The window's `Program` gives the untaped loop's clock and latencies."""
+@pytest.mark.parametrize("policy", ["split", "bestfit", "cupy"])
+def test_a_loop_records_the_call_out_it_makes_onto_the_tape(policy):
+    """`split`'s, `bestfit`'s and `cupy`'s fused loops serve a miss themselves, also on a tape: the call's additions
+    (the device's malloc) go onto the tape through the clock, a `RecFloat` around the call, and that request's
+    latency is a `RecDiff` from before its first increment to after the call (`Tape.between`); a request served from
+    the pools is one increment, its end noted. The window's `Program` gives the untaped loop's clock and latencies.
+    `cupy`'s miss path times itself from the clock (``_t_malloc``, as its plain `malloc` does): that taints the tape,
+    so such a window is not folded, in the loop as in the plain walk."""
     events = [(0, ALLOC, 1, 3 * MiB, 0), (1, FREE, 1, 0, 0), (2, ALLOC, 2, 4096, 0), (3, ALLOC, 3, 2 * MiB, 0),
               (4, FREE, 3, 0, 0), (5, ALLOC, 4, 2 * MiB, 0)]
     runs = []
     for taped in (False, True):
-        r = Replay(released_every_step(1), "split", fold=False)
+        r = Replay(released_every_step(1), policy, fold=False)
         dev, loop = r.device, r.policy.fused_loop()
         start = float(dev.clock)
         recorder = fold.Recorder(dev, r.runtime, r.sections) if taped else None
@@ -835,6 +838,9 @@ def test_split_records_the_escalation_it_makes_in_its_loop_onto_the_tape():
         runs.append((start, lat, float(dev.clock), recorder))
     (start, plain, clock, _), (_, lat, taped_clock, recorder) = runs
     assert [float(x) for x in lat] == list(plain) and taped_clock == clock
+    if policy == "cupy":
+        assert recorder.clock_tape.bad and recorder.stop() is None
+        return
     calls = [type(x) is fold.RecDiff for x in lat]
     assert calls[0] and calls.count(False) >= 2, calls     # the first request escalates; the last is a hit
     assert recorder.take_latencies(lat)
@@ -845,17 +851,17 @@ def test_split_records_the_escalation_it_makes_in_its_loop_onto_the_tape():
     assert (totals[program.lat[:, 1]] - totals[program.lat[:, 0]]).tolist() == list(plain)
 
 
-@pytest.mark.parametrize("policy", ["torch", "split"])
+@pytest.mark.parametrize("policy", ["torch", "split", "bestfit", "cupy"])
 @pytest.mark.parametrize("name", ["transformer", "released"])
 def test_a_window_the_fused_loop_records_is_the_window_recorded_plainly(name, policy, monkeypatch):
-    """`torch`'s and `split`'s fused loops record a window onto the clock's tape: the same increments, latencies (as
-    positions on it) and sections as the plain walk's recording, so the same folds and the full walk's result. The
-    release itself is handed back to the plain walk, and so, by `torch`, is a request its pools cannot serve (a miss
-    after each cache release); `split` serves it in the loop, its escalation adding onto the tape (`Tape.between`).
-    The recorder follows either on the same tape."""
-    if name == "released" and policy == "split":
-        pytest.skip("split does not fold steps that release its cache (its addresses are never handed out again); "
-                    "its escalation on a tape: test_split_records_the_escalation_it_makes_in_its_loop_onto_the_tape")
+    """The fused loops record a window onto the clock's tape: the same increments, latencies (as positions on it) and
+    sections as the plain walk's recording, so the same folds and the full walk's result. The release itself is
+    handed back to the plain walk, and so, by `torch`, is a request its pools cannot serve (a miss after each cache
+    release); the others serve it in the loop, the call adding onto the tape (`Tape.between`). The recorder follows
+    either on the same tape."""
+    if name == "released" and policy != "torch":
+        pytest.skip(f"{policy} does not fold steps that release its cache (its addresses are never handed out "
+                    "again); a call out on a tape: test_a_loop_records_the_call_out_it_makes_onto_the_tape")
     trace = repeat_steps(load("synthetic-transformer.bin"), 30) if name == "transformer" else released_every_step(40)
     with_tape = recorded(trace, policy, monkeypatch, tape=True)
     plainly = recorded(trace, policy, monkeypatch, tape=False)
@@ -896,11 +902,12 @@ def test_a_fused_loop_recording_hands_a_miss_back_undone(options):
 
 
 def test_only_the_class_that_defines_the_fused_loop_says_it_records_onto_a_tape():
-    """`Policy.fused_tape`: torch's and split's loops record; bestfit's does not (its windows are recorded plainly);
-    a subclass with a loop of its own is not taken to record because the class it derives from says its loop does."""
+    """`Policy.fused_tape`: the four fused loops record (`torch`, `split`, `bestfit`, `cupy`); a policy with no fused
+    loop does not (`cupy` with ``track_total``); a subclass with a loop of its own is not taken to record because the
+    class it derives from says its loop does."""
     trace = released_every_step(2)
-    assert Replay(trace, "torch").policy.fused_tape() and Replay(trace, "split").policy.fused_tape()
-    assert not Replay(trace, "bestfit").policy.fused_tape()
+    assert all(Replay(trace, p).policy.fused_tape() for p in ("torch", "split", "bestfit", "cupy"))
+    assert not Replay(trace, "cupy", options=["track_total=true"]).policy.fused_tape()
     torch_class = type(Replay(trace, "torch").policy)
 
     class OwnLoop(torch_class):
@@ -936,11 +943,15 @@ def test_a_fold_that_lands_inside_a_chunk_reads_that_chunk_from_where_it_lands(m
     assert all(a in landed and b == min(len(trace), (a // chunk + 1) * chunk) for a, b in inside), (inside, landed)
 
 
-@pytest.mark.parametrize("policy", ["torch", "split", "bestfit"])
-def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_plainly_is_charged(policy, monkeypatch):
-    """The folder's account (`Budget`): a window torch's or split's fused loop records onto the tape walks at the
-    walk's own pace, its pieces counted as walked (rated, nothing charged back); bestfit records plainly, its
-    windows' whole time charged to the folder, less their events at the walk's rate."""
+@pytest.mark.parametrize("policy, tape", [("torch", True), ("split", True), ("bestfit", True), ("split", False)])
+def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_plainly_is_charged(policy, tape,
+                                                                                                monkeypatch):
+    """The folder's account (`Budget`): a window a fused loop records onto the tape walks at the walk's own pace, its
+    pieces counted as walked (rated, nothing charged back); one recorded plainly (a loop that does not record, as a
+    plug-in's: here `Policy.fused_tape` made False) has its whole time charged to the folder, less its events at
+    the walk's rate."""
+    if not tape:
+        monkeypatch.setattr(Policy, "fused_tape", lambda self: False)
     trace = repeat_steps(load("synthetic-transformer.bin"), 30)
     marks, pieces = [], []
     leave, walked = fold.Budget.leave, fold.Budget.walked
@@ -950,8 +961,8 @@ def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_pl
         pieces.append(events), walked(self, seconds, events))[1])
     r = Replay(trace, policy)
     r.run()
-    assert r.folded["steps"] > 20 and r.records_fused == (policy != "bestfit")
-    assert any(marks) == (policy == "bestfit") and (r._folder.budget.recorded > 0) == (policy == "bestfit")
+    assert r.folded["steps"] > 20 and r.records_fused == tape
+    assert any(marks) == (not tape) and (r._folder.budget.recorded > 0) == (not tape)
     full = Replay(trace, policy, fold=False).run().driving_events
     assert sum(pieces) + r._folder.budget.recorded + r.folded["events"] == full
 

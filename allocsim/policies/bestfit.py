@@ -170,6 +170,8 @@ class BestFit(Policy):
             return
         self._file(b)
 
+    records_fused = True        # `walk_chunk` records a folded window onto the clock's tape (`Policy.fused_tape`)
+
     @cython.locals(handles=dict, addr=cython.longlong[::1], size=cython.longlong[::1], prev=cython.longlong[::1],
                    nxt=cython.longlong[::1], filed=cython.longlong[::1], spare=list, k=cython.longlong,
                    req=cython.longlong, peak=cython.longlong, allocated=cython.longlong, clock=cython.double,
@@ -177,8 +179,9 @@ class BestFit(Policy):
                    n0=cython.Py_ssize_t, b=cython.Py_ssize_t, p=cython.Py_ssize_t, q=cython.Py_ssize_t,
                    r=cython.Py_ssize_t, n=cython.longlong, s=cython.longlong, e=cython.longlong,
                    rem=cython.longlong, ra=cython.longlong, shift=cython.longlong, lo=cython.longlong,
-                   fit=cython.longlong, slow=cython.bint, release=cython.bint, compiled=cython.bint)
-    def walk_chunk(self, events, handles, lat, peak, dev, served):
+                   fit=cython.longlong, slow=cython.bint, release=cython.bint, compiled=cython.bint,
+                   rec=cython.bint, m0=cython.Py_ssize_t)
+    def walk_chunk(self, events, handles, lat, peak, dev, served, tape=None):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free`
         inlined over ``events``, the clock and ``allocated`` kept in locals, the state bound to locals here.
 
@@ -189,21 +192,32 @@ class BestFit(Policy):
         through typed memoryviews, a key of a size below ``fit`` is made in C, searched for and filed unboxed
         (`word_place`, `put_word`: into the C words of the free list where it keeps them), a block id is read
         from and filed into the ids' C words (`words_at`, `put_word`), and each latency is appended in C
-        (`add_latency`); a larger key is filed by `_file`, in Python ints."""
+        (`add_latency`); a larger key is filed by `_file`, in Python ints.
+
+        With ``tape`` (a window the folder records, `Policy.fused_tape`) each increment to the clock goes onto it
+        and each served latency's end; around a call out (`_grow`, a segment's release) the clock is the tape's
+        running total, so the call's additions go onto it as the plain walk's do, and a grown ALLOC's latency is
+        a difference on it (`Tape.between`), as `split`'s loop records."""
         addr, size, prev, nxt, filed = self._addr, self._size, self._prev, self._next, self._filed
         keys, ids, spare, field = self._keys, self._ids, self._spare, self._field
         shift, lo, fit = field.abits, field.lo, field.fit
         hit_s, free_s, release = self._hit_s, self._free_s, self.release
         grow, release_segment, more_ids = self._grow, self._release, self._more_ids
         pop_fit, file = self._pop_fit, self._file
-        clock, allocated = dev.clock, self.allocated
+        clock, allocated = float(dev.clock), self.allocated     # (a recorded total: its value)
         lat_append, n0 = lat.append, len(lat)
         compiled = cython.compiled          # compiled: the ids' C words (`words_at`), C appends (`add_latency`)
+        rec, m0 = tape is not None, 0
+        if rec:
+            incs, ends = tape.incs, tape.latency_ends
         for j, k, i, req, _ in events:
             if k == 1:                      # ALLOC: malloc, as `_pop_fit` and `_take` do
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
+                if rec:
+                    m0 = len(incs)
+                    add_latency(incs, hit_s)
                 if n < fit:                 # `_pop_fit`, the key in one word
                     x = word_place(keys, n << shift)
                     b = words_at(ids, x) if compiled else ids[x]
@@ -239,14 +253,15 @@ class BestFit(Policy):
                             keys = self._keys
                     slow = False
                 else:
-                    dev.clock, self.allocated = clock, allocated
+                    dev.clock = tape.at(clock) if rec else clock    # (recorded: the growth adds onto the tape)
+                    self.allocated = allocated
                     b = grow(n)
-                    clock = dev.clock
+                    clock = float(dev.clock)
                     shift, lo, fit = field.abits, field.lo, field.fit
                     addr, size, prev, nxt, filed = self._addr, self._size, self._prev, self._next, self._filed
                     keys = self._keys
                     if not b:
-                        lat_append(clock - t0)
+                        lat_append(tape.between(t0, m0, dev.clock) if rec else clock - t0)
                         if served(j, None):
                             break
                         continue
@@ -254,7 +269,13 @@ class BestFit(Policy):
                 allocated += n
                 if allocated > peak:
                     peak = allocated
-                if compiled:
+                if rec:
+                    if slow:                # (what the growth added lies between)
+                        lat_append(tape.between(t0, m0, dev.clock))
+                    else:
+                        add_latency(ends, len(incs))        # (a count as a double: exact)
+                        lat_append(clock - t0)
+                elif compiled:
                     add_latency(lat, clock - t0)
                 else:
                     lat_append(clock - t0)
@@ -270,6 +291,8 @@ class BestFit(Policy):
                 n = size[b]
                 allocated -= n
                 clock += free_s
+                if rec:
+                    add_latency(incs, free_s)
                 p = prev[b]
                 q = nxt[b]
                 if filed[p]:
@@ -290,9 +313,11 @@ class BestFit(Policy):
                 prev[q] = b
                 size[b] = n
                 if release and not prev[b] and not q:
-                    dev.clock = clock
+                    dev.clock = tape.at(clock) if rec else clock
                     release_segment(b)
-                    clock = dev.clock
+                    if rec:
+                        tape.follows(dev.clock)     # (else the tape is marked bad: nothing is folded)
+                    clock = float(dev.clock)
                     continue
                 if n < fit:                 # `_file`, the key in one word
                     e = n << shift | addr[b] - lo
@@ -307,7 +332,7 @@ class BestFit(Policy):
                 break
         else:
             j = None
-        dev.clock, self.allocated = clock, allocated
+        dev.clock, self.allocated = tape.at(clock) if rec else clock, allocated
         self._fits += len(lat) - n0     # one best fit per malloc, as `malloc` counts them
         return j, peak
 

@@ -458,30 +458,43 @@ class CuPyPool(Policy):
         self._charge(self._free_s)
         _file_freed(self._ix, c)
 
+    records_fused = True        # `walk_chunk` records a folded window onto the clock's tape (`Policy.fused_tape`)
+
     @cython.locals(handles=dict, peak=cython.longlong, k=cython.longlong, req=cython.longlong, n=cython.longlong,
                    allocated=cython.longlong, clock=cython.double, t0=cython.double, hit_s=cython.double,
                    free_s=cython.double, x=cython.Py_ssize_t, n0=cython.Py_ssize_t, slow=cython.bint,
-                   ix=_FreeIndex, arena=_Arena, c=_Chunk, shift=object)
-    def walk_chunk(self, events, handles, lat, peak, dev, served):
+                   ix=_FreeIndex, arena=_Arena, c=_Chunk, shift=object, rec=cython.bint, m0=cython.Py_ssize_t)
+    def walk_chunk(self, events, handles, lat, peak, dev, served, tape=None):
         """The replay's fused loop (docs/architecture.md, "The fast path"): `malloc` and `free` inlined over
         ``events`` (the split and the filing called as they call them), the clock and ``allocated`` kept
         in locals.
 
         A miss runs `_try_malloc` as `malloc` does (the locals written back around it; a device allocation
         may re-key, so ``shift`` is read again after it) and is reported to ``served``; a pressure event or
-        the FREE of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``."""
+        the FREE of an id not live is handed back: returns ``(its index or None at the end, peak allocated)``.
+
+        With ``tape`` (a window the folder records, `Policy.fused_tape`) each increment to the clock goes onto it
+        and each served latency's end; around `_try_malloc` the clock is the tape's running total, so its additions
+        go onto it as the plain walk's do, and that ALLOC's latency is a difference on it (`Tape.between`), as
+        `split`'s loop records."""
         arenas_get, new_arena, try_malloc = self._arenas.get, self._arena, self._try_malloc
         ix, hit_s, free_s = self._ix, self._hit_s, self._free_s
         shift = ix.shift                    # a Python int: a request's units shifted may pass 63 bits
-        clock, allocated = dev.clock, self.allocated
+        clock, allocated = float(dev.clock), self.allocated     # (a recorded total: its value)
         pop, lat_append, n0 = handles.pop, lat.append, len(lat)
         compiled = cython.compiled          # compiled: C appends and searches (`add_latency`, `word_place`)
         arena_st, arena = None, None        # the last ALLOC's stream and its arena (arenas are never dropped)
+        rec, m0 = tape is not None, 0
+        if rec:
+            incs, ends = tape.incs, tape.latency_ends
         for j, k, i, req, st in events:
             if k == 1:                      # ALLOC: malloc, as above
                 n = (req + 511) & -512
                 t0 = clock
                 clock += hit_s
+                if rec:
+                    m0 = len(incs)
+                    add_latency(incs, hit_s)
                 if st is not arena_st and st != arena_st:
                     arena_st, arena = st, arenas_get(st) or new_arena(st)
                 keys = arena.keys
@@ -499,11 +512,12 @@ class CuPyPool(Policy):
                         del arena.chunks[x]
                     slow = False
                 else:
-                    dev.clock, self.allocated = clock, allocated
+                    dev.clock = tape.at(clock) if rec else clock    # (recorded: the call adds onto the tape)
+                    self.allocated = allocated
                     c = try_malloc(n, arena)
-                    clock, shift = dev.clock, ix.shift
+                    clock, shift = float(dev.clock), ix.shift
                     if c is None:
-                        lat_append(clock - t0)
+                        lat_append(tape.between(t0, m0, dev.clock) if rec else clock - t0)
                         if served(j, None):
                             break
                         continue
@@ -511,7 +525,13 @@ class CuPyPool(Policy):
                 allocated += n
                 if allocated > peak:
                     peak = allocated
-                if compiled:
+                if rec:
+                    if slow:                # (what the call added lies between)
+                        lat_append(tape.between(t0, m0, dev.clock))
+                    else:
+                        add_latency(ends, len(incs))        # (a count as a double: exact)
+                        lat_append(clock - t0)
+                elif compiled:
                     add_latency(lat, clock - t0)
                 else:
                     lat_append(clock - t0)
@@ -525,12 +545,14 @@ class CuPyPool(Policy):
                     break
                 allocated -= c.size
                 clock += free_s
+                if rec:
+                    add_latency(incs, free_s)
                 _file_freed(ix, c)
             else:
                 break
         else:
             j = None
-        dev.clock, self.allocated = clock, allocated
+        dev.clock, self.allocated = tape.at(clock) if rec else clock, allocated
         self._n_lookup += len(lat) - n0     # one best fit per malloc, as `malloc` counts them
         return j, peak
 
