@@ -1163,17 +1163,18 @@ class Folder:
         program = lap.recorder.stop() if lap.recorder is not None else None
         b0, b1, r = lap.b0, lap.b1, self.r
         R, p = b1.at - b0.at, b1.mark - b0.mark
+        if until is not None and here.at + R > until:
+            return False                # (no whole lap before the walk's target: a stepped replay's -1 included)
         after = self._counts()
         records, words = r.trace.records, _words(r.trace.records)
         D = int(self.steps.allocs[b1.mark] - self.steps.allocs[b0.mark])
-        if until is not None and here.at + R > until:
-            return False                # (no whole lap before the walk's target: a stepped replay's -1 included)
         if program is None or here.at - b1.at != R or after.walk.settled != lap.before.walk.settled \
                 or words is None or D == 0 or repeating_records(words, b1.at, R, D, here.at) < here.at:
             self.lap_misses += 1
             return False
-        kind = r.trace.kind_flags.view(np.uint8)[::2][b0.at:b1.at]        # the template's kinds
-        made = records["id"][b0.at + np.flatnonzero(kind == ALLOC)].astype(np.int64)
+        kind = r.trace.kinds[b0.at:b1.at]                   # the template's
+        allocs = b0.at + np.flatnonzero(kind == ALLOC)
+        made = records["id"][allocs].astype(np.int64)
         freed = records["id"][b0.at + np.flatnonzero(kind == FREE)].astype(np.int64)
         lo, hi = int(made.min()), int(made.max())
         if D <= hi - lo:
@@ -1198,7 +1199,7 @@ class Folder:
         if k <= 0:
             return False
         self.steps.repeated(here.at, q, R, p, D)
-        zero = bool((records["size"][b0.at + np.flatnonzero(kind == ALLOC)] == 0).any())   # 0-byte ALLOCs
+        zero = bool((records["size"][allocs] == 0).any())   # the lap's 0-byte ALLOCs
         walked = {i for i in self.r.handles if lo + D <= i <= hi + D and ours[i - lo - D]}   # live, made in it
         parts = lap.parts + ([(program, 1)] if program.adds_anything() else [])
         self._skip(Chain(parts), k, lap.before, after, here.at, here.at + k * R, 0, (here.mark - b1.mark,
@@ -1463,7 +1464,7 @@ class Steps:
             ahead = 1 + np.flatnonzero((counts[m + 1:m + far + 1] == counts[m]).all(axis=1))  # m starts a run
             behind = m - lo - np.flatnonzero((counts[lo:m] == counts[m]).all(axis=1))         # m - p starts one
             ahead, behind = ahead[ahead > done], behind[behind > done]
-            ahead = ahead[self.counts_repeat_all(m + 0 * ahead, ahead, 4 * ahead)]
+            ahead = ahead[self.counts_repeat_all(np.full_like(ahead, m), ahead, 4 * ahead)]
             behind = behind[self.counts_repeat_all(m - behind, behind, 4 * behind)]
             if len(ahead) + len(behind) > 8:    # many: read the signatures either side at once, keep the equal
                 sig = self.read(lo, m + far + 1)

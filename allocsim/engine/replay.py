@@ -87,7 +87,7 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     def make():
         out = []
         records, chunk = trace.records, trace_records.CHUNK
-        kind = trace.kind_flags.view(np.uint8)[::2]         # (the low bytes, little-endian: kept with the trace)
+        kind = trace.kinds                                  # (kept with the trace)
         for start in range(0, len(kind), chunk):
             at = np.flatnonzero(kind[start:start + chunk] == SEGMENT_ALLOC)
             seg = np.asarray(records[start:start + chunk])[at]

@@ -125,6 +125,12 @@ class Trace:
             out[start:start + len(rec)] = kind_flags_of(rec)
         return out
 
+    @property
+    def kinds(self) -> np.ndarray:
+        """Each record's kind, contiguous in memory but strided by 2: the low bytes of `kind_flags` (a view, no
+        copy)."""
+        return self.kind_flags.view(np.uint8)[::2]
+
     @cached_property
     def n_allocs(self) -> int:
         """ALLOC events (counted by `validate` as it goes, else in a pass of its own)."""
