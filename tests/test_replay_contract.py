@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from allocsim import policies
@@ -256,27 +256,34 @@ def test_cli_a_recorded_oom_that_happens_again_is_not_a_stop():
 
 @settings(max_examples=30, deadline=None)
 @given(pieces=st.lists(st.integers(1, 400), min_size=1, max_size=40), most=st.integers(1, 50))
-def test_a_chunk_read_in_pieces_converts_what_is_read_until_half_or_many_pieces(pieces, most):
-    """`_Chunk.columns`: each piece is the events' own columns (the whole chunk's lists' slices, bit for bit); the
-    whole chunk is converted only once the pieces read reach half of it, or `PIECES` pieces (a folding walk that
-    passes most of a chunk converts only the steps it walks)."""
+@example(pieces=[400] * 5, most=50)     # past half the chunk in pieces: still each piece's own events
+def test_a_chunk_read_in_pieces_converts_each_event_read_once_until_many_pieces(pieces, most):
+    """`_Chunk.columns`: each piece is the events' own columns (the whole chunk's lists' slices, bit for bit); a
+    piece converts its own events only (a folding walk that passes most of a chunk converts only the steps it
+    walks, and none twice), and the whole chunk is converted only where it is asked for whole or after `PIECES`
+    pieces."""
     import allocsim.engine.replay as replay_module
     w = TraceWriter(meta={"producer": "test"})
     for k in range(1500):
         w.free(w.alloc(512 * (k % 7 + 1), stream=k % 2))
     trace = w.finish()
     whole = next(replay_module.chunks_of(trace, False, []))
+    expected = [whole.kind, whole.ids, whole.sizes, whole.streams]     # (converted before `_lists` is counted)
     c = next(replay_module.chunks_of(trace, False, []))
-    n, lo, read = len(c.at), 0, 0
+    n, lo, converted, switched = len(c.at), 0, [], False
+    lists = replay_module._Chunk._lists
     kept, replay_module.PIECES = replay_module.PIECES, most
     try:
+        replay_module._Chunk._lists = lambda self, a, b: converted.append(b - a) or lists(self, a, b)
         for k, size in enumerate(pieces):
             hi = min(n, lo + size)
             got = c.columns(lo, hi)
-            assert [list(col) for col in got] == [getattr(whole, name)[lo:hi]
-                                                  for name in ("kind", "ids", "sizes", "streams")]
-            read += hi - lo
-            assert ("_rec" not in c.__dict__) == (2 * read >= n or k >= most), (k, read, n)
+            assert [list(col) for col in got] == [col[lo:hi] for col in expected]
+            switched = switched or k >= most or (lo == 0 and hi >= n)
+            assert ("_rec" not in c.__dict__) == switched, (k, lo, hi, n)
+            read = sum(min(n, sum(pieces[:i]) + s) - min(n, sum(pieces[:i])) for i, s in enumerate(pieces[:k + 1]))
+            assert sum(converted) <= read + (n if switched else 0), (converted, read)
             lo = hi
     finally:
         replay_module.PIECES = kept
+        replay_module._Chunk._lists = lists
