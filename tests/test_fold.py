@@ -1160,3 +1160,16 @@ def test_a_recorder_takes_the_fused_latencies_it_was_told_of_and_no_more():
     old = dev.clock
     dev.clock = dev.clock + 1e-6
     assert not rec.clock_tape.follows(old) and rec.clock_tape.bad and rec.stop() is None
+
+
+def test_the_steps_answer_as_compared_afresh_asked_in_walk_order():
+    """`Steps.useful` asked boundary after boundary, as a walk asks (with and without the longest period a cycle
+    allows), answers from the runs of equal steps it found before (`Steps._run`) as it does comparing afresh: the
+    answers of steps whose runs are never kept."""
+    for trace in (real_steps("gpt-eval50", 130), repeat_steps(load("resnet50.bin"), 90), load("gpt2_variable.bin")):
+        for longest in (None, 8, 28):
+            kept, afresh = fold.Steps(trace), fold.Steps(trace)
+            afresh._run = lambda p, q, k: False
+            asked = [kept.useful(m, longest) for m in range(len(kept))]
+            assert asked == [afresh.useful(m, longest) for m in range(len(afresh))], longest
+            assert kept._same or not any(asked)
