@@ -1162,6 +1162,49 @@ def test_a_recorder_takes_the_fused_latencies_it_was_told_of_and_no_more():
     assert not rec.clock_tape.follows(old) and rec.clock_tape.bad and rec.stop() is None
 
 
+def _events(kind, ids) -> fold.Events:
+    ev = fold.Events.__new__(fold.Events)
+    ev.at, ev.kind = np.arange(len(kind), dtype=np.int64), np.array(kind, np.uint8)
+    ev.id, ev.size, ev.stream = np.array(ids, np.uint32), np.full(len(kind), 512, np.uint64), np.zeros(len(kind), np.uint16)
+    return ev
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=st.lists(st.integers(0, 9), min_size=1, max_size=30), perm=st.permutations(range(6)),
+       swapped=st.sets(st.integers(0, 5), max_size=2), kind_at=st.none() | st.integers(0, 29))
+@example(ops=[0, 8, 5], perm=list(range(6)), swapped=set(), kind_at=1)      # an older object's FREE made an ALLOC
+def test_a_window_whose_old_objects_lie_elsewhere_is_unlike_without_comparing_it(ops, perm, swapped, kind_at):
+    """`old_frees_differ`: a template window (ALLOCs, FREEs of its own objects and of six older ones) and the same
+    window again with new ids, the older objects renamed (``perm``) and some of them (``swapped``) in another block
+    than the template's: it says differ exactly where `windows_repeat` of the two joined finds the first window
+    unlike by the older objects' blocks, and never where that finds it alike (another kind somewhere: it may not
+    see it, `windows_repeat` does)."""
+    kind, ids, live, old, nxt = [], [], [], list(range(6)), 100
+    for op in ops:                      # 0-4: ALLOC, 5-7: FREE of a young object, 8-9: FREE of an old one
+        if op < 5 or (op < 8 and not live) or (op >= 8 and not old):
+            kind.append(ALLOC), ids.append(nxt), live.append(nxt)
+            nxt += 1
+        elif op < 8:
+            kind.append(FREE), ids.append(live.pop(op % len(live)))
+        else:
+            kind.append(FREE), ids.append(old.pop(op % len(old)))
+    again = [i + 1000 if i >= 100 else 50 + perm[i] for i in ids]
+    again_kind = list(kind)
+    if kind_at is not None and kind_at < len(kind):
+        again_kind[kind_at] = FREE if kind[kind_at] == ALLOC else ALLOC
+    addr_i = {o: 4096 * (o + 1) for o in range(6)}
+    addr_j = {50 + perm[o]: 4096 * (o + 1) + (512 if o in swapped else 0) for o in range(6)}
+    template, ev, P = _events(kind, ids), _events(again_kind, again), len(kind)
+    alike = fold.windows_repeat(fold.Events.joined(template, ev), P, 0, addr_i, addr_j)
+    differ = fold.old_frees_differ(template, ev, P, addr_i, addr_j)
+    assert not (differ and alike), (kind, ids, again)
+    if kind_at is not None and kind_at < len(kind) and kind[kind_at] == FREE and ids[kind_at] < 100:
+        assert differ           # an older object's FREE is no FREE there: seen without comparing the rest
+    if kind_at is None:
+        freed_swapped = any(k == FREE and i < 100 and i in swapped for k, i in zip(kind, ids))
+        assert differ == freed_swapped == (not alike), (kind, ids, swapped)
+
+
 def test_the_steps_answer_as_compared_afresh_asked_in_walk_order():
     """`Steps.useful` asked boundary after boundary, as a walk asks (with and without the longest period a cycle
     allows), answers from the runs of equal steps it found before (`Steps._run`) as it does comparing afresh: the
