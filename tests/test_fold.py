@@ -668,7 +668,14 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     assert b.over(4000, 0.1)                    # 2 s slack + 0.25 s allowance < 5 s spent
     b.saved = 3000                              # folds passed 3,000 events: 3 s saved, + 2.25 s > 5 s
     assert not b.over(4000, 0.1)
+    b.saved = 1                                 # one event passed: 2 s + 1 ms + 0.25 s < 5 s
+    assert b.over(4000, 0.1)
+    monkeypatch.setattr(fold, "SLACK", 0.12)
+    assert not b.over(4000, 0.1)                # 4.8 s slack + 1 ms + 0.25 s allowance > 5 s ...
     b.saved = 0
+    assert b.over(4000, 0.1)                    # ... but before the first fold no allowance: 4.8 s < 5 s
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    b.saved = 1
     monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2 s
     assert b.over(4000, 0.1)
     monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
@@ -1216,3 +1223,15 @@ def test_the_steps_answer_as_compared_afresh_asked_in_walk_order():
             asked = [kept.useful(m, longest) for m in range(len(kept))]
             assert asked == [afresh.useful(m, longest) for m in range(len(afresh))], longest
             assert kept._same or not any(asked)
+
+
+def test_the_folders_making_is_charged_to_its_budget(monkeypatch):
+    """Reading the steps (`Steps`, made when the replay is) is folding's cost, so a run where folding gives up costs
+    that too within its slack: the budget starts with it spent."""
+    import time
+    steps_init = fold.Steps.__init__
+    monkeypatch.setattr(fold.Steps, "__init__", lambda self, trace: (steps_init(self, trace), time.sleep(0.05))[0])
+    fold._STEPS.clear()
+    r = Replay(repeat_steps(load("gpt2.bin"), 20), "torch")
+    assert r._folder is not None and r._folder.budget.spent >= 0.05
+    assert Replay(repeat_steps(load("gpt2.bin"), 20), "torch", fold=False)._folder is None

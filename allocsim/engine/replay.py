@@ -507,7 +507,10 @@ class Replay:
         self._closed = False
         self._fold_until = None         # the trace index the walk is to reach (None: the end; -1: no folding)
         self._last_at = -1              # the trace index of the last event walked
+        made = time.perf_counter()
         self._folder = Folder(self) if s.fold and Folder.possible(self, device is not None, guard) else None
+        if self._folder is not None:        # reading the steps is folding's cost (`fold.Budget`)
+            self._folder.budget.spent += time.perf_counter() - made
 
     # ---- running -----------------------------------------------------------------------------
     def run(self, until: int | None = None) -> ReplayResult | None:
