@@ -541,6 +541,18 @@ class Events:
             got = self._apos = self._alloc_positions()
         return got
 
+    def old_frees(self, P: int, addr: dict) -> tuple[np.ndarray, list]:
+        """The positions, among the first ``P`` events, of the FREEs of objects allocated before them (an id below
+        every id they allocate), and the addresses (``addr``: id -> address where they start) of those objects'
+        blocks (made once: every comparison across a gap from this window asks, `old_frees_differ`)."""
+        got = getattr(self, "_old_frees", None)
+        if got is None:
+            kind, ids = self.kind[:P], self.id[:P]
+            allocs = ids[kind == ALLOC]
+            k = np.flatnonzero((kind == FREE) & (ids < allocs.min()) if len(allocs) else kind == FREE)
+            got = self._old_frees = (k, [addr.get(i) for i in ids[k].tolist()])
+        return got
+
     def _alloc_positions(self) -> np.ndarray:
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
         a_pos = np.flatnonzero(is_alloc)
@@ -603,15 +615,8 @@ def old_frees_differ(template: Events, ev: Events, P: int, addr_i: dict, addr_j:
     joined says the first is unlike (its window 0's check of such FREEs), and this says so reading those FREEs
     alone. A run broken by a logging step can leave the objects that outlive a step holding each other's blocks:
     every comparison across the gap then fails there, 1.6 ms of windows_repeat each on GPT-2 small under `cupy`
-    (`Folder._resume`, `Folder._reuse`). The template's such FREEs are found once (kept with it)."""
-    got = getattr(template, "_old_frees", None)
-    if got is None:
-        kind, ids = template.kind[:P], template.id[:P]
-        allocs = ids[kind == ALLOC]
-        old = (kind == FREE) & (ids < allocs.min()) if len(allocs) else kind == FREE
-        k = np.flatnonzero(old)
-        got = template._old_frees = (k, [addr_i.get(i) for i in ids[k].tolist()])
-    k, held = got
+    (`Folder._resume`, `Folder._reuse`). The template's such FREEs are found once (`Events.old_frees`)."""
+    k, held = template.old_frees(P, addr_i)
     if not len(k) or len(ev) < P:
         return False
     if (ev.kind[k] != FREE).any():
