@@ -265,10 +265,19 @@ def _bestfit_moved(pol, handles):
     pol._addr[pol._ids[0]] += 512      # a free block 512 bytes further on
 
 
+def _bestfit_held_moved(pol, handles):
+    pol._addr[max(handles.values())] += 512     # a held block elsewhere (its words gathered by numpy)
+
+
+def _bestfit_held_grown(pol, handles):
+    pol._size[max(handles.values())] += 512     # a held block larger
+
+
 @pytest.mark.parametrize("policy, mutate", [("torch", _moved_free_block), ("torch", _other_stream),
                                             ("torch[garbage_collection_threshold:0.6]", _older_free_block),
                                             ("torch", _counter), ("split", _split_tie_order), ("split", _counter),
-                                            ("bestfit", _bestfit_moved), ("cupy", _counter)])
+                                            ("bestfit", _bestfit_moved), ("bestfit", _bestfit_held_moved),
+                                            ("bestfit", _bestfit_held_grown), ("cupy", _counter)])
 def test_a_state_that_differs_in_one_block_or_counter_has_another_fingerprint(policy, mutate):
     before, after = fingerprint_after(repeat_steps(load("gpt2.bin"), 10), policy, mutate)
     assert before != after

@@ -40,12 +40,15 @@ from __future__ import annotations
 
 from array import array
 
+import numpy as np
+
 try:
     import cython                   # the compiled build (docs/architecture.md, "The compiled build")
 except ImportError:
     from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from .registry import register
+from ._columns import addresses_of, words_of
 from ._freelists import END
 from .base import Param, Policy
 from .torch import KeyField, _wide_key
@@ -452,8 +455,23 @@ class BestFit(Policy):
 
     def fold_state(self, held):
         """Free blocks, segments and held blocks by address, and ``allocated``: best fit's ties go to the lowest
-        address, so nothing else steers it (block ids and the key field do not)."""
-        return self.free_blocks(), sorted(self._segments.items()), sorted(map(self.block, held)), self.allocated
+        address, so nothing else steers it (block ids and the key field do not). The held blocks, thousands in a
+        transformer's run, as their addresses' and sizes' words in address order (gathered by numpy: a tuple a block
+        and their pickle were most of a look at a boundary, 0.3 of 0.6 ms on GPT-2 small)."""
+        if type(self).block is not BestFit.block:       # a subclass that says where its blocks lie
+            return self.free_blocks(), sorted(self._segments.items()), sorted(map(self.block, held)), self.allocated
+        ids = np.fromiter(held, np.int64)
+        addr, size = words_of(self._addr, ids), words_of(self._size, ids)
+        order = np.lexsort((size, addr))
+        return (self.free_blocks(), sorted(self._segments.items()), addr[order].tobytes() + size[order].tobytes(),
+                self.allocated)
+
+    def addresses(self, held: dict) -> dict:
+        """`Policy.addresses`: the held blocks' addresses gathered from their column (unless a subclass says where
+        its blocks lie itself)."""
+        if type(self).block is not BestFit.block:
+            return Policy.addresses(self, held)
+        return addresses_of(self._addr, held)
 
     # ---- reporting -----------------------------------------------------------------
     def block(self, h):

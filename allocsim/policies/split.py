@@ -64,6 +64,7 @@ from array import array
 import numpy as np
 
 from .registry import register
+from ._columns import addresses_of, words_of
 from ._freelists import SizeBuckets
 from .base import Param, Policy
 
@@ -170,14 +171,6 @@ def _merge_freed(size, prev, nxt, fsize, freed, entries, outsize) -> int:
             file_key(outsize, _outsize_entry(s, b))
     freed.clear()
     return k
-
-
-def _words_of(c, ids: np.ndarray) -> np.ndarray:
-    """Block column ``c`` at ``ids``, an int64 array: gathered from its C words compiled, read one by one from the
-    list interpreted (a copy of a whole list column would cost O(ids ever made))."""
-    if isinstance(c, array):
-        return np.frombuffer(c, np.int64)[ids]
-    return np.array([c[b] for b in ids.tolist()], np.int64)
 
 
 def _free_ids(fsize, next_id) -> list:
@@ -563,8 +556,7 @@ class SplittingPool(Policy):
         `block` (unless a subclass says where its blocks lie itself)."""
         if type(self).block is not SplittingPool.block:
             return Policy.addresses(self, held)
-        addr = self._addr
-        return {i: addr[h] for i, h in held.items()}
+        return addresses_of(self._addr, held)
 
     # ---- the slow path ---------------------------------------------------------------
     def _scan(self, n: int, c: int) -> int:
@@ -658,14 +650,14 @@ class SplittingPool(Policy):
         lies before and after; the freed blocks in the order they wait; ``allocated``. The free list's void
         entries and the id counter only pace housekeeping that changes no decision."""
         live = np.union1d(np.fromiter(held, np.int64), np.array(_free_ids(self._fsize, self._next_id), np.int64))
-        size, addr, prev, nxt, fsize = (_words_of(c, live) for c in (self._size, self._addr, self._prev, self._next,
+        size, addr, prev, nxt, fsize = (words_of(c, live) for c in (self._size, self._addr, self._prev, self._next,
                                                                        self._fsize))
         state = np.where(fsize == FREED, 2, fsize != 0)
         rank = np.arange(len(live))                     # (the rank of each id: ``live`` ascends)
         order = np.lexsort((nxt != 0, prev != 0, rank, state, size, addr))    # the rows sorted as tuples
         flags = state * 4 + (prev != 0) * 2 + (nxt != 0)
         blocks = b"".join(c[order].tobytes() for c in (addr, size, rank.astype(np.int32), flags.astype(np.uint8)))
-        freed = _words_of(self._addr, np.array(self._freed, np.int64)).tobytes()
+        freed = words_of(self._addr, np.array(self._freed, np.int64)).tobytes()
         return blocks, freed, self.allocated
 
     # ---- reporting -----------------------------------------------------------------
