@@ -1189,6 +1189,7 @@ def _events(kind, ids) -> fold.Events:
 @given(ops=st.lists(st.integers(0, 9), min_size=1, max_size=30), perm=st.permutations(range(6)),
        swapped=st.sets(st.integers(0, 5), max_size=2), kind_at=st.none() | st.integers(0, 29))
 @example(ops=[0, 8, 5], perm=list(range(6)), swapped=set(), kind_at=1)      # an older object's FREE made an ALLOC
+@example(ops=[8, 0], perm=list(range(6)), swapped={2}, kind_at=None)         # the template asked again, other blocks
 def test_a_window_whose_old_objects_lie_elsewhere_is_unlike_without_comparing_it(ops, perm, swapped, kind_at):
     """`old_frees_differ`: a template window (ALLOCs, FREEs of its own objects and of six older ones) and the same
     window again with new ids, the older objects renamed (``perm``) and some of them (``swapped``) in another block
@@ -1219,6 +1220,9 @@ def test_a_window_whose_old_objects_lie_elsewhere_is_unlike_without_comparing_it
     if kind_at is None:
         freed_swapped = any(k == FREE and i < 100 and i in swapped for k, i in zip(kind, ids))
         assert differ == freed_swapped == (not alike), (kind, ids, swapped)
+        moved_i = {o: a + (512 if o in swapped else 0) for o, a in addr_i.items()}  # asked again, other blocks
+        same_j = {50 + perm[o]: 4096 * (o + 1) for o in range(6)}
+        assert fold.old_frees_differ(template, ev, P, moved_i, same_j) == freed_swapped
 
 
 def test_the_steps_answer_as_compared_afresh_asked_in_walk_order():
@@ -1232,6 +1236,38 @@ def test_the_steps_answer_as_compared_afresh_asked_in_walk_order():
             asked = [kept.useful(m, longest) for m in range(len(kept))]
             assert asked == [afresh.useful(m, longest) for m in range(len(afresh))], longest
             assert kept._same or not any(asked)
+
+
+def cycle_of_steps(period: int, laps: int, allocs: int = 50) -> Trace:
+    """A run whose steps differ from one another for ``period`` steps, then repeat: a signature period over 8 (steps
+    of ``allocs`` objects: `Steps.read` reads a few steps, not the whole trace, at a time)."""
+    w = TraceWriter(meta={"producer": "test"})
+    for k in range(period * laps):
+        w.mark(f"step {k}")
+        ids = [w.alloc((k % period + 1 + j) * 4096) for j in range(allocs)]
+        for i in ids:
+            w.free(i)
+    return w.finish()
+
+
+def test_the_steps_answer_as_compared_afresh_asked_in_any_order():
+    """Asked out of the walk's order, mixing the longest periods a cycle allows, a kept `Steps` answers as one
+    comparing afresh: a run of equal steps found for a period over 8 from a late step does not answer an early
+    step ahead of it (`useful` looks ahead only ``max(8, m)`` periods), nor a question for shorter periods. (Until
+    every signature is read: then both answer from the whole table.)"""
+    rng = np.random.default_rng(7)
+    for trace in (cycle_of_steps(12, 40), real_steps("gpt-eval50", 130)):
+        kept, afresh = fold.Steps(trace), fold.Steps(trace)
+        afresh._run = lambda p, q, k: False
+        questions = [(13, None), (2, None), (20, 8)] + [(int(m), [None, 8, 28][int(rng.integers(3))])
+                                                         for m in rng.permutation(len(kept))]
+        asked = 0
+        for m, longest in questions:
+            if kept._table is not None or afresh._table is not None:
+                break
+            assert kept.useful(m, longest) == afresh.useful(m, longest), (m, longest)
+            asked += 1
+        assert asked >= 10 and kept._same, asked
 
 
 def test_the_folders_making_is_charged_to_its_budget(monkeypatch):

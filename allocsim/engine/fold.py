@@ -544,14 +544,15 @@ class Events:
     def old_frees(self, P: int, addr: dict) -> tuple[np.ndarray, list]:
         """The positions, among the first ``P`` events, of the FREEs of objects allocated before them (an id below
         every id they allocate), and the addresses (``addr``: id -> address where they start) of those objects'
-        blocks (made once: every comparison across a gap from this window asks, `old_frees_differ`)."""
+        blocks (made once for a ``P`` and an ``addr``: every comparison across a gap from this window asks the same,
+        `old_frees_differ`; asked with others, made again)."""
         got = getattr(self, "_old_frees", None)
-        if got is None:
+        if got is None or got[0] != P or got[1] is not addr:
             kind, ids = self.kind[:P], self.id[:P]
             allocs = ids[kind == ALLOC]
             k = np.flatnonzero((kind == FREE) & (ids < allocs.min()) if len(allocs) else kind == FREE)
-            got = self._old_frees = (k, [addr.get(i) for i in ids[k].tolist()])
-        return got
+            got = self._old_frees = (P, addr, k, [addr.get(i) for i in ids[k].tolist()])
+        return got[2], got[3]
 
     def _alloc_positions(self) -> np.ndarray:
         is_alloc, is_free = self.kind == ALLOC, self.kind == FREE
