@@ -250,6 +250,17 @@ def _fake_cython_build(tmp_path, root: str, version: str, cythonize: str, *args:
     return said[0]
 
 
+#: A stand-in ``cythonize`` that "translates" each module into an empty C file (for a compiler that fails anyway).
+EMPTY_C = ("import os\n"
+           "def cythonize(extensions, build_dir, **kwargs):\n"
+           "    for ext in extensions:\n"
+           "        c = os.path.join(build_dir, *ext.name.split('.')) + '.c'\n"
+           "        os.makedirs(os.path.dirname(c), exist_ok=True)\n"
+           "        open(c, 'w').close()\n"
+           "        ext.sources = [c]\n"
+           "    return extensions\n")
+
+
 def test_a_cython_older_than_the_tested_one_builds_nothing(tmp_path):
     """setup.py with a Cython older than `LEAST_CYTHON` (3.3.0, which miscompiled torch.py into a crash) says so
     in one line and installs the interpreted modules; it never reaches ``cythonize``."""
@@ -264,14 +275,6 @@ def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
     """By default setup.py compiles; where the C compiler fails (here ``CC=false``) it says so in one line, leaves
     no compiled module (an earlier build's goes, in place, else it would load, and from the build folder, else a
     wheel would pack it), and ``allocsim --version`` says why the build runs interpreted."""
-    translate = ("import os\n"
-                 "def cythonize(extensions, build_dir, **kwargs):\n"
-                 "    for ext in extensions:\n"
-                 "        c = os.path.join(build_dir, *ext.name.split('.')) + '.c'\n"
-                 "        os.makedirs(os.path.dirname(c), exist_ok=True)\n"
-                 "        open(c, 'w').close()\n"
-                 "        ext.sources = [c]\n"
-                 "    return extensions\n")
     root = _source_copy(tmp_path)
     lib = str(tmp_path / "lib")
     for where in (root, lib):
@@ -279,7 +282,7 @@ def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
         os.makedirs(os.path.dirname(stale), exist_ok=True)
         open(stale, "wb").close()
         os.utime(stale, (1, 1))     # older than any source: else distutils may take it for this build's, up to date
-    said = _fake_cython_build(tmp_path, root, "3.3.1", translate, "-b", lib, CC="false")
+    said = _fake_cython_build(tmp_path, root, "3.3.1", EMPTY_C, "-b", lib, CC="false")
     assert said.startswith("allocsim: the C compile failed (CompileError: ") and \
         said.endswith("; installing the interpreted modules (same results, slower replays)"), said
     for where in (root, lib):
@@ -287,3 +290,20 @@ def test_without_a_c_compiler_the_install_is_interpreted_and_says_why(tmp_path):
     version = run(["-m", "allocsim", "--version"], root=root).stdout.strip()
     assert "(interpreted, because the C compile failed (CompileError: command '" in version and \
         version.endswith("false' failed with exit code 1))"), version
+
+
+@pytest.mark.parametrize("cflags, level", [("", "-O1"), ("-O3 -pipe", "-O3")])
+def test_the_modules_compile_at_the_builds_level_unless_cflags_names_one(tmp_path, cflags, level):
+    """setup.py compiles at `OPTIMIZE` (``-O1``: half the compile, replays as fast, docs/performance.md), the last
+    level on gcc's line, unless ``CFLAGS`` names one: then that one is the last. (The compiler here logs its line
+    and fails, so the build falls back, saying so.)"""
+    log = tmp_path / "cc.log"
+    cc = tmp_path / "cc.sh"
+    cc.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexit 1\n')
+    cc.chmod(0o755)
+    said = _fake_cython_build(tmp_path, _source_copy(tmp_path), "3.3.1", EMPTY_C, CC=str(cc), CFLAGS=cflags)
+    assert said.startswith("allocsim: the C compile failed"), said
+    lines = [line for line in log.read_text().splitlines() if " -c " in f" {line} "]
+    assert lines, log.read_text()
+    for line in lines:
+        assert [w for w in line.split() if w.startswith("-O")][-1] == level, line
