@@ -541,6 +541,21 @@ def test_kind_flags_are_each_records_kind_and_flags():
         assert np.array_equal(steps.marks, np.flatnonzero(records["kind"] == trace_module.ev.MARK))
 
 
+@pytest.mark.parametrize("kind, unseen", [(trace_module.ev.POOL_BEGIN, True), (trace_module.ev.POOL_RELEASE, True),
+                                          (trace_module.ev.GRAPH_REPLAY, False), (trace_module.ev.PHASE_BEGIN, False),
+                                          (trace_module.ev.CACHE_RELEASE, False)])
+def test_the_steps_see_a_private_pools_kind_in_any_chunk(kind, unseen, monkeypatch):
+    """`Steps.unseen` is whether any record is of a private pool's kind (the pools' state is not in a fingerprint),
+    in whichever chunk it lies: a kind above the pools' (a graph replay, a phase) is not one, though it passes the
+    pass's first, cheaper test (the chunk's largest kind)."""
+    monkeypatch.setattr(trace_module, "CHUNK", 64)
+    rec = np.asarray(load("cupy_mlp.bin").records).copy()
+    marks = np.flatnonzero(rec["kind"] == trace_module.ev.MARK)
+    rec["kind"][marks[len(marks) // 2]] = kind          # (a MARK the less: a step joined to the next)
+    t = Trace(rec, {})
+    assert fold.Steps(t).unseen is unseen
+
+
 def test_a_long_run_reads_the_steps_it_walks_and_leaves_the_chunks_it_folds(monkeypatch):
     """1,000 steps of a fixed-shape model: the folded replay reads the signatures of the steps near those it
     walks, compares the rest record for record (no event-by-event reading), and converts no chunk it passes. The

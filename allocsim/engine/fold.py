@@ -1326,6 +1326,7 @@ _FOLDED = kind_table(FOLD_KINDS)
 #: What a window's comparison does not see (`Steps.unseen`): private-pool kinds, and a FREE flagged
 #: ``IN_REQUEST`` (``kind | flags << 8``, as `Trace.kind_flags` holds them).
 _UNSEEN = kind_table(np.array(POOL))
+_UNSEEN_LEAST = min(POOL)
 _HELD_MASK, _HELD_FREE = np.uint16(0xFF | IN_REQUEST << 8), np.uint16(FREE | IN_REQUEST << 8)
 
 
@@ -1346,8 +1347,8 @@ class Steps:
             marks.append(at + start)
             cuts = np.concatenate(([0], at))        # a MARK is no ALLOC: an empty piece's sum is 0
             allocs.append(np.add.reduceat(kind == ALLOC, cuts, dtype=np.int64))
-            if not unseen:
-                unseen = bool(_UNSEEN.take(kind).any() or (
+            if not unseen:          # (no pool kind below the chunk's largest kind: no table read, a tenth the time)
+                unseen = bool((kind.max(initial=0) >= _UNSEEN_LEAST and _UNSEEN.take(kind).any()) or (
                     (both & _HELD_MASK) == _HELD_FREE).any())
         self.marks = np.concatenate(marks) if marks else np.zeros(0, np.int64)
         n = len(self.marks)
