@@ -87,9 +87,9 @@ def recorded_segments(trace: Trace) -> list[tuple[int, int]]:
     def make():
         out = []
         records, chunk = trace.records, trace_records.CHUNK
-        kind = trace.kinds                                  # (kept with the trace)
-        for start in range(0, len(kind), chunk):
-            at = np.flatnonzero(kind[start:start + chunk] == SEGMENT_ALLOC)
+        kind_flags = trace.kind_flags                       # (kept with the trace)
+        for start in range(0, len(kind_flags), chunk):      # (the kinds copied, contiguous: a quarter of the time)
+            at = np.flatnonzero(kind_flags[start:start + chunk].astype(np.uint8) == SEGMENT_ALLOC)
             seg = np.asarray(records[start:start + chunk])[at]
             past = np.flatnonzero(seg["addr"] > RECORDED_END - seg["size"])      # sizes are at most 1 PiB
             if len(past):
