@@ -273,11 +273,26 @@ def _bestfit_held_grown(pol, handles):
     pol._size[max(handles.values())] += 512     # a held block larger
 
 
+def _cupy_held_moved(pol, handles):
+    max(handles.values(), key=lambda c: c.ptr).ptr += 512      # a held chunk elsewhere (its words packed)
+
+
+def _cupy_held_unlinked(pol, handles):
+    c = next(c for c in handles.values() if c.next is not None or c.prev is not None)
+    c.next, c.prev = (None, c.prev) if c.next is not None else (c, None)    # a held chunk's neighbours others
+
+
+def _cupy_free_grown(pol, handles):
+    next(c for a in pol._arenas.values() for c in a.chunks).size += 512    # a free chunk larger
+
+
 @pytest.mark.parametrize("policy, mutate", [("torch", _moved_free_block), ("torch", _other_stream),
                                             ("torch[garbage_collection_threshold:0.6]", _older_free_block),
                                             ("torch", _counter), ("split", _split_tie_order), ("split", _counter),
                                             ("bestfit", _bestfit_moved), ("bestfit", _bestfit_held_moved),
-                                            ("bestfit", _bestfit_held_grown), ("cupy", _counter)])
+                                            ("bestfit", _bestfit_held_grown), ("cupy", _counter),
+                                            ("cupy", _cupy_held_moved), ("cupy", _cupy_held_unlinked),
+                                            ("cupy", _cupy_free_grown)])
 def test_a_state_that_differs_in_one_block_or_counter_has_another_fingerprint(policy, mutate):
     before, after = fingerprint_after(repeat_steps(load("gpt2.bin"), 10), policy, mutate)
     assert before != after
