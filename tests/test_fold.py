@@ -298,6 +298,20 @@ def test_a_state_that_differs_in_one_block_or_counter_has_another_fingerprint(po
     assert before != after
 
 
+def test_a_driver_placement_that_moved_gives_another_fingerprint():
+    """The device's part of a look holds the driver placement, kept pickled until a call changes it: a segment the
+    driver placed since (here one more, outside the policy) gives another fingerprint, and one asked again with
+    nothing changed the same."""
+    r = Replay(repeat_steps(load("gpt2.bin"), 10), "torch")
+    r.run(until=r.trace.marks()[5][0])
+    before = r._folder._fingerprint()[0]
+    assert r._folder._fingerprint()[0] == before
+    r.device._driver.malloc(64 << 20)
+    moved = r._folder._fingerprint()[0]
+    r.close()
+    assert moved != before
+
+
 def test_a_state_with_two_blocks_at_one_address_is_not_fingerprinted():
     """`torch`'s state orders its blocks by address (by numpy): two at one address cannot be told apart, so the
     state is None and the boundary is not folded from."""
