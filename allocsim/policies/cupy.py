@@ -350,7 +350,9 @@ def _file_freed(ix, c) -> None:
 def _words(chunks, place) -> np.ndarray:
     """Each chunk's address, size, and its neighbours' addresses (-1: none), and with ``place`` (``id(arena)`` ->
     its place) its arena's place, as int64 words in the chunks' order (`CuPyPool.fold_state`), written into a C
-    array (compiled, a C store a word: a list of ints made into an array cost 45 ns a word). O(chunks)."""
+    array (compiled, a C store a word: a list of ints made into an array cost 45 ns a word). Addresses and sizes
+    fit in 63 bits (the device's addresses lie below 2**63; one past it would raise, never wrap), so -1 names no
+    neighbour unmistakably. O(chunks)."""
     chunks = list(chunks)
     width = 4 if place is None else 5
     buf = array("q", bytes(8 * width * len(chunks)))
