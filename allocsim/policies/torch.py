@@ -1388,7 +1388,9 @@ class TorchCachingAllocator(Policy):
             w[k + 9] = -1 if b.next is None else b.next.ptr
             w[k + 10] = 0 if b.allocated else (small if pool.small else large) - b.gc_base
             k += 11
-        rows = np.frombuffer(words, np.int64).reshape(-1, 11)     # (either None above or below: no order matters)
+        # (a block's pool outside the pools, above, and two blocks at one address, below, both give None: the two
+        # checks need no order)
+        rows = np.frombuffer(words, np.int64).reshape(-1, 11)
         rows = rows[np.argsort(rows[:, 0], kind="stable")]
         if (rows[1:, 0] == rows[:-1, 0]).any():
             return None                 # two blocks at one address (none seen): not told apart, not folded
