@@ -312,6 +312,39 @@ def test_a_driver_placement_that_moved_gives_another_fingerprint():
     assert moved != before
 
 
+def test_splits_state_lists_its_blocks_sorted_as_tuples_whatever_their_addresses():
+    """`split`'s state sorts its live blocks by address alone where each address is one block's (an argsort), and
+    by the whole row where two share one (a lexsort of address, size, state, rank, neighbours): the rows come out
+    as the rows sorted as tuples, here made in the test, before and after two held blocks are put at one address
+    in the other order of their sizes."""
+    from allocsim.policies import split
+    from allocsim.policies._columns import words_of
+    r = Replay(repeat_steps(load("gpt2.bin"), 10), "split")
+    r.run(until=r.trace.marks()[5][0])
+    pol = r.policy
+
+    def as_tuples():
+        ids = sorted(set(r.handles.values()) | set(split._free_ids(pol._fsize, pol._next_id)))
+        cols = [words_of(c, np.array(ids, np.int64)) for c in (pol._size, pol._addr, pol._prev, pol._next, pol._fsize)]
+        rows = sorted((a, s, 2 if f == split.FREED else int(f != 0), k, p != 0, n != 0)
+                      for k, (s, a, p, n, f) in enumerate(zip(*[c.tolist() for c in cols])))
+        return [(a, s, k, st * 4 + p * 2 + n) for a, s, st, k, p, n in rows]
+
+    def state_rows():
+        blocks = pol.fold_state(r.handles.values())[0]
+        n = len(blocks) // 21                   # (address, size: 8 bytes; rank: 4; flags: 1)
+        cols = [np.frombuffer(blocks, np.int64, n, 0), np.frombuffer(blocks, np.int64, n, 8 * n),
+                np.frombuffer(blocks, np.int32, n, 16 * n), np.frombuffer(blocks, np.uint8, n, 20 * n)]
+        return list(zip(*[c.tolist() for c in cols]))
+
+    assert state_rows() == as_tuples()
+    b1, b2 = sorted(r.handles.values())[:2]     # b1 ranks first; give it the larger size at b2's address
+    pol._addr[b1] = pol._addr[b2]
+    pol._size[b1], pol._size[b2] = max(pol._size[b1], pol._size[b2]) + 512, min(pol._size[b1], pol._size[b2])
+    assert state_rows() == as_tuples()
+    r.close()
+
+
 def test_a_state_with_two_blocks_at_one_address_is_not_fingerprinted():
     """`torch`'s state orders its blocks by address (by numpy): two at one address cannot be told apart, so the
     state is None and the boundary is not folded from."""
