@@ -134,6 +134,17 @@ class ReplayResult:
         return d
 
 
+def _distinct(values: np.ndarray, counts: bool = False):
+    """``numpy.unique(values)`` (and ``return_counts``) by its own steps, a sort and a mask: numpy 2.4's `unique`
+    took 11-13 ms on its first call in a process, a tenth of a replay of the embedded trace."""
+    s = np.sort(values)
+    first = np.concatenate(([True], s[1:] != s[:-1])) if len(s) else np.zeros(0, bool)
+    if not counts:
+        return s[first]
+    at = np.flatnonzero(first)
+    return s[at], np.diff(np.append(at, len(s)))
+
+
 class LatencyLog:
     """Every malloc latency of a replay, in order, as small codes into a table of distinct values.
 
@@ -194,7 +205,7 @@ class LatencyLog:
         idx = np.minimum(np.searchsorted(self._sorted, lat), max(len(self._sorted) - 1, 0))
         known = self._sorted[idx] == lat if len(self._sorted) else np.zeros(len(lat), bool)
         if not known.all():             # new distinct values: give them the next codes
-            new = np.unique(lat[~known])
+            new = _distinct(lat[~known])
             self.values += new.tolist()
             if len(self.values) > 65535:
                 self._raw = True
@@ -252,7 +263,7 @@ class LatencyLog:
         """Distinct latencies ascending and how many times each occurs."""
         self._flush()
         if self._raw:
-            return np.unique(np.concatenate(self._chunks), return_counts=True)
+            return _distinct(np.concatenate(self._chunks), counts=True)
         counts = np.zeros(len(self.values), np.int64)
         for n, c in enumerate(self._chunks):
             times = self._tiled.get(n, 1)
