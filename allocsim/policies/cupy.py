@@ -122,6 +122,7 @@ except ImportError:
 
 from ..errors import UsageError
 from ..trace.events import ALLOC, SEGMENT_ALLOC, SEGMENT_FREE
+from ._columns import address_order
 from .registry import register
 from .base import Param, Policy
 
@@ -682,8 +683,8 @@ class CuPyPool(Policy):
                   for s, a in self._arenas.items()]
         held_words = _words(held, place).reshape(-1, 5)
         ix = self._ix
-        return (arenas, held_words[np.argsort(held_words[:, 0], kind="stable")].tobytes(), ix.lo, ix.hi, ix.abits,
-                self.total, self.allocated)
+        return (arenas, held_words[address_order(*held_words.T)].tobytes(), ix.lo, ix.hi, ix.abits, self.total,
+                self.allocated)
 
     def fold_counts(self) -> tuple:
         """`fold_counters`, and where the segment log (and ``total_log``) end: their entries repeat too."""

@@ -64,7 +64,7 @@ from array import array
 import numpy as np
 
 from .registry import register
-from ._columns import addresses_of, words_of
+from ._columns import address_order, addresses_of, words_of
 from ._freelists import SizeBuckets
 from .base import Param, Policy
 
@@ -657,9 +657,7 @@ class SplittingPool(Policy):
                                                                        self._fsize))
         state = np.where(fsize == FREED, 2, fsize != 0)
         rank = np.arange(len(live))                     # (the rank of each id: ``live`` ascends)
-        order = np.argsort(addr, kind="stable")         # the rows sorted as tuples: by address where each is
-        if (addr[order][1:] == addr[order][:-1]).any():     # one block's (a fifth of the time), else by all
-            order = np.lexsort((nxt != 0, prev != 0, rank, state, size, addr))
+        order = address_order(addr, size, state, rank, prev != 0, nxt != 0)     # the rows sorted as tuples
         flags = state * 4 + (prev != 0) * 2 + (nxt != 0)
         blocks = b"".join(c[order].tobytes() for c in (addr, size, rank.astype(np.int32), flags.astype(np.uint8)))
         freed = words_of(self._addr, np.array(self._freed, np.int64)).tobytes()
