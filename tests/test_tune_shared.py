@@ -114,7 +114,7 @@ def test_least_peak_is_below_every_replay_that_does_not_run_out(path, div, expan
 @given(steps=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 1 << 40)), min_size=1, max_size=60),
        chunk=st.integers(1, 9), data=st.data())
 def test_a_walker_asked_at_increasing_events_reads_what_each_event_leaves(steps, chunk, data):
-    """`LiveBytes.at` and the replay's `_AllocBytes.at` (each reads a whole chunk ahead and answers from it) give,
+    """`LiveBytes.at` and the replay's `_AllocBytes.at` (each reads a piece ahead, `ahead`, and answers from it) give,
     at any non-decreasing events, the live bytes and the bytes allocated so far as one event at a time gives them:
     objects freed in any order, a FREE of an object never allocated freeing nothing."""
     events, live = [], []
@@ -143,5 +143,31 @@ def test_a_walker_asked_at_increasing_events_reads_what_each_event_leaves(steps,
         walker, allocs = LiveBytes(), R._AllocBytes()
         assert [walker.at(rec, k) for k in asked] == [want_live[k] for k in asked]
         assert [allocs.at(rec, k) for k in asked] == [want_allocated[k] for k in asked]
+    finally:
+        trace_records.CHUNK = old
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunk=st.integers(1, 64), asked=st.lists(st.integers(0, 200), min_size=1, max_size=8))
+def test_a_walker_reads_through_the_event_asked_then_pieces_that_double_up_to_a_chunk(chunk, asked):
+    """A walker's first read ends at the event asked (a replay's peak early in a long trace read a whole chunk
+    for it), and each later read is twice the last at least, through the event asked, at most a chunk."""
+    rec = records_of([(True, i, 8) for i in range(201)])
+    old = trace_records.CHUNK
+    trace_records.CHUNK = chunk
+    try:
+        walker, allocs = LiveBytes(), R._AllocBytes()
+        for k in sorted(asked):
+            before = (walker.pos, walker.last)
+            walker.at(rec, k)
+            allocs.at(rec, k)
+            assert (allocs.pos, allocs.last) == (walker.pos, walker.last)
+            if before[0] > k:
+                assert (walker.pos, walker.last) == before          # answered from the piece read
+                continue
+            assert min(chunk, 2 * before[1]) <= walker.last <= chunk
+            assert walker.pos >= k + 1
+            if before == (0, 0) and k < chunk:
+                assert walker.pos == k + 1
     finally:
         trace_records.CHUNK = old

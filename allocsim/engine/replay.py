@@ -215,11 +215,14 @@ class _AllocBytes:
         self.pos = 0
         self._read = np.zeros(0, np.int64)      # the running total after each record of that chunk
         self._read_at = 0
+        self.last = 0                           # records read by the last read (`trace_records.ahead`)
 
     def at(self, records: np.ndarray, index: int) -> int:
-        """The bytes through event ``index`` (non-decreasing over the calls), a whole `CHUNK` read at a time."""
+        """The bytes through event ``index`` (non-decreasing over the calls), read a piece at a time as
+        `LiveBytes.at` reads."""
         while self.pos <= index:
-            rec = np.asarray(records[self.pos:self.pos + trace_records.CHUNK])
+            self.last = trace_records.ahead(self.pos, index, self.last)
+            rec = np.asarray(records[self.pos:self.pos + self.last])
             sizes = np.where(rec["kind"] == ALLOC, rec["size"], 0).astype(np.int64)
             self._read, self._read_at = np.cumsum(sizes) + self.total, self.pos
             self.total = int(self._read[-1])
