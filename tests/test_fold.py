@@ -1141,6 +1141,66 @@ def test_a_cycle_state_whose_window_differs_at_every_break_is_not_resumed_from_a
     assert_folded_is_full(trace, "torch")
 
 
+def both_reuses(monkeypatch) -> list:
+    """Make every reuse the records tell (`Folder._reused_by_records`) also be told by the events gathered
+    (`Folder._reused_by_events`, the plain comparison kept beside it): the pairs of answers, as the walk goes."""
+    answers = []
+    by_records, by_events = fold.Folder._reused_by_records, fold.Folder._reused_by_events
+
+    def both(self, here, key, until):
+        got = by_records(self, here, key, until)
+        if got is not None:
+            answers.append((here.mark, got, by_events(self, here, key, until)))
+        return got
+    monkeypatch.setattr(fold.Folder, "_reused_by_records", both)
+    return answers
+
+
+@pytest.mark.parametrize("name, steps, policy", [("gpt-eval50", 130, "torch"), ("gpt-eval50", 130, "split"),
+                                                 ("gpt2s-fixed", 160, "torch"), ("gpt2s-fixed", 160, "cupy")])
+def test_a_reuse_told_record_for_record_answers_as_the_events_compared(monkeypatch, name, steps, policy):
+    """A reuse asks the records first (`RecordView`: two strided comparisons, the live ids renamed by arithmetic)
+    and gathers the events only where those cannot tell: on real runs, at every reuse, the two give the same
+    windows, end and new names, or both refuse; the records tell at least one fold; the result is the full
+    walk's."""
+    answers = both_reuses(monkeypatch)
+    assert_folded_is_full(real_steps(name, steps), policy)
+    assert any(got for _, got, _ in answers), answers
+    for mark, got, plain in answers:
+        assert got == plain, (mark, got, plain)
+
+
+@pytest.fixture(scope="module")
+def gpt_eval50_130():
+    return real_steps("gpt-eval50", 130)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), field=st.sampled_from(["id", "size", "stream", "kind", "flags"]))
+def test_a_reuse_told_record_for_record_refuses_what_the_events_refuse(monkeypatch, gpt_eval50_130, data, field):
+    """One record changed in the windows a reuse compares after the second break (the step's state is the recorded
+    window's again: a FREE's object, a size, a stream, a kind, a flag): the records and the events answer alike
+    wherever the records tell, and the result is the full walk's."""
+    trace = gpt_eval50_130
+    marks = fold.Steps(trace).marks
+    at = data.draw(st.integers(int(marks[100]), int(marks[116]) - 1))
+    rec = np.array(trace.records)
+    if field == "id":
+        frees = np.flatnonzero(rec["kind"][int(marks[100]):int(marks[116])] == FREE) + int(marks[100])
+        at = int(frees[np.searchsorted(frees, at) % len(frees)])
+        rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
+    elif field == "kind":
+        rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
+    else:
+        rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+    changed = Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels)
+    answers = both_reuses(monkeypatch)
+    assert_folded_is_full(changed, "torch")
+    for mark, got, plain in answers:
+        assert got == plain, (mark, got, plain)
+
+
 @pytest.mark.parametrize("name, steps, lap", [("gpt2s-fixed", 215, 50), ("resnet18-eval100", 560, 100)])
 def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, name, steps, lap):
     """Real runs broken by a logging or evaluation step every 50 steps (GPT-2 small; ResNet-18, which also
