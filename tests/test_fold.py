@@ -1170,6 +1170,52 @@ def test_a_reuse_told_record_for_record_answers_as_the_events_compared(monkeypat
         assert got == plain, (mark, got, plain)
 
 
+@pytest.mark.parametrize("name, steps, policy", [("gpt-eval50", 130, "torch"), ("gpt2s-fixed", 160, "cupy"),
+                                                 ("gpt2s-eval50", 120, "split")])
+def test_a_recorded_windows_live_ids_renamed_by_arithmetic_are_those_its_events_give(monkeypatch, name, steps,
+                                                                                    policy):
+    """Where every window a recorded window's fold skips was told by its records, the live ids are renamed by the
+    windows' growth (the ids are one run a window): the names `Folder.renaming` gives from the events gathered,
+    at every such fold; and the result is the full walk's."""
+    told, end_window, skip = [], fold.Folder._end_window, fold.Folder._skip
+
+    def ending(self, x, until):
+        self._ending = True
+        try:
+            return end_window(self, x, until)
+        finally:
+            self._ending = False
+
+    def skipping(self, program, k, before, after, start, end, P, how, zero, rename=None):
+        if getattr(self, "_ending", False) and rename is not None:
+            plain = self.renaming(start, end, P)
+            told.append(rename == {i: plain.get(i, i) for i in self.r.handles if plain.get(i, i) != i})
+        return skip(self, program, k, before, after, start, end, P, how, zero, rename)
+    monkeypatch.setattr(fold.Folder, "_end_window", ending)
+    monkeypatch.setattr(fold.Folder, "_skip", skipping)
+    assert_folded_is_full(real_steps(name, steps), policy)
+    assert told and all(told), told
+
+
+def test_windows_told_event_by_event_past_the_records_rename_from_the_events(monkeypatch):
+    """A recording whose ids jump by one midway (objects allocated from step 30 on take the next id): the records
+    stop repeating there (their ids are not a window's growth more), the events go on, so the fold's windows past
+    it are told event by event and its live ids cannot be renamed by arithmetic: the result is the full walk's."""
+    trace = real_steps("gpt-eval50", 130)
+    rec = np.array(trace.records)
+    x = int(fold.Steps(trace).marks[30])
+    later = rec["kind"][:x] == ALLOC
+    jump = int(rec["id"][:x][later].max()) + 1          # ids allocated from step 30 on
+    moved = (np.arange(len(rec)) >= x) & (rec["id"] != 0xFFFFFFFF) & (rec["id"] >= jump)
+    rec["id"][moved] += 1
+    told, windows = [], fold.Folder._windows
+    monkeypatch.setattr(fold.Folder, "_windows", lambda self, lo, first, P, k, new_end, until: (
+        told.append((k, windows(self, lo, first, P, k, new_end, until)[0])), windows(self, lo, first, P, k, new_end,
+                                                                                     until))[1])
+    assert_folded_is_full(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), "torch")
+    assert any(after > before for before, after in told), told
+
+
 @pytest.fixture(scope="module")
 def gpt_eval50_130():
     return real_steps("gpt-eval50", 130)
