@@ -107,6 +107,8 @@ CANDIDATE_REACH, CANDIDATE_COUNTS = 64, 1 << 21
 COUNTS_AT_ONCE = 1 << 14
 #: Steps `Steps._run` reads a run on by, at most, a call.
 RUN_READ = 256
+#: The cycle states' windows kept for resumes (`Folder._cycle_view`), in records: a few of GPT-2 small's (38k each).
+CYCLE_RECORDS = 1 << 20
 
 
 # ---- the recorder: floats that remember how they were made ---------------------------------------------
@@ -630,43 +632,43 @@ _LOW = np.uint64(0xFFFFFFFF)        # a record's first word less its id: kind, f
 
 
 class RecordView:
-    """A recorded window (``W``, from boundary ``walked``, ``R`` records) and the window after it (``F``), as a reuse
-    (`Folder._reuse`) compares them record for record: the windows from a later boundary with the state ``W`` started
-    from repeat ``W`` and ``F`` if their records are those of ``W`` and ``F`` with every id ``shift`` more, except the
-    FREEs in ``W`` of objects older than ``W``, whose objects must hold the blocks those held (by the two boundaries'
-    addresses) -- then the windows after them repeat the one before each as `Folder._record_windows` reads them
-    (`repeating_records`, ids ``D`` more a window), and the live ids are renamed by arithmetic. What `windows_repeat`
-    and the second window's check ask of the events gathered, read here without gathering them (a reuse of GPT-2
-    small's period-12 window gathered 77k events: 4 ms); made once per recorded window, and only where:
+    """A window (``W``, from boundary ``walked``, ``R`` records), and for a reuse the window after it (``F``), as
+    the folder compares a later boundary's windows with them record for record: the windows from a boundary with
+    ``W``'s state repeat ``W`` (and ``F``) if their records are those of ``W`` (and ``F``) with every id ``shift``
+    more, except the FREEs in ``W`` of objects older than ``W``, whose objects must hold the blocks those held (by
+    the two boundaries' addresses). What `windows_repeat` (and a reuse's second window's check) asks of the events
+    gathered, read here without gathering them (a reuse of GPT-2 small's period-12 window gathered 77k events: 4
+    ms); made once per window, and only where:
 
-    - ``W`` and ``F`` have the same records but their ids (kinds, flags, streams, sizes), ``W``'s ALLOC ids are one
-      run of ``D`` (its ALLOC count: distinct, given window after window, as every recorder gives them) above every
-      id live at ``walked``, and ``F``'s are ``W``'s plus ``D`` (so a FREE's id, ``shift`` more, can only be the
-      object allocated at the same place);
-    - every ALLOC and FREE carries an id, a record of another kind with an id (a FREE_REQUESTED) names an object of
-      ``W`` or ``F`` or is not compared by its id, and ``F`` frees no object older than ``W`` (every FREE of ``F``
-      frees one of ``W``'s or its own, as `_reuse`'s second window asks).
+    - ``W``'s ALLOC ids are one run of ``D`` (its ALLOC count: distinct, given window after window, as every
+      recorder gives them) above every id live at ``walked``, so a FREE's id ``shift`` more can only be the object
+      allocated at the same place; every ALLOC and FREE carries an id, and a record of another kind with an id (a
+      FREE_REQUESTED) names an object of these windows or is not compared by its id;
+    - with ``F``: it has ``W``'s records but for the ids, its ALLOC ids are ``W``'s plus ``D``, and it frees no
+      object older than ``W`` (every FREE of ``F`` frees one of ``W``'s or its own, as a reuse's second window
+      asks).
 
-    The boundary compared must have no live id at or above its first ALLOC's. Where any of this fails, `_reuse`
-    compares the events gathered, as before. O(R) to make, O(R) a reuse (two strided comparisons)."""
+    The boundary compared must have no live id at or above its first ALLOC's. Where any of this fails, the folder
+    compares the events gathered, as before. O(R) to make, O(R) a comparison (two strided passes)."""
 
-    __slots__ = ("p", "P", "R", "D", "w0", "size", "shifted", "older", "old", "old_addr", "first_alloc", "end_rel",
-                 "lo_rel", "made", "holder", "held_at")
+    __slots__ = ("p", "P", "R", "D", "windows", "w0", "size", "shifted", "older", "old", "old_addr", "first_alloc",
+                 "end_rel", "lo_rel", "zero", "made", "holder", "held_at")
 
     @classmethod
-    def of(cls, folder: "Folder", walked: Boundary, p: int, P: int, end_addr: dict) -> "RecordView | None":
-        """The view of the window recorded from ``walked`` (``p`` steps, ``P`` events, its follower as long), or None
-        where the conditions above do not hold. ``end_addr``: where each live object's block lay at its end."""
+    def of(cls, folder: "Folder", walked: Boundary, p: int, end_addr: dict | None = None) -> "RecordView | None":
+        """The view of the window of ``p`` steps from ``walked``, with its follower where ``end_addr`` is given
+        (where each live object's block lay at the window's end: a recorded window, for `Folder._reuse`), or None
+        where the conditions above do not hold."""
         records, marks = folder.r.trace.records, folder.marks
-        words = _words(records)
-        if words is None or walked.mark + 2 * p >= len(marks):
+        words, windows = _words(records), 1 if end_addr is None else 2
+        if words is None or walked.mark + windows * p >= len(marks):
             return None
-        lo, mid, hi = walked.at, int(marks[walked.mark + p]), int(marks[walked.mark + 2 * p])
-        R = mid - lo
-        if not 0 < R <= MAX_RECORD_PERIOD or hi - mid != R:
+        lo = walked.at
+        R = int(marks[walked.mark + p]) - lo
+        if not 0 < R <= MAX_RECORD_PERIOD or int(marks[walked.mark + windows * p]) - lo != windows * R:
             return None
-        w0, size = words[lo:lo + 2 * R, 0].copy(), words[lo:lo + 2 * R, 2].copy()
-        if not ((w0[R:] & _LOW) == (w0[:R] & _LOW)).all() or not (size[R:] == size[:R]).all():
+        w0, size = words[lo:lo + windows * R, 0].copy(), words[lo:lo + windows * R, 2].copy()
+        if windows == 2 and not (((w0[R:] & _LOW) == (w0[:R] & _LOW)).all() and (size[R:] == size[:R]).all()):
             return None
         kind, ids = (w0 & np.uint64(0xFF)).astype(np.int64), (w0 >> np.uint64(32)).astype(np.int64)
         has_id, alloc, free = ids != NO_ID, kind == ALLOC, kind == FREE
@@ -676,15 +678,19 @@ class RecordView:
         D = len(a)
         if not D:
             return None
-        made, later = ids[a], ids[a + R]
+        made = ids[a]
         lo_id, hi_id = int(made.min()), int(made.max())
-        if hi_id - lo_id != D - 1 or not (later - made == D).all() or (walked.addr and lo_id <= max(walked.addr)):
+        if hi_id - lo_id != D - 1 or (walked.addr and lo_id <= max(walked.addr)):
             return None             # W's ids not D distinct ones (then, its span below D: given window after window)
-        table = np.full(hi_id + D - lo_id + 1, -1, np.int64)      # id -> where in W or F it was allocated
-        table[np.concatenate((made, later)) - lo_id] = np.concatenate((a, a + R))
+        if windows == 2:
+            if not (ids[a + R] - made == D).all():
+                return None
+            a, made = np.concatenate((a, a + R)), np.concatenate((made, ids[a + R]))
+        table = np.full(hi_id + (windows - 1) * D - lo_id + 1, -1, np.int64)    # id -> where it was allocated
+        table[made - lo_id] = a
         f = np.flatnonzero(has_id & ~alloc)         # FREEs, and the other records of an object (FREE_REQUESTED)
         fid = ids[f]
-        inside = (fid >= lo_id) & (fid <= hi_id + D)
+        inside = (fid >= lo_id) & (fid < lo_id + len(table))
         born = np.where(inside, table[np.clip(fid - lo_id, 0, len(table) - 1)], -1)
         older = f[(born < 0) | (born >= f)]         # of objects older than W
         old = older[kind[older] == FREE]
@@ -696,47 +702,60 @@ class RecordView:
         shifted = has_id.copy()
         shifted[older] = False                      # (another record of an older object: not an event, not compared)
         fold = np.flatnonzero(_folded(kind.astype(np.uint8)))
-        if len(fold) != 2 * P:
+        P = int(np.searchsorted(fold, R))           # W's events
+        if windows * P != len(fold) or not P:
             return None
         v = cls.__new__(cls)
-        v.p, v.P, v.R, v.D, v.w0, v.size, v.shifted = p, P, R, D, w0, size, shifted
+        v.p, v.P, v.R, v.D, v.windows, v.w0, v.size, v.shifted = p, P, R, D, windows, w0, size, shifted
         v.older, v.old, v.old_addr = older, old, old_addr
         v.first_alloc = int(a[0])
-        v.end_rel = int(fold[-1]) + 1               # just past the last event of F, from W's start
-        v.lo_rel = int(fold[np.searchsorted(fold, R)])     # F's first event, from W's start
+        v.end_rel = int(fold[-1]) + 1               # just past the last event (of F, with F), from W's start
+        v.lo_rel = int(fold[P]) if windows == 2 else None     # F's first event, from W's start
+        v.zero = bool(((kind[:R] == ALLOC) & (size[:R] == 0)).any())     # W's 0-byte ALLOCs
         v.made = (lo_id, hi_id)
-        v.holder, v.held_at = _by_address(end_addr)
+        v.holder, v.held_at = _by_address(end_addr) if end_addr is not None else (None, None)
         return v
 
-    def reuse(self, folder: "Folder", here: Boundary, until) -> "tuple | bool | None":
-        """The windows from ``here`` (its state ``W``'s) told record for record: ``(k, new_end, shift)``, the ``k``
-        windows that repeat and where they end (`Folder._record_windows` and `_windows` read on past the first two
-        as for any recorded window), False where they end past ``until``, None where the records do not tell
-        (the first two windows differ from ``W`` and ``F`` beyond their ids; a live id above the first ALLOC's)."""
-        records, marks, R, p = folder.r.trace.records, folder.marks, self.R, self.p
+    def compare(self, folder: "Folder", here: Boundary) -> "int | bool | None":
+        """Whether the windows from ``here`` are this view's record for record: the ids' ``shift`` where they are,
+        False where they differ only in the old objects' blocks (which the events say too: `old_frees_differ`),
+        None where the records do not tell (they differ beyond their ids; a live id above the first ALLOC's)."""
+        records, marks, R, p, n = folder.r.trace.records, folder.marks, self.R, self.p, self.windows
         m, lo = here.mark, here.at
+        if m + n * p >= len(marks) or any(int(marks[m + w * p]) != lo + w * R for w in range(1, n + 1)):
+            return None
         words = _words(records)
-        if m + 2 * p >= len(marks) or int(marks[m + p]) != lo + R or int(marks[m + 2 * p]) != lo + 2 * R:
-            return None
-        w0 = words[lo:lo + 2 * R, 0]
-        shift = int(w0[self.first_alloc] >> np.uint64(32)) - int(self.w0[self.first_alloc] >> np.uint64(32))
-        if shift < 0 or (here.addr and max(here.addr) >= int(w0[self.first_alloc] >> np.uint64(32))):
-            return None
+        w0 = words[lo:lo + n * R, 0]
+        first = int(w0[self.first_alloc] >> np.uint64(32))
+        shift = first - int(self.w0[self.first_alloc] >> np.uint64(32))
+        if shift < 0 or (here.addr and max(here.addr) >= first):
+            return None         # (a live id as high: a trace that allocates a live id again, which `validate` refuses)
         same = np.subtract(w0, self.w0) == np.where(self.shifted, np.uint64(shift << 32), np.uint64(0))
         same[self.older] = (w0[self.older] & _LOW) == (self.w0[self.older] & _LOW)
-        if not same.all() or not (words[lo:lo + 2 * R, 2] == self.size).all():
+        if not same.all() or not (words[lo:lo + n * R, 2] == self.size).all():
             return None
         at, addr = here.addr, (w0[self.old] >> np.uint64(32)).tolist()
         if any(at.get(i) != a for i, a in zip(addr, self.old_addr)):
             return False        # (as `old_frees_differ` finds them: two old objects in each other's blocks, say)
+        return shift
+
+    def reuse(self, folder: "Folder", here: Boundary, until) -> "tuple | bool | None":
+        """A recorded window's view (with ``F``): the windows from ``here`` (its state ``W``'s) told record for
+        record: ``(k, new_end, shift)``, the ``k`` windows that repeat and where they end (`Folder._record_windows`
+        and `_windows` read on past the first two as for any recorded window), False where they do not repeat or
+        end past ``until``, None where the records do not tell."""
+        shift = self.compare(folder, here)
+        if shift is None or shift is False:
+            return shift
+        records, R, lo = folder.r.trace.records, self.R, here.at
         end = lo + self.end_rel
         if until is not None and end > until:
             return False
         stop = len(records) if until is None else min(len(records), until)
-        q = repeating_records(words, end, R, self.D, stop)
-        folder.steps.repeated(end, q, R, p, self.D)
+        q = repeating_records(_words(records), end, R, self.D, stop)
+        folder.steps.repeated(end, q, R, self.p, self.D)
         n = max(0, q - end) // R
-        lo_next = None if q >= stop or folder._differs(q, p) else (lo + self.lo_rel + (n - 1) * R if n else lo)
+        lo_next = None if q >= stop or folder._differs(q, self.p) else (lo + self.lo_rel + (n - 1) * R if n else lo)
         k, new_end = folder._windows(lo_next, 1, self.P, 2 + n, end + n * R, until)
         if k != 2 + n:
             return None         # windows told event by event past the records: their ids are not known by arithmetic
@@ -881,6 +900,7 @@ class Folder:
         self.saved: dict[bytes, tuple] = {}     # a recorded window by the state it starts from (`_reuse`)
         self.views: dict[bytes, tuple] = {}     # what `_reuse` reads of each, once
         self.record_views: dict[bytes, "RecordView | None"] = {}    # ... record for record (`RecordView`), once
+        self.cycle_views: dict[tuple, "RecordView | None"] = {}     # (trace index, p) -> a cycle state's (`_resume`)
         self.cycle_events: dict[tuple, Events] = {}     # (trace index, P) -> a cycle state's window (`_resume`)
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
         self.gave_up_at = None                  # the step the folder gave up at (`Budget`): the walk goes on plainly
@@ -1053,8 +1073,39 @@ class Folder:
         m = here.mark
         if m + 3 * p > len(self.marks) or not (self._alike(b.mark, m, p) and self._alike(b.mark, m + p, p)):
             return False
+        view = self._cycle_view(b, p)
+        told = view.compare(self, here) if view is not None else None
+        if told is None:            # the records do not tell: the events gathered do
+            got = self._resumed_by_events(here, b, p)
+        else:
+            got = told is not False and (view.P, here.at + view.end_rel, view.zero)
+        if not got:
+            self.unlike[key] = self.unlike.get(key, 0) + 1
+            return False
+        P, end, zero = got
+        if until is not None and end > until:
+            return False
+        r = self.r
+        self._lap_pause()           # (a lap goes on with the window as one of its parts)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
+        return True
+
+    def _cycle_view(self, b: Boundary, p: int) -> "RecordView | None":
+        """The `RecordView` of the window of ``p`` steps from cycle state ``b``, made once for every resume from it
+        (kept to `CYCLE_RECORDS` records in all: the oldest go first)."""
+        if (b.at, p) not in self.cycle_views:
+            view = RecordView.of(self, b, p)
+            while self.cycle_views and sum(v.R for v in self.cycle_views.values() if v is not None) + (
+                    view.R if view is not None else 0) > CYCLE_RECORDS:
+                del self.cycle_views[next(iter(self.cycle_views))]
+            self.cycle_views[b.at, p] = view
+        return self.cycle_views[b.at, p]
+
+    def _resumed_by_events(self, here: Boundary, b: Boundary, p: int) -> "tuple | bool":
+        """`_resume`'s comparison of the events gathered, where the records cannot tell (`RecordView.compare`):
+        ``(P, end, zero)`` (the window's events, where they end, whether it allocates 0 bytes), or False."""
         records = self.r.trace.records
-        P = _count_between(records, here.at, int(self.marks[m + p]))
+        P = _count_between(records, here.at, int(self.marks[here.mark + p]))
         ev = Events(records, here.at, P)
         if (b.at, P) not in self.cycle_events:      # the cycle state's window, read once for every resume
             while self.cycle_events and P * (len(self.cycle_events) + 1) > BATCH:    # kept to a batch of events:
@@ -1063,16 +1114,8 @@ class Folder:
         template = self.cycle_events[b.at, P]
         if P == 0 or len(ev) < P or old_frees_differ(template, ev, P, b.addr, here.addr) \
                 or windows_repeat(Events.joined(template, ev), P, 0, b.addr, here.addr) < 1:
-            self.unlike[key] = self.unlike.get(key, 0) + 1
             return False
-        end = int(ev.at[P - 1]) + 1
-        if until is not None and end > until:
-            return False
-        r = self.r
-        self._lap_pause()           # (a lap goes on with the window as one of its parts)
-        zero = bool(np.any((ev.kind == ALLOC) & (ev.size == 0)))
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
-        return True
+        return P, int(ev.at[P - 1]) + 1, bool(np.any((ev.kind == ALLOC) & (ev.size == 0)))
 
     def _try(self, i: Boundary, j: Boundary, key: bytes, until) -> bool:
         """Boundary ``j`` has the state of ``i``: if the events after ``j`` repeat those after ``i`` for at
@@ -1255,7 +1298,8 @@ class Folder:
         False where they do not repeat; None where the records cannot tell (`_reused_by_events` does)."""
         if key not in self.record_views:
             _, _, _, P, p, walked, end_addr, _ = self.saved[key]
-            self.record_views[key] = RecordView.of(self, walked, p, P, end_addr)
+            view = RecordView.of(self, walked, p, end_addr)
+            self.record_views[key] = view if view is not None and view.P == P else None
         view = self.record_views[key]
         got = view.reuse(self, here, until) if view is not None else None
         if not got:
