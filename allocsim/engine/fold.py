@@ -652,7 +652,7 @@ class RecordView:
     compares the events gathered, as before. O(R) to make, O(R) a comparison (two strided passes)."""
 
     __slots__ = ("p", "P", "R", "D", "windows", "w0", "size", "shifted", "older", "old", "old_addr", "first_alloc",
-                 "end_rel", "lo_rel", "zero", "made", "holder", "held_at")
+                 "end_rel", "lo_rel", "zero", "id_run", "holder", "held_at")
 
     @classmethod
     def of(cls, folder: "Folder", walked: Boundary, p: int, end_addr: dict | None = None) -> "RecordView | None":
@@ -712,7 +712,7 @@ class RecordView:
         v.end_rel = int(fold[-1]) + 1               # just past the last event (of F, with F), from W's start
         v.lo_rel = int(fold[P]) if windows == 2 else None     # F's first event, from W's start
         v.zero = bool(((kind[:R] == ALLOC) & (size[:R] == 0)).any())     # W's 0-byte ALLOCs
-        v.made = (lo_id, hi_id)
+        v.id_run = (lo_id, hi_id)
         v.holder, v.held_at = _by_address(end_addr) if end_addr is not None else (None, None)
         return v
 
@@ -766,13 +766,11 @@ class RecordView:
         at its end is the one allocated at the same place of the last window skipped, ``shift`` more (the ids of
         every window skipped are ``W``'s plus a constant, the records say so); any other lives on. None where a
         live object's block was nobody's at ``W``'s end."""
-        ids, at = _by_address(addr)
-        held_at, made = self.held_at, self.made
-        x = np.minimum(np.searchsorted(held_at, at), max(0, len(held_at) - 1))
-        if len(at) and (not len(held_at) or not (held_at[x] == at).all()):
+        got = _holders(addr, self.holder, self.held_at)
+        if got is None:
             return None
-        h = self.holder[x]
-        new = (h >= made[0]) & (h <= made[1])     # (W's ids are one run)
+        ids, h = got
+        new = (h >= self.id_run[0]) & (h <= self.id_run[1])     # (W's ids are one run)
         return dict(zip(ids[new].tolist(), (h[new] + shift).tolist()))
 
 
@@ -1311,7 +1309,7 @@ class Folder:
     def _reused_by_events(self, here: Boundary, key: bytes, until) -> "tuple | bool":
         """`_reuse`'s comparison of the events gathered (`Events`, `windows_repeat`): ``(k, new_end, rename)`` as
         `_reused_by_records` gives it, or False."""
-        program, before, after, P, p, walked, end_addr, zero = self.saved[key]
+        _, _, _, P, p, walked, end_addr, _ = self.saved[key]
         records = self.r.trace.records
         if key not in self.views:       # what a reuse reads of the recorded window, read once
             W = Events(records, walked.at, 2 * P)
@@ -1321,7 +1319,7 @@ class Folder:
             self.views[key] = (W.part(0, P), W.alloc_positions()[P:],
                                (made[by_id], allocs[by_id]),       # its ALLOCs' ids, sorted, and places
                                _by_address(end_addr))             # who held each block after it
-        W, follower, (made, place), (holder, held_at) = self.views[key]
+        W, follower, (made, place), holders = self.views[key]
         A = Events(records, here.at, 2 * P)
         if len(A) < 2 * P or old_frees_differ(W, A, P, walked.addr, here.addr):
             return False
@@ -1342,11 +1340,10 @@ class Folder:
         a0, a1 = Boundary(here.at, here.mark, here.addr), Boundary(int(self.marks[here.mark + p]), here.mark + p, {})
         n, lo, _ = self._record_windows(a0, a1, P, end, until, A)   # the first two lead, as a template and the walked
         k, new_end = self._windows(lo, 1, P, 2 + n, end + n * (a1.at - a0.at), until)
-        ids, at = _by_address(here.addr)
-        x = np.minimum(np.searchsorted(held_at, at), max(0, len(held_at) - 1))
-        if len(at) and (not len(held_at) or not (held_at[x] == at).all()):
+        got = _holders(here.addr, *holders)
+        if got is None:
             return False            # a live object whose block no object held after the recorded window
-        h = holder[x]               # (each live object's block: who held it after the recorded window)
+        ids, h = got                # (each live object's block: who held it after the recorded window)
         y = np.maximum(np.searchsorted(made, h, side="right") - 1, 0)
         new = (made[y] == h) if len(made) else np.zeros(len(h), bool)   # ... allocated in it: renamed
         last = _events_before(records, new_end, P)
@@ -1935,6 +1932,17 @@ def _by_address(addr: dict) -> tuple[np.ndarray, np.ndarray]:
     ids, at = np.fromiter(addr.keys(), np.int64, n), np.fromiter(addr.values(), np.int64, n)
     order = np.argsort(at)
     return ids[order], at[order]
+
+
+def _holders(addr: dict, holder: np.ndarray, held_at: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(ids, holders)``: the live objects of ``addr`` (id -> address) in address order, and who held each one's
+    block after a recorded window (``holder``/``held_at``: `_by_address` of that window's end), or None where a
+    live object's block was nobody's then (a reuse's renaming)."""
+    ids, at = _by_address(addr)
+    x = np.minimum(np.searchsorted(held_at, at), max(0, len(held_at) - 1))
+    if len(at) and (not len(held_at) or not (held_at[x] == at).all()):
+        return None
+    return ids, holder[x]
 
 
 def _count_between(records, lo: int, hi: int) -> int:
