@@ -25,7 +25,7 @@ import sys
 
 #: The modules the compiled build compiles (``setup.py``), dotted.
 COMPILED_MODULES = ("allocsim.policies.cupy", "allocsim.policies.split", "allocsim.policies.bestfit",
-                    "allocsim.policies.torch")
+                    "allocsim.policies.torch", "allocsim.engine.repeats")
 
 #: The environment variable that, off (``ALLOCSIM_COMPILE=0``), asks `pip install` for the interpreted build
 #: (``setup.py``; on by default).
@@ -147,4 +147,6 @@ class cython:    # noqa: N801  (it stands for the module of that name)
     cfunc = ccall = inline = staticmethod(_as_is)
     locals = staticmethod(lambda **types: _as_is)
     returns = staticmethod(lambda type_: _as_is)
-    longlong, double, Py_ssize_t, bint = (_Type(n) for n in ("longlong", "double", "Py_ssize_t", "bint"))
+    boundscheck = wraparound = overflowcheck = staticmethod(lambda on: _as_is)     # directives: nothing to do
+    longlong, ulonglong, double, Py_ssize_t, bint = (_Type(n) for n in ("longlong", "ulonglong", "double",
+                                                                         "Py_ssize_t", "bint"))

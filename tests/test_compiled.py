@@ -29,6 +29,7 @@ from conftest import ROOT
 
 DIFFERENTIAL = ["tests/test_fast_path.py", "tests/test_reference_models.py", "tests/test_golden.py",
                 "tests/test_split_bestfit.py", "tests/test_cupy_policy.py", "tests/test_fold.py",
+                "tests/test_repeats.py",
                 "tests/test_tries.py::test_a_folded_replay_with_tries_is_the_full_walk"]
 #: The child's pytest: the policies no build compiles run the same code in both, so test_golden leaves them out.
 CHILD_PYTEST = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--compiled-policies-only", *DIFFERENTIAL]

@@ -51,6 +51,7 @@ import numpy as np
 from ..machine.device import SimulatedDevice
 from ..trace.events import ALLOC, FREE, IN_REQUEST, MARK, NO_ID, POOL, PRESSURE, RECORD_DTYPE, kind_table
 from ..trace import trace as trace_records
+from . import repeats
 
 #: The kinds whose records must repeat for a window to repeat (0-byte ALLOCs and their FREEs included).
 FOLD_KINDS = np.array((ALLOC, FREE) + PRESSURE)
@@ -1541,6 +1542,7 @@ def _folded(kind: np.ndarray) -> np.ndarray:
 
 
 _FOLDED = kind_table(FOLD_KINDS)
+_FOLDED_BYTES = _FOLDED.view(np.uint8)      # (as `repeats` reads it)
 #: What a window's comparison does not see (`Steps.unseen`): private-pool kinds, and a FREE flagged
 #: ``IN_REQUEST`` (``kind | flags << 8``, as `Trace.kind_flags` holds them).
 _UNSEEN = kind_table(np.array(POOL))
@@ -1636,9 +1638,12 @@ class Steps:
         allocs = int(self.allocs[a])
         step, in_step = a - 1, 0            # the step of the records before the next MARK; its fold events read
         sig = self.sig
-        C = [np.uint64(c) for c in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
-                                    0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9, 29, 32, 16, 0xFFFF)]
         words = _words(self.records)
+        if repeats.COMPILED and words is not None:      # the same numbers, one C pass (`repeats`)
+            repeats.signatures(words, _FOLDED_BYTES, lo, hi, step, allocs, sig)
+            self.known[a:b] = True
+            return
+        C = [np.uint64(c) for c in (*repeats.KEYS, 29, 32, 16, 0xFFFF)]
         for s in range(lo, hi, SIG_READ):
             rec = np.asarray(self.records[s:min(hi, s + SIG_READ)])
             kind = rec["kind"].copy()                   # read once: the passes below go over a compact copy
@@ -1898,7 +1903,9 @@ def repeating_records(words: np.ndarray, end: int, R: int, D: int, stop: int) ->
     before it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before
     it has an id. ``words`` are the records' words (`_words`); read a few periods at a time, or, for a period
     longer than `SPAN` (a `Folder` lap), `SPAN` records at a time (a whole period's temporaries left the cache:
-    twice the time)."""
+    twice the time). Compiled, one C pass (`repeats.repeating`) gives the same index."""
+    if repeats.COMPILED:
+        return repeats.repeating(words, end, R, D, stop)
     if R > SPAN:
         no_id, shift = np.uint64(NO_ID), np.uint64(D << 32)
         x = end

@@ -1,0 +1,114 @@
+"""The two passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
+"Folding" and "The compiled build"): each step's signature (`signatures`) and how far records repeat those a
+period before (`repeating`).
+
+`allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`), and takes
+these only where this module is compiled (`COMPILED`): interpreted, a loop here is a Python loop, many times
+numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
+temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
+real runs and on records a property test makes, in both builds.
+
+The records are read as `fold._words` lays them out: five 64-bit words a record, the first holding the kind (its
+low byte), the flags, the stream (bits 16-31) and the id (the high 32 bits), the third the size. O(records read)
+each, O(1) memory beyond the signatures written.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import cython                   # the compiled build (docs/architecture.md, "The compiled build")
+except ImportError:                 # pragma: no cover - where Cython is not installed
+    from ..compiled import cython   # interpreted: its decorators and types change nothing
+
+from ..trace.events import ALLOC, FREE, MARK, NO_ID
+
+#: Whether these loops run compiled (else `allocsim.engine.fold` reads with numpy).
+COMPILED = cython.compiled
+
+#: The signature's constants (`Steps._signatures` mixes the same ones: a signature is one number either way).
+K_KIND, K_SIZE, K_STREAM = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+K_GAP, K_PLACE, K_MIX = 0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9
+#: The same, as Python sees them (compiled, the names above are C words no other module reads).
+KEYS = (K_KIND, K_SIZE, K_STREAM, K_GAP, K_PLACE, K_MIX)
+#: A machine word's bits: compiled, masking with it changes nothing; interpreted, it wraps Python's ints as C does.
+WORD = 0xFFFFFFFFFFFFFFFF
+
+
+def _exact(words):
+    """Interpreted, the words as Python ints (exact: the masks wrap them), so that no numpy scalar warns of
+    the overflows C's unsigned arithmetic makes on purpose."""
+    return np.asarray(words).astype(object)
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.overflowcheck(False)
+@cython.locals(x=cython.Py_ssize_t, back=cython.ulonglong, shift=cython.ulonglong, want=cython.ulonglong,
+               no_id=cython.ulonglong)
+def repeating(words, end, R, D, stop):
+    """The first trace index from ``end`` on (``stop`` if none before it) whose record is not the one ``R`` before
+    it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before it has an
+    id (`fold.repeating_records`'s answer). ``words``: the records' words; ``0 < R <= end <= stop <= len(words)``
+    (else ValueError: the loop reads without bounds checks)."""
+    if not 0 < R <= end <= stop <= words.shape[0]:
+        raise ValueError(f"repeating: R={R}, end={end}, stop={stop} out of order for {words.shape[0]} records")
+    if not cython.compiled:
+        words = _exact(words)
+    shift = (D << 32) & WORD
+    no_id = NO_ID
+    for x in range(end, stop):
+        back = words[x - R, 0]
+        want = shift if back >> 32 != no_id else 0
+        if ((words[x, 0] - back) & WORD) != want or words[x, 2] != words[x - R, 2]:
+            return x
+    return stop
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.overflowcheck(False)
+@cython.locals(x=cython.Py_ssize_t, in_step=cython.ulonglong, w=cython.ulonglong, k=cython.ulonglong,
+               v=cython.ulonglong, alloc=cython.ulonglong, free=cython.ulonglong, mark=cython.ulonglong)
+def signatures(words, folded, lo, hi, step, allocs, sig):
+    """Add to ``sig`` (two words a step: the sum of its events' hashes, their count) the signatures of records
+    ``lo`` to ``hi``, the first of them in step ``step`` (each MARK starts the next) with ``allocs`` ALLOCs before
+    it: `Steps._signatures`'s numbers. ``folded``: a table by kind, nonzero for the kinds a signature reads
+    (`fold.FOLD_KINDS`); an event's hash mixes its kind, size, stream, place among its step's events and, for a
+    FREE, how many ALLOCs lie between its object's and it (by the ids, dense in ALLOC order). ValueError where the
+    records or steps lie outside ``words`` or ``sig`` (the loop reads and writes without bounds checks)."""
+    if not 0 <= lo <= hi <= words.shape[0] or step >= sig.shape[0]:
+        raise ValueError(f"signatures: records {lo}..{hi} of {words.shape[0]}, step {step} of {sig.shape[0]}")
+    if not cython.compiled:
+        words, out, sig = _exact(words), sig, np.asarray(sig).astype(object)
+    alloc, free, mark = ALLOC, FREE, MARK
+    in_step = 0
+    for x in range(lo, hi):
+        w = words[x, 0]
+        k = w & 0xFF
+        if k == mark:
+            step += 1
+            in_step = 0
+            if step >= sig.shape[0]:
+                raise ValueError(f"signatures: step {step} past the {sig.shape[0]} given")
+            continue
+        if not folded[k]:
+            continue
+        if step < 0:
+            raise ValueError(f"signatures: record {x} is an event before the first MARK")
+        v = (k * K_KIND) & WORD
+        v ^= (words[x, 2] * K_SIZE) & WORD
+        v ^= (((w >> 16) & 0xFFFF) * K_STREAM) & WORD
+        if k == free:
+            v ^= (((allocs - (w >> 32)) & WORD) * K_GAP) & WORD
+        v ^= (in_step * K_PLACE) & WORD
+        v ^= v >> 29
+        v = (v * K_MIX) & WORD
+        sig[step, 0] = (sig[step, 0] + v) & WORD
+        sig[step, 1] += 1
+        in_step += 1
+        if k == alloc:
+            allocs += 1
+    if not cython.compiled:
+        out[...] = sig.astype(np.uint64)
+    return 0

@@ -1,0 +1,145 @@
+"""`allocsim.engine.repeats` (the compiled build's C loops over the records) against folding's plain numpy passes
+(`fold.Steps._signatures`, `fold.repeating_records`): the same numbers on real runs and on records a property test
+makes. In the compiled build the loops run in C; interpreted, the same source runs in Python (tests/test_compiled.py
+runs this file on the other build too)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from allocsim.engine import fold, repeats
+from allocsim.trace import Trace
+from allocsim.trace.events import ALLOC, FREE, FREE_REQUESTED, MARK, NO_ID, OOM, RECORD_DTYPE
+
+from test_fold import real_steps
+
+KINDS = [ALLOC, ALLOC, FREE, FREE, MARK, OOM, FREE_REQUESTED]
+
+
+def plain_signatures(trace: Trace, monkeypatch) -> np.ndarray:
+    """Every step's signature by the numpy pass."""
+    with monkeypatch.context() as m:
+        m.setattr(repeats, "COMPILED", False)
+        steps = fold.Steps(trace)
+        return steps.read(0, len(steps)).copy()
+
+
+def loop_signatures(trace: Trace, a: int, b: int) -> np.ndarray:
+    """The signatures of steps ``a`` to ``b`` by the loop of `repeats` (one call, as `Steps._signatures` makes it)."""
+    steps = fold.Steps(trace)
+    lo = int(steps.marks[a])
+    hi = int(steps.marks[b]) if b < len(steps) else len(trace.records)
+    sig = np.zeros((len(steps), 2), np.uint64)
+    assert repeats.signatures(fold._words(trace.records), fold._FOLDED_BYTES, lo, hi, a - 1, int(steps.allocs[a]),
+                              sig) == 0
+    return sig[a:b]
+
+
+def made(rows: list[tuple]) -> Trace:
+    """A trace of records ``(kind, flags, stream, id, size)``, a MARK first."""
+    rec = np.zeros(len(rows) + 1, RECORD_DTYPE)
+    rec["kind"][0], rec["id"][0] = MARK, NO_ID
+    for name, col in zip(("kind", "flags", "stream", "id", "size"), zip(*rows)):
+        rec[name][1:] = col
+    return Trace(rec, {})
+
+
+records = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 3), st.sampled_from([0, 1, 2, 0x1FF, 0xFFFF]),
+                             st.one_of(st.integers(0, 40), st.just(NO_ID)),
+                             st.one_of(st.integers(0, 1 << 12), st.integers((1 << 64) - 4, (1 << 64) - 1))),
+                   min_size=1, max_size=60)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=records)
+def test_the_loops_signatures_are_the_numpy_passes(monkeypatch, rows):
+    """Any records (sizes up to 2**64 - 1, ids past the ALLOCs before them, records without an id, kinds a signature
+    does not read): the loop's signature of every step is the numpy pass's, bit for bit."""
+    trace = made(rows)
+    want = plain_signatures(trace, monkeypatch)
+    n = len(want)
+    assert np.array_equal(loop_signatures(trace, 0, n), want)
+    if n > 2:                   # from a step within the trace, after the ALLOCs before it
+        assert np.array_equal(loop_signatures(trace, 1, n - 1), want[1:n - 1])
+
+
+def test_a_real_runs_signatures_are_the_numpy_passes(monkeypatch):
+    """The first 40 steps of a real GPT run (traces/fold/gpt-eval50), read as `Steps` reads them in the build at
+    hand and by the numpy pass: the same signatures; and changing one event's size changes its step's alone."""
+    trace = real_steps("gpt-eval50", 40)
+    want = plain_signatures(trace, monkeypatch)
+    steps = fold.Steps(trace)
+    assert np.array_equal(steps.read(0, len(steps)), want)
+    assert np.array_equal(loop_signatures(trace, 3, 17), want[3:17])
+    rec = np.array(trace.records)
+    x = int(steps.marks[20]) + int(np.argmax(rec["kind"][int(steps.marks[20]):] == ALLOC))    # step 20's first ALLOC
+    rec["size"][x] += 1
+    changed = loop_signatures(Trace(rec, dict(trace.meta)), 0, len(steps))
+    assert [int(s) for s in np.flatnonzero((changed != want).any(axis=1))] == [20]
+
+
+def repeated_records(rows: list[tuple], times: int, D: int) -> np.ndarray:
+    """``rows`` (kind, flags, stream, id, size) ``times`` over, each time with every id (not `NO_ID`) ``D`` more."""
+    rec = np.zeros(len(rows) * times, RECORD_DTYPE)
+    for t in range(times):
+        for x, (kind, flags, stream, i, size) in enumerate(rows):
+            rec[t * len(rows) + x] = (kind, flags, stream, i if i == NO_ID else i + t * D, 0, 0, size, 0, 0)
+    return rec
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=records, times=st.integers(2, 4), D=st.integers(0, 50), data=st.data())
+def test_the_loops_repeat_ends_where_numpys_does(monkeypatch, rows, times, D, data):
+    """Records repeating with a period (ids a constant more each time), then one field of one record changed, or
+    the whole read with another id shift: the loop stops at the first record the numpy pass stops at."""
+    rec = repeated_records(rows, times, D)
+    R = len(rows)
+    x = data.draw(st.integers(0, len(rec) - 1))
+    field = data.draw(st.sampled_from(["kind", "flags", "stream", "id", "size", None]))
+    if field is not None:
+        rec[field][x] = (int(rec[field][x]) + 1) % (1 << (8 * rec.dtype[field].itemsize))
+    shift = data.draw(st.sampled_from([D, D + 1]))
+    end = data.draw(st.integers(R, len(rec)))
+    stop = data.draw(st.integers(end, len(rec)))
+    words = fold._words(rec)
+    got = repeats.repeating(words, end, R, shift, stop)
+    with monkeypatch.context() as m:
+        m.setattr(repeats, "COMPILED", False)
+        assert got == fold.repeating_records(words, end, R, shift, stop)
+    assert end <= got <= stop
+
+
+@pytest.mark.parametrize("period", [1, 7])
+def test_a_real_runs_records_repeat_as_far_by_either(monkeypatch, period):
+    """The real GPT run's records from step 20 compared a period of steps back (its ids a period's ALLOCs more):
+    the loop and the numpy pass stop at the same record (the run's next logging step breaks both)."""
+    trace = real_steps("gpt-eval50", 60)
+    steps = fold.Steps(trace)
+    at, back = int(steps.marks[20 + period]), int(steps.marks[20])
+    R, D = at - back, int(steps.allocs[20 + period] - steps.allocs[20])
+    words = fold._words(trace.records)
+    got = repeats.repeating(words, at, R, D, len(trace.records))
+    with monkeypatch.context() as m:
+        m.setattr(repeats, "COMPILED", False)
+        assert got == fold.repeating_records(words, at, R, D, len(trace.records))
+    assert at < got < len(trace.records)
+
+
+def test_the_loops_refuse_what_they_would_read_out_of_bounds():
+    """Compiled, the loops read without bounds checks: asked outside the records or the steps, each raises
+    ValueError (in both builds) rather than read or write past an array."""
+    trace = made([(ALLOC, 0, 0, 0, 8), (MARK, 0, 0, NO_ID, 0), (FREE, 0, 0, 0, 8)])
+    words, n = fold._words(trace.records), len(trace.records)
+    sig = np.zeros((2, 2), np.uint64)
+    for end, R, stop in [(1, 2, n), (1, 0, n), (2, 1, n + 1), (3, 1, 2)]:
+        with pytest.raises(ValueError):
+            repeats.repeating(words, end, R, 0, stop)
+    for lo, hi, step in [(1, n, -1), (0, n + 1, -1), (0, n, 2)]:    # an ALLOC before any MARK; past the records
+        with pytest.raises(ValueError):
+            repeats.signatures(words, fold._FOLDED_BYTES, lo, hi, step, 0, sig)
+    with pytest.raises(ValueError):                                 # two MARKs for one step
+        repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, np.zeros((1, 2), np.uint64))
+    assert repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, sig) == 0
+    assert sig[:, 1].tolist() == [1, 1]
