@@ -1274,6 +1274,219 @@ def test_a_resume_told_record_for_record_answers_as_the_events_compared(monkeypa
         assert got == plain, (mark, got, plain)
 
 
+def both_tries(monkeypatch) -> list:
+    """Make every first window (`Folder._try`) and every resumed window's end the records tell
+    (`RecordView.repeats_at`) also be told by the events gathered (`Folder._tried_by_events`,
+    `Folder._resumed_end_by_events`): the pairs of answers, ``(P, end, zero)`` or False (a resumed end's ``zero`` is
+    not compared: it was known when the window started), as the walk goes."""
+    answers = []
+    try_, end_window, repeats_at = fold.Folder._try, fold.Folder._end_window, fold.RecordView.repeats_at
+
+    def trying(self, i, j, key, until):
+        view = fold.RecordView.of(self, i, j.mark - i.mark)
+        got = view.repeats_at(self, j, 1) if view is not None else None
+        if got is not None:
+            answers.append(("try", j.mark, got, self._tried_by_events(i, j)))
+        return try_(self, i, j, key, until)
+
+    def ending(self, x, until):
+        self._walked = self.rec[3] if self.rec[2] is None else None
+        return end_window(self, x, until)
+
+    def telling(self, folder, here, more):
+        got = repeats_at(self, folder, here, more)
+        if more == 0 and got is not None:
+            plain = folder._resumed_end_by_events(folder._walked, here, self.P)
+            answers.append(("end", here.mark, got and got[:2], plain and plain[:2]))
+        return got
+    monkeypatch.setattr(fold.Folder, "_try", trying)
+    monkeypatch.setattr(fold.Folder, "_end_window", ending)
+    monkeypatch.setattr(fold.RecordView, "repeats_at", telling)
+    return answers
+
+
+@pytest.mark.parametrize("name, steps, policy", [("gpt-eval50", 130, "torch"), ("gpt-eval50", 130, "cupy"),
+                                                 ("gpt2s-fixed", 60, "cupy"), ("resnet18-eval100", 130, "split")])
+def test_a_first_window_told_record_for_record_answers_as_the_events_compared(monkeypatch, name, steps, policy):
+    """A first window (`Folder._try`: the window from a boundary with an earlier one's state, and the one after
+    it, repeat the earlier one's) and a resumed window's end ask the records first and gather the events only where
+    those cannot tell: on real runs, at every such question, the two answer alike; the records tell at least one
+    first window; the result is the full walk's."""
+    answers = both_tries(monkeypatch)
+    assert_folded_is_full(real_steps(name, steps), policy)
+    assert any(what == "try" and got for what, _, got, _ in answers), answers
+    for what, mark, got, plain in answers:
+        assert got == plain, (what, mark, got, plain)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), field=st.sampled_from(["id", "size", "stream", "kind", "flags"]))
+def test_a_first_window_told_record_for_record_refuses_what_the_events_refuse(monkeypatch, data, field):
+    """One record changed in the steps where a real run's first window is tried and walked (a FREE's object, a
+    size, a stream, a kind, a flag): the records and the events answer alike wherever the records tell, and the
+    result is the full walk's."""
+    trace = real_steps_40()
+    marks = fold.Steps(trace).marks
+    rec = np.array(trace.records)
+    lo, hi = int(marks[8]), int(marks[36])
+    at = data.draw(st.integers(lo, hi - 1))
+    if field == "id":
+        frees = np.flatnonzero(rec["kind"][lo:hi] == FREE) + lo
+        at = int(frees[np.searchsorted(frees, at) % len(frees)])
+        rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
+    elif field == "kind":
+        rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
+    else:
+        rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+    answers = both_tries(monkeypatch)
+    assert_folded_is_full(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), "torch")
+    for what, mark, got, plain in answers:
+        assert got == plain, (what, mark, got, plain)
+
+
+_REAL_40 = []
+
+
+def real_steps_40() -> Trace:
+    """The first 40 steps of gpt-eval50, read once (a hypothesis test's examples share them)."""
+    if not _REAL_40:
+        _REAL_40.append(real_steps("gpt-eval50", 40))
+    return _REAL_40[0]
+
+
+_TRIED = {}
+
+
+def a_first_window(policy: str):
+    """``(folder, i, j, records)``: a folded replay of a copy of gpt-eval50's first 40 steps under ``policy``, and
+    the boundaries of its first window's try (``j`` has ``i``'s state), the copy's records writable: the records
+    and events a try compares can be changed after the walk, and the two comparisons asked again."""
+    if policy not in _TRIED:
+        trace = real_steps_40()
+        rec = np.array(trace.records)
+        tried, try_ = [], fold.Folder._try
+
+        def trying(self, i, j, key, until):
+            tried.append((self, i, j))
+            return try_(self, i, j, key, until)
+        fold.Folder._try = trying
+        try:
+            Replay(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), policy).run()
+        finally:
+            fold.Folder._try = try_
+        _TRIED[policy] = (*tried[0], rec)
+    return _TRIED[policy]
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(data=st.data(), policy=st.sampled_from(["torch", "cupy"]),
+       field=st.sampled_from(["id", "size", "stream", "kind", "flags", "addr", "older"]))
+def test_a_first_windows_records_and_events_answer_alike_whatever_changes(data, policy, field):
+    """A first window's try asked of the same boundaries with one thing changed in the three windows it compares (a
+    record's FREE object, size, stream, kind or flags, anywhere or where the template freed an object older than
+    it; or two old objects' blocks swapped at ``j``): wherever the records tell (`RecordView.repeats_at`), the
+    events gathered (`Folder._tried_by_events`) answer alike, and so of the window from ``j`` alone (a resumed
+    window's end, `Folder._resumed_end_by_events`)."""
+    folder, i, j, rec = a_first_window(policy)
+    R = j.at - i.at
+    lo, hi = i.at, min(len(rec), j.at + 2 * R)
+    at = data.draw(st.integers(lo, hi - 1))
+    kept = rec.copy()
+    addr = dict(j.addr)
+    try:
+        if field == "older":            # a record of an object older than the template, in the window from j
+            at = j.at + int(data.draw(st.sampled_from(fold.RecordView.of(folder, i, j.mark - i.mark).older.tolist())))
+            name = data.draw(st.sampled_from(["kind", "flags", "stream"]))
+            rec[name][at] = {"kind": ALLOC, "flags": 1, "stream": 1}[name] + (name != "kind") * rec[name][at]
+        elif field == "id":
+            frees = np.flatnonzero(rec["kind"][lo:hi] == FREE) + lo
+            at = int(frees[np.searchsorted(frees, at) % len(frees)])
+            rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
+        elif field == "kind":
+            rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
+        elif field == "addr":
+            ids = sorted(addr)
+            a, b = data.draw(st.sampled_from(ids)), data.draw(st.sampled_from(ids))
+            j.addr[a], j.addr[b] = addr[b], addr[a]
+        else:
+            rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+        view = fold.RecordView.of(folder, i, j.mark - i.mark)
+        got = view.repeats_at(folder, j, 1) if view is not None else None
+        if got is not None:
+            assert got == folder._tried_by_events(i, j), (field, at, got)
+        got = view.repeats_at(folder, j, 0) if view is not None else None     # the window from j alone, as a
+        if got is not None:                                                     # resumed window's end asks
+            plain = folder._resumed_end_by_events(i, j, view.P)
+            assert (got and got[:2]) == (plain and plain[:2]), (field, at, got, plain)
+    finally:
+        rec[:] = kept
+        j.addr.clear()
+        j.addr.update(addr)
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+@pytest.mark.parametrize("by", [1, 500])
+def test_a_window_whose_ids_are_not_its_templates_plus_its_allocs_is_not_told_by_its_records(policy, by):
+    """The ids from a first window's start on moved up (by one, or by more than a window's ALLOCs): the window
+    repeats its template event for event, and the records could say so with that shift, but the fold that follows
+    names the live ids by the windows' growth (`_record_windows`), so the records do not tell (None), with the window
+    after it to compare or without (a resumed window's end), and the events do (`RecordView.repeats_at`)."""
+    folder, i, j, rec = a_first_window(policy)
+    kept = rec.copy()
+    try:
+        view = fold.RecordView.of(folder, i, j.mark - i.mark)
+        assert view.repeats_at(folder, j, 1)
+        moved = (np.arange(len(rec)) >= j.at) & (rec["id"] != 0xFFFFFFFF) & (rec["id"] >= view.id_run[1] + 1)
+        rec["id"][moved] += by
+        assert view.repeats_at(folder, j, 1) is None and view.repeats_at(folder, j, 0) is None
+        assert folder._tried_by_events(i, j)
+    finally:
+        rec[:] = kept
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_window_freeing_an_old_object_where_its_template_did_is_not_told_by_its_records(policy):
+    """Where the template freed an object older than it, the window from ``j`` frees another object older than the
+    template, holding that block at ``j`` (and the window after it that object's id a window's ALLOCs more): the
+    window after ``j`` would free an object older than the template, which the events refuse; the records do not
+    tell it (`RecordView.frees_own`)."""
+    folder, i, j, rec = a_first_window(policy)
+    view = fold.RecordView.of(folder, i, j.mark - i.mark)
+    old = [int(q) for q in view.old]
+    others = sorted(x for x in j.addr if x < view.id_run[0])
+    assert old and others
+    kept, addr = rec.copy(), dict(j.addr)
+    try:
+        q = old[0]
+        freed = int(rec["id"][j.at + q])            # W's object, freed where W freed an older one
+        x = next(x for x in others if x != freed)
+        rec["id"][j.at + q], rec["id"][j.at + view.R + q] = x, x + view.D
+        j.addr[x] = addr[freed]
+        assert view.compare(folder, j) == view.D            # the records alike but for that object
+        assert view.repeats_at(folder, j, 1) is None
+        assert folder._tried_by_events(i, j) is False
+    finally:
+        rec[:] = kept
+        j.addr.clear()
+        j.addr.update(addr)
+
+
+@pytest.mark.parametrize("step", [15, 62])
+@pytest.mark.parametrize("by", [1, 500])
+def test_a_run_whose_ids_jump_where_a_window_starts_folds_as_the_full_walk(step, by):
+    """A recording whose ids jump (by one, or by more than a window's ALLOCs) from the step a first window (15) or a
+    resumed window's follower (62) starts: that window's ids are not the one's before it plus its ALLOCs, so the
+    records do not tell it (its live ids are no window's growth more); the result is the full walk's."""
+    trace = real_steps("gpt-eval50", 130)
+    rec = np.array(trace.records)
+    x = int(fold.Steps(trace).marks[step])
+    jump = int(rec["id"][:x][rec["kind"][:x] == ALLOC].max()) + 1
+    moved = (np.arange(len(rec)) >= x) & (rec["id"] != 0xFFFFFFFF) & (rec["id"] >= jump)
+    rec["id"][moved] += by
+    assert_folded_is_full(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), "torch")
+
+
 @pytest.fixture(scope="module")
 def gpt_eval50_130():
     return real_steps("gpt-eval50", 130)
@@ -1323,8 +1536,8 @@ def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, nam
     laps = [(p, first, n) for p, first, n in r._folder.periods if p == lap]
     assert closed.count(True) == 2 and len(laps) == 1 and laps[0][2] >= lap, (closed, r._folder.periods)
     marks = fold.steps_of(trace).marks
-    assert how["steps"] == r.folded["steps"] and max(events) < fold._count_between(trace.records, marks[0],
-                                                                                 marks[lap]), max(events)
+    assert how["steps"] == r.folded["steps"] and max(events, default=0) < fold._count_between(
+        trace.records, marks[0], marks[lap]), max(events)
     # stopped short inside the laps, stepped, and walked on: still the full walk's
     full, _ = walk(trace, "torch", fold=False)
     r = Replay(trace, "torch")

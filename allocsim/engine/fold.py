@@ -740,6 +740,36 @@ class RecordView:
             return False        # (as `old_frees_differ` finds them: two old objects in each other's blocks, say)
         return shift
 
+    def repeats_at(self, folder: "Folder", here: Boundary, more: int) -> "tuple | bool | None":
+        """A window's view (without ``F``) and a boundary ``here`` with its state: whether the window from ``here``
+        repeats ``W`` and the ``more`` after it each the one before, as `windows_repeat` of the events from ``W``'s
+        start asks (at least ``1 + more`` windows): ``(P, end, zero)`` (the window's events, where the one from
+        ``here`` ends, whether it allocates 0 bytes), False where the old objects' blocks differ, None where the
+        records do not tell. Told where ``here``'s window has ``W``'s records with every id ``D`` more (the window
+        right after ``W``'s ids) and, where ``W`` freed objects older than it, frees objects ``W`` allocated
+        (`frees_own`), and each window after it has the records of the one before, ids ``D`` more
+        (`repeating_records`). `Folder._try` asks with one more (a window to record, one to skip), a resumed
+        window's end with none; `Folder._record_windows` then reads on from the view."""
+        shift = self.compare(folder, here)
+        if shift is None or shift is False:
+            return shift
+        if shift != self.D or not self.frees_own(folder, here):
+            return None
+        records, R = folder.r.trace.records, self.R
+        stop = here.at + (1 + more) * R
+        if more and (stop > len(records) or repeating_records(_words(records), here.at + R, R, self.D, stop) < stop):
+            return None
+        return self.P, here.at + self.end_rel, self.zero
+
+    def frees_own(self, folder: "Folder", here: Boundary) -> bool:
+        """Whether the window from ``here`` frees, where ``W`` freed objects older than ``W``, objects ``W``
+        allocated (its other FREEs free, ids ``D`` more, objects ``W``'s FREEs' objects were allocated after:
+        then no FREE of the window after ``here`` frees an object older than ``W``)."""
+        if not len(self.old):
+            return True
+        ids = (_words(folder.r.trace.records)[here.at + self.old, 0] >> np.uint64(32)).astype(np.int64)
+        return bool(((ids >= self.id_run[0]) & (ids <= self.id_run[1])).all())
+
     def reuse(self, folder: "Folder", here: Boundary, until) -> "tuple | bool | None":
         """A recorded window's view (with ``F``): the windows from ``here`` (its state ``W``'s) told record for
         record: ``(k, new_end, shift)``, the ``k`` windows that repeat and where they end (`Folder._record_windows`
@@ -1086,7 +1116,7 @@ class Folder:
             return False
         r = self.r
         self._lap_pause()           # (a lap goes on with the window as one of its parts)
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p, None)
         return True
 
     def _cycle_view(self, b: Boundary, p: int) -> "RecordView | None":
@@ -1118,22 +1148,34 @@ class Folder:
 
     def _try(self, i: Boundary, j: Boundary, key: bytes, until) -> bool:
         """Boundary ``j`` has the state of ``i``: if the events after ``j`` repeat those after ``i`` for at
-        least two windows (one to record, one to skip), start recording the first."""
+        least two windows (one to record, one to skip), start recording the first. Told record for record where
+        the records can (`RecordView.repeats_at`, the view kept for the window's end), else by the events gathered
+        (`_tried_by_events`): the two answer alike (tests/test_fold.py holds them to it)."""
+        p = j.mark - i.mark
+        view = RecordView.of(self, i, p)
+        got = view.repeats_at(self, j, 1) if view is not None else None
+        if got is None:
+            view, got = None, self._tried_by_events(i, j)
+        if not got:
+            return False
+        P, end, zero = got
+        if until is not None and end > until:
+            return False
+        r = self.r
+        self._lap_pause()           # (a lap goes on with the window as one of its parts)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero, p, view)
+        return True
+
+    def _tried_by_events(self, i: Boundary, j: Boundary) -> "tuple | bool":
+        """`_try`'s comparison of the events gathered (`windows_repeat`): ``(P, end, zero)`` as
+        `RecordView.repeats_at` gives it, or False."""
         P = _count_between(self.r.trace.records, i.at, j.at)
         if P == 0:
             return False
         ev = Events(self.r.trace.records, i.at, 3 * P)
         if len(ev) < 3 * P or windows_repeat(ev, P, 0, i.addr, j.addr) < 2:
             return False
-        end = int(ev.at[2 * P - 1]) + 1
-        if until is not None and end > until:
-            return False
-        r = self.r
-        self._lap_pause()           # (a lap goes on with the window as one of its parts)
-        zero = bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))      # the windows' 0-byte ALLOCs
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero,
-                    j.mark - i.mark)
-        return True
+        return P, int(ev.at[2 * P - 1]) + 1, bool(np.any((ev.kind[:P] == ALLOC) & (ev.size[:P] == 0)))
 
     def _counts(self) -> "Counts":
         """The integer totals a window adds to, as each piece declares them, to repeat."""
@@ -1151,7 +1193,7 @@ class Folder:
     def _end_window(self, x: int, until) -> bool:
         """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
         add every following window that repeats (up to ``until``) and move the walk past them; True then."""
-        recorder, end, i, j, key, P, before, zero, p = self.rec
+        recorder, end, i, j, key, P, before, zero, p, view = self.rec
         self.rec = None
         program = recorder.stop()
         after = self._counts()
@@ -1167,14 +1209,17 @@ class Folder:
         base, k, resumed = end, 0, i is None
         if resumed:         # resumed (`_resume`): the window after the walked one must repeat it, as in `_try`
             e = Boundary(int(self.marks[j.mark + p]), j.mark + p, got[1])
-            ev = Events(records, j.at, 2 * P)
-            if len(ev) < 2 * P or windows_repeat(ev, P, 0, j.addr, e.addr) < 1:
+            view = RecordView.of(self, j, p)
+            told = view.repeats_at(self, e, 0) if view is not None else None
+            if told is None:
+                view, told = None, self._resumed_end_by_events(j, e, P)
+            if not told:
                 self.cycles.pop(key, None)
                 return False
-            base, k, i, j = int(ev.at[2 * P - 1]) + 1, 1, j, e      # it is skipped; the walked one leads
+            base, k, i, j = told[1], 1, j, e        # it is skipped; the walked one leads
             if until is not None and base > until:
                 return False
-        n, lo, run = self._record_windows(i, j, P, base, until)     # read record for record, as far as they repeat
+        n, lo, run = self._record_windows(i, j, P, base, until, view=view)     # record for record, while they repeat
         told = k + n
         k, new_end = self._windows(lo, 1, P, told, base + n * (j.at - i.at), until)
         if k == 0:
@@ -1195,8 +1240,16 @@ class Folder:
         self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
 
-    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until,
-                        ev: Events | None = None) -> tuple[int, int | None, tuple | None]:
+    def _resumed_end_by_events(self, j: Boundary, e: Boundary, P: int) -> "tuple | bool":
+        """A resumed window's end compared by the events gathered: whether the window after the walked one (from
+        ``j``) repeats it (`windows_repeat`): ``(P, end, zero)`` as `RecordView.repeats_at` gives it, or False."""
+        ev = Events(self.r.trace.records, j.at, 2 * P)
+        if len(ev) < 2 * P or windows_repeat(ev, P, 0, j.addr, e.addr) < 1:
+            return False
+        return P, int(ev.at[2 * P - 1]) + 1, None
+
+    def _record_windows(self, i: Boundary, j: Boundary, P: int, end: int, until, ev: Events | None = None,
+                        view: "RecordView | None" = None) -> tuple[int, int | None, tuple | None]:
         """``(k, lo, run)``: the ``k`` windows after the walked one (which ends at ``end``) that repeat it record for
         record, read without gathering the events (`repeating_records`), where `windows_repeat` reads on
         from (None: nowhere, the trace or ``until`` is reached), and, where the template's ALLOC ids are one run
@@ -1210,32 +1263,36 @@ class Folder:
         `windows_repeat` asks, given that the walked window's FREEs free objects allocated since ``i`` -- which
         is checked here, with the template's and the walked window's events lying ``R`` records apart and their
         ALLOC ids ``D`` apart. Where any of this does not hold, `windows_repeat` reads every window. ``ev``: the
-        ``2P`` events from ``i`` where the caller has read them."""
+        ``2P`` events from ``i`` where the caller has read them; ``view``: the template's `RecordView`, where it told
+        that the walked window repeats it (`RecordView.repeats_at`: all of the above, no event gathered)."""
         records = self.r.trace.records
         words, R = _words(records), j.at - i.at
         if words is None or not 0 < R <= MAX_RECORD_PERIOD:
             return 0, i.at, None
-        ev = Events(records, i.at, 2 * P) if ev is None else ev
-        allocs = np.flatnonzero(ev.kind[:P] == ALLOC)
-        if len(ev) < 2 * P or not len(allocs) or not (ev.at[P:] == ev.at[:P] + R).all():
-            return 0, i.at, None
-        ids = ev.id.astype(np.int64)
-        shift = ids[allocs + P] - ids[allocs]
-        D = int(shift[0])
-        first, span = int(ids[allocs].min()), int(ids[allocs].max() - ids[allocs].min())
-        if not (shift == D).all() or D <= span:
-            return 0, i.at, None        # ids not given window after window (or windows' ids overlap)
-        frees = np.flatnonzero(ev.kind[P:] == FREE) + P
-        if (ev.alloc_positions()[frees] < 0).any():
-            return 0, i.at, None        # the walked window frees an object older than the template
-        run = (first, D) if span == D - 1 else None
+        if view is not None:
+            D, run, lead = view.D, (view.id_run[0], view.D), j.at       # (no event lies before the window's first)
+        else:
+            ev = Events(records, i.at, 2 * P) if ev is None else ev
+            allocs = np.flatnonzero(ev.kind[:P] == ALLOC)
+            if len(ev) < 2 * P or not len(allocs) or not (ev.at[P:] == ev.at[:P] + R).all():
+                return 0, i.at, None
+            ids = ev.id.astype(np.int64)
+            shift = ids[allocs + P] - ids[allocs]
+            D = int(shift[0])
+            first, span = int(ids[allocs].min()), int(ids[allocs].max() - ids[allocs].min())
+            if not (shift == D).all() or D <= span:
+                return 0, i.at, None        # ids not given window after window (or windows' ids overlap)
+            frees = np.flatnonzero(ev.kind[P:] == FREE) + P
+            if (ev.alloc_positions()[frees] < 0).any():
+                return 0, i.at, None        # the walked window frees an object older than the template
+            run, lead = (first, D) if span == D - 1 else None, int(ev.at[P])
         stop = len(records) if until is None else min(len(records), until)
         q = repeating_records(words, end, R, D, stop)
         self.steps.repeated(end, q, R, j.mark - i.mark, D)    # the skipped steps' signatures, known unread
         k = max(0, q - end) // R
         if q >= stop or self._differs(q, j.mark - i.mark):
             return k, None, run
-        return k, (int(ev.at[P]) + (k - 1) * R if k else i.at), run      # the last two windows lead on
+        return k, (lead + (k - 1) * R if k else i.at), run      # the last two windows lead on
 
     def _differs(self, x: int, p: int) -> bool:
         """Whether the step that trace index ``x`` lies in has another ALLOC count than the step ``p`` before it:

@@ -5,7 +5,7 @@
 cdef unsigned long long K_KIND, K_SIZE, K_STREAM, K_GAP, K_PLACE, K_MIX, WORD
 
 cpdef Py_ssize_t repeating(const unsigned long long[:, ::1] words, Py_ssize_t end, Py_ssize_t R,
-                           unsigned long long D, Py_ssize_t stop) except -1
+                           unsigned long long D, Py_ssize_t stop) except? -1
 
 cpdef int signatures(const unsigned long long[:, ::1] words, const unsigned char[::1] folded, Py_ssize_t lo,
                      Py_ssize_t hi, Py_ssize_t step, unsigned long long allocs,

@@ -49,10 +49,11 @@ def _exact(words):
 def repeating(words, end, R, D, stop):
     """The first trace index from ``end`` on (``stop`` if none before it) whose record is not the one ``R`` before
     it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before it has an
-    id (`fold.repeating_records`'s answer). ``words``: the records' words; ``0 < R <= end <= stop <= len(words)``
-    (else ValueError: the loop reads without bounds checks)."""
-    if not 0 < R <= end <= stop <= words.shape[0]:
-        raise ValueError(f"repeating: R={R}, end={end}, stop={stop} out of order for {words.shape[0]} records")
+    id (`fold.repeating_records`'s answer; ``stop`` itself where it lies before ``end``, as a stepped replay's target
+    may). ``words``: the records' words; ``0 < R <= end`` and ``stop <= len(words)`` (else ValueError: the loop
+    reads without bounds checks)."""
+    if not 0 < R <= end or stop > words.shape[0]:
+        raise ValueError(f"repeating: R={R}, end={end}, stop={stop} out of bounds for {words.shape[0]} records")
     if not cython.compiled:
         words = _exact(words)
     shift = (D << 32) & WORD
