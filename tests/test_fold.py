@@ -1274,6 +1274,21 @@ def test_a_resume_told_record_for_record_answers_as_the_events_compared(monkeypa
         assert got == plain, (mark, got, plain)
 
 
+def change_one(rec: np.ndarray, lo: int, hi: int, field: str, data) -> int:
+    """Change one record among ``lo`` to ``hi`` (drawn): a FREE's object to another FREE's (``id``), an ALLOC to a
+    FREE or back (``kind``), or its size, stream or flags: the position changed."""
+    at = data.draw(st.integers(lo, hi - 1))
+    if field == "id":
+        frees = np.flatnonzero(rec["kind"][lo:hi] == FREE) + lo
+        at = int(frees[np.searchsorted(frees, at) % len(frees)])
+        rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
+    elif field == "kind":
+        rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
+    else:
+        rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+    return at
+
+
 def both_tries(monkeypatch) -> list:
     """Make every first window (`Folder._try`) and every resumed window's end the records tell
     (`RecordView.repeats_at`) also be told by the events gathered (`Folder._tried_by_events`,
@@ -1329,16 +1344,7 @@ def test_a_first_window_told_record_for_record_refuses_what_the_events_refuse(mo
     trace = real_steps_40()
     marks = fold.Steps(trace).marks
     rec = np.array(trace.records)
-    lo, hi = int(marks[8]), int(marks[36])
-    at = data.draw(st.integers(lo, hi - 1))
-    if field == "id":
-        frees = np.flatnonzero(rec["kind"][lo:hi] == FREE) + lo
-        at = int(frees[np.searchsorted(frees, at) % len(frees)])
-        rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
-    elif field == "kind":
-        rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
-    else:
-        rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+    change_one(rec, int(marks[8]), int(marks[36]), field, data)
     answers = both_tries(monkeypatch)
     assert_folded_is_full(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), "torch")
     for what, mark, got, plain in answers:
@@ -1390,35 +1396,26 @@ def test_a_first_windows_records_and_events_answer_alike_whatever_changes(data, 
     window's end, `Folder._resumed_end_by_events`)."""
     folder, i, j, rec = a_first_window(policy)
     R = j.at - i.at
-    lo, hi = i.at, min(len(rec), j.at + 2 * R)
-    at = data.draw(st.integers(lo, hi - 1))
-    kept = rec.copy()
-    addr = dict(j.addr)
+    kept, addr = rec.copy(), dict(j.addr)
     try:
         if field == "older":            # a record of an object older than the template, in the window from j
             at = j.at + int(data.draw(st.sampled_from(fold.RecordView.of(folder, i, j.mark - i.mark).older.tolist())))
             name = data.draw(st.sampled_from(["kind", "flags", "stream"]))
             rec[name][at] = {"kind": ALLOC, "flags": 1, "stream": 1}[name] + (name != "kind") * rec[name][at]
-        elif field == "id":
-            frees = np.flatnonzero(rec["kind"][lo:hi] == FREE) + lo
-            at = int(frees[np.searchsorted(frees, at) % len(frees)])
-            rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
-        elif field == "kind":
-            rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
-        elif field == "addr":
+        elif field == "addr":           # two live objects' blocks swapped at j
             ids = sorted(addr)
             a, b = data.draw(st.sampled_from(ids)), data.draw(st.sampled_from(ids))
             j.addr[a], j.addr[b] = addr[b], addr[a]
         else:
-            rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+            change_one(rec, i.at, min(len(rec), j.at + 2 * R), field, data)
         view = fold.RecordView.of(folder, i, j.mark - i.mark)
         got = view.repeats_at(folder, j, 1) if view is not None else None
         if got is not None:
-            assert got == folder._tried_by_events(i, j), (field, at, got)
+            assert got == folder._tried_by_events(i, j), (field, got)
         got = view.repeats_at(folder, j, 0) if view is not None else None     # the window from j alone, as a
         if got is not None:                                                     # resumed window's end asks
             plain = folder._resumed_end_by_events(i, j, view.P)
-            assert (got and got[:2]) == (plain and plain[:2]), (field, at, got, plain)
+            assert (got and got[:2]) == (plain and plain[:2]), (field, got, plain)
     finally:
         rec[:] = kept
         j.addr.clear()
@@ -1501,16 +1498,8 @@ def test_a_reuse_told_record_for_record_refuses_what_the_events_refuse(monkeypat
     and the events answer alike wherever the records tell, and the result is the full walk's."""
     trace = gpt_eval50_130
     marks = fold.Steps(trace).marks
-    at = data.draw(st.integers(int(marks[100]), int(marks[116]) - 1))
     rec = np.array(trace.records)
-    if field == "id":
-        frees = np.flatnonzero(rec["kind"][int(marks[100]):int(marks[116])] == FREE) + int(marks[100])
-        at = int(frees[np.searchsorted(frees, at) % len(frees)])
-        rec["id"][at] = rec["id"][data.draw(st.sampled_from(frees.tolist()))]
-    elif field == "kind":
-        rec["kind"][at] = {ALLOC: FREE, FREE: ALLOC}.get(int(rec["kind"][at]), FREE)
-    else:
-        rec[field][at] += {"size": 512, "stream": 1, "flags": 1}[field]
+    change_one(rec, int(marks[100]), int(marks[116]), field, data)
     changed = Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels)
     answers, resumes = both_reuses(monkeypatch), both_resumes(monkeypatch)
     assert_folded_is_full(changed, "torch")
