@@ -1242,6 +1242,25 @@ def both_resumes(monkeypatch) -> list:
     return answers
 
 
+def test_a_state_whose_old_objects_lie_swapped_is_not_resumed_until_its_own_cycle_is_tried(monkeypatch):
+    """GPT-2 small under `cupy` (a period of 12 steps): after its logging step the state is a cycle state's but for
+    two old objects in each other's blocks, and so is every state after it for a period. The first resume refused so
+    (`RecordView.compare`, `Folder.swapped`) stops the resumes until a period later, where the walk's own cycle is
+    tried from that boundary and folded; the result is the full walk's."""
+    swapped, resumed, tried = [], [], []
+    mark, resume, try_ = fold.Folder.swapped, fold.Folder._resume, fold.Folder._try
+    monkeypatch.setattr(fold.Folder, "swapped", lambda self, m, p: (swapped.append((m, p)), mark(self, m, p))[1])
+    monkeypatch.setattr(fold.Folder, "_resume", lambda self, here, key, until: (
+        resumed.append(here.mark), resume(self, here, key, until))[1])
+    monkeypatch.setattr(fold.Folder, "_try", lambda self, i, j, key, until: (
+        tried.append((i.mark, j.mark)), try_(self, i, j, key, until))[1])
+    assert_folded_is_full(real_steps("gpt2s-fixed", 100), "cupy")
+    assert swapped, resumed
+    m, p = swapped[0]
+    assert not [r for r in resumed if m < r < m + p], (swapped, resumed)
+    assert (m, m + p) in tried, (swapped, tried)
+
+
 def zero_byte_temporaries(trace: Trace) -> Trace:
     """``trace`` with the third object of each step that is freed within it made a 0-byte ALLOC (the replay bypasses
     it: a fold that passes such requests must count them)."""

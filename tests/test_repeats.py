@@ -144,3 +144,27 @@ def test_the_loops_refuse_what_they_would_read_out_of_bounds():
         repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, np.zeros((1, 2), np.uint64))
     assert repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, sig) == 0
     assert sig[:, 1].tolist() == [1, 1]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), n=st.integers(0, 70), cols=st.integers(1, 2), most=st.integers(1, 30), first=st.booleans())
+def test_the_loops_table_of_repeating_steps_is_the_numpy_passes(monkeypatch, data, n, cols, most, first):
+    """Steps (rows of one or two words: ALLOC counts, or signatures) in two stretches, each repeating with a period
+    of its own, with a few changed: the loop marks the steps the numpy pass marks (`fold.repeating_steps`), up to
+    ``most`` steps a period, or up to the shortest period that marks any."""
+    rows = []
+    for part in (n // 2, n - n // 2):
+        period = data.draw(st.integers(1, 6))
+        pattern = data.draw(st.lists(st.lists(st.integers(0, 2), min_size=cols, max_size=cols), min_size=period,
+                                     max_size=period))
+        rows += [pattern[q % period] for q in range(part)]
+    rows = np.array(rows, np.uint64).reshape(n, cols)
+    for q in data.draw(st.lists(st.integers(0, max(0, n - 1)), max_size=3)) if n else []:
+        rows[q, 0] += np.uint64(1)
+    got = np.zeros(n + 1, np.uint8)
+    assert repeats.repeating_table(rows, most, got, first) == bool(got.any())
+    with monkeypatch.context() as m:
+        m.setattr(repeats, "COMPILED", False)
+        want = fold.repeating_steps(rows, most, first)
+    assert np.array_equal(got.astype(bool), want)
+    assert np.array_equal(fold.repeating_steps(rows, most, first), want)      # (as fold takes it, in this build)

@@ -737,7 +737,8 @@ class RecordView:
             return None
         at, addr = here.addr, (w0[self.old] >> np.uint64(32)).tolist()
         if any(at.get(i) != a for i, a in zip(addr, self.old_addr)):
-            return False        # (as `old_frees_differ` finds them: two old objects in each other's blocks, say)
+            folder.swapped(m, p)    # (as `old_frees_differ` finds them: two old objects in each other's blocks, say)
+            return False
         return shift
 
     def repeats_at(self, folder: "Folder", here: Boundary, more: int) -> "tuple | bool | None":
@@ -937,6 +938,7 @@ class Folder:
         self.reused: dict[bytes, Boundary] = {}     # where a fold last started from each state (a lap's start)
         self.lap: Lap | None = None             # the lap being recorded (`_lap_fold`)
         self.lap_misses = 0                     # laps recorded that did not repeat (`LAP_TRIES`)
+        self.swapped_until = -1                 # no resume asked before this trace index (`swapped`)
 
     @property
     def recorder(self) -> "Recorder | None":
@@ -1048,7 +1050,7 @@ class Folder:
         del self.recent[:-MAX_PERIOD]
         if key in self.saved and self._reuse(here, key, until):
             return True
-        cycle = self.cycles.get(key) if self.unlike.get(key, 0) < RESUME_TRIES else None
+        cycle = self.cycles.get(key) if self.unlike.get(key, 0) < RESUME_TRIES and at >= self.swapped_until else None
         if not (cycle and self._resume(here, key, until)):
             # (an earlier state more than `longest` steps back: its window costs more than waiting for the cycle)
             earlier = [e for e in reversed(self.seen.get(key, [])[-TRIES:])
@@ -1065,6 +1067,18 @@ class Folder:
             if not self.seen[old]:
                 del self.seen[old]
         return False
+
+    def swapped(self, m: int, p: int) -> None:
+        """A comparison across a gap (`RecordView.compare`) found, at boundary ``m``, a state a cycle of ``p`` steps
+        went through but with old objects in each other's blocks (a logging step can leave two objects that outlive
+        a step so, and each step's new ones take their places: on GPT-2 small under `cupy` the windows from the
+        dozen boundaries after each logging step all differ from their cycle states', one state of its period-12
+        cycle each, each comparison making its state's view of 40k records, 30 ms of a 200 ms replay). The walk's
+        own states from ``m`` then go round the cycle so swapped: `_try` finds it from ``m`` a period later, and no
+        resume is asked until then (a reuse still is: its recorded window's view is made once; where the swap ends
+        sooner, a reuse finds it, or at most a period is walked)."""
+        end = int(self.marks[m + p]) if m + p < len(self.marks) else len(self.r.trace.records)
+        self.swapped_until = max(self.swapped_until, end)
 
     def _coming_back(self, m: int) -> bool:
         """Whether boundary ``m`` may be where a run comes back to a cycle a fold went round (`_reuse`, `_resume`):
@@ -1662,7 +1676,7 @@ class Steps:
         ``--no-fold`` where nothing repeats). Answered only for up to `COUNTED` steps (it costs steps x periods
         where nothing repeats); a longer trace may repeat."""
         if self._may is None:
-            self._may = len(self) > COUNTED or any(len(starts) for _, starts in _starts(self.counts))
+            self._may = len(self) > COUNTED or bool(repeating_steps(self.counts, first=True).any())
         return self._may
 
     # -- signatures, read where asked -----------------------------------------------------------------
@@ -1824,15 +1838,12 @@ class Steps:
         return q + k <= b
 
     def _candidates(self, reach: int) -> np.ndarray:
-        """Which steps `useful` may answer yes for with periods up to ``reach``, by the ALLOC counts alone (`_starts`
-        on the counts): a step the counts rule out is answered at once. Made once a reach (O(steps x reach)): the
+        """Which steps `useful` may answer yes for with periods up to ``reach``, by the ALLOC counts alone
+        (`repeating_steps` of the counts): a step the counts rule out is answered at once. Made once a reach (O(steps x reach)): the
         boundaries of a folded run ask with one reach, a few cycles' (`Folder._boundary`'s ``longest``)."""
         got = self._by_reach.get(reach)
         if got is None:
-            got = self._by_reach[reach] = np.zeros(len(self.marks) + 1, bool)
-            for p, starts in _starts(self.counts, reach):
-                got[starts] = True
-                got[starts + p] = True
+            got = self._by_reach[reach] = repeating_steps(self.counts, reach)
         return got
 
     def counts_repeat(self, q: int, p: int, n: int) -> bool:
@@ -1922,15 +1933,22 @@ class Steps:
         return True
 
 
-def repeating_steps(sig: np.ndarray) -> np.ndarray:
+def repeating_steps(sig: np.ndarray, most: int = MAX_PERIOD, first: bool = False) -> np.ndarray:
     """For each step ``m``, whether it can start a fold that pays (a template of ``p`` steps from ``m``, up to
-    `MAX_PERIOD`, then the period recorded, then at least two more to skip: ``4p`` steps with the signatures of
-    the steps ``p`` before them) or be where such a template repeats (``m - p`` can start one). Only these
-    boundaries are fingerprinted, so a short trace, or one whose steps never repeat, costs no fingerprint."""
+    ``most`` (`MAX_PERIOD`), then the period recorded, then at least two more to skip: ``4p`` steps with the
+    signatures of the steps ``p`` before them) or be where such a template repeats (``m - p`` can start one). Only
+    these boundaries are fingerprinted, so a short trace, or one whose steps never repeat, costs no fingerprint.
+    ``sig``: a row a step (signatures, or ALLOC counts); ``first``: up to the shortest period that has any (whether
+    any step can is then ``.any()``). Compiled, one C pass a period (`repeats.repeating_table`), else `_starts`'s."""
     out = np.zeros(len(sig) + 1, bool)
-    for p, starts in _starts(sig):
+    if repeats.COMPILED:
+        repeats.repeating_table(sig.view(np.uint64), most, out.view(np.uint8), first)
+        return out
+    for p, starts in _starts(sig, most):
         out[starts] = True
         out[starts + p] = True
+        if first and len(starts):
+            break
     return out
 
 

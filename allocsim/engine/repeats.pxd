@@ -10,3 +10,6 @@ cpdef Py_ssize_t repeating(const unsigned long long[:, ::1] words, Py_ssize_t en
 cpdef int signatures(const unsigned long long[:, ::1] words, const unsigned char[::1] folded, Py_ssize_t lo,
                      Py_ssize_t hi, Py_ssize_t step, unsigned long long allocs,
                      unsigned long long[:, ::1] sig) except -1
+
+cpdef bint repeating_table(const unsigned long long[:, :] rows, Py_ssize_t most, unsigned char[::1] out,
+                           bint first) except -1

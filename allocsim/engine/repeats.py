@@ -1,8 +1,9 @@
 """The two passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
-"Folding" and "The compiled build"): each step's signature (`signatures`) and how far records repeat those a
-period before (`repeating`).
+"Folding" and "The compiled build"): each step's signature (`signatures`), how far records repeat those a period
+before (`repeating`), and which steps start or end runs that repeat with a period (`repeating_table`).
 
-`allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`), and takes
+`allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
+`repeating_steps`), and takes
 these only where this module is compiled (`COMPILED`): interpreted, a loop here is a Python loop, many times
 numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
 temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
@@ -113,3 +114,37 @@ def signatures(words, folded, lo, hi, step, allocs, sig):
     if not cython.compiled:
         out[...] = sig.astype(np.uint64)
     return 0
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.locals(n=cython.Py_ssize_t, cols=cython.Py_ssize_t, top=cython.Py_ssize_t, p=cython.Py_ssize_t,
+               q=cython.Py_ssize_t, c=cython.Py_ssize_t, run=cython.Py_ssize_t, found=cython.bint,
+               same=cython.bint)
+def repeating_table(rows, most, out, first):
+    """Mark in ``out`` (a byte a step, and one more) each step ``q`` from which ``4p`` steps equal (every column of
+    ``rows``, a row a step) the steps ``p`` after them, and ``q + p``, for every period ``p`` up to ``most`` and a
+    fifth of the steps: `fold.repeating_steps`'s table; ``first``: up to the shortest period that marks any. One
+    pass a period, from the last step back, counting how many steps from each on equal those a period later.
+    Returns whether any step was marked."""
+    n, cols = rows.shape[0], rows.shape[1]
+    if out.shape[0] < n + 1:
+        raise ValueError(f"repeating_table: {out.shape[0]} marks for {n} steps")
+    top = min(most, n // 5)
+    found = False
+    for p in range(1, top + 1):
+        run = 0
+        for q in range(n - p - 1, -1, -1):
+            same = True
+            for c in range(cols):
+                if rows[q, c] != rows[q + p, c]:
+                    same = False
+                    break
+            run = run + 1 if same else 0
+            if run >= 4 * p:
+                out[q] = 1
+                out[q + p] = 1
+                found = True
+        if found and first:
+            break
+    return found
