@@ -1255,7 +1255,7 @@ def test_a_state_whose_old_objects_lie_swapped_is_not_resumed_until_its_own_cycl
     monkeypatch.setattr(fold.Folder, "_try", lambda self, i, j, key, until: (
         tried.append((i.mark, j.mark)), try_(self, i, j, key, until))[1])
     assert_folded_is_full(real_steps("gpt2s-fixed", 100), "cupy")
-    assert swapped, resumed
+    assert swapped and resumed, (swapped, resumed)
     m, p = swapped[0]
     assert not [r for r in resumed if m < r < m + p], (swapped, resumed)
     assert (m, m + p) in tried, (swapped, tried)
@@ -1351,6 +1351,40 @@ def test_a_first_window_told_record_for_record_answers_as_the_events_compared(mo
     assert any(what == "try" and got for what, _, got, _ in answers), answers
     for what, mark, got, plain in answers:
         assert got == plain, (what, mark, got, plain)
+
+
+@pytest.mark.parametrize("name, steps, policy, flagged", [("gpt-eval50", 130, "torch", None),
+                                                          ("gpt-eval50", 130, "cupy", None),
+                                                          ("resnet18-eval100", 130, "split", None),
+                                                          ("gpt-eval50", 130, "torch", 30),
+                                                          ("gpt-eval50", 130, "cupy", 30)])
+def test_windows_read_on_from_a_view_are_those_read_on_from_the_events(monkeypatch, name, steps, policy, flagged):
+    """After a window told by its records, `_record_windows` reads on from the template's view (no event gathered):
+    at every such call on real runs, the windows told by their records and the ids' run are those the events give,
+    and the windows then told event by event from either's starting point (`_windows`) are the same; the result is
+    the full walk's. ``flagged``: a flag set on the first ALLOC of that step (no event compares it): the records stop
+    repeating there and the events go on, read from the view's starting point."""
+    calls, record_windows = [], fold.Folder._record_windows
+    trace = real_steps(name, steps)
+    if flagged is not None:
+        rec = np.array(trace.records)
+        lo = int(fold.Steps(trace).marks[flagged])
+        rec["flags"][lo + int(np.argmax(rec["kind"][lo:] == ALLOC))] = 1
+        trace = Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels)
+
+    def both(self, i, j, P, end, until, ev=None, view=None):
+        got = record_windows(self, i, j, P, end, until, ev, view)
+        if view is not None:
+            plain = record_windows(self, i, j, P, end, until, ev)
+            n, lo, R = got[0], got[1], j.at - i.at
+            more = None if lo is None else self._windows(lo, 1, P, n, end + n * R, until)
+            calls.append(((got[0], got[2]) == (plain[0], plain[2]) and (lo is None) == (plain[1] is None) and (
+                lo is None or more == self._windows(plain[1], 1, P, n, end + n * R, until)), more and more[0] > n))
+        return got
+    monkeypatch.setattr(fold.Folder, "_record_windows", both)
+    assert_folded_is_full(trace, policy)
+    assert calls and all(same for same, _ in calls), calls
+    assert flagged is None or any(read_on for _, read_on in calls), calls      # (windows told event by event)
 
 
 @settings(max_examples=25, deadline=None, derandomize=True,
@@ -1491,9 +1525,11 @@ def test_a_window_freeing_an_old_object_where_its_template_did_is_not_told_by_it
 @pytest.mark.parametrize("step", [15, 62])
 @pytest.mark.parametrize("by", [1, 500])
 def test_a_run_whose_ids_jump_where_a_window_starts_folds_as_the_full_walk(step, by):
-    """A recording whose ids jump (by one, or by more than a window's ALLOCs) from the step a first window (15) or a
-    resumed window's follower (62) starts: that window's ids are not the one's before it plus its ALLOCs, so the
-    records do not tell it (its live ids are no window's growth more); the result is the full walk's."""
+    """A recording whose ids jump (by one, or by more than a window's ALLOCs) from the step where a first window (15)
+    or a resumed window's follower (62) starts in the run as recorded: the signatures of the steps about the jump
+    change (a FREE's distance to its ALLOC), so the folds move; wherever they fall, the result is the full walk's.
+    (That the records do not tell a window whose ids are not its template's plus its ALLOCs is held directly:
+    `test_a_window_whose_ids_are_not_its_templates_plus_its_allocs_is_not_told_by_its_records`.)"""
     trace = real_steps("gpt-eval50", 130)
     rec = np.array(trace.records)
     x = int(fold.Steps(trace).marks[step])

@@ -142,6 +142,10 @@ def test_the_loops_refuse_what_they_would_read_out_of_bounds():
             repeats.signatures(words, fold._FOLDED_BYTES, lo, hi, step, 0, sig)
     with pytest.raises(ValueError):                                 # two MARKs for one step
         repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, np.zeros((1, 2), np.uint64))
+    with pytest.raises(ValueError):                                 # one word a step
+        repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, np.zeros((2, 1), np.uint64))
+    with pytest.raises(ValueError):                                 # a table short of the kinds
+        repeats.signatures(words, fold._FOLDED_BYTES[:4], 0, n, -1, 0, sig)
     assert repeats.signatures(words, fold._FOLDED_BYTES, 0, n, -1, 0, sig) == 0
     assert sig[:, 1].tolist() == [1, 1]
 

@@ -50,8 +50,9 @@ def _exact(words):
 def repeating(words, end, R, D, stop):
     """The first trace index from ``end`` on (``stop`` if none before it) whose record is not the one ``R`` before
     it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before it has an
-    id (`fold.repeating_records`'s answer; ``stop`` itself where it lies before ``end``, as a stepped replay's target
-    may). ``words``: the records' words; ``0 < R <= end`` and ``stop <= len(words)`` (else ValueError: the loop
+    id (`fold.repeating_records`'s answer, for ids below `NO_ID` as a valid trace's are: one that a shift makes
+    `NO_ID` is read as no id here, and by numpy's pass from the first period's pattern; ``stop`` itself where it
+    lies before ``end``, as a stepped replay's target may). ``words``: the records' words; ``0 < R <= end`` and ``stop <= len(words)`` (else ValueError: the loop
     reads without bounds checks)."""
     if not 0 < R <= end or stop > words.shape[0]:
         raise ValueError(f"repeating: R={R}, end={end}, stop={stop} out of bounds for {words.shape[0]} records")
@@ -79,8 +80,9 @@ def signatures(words, folded, lo, hi, step, allocs, sig):
     (`fold.FOLD_KINDS`); an event's hash mixes its kind, size, stream, place among its step's events and, for a
     FREE, how many ALLOCs lie between its object's and it (by the ids, dense in ALLOC order). ValueError where the
     records or steps lie outside ``words`` or ``sig`` (the loop reads and writes without bounds checks)."""
-    if not 0 <= lo <= hi <= words.shape[0] or step >= sig.shape[0]:
-        raise ValueError(f"signatures: records {lo}..{hi} of {words.shape[0]}, step {step} of {sig.shape[0]}")
+    if not 0 <= lo <= hi <= words.shape[0] or step >= sig.shape[0] or sig.shape[1] < 2 or folded.shape[0] < 256:
+        raise ValueError(f"signatures: records {lo}..{hi} of {words.shape[0]}, step {step} of {sig.shape[0]}, "
+                         f"{sig.shape[1]} words a step, {folded.shape[0]} kinds")
     if not cython.compiled:
         words, out, sig = _exact(words), sig, np.asarray(sig).astype(object)
     alloc, free, mark = ALLOC, FREE, MARK
