@@ -1714,7 +1714,7 @@ class Steps:
             repeats.signatures(words, _FOLDED_BYTES, lo, hi, step, allocs, sig)
             self.known[a:b] = True
             return
-        C = [np.uint64(c) for c in (*repeats.KEYS, 29, 32, 16, 0xFFFF)]
+        C = [np.uint64(c) for c in (*repeats.KEYS, 32, 16, 0xFFFF)]
         for s in range(lo, hi, SIG_READ):
             rec = np.asarray(self.records[s:min(hi, s + SIG_READ)])
             kind = rec["kind"].copy()                   # read once: the passes below go over a compact copy
@@ -1839,8 +1839,9 @@ class Steps:
 
     def _candidates(self, reach: int) -> np.ndarray:
         """Which steps `useful` may answer yes for with periods up to ``reach``, by the ALLOC counts alone
-        (`repeating_steps` of the counts): a step the counts rule out is answered at once. Made once a reach (O(steps x reach)): the
-        boundaries of a folded run ask with one reach, a few cycles' (`Folder._boundary`'s ``longest``)."""
+        (`repeating_steps` of the counts): a step the counts rule out is answered at once. Made once a reach
+        (O(steps x reach)): the boundaries of a folded run ask with one reach, a few cycles' (`Folder._boundary`'s
+        ``longest``)."""
         got = self._by_reach.get(reach)
         if got is None:
             got = self._by_reach[reach] = repeating_steps(self.counts, reach)

@@ -3,6 +3,7 @@
 # memoryviews, the constants C words.
 
 cdef unsigned long long K_KIND, K_SIZE, K_STREAM, K_GAP, K_PLACE, K_MIX, WORD
+cdef int K_SHIFT
 
 cpdef Py_ssize_t repeating(const unsigned long long[:, ::1] words, Py_ssize_t end, Py_ssize_t R,
                            unsigned long long D, Py_ssize_t stop) except? -1

@@ -1,11 +1,10 @@
-"""The two passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
+"""The passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
 "Folding" and "The compiled build"): each step's signature (`signatures`), how far records repeat those a period
 before (`repeating`), and which steps start or end runs that repeat with a period (`repeating_table`).
 
 `allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
-`repeating_steps`), and takes
-these only where this module is compiled (`COMPILED`): interpreted, a loop here is a Python loop, many times
-numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
+`repeating_steps`), and takes these only where this module is compiled (`COMPILED`): interpreted, a loop here is a
+Python loop, many times numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
 temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
 real runs and on records a property test makes, in both builds.
 
@@ -29,9 +28,9 @@ COMPILED = cython.compiled
 
 #: The signature's constants (`Steps._signatures` mixes the same ones: a signature is one number either way).
 K_KIND, K_SIZE, K_STREAM = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
-K_GAP, K_PLACE, K_MIX = 0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9
-#: The same, as Python sees them (compiled, the names above are C words no other module reads).
-KEYS = (K_KIND, K_SIZE, K_STREAM, K_GAP, K_PLACE, K_MIX)
+K_GAP, K_PLACE, K_MIX, K_SHIFT = 0xD6E8FEB86659FD93, 0x100000001B3, 0xBF58476D1CE4E5B9, 29
+#: The same, as Python sees them (compiled, the names above are C numbers no other module reads).
+KEYS = (K_KIND, K_SIZE, K_STREAM, K_GAP, K_PLACE, K_MIX, K_SHIFT)
 #: A machine word's bits: compiled, masking with it changes nothing; interpreted, it wraps Python's ints as C does.
 WORD = 0xFFFFFFFFFFFFFFFF
 
@@ -52,8 +51,8 @@ def repeating(words, end, R, D, stop):
     it again: the same kind, flags, stream and size, and an id ``D`` more where the record ``R`` before it has an
     id (`fold.repeating_records`'s answer, for ids below `NO_ID` as a valid trace's are: one that a shift makes
     `NO_ID` is read as no id here, and by numpy's pass from the first period's pattern; ``stop`` itself where it
-    lies before ``end``, as a stepped replay's target may). ``words``: the records' words; ``0 < R <= end`` and ``stop <= len(words)`` (else ValueError: the loop
-    reads without bounds checks)."""
+    lies before ``end``, as a stepped replay's target may). ``words``: the records' words; ``0 < R <= end`` and
+    ``stop <= len(words)`` (else ValueError: the loop reads without bounds checks)."""
     if not 0 < R <= end or stop > words.shape[0]:
         raise ValueError(f"repeating: R={R}, end={end}, stop={stop} out of bounds for {words.shape[0]} records")
     if not cython.compiled:
@@ -106,7 +105,7 @@ def signatures(words, folded, lo, hi, step, allocs, sig):
         if k == free:
             v ^= (((allocs - (w >> 32)) & WORD) * K_GAP) & WORD
         v ^= (in_step * K_PLACE) & WORD
-        v ^= v >> 29
+        v ^= v >> K_SHIFT
         v = (v * K_MIX) & WORD
         sig[step, 0] = (sig[step, 0] + v) & WORD
         sig[step, 1] += 1
