@@ -179,32 +179,48 @@ def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = N
     collects ``(trace index, is ALLOC)`` arrays of the bypassed events, to be counted. ``skip``, a
     one-item list a caller may set as it goes: the records before the trace index it holds are passed
     over unread while no 0-byte object is live (a fold, which vouches that they make none): the chunks
-    that end by it, and the part before it of the chunk it lies in (a fold that lands mid-chunk walks
-    a few steps before the next: the chunk's records from there are read, not the whole chunk).
+    that end by it, and the part before it of the chunk it lies in. A fold that lands mid-chunk walks a
+    few steps before the next: the records from there are read in pieces of `LANDING` records, doubled
+    piece after piece to the chunk's end, not the chunk's whole rest (half a chunk read at each landing
+    was a twentieth of a folded replay of a small GPT).
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
-    for start, rec in trace.chunks():
-        if skip is not None and start < skip[0] and not len(zero_live):
-            if start + len(rec) <= skip[0]:
-                continue
-            rec, start = rec[skip[0] - start:], skip[0]
-        kind = rec["kind"]
-        is_alloc = kind == ALLOC
-        is_free = kind == FREE
-        zero = is_alloc & (rec["size"] == 0)
-        if zero.any() or len(zero_live):
-            ids = rec["id"].astype(np.int64)
-            zero_live = np.union1d(zero_live, ids[zero])
-            zero_free = is_free & np.isin(ids, zero_live)
-            zero_live = np.setdiff1d(zero_live, ids[zero_free])
-            skipped = np.flatnonzero(zero | zero_free)
-            if len(skipped) and zero_counts is not None:
-                zero_counts.append((skipped + start, zero[skipped]))
-            is_alloc = is_alloc & ~zero
-            is_free = is_free & ~zero_free
-        local = np.flatnonzero(is_alloc | is_free | (_STEERS.take(kind) & ((kind != OOM) | (rec["size"] > 0))))
-        if len(local):
-            yield start, rec, local
+    for first, whole in trace.chunks():
+        lo, n, piece = 0, len(whole), 0     # piece: the next piece's length after a landing (0: the rest)
+        while lo < n:
+            if skip is not None and first + lo < skip[0] and not len(zero_live):
+                if first + n <= skip[0]:
+                    break
+                lo, piece = skip[0] - first, LANDING
+            hi = min(n, lo + piece) if piece else n
+            rec, start, lo, piece = whole[lo:hi], first + lo, hi, 2 * piece
+            local, zero_live = _driving_local(rec, zero_live, start, zero_counts)
+            if len(local):
+                yield start, rec, local
+
+
+#: The first piece read where a fold lands mid-chunk (`driving`).
+LANDING = 1 << 12
+
+
+def _driving_local(rec, zero_live: np.ndarray, start: int, zero_counts: list | None) -> tuple:
+    """``(local, zero_live)`` for one piece of records from trace index ``start`` (`driving`): the positions of
+    its driving events, and the live 0-byte ids after it."""
+    kind = rec["kind"]
+    is_alloc = kind == ALLOC
+    is_free = kind == FREE
+    zero = is_alloc & (rec["size"] == 0)
+    if zero.any() or len(zero_live):
+        ids = rec["id"].astype(np.int64)
+        zero_live = np.union1d(zero_live, ids[zero])
+        zero_free = is_free & np.isin(ids, zero_live)
+        zero_live = np.setdiff1d(zero_live, ids[zero_free])
+        skipped = np.flatnonzero(zero | zero_free)
+        if len(skipped) and zero_counts is not None:
+            zero_counts.append((skipped + start, zero[skipped]))
+        is_alloc = is_alloc & ~zero
+        is_free = is_free & ~zero_free
+    return np.flatnonzero(is_alloc | is_free | (_STEERS.take(kind) & ((kind != OOM) | (rec["size"] > 0)))), zero_live
 
 
 class _AllocBytes:
