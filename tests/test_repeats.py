@@ -172,3 +172,101 @@ def test_the_loops_table_of_repeating_steps_is_the_numpy_passes(monkeypatch, dat
         want = fold.repeating_steps(rows, most, first)
     assert np.array_equal(got.astype(bool), want)
     assert np.array_equal(fold.repeating_steps(rows, most, first), want)      # (as fold takes it, in this build)
+
+
+@st.composite
+def windows_of(draw):
+    """A window's records (kind, flags, stream, id, size): ALLOCs whose ids run from a base, FREEs of its own objects
+    or of older ones (ids below the base), other records with or without ids, in any order; and the ids' run."""
+    n, base = draw(st.integers(0, 6)), draw(st.integers(1, 20))
+    rows = [(ALLOC, 0, draw(st.sampled_from([0, 1])), base + i, draw(st.sampled_from([0, 8, 512]))) for i in range(n)]
+    rows += [(FREE, 0, 0, draw(st.integers(0, base + n)), 8) for _ in range(draw(st.integers(0, 5)))]
+    rows += [(draw(st.sampled_from([MARK, OOM, FREE_REQUESTED])), 0, 0, draw(st.sampled_from([NO_ID, base - 1, base])), 0)
+             for _ in range(draw(st.integers(0, 2)))]
+    return draw(st.permutations(rows)), base, n
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(got=windows_of(), windows=st.sampled_from([1, 2]), data=st.data())
+def test_the_loops_window_view_is_the_numpy_passes(got, windows, data):
+    """A window (and for two, the same records again with every id its ALLOC count more, or another shift), one field
+    of one record changed or none, the highest live id below the window's ids or not: the loop reads what the numpy
+    passes read (`fold._window_plain`), or refuses alike."""
+    rows, base, n = got
+    if not rows:
+        return
+    D = data.draw(st.sampled_from([n, n + 1]))
+    rec = repeated_records(rows, windows, D)
+    field = data.draw(st.sampled_from(["kind", "id", "size", "stream", None]))
+    if field is not None:
+        x = data.draw(st.integers(0, len(rec) - 1))
+        bits = 8 * rec.dtype[field].itemsize
+        rec[field][x] = data.draw(st.sampled_from([ALLOC, FREE])) if field == "kind" else (int(rec[field][x]) + 1) % (1 << bits)
+    live_max = data.draw(st.sampled_from([-1, base - 1, base]))
+    words, R, N = fold._words(rec), len(rows), len(rec)
+    shifted, older, old = np.empty(N, np.uint8), np.empty(N, np.int64), np.empty(N, np.int64)
+    loop = repeats.window(words, fold._FOLDED_BYTES, 0, R, windows, live_max, shifted, older, old)
+    plain = fold._window_plain(words[:N, 0].copy(), words[:N, 2].copy(), R, windows, live_max)
+    assert (loop is None) == (plain is None)
+    if loop is None:
+        return
+    D_, P, first_alloc, lo_id, hi_id, n_older, n_old, end_rel, lo_rel, zero = loop
+    assert (D_, P, first_alloc, lo_id, hi_id, end_rel, lo_rel if windows == 2 else None, zero) == plain[5]
+    assert np.array_equal(shifted.view(bool), plain[2])
+    assert np.array_equal(older[:n_older], plain[3]) and np.array_equal(old[:n_old], plain[4])
+
+
+def test_a_real_runs_window_views_are_the_numpy_passes(monkeypatch):
+    """The real GPT run's windows of 1, 2 and 7 steps from its first 40 steps, one and two at a time, read as
+    `RecordView.of` reads them in the build at hand and by the numpy passes: the same fields, and most are views."""
+    trace = real_steps("gpt-eval50", 60)
+    marks, words = fold.Steps(trace).marks, fold._words(trace.records)
+    views = 0
+    for m in range(40):
+        for p in (1, 2, 7):
+            for windows in (1, 2):
+                lo, R = int(marks[m]), int(marks[m + p] - marks[m])
+                if int(marks[m + windows * p]) - lo != windows * R:
+                    continue
+                got = fold._window(words, lo, R, windows, -1)
+                with monkeypatch.context() as mp:
+                    mp.setattr(repeats, "COMPILED", False)
+                    want = fold._window(words, lo, R, windows, -1)
+                assert (got is None) == (want is None)
+                if got is not None:
+                    views += 1
+                    assert got[5] == want[5]
+                    assert all(np.array_equal(a, b) for a, b in zip(got[:5], want[:5]))
+    assert views > 100
+
+
+@pytest.mark.parametrize("rows, D, view", [
+    ([(FREE, 0, 0, 3, 8), (ALLOC, 0, 0, 10, 8), (ALLOC, 0, 0, 11, 8)], 2, False),   # F's first record frees an old object
+    ([(ALLOC, 0, 0, 10, 8), (FREE, 0, 0, 3, 8), (ALLOC, 0, 0, 11, 8)], 2, False),   # ... and within F
+    ([(ALLOC, 0, 0, 10, 8), (FREE, 0, 0, 10, 8), (ALLOC, 0, 0, 11, 8)], 2, True),   # its own objects only
+    ([(ALLOC, 0, 0, 10, 8), (FREE, 0, 0, 10, 8), (ALLOC, 0, 0, 11, 8)], 3, False),  # F's ids not W's plus D
+])
+def test_a_second_window_that_frees_an_old_object_is_no_view(rows, D, view):
+    """Two windows, the second the first with ids ``D`` more: where the second frees an object older than the first
+    (at its very first record too), or its ids are shifted otherwise, neither the loop nor the numpy passes make a
+    view; where each frees only its own objects, both do, alike."""
+    rec = repeated_records(rows, 2, D)
+    words, N = fold._words(rec), len(rec)
+    shifted, older, old = np.empty(N, np.uint8), np.empty(N, np.int64), np.empty(N, np.int64)
+    loop = repeats.window(words, fold._FOLDED_BYTES, 0, len(rows), 2, -1, shifted, older, old)
+    plain = fold._window_plain(words[:N, 0].copy(), words[:N, 2].copy(), len(rows), 2, -1)
+    assert (loop is not None, plain is not None) == (view, view)
+    if view:
+        assert loop[:5] + loop[7:] == plain[5][:5] + plain[5][5:]
+
+
+def test_the_window_loop_refuses_what_it_would_read_out_of_bounds():
+    """Compiled, `repeats.window` reads and writes without bounds checks: windows past the records, a third window,
+    outputs shorter than the windows raise ValueError in both builds."""
+    rec = repeated_records([(ALLOC, 0, 0, 1, 8), (FREE, 0, 0, 1, 8)], 2, 1)
+    words, N = fold._words(rec), len(rec)
+    out = lambda n: (np.empty(n, np.uint8), np.empty(n, np.int64), np.empty(n, np.int64))     # noqa: E731
+    for lo, R, windows, n in [(1, 2, 2, N), (0, 2, 3, 6), (0, 0, 1, N), (0, 2, 2, N - 1), (-1, 1, 1, N)]:
+        with pytest.raises(ValueError):
+            repeats.window(words, fold._FOLDED_BYTES, lo, R, windows, -1, *out(n))
+    assert repeats.window(words, fold._FOLDED_BYTES, 0, 2, 2, -1, *out(N)) is not None

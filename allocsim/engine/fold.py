@@ -668,51 +668,20 @@ class RecordView:
         R = int(marks[walked.mark + p]) - lo
         if not 0 < R <= MAX_RECORD_PERIOD or int(marks[walked.mark + windows * p]) - lo != windows * R:
             return None
-        w0, size = words[lo:lo + windows * R, 0].copy(), words[lo:lo + windows * R, 2].copy()
-        if windows == 2 and not (((w0[R:] & _LOW) == (w0[:R] & _LOW)).all() and (size[R:] == size[:R]).all()):
+        got = _window(words, lo, R, windows, max(walked.addr) if walked.addr else -1)
+        if got is None:
             return None
-        kind, ids = (w0 & np.uint64(0xFF)).astype(np.int64), (w0 >> np.uint64(32)).astype(np.int64)
-        has_id, alloc, free = ids != NO_ID, kind == ALLOC, kind == FREE
-        if not has_id[alloc | free].all():
-            return None                             # an ALLOC or FREE without an id
-        a = np.flatnonzero(alloc[:R])
-        D = len(a)
-        if not D:
-            return None
-        made = ids[a]
-        lo_id, hi_id = int(made.min()), int(made.max())
-        if hi_id - lo_id != D - 1 or (walked.addr and lo_id <= max(walked.addr)):
-            return None             # W's ids not D distinct ones (then, its span below D: given window after window)
-        if windows == 2:
-            if not (ids[a + R] - made == D).all():
-                return None
-            a, made = np.concatenate((a, a + R)), np.concatenate((made, ids[a + R]))
-        table = np.full(hi_id + (windows - 1) * D - lo_id + 1, -1, np.int64)    # id -> where it was allocated
-        table[made - lo_id] = a
-        f = np.flatnonzero(has_id & ~alloc)         # FREEs, and the other records of an object (FREE_REQUESTED)
-        fid = ids[f]
-        inside = (fid >= lo_id) & (fid < lo_id + len(table))
-        born = np.where(inside, table[np.clip(fid - lo_id, 0, len(table) - 1)], -1)
-        older = f[(born < 0) | (born >= f)]         # of objects older than W
-        old = older[kind[older] == FREE]
-        if (old >= R).any():        # (never, where W was folded: F was compared with it, whose FREEs free objects
-            return None             # allocated since W's template; the records alone do not say so)
-        old_addr = [walked.addr.get(i) for i in ids[old].tolist()]
+        w0, size, shifted, older, old, (D, P, first_alloc, lo_id, hi_id, end_rel, lo_rel, zero) = got
+        old_addr = [walked.addr.get(i) for i in (w0[old] >> np.uint64(32)).tolist()]
         if any(x is None for x in old_addr):
-            return None
-        shifted = has_id.copy()
-        shifted[older] = False                      # (another record of an older object: not an event, not compared)
-        fold = np.flatnonzero(_folded(kind.astype(np.uint8)))
-        P = int(np.searchsorted(fold, R))           # W's events
-        if windows * P != len(fold) or not P:
             return None
         v = cls.__new__(cls)
         v.p, v.P, v.R, v.D, v.windows, v.w0, v.size, v.shifted = p, P, R, D, windows, w0, size, shifted
         v.older, v.old, v.old_addr = older, old, old_addr
-        v.first_alloc = int(a[0])
-        v.end_rel = int(fold[-1]) + 1               # just past the last event (of F, with F), from W's start
-        v.lo_rel = int(fold[P]) if windows == 2 else None     # F's first event, from W's start
-        v.zero = bool(((kind[:R] == ALLOC) & (size[:R] == 0)).any())     # W's 0-byte ALLOCs
+        v.first_alloc = first_alloc
+        v.end_rel = end_rel                 # just past the last event (of F, with F), from W's start
+        v.lo_rel = lo_rel                   # F's first event, from W's start (with F)
+        v.zero = zero                       # whether W allocates 0 bytes
         v.id_run = (lo_id, hi_id)
         v.holder, v.held_at = _by_address(end_addr) if end_addr is not None else (None, None)
         return v
@@ -804,6 +773,67 @@ class RecordView:
         ids, h = got
         new = (h >= self.id_run[0]) & (h <= self.id_run[1])     # (W's ids are one run)
         return dict(zip(ids[new].tolist(), (h[new] + shift).tolist()))
+
+
+def _window(words: np.ndarray, lo: int, R: int, windows: int, live_max: int) -> tuple | None:
+    """What `RecordView.of` reads of ``windows`` windows of ``R`` records from trace index ``lo``: ``(w0, size,
+    shifted, older, old, (D, P, first_alloc, lo_id, hi_id, end_rel, lo_rel, zero))`` (`RecordView`'s fields; ``old``
+    the positions of the old objects' FREEs), or None where its conditions fail; ``live_max``: the highest id live at
+    the window's start (-1: none). One C pass a question where `repeats` is compiled (`repeats.window`: 0.27 ms of
+    numpy a view of a small GPT's 2,800-record window), else `_window_plain`: the two answer alike
+    (tests/test_repeats.py)."""
+    N = windows * R
+    w0, size = words[lo:lo + N, 0].copy(), words[lo:lo + N, 2].copy()
+    if not repeats.COMPILED:
+        return _window_plain(w0, size, R, windows, live_max)
+    shifted, older, old = np.empty(N, np.uint8), np.empty(N, np.int64), np.empty(N, np.int64)
+    got = repeats.window(words, _FOLDED_BYTES, lo, R, windows, live_max, shifted, older, old)
+    if got is None:
+        return None
+    D, P, first_alloc, lo_id, hi_id, n_older, n_old, end_rel, lo_rel, zero = got
+    return (w0, size, shifted.view(bool), older[:n_older], old[:n_old],
+            (D, P, first_alloc, lo_id, hi_id, end_rel, lo_rel if windows == 2 else None, zero))
+
+
+def _window_plain(w0: np.ndarray, size: np.ndarray, R: int, windows: int, live_max: int) -> tuple | None:
+    """`_window` by numpy's passes, from the windows' first and size words (the plain model of `repeats.window`)."""
+    if windows == 2 and not (((w0[R:] & _LOW) == (w0[:R] & _LOW)).all() and (size[R:] == size[:R]).all()):
+        return None
+    kind, ids = (w0 & np.uint64(0xFF)).astype(np.int64), (w0 >> np.uint64(32)).astype(np.int64)
+    has_id, alloc, free = ids != NO_ID, kind == ALLOC, kind == FREE
+    if not has_id[alloc | free].all():
+        return None                             # an ALLOC or FREE without an id
+    a = np.flatnonzero(alloc[:R])
+    D = len(a)
+    if not D:
+        return None
+    made = ids[a]
+    lo_id, hi_id = int(made.min()), int(made.max())
+    if hi_id - lo_id != D - 1 or lo_id <= live_max:
+        return None             # W's ids not D distinct ones (then, its span below D: given window after window)
+    if windows == 2:
+        if not (ids[a + R] - made == D).all():
+            return None
+        a, made = np.concatenate((a, a + R)), np.concatenate((made, ids[a + R]))
+    table = np.full(hi_id + (windows - 1) * D - lo_id + 1, -1, np.int64)    # id -> where it was allocated
+    table[made - lo_id] = a
+    f = np.flatnonzero(has_id & ~alloc)         # FREEs, and the other records of an object (FREE_REQUESTED)
+    fid = ids[f]
+    inside = (fid >= lo_id) & (fid < lo_id + len(table))
+    born = np.where(inside, table[np.clip(fid - lo_id, 0, len(table) - 1)], -1)
+    older = f[(born < 0) | (born >= f)]         # of objects older than W
+    old = older[kind[older] == FREE]
+    if (old >= R).any():        # (never, where W was folded: F was compared with it, whose FREEs free objects
+        return None             # allocated since W's template; the records alone do not say so)
+    shifted = has_id.copy()
+    shifted[older] = False                      # (another record of an older object: not an event, not compared)
+    fold = np.flatnonzero(_folded(kind.astype(np.uint8)))
+    P = int(np.searchsorted(fold, R))           # W's events
+    if windows * P != len(fold) or not P:
+        return None
+    return (w0, size, shifted, older, old, (D, P, int(a[0]), lo_id, hi_id, int(fold[-1]) + 1,
+                                            int(fold[P]) if windows == 2 else None,
+                                            bool(((kind[:R] == ALLOC) & (size[:R] == 0)).any())))
 
 
 class Counts(NamedTuple):

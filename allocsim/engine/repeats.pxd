@@ -14,3 +14,7 @@ cpdef int signatures(const unsigned long long[:, ::1] words, const unsigned char
 
 cpdef bint repeating_table(const unsigned long long[:, :] rows, Py_ssize_t most, unsigned char[::1] out,
                            bint first) except -1
+
+cpdef tuple window(const unsigned long long[:, ::1] words, const unsigned char[::1] folded, Py_ssize_t lo,
+                   Py_ssize_t R, Py_ssize_t windows, long long live_max, unsigned char[::1] shifted,
+                   long long[::1] older, long long[::1] old)

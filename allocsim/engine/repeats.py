@@ -1,9 +1,10 @@
 """The passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
 "Folding" and "The compiled build"): each step's signature (`signatures`), how far records repeat those a period
-before (`repeating`), and which steps start or end runs that repeat with a period (`repeating_table`).
+before (`repeating`), which steps start or end runs that repeat with a period (`repeating_table`), and what a window's
+record-for-record view reads of its records (`window`).
 
 `allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
-`repeating_steps`), and takes these only where this module is compiled (`COMPILED`): interpreted, a loop here is a
+`repeating_steps`, `_window_plain`), and takes these only where this module is compiled (`COMPILED`): interpreted, a loop here is a
 Python loop, many times numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
 temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
 real runs and on records a property test makes, in both builds.
@@ -149,3 +150,88 @@ def repeating_table(rows, most, out, first):
         if found and first:
             break
     return found
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.overflowcheck(False)
+@cython.locals(N=cython.Py_ssize_t, x=cython.Py_ssize_t, D=cython.Py_ssize_t, P=cython.Py_ssize_t,
+               folds=cython.Py_ssize_t, n_older=cython.Py_ssize_t, n_old=cython.Py_ssize_t,
+               first_alloc=cython.Py_ssize_t, last=cython.Py_ssize_t, lo_rel=cython.Py_ssize_t, w=cython.ulonglong,
+               k=cython.ulonglong, low=cython.ulonglong, i=cython.longlong, lo_id=cython.longlong,
+               hi_id=cython.longlong, b=cython.longlong, zero=cython.bint, no_id=cython.longlong,
+               alloc=cython.ulonglong, free=cython.ulonglong, table=cython.longlong[::1])
+def window(words, folded, lo, R, windows, live_max, shifted, older, old):
+    """What `fold.RecordView.of` reads of the ``windows`` (1 or 2) windows of ``R`` records from trace index ``lo``,
+    in one pass a question over their words: ``(D, P, first_alloc, lo_id, hi_id, n_older, n_old, end_rel, lo_rel,
+    zero)`` (lo_rel -1 for one window), with ``shifted`` (a byte a record: it has an id and is no older object's
+    record), ``older`` (the positions of the records with an id of objects older than the first window, ascending)
+    and ``old`` (those of them that are FREEs) written, the first ``n_older`` and ``n_old`` of each; None where the
+    view's conditions fail (`RecordView`'s docstring): the second window differs from the first but for its ids, an
+    ALLOC or FREE has no id, the first window's ALLOC ids are not one run of its ``D`` ALLOCs above ``live_max`` (the
+    highest live id, -1 for none), or the second's are not the first's plus ``D``, an old object's FREE lies in the
+    second window, no event or not ``windows`` times the first window's ``P`` events. ``folded``: a table by kind,
+    nonzero for `fold.FOLD_KINDS`. ValueError where the windows or outputs lie outside the arrays given."""
+    N = windows * R
+    if windows not in (1, 2) or R <= 0 or lo < 0 or lo + N > words.shape[0] or folded.shape[0] < 256 or \
+            shifted.shape[0] < N or older.shape[0] < N or old.shape[0] < N:
+        raise ValueError(f"window: {windows} windows of {R} records from {lo} of {words.shape[0]}, outputs "
+                         f"{shifted.shape[0]}, {older.shape[0]}, {old.shape[0]}")
+    if not cython.compiled:
+        words = _exact(words)
+    alloc, free, no_id = ALLOC, FREE, NO_ID
+    low = 0xFFFFFFFF
+    D, first_alloc, lo_id, hi_id = 0, -1, 0, 0
+    for x in range(N):                  # every ALLOC and FREE has an id; F is W but for the ids; W's ALLOC ids
+        w = words[lo + x, 0]
+        k = w & 0xFF
+        i = w >> 32
+        if (k == alloc or k == free) and i == no_id:
+            return None
+        if x >= R:
+            if (w & low) != (words[lo + x - R, 0] & low) or words[lo + x, 2] != words[lo + x - R, 2]:
+                return None
+            b = words[lo + x - R, 0] >> 32
+            if k == alloc and i - b != D:
+                return None
+        elif k == alloc:
+            if not D:
+                first_alloc, lo_id, hi_id = x, i, i
+            lo_id, hi_id = min(lo_id, i), max(hi_id, i)
+            D += 1
+    if not D or hi_id - lo_id != D - 1 or lo_id <= live_max:
+        return None
+    table = np.full(windows * D, -1, np.int64)     # id - lo_id -> where its object was allocated
+    for x in range(N):
+        w = words[lo + x, 0]
+        if w & 0xFF == alloc:
+            table[(w >> 32) - lo_id] = x
+    n_older, n_old, P, folds, last, lo_rel, zero = 0, 0, 0, 0, -1, -1, False
+    for x in range(N):
+        w = words[lo + x, 0]
+        k = w & 0xFF
+        i = w >> 32
+        shifted[x] = i != no_id
+        if i != no_id and k != alloc:
+            b = table[i - lo_id] if lo_id <= i < lo_id + windows * D else -1
+            if b < 0 or b >= x:         # a record of an object older than W
+                shifted[x] = 0
+                older[n_older] = x
+                n_older += 1
+                if k == free:
+                    if x >= R:
+                        return None
+                    old[n_old] = x
+                    n_old += 1
+        if folded[k]:
+            if x < R:
+                P += 1
+            elif folds == P:
+                lo_rel = x
+            folds += 1
+            last = x
+        if x < R and k == alloc and words[lo + x, 2] == 0:
+            zero = True
+    if not P or folds != windows * P:
+        return None
+    return D, P, first_alloc, lo_id, hi_id, n_older, n_old, last + 1, lo_rel, zero
