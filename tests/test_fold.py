@@ -751,6 +751,7 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     monkeypatch.setattr(fold, "SLACK", 0.05)
     monkeypatch.setattr(fold, "MIN_EVENTS", 100)
     monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
     b = fold.Budget(clock=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
     for k in range(1, 4):                       # three stretches of 1,000 events walked in 1 s: 1 ms each
@@ -761,7 +762,7 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     b.leave(b.enter(4000), 4000, False, 0)      # the folder 5 s so far
     assert b.walk_n == 4000 and b.walk_s == 4.0 and b.spent == 5.0 and b.rate() == 1e-3
     # the whole walk, 4,000 events at a tenth of the steps: 40,000 events, 40 s
-    assert b.over(4000, 0.1)                    # 2 s slack + 0.25 s allowance < 5 s spent
+    assert b.over(4000, 0.1)                    # 2 s slack + 0.125 s first looks < 5 s spent
     b.saved = 3000                              # folds passed 3,000 events: 3 s saved, + 2.25 s > 5 s
     assert not b.over(4000, 0.1)
     b.saved = 1                                 # one event passed: 2 s + 1 ms + 0.25 s < 5 s
@@ -769,8 +770,13 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     monkeypatch.setattr(fold, "SLACK", 0.12)
     assert not b.over(4000, 0.1)                # 4.8 s slack + 1 ms + 0.25 s allowance > 5 s ...
     b.saved = 0
-    assert b.over(4000, 0.1)                    # ... but before the first fold no allowance: 4.8 s < 5 s
+    assert b.over(4000, 0.1)                    # ... but before the first fold no allowance: 4.8 + 0.125 s < 5 s
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.25)
+    assert not b.over(4000, 0.1)                # ... only the first looks': 4.8 + 0.25 s > 5 s
     monkeypatch.setattr(fold, "SLACK", 0.05)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 10.0)
+    assert b.over(4000, 0.1)                    # ... at most the slack again: 2 + 2 s < 5 s
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
     b.saved = 1
     monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2 s
     assert b.over(4000, 0.1)

@@ -82,6 +82,11 @@ SLACK = 0.05
 #: for a period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints).
 MIN_EVENTS = 1024
 ALLOWANCE = 0.01        # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
+#: Before the first fold, the seconds the folder's making and its first looks may take beyond the slack (at most the
+#: slack again): a fixed cost whatever the run's length (reading the steps, the first signatures and fingerprints:
+#: 0.6-0.8 ms on a 300-step GPT whose whole walk takes 20 ms, whose slack was then spent by step 7 of the 16 its
+#: state takes to repeat).
+FIRST_LOOKS = 0.001
 #: The stretches walked between looks are rated (`Budget.rate`) in runs of at least this many driving events, the
 #: last `RATES` kept, `MIN_RATES` of them before the rate is trusted.
 STRETCH, RATES, MIN_RATES = 256, 64, 4
@@ -927,16 +932,17 @@ class Budget:
     def over(self, done: int, share: float) -> bool:
         """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
         included) at ``share`` of the trace's steps (the whole walk is estimated from them). Before the first fold
-        there is no allowance: a run whose state repeats nowhere the folder looks costs about `SLACK` over
-        ``--no-fold`` (the allowance, there from the start until 2026-12-03, made that 10-16 % on the real runs under
-        the policies whose states repeat late or never); the folder's making (reading the steps) is charged too."""
+        there is no allowance but `FIRST_LOOKS`, the folder's making (reading the steps, charged too) and first
+        looks: a run whose state repeats nowhere the folder looks costs about `SLACK` over ``--no-fold``, and a
+        millisecond (the allowance, there from the start until 2026-12-03, made that 10-16 % on the real runs under
+        the policies whose states repeat late or never)."""
         if SLACK is None or self.walk_n < MIN_EVENTS or share <= 0 or len(self.rates) < MIN_RATES:
             return False
         per = self.rate()
         total = done / share
         slack = per * SLACK * total
         if not self.saved:
-            return self.spent - per * self.recorded > slack
+            return self.spent - per * self.recorded > slack + min(FIRST_LOOKS, slack)
         return self.spent - per * self.recorded > slack + per * self.saved + min(ALLOWANCE, slack)
 
 
