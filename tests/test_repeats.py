@@ -270,3 +270,22 @@ def test_the_window_loop_refuses_what_it_would_read_out_of_bounds():
         with pytest.raises(ValueError):
             repeats.window(words, fold._FOLDED_BYTES, lo, R, windows, -1, *out(n))
     assert repeats.window(words, fold._FOLDED_BYTES, 0, 2, 2, -1, *out(N)) is not None
+
+
+@settings(max_examples=150, deadline=None)
+@given(incs=st.lists(st.one_of(st.floats(0, 1e-3), st.integers(0, 1 << 12).map(lambda k: k * 2.0 ** -30),
+                               st.just(2.0 ** -31), st.floats(0, 1e300)), max_size=40),
+       e=st.integers(-60, 60))
+def test_the_loops_units_are_the_numpy_passes(incs, e):
+    """A clock's increments (finite, not negative: tiny, multiples of a power of two whose halves tie, huge) in
+    units of a binade ``2**e``: the loop writes the running sums numpy's passes make (`fold._units_plain`), bit for
+    bit, or refuses where they do (a tie, or 2**53 units or more)."""
+    incs, u = np.array(incs, np.float64), 2.0 ** e
+    out = np.empty(len(incs) + 1)
+    got = repeats.units(incs, u, out)
+    want = fold._units_plain(incs, u)
+    assert got == (want is not None)
+    if got:
+        assert out.tobytes() == want.tobytes()
+    with pytest.raises(ValueError):
+        repeats.units(incs, u, np.empty(len(incs)))

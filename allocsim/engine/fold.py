@@ -298,15 +298,15 @@ class Recorder:
         """Put plain floats back; the window's `Program`, or None if it cannot be repeated exactly."""
         del self.sections.add
         ok = True
-        ends = {}
+        incs = {name: np.array(tape.incs) for name, tape in self.tapes.items()}
+        units: dict = {}                # the clock's units, read by the check and kept for the repeats (`_runs`)
         for name, tape in self.tapes.items():
             end = self._get(name)
             self._put(name, float(end))
             if tape.bad or not isinstance(end, RecFloat) or end.tape is not tape or end.n != len(tape.incs):
                 ok = False
                 continue
-            ends[name] = float(end)
-            if _accumulate(self.start[name], np.array(tape.incs))[-1] != ends[name]:
+            if _total(self.start[name], incs[name], 1, units if name == "clock" else None) != float(end):
                 ok = False
         clock = self.tapes["clock"]
         adds = []
@@ -319,8 +319,7 @@ class Recorder:
                 ok = False
         if not ok or self.taken != len(clock.latency_ends):
             return None
-        return Program({name: np.array(t.incs) for name, t in self.tapes.items()},
-                       np.concatenate(self.lat) if self.lat else np.zeros((0, 2), np.int64), adds)
+        return Program(incs, np.concatenate(self.lat) if self.lat else np.zeros((0, 2), np.int64), adds, units)
 
 
 def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
@@ -338,10 +337,10 @@ def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
     return out
 
 
-def _total(start: float, incs: np.ndarray, times: int = 1) -> float:
-    """The last of `_accumulate`'s totals, without making the others where it need not."""
+def _total(start: float, incs: np.ndarray, times: int = 1, memo: dict | None = None) -> float:
+    """The last of `_accumulate`'s totals, without making the others where it need not (``memo``: `_runs`')."""
     total = float(start)
-    for _, base, offsets in _runs(start, incs, times):
+    for _, base, offsets in _runs(start, incs, times, memo):
         total = float(offsets[-1] if base is None else base[-1] + offsets[-1])
     return total
 
@@ -404,7 +403,17 @@ def _runs(start: float, incs: np.ndarray, times: int, memo: dict | None = None):
 
 def _units(incs: np.ndarray, u: float) -> np.ndarray | None:
     """The running sum of ``incs`` in units ``u`` rounded to nearest, from 0 (`_runs`), or None where an increment
-    ends in exactly half a unit or reaches ``2**53`` units (left to the additions)."""
+    ends in exactly half a unit or reaches ``2**53`` units (left to the additions). One C pass where `repeats` is
+    compiled (`repeats.units`: numpy's five passes took 90 us on a small GPT's window of 2,800 increments, twice a
+    fold), else `_units_plain`: the same numbers (tests/test_repeats.py)."""
+    if not repeats.COMPILED:
+        return _units_plain(incs, u)
+    out = np.empty(len(incs) + 1)
+    return out if repeats.units(np.ascontiguousarray(incs, np.float64), u, out) else None
+
+
+def _units_plain(incs: np.ndarray, u: float) -> np.ndarray | None:
+    """`_units` by numpy's passes (the plain model of `repeats.units`)."""
     with np.errstate(over="ignore", invalid="ignore"):
         r = incs / u                # exact (or past 2**53: left to the additions)
         whole = np.floor(r)
@@ -426,10 +435,10 @@ class Program:
     """What one window adds to the float totals, to be repeated: the increments per total, the latencies and
     section times as positions on the clock's tape (or constants)."""
 
-    def __init__(self, incs: dict, lat: np.ndarray, adds: list):
+    def __init__(self, incs: dict, lat: np.ndarray, adds: list, units: dict | None = None):
         self.incs, self.lat = incs, lat
         self.by_key: dict = {}          # section -> [(seconds spec, calls)] in the order they were added
-        self.units: dict = {}           # the clock's `_runs` memo: binade unit -> the window's units
+        self.units: dict = {} if units is None else units   # the clock's `_runs` memo: binade unit -> its units
         for key, spec, calls in adds:
             self.by_key.setdefault(key, []).append((spec, calls))
 
@@ -444,7 +453,7 @@ class Program:
         L = len(incs)
         for n, base, offsets in _runs(device.clock, incs, k, self.units):
             if base is None:            # each window's own totals
-                clock = np.lib.stride_tricks.as_strided(offsets, (n, L + 1), (L * offsets.itemsize, offsets.itemsize))
+                clock = np.ndarray((n, L + 1), offsets.dtype, offsets, 0, (L * offsets.itemsize, offsets.itemsize))
                 device.clock = float(offsets[-1])
             else:                       # every window's differences are the offsets'
                 clock = offsets[None, :]

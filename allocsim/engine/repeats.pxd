@@ -2,6 +2,8 @@
 # repeats.py stays the definition; interpreted, this is not read. The records are C words read through typed
 # memoryviews, the constants C words.
 
+from libc.math cimport floor
+
 cdef unsigned long long K_KIND, K_SIZE, K_STREAM, K_GAP, K_PLACE, K_MIX, WORD
 cdef int K_SHIFT
 
@@ -18,3 +20,5 @@ cpdef bint repeating_table(const unsigned long long[:, :] rows, Py_ssize_t most,
 cpdef tuple window(const unsigned long long[:, ::1] words, const unsigned char[::1] folded, Py_ssize_t lo,
                    Py_ssize_t R, Py_ssize_t windows, long long live_max, unsigned char[::1] shifted,
                    long long[::1] older, long long[::1] old)
+
+cpdef bint units(const double[::1] incs, double u, double[::1] out) except -1

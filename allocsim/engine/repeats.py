@@ -1,10 +1,11 @@
 """The passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
 "Folding" and "The compiled build"): each step's signature (`signatures`), how far records repeat those a period
-before (`repeating`), which steps start or end runs that repeat with a period (`repeating_table`), and what a window's
-record-for-record view reads of its records (`window`).
+before (`repeating`), which steps start or end runs that repeat with a period (`repeating_table`), what a window's
+record-for-record view reads of its records (`window`), and a recorded window's increments in units of a binade
+(`units`).
 
 `allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
-`repeating_steps`, `_window_plain`), and takes these only where this module is compiled (`COMPILED`): interpreted, a loop here is a
+`repeating_steps`, `_window_plain`, `_units`), and takes these only where this module is compiled (`COMPILED`): interpreted, a loop here is a
 Python loop, many times numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
 temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
 real runs and on records a property test makes, in both builds.
@@ -23,6 +24,9 @@ except ImportError:                 # pragma: no cover - where Cython is not ins
     from ..compiled import cython   # interpreted: its decorators and types change nothing
 
 from ..trace.events import ALLOC, FREE, MARK, NO_ID
+
+if not cython.compiled:             # compiled, repeats.pxd cimports C's
+    from math import floor
 
 #: Whether these loops run compiled (else `allocsim.engine.fold` reads with numpy).
 COMPILED = cython.compiled
@@ -235,3 +239,32 @@ def window(words, folded, lo, R, windows, live_max, shifted, older, old):
     if not P or folds != windows * P:
         return None
     return D, P, first_alloc, lo_id, hi_id, n_older, n_old, last + 1, lo_rel, zero
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.locals(L=cython.Py_ssize_t, x=cython.Py_ssize_t, r=cython.double, whole=cython.double, frac=cython.double,
+               total=cython.double, unit=cython.double)
+def units(incs, u, out):
+    """Write into ``out`` the running sum from 0 of ``incs`` (finite, not negative: a clock's increments) in units
+    ``u``, each rounded to nearest, `fold._units`'s numbers added in the same order (numpy's cumsum adds one after
+    another); False, ``out`` part written, where one ends in exactly half a unit or reaches ``2**53`` units (left
+    to the additions). ValueError where ``out`` is shorter than ``incs`` and one."""
+    L = incs.shape[0]
+    if out.shape[0] < L + 1:
+        raise ValueError(f"units: {out.shape[0]} totals for {L} increments")
+    if not cython.compiled:
+        incs = np.asarray(incs).tolist()        # Python floats: as C's, with no numpy scalar's overflow warning
+    unit, total = u, 0.0
+    out[0] = 0.0
+    for x in range(L):
+        r = incs[x] / unit          # exact: a power-of-two scaling
+        if not r < 9007199254740992.0:      # 2**53
+            return False
+        whole = floor(r)
+        frac = r - whole
+        if frac == 0.5:
+            return False
+        total += whole + 1.0 if frac > 0.5 else whole
+        out[x + 1] = total
+    return True
