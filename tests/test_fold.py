@@ -1035,6 +1035,7 @@ def test_a_fold_that_lands_inside_a_chunk_reads_that_chunk_from_where_it_lands(m
     replay_module = importlib.import_module("allocsim.engine.replay")
     monkeypatch.setattr(trace_module, "CHUNK", 1 << 14)
     monkeypatch.setattr(replay_module, "KEEP_RECORDS", 0)      # (a small trace's chunks are kept whole: not here)
+    monkeypatch.setattr(replay_module, "LANDING", 1 << 8)      # (pieces of 256, 512, ... records before a chunk's end)
     trace = real_steps("gpt-eval50", 130)
     read, landed = [], []
     driving, move_to = replay_module.driving, Replay.move_to
@@ -1060,6 +1061,42 @@ def test_a_fold_that_lands_inside_a_chunk_reads_that_chunk_from_where_it_lands(m
             assert a == b0 and b - a == min(2 * (b0 - a0), end - a), ((a0, b0), (a, b))
         else:
             assert b == end                                 # a chunk not landed in is read whole
+    assert any(b - a == 2 * (b0 - a0) for (a0, b0), (a, b) in zip(read, read[1:]) if a == b0 and a % chunk)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), n=st.integers(1, 400), chunk=st.sampled_from([16, 64, 100]), landing=st.sampled_from([1, 3, 8]))
+def test_a_landing_read_in_pieces_drives_what_the_chunks_rest_read_whole_drives(monkeypatch, data, n, chunk, landing):
+    """Records with 0-byte objects (some freed twice, some FREEs of no object), a fold's landing anywhere: `driving`
+    reading the records from the landing in pieces gives the driving events and the bypassed 0-byte events that
+    reading each chunk's rest whole gives."""
+    replay_module = importlib.import_module("allocsim.engine.replay")
+    rec = np.zeros(n, fold.RECORD_DTYPE)
+    live, nid = [], 0
+    for x in range(n):
+        r = data.draw(st.integers(0, 9))
+        if r < 4 or not live:
+            rec[x] = (ALLOC, 0, 0, nid, 0, 0, data.draw(st.sampled_from([0, 512])), 0, 0)
+            live.append(nid)
+            nid += 1
+        elif r < 8:
+            i = live[data.draw(st.integers(0, len(live) - 1))]
+            if data.draw(st.booleans()):
+                live.remove(i)              # (else freed again later: an invalid trace read alike either way)
+            rec[x] = (FREE, 0, 0, i, 0, 0, 0, 0, 0)
+        else:
+            rec[x] = (fold.MARK, 0, 0, fold.NO_ID, 0, 0, 0, 0, 0)
+    trace = Trace(rec, {})
+    skip = data.draw(st.integers(0, n))
+    monkeypatch.setattr(trace_module, "CHUNK", chunk)
+    got = {}
+    for size in (landing, n + 1):           # pieces; a piece as long as any chunk's rest
+        monkeypatch.setattr(replay_module, "LANDING", size)
+        zero_counts: list = []
+        driven = [(start + local).tolist() for start, _, local in replay_module.driving(trace, zero_counts, [skip])]
+        bypassed = [list(zip(at.tolist(), is_alloc.tolist())) for at, is_alloc in zero_counts]
+        got[size] = (sum(driven, []), sum(bypassed, []))
+    assert got[landing] == got[n + 1]
 
 
 @pytest.mark.parametrize("policy, tape", [("torch", True), ("split", True), ("bestfit", True), ("split", False)])

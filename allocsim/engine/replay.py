@@ -182,7 +182,9 @@ def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = N
     that end by it, and the part before it of the chunk it lies in. A fold that lands mid-chunk walks a
     few steps before the next: the records from there are read in pieces of `LANDING` records, doubled
     piece after piece to the chunk's end, not the chunk's whole rest (half a chunk read at each landing
-    was a twentieth of a folded replay of a small GPT).
+    was a twentieth of a folded replay of a small GPT) -- where the rest allocates no 0-byte object (then
+    no 0-byte object is live in it, and pieces drive what the whole rest drives; else it is read whole,
+    as a walk that never folds reads it: a trace that frees a 0-byte object twice is read alike).
     """
     zero_live = np.zeros(0, np.int64)       # ids of live 0-byte objects, sorted
     for first, whole in trace.chunks():
@@ -191,7 +193,9 @@ def driving(trace: Trace, zero_counts: list | None = None, skip: list | None = N
             if skip is not None and first + lo < skip[0] and not len(zero_live):
                 if first + n <= skip[0]:
                     break
-                lo, piece = skip[0] - first, LANDING
+                lo = skip[0] - first
+                rest = whole[lo:]
+                piece = 0 if ((rest["kind"] == ALLOC) & (rest["size"] == 0)).any() else LANDING
             hi = min(n, lo + piece) if piece else n
             rec, start, lo, piece = whole[lo:hi], first + lo, hi, 2 * piece
             local, zero_live = _driving_local(rec, zero_live, start, zero_counts)
