@@ -797,14 +797,14 @@ def _window(words: np.ndarray, lo: int, R: int, windows: int, live_max: int) -> 
     numpy a view of a small GPT's 2,800-record window), else `_window_plain`: the two answer alike
     (tests/test_repeats.py)."""
     N = windows * R
-    w0, size = words[lo:lo + N, 0].copy(), words[lo:lo + N, 2].copy()
     if not repeats.COMPILED:
-        return _window_plain(w0, size, R, windows, live_max)
+        return _window_plain(words[lo:lo + N, 0].copy(), words[lo:lo + N, 2].copy(), R, windows, live_max)
     shifted, older, old = np.empty(N, np.uint8), np.empty(N, np.int64), np.empty(N, np.int64)
     got = repeats.window(words, _FOLDED_BYTES, lo, R, windows, live_max, shifted, older, old)
     if got is None:
         return None
     D, P, first_alloc, lo_id, hi_id, n_older, n_old, end_rel, lo_rel, zero = got
+    w0, size = words[lo:lo + N, 0].copy(), words[lo:lo + N, 2].copy()     # (copied for a view made, only)
     return (w0, size, shifted.view(bool), older[:n_older], old[:n_old],
             (D, P, first_alloc, lo_id, hi_id, end_rel, lo_rel if windows == 2 else None, zero))
 

@@ -5,9 +5,9 @@ record-for-record view reads of its records (`window`), and a recorded window's 
 (`units`).
 
 `allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
-`repeating_steps`, `_window_plain`, `_units`), and takes these only where this module is compiled (`COMPILED`): interpreted, a loop here is a
-Python loop, many times numpy's time, which only the tests run. Compiled, each is one pass over the records' machine words with no
-temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
+`repeating_steps`, `_window_plain`, `_units_plain`), and takes these only where this module is compiled
+(`COMPILED`): interpreted, a loop here is a Python loop, many times numpy's time, which only the tests run.
+Compiled, each is one pass over the records' machine words (or the increments) with no temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
 real runs and on records a property test makes, in both builds.
 
 The records are read as `fold._words` lays them out: five 64-bit words a record, the first holding the kind (its
@@ -177,8 +177,8 @@ def window(words, folded, lo, R, windows, live_max, shifted, older, old):
     second window, no event or not ``windows`` times the first window's ``P`` events. ``folded``: a table by kind,
     nonzero for `fold.FOLD_KINDS`. ValueError where the windows or outputs lie outside the arrays given."""
     N = windows * R
-    if windows not in (1, 2) or R <= 0 or lo < 0 or lo + N > words.shape[0] or folded.shape[0] < 256 or \
-            shifted.shape[0] < N or older.shape[0] < N or old.shape[0] < N:
+    if windows not in (1, 2) or R <= 0 or lo < 0 or lo + N > words.shape[0] or words.shape[1] < 3 or \
+            folded.shape[0] < 256 or shifted.shape[0] < N or older.shape[0] < N or old.shape[0] < N:
         raise ValueError(f"window: {windows} windows of {R} records from {lo} of {words.shape[0]}, outputs "
                          f"{shifted.shape[0]}, {older.shape[0]}, {old.shape[0]}")
     if not cython.compiled:
