@@ -298,3 +298,75 @@ def test_the_loops_units_are_the_numpy_passes(incs, e):
         assert out.tobytes() == want.tobytes()
     with pytest.raises(ValueError):
         repeats.units(incs, u, np.empty(len(incs)))
+
+
+class _View:
+    """What `fold.RecordView._same_plain` reads of a view: its window's first and size words, which records have
+    ids shifted, which are older objects'."""
+
+    def __init__(self, w0, size, shifted, older):
+        self.w0, self.size, self.shifted, self.older = w0, size, shifted, older
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(got=windows_of(), data=st.data())
+def test_the_loops_comparison_with_a_view_is_the_numpy_passes(got, data):
+    """A window's view (by the numpy passes) and the records of a later window: the window again with every id of its
+    own objects ``shift`` more (the older objects' ids anything), or with one field of one record changed, or another
+    shift: the loop answers whether they are the view's as numpy's passes answer (`RecordView._same_plain`)."""
+    rows, base, n = got
+    if not rows:
+        return
+    shift = data.draw(st.integers(0, 40))
+    rec = repeated_records(rows, 2, shift)
+    N, words = len(rows), fold._words(rec)
+    view = fold._window_plain(words[:N, 0].copy(), words[:N, 2].copy(), N, 1, -1)
+    if view is None:
+        return
+    w0, size, shifted, older = view[:4]
+    older_ids = [x for x in older.tolist() if rec["id"][N + x] != NO_ID]
+    for x in data.draw(st.lists(st.sampled_from(older_ids), max_size=2)) if older_ids else []:
+        rec["id"][N + x] = data.draw(st.integers(0, 60))           # an older object's id: not compared
+    field = data.draw(st.sampled_from(["kind", "id", "size", "stream", "flags", None]))
+    if field is not None:
+        x = N + data.draw(st.integers(0, N - 1))
+        bits = 8 * rec.dtype[field].itemsize
+        rec[field][x] = (int(rec[field][x]) + data.draw(st.integers(1, 3))) % (1 << bits)
+    asked = data.draw(st.sampled_from([shift, shift + 1, max(0, shift - 1)]))
+    words = fold._words(rec)
+    mode = shifted.astype(np.uint8)
+    mode[older] = 2
+    want = fold.RecordView._same_plain(_View(w0, size, shifted, older), words, N, asked)
+    assert repeats.same(words, N, w0, size, mode, asked) == want
+    if field is None and asked == shift:
+        assert want                                                 # the window again, by the view's own shift
+
+
+def test_the_comparison_loop_refuses_what_it_would_read_out_of_bounds():
+    """Compiled, `repeats.same` reads without bounds checks: a window past the records, columns shorter than it, a
+    shift outside an id's range raise ValueError in both builds."""
+    rec = repeated_records([(ALLOC, 0, 0, 1, 8), (FREE, 0, 0, 1, 8)], 2, 1)
+    words = fold._words(rec)
+    w0, size, mode = words[:2, 0].copy(), words[:2, 2].copy(), np.ones(2, np.uint8)
+    for lo, s, m, shift in [(3, size, mode, 1), (-1, size, mode, 1), (2, size[:1], mode, 1), (2, size, mode[:1], 1),
+                            (2, size, mode, -1), (2, size, mode, 1 << 32)]:
+        with pytest.raises(ValueError):
+            repeats.same(words, lo, w0, s, m, shift)
+    assert repeats.same(words, 2, w0, size, mode, 1) and not repeats.same(words, 2, w0, size, mode, 2)
+
+
+@pytest.mark.parametrize("field", ["kind", "flags", "stream", "size"])
+def test_a_record_without_an_id_is_compared_whole(field):
+    """A window's record with no id (a MARK here) is its view's only if every word is: one changed field makes the
+    window another's, for the loop as for numpy's passes."""
+    rows = [(ALLOC, 0, 0, 5, 8), (MARK, 0, 0, NO_ID, 0), (FREE, 0, 0, 5, 8)]
+    rec = repeated_records(rows, 2, 1)
+    words = fold._words(rec)
+    w0, size, shifted, older = fold._window_plain(words[:3, 0].copy(), words[:3, 2].copy(), 3, 1, -1)[:4]
+    mode = shifted.astype(np.uint8)
+    mode[older] = 2
+    view = _View(w0, size, shifted, older)
+    assert repeats.same(words, 3, w0, size, mode, 1) and fold.RecordView._same_plain(view, words, 3, 1)
+    rec[field][4] += 1                      # the second window's MARK
+    words = fold._words(rec)
+    assert not repeats.same(words, 3, w0, size, mode, 1) and not fold.RecordView._same_plain(view, words, 3, 1)

@@ -1,11 +1,12 @@
 """The passes folding makes over a trace's records, as C loops in the compiled build (docs/architecture.md,
 "Folding" and "The compiled build"): each step's signature (`signatures`), how far records repeat those a period
 before (`repeating`), which steps start or end runs that repeat with a period (`repeating_table`), what a window's
-record-for-record view reads of its records (`window`), and a recorded window's increments in units of a binade
-(`units`).
+record-for-record view reads of its records (`window`), whether a later window's records are a view's
+(`same`), and a recorded window's increments in units of a binade (`units`).
 
 `allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
-`repeating_steps`, `_window_plain`, `_units_plain`), and takes these only where this module is compiled
+`repeating_steps`, `_window_plain`, `RecordView._same_plain`, `_units_plain`), and takes these only where this
+module is compiled
 (`COMPILED`): interpreted, a loop here is a Python loop, many times numpy's time, which only the tests run.
 Compiled, each is one pass over the records' machine words (or the increments) with no temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
 real runs and on records a property test makes, in both builds.
@@ -267,4 +268,40 @@ def units(incs, u, out):
             return False
         total += whole + 1.0 if frac > 0.5 else whole
         out[x + 1] = total
+    return True
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+@cython.overflowcheck(False)
+@cython.locals(N=cython.Py_ssize_t, x=cython.Py_ssize_t, w=cython.ulonglong, t=cython.ulonglong,
+               up=cython.ulonglong, low=cython.ulonglong, m=cython.uchar)
+def same(words, lo, w0, size, mode, shift):
+    """Whether the ``len(w0)`` records from trace index ``lo`` are a window view's (`fold.RecordView`): record ``x``'s
+    first word ``w0[x]`` again where ``mode[x]`` is 0, with its id ``shift`` more where 1 (the words' difference,
+    wrapped to 64 bits, is ``shift << 32``), the same but for the id where 2 (an older object's record), and its size
+    ``size[x]`` each; `RecordView._same_plain`'s answer. ValueError where the records or the view's columns are
+    shorter than the window, or ``shift`` lies outside 0 to 2**32 - 1 (an id's range)."""
+    N = w0.shape[0]
+    if lo < 0 or lo + N > words.shape[0] or words.shape[1] < 3 or size.shape[0] < N or mode.shape[0] < N or \
+            not 0 <= shift <= 0xFFFFFFFF:
+        raise ValueError(f"same: {N} records from {lo} of {words.shape[0]}, columns {size.shape[0]}, "
+                         f"{mode.shape[0]}, shift {shift}")
+    if not cython.compiled:
+        words, w0, size = _exact(words), _exact(w0), _exact(size)
+    up, low = (shift << 32) & WORD, 0xFFFFFFFF
+    for x in range(N):
+        w = words[lo + x, 0]
+        t = w0[x]
+        m = mode[x]
+        if m == 1:
+            if ((w - t) & WORD) != up:
+                return False
+        elif m == 2:
+            if (w & low) != (t & low):
+                return False
+        elif w != t:
+            return False
+        if words[lo + x, 2] != size[x]:
+            return False
     return True
