@@ -148,5 +148,5 @@ class cython:    # noqa: N801  (it stands for the module of that name)
     locals = staticmethod(lambda **types: _as_is)
     returns = staticmethod(lambda type_: _as_is)
     boundscheck = wraparound = overflowcheck = staticmethod(lambda on: _as_is)     # directives: nothing to do
-    longlong, ulonglong, double, Py_ssize_t, bint = (_Type(n) for n in ("longlong", "ulonglong", "double",
-                                                                         "Py_ssize_t", "bint"))
+    longlong, ulonglong, uchar, double, Py_ssize_t, bint = (_Type(n) for n in ("longlong", "ulonglong", "uchar",
+                                                                                "double", "Py_ssize_t", "bint"))
