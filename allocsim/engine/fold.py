@@ -404,8 +404,9 @@ def _runs(start: float, incs: np.ndarray, times: int, memo: dict | None = None):
 def _units(incs: np.ndarray, u: float) -> np.ndarray | None:
     """The running sum of ``incs`` in units ``u`` rounded to nearest, from 0 (`_runs`), or None where an increment
     ends in exactly half a unit or reaches ``2**53`` units (left to the additions). One C pass where `repeats` is
-    compiled (`repeats.units`: numpy's five passes took 90 us on a small GPT's window of 2,800 increments, twice a
-    fold), else `_units_plain`: the same numbers (tests/test_repeats.py)."""
+    compiled (`repeats.units`: numpy's five passes took 90 us on a small GPT's window of 2,800 increments, once for
+    the window's check and once for its repeats, before `Recorder.stop` kept them), else `_units_plain`: the same
+    numbers (tests/test_repeats.py)."""
     if not repeats.COMPILED:
         return _units_plain(incs, u)
     out = np.empty(len(incs) + 1)

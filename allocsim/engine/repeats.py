@@ -6,10 +6,10 @@ record-for-record view reads of its records (`window`), whether a later window's
 
 `allocsim.engine.fold` keeps the plain versions, in numpy (`Steps._signatures`, `repeating_records`,
 `repeating_steps`, `_window_plain`, `RecordView._same_plain`, `_units_plain`), and takes these only where this
-module is compiled
-(`COMPILED`): interpreted, a loop here is a Python loop, many times numpy's time, which only the tests run.
-Compiled, each is one pass over the records' machine words (or the increments) with no temporaries. The two give the same answers, number for number: tests/test_repeats.py holds them to each other on
-real runs and on records a property test makes, in both builds.
+module is compiled (`COMPILED`): interpreted, a loop here is a Python loop, many times numpy's time, which only the
+tests run. Compiled, each is one pass over the records' machine words (or the increments) with no temporaries. The
+two give the same answers, number for number: tests/test_repeats.py holds them to each other on real runs and on
+records a property test makes, in both builds.
 
 The records are read as `fold._words` lays them out: five 64-bit words a record, the first holding the kind (its
 low byte), the flags, the stream (bits 16-31) and the id (the high 32 bits), the third the size. O(records read)
