@@ -888,11 +888,11 @@ def recorded(trace, policy, monkeypatch, *, tape: bool):
     recorded (the fused loop onto the tape; the plain walk), and the replay's result and state. ``tape`` False:
     the windows are recorded plainly, as before the fused loops could record."""
     programs, drove = [], {"fused": 0, "plain": 0}
-    stop, walk_fused, walk_plain = fold.Recorder.stop, Replay._walk_fused, Replay._walk_plain
+    fold_window, walk_fused, walk_plain = fold.Folder._fold_window, Replay._walk_fused, Replay._walk_plain
 
-    def spy_stop(self):
-        programs.append(stop(self))
-        return programs[-1]
+    def spy_window(self, program, rec, until):      # (the windows', not the lap journal's stretches)
+        programs.append(program)
+        return fold_window(self, program, rec, until)
 
     def spy_fused(self, c, lo, hi, lat, tape=None):
         if tape is not None:
@@ -904,7 +904,7 @@ def recorded(trace, policy, monkeypatch, *, tape: bool):
             drove["plain"] += hi - lo
         return walk_plain(self, c, lo, hi, lat_append)
     with monkeypatch.context() as m:
-        m.setattr(fold.Recorder, "stop", spy_stop)
+        m.setattr(fold.Folder, "_fold_window", spy_window)
         m.setattr(Replay, "_walk_fused", spy_fused)
         m.setattr(Replay, "_walk_plain", spy_plain)
         if not tape:
@@ -1615,13 +1615,16 @@ def test_a_reuse_told_record_for_record_refuses_what_the_events_refuse(monkeypat
         assert got == plain, (mark, got, plain)
 
 
-@pytest.mark.parametrize("name, steps, lap", [("gpt2s-fixed", 215, 50), ("resnet18-eval100", 560, 100)])
-def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, name, steps, lap):
+@pytest.mark.parametrize("name, steps, lap, first", [("gpt2s-fixed", 215, 50, 102), ("resnet18-eval100", 560, 100, 255)])
+def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, name, steps, lap, first):
     """Real runs broken by a logging or evaluation step every 50 steps (GPT-2 small; ResNet-18, which also
-    evaluates every 100): once a recorded window's state is reused a lap after its last reuse, the lap is recorded
-    (its folds and the stretches walked between them) and the laps after it are added at once (`Folder._lap_close`),
-    only the first checked event by event; the result is the full walk's, and a lap that does not repeat is not
-    added (`LAP_TRIES`)."""
+    evaluates every 100): the folds and the stretches walked between them are recorded from the first fold on
+    (`Journal`), and once a recorded window's state is reused a lap after a fold from it, the laps after it are
+    added at once (`Folder._lap_close`), the lap walked once only, no window checked event by event past the
+    first; the result is the full walk's, and a lap that does not repeat is not added (`LAP_TRIES`). The first lap
+    added is the second walked: GPT-2 small's folds from step 52's state come round at 102 (until 2026-12-03 the
+    lap walked from there was recorded, and the first added at 152); ResNet-18's first lap of 100 steps ends at 255,
+    a fold from its state having started at 155."""
     trace = real_steps(name, steps)
     closed, events = [], []
     close, windows = fold.Folder._lap_close, fold.windows_repeat
@@ -1632,6 +1635,7 @@ def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, nam
     r.run()
     laps = [(p, first, n) for p, first, n in r._folder.periods if p == lap]
     assert closed.count(True) == 2 and len(laps) == 1 and laps[0][2] >= lap, (closed, r._folder.periods)
+    assert laps[0][1] == first, r._folder.periods
     marks = fold.steps_of(trace).marks
     assert how["steps"] == r.folded["steps"] and max(events, default=0) < fold._count_between(
         trace.records, marks[0], marks[lap]), max(events)
@@ -1646,10 +1650,8 @@ def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, nam
     assert res == full["result"]
     # a lap whose old objects' blocks disagree (each freed object held another block at the lap's start) is not
     # added, and the result is still the full walk's
-    def moved(self, here, until):
-        b1 = self.lap.b1
-        self.lap.b1 = fold.Boundary(b1.at, b1.mark, {i: a + 256 for i, a in b1.addr.items()})
-        return close(self, here, until)
+    def moved(self, here, key, p, until):
+        return close(self, fold.Boundary(here.at, here.mark, {i: a + 256 for i, a in here.addr.items()}), key, p, until)
     monkeypatch.setattr(fold.Folder, "_lap_close", moved)
     r = Replay(trace, "torch")
     r.run()

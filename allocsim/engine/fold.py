@@ -99,8 +99,9 @@ RESUME_WAIT = 4
 #: Resumes from one cycle state whose events did not repeat the cycle's (`Folder._resume`) before it is not tried
 #: from that state again (a break that leaves two old objects in each other's blocks does so at every break).
 RESUME_TRIES = 2
-#: Laps recorded that did not repeat (`Folder._lap_close`) before no lap is recorded again.
-LAP_TRIES = 2
+#: Laps that did not repeat (`Folder._lap_close`) before no journal is kept again; the folds from each state a journal
+#: keeps (`Journal.starts`, the latest); the clock increments it holds at most (past them it starts afresh).
+LAP_TRIES, LAP_STARTS, LAP_INCREMENTS = 2, 4, 1 << 22
 GROUP = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
@@ -245,7 +246,8 @@ class Recorder:
         for name, value in self.start.items():
             self._put(name, RecFloat.on(value, self.tapes[name], 0))
         self.adds: list = []            # (path, seconds spec, calls) of every section added, in order
-        self.lat: list = []             # (a, b) clock positions of every latency, in order: (n, 2) arrays
+        self.lat: list = []             # every latency, in order: a count of the fused loop's next ones, or
+        #                                 their (a, b) clock positions, ``((n, 2) array, fused ones among them)``
         self.taken = 0                  # the fused loop's latencies taken (`Tape.latency_ends`)
         add = sections.add
 
@@ -274,11 +276,13 @@ class Recorder:
         is a fused loop's, ending where `Tape.latency_ends` says (a piece walked by the fused loop alone: taken at once)."""
         clock = self.tapes["clock"]
         fused, k = clock.latency_ends, self.taken
-        if set(map(type, lat)) <= {float}:     # (all plain: the fused loop walked the piece alone)
+        if set(map(type, lat)) <= {float}:     # (all plain: the fused loop walked the piece alone: read at `stop`)
             if k + len(lat) > len(fused):
                 return False
-            ends = np.frombuffer(fused)[k:k + len(lat)].astype(np.int64)
-            self.lat.append(np.stack((ends - 1, ends), axis=1))
+            if self.lat and type(self.lat[-1]) is int:
+                self.lat[-1] += len(lat)
+            else:
+                self.lat.append(len(lat))
             self.taken = k + len(lat)
             return True
         pairs = []
@@ -290,7 +294,7 @@ class Recorder:
                 pairs.append((d.a, d.b))
             else:
                 return False
-        self.lat.append(np.array(pairs, np.int64).reshape(-1, 2))
+        self.lat.append((np.array(pairs, np.int64).reshape(-1, 2), k - self.taken))
         self.taken = k
         return True
 
@@ -319,7 +323,20 @@ class Recorder:
                 ok = False
         if not ok or self.taken != len(clock.latency_ends):
             return None
-        return Program(incs, np.concatenate(self.lat) if self.lat else np.zeros((0, 2), np.int64), adds, units)
+        return Program(incs, self._latencies(), adds, units)
+
+    def _latencies(self) -> np.ndarray:
+        """Every latency's (a, b) positions on the clock's tape, in order: a run of the fused loop's ends where
+        `take_latencies` counted them."""
+        ends, k, parts = np.frombuffer(self.tapes["clock"].latency_ends).astype(np.int64), 0, []
+        for got in self.lat:
+            if type(got) is int:
+                parts.append(np.stack((ends[k:k + got] - 1, ends[k:k + got]), axis=1))
+                k += got
+            else:
+                parts.append(got[0])
+                k += got[1]
+        return np.concatenate(parts) if parts else np.zeros((0, 2), np.int64)
 
 
 def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
@@ -499,19 +516,24 @@ class Chain:
                 program.repeat(times, device, runtime, sections, latency)
 
 
-class Lap:
-    """A run broken by an evaluation every so many steps goes round the same folds and walks: a lap is the
-    stretch from a reuse of a recorded window's state (`Folder._reuse`) to the next reuse of that state, where
-    the one before ran as long (``b0`` to ``b1``, the template, ``b1`` to the next, recorded). It is recorded as
-    it goes: each fold's `Program` and count, and each stretch walked between folds onto a `Recorder`'s tapes
-    (through the policy's fused loop: `Policy.fused_tape`) -- `Folder._lap_close` repeats the whole (`Chain`)."""
+class Journal:
+    """What the walk added since the folder's first fold, part by part, so that a lap can be repeated: a run broken
+    by an evaluation every so many steps goes round the same folds and walks, and a lap is the stretch from a fold
+    from one state to the next fold from that state (`Folder._lap_close`). Each fold's `Program` and count is kept,
+    and each stretch walked between folds is recorded onto a `Recorder`'s tapes (through the policy's fused loop:
+    `Policy.fused_tape`); ``starts`` says where each state's folds began (its boundary, the part its fold is, the
+    counts there). From any of them to a later fold from the same state, the parts are one lap (`Chain`): recorded
+    already when the state comes round the first time, so a lap is added as soon as it has been walked once (until
+    2026-12-03 a lap was recorded only after one had been walked, a third lap the first added: a 300-step run broken
+    every 50 steps, whose state comes back a lap later, at step 55 and 155, folded none)."""
 
-    __slots__ = ("b0", "b1", "key", "before", "parts", "recorder")
+    __slots__ = ("parts", "recorder", "starts", "events")
 
-    def __init__(self, b0: Boundary, b1: Boundary, key: bytes, before: "Counts"):
-        self.b0, self.b1, self.key, self.before = b0, b1, key, before
+    def __init__(self):
         self.parts: list = []               # (Program, times), in order
         self.recorder = None                # the stretch being walked since the last fold
+        self.starts: dict[bytes, list] = {}     # state -> [(Boundary, part index, Counts)], the last `LAP_STARTS`
+        self.events = 0                     # increments kept in the parts (`LAP_INCREMENTS`)
 
 
 # ---- the trace side: the events a window compares -----------------------------------------------------
@@ -1001,9 +1023,8 @@ class Folder:
         self.recent: list[tuple[Boundary, bytes]] = []  # the last boundaries fingerprinted, with their fingerprints
         self.gave_up_at = None                  # the step the folder gave up at (`Budget`): the walk goes on plainly
         self.budget = Budget()
-        self.reused: dict[bytes, Boundary] = {}     # where a fold last started from each state (a lap's start)
-        self.lap: Lap | None = None             # the lap being recorded (`_lap_fold`)
-        self.lap_misses = 0                     # laps recorded that did not repeat (`LAP_TRIES`)
+        self.journal: Journal | None = None     # what the walk added since the first fold, to cut laps from
+        self.lap_misses = 0                     # laps that did not repeat (`LAP_TRIES`)
         self.swapped_until = -1                 # no resume asked before this trace index (`swapped`)
 
     @property
@@ -1011,7 +1032,7 @@ class Folder:
         """What the walk records onto now: the window's `Recorder`, or the lap's stretch's, else None."""
         if self.rec is not None:
             return self.rec[0]
-        return None if self.lap is None else self.lap.recorder
+        return None if self.journal is None else self.journal.recorder
 
     @property
     def active(self) -> bool:
@@ -1065,15 +1086,11 @@ class Folder:
         if self.rec is not None and x >= self.rec[1]:
             if self._end_window(x, until):
                 return True         # folded; else a boundary here is taken below, at its own position
-            self._drop_lap()        # (the window walked is no part of the lap)
         reached = self.next_mark
         while self.next_mark < len(self.marks) and self.marks[self.next_mark] <= x:
             self.next_mark += 1
         if self.next_mark == reached or self.rec is not None:
             return False
-        lap = self.lap
-        if lap is not None and self.marks[self.next_mark - 1] > 2 * lap.b1.at - lap.b0.at:
-            self._drop_lap()        # walked past where the lap should have come round: not recorded on
         return self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
 
     def passed(self, x: int) -> None:
@@ -1272,10 +1289,18 @@ class Folder:
 
     def _end_window(self, x: int, until) -> bool:
         """The recorded window is walked: if it can be repeated exactly and the state is back where it began,
-        add every following window that repeats (up to ``until``) and move the walk past them; True then."""
-        recorder, end, i, j, key, P, before, zero, p, view = self.rec
-        self.rec = None
-        program = recorder.stop()
+        add every following window that repeats (up to ``until``) and move the walk past them; True then. Else
+        the window walked is one more stretch of the journal (`_lap_walked`)."""
+        rec, self.rec = self.rec, None
+        program = rec[0].stop()
+        if self._fold_window(program, rec, until):
+            return True
+        self._lap_walked(program)
+        return False
+
+    def _fold_window(self, program: "Program | None", rec: tuple, until) -> bool:
+        """`_end_window`'s fold, the window walked recorded as ``program`` (None: it cannot be repeated)."""
+        _, end, i, j, key, P, before, zero, p, view = rec
         after = self._counts()
         if program is None or after.walk.settled != before.walk.settled:    # a skipped FREE, an OOM, a new peak
             self.cycles.pop(key, None)
@@ -1309,7 +1334,7 @@ class Folder:
             first, D = run                                              # its ids the walked one's, k * D more
             first += 0 if resumed else D        # (the walked window: the template's follower, or, resumed, itself)
             rename = {h: h + k * D for h in self.r.handles if first <= h < first + D}
-        self._lap_fold(walked, key, until, j.mark - i.mark, before)     # (a lap may start where the window did)
+        self._lap_fold(walked, key, until, j.mark - i.mark, before, resumed)     # (a lap may start where it did)
         self._skip(program, k, before, after, end, new_end, P, (j.mark - i.mark, j.mark + 1), zero, rename)
         self._lap_folded(program, 1 + k)                # (the window walked, and the ``k`` after it)
         if self.r.runtime.eager:
@@ -1412,9 +1437,9 @@ class Folder:
         those the last window skipped leaves where the recorded window left its own (by block). Told record for
         record where the recorded window allows it (`RecordView`), else by the events gathered
         (`_reused_by_events`): the two answer alike (tests/test_fold.py holds them to it)."""
-        if self.lap is not None and self.lap.key == key and self._lap_close(here, until):
-            return True
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
+        if self.journal is not None and key in self.journal.starts and self._lap_close(here, key, p, until):
+            return True
         if not self._alike(walked.mark, here.mark, p):
             return False            # the steps from here are not the recorded window's twice: no events read
         got = self._reused_by_records(here, key, until)
@@ -1423,7 +1448,7 @@ class Folder:
         if not got:
             return False
         k, new_end, rename = got
-        self._lap_fold(here, key, until, p)
+        self._lap_fold(here, key, until, p, None, True)
         self._skip(program, k, before, after, here.at + 1, new_end, P, (p, here.mark + 1), zero, rename)
         self._lap_folded(program, k)
         return True
@@ -1487,120 +1512,159 @@ class Folder:
         last = _events_before(records, new_end, P)
         return k, new_end, dict(zip(ids[new].tolist(), last.id[place[y[new]]].tolist()))
 
-    # -- laps: a run broken periodically, folded a lap at a time (`Lap`) ---------------------------------------
-    def _lap_fold(self, here: Boundary, key: bytes, until, period: int, before: "Counts | None" = None) -> None:
+    # -- laps: a run broken periodically, folded a lap at a time (`Journal`) -----------------------------------
+    def _lap_fold(self, here: Boundary, key: bytes, until, period: int, before: "Counts | None" = None,
+                  back: bool = False) -> None:
         """A fold from ``here`` is about to be made (a reuse; or a recorded window's, ``before`` the counts where
-        it started): the lap's stretch walked since its last fold ends (recorded), or a lap starts here
-        (`_lap_start`)."""
-        if self.lap is None:
-            self._lap_start(here, key, until, period, before)
+        it started, ``period`` its steps): the journal's stretch walked since its last fold ends (recorded), or,
+        where the run came ``back`` to a state a fold went through (a reuse, a resume: laps are runs that come
+        back), the journal starts here -- for a policy whose fused loop records (`Replay.records_fused`: a stretch
+        recorded costs about what walking it does; still, 10-15 % more on a small GPT where no lap came round,
+        from the first fold on), under the eager runtime (the only one a reuse, and so a lap, folds under). Where
+        this state's folds start is kept (`Journal.starts`)."""
+        r = self.r
+        journal = self.journal
+        if journal is None:
+            if not back or self.lap_misses >= LAP_TRIES or not r.records_fused or r.policy.renumber is not None \
+                    or not r.runtime.eager:
+                return
+            journal = self.journal = Journal()
         else:
             self._lap_pause()       # (after a window: paused already)
-        self.reused[key] = here
+            if self.journal is None:
+                return
+        starts = journal.starts.setdefault(key, [])
+        starts.append((here, len(journal.parts), self._counts() if before is None else before))
+        del starts[:-LAP_STARTS]
 
     def _lap_pause(self) -> None:
-        """The lap's stretch walked since its last fold ends here (a fold, or a window recorded from here): kept
-        as one of its parts, or, where it cannot be repeated exactly, the lap is dropped."""
-        lap = self.lap
-        if lap is not None and lap.recorder is not None:
-            program = lap.recorder.stop()
-            lap.recorder = None
-            if program is None:
-                self._drop_lap()
-            elif program.adds_anything():
-                lap.parts.append((program, 1))
+        """The journal's stretch walked since its last fold ends here (a fold, or a window recorded from here):
+        kept as one of its parts (`_lap_walked`)."""
+        journal = self.journal
+        if journal is not None and journal.recorder is not None:
+            recorder, journal.recorder = journal.recorder, None
+            self._lap_walked(recorder.stop(), go_on=False)
 
-    def _lap_start(self, here: Boundary, key: bytes, until, period: int, before: "Counts | None" = None) -> None:
-        """Start a lap at ``here`` where its state was last folded from, or seen (the most recent `TRIES` such
-        boundaries more than the window's ``period`` steps back: a lap holds more than its window), a number of
-        steps ago whose ALLOC counts the two laps after ``here`` repeat (a pre-check, read for nothing), and two
-        more laps fit in the trace: for a policy whose fused loop records (`Replay.records_fused`: a stretch
-        recorded costs what walking it does). ``before``: the counts where the fold started (else now)."""
-        r = self.r
-        if self.lap_misses >= LAP_TRIES or not r.records_fused or r.policy.renumber is not None:
+    def _lap_walked(self, program: "Program | None", go_on: bool = True) -> None:
+        """A stretch walked (``program`` its recording; None: it cannot be repeated exactly, and the journal is
+        dropped) is the journal's next part; ``go_on``: the journal records the walk on from here."""
+        journal = self.journal
+        if journal is None:
             return
-        stop = len(r.trace.records) if until is None else until
-        earlier = [b for b in [self.reused.get(key), *self.seen.get(key, [])[::-1]]
-                   if b is not None and b.mark < here.mark - period]        # (a lap holds more than the window)
-        for b0 in earlier[:TRIES]:
-            p, R = here.mark - b0.mark, here.at - b0.at
-            if here.at + 2 * R <= stop and self.steps.counts_repeat(b0.mark, p, 2 * p):
-                self.lap = Lap(b0, here, key, self._counts() if before is None else before)
-                return
+        if program is None:
+            self._drop_lap()
+            return
+        if program.adds_anything():
+            journal.parts.append((program, 1))
+            journal.events += len(program.incs["clock"])
+        if go_on:
+            self._lap_go_on()
 
     def _lap_folded(self, program: Program, k: int) -> None:
-        """A reuse folded ``k`` windows of ``program``: the lap records it, and the stretch walked from here."""
-        if self.lap is not None:
-            self.lap.parts.append((program, k))
-            r = self.r
-            self.lap.recorder = Recorder(r.device, r.runtime, r.sections)
+        """A fold added ``k`` windows of ``program``: the journal keeps it, and records the stretch walked from here."""
+        journal = self.journal
+        if journal is not None:
+            journal.parts.append((program, k))
+            journal.events += len(program.incs["clock"])
+            self._lap_go_on()
 
-    def _lap_close(self, here: Boundary, until) -> bool:
-        """The lap came round to its state at ``here``: if it ran as long as the one before it (its template,
-        from ``b0``), its records repeat the template's with every id ``D`` more (`repeating_records`; ``D`` the
-        template's ALLOCs, its ids given in ALLOC order), every FREE in it of an object older than the template
-        frees the one holding the same block (by the two states' addresses) and allocated in the template, and
-        the laps after it repeat it record for record, add them all as it added (`Chain`) and move past them
-        (True). Else the lap is dropped, and ``here`` is reused as any boundary is.
+    def _lap_go_on(self) -> None:
+        """Record the stretch walked from here onto a new `Recorder` (a journal past `LAP_INCREMENTS` starts
+        afresh: its laps, longer than that, are not cut)."""
+        journal, r = self.journal, self.r
+        if journal.events > LAP_INCREMENTS:
+            journal = self.journal = Journal()
+        journal.recorder = Recorder(r.device, r.runtime, r.sections)
 
-        Record for record, as `_record_windows` argues for windows: a FREE in the walked lap frees the object
-        allocated ``R`` records after the one the template's FREE freed, or, for an object older than the
-        template, the one holding the same block (checked here, by address): its events repeat the template's as
-        `windows_repeat` asks, without gathering them (a lap is tens of steps)."""
-        lap, self.lap = self.lap, None
-        program = lap.recorder.stop() if lap.recorder is not None else None
-        b0, b1, r = lap.b0, lap.b1, self.r
-        R, p = b1.at - b0.at, b1.mark - b0.mark
-        if until is not None and here.at + R > until:
-            return False                # (no whole lap before the walk's target: a stepped replay's -1 included)
-        after = self._counts()
+    def _lap_close(self, here: Boundary, key: bytes, p: int, until) -> bool:
+        """A fold from ``here`` is asked (`_reuse`), whose state a fold in the journal started from (``b``, the
+        most recent first, more than the state's window of ``p`` steps back, whose ALLOC counts the lap after
+        ``here`` repeats: read for nothing): the journal from ``b`` is a lap, the template. If the laps after
+        ``here`` repeat it record for record (`repeating_records`, every id ``D`` more: ``D`` the template's
+        ALLOCs, its ids given in ALLOC order), and every FREE in it of an object older than the template frees
+        the one holding the same block (by the two states' addresses) and allocated in the template, add them
+        all as the template added (`Chain`), rename the live objects the template allocated, and move past them
+        (True). A template whose records say no counts as a miss (`LAP_TRIES`).
+
+        Record for record, as `_record_windows` argues for windows: the state at ``here`` is the state at ``b``;
+        a FREE in a lap after ``here`` frees the object allocated ``R`` records after the one the FREE ``R`` records
+        before freed, or, for an object older than ``here``, the one holding the same block as the template's freed
+        object did at ``b`` (an object the template allocated: checked here, by address)."""
+        journal, r = self.journal, self.r
         records, words = r.trace.records, _words(r.trace.records)
-        D = int(self.steps.allocs[b1.mark] - self.steps.allocs[b0.mark])
-        if program is None or here.at - b1.at != R or after.walk.settled != lap.before.walk.settled \
-                or words is None or D == 0 or repeating_records(words, b1.at, R, D, here.at) < here.at:
-            self.lap_misses += 1
-            return False
-        kind = r.trace.kinds[b0.at:b1.at]                   # the template's
-        allocs = b0.at + np.flatnonzero(kind == ALLOC)
-        made = records["id"][allocs].astype(np.int64)
-        freed = records["id"][b0.at + np.flatnonzero(kind == FREE)].astype(np.int64)
+        stop = len(records) if until is None else min(len(records), until)
+        for b, index, before in reversed(journal.starts.get(key, ())):
+            q, R = here.mark - b.mark, here.at - b.at
+            if q <= p or here.at + R > stop or not self.steps.counts_repeat(b.mark, q, q):
+                continue
+            got = self._lap_repeats(b, here, before, words, stop)
+            if got is None:
+                self.lap_misses += 1
+                if self.lap_misses >= LAP_TRIES:
+                    self._drop_lap()
+                    return False
+                continue
+            k, D, (lo, ours), zero, after = got
+            if k == 0:
+                continue
+            recorder, journal.recorder = journal.recorder, None
+            program = recorder.stop() if recorder is not None else None
+            if recorder is not None and program is None:
+                self._drop_lap()
+                return False
+            parts = journal.parts[index:] + ([(program, 1)] if program is not None and program.adds_anything()
+                                             else [])
+            walked = [i for i in r.handles if lo <= i < lo + len(ours) and ours[i - lo]]    # live, made in the template
+            self.journal = None
+            self._skip(Chain(parts), k, before, after, here.at, here.at + k * R, 0, (q, here.mark + 1), zero,
+                       {i: i + k * D for i in walked})
+            return True
+        return False
+
+    def _lap_repeats(self, b: Boundary, here: Boundary, before: "Counts", words, stop: int) -> "tuple | None":
+        """`_lap_close`'s comparison of the laps after ``here`` (up to ``stop``) with the template from ``b``: ``(k, D,
+        (lo, ours), zero, after)`` -- the laps that repeat it (0: none whole before ``stop``), the ids' growth a lap,
+        the ids the template allocated (``ours[i - lo]``), whether it allocates 0 bytes, the counts now -- or None
+        where the template cannot be repeated."""
+        r = self.r
+        records = r.trace.records
+        after = self._counts()
+        D = int(self.steps.allocs[here.mark] - self.steps.allocs[b.mark])
+        if after.walk.settled != before.walk.settled or words is None or D == 0:
+            return None
+        kind = r.trace.kinds[b.at:here.at]
+        allocs = np.flatnonzero(kind == ALLOC)
+        ids = np.array(records["id"][b.at:here.at], np.int64)     # (one pass over the template's records)
+        made, freed = ids[allocs], ids[np.flatnonzero(kind == FREE)]
         lo, hi = int(made.min()), int(made.max())
         if D <= hi - lo:
-            self.lap_misses += 1        # (ids not given lap after lap)
-            return False
+            return None         # (ids not given lap after lap)
         ours = np.zeros(hi - lo + 1, bool)
         ours[made - lo] = True
         inside = (freed >= lo) & (freed <= hi)
         older = freed[~inside | ~ours[np.clip(freed - lo, 0, hi - lo)]]    # freed, made before the template
-        later = older + D           # what the walked lap frees in their place: made in the template, same block
+        later = older + D           # what the next lap frees in their place: made in the template, same block
         if len(older) and not (((later >= lo) & (later <= hi)).all() and ours[later - lo].all() and all(
-                b0.addr.get(h) is not None and b0.addr.get(h) == b1.addr.get(g)
+                b.addr.get(h) is not None and b.addr.get(h) == here.addr.get(g)
                 for h, g in zip(older.tolist(), later.tolist()))):
-            self.lap_misses += 1
-            return False
-        laps = self.steps.repeating_for(b1.mark, p, here.mark)  # (laps whose counts repeat: no more is read)
-        stop = len(records) if until is None else min(len(records), until)
+            return None
+        p = here.mark - b.mark
+        laps = self.steps.repeating_for(b.mark, p, here.mark)  # (laps whose counts repeat: no more is read)
         if here.mark + laps * p < len(self.marks):
             stop = min(stop, int(self.marks[here.mark + laps * p]))
-        q = repeating_records(words, here.at, R, D, stop) if laps else here.at
-        k = (q - here.at) // R
-        if k <= 0:
-            return False
-        self.steps.repeated(here.at, q, R, p, D)
-        zero = bool((records["size"][allocs] == 0).any())   # the lap's 0-byte ALLOCs
-        walked = {i for i in self.r.handles if lo + D <= i <= hi + D and ours[i - lo - D]}   # live, made in it
-        parts = lap.parts + ([(program, 1)] if program.adds_anything() else [])
-        self._skip(Chain(parts), k, lap.before, after, here.at, here.at + k * R, 0, (here.mark - b1.mark,
-                   here.mark + 1), zero, {i: i + k * D for i in walked})
-        del self.reused[lap.key]        # (a lap starts again where this state is next reused twice)
-        return True
+        q = repeating_records(words, here.at, here.at - b.at, D, stop) if laps else here.at
+        k = (q - here.at) // (here.at - b.at)
+        if k:
+            self.steps.repeated(here.at, q, here.at - b.at, p, D)
+        zero = bool((records["size"][b.at + allocs] == 0).any())   # the template's 0-byte ALLOCs
+        return k, D, (lo, ours), zero, after
 
     def _drop_lap(self) -> None:
-        """Stop recording the lap (its totals go back to plain floats): it will not be repeated."""
-        if self.lap is not None:
-            if self.lap.recorder is not None:
-                self.lap.recorder.stop()
-            self.lap = None
+        """Stop keeping the journal (its totals go back to plain floats): no lap is cut from it."""
+        if self.journal is not None:
+            if self.journal.recorder is not None:
+                self.journal.recorder.stop()
+            self.journal = None
 
     def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
               zero: bool, rename: dict | None = None) -> None:
