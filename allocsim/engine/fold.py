@@ -26,9 +26,9 @@ walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 A run broken by an evaluation (or any step of another shape) folds again without searching from scratch: where
 the state comes back to one a recorded window started from, the windows from there are added with that
 recording, none walked (`Folder._reuse`); where it comes back into a cycle folded before, its window is recorded
-at once (`Folder._resume`). A run broken every so many steps goes round the same folds and walks: from a state's
-reuse to its next reuse, a lap (`Lap`), recorded as it goes and added as many times as the laps after it repeat it
-(`Folder._lap_close`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
+at once (`Folder._resume`). A run broken every so many steps goes round the same folds and walks: from a fold
+from a state to the next fold from it, a lap, cut from what the walk added since it came back from a first break
+(`Journal`) and added as many times as the laps after it repeat it (`Folder._lap_close`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
@@ -298,6 +298,12 @@ class Recorder:
         self.taken = k
         return True
 
+    def release(self) -> None:
+        """Put plain floats back, making no `Program` (a recording dropped)."""
+        del self.sections.add
+        for name in self.tapes:
+            self._put(name, float(self._get(name)))
+
     def stop(self) -> "Program | None":
         """Put plain floats back; the window's `Program`, or None if it cannot be repeated exactly."""
         del self.sections.add
@@ -357,6 +363,8 @@ def _accumulate(start: float, incs: np.ndarray, times: int = 1) -> np.ndarray:
 def _total(start: float, incs: np.ndarray, times: int = 1, memo: dict | None = None) -> float:
     """The last of `_accumulate`'s totals, without making the others where it need not (``memo``: `_runs`')."""
     total = float(start)
+    if not len(incs) or not times:
+        return total        # (nothing added: a total a window never touched, most of a recorder's four)
     for _, base, offsets in _runs(start, incs, times, memo):
         total = float(offsets[-1] if base is None else base[-1] + offsets[-1])
     return total
@@ -503,7 +511,7 @@ class Program:
 
 
 class Chain:
-    """A lap's additions in order (`Lap`): each a `Program` and how many times over it adds (a fold's window ``k``
+    """A lap's additions in order (`Journal`): each a `Program` and how many times over it adds (a fold's window ``k``
     times, a stretch walked once). Repeated, each is added in turn, as the walk added them, so every float is
     the full walk's."""
 
@@ -517,15 +525,15 @@ class Chain:
 
 
 class Journal:
-    """What the walk added since the folder's first fold, part by part, so that a lap can be repeated: a run broken
-    by an evaluation every so many steps goes round the same folds and walks, and a lap is the stretch from a fold
-    from one state to the next fold from that state (`Folder._lap_close`). Each fold's `Program` and count is kept,
-    and each stretch walked between folds is recorded onto a `Recorder`'s tapes (through the policy's fused loop:
-    `Policy.fused_tape`); ``starts`` says where each state's folds began (its boundary, the part its fold is, the
-    counts there). From any of them to a later fold from the same state, the parts are one lap (`Chain`): recorded
-    already when the state comes round the first time, so a lap is added as soon as it has been walked once (until
-    2026-12-03 a lap was recorded only after one had been walked, a third lap the first added: a 300-step run broken
-    every 50 steps, whose state comes back a lap later, at step 55 and 155, folded none)."""
+    """What the walk added since it came back to a state a fold went through (a reuse, a resume), part by part, so
+    that a lap can be repeated: a run broken by an evaluation every so many steps goes round the same folds and
+    walks, and a lap is the stretch from a fold from one state to the next fold from that state (`Folder._lap_close`).
+    Each fold's `Program` and count is kept, and each stretch walked between folds is recorded onto a `Recorder`'s
+    tapes (through the policy's fused loop: `Policy.fused_tape`); ``starts`` says where each state's folds began (its
+    boundary, the part its fold is, the counts there). From any of them to a later fold from the same state, the
+    parts are one lap (`Chain`), recorded the first time round: a lap is added once it has been walked once (until
+    2026-12-03 the first lap added was the third walked: a 300-step run broken every 50 steps, its state back at
+    steps 55 and 155, added none)."""
 
     __slots__ = ("parts", "recorder", "starts", "events")
 
@@ -1283,7 +1291,7 @@ class Folder:
     def abort(self) -> None:
         """Stop recording (the walk ends or is read mid-window): the totals go back to plain floats."""
         if self.rec is not None:
-            self.rec[0].stop()
+            self.rec[0].release()
             self.rec = None
         self._drop_lap()
 
@@ -1663,7 +1671,7 @@ class Folder:
         """Stop keeping the journal (its totals go back to plain floats): no lap is cut from it."""
         if self.journal is not None:
             if self.journal.recorder is not None:
-                self.journal.recorder.stop()
+                self.journal.recorder.release()
             self.journal = None
 
     def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
