@@ -162,13 +162,15 @@ REAL = os.path.join(ROOT, "traces", "fold")
 
 
 def real_steps(name: str, steps: int) -> Trace:
-    """The first ``steps`` steps of a recording in traces/fold/ (shipped xz-compressed)."""
+    """The first ``steps`` steps of a recording in traces/fold/ (shipped xz-compressed): all of it for as many as it
+    holds."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, name + ".bin")
         with lzma.open(os.path.join(REAL, name + ".bin.xz")) as f, open(path, "wb") as out:
             out.write(f.read())
         trace = Trace.load(path)
-        end = [at for at, _ in trace.marks()][steps]
+        marks = [at for at, _ in trace.marks()]
+        end = marks[steps] if steps < len(marks) else len(trace)
         return Trace(np.array(trace.records[:end]), dict(trace.meta), streams=trace.streams, labels=trace.labels)
 
 
@@ -1656,6 +1658,49 @@ def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, nam
     r = Replay(trace, "torch")
     r.run()
     assert r._folder.lap_misses >= 1 and not [p for p, _, _ in r._folder.periods if p == lap], r._folder.periods
+    assert_folded_is_full(trace, "torch")
+
+
+def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monkeypatch):
+    """The small GPT (traces/fold/gpt-fixed: period 7, a logging step every 50) under `torch`: its folds from step
+    55's state (a resume, the first fold after a break) come round at 155, and the journal kept from there is the
+    lap: 155-255 is added at once, the result the full walk's. A journal is kept only from a fold the run came back
+    to (a reuse, a resume), not from the first window; one whose stretch cannot be repeated exactly is dropped; and
+    a replay stopped inside the lap and walked on is still the full walk's."""
+    trace = real_steps("gpt-fixed", 300)
+    started, close = [], fold.Folder._lap_fold
+    monkeypatch.setattr(fold.Folder, "_lap_fold", lambda self, here, key, until, period, before=None, back=False: (
+        started.append((here.mark, back, self.journal is None)), close(self, here, key, until, period, before, back)))
+    how = assert_folded_is_full(trace, "torch")
+    r = Replay(trace, "torch")
+    r.run()
+    laps = [(p, first, n) for p, first, n in r._folder.periods if p > 7]
+    assert laps == [(100, 156, 100)] and how["steps"] == r.folded["steps"], r._folder.periods
+    assert {m for m, back, fresh in started if not back} == {15} and (55, True, True) in started, started
+    #       (the first window's fold, at 15, starts no journal: at 55 there is none yet, and one starts)
+    # stopped inside the lap and walked on
+    full, _ = walk(trace, "torch", fold=False)
+    marks = fold.steps_of(trace).marks
+    for target in (int(marks[200]), int(marks[155]) + 1):
+        r = Replay(trace, "torch")
+        r.run(until=target)
+        r.run(until=len(trace))
+        res = r.finish().to_dict(timeline=True)
+        res.pop("replay_seconds")
+        assert res == full["result"], target
+    # a stretch that cannot be repeated drops the journal: no lap, still the full walk's
+    pause, made = fold.Folder._lap_pause, []
+
+    def unrepeatable(self):
+        recorder = self.journal.recorder if self.journal is not None else None
+        pause(self)
+        if recorder is not None:
+            made.append(recorder)
+            recorder.made = None        # (its `Program`, made when a lap asks: it cannot be repeated)
+    monkeypatch.setattr(fold.Folder, "_lap_pause", unrepeatable)
+    r = Replay(trace, "torch")
+    r.run()
+    assert made and not [p for p, _, _ in r._folder.periods if p > 7] and r._folder.lap_misses == 0, r._folder.periods
     assert_folded_is_full(trace, "torch")
 
 

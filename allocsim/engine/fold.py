@@ -306,13 +306,31 @@ class Recorder:
 
     def stop(self) -> "Program | None":
         """Put plain floats back; the window's `Program`, or None if it cannot be repeated exactly."""
+        self.end()
+        return self.program()
+
+    def end(self) -> None:
+        """Put plain floats back, keeping what was recorded: `program` makes it into a `Program` when asked (a
+        lap's journal keeps each stretch so, and makes only those of a lap that comes round)."""
         del self.sections.add
+        self.ends = {}
+        for name in self.tapes:
+            self.ends[name] = end = self._get(name)
+            self._put(name, float(end))
+
+    def adds_anything(self) -> bool:
+        """Whether what was recorded adds to any total (`Program.adds_anything`), before it is made."""
+        return bool(self.lat or self.adds or any(len(tape.incs) for tape in self.tapes.values()))
+
+    def program(self) -> "Program | None":
+        """What was recorded (`end`) as a `Program`, or None if it cannot be repeated exactly; made once."""
+        if "made" in self.__dict__:
+            return self.made
         ok = True
         incs = {name: np.array(tape.incs) for name, tape in self.tapes.items()}
         units: dict = {}                # the clock's units, read by the check and kept for the repeats (`_runs`)
         for name, tape in self.tapes.items():
-            end = self._get(name)
-            self._put(name, float(end))
+            end = self.ends[name]
             if tape.bad or not isinstance(end, RecFloat) or end.tape is not tape or end.n != len(tape.incs):
                 ok = False
                 continue
@@ -327,9 +345,9 @@ class Recorder:
                 adds.append((key, float(seconds), calls))
             else:
                 ok = False
-        if not ok or self.taken != len(clock.latency_ends):
-            return None
-        return Program(incs, self._latencies(), adds, units)
+        self.made = Program(incs, self._latencies(), adds, units) if ok and self.taken == len(
+            clock.latency_ends) else None
+        return self.made
 
     def _latencies(self) -> np.ndarray:
         """Every latency's (a, b) positions on the clock's tape, in order: a run of the fused loop's ends where
@@ -1547,15 +1565,22 @@ class Folder:
 
     def _lap_pause(self) -> None:
         """The journal's stretch walked since its last fold ends here (a fold, or a window recorded from here):
-        kept as one of its parts (`_lap_walked`)."""
+        kept as one of its parts, its `Recorder` ended, made into a `Program` only for a lap that comes round
+        (`Recorder.program`: the check and the copies cost a tenth of a millisecond a stretch; a tape marked bad
+        drops the journal now)."""
         journal = self.journal
         if journal is not None and journal.recorder is not None:
             recorder, journal.recorder = journal.recorder, None
-            self._lap_walked(recorder.stop(), go_on=False)
+            recorder.end()
+            if any(tape.bad for tape in recorder.tapes.values()):
+                self._drop_lap()
+            elif recorder.adds_anything():
+                journal.parts.append((recorder, 1))
+                journal.events += len(recorder.tapes["clock"].incs)
 
-    def _lap_walked(self, program: "Program | None", go_on: bool = True) -> None:
-        """A stretch walked (``program`` its recording; None: it cannot be repeated exactly, and the journal is
-        dropped) is the journal's next part; ``go_on``: the journal records the walk on from here."""
+    def _lap_walked(self, program: "Program | None") -> None:
+        """A window walked that did not fold (``program`` its recording; None: it cannot be repeated exactly, and the
+        journal is dropped) is the journal's next part; the journal records the walk on from here."""
         journal = self.journal
         if journal is None:
             return
@@ -1565,8 +1590,7 @@ class Folder:
         if program.adds_anything():
             journal.parts.append((program, 1))
             journal.events += len(program.incs["clock"])
-        if go_on:
-            self._lap_go_on()
+        self._lap_go_on()
 
     def _lap_folded(self, program: Program, k: int) -> None:
         """A fold added ``k`` windows of ``program``: the journal keeps it, and records the stretch walked from here."""
@@ -1615,13 +1639,17 @@ class Folder:
             k, D, (lo, ours), zero, after = got
             if k == 0:
                 continue
-            recorder, journal.recorder = journal.recorder, None
-            program = recorder.stop() if recorder is not None else None
-            if recorder is not None and program is None:
+            self._lap_pause()           # (the stretch walked since the last fold: the template's last part)
+            parts = [] if self.journal is not None else None
+            for part, times in journal.parts[index:] if parts is not None else ():
+                program = part.program() if isinstance(part, Recorder) else part
+                if program is None:
+                    parts = None
+                    break
+                parts.append((program, times))
+            if parts is None:           # (a stretch that cannot be repeated exactly)
                 self._drop_lap()
                 return False
-            parts = journal.parts[index:] + ([(program, 1)] if program is not None and program.adds_anything()
-                                             else [])
             walked = [i for i in r.handles if lo <= i < lo + len(ours) and ours[i - lo]]    # live, made in the template
             self.journal = None
             self._skip(Chain(parts), k, before, after, here.at, here.at + k * R, 0, (q, here.mark + 1), zero,
