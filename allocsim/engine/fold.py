@@ -1668,6 +1668,8 @@ class Folder:
         D = int(self.steps.allocs[here.mark] - self.steps.allocs[b.mark])
         if after.walk.settled != before.walk.settled or words is None or D == 0:
             return None
+        if any(here.addr.get(h + D) != a for h, a in b.addr.items() if h not in here.addr):
+            return None         # an object freed in the lap whose follower holds another block: no record read
         kind = r.trace.kinds[b.at:here.at]
         allocs = np.flatnonzero(kind == ALLOC)
         ids = np.array(records["id"][b.at:here.at], np.int64)     # (one pass over the template's records)
