@@ -1681,7 +1681,7 @@ def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monke
     # stopped inside the lap and walked on
     full, _ = walk(trace, "torch", fold=False)
     marks = fold.steps_of(trace).marks
-    for target in (int(marks[200]), int(marks[155]) + 1):
+    for target in (int(marks[200]), int(marks[155]) + 1, int(marks[110])):    # (110: a window not folded, walked)
         r = Replay(trace, "torch")
         r.run(until=target)
         r.run(until=len(trace))
@@ -1702,6 +1702,70 @@ def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monke
     r.run()
     assert made and not [p for p, _, _ in r._folder.periods if p > 7] and r._folder.lap_misses == 0, r._folder.periods
     assert_folded_is_full(trace, "torch")
+
+
+def test_a_lap_journal_leaves_plain_floats_where_the_walk_stops_or_gives_it_up(monkeypatch):
+    """Stopped inside the small GPT's journal (`torch`, step 120): a checkpoint and a result hold plain floats and the
+    plain `sections.add`, a replay resumed from the checkpoint walks as the full walk; a journal dropped (every lap
+    refused) leaves plain floats too."""
+    from allocsim.engine import replay as replay_engine
+    monkeypatch.setattr(replay_engine, "KEEP_RECORDS", 1 << 24)     # (its chunks kept: a checkpoint copies them)
+    trace = real_steps("gpt-fixed", 300)
+    marks = fold.steps_of(trace).marks
+
+    def plain(r):
+        d = r.device
+        return {type(x) for x in (d.clock, d.malloc_time, d.free_time, r.runtime.gc_time)} == {float} and \
+            "add" not in vars(r.sections)
+    r = Replay(trace, "torch")
+    r.run(until=int(marks[120]))
+    assert r._folder.journal is not None and r._folder.journal.recorder is not None
+    state = r.checkpoint()
+    assert plain(r) and type(state.device.clock) is float
+    resumed = Replay(trace, "torch", fold=False)
+    resumed.resume(state)
+    assert resumed.run() == Replay(trace, "torch", fold=False).run()
+    r = Replay(trace, "torch")
+    r.run(until=int(marks[120]))
+    r.result()
+    assert plain(r)
+    monkeypatch.setattr(fold.Folder, "_lap_repeats", lambda self, *a: None)
+    monkeypatch.setattr(fold, "LAP_TRIES", 1)
+    r = Replay(trace, "torch")
+    r.run(until=int(marks[290]))
+    assert r._folder.lap_misses >= 1 and r._folder.journal is None and plain(r)
+
+
+def evaluated_past_the_cap(steps: int = 120, every: int = 10) -> Trace:
+    """Steps of four requests, an evaluation every ``every`` steps whose 200 MiB request fails under a 64 MiB cap."""
+    w = TraceWriter(meta={"producer": "test"})
+    carried: list[int] = []
+    for k in range(steps):
+        w.mark(f"step {k}")
+        mine = [w.alloc(size) for size in (3 * MiB, MiB, 700, 5 * MiB)]
+        w.free(mine.pop(1))
+        for i in carried:
+            w.free(i)
+        carried = mine
+        if k % every == every - 1:
+            x, y = w.alloc(200 * MiB), w.alloc(2 * MiB)
+            w.free(x)
+            w.free(y)
+    w.mark("tail")
+    for i in carried:
+        w.free(i)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_lap_that_runs_out_of_memory_is_not_added(monkeypatch, policy):
+    """A run whose evaluation runs out every 10 steps (``--keep-going``): its state comes round lap after lap, but
+    each lap adds an OOM (the walk's ``settled`` counts differ), which a fold cannot repeat: the lap is refused, and
+    the result is the full walk's, every OOM in it."""
+    asked, repeats = [], fold.Folder._lap_repeats
+    monkeypatch.setattr(fold.Folder, "_lap_repeats", lambda self, *a: (asked.append(repeats(self, *a)), asked[-1])[1])
+    assert_folded_is_full(evaluated_past_the_cap(), policy, cap=64 * MiB, capacity=None, keep_going=True)
+    assert asked and all(got is None for got in asked), asked
 
 
 def three_sizes(steps: int) -> Trace:
