@@ -1620,13 +1620,13 @@ def test_a_reuse_told_record_for_record_refuses_what_the_events_refuse(monkeypat
 @pytest.mark.parametrize("name, steps, lap, first", [("gpt2s-fixed", 215, 50, 102), ("resnet18-eval100", 560, 100, 255)])
 def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, name, steps, lap, first):
     """Real runs broken by a logging or evaluation step every 50 steps (GPT-2 small; ResNet-18, which also
-    evaluates every 100): the folds and the stretches walked between them are recorded from the first fold on
-    (`Journal`), and once a recorded window's state is reused a lap after a fold from it, the laps after it are
+    evaluates every 100): the folds and the stretches walked between them are recorded from the first fold the run
+    came back to, a reuse or a resume (`Journal`), and once a recorded window's state is reused a lap after a fold from it, the laps after it are
     added at once (`Folder._lap_close`), the lap walked once only, no window checked event by event past the
     first; the result is the full walk's, and a lap that does not repeat is not added (`LAP_TRIES`). The first lap
     added is the second walked: GPT-2 small's folds from step 52's state come round at 102 (until 2026-12-03 the
-    lap walked from there was recorded, and the first added at 152); ResNet-18's first lap of 100 steps ends at 255,
-    a fold from its state having started at 155."""
+    lap walked from there was recorded, and the first added at 152); ResNet-18's first lap of 100 steps is added at
+    255 under `torch`, as before."""
     trace = real_steps(name, steps)
     closed, events = [], []
     close, windows = fold.Folder._lap_close, fold.windows_repeat
@@ -1669,8 +1669,8 @@ def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monke
     a replay stopped inside the lap and walked on is still the full walk's."""
     trace = real_steps("gpt-fixed", 300)
     started, close = [], fold.Folder._lap_fold
-    monkeypatch.setattr(fold.Folder, "_lap_fold", lambda self, here, key, until, period, before=None, back=False: (
-        started.append((here.mark, back, self.journal is None)), close(self, here, key, until, period, before, back)))
+    monkeypatch.setattr(fold.Folder, "_lap_fold", lambda self, here, key, before=None, back=False: (
+        started.append((here.mark, back, self.journal is None)), close(self, here, key, before, back)))
     how = assert_folded_is_full(trace, "torch")
     r = Replay(trace, "torch")
     r.run()
