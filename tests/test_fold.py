@@ -1768,6 +1768,44 @@ def test_a_lap_that_runs_out_of_memory_is_not_added(monkeypatch, policy):
     assert asked and all(got is None for got in asked), asked
 
 
+def old_objects_swapped_every(steps: int = 200, every: int = 10, size: int = 4 * MiB) -> Trace:
+    """Two long-lived objects only an evaluation every ``every`` steps touches: it frees one and puts a new object in
+    its block, then the other, and the roles swap (the first new object is the one the next evaluation frees second).
+    Every other lap the objects outliving it lie in each other's blocks; at the end the first one's block is split,
+    so where the last small object lands says which object it was."""
+    w = TraceWriter(meta={"producer": "test"})
+    old, carried = [w.alloc(size), w.alloc(size)], []
+    for k in range(steps):
+        w.mark(f"step {k}")
+        mine = [w.alloc(3 * MiB), w.alloc(5 * MiB)]
+        w.free(w.alloc(MiB))
+        for i in carried:
+            w.free(i)
+        carried = mine
+        if k % every == every - 1:
+            w.free(old[0])
+            x = w.alloc(size)
+            w.free(old[1])
+            old = [w.alloc(size), x]
+    w.mark("tail")
+    for i in carried:
+        w.free(i)
+    w.free(old[0])
+    w.alloc(MiB)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy", ["torch", "bestfit"])
+def test_a_lap_whose_old_objects_lie_swapped_is_not_added(monkeypatch, policy):
+    """A lap from one evaluation to the next whose states are equal by address, but whose old objects lie in each
+    other's blocks (`old_objects_swapped_every`): the laps after it would free the wrong ones; it is refused (by the
+    two states' addresses, and by the old objects the template frees), and the result is the full walk's."""
+    asked, close = [], fold.Folder._lap_close
+    monkeypatch.setattr(fold.Folder, "_lap_close", lambda self, *a: (asked.append(close(self, *a)), asked[-1])[1])
+    assert_folded_is_full(old_objects_swapped_every(), policy)
+    assert asked and not any(asked), asked
+
+
 def three_sizes(steps: int) -> Trace:
     """Steps whose state two events in is the boundary's: a walk that reaches a step's MARK late must not take it."""
     w = TraceWriter(meta={"producer": "test"})
