@@ -1768,6 +1768,17 @@ def test_a_lap_that_runs_out_of_memory_is_not_added(monkeypatch, policy):
     assert asked and all(got is None for got in asked), asked
 
 
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_lap_over_0_byte_objects_reads_the_chunks_it_passes(monkeypatch, policy):
+    """ResNet-18 with a 0-byte temporary in each step (`zero_byte_temporaries`): its lap of 100 steps is added, the
+    walk moved past it reading the chunks it passes (the 0-byte requests the replay bypasses are counted from
+    them), and the result is the full walk's."""
+    closed, close = [], fold.Folder._lap_close
+    monkeypatch.setattr(fold.Folder, "_lap_close", lambda self, *a: (closed.append(close(self, *a)), closed[-1])[1])
+    assert_folded_is_full(zero_byte_temporaries(real_steps("resnet18-eval100", 1000)), policy)
+    assert True in closed, closed
+
+
 def old_objects_swapped_every(steps: int = 200, every: int = 10, size: int = 4 * MiB) -> Trace:
     """Two long-lived objects only an evaluation every ``every`` steps touches: it frees one and puts a new object in
     its block, then the other, and the roles swap (the first new object is the one the next evaluation frees second).
