@@ -28,7 +28,8 @@ the state comes back to one a recorded window started from, the windows from the
 recording, none walked (`Folder._reuse`); where it comes back into a cycle folded before, its window is recorded
 at once (`Folder._resume`). A run broken every so many steps goes round the same folds and walks: from a fold
 from a state to the next fold from it, a lap, cut from what the walk added since it came back from a first break
-(`Journal`) and added as many times as the laps after it repeat it (`Folder._lap_close`). A trace whose steps never repeat gets no folder (`Steps.may_repeat`).
+(`Journal`) and added as many times as the laps after it repeat it (`Folder._lap_close`). A trace whose steps
+never repeat gets no folder (`Steps.may_repeat`).
 
 What cannot be folded exactly is not folded: a policy whose `fold_state` is None (the default, so a plug-in is
 never folded wrongly), a policy that follows the recording (`Policy.follows_recording`), FREEs held for a
@@ -299,12 +300,6 @@ class Recorder:
         self.taken = k
         return True
 
-    def release(self) -> None:
-        """Put plain floats back, making no `Program` (a recording dropped)."""
-        del self.sections.add
-        for name in self.tapes:
-            self._put(name, float(self._get(name)))
-
     def stop(self) -> "Program | None":
         """Put plain floats back; the window's `Program`, or None if it cannot be repeated exactly."""
         self.end()
@@ -561,6 +556,11 @@ class Journal:
         self.recorder = None                # the stretch being walked since the last fold
         self.starts: dict[bytes, list] = {}     # state -> [(Boundary, part index, Counts)], the last `LAP_STARTS`
         self.events = 0                     # increments kept in the parts (`LAP_INCREMENTS`)
+
+    def add(self, part, times: int, increments: int) -> None:
+        """One more part: a fold's `Program` and its windows, or a stretch walked (once) and its clock increments."""
+        self.parts.append((part, times))
+        self.events += increments
 
 
 # ---- the trace side: the events a window compares -----------------------------------------------------
@@ -1310,7 +1310,7 @@ class Folder:
     def abort(self) -> None:
         """Stop recording (the walk ends or is read mid-window): the totals go back to plain floats."""
         if self.rec is not None:
-            self.rec[0].release()
+            self.rec[0].end()
             self.rec = None
         self._drop_lap()
 
@@ -1575,8 +1575,7 @@ class Folder:
             if any(tape.bad for tape in recorder.tapes.values()):
                 self._drop_lap()
             elif recorder.adds_anything():
-                journal.parts.append((recorder, 1))
-                journal.events += len(recorder.tapes["clock"].incs)
+                journal.add(recorder, 1, len(recorder.tapes["clock"].incs))
 
     def _lap_walked(self, program: "Program | None") -> None:
         """A window walked that did not fold (``program`` its recording; None: it cannot be repeated exactly, and the
@@ -1588,16 +1587,14 @@ class Folder:
             self._drop_lap()
             return
         if program.adds_anything():
-            journal.parts.append((program, 1))
-            journal.events += len(program.incs["clock"])
+            journal.add(program, 1, len(program.incs["clock"]))
         self._lap_go_on()
 
     def _lap_folded(self, program: Program, k: int) -> None:
         """A fold added ``k`` windows of ``program``: the journal keeps it, and records the stretch walked from here."""
         journal = self.journal
         if journal is not None:
-            journal.parts.append((program, k))
-            journal.events += len(program.incs["clock"])
+            journal.add(program, k, len(program.incs["clock"]))
             self._lap_go_on()
 
     def _lap_go_on(self) -> None:
@@ -1640,14 +1637,11 @@ class Folder:
             if k == 0:
                 continue
             self._lap_pause()           # (the stretch walked since the last fold: the template's last part)
-            parts = [] if self.journal is not None else None
-            for part, times in journal.parts[index:] if parts is not None else ():
-                program = part.program() if isinstance(part, Recorder) else part
-                if program is None:
-                    parts = None
-                    break
-                parts.append((program, times))
-            if parts is None:           # (a stretch that cannot be repeated exactly)
+            if self.journal is None:
+                return False            # (its tape was marked bad: the journal is dropped)
+            parts = [(part.program() if isinstance(part, Recorder) else part, times)
+                     for part, times in journal.parts[index:]]
+            if any(program is None for program, _ in parts):    # (a stretch that cannot be repeated exactly)
                 self._drop_lap()
                 return False
             walked = [i for i in r.handles if lo <= i < lo + len(ours) and ours[i - lo]]    # live, made in the template
@@ -1686,14 +1680,14 @@ class Folder:
                 b.addr.get(h) is not None and b.addr.get(h) == here.addr.get(g)
                 for h, g in zip(older.tolist(), later.tolist()))):
             return None
-        p = here.mark - b.mark
+        p, R = here.mark - b.mark, here.at - b.at
         laps = self.steps.repeating_for(b.mark, p, here.mark)  # (laps whose counts repeat: no more is read)
         if here.mark + laps * p < len(self.marks):
             stop = min(stop, int(self.marks[here.mark + laps * p]))
-        q = repeating_records(words, here.at, here.at - b.at, D, stop) if laps else here.at
-        k = (q - here.at) // (here.at - b.at)
+        q = repeating_records(words, here.at, R, D, stop) if laps else here.at
+        k = (q - here.at) // R
         if k:
-            self.steps.repeated(here.at, q, here.at - b.at, p, D)
+            self.steps.repeated(here.at, q, R, p, D)
         zero = bool((records["size"][b.at + allocs] == 0).any())   # the template's 0-byte ALLOCs
         return k, D, (lo, ours), zero, after
 
@@ -1701,7 +1695,7 @@ class Folder:
         """Stop keeping the journal (its totals go back to plain floats): no lap is cut from it."""
         if self.journal is not None:
             if self.journal.recorder is not None:
-                self.journal.recorder.release()
+                self.journal.recorder.end()
             self.journal = None
 
     def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
