@@ -12,13 +12,14 @@ import tempfile
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import allocsim.trace.trace as trace_module
 from allocsim.engine import fold
 from allocsim.policies.base import Policy
 from allocsim.machine.metrics import LatencyLog
+from allocsim.machine.sections import Sections
 from allocsim.policies.split import SplittingPool
 from allocsim.engine.replay import Replay
 from allocsim.formats.synth import repeat_steps
@@ -511,6 +512,104 @@ def test_a_repeat_sums_the_clock_as_the_walk_adds_it(e, start, incs, shift, time
         for _, base, offsets in fold._runs(totals[-1], incs, part, memo):
             totals += (offsets[1:] if base is None else (base[:, None] + offsets[None, 1:]).ravel()).tolist()
     assert np.array_equal(np.array(walked).view(np.int64), np.array(totals).view(np.int64))
+
+
+class _Totals:
+    """A device's and a runtime's float totals, as a `Recorder` records them."""
+
+    def __init__(self, clock: float):
+        self.clock, self.malloc_time, self.free_time, self.gc_time = clock, 0.0, 0.0, 0.0
+
+
+def _walk_steps(totals, sections, steps, recorder=None):
+    """Walk ``steps`` (each a list of clock increments; after each, its latency and a section's time: the step's
+    clock difference) as the engine adds them: the latencies, in order."""
+    lat = fold.LatencyTape() if recorder is not None else []
+    for incs in steps:
+        t0 = totals.clock
+        for x in incs:
+            totals.clock = totals.clock + x
+        lat.append(totals.clock - t0)
+        sections.add("step", totals.clock - t0)
+    if recorder is not None:
+        assert recorder.take_latencies(lat)
+    return [float(x) for x in lat]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(steps=st.lists(st.lists(st.one_of(st.floats(0, 1e-3), st.integers(1, 64).map(lambda n: n * 2.0**-40)),
+                               min_size=1, max_size=5), min_size=2, max_size=6),
+       cut=st.integers(1, 5), k=st.integers(1, 4), e=st.integers(-3, 3), edge=st.sampled_from([0.0, 2**-44, 2**-30]))
+def test_a_window_begun_inside_it_adds_what_the_walk_from_there_adds(steps, cut, k, e, edge):
+    """`Rotated`: the windows from a boundary inside a recorded window (cut there, `Recorder.pieces`) add, to the
+    clock, the latencies and the sections, what the walk from that boundary adds -- the part after the cut, the
+    whole window ``k - 1`` times, the part before it, each float as the walk adds it (a clock that crosses a binade
+    tells the orders apart); and the counts grow in that order (a segment log's entries)."""
+    cut = min(cut, len(steps) - 1)
+    start = float(np.ldexp(1.0, e)) - edge
+    totals, sections = _Totals(start), Sections()
+    recorder = fold.Recorder(totals, totals, sections)
+    _walk_steps(totals, sections, steps[:cut], recorder)
+    mark = recorder.mark()
+    _walk_steps(totals, sections, steps[cut:], recorder)
+    window = recorder.stop()
+    assume(window is not None)
+    rotated = fold.Rotated(recorder, mark, window, middle="middle")
+    assert rotated.parts() is not None
+    walked, walked_sections = _Totals(totals.clock), Sections()     # the walk from the cut, on from the window's end
+    folded, folded_sections, log = _Totals(totals.clock), Sections(), LatencyLog()
+    walked_sections.restore(sections.checkpoint()), folded_sections.restore(sections.checkpoint())
+    walked_lat = _walk_steps(walked, walked_sections, (steps[cut:] + steps[:cut]) * k)
+    rotated.repeat(k, folded, folded, folded_sections, log)
+    assert folded.clock.hex() == walked.clock.hex()
+    log_walked = LatencyLog()
+    log_walked.extend(np.array(walked_lat))
+    assert log.count == log_walked.count and log.total().hex() == log_walked.total().hex()
+    assert [log.values[c] for c in log._range(0, log.count)] == [log_walked.values[c] for c in
+                                                                  log_walked._range(0, log_walked.count)]
+    assert folded_sections.stats == walked_sections.stats
+    entries = list("abcdef")        # the window's segment log: its counts are positions in it, the cut's among them
+    grown = []
+    for before, after, times in rotated.advances(0, len(entries), k):
+        before, after = (cut if x == "middle" else x for x in (before, after))
+        grown += entries[before:after] * times
+    assert grown == (entries[cut:] + entries[:cut]) * k
+
+
+def test_a_run_back_in_its_cycle_at_another_phase_folds_at_once_with_the_window_begun_there(monkeypatch):
+    """The small GPT (traces/fold/gpt-fixed, state period 7, a logging step every 50): after the first logging step
+    its state comes back at step 55 as one its cycle went through at another phase than its recorded window's start.
+    The window recorded from step 15 is kept begun at each of its boundaries (`Folder._rotations`), and the run folds
+    from step 55 with it, no window recorded there first; without them it records one there (`_resume`: 7 steps
+    walked). Either way the result is the full walk's."""
+    trace = real_steps("gpt-fixed", 130)
+    runs, reuse, resume = {}, fold.Folder._reuse, fold.Folder._resume
+    for rotate in (True, False):
+        monkeypatch.setattr(fold, "ROTATE", rotate)
+        folds, resumed = [], []
+
+        def reusing(self, here, key, until, folds=folds):
+            got = reuse(self, here, key, until)
+            if got:
+                folds.append((here.mark, type(self.saved[key][0]).__name__))
+            return got
+        monkeypatch.setattr(fold.Folder, "_reuse", reusing)
+
+        def resuming(self, here, key, until, resumed=resumed):
+            got = resume(self, here, key, until)
+            if got:
+                resumed.append(here.mark)
+            return got
+        monkeypatch.setattr(fold.Folder, "_resume", resuming)
+        r = Replay(trace, "torch")
+        runs[rotate] = (r.run().to_dict(), r.folded["steps"], folds, resumed)
+    (got, steps, folds, resumed), (plain, plain_steps, plain_folds, plain_resumed) = runs[True], runs[False]
+    assert (55, "Rotated") in folds and not resumed, (folds, resumed)
+    assert 55 in plain_resumed and all(kind == "Program" for _, kind in plain_folds), (plain_folds, plain_resumed)
+    assert steps > plain_steps, (steps, plain_steps)
+    got.pop("replay_seconds"), plain.pop("replay_seconds")
+    assert got == plain
+    assert_folded_is_full(trace, "torch")
 
 
 def test_the_steps_read_where_asked_answer_as_the_whole_table():
@@ -1178,7 +1277,9 @@ def test_a_cycle_state_whose_window_differs_at_every_break_is_not_resumed_from_a
     cycle's, but two old objects lie in each other's blocks, so its window is not the cycle's; the resume from that
     state is tried `RESUME_TRIES` times, then no more (the reuse a step later folds the run); the boundaries where
     the run comes back read no step signature (`Folder._coming_back`: those are read before the first fold only);
-    the result is the full walk's."""
+    the result is the full walk's. (Without the windows kept from each cycle state, `Folder._rotations`: with them,
+    the run comes back to a state saved, and a reuse is asked there before a resume.)"""
+    monkeypatch.setattr(fold, "ROTATE", False)
     trace = real_steps("gpt2s-fixed", 160)
     tried, read, folds = [], [], []
     resume, signatures, skip = fold.Folder._resume, fold.Steps._signatures, fold.Folder._skip
@@ -1274,7 +1375,9 @@ def test_windows_told_event_by_event_past_the_records_rename_from_the_events(mon
 def both_resumes(monkeypatch) -> list:
     """Make every resume the records tell (`RecordView.compare` of a cycle state's window) also be told by the events
     gathered (`Folder._resumed_by_events`): the pairs of answers, the window `Folder._resume` starts to record
-    (its events, where it ends, whether it allocates 0 bytes) or False, as the walk goes."""
+    (its events, where it ends, whether it allocates 0 bytes) or False, as the walk goes. (Without the windows kept
+    from each cycle state, `Folder._rotations`, which fold where a resume would be asked.)"""
+    monkeypatch.setattr(fold, "ROTATE", False)
     answers, told = [], {}
     compare, resume = fold.RecordView.compare, fold.Folder._resume
 

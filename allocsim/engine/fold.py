@@ -25,7 +25,8 @@ walk goes on, past chunks it never reads (docs/architecture.md, "Folding").
 
 A run broken by an evaluation (or any step of another shape) folds again without searching from scratch: where
 the state comes back to one a recorded window started from, the windows from there are added with that
-recording, none walked (`Folder._reuse`); where it comes back into a cycle folded before, its window is recorded
+recording, none walked (`Folder._reuse`), and so where it comes back to a state the first recorded window went
+through (the window begun there, `Rotated`); where it comes back into a cycle folded before, its window is recorded
 at once (`Folder._resume`). A run broken every so many steps goes round the same folds and walks: from a fold
 from a state to the next fold from it, a lap, cut from what the walk added since it came back from a first break
 (`Journal`) and added as many times as the laps after it repeat it (`Folder._lap_close`). A trace whose steps
@@ -104,6 +105,8 @@ RESUME_TRIES = 2
 #: keeps (`Journal.starts`, the latest); the clock increments it holds at most (past them it starts afresh).
 LAP_TRIES, LAP_STARTS, LAP_INCREMENTS = 2, 4, 1 << 22
 GROUP = 1 << 16
+#: Whether a recorded window is kept begun at each boundary inside it too (`Folder._rotations`, `Rotated`).
+ROTATE = True
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
 #: Steps `Steps._count_breaks` keeps at most, all periods together (8 bytes each).
@@ -250,6 +253,7 @@ class Recorder:
         self.lat: list = []             # every latency, in order: a count of the fused loop's next ones, or
         #                                 their (a, b) clock positions, ``((n, 2) array, fused ones among them)``
         self.taken = 0                  # the fused loop's latencies taken (`Tape.latency_ends`)
+        self.n_lat = 0                  # every latency taken (`mark`)
         add = sections.add
 
         def recording_add(name, seconds, calls=1, *, path=None):
@@ -278,6 +282,7 @@ class Recorder:
         its pairs made at the end, `_latencies`)."""
         clock = self.tapes["clock"]
         fused, k = clock.latency_ends, self.taken
+        self.n_lat += len(lat)
         if set(map(type, lat)) <= {float}:     # (all plain: the fused loop walked the piece alone: read at `stop`)
             if k + len(lat) > len(fused):
                 return False
@@ -318,36 +323,75 @@ class Recorder:
         """Whether what was recorded adds to any total (`Program.adds_anything`), before it is made."""
         return bool(self.lat or self.adds or any(len(tape.incs) for tape in self.tapes.values()))
 
+    def mark(self) -> "tuple | None":
+        """Where the recording is, at a step boundary inside the window (the walk stops at each): each tape's length
+        and running total, the latencies taken, the sections added -- where `pieces` may cut the window."""
+        totals = [self._get(name) for name in self.tapes]
+        if not all(isinstance(t, RecFloat) and t.tape is tape and t.n == len(tape.incs)
+                   for t, tape in zip(totals, self.tapes.values())):
+            return None     # (a total off its tape here: not cut here)
+        return tuple(len(tape.incs) for tape in self.tapes.values()), tuple(map(float, totals)), self.n_lat, len(
+            self.adds)
+
     def program(self) -> "Program | None":
         """What was recorded (`end`) as a `Program`, or None if it cannot be repeated exactly; made once."""
-        if "made" in self.__dict__:
-            return self.made
-        ok = True
-        incs = {name: np.array(tape.incs) for name, tape in self.tapes.items()}
-        units: dict = {}                # the clock's units, read by the check and kept for the repeats (`_runs`)
-        for name, tape in self.tapes.items():
-            end = self.ends[name]
-            if tape.bad or not isinstance(end, RecFloat) or end.tape is not tape or end.n != len(tape.incs):
-                ok = False
-                continue
-            if _total(self.start[name], incs[name], 1, units if name == "clock" else None) != float(end):
-                ok = False
-        clock = self.tapes["clock"]
-        adds = []
-        for key, seconds, calls in self.adds:
-            if isinstance(seconds, RecDiff) and seconds.tape is clock:
-                adds.append((key, (seconds.a, seconds.b), calls))
+        if "made" not in self.__dict__:
+            self.made = self._program(None, None)
+        return self.made
+
+    def pieces(self, mark: tuple) -> "tuple[Program, Program] | None":
+        """The window cut at ``mark`` (`mark`, taken inside it): ``(before, after)``, each a `Program` that adds what
+        the walk added on its side, or None where either cannot be repeated exactly (`Rotated`)."""
+        if mark is None or self.program() is None:
+            return None
+        before, after = self._program(None, mark), self._program(mark, None)
+        return None if before is None or after is None else (before, after)
+
+    def _program(self, lo: "tuple | None", hi: "tuple | None") -> "Program | None":
+        """The `Program` of what was recorded between marks ``lo`` and ``hi`` (None: the window's start, its end),
+        or None if it cannot be repeated exactly: every tape's increments there sum, from its total at ``lo``, to its
+        total at ``hi``, and every latency and section time there is a difference on the clock's tape there."""
+        names = tuple(self.tapes)
+        if hi is None:
+            for name, tape in self.tapes.items():
+                end = self.ends[name]
+                if tape.bad or not isinstance(end, RecFloat) or end.tape is not tape or end.n != len(tape.incs):
+                    return None
+            if self.taken != len(self.tapes["clock"].latency_ends):
+                return None
+        n0 = lo[0] if lo is not None else (0,) * len(names)
+        n1 = hi[0] if hi is not None else tuple(len(tape.incs) for tape in self.tapes.values())
+        v0 = lo[1] if lo is not None else tuple(self.start[name] for name in names)
+        v1 = hi[1] if hi is not None else tuple(float(self.ends[name]) for name in names)
+        incs, units = {}, {}            # the clock's units, read by the check and kept for the repeats (`_runs`)
+        for x, (name, tape) in enumerate(self.tapes.items()):
+            incs[name] = np.array(tape.incs[n0[x]:n1[x]])
+            if _total(v0[x], incs[name], 1, units if name == "clock" else None) != v1[x]:
+                return None
+        c0, c1 = n0[0], n1[0]           # (the clock's tape: the first)
+        clock, adds = self.tapes["clock"], []
+        for key, seconds, calls in self.adds[lo[3] if lo is not None else 0:hi[3] if hi is not None else None]:
+            if isinstance(seconds, RecDiff) and seconds.tape is clock and c0 <= seconds.a and seconds.b <= c1:
+                adds.append((key, (seconds.a - c0, seconds.b - c0), calls))
             elif type(seconds) in (float, int):
                 adds.append((key, float(seconds), calls))
             else:
-                ok = False
-        self.made = Program(incs, self._latencies(), adds, units) if ok and self.taken == len(
-            clock.latency_ends) else None
-        return self.made
+                return None
+        lat = self._latencies()[lo[2] if lo is not None else 0:hi[2] if hi is not None else None]
+        if lo is not None and len(lat):
+            if lat.min() < c0 or lat.max() > c1:
+                return None
+            lat = lat - c0
+        return Program(incs, lat, adds, units)
 
     def _latencies(self) -> np.ndarray:
         """Every latency's (a, b) positions on the clock's tape, in order: a run of the fused loop's ends where
-        `take_latencies` counted them."""
+        `take_latencies` counted them (made once, after `end`)."""
+        if "_pairs" not in self.__dict__:
+            self._pairs = self._pairs_made()
+        return self._pairs
+
+    def _pairs_made(self) -> np.ndarray:
         ends, k, parts = np.frombuffer(self.tapes["clock"].latency_ends).astype(np.int64), 0, []
         for got in self.lat:
             if type(got) is int:
@@ -536,6 +580,45 @@ class Chain:
         for _ in range(k):
             for program, times in self.parts:
                 program.repeat(times, device, runtime, sections, latency)
+
+
+class Rotated:
+    """A recorded window begun at a step boundary inside it: the windows from a state its cycle went through, a
+    run's period resumed at another phase after a break (`Folder._rotations`). The walk from that boundary's
+    state adds the part of the window after the boundary, then, window after window, the whole window (its part
+    before the boundary and after it), and last the part before it: ``k`` windows from there are ``after``, the
+    window ``k - 1`` times, ``before`` -- each float added as the walk adds it, every count grown in the same
+    order (`advances`: a segment log's entries repeat in the walk's order). The two parts are cut from the
+    window's `Recorder` when first asked (`Recorder.pieces`)."""
+
+    def __init__(self, recorder: "Recorder", mark: tuple, window: "Program", middle: "Counts"):
+        self.recorder, self.mark, self.window, self.middle = recorder, mark, window, middle
+        self.incs = window.incs         # (a window's increments: a journal counts them, `Journal.add`)
+
+    def parts(self) -> "tuple[Program, Program] | None":
+        """``(before, after)``, the window cut at the boundary, or None where either cannot be repeated exactly."""
+        if "_parts" not in self.__dict__:
+            self._parts = self.recorder.pieces(self.mark)
+            self.recorder = None        # (its tapes are no longer needed)
+        return self._parts
+
+    def adds_anything(self) -> bool:
+        return self.window.adds_anything()
+
+    def repeat(self, k: int, device, runtime, sections, latency) -> None:
+        before, after = self._parts
+        after.repeat(1, device, runtime, sections, latency)
+        if k > 1:
+            self.window.repeat(k - 1, device, runtime, sections, latency)
+        before.repeat(1, device, runtime, sections, latency)
+
+    def advances(self, start: "Counts", end: "Counts", k: int) -> list:
+        """The counts' growth of ``k`` windows from the boundary, as ``(before, after, times)`` in the walk's order
+        (``start`` and ``end``: the whole window's counts)."""
+        out = [(self.middle, end, 1)]
+        if k > 1:
+            out.append((start, end, k - 1))
+        return out + [(start, self.middle, 1)]
 
 
 class Journal:
@@ -1116,9 +1199,22 @@ class Folder:
         reached = self.next_mark
         while self.next_mark < len(self.marks) and self.marks[self.next_mark] <= x:
             self.next_mark += 1
-        if self.next_mark == reached or self.rec is not None:
+        if self.next_mark == reached:
+            return False
+        if self.rec is not None:
+            if self.rec[10] is not None:
+                self._note(self.next_mark - 1)
             return False
         return self._boundary(int(self.marks[self.next_mark - 1]), self.next_mark - 1, until)
+
+    def _note(self, m: int) -> None:
+        """A boundary ``m`` inside a window being recorded from a state an earlier boundary had (`_try`): where the
+        recording is, the counts, the state and its addresses, for the windows from the states of its cycle
+        (`_rotations`)."""
+        got = self._fingerprint()
+        mark = self.rec[0].mark()
+        if got is not None and mark is not None:
+            self.rec[10][m] = (mark, self._counts(), *got)
 
     def passed(self, x: int) -> None:
         """The walk drove trace index ``x`` without the folder looking (a `Replay.step`): the MARKs before it are
@@ -1240,7 +1336,8 @@ class Folder:
             return False
         r = self.r
         self._lap_pause()           # (a lap goes on with the window as one of its parts)
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p, None)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, None, here, key, P, self._counts(), zero, p, None,
+                    None)
         return True
 
     def _cycle_view(self, b: Boundary, p: int) -> "RecordView | None":
@@ -1287,7 +1384,8 @@ class Folder:
             return False
         r = self.r
         self._lap_pause()           # (a lap goes on with the window as one of its parts)
-        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero, p, view)
+        notes = {} if ROTATE and r.runtime.eager else None     # (`_note`: a saved window serves eager runs only)
+        self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero, p, view, notes)
         return True
 
     def _tried_by_events(self, i: Boundary, j: Boundary) -> "tuple | bool":
@@ -1327,7 +1425,7 @@ class Folder:
 
     def _fold_window(self, program: "Program | None", rec: tuple, until) -> bool:
         """`_end_window`'s fold, the window walked recorded as ``program`` (None: it cannot be repeated)."""
-        _, end, i, j, key, P, before, zero, p, view = rec
+        recorder, end, i, j, key, P, before, zero, p, view, notes = rec
         after = self._counts()
         if program is None or after.walk.settled != before.walk.settled:    # a skipped FREE, an OOM, a new peak
             self.cycles.pop(key, None)
@@ -1365,12 +1463,33 @@ class Folder:
         self._skip(program, k, before, after, end, new_end, P, (j.mark - i.mark, j.mark + 1), zero, rename)
         self._lap_folded(program, 1 + k)                # (the window walked, and the ``k`` after it)
         if self.r.runtime.eager:
-            self.saved[key] = (program, before, after, P, p, walked, end_addr, zero)
-            self.views.pop(key, None)
-            self.record_views.pop(key, None)
+            self._save(key, (program, before, after, P, p, walked, end_addr, zero))
+            if notes:
+                self._rotations(i, walked, notes, recorder, (program, before, after, P, p, zero))
         p = j.mark - i.mark
         self.cycles.update((k_, (b, p)) for b, k_ in self.recent if i.mark <= b.mark < j.mark)
         return True
+
+    def _save(self, key: bytes, saved: tuple) -> None:
+        """Keep a recorded window by the state it starts from (`_reuse`), its views made anew when asked."""
+        self.saved[key] = saved
+        self.views.pop(key, None)
+        self.record_views.pop(key, None)
+
+    def _rotations(self, i: Boundary, walked: Boundary, notes: dict, recorder: "Recorder", window: tuple) -> None:
+        """The window recorded from ``walked`` (whose state is the template's from ``i``) went through the states
+        the template's boundaries after ``i`` had (noted at the boundaries inside it, `_note`): the windows from each
+        such state are kept too, as the recorded window begun there (`Rotated`), so that a run that comes back to
+        its cycle at another phase after a break folds at once (`_reuse`), where it recorded a window first
+        (`_resume`: on a small GPT logging every 50 steps, 7 steps walked at every break). Each is compared where
+        it lies in the trace, from the template's boundary ``b`` (its state), to its end at the boundary inside the
+        recorded window (its addresses); a state saved already keeps its own window."""
+        program, before, after, P, p, zero = window
+        for b, key in self.recent:
+            note = notes.get(walked.mark + b.mark - i.mark) if i.mark < b.mark < walked.mark else None
+            if note is not None and note[2] == key and key not in self.saved:
+                mark, middle, _, addr = note
+                self._save(key, (Rotated(recorder, mark, program, middle), before, after, P, p, b, addr, zero))
 
     def _resumed_end_by_events(self, j: Boundary, e: Boundary, P: int) -> "tuple | bool":
         """A resumed window's end compared by the events gathered: whether the window after the walked one (from
@@ -1467,12 +1586,20 @@ class Folder:
         program, before, after, P, p, walked, end_addr, zero = self.saved[key]
         if self.journal is not None and key in self.journal.starts and self._lap_close(here, key, p, until):
             return True
+        rotated = type(program) is Rotated      # (asked as a resume is: `RESUME_TRIES`, `swapped`)
+        if rotated and (self.unlike.get(key, 0) >= RESUME_TRIES or here.at < self.swapped_until):
+            return False
         if not self._alike(walked.mark, here.mark, p):
             return False            # the steps from here are not the recorded window's twice: no events read
+        if rotated and program.parts() is None:
+            del self.saved[key]     # (its parts cannot be repeated exactly)
+            return False
         got = self._reused_by_records(here, key, until)
         if got is None:
             got = self._reused_by_events(here, key, until)
         if not got:
+            if rotated:
+                self.unlike[key] = self.unlike.get(key, 0) + 1
             return False
         k, new_end, rename = got
         self._lap_fold(here, key, None, True)
@@ -1706,10 +1833,11 @@ class Folder:
         r = self.r
         w = r.walk
         program.repeat(k, r.device, r.runtime, r.sections, w.latency)
-        w.advance(before.walk, after.walk, k)
-        r.device.advance(before.device, after.device, k)
-        r.runtime.advance(before.runtime, after.runtime, k)
-        r.policy.fold_advance(before.policy, after.policy, k)
+        for b, a, times in (program.advances(before, after, k) if type(program) is Rotated else ((before, after, k),)):
+            w.advance(b.walk, a.walk, times)
+            r.device.advance(b.device, a.device, times)
+            r.runtime.advance(b.runtime, a.runtime, times)
+            r.policy.fold_advance(b.policy, a.policy, times)
         if rename is None:
             self._rename(start, end, P)
         else:

@@ -326,7 +326,9 @@ class Policy:
 
     def fold_advance(self, before: tuple, after: tuple, k: int) -> None:
         """The engine skipped ``k`` more windows like the one walked between the `fold_counts` snapshots
-        ``before`` and ``after``: add ``k`` times that window's growth to the totals. Once per fold."""
+        ``before`` and ``after``: add ``k`` times that window's growth to the totals, in the order the walk added it
+        (a log's entries). Once per fold, or, for a window begun at a step boundary inside the one walked, once per
+        part of it, each part's snapshots as the walk took them (`allocsim.engine.fold.Rotated`)."""
         add_growth(self, self.fold_counters, before, after, k)
 
     def counters(self) -> dict:
