@@ -175,16 +175,25 @@ def check_writable(path: str) -> str:
 def check_can_create(path: str) -> None:
     """Make and remove the temporary that will become ``path`` (`temp_path`), or raise `InputError`: root passes
     `os.access` everywhere, and a read-only file system or ``/proc`` refuses only the write itself, which would
-    come after the work."""
+    come after the work.
+
+    The probe is a temporary like any (`TEMP_NAME`), made before any `atomic_path` installs handlers: a signal
+    while it exists (Ctrl-C, a kill) unwinds here too and removes it, rather than leaving it behind or killing
+    the process at its default action with the file still there."""
     tmp = temp_path(path)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:         # this process's own, being written
-        return
-    except OSError as e:
-        raise InputError(f"cannot write: {e.strerror or e}", path=path) from None
-    os.close(fd)
-    os.unlink(tmp)
+    ours = True
+    with signals_unwind():
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+            os.unlink(tmp)          # here, not in the finally: a signal during that check would skip the unlink
+        except FileExistsError:     # this process's own, being written
+            ours = False
+        except OSError as e:
+            raise InputError(f"cannot write: {e.strerror or e}", path=path) from None
+        finally:
+            if ours and os.path.lexists(tmp):       # a signal (or an error) between the open and the unlink
+                os.unlink(tmp)
 
 
 def check_named(path: str, doing: str = "read") -> None:

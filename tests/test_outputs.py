@@ -29,6 +29,18 @@ def _temporaries(d) -> list[str]:
     return [n for n in os.listdir(d) if TEMP_NAME.match(n)]
 
 
+def _writing(d) -> list[str]:
+    """Temporaries with bytes in them: a file being written (a trace's header is written as it opens). Not the
+    empty probe that `claim_outputs` makes and removes at once: a signal sent on seeing that one can land just
+    after it, before the write, where a signal keeps its default action and the process dies of it (-15)."""
+    def size(n):
+        try:
+            return os.path.getsize(os.path.join(d, n))
+        except OSError:
+            return 0
+    return [n for n in _temporaries(d) if size(n)]
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
@@ -109,10 +121,26 @@ def test_killed_atomic_write_leaves_no_temporaries(tmp_path, signum):
     p = subprocess.Popen([sys.executable, "-m", "allocsim", "synth", "alloc-heavy", "-o", str(out),
                           "--param", "n_allocs=1500000"], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    status, err, _ = _kill_when(p, lambda: _temporaries(tmp_path), signum)
+    status, err, _ = _kill_when(p, lambda: _writing(tmp_path), signum)
     assert status == (130 if signum == signal.SIGINT else 128 + signum), err
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert os.listdir(tmp_path) == []                  # no temporary, no half-written x.bin
+
+
+def test_a_signal_during_the_claims_probe_leaves_no_temporary(tmp_path, monkeypatch):
+    """`claim_outputs` makes and removes the output's temporary to learn it can be made: a Ctrl-C landing while
+    it exists (here raised by the close) must not leave it behind, as it did under load."""
+    from allocsim import outputs
+    real_close = os.close
+
+    def interrupted_close(fd):
+        real_close(fd)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(outputs.os, "close", interrupted_close)
+    with pytest.raises(KeyboardInterrupt):
+        outputs.check_can_create(str(tmp_path / "x.bin"))
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == []
 
 
 FAKE_DRIVER = """
