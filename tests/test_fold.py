@@ -864,12 +864,17 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     assert b.walk_n == 4000 and b.walk_s == 4.0 and b.spent == 5.0 and b.rate() == 1e-3
     # the whole walk, 4,000 events at a tenth of the steps: 40,000 events, 40 s
     assert b.over(4000, 0.1)                    # 2 s slack + 0.125 s first looks < 5 s spent
-    b.saved = 3000                              # folds passed 3,000 events: 3 s saved, + 2.25 s > 5 s
+    b.saved = 3000                              # folds passed 3,000 events: 3 s saved, + 2.375 s > 5 s
     assert not b.over(4000, 0.1)
-    b.saved = 1                                 # one event passed: 2 s + 1 ms + 0.25 s < 5 s
+    b.saved = 2700                              # 2 s + 2.7 s + 0.25 s < 5 s, but the first looks' stay: + 0.125 s
+    assert not b.over(4000, 0.1)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.0)
+    assert b.over(4000, 0.1)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
+    b.saved = 1                                 # one event passed: 2 s + 1 ms + 0.375 s < 5 s
     assert b.over(4000, 0.1)
     monkeypatch.setattr(fold, "SLACK", 0.12)
-    assert not b.over(4000, 0.1)                # 4.8 s slack + 1 ms + 0.25 s allowance > 5 s ...
+    assert not b.over(4000, 0.1)                # 4.8 s slack + 1 ms + 0.375 s allowance > 5 s ...
     b.saved = 0
     assert b.over(4000, 0.1)                    # ... but before the first fold no allowance: 4.8 + 0.125 s < 5 s
     monkeypatch.setattr(fold, "FIRST_LOOKS", 0.25)
@@ -879,7 +884,7 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     assert b.over(4000, 0.1)                    # ... at most the slack again: 2 + 2 s < 5 s
     monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
     b.saved = 1
-    monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2 s
+    monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2.125 s
     assert b.over(4000, 0.1)
     monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
     assert not b.over(4000, 0.1)
