@@ -1213,12 +1213,15 @@ class Folder:
 
     def _note(self, m: int) -> None:
         """A boundary ``m`` inside a window being recorded from a state an earlier boundary had (`_try`): where the
-        recording is, the counts, the state and its addresses, for the windows from the states of its cycle
-        (`_rotations`)."""
-        got = self._fingerprint()
+        recording is, the counts and the live objects' addresses, for the windows from the states of its cycle
+        (`_rotations`). Its state is not fingerprinted: the walk from the window's start goes as it went from the
+        template's, whose boundaries' states are known (a fingerprint of GPT-2 small's state under `cupy` costs a
+        few tenths of a millisecond, eleven such a window: charged to the budget, they gave folding up after the
+        first fold)."""
         mark = self.rec[0].mark()
-        if got is not None and mark is not None:
-            self.rec[10][m] = (mark, self._counts(), *got)
+        if mark is not None:
+            r = self.r
+            self.rec[10][m] = (mark, self._counts(), r.policy.addresses(r.handles))
 
     def passed(self, x: int) -> None:
         """The walk drove trace index ``x`` without the folder looking (a `Replay.step`): the MARKs before it are
@@ -1486,13 +1489,14 @@ class Folder:
         such state are kept too, as the recorded window begun there (`Rotated`), so that a run that comes back to
         its cycle at another phase after a break folds at once (`_reuse`), where it recorded a window first
         (`_resume`: on a small GPT logging every 50 steps, 7 steps walked at every break). Each is compared where
-        it lies in the trace, from the template's boundary ``b`` (its state), to its end at the boundary inside the
-        recorded window (its addresses); a state saved already keeps its own window."""
+        it lies in the trace, from the template's boundary ``b`` (its state: the walk from ``walked`` went through
+        it at the boundary noted, as the state at the window's end, checked, is the template's start), to its end
+        at the boundary inside the recorded window (its addresses); a state saved already keeps its own window."""
         program, before, after, P, p, zero = window
         for b, key in self.recent:
             note = notes.get(walked.mark + b.mark - i.mark) if i.mark < b.mark < walked.mark else None
-            if note is not None and note[2] == key and key not in self.saved:
-                mark, middle, _, addr = note
+            if note is not None and key not in self.saved:
+                mark, middle, addr = note
                 self._save(key, (Rotated(recorder, mark, program, middle), before, after, P, p, b, addr, zero))
 
     def _resumed_end_by_events(self, j: Boundary, e: Boundary, P: int) -> "tuple | bool":
