@@ -57,12 +57,16 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _stand_in_for_closed_streams()
-    parser = make_parser()
-    Parser.argv = list(argv)
-    try:
-        args = parser.parse_args(argv)
-    except OSError as e:            # --help or --version to a full disk or a closed stdout
-        return _write_failed(e, debug="--debug" in argv)
+    try:                            # (a Ctrl-C while the plug-ins load or the arguments are read: one line too)
+        parser = make_parser()
+        Parser.argv = list(argv)
+        try:
+            args = parser.parse_args(argv)
+        except OSError as e:        # --help or --version to a full disk or a closed stdout
+            return _write_failed(e, debug="--debug" in argv)
+    except KeyboardInterrupt:
+        print("allocsim: interrupted", file=sys.stderr)
+        return 130
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2

@@ -30,3 +30,24 @@ def test_every_option_of_every_command_says_what_it_does():
     bare = [f"{name} {a.option_strings[0]}" for name, p in sub.choices.items() for a in p._actions
             if a.option_strings and not a.help]
     assert not bare, bare
+
+
+@pytest.mark.parametrize("where", ["make_parser", "parse_args"])
+def test_a_ctrl_c_while_the_arguments_are_read_is_one_line(monkeypatch, capsys, where):
+    """A Ctrl-C while the plug-ins load (making the parser) or the arguments are read: status 130 and one line, as
+    anywhere later, not a traceback."""
+    from allocsim import cli
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    if where == "make_parser":
+        monkeypatch.setattr(cli, "make_parser", interrupted)
+    else:
+        monkeypatch.setattr(cli.Parser, "parse_args", interrupted)
+    try:
+        status = cli.main(["replay", TRACE])
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped main")
+    assert status == 130
+    err = capsys.readouterr().err
+    assert err == "allocsim: interrupted\n", err
