@@ -515,7 +515,17 @@ def _added(start: float, incs: np.ndarray, times: int) -> np.ndarray:
     return np.add.accumulate(out, out=out)
 
 
-class Program:
+class Additions:
+    """What a fold adds (`Folder._skip`): `repeat` adds the floats of ``k`` windows, `advances` says how the counts
+    grow -- by default the window's growth between its two snapshots, ``k`` times."""
+
+    def advances(self, start: "Counts", end: "Counts", k: int) -> tuple:
+        """The counts' growth of ``k`` windows as ``(before, after, times)`` in the walk's order (``start`` and
+        ``end``: the window's counts)."""
+        return ((start, end, k),)
+
+
+class Program(Additions):
     """What one window adds to the float totals, to be repeated: the increments per total, the latencies and
     section times as positions on the clock's tape (or constants)."""
 
@@ -568,7 +578,7 @@ class Program:
             stat[0] += n * sum(calls for _, calls in specs)
 
 
-class Chain:
+class Chain(Additions):
     """A lap's additions in order (`Journal`): each a `Program` and how many times over it adds (a fold's window ``k``
     times, a stretch walked once). Repeated, each is added in turn, as the walk added them, so every float is
     the full walk's."""
@@ -582,7 +592,7 @@ class Chain:
                 program.repeat(times, device, runtime, sections, latency)
 
 
-class Rotated:
+class Rotated(Additions):
     """A recorded window begun at a step boundary inside it: the windows from a state its cycle went through, a
     run's period resumed at another phase after a break (`Folder._rotations`). The walk from that boundary's
     state adds the part of the window after the boundary, then, window after window, the whole window (its part
@@ -606,19 +616,16 @@ class Rotated:
         return self.window.adds_anything()
 
     def repeat(self, k: int, device, runtime, sections, latency) -> None:
-        before, after = self._parts
+        before, after = self.parts()
         after.repeat(1, device, runtime, sections, latency)
         if k > 1:
             self.window.repeat(k - 1, device, runtime, sections, latency)
         before.repeat(1, device, runtime, sections, latency)
 
-    def advances(self, start: "Counts", end: "Counts", k: int) -> list:
-        """The counts' growth of ``k`` windows from the boundary, as ``(before, after, times)`` in the walk's order
-        (``start`` and ``end``: the whole window's counts)."""
-        out = [(self.middle, end, 1)]
-        if k > 1:
-            out.append((start, end, k - 1))
-        return out + [(start, self.middle, 1)]
+    def advances(self, start: "Counts", end: "Counts", k: int) -> tuple:
+        """From the boundary: the part after it, the window ``k - 1`` times, the part before it."""
+        whole = ((start, end, k - 1),) if k > 1 else ()
+        return ((self.middle, end, 1), *whole, (start, self.middle, 1))
 
 
 class Journal:
@@ -1833,7 +1840,7 @@ class Folder:
                 self.journal.recorder.end()
             self.journal = None
 
-    def _skip(self, program: Program, k: int, before, after, start: int, end: int, P: int, how: tuple,
+    def _skip(self, program: Additions, k: int, before, after, start: int, end: int, P: int, how: tuple,
               zero: bool, rename: dict | None = None) -> None:
         """Add ``k`` windows as the recorded one added, rename the live ids (``rename``: ids to their new ones;
         None: `_rename`'s), and move the walk to ``end``; ``how``: (period in steps, the step it is said to start
@@ -1841,7 +1848,7 @@ class Folder:
         r = self.r
         w = r.walk
         program.repeat(k, r.device, r.runtime, r.sections, w.latency)
-        for b, a, times in (program.advances(before, after, k) if type(program) is Rotated else ((before, after, k),)):
+        for b, a, times in program.advances(before, after, k):
             w.advance(b.walk, a.walk, times)
             r.device.advance(b.device, a.device, times)
             r.runtime.advance(b.runtime, a.runtime, times)
