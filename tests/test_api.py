@@ -23,3 +23,12 @@ def test_import_is_light():
     code = "import sys, allocsim; print(sorted(m for m in ('torch','cupy','matplotlib','dask','tqdm') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_replay_from_the_command_line_leaves_numpy_ma_unimported():
+    """`numpy.unique`'s first call in a process imports `numpy.ma` (10-20 ms: more than a folded replay of a small
+    GPT takes); a replay does not call it (`Trace.kinds_present` counts the kinds instead)."""
+    code = ("import sys; from allocsim.cli import main; rc = main(['replay', 'traces/gpt2.bin', '--policy', 'torch', "
+            "'--json']); print(rc, 'numpy.ma' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stderr.split()[-2:] == ["0", "False"], out.stderr[-2000:]

@@ -459,3 +459,12 @@ def test_failing_command_leaves_no_output_file(tmp_path, capsys, command):
     rc, out, err = main_in_process([command, bad, "-o", str(out_path)], capsys)
     assert rc == 2 and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["bad.bin"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "cupy_mlp", "pools-capture", "cudnn-benchmark-resnet50"])
+def test_kinds_present_are_the_kinds_the_records_hold(name, monkeypatch):
+    """`Trace.kinds_present` counts the kinds chunk by chunk (a small chunk here: several of them)."""
+    from allocsim.trace import trace as trace_module
+    t = Trace.load(str(Path(__file__).resolve().parent.parent / "traces" / f"{name}.bin"))
+    monkeypatch.setattr(trace_module, "CHUNK", 4096)
+    assert t.kinds_present == frozenset(int(k) for k in set(t.records["kind"].tolist()))
