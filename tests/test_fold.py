@@ -881,7 +881,10 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     assert not b.over(4000, 0.1)                # ... only the first looks': 4.8 + 0.25 s > 5 s
     monkeypatch.setattr(fold, "SLACK", 0.05)
     monkeypatch.setattr(fold, "FIRST_LOOKS", 10.0)
-    assert b.over(4000, 0.1)                    # ... at most the slack again: 2 + 2 s < 5 s
+    assert not b.over(4000, 0.1)                # ... at most twice the slack: 2 + 4 s > 5 s ...
+    b.spent = 6.5
+    assert b.over(4000, 0.1)                    # ... and no more: 2 + 4 s < 6.5 s
+    b.spent = 5.0
     monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
     b.saved = 1
     monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2.125 s

@@ -84,11 +84,14 @@ SLACK = 0.05
 #: for a period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints).
 MIN_EVENTS = 1024
 ALLOWANCE = 0.01        # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
-#: Before the first fold, the seconds the folder's making and its first looks may take beyond the slack (at most the
-#: slack again): a fixed cost whatever the run's length (reading the steps, the first signatures and fingerprints:
-#: 0.6-0.8 ms on a 300-step GPT whose whole walk takes 20 ms, whose slack was then spent by step 7 of the 16 its
-#: state takes to repeat).
-FIRST_LOOKS = 0.001
+#: Before the first fold, the seconds the folder's making and its first looks may take beyond the slack (at most
+#: twice the slack): a fixed cost whatever the run's length (reading the steps, the first signatures and
+#: fingerprints: 0.6-0.8 ms on a 300-step GPT whose whole walk takes 20 ms, whose slack was then spent by step 7 of
+#: the 16 its state takes to repeat). In a fresh process, as `allocsim replay` runs, they take about twice what they
+#: take in a process that replayed before (the first touch of its memory): with 1 ms, at most the slack, that GPT
+#: gave folding up before its first fold in most runs of `allocsim replay` on this project's machine, and took 1.3-1.5
+#: times its `--no-fold` time; with 2 ms it folds in every run (docs/performance.md, 2026-12-03, late night).
+FIRST_LOOKS = 0.002
 #: The stretches walked between looks are rated (`Budget.rate`) in runs of at least this many driving events, the
 #: last `RATES` kept, `MIN_RATES` of them before the rate is trusted.
 STRETCH, RATES, MIN_RATES = 256, 64, 4
@@ -1102,8 +1105,8 @@ class Budget:
         """Whether folding has spent past its slack and its savings, ``done`` driving events walked (folded ones
         included) at ``share`` of the trace's steps (the whole walk is estimated from them). Before the first fold
         there is no allowance but `FIRST_LOOKS`, the folder's making (reading the steps, charged too) and first
-        looks: a run whose state repeats nowhere the folder looks costs about `SLACK` over ``--no-fold``, and a
-        millisecond (the allowance, there from the start until 2026-12-03, made that 10-16 % on the real runs under
+        looks: a run whose state repeats nowhere the folder looks costs about `SLACK` over ``--no-fold``, and two
+        milliseconds (the allowance, there from the start until 2026-12-03, made that 10-16 % on the real runs under
         the policies whose states repeat late or never). After it, both (until 2026-12-03 evening the first looks'
         went at the first fold, though no fold gives the making and first looks back: the small GPT, 300 cheap steps,
         gave folding up at steps 43-52 in most runs on a loaded machine, its first fold of 21 steps having saved
@@ -1113,7 +1116,7 @@ class Budget:
         per = self.rate()
         total = done / share
         slack = per * SLACK * total
-        first = min(FIRST_LOOKS, slack)     # (the making and first looks: no fold gives them back)
+        first = min(FIRST_LOOKS, 2 * slack)     # (the making and first looks: no fold gives them back)
         if not self.saved:
             return self.spent - per * self.recorded > slack + first
         return self.spent - per * self.recorded > slack + per * self.saved + first + min(ALLOWANCE, slack)
