@@ -14,11 +14,15 @@
    with an evaluation every 50; 1,000 steps with an evaluation every 100 <= half their ``fold=False`` time), and
    what folding costs where nothing repeats (``--give-up``, default ``traces/gpt2_variable.bin``: <= 5 % over
    ``fold=False``).
+5. ``--real --cold``: the same runs as ``allocsim replay --json`` runs them, each replay in a fresh process (its
+   first touch of memory, its lazy imports): the median ``replay_seconds`` of ``--repeat`` runs folded and with
+   ``--no-fold`` (wall time, the figure the command prints), and how many steps each folded run folded.
 
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
     python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
-                                     [--long trace.bin] [--real [--give-up trace.bin]] [--json out.json] [--kept]
+                                     [--long trace.bin] [--real [--give-up trace.bin] [--cold]] [--json out.json]
+                                     [--kept]
 """
 from __future__ import annotations
 
@@ -112,6 +116,8 @@ def main(argv=None) -> int:
     ap.add_argument("--real", action="store_true", help="the real runs of traces/fold/ and the give-up cost only")
     ap.add_argument("--give-up", default=os.path.join(ROOT, "traces", "gpt2_variable.bin"), metavar="TRACE",
                     help="with --real: a trace whose steps do not repeat (default traces/gpt2_variable.bin)")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --real: each replay in a fresh process, as `allocsim replay --json` runs it")
     ap.add_argument("--json", metavar="OUT", help="also write the figures as JSON")
     ap.add_argument("--kept", action="store_true",
                     help="keep a short trace's walk chunks between its replays, as a tune or fit does (the figures "
@@ -122,7 +128,10 @@ def main(argv=None) -> int:
     print(f"each replay {'keeps' if KEPT else 'makes afresh'} a short trace's walk chunks (--kept: "
           f"{'on' if KEPT else 'off'})")
     policies = a.policies.split(",")
-    out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": []}
+    out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": [], "cold": []}
+    if a.real and a.cold:
+        cold_runs(policies, a.repeat, out)
+        return write_json(a.json, out)
     if a.real:
         real_runs(policies, a.repeat, a.give_up, out)
         return write_json(a.json, out)
@@ -206,6 +215,35 @@ def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None
         out["give_up"].append(row)
         print(f"  {p:<8}{row['folded_s']:.4f}s / {row['full_s']:.4f}s  {row['over']:+.1%}  (target <= +5 %)  "
               f"{fmt_fold(row['folded'])}")
+
+
+def cold_runs(policies: list[str], repeat: int, out: dict) -> None:
+    """Section 5: the real runs through `allocsim replay --json`, a fresh process each, folded and with ``--no-fold``
+    alternated: their ``replay_seconds`` (medians) and the steps each folded run folded."""
+    import statistics
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    print(f"real runs (traces/fold/) as `allocsim replay --json` runs them, a fresh process each: median wall "
+          f"replay_seconds of {repeat}, folded and with --no-fold")
+    print(f"{'trace':<18}{'policy':<9}{'folded':>9}{'full':>9}{'/full':>7}  steps folded, run by run")
+    for name, _, _ in REAL:
+        path = unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz"))
+        for p in policies:
+            seconds: dict = {True: [], False: []}
+            steps = []
+            for _ in range(repeat):
+                for fold in (True, False):
+                    cmd = [sys.executable, "-m", "allocsim", "replay", path, "--policy", p, "--json"]
+                    done = subprocess.run(cmd + ([] if fold else ["--no-fold"]), capture_output=True, text=True,
+                                          env=env, check=True)
+                    d = json.loads(done.stdout)
+                    seconds[fold].append(d["replay_seconds"])
+                    if fold:
+                        steps.append((d.get("folded") or {}).get("steps", 0))
+            f, n = statistics.median(seconds[True]), statistics.median(seconds[False])
+            row = dict(trace=name, policy=p, folded_s=f, full_s=n, over_full=f / n, steps=steps)
+            out["cold"].append(row)
+            print(f"{name:<18}{p:<9}{f:>9.3f}{n:>9.3f}{f / n:>7.2f}  {' '.join(map(str, steps))}")
 
 
 def unpacked(path: str) -> str:
