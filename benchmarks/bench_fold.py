@@ -15,8 +15,9 @@
    what folding costs where nothing repeats (``--give-up``, default ``traces/gpt2_variable.bin``: <= 5 % over
    ``fold=False``).
 5. ``--real --cold``: the same runs as ``allocsim replay --json`` runs them, each replay in a fresh process (its
-   first touch of memory, its lazy imports): the median ``replay_seconds`` of ``--repeat`` runs folded and with
-   ``--no-fold`` (wall time, the figure the command prints), and how many steps each folded run folded.
+   first touch of memory, its lazy imports): the median ``replay_seconds`` (wall time, the figure the command
+   prints) of ``--repeat`` runs of the first 10 steps folded, all folded and all with ``--no-fold``, and how many
+   steps each folded run folded.
 
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
@@ -218,32 +219,43 @@ def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None
 
 
 def cold_runs(policies: list[str], repeat: int, out: dict) -> None:
-    """Section 5: the real runs through `allocsim replay --json`, a fresh process each, folded and with ``--no-fold``
-    alternated: their ``replay_seconds`` (medians) and the steps each folded run folded."""
+    """Section 5: the real runs through `allocsim replay --json`, a fresh process each -- the first 10 steps folded, all
+    folded, all with ``--no-fold``, by turns: their ``replay_seconds`` (medians; a fresh process's set-up inside the
+    replay, its policy's import and first touch of memory, is in each) and the steps each folded run folded."""
     import statistics
+    import tempfile
+    print(f"real runs (traces/fold/) as `allocsim replay --json` runs them, a fresh process each: median wall "
+          f"replay_seconds of {repeat}: the first 10 steps folded, all folded, all with --no-fold")
+    print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  steps folded, run by run")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, _, _ in REAL:
+            path = unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz"))
+            head = os.path.join(tmp, name + "-10.bin")
+            first_steps(Trace.load(path), 10).save(head)
+            for p in policies:
+                seconds: dict = {"head": [], "fold": [], "full": []}
+                steps = []
+                for _ in range(repeat):
+                    for what, trace, more in (("head", head, []), ("fold", path, []), ("full", path, ["--no-fold"])):
+                        d = replayed(trace, p, more)
+                        seconds[what].append(d["replay_seconds"])
+                        if what == "fold":
+                            steps.append((d.get("folded") or {}).get("steps", 0))
+                h, f, n = (statistics.median(seconds[w]) for w in ("head", "fold", "full"))
+                row = dict(trace=name, policy=p, short_s=h, folded_s=f, full_s=n, ratio=f / h, over_full=f / n,
+                           steps=steps)
+                out["cold"].append(row)
+                print(f"{name:<18}{p:<9}{h:>9.3f}{f:>8.3f}{f / h:>7.2f}{n:>8.3f}{f / n:>7.2f}  "
+                      f"{' '.join(map(str, steps))}")
+
+
+def replayed(path: str, policy: str, more: list[str]) -> dict:
+    """`allocsim replay --json`'s result of ``path`` under ``policy``, in a fresh process (this checkout's package)."""
     import subprocess
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    print(f"real runs (traces/fold/) as `allocsim replay --json` runs them, a fresh process each: median wall "
-          f"replay_seconds of {repeat}, folded and with --no-fold")
-    print(f"{'trace':<18}{'policy':<9}{'folded':>9}{'full':>9}{'/full':>7}  steps folded, run by run")
-    for name, _, _ in REAL:
-        path = unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz"))
-        for p in policies:
-            seconds: dict = {True: [], False: []}
-            steps = []
-            for _ in range(repeat):
-                for fold in (True, False):
-                    cmd = [sys.executable, "-m", "allocsim", "replay", path, "--policy", p, "--json"]
-                    done = subprocess.run(cmd + ([] if fold else ["--no-fold"]), capture_output=True, text=True,
-                                          env=env, check=True)
-                    d = json.loads(done.stdout)
-                    seconds[fold].append(d["replay_seconds"])
-                    if fold:
-                        steps.append((d.get("folded") or {}).get("steps", 0))
-            f, n = statistics.median(seconds[True]), statistics.median(seconds[False])
-            row = dict(trace=name, policy=p, folded_s=f, full_s=n, over_full=f / n, steps=steps)
-            out["cold"].append(row)
-            print(f"{name:<18}{p:<9}{f:>9.3f}{n:>9.3f}{f / n:>7.2f}  {' '.join(map(str, steps))}")
+    done = subprocess.run([sys.executable, "-m", "allocsim", "replay", path, "--policy", policy, "--json", *more],
+                          capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout)
 
 
 def unpacked(path: str) -> str:
