@@ -38,11 +38,25 @@ def version() -> str:
         return __version__
 
 
+class _Version(argparse.Action):
+    """``--version``: the version and the build that runs, read only when asked (the distribution's metadata took
+    15 ms of every command's start, a third of a small trace's replay)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        formatter = parser._get_formatter()
+        formatter.add_text(f"allocsim {version()} ({build()})")
+        parser._print_message(formatter.format_help(), sys.stdout)
+        parser.exit()
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = Parser(prog="allocsim", description="Record GPU allocation traces; replay them against allocator policies.",
                epilog=MAIN_PATH, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.add_argument("--version", action="version", version=f"allocsim {version()} ({build()})")
+    p.add_argument("--version", action=_Version, help="show the version and the build that runs, and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for command in COMMANDS:
         sp = sub.add_parser(command.name, help=command.help, description=command.help,
