@@ -853,7 +853,7 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     monkeypatch.setattr(fold, "MIN_EVENTS", 100)
     monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
     monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
-    b = fold.Budget(clock=Ticks(1.0))
+    b = fold.Budget(clock=Ticks(1.0), cpu=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
     for k in range(1, 4):                       # three stretches of 1,000 events walked in 1 s: 1 ms each
         b.walked(1.0, 1000)
@@ -896,9 +896,30 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     assert not b.over(4000, 0.1)
 
 
+def test_the_time_another_process_had_the_cpu_is_not_charged_to_the_folder():
+    """Each look and each stop is charged the least of the wall time and the thread's CPU time it took: a process
+    descheduled in a look (two others busy on two cores) had its folding given up in 7 of 20 runs of a small GPT,
+    1 in 20 so (docs/performance.md, 2026-12-03, late night)."""
+    wall, cpu = Ticks(1.0), Ticks(1.0)
+    b = fold.Budget(clock=wall, cpu=cpu)
+    began = b.enter(0)
+    wall.now += 5.0                             # another process ran 5 s: the wall clock moved, the thread's did not
+    b.leave(began, 0, False, 0)
+    assert b.spent == 1.0                       # the look's 1 s of CPU, not its 6 s of wall time
+    b.walked(0.5, 500)
+    wall.now += 3.0
+    began = b.enter(500)                        # a stretch of 4 s wall, 1 s CPU, 0.5 s of it the walk's calls
+    assert b.spent == 1.5
+    b.leave(began, 500, False, 0)               # (1 s on both clocks)
+    assert b.spent == 2.5
+    cpu.now += 5.0                              # a CPU clock that ran ahead of the wall: the wall time counts
+    b.leave(b.enter(500), 500, False, 0)        # the stop 1 s (not 6), the look 1 s
+    assert b.spent == 4.5
+
+
 def test_a_recorded_window_is_charged_beyond_what_walking_it_costs(monkeypatch):
     monkeypatch.setattr(fold, "MIN_EVENTS", 1)
-    b = fold.Budget(clock=Ticks(1.0))
+    b = fold.Budget(clock=Ticks(1.0), cpu=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)
     b.walked(1.0, 300)
     b.leave(b.enter(300), 300, True, 0)         # 300 events walked plainly in 1 s; then recording
@@ -911,7 +932,7 @@ def test_stopping_at_a_boundary_is_the_folders_cost_and_the_rate_is_the_steady_w
     charged to the folder, not to the walk's rate; and the rate is the lower quartile of the stretches' (the first
     steps, while the pools grow, cost many times a steady step an event: a mean would credit folds with more
     than they save)."""
-    b = fold.Budget(clock=Ticks(1.0))
+    b = fold.Budget(clock=Ticks(1.0), cpu=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)            # spent 1 s; the clock reads 2
     b.walked(0.25, 500)                         # the walk's calls: 0.25 s of the 1 s stretch
     b.leave(b.enter(500), 500, False, 0)        # the stretch's other 0.75 s are the folder's, and its own 1 s
