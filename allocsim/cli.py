@@ -46,9 +46,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=default, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        formatter = parser._get_formatter()
-        formatter.add_text(f"allocsim {version()} ({build()})")
-        parser._print_message(formatter.format_help(), sys.stdout)
+        sys.stdout.write(f"allocsim {version()} ({build()})\n")
+        sys.stdout.flush()          # a closed pipe or a full disk shows here, as one line (`main`), not at exit
         parser.exit()
 
 
@@ -76,6 +75,8 @@ def main(argv=None) -> int:
         Parser.argv = list(argv)
         try:
             args = parser.parse_args(argv)
+        except BrokenPipeError:     # --help or --version to a reader that stopped reading
+            return _stdout_closed()
         except OSError as e:        # --help or --version to a full disk or a closed stdout
             return _write_failed(e, debug="--debug" in argv)
     except KeyboardInterrupt:

@@ -226,7 +226,8 @@ def cold_runs(policies: list[str], repeat: int, out: dict) -> None:
     import tempfile
     print(f"real runs (traces/fold/) as `allocsim replay --json` runs them, a fresh process each: median wall "
           f"replay_seconds of {repeat}: the first 10 steps folded, all folded, all with --no-fold")
-    print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  steps folded, run by run")
+    print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  "
+          f"steps folded, run by run")
     with tempfile.TemporaryDirectory() as tmp:
         for name, _, _ in REAL:
             path = unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz"))

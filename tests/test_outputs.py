@@ -402,7 +402,8 @@ def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path, argv):
 
 
 # ---- pipes, --version, --help, the OOM line ------------------------------------------------------
-@pytest.mark.parametrize("argv", [["info", "{trace}"], ["compare", "{trace}", "-p", "none,bestfit", "-j", "1"]])
+@pytest.mark.parametrize("argv", [["info", "{trace}"], ["compare", "{trace}", "-p", "none,bestfit", "-j", "1"],
+                                  ["--version"], ["--help"]])
 def test_closed_pipe_ends_quietly_with_141(trace, argv):
     p = subprocess.Popen([sys.executable, "-m", "allocsim", *[a.format(trace=trace) for a in argv]], env=ENV,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
