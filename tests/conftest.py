@@ -72,7 +72,7 @@ def random_trace(n=2000, seed=1, max_size=1 << 22, streams=1, marks_every=0, tot
 
 @pytest.fixture(autouse=True)
 def _folding_never_gives_up(monkeypatch):
-    """Folding's budget reads wall time (allocsim/engine/fold.py, `Budget`): with it off, the tests that count
+    """Folding's budget reads the clocks (allocsim/engine/fold.py, `Budget`): with it off, the tests that count
     folds see every fold a trace allows whatever the machine's load (a fold never changes a result either way);
     tests/test_fold.py checks the budget with settings of its own."""
     from allocsim.engine import fold

@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 import allocsim
 from conftest import ROOT
 
@@ -28,7 +30,11 @@ def test_import_is_light():
 def test_a_replay_from_the_command_line_leaves_numpy_ma_unimported():
     """`numpy.unique`'s first call in a process imports `numpy.ma` (10-20 ms: more than a folded replay of a small
     GPT takes); a replay does not call it (`Trace.kinds_present` counts the kinds instead)."""
-    code = ("import sys; from allocsim.cli import main; rc = main(['replay', 'traces/gpt2.bin', '--policy', 'torch', "
-            "'--json']); print(rc, 'numpy.ma' in sys.modules, file=sys.stderr)")
+    code = ("import sys, numpy; early = 'numpy.ma' in sys.modules; from allocsim.cli import main; "
+            "rc = main(['replay', 'traces/gpt2.bin', '--policy', 'torch', '--json']); "
+            "print(early, rc, 'numpy.ma' in sys.modules, file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.stderr.split()[-2:] == ["0", "False"], out.stderr[-2000:]
+    early, *rest = out.stderr.split()[-3:]
+    if early == "True":
+        pytest.skip("this numpy imports numpy.ma with itself (numpy 1.x)")
+    assert rest == ["0", "False"], out.stderr[-2000:]

@@ -915,6 +915,10 @@ def test_the_time_another_process_had_the_cpu_is_not_charged_to_the_folder():
     cpu.now += 5.0                              # a CPU clock that ran ahead of the wall: the wall time counts
     b.leave(b.enter(500), 500, False, 0)        # the stop 1 s (not 6), the look 1 s
     assert b.spent == 4.5
+    b.walked(3.5, 500, 0.5)                     # the walk's calls descheduled: 3.5 s wall, 0.5 s CPU ...
+    wall.now += 3.0
+    b.enter(1000)                               # ... of a stretch of 4 s wall, 1 s CPU: the stop is 0.5 s either way
+    assert b.spent == 5.0
 
 
 def test_a_recorded_window_is_charged_beyond_what_walking_it_costs(monkeypatch):
@@ -1243,8 +1247,8 @@ def test_a_window_the_fused_loop_records_is_counted_as_walking_and_one_walked_pl
     leave, walked = fold.Budget.leave, fold.Budget.walked
     monkeypatch.setattr(fold.Budget, "leave", lambda self, began, done, recording, passed: (
         marks.append(recording), leave(self, began, done, recording, passed))[1])
-    monkeypatch.setattr(fold.Budget, "walked", lambda self, seconds, events: (
-        pieces.append(events), walked(self, seconds, events))[1])
+    monkeypatch.setattr(fold.Budget, "walked", lambda self, seconds, events, cpu=None: (
+        pieces.append(events), walked(self, seconds, events, cpu))[1])
     r = Replay(trace, policy)
     r.run()
     assert r.folded["steps"] > 20 and r.records_fused == tape
@@ -2128,7 +2132,12 @@ def test_the_folders_making_is_charged_to_its_budget(monkeypatch):
     that too within its slack: the budget starts with it spent."""
     import time
     steps_init = fold.Steps.__init__
-    monkeypatch.setattr(fold.Steps, "__init__", lambda self, trace: (steps_init(self, trace), time.sleep(0.05))[0])
+    def busy(seconds: float) -> None:       # (on the CPU: a sleep's time is not the thread's, and is not charged)
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    monkeypatch.setattr(fold.Steps, "__init__", lambda self, trace: (steps_init(self, trace), busy(0.05))[0])
     fold._STEPS.clear()
     r = Replay(repeat_steps(load("gpt2.bin"), 20), "torch")
     assert r._folder is not None and r._folder.budget.spent >= 0.05

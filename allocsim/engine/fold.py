@@ -1039,8 +1039,9 @@ class Budget:
     records plainly beyond what walking them would cost; a window a fused loop records is walking) against the walk's
     own cost per event (`rate`). The folder gives up
     once it has spent more than `SLACK` of the whole walk's estimated time, plus what its folds saved, plus
-    `ALLOWANCE` (at most that slack again): a run that folds little then costs about `SLACK` more than
-    ``--no-fold`` (up to twice that on a short one), one that folds much keeps folding. Each look and each stop is
+    `ALLOWANCE` (at most that slack again), plus the first looks' `FIRST_LOOKS` (at most twice the slack): a run that
+    folds little then costs about `SLACK` more than ``--no-fold`` and two milliseconds (up to three times the slack
+    on a short one), one that folds much keeps folding. Each look and each stop is
     charged the least of the wall time and the thread's CPU time it took (``clock``, ``cpu``): the time another
     process had the CPU is not the folder's (charged it, a small GPT's folding was given up in 7 of 20 replays
     beside two busy processes on two cores, 1 in 20 so); the walk's rate stays on the wall clock, its lower quartile
@@ -1052,6 +1053,7 @@ class Budget:
         self.clock, self.cpu = clock, cpu
         self.walk_s, self.walk_n = 0.0, 0       # walked (fused, or recorded by the fused loop): seconds, events
         self.inner_s, self.inner_n = 0.0, 0     # ... of them since the folder last let go (`walked`)
+        self.inner_cpu = 0.0                    # ... the thread's CPU seconds of them
         self.run_s, self.run_n = 0.0, 0         # ... not yet rated (short steps: stretches gathered to `STRETCH`)
         self.rates: list[float] = []            # seconds an event of the last `RATES` stretches walked
         self.spent = 0.0                        # the folder's own seconds, and the recorded windows'
@@ -1065,28 +1067,34 @@ class Budget:
         now, cpu = self.clock(), self.cpu()
         if self.mark is not None:
             then, then_cpu, before, plainly = self.mark
-            took = min(now - then, cpu - then_cpu)
             if plainly:
-                self.spent += took
+                self.spent += min(now - then, cpu - then_cpu)
                 self.recorded += done - before
             else:               # the walk's own calls; the rest of the stretch (stopping at a boundary) is folding's
                 self.walk_s += self.inner_s
                 self.walk_n += self.inner_n
-                self.spent += max(0.0, took - self.inner_s)
+                self.spent += max(0.0, min(now - then - self.inner_s, cpu - then_cpu - self.inner_cpu))
                 self.run_s += self.inner_s
                 self.run_n += self.inner_n
                 if self.run_n >= STRETCH:
                     self.rates.append(self.run_s / self.run_n)
                     del self.rates[:-RATES]
                     self.run_s, self.run_n = 0.0, 0
-        self.inner_s, self.inner_n = 0.0, 0
+        self.inner_s, self.inner_cpu, self.inner_n = 0.0, 0.0, 0
         return now, cpu
 
-    def walked(self, seconds: float, events: int) -> None:
-        """The walk drove ``events`` in ``seconds`` between two boundaries: its cost per event is measured on the
-        walking alone, as a walk that does not stop at each boundary walks (stopping is the folder's cost)."""
+    def walked(self, seconds: float, events: int, cpu: float | None = None) -> None:
+        """The walk drove ``events`` in ``seconds`` (``cpu`` of them on the thread's CPU clock: ``seconds`` if not
+        given) between two boundaries: its cost per event is measured on the walking alone, as a walk that does not
+        stop at each boundary walks (stopping is the folder's cost)."""
         self.inner_s += seconds
+        self.inner_cpu += seconds if cpu is None else cpu
         self.inner_n += events
+
+    def charge(self, seconds: float, cpu: float) -> None:
+        """The folder's own work outside its looks (its making: the steps read) took ``seconds``, ``cpu`` of them on
+        the thread's CPU clock: the least is spent."""
+        self.spent += min(seconds, cpu)
 
     def leave(self, began: tuple[float, float], done: int, plainly: bool, passed: int) -> None:
         """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold;
@@ -1113,7 +1121,7 @@ class Budget:
         included) at ``share`` of the trace's steps (the whole walk is estimated from them). Before the first fold
         there is no allowance but `FIRST_LOOKS`, the folder's making (reading the steps, charged too) and first
         looks: a run whose state repeats nowhere the folder looks costs about `SLACK` over ``--no-fold``, and two
-        milliseconds (the allowance, there from the start until 2026-12-03, made that 10-16 % on the real runs under
+        milliseconds (`ALLOWANCE`, there from the start until 2026-12-03, made that 10-16 % on the real runs under
         the policies whose states repeat late or never). After it, both (until 2026-12-03 evening the first looks'
         went at the first fold, though no fold gives the making and first looks back: the small GPT, 300 cheap steps,
         gave folding up at steps 43-52 in most runs on a loaded machine, its first fold of 21 steps having saved
