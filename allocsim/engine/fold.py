@@ -1091,10 +1091,20 @@ class Budget:
         self.inner_cpu += seconds if cpu is None else cpu
         self.inner_n += events
 
-    def charge(self, seconds: float, cpu: float) -> None:
-        """The folder's own work outside its looks (its making: the steps read) took ``seconds``, ``cpu`` of them on
-        the thread's CPU clock: the least is spent."""
-        self.spent += min(seconds, cpu)
+    def now(self) -> tuple[float, float]:
+        """The two clocks' readings, for `walked_since` and `charge_since`."""
+        return self.clock(), self.cpu()
+
+    def walked_since(self, since: tuple[float, float], events: int) -> None:
+        """`walked`: the walk drove ``events`` since the readings ``since`` (`now`)."""
+        wall, cpu = self.now()
+        self.walked(wall - since[0], events, cpu - since[1])
+
+    def charge_since(self, since: tuple[float, float]) -> None:
+        """The folder's own work outside its looks (its making: the steps read) took the time since the readings
+        ``since``: the least of the two clocks' is spent."""
+        wall, cpu = self.now()
+        self.spent += min(wall - since[0], cpu - since[1])
 
     def leave(self, began: tuple[float, float], done: int, plainly: bool, passed: int) -> None:
         """The folder lets go, having taken the time since ``began`` and passed ``passed`` events by a fold;

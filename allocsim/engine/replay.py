@@ -530,10 +530,10 @@ class Replay:
         self._closed = False
         self._fold_until = None         # the trace index the walk is to reach (None: the end; -1: no folding)
         self._last_at = -1              # the trace index of the last event walked
-        made = time.perf_counter(), time.thread_time()
+        made = time.perf_counter(), time.thread_time()     # (`fold.Budget`'s two clocks)
         self._folder = Folder(self) if s.fold and Folder.possible(self, device is not None, guard) else None
         if self._folder is not None:        # reading the steps is folding's cost (`fold.Budget`)
-            self._folder.budget.charge(time.perf_counter() - made[0], time.thread_time() - made[1])
+            self._folder.budget.charge_since(made)
 
     # ---- running -----------------------------------------------------------------------------
     def run(self, until: int | None = None) -> ReplayResult | None:
@@ -619,10 +619,10 @@ class Replay:
         while not w.stopped and self._chunks is not None:
             c = self._chunk
             if c is None or self._pos >= len(c.at):
-                t0, c0 = time.perf_counter(), time.thread_time()
+                since = folder.budget.now() if folder is not None else None
                 c = self._chunk = next(self._chunks, None)
                 if folder is not None:      # reading a chunk is the walk's own work, as `--no-fold` does it
-                    folder.budget.walked(time.perf_counter() - t0, 0, time.thread_time() - c0)
+                    folder.budget.walked_since(since, 0)
                 self._pos = 0
                 if c is None:
                     self._chunks = None
@@ -647,7 +647,7 @@ class Replay:
                 recording = recorder is not None
                 lat = LatencyTape() if recording else array("d")
                 tape = recorder.clock_tape if recording and self._fused_tape else None
-                t0, c0, pos = time.perf_counter(), time.thread_time(), self._pos
+                since, pos = folder.budget.now() if folder is not None else None, self._pos
                 self._pos = self._walk_chunk(c, pos, hi, lat, fused=not recording or tape is not None, tape=tape)
                 if self._pos > pos:
                     self._last_at = int(c.at[self._pos - 1])      # (a step's last event: `Folder.passed`)
@@ -655,8 +655,7 @@ class Replay:
                     folder.abort()
                 w.latency.extend(lat)
                 if folder is not None and (not recording or tape is not None):  # the walk's own time, for the
-                    folder.budget.walked(time.perf_counter() - t0, self._pos - pos,    # the folder's account
-                                         time.thread_time() - c0)                       # (`fold.Budget`)
+                    folder.budget.walked_since(since, self._pos - pos)     # the folder's account (`fold.Budget`)
                 w.done = self._j0 + self._pos
                 if self._pos >= len(c.at):
                     self._j0 += len(c.at)
