@@ -678,6 +678,23 @@ def test_count_comparisons_answer_as_the_counts_compared(counts):
         fold.COUNT_BREAKS, fold.COUNTS_AT_ONCE = old
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=10, max_size=60), st.integers(0, 60))
+def test_the_period_of_the_steps_breaks_is_the_shortest_their_counts_repeat_with(counts, m):
+    """`Steps.long_period` is the shortest period ``p`` whose ``p`` steps from ``m`` hold two ALLOC counts and whose
+    ``3p`` steps from ``m`` (at least ``2p``, to the trace's end) have the counts of the steps ``p`` after them."""
+    steps = fold.Steps(steps_trace(counts))
+    n, want = len(counts), None
+    for p in range(1, steps.pmax + 1):
+        span = min(3 * p, n - m - p)
+        if span < 2 * p:
+            break
+        if len(set(counts[m:m + p])) > 1 and counts[m:m + span] == counts[m + p:m + p + span]:
+            want = p
+            break
+    assert steps.long_period(m) == want
+
+
 def steps_trace(counts) -> Trace:
     """A trace whose steps make ``counts`` ALLOCs each."""
     w = TraceWriter(meta={"producer": "test"})
@@ -1795,6 +1812,26 @@ def test_a_run_broken_every_so_many_steps_folds_a_lap_at_a_time(monkeypatch, nam
     r.run()
     assert r._folder.lap_misses >= 1 and not [p for p, _, _ in r._folder.periods if p == lap], r._folder.periods
     assert_folded_is_full(trace, "torch")
+
+
+def test_a_state_that_repeats_only_with_the_breaks_period_is_looked_for_once_a_period(monkeypatch):
+    """ResNet-18 under `bestfit` (traces/fold/resnet18-eval100: an evaluation every 100 steps, a logging step every 50)
+    comes back to a state only with the evaluations' period. Once `SPARSE_AFTER` fingerprints found no fold, the
+    folder looks at one boundary a period (`Folder._go_sparse`, the period `Steps.long_period` reads from the
+    counts): it folds with that period from the second such look, the result the full walk's, having fingerprinted
+    a boundary a period since (it fingerprinted every boundary before: 185 on the whole run)."""
+    trace = real_steps("resnet18-eval100", 560)
+    how = assert_folded_is_full(trace, "bestfit")
+    assert how is not None and how["period"] == 100 and how["steps"] >= 200, how
+    r = Replay(trace, "bestfit")
+    r.run()
+    m, stride = r._folder.sparse
+    assert stride == 100 and m < 2 * fold.SPARSE_AFTER, r._folder.sparse
+    assert r._folder.looks <= fold.SPARSE_AFTER + 560 // 100, r._folder.looks
+    monkeypatch.setattr(fold, "SPARSE_AFTER", 1 << 30)     # looking at every boundary: many more looks
+    r = Replay(trace, "bestfit")
+    r.run()
+    assert r._folder.sparse is None and r._folder.looks > 100, r._folder.looks
 
 
 def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monkeypatch):

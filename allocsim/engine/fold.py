@@ -110,6 +110,9 @@ LAP_TRIES, LAP_STARTS, LAP_INCREMENTS = 2, 4, 1 << 22
 GROUP = 1 << 16
 #: Whether a recorded window is kept begun at each boundary inside it too (`Folder._rotations`, `Rotated`).
 ROTATE = True
+#: Fingerprints made, no fold found, before the folder looks only once a period of the steps' breaks
+#: (`Folder._go_sparse`; every real run that folds here folded within 16).
+SPARSE_AFTER = 24
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
 #: Steps `Steps._count_breaks` keeps at most, all periods together (8 bytes each).
@@ -1175,6 +1178,8 @@ class Folder:
         self.journal: Journal | None = None     # what the walk added since it came back to a folded state: laps
         self.lap_misses = 0                     # laps that did not repeat (`LAP_TRIES`)
         self.swapped_until = -1                 # no resume asked before this trace index (`swapped`)
+        self.looks = 0                          # fingerprints made
+        self.sparse: tuple[int, int] | None = None  # (a boundary, a stride): only those boundaries looked at
 
     @property
     def recorder(self) -> "Recorder | None":
@@ -1207,8 +1212,11 @@ class Folder:
         """The position in chunk ``c`` the walk stops at next for the folder: the next boundary or the
         recorded window's end (past the chunk: its length)."""
         stops = [len(c.at)]
-        if self.next_mark < len(self.marks):
-            stops.append(int(np.searchsorted(c.at, self.marks[self.next_mark])))
+        m = self.next_mark
+        if self.sparse is not None:     # (`_go_sparse`: the next boundary looked at)
+            m += -(m - self.sparse[0]) % self.sparse[1]
+        if m < len(self.marks):
+            stops.append(int(np.searchsorted(c.at, self.marks[m])))
         if self.rec is not None:
             stops.append(int(np.searchsorted(c.at, self.rec[1])))
         return max(pos + 1, min(stops))
@@ -1280,6 +1288,8 @@ class Folder:
     def _boundary(self, at: int, mark: int, until) -> bool:
         """Take the boundary at trace index ``at`` (MARK number ``mark``): fold from it if it can (True: the walk
         was moved), else start recording a window where an earlier boundary had its state, and remember it."""
+        if self.sparse is not None and (mark - self.sparse[0]) % self.sparse[1]:
+            return False    # not looked at (`_go_sparse`)
         longest = RESUME_WAIT * min(p for _, p in self.cycles.values()) if self.cycles else None
         budget = BYTES_PER_EVENT * self.r.events_done + (1 << 20)
         if self.spent + self.last > budget:
@@ -1293,6 +1303,7 @@ class Folder:
         key, addr = got
         self.last = len(key)
         self.spent += len(key)
+        self.looks += 1
         here = Boundary(at, mark, addr)
         self.recent.append((here, key))
         del self.recent[:-MAX_PERIOD]
@@ -1314,7 +1325,21 @@ class Folder:
             self.seen[old].pop(0)
             if not self.seen[old]:
                 del self.seen[old]
+        if self.looks >= SPARSE_AFTER and self.sparse is None and self.rec is None and not self.periods:
+            self._go_sparse(mark)
         return False
+
+    def _go_sparse(self, m: int) -> None:
+        """`SPARSE_AFTER` fingerprints found no fold: from boundary ``m`` on, look only once a period of the steps'
+        breaks (`Steps.long_period`: an evaluation every N steps), at the boundaries ``m + N``, ``m + 2N``, ... A
+        state that repeats only with that period (`bestfit` on ResNet-18, its state a few cycles of other lengths
+        that a logging step every 50 steps breaks: the same at steps 16, 116, 216, ...) is found there, a look per
+        period, where a look at every boundary spent the folder's allowance before it came round (walked whole,
+        1.07-1.13 of ``--no-fold``). Recording such a window notes no boundary inside it: no look there would
+        ask for one (`Folder._rotations`)."""
+        stride = self.steps.long_period(m)
+        if stride is not None:
+            self.sparse = (m, stride)
 
     def swapped(self, m: int, p: int) -> None:
         """A comparison across a gap (`RecordView.compare`) found, at boundary ``m``, a state a cycle of ``p`` steps
@@ -1426,7 +1451,7 @@ class Folder:
             return False
         r = self.r
         self._lap_pause()           # (a lap goes on with the window as one of its parts)
-        notes = {} if ROTATE and r.runtime.eager else None     # (`_note`: a saved window serves eager runs only)
+        notes = {} if ROTATE and r.runtime.eager and self.sparse is None else None  # (`_note`: eager runs only)
         self.rec = (Recorder(r.device, r.runtime, r.sections), end, i, j, key, P, self._counts(), zero, p, view, notes)
         return True
 
@@ -2102,6 +2127,25 @@ class Steps:
         self.known[todo] = True
         if self.known.all() and self._table is None:
             self._table = repeating_steps(self.sig)
+
+    def long_period(self, m: int) -> int | None:
+        """The shortest period ``p`` of the steps' breaks from step ``m``: the ALLOC counts of the ``3p`` steps from
+        ``m`` (at least ``2p``, to the trace's end) are those of the steps ``p`` after them, and not all equal within
+        ``p`` (an evaluation every 100 steps and a logging step every 50: 100). None where there is none up to
+        `MAX_PERIOD` (a run of one shape). O(p) numpy comparisons of O(p) counts."""
+        c, n = self.counts[:, 0], len(self.marks)
+        if m >= n:
+            return None
+        differ = np.flatnonzero(c[m:] != c[m])
+        if not len(differ):
+            return None
+        for p in range(int(differ[0]) + 1, self.pmax + 1):     # (a shorter period holds no break: all equal)
+            span = min(3 * p, n - m - p)
+            if span < 2 * p:
+                return None
+            if (c[m:m + span] == c[m + p:m + p + span]).all():
+                return p
+        return None
 
     # -- which steps can take part in a fold ------------------------------------------------------------
     def useful(self, m: int, longest: int | None = None) -> bool:
