@@ -196,7 +196,7 @@ def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None
     """Section 4: the real runs against their first 10 steps and their full walk; the give-up cost."""
     print(f"real runs (traces/fold/), CPU seconds, best of {repeat}: first 10 steps folded, all folded, all with "
           f"fold=False")
-    print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  target  folded")
+    print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  {'target':<12}folded")
     for name, against_what, most in REAL:
         trace = Trace.load(unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz")))
         head = first_steps(trace, 10)
@@ -206,7 +206,7 @@ def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None
             row["met"] = (row["ratio"] if against_what == "x10" else row["over_full"]) <= most
             out["real"].append(row)
             print(f"{name:<18}{p:<9}{row['short_s']:>9.3f}{row['long_s']:>8.3f}{row['ratio']:>7.2f}"
-                  f"{row['long_full_s']:>8.3f}{row['over_full']:>7.2f}  {row['target']:<9}{'' if row['met'] else '(missed) '}"
+                  f"{row['long_full_s']:>8.3f}{row['over_full']:>7.2f}  {row['target']:<12}{'' if row['met'] else '(missed) '}"
                   f"{fmt_fold(row['folded'])}, {row['folded']['folds'] if row['folded'] else 0} folds")
     trace = Trace.load(unpacked(give_up))
     print(f"\nwhere nothing repeats ({os.path.basename(give_up)}): folded / fold=False, best of {3 * repeat}")
