@@ -337,22 +337,23 @@ def test_the_loops_comparison_with_a_view_is_the_numpy_passes(got, data):
     mode = shifted.astype(np.uint8)
     mode[older] = 2
     want = fold.RecordView._same_plain(_View(w0, size, shifted, older), words, N, asked)
-    assert repeats.same(words, N, w0, size, mode, asked) == want
+    assert repeats.same(words, N, 0, mode, asked) == want
     if field is None and asked == shift:
         assert want                                                 # the window again, by the view's own shift
 
 
 def test_the_comparison_loop_refuses_what_it_would_read_out_of_bounds():
-    """Compiled, `repeats.same` reads without bounds checks: a window past the records, columns shorter than it, a
+    """Compiled, `repeats.same` reads without bounds checks: either window past the records (or before them), a
     shift outside an id's range raise ValueError in both builds."""
     rec = repeated_records([(ALLOC, 0, 0, 1, 8), (FREE, 0, 0, 1, 8)], 2, 1)
     words = fold._words(rec)
-    w0, size, mode = words[:2, 0].copy(), words[:2, 2].copy(), np.ones(2, np.uint8)
-    for lo, s, m, shift in [(3, size, mode, 1), (-1, size, mode, 1), (2, size[:1], mode, 1), (2, size, mode[:1], 1),
-                            (2, size, mode, -1), (2, size, mode, 1 << 32)]:
+    mode = np.ones(2, np.uint8)
+    for lo, base, m, shift in [(3, 0, mode, 1), (-1, 0, mode, 1), (2, 3, mode, 1), (2, -1, mode, 1),
+                               (1, 0, np.ones(4, np.uint8), 1), (2, 0, mode, -1), (2, 0, mode, 1 << 32)]:
         with pytest.raises(ValueError):
-            repeats.same(words, lo, w0, s, m, shift)
-    assert repeats.same(words, 2, w0, size, mode, 1) and not repeats.same(words, 2, w0, size, mode, 2)
+            repeats.same(words, lo, base, m, shift)
+    assert repeats.same(words, 2, 0, mode, 1) and not repeats.same(words, 2, 0, mode, 2)
+    assert repeats.same(words, 2, 0, mode[:1], 1)       # (the records the mode covers)
 
 
 @pytest.mark.parametrize("field", ["kind", "flags", "stream", "size"])
@@ -366,7 +367,7 @@ def test_a_record_without_an_id_is_compared_whole(field):
     mode = shifted.astype(np.uint8)
     mode[older] = 2
     view = _View(w0, size, shifted, older)
-    assert repeats.same(words, 3, w0, size, mode, 1) and fold.RecordView._same_plain(view, words, 3, 1)
+    assert repeats.same(words, 3, 0, mode, 1) and fold.RecordView._same_plain(view, words, 3, 1)
     rec[field][4] += 1                      # the second window's MARK
     words = fold._words(rec)
-    assert not repeats.same(words, 3, w0, size, mode, 1) and not fold.RecordView._same_plain(view, words, 3, 1)
+    assert not repeats.same(words, 3, 0, mode, 1) and not fold.RecordView._same_plain(view, words, 3, 1)

@@ -812,8 +812,8 @@ class RecordView:
     The boundary compared must have no live id at or above its first ALLOC's. Where any of this fails, the folder
     compares the events gathered, as before. O(R) to make, O(R) a comparison (two strided passes)."""
 
-    __slots__ = ("p", "P", "R", "D", "windows", "w0", "size", "shifted", "older", "old", "old_addr", "first_alloc",
-                 "end_rel", "lo_rel", "zero", "id_run", "holder", "held_at", "mode")
+    __slots__ = ("p", "P", "R", "D", "windows", "base", "w0", "size", "shifted", "older", "old", "old_addr",
+                 "first_alloc", "end_rel", "lo_rel", "zero", "id_run", "holder", "held_at", "mode")
 
     @classmethod
     def of(cls, folder: "Folder", walked: Boundary, p: int, end_addr: dict | None = None) -> "RecordView | None":
@@ -837,6 +837,7 @@ class RecordView:
             return None
         v = cls.__new__(cls)
         v.p, v.P, v.R, v.D, v.windows, v.w0, v.size, v.shifted = p, P, R, D, windows, w0, size, shifted
+        v.base = lo                         # where the window lies in the records (`_same` reads it there)
         v.older, v.old, v.old_addr = older, old, old_addr
         v.mode = None                       # how each record compares, for `repeats.same` (made when first asked)
         v.first_alloc = first_alloc
@@ -880,7 +881,7 @@ class RecordView:
             mode = self.shifted.astype(np.uint8)
             mode[self.older] = 2
             self.mode = mode
-        return repeats.same(words, lo, self.w0, self.size, self.mode, shift)
+        return repeats.same(words, lo, self.base, self.mode, shift)
 
     def _same_plain(self, words: np.ndarray, lo: int, shift: int) -> bool:
         """`_same` by numpy's passes (the plain model of `repeats.same`)."""
@@ -970,7 +971,7 @@ def _window(words: np.ndarray, lo: int, R: int, windows: int, live_max: int) -> 
     if got is None:
         return None
     D, P, first_alloc, lo_id, hi_id, n_older, n_old, end_rel, lo_rel, zero = got
-    w0, size = words[lo:lo + N, 0].copy(), words[lo:lo + N, 2].copy()     # (copied for a view made, only)
+    w0, size = words[lo:lo + N, 0], words[lo:lo + N, 2]     # (the records' own columns: no copy)
     return (w0, size, shifted.view(bool), older[:n_older], old[:n_old],
             (D, P, first_alloc, lo_id, hi_id, end_rel, lo_rel if windows == 2 else None, zero))
 

@@ -23,5 +23,5 @@ cpdef tuple window(const unsigned long long[:, ::1] words, const unsigned char[:
 
 cpdef bint units(const double[::1] incs, double u, double[::1] out) except -1
 
-cpdef bint same(const unsigned long long[:, ::1] words, Py_ssize_t lo, const unsigned long long[::1] w0,
-                const unsigned long long[::1] size, const unsigned char[::1] mode, long long shift) except -1
+cpdef bint same(const unsigned long long[:, ::1] words, Py_ssize_t lo, Py_ssize_t base,
+                const unsigned char[::1] mode, long long shift) except -1

@@ -276,23 +276,24 @@ def units(incs, u, out):
 @cython.overflowcheck(False)
 @cython.locals(N=cython.Py_ssize_t, x=cython.Py_ssize_t, w=cython.ulonglong, t=cython.ulonglong,
                up=cython.ulonglong, low=cython.ulonglong, m=cython.uchar)
-def same(words, lo, w0, size, mode, shift):
-    """Whether the ``len(w0)`` records from trace index ``lo`` are a window view's (`fold.RecordView`): record ``x``'s
-    first word ``w0[x]`` again where ``mode[x]`` is 0, with its id ``shift`` more where 1 (the words' difference,
-    wrapped to 64 bits, is ``shift << 32``), the same but for the id where 2 (an older object's record), and its size
-    ``size[x]`` each; `RecordView._same_plain`'s answer. ValueError where the records or the view's columns are
-    shorter than the window, or ``shift`` lies outside 0 to 2**32 - 1 (an id's range)."""
-    N = w0.shape[0]
-    if lo < 0 or lo + N > words.shape[0] or words.shape[1] < 3 or size.shape[0] < N or mode.shape[0] < N or \
+def same(words, lo, base, mode, shift):
+    """Whether the ``len(mode)`` records from trace index ``lo`` are a window view's, those from ``base``
+    (`fold.RecordView`): record ``x``'s first word that of ``base + x`` again where ``mode[x]`` is 0, with its id
+    ``shift`` more where 1 (the words' difference, wrapped to 64 bits, is ``shift << 32``), the same but for the id
+    where 2 (an older object's record), and its size that of ``base + x`` each; `RecordView._same_plain`'s answer.
+    (The view reads its window where it lies in the records: a copy of its columns cost more than the pass that
+    made the view, 0.5 ms of GPT-2 small's 80k records, most of it the first touch of the copy's memory.)
+    ValueError where either window lies outside the records, or ``shift`` outside 0 to 2**32 - 1 (an id's range)."""
+    N = mode.shape[0]
+    if lo < 0 or base < 0 or lo + N > words.shape[0] or base + N > words.shape[0] or words.shape[1] < 3 or \
             not 0 <= shift <= 0xFFFFFFFF:
-        raise ValueError(f"same: {N} records from {lo} of {words.shape[0]}, columns {size.shape[0]}, "
-                         f"{mode.shape[0]}, shift {shift}")
+        raise ValueError(f"same: {N} records from {lo} and from {base} of {words.shape[0]}, shift {shift}")
     if not cython.compiled:
-        words, w0, size = _exact(words), _exact(w0), _exact(size)
+        words = _exact(words)
     up, low = (shift << 32) & WORD, 0xFFFFFFFF
     for x in range(N):
         w = words[lo + x, 0]
-        t = w0[x]
+        t = words[base + x, 0]
         m = mode[x]
         if m == 1:
             if ((w - t) & WORD) != up:
@@ -302,6 +303,6 @@ def same(words, lo, w0, size, mode, shift):
                 return False
         elif w != t:
             return False
-        if words[lo + x, 2] != size[x]:
+        if words[lo + x, 2] != words[base + x, 2]:
             return False
     return True
