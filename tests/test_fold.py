@@ -868,8 +868,8 @@ class Ticks:
 def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(monkeypatch):
     monkeypatch.setattr(fold, "SLACK", 0.05)
     monkeypatch.setattr(fold, "MIN_EVENTS", 100)
-    monkeypatch.setattr(fold, "ALLOWANCE", 0.25)
-    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
+    monkeypatch.setattr(fold, "ALLOWANCE", 250)        # events' walk: 0.25 s at 1 ms an event (below)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 125)      # 0.125 s
     b = fold.Budget(clock=Ticks(1.0), cpu=Ticks(1.0))
     b.leave(b.enter(0), 0, False, 0)            # the folder: 1 s
     for k in range(1, 4):                       # three stretches of 1,000 events walked in 1 s: 1 ms each
@@ -885,26 +885,26 @@ def test_the_budget_gives_up_when_the_folder_spends_past_its_slack_and_savings(m
     assert not b.over(4000, 0.1)
     b.saved = 2700                              # 2 s + 2.7 s + 0.25 s < 5 s, but the first looks' stay: + 0.125 s
     assert not b.over(4000, 0.1)
-    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.0)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 0)
     assert b.over(4000, 0.1)
-    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 125)
     b.saved = 1                                 # one event passed: 2 s + 1 ms + 0.375 s < 5 s
     assert b.over(4000, 0.1)
     monkeypatch.setattr(fold, "SLACK", 0.12)
     assert not b.over(4000, 0.1)                # 4.8 s slack + 1 ms + 0.375 s allowance > 5 s ...
     b.saved = 0
     assert b.over(4000, 0.1)                    # ... but before the first fold no allowance: 4.8 + 0.125 s < 5 s
-    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.25)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 250)
     assert not b.over(4000, 0.1)                # ... only the first looks': 4.8 + 0.25 s > 5 s
     monkeypatch.setattr(fold, "SLACK", 0.05)
-    monkeypatch.setattr(fold, "FIRST_LOOKS", 10.0)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 10_000)
     assert not b.over(4000, 0.1)                # ... at most twice the slack: 2 + 4 s > 5 s ...
     b.spent = 6.5
     assert b.over(4000, 0.1)                    # ... and no more: 2 + 4 s < 6.5 s
     b.spent = 5.0
-    monkeypatch.setattr(fold, "FIRST_LOOKS", 0.125)
+    monkeypatch.setattr(fold, "FIRST_LOOKS", 125)
     b.saved = 1
-    monkeypatch.setattr(fold, "ALLOWANCE", 10.0)   # the allowance is at most the slack again: 5 s > 2 + 2.125 s
+    monkeypatch.setattr(fold, "ALLOWANCE", 10_000)   # the allowance is at most the slack again: 5 s > 2 + 2.125 s
     assert b.over(4000, 0.1)
     monkeypatch.setattr(fold, "SLACK", None)    # no budget: never
     assert not b.over(4000, 0.1)
@@ -982,7 +982,7 @@ def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch,
     monkeypatch.setattr(fold, "MIN_EVENTS", 1)
     monkeypatch.setattr(fold, "MIN_RATES", 1)
     monkeypatch.setattr(fold, "SLACK", 0.0)
-    monkeypatch.setattr(fold, "ALLOWANCE", 0.0)
+    monkeypatch.setattr(fold, "ALLOWANCE", 0)
     r = Replay(trace, policy)
     r.run()
     assert not r._folder.active and r._folder.gave_up_at is not None

@@ -80,18 +80,22 @@ HISTORY = 4096
 #: (`Budget`; issue 31: where nothing repeats, at most 5 % over ``--no-fold``). None: it never gives up.
 SLACK = 0.05
 #: Driving events walked (and `MIN_RATES` stretches of them rated) before the walk's cost per event is trusted
-#: (`Budget.over`: a cheap run was judged only after 40 steps, having spent half its time), and the seconds looking
-#: for a period may take beyond the slack before a fold pays them back (a fresh process's first fingerprints).
+#: (`Budget.over`: a cheap run was judged only after 40 steps, having spent half its time), and the time looking
+#: for a period may take beyond the slack before a fold pays it back (a fresh process's first fingerprints), as the
+#: walk's time for this many events (`Budget.rate`: 10 ms on this project's machine, whose walk takes 0.13-0.21 us an
+#: event; the folder's own work is as much slower as the walk on a slower machine: in seconds, on the H200 host,
+#: three times slower tonight, the allowance was a third and GPT-2 small under `cupy` gave folding up in every run).
 MIN_EVENTS = 1024
-ALLOWANCE = 0.01        # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
-#: Before the first fold, the seconds the folder's making and its first looks may take beyond the slack (at most
-#: twice the slack): a fixed cost whatever the run's length (reading the steps, the first signatures and
-#: fingerprints: 0.6-0.8 ms on a 300-step GPT whose whole walk takes 20 ms, whose slack was then spent by step 7 of
-#: the 16 its state takes to repeat). In a fresh process, as `allocsim replay` runs, they take about twice what they
-#: take in a process that replayed before (the first touch of its memory): with 1 ms, at most the slack, that GPT
-#: gave folding up before its first fold in most runs of `allocsim replay` on this project's machine, and took 1.3-1.5
-#: times its `--no-fold` time; with 2 ms it folds in every run (docs/performance.md, 2026-12-03, late night).
-FIRST_LOOKS = 0.002
+ALLOWANCE = 65_000      # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
+#: Before the first fold, the time the folder's making and its first looks may take beyond the slack (at most
+#: twice the slack), as the walk's time for this many events (2 ms here): a fixed cost whatever the run's length
+#: (reading the steps, the first signatures and fingerprints: 0.6-0.8 ms on a 300-step GPT whose whole walk takes
+#: 20 ms, whose slack was then spent by step 7 of the 16 its state takes to repeat). In a fresh process, as
+#: `allocsim replay` runs, they take about twice what they take in a process that replayed before (the first touch
+#: of its memory): with 1 ms, at most the slack, that GPT gave folding up before its first fold in most runs of
+#: `allocsim replay` on this project's machine, and took 1.3-1.5 times its `--no-fold` time; with 2 ms it folds in
+#: every run (docs/performance.md, 2026-12-03, late night).
+FIRST_LOOKS = 13_000
 #: The stretches walked between looks are rated (`Budget.rate`) in runs of at least this many driving events, the
 #: last `RATES` kept, `MIN_RATES` of them before the rate is trusted.
 STRETCH, RATES, MIN_RATES = 256, 64, 4
@@ -1043,9 +1047,10 @@ class Budget:
     records plainly beyond what walking them would cost; a window a fused loop records is walking) against the walk's
     own cost per event (`rate`). The folder gives up
     once it has spent more than `SLACK` of the whole walk's estimated time, plus what its folds saved, plus
-    `ALLOWANCE` (at most that slack again), plus the first looks' `FIRST_LOOKS` (at most twice the slack): a run that
-    folds little then costs about `SLACK` more than ``--no-fold`` and two milliseconds (up to three times the slack
-    on a short one), one that folds much keeps folding. Each look and each stop is
+    `ALLOWANCE` (at most that slack again), plus the first looks' `FIRST_LOOKS` (at most twice the slack), these two
+    the walk's time for so many events (a slower machine's folder is as much slower as its walk): a run that
+    folds little then costs about `SLACK` more than ``--no-fold`` and the walk of 13,000 events, two milliseconds
+    here (up to three times the slack on a short one), one that folds much keeps folding. Each look and each stop is
     charged the least of the wall time and the thread's CPU time it took (``clock``, ``cpu``): the time another
     process had the CPU is not the folder's (charged it, a small GPT's folding was given up in 7 of 20 replays
     beside two busy processes on two cores, 1 in 20 so); the walk's rate stays on the wall clock, its lower quartile
@@ -1135,7 +1140,7 @@ class Budget:
         included) at ``share`` of the trace's steps (the whole walk is estimated from them). Before the first fold
         there is no allowance but `FIRST_LOOKS`, the folder's making (reading the steps, charged too) and first
         looks: a run whose state repeats nowhere the folder looks costs about `SLACK` over ``--no-fold``, and two
-        milliseconds (`ALLOWANCE`, there from the start until 2026-12-03, made that 10-16 % on the real runs under
+        milliseconds here (`ALLOWANCE`, there from the start until 2026-12-03, made that 10-16 % on the real runs under
         the policies whose states repeat late or never). After it, both (until 2026-12-03 evening the first looks'
         went at the first fold, though no fold gives the making and first looks back: the small GPT, 300 cheap steps,
         gave folding up at steps 43-52 in most runs on a loaded machine, its first fold of 21 steps having saved
@@ -1145,10 +1150,10 @@ class Budget:
         per = self.rate()
         total = done / share
         slack = per * SLACK * total
-        first = min(FIRST_LOOKS, 2 * slack)     # (the making and first looks: no fold gives them back)
+        first = min(per * FIRST_LOOKS, 2 * slack)   # (the making and first looks: no fold gives them back)
         if not self.saved:
             return self.spent - per * self.recorded > slack + first
-        return self.spent - per * self.recorded > slack + per * self.saved + first + min(ALLOWANCE, slack)
+        return self.spent - per * self.recorded > slack + per * self.saved + first + min(per * ALLOWANCE, slack)
 
 
 class Folder:
