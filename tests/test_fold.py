@@ -1828,6 +1828,16 @@ def test_a_state_that_repeats_only_with_the_breaks_period_is_looked_for_once_a_p
     m, stride = r._folder.sparse
     assert stride == 100 and m < 2 * fold.SPARSE_AFTER, r._folder.sparse
     assert r._folder.looks <= fold.SPARSE_AFTER + 560 // 100, r._folder.looks
+    full, _ = walk(trace, "bestfit", fold=False)    # stopped short, stepped, walked on: still the full walk's
+    marks = fold.steps_of(trace).marks
+    for cut in (130, 420):
+        r = Replay(trace, "bestfit")
+        r.run(until=int(marks[cut]))
+        r.step(2000)
+        r.run(until=len(trace))
+        res = r.finish().to_dict(timeline=True)
+        res.pop("replay_seconds")
+        assert res == full["result"] and r._folder.sparse is not None and r.folded, (cut, r.folded)
     monkeypatch.setattr(fold, "SPARSE_AFTER", 1 << 30)     # looking at every boundary: many more looks
     r = Replay(trace, "bestfit")
     r.run()
