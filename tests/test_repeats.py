@@ -349,11 +349,13 @@ def test_the_comparison_loop_refuses_what_it_would_read_out_of_bounds():
     words = fold._words(rec)
     mode = np.ones(2, np.uint8)
     for lo, base, m, shift in [(3, 0, mode, 1), (-1, 0, mode, 1), (2, 3, mode, 1), (2, -1, mode, 1),
-                               (1, 0, np.ones(4, np.uint8), 1), (2, 0, mode, -1), (2, 0, mode, 1 << 32)]:
+                               (1, 0, np.ones(4, np.uint8), 1), (2, 0, mode, -1), (2, 0, mode, 1 << 32),
+                               ((1 << 63) - 1, 0, mode, 1), (2, (1 << 63) - 1, mode, 1)]:
         with pytest.raises(ValueError):
             repeats.same(words, lo, base, m, shift)
     assert repeats.same(words, 2, 0, mode, 1) and not repeats.same(words, 2, 0, mode, 2)
     assert repeats.same(words, 2, 0, mode[:1], 1)       # (the records the mode covers)
+    assert repeats.same(words, 3, 1, mode[:1], 1) and not repeats.same(words, 3, 0, mode[:1], 1)   # (from ``base``)
 
 
 @pytest.mark.parametrize("field", ["kind", "flags", "stream", "size"])

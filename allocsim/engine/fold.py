@@ -1,6 +1,7 @@
 """Folding periodic runs: a long replay costs what is distinct (docs/architecture.md, "Folding").
 
-At each iteration boundary (a MARK record) `Folder` fingerprints the whole state that steers the rest of
+At each iteration boundary (a MARK record; once a period of the steps' breaks where 24 looks found no fold:
+`Folder._go_sparse`) `Folder` fingerprints the whole state that steers the rest of
 the replay: the policy's (`Policy.fold_state`, blocks by address, never by handle), the runtime's (the gc
 runtime's live and dead objects by the address of their blocks), the device's (reserved, cap, the recorded
 addresses still to hand out, the driver placement) and the walk's (`--gc-every`'s running count). The live
@@ -81,12 +82,12 @@ HISTORY = 4096
 SLACK = 0.05
 #: Driving events walked (and `MIN_RATES` stretches of them rated) before the walk's cost per event is trusted
 #: (`Budget.over`: a cheap run was judged only after 40 steps, having spent half its time), and the time looking
-#: for a period may take beyond the slack before a fold pays it back (a fresh process's first fingerprints), as the
-#: walk's time for this many events (`Budget.rate`: 10 ms on this project's machine, whose walk takes 0.13-0.21 us an
+#: for a period may take beyond the slack before a fold pays it back (a fresh process's first fingerprints):
+#: `ALLOWANCE`, the walk's time for that many events (`Budget.rate`: 10 ms on this project's machine, whose walk takes 0.13-0.21 us an
 #: event; the folder's own work is as much slower as the walk on a slower machine: in seconds, on the H200 host,
 #: three times slower tonight, the allowance was a third and GPT-2 small under `cupy` gave folding up in every run).
 MIN_EVENTS = 1024
-ALLOWANCE = 65_000      # (at most `SLACK` of the whole walk's time again: a short run's slack is short)
+ALLOWANCE = 65_000      # (events; at most `SLACK` of the whole walk's time again: a short run's slack is short)
 #: Before the first fold, the time the folder's making and its first looks may take beyond the slack (at most
 #: twice the slack), as the walk's time for this many events (2 ms here): a fixed cost whatever the run's length
 #: (reading the steps, the first signatures and fingerprints: 0.6-0.8 ms on a 300-step GPT whose whole walk takes
@@ -1186,6 +1187,7 @@ class Folder:
         self.swapped_until = -1                 # no resume asked before this trace index (`swapped`)
         self.looks = 0                          # fingerprints made
         self.sparse: tuple[int, int] | None = None  # (a boundary, a stride): only those boundaries looked at
+        self.sparse_at = SPARSE_AFTER           # the looks made when `_go_sparse` is asked next
 
     @property
     def recorder(self) -> "Recorder | None":
@@ -1215,8 +1217,8 @@ class Folder:
 
     # -- where the walk stops ------------------------------------------------------------------------
     def stop(self, c, pos: int) -> int:
-        """The position in chunk ``c`` the walk stops at next for the folder: the next boundary or the
-        recorded window's end (past the chunk: its length)."""
+        """The position in chunk ``c`` the walk stops at next for the folder: the next boundary it looks at (each,
+        or once a period: `_go_sparse`) or the recorded window's end (past the chunk: its length)."""
         stops = [len(c.at)]
         m = self.next_mark
         if self.sparse is not None:     # (`_go_sparse`: the next boundary looked at)
@@ -1331,7 +1333,7 @@ class Folder:
             self.seen[old].pop(0)
             if not self.seen[old]:
                 del self.seen[old]
-        if self.looks >= SPARSE_AFTER and self.sparse is None and self.rec is None and not self.periods:
+        if self.looks >= self.sparse_at and self.sparse is None and self.rec is None and not self.periods:
             self._go_sparse(mark)
         return False
 
@@ -1342,10 +1344,14 @@ class Folder:
         that a logging step every 50 steps breaks: the same at steps 16, 116, 216, ...) is found there, a look per
         period, where a look at every boundary spent the folder's allowance before it came round (walked whole,
         1.07-1.13 of ``--no-fold``). Recording such a window notes no boundary inside it: no look there would
-        ask for one (`Folder._rotations`)."""
+        ask for one (`Folder._rotations`; the guard is defensive: the walk stops only at those looked at). Once on,
+        it stays on: a run whose short cycle settles only after `SPARSE_AFTER` looks is not folded with it (the small
+        GPT under `torch` with `SPARSE_AFTER` 5 folds nothing, its cycle of 7 off the grid of 50)."""
         stride = self.steps.long_period(m)
         if stride is not None:
             self.sparse = (m, stride)
+        else:               # (asked again `SPARSE_AFTER` looks later, not at each: it costs up to `MAX_PERIOD` passes)
+            self.sparse_at = self.looks + SPARSE_AFTER
 
     def swapped(self, m: int, p: int) -> None:
         """A comparison across a gap (`RecordView.compare`) found, at boundary ``m``, a state a cycle of ``p`` steps

@@ -285,7 +285,7 @@ def same(words, lo, base, mode, shift):
     made the view, 0.5 ms of GPT-2 small's 80k records, most of it the first touch of the copy's memory.)
     ValueError where either window lies outside the records, or ``shift`` outside 0 to 2**32 - 1 (an id's range)."""
     N = mode.shape[0]
-    if lo < 0 or base < 0 or lo + N > words.shape[0] or base + N > words.shape[0] or words.shape[1] < 3 or \
+    if lo < 0 or base < 0 or lo > words.shape[0] - N or base > words.shape[0] - N or words.shape[1] < 3 or \
             not 0 <= shift <= 0xFFFFFFFF:
         raise ValueError(f"same: {N} records from {lo} and from {base} of {words.shape[0]}, shift {shift}")
     if not cython.compiled:
