@@ -1220,9 +1220,7 @@ class Folder:
         """The position in chunk ``c`` the walk stops at next for the folder: the next boundary it looks at (each,
         or once a period: `_go_sparse`) or the recorded window's end (past the chunk: its length)."""
         stops = [len(c.at)]
-        m = self.next_mark
-        if self.sparse is not None:     # (`_go_sparse`: the next boundary looked at)
-            m += -(m - self.sparse[0]) % self.sparse[1]
+        m = self._next_look(self.next_mark)
         if m < len(self.marks):
             stops.append(int(np.searchsorted(c.at, self.marks[m])))
         if self.rec is not None:
@@ -1296,7 +1294,7 @@ class Folder:
     def _boundary(self, at: int, mark: int, until) -> bool:
         """Take the boundary at trace index ``at`` (MARK number ``mark``): fold from it if it can (True: the walk
         was moved), else start recording a window where an earlier boundary had its state, and remember it."""
-        if self.sparse is not None and (mark - self.sparse[0]) % self.sparse[1]:
+        if self._next_look(mark) != mark:
             return False    # not looked at (`_go_sparse`)
         longest = RESUME_WAIT * min(p for _, p in self.cycles.values()) if self.cycles else None
         budget = BYTES_PER_EVENT * self.r.events_done + (1 << 20)
@@ -1336,6 +1334,14 @@ class Folder:
         if self.looks >= self.sparse_at and self.sparse is None and self.rec is None and not self.periods:
             self._go_sparse(mark)
         return False
+
+    def _next_look(self, m: int) -> int:
+        """The first boundary from ``m`` on that the folder looks at: ``m``, or once sparse (`_go_sparse`) the next
+        on its grid."""
+        if self.sparse is None:
+            return m
+        start, stride = self.sparse
+        return m + (start - m) % stride
 
     def _go_sparse(self, m: int) -> None:
         """`SPARSE_AFTER` fingerprints found no fold: from boundary ``m`` on, look only once a period of the steps'
@@ -2144,7 +2150,7 @@ class Steps:
         """The shortest period ``p`` of the steps' breaks from step ``m``: the ALLOC counts of the ``3p`` steps from
         ``m`` (at least ``2p``, to the trace's end) are those of the steps ``p`` after them, and not all equal within
         ``p`` (an evaluation every 100 steps and a logging step every 50: 100). None where there is none up to
-        `MAX_PERIOD` (a run of one shape). O(p) numpy comparisons of O(p) counts."""
+        `MAX_PERIOD` (a run of one shape). A `counts_repeat` a period tried."""
         c, n = self.counts[:, 0], len(self.marks)
         if m >= n:
             return None
@@ -2155,7 +2161,7 @@ class Steps:
             span = min(3 * p, n - m - p)
             if span < 2 * p:
                 return None
-            if (c[m:m + span] == c[m + p:m + p + span]).all():
+            if self.counts_repeat(m, p, span):
                 return p
         return None
 
