@@ -19,11 +19,18 @@
    prints) of ``--repeat`` runs of the first 10 steps folded, all folded and all with ``--no-fold``, and how many
    steps each folded run folded.
 
+6. ``--short`` (instead of 1 and 2): what folding costs a short run, where no fold can pay its folder back (target:
+   <= 5 % over ``fold=False``): every shipped recording (``traces/*.bin``) and the real runs cut to their first 10
+   to 100 steps, folded / ``fold=False``, best of ``--repeat`` alternated, and whether a folder was made.
+7. ``--states TRACE``: the allocator's state at each step boundary of a walk of ``TRACE`` with ``fold=False``, as
+   numbers (equal numbers, equal fingerprints: what a fold can start from and come back to), each policy's in a
+   line, runs of a cycle written once with how many times they repeat.
+
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
     python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
                                      [--long trace.bin] [--real [--give-up trace.bin] [--cold]] [--json out.json]
-                                     [--kept]
+                                     [--kept] [--short] [--states trace.bin]
 """
 from __future__ import annotations
 
@@ -123,18 +130,31 @@ def main(argv=None) -> int:
     ap.add_argument("--kept", action="store_true",
                     help="keep a short trace's walk chunks between its replays, as a tune or fit does (the figures "
                          "before 2026-12-03 kept them)")
+    ap.add_argument("--short", action="store_true",
+                    help="what folding costs short runs: the shipped recordings and the real runs cut short")
+    ap.add_argument("--states", metavar="TRACE", help="the state at each step boundary of TRACE, as numbers")
     a = ap.parse_args(argv)
     global KEPT
     KEPT = a.kept
     print(f"each replay {'keeps' if KEPT else 'makes afresh'} a short trace's walk chunks (--kept: "
           f"{'on' if KEPT else 'off'})")
     policies = a.policies.split(",")
-    out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": [], "cold": []}
+    out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": [], "cold": [], "short": [],
+                 "states": []}
     if a.real and a.cold:
         cold_runs(policies, a.repeat, out)
         return write_json(a.json, out)
     if a.real:
         real_runs(policies, a.repeat, a.give_up, out)
+        return write_json(a.json, out)
+    if a.short:
+        short_runs(policies, a.repeat, out)
+        return write_json(a.json, out)
+    if a.states:
+        trace = Trace.load(unpacked(a.states))
+        for p in policies:
+            out["states"].append(dict(policy=p, states=states(trace, p)))
+            print(f"{p:<8}{runs_of(out['states'][-1]['states'])}")
         return write_json(a.json, out)
 
     short = synth.generate("transformer", iterations=10)
@@ -216,6 +236,61 @@ def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None
         out["give_up"].append(row)
         print(f"  {p:<8}{row['folded_s']:.4f}s / {row['full_s']:.4f}s  {row['over']:+.1%}  (target <= +5 %)  "
               f"{fmt_fold(row['folded'])}")
+
+
+#: ``--short``: the real runs' first steps replayed
+SHORT_STEPS = (10, 30, 60, 100)
+
+
+def short_runs(policies: list[str], repeat: int, out: dict) -> None:
+    """Section 6: short runs, folded against ``fold=False``: the shipped recordings and the real runs cut short."""
+    print(f"short runs: folded / fold=False CPU seconds, best of {repeat} alternated (target <= +5 %); "
+          f"folder: made (and what it folded) or none")
+    runs = [(os.path.basename(path), Trace.load(path)) for path in sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))]
+    for name, _, _ in REAL:
+        trace = Trace.load(unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz")))
+        runs += [(f"{name}[:{n}]", first_steps(trace, n)) for n in SHORT_STEPS]
+    for name, trace in runs:
+        for p in policies:
+            row = best(trace, p, repeat)
+            made = Replay(trace, p)._folder is not None
+            row.update(trace=name, policy=p, records=len(trace), over=row["folded_s"] / row["full_s"] - 1, folder=made)
+            out["short"].append(row)
+            print(f"  {name:<30}{p:<8}{len(trace):>8} records  {row['folded_s']:.4f}s / {row['full_s']:.4f}s "
+                  f"{row['over']:+6.1%}  {('folder: ' + fmt_fold(row['folded'])) if made else 'no folder'}")
+
+
+def states(trace: Trace, policy: str) -> list[int]:
+    """The state at each MARK of a walk of ``trace`` under ``policy`` with ``fold=False``, numbered in the order first
+    seen (`Folder._fingerprint`: the fingerprint a fold compares; -1 where the state cannot be folded)."""
+    r = Replay(trace, policy, fold=False)
+    folder = fold_module.Folder.__new__(fold_module.Folder)     # (only its fingerprint of ``r`` is asked)
+    folder.r = r
+    seen: dict = {}
+    out = []
+    for at in fold_module.steps_of(trace).marks.tolist():
+        r.run(until=at)
+        got = folder._fingerprint()
+        out.append(-1 if got is None else seen.setdefault(got[0], len(seen)))
+    return out
+
+
+def runs_of(seq: list[int]) -> str:
+    """``seq`` with each stretch that repeats a cycle written ``(a b c)xN``, the rest as it is."""
+    parts, i = [], 0
+    while i < len(seq):
+        for p in range(1, 33):                  # the shortest cycle from ``i`` that repeats at least twice
+            n = 1
+            while seq[i + n * p:i + (n + 1) * p] == seq[i:i + p]:
+                n += 1
+            if n >= 2:
+                parts.append(f"({' '.join(map(str, seq[i:i + p]))})x{n}")
+                i += n * p
+                break
+        else:
+            parts.append(str(seq[i]))
+            i += 1
+    return " ".join(parts)
 
 
 def cold_runs(policies: list[str], repeat: int, out: dict) -> None:

@@ -386,11 +386,11 @@ def test_stepping_never_skips_past_the_steps_target():
 # ---- the command line ----------------------------------------------------------------------------------
 def test_replay_says_how_much_it_folded_and_no_fold_walks_it_all(tmp_path):
     path = str(tmp_path / "long.bin")
-    repeat_steps(load("synthetic-transformer.bin"), 40).save(path)
+    repeat_steps(load("synthetic-transformer.bin"), 100).save(path)     # (past `MIN_RECORDS`: a folder is made)
     out = run_cli("replay", path, "-p", "torch", "--no-sections")
     assert out.returncode == 0, out.stderr
     line = next(x for x in out.stdout.splitlines() if "folded" in x)
-    assert "of 40 steps (period 1 from step" in line
+    assert "of 100 steps (period 1 from step" in line
     full = run_cli("replay", path, "-p", "torch", "--no-sections", "--no-fold")
     assert full.returncode == 0 and "folded" not in full.stdout
     strip = [x for x in out.stdout.splitlines() if "folded" not in x and "replay " not in x]
@@ -981,6 +981,7 @@ def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch,
     trace = repeat_steps(load("synthetic-transformer.bin"), 30)
     monkeypatch.setattr(fold, "MIN_EVENTS", 1)
     monkeypatch.setattr(fold, "MIN_RATES", 1)
+    monkeypatch.setattr(fold, "MIN_RECORDS", 0)         # (a short trace: else it has no folder at all)
     monkeypatch.setattr(fold, "SLACK", 0.0)
     monkeypatch.setattr(fold, "ALLOWANCE", 0)
     r = Replay(trace, policy)
@@ -992,6 +993,29 @@ def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch,
     r = Replay(trace, policy)
     r.run()
     assert r._folder.active and r.folded["steps"] > 20
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_trace_too_short_for_a_fold_to_pay_has_no_folder_while_the_budget_is_on(monkeypatch, policy):
+    """Under `MIN_RECORDS` records a replay makes no folder (its making, looks and stops cost the shipped
+    recordings 3-120 % over ``--no-fold``, none folding for a gain); at it, and with the budget off at any length,
+    one is made and folds. The result is the full walk's either way."""
+    short = repeat_steps(load("synthetic-transformer.bin"), 30)
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    monkeypatch.setattr(fold, "MIN_RECORDS", len(short) + 1)
+    r = Replay(short, policy)
+    got = r.run().to_dict()
+    assert r._folder is None and r.folded is None
+    monkeypatch.setattr(fold, "MIN_RECORDS", len(short))
+    assert Replay(short, policy)._folder is not None
+    monkeypatch.setattr(fold, "SLACK", None)
+    monkeypatch.setattr(fold, "MIN_RECORDS", len(short) + 1)
+    folded = Replay(short, policy)
+    again = folded.run().to_dict()
+    assert folded.folded is not None and folded.folded["steps"] > 20
+    for d in (got, again):
+        d.pop("replay_seconds"), d.pop("load_seconds")
+    assert got == again
 
 
 def test_a_checkpoint_taken_where_a_recorded_window_ends_holds_plain_floats():

@@ -118,6 +118,13 @@ ROTATE = True
 #: Fingerprints made, no fold found, before the folder looks only once a period of the steps' breaks
 #: (`Folder._go_sparse`; every real run that folds here folded within 16).
 SPARSE_AFTER = 24
+#: Records below which a trace gets no folder (`Folder.possible`, while the budget is on: `SLACK`). A folder's
+#: costs are fixed -- its making, its first looks, a stop at each boundary -- and a fold pays only once the state has
+#: settled (6-16 steps on the real runs here) and a window is recorded before one is skipped: on the real runs cut
+#: short (GPT-2 small, the small GPT and ResNet-18 under each policy) none under 50k driving events (about 75k
+#: records) folded for a gain, and every one, like every shipped recording (at most 22k records), paid 3-120 % over
+#: ``--no-fold`` for its folder (docs/performance.md, 2026-12-04).
+MIN_RECORDS = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
 #: Steps `Steps._count_breaks` keeps at most, all periods together (8 bytes each).
@@ -1205,9 +1212,10 @@ class Folder:
     def possible(replay, device_given: bool, guard: bool) -> bool:
         """Whether a replay can fold at all: a policy that declares its state (a subclass made outside allocsim
         only if it declares its own: what it adds is its to say) and does not follow the recording, a simulated
-        device, no observer, timeline, event log or tick."""
+        device, no observer, timeline, event log or tick, and a trace long enough for a fold to pay (`MIN_RECORDS`,
+        unless the budget is off) whose steps may repeat (`Steps.may_repeat`)."""
         cls = type(replay.policy)
-        if not cls.declares("fold_state"):
+        if not cls.declares("fold_state") or (SLACK is not None and len(replay.trace) < MIN_RECORDS):
             return False
         return (type(replay.device) is SimulatedDevice and not device_given and not guard
                 and not replay.policy.follows_recording      # its picks follow the trace, not its state alone
