@@ -10,13 +10,14 @@
    compressed in ``benchmarks/data/`` (``--long benchmarks/data/gpt2-300.bin.xz``: an ``.xz`` is unpacked to a
    temporary file first).
 4. ``--real`` (instead of 1 and 2): the real fixed-shape runs of ``traces/fold/`` (issue 31), each folded against
-   its first 10 steps folded and against its whole ``fold=False`` (targets: 300 steps <= 3x their first 10, <= 5x
+   its first 10 steps as a default replay makes them (too short for a folder since 2026-12-04: `MIN_RECORDS`) and
+   against its whole ``fold=False`` (targets: 300 steps <= 3x their first 10, <= 5x
    with an evaluation every 50; 1,000 steps with an evaluation every 100 <= half their ``fold=False`` time), and
    what folding costs where nothing repeats (``--give-up``, default ``traces/gpt2_variable.bin``: <= 5 % over
    ``fold=False``).
 5. ``--real --cold``: the same runs as ``allocsim replay --json`` runs them, each replay in a fresh process (its
    first touch of memory, its lazy imports): the median ``replay_seconds`` (wall time, the figure the command
-   prints) of ``--repeat`` runs of the first 10 steps folded, all folded and all with ``--no-fold``, and how many
+   prints) of ``--repeat`` runs of the first 10 steps (no folder), all folded and all with ``--no-fold``, and how many
    steps each folded run folded.
 
 6. ``--short`` (instead of 1 and 2): what folding costs a short run, where no fold can pay its folder back (target:
@@ -214,8 +215,8 @@ REAL = (("gpt-fixed", "x10", 3), ("gpt2s-fixed", "x10", 3), ("gpt-eval50", "x10"
 
 def real_runs(policies: list[str], repeat: int, give_up: str, out: dict) -> None:
     """Section 4: the real runs against their first 10 steps and their full walk; the give-up cost."""
-    print(f"real runs (traces/fold/), CPU seconds, best of {repeat}: first 10 steps folded, all folded, all with "
-          f"fold=False")
+    print(f"real runs (traces/fold/), CPU seconds, best of {repeat}: first 10 steps (no folder: too short), all folded, "
+          f"all with fold=False")
     print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  {'target':<12}folded")
     for name, against_what, most in REAL:
         trace = Trace.load(unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz")))
@@ -246,7 +247,8 @@ def short_runs(policies: list[str], repeat: int, out: dict) -> None:
     """Section 6: short runs, folded against ``fold=False``: the shipped recordings and the real runs cut short."""
     print(f"short runs: folded / fold=False CPU seconds, best of {repeat} alternated (target <= +5 %); "
           f"folder: made (and what it folded) or none")
-    runs = [(os.path.basename(path), Trace.load(path)) for path in sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))]
+    paths = sorted(glob.glob(os.path.join(ROOT, "traces", "*.bin")))
+    runs = [(os.path.basename(path), Trace.load(path)) for path in paths]
     for name, _, _ in REAL:
         trace = Trace.load(unpacked(os.path.join(ROOT, "traces", "fold", name + ".bin.xz")))
         runs += [(f"{name}[:{n}]", first_steps(trace, n)) for n in SHORT_STEPS]
@@ -294,13 +296,13 @@ def runs_of(seq: list[int]) -> str:
 
 
 def cold_runs(policies: list[str], repeat: int, out: dict) -> None:
-    """Section 5: the real runs through `allocsim replay --json`, a fresh process each -- the first 10 steps folded, all
+    """Section 5: the real runs through `allocsim replay --json`, a fresh process each -- the first 10 steps, all
     folded, all with ``--no-fold``, by turns: their ``replay_seconds`` (medians; a fresh process's set-up inside the
     replay, its policy's import and first touch of memory, is in each) and the steps each folded run folded."""
     import statistics
     import tempfile
     print(f"real runs (traces/fold/) as `allocsim replay --json` runs them, a fresh process each: median wall "
-          f"replay_seconds of {repeat}: the first 10 steps folded, all folded, all with --no-fold")
+          f"replay_seconds of {repeat}: the first 10 steps (no folder: too short), all folded, all with --no-fold")
     print(f"{'trace':<18}{'policy':<9}{'10 steps':>9}{'all':>8}{'x10':>7}{'full':>8}{'/full':>7}  "
           f"steps folded, run by run")
     with tempfile.TemporaryDirectory() as tmp:
