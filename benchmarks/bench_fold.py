@@ -1,10 +1,12 @@
 """Folding periodic runs (allocsim/engine/fold.py): long runs cost what is distinct.
 
 1. A fixed-shape model (`allocsim.formats.synth`'s ``transformer``, 10 iterations, extended to ``--steps`` by
-   `allocsim.formats.synth.repeat_steps`): each policy replays the 10-step trace and the long one, folded and
+   `allocsim.formats.synth.repeat_steps`): each policy replays the 10-step trace (too short for a folder since
+   2026-12-04: `MIN_RECORDS`, as every 10-step trace here) and the long one, folded and
    with ``fold=False``; the table gives CPU seconds and the ratio long / 10 steps (target: <= 3 for 1,000
    steps, folded), each the best of ``--repeat`` runs, the variants alternated within one run.
-2. The recorded traces (``traces/*.bin``): how much folds as they are, and extended to ``--extend`` steps.
+2. The recorded traces (``traces/*.bin``): how much folds as they are (nothing since 2026-12-04: each is under
+   `MIN_RECORDS`), and extended to ``--extend`` steps.
 3. ``--long TRACE``: a long recording against its first 10 steps (target: <= 10x folded), with ``fold=False``
    for comparison. The 300-step recordings of GPT-2 and ResNet-50 made on an H200 for this are shipped
    compressed in ``benchmarks/data/`` (``--long benchmarks/data/gpt2-300.bin.xz``: an ``.xz`` is unpacked to a
@@ -122,7 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default="torch,split,bestfit,cupy")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each variant (the best is kept)")
     ap.add_argument("--long", metavar="TRACE", help="a long recording: its whole against its first 10 steps")
-    ap.add_argument("--real", action="store_true", help="the real runs of traces/fold/ and the give-up cost only")
+    only = ap.add_mutually_exclusive_group()      # (each instead of sections 1 to 3)
+    only.add_argument("--real", action="store_true", help="the real runs of traces/fold/ and the give-up cost only")
     ap.add_argument("--give-up", default=os.path.join(ROOT, "traces", "gpt2_variable.bin"), metavar="TRACE",
                     help="with --real: a trace whose steps do not repeat (default traces/gpt2_variable.bin)")
     ap.add_argument("--cold", action="store_true",
@@ -131,9 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kept", action="store_true",
                     help="keep a short trace's walk chunks between its replays, as a tune or fit does (the figures "
                          "before 2026-12-03 kept them)")
-    ap.add_argument("--short", action="store_true",
-                    help="what folding costs short runs: the shipped recordings and the real runs cut short")
-    ap.add_argument("--states", metavar="TRACE", help="the state at each step boundary of TRACE, as numbers")
+    only.add_argument("--short", action="store_true",
+                      help="what folding costs short runs: the shipped recordings and the real runs cut short")
+    only.add_argument("--states", metavar="TRACE", help="the state at each step boundary of TRACE, as numbers")
     a = ap.parse_args(argv)
     global KEPT
     KEPT = a.kept
@@ -258,37 +261,39 @@ def short_runs(policies: list[str], repeat: int, out: dict) -> None:
             made = Replay(trace, p)._folder is not None
             row.update(trace=name, policy=p, records=len(trace), over=row["folded_s"] / row["full_s"] - 1, folder=made)
             out["short"].append(row)
-            print(f"  {name:<30}{p:<8}{len(trace):>8} records  {row['folded_s']:.4f}s / {row['full_s']:.4f}s "
+            print(f"  {name:<30} {p:<8}{len(trace):>8} records  {row['folded_s']:.4f}s / {row['full_s']:.4f}s "
                   f"{row['over']:+6.1%}  {('folder: ' + fmt_fold(row['folded'])) if made else 'no folder'}")
 
 
 def states(trace: Trace, policy: str) -> list[int]:
     """The state at each MARK of a walk of ``trace`` under ``policy`` with ``fold=False``, numbered in the order first
-    seen (`Folder._fingerprint`: the fingerprint a fold compares; -1 where the state cannot be folded)."""
+    seen (`allocsim.engine.fold.fingerprint`: what a fold compares; -1 where the state cannot be folded)."""
     r = Replay(trace, policy, fold=False)
-    folder = fold_module.Folder.__new__(fold_module.Folder)     # (only its fingerprint of ``r`` is asked)
-    folder.r = r
     seen: dict = {}
     out = []
     for at in fold_module.steps_of(trace).marks.tolist():
         r.run(until=at)
-        got = folder._fingerprint()
+        got = fold_module.fingerprint(r)
         out.append(-1 if got is None else seen.setdefault(got[0], len(seen)))
     return out
 
 
-def runs_of(seq: list[int]) -> str:
-    """``seq`` with each stretch that repeats a cycle written ``(a b c)xN``, the rest as it is."""
+def runs_of(seq: list[int], longest: int = 32) -> str:
+    """``seq`` with each stretch that repeats a cycle of up to ``longest`` values written ``(a b c)xN`` (from each
+    place, the cycle that covers the most values, the shortest of those), the rest as it is."""
     parts, i = [], 0
     while i < len(seq):
-        for p in range(1, 33):                  # the shortest cycle from ``i`` that repeats at least twice
+        best = (0, 0, 0)                        # (values covered, -period, repeats)
+        for p in range(1, longest + 1):
             n = 1
             while seq[i + n * p:i + (n + 1) * p] == seq[i:i + p]:
                 n += 1
             if n >= 2:
-                parts.append(f"({' '.join(map(str, seq[i:i + p]))})x{n}")
-                i += n * p
-                break
+                best = max(best, (n * p, -p, n))
+        if best[0]:
+            p, n = -best[1], best[2]
+            parts.append(f"({' '.join(map(str, seq[i:i + p]))})x{n}")
+            i += n * p
         else:
             parts.append(str(seq[i]))
             i += 1

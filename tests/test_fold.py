@@ -998,8 +998,8 @@ def test_a_folder_that_gives_up_leaves_the_full_walk_and_says_where(monkeypatch,
 @pytest.mark.parametrize("policy", ["torch", "cupy"])
 def test_a_trace_too_short_for_a_fold_to_pay_has_no_folder_while_the_budget_is_on(monkeypatch, policy):
     """Under `MIN_RECORDS` records a replay makes no folder (its making, looks and stops cost the shipped
-    recordings 3-120 % over ``--no-fold``, none folding for a gain); at it, and with the budget off at any length,
-    one is made and folds. The result is the full walk's either way."""
+    recordings that had one +1 to +103 % over ``--no-fold``, none folding for a gain); at it, and with the budget
+    off at any length, one is made and folds. The result is the full walk's either way."""
     short = repeat_steps(load("synthetic-transformer.bin"), 30)
     monkeypatch.setattr(fold, "SLACK", 0.05)
     monkeypatch.setattr(fold, "MIN_RECORDS", len(short) + 1)
@@ -1016,6 +1016,15 @@ def test_a_trace_too_short_for_a_fold_to_pay_has_no_folder_while_the_budget_is_o
     for d in (got, again):
         d.pop("replay_seconds"), d.pop("load_seconds")
     assert got == again
+
+
+def test_the_shipped_recordings_get_no_folder_and_a_long_run_does(monkeypatch):
+    """With the budget on and `MIN_RECORDS` as shipped: a shipped recording that folded 3 of its 7 steps, each slower
+    for it, gets no folder; 100 steps of the synthetic transformer (about 100k records) get one."""
+    monkeypatch.setattr(fold, "SLACK", 0.05)
+    assert fold.MIN_RECORDS == 1 << 16
+    assert Replay(load("pressure-fraction-oom.bin"), "torch")._folder is None
+    assert Replay(repeat_steps(load("synthetic-transformer.bin"), 100), "torch")._folder is not None
 
 
 def test_a_checkpoint_taken_where_a_recorded_window_ends_holds_plain_floats():

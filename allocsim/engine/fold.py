@@ -120,10 +120,10 @@ ROTATE = True
 SPARSE_AFTER = 24
 #: Records below which a trace gets no folder (`Folder.possible`, while the budget is on: `SLACK`). A folder's
 #: costs are fixed -- its making, its first looks, a stop at each boundary -- and a fold pays only once the state has
-#: settled (6-16 steps on the real runs here) and a window is recorded before one is skipped: on the real runs cut
-#: short (GPT-2 small, the small GPT and ResNet-18 under each policy) none under 50k driving events (about 75k
-#: records) folded for a gain, and every one, like every shipped recording (at most 22k records), paid 3-120 % over
-#: ``--no-fold`` for its folder (docs/performance.md, 2026-12-04).
+#: settled (6-16 steps on the real runs here) and a window is recorded before one is skipped: of the real runs cut
+#: short (GPT-2 small, the small GPT and ResNet-18 under each policy) none under 65k records folded for a gain,
+#: and the 13 shipped recordings that got a folder (all under 22k records) paid +1 to +103 % over ``--no-fold`` for
+#: it (docs/performance.md, 2026-12-04).
 MIN_RECORDS = 1 << 16
 #: Steps up to which `Steps.may_repeat` answers (past it, a trace is taken to may repeat).
 COUNTED = 1 << 13
@@ -1164,6 +1164,21 @@ class Budget:
         return self.spent - per * self.recorded > slack + per * self.saved + first + min(per * ALLOWANCE, slack)
 
 
+def fingerprint(r) -> "tuple[bytes, dict] | None":
+    """``(fingerprint bytes, id -> address)`` of replay ``r``'s state now -- what a fold starts from and comes back
+    to: the policy's `fold_state`, the runtime's objects by address, the device's, the walk's counts -- or None
+    when it cannot be folded."""
+    walk = r.walk.fingerprint()
+    if walk is None:
+        return None
+    handles, pol = r.handles, r.policy
+    state = pol.fold_state(handles.values())
+    if state is None:
+        return None
+    addr = pol.addresses(handles)
+    return pickle.dumps((state, r.runtime.fingerprint(addr), r.device.fingerprint(), walk), protocol=5), addr
+
+
 class Folder:
     """Watches a `Replay`'s walk at each boundary and folds its periodic runs (see the module docstring)."""
 
@@ -1287,17 +1302,8 @@ class Folder:
 
     # -- the fingerprint -------------------------------------------------------------------------------
     def _fingerprint(self):
-        """``(fingerprint bytes, id -> address)`` of the state now, or None when it cannot be folded."""
-        r = self.r
-        walk = r.walk.fingerprint()
-        if walk is None:
-            return None
-        handles, pol = r.handles, r.policy
-        state = pol.fold_state(handles.values())
-        if state is None:
-            return None
-        addr = pol.addresses(handles)
-        return pickle.dumps((state, r.runtime.fingerprint(addr), r.device.fingerprint(), walk), protocol=5), addr
+        """``(fingerprint bytes, id -> address)`` of the state now, or None when it cannot be folded (`fingerprint`)."""
+        return fingerprint(self.r)
 
     def _boundary(self, at: int, mark: int, until) -> bool:
         """Take the boundary at trace index ``at`` (MARK number ``mark``): fold from it if it can (True: the walk
