@@ -349,6 +349,43 @@ def test_keeping_the_gc_ages_changes_no_figure(spec, variant):
     assert resumed.run().peak_reserved_bytes != Replay(t, variant, cap=cap, capacity=None).run().peak_reserved_bytes
 
 
+@pytest.mark.parametrize("spec, variant", [
+    ("torch", "torch[garbage_collection_threshold:0.6]"),
+    ("torch[max_split_size_mb:128]", "torch[max_split_size_mb:128,garbage_collection_threshold:0.6]"),
+])
+@pytest.mark.parametrize("part", [2, 20])
+def test_a_deferred_peak_state_is_the_one_taken_at_once_for_a_replay_resumed_from_another_settings(spec, variant,
+                                                                                                    part):
+    """A peak state left to a second walk (`defer_peak_state`; a replay also defers one past its share of time for
+    them: CI on a loaded machine did, and the second walk, of the resumed setting from the first event, never
+    reached that peak) comes out as the one taken at once for a replay resumed from another setting's checkpoint
+    past where the two differ: a peak in the walk the checkpoint copied (a checkpoint half way), and one reached
+    after it (a checkpoint a twentieth of the way)."""
+    t = cached_trace(os.path.join(ROOT, "traces", "resnet50.bin"))
+    cap = int(1.2 * t.load_bytes)
+
+    def resumed(defer_before: bool, defer_after: bool) -> dict:
+        late = Replay(t, spec, cap=cap, capacity=None)
+        if defer_before:
+            late.defer_peak_state()
+        late.policy.keep_gc_ages()
+        late.step(len(t) // part)
+        state = late.checkpoint()
+        assert (type(state.walk.at_peak).__name__ == "_PeakLater") == defer_before
+        r = Replay(t, variant, cap=cap, capacity=None)
+        r.resume(state)
+        if defer_after:
+            r.defer_peak_state()
+        d = r.run().to_dict()
+        d.pop("replay_seconds"), d.pop("load_seconds")
+        return d, r._w.at_peak == state.walk.at_peak     # (the peak taken at once: the copied walk's, or its own)
+
+    want, copied = resumed(False, False)
+    assert want["breakdown_at_peak"] is not None and copied == (part == 2)
+    for defer in ((True, False), (False, True), (True, True)):
+        assert resumed(*defer)[0] == want, defer
+
+
 def test_a_threshold_resumed_counts_each_gc_call_in_its_own_section():
     """A GC-threshold variant resumed from its setting's checkpoint (`keep_gc_ages`) gives the sections its own
     replay gives: the pool misses the walk before made under a recorded OOM's attempt count the GC's calls there,

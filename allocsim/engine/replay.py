@@ -437,7 +437,9 @@ class ReplayState:
     device's `allocsim.machine.device.DeviceState`, the runtime's `allocsim.machine.runtime.RuntimeState`, the
     walk's `_Walk.copy`, the sections' `allocsim.machine.sections.SectionsState`) and where the walk is in the
     trace: the readers of live and requested bytes, the 0-byte requests bypassed, the chunks passed unread, the
-    chunks still to walk, the chunk walked, the position in it and the driving events before it."""
+    chunks still to walk, the chunk walked, the position in it and the driving events before it; and the policy
+    and settings of the replay it was taken from, whose walk it copies (a peak state deferred to a second walk is
+    taken from theirs: `Replay._take_peak_state`)."""
 
     policy: object
     device: object
@@ -452,6 +454,7 @@ class ReplayState:
     chunk: object
     pos: int
     j0: int
+    source: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -511,6 +514,7 @@ class Replay:
         self._w = _Walk()
         self._peak_deferred = False     # `defer_peak_state`
         self._peak_only_at = None       # a second walk's one peak event whose state it takes (`_take_peak_state`)
+        self._resumed = None            # (the `ReplayState`, own_limit) this replay resumed from (`resume`)
         self._peak_seconds = 0.0        # spent taking peak states (`_afford_peak_state`)
         self._made_at = time.perf_counter()
         self._remade = device is None and observer is None and not guard and not log_events    # made again alike
@@ -573,7 +577,8 @@ class Replay:
             self._folder.abort()        # a window recorded up to here: its clock goes back to a plain float first
         return ReplayState(self.policy.checkpoint(self.handles), self.device.checkpoint(), self.runtime.checkpoint(),
                            self._w.copy(), self.sections.checkpoint(), copy(self._live), copy(self._allocs),
-                           self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos, self._j0)
+                           self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos, self._j0,
+                           (self.spec, self.settings))
 
     def resume(self, state: ReplayState, *, own_limit: bool = False) -> None:
         """Go on from ``state`` (a `checkpoint` of a replay of the same trace and settings whose policy is the
@@ -601,6 +606,7 @@ class Replay:
         self._chunks, self._chunk, self._pos, self._j0 = copy(state.chunks), state.chunk, state.pos, state.j0
         self.runtime.restore(state.runtime)
         self._folder = None
+        self._resumed = (state, own_limit)
 
     @property
     def at_end(self) -> bool:
@@ -927,9 +933,22 @@ class Replay:
 
     def _take_peak_state(self) -> None:
         """The peak's free-space shape and breakdown (`defer_peak_state`), from a replay of the same trace,
-        policy and settings walked, unfolded, through the event the peak was first reached at."""
+        policy and settings walked, unfolded, through the event the peak was first reached at. A replay that
+        resumed from a checkpoint (`resume`) walked there as the checkpoint's replay did: a peak in the walk the
+        checkpoint copies is taken from a replay of that one's policy and settings, a later one from a replay
+        resumed from the same checkpoint (walked afresh under its own settings, a setting that does not behave
+        alike up to the checkpoint would not reach that peak there: a threshold resumed past where its GC acts)."""
         w = self._w
-        again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
+        if self._resumed is None:
+            again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
+        else:
+            state, own_limit = self._resumed
+            if w.at_peak == state.walk.at_peak:
+                spec, settings = state.source
+                again = Replay(self.trace, spec, settings.with_(fold=False))
+            else:
+                again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
+                again.resume(state, own_limit=own_limit)
         again._peak_only_at = w.at_peak.at         # the peaks before it are passed over, as later ones would be
         try:
             again.run(until=w.at_peak.at + 1)
