@@ -354,17 +354,21 @@ def test_keeping_the_gc_ages_changes_no_figure(spec, variant):
     ("torch[max_split_size_mb:128]", "torch[max_split_size_mb:128,garbage_collection_threshold:0.6]"),
 ])
 @pytest.mark.parametrize("part", [2, 20])
-def test_a_deferred_peak_state_is_the_one_taken_at_once_for_a_replay_resumed_from_another_settings(spec, variant,
-                                                                                                    part):
+def test_a_deferred_peak_state_is_the_one_taken_at_once_for_a_replay_resumed_from_another_settings(monkeypatch, spec,
+                                                                                                    variant, part):
     """A peak state left to a second walk (`defer_peak_state`; a replay also defers one past its share of time for
     them: CI on a loaded machine did, and the second walk, of the resumed setting from the first event, never
     reached that peak) comes out as the one taken at once for a replay resumed from another setting's checkpoint
-    past where the two differ: a peak in the walk the checkpoint copied (a checkpoint half way), and one reached
-    after it (a checkpoint a twentieth of the way)."""
+    past where the two differ: a peak in the walk the checkpoint copied (a checkpoint half way), one reached after
+    it (a checkpoint a twentieth of the way), and either through a chain of two resumes."""
+    monkeypatch.setattr(Replay, "PEAK_ALLOWANCE", float("inf"))     # (no peak deferred for time: only when asked)
     t = cached_trace(os.path.join(ROOT, "traces", "resnet50.bin"))
     cap = int(1.2 * t.load_bytes)
+    walks = []
+    take = Replay._take_peak_state
+    monkeypatch.setattr(Replay, "_take_peak_state", lambda self: (walks.append(self._peak_walk()), take(self))[1])
 
-    def resumed(defer_before: bool, defer_after: bool) -> dict:
+    def resumed(defer_before: bool, defer_after: bool, chain: bool = False) -> tuple[dict, bool]:
         late = Replay(t, spec, cap=cap, capacity=None)
         if defer_before:
             late.defer_peak_state()
@@ -376,14 +380,25 @@ def test_a_deferred_peak_state_is_the_one_taken_at_once_for_a_replay_resumed_fro
         r.resume(state)
         if defer_after:
             r.defer_peak_state()
+        copied = state
+        if chain:           # resumed again from a checkpoint of the resumed replay, a few events on
+            r.step(100)
+            state = r.checkpoint()
+            r = Replay(t, variant, cap=cap, capacity=None)
+            r.resume(state)
+            if defer_after:
+                r.defer_peak_state()
         d = r.run().to_dict()
         d.pop("replay_seconds"), d.pop("load_seconds")
-        return d, r._w.at_peak == state.walk.at_peak     # (the peak taken at once: the copied walk's, or its own)
+        return d, r._w.at_peak is copied.walk.at_peak     # (the peak taken at once: the copied walk's, or later)
 
     want, copied = resumed(False, False)
-    assert want["breakdown_at_peak"] is not None and copied == (part == 2)
+    assert want["breakdown_at_peak"] is not None and copied == (part == 2) and not walks
     for defer in ((True, False), (False, True), (True, True)):
-        assert resumed(*defer)[0] == want, defer
+        for chain in (False, True):
+            walks.clear()
+            assert resumed(*defer, chain)[0] == want, (defer, chain)
+            assert walks or defer == ((False, True) if part == 2 else (True, False))   # (a peak deferred, then taken)
 
 
 def test_a_threshold_resumed_counts_each_gc_call_in_its_own_section():

@@ -437,9 +437,10 @@ class ReplayState:
     device's `allocsim.machine.device.DeviceState`, the runtime's `allocsim.machine.runtime.RuntimeState`, the
     walk's `_Walk.copy`, the sections' `allocsim.machine.sections.SectionsState`) and where the walk is in the
     trace: the readers of live and requested bytes, the 0-byte requests bypassed, the chunks passed unread, the
-    chunks still to walk, the chunk walked, the position in it and the driving events before it; and the policy
-    and settings of the replay it was taken from, whose walk it copies (a peak state deferred to a second walk is
-    taken from theirs: `Replay._take_peak_state`)."""
+    chunks still to walk, the chunk walked, the position in it and the driving events before it; and, where the
+    state at the reserved peak is deferred to a second walk (`Replay.defer_peak_state`), how that walk goes the way
+    this one went (`Replay._peak_walk`: the policy, settings, and a state to resume from, of the replay that reached
+    the peak; ``()`` otherwise)."""
 
     policy: object
     device: object
@@ -578,7 +579,7 @@ class Replay:
         return ReplayState(self.policy.checkpoint(self.handles), self.device.checkpoint(), self.runtime.checkpoint(),
                            self._w.copy(), self.sections.checkpoint(), copy(self._live), copy(self._allocs),
                            self._zero_counts[:], self._skip[:], copy(self._chunks), self._chunk, self._pos, self._j0,
-                           (self.spec, self.settings))
+                           self._peak_walk() if isinstance(self._w.at_peak, _PeakLater) else ())
 
     def resume(self, state: ReplayState, *, own_limit: bool = False) -> None:
         """Go on from ``state`` (a `checkpoint` of a replay of the same trace and settings whose policy is the
@@ -931,24 +932,30 @@ class Replay:
         another takes them at once."""
         self._peak_deferred = self._remade
 
-    def _take_peak_state(self) -> None:
-        """The peak's free-space shape and breakdown (`defer_peak_state`), from a replay of the same trace,
-        policy and settings walked, unfolded, through the event the peak was first reached at. A replay that
-        resumed from a checkpoint (`resume`) walked there as the checkpoint's replay did: a peak in the walk the
-        checkpoint copies is taken from a replay of that one's policy and settings, a later one from a replay
-        resumed from the same checkpoint (walked afresh under its own settings, a setting that does not behave
-        alike up to the checkpoint would not reach that peak there: a threshold resumed past where its GC acts)."""
-        w = self._w
+    def _peak_walk(self) -> tuple:
+        """How a second walk reaches this replay's reserved peak the way this one did: ``(spec, settings, state,
+        own_limit)``, a replay of that policy and settings resumed from ``state`` (None: from the first event). A
+        replay that resumed (`resume`) walked the checkpoint's replay's way up to the checkpoint: a peak in the walk
+        it copied is reached as that one reached it (the checkpoint says how, through a chain of resumes too), a
+        later one by resuming from the same checkpoint. (Walked from the first event under its own settings, a
+        setting that does not behave alike up to the checkpoint -- a threshold resumed past where its GC acts --
+        never came to that peak, and the result raised ``TypeError``.)"""
         if self._resumed is None:
-            again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
-        else:
-            state, own_limit = self._resumed
-            if w.at_peak == state.walk.at_peak:
-                spec, settings = state.source
-                again = Replay(self.trace, spec, settings.with_(fold=False))
-            else:
-                again = Replay(self.trace, self.spec, self.settings.with_(fold=False))
-                again.resume(state, own_limit=own_limit)
+            return self.spec, self.settings, None, False
+        state, own_limit = self._resumed
+        if self._w.at_peak is state.walk.at_peak:
+            return state.source or (self.spec, self.settings, None, False)
+        return self.spec, self.settings, replace(state, source=()), own_limit     # (no chain of states held)
+
+    def _take_peak_state(self) -> None:
+        """The peak's free-space shape and breakdown (`defer_peak_state`), from a replay walked, unfolded, through
+        the event the peak was first reached at the way this one reached it (`_peak_walk`: of the same trace,
+        policy and settings, from the first event unless this replay resumed from a checkpoint)."""
+        w = self._w
+        spec, settings, state, own_limit = self._peak_walk()
+        again = Replay(self.trace, spec, settings.with_(fold=False))
+        if state is not None:
+            again.resume(state, own_limit=own_limit)
         again._peak_only_at = w.at_peak.at         # the peaks before it are passed over, as later ones would be
         try:
             again.run(until=w.at_peak.at + 1)
