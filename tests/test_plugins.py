@@ -147,6 +147,23 @@ def test_replay_guards_a_plugin_only():
     assert guarded.context.malloc == guarded.device.malloc and guarded.fast_path
 
 
+def test_an_unguarded_replay_takes_its_deferred_peak_state_unguarded():
+    """A replay made with ``guard=False`` that leaves its peak's state to a second walk (`defer_peak_state`; also
+    past its share of time for them, on a loaded machine) walks that one unguarded too: guarded, a plug-in the
+    first walk was asked not to check broke the contract there (found with every peak deferred by force)."""
+    class Negative(first_fit()):
+        def block(self, handle):
+            return -handle[0], handle[1]
+    trace = random_trace(200, seed=4)
+    want = allocsim.Replay(trace, Negative, guard=False).run().to_dict()
+    deferred = allocsim.Replay(trace, Negative, guard=False)
+    deferred.defer_peak_state()
+    got = deferred.run().to_dict()
+    for d in (want, got):
+        d.pop("replay_seconds"), d.pop("load_seconds")
+    assert got == want and got["largest_free_fragmentation_at_peak"] is not None
+
+
 # ---- one parser ----------------------------------------------------------------------------------
 def _option_values(p):
     """A strategy of values ``Param`` p can hold (sizes and choices included)."""

@@ -953,7 +953,7 @@ class Replay:
         policy and settings, from the first event unless this replay resumed from a checkpoint)."""
         w = self._w
         spec, settings, state, own_limit = self._peak_walk()
-        again = Replay(self.trace, spec, settings.with_(fold=False))
+        again = Replay(self.trace, spec, settings.with_(fold=False), guard=False)   # (a deferring replay is unguarded)
         if state is not None:
             again.resume(state, own_limit=own_limit)
         again._peak_only_at = w.at_peak.at         # the peaks before it are passed over, as later ones would be
