@@ -14,13 +14,20 @@ def pytest_addoption(parser):
     parser.addoption("--compiled-policies-only", action="store_true",
                      help="test_golden replays only the policies the compiled build compiles (tests/test_compiled.py "
                           "runs the other build so: the rest run the same code in both)")
+    parser.addoption("--defer-peaks", action="store_true",
+                     help="every replay that may defer its peak's state to a second walk does (Replay.PEAK_SHARE): "
+                          "the figures must be the same; a loaded machine defers some (run by hand, not in CI)")
 
 
 def pytest_configure(config):
     """The package's bytecode is written once, before any worker or child starts, where the environment asks
     Python not to write it (PYTHONDONTWRITEBYTECODE, as on the project's machines): else every ``python -m
     allocsim`` the tests start compiles the whole package again, 0.35 s of its 0.9 s start. Written where Python
-    writes it (``__pycache__``, which git ignores)."""
+    writes it (``__pycache__``, which git ignores). ``--defer-peaks``: no peak's state is afforded as the walk
+    goes (each xdist worker configures its own)."""
+    if config.getoption("--defer-peaks"):
+        from allocsim.engine.replay import Replay
+        Replay.PEAK_ALLOWANCE, Replay.PEAK_SHARE = -1.0, 0.0
     if sys.flags.dont_write_bytecode and not hasattr(config, "workerinput"):
         import compileall
         compileall.compile_dir(os.path.join(ROOT, "allocsim"), quiet=2)
