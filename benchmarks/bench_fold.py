@@ -258,7 +258,9 @@ def short_runs(policies: list[str], repeat: int, out: dict) -> None:
     for name, trace in runs:
         for p in policies:
             row = best(trace, p, repeat)
-            made = Replay(trace, p)._folder is not None
+            probe = Replay(trace, p)
+            made = probe._folder is not None
+            probe.close()
             row.update(trace=name, policy=p, records=len(trace), over=row["folded_s"] / row["full_s"] - 1, folder=made)
             out["short"].append(row)
             print(f"  {name:<30} {p:<8}{len(trace):>8} records  {row['folded_s']:.4f}s / {row['full_s']:.4f}s "
@@ -283,15 +285,15 @@ def runs_of(seq: list[int], longest: int = 32) -> str:
     place, the cycle that covers the most values, the shortest of those), the rest as it is."""
     parts, i = [], 0
     while i < len(seq):
-        best = (0, 0, 0)                        # (values covered, -period, repeats)
+        widest = (0, 0, 0)                      # (values covered, -period, repeats)
         for p in range(1, longest + 1):
             n = 1
             while seq[i + n * p:i + (n + 1) * p] == seq[i:i + p]:
                 n += 1
             if n >= 2:
-                best = max(best, (n * p, -p, n))
-        if best[0]:
-            p, n = -best[1], best[2]
+                widest = max(widest, (n * p, -p, n))
+        if widest[0]:
+            p, n = -widest[1], widest[2]
             parts.append(f"({' '.join(map(str, seq[i:i + p]))})x{n}")
             i += n * p
         else:

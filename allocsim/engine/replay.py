@@ -940,12 +940,13 @@ class Replay:
         later one by resuming from the same checkpoint. (Walked from the first event under its own settings, a
         setting that does not behave alike up to the checkpoint -- a threshold resumed past where its GC acts --
         never came to that peak, and the result raised ``TypeError``.)"""
-        if self._resumed is None:
-            return self.spec, self.settings, None, False
-        state, own_limit = self._resumed
-        if self._w.at_peak is state.walk.at_peak:
-            return state.source or (self.spec, self.settings, None, False)
-        return self.spec, self.settings, replace(state, source=()), own_limit     # (no chain of states held)
+        if self._resumed is not None:
+            state, own_limit = self._resumed
+            if self._w.at_peak is not state.walk.at_peak:
+                return self.spec, self.settings, replace(state, source=()), own_limit     # (no chain of states held)
+            if state.source:
+                return state.source
+        return self.spec, self.settings, None, False
 
     def _take_peak_state(self) -> None:
         """The peak's free-space shape and breakdown (`defer_peak_state`), from a replay walked, unfolded, through
