@@ -7,13 +7,14 @@ import errno
 import os
 import signal
 import sys
+import traceback
 
 from .commands import WARNINGS, Parser
 from .commands import (calibrate, compare, fit, import_, info, plot, policies, record, replay, sweep, synth, tune,
                        validate)
 from .compiled import ENV_PROBLEM, build
 from .errors import AllocsimError
-from .filenames import let_stdout_write_names, printable
+from .filenames import clipped, let_stdout_write_names, printable
 from .outputs import Terminated, guard_stdout, undo_stdout
 
 #: The subcommands, in the order ``allocsim --help`` lists them: the main path first (docs/architecture.md,
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
         return 130
     if not getattr(args, "_run", None):
         parser.print_help()
+        print("allocsim: no command given (the list above; allocsim COMMAND --help for one)", file=sys.stderr)
         return 2
     if ENV_PROBLEM:         # ALLOCSIM_INTERPRETED=maybe: which build would run is unclear
         print(f"allocsim: {ENV_PROBLEM}", file=sys.stderr)
@@ -93,16 +95,16 @@ def main(argv=None) -> int:
     try:
         status = int(args._run(args) or 0)
         for line in WARNINGS.values():      # after the report: an error instead would have been the one line
-            print(f"allocsim: warning: {printable(line, keep='')}", file=sys.stderr)
+            print(f"allocsim: warning: {clipped(printable(line, keep=''))}", file=sys.stderr)
         if sys.stdout:
             sys.stdout.flush()      # a closed pipe or a full disk shows here, not at interpreter exit
         return status
     except BrokenPipeError:
         return _stdout_closed()
     except AllocsimError as e:
-        if getattr(args, "debug", False):
-            raise
-        print(f"allocsim: {printable(str(e), keep='')}", file=sys.stderr)     # one line, whatever a plug-in raised
+        if getattr(args, "debug", False):   # the traceback (a plug-in's own exception chained under it), then the
+            traceback.print_exc()           # line; the exit status stays the error's (re-raised, it was Python's 1)
+        print(f"allocsim: {clipped(printable(str(e), keep=''))}", file=sys.stderr)    # one line, whatever was read
         return e.exit_status
     except OSError as e:          # a file system refusal the command did not foresee: still one line
         return _write_failed(e, debug=getattr(args, "debug", False))
@@ -126,7 +128,7 @@ def _stand_in_for_closed_streams() -> None:
 def _write_failed(e: OSError, *, debug: bool) -> int:
     """One line for a write the command did not foresee failing; a failed stdout's half report is cut off."""
     if debug:
-        raise e
+        traceback.print_exception(e)
     name = e.filename or _unnamed_writer(e)
     if not e.filename and (e.errno in _WRITE_FAILED or e.errno == errno.EBADF):     # stdout's write
         undo_stdout()

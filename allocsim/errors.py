@@ -6,6 +6,9 @@ and exits 2; the traceback is shown only with ``--debug``.
 """
 from __future__ import annotations
 
+import json
+import sys
+
 from .filenames import shown_name
 
 
@@ -37,5 +40,24 @@ class PluginError(AllocsimError):
     """A plug-in policy's own code raised: one line naming the plug-in and the exception."""
 
 
+class WorkerDied(AllocsimError):
+    """A worker process of a local pool (``-j N``) died before it answered: one line, not the pool's traceback."""
+
+
 class GPUUnavailable(AllocsimError):
     """A GPU feature was asked for on a machine (or install) that cannot serve it."""
+
+
+def json_why(e: Exception) -> str:
+    """What is wrong with a JSON text that `json.loads` refused, in the user's words: its own message for a syntax
+    error, and for what Python raises beyond `json.JSONDecodeError` -- nesting past the interpreter's stack, bytes
+    that are not UTF-8, an integer of more digits than Python converts (`sys.get_int_max_str_digits`: a
+    ``ValueError`` a caller catching only the first two let through as a traceback)."""
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, UnicodeDecodeError):
+        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError) and "digits" in str(e):
+        most = getattr(sys, "get_int_max_str_digits", lambda: 4300)()     # (Python 3.10.7 and later)
+        return f"a number of more than {most} digits"
+    return str(e)

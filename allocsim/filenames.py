@@ -35,6 +35,20 @@ def printable(text: str, keep: str = "\n") -> str:
     return _CONTROLS.sub(lambda m: m.group() if m.group() in keep else f"\\x{ord(m.group()):02x}", text)
 
 
+#: The longest error or warning line the command line prints whole (`clipped`).
+LINE_MOST = 1000
+
+
+def clipped(text: str, most: int = LINE_MOST) -> str:
+    """``text`` cut in its middle to about ``most`` characters: an error line quotes what it read (a CSV field, a
+    metadata value), which a hostile or broken input can make 200,000 characters long; its start (file, position)
+    and end (what was expected) stay."""
+    if len(text) <= most:
+        return text
+    head, tail = most * 3 // 4, most // 4
+    return f"{text[:head]} ... ({len(text) - head - tail:,} characters left out) ... {text[-tail:]}"
+
+
 def let_stdout_write_names() -> None:
     """Let stdout write any file name: the messages naming an output (``sweep: 12 rows -> o\\xff.csv``)
     print the name as given. Python already does so under the C locale; under a UTF-8 one its stdout

@@ -16,22 +16,29 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 DEEP = "[" * 100_000        # JSON nested past Python's recursion limit
 
 
-def trace_with(meta=None, footer=None, *, name="bad.bin", streams=1, nested: str | None = None):
+def trace_with(meta=None, footer=None, *, name="bad.bin", streams=1, nested: str | None = None,
+               long_number: str | None = None):
     """A small valid trace whose metadata and footer are replaced (``footer`` keys update the real one).
 
     ``nested="metadata"`` or ``"footer"`` then overwrites that JSON with ``[[[...``, nested
-    past Python's recursion limit, keeping every length and offset as it was.
+    past Python's recursion limit, keeping every length and offset as it was; ``long_number`` so
+    gives that JSON a number of 100,002 digits (past what Python converts to an int).
     """
     def setup(d):
         t = random_trace(60, seed=2, streams=streams)
         path = os.path.join(d, name)
-        m = {"pad": "x" * 100_000} if nested == "metadata" else meta or {}
+        m = {"pad": "x" * 100_000} if "metadata" in (nested, long_number) else meta or {}
         foot = {**t._footer(), **(footer or {})}
-        if nested == "footer":
+        if "footer" in (nested, long_number):
             foot["pad"] = "x" * 100_000
         w = TraceFileWriter(path, m)
         w.write(t.records)
         w.close(foot)
+        if long_number:
+            with open(path, "rb") as f:
+                data = f.read()
+            with open(path, "wb") as f:
+                f.write(data.replace(b'"' + b"x" * 100_000 + b'"', b"9" * 100_002))
         if nested:
             start = 64 if nested == "metadata" else os.path.getsize(path) - len(json.dumps(foot, sort_keys=True))
             length = len(json.dumps(m if nested == "metadata" else foot, sort_keys=True))

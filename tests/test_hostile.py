@@ -1499,13 +1499,72 @@ HUNT_29_SIZES: list[Case] = [
 ]
 
 
+# ---------------------------------------------------------------------------------------------
+# stop 49's hunt: numbers past Python's int conversion, a worker that dies, a plug-in message that fails, and
+# inputs that were quoted whole, read as the wrong kind, or taken without a word
+_LONG = "9" * 5000          # (past `sys.get_int_max_str_digits`: a ValueError `json.loads` raises beyond its own)
+_SETTINGS = "allocator_settings"
+_EXITS = text_file("x.py", "import os\nfrom allocsim.policies import Policy\nclass X(Policy):\n"
+                           "    def malloc(self, *a): os._exit(3)\n")
+_STR_RAISES = text_file("q.py", "from allocsim.policies import Policy\nclass E(Exception):\n"
+                                "    def __str__(self): raise ValueError('x')\nclass P(Policy):\n"
+                                "    def malloc(self, *a): raise E()\n")
+_CSV_HEAD = "Thread,Time,Action,Pointer,Size,Stream\n"
+
+HUNT_49: list[Case] = [
+    Case("meta-number-of-5000-digits", ["info", "{d}/bad.bin"], trace_with(long_number="metadata"),
+         expect="bad.bin: byte 64: metadata is not valid JSON (a number of more than", stdout_empty=True),
+    Case("footer-number-of-5000-digits", ["replay", "{d}/bad.bin"], trace_with(long_number="footer"),
+         expect="footer is not valid JSON (a number of more than", stdout_empty=True),
+    Case("cost-model-number-of-5000-digits", ["replay", "{trace}", "--cost-model", "{d}/c.json"],
+         text_file("c.json", '{"pool_hit_s": %s}' % _LONG), expect="c.json: line 1: not valid JSON: a number of more than",
+         stdout_empty=True),
+    Case("cupy-log-number-of-5000-digits", ["import", "{d}/h.jsonl", "--format", "cupy", "-o", "{d}/o.bin"],
+         text_file("h.jsonl", '{"hook": "malloc", "device_id": %s}\n' % _LONG),
+         expect="h.jsonl: line 1: bad JSON (a number of more than", outputs=["o.bin"]),
+    Case("compare-worker-that-dies", ["compare", "{trace}", "-p", "split,x.py:X", "-j", "2"], _EXITS,
+         expect="a worker process of the pool (-j 2) died before its replay finished", stdout_empty=True,
+         subprocess=True),
+    Case("replay-plugin-whose-message-raises", ["replay", "{trace}", "-p", "q.py:P"], _STR_RAISES,
+         expect="failed while replaying: E: <its message could not be made: ValueError in its __str__>",
+         stdout_empty=True),
+    Case("plot-report-dash", ["plot", "{trace}", "-p", "none", "--report", "-"], expect="-: cannot write: allocsim "
+         "does not take - for standard output", outputs=["-"], stdout_empty=True),
+    Case("plot-o-empty-name", ["plot", "{trace}", "-p", "none", "-o", ""], expect="the file name is empty"),
+    Case("replay-gc-threshold-past-1", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", _SETTINGS: {"garbage_collection_threshold": 5.0}}),
+         expect="bad.bin: metadata: allocator_settings: garbage_collection_threshold 5.0 must lie in (0.0, 1.0)"),
+    Case("replay-divisions-key-not-a-number", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", _SETTINGS: {"roundup_power2_divisions": {"abc": 4}}}),
+         expect="roundup_power2_divisions key 'abc' is not a whole number of MiB", stdout_empty=True),
+    Case("import-csv-field-of-200000-characters", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         text_file("log.csv", _CSV_HEAD + "1,00:00:00.000001,allocate,0x10," + "9" * 200_000 + ",0x0\n"),
+         expect="characters left out) ... ", outputs=["o.bin"]),
+    Case("import-pickle-as-rmm", ["import", "{d}/snapshot.pickle", "--format", "rmm", "-o", "{d}/o.bin"],
+         _copy_fixture("snapshot.pickle"), expect="snapshot.pickle: byte 0: is a pickle (a PyTorch snapshot: --format "
+         "torch), not an RMM log", outputs=["o.bin"]),
+    Case("import-trace-as-cupy", ["import", "{trace}", "--format", "cupy", "-o", "{d}/o.bin"],
+         expect="t.bin: byte 0: is an allocsim trace already, not a CuPy DebugPrintHook log", outputs=["o.bin"]),
+    Case("import-cupy-log-not-utf8", ["import", "{d}/h.jsonl", "--format", "cupy", "-o", "{d}/o.bin"],
+         text_file("h.jsonl", b'{"hook": "malloc", "pmem_id": "\xff\xfe"}\n'),
+         expect="h.jsonl: line 1: not UTF-8 text (a byte 0xff at character 32)", outputs=["o.bin"]),
+    Case("import-csv-column-twice", ["import", "{d}/log.csv", "-o", "{d}/o.bin"],
+         text_file("log.csv", _CSV_HEAD.replace("\n", ",Size\n") + "1,00:00:00.000001,allocate,0x10,512,0x0,8\n"),
+         expect="log.csv: line 1: column 'Size' given twice in the header", outputs=["o.bin"]),
+    Case("import-device-name-with-escapes", ["import", "{d}/log.csv", "-o", "{d}/o.bin", "--device-name",
+                                             "NV\x1b[31mX\nY"], _copy_fixture("log.csv"),
+         expect="--device-name 'NV\\x1b[31mX\\x0aY': a GPU's name is one line of printable text", outputs=["o.bin"]),
+    Case("no-command", [], expect="allocsim: no command given"),
+]
+
+
 def _holds_line(out: str, label: str, value: str) -> None:
     """The report's line ``label`` says ``value``."""
     assert any(line.strip().startswith(label) and value in line for line in out.splitlines()), out
 
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
-    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES
+    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

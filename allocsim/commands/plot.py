@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError, UsageError
-from ..outputs import add_force_argument, atomic_folder, claim_outputs
+from ..outputs import add_force_argument, atomic_folder, check_named, claim_outputs
 from ..search.sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._command import Command
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
@@ -44,6 +44,9 @@ def check_arguments(args) -> None:
     from ..report.plots import FORMATS, picture_format
     if args.output and args.report:
         raise UsageError("give -o FILE for one picture or --report DIR for all, not both")
+    for name in (args.report, args.output):
+        if name is not None:
+            check_named(name, "write")      # (an empty name, or ``-``: no file or folder a picture goes to)
     if not args.report and not args.output:
         raise UsageError("say -o FILE.png for one picture or --report DIR for all")
     if args.report and os.path.exists(args.report) and not os.path.isdir(args.report):

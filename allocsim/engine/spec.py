@@ -266,7 +266,10 @@ def _what(e: BaseException) -> str:
     """The exception's message; a `SystemExit` says that the plug-in tried to end the program."""
     if isinstance(e, SystemExit):
         return f"the plug-in called sys.exit({e.code!r}), which cannot end allocsim"
-    return str(e)
+    try:
+        return str(e)
+    except Exception as inner:      # (its own ``__str__`` raised: the plug-in's failure is still the one line)
+        return f"<its message could not be made: {type(inner).__name__} in its __str__>"
 
 
 def is_plugin(obj) -> bool:

@@ -221,6 +221,8 @@ def settings_from_trace(meta: dict, path=None) -> dict:
             v = s["garbage_collection_threshold"]
             if type(v) not in (int, float):
                 raise ValueError(f"garbage_collection_threshold {v!r}: expected a number")
+            if not (v == 0 or 0 < v < 1):     # (0: none set, as a snapshot records it; else as the option allows)
+                raise ValueError(f"garbage_collection_threshold {v!r} must lie in (0.0, 1.0), or be 0 (none set)")
             out["garbage_collection_threshold"] = float(v)
         if s.get("expandable_segments") is not None:
             if not isinstance(s["expandable_segments"], bool):       # bool("False") is True
@@ -230,7 +232,10 @@ def settings_from_trace(meta: dict, path=None) -> dict:
         if isinstance(div, dict) and div:
             table = [0] * N_DIVISION_INTERVALS
             for k, d in div.items():
-                mb = int(k)
+                try:
+                    mb = int(k)
+                except (TypeError, ValueError):
+                    raise ValueError(f"roundup_power2_divisions key {k!r} is not a whole number of MiB") from None
                 if not _pow2(mb):
                     raise ValueError(f"roundup_power2_divisions key {k!r} is not a power of two")
                 table[interval_of_mb(mb)] = _recorded_divisions(d)

@@ -17,7 +17,7 @@ import bisect
 import json
 from dataclasses import asdict, dataclass, field
 
-from ..errors import InputError
+from ..errors import InputError, json_why
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -132,8 +132,8 @@ class CostModel:
             raise InputError(f"not valid JSON: {e.msg}", path=path, position=f"line {e.lineno} column {e.colno}")
         except UnicodeDecodeError as e:
             raise InputError(f"not UTF-8 text ({e.reason})", path=path, position=f"byte {e.start}")
-        except RecursionError:
-            raise InputError("not valid JSON: nested too deeply", path=path, position="line 1") from None
+        except (ValueError, RecursionError) as e:   # (a 5,000-digit number; nesting past the stack)
+            raise InputError(f"not valid JSON: {json_why(e)}", path=path, position="line 1") from None
         if not isinstance(data, dict):
             raise InputError("a cost model is a JSON object", path=path, position="line 1")
         known = set(cls.__dataclass_fields__)

@@ -17,11 +17,13 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, InvalidStateError, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, nullcontext
 from copy import deepcopy
 from dataclasses import dataclass, fields
 from functools import partial
 
+from ..errors import WorkerDied
 from ..filenames import shown_name
 from ..machine.metrics import COLUMNS
 from ..engine.replay import ReplaySettings, replay
@@ -162,6 +164,11 @@ def process_pool(jobs: int):
     with signals_unwind():
         try:
             yield ex
+        except BrokenProcessPool:
+            _stop_pool(ex)
+            raise WorkerDied(f"a worker process of the pool (-j {jobs}) died before its replay finished: killed "
+                             "(the kernel's out-of-memory killer, a signal) or ended by a plug-in's own code; "
+                             "-j 1 runs the replays in this process, one at a time") from None
         except BaseException:
             _stop_pool(ex)
             raise

@@ -28,7 +28,7 @@ import struct
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, json_why
 from ..outputs import atomic_path, check_input_file, keep_files_starting_with
 from .events import POOL_ANY_STREAM, POOL_BEGIN, POOL_CAPTURE, POOL_EMPTY, RECORD_DTYPE, TRY_BEGIN
 
@@ -147,10 +147,6 @@ def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict)
         w.close(footer)
 
 
-def _why(e: Exception) -> str:
-    return "nested too deeply" if isinstance(e, RecursionError) else str(e)
-
-
 #: Compressed files a trace is often kept in, by their magic: what compressed them and the command that unpacks.
 PACKED = ((b"\xfd7zXZ\x00", ("xz", "xz -dk")), (b"\x1f\x8b", ("gzip", "gunzip -k")),
           (b"\x28\xb5\x2f\xfd", ("zstd", "zstd -d")), (b"BZh", ("bzip2", "bunzip2 -k")))
@@ -204,8 +200,9 @@ def read_trace_file(path: str, *, mmap: bool = True):
                                  path=path, position=f"byte {HEADER_SIZE + len(blob)}")
             try:
                 meta = json.loads(blob)
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-                raise InputError(f"metadata is not valid JSON ({_why(e)})", path=path, position=f"byte {HEADER_SIZE}")
+            except (ValueError, RecursionError) as e:    # (a decode error, bad UTF-8, a 5,000-digit number)
+                raise InputError(f"metadata is not valid JSON ({json_why(e)})", path=path,
+                                 position=f"byte {HEADER_SIZE}")
             if not isinstance(meta, dict):
                 raise InputError("metadata is not a JSON object", path=path, position=f"byte {HEADER_SIZE}")
             finished = n != UNFINISHED
@@ -218,8 +215,9 @@ def read_trace_file(path: str, *, mmap: bool = True):
                 f.seek(footer_off)
                 try:
                     footer = json.loads(f.read())
-                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-                    raise InputError(f"footer is not valid JSON ({_why(e)})", path=path, position=f"byte {footer_off}")
+                except (ValueError, RecursionError) as e:
+                    raise InputError(f"footer is not valid JSON ({json_why(e)})", path=path,
+                                     position=f"byte {footer_off}")
                 if not isinstance(footer, dict):
                     raise InputError("footer is not a JSON object", path=path, position=f"byte {footer_off}")
             else:

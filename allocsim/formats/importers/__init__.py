@@ -82,11 +82,28 @@ def open_source(path: str, fmt: str | None = None, *, device: int | None = None,
     if fmt == "torch":
         return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
     kw["device"] = device or 0
+    if fmt in ("rmm", "cupy"):
+        _text_log(path, fmt)
     if fmt == "rmm":
         return RmmLog(path, **kw)
     if fmt == "cupy":
         return HookLog(path, **kw)
     raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def _text_log(path: str, fmt: str) -> None:
+    """Refuse a binary file given as a text log (``--format rmm`` on a snapshot): the line would quote its bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as e:
+        raise InputError(e.strerror or str(e), path=path)
+    what = ("an allocsim trace already" if head.startswith(MAGIC) else
+            "a pickle (a PyTorch snapshot: --format torch)" if safe_pickle.looks_like_pickle(head) else
+            "a binary file" if b"\0" in head else None)
+    if what:
+        raise InputError(f"is {what}, not {WHAT[fmt]} (a text log, as --format {fmt} says)", path=path,
+                         position="byte 0")
 
 
 def import_file(path: str, out: str, *, format: str | None = None, device: int | None = None,

@@ -21,6 +21,10 @@ def base_meta(fmt: str, framework: str, source: str, *, device: int = 0, device_
             "device": dev, "time_source": time_source}
 
 
+#: A byte that is not UTF-8, as ``surrogateescape`` reads it (a log is UTF-8 text: JSON and RMM's CSV are).
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
 class LineLog:
     """A text log read line by line, each line parsed by the caller.
 
@@ -42,7 +46,7 @@ class LineLog:
 
     def each(self, handle) -> None:
         try:
-            f = open(self.path, encoding="utf-8-sig", errors="replace", newline="")
+            f = open(self.path, encoding="utf-8-sig", errors="surrogateescape", newline="")
         except OSError as e:
             raise InputError(e.strerror or str(e), path=self.path)
         with f:
@@ -52,6 +56,10 @@ class LineLog:
                 text = line.rstrip("\r\n")
                 if text.strip():
                     try:
+                        undecoded = _UNDECODED.search(text)
+                        if undecoded:       # (a torn last line is dropped with a warning, as any other defect)
+                            self.bad(f"not UTF-8 text (a byte 0x{ord(undecoded.group()) - 0xDC00:02x} at "
+                                     f"character {undecoded.start() + 1})")
                         handle(text)
                     except _Dropped:
                         break

@@ -25,7 +25,7 @@ import json
 
 from ...trace import SEGMENT_ALLOC, TraceWriter
 from ...trace.events import MAX_SIZE
-from ...errors import InputError
+from ...errors import InputError, json_why
 from .common import LineLog, base_meta
 
 #: Keys each hook must carry (``device_id`` defaults to the device being imported).
@@ -55,10 +55,8 @@ class HookLog:
         def line(text):
             try:
                 h = json.loads(text)
-            except ValueError as e:
-                return log.bad(f"bad JSON ({e})")
-            except RecursionError:
-                return log.bad("bad JSON (nested too deeply)")
+            except (ValueError, RecursionError) as e:
+                return log.bad(f"bad JSON ({json_why(e)})")
             if not isinstance(h, dict):
                 return log.bad("not a JSON object")
             hook = h.get("hook")

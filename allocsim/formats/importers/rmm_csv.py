@@ -53,6 +53,9 @@ class RmmLog:
             if missing:
                 log.bad(f"missing column {', '.join(map(repr, missing))} (the header is {text.strip()!r}; "
                         f"expected {','.join(COLUMNS)})")
+            twice = [c for c in COLUMNS if names.count(c) > 1]
+            if twice:               # which one holds the values is anybody's guess: the first was read
+                log.bad(f"column {', '.join(map(repr, twice))} given twice in the header")
             state["cols"] = ([names.index(c) for c in COLUMNS], len(names))
 
         def row(text):
