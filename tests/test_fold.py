@@ -664,8 +664,7 @@ def shapes_trace(shapes) -> Trace:
 def test_steps_alike_in_their_counts_answer_as_the_whole_table_read_a_step_at_a_time(pattern, laps, changed, order):
     """Steps alike in their ALLOC counts but not in their signatures, read a step at a time (`SIG_READ` 1: a real
     run's steps are long, and most signatures are not read when a boundary asks), asked in any order: `useful` answers
-    as the table of every step's signature, whether it rules periods out by the asked step's signature before
-    comparing their steps (the candidates `_equal` would find unlike at once) or compares every one."""
+    as the table of every step's signature (the counts rule no period out: each is compared, `_equal`)."""
     shapes = pattern * laps
     for at, s in changed:
         if at < len(shapes):
@@ -2205,7 +2204,7 @@ def test_the_steps_answer_as_compared_afresh_asked_in_walk_order():
     for trace in (real_steps("gpt-eval50", 130), repeat_steps(load("resnet50.bin"), 90), load("gpt2_variable.bin")):
         for longest in (None, 8, 28):
             kept, afresh = fold.Steps(trace), fold.Steps(trace)
-            afresh._run = lambda p, q, k, read=False: False
+            afresh._run = lambda p, q, k: False
             asked = [kept.useful(m, longest) for m in range(len(kept))]
             assert asked == [afresh.useful(m, longest) for m in range(len(afresh))], longest
             assert kept._same or not any(asked)
@@ -2231,7 +2230,7 @@ def test_the_steps_answer_as_compared_afresh_asked_in_any_order():
     rng = np.random.default_rng(7)
     for trace in (cycle_of_steps(12, 40), real_steps("gpt-eval50", 130)):
         kept, afresh = fold.Steps(trace), fold.Steps(trace)
-        afresh._run = lambda p, q, k, read=False: False
+        afresh._run = lambda p, q, k: False
         questions = [(13, None), (2, None), (20, 8)] + [(int(m), [None, 8, 28][int(rng.integers(3))])
                                                          for m in rng.permutation(len(kept))]
         asked = 0

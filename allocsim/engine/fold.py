@@ -2070,17 +2070,17 @@ class Steps:
         return self._may
 
     # -- signatures, read where asked -----------------------------------------------------------------
-    def read(self, a: int, b: int, ahead: bool = True) -> np.ndarray:
+    def read(self, a: int, b: int) -> np.ndarray:
         """The signatures of steps ``a`` to ``b`` (clipped to the trace's), reading those not read yet, and
-        (``ahead``) short steps after them up to `SIG_READ` records (the boundaries ask step after step)."""
+        short steps after them up to `SIG_READ` records (the boundaries ask step after step)."""
         n = len(self.marks)
         a, b = max(0, a), min(n, b)
         if self.known[a:b].all():           # the common case: asked again (a boundary reads a few steps at a time)
             return self.sig[a:b]
         todo = np.flatnonzero(~self.known[a:b]) + a
         if len(todo):
-            upto = int(np.searchsorted(self.marks, self.marks[todo[-1]] + SIG_READ)) if ahead else b
-            todo = np.flatnonzero(~self.known[a:max(b, min(n, upto))]) + a
+            ahead = int(np.searchsorted(self.marks, self.marks[todo[-1]] + SIG_READ))
+            todo = np.flatnonzero(~self.known[a:max(b, min(n, ahead))]) + a
             runs = np.split(todo, np.flatnonzero(np.diff(todo) > 1) + 1)
             for run in runs:
                 self._signatures(int(run[0]), int(run[-1]) + 1)
@@ -2197,13 +2197,12 @@ class Steps:
         if not pmax or (longest is not None and pmax <= CANDIDATE_REACH and n * pmax <= CANDIDATE_COUNTS
                         and not self._candidates(pmax)[m]):
             return False
-        for read in (False, True):          # a run found before, read on as far as signatures are read: O(1) mostly;
-            for p in sorted(self._same):    # then as far as the steps asked about, read (a tenth of the search below)
-                if p > pmax:
-                    break
-                if (m + 5 * p <= n and p <= max(8, m) and self._run(p, m, 4 * p, read)) or \
-                        (m >= p and m + 4 * p <= n and self._run(p, m - p, 4 * p, read)):
-                    return True
+        for p in sorted(self._same):        # a run found before, read on as far as signatures are read: O(1) mostly
+            if p > pmax:
+                break
+            if (m + 5 * p <= n and p <= max(8, m) and self._run(p, m, 4 * p)) or \
+                    (m >= p and m + 4 * p <= n and self._run(p, m - p, 4 * p)):
+                return True
         counts = self.counts                # steps of other ALLOC counts have other signatures: not read
         done = 0
         for reach in (8, 32, 128, pmax):    # the short periods first: most folds are found there, reading little
@@ -2221,31 +2220,23 @@ class Steps:
                 sig = self.read(lo, m + far + 1)
                 ahead = ahead[(sig[m - lo + ahead] == sig[m - lo]).all(axis=1)]
                 behind = behind[(sig[m - lo - behind] == sig[m - lo]).all(axis=1)]
-            elif len(ahead) + len(behind) > 1:  # a few: those whose step is read and unlike step m are out (each
-                mine, known = self.read(m, m + 1)[0], self.known    # `_equal` asked reads and compares 30 us)
-                ahead = ahead[~known[m + ahead] | (self.sig[m + ahead] == mine).all(axis=1)]
-                behind = behind[~known[m - behind] | (self.sig[m - behind] == mine).all(axis=1)]
             for p, q in sorted([(int(p), m) for p in ahead] + [(int(p), m - int(p)) for p in behind]):
                 if q + 5 * p <= n and self._equal(q, q + p, 4 * p):
                     return True
             done = reach
         return False
 
-    def _run(self, p: int, q: int, k: int, read: bool = False) -> bool:
+    def _run(self, p: int, q: int, k: int) -> bool:
         """Whether steps ``q`` to ``q + k`` are known to have the signatures of the steps ``p`` after them, by the
         run of such steps `_equal` last found for ``p``, read on over the signatures read since (up to `RUN_READ`
-        steps a call; ``read``: the signatures of the steps asked about read first where the run reaches them and
-        they are not, else a run that stopped where the signatures read end answers no). A fixed-shape run
-        answers `useful` here at each boundary, for one comparison of signatures at most, where the periods' counts
-        and signatures were compared anew (0.1-0.2 ms a boundary, as much as the fingerprint it guards). Yes only
-        where `_equal` would say yes."""
+        steps a call). A fixed-shape run answers `useful` here at each boundary, for one comparison of signatures
+        already read at most, where the periods' counts and signatures were compared anew (0.1-0.2 ms a boundary,
+        as much as the fingerprint it guards). Yes only where `_equal` would say yes."""
         a, b = self._same[p]
         if q < a:
             return False
         if q + k > b:
             known, n = self.known, len(self.marks)
-            if read and q <= b and not known[b:q + k + p].all():
-                self.read(b, q + k + p)     # the steps asked about, and short steps after them (as `_equal` reads)
             hi = min(n - p, b + RUN_READ)
             if hi > b:
                 both = known[b:hi] & known[b + p:hi + p]
