@@ -55,8 +55,8 @@ def json_why(e: Exception) -> str:
     ``ValueError`` a caller catching only the first two let through as a traceback)."""
     if isinstance(e, RecursionError):
         return "nested too deeply"
-    if isinstance(e, UnicodeDecodeError):
-        return f"not UTF-8 text ({e.reason} at byte {e.start})"
+    if isinstance(e, UnicodeDecodeError):       # (where: the caller's position, which knows the text's offset)
+        return f"not UTF-8 text ({e.reason})"
     if isinstance(e, ValueError) and not isinstance(e, json.JSONDecodeError) and "digits" in str(e):
         most = getattr(sys, "get_int_max_str_digits", lambda: 4300)()     # (Python 3.10.7 and later)
         return f"a number of more than {most} digits"

@@ -1511,6 +1511,14 @@ _STR_RAISES = text_file("q.py", "from allocsim.policies import Policy\nclass E(E
                                 "    def malloc(self, *a): raise E()\n")
 _CSV_HEAD = "Thread,Time,Action,Pointer,Size,Stream\n"
 
+
+def _append(d, name, data: bytes, fixture: bool = False) -> None:
+    """Append ``data`` to ``name`` in the case's folder (first copied from tests/fixtures: ``fixture``)."""
+    if fixture:
+        _copy_fixture(name)(d)
+    with open(os.path.join(d, name), "ab") as f:
+        f.write(data)
+
 HUNT_49: list[Case] = [
     Case("meta-number-of-5000-digits", ["info", "{d}/bad.bin"], trace_with(long_number="metadata"),
          expect="bad.bin: byte 64: metadata is not valid JSON (a number of more than", stdout_empty=True),
@@ -1543,6 +1551,9 @@ HUNT_49: list[Case] = [
     Case("import-pickle-as-rmm", ["import", "{d}/snapshot.pickle", "--format", "rmm", "-o", "{d}/o.bin"],
          _copy_fixture("snapshot.pickle"), expect="snapshot.pickle: byte 0: is a pickle (a PyTorch snapshot: --format "
          "torch), not an RMM log", outputs=["o.bin"]),
+    Case("import-torn-log-with-zeros-as-rmm", ["import", "{d}/log.csv", "--format", "rmm", "-o", "{d}/o.bin"],
+         lambda d: _append(d, "log.csv", b"1,00:00:01.0,allocate,0x99\0\0\0\0", fixture=True),
+         status=0, expect="log.csv: line 8: last line is cut short"),    # (a crash's zeros: no binary file)
     Case("import-trace-as-cupy", ["import", "{trace}", "--format", "cupy", "-o", "{d}/o.bin"],
          expect="t.bin: byte 0: is an allocsim trace already, not a CuPy DebugPrintHook log", outputs=["o.bin"]),
     Case("import-cupy-log-not-utf8", ["import", "{d}/h.jsonl", "--format", "cupy", "-o", "{d}/o.bin"],

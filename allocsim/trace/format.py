@@ -147,6 +147,12 @@ def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict)
         w.close(footer)
 
 
+def _within(e: Exception) -> int:
+    """Where in a JSON text that `json.loads` refused the fault lies, for a byte position: an undecodable byte's
+    offset; else 0, the text's start (a syntax error's line and column are in its message)."""
+    return e.start if isinstance(e, UnicodeDecodeError) else 0
+
+
 #: Compressed files a trace is often kept in, by their magic: what compressed them and the command that unpacks.
 PACKED = ((b"\xfd7zXZ\x00", ("xz", "xz -dk")), (b"\x1f\x8b", ("gzip", "gunzip -k")),
           (b"\x28\xb5\x2f\xfd", ("zstd", "zstd -d")), (b"BZh", ("bzip2", "bunzip2 -k")))
@@ -202,7 +208,7 @@ def read_trace_file(path: str, *, mmap: bool = True):
                 meta = json.loads(blob)
             except (ValueError, RecursionError) as e:    # (a decode error, bad UTF-8, a 5,000-digit number)
                 raise InputError(f"metadata is not valid JSON ({json_why(e)})", path=path,
-                                 position=f"byte {HEADER_SIZE}")
+                                 position=f"byte {HEADER_SIZE + _within(e)}")
             if not isinstance(meta, dict):
                 raise InputError("metadata is not a JSON object", path=path, position=f"byte {HEADER_SIZE}")
             finished = n != UNFINISHED
@@ -217,7 +223,7 @@ def read_trace_file(path: str, *, mmap: bool = True):
                     footer = json.loads(f.read())
                 except (ValueError, RecursionError) as e:
                     raise InputError(f"footer is not valid JSON ({json_why(e)})", path=path,
-                                     position=f"byte {footer_off}")
+                                     position=f"byte {footer_off + _within(e)}")
                 if not isinstance(footer, dict):
                     raise InputError("footer is not a JSON object", path=path, position=f"byte {footer_off}")
             else:

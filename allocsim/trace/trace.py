@@ -86,8 +86,9 @@ class Trace:
         for start in range(0, len(self), CHUNK):
             yield start, np.asarray(self.records[start:start + CHUNK])    # a plain view: no memmap overhead
 
-    def walk(self, *walkers) -> None:
-        """Feed each `Chunk` of the records, in order, to every walker's ``add(chunk)``.
+    def walk(self, *walkers, stop=None) -> None:
+        """Feed each `Chunk` of the records, in order, to every walker's ``add(chunk)``; ``stop()`` true after a
+        chunk ends the walk there.
 
         Walkers that run together share the chunk's columns (read once) and the pass.
         """
@@ -95,6 +96,8 @@ class Trace:
             chunk = Chunk(start, rec)
             for w in walkers:
                 w.add(chunk)
+            if stop is not None and stop():
+                return
 
     def column(self, name: str) -> np.ndarray:
         return self.records[name]
@@ -195,13 +198,10 @@ class Trace:
         """
         check = _Validator(self)
         kept = _KindFlags(len(self))
-        for start, rec in self.chunks():
-            chunk = Chunk(start, rec)
-            for w in (check, kept, *walkers):
-                w.add(chunk)
-            if check.first.found.get(_Validator.ORDER[0]):
-                break           # an unknown kind is reported before any other defect: no later chunk can change it
-        check.finish()          # (a file of zeros, sparse and claiming 400 GiB, was read whole before its one line)
+        # an unknown kind is reported before any other defect: no later chunk can change what is (a file of zeros,
+        # sparse and claiming 400 GiB, was read whole before its one line)
+        self.walk(check, kept, *walkers, stop=lambda: _Validator.ORDER[0] in check.first.found)
+        check.finish()
         self.__dict__["load_bytes"], self.__dict__["n_allocs"] = check.live.peak, check.n_allocs
         self.__dict__["kind_flags"] = kept.out
 

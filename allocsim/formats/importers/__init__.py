@@ -77,12 +77,12 @@ def open_source(path: str, fmt: str | None = None, *, device: int | None = None,
     """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``.
     ``device`` None: a snapshot's device that holds the events, device 0 of a log."""
     check_input_file(path)
-    fmt = fmt or detect(path)
+    given, fmt = fmt is not None, fmt or detect(path)
     kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
     if fmt == "torch":
         return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
     kw["device"] = device or 0
-    if fmt in ("rmm", "cupy"):
+    if given and fmt in ("rmm", "cupy"):
         _text_log(path, fmt)
     if fmt == "rmm":
         return RmmLog(path, **kw)
@@ -92,7 +92,8 @@ def open_source(path: str, fmt: str | None = None, *, device: int | None = None,
 
 
 def _text_log(path: str, fmt: str) -> None:
-    """Refuse a binary file given as a text log (``--format rmm`` on a snapshot): the line would quote its bytes."""
+    """Refuse a binary file given as a text log (``--format rmm`` on a snapshot): the line would quote its bytes. A
+    log's zeros at its end are a crash's torn tail (the blocks the file system gave and nothing wrote), not binary."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 16)
@@ -100,7 +101,7 @@ def _text_log(path: str, fmt: str) -> None:
         raise InputError(e.strerror or str(e), path=path)
     what = ("an allocsim trace already" if head.startswith(MAGIC) else
             "a pickle (a PyTorch snapshot: --format torch)" if safe_pickle.looks_like_pickle(head) else
-            "a binary file" if b"\0" in head else None)
+            "a binary file" if b"\0" in head.rstrip(b"\0") else None)
     if what:
         raise InputError(f"is {what}, not {WHAT[fmt]} (a text log, as --format {fmt} says)", path=path,
                          position="byte 0")
