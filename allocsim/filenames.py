@@ -11,6 +11,7 @@ that shows the report).
 """
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import re
@@ -50,10 +51,31 @@ def clipped(text: str, most: int = LINE_MOST) -> str:
 
 
 def let_stdout_write_names() -> None:
-    """Let stdout write any file name: the messages naming an output (``sweep: 12 rows -> o\\xff.csv``)
-    print the name as given. Python already does so under the C locale; under a UTF-8 one its stdout
-    is strict and would raise `UnicodeEncodeError` after the work is done. A name's undecodable bytes
-    go out as they came in (``surrogateescape``), as ``ls`` prints them."""
+    """Let stdout write any file name and any report: the messages naming an output (``sweep: 12 rows ->
+    o\\xff.csv``) print the name as given, and a report's own characters (``μs``, a table's rule, a device's
+    name) go to a stdout that cannot encode them (``LC_ALL=C`` without Python's UTF-8 mode, ``PYTHONIOENCODING=ascii``)
+    as ``\\xNN``/``\\uNNNN`` escapes, where they raised `UnicodeEncodeError` after the work was done (exit 1). A name's
+    undecodable bytes go out as they came in (``surrogateescape``), as ``ls`` prints them (`_writes_anything`)."""
     out = sys.stdout
-    if isinstance(out, io.TextIOWrapper) and out.errors == "strict":
-        out.reconfigure(errors="surrogateescape")
+    if isinstance(out, io.TextIOWrapper) and out.errors in ("strict", "surrogateescape"):
+        out.reconfigure(errors=_WRITES_ANYTHING)
+
+
+def _writes_anything(e: UnicodeEncodeError):
+    """The encoding error handler stdout writes with: an undecodable byte of a name (a lone surrogate
+    ``\\udc80``-``\\udcff``) as the byte itself, any other character the encoding lacks as Python's escape."""
+    chunk = e.object[e.start:e.end]
+    if all("\udc80" <= c <= "\udcff" for c in chunk):
+        return bytes(ord(c) - 0xDC00 for c in chunk), e.end
+    if all(c in _IN_ASCII for c in chunk):
+        return "".join(_IN_ASCII[c] for c in chunk), e.end
+    return codecs.backslashreplace_errors(e)
+
+
+#: The reports' own characters as ASCII spells them (a table's rule stays a rule, ``μs`` reads ``us``).
+_IN_ASCII = {"─": "-", "—": "--", "–": "-", "−": "-", "µ": "u", "μ": "u", "×": "x", "…": "...", "≥": ">=",
+             "≤": "<=", "·": ".", "→": "->", "²": "^2"}
+
+
+_WRITES_ANYTHING = "allocsim-writes-anything"
+codecs.register_error(_WRITES_ANYTHING, _writes_anything)

@@ -38,3 +38,53 @@ def test_a_replay_from_the_command_line_leaves_numpy_ma_unimported():
     if early == "True":
         pytest.skip("this numpy imports numpy.ma with itself (numpy 1.x)")
     assert rest == ["0", "False"], out.stderr[-2000:]
+
+
+def _figures(result) -> dict:
+    d = result.to_dict()
+    d.pop("replay_seconds"), d.pop("load_seconds")
+    return d
+
+
+def test_a_trace_is_a_path_of_any_spelling_and_nothing_else(small_trace_path):
+    """The entry points take a trace's file name as a str, a `pathlib.Path` or bytes, with the same result; another
+    type is a TypeError saying what a trace is (``allocsim.replay(Path(...))`` was an AttributeError deep inside), a
+    missing file the one-line `InputError`, in `compare` too (it was os.stat's FileNotFoundError)."""
+    import os
+    import pathlib
+    from allocsim.errors import InputError
+    plain = _figures(allocsim.replay(small_trace_path, "split"))
+    assert _figures(allocsim.replay(pathlib.Path(small_trace_path), "split")) == plain
+    assert _figures(allocsim.replay(os.fsencode(small_trace_path), "split")) == plain
+    for call in (lambda: allocsim.replay(5), lambda: allocsim.validate_trace(None),
+                 lambda: allocsim.compare(3.5, ["split"])):
+        with pytest.raises(TypeError, match="a trace is a Trace or its file's name"):
+            call()
+    with pytest.raises(InputError, match="No such file"):
+        allocsim.compare(small_trace_path + ".missing", ["split"])
+    rows = allocsim.compare(pathlib.Path(small_trace_path), "split", caps=["64MiB", None])
+    assert [r["policy"] for r in rows] == ["split", "split"] and [r["cap_bytes"] for r in rows] == [None, 64 << 20]
+
+
+@pytest.mark.parametrize("change,error", [({"cap": -1}, ValueError), ({"gc_every": 0}, ValueError),
+                                          ({"cap": True}, TypeError), ({"cap": float("nan")}, TypeError),
+                                          ({"cap": 1.5e9}, TypeError), ({"capacity": -5}, ValueError),
+                                          ({"gc_every": -1}, ValueError), ({"cap": 2**63}, ValueError)])
+def test_replay_settings_refuse_what_no_replay_can_mean(change, error):
+    """A cap, a capacity or ``gc_every`` is a size in bytes, not negative (``gc_every`` positive; a cap of 0 bytes
+    refuses every request, which `fit`'s certified intervals reach): ``cap=-1`` replayed with one OOM, ``cap=nan``
+    with no cap at all."""
+    with pytest.raises(error, match="replay setting"):
+        allocsim.ReplaySettings(**change)
+
+
+def test_replay_settings_read_a_size_as_the_command_line_does(small_trace_path):
+    """``cap="8GB"`` is the cap of 8,000,000,000 bytes (text as `parse_size` reads it; numpy's integers too);
+    `fit_capacity` takes a `ReplaySettings` for the replays it makes (it wanted a sweep's `Settings`)."""
+    import numpy as np
+    assert allocsim.ReplaySettings(cap="8GB").cap == 8 * 10**9 == allocsim.ReplaySettings(cap=np.int64(8 * 10**9)).cap
+    assert allocsim.ReplaySettings(capacity="trace").capacity == "trace"
+    assert _figures(allocsim.replay(small_trace_path, "split", cap="64MiB")) == \
+        _figures(allocsim.replay(small_trace_path, "split", cap=64 << 20))
+    fitted = allocsim.fit_capacity(small_trace_path, "split", settings=allocsim.ReplaySettings(gc_every="1GiB"))
+    assert fitted["capacity_bytes"] > 0

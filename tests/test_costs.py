@@ -48,3 +48,26 @@ def test_a_negative_sync_is_one_clear_error(tmp_path):
         CostModel.load(str(path))
     path.write_text(json.dumps({"free_sync_s": 5e-4}))
     assert CostModel.load(str(path)).free_sync_s == 5e-4
+
+
+def test_a_cost_model_is_hashable_by_value_so_fit_and_tune_take_one(tmp_path, capsys):
+    """Replay settings key `fit`'s trails (a dict): with ``--cost-model`` they held an unhashable model and `fit`,
+    `tune`'s capacity walk and `plot --kind frontier` failed with a TypeError. Equal models hash alike; a model
+    that differs in a point is another key."""
+    from allocsim.cli import main
+    from allocsim.engine.replay import ReplaySettings
+    a, b = CostModel(), CostModel()
+    assert a == b and hash(a) == hash(b)
+    c = CostModel(malloc_points=[[512, 34e-6], [4 << 30, 491e-6]])
+    assert c != a and {ReplaySettings(costs=a): 1}.get(ReplaySettings(costs=b)) == 1
+    assert ReplaySettings(costs=c) not in {ReplaySettings(costs=a)}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"pool_hit_s": 2e-6}))
+    trace = tmp_path / "t.bin"
+    w = TraceWriter()
+    for k in range(40):
+        i = w.alloc((k % 5 + 1) << 20)
+        w.free(i)
+    w.finish().save(str(trace))
+    assert main(["fit", str(trace), "-p", "torch", "-j", "1", "-q", "--cost-model", str(path)]) == 0
+    assert "safe capacity" in capsys.readouterr().out

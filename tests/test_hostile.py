@@ -1566,7 +1566,17 @@ HUNT_49: list[Case] = [
                                              "NV\x1b[31mX\nY"], _copy_fixture("log.csv"),
          expect="--device-name 'NV\\x1b[31mX\\x0aY': a GPU's name is one line of printable text", outputs=["o.bin"]),
     Case("no-command", [], expect="allocsim: no command given"),
+    Case("compare-to-an-ascii-stdout", ["compare", "{trace}", "-p", "split,torch", "-j", "1"], status=0,
+         stderr_lines=0, env={"PYTHONIOENCODING": "ascii"}, then=lambda d, out: _ascii_report(out, "----  ----")),
+    Case("replay-to-a-c-locale-stdout", ["replay", "{trace}", "-p", "split"], status=0, stderr_lines=0,
+         env={"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"},
+         then=lambda d, out: _ascii_report(out, "us")),
 ]
+
+
+def _ascii_report(out: str, holds: str) -> None:
+    """A report written to a stdout that encodes ASCII only: all of it there, its own characters spelled in ASCII."""
+    assert out.isascii() and holds in out and "\\u" not in out, out
 
 
 def _holds_line(out: str, label: str, value: str) -> None:

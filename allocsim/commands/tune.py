@@ -270,4 +270,5 @@ def _write_snapshot(trace, res, path: str) -> None:
     _, snapshot = replay_snapshot(trace, PolicySpec.parse(row["spec"]), cap=row["cap_bytes"],
                                   capacity=res.target.capacity)
     write_snapshot(snapshot, path)
-    say_snapshot_written(snapshot, path, f"the replay under {row['setting']}")
+    under = "the recorded settings" if row["setting"] == "recorded" else row["setting"]
+    say_snapshot_written(snapshot, path, f"the replay under {under}")

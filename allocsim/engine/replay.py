@@ -59,12 +59,13 @@ from ..machine.runtime import RUNTIMES
 from .guard import guard_device_calls, guard_policy
 from ..machine.sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
-from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
+from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace, trace_path
 from ..trace.events import (CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT,
                             kind_table)
 from ..trace.scopes import label_of, plan_search_set, scopes_of
 from ..trace import trace as trace_records
 from ..trace.trace import CHUNK, LiveBytes
+from ..units import parse_size
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
 S_RECORDED_OOM = "recorded OOM attempt"
@@ -350,8 +351,29 @@ class ReplaySettings:
     fast_path: bool = True
     fold: bool = True
 
+    def __post_init__(self):
+        """Refuse what no replay can mean: a cap, a capacity or ``gc_every`` is a size in bytes, not negative
+        (``gc_every`` positive), an integer or text `allocsim.units.parse_size` reads (``"8GB"``). A Python caller's
+        ``cap=-1`` replayed with one OOM, ``cap=float("nan")`` with no cap, ``cap="8GB"`` failed deep inside."""
+        for name in ("cap", "gc_every", "capacity"):
+            value = getattr(self, name)
+            if value is not None and not (name == "capacity" and value == "trace"):
+                object.__setattr__(self, name, _size_setting(name, value))
+
     def with_(self, **changes) -> ReplaySettings:
         return replace(self, **changes) if changes else self
+
+
+def _size_setting(name: str, value) -> int:
+    """A replay setting in bytes (`ReplaySettings`): an integer (numpy's too) up to 2**62, or its text."""
+    if isinstance(value, str):
+        value = parse_size(value, what=name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"replay setting {name}: a size in bytes (an integer, or text such as '8GB'), not {value!r}")
+    least = 1 if name == "gc_every" else 0     # (a cap of 0 bytes refuses every request: `fit`'s intervals reach it)
+    if not least <= int(value) <= 2**62:
+        raise ValueError(f"replay setting {name}: {int(value)} bytes (a size is {least} to 2**62 bytes)")
+    return int(value)
 
 
 def settings_of(settings: ReplaySettings | None, changes: dict) -> ReplaySettings:
@@ -1353,12 +1375,12 @@ def replay(trace: Trace | str, policy="split", settings: ReplaySettings | None =
     return to_the_end(r, spec, observer is None, loaded, t_start)
 
 
-def load_trace(trace: Trace | str) -> tuple[Trace, float]:
-    """The trace (loaded if a path) and the seconds its loading took."""
-    if not isinstance(trace, str):
+def load_trace(trace) -> tuple[Trace, float]:
+    """The trace (loaded if a path: a str, a `pathlib.Path`, bytes) and the seconds its loading took."""
+    if isinstance(trace, Trace):
         return trace, 0.0
     t_load = time.perf_counter()
-    trace = Trace.load(trace)
+    trace = Trace.load(trace_path(trace))
     return trace, time.perf_counter() - t_load
 
 

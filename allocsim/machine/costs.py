@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 
 from ..errors import InputError, json_why
 
@@ -107,6 +107,12 @@ class CostModel:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def __hash__(self) -> int:
+        """By value, as ``==`` compares (a model is not changed once made): the settings a replay runs under are a
+        key of `allocsim.search.fit`'s trails, and a ``--cost-model`` made them unhashable (fit, tune and plot's
+        frontier failed with a TypeError)."""
+        return hash(tuple(tuple(map(tuple, v)) if isinstance(v, list) else v for v in astuple(self)))
 
     def save(self, path: str) -> None:
         """Write the model as JSON, whole or not at all (a disk that fills leaves no half a model)."""

@@ -108,8 +108,11 @@ import copy
 import time
 from dataclasses import dataclass
 
+from ..engine.replay import ReplaySettings
 from ..engine.spec import PolicySpec
+from ..outputs import check_input_file
 from .sweep import Cell, Settings, cached_trace, run_cell
+from ..trace import trace_path
 from ..trace.scopes import sure_load
 
 MiB = 1 << 20
@@ -467,8 +470,13 @@ def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), 
             resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS, top: int | None = None,
             digits: int | None = None) -> Walk:
     """The walk of `fit_capacity` (same arguments; ``top``: start at that cap; ``digits``: bisect to that many
-    significant figures; module docstring), not started."""
-    return Walk(trace, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays, top,
+    significant figures; module docstring), not started. ``trace``: its file's name (a `pathlib.Path` too); ``settings``:
+    a sweep's `Settings`, or the `ReplaySettings` each replay runs under."""
+    if isinstance(settings, ReplaySettings):
+        settings = Settings(replay=settings)
+    path = trace_path(trace)
+    check_input_file(path)              # (a missing file: its one line, before a walk is made)
+    return Walk(path, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays, top,
                 digits)
 
 

@@ -28,7 +28,8 @@ from ..filenames import shown_name
 from ..machine.metrics import COLUMNS
 from ..engine.replay import ReplaySettings, replay
 from ..engine.spec import PolicySpec
-from ..trace import Trace
+from ..outputs import check_input_file
+from ..trace import Trace, trace_path
 
 @dataclass(frozen=True)
 class Cell:
@@ -246,9 +247,17 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
     """The `allocsim compare` table as rows: one replay per policy × cap × runtime.
 
     ``policies`` entries are `PolicySpec` texts (options in brackets: ``"torch[expandable_segments:True]"``,
-    plug-ins as ``"my.py:MyPool"``) or specs.
+    plug-ins as ``"my.py:MyPool"``) or specs, one text a policy; ``caps`` in bytes or as text (``"8GB"``, ``None``:
+    no cap); ``trace`` a file's name (a `pathlib.Path` too); ``settings`` a sweep's `Settings` or a `ReplaySettings`.
     """
-    cells = [Cell(trace, PolicySpec.of(p), cap, rt) for p in policies for cap in caps for rt in runtimes]
+    if isinstance(policies, (str, PolicySpec)):
+        policies = [policies]           # (a text iterated would be its letters, each an unknown policy)
+    if isinstance(settings, ReplaySettings):
+        settings = Settings(replay=settings)
+    path = trace_path(trace)
+    check_input_file(path)              # (a missing file: its one line, not os.stat's FileNotFoundError)
+    caps = [None if cap is None else ReplaySettings(cap=cap).cap for cap in caps]   # (checked and read as a replay's)
+    cells = [Cell(path, PolicySpec.of(p), cap, rt) for p in policies for cap in caps for rt in runtimes]
     return run_cells(cells, settings, jobs=jobs)
 
 

@@ -218,9 +218,9 @@ def model_run(trace: Trace, spec: Spec, options, capacity, cap):
 
 
 def validate(trace: Trace | str, *, options=None, capacity="trace", cap=None) -> Validation:
-    """Replay ``trace`` with its recorder's allocator model; compare the segment calls."""
-    if isinstance(trace, str):
-        trace = Trace.load(trace)
+    """Replay ``trace`` (a `Trace` or its file's name) with its recorder's allocator model; compare the segment calls."""
+    if not isinstance(trace, Trace):
+        trace = Trace.load(trace)       # (a str, a pathlib.Path; anything else a TypeError saying so)
     spec = spec_of(trace)
     fw = spec.framework
     kinds = compared_kinds(trace, spec)

@@ -10,6 +10,8 @@ one small tuple per event and is meant for inspection, not for replay.
 """
 from __future__ import annotations
 
+import os
+
 from collections import namedtuple
 from functools import cached_property
 
@@ -23,6 +25,14 @@ from .format import TraceFileWriter, read_trace_file, version_needed, write_trac
 from .schema import check_footer, check_meta
 
 Event = namedtuple("Event", "index kind flags stream id site aux size time_ns addr")
+
+
+def trace_path(path) -> str:
+    """A trace's file name as the readers take it: a str, a `pathlib.Path` (any ``os.PathLike``) or bytes; anything
+    else is a TypeError saying so (a Python caller's ``allocsim.replay(5)`` failed deep inside)."""
+    if isinstance(path, (str, bytes, os.PathLike)):
+        return os.fsdecode(os.fspath(path))
+    raise TypeError(f"a trace is a Trace or its file's name (str, pathlib.Path), not {type(path).__name__}")
 
 
 class Trace:
@@ -49,6 +59,7 @@ class Trace:
         each `Chunk` of the validating pass (see `walk`), so a caller that summarises the
         records reads them once.
         """
+        path = trace_path(path)
         meta, records, footer, finished, version = read_trace_file(path, mmap=mmap)
         check_footer(footer, path)
         meta = {**meta, **footer.get("meta", {})}      # what the writer learnt only at the end (docs/trace-format.md)
