@@ -64,12 +64,14 @@ def let_stdout_write_names() -> None:
 def _writes_anything(e: UnicodeEncodeError):
     """The encoding error handler stdout writes with: an undecodable byte of a name (a lone surrogate
     ``\\udc80``-``\\udcff``) as the byte itself, any other character the encoding lacks as Python's escape."""
-    chunk = e.object[e.start:e.end]
-    if all("\udc80" <= c <= "\udcff" for c in chunk):
-        return bytes(ord(c) - 0xDC00 for c in chunk), e.end
-    if all(c in _IN_ASCII for c in chunk):
-        return "".join(_IN_ASCII[c] for c in chunk), e.end
-    return codecs.backslashreplace_errors(e)
+    out = bytearray()
+    for c in e.object[e.start:e.end]:       # (character by character: a name's byte may stand beside a "μ")
+        if "\udc80" <= c <= "\udcff":
+            out.append(ord(c) - 0xDC00)
+        else:
+            ascii_ = _IN_ASCII.get(c)
+            out += ascii_.encode() if ascii_ is not None else c.encode("ascii", "backslashreplace")
+    return bytes(out), e.end
 
 
 #: The reports' own characters as ASCII spells them (a table's rule stays a rule, ``μs`` reads ``us``).

@@ -51,3 +51,14 @@ def test_a_ctrl_c_while_the_arguments_are_read_is_one_line(monkeypatch, capsys, 
     assert status == 130
     err = capsys.readouterr().err
     assert err == "allocsim: interrupted\n", err
+
+
+def test_stdouts_error_handler_writes_a_names_bytes_and_spells_the_rest_in_ascii():
+    """What stdout writes where its encoding lacks a character (`filenames.let_stdout_write_names`): a file name's
+    undecodable byte (a lone surrogate) as the byte itself, a report's own characters in ASCII, any other as an
+    escape -- character by character, whatever run of them the encoder hands over."""
+    from allocsim import filenames
+    text = "o\udcff\u03bcs \u2500\u2500 \u2603."
+    assert text.encode("ascii", filenames._WRITES_ANYTHING) == b"o\xffus -- \\u2603."
+    assert text.encode("latin-1", filenames._WRITES_ANYTHING) == b"o\xffus -- \\u2603."
+    assert text.encode("utf-8", filenames._WRITES_ANYTHING) == b"o\xff" + "\u03bcs \u2500\u2500 \u2603.".encode()
