@@ -54,8 +54,9 @@ def let_stdout_write_names() -> None:
     """Let stdout write any file name and any report: the messages naming an output (``sweep: 12 rows ->
     o\\xff.csv``) print the name as given, and a report's own characters (``μs``, a table's rule, a device's
     name) go to a stdout that cannot encode them (``LC_ALL=C`` without Python's UTF-8 mode, ``PYTHONIOENCODING=ascii``)
-    as ``\\xNN``/``\\uNNNN`` escapes, where they raised `UnicodeEncodeError` after the work was done (exit 1). A name's
-    undecodable bytes go out as they came in (``surrogateescape``), as ``ls`` prints them (`_writes_anything`)."""
+    in ASCII (`_IN_ASCII`: ``us``, ``-``; others as ``\\uNNNN``), where they raised `UnicodeEncodeError` after the
+    work was done (exit 1). A name's undecodable bytes go out as they came in, as ``ls`` prints them
+    (`_writes_anything`)."""
     out = sys.stdout
     if isinstance(out, io.TextIOWrapper) and out.errors in ("strict", "surrogateescape"):
         out.reconfigure(errors=_WRITES_ANYTHING)
@@ -63,7 +64,8 @@ def let_stdout_write_names() -> None:
 
 def _writes_anything(e: UnicodeEncodeError):
     """The encoding error handler stdout writes with: an undecodable byte of a name (a lone surrogate
-    ``\\udc80``-``\\udcff``) as the byte itself, any other character the encoding lacks as Python's escape."""
+    ``\\udc80``-``\\udcff``) as the byte itself, a character `_IN_ASCII` spells so, any other the encoding lacks
+    as Python's escape."""
     out = bytearray()
     for c in e.object[e.start:e.end]:       # (character by character: a name's byte may stand beside a "μ")
         if "\udc80" <= c <= "\udcff":
@@ -74,7 +76,8 @@ def _writes_anything(e: UnicodeEncodeError):
     return bytes(out), e.end
 
 
-#: The reports' own characters as ASCII spells them (a table's rule stays a rule, ``μs`` reads ``us``).
+#: Characters of the reports and messages (and a few like them) as ASCII spells them (a table's rule stays a rule,
+#: ``μs`` reads ``us``).
 _IN_ASCII = {"─": "-", "—": "--", "–": "-", "−": "-", "µ": "u", "μ": "u", "×": "x", "…": "...", "≥": ">=",
              "≤": "<=", "·": ".", "→": "->", "²": "^2"}
 

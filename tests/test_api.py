@@ -64,12 +64,16 @@ def test_a_trace_is_a_path_of_any_spelling_and_nothing_else(small_trace_path):
         allocsim.compare(small_trace_path + ".missing", ["split"])
     rows = allocsim.compare(pathlib.Path(small_trace_path), "split", caps=["64MiB", None])
     assert [r["policy"] for r in rows] == ["split", "split"] and [r["cap_bytes"] for r in rows] == [None, 64 << 20]
+    one = allocsim.compare(small_trace_path, "split", caps="64MiB", runtimes="gc")    # one of each, not its letters
+    assert [(r["cap_bytes"], r["runtime"]) for r in one] == [(64 << 20, "gc")]
+    assert [r["cap_bytes"] for r in allocsim.compare(small_trace_path, "split", caps=64 << 20)] == [64 << 20]
 
 
 @pytest.mark.parametrize("change,error", [({"cap": -1}, ValueError), ({"gc_every": 0}, ValueError),
                                           ({"cap": True}, TypeError), ({"cap": float("nan")}, TypeError),
                                           ({"cap": 1.5e9}, TypeError), ({"capacity": -5}, ValueError),
-                                          ({"gc_every": -1}, ValueError), ({"cap": 2**63}, ValueError)])
+                                          ({"gc_every": -1}, ValueError), ({"cap": 2**63}, ValueError),
+                                          ({"capacity": 0}, ValueError)])
 def test_replay_settings_refuse_what_no_replay_can_mean(change, error):
     """A cap, a capacity or ``gc_every`` is a size in bytes, not negative (``gc_every`` positive; a cap of 0 bytes
     refuses every request, which `fit`'s certified intervals reach): ``cap=-1`` replayed with one OOM, ``cap=nan``

@@ -352,8 +352,8 @@ class ReplaySettings:
     fold: bool = True
 
     def __post_init__(self):
-        """Refuse what no replay can mean: a cap, a capacity or ``gc_every`` is a size in bytes, not negative
-        (``gc_every`` positive), an integer or text `allocsim.units.parse_size` reads (``"8GB"``). A Python caller's
+        """Refuse what no replay can mean: a cap, a capacity or ``gc_every`` is a size in bytes, positive (a cap
+        may be 0), an integer or text `allocsim.units.parse_size` reads (``"8GB"``). A Python caller's
         ``cap=-1`` replayed with one OOM, ``cap=float("nan")`` with no cap, ``cap="8GB"`` failed deep inside."""
         for name in ("cap", "gc_every", "capacity"):
             value = getattr(self, name)
@@ -370,7 +370,7 @@ def _size_setting(name: str, value) -> int:
         value = parse_size(value, what=name)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"replay setting {name}: a size in bytes (an integer, or text such as '8GB'), not {value!r}")
-    least = 1 if name == "gc_every" else 0     # (a cap of 0 bytes refuses every request: `fit`'s intervals reach it)
+    least = 0 if name == "cap" else 1      # (a cap of 0 bytes refuses every request: `fit`'s intervals reach it)
     if not least <= int(value) <= 2**62:
         raise ValueError(f"replay setting {name}: {int(value)} bytes (a size is {least} to 2**62 bytes)")
     return int(value)

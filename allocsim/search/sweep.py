@@ -252,6 +252,10 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
     """
     if isinstance(policies, (str, PolicySpec)):
         policies = [policies]           # (a text iterated would be its letters, each an unknown policy)
+    if caps is None or isinstance(caps, (str, int)):
+        caps = [caps]                   # (one cap: "8GB", 8 << 30, None)
+    if isinstance(runtimes, str):
+        runtimes = [runtimes]
     if isinstance(settings, ReplaySettings):
         settings = Settings(replay=settings)
     path = trace_path(trace)

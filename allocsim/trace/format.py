@@ -21,6 +21,7 @@ prefix of whole records; the reader loads that prefix and says so.
 """
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import shlex
@@ -147,10 +148,13 @@ def write_trace_atomic(path: str, meta: dict, records: np.ndarray, footer: dict)
         w.close(footer)
 
 
-def _within(e: Exception) -> int:
-    """Where in a JSON text that `json.loads` refused the fault lies, for a byte position: an undecodable byte's
-    offset; else 0, the text's start (a syntax error's line and column are in its message)."""
-    return e.start if isinstance(e, UnicodeDecodeError) else 0
+def _within(e: Exception, text: bytes) -> int:
+    """Where in a JSON ``text`` that `json.loads` refused the fault lies, for a byte position: an undecodable byte's
+    offset (counted after a UTF-8 byte order mark, which `json.loads` skips); else 0, the text's start (a syntax
+    error's line and column are in its message)."""
+    if not isinstance(e, UnicodeDecodeError):
+        return 0
+    return e.start + (len(codecs.BOM_UTF8) if text.startswith(codecs.BOM_UTF8) else 0)
 
 
 #: Compressed files a trace is often kept in, by their magic: what compressed them and the command that unpacks.
@@ -208,7 +212,7 @@ def read_trace_file(path: str, *, mmap: bool = True):
                 meta = json.loads(blob)
             except (ValueError, RecursionError) as e:    # (a decode error, bad UTF-8, a 5,000-digit number)
                 raise InputError(f"metadata is not valid JSON ({json_why(e)})", path=path,
-                                 position=f"byte {HEADER_SIZE + _within(e)}")
+                                 position=f"byte {HEADER_SIZE + _within(e, blob)}")
             if not isinstance(meta, dict):
                 raise InputError("metadata is not a JSON object", path=path, position=f"byte {HEADER_SIZE}")
             finished = n != UNFINISHED
@@ -220,10 +224,10 @@ def read_trace_file(path: str, *, mmap: bool = True):
                                      path=path, position=f"byte {min(size, end)}")
                 f.seek(footer_off)
                 try:
-                    footer = json.loads(f.read())
+                    footer = json.loads(text := f.read())
                 except (ValueError, RecursionError) as e:
                     raise InputError(f"footer is not valid JSON ({json_why(e)})", path=path,
-                                     position=f"byte {footer_off + _within(e)}")
+                                     position=f"byte {footer_off + _within(e, text)}")
                 if not isinstance(footer, dict):
                     raise InputError("footer is not a JSON object", path=path, position=f"byte {footer_off}")
             else:

@@ -32,7 +32,7 @@ def trace_path(path) -> str:
     else is a TypeError saying so (a Python caller's ``allocsim.replay(5)`` failed deep inside)."""
     if isinstance(path, (str, bytes, os.PathLike)):
         return os.fsdecode(os.fspath(path))
-    raise TypeError(f"a trace is a Trace or its file's name (str, pathlib.Path), not {type(path).__name__}")
+    raise TypeError(f"a trace is a Trace or its file's name (str, pathlib.Path, bytes), not {type(path).__name__}")
 
 
 class Trace:

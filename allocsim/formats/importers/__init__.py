@@ -77,13 +77,13 @@ def open_source(path: str, fmt: str | None = None, *, device: int | None = None,
     """Read ``path`` enough to know its metadata; return an object with ``meta`` and ``emit(writer) -> stats``.
     ``device`` None: a snapshot's device that holds the events, device 0 of a log."""
     check_input_file(path)
-    given, fmt = fmt is not None, fmt or detect(path)
+    fmt = fmt or detect(path)
     kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
     if fmt == "torch":
         return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
     kw["device"] = device or 0
-    if given and fmt in ("rmm", "cupy"):
-        _text_log(path, fmt)
+    if fmt in ("rmm", "cupy"):
+        _text_log(path, fmt)            # (given or found: a NUL amid the text is binary either way)
     if fmt == "rmm":
         return RmmLog(path, **kw)
     if fmt == "cupy":
