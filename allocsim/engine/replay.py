@@ -59,7 +59,7 @@ from ..machine.runtime import RUNTIMES
 from .guard import guard_device_calls, guard_policy
 from ..machine.sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
-from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace, trace_path
+from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from ..trace.events import (CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT,
                             kind_table)
 from ..trace.scopes import label_of, plan_search_set, scopes_of
@@ -1380,7 +1380,7 @@ def load_trace(trace) -> tuple[Trace, float]:
     if isinstance(trace, Trace):
         return trace, 0.0
     t_load = time.perf_counter()
-    trace = Trace.load(trace_path(trace))
+    trace = Trace.load(trace)           # (a str, a pathlib.Path, bytes: `allocsim.trace.trace_path`)
     return trace, time.perf_counter() - t_load
 
 

@@ -108,11 +108,8 @@ import copy
 import time
 from dataclasses import dataclass
 
-from ..engine.replay import ReplaySettings
 from ..engine.spec import PolicySpec
-from ..outputs import check_input_file
-from .sweep import Cell, Settings, cached_trace, run_cell
-from ..trace import trace_path
+from .sweep import Cell, Settings, cached_trace, run_cell, trace_file
 from ..trace.scopes import sure_load
 
 MiB = 1 << 20
@@ -472,12 +469,8 @@ def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), 
     """The walk of `fit_capacity` (same arguments; ``top``: start at that cap; ``digits``: bisect to that many
     significant figures; module docstring), not started. ``trace``: its file's name (a `pathlib.Path` too); ``settings``:
     a sweep's `Settings`, or the `ReplaySettings` each replay runs under."""
-    if isinstance(settings, ReplaySettings):
-        settings = Settings(replay=settings)
-    path = trace_path(trace)
-    check_input_file(path)              # (a missing file: its one line, before a walk is made)
-    return Walk(path, PolicySpec.of(policy, options), runtime, settings, resolution, islands, max_replays, top,
-                digits)
+    return Walk(trace_file(trace), PolicySpec.of(policy, options), runtime, Settings.of(settings), resolution, islands,
+                max_replays, top, digits)
 
 
 def fit_many(fits: list[dict], ex=None, slots: int = 1, on_replay=None, on_fit=None) -> list[dict]:

@@ -66,6 +66,20 @@ class Settings:
     replay: ReplaySettings = ReplaySettings()
     sections: bool = False
 
+    @classmethod
+    def of(cls, settings: "Settings | ReplaySettings | None") -> "Settings | None":
+        """What a Python caller gives as a sweep's settings: a `Settings`, None (the defaults), or the
+        `ReplaySettings` every replay runs under."""
+        return cls(replay=settings) if isinstance(settings, ReplaySettings) else settings
+
+
+def trace_file(trace) -> str:
+    """A trace's file name as a caller gives it (a str, a `pathlib.Path`, bytes: `allocsim.trace.trace_path`),
+    refused at once in one line where no such file is (the cells would meet it in ``os.stat``)."""
+    path = trace_path(trace)
+    check_input_file(path)
+    return path
+
 
 #: Traces a process keeps loaded for its next cells (a worker replays many cells of few traces).
 TRACES_KEPT = 4
@@ -256,13 +270,10 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
         caps = [caps]                   # (one cap: "8GB", 8 << 30, None)
     if isinstance(runtimes, str):
         runtimes = [runtimes]
-    if isinstance(settings, ReplaySettings):
-        settings = Settings(replay=settings)
-    path = trace_path(trace)
-    check_input_file(path)              # (a missing file: its one line, not os.stat's FileNotFoundError)
+    path = trace_file(trace)
     caps = [None if cap is None else ReplaySettings(cap=cap).cap for cap in caps]   # (checked and read as a replay's)
     cells = [Cell(path, PolicySpec.of(p), cap, rt) for p in policies for cap in caps for rt in runtimes]
-    return run_cells(cells, settings, jobs=jobs)
+    return run_cells(cells, Settings.of(settings), jobs=jobs)
 
 
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):
