@@ -56,7 +56,8 @@ def test_a_trace_is_a_path_of_any_spelling_and_nothing_else(small_trace_path):
     plain = _figures(allocsim.replay(small_trace_path, "split"))
     assert _figures(allocsim.replay(pathlib.Path(small_trace_path), "split")) == plain
     assert _figures(allocsim.replay(os.fsencode(small_trace_path), "split")) == plain
-    for call in (lambda: allocsim.replay(5), lambda: allocsim.validate_trace(None),
+    assert _figures(allocsim.Replay(pathlib.Path(small_trace_path), "split").run()) == plain      # (the class too)
+    for call in (lambda: allocsim.replay(5), lambda: allocsim.validate_trace(None), lambda: allocsim.Replay(7),
                  lambda: allocsim.compare(3.5, ["split"])):
         with pytest.raises(TypeError, match="a trace is a Trace or its file's name"):
             call()
@@ -92,3 +93,19 @@ def test_replay_settings_read_a_size_as_the_command_line_does(small_trace_path):
         _figures(allocsim.replay(small_trace_path, "split", cap=64 << 20))
     fitted = allocsim.fit_capacity(small_trace_path, "split", settings=allocsim.ReplaySettings(gc_every="1GiB"))
     assert fitted["capacity_bytes"] > 0
+
+
+@pytest.mark.parametrize("call,error", [(lambda r: r.run(until="5"), TypeError), (lambda r: r.run(until=5.0), TypeError),
+                                        (lambda r: r.run(until=-1), ValueError), (lambda r: r.step("3"), TypeError),
+                                        (lambda r: r.step(True), TypeError), (lambda r: r.step(-2), ValueError)])
+def test_a_stepped_replay_takes_an_index_or_a_count_and_nothing_else(small_trace_path, call, error):
+    """``Replay.run(until=...)`` is a trace index and ``Replay.step(n)`` a count of events: text was compared with the
+    trace's indices as text (``run(until='5')`` walked nothing and returned None), a negative one walked nothing. A
+    refused call walks nothing: the replay then runs to the result a fresh one gives."""
+    import numpy as np
+    r = allocsim.Replay(small_trace_path, "split")
+    with pytest.raises(error, match=r"Replay\.(run|step)"):
+        call(r)
+    assert _figures(r.run()) == _figures(allocsim.Replay(small_trace_path, "split").run())
+    stepped = allocsim.Replay(small_trace_path, "split")
+    assert stepped.step(np.int64(10)) == 10 and stepped.step(0) == 0 and stepped.run(until=np.int32(0)) is None

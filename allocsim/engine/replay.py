@@ -376,6 +376,16 @@ def _size_setting(name: str, value) -> int:
     return int(value)
 
 
+def _index_argument(method: str, name: str, value, least: int) -> int:
+    """``Replay.run``'s and ``Replay.step``'s count or trace index: an integer (numpy's too) of at least ``least``.
+    Text was compared with the trace's indices as text, and ``run(until='5')`` walked nothing and returned None."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"Replay.{method}: {name} is an integer, not {value!r}")
+    if value < least:
+        raise ValueError(f"Replay.{method}: {name}={int(value)} (at least {least})")
+    return int(value)
+
+
 def settings_of(settings: ReplaySettings | None, changes: dict) -> ReplaySettings:
     """``settings`` (default: `ReplaySettings()`) with ``changes``, the keyword arguments `replay` and `Replay`
     take for its fields; a name that is no field is a TypeError, as an unknown keyword argument is."""
@@ -489,7 +499,8 @@ class _PeakLater:
 
 
 class Replay:
-    """One replay of ``trace`` against ``policy``: `run` it, or `step` it and read its state.
+    """One replay of ``trace`` (a `Trace`, or its file's name as `replay` takes it) against ``policy``: `run` it, or
+    `step` it and read its state.
 
     ``policy`` is what `PolicySpec.of` takes (``"torch[expandable_segments:True]"``,
     ``"my.py:MyPool"``, a spec or a `Policy` subclass); ``options`` adds ``key=value`` texts or a
@@ -507,11 +518,11 @@ class Replay:
     walk calls it.
     """
 
-    def __init__(self, trace: Trace, policy="split", settings: ReplaySettings | None = None, *, options=None,
+    def __init__(self, trace: Trace | str, policy="split", settings: ReplaySettings | None = None, *, options=None,
                  device=None, observer=None, progress=None, log_events: bool = False, plan_progress=None,
                  guard: bool | None = None, **changes):
         self.settings = s = settings_of(settings, changes)
-        self.trace = trace
+        self.trace = trace = load_trace(trace)[0]
         self.spec = spec = PolicySpec.of(policy, options)
         cls = spec.policy_class()
         if s.runtime not in RUNTIMES:
@@ -565,13 +576,17 @@ class Replay:
     # ---- running -----------------------------------------------------------------------------
     def run(self, until: int | None = None) -> ReplayResult | None:
         """Walk to the end (or to trace index ``until``: the events before it); at the end, finish and
-        return the `ReplayResult` (None while stopped short of it)."""
+        return the `ReplayResult` (None while stopped short of it). ``until`` past the end walks to the end; one
+        that is not a trace index (text, a float, a negative number) is refused."""
+        if until is not None:
+            until = _index_argument("run", "until", until, 0)
         self._fold_until = until
         self._walk(lambda c: len(c.at) if until is None else int(np.searchsorted(c.at, until)))
         return self.finish() if self.at_end else None
 
     def step(self, n: int = 1) -> int:
         """Walk the next ``n`` driving events (fewer at the end, or at an OOM that stops); return how many."""
+        n = _index_argument("step", "n", n, 0)
         start = self._w.done
         self._fold_until = -1
         self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))
