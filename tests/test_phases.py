@@ -392,6 +392,12 @@ def test_warm_cache_refusals_are_one_line(tmp_path):
     w.finish().save(plain)
     r = run_cli("replay", plain, "--warm-cache")
     assert r.returncode == 2 and "no compile or autotune phase" in r.stderr and len(r.stderr.splitlines()) == 1
+    # validate's first run too (it validated the recording less its segment calls against the warm run: MATCH)
+    bert = os.path.join(ROOT, "traces", "bert_mlm.bin")
+    r = run_cli("validate", bert, "--warm-cache", bert)
+    assert r.returncode == 2 and "no compile or autotune phase" in r.stderr and len(r.stderr.splitlines()) == 1, \
+        r.stderr
+    assert "bert_mlm.bin" in r.stderr
     path = _compiled_run(str(tmp_path / "run.bin"))
     r = run_cli("validate", path, path, "--warm-cache", path)
     assert r.returncode == 2 and "give one trace" in r.stderr and len(r.stderr.splitlines()) == 1

@@ -60,16 +60,10 @@ def warm_cache_trace(path: str | None, warm: bool, command: str, shown: str | No
         yield path
         return
     import tempfile
-    from ..errors import InputError
-    from ..trace.phases import COLD_PHASES, warm_view
-    trace = load_trace(path)
-    view = warm_view(trace)
-    cut = view.meta["warm_cache"]
+    from ..trace.phases import checked_warm_view
     name = shown_name(shown or path or DEFAULT_TRACE)
-    if not cut["phases"]:
-        raise InputError(f"--warm-cache: the trace holds no {' or '.join(COLD_PHASES)} phase (a program that does "
-                         f"not compile, or a recording made before allocsim marked them): nothing tells what a "
-                         f"warm run leaves out", path=name)
+    view = checked_warm_view(load_trace(path), name)
+    cut = view.meta["warm_cache"]
     print(f"allocsim {command}: {name}: --warm-cache: left out {cut['allocs']:,} allocations "
           f"({fmt_bytes(cut['alloc_bytes'])}) made inside {cut['phases']:,} compile/autotune phases and freed in "
           f"their step"

@@ -274,13 +274,13 @@ def validate_warm(cold: Trace, warm: Trace, *, options=None, capacity="trace") -
     recording) against ``warm``, a recording of a later run with warm caches. The two runs' requests need not be
     the same ones, so the calls are not matched one by one: the checks are the requests made, the segment calls
     and the peak and final reserved bytes, and the OOMs."""
-    from ..trace.phases import warm_view
+    from ..trace.phases import checked_warm_view
     spec = spec_of(warm)
     if spec_of(cold) != spec:
         raise InputError(f"recorded under {cold.meta.get('framework')}, the warm run under {spec.framework}",
                          path=cold.path or "<trace>", position="metadata")
     kinds = compared_kinds(warm, spec)
-    view = warm_view(cold)
+    view = checked_warm_view(cold, shown_name(cold.path) if cold.path else "<trace>")
     res, log, seeded = model_run(view, spec, options, capacity, None)
     rec = recorded_side(warm, kinds)
     # the model starts from the first run's segments (its warm view's), the recorded side from the later run's

@@ -202,6 +202,19 @@ def warm_view(trace: Trace, cold=COLD_PHASES) -> Trace:
                  finished=trace.finished)
 
 
+def checked_warm_view(trace: Trace, name: str) -> Trace:
+    """`warm_view`, where ``trace`` (named ``name`` in the error) holds a cold phase: one that holds none is refused
+    (`InputError`), as ``replay``, ``compare``, ``tune`` and ``validate --warm-cache`` refuse it, since nothing in it
+    tells what a warm run leaves out (its view would be the recording less its segment calls)."""
+    from ..errors import InputError
+    view = warm_view(trace)
+    if not view.meta["warm_cache"]["phases"]:
+        raise InputError(f"--warm-cache: the trace holds no {' or '.join(COLD_PHASES)} phase (a program that does "
+                         f"not compile, or a recording made before allocsim marked them): nothing tells what a "
+                         f"warm run leaves out", path=name)
+    return view
+
+
 def open_phase(trace: Trace, at: int) -> str | None:
     """The innermost phase open at event ``at`` (its label), None outside every phase."""
     phases = scopes_of(trace, ev.PHASE_BEGIN)
