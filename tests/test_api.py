@@ -109,3 +109,25 @@ def test_a_stepped_replay_takes_an_index_or_a_count_and_nothing_else(small_trace
     assert _figures(r.run()) == _figures(allocsim.Replay(small_trace_path, "split").run())
     stepped = allocsim.Replay(small_trace_path, "split")
     assert stepped.step(np.int64(10)) == 10 and stepped.step(0) == 0 and stepped.run(until=np.int32(0)) is None
+
+
+def test_compare_and_fit_take_a_trace_object_loaded_or_built_in_memory(small_trace_path):
+    """A `Trace` is a trace wherever a file's name is (``compare`` and ``fit_capacity`` refused one, saying a trace
+    is a Trace or its file's name): one `Trace.load` read is read from its file, one cut in memory from a temporary
+    copy, with the figures a file of the same records gives."""
+    import numpy as np
+    t = allocsim.Trace.load(small_trace_path)
+    assert t.file_as_read() == small_trace_path
+    def timeless(rows):
+        return [{k: v for k, v in row.items() if k != "replay_seconds"} for row in rows]
+    assert timeless(allocsim.compare(t, ["split", "torch"], caps=[None, "64MiB"])) == \
+        timeless(allocsim.compare(small_trace_path, ["split", "torch"], caps=[None, "64MiB"]))
+    assert allocsim.fit_capacity(t, "split") == allocsim.fit_capacity(small_trace_path, "split")
+    cut = allocsim.Trace(np.asarray(t.records[:len(t) // 2]), t.meta, streams=t.streams, sites=t.sites,
+                         labels=t.labels)
+    assert cut.file_as_read() is None
+    rows = allocsim.compare(cut, "split", jobs=2)
+    assert rows[0]["trace"] == "<trace in memory>"
+    assert rows[0]["peak_reserved_bytes"] == allocsim.replay(cut, "split").to_dict()["peak_reserved_bytes"]
+    fitted = allocsim.fit_capacity(cut, "split")
+    assert 0 < fitted["capacity_bytes"] <= allocsim.fit_capacity(t, "split")["capacity_bytes"]

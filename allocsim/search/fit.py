@@ -109,7 +109,7 @@ import time
 from dataclasses import dataclass
 
 from ..engine.spec import PolicySpec
-from .sweep import Cell, Settings, cached_trace, run_cell, trace_file
+from .sweep import Cell, Settings, cached_trace, run_cell, trace_file, trace_on_disk
 from ..trace.scopes import sure_load
 
 MiB = 1 << 20
@@ -450,16 +450,17 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
                  settings: Settings | None = None, resolution: int = MiB, islands: bool = True,
                  on_replay=None, max_replays: int = MAX_REPLAYS, top: int | None = None,
                  digits: int | None = None) -> dict:
-    """The safe capacity of ``policy`` (a `PolicySpec` or its text, ``options`` added) on ``trace`` (see
-    the module docstring; ``top``: up to that cap, the walk starting there; ``digits``: bisected to that many
+    """The safe capacity of ``policy`` (a `PolicySpec` or its text, ``options`` added) on ``trace`` (a `Trace` or a
+    file's name: `allocsim.search.sweep.trace_on_disk`; see the module docstring; ``top``: up to that cap, the walk starting there; ``digits``: bisected to that many
     significant figures), and any island below it.
 
     ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
     the cap behaves differently at every grid point, so its walk takes one replay per point)."""
-    (out,) = fit_many([dict(trace=trace, policy=policy, runtime=runtime, options=options, settings=settings,
-                            resolution=resolution, islands=islands, max_replays=max_replays, top=top,
-                            digits=digits)],
-                      on_replay=None if on_replay is None else lambda walks, i, seconds: on_replay())
+    with trace_on_disk(trace) as (path, _):
+        (out,) = fit_many([dict(trace=path, policy=policy, runtime=runtime, options=options, settings=settings,
+                                resolution=resolution, islands=islands, max_replays=max_replays, top=top,
+                                digits=digits)],
+                          on_replay=None if on_replay is None else lambda walks, i, seconds: on_replay())
     return out
 
 

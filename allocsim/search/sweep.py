@@ -81,6 +81,26 @@ def trace_file(trace) -> str:
     return path
 
 
+@contextmanager
+def trace_on_disk(trace):
+    """The file a sweep's cells read ``trace`` from (they name their trace by its file: a worker loads it), and the
+    name to show for it: a file's name as given (`trace_file`); a `Trace` that `Trace.load` read, its file; another
+    `Trace` (built or cut in memory) saved to a temporary file for the length of the block."""
+    if not isinstance(trace, Trace):
+        path = trace_file(trace)
+        yield path, path
+        return
+    path = trace.file_as_read()
+    if path is not None and os.path.isfile(path):
+        yield path, path
+        return
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="allocsim-") as d:
+        out = os.path.join(d, "trace.bin")
+        trace.save(out)
+        yield out, trace.path or "<trace in memory>"
+
+
 #: Traces a process keeps loaded for its next cells (a worker replays many cells of few traces).
 TRACES_KEPT = 4
 _loaded: OrderedDict = OrderedDict()
@@ -262,7 +282,8 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
 
     ``policies`` entries are `PolicySpec` texts (options in brackets: ``"torch[expandable_segments:True]"``,
     plug-ins as ``"my.py:MyPool"``) or specs, one text a policy; ``caps`` in bytes or as text (``"8GB"``, ``None``:
-    no cap); ``trace`` a file's name (a `pathlib.Path` too); ``settings`` a sweep's `Settings` or a `ReplaySettings`.
+    no cap); ``trace`` a `Trace` or a file's name (a `pathlib.Path` too: `trace_on_disk`); ``settings`` a sweep's
+    `Settings` or a `ReplaySettings`.
     """
     if isinstance(policies, (str, PolicySpec)):
         policies = [policies]           # (a text iterated would be its letters, each an unknown policy)
@@ -270,10 +291,12 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
         caps = [caps]                   # (one cap: "8GB", 8 << 30, None)
     if isinstance(runtimes, str):
         runtimes = [runtimes]
-    path = trace_file(trace)
     caps = [None if cap is None else ReplaySettings(cap=cap).cap for cap in caps]   # (checked and read as a replay's)
-    cells = [Cell(path, PolicySpec.of(p), cap, rt) for p in policies for cap in caps for rt in runtimes]
-    return run_cells(cells, Settings.of(settings), jobs=jobs)
+    specs = [PolicySpec.of(p) for p in policies]
+    with trace_on_disk(trace) as (path, shown):
+        cells = [Cell(path, spec, cap, rt) for spec in specs for cap in caps for rt in runtimes]
+        rows = run_cells(cells, Settings.of(settings), jobs=jobs)
+    return [row if shown == path else {**row, "trace": shown} for row in rows]
 
 
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):

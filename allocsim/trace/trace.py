@@ -67,11 +67,19 @@ class Trace:
             check_meta(meta, path)
         t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
                 labels=footer.get("labels"), finished=finished, path=path, version=version)
+        t._read = (path, records)
         if validate:
             t.validate(walkers)
         elif walkers:
             t.walk(*walkers)
         return t
+
+    def file_as_read(self) -> str | None:
+        """The file whose records this trace holds as `load` read them (None: a trace built in memory, or given
+        other records or another path since): what a sweep's cells, which name their trace by its file, can read
+        in its stead (`allocsim.search.sweep.trace_on_disk`)."""
+        read = getattr(self, "_read", None)
+        return read[0] if read is not None and read[1] is self.records and read[0] == self.path else None
 
     def save(self, path: str) -> None:
         """Write this trace to ``path`` atomically (no half-written file on failure)."""
