@@ -1574,6 +1574,19 @@ HUNT_49: list[Case] = [
 ]
 
 
+# stop 50's hunt (helper): a trace's line breaks forging report lines, documented switches missing
+HUNT_50: list[Case] = [
+    Case("info-metadata-line-breaks", ["info", "{d}/bad.bin"],
+         trace_with({"device": {"name": "H100\nverdict: MATCH", "total_memory": 1 << 30}, "command": "a\r\nOOMs 0"}),
+         status=0, stderr_lines=0, then=lambda d, out: None if "\nverdict" not in out and "\nOOMs" not in out and
+         "H100\\x0averdict: MATCH" in out and "a\\x0d\\x0aOOMs 0" in out else pytest.fail(out)),
+    Case("tune-quiet", ["tune", "{trace}", "--no-fit", "-j", "1", "-q"], status=0, stderr_lines=0),
+    Case("plot-report-quiet", ["plot", "{trace}", "-p", "split", "--report", "{d}/rep", "-q"], status=0,
+         stderr_lines=0, then=lambda d, out: None if os.path.isfile(os.path.join(d, "rep", "index.html"))
+         else pytest.fail(out)),
+]
+
+
 def _ascii_report(out: str, holds: str, digit_before: bool = False) -> None:
     """A report written to a stdout that encodes ASCII only: all of it there, its own characters spelled in ASCII
     (``holds``, after a digit where ``digit_before``: a time in ``us``)."""
@@ -1588,7 +1601,7 @@ def _holds_line(out: str, label: str, value: str) -> None:
 
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
-    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49
+    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49 + HUNT_50
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

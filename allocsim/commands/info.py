@@ -50,6 +50,19 @@ def catches_oom_line(n: int | None, largest: int) -> str:
             f"a replay that fails one counts a caught OOM and goes on without it")
 
 
+def _escaped(value):
+    """``value`` (`summarize`'s dict) with every string's control characters written ``\\xNN`` (`printable`), line
+    breaks too: a device name or command line of the trace's cannot clear the terminal, nor add a line of its own
+    to the report (``"H100\\nverdict: MATCH"``)."""
+    if isinstance(value, str):
+        return printable(value, keep="")
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_escaped(v) for v in value)
+    return value
+
+
 def format_summary(d: dict) -> str:
     """The human report of `summarize`'s dict."""
     m = d["metadata"]
@@ -175,5 +188,5 @@ def run_one(args) -> int:
     if args.json:
         dump_json(d)
     else:
-        print(printable(format_summary(d)))     # the metadata's strings are the recorder's, or anyone's
+        print(format_summary(_escaped(d)))      # the metadata's strings are the recorder's, or anyone's
     return 0

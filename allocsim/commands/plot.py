@@ -35,6 +35,7 @@ def add_arguments(p):
     p.add_argument("--report", metavar="DIR", help="write every picture and an index.html into DIR")
     add_force_argument(p)
     p.add_argument("--svg", action="store_true", help="SVG instead of PNG in --report")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress (a bar, or a line per phase)")
     add_cost_model_argument(p)
     add_jobs_argument(p)
 
@@ -150,7 +151,8 @@ def run(args) -> int:
     compute = {"timeline": lambda: _timeline_results(args.trace, specs, settings, caps[0]),
                "rows": lambda: _rows(args.trace, specs, caps, "eager", settings, args.jobs, data.get("timeline")),
                "gc_rows": lambda: _rows(args.trace, specs, caps, "gc", settings, args.jobs),
-               "fit": lambda: frontier(args.trace, specs, jobs=args.jobs, settings=settings, quiet=not args.report)}
+               "fit": lambda: frontier(args.trace, specs, jobs=args.jobs, settings=settings,
+                                       quiet=args.quiet or not args.report)}
     data = {}
 
     def need(what):
@@ -175,7 +177,7 @@ def run(args) -> int:
         print(draw(args.kind or "memory", args.output))
         return 0
     cells = len(specs) * len(caps)
-    phases = PhaseReport("plot", len(compute) + 1)
+    phases = PhaseReport("plot", len(compute) + 1, quiet=args.quiet)
     steps = {"timeline": f"timelines: {plural(len(specs), 'replay')}",
              "rows": f"eager runtime: {plural(cells - len(specs), 'replay')}",
              "gc_rows": f"gc runtime: {plural(cells, 'replay')}",

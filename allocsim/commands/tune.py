@@ -62,6 +62,7 @@ def add_arguments(p):
     add_cost_model_argument(p)
     add_fold_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress (a bar, or a line per phase)")
     p.add_argument("--plot", metavar="OUT", help="draw the Pareto frontier of peak reserved vs allocation time "
                                                  "(.png, .svg or .pdf)")
     p.add_argument("--snapshot", metavar="FILE", help="also write the replay under the recommended setting as a "
@@ -141,7 +142,7 @@ def _tune(args, path: str) -> int:
     if outside:
         say_outside(args.trace, capacity, outside)
     t0 = time.perf_counter()
-    progress = PhaseReport("tune", quiet=args.json)
+    progress = PhaseReport("tune", quiet=args.json or args.quiet)
     try:
         with dask_cluster(args) as (executor, workers):
             res = tune(path, capacity=capacity, cap=cap, progress=progress, executor=executor,
@@ -231,7 +232,7 @@ def _tune_run(args, paths: list[str]) -> int:
         largest = max((Trace.load(p, validate=False) for p in paths), key=lambda t: t.load_bytes)
         cap = cap_arg(args.cap, "--cap", largest, capacity_arg(args.capacity))
     t0 = time.perf_counter()
-    progress = PhaseReport("tune", quiet=args.json)
+    progress = PhaseReport("tune", quiet=args.json or args.quiet)
     try:
         with dask_cluster(args) as (executor, workers):
             res = tune_run(paths, capacity=capacity_arg(args.capacity), cap=cap, progress=progress, executor=executor,
