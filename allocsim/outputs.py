@@ -103,7 +103,7 @@ def _name_max(directory: str) -> int:
         return 255
 
 
-def _own_temporary(path: str) -> bool:
+def own_temporary(path: str) -> bool:
     """True if ``path`` is a temporary this process is writing (an `atomic_path` inside another)."""
     m = TEMP_NAME.match(os.path.basename(path))
     return bool(m) and int(m.group(1)) == os.getpid()
@@ -169,7 +169,14 @@ def check_writable(path: str) -> str:
                          path=path)
     if os.path.isdir(path):
         raise InputError("cannot write: it is a directory", path=path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise InputError(NOT_A_FILE, path=path)
     return d
+
+
+#: Why an output that is a pipe or a device is refused: its temporary's rename would replace the device itself
+#: (``Trace.save("/dev/null")`` run as root replaced /dev/null with the trace).
+NOT_A_FILE = "is a pipe or a device, not a file; name a file"
 
 
 def check_can_create(path: str) -> None:
@@ -278,12 +285,12 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
     overwritten, ``--force`` or not. Also notes stale temporaries in the folders
     written to.
     """
-    outputs = [(flag, p) for flag, p in outputs if p is not None]
-    inputs = [p for p in inputs if p]
+    outputs = [(flag, p) for flag, p in outputs if p is not None and not own_temporary(p)]   # (an enclosing
+    inputs = [p for p in inputs if p]                                                        # claim's temporary)
     for flag, out in outputs:
+        if os.path.exists(out) and not os.path.isfile(out) and not os.path.isdir(out):     # (`check_writable`)
+            raise InputError(NOT_A_FILE, path=out, position=flag)
         check_writable(out)
-        if os.path.exists(out) and not os.path.isfile(out):    # a rename would replace /dev/stdout itself
-            raise InputError("is a pipe or a device, not a file; name a file", path=out, position=flag)
         check_can_create(out)
         for src in inputs:
             if same_file(out, src):
@@ -308,7 +315,7 @@ def atomic_path(path: str):
 
     The temporary is removed however the block ends, a signal included.
     """
-    if _own_temporary(path):        # written in place: the atomic_path that made it publishes it
+    if own_temporary(path):        # written in place: the atomic_path that made it publishes it
         yield path
         return
     check_writable(path)

@@ -5,6 +5,7 @@ Declaring parameters once lets the command line, the listings (`allocsim policie
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,6 +51,19 @@ PARSERS: dict[str, Callable[[str], Any]] = {"int": number, "float": lambda t: nu
                                             "size": _size, "str": str}
 
 
+def _kind_of(value) -> str:
+    """numpy's kind letter of a scalar, Python's or numpy's: ``b`` a bool, ``i``/``u`` an integer, ``f`` a float
+    (else ``""``)."""
+    if isinstance(value, bool):
+        return "b"
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        return dtype.kind if getattr(value, "ndim", 1) == 0 else ""
+    if isinstance(value, numbers.Integral):
+        return "i"
+    return "f" if isinstance(value, numbers.Real) else ""
+
+
 @dataclass(frozen=True)
 class Param:
     """One parameter: name, kind (int, float, bool, size, str or a choice list), default, help, and
@@ -73,6 +87,24 @@ class Param:
             raise ValueError(f"expected a size (such as its default {self.format(self.default)}), got {text!r} (no "
                              f"limit is for the options whose default is none)")
         return value
+
+    def text_of(self, value) -> str:
+        """A typed value a Python caller gives (`allocsim.engine.spec.PolicySpec.with_values`) as the text `parse`
+        reads, its type checked first -- a bool for a bool, an integer for an int or a size, a number for a float,
+        None for "none" -- so that it meets the command line's checks: ``{"max_split_size_mb": -5}`` replayed where
+        ``-O max_split_size_mb=-5`` is refused. A choice or text parameter takes text only."""
+        kind = _kind_of(value)
+        if value is None:
+            return "none"
+        if self.kind == "bool" and kind == "b":
+            return str(bool(value))
+        if self.kind in ("int", "size") and kind in ("i", "u"):
+            return str(int(value))
+        if self.kind == "float" and kind in ("i", "u", "f"):
+            return repr(float(value))
+        what = {"bool": "true or false", "int": "an integer", "size": "a size in bytes (an integer)",
+                "float": "a number"}.get(self.kind, "text") if isinstance(self.kind, str) else "one of the choices"
+        raise ValueError(f"expected {what}, got {value!r}")
 
     def format(self, value) -> str:
         """``value`` as text that `parse` reads back to it."""

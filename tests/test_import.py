@@ -38,7 +38,7 @@ def load_fixture_dict(name):
 
 def imported(tmp_path, name, **kw):
     out = str(tmp_path / "out.bin")
-    stats = import_file(fixture(name), out, **kw)
+    stats = import_file(fixture(name), out, force=True, **kw)     # (imported again over the last: force)
     return Trace.load(out), stats
 
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import UsageError
 from ..filenames import printable, shown_name
-from ..formats.importers import FORMATS, import_file
+from ..formats.importers import FORMATS, check_device, import_file
 from ..outputs import add_force_argument, claim_outputs
 from ..units import fmt_count
 from ._command import Command
@@ -35,13 +34,10 @@ def add_arguments(p):
 @COMMAND.runs
 def run(args) -> int:
     total = positive_size(args.total_memory, "--total-memory") if args.total_memory is not None else None
-    if args.device_name is not None and (not args.device_name.strip() or printable(args.device_name, keep="")
-                                         != args.device_name):
-        raise UsageError(f"--device-name '{shown_name(args.device_name)}': a GPU's name is one line of printable text "
-                         "(as nvidia-smi --query-gpu=name prints it)")
+    check_device(args.device, total, args.device_name, names=("--device", "--total-memory", "--device-name"))
     claim_outputs([("-o", args.output)], [args.file], force=args.force)
     st = import_file(args.file, args.output, format=args.format, device=args.device, total_memory=total,
-                     device_name=args.device_name)
+                     device_name=args.device_name, force=args.force)
     show_warnings(args.file, st)
     print(summary(args.file, args.output, st))
     return 0

@@ -578,6 +578,7 @@ class Replay:
         """Walk to the end (or to trace index ``until``: the events before it); at the end, finish and
         return the `ReplayResult` (None while stopped short of it). ``until`` past the end walks to the end; one
         that is not a trace index (text, a float, a negative number) is refused."""
+        self._still_open("run")
         if until is not None:
             until = _index_argument("run", "until", until, 0)
         self._fold_until = until
@@ -586,6 +587,7 @@ class Replay:
 
     def step(self, n: int = 1) -> int:
         """Walk the next ``n`` driving events (fewer at the end, or at an OOM that stops); return how many."""
+        self._still_open("step")
         n = _index_argument("step", "n", n, 0)
         start = self._w.done
         self._fold_until = -1
@@ -1292,6 +1294,7 @@ class Replay:
     # ---- the result ---------------------------------------------------------------------------------
     def finish(self) -> ReplayResult:
         """End the replay (where it is) and return its `ReplayResult`; the policy is closed."""
+        self._still_open("finish")
         if self._result is None:
             if self._folder is not None:
                 self._folder.abort()
@@ -1310,10 +1313,18 @@ class Replay:
             self._chunks = None
             self.policy.close()
 
+    def _still_open(self, method: str) -> None:
+        """Refuse to walk or to make a result once `close` ended the replay without one: ``run()`` after a
+        ``close()`` part-way returned a result of the events walked until then, as if that were the whole run."""
+        if self._closed and self._result is None:
+            raise ValueError(f"Replay.{method}: the replay was closed part-way (Replay.close), so it has no result; "
+                             f"make a new Replay")
+
     def result(self) -> ReplayResult:
         """The result so far (the replay goes on; after `finish`, the final result)."""
         if self._result is not None:
             return self._result
+        self._still_open("result")
         if self._folder is not None:
             self._folder.abort()        # a window being recorded is walked on plainly
         with self.sections.kept():          # the policy's `finish` adds its hot-path totals: only for this result

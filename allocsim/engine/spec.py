@@ -37,6 +37,15 @@ ENTRY_POINT_GROUP = "allocsim.policies"
 _CLASSES: dict[str, type] = {}
 
 
+def _is_default(param: Param, value) -> bool:
+    """Whether ``value`` is ``param``'s declared default, which a caller may give as it is (a default such as
+    ``garbage_collection_threshold``'s 0.0, "off", is no value the option's text takes)."""
+    try:
+        return type(value) is type(param.default) and bool(value == param.default)
+    except (TypeError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     """A policy reference and its options; ``str(spec)`` parses back to an equal spec."""
@@ -83,15 +92,24 @@ class PolicySpec:
         return self._adding(lambda pcls: pcls.parse_options(list(texts)))
 
     def with_values(self, values: dict) -> PolicySpec:
-        """These options plus ``values`` (the Python API's dict): typed values as they are, text for a
-        parameter that is not text parsed as ``-O`` would (``{"limit": "8GB"}``)."""
+        """These options plus ``values`` (the Python API's dict), each checked as ``-O`` checks it: text for a
+        parameter that is not text parsed as ``-O`` would (``{"limit": "8GB"}``), a number or a bool of the
+        parameter's type as its text (`Param.text_of`: ``{"max_split_size_mb": -5}`` is refused as on the command
+        line), any other value as it is, None and the declared default too (`tune`'s grids hold them)."""
         def typed(pcls):
             known = {p.name: p for p in pcls.params}
             out = {}
             for k, v in values.items():
                 pcls.check_option(k)
-                if isinstance(v, str) and known[k].kind != "str":
+                p = known[k]
+                if isinstance(v, str) and p.kind != "str":
                     out.update(pcls.parse_option(known, k, v))
+                elif p.kind in ("int", "float", "bool", "size") and v is not None and not _is_default(p, v):
+                    try:
+                        text = p.text_of(v)
+                    except ValueError as e:
+                        raise UsageError(f"option {k}: {e}") from None
+                    out.update(pcls.parse_option(known, k, text))
                 else:
                     out[k] = tuple(v) if isinstance(v, list) else v
             return out

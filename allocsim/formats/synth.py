@@ -37,7 +37,7 @@ import numpy as np
 from ..errors import UsageError
 from ..params import Param
 from ..trace import ALLOC, FREE, MARK, RECORD_DTYPE, Trace, TraceWriter
-from ..outputs import atomic_path
+from ..outputs import atomic_path, claim_outputs, own_temporary
 from ..trace.events import MAX_SIZE, NO_ID, NO_SITE
 from ..trace.format import TraceFileWriter
 from ..units import fmt_bytes, fmt_count
@@ -436,15 +436,26 @@ def resolve_params(preset: Preset, given: dict) -> dict:
 
 
 def generate(preset: str, *, seed: int = 0, iterations: int | None = None, scale: float = 1.0,
-             variable: bool = False, path: str | None = None, **params) -> Trace:
+             variable: bool = False, path: str | None = None, force: bool = False, **params) -> Trace:
     """Generate a synthetic trace of ``preset`` (see `PRESETS`).
 
     ``iterations``: training iterations (one MARK ``"iter k"`` each; alloc-heavy:
     chunks of its allocations). ``scale`` multiplies every requested size.
     ``variable`` redraws the drifting shape every iteration. ``path`` streams the
-    trace to a ``.bin`` file and returns it memory-mapped. ``params`` override the
+    trace to a ``.bin`` file (published whole, or not at all; a trace already there is replaced only with
+    ``force``, as ``synth -o`` does) and returns it memory-mapped. ``params`` override the
     preset's declared parameters. Bad arguments raise `UsageError`.
     """
+    if path is not None:
+        if not isinstance(path, (str, os.PathLike)):    # (an integer was taken as a file descriptor)
+            raise UsageError(f"path: the name of the file to write the trace to, not {path!r}")
+        path = os.fspath(path)
+        if not own_temporary(path):     # (the command line's `atomic_path` hands its temporary here)
+            claim_outputs([("path", path)], force=force)
+            with atomic_path(path) as tmp:
+                generate(preset, seed=seed, iterations=iterations, scale=scale, variable=variable, path=tmp,
+                         **params)
+            return Trace.load(path, validate=False)
     spec = PRESETS.get(preset)
     if spec is None:
         raise UsageError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")

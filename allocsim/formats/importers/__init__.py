@@ -13,8 +13,11 @@ malformed input leaves no output file.
 from __future__ import annotations
 
 import json
+import numbers
 
 from ...errors import InputError, UsageError
+from ...filenames import printable, shown_name
+from ...units import parse_size
 from ...outputs import atomic_path, check_input_file, claim_outputs
 from ...trace import TraceWriter
 from ...trace.format import IMPORTABLE, MAGIC
@@ -107,15 +110,39 @@ def _text_log(path: str, fmt: str) -> None:
                          position="byte 0")
 
 
+def check_device(device, total_memory, device_name, *, names=("device", "total_memory", "device_name")) -> int | None:
+    """What an import is told of the recorded GPU, refused (`UsageError`, naming the argument as ``names`` do) where it
+    is no GPU's: an index from 0, a positive size (text as `parse_size` reads it: returned in bytes), a name of one
+    line of printable text (as ``nvidia-smi --query-gpu=name`` prints it). A Python caller's ``total_memory=1.5``
+    made a device of 1 byte, and ``device="0"`` was blamed on the input file."""
+    if device is not None and (isinstance(device, bool) or not isinstance(device, numbers.Integral) or device < 0):
+        raise UsageError(f"{names[0]}: a GPU's index (an integer from 0), not {device!r}")
+    if isinstance(total_memory, str):
+        total_memory = parse_size(total_memory, what=names[1])
+    if total_memory is not None and (isinstance(total_memory, bool) or not isinstance(total_memory, numbers.Integral)
+                                     or total_memory <= 0):
+        raise UsageError(f"{names[1]}: the GPU's memory, a positive size in bytes (or text such as '80GiB'), "
+                         f"not {total_memory!r}")
+    if device_name is not None and (not isinstance(device_name, str) or not device_name.strip()
+                                    or printable(device_name, keep="") != device_name):
+        shown = shown_name(device_name) if isinstance(device_name, str) else repr(device_name)
+        raise UsageError(f"{names[2]} '{shown}': a GPU's name is one line of printable text (as nvidia-smi "
+                         f"--query-gpu=name prints it)")
+    return None if total_memory is None else int(total_memory)
+
+
 def import_file(path: str, out: str, *, format: str | None = None, device: int | None = None,
-                total_memory: int | None = None,
-                device_name: str | None = None) -> dict:
+                total_memory: int | str | None = None, device_name: str | None = None,
+                force: bool = False) -> dict:
     """Convert ``path`` into the trace file ``out``; return stats (counts, warnings, events written).
 
-    ``format`` None or ``"auto"`` detects it from the content. The output
-    appears whole, validated, or not at all.
+    ``format`` None or ``"auto"`` detects it from the content. ``device``: the GPU's index; ``total_memory`` its
+    memory in bytes (or text: ``"80GiB"``); ``device_name`` its name, one line of printable text. The output
+    appears whole, validated, or not at all; a trace already there is replaced only with ``force``, as ``import -o``
+    does.
     """
-    claim_outputs([("output", out)], [path], force=True)
+    total_memory = check_device(device, total_memory, device_name)
+    claim_outputs([("output", out)], [path], force=force)
     src = open_source(path, None if format in (None, "auto") else format, device=device, device_name=device_name,
                       total_memory=total_memory)
     check_meta(src.meta, path)          # what the input says of itself, before a byte is written
