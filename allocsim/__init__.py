@@ -23,21 +23,36 @@ Python API (the same names as the command line)::
     allocsim.build()                  # which build runs: "interpreted", or the compiled modules
 """
 from .compiled import build         # first: with ALLOCSIM_INTERPRETED set, the compiled modules load from source
-from .machine.costs import CostModel
-from .search.fit import fit_capacity
-from .formats.importers import import_file as import_trace
-from .machine.metrics import ReplayResult
-from .engine.replay import Replay, ReplaySettings, replay
-from .formats.recorders import mark, tries
-from .formats.recorders.session import recording, start_recording, stop_recording
-from .engine.spec import PolicySpec
-from .search.sweep import compare
-from .formats.synth import generate as synthesize
-from .trace import Trace, TraceWriter
-from .units import fmt_bytes, parse_size
-from .search.validate import validate as validate_trace
-
 from .version import __version__
+
+#: The API's names and the modules they come from, imported on first use (PEP 562): ``import allocsim`` costs no
+#: numpy, so the console script (`allocsim._start`) can say "interrupted" in one line from its first milliseconds.
+_LAZY = {"CostModel": ("machine.costs", "CostModel"), "fit_capacity": ("search.fit", "fit_capacity"),
+         "import_trace": ("formats.importers", "import_file"), "ReplayResult": ("machine.metrics", "ReplayResult"),
+         "Replay": ("engine.replay", "Replay"), "ReplaySettings": ("engine.replay", "ReplaySettings"),
+         "replay": ("engine.replay", "replay"), "mark": ("formats.recorders", "mark"),
+         "tries": ("formats.recorders", "tries"), "recording": ("formats.recorders.session", "recording"),
+         "start_recording": ("formats.recorders.session", "start_recording"),
+         "stop_recording": ("formats.recorders.session", "stop_recording"), "PolicySpec": ("engine.spec", "PolicySpec"),
+         "compare": ("search.sweep", "compare"), "synthesize": ("formats.synth", "generate"),
+         "Trace": ("trace", "Trace"), "TraceWriter": ("trace", "TraceWriter"), "fmt_bytes": ("units", "fmt_bytes"),
+         "parse_size": ("units", "parse_size"), "validate_trace": ("search.validate", "validate")}
+
+
+def __getattr__(name: str):
+    """``allocsim.replay`` and the other API names: imported from their module the first time one is read."""
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'allocsim' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{where[0]}", __name__), where[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["CostModel", "build", "PolicySpec", "Replay", "ReplayResult", "ReplaySettings", "Trace", "TraceWriter", "compare", "fit_capacity", "fmt_bytes",
            "import_trace", "mark", "parse_size", "recording", "replay", "start_recording", "stop_recording", "synthesize",

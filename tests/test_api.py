@@ -1,4 +1,5 @@
 """The Python API carries the command line's names and imports no GPU framework or plotting library."""
+import re
 import subprocess
 import sys
 
@@ -22,9 +23,29 @@ def test_api_names_work(tmp_path):
 
 
 def test_import_is_light():
-    code = "import sys, allocsim; print(sorted(m for m in ('torch','cupy','matplotlib','dask','tqdm') if m in sys.modules))"
+    """``import allocsim`` loads none of the heavy modules, numpy included (the API's names load on first use)."""
+    code = ("import sys, allocsim; print(sorted(m for m in ('torch','cupy','matplotlib','dask','tqdm','numpy') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    assert set(allocsim.__all__) <= set(dir(allocsim))
+    for name in allocsim.__all__:
+        assert getattr(allocsim, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        allocsim.nope
+
+
+def test_an_interrupt_while_the_command_line_loads_is_one_line():
+    """Ctrl-C in the console script's first 0.2 s (numpy and every command loading) printed a traceback of 10-30
+    lines; it is "interrupted", exit status 130, as later. The interrupt is raised where ``allocsim.cli`` loads."""
+    code = ("import builtins, sys\nreal = builtins.__import__\n"
+            "def imp(name, *a, **k):\n    if name == 'cli' or name == 'allocsim.cli':\n        raise KeyboardInterrupt\n"
+            "    return real(name, *a, **k)\nbuiltins.__import__ = imp\n"
+            "from allocsim._start import main\nsys.exit(main())\n")
+    out = subprocess.run([sys.executable, "-c", code, "info"], capture_output=True, text=True, cwd=ROOT)
+    assert (out.returncode, out.stderr) == (130, "allocsim: interrupted\n"), out.stderr
+    with open(f"{ROOT}/pyproject.toml") as f:      # (the console script is this entry; tomllib is Python 3.11's)
+        assert 'allocsim = "allocsim._start:main"' in f.read().splitlines()
 
 
 def test_a_replay_from_the_command_line_leaves_numpy_ma_unimported():
@@ -131,3 +152,78 @@ def test_compare_and_fit_take_a_trace_object_loaded_or_built_in_memory(small_tra
     assert rows[0]["peak_reserved_bytes"] == allocsim.replay(cut, "split").to_dict()["peak_reserved_bytes"]
     fitted = allocsim.fit_capacity(cut, "split")
     assert 0 < fitted["capacity_bytes"] <= allocsim.fit_capacity(t, "split")["capacity_bytes"]
+
+
+@pytest.mark.parametrize("policy,options,says", [
+    ("torch", {"max_split_size_mb": -5}, "option max_split_size_mb: too small, must be >= 20"),
+    ("torch", {"garbage_collection_threshold": 5.0}, "option garbage_collection_threshold: must lie in (0.0, 1.0)"),
+    ("torch", {"expandable_segments": 1.5}, "option expandable_segments: expected true or false, got 1.5"),
+    ("torch", {"max_split_size_mb": 128.5}, "option max_split_size_mb: expected an integer, got 128.5"),
+    ("cupy", {"limit": -1}, "option limit: size: negative size"),
+    ("cupy", {"limit": [1]}, "option limit: expected a size in bytes (an integer), got [1]")])
+def test_options_given_as_a_dict_meet_the_command_lines_checks(policy, options, says):
+    """A dict's typed values are checked as ``-O``'s text is (each replayed, with another peak, where the command
+    line refuses it); values of the parameter's type, numpy's too, None and the declared default are taken."""
+    import numpy as np
+    from allocsim.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape(says)):
+        allocsim.PolicySpec.of(policy, options)
+    taken = allocsim.PolicySpec.of("torch", {"max_split_size_mb": np.int64(128), "expandable_segments": np.bool_(True),
+                                             "garbage_collection_threshold": np.float64(0.5)})
+    assert taken == allocsim.PolicySpec.of("torch[max_split_size_mb:128,expandable_segments:true,"
+                                           "garbage_collection_threshold:0.5]")
+    assert allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": 0.0, "max_split_size_mb": None}).options \
+        == (("garbage_collection_threshold", 0.0), ("max_split_size_mb", None))
+
+
+def test_a_replay_closed_part_way_gives_no_result(small_trace_path):
+    """``run()`` after ``close()`` part-way returned the events walked until then as the run's result; it is refused,
+    as are ``step``, ``result`` and ``finish``. A finished replay keeps its result after ``close``."""
+    r = allocsim.Replay(small_trace_path, "split")
+    r.run(until=50)
+    r.close()
+    for call in (r.run, r.step, r.result, r.finish):
+        with pytest.raises(ValueError, match="closed part-way"):
+            call()
+    done = allocsim.Replay(small_trace_path, "split")
+    res = done.run()
+    done.close()
+    assert done.run() is res and done.result() is res
+
+
+def test_the_api_writes_no_device_and_no_trace_without_force(tmp_path, small_trace_path):
+    """`Trace.save`, ``synthesize(path=)`` and ``import_trace`` write as the command line does: a pipe or a device is
+    refused (``Trace.save("/dev/null")`` run as root replaced /dev/null with the trace: here a FIFO stands in), a
+    trace already there is replaced only with ``force`` (both replaced it silently), a failed synthesis leaves no
+    file, and what is no GPU's index, memory or name is refused by name."""
+    import os
+    import shutil
+    import stat
+    from allocsim.errors import InputError, UsageError
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    t = allocsim.Trace.load(small_trace_path)
+    with pytest.raises(InputError, match="is a pipe or a device, not a file"):
+        t.save(fifo)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    kept = str(tmp_path / "kept.bin")
+    shutil.copy(small_trace_path, kept)
+    with pytest.raises(InputError, match="exists and is an allocsim trace"):
+        allocsim.synthesize("mlp", iterations=2, path=kept)
+    log = f"{ROOT}/tests/fixtures/log.csv"
+    with pytest.raises(InputError, match="exists and is an allocsim trace"):
+        allocsim.import_trace(log, kept)
+    assert open(kept, "rb").read() == open(small_trace_path, "rb").read()
+    assert len(allocsim.synthesize("mlp", iterations=2, path=kept, force=True).marks()) == 2
+    allocsim.import_trace(log, kept, force=True, total_memory="8GiB")
+    assert allocsim.Trace.load(kept).meta["device"]["total_memory"] == 8 << 30
+    with pytest.raises(UsageError, match="out of range"):
+        allocsim.synthesize("mlp", iterations=2, batch=10**30, path=str(tmp_path / "half.bin"))
+    assert "half.bin" not in os.listdir(tmp_path) and not any(".tmp" in f for f in os.listdir(tmp_path))
+    with pytest.raises(UsageError, match="path: the name of the file"):
+        allocsim.synthesize("mlp", iterations=2, path=1)          # (it was taken as a file descriptor)
+    for bad, says in (({"total_memory": 1.5}, "total_memory: the GPU's memory"), ({"device": "0"}, "device: a GPU's"),
+                      ({"device_name": "a\nb"}, "device_name 'a\\\\x0ab': a GPU's name")):
+        with pytest.raises(UsageError, match=says):
+            allocsim.import_trace(log, str(tmp_path / "o.bin"), **bad)
+    assert not os.path.exists(tmp_path / "o.bin")
