@@ -227,3 +227,32 @@ def test_the_api_writes_no_device_and_no_trace_without_force(tmp_path, small_tra
         with pytest.raises(UsageError, match=says):
             allocsim.import_trace(log, str(tmp_path / "o.bin"), **bad)
     assert not os.path.exists(tmp_path / "o.bin")
+
+
+@pytest.mark.parametrize("call,error,says", [
+    (lambda t: allocsim.replay(t, "split", {"cap": 1}), TypeError, "settings: a ReplaySettings"),
+    (lambda t: allocsim.replay(t, "split", costs="x"), TypeError, "replay setting costs: a CostModel"),
+    (lambda t: allocsim.replay(t, "split", device=5), TypeError, "device: a device that make_device made"),
+    (lambda t: allocsim.replay(t, "split", runtime=[]), TypeError, "replay setting runtime: a name"),
+    (lambda t: allocsim.replay(t, "split", keep_going="no"), TypeError, "replay setting keep_going: True or False"),
+    (lambda t: allocsim.compare(t, "split", settings={"cap": 1}), TypeError, "settings: a Settings or a ReplaySettings"),
+    (lambda t: allocsim.compare(t, "split", jobs="2"), TypeError, "jobs: an integer"),
+    (lambda t: allocsim.compare(t, "split", jobs=0), ValueError, r"jobs=0 \(at least 1\)"),
+    (lambda t: allocsim.compare(t, "split", caps=1.5), TypeError, "replay setting cap: a size in bytes"),
+    (lambda t: allocsim.fit_capacity(t, "split", resolution=1.5), TypeError, "resolution: an integer"),
+    (lambda t: allocsim.fit_capacity(t, "split", resolution=True), TypeError, "resolution: an integer"),
+    (lambda t: allocsim.fit_capacity(t, "split", top=-1), ValueError, r"top=-1 \(at least 1\)"),
+    (lambda t: allocsim.fit_capacity(t, "split", max_replays=-1), ValueError, r"max_replays=-1 \(at least 0\)"),
+    (lambda t: allocsim.fit_capacity(t, "split", max_replays=1.5), TypeError, "max_replays: an integer")])
+def test_api_arguments_of_the_wrong_kind_are_refused_by_name(small_trace_path, call, error, says):
+    """Each failed deep inside (an AttributeError, an unhashable type, a comparison of str and int), named an
+    argument the caller never gave ("replay setting cap" for fit's ``resolution``), or ran with another meaning
+    (``keep_going="no"`` kept going, ``max_replays=-1`` gave another capacity, ``jobs=0`` ran)."""
+    with pytest.raises(error, match=says):
+        call(small_trace_path)
+
+
+def test_fit_reads_its_sizes_as_the_command_line_does(small_trace_path):
+    """``resolution`` and ``top`` as text (``"1MiB"``) are the sizes their integers are."""
+    assert allocsim.fit_capacity(small_trace_path, "split", resolution="1MiB", top="2GiB") == \
+        allocsim.fit_capacity(small_trace_path, "split", resolution=1 << 20, top=2 << 30)

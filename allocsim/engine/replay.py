@@ -359,6 +359,17 @@ class ReplaySettings:
             value = getattr(self, name)
             if value is not None and not (name == "capacity" and value == "trace"):
                 object.__setattr__(self, name, _size_setting(name, value))
+        for name in ("runtime", "backend"):         # (a list was an unhashable type deep inside)
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"replay setting {name}: a name (text), not {getattr(self, name)!r}")
+        for name in ("keep_going", "timeline", "fast_path", "fold"):     # (keep_going="no" was true)
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"replay setting {name}: True or False, not {value!r}")
+            object.__setattr__(self, name, bool(value))
+        if self.costs is not None and not isinstance(self.costs, CostModel):
+            raise TypeError(f"replay setting costs: a CostModel (allocsim.CostModel.load(path) reads one), not "
+                            f"{self.costs!r}")
 
     def with_(self, **changes) -> ReplaySettings:
         return replace(self, **changes) if changes else self
@@ -389,6 +400,9 @@ def _index_argument(method: str, name: str, value, least: int) -> int:
 def settings_of(settings: ReplaySettings | None, changes: dict) -> ReplaySettings:
     """``settings`` (default: `ReplaySettings()`) with ``changes``, the keyword arguments `replay` and `Replay`
     take for its fields; a name that is no field is a TypeError, as an unknown keyword argument is."""
+    if settings is not None and not isinstance(settings, ReplaySettings):      # (a dict failed deep inside)
+        raise TypeError(f"settings: a ReplaySettings (its fields may also be given as keyword arguments), not "
+                        f"{type(settings).__name__}")
     unknown = set(changes) - set(ReplaySettings.__dataclass_fields__)
     if unknown:
         raise TypeError(f"unknown replay setting(s): {', '.join(sorted(unknown))} "
@@ -500,7 +514,8 @@ class _PeakLater:
 
 class Replay:
     """One replay of ``trace`` (a `Trace`, or its file's name as `replay` takes it) against ``policy``: `run` it, or
-    `step` it and read its state.
+    `step` it and read its state. A trace is replayed as it is: `Trace.load` checks a file's, a trace built in
+    memory (`TraceWriter`, ``Trace(records)``) is checked by its `Trace.validate` (a double free replays as given).
 
     ``policy`` is what `PolicySpec.of` takes (``"torch[expandable_segments:True]"``,
     ``"my.py:MyPool"``, a spec or a `Policy` subclass); ``options`` adds ``key=value`` texts or a
@@ -528,6 +543,8 @@ class Replay:
         if s.runtime not in RUNTIMES:
             raise UsageError(f"unknown runtime {s.runtime!r} (known: {', '.join(RUNTIMES)})")
         self.sections = Sections()
+        if device is not None and not isinstance(device, SimulatedDevice):
+            raise TypeError(f"device: a device that make_device made (a SimulatedDevice), not {device!r}")
         self.device = device if device is not None else make_device(trace, cls, s)
         self.runtime = RUNTIMES[s.runtime](self.device, self.sections, gc_every=s.gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)

@@ -109,8 +109,9 @@ import time
 from dataclasses import dataclass
 
 from ..engine.spec import PolicySpec
-from .sweep import Cell, Settings, cached_trace, run_cell, trace_file, trace_on_disk
+from .sweep import Cell, Settings, cached_trace, count_argument, run_cell, trace_file, trace_on_disk
 from ..trace.scopes import sure_load
+from ..units import parse_size
 
 MiB = 1 << 20
 MAX_REPLAYS = 1000      # per policy, for the walk down from the peak
@@ -470,6 +471,13 @@ def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), 
     """The walk of `fit_capacity` (same arguments; ``top``: start at that cap; ``digits``: bisect to that many
     significant figures; module docstring), not started. ``trace``: its file's name (a `pathlib.Path` too); ``settings``:
     a sweep's `Settings`, or the `ReplaySettings` each replay runs under."""
+    resolution = count_argument("resolution", parse_size(resolution) if isinstance(resolution, str) else resolution,
+                                1)
+    max_replays = count_argument("max_replays", max_replays, 0)
+    if top is not None:
+        top = count_argument("top", parse_size(top) if isinstance(top, str) else top, 1)
+    if digits is not None:
+        digits = count_argument("digits", digits, 1)
     return Walk(trace_file(trace), PolicySpec.of(policy, options), runtime, Settings.of(settings), resolution, islands,
                 max_replays, top, digits)
 

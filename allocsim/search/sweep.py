@@ -23,6 +23,8 @@ from copy import deepcopy
 from dataclasses import dataclass, fields
 from functools import partial
 
+import numpy as np
+
 from ..errors import WorkerDied
 from ..filenames import shown_name
 from ..machine.metrics import COLUMNS
@@ -70,6 +72,8 @@ class Settings:
     def of(cls, settings: "Settings | ReplaySettings | None") -> "Settings | None":
         """What a Python caller gives as a sweep's settings: a `Settings`, None (the defaults), or the
         `ReplaySettings` every replay runs under."""
+        if settings is not None and not isinstance(settings, (cls, ReplaySettings)):     # (a dict failed deep inside)
+            raise TypeError(f"settings: a Settings or a ReplaySettings, not {type(settings).__name__}")
         return cls(replay=settings) if isinstance(settings, ReplaySettings) else settings
 
 
@@ -287,16 +291,27 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
     """
     if isinstance(policies, (str, PolicySpec)):
         policies = [policies]           # (a text iterated would be its letters, each an unknown policy)
-    if caps is None or isinstance(caps, (str, int)):
-        caps = [caps]                   # (one cap: "8GB", 8 << 30, None)
+    if caps is None or isinstance(caps, (str, int, float, np.integer)):
+        caps = [caps]                   # (one cap: "8GB", 8 << 30, None; a float is refused as a replay's is)
     if isinstance(runtimes, str):
         runtimes = [runtimes]
+    jobs = count_argument("jobs", jobs, 1)
     caps = [None if cap is None else ReplaySettings(cap=cap).cap for cap in caps]   # (checked and read as a replay's)
     specs = [PolicySpec.of(p) for p in policies]
     with trace_on_disk(trace) as (path, shown):
         cells = [Cell(path, spec, cap, rt) for spec in specs for cap in caps for rt in runtimes]
         rows = run_cells(cells, Settings.of(settings), jobs=jobs)
     return [row if shown == path else {**row, "trace": shown} for row in rows]
+
+
+def count_argument(name: str, value, least: int) -> int:
+    """An API's count (``jobs``, ``max_replays``, ``resolution``): an integer (numpy's too) of at least ``least``;
+    ``jobs="2"`` failed inside the pool, ``jobs=0`` ran, ``max_replays=-1`` gave another answer."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: an integer, not {value!r}")
+    if value < least:
+        raise ValueError(f"{name}={int(value)} (at least {least})")
+    return int(value)
 
 
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):
