@@ -19,7 +19,7 @@ LAYERS = [
     ["formats"],
     ["search", "testing"],
     ["report"],
-    ["commands", "integrations", "cli", "__main__", ""],
+    ["commands", "integrations", "cli", "_start", "__main__", ""],
 ]
 
 
