@@ -22,6 +22,8 @@ Python API (the same names as the command line)::
     with allocsim.tries("back-off"): ...  # code there catches an OOM and goes on: a replay under a cap survives it
     allocsim.build()                  # which build runs: "interpreted", or the compiled modules
 """
+from typing import TYPE_CHECKING
+
 from .compiled import build         # first: with ALLOCSIM_INTERPRETED set, the compiled modules load from source
 from .version import __version__
 
@@ -40,14 +42,34 @@ _LAZY = {"CostModel": ("machine.costs", "CostModel"), "fit_capacity": ("search.f
 
 
 def __getattr__(name: str):
-    """``allocsim.replay`` and the other API names: imported from their module the first time one is read."""
-    where = _LAZY.get(name)
-    if where is None:
-        raise AttributeError(f"module 'allocsim' has no attribute {name!r}")
+    """An API name read for the first time (``allocsim.replay``) imports the whole API, in the order an eager
+    ``import allocsim`` did (`_LAZY`'s); a subpackage or module (``allocsim.policies``, as ``from .. import
+    policies`` reads it) is imported alone."""
     import importlib
-    value = getattr(importlib.import_module(f".{where[0]}", __name__), where[1])
-    globals()[name] = value
-    return value
+    import importlib.util
+    if name in _LAZY:
+        for api_name, (module, attr) in _LAZY.items():
+            globals().setdefault(api_name, getattr(importlib.import_module(f".{module}", __name__), attr))
+        return globals()[name]
+    if name.startswith("__") or importlib.util.find_spec(f"{__name__}.{name}") is None:
+        raise AttributeError(f"module 'allocsim' has no attribute {name!r}")
+    return importlib.import_module(f".{name}", __name__)
+
+
+if TYPE_CHECKING:                   # what `__getattr__` imports, for type checkers and editors
+    from .engine.replay import Replay, ReplaySettings, replay
+    from .engine.spec import PolicySpec
+    from .formats.importers import import_file as import_trace
+    from .formats.recorders import mark, tries
+    from .formats.recorders.session import recording, start_recording, stop_recording
+    from .formats.synth import generate as synthesize
+    from .machine.costs import CostModel
+    from .machine.metrics import ReplayResult
+    from .search.fit import fit_capacity
+    from .search.sweep import compare
+    from .search.validate import validate as validate_trace
+    from .trace import Trace, TraceWriter
+    from .units import fmt_bytes, parse_size
 
 
 def __dir__() -> list:

@@ -51,7 +51,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {"int": number, "float": lambda t: nu
                                             "size": _size, "str": str}
 
 
-def _kind_of(value) -> str:
+def kind_of(value) -> str:
     """numpy's kind letter of a scalar, Python's or numpy's: ``b`` a bool, ``i``/``u`` an integer, ``f`` a float
     (else ``""``)."""
     if isinstance(value, bool):
@@ -62,6 +62,17 @@ def _kind_of(value) -> str:
     if isinstance(value, numbers.Integral):
         return "i"
     return "f" if isinstance(value, numbers.Real) else ""
+
+
+def count_argument(name: str, value, least: int) -> int:
+    """A Python caller's count or trace index (``jobs``, ``max_replays``, ``Replay.run``'s ``until``): an integer,
+    Python's or numpy's, of at least ``least``; a TypeError or ValueError naming it (``jobs="2"`` failed inside the
+    pool, ``jobs=0`` ran, ``run(until='5')`` walked nothing)."""
+    if kind_of(value) not in ("i", "u"):
+        raise TypeError(f"{name}: an integer, not {value!r}")
+    if value < least:
+        raise ValueError(f"{name}={int(value)} (at least {least})")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -92,8 +103,8 @@ class Param:
         """A typed value a Python caller gives (`allocsim.engine.spec.PolicySpec.with_values`) as the text `parse`
         reads, its type checked first -- a bool for a bool, an integer for an int or a size, a number for a float,
         None for "none" -- so that it meets the command line's checks: ``{"max_split_size_mb": -5}`` replayed where
-        ``-O max_split_size_mb=-5`` is refused. A choice or text parameter takes text only."""
-        kind = _kind_of(value)
+        ``-O max_split_size_mb=-5`` is refused. A choice takes its text only."""
+        kind = kind_of(value)
         if value is None:
             return "none"
         if self.kind == "bool" and kind == "b":

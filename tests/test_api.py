@@ -28,7 +28,9 @@ def test_import_is_light():
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
-    assert set(allocsim.__all__) <= set(dir(allocsim))
+    code = "import allocsim; print(allocsim.policies.names()[0], allocsim.Replay.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.split() == ["bestfit", "Replay"], out.stderr     # (a subpackage as an attribute, as before)
     for name in allocsim.__all__:
         assert getattr(allocsim, name) is not None
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
@@ -154,6 +156,27 @@ def test_compare_and_fit_take_a_trace_object_loaded_or_built_in_memory(small_tra
     assert 0 < fitted["capacity_bytes"] <= allocsim.fit_capacity(t, "split")["capacity_bytes"]
 
 
+def test_compare_replays_the_trace_object_as_it_is_not_its_file_as_it_was(tmp_path, small_trace_path):
+    """A loaded `Trace` whose metadata the caller changed, or whose file was replaced since, is replayed as the
+    object holds it (its file held another trace: `compare` gave the file's figures)."""
+    import shutil
+    src = f"{ROOT}/traces/gpt2-maxsplit128-rp2div4.bin"
+    t = allocsim.Trace.load(src)
+    on_file = allocsim.compare(src, "torch")[0]["peak_reserved_bytes"]
+    t.meta["allocator_settings"] = {}               # the recorded settings gone: another peak
+    assert t.file_as_read() is None
+    changed = allocsim.replay(t, "torch").to_dict()["peak_reserved_bytes"]
+    assert changed != on_file and allocsim.compare(t, "torch")[0]["peak_reserved_bytes"] == changed
+    mine = str(tmp_path / "mine.bin")
+    shutil.copy(small_trace_path, mine)
+    u = allocsim.Trace.load(mine)
+    assert u.file_as_read() == mine
+    before = allocsim.replay(u, "split").to_dict()["peak_reserved_bytes"]
+    allocsim.synthesize("mlp", iterations=2, path=mine, force=True)       # the file replaced under the object
+    assert allocsim.compare(mine, "split")[0]["peak_reserved_bytes"] != before
+    assert allocsim.compare(u, "split")[0]["peak_reserved_bytes"] == before
+
+
 @pytest.mark.parametrize("policy,options,says", [
     ("torch", {"max_split_size_mb": -5}, "option max_split_size_mb: too small, must be >= 20"),
     ("torch", {"garbage_collection_threshold": 5.0}, "option garbage_collection_threshold: must lie in (0.0, 1.0)"),
@@ -256,3 +279,22 @@ def test_fit_reads_its_sizes_as_the_command_line_does(small_trace_path):
     """``resolution`` and ``top`` as text (``"1MiB"``) are the sizes their integers are."""
     assert allocsim.fit_capacity(small_trace_path, "split", resolution="1MiB", top="2GiB") == \
         allocsim.fit_capacity(small_trace_path, "split", resolution=1 << 20, top=2 << 30)
+
+
+@pytest.mark.parametrize("policy,options,says", [
+    ("torch", {"expandable_segments": None}, "option expandable_segments: expected true or false, got 'none'"),
+    ("torch", {"roundup_power2_divisions": "abc"}, "option roundup_power2_divisions: expected an integer"),
+    ("cupy", {"version": 14}, "option version: expected one of the choices, got 14")])
+def test_a_dict_takes_none_text_and_choices_as_the_command_line_does(policy, options, says):
+    """None only where "none" is a value (an unset default), a text option's own parser on its text (a bad
+    divisions text died inside the replay with a bare ValueError), a choice only as its text; 0 and numpy's 0.0 are
+    ``garbage_collection_threshold``'s default 0.0 (a snapshot records "none set" as 0)."""
+    import numpy as np
+    from allocsim.errors import UsageError
+    with pytest.raises(UsageError, match=re.escape(says)):
+        allocsim.PolicySpec.of(policy, options)
+    off = allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": 0.0})
+    assert allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": 0}) == off == \
+        allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": np.float64(0.0)})
+    assert allocsim.PolicySpec.of("torch", {"roundup_power2_divisions": "[256:4,>:1]"}) == \
+        allocsim.PolicySpec.parse("torch[roundup_power2_divisions:[256:4,>:1]]")

@@ -65,6 +65,7 @@ from ..trace.events import (CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, P
 from ..trace.scopes import label_of, plan_search_set, scopes_of
 from ..trace import trace as trace_records
 from ..trace.trace import CHUNK, LiveBytes
+from ..params import count_argument
 from ..units import parse_size
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
@@ -387,16 +388,6 @@ def _size_setting(name: str, value) -> int:
     return int(value)
 
 
-def _index_argument(method: str, name: str, value, least: int) -> int:
-    """``Replay.run``'s and ``Replay.step``'s count or trace index: an integer (numpy's too) of at least ``least``.
-    Text was compared with the trace's indices as text, and ``run(until='5')`` walked nothing and returned None."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"Replay.{method}: {name} is an integer, not {value!r}")
-    if value < least:
-        raise ValueError(f"Replay.{method}: {name}={int(value)} (at least {least})")
-    return int(value)
-
-
 def settings_of(settings: ReplaySettings | None, changes: dict) -> ReplaySettings:
     """``settings`` (default: `ReplaySettings()`) with ``changes``, the keyword arguments `replay` and `Replay`
     take for its fields; a name that is no field is a TypeError, as an unknown keyword argument is."""
@@ -597,7 +588,7 @@ class Replay:
         that is not a trace index (text, a float, a negative number) is refused."""
         self._still_open("run")
         if until is not None:
-            until = _index_argument("run", "until", until, 0)
+            until = count_argument("Replay.run: until", until, 0)
         self._fold_until = until
         self._walk(lambda c: len(c.at) if until is None else int(np.searchsorted(c.at, until)))
         return self.finish() if self.at_end else None
@@ -605,7 +596,7 @@ class Replay:
     def step(self, n: int = 1) -> int:
         """Walk the next ``n`` driving events (fewer at the end, or at an OOM that stops); return how many."""
         self._still_open("step")
-        n = _index_argument("step", "n", n, 0)
+        n = count_argument("Replay.step: n", n, 0)
         start = self._w.done
         self._fold_until = -1
         self._walk(lambda c: min(len(c.at), self._pos + start + n - self._w.done))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from .. import policies
 from ..errors import AllocsimError, PluginError, UsageError
 from ..outputs import Terminated
-from ..params import PARSERS, Param
+from ..params import PARSERS, Param, kind_of
 from ..policies.base import Policy
 
 ENTRY_POINT_GROUP = "allocsim.policies"
@@ -39,11 +39,15 @@ _CLASSES: dict[str, type] = {}
 
 def _is_default(param: Param, value) -> bool:
     """Whether ``value`` is ``param``'s declared default, which a caller may give as it is (a default such as
-    ``garbage_collection_threshold``'s 0.0, "off", is no value the option's text takes)."""
-    try:
-        return type(value) is type(param.default) and bool(value == param.default)
-    except (TypeError, ValueError):
+    ``garbage_collection_threshold``'s 0.0, "off", is no value the option's text takes; 0 and numpy's 0.0 are it
+    too, as a snapshot records "none set")."""
+    d = param.default
+    if d is None or value is None:
         return False
+    kd, kv = kind_of(d), kind_of(value)
+    if "b" in (kd, kv):
+        return kd == kv and bool(value) == d
+    return kd in ("i", "u", "f") and kv in ("i", "u", "f") and float(value) == float(d)
 
 
 @dataclass(frozen=True)
@@ -92,25 +96,30 @@ class PolicySpec:
         return self._adding(lambda pcls: pcls.parse_options(list(texts)))
 
     def with_values(self, values: dict) -> PolicySpec:
-        """These options plus ``values`` (the Python API's dict), each checked as ``-O`` checks it: text for a
-        parameter that is not text parsed as ``-O`` would (``{"limit": "8GB"}``), a number or a bool of the
-        parameter's type as its text (`Param.text_of`: ``{"max_split_size_mb": -5}`` is refused as on the command
-        line), any other value as it is, None and the declared default too (`tune`'s grids hold them)."""
+        """These options plus ``values`` (the Python API's dict), each checked as ``-O`` checks it: text parsed as
+        ``-O`` parses it (``{"limit": "8GB"}``; a text option with its own parser too), a number, a bool or a choice
+        as its text would be (`Param.text_of`: ``{"max_split_size_mb": -5}`` is refused as on the command line).
+        Taken as they are: None where the default is None (unset), the declared default (numerically: ``0`` for
+        0.0), and a value a text option's parser makes (`tune`'s grids hold divisions tables)."""
         def typed(pcls):
             known = {p.name: p for p in pcls.params}
             out = {}
             for k, v in values.items():
                 pcls.check_option(k)
                 p = known[k]
-                if isinstance(v, str) and p.kind != "str":
+                if v is None and p.default is None:
+                    out[k] = None                   # unset, as "none" reads
+                elif _is_default(p, v):
+                    out[k] = p.default              # (0 for garbage_collection_threshold's 0.0, "off": no text's)
+                elif isinstance(v, str) and (p.kind != "str" or p.parser is not None):
                     out.update(pcls.parse_option(known, k, v))
-                elif p.kind in ("int", "float", "bool", "size") and v is not None and not _is_default(p, v):
+                elif p.kind != "str":               # a number, a bool or a choice: as its text would be
                     try:
                         text = p.text_of(v)
                     except ValueError as e:
                         raise UsageError(f"option {k}: {e}") from None
                     out.update(pcls.parse_option(known, k, text))
-                else:
+                else:                               # a value a text option's parser made (tune's tables)
                     out[k] = tuple(v) if isinstance(v, list) else v
             return out
         return self._adding(typed)

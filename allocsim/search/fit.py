@@ -109,8 +109,9 @@ import time
 from dataclasses import dataclass
 
 from ..engine.spec import PolicySpec
-from .sweep import Cell, Settings, cached_trace, count_argument, run_cell, trace_file, trace_on_disk
+from .sweep import Cell, Settings, cached_trace, run_cell, trace_file, trace_on_disk
 from ..trace.scopes import sure_load
+from ..params import count_argument
 from ..units import parse_size
 
 MiB = 1 << 20
@@ -452,11 +453,12 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
                  on_replay=None, max_replays: int = MAX_REPLAYS, top: int | None = None,
                  digits: int | None = None) -> dict:
     """The safe capacity of ``policy`` (a `PolicySpec` or its text, ``options`` added) on ``trace`` (a `Trace` or a
-    file's name: `allocsim.search.sweep.trace_on_disk`; see the module docstring; ``top``: up to that cap, the walk starting there; ``digits``: bisected to that many
-    significant figures), and any island below it.
+    file's name: `allocsim.search.sweep.trace_on_disk`; see the module docstring; ``top``: up to that cap, the walk
+    starting there; ``digits``: bisected to that many significant figures), and any island below it.
 
     ``on_replay()`` is called after each replay (progress: a policy that fills its pool up to
     the cap behaves differently at every grid point, so its walk takes one replay per point)."""
+    _fit_arguments(resolution, max_replays, top, digits)       # (before a trace in memory is saved for the walk)
     with trace_on_disk(trace) as (path, _):
         (out,) = fit_many([dict(trace=path, policy=policy, runtime=runtime, options=options, settings=settings,
                                 resolution=resolution, islands=islands, max_replays=max_replays, top=top,
@@ -465,12 +467,8 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
     return out
 
 
-def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), settings: Settings | None = None,
-            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS, top: int | None = None,
-            digits: int | None = None) -> Walk:
-    """The walk of `fit_capacity` (same arguments; ``top``: start at that cap; ``digits``: bisect to that many
-    significant figures; module docstring), not started. ``trace``: its file's name (a `pathlib.Path` too); ``settings``:
-    a sweep's `Settings`, or the `ReplaySettings` each replay runs under."""
+def _fit_arguments(resolution, max_replays, top, digits) -> tuple:
+    """`walk_of`'s counts, checked (`count_argument`): ``resolution`` and ``top`` sizes (text too: ``"1MiB"``)."""
     resolution = count_argument("resolution", parse_size(resolution) if isinstance(resolution, str) else resolution,
                                 1)
     max_replays = count_argument("max_replays", max_replays, 0)
@@ -478,6 +476,16 @@ def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), 
         top = count_argument("top", parse_size(top) if isinstance(top, str) else top, 1)
     if digits is not None:
         digits = count_argument("digits", digits, 1)
+    return resolution, max_replays, top, digits
+
+
+def walk_of(trace: str, policy, *, runtime: str = "eager", options: tuple = (), settings: Settings | None = None,
+            resolution: int = MiB, islands: bool = True, max_replays: int = MAX_REPLAYS, top: int | None = None,
+            digits: int | None = None) -> Walk:
+    """The walk of `fit_capacity` (same arguments; ``top``: start at that cap; ``digits``: bisect to that many
+    significant figures; module docstring), not started. ``trace``: its file's name (a `pathlib.Path` too); ``settings``:
+    a sweep's `Settings`, or the `ReplaySettings` each replay runs under."""
+    resolution, max_replays, top, digits = _fit_arguments(resolution, max_replays, top, digits)
     return Walk(trace_file(trace), PolicySpec.of(policy, options), runtime, Settings.of(settings), resolution, islands,
                 max_replays, top, digits)
 

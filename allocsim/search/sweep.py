@@ -31,6 +31,7 @@ from ..machine.metrics import COLUMNS
 from ..engine.replay import ReplaySettings, replay
 from ..engine.spec import PolicySpec
 from ..outputs import check_input_file
+from ..params import count_argument
 from ..trace import Trace, trace_path
 
 @dataclass(frozen=True)
@@ -88,15 +89,16 @@ def trace_file(trace) -> str:
 @contextmanager
 def trace_on_disk(trace):
     """The file a sweep's cells read ``trace`` from (they name their trace by its file: a worker loads it), and the
-    name to show for it: a file's name as given (`trace_file`); a `Trace` that `Trace.load` read, its file; another
-    `Trace` (built or cut in memory) saved to a temporary file for the length of the block."""
+    name to show for it: a file's name as given (`trace_file`); a `Trace` that `Trace.load` read, its file, where it
+    still holds the trace as it is (`Trace.file_as_read`); another `Trace` (built, cut or changed in memory, or its
+    file replaced since) saved to a temporary file for the length of the block."""
     if not isinstance(trace, Trace):
         path = trace_file(trace)
         yield path, path
         return
     path = trace.file_as_read()
-    if path is not None and os.path.isfile(path):
-        yield path, path
+    if path is not None:
+        yield path, trace.path
         return
     import tempfile
     with tempfile.TemporaryDirectory(prefix="allocsim-") as d:
@@ -302,16 +304,6 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
         cells = [Cell(path, spec, cap, rt) for spec in specs for cap in caps for rt in runtimes]
         rows = run_cells(cells, Settings.of(settings), jobs=jobs)
     return [row if shown == path else {**row, "trace": shown} for row in rows]
-
-
-def count_argument(name: str, value, least: int) -> int:
-    """An API's count (``jobs``, ``max_replays``, ``resolution``): an integer (numpy's too) of at least ``least``;
-    ``jobs="2"`` failed inside the pool, ``jobs=0`` ran, ``max_replays=-1`` gave another answer."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: an integer, not {value!r}")
-    if value < least:
-        raise ValueError(f"{name}={int(value)} (at least {least})")
-    return int(value)
 
 
 def dask_executor(scheduler: str | None = None, local_workers: int | None = None):

@@ -67,7 +67,8 @@ class Trace:
             check_meta(meta, path)
         t = cls(records, meta, streams=footer.get("streams"), sites=footer.get("sites"),
                 labels=footer.get("labels"), finished=finished, path=path, version=version)
-        t._read = (path, records)
+        st = os.stat(path)
+        t._read = (path, records, os.path.abspath(path), (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
         if validate:
             t.validate(walkers)
         elif walkers:
@@ -75,11 +76,26 @@ class Trace:
         return t
 
     def file_as_read(self) -> str | None:
-        """The file whose records this trace holds as `load` read them (None: a trace built in memory, or given
-        other records or another path since): what a sweep's cells, which name their trace by its file, can read
-        in its stead (`allocsim.search.sweep.trace_on_disk`)."""
+        """The file (its absolute path) that holds this trace as it is: the one `load` read, unchanged since (the
+        same file, size and time) and this trace unchanged too (its records, path, metadata and tables). None
+        otherwise (a trace built in memory, one whose metadata a caller changed, a file replaced since): what a
+        sweep's cells, which name their trace by its file, can read in its stead
+        (`allocsim.search.sweep.trace_on_disk`). O(header and footer)."""
         read = getattr(self, "_read", None)
-        return read[0] if read is not None and read[1] is self.records and read[0] == self.path else None
+        if read is None or read[1] is not self.records or read[0] != self.path:
+            return None
+        path, key = read[2], read[3]
+        try:
+            st = os.stat(path)
+            if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != key:
+                return None
+            meta, _, footer, finished, _ = read_trace_file(path)
+        except (OSError, InputError):
+            return None
+        same = ({**meta, **footer.get("meta", {})} == self.meta and finished == self.finished
+                and list(footer.get("streams") if footer.get("streams") is not None else [0]) == self.streams
+                and list(footer.get("sites") or []) == self.sites and list(footer.get("labels") or []) == self.labels)
+        return path if same else None
 
     def save(self, path: str) -> None:
         """Write this trace to ``path`` atomically (no half-written file on failure)."""
