@@ -28,12 +28,17 @@
 7. ``--states TRACE``: the allocator's state at each step boundary of a walk of ``TRACE`` with ``fold=False``, as
    numbers (equal numbers, equal fingerprints: what a fold can start from and come back to), each policy's in a
    line, runs of a cycle written once with how many times they repeat.
+8. ``--walked TRACE``: what bounds a folded replay's x10. Each policy's folded replay of ``TRACE`` walks some of its
+   steps and folds the rest; the first that many steps replayed with ``fold=False`` cost what walking them costs
+   with no folder at all, so their time over the first 10 steps' is the least x10 any folder that walks as much can
+   have, and the folded time less theirs is what the folder itself costs (its looks, fingerprints, folds and the
+   stops it makes the walk take), given here in the first 10 steps' time. Best of ``--repeat``, alternated.
 
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
     python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
                                      [--long trace.bin] [--real [--give-up trace.bin] [--cold]] [--json out.json]
-                                     [--kept] [--short] [--states trace.bin]
+                                     [--kept] [--short] [--states trace.bin] [--walked trace.bin]
 """
 from __future__ import annotations
 
@@ -113,6 +118,20 @@ def first_steps(trace: Trace, n: int) -> Trace:
                  labels=trace.labels, path=trace.path)
 
 
+def walked(trace: Trace, policy: str, repeat: int) -> dict:
+    """``--walked``: the folded replay of ``trace`` (checked against the full walk), its first 10 steps as a default
+    replay makes them, and its first as many steps as the folded replay walks, with ``fold=False``: best CPU seconds
+    of ``repeat``, alternated."""
+    folded = best(trace, policy, repeat)
+    how = folded["folded"]
+    steps = len(trace.marks()) if not how else how["of_steps"] - how["steps"]     # (no fold: all of it)
+    head, walk = first_steps(trace, 10), first_steps(trace, steps)
+    t10 = min(timed(head, policy, True)[0] for _ in range(repeat))
+    tw = min(timed(walk, policy, False)[0] for _ in range(repeat))
+    return {"policy": policy, "walked": steps, "first10_s": t10, "walked_s": tw, "folded_s": folded["folded_s"],
+            "least_x10": tw / t10, "x10": folded["folded_s"] / t10, "folder_x": (folded["folded_s"] - tw) / t10}
+
+
 def fmt_fold(how) -> str:
     return "-" if not how else f"{how['steps']}/{how['of_steps']} steps, period {how['period']} from {how['from_step']}"
 
@@ -137,6 +156,8 @@ def main(argv=None) -> int:
     only.add_argument("--short", action="store_true",
                       help="what folding costs short runs: the shipped recordings and the real runs cut short")
     only.add_argument("--states", metavar="TRACE", help="the state at each step boundary of TRACE, as numbers")
+    only.add_argument("--walked", metavar="TRACE",
+                      help="the least x10 a folded replay of TRACE can have, walking the steps it walks")
     a = ap.parse_args(argv)
     global KEPT
     KEPT = a.kept
@@ -144,7 +165,7 @@ def main(argv=None) -> int:
           f"{'on' if KEPT else 'off'})")
     policies = a.policies.split(",")
     out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": [], "cold": [], "short": [],
-                 "states": []}
+                 "states": [], "walked": []}
     if a.real and a.cold:
         cold_runs(policies, a.repeat, out)
         return write_json(a.json, out)
@@ -159,6 +180,17 @@ def main(argv=None) -> int:
         for p in policies:
             out["states"].append(dict(policy=p, states=states(trace, p)))
             print(f"{p:<8}{runs_of(out['states'][-1]['states'])}")
+        return write_json(a.json, out)
+    if a.walked:
+        trace = Trace.load(unpacked(a.walked))
+        print(f"{a.walked}: the folded replay against its first 10 steps and against the steps it walks, replayed "
+              f"with --no-fold (CPU ms, best of {a.repeat}; x: over the first 10 steps' time)")
+        print(f"{'policy':<9}{'first 10':>9}{'walked':>8}{'them':>8}{'folded':>9}{'least x':>9}{'x10':>7}{'folder x':>10}")
+        for p in policies:
+            row = walked(trace, p, a.repeat)
+            out["walked"].append(row)
+            print(f"{p:<9}{row['first10_s'] * 1e3:>9.2f}{row['walked']:>8}{row['walked_s'] * 1e3:>8.2f}"
+                  f"{row['folded_s'] * 1e3:>9.2f}{row['least_x10']:>9.2f}{row['x10']:>7.2f}{row['folder_x']:>10.2f}")
         return write_json(a.json, out)
 
     short = synth.generate("transformer", iterations=10)
