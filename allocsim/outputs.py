@@ -287,6 +287,11 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
     """
     outputs = [(flag, p) for flag, p in outputs if p is not None and not own_temporary(p)]   # (an enclosing
     inputs = [p for p in inputs if p]                                                        # claim's temporary)
+    named: dict[str, str] = {}
+    for flag, out in outputs:           # (tune --plot P --snapshot P: the snapshot replaced the picture)
+        first = named.setdefault(os.path.realpath(out), flag)
+        if first != flag:
+            raise InputError(f"is {first}'s output too: name another file for each", path=out, position=flag)
     for flag, out in outputs:
         if os.path.exists(out) and not os.path.isfile(out) and not os.path.isdir(out):     # (`check_writable`)
             raise InputError(NOT_A_FILE, path=out, position=flag)

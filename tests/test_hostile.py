@@ -304,7 +304,7 @@ MALFORMED: list[Case] = [
          snapshot_with(lambda s: s["allocator_settings"].update(max_split_size="big")),
          expect="snap.pickle: metadata: allocator_settings", outputs=["o.bin"]),
     Case("cost-model-true", ["replay", "{trace}", "--cost-model", "{d}/c.json"], text_file("c.json", _COSTS % "true"),
-         expect="c.json: key 'pool_hit_s': expected a non-negative number of seconds", stdout_empty=True),
+         expect="c.json: key 'pool_hit_s': expected a number of seconds from 0 to 3600", stdout_empty=True),
     Case("cost-model-infinite", ["replay", "{trace}", "--cost-model", "{d}/c.json"],
          text_file("c.json", _COSTS % "1e999"), expect="key 'pool_hit_s'"),
     Case("cost-model-nested", ["compare", "{trace}", "--cost-model", "{d}/c.json"], text_file("c.json", DEEP),
@@ -898,14 +898,15 @@ def _installed(**points):
     return setup
 
 
-def _partial_row(policy, runtime):
+def _partial_row(policy, runtime, **edit):
     """A setup leaving ``r.csv.partial`` as a sweep stopped after its cell of ``policy`` × ``runtime`` on the case's
-    trace (default options) leaves it."""
+    trace (default options) leaves it; ``edit``: columns changed by hand after."""
     def setup(d):
         from allocsim.commands.sweep import shared_key
         from allocsim.search.sweep import Cell, Settings, run_cells
         cell = Cell(os.path.join(d, "t.bin"), policy, None, runtime)
         row = {k: v for k, v in run_cells([cell], Settings())[0].items() if k not in ("replay_seconds", "sections")}
+        row.update(edit)
         with open(os.path.join(d, "r.csv.partial"), "w") as f:
             f.write(_MARK + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
                                     trace_bytes=os.path.getsize(cell.trace)), sort_keys=True) + "\n")
@@ -1584,6 +1585,33 @@ HUNT_50: list[Case] = [
     Case("plot-report-quiet", ["plot", "{trace}", "-p", "split", "--report", "{d}/rep", "-q"], status=0,
          stderr_lines=0, then=lambda d, out: None if os.path.isfile(os.path.join(d, "rep", "index.html"))
          else pytest.fail(out)),
+    # the second hunt: the command line's other corners
+    Case("tune-cost-model-point-at-0-bytes", ["tune", "{d}/p.bin", "--no-fit", "-j", "1", "-q", "--cost-model",
+                                              "{d}/c.json"],
+         lambda d: (shutil.copy(os.path.join(os.path.dirname(FIXTURES), "..", "traces", "pressure-fraction-oom.bin"),
+                                os.path.join(d, "p.bin")),
+                    text_file("c.json", '{"malloc_points": [[0, 3.3e-05], [1073741824, 0.000129]]}')(d)),
+         status=0, stderr_lines=0),       # (a recorded torch run under a cap: tune's bound divided by 0 bytes)
+    Case("cost-model-seconds-past-an-hour", ["compare", "{trace}", "-p", "split", "--cost-model", "{d}/c.json"],
+         text_file("c.json", '{"pool_hit_s": 1e308}'), stdout_empty=True,
+         expect="c.json: key 'pool_hit_s': expected a number of seconds from 0 to 3600, got 1e+308"),
+    Case("cost-model-point-of-a-fraction-of-a-byte", ["replay", "{trace}", "--cost-model", "{d}/c.json"],
+         text_file("c.json", '{"malloc_points": [[0, 0], [1e-300, 1]]}'), stdout_empty=True,
+         expect="c.json: key 'malloc_points': expected at least two [bytes, seconds] pairs in increasing size (a "
+                "whole number of bytes"),
+    Case("tune-plot-and-snapshot-one-file", ["tune", "{trace}", "--no-fit", "-q", "--plot", "{d}/same.png",
+                                             "--snapshot", "{d}/same.png"], outputs=["same.png"], stdout_empty=True,
+         expect="same.png: --snapshot: is --plot's output too: name another file for each"),
+    Case("plugin-names-the-policy-contract", ["replay", "{trace}", "-p", "allocsim.policies:Policy"],
+         stdout_empty=True, expect="names allocsim.policies.Policy itself, the contract every policy subclasses"),
+    Case("sweep-partial-row-edited-by-hand", ["sweep", "{trace}", "-p", "split", "--runtime", "eager", "-j", "1",
+                                              "-o", "{d}/r.csv"], _partial_row("split", "eager",
+                                                                               peak_reserved_bytes="lots"),
+         expect="r.csv.partial: line 2: not a row this sweep wrote: column 'peak_reserved_bytes' holds 'lots'",
+         outputs=["r.csv"], stdout_empty=True),
+    Case("sweep-partial-row-with-nan", ["sweep", "{trace}", "-p", "split", "--runtime", "eager", "-j", "1",
+                                        "-o", "{d}/r.csv"], _partial_row("split", "eager", utilization=float("nan")),
+         expect="column 'utilization' holds nan", outputs=["r.csv"], stdout_empty=True),
 ]
 
 

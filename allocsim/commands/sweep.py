@@ -10,11 +10,13 @@ user's, refused and left as it is, never read, appended to or deleted (`_open_pa
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import sys
 
 from ..errors import InputError, UsageError
+from ..filenames import clipped
 from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..search.sweep import Cell, run_cells
@@ -56,6 +58,32 @@ def shared_key(settings) -> str:
                       sort_keys=True)
 
 
+#: The kinds of value a row's columns hold (`_wrong_value`): text, a whole number, a finite number, or a flag.
+_TEXT = {"trace", "policy", "runtime", "options"}
+_WHOLE = {"cache_flushes", "device_mallocs", "device_frees", "gc_full", "gc_incremental", "ooms", "caught_ooms",
+          "first_oom_event"} | {k for k in _ROW_KEYS if k.endswith("_bytes")}
+
+
+def _wrong_value(row: dict) -> str | None:
+    """What in a partial table's ``row`` no sweep writes (None: nothing): a column's value of the wrong kind -- a
+    hand-edited ``"peak_reserved_bytes": "lots"`` or a NaN went into the result as it was."""
+    for k in sorted(_ROW_KEYS):
+        v = row[k]
+        if k in _TEXT:
+            ok = isinstance(v, str)
+        elif k == "completed":
+            ok = isinstance(v, bool)
+        elif k == "breakdown_at_peak":
+            ok = v is None or isinstance(v, dict)
+        elif k in _WHOLE:
+            ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+        else:
+            ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+        if not ok:
+            return f"column {k!r} holds {clipped(repr(v), 80)}"
+    return None
+
+
 def _done_rows(partial: str, shared: str) -> dict[str, dict]:
     """Rows already finished under the options ``shared`` (`shared_key`), keyed by cell; a torn last line (a crash
     mid-write) is cut off the file, in place: the file stays the one a running sweep holds locked and appends to
@@ -82,6 +110,9 @@ def _done_rows(partial: str, shared: str) -> dict[str, dict]:
             if not (isinstance(row, dict) and isinstance(row.get("cell"), str) and _ROW_KEYS <= set(row)):
                 raise InputError("not a row of this sweep (a JSON object with every column and the cell)",
                                  path=partial, position=f"line {n}")
+            wrong = _wrong_value(row)
+            if wrong:
+                raise InputError(f"not a row this sweep wrote: {wrong}", path=partial, position=f"line {n}")
             if row.get("shared") != shared:
                 raise InputError("a row of a sweep under other options (--cost-model, --gc-every, --keep-going or "
                                  "--backend differ, or an older allocsim wrote it): rerun the command that wrote it to "

@@ -196,6 +196,9 @@ def _check_policy_class(pcls, shown: str) -> type:
     if not (isinstance(pcls, type) and issubclass(pcls, Policy)):
         raise UsageError(f"policy {shown!r}: {getattr(pcls, '__name__', pcls)!r} is not a subclass of "
                          f"allocsim.policies.Policy")
+    if pcls is Policy:      # (named by a plug-in file that imports it: NotImplementedError's traceback, deep inside)
+        raise UsageError(f"policy {shown!r}: names allocsim.policies.Policy itself, the contract every policy "
+                         f"subclasses, not a policy (name the subclass)")
     with plugin_errors(pcls, shown, "its declaration (name, summary, params) was read"):
         _check_declaration(pcls, shown)
     return pcls

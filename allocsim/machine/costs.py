@@ -22,9 +22,21 @@ from ..errors import InputError, json_why
 MiB, GiB = 1 << 20, 1 << 30
 
 
+#: The most seconds a cost model may give one call or pause: an hour. Larger finite times (``1e308``) overflowed the
+#: sums into inf and nan, printed as "nanns", and failed tune's ranking with a traceback.
+MOST_SECONDS = 3600.0
+
+
 def _non_negative(x) -> bool:
-    """A finite number >= 0 (JSON's true/false are not numbers here)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < float("inf")
+    """A number of seconds from 0 to `MOST_SECONDS` (JSON's true/false are not numbers here)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= MOST_SECONDS
+
+
+def _point(p) -> bool:
+    """A ``[bytes, seconds]`` pair: a whole number of bytes (``1e-300`` bytes made a slope past any float) and
+    `_non_negative` seconds."""
+    return (isinstance(p, list) and len(p) == 2 and isinstance(p[0], (int, float)) and not isinstance(p[0], bool)
+            and 0 <= p[0] < 2**63 and float(p[0]).is_integer() and _non_negative(p[1]))
 
 
 @dataclass
@@ -50,6 +62,8 @@ class CostModel:
         self.malloc_flat_end, self.malloc_flat = self._flat(self.malloc_points)
         self.free_flat_end, self.free_flat = self._flat(self.free_points)
         self.free_flat += self.free_sync_s
+        self._malloc_xs = [p[0] for p in self.malloc_points]     # (`_interp`'s search: made once, not per call)
+        self._free_xs = [p[0] for p in self.free_points]
 
     @staticmethod
     def _flat(points):
@@ -61,8 +75,8 @@ class CostModel:
         return end, points[0][1]
 
     @staticmethod
-    def _interp(points, n):
-        xs = [p[0] for p in points]
+    def _interp(points, xs, n):
+        """The cost at ``n`` bytes, linear between ``points`` (``xs``: their sizes) and past the last, at least 0."""
         i = bisect.bisect_left(xs, n)
         if i == 0:
             return points[0][1]
@@ -77,7 +91,7 @@ class CostModel:
             return self.malloc_flat
         c = self._malloc_cache.get(n)
         if c is None:
-            c = self._malloc_cache[n] = self._interp(self.malloc_points, n)
+            c = self._malloc_cache[n] = self._interp(self.malloc_points, self._malloc_xs, n)
         return c
 
     def free_cost(self, n: int) -> float:
@@ -86,7 +100,7 @@ class CostModel:
             return self.free_flat
         c = self._free_cache.get(n)
         if c is None:
-            c = self._free_cache[n] = self._interp(self.free_points, n) + self.free_sync_s
+            c = self._free_cache[n] = self._interp(self.free_points, self._free_xs, n) + self.free_sync_s
         return c
 
     def least_malloc_seconds(self, n: int, largest: int) -> float:
@@ -94,14 +108,15 @@ class CostModel:
         none of them more than ``largest`` bytes: at least ``n / largest`` calls, each costing no less than the
         cheapest call, and every call of ``m`` bytes at least ``m`` times the least cost per byte of any call up to
         ``largest``. ``malloc_cost`` is linear between its points (and past the last), so cost per byte and cost
-        are least at a point, at ``largest`` or (clamped at 0) where the line reaches 0: those are all tried."""
+        are least at a point, at ``largest`` or (clamped at 0) where the line reaches 0: those are all tried (but a
+        point at 0 bytes, whose cost per byte the next point's bounds: a cost there divided by zero)."""
         if n <= 0 or largest <= 0:
             return 0.0
         kept = self._least_cache.get(largest)
         if kept is None:
             sizes = sorted({x for x, _ in self.malloc_points if x <= largest} | {largest})
             costs = [self.malloc_cost(x) for x in sizes]
-            kept = self._least_cache[largest] = (min(costs), min(c / x for c, x in zip(costs, sizes)))
+            kept = self._least_cache[largest] = (min(costs), min(c / x for c, x in zip(costs, sizes) if x > 0))
         cheapest, per_byte = kept
         return max(-(-n // largest) * cheapest, n * per_byte)
 
@@ -147,15 +162,15 @@ class CostModel:
             if k not in known:
                 raise InputError(f"unknown key {k!r} (known: {', '.join(sorted(known))})", path=path, position=f"key {k!r}")
             if k.endswith("_points"):
-                ok = (isinstance(v, list) and len(v) >= 2 and all(
-                    isinstance(p, list) and len(p) == 2 and all(_non_negative(x) for x in p)
-                    for p in v) and all(v[i][0] < v[i + 1][0] for i in range(len(v) - 1)))
+                ok = (isinstance(v, list) and len(v) >= 2 and all(_point(p) for p in v)
+                      and all(v[i][0] < v[i + 1][0] for i in range(len(v) - 1)))
                 if not ok:
-                    raise InputError("expected at least two [bytes, seconds] pairs in increasing size",
+                    raise InputError(f"expected at least two [bytes, seconds] pairs in increasing size (a whole "
+                                     f"number of bytes; seconds from 0 to {MOST_SECONDS:g})",
                                      path=path, position=f"key {k!r}")
             elif k == "source" and not isinstance(v, str):
                 raise InputError(f"expected a string, got {v!r}", path=path, position=f"key {k!r}")
             elif k != "source" and not _non_negative(v):
-                raise InputError(f"expected a non-negative number of seconds, got {v!r}", path=path,
+                raise InputError(f"expected a number of seconds from 0 to {MOST_SECONDS:g}, got {v!r}", path=path,
                                  position=f"key {k!r}")
         return cls(**data)
