@@ -298,3 +298,15 @@ def test_a_dict_takes_none_text_and_choices_as_the_command_line_does(policy, opt
         allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": np.float64(0.0)})
     assert allocsim.PolicySpec.of("torch", {"roundup_power2_divisions": "[256:4,>:1]"}) == \
         allocsim.PolicySpec.parse("torch[roundup_power2_divisions:[256:4,>:1]]")
+
+
+def test_a_presets_parameters_are_checked_by_their_type():
+    """``synthesize(batch=1.5)`` made a batch of 1, ``batch=None`` failed in a comparison; a numpy integer is one."""
+    import numpy as np
+    from allocsim.errors import UsageError
+    for bad, says in ((1.5, "expected an integer, got 1.5"), (True, "expected an integer, got True"),
+                      (None, "expected an integer")):
+        with pytest.raises(UsageError, match=re.escape(f"parameter batch: {says}")):
+            allocsim.synthesize("mlp", iterations=2, batch=bad)
+    assert len(allocsim.synthesize("mlp", iterations=2, batch=np.int64(64))) == \
+        len(allocsim.synthesize("mlp", iterations=2, batch="64"))

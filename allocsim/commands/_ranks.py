@@ -36,6 +36,13 @@ def traces_of(args) -> list[str]:
     names = args.trace if isinstance(args.trace, list) else [args.trace]
     found = [(name, run_traces(name)) for name in names]
     paths = [p for _, paths in found for p in paths]
+    seen: dict[str, int] = {}
+    for i, p in enumerate(paths):   # (tune a.bin a.bin: "a run of 1 process (2 recordings)", each free twice)
+        first = paths[seen.setdefault(os.path.realpath(p), i)]
+        if seen[os.path.realpath(p)] != i:
+            raise UsageError(f"traces: {shown_name(p)} is named twice"
+                             + (f" (also as {shown_name(first)})" if first != p else "")
+                             + ": each trace is one recording; name it once")
     say([line for name, paths in found if paths != [name] for line in check_run(name, paths)] + misnamed(paths))
     return paths
 
