@@ -1612,6 +1612,10 @@ HUNT_50: list[Case] = [
     Case("tune-one-trace-twice", ["tune", "{trace}", "{d}/./t.bin", "--no-fit", "-q"], stdout_empty=True,
          expect="traces: {d}/./t.bin is named twice (also as {d}/t.bin): each trace is one recording"),
     Case("info-one-trace-twice", ["info", "{trace}", "{trace}"], stdout_empty=True, expect="is named twice"),
+    Case("meta-outside-peak-past-the-device", ["info", "{d}/bad.bin"],
+         trace_with({"device_memory": {"total": 1 << 30, "outside_peak": (1 << 30) + 1}}), stdout_empty=True,
+         expect="bad.bin: metadata: device_memory.outside_peak: expected a size in bytes (an integer, 0 to the "
+                "device's total 1,073,741,824), got 1073741825"),
     Case("sweep-partial-row-with-nan", ["sweep", "{trace}", "-p", "split", "--runtime", "eager", "-j", "1",
                                         "-o", "{d}/r.csv"], _partial_row("split", "eager", utilization=float("nan")),
          expect="column 'utilization' holds nan", outputs=["r.csv"], stdout_empty=True),

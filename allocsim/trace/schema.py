@@ -89,12 +89,14 @@ def _check_device_memory(mem: "_Fields") -> None:
     def size(v):
         return _is_int(v) and 0 <= v <= MAX_SIZE
     what = "expected a size in bytes (an integer, 0 to 1 PiB)"
-    for name in ("total", "outside_peak"):
-        mem.get(name, size, what)
+    total = mem.get("total", size, what)
+    most = total if total is not None else MAX_SIZE    # (none of the device's counts exceeds its memory)
+    within = f"expected a size in bytes (an integer, 0 to the device's total {total:,})" if total is not None else what
+    mem.get("outside_peak", lambda v: size(v) and v <= most, within)
     for moment in ("start", "end"):
         at = mem.sub(moment)
         for name in ("free", "reserved", "outside") if at is not None else ():
-            at.get(name, size, what)
+            at.get(name, lambda v: size(v) and v <= most, within)
 
 
 def check_footer(footer: dict, path: str) -> None:
