@@ -1612,6 +1612,11 @@ HUNT_50: list[Case] = [
     Case("tune-one-trace-twice", ["tune", "{trace}", "{d}/./t.bin", "--no-fit", "-q"], stdout_empty=True,
          expect="traces: {d}/./t.bin is named twice (also as {d}/t.bin): each trace is one recording"),
     Case("info-one-trace-twice", ["info", "{trace}", "{trace}"], stdout_empty=True, expect="is named twice"),
+    Case("tune-max-replays-1-says-what-it-tried", ["tune", "{d}/p.bin", "--no-fit", "-q", "--max-replays", "1"],
+         lambda d: shutil.copy(os.path.join(os.path.dirname(FIXTURES), "..", "traces", "pressure-fraction-oom.bin"),
+                               os.path.join(d, "p.bin")), status=0, stderr_lines=0,
+         then=lambda d, out: None if "no setting of the 1 replayed fits this target (--max-replays: the others were "
+                                     "not tried)" in out else pytest.fail(out)),
     Case("meta-outside-peak-past-the-device", ["info", "{d}/bad.bin"],
          trace_with({"device_memory": {"total": 1 << 30, "outside_peak": (1 << 30) + 1}}), stdout_empty=True,
          expect="bad.bin: metadata: device_memory.outside_peak: expected a size in bytes (an integer, 0 to the "

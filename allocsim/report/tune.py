@@ -29,7 +29,9 @@ def tune_report(res, took: float) -> str:
                      f"checkpoint")
     best = res.best
     if best is None:
-        lines.append("no setting fits this target; the table shows the ones that got furthest")
+        lines.append(f"no setting of the {len(res.rows)} replayed fits this target (--max-replays: the others were not "
+                     f"tried); the table shows the ones that got furthest" if res.bounded else
+                     "no setting fits this target; the table shows the ones that got furthest")
     else:
         lines.append("recommended:" + (f" ({best['setting']}: already the best)" if best["recorded"] else ""))
         lines += paste_lines(best)
