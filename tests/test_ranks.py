@@ -502,7 +502,7 @@ def test_tune_on_a_run_where_a_rank_survived_an_oom_says_it_would_again(tmp_path
     assert main(["tune", str(tmp_path / "oom.bin"), "--max-replays", "4", "--no-fit", "-j", "1"]) == 0
     out = capsys.readouterr().out
     assert "the least room is rank 1 of 2's" in out        # its own fraction: 256 MiB, 100 MiB of it reserved
-    assert "no setting fits this target" in out and "no setting fits the worst rank" in out
+    assert "no setting of the 4 replayed fits this target" in out and "no setting fits the worst rank" in out
     _rank_trace(tmp_path / "oom.rank0.bin", 0, [400 * MiB, 400 * MiB], outside=100 * MiB)     # now the least room
     assert main(["tune", str(tmp_path / "oom.bin"), "--max-replays", "4", "--no-fit", "-j", "1"]) == 0
     out = capsys.readouterr().out

@@ -38,6 +38,8 @@ def traces_of(args) -> list[str]:
     paths = [p for _, paths in found for p in paths]
     seen: dict[str, int] = {}
     for i, p in enumerate(paths):   # (tune a.bin a.bin: "a run of 1 process (2 recordings)", each free twice)
+        if p is None:
+            continue                # (no trace named: the embedded one)
         first = paths[seen.setdefault(os.path.realpath(p), i)]
         if seen[os.path.realpath(p)] != i:
             raise UsageError(f"traces: {shown_name(p)} is named twice"
