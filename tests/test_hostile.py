@@ -1617,6 +1617,11 @@ HUNT_50: list[Case] = [
                                os.path.join(d, "p.bin")), status=0, stderr_lines=0,
          then=lambda d, out: None if "no setting of the 1 replayed fits this target (--max-replays: the others were "
                                      "not tried)" in out else pytest.fail(out)),
+    Case("info-run-rank-without-rank-metadata", ["info", "{d}/run.bin"],
+         lambda d: [trace_with(meta, name=f"run.rank{k}.bin")(d) for k, meta in
+                    ((0, {"framework": "torch", "rank": 0, "world_size": 2}),
+                     (1, {"framework": "torch", "world_size": 2, "pid": 800}))], status=0, stderr_lines=2,
+         expect="run.rank1.bin: its name says rank 1, its metadata names no rank; it is reported as pid 800"),
     Case("meta-outside-peak-past-the-device", ["info", "{d}/bad.bin"],
          trace_with({"device_memory": {"total": 1 << 30, "outside_peak": (1 << 30) + 1}}), stdout_empty=True,
          expect="bad.bin: metadata: device_memory.outside_peak: expected a size in bytes (an integer, 0 to the "

@@ -45,7 +45,7 @@ def traces_of(args) -> list[str]:
             raise UsageError(f"traces: {shown_name(p)} is named twice"
                              + (f" (also as {shown_name(first)})" if first != p else "")
                              + ": each trace is one recording; name it once")
-    say([line for name, paths in found if paths != [name] for line in check_run(name, paths)] + misnamed(paths))
+    say(misnamed(paths) + [line for name, paths in found if paths != [name] for line in check_run(name, paths)])
     return paths
 
 
@@ -58,7 +58,7 @@ def one_trace(name: str, command: str) -> str:
         raise UsageError(f"{shown_name(name)}: no such file; it names a run of {len(paths)} traces "
                          f"({', '.join(shown[:3])}{', ...' if len(paths) > 3 else ''}): {command} takes one; give one "
                          f"rank's trace, e.g. allocsim {command} {shown[0]} ...")
-    say((check_run(name, paths) if paths != [name] else []) + misnamed(paths))
+    say(misnamed(paths) + (check_run(name, paths) if paths != [name] else []))
     return paths[0]
 
 
@@ -175,6 +175,9 @@ def misnamed(paths: list[str]) -> list[str]:
         if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != number:
             out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata {key} {recorded} (a copy "
                        f"under another {key}'s name?); it is reported as {key} {recorded}")
+        elif recorded is None:      # (it was then counted as missing while its row stood in the table)
+            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata names no {key}; it is "
+                       f"reported as {rank_label(meta)}")
     return out
 
 
