@@ -289,6 +289,7 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
     inputs = [p for p in inputs if p]                                                        # claim's temporary)
     named: dict[str, str] = {}
     for flag, out in outputs:           # (tune --plot P --snapshot P: the snapshot replaced the picture)
+        check_named(out, "write")       # (an empty name or -: that line, not "is --plot's output too")
         first = named.setdefault(os.path.realpath(out), flag)
         if first != flag:
             raise InputError(f"is {first}'s output too: name another file for each", path=out, position=flag)

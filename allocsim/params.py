@@ -112,7 +112,10 @@ class Param:
         if self.kind in ("int", "size") and kind in ("i", "u"):
             return str(int(value))
         if self.kind == "float" and kind in ("i", "u", "f"):
-            return repr(float(value))
+            try:
+                return repr(float(value))
+            except OverflowError:       # (an integer past any float: 10**400)
+                raise ValueError(f"expected a number, got an integer of {len(str(int(value)))} digits") from None
         what = {"bool": "true or false", "int": "an integer", "size": "a size in bytes (an integer)",
                 "float": "a number"}.get(self.kind, "text") if isinstance(self.kind, str) else "one of the choices"
         raise ValueError(f"expected {what}, got {value!r}")

@@ -305,7 +305,7 @@ def test_a_presets_parameters_are_checked_by_their_type():
     import numpy as np
     from allocsim.errors import UsageError
     for bad, says in ((1.5, "expected an integer, got 1.5"), (True, "expected an integer, got True"),
-                      (None, "expected an integer")):
+                      (None, "expected a value, got None")):
         with pytest.raises(UsageError, match=re.escape(f"parameter batch: {says}")):
             allocsim.synthesize("mlp", iterations=2, batch=bad)
     assert len(allocsim.synthesize("mlp", iterations=2, batch=np.int64(64))) == \

@@ -187,3 +187,12 @@ def test_sweep_replays_again_a_trace_recorded_again(tmp_path):
     assert again != first
     os.unlink(out)
     assert run_cli(*args).returncode == 0 and open(out).read() == again      # what a fresh sweep writes
+
+
+def test_every_column_of_a_sweeps_row_has_a_kind_its_resume_checks():
+    """A resumed partial table's rows are checked column by column (`commands.sweep._wrong_value`): a column added
+    to the rows must be given its kind there, else a hand-edited value in it would go into the result unchecked."""
+    from allocsim.commands import sweep as sweep_command
+    kinds = [sweep_command._TEXT, sweep_command._WHOLE, sweep_command._FRACTIONAL, {"completed", "breakdown_at_peak"}]
+    for column in sweep_command._ROW_KEYS:
+        assert sum(column in kind for kind in kinds) == 1, column

@@ -1610,7 +1610,7 @@ HUNT_50: list[Case] = [
          expect="r.csv.partial: line 2: not a row this sweep wrote: column 'peak_reserved_bytes' holds 'lots'",
          outputs=["r.csv"], stdout_empty=True),
     Case("tune-one-trace-twice", ["tune", "{trace}", "{d}/./t.bin", "--no-fit", "-q"], stdout_empty=True,
-         expect="traces: {d}/./t.bin is named twice (also as {d}/t.bin): each trace is one recording"),
+         expect="traces: {d}/./t.bin is named twice (as {d}/t.bin): each trace is one recording"),
     Case("info-one-trace-twice", ["info", "{trace}", "{trace}"], stdout_empty=True, expect="is named twice"),
     Case("tune-max-replays-1-says-what-it-tried", ["tune", "{d}/p.bin", "--no-fit", "-q", "--max-replays", "1"],
          lambda d: shutil.copy(os.path.join(os.path.dirname(FIXTURES), "..", "traces", "pressure-fraction-oom.bin"),
@@ -1622,6 +1622,14 @@ HUNT_50: list[Case] = [
                     ((0, {"framework": "torch", "rank": 0, "world_size": 2}),
                      (1, {"framework": "torch", "world_size": 2, "pid": 800}))], status=0, stderr_lines=2,
          expect="run.rank1.bin: its name says rank 1, its metadata names no rank; it is reported as pid 800"),
+    Case("meta-free-at-the-end-past-the-device", ["info", "{d}/bad.bin"],
+         trace_with({"device_memory": {"total": 1 << 30, "end": {"free": (1 << 30) + 1}}}), stdout_empty=True,
+         expect="bad.bin: metadata: device_memory.end.free: expected a size in bytes (an integer, 0 to the device's "
+                "total 1,073,741,824), got 1073741825"),
+    Case("info-a-run-and-its-rank", ["info", "{d}/run.bin", "{d}/run.rank0.bin"], _run_of(0, 1), stdout_empty=True,
+         expect="traces: {d}/run.rank0.bin is named twice (in the run {d}/run.bin): each trace is one recording"),
+    Case("tune-plot-and-snapshot-both-empty", ["tune", "{trace}", "--no-fit", "-q", "--plot", "", "--snapshot", ""],
+         stdout_empty=True, expect="'': cannot write: the file name is empty"),
     Case("meta-outside-peak-past-the-device", ["info", "{d}/bad.bin"],
          trace_with({"device_memory": {"total": 1 << 30, "outside_peak": (1 << 30) + 1}}), stdout_empty=True,
          expect="bad.bin: metadata: device_memory.outside_peak: expected a size in bytes (an integer, 0 to the "

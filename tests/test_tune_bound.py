@@ -234,8 +234,8 @@ def check_device_call_bound(path: str, cap: int | None, sample: int) -> int:
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(points=st.lists(st.tuples(st.integers(1, 1 << 34), st.floats(0, 1e-2)), min_size=2, max_size=6,
-                       unique_by=lambda p: p[0]),
+@given(points=st.lists(st.tuples(st.integers(0, 1 << 34), st.one_of(st.just(0.0), st.floats(1e-9, 1e-2))),
+                       min_size=2, max_size=6, unique_by=lambda p: p[0]),       # (a point at 0 bytes too)
        calls=st.lists(st.integers(1, 1 << 35), min_size=1, max_size=8), largest=st.integers(1, 1 << 35))
 def test_least_malloc_seconds_is_below_any_calls_that_reserve_as_much(points, calls, largest):
     """`CostModel.least_malloc_seconds` under any cost model (measured points in any shape, a falling last slope

@@ -35,15 +35,18 @@ def traces_of(args) -> list[str]:
     misnamed trace."""
     names = args.trace if isinstance(args.trace, list) else [args.trace]
     found = [(name, run_traces(name)) for name in names]
-    paths = [p for _, paths in found for p in paths]
+    given = [(p, name) for name, paths in found for p in paths]     # each trace, and the name that gave it
+    paths = [p for p, _ in given]
     seen: dict[str, int] = {}
-    for i, p in enumerate(paths):   # (tune a.bin a.bin: "a run of 1 process (2 recordings)", each free twice)
+    for i, (p, name) in enumerate(given):   # (tune a.bin a.bin: "a run of 1 process (2 recordings)")
         if p is None:
             continue                # (no trace named: the embedded one)
-        first = paths[seen.setdefault(os.path.realpath(p), i)]
-        if seen[os.path.realpath(p)] != i:
-            raise UsageError(f"traces: {shown_name(p)} is named twice"
-                             + (f" (also as {shown_name(first)})" if first != p else "")
+        j = seen.setdefault(os.path.realpath(p), i)
+        if j != i:
+            first = given[j][0]
+            also = list(dict.fromkeys(f"in the run {shown_name(n)}" for q, n in (given[j], (p, name)) if n != q))
+            also = also or ([f"as {shown_name(first)}"] if first != p else [])
+            raise UsageError(f"traces: {shown_name(p)} is named twice" + (f" ({', '.join(also)})" if also else "")
                              + ": each trace is one recording; name it once")
     say(misnamed(paths) + [line for name, paths in found if paths != [name] for line in check_run(name, paths)])
     return paths

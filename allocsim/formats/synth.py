@@ -418,6 +418,8 @@ def resolve_params(preset: Preset, given: dict) -> dict:
             raise UsageError(f"unknown parameter {key!r} for preset {preset.name!r} "
                              f"(known: {', '.join(sorted(known))})")
         try:
+            if value is None:                   # (a preset's parameters have values: none is unset)
+                raise ValueError("expected a value, got None")
             if not isinstance(value, str) and decl.kind in ("int", "float", "size", "bool"):
                 value = decl.text_of(value)     # (its type checked: batch=1.5 was 1, batch=None a comparison error)
             if isinstance(value, str) and decl.kind in ("int", "float"):
