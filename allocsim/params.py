@@ -104,9 +104,9 @@ class Param:
         reads, its type checked first -- a bool for a bool, an integer for an int or a size, a number for a float,
         None for "none" -- so that it meets the command line's checks: ``{"max_split_size_mb": -5}`` replayed where
         ``-O max_split_size_mb=-5`` is refused. A choice takes its text only."""
-        kind = kind_of(value)
         if value is None:
             return "none"
+        kind = kind_of(value)
         if self.kind == "bool" and kind == "b":
             return str(bool(value))
         if self.kind in ("int", "size") and kind in ("i", "u"):

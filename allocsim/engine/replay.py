@@ -65,7 +65,7 @@ from ..trace.events import (CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, P
 from ..trace.scopes import label_of, plan_search_set, scopes_of
 from ..trace import trace as trace_records
 from ..trace.trace import CHUNK, LiveBytes
-from ..params import count_argument
+from ..params import count_argument, kind_of
 from ..units import parse_size
 
 #: Root sections of the time the pressure events take (outside any ALLOC's latency).
@@ -365,7 +365,7 @@ class ReplaySettings:
                 raise TypeError(f"replay setting {name}: a name (text), not {getattr(self, name)!r}")
         for name in ("keep_going", "timeline", "fast_path", "fold"):     # (keep_going="no" was true)
             value = getattr(self, name)
-            if not isinstance(value, (bool, np.bool_)):
+            if kind_of(value) != "b":
                 raise TypeError(f"replay setting {name}: True or False, not {value!r}")
             object.__setattr__(self, name, bool(value))
         if self.costs is not None and not isinstance(self.costs, CostModel):
@@ -380,7 +380,7 @@ def _size_setting(name: str, value) -> int:
     """A replay setting in bytes (`ReplaySettings`): an integer (numpy's too) up to 2**62, or its text."""
     if isinstance(value, str):
         value = parse_size(value, what=name)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if kind_of(value) not in ("i", "u"):
         raise TypeError(f"replay setting {name}: a size in bytes (an integer, or text such as '8GB'), not {value!r}")
     least = 0 if name == "cap" else 1      # (a cap of 0 bytes refuses every request: `fit`'s intervals reach it)
     if not least <= int(value) <= 2**62:

@@ -469,11 +469,12 @@ def fit_capacity(trace: str, policy, *, runtime: str = "eager", options: tuple =
 
 def _fit_arguments(resolution, max_replays, top, digits) -> tuple:
     """`walk_of`'s counts, checked (`count_argument`): ``resolution`` and ``top`` sizes (text too: ``"1MiB"``)."""
-    resolution = count_argument("resolution", parse_size(resolution) if isinstance(resolution, str) else resolution,
-                                1)
+    def size(value):                    # (text as the command line reads it)
+        return parse_size(value) if isinstance(value, str) else value
+    resolution = count_argument("resolution", size(resolution), 1)
     max_replays = count_argument("max_replays", max_replays, 0)
     if top is not None:
-        top = count_argument("top", parse_size(top) if isinstance(top, str) else top, 1)
+        top = count_argument("top", size(top), 1)
     if digits is not None:
         digits = count_argument("digits", digits, 1)
     return resolution, max_replays, top, digits

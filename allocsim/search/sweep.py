@@ -23,15 +23,13 @@ from copy import deepcopy
 from dataclasses import dataclass, fields
 from functools import partial
 
-import numpy as np
-
 from ..errors import WorkerDied
 from ..filenames import shown_name
 from ..machine.metrics import COLUMNS
 from ..engine.replay import ReplaySettings, replay
 from ..engine.spec import PolicySpec
 from ..outputs import check_input_file
-from ..params import count_argument
+from ..params import count_argument, kind_of
 from ..trace import Trace, trace_path
 
 @dataclass(frozen=True)
@@ -293,7 +291,7 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
     """
     if isinstance(policies, (str, PolicySpec)):
         policies = [policies]           # (a text iterated would be its letters, each an unknown policy)
-    if caps is None or isinstance(caps, (str, int, float, np.integer)):
+    if caps is None or isinstance(caps, str) or kind_of(caps):
         caps = [caps]                   # (one cap: "8GB", 8 << 30, None; a float is refused as a replay's is)
     if isinstance(runtimes, str):
         runtimes = [runtimes]

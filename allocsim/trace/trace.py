@@ -48,6 +48,7 @@ class Trace:
         self.labels = list(labels or [])
         self.finished = finished
         self.path = path
+        self._read = None               # `load`'s: (path, records, absolute path, the file's identity then)
 
     # ---- I/O -------------------------------------------------------------------------
     @classmethod
@@ -81,7 +82,7 @@ class Trace:
         otherwise (a trace built in memory, one whose metadata a caller changed, a file replaced since): what a
         sweep's cells, which name their trace by its file, can read in its stead
         (`allocsim.search.sweep.trace_on_disk`). O(header and footer)."""
-        read = getattr(self, "_read", None)
+        read = self._read
         if read is None or read[1] is not self.records or read[0] != self.path:
             return None
         path, key = read[2], read[3]
@@ -89,12 +90,11 @@ class Trace:
             st = os.stat(path)
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != key:
                 return None
-            meta, _, footer, finished, _ = read_trace_file(path)
+            fresh = Trace.load(path, validate=False)    # (its records memory-mapped: read no further)
         except (OSError, InputError):
             return None
-        same = ({**meta, **footer.get("meta", {})} == self.meta and finished == self.finished
-                and list(footer.get("streams") if footer.get("streams") is not None else [0]) == self.streams
-                and list(footer.get("sites") or []) == self.sites and list(footer.get("labels") or []) == self.labels)
+        same = (fresh.meta == self.meta and fresh.finished == self.finished and fresh.streams == self.streams
+                and fresh.sites == self.sites and fresh.labels == self.labels)
         return path if same else None
 
     def save(self, path: str) -> None:
