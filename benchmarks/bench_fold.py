@@ -33,12 +33,16 @@
    with no folder at all, so their time over the first 10 steps' is the least x10 any folder that walks as much can
    have, and the folded time less theirs is what the folder itself costs (its looks, fingerprints, folds and the
    stops it makes the walk take), given here in the first 10 steps' time. Best of ``--repeat``, alternated.
+9. ``--parts TRACE``: where a folded replay of ``TRACE`` spends its time, piece by piece: the folder's methods
+   (`PARTS`) and the walk timed each without what it calls of the others (exclusive), averaged over ``--repeat``
+   replays and given in milliseconds and in the first 10 steps' time. The timers add a few per cent of their own.
 
 Every folded result is checked against the full walk's (`ReplayResult.to_dict`, bit for bit).
 
     python3 benchmarks/bench_fold.py [--steps 1000] [--extend 300] [--policies torch,split,bestfit,cupy]
                                      [--long trace.bin] [--real [--give-up trace.bin] [--cold]] [--json out.json]
                                      [--kept] [--short] [--states trace.bin] [--walked trace.bin]
+                                     [--parts trace.bin]
 """
 from __future__ import annotations
 
@@ -132,6 +136,57 @@ def walked(trace: Trace, policy: str, repeat: int) -> dict:
             "least_x10": tw / t10, "x10": folded["folded_s"] / t10, "folder_x": (folded["folded_s"] - tw) / t10}
 
 
+#: ``--parts``: the pieces timed, as (label, class, method); what a piece calls of another is that other's.
+PARTS = (("walk", replay_module.Replay, "_walk_chunk"), ("moving the walk", replay_module.Replay, "move_to"),
+         ("making the replay", replay_module.Replay, "__init__"), ("result", replay_module.Replay, "_build_result"),
+         ("folder: making", fold_module.Folder, "__init__"), ("folder: looks (the rest)", fold_module.Folder, "at"),
+         ("folder: steps asked", fold_module.Steps, "useful"),
+         ("folder: fingerprints", fold_module.Folder, "_fingerprint"),
+         ("folder: first tries", fold_module.Folder, "_try"), ("folder: window ends", fold_module.Folder, "_end_window"),
+         ("folder: reuses", fold_module.Folder, "_reuse"), ("folder: resumes", fold_module.Folder, "_resume"),
+         ("folder: laps", fold_module.Folder, "_lap_close"), ("folder: additions", fold_module.Folder, "_skip"))
+
+
+def parts(trace: Trace, policy: str, repeat: int) -> dict:
+    """``--parts``: milliseconds a folded replay of ``trace`` spends in each of `PARTS`, exclusive of the others it
+    calls, averaged over ``repeat`` replays after one untimed; the first 10 steps' best time and the whole replay's
+    mean beside them."""
+    spent = {label: 0.0 for label, _, _ in PARTS}
+    stack: list = []
+
+    def timer(label, method):
+        def timed_part(*args, **kw):
+            t0 = time.perf_counter()
+            stack.append(0.0)
+            try:
+                return method(*args, **kw)
+            finally:
+                inner = stack.pop()
+                took = time.perf_counter() - t0
+                spent[label] += took - inner
+                if stack:
+                    stack[-1] += took
+        return timed_part
+
+    t10 = min(timed(first_steps(trace, 10), policy, True)[0] for _ in range(repeat))
+    saved = [(cls, name, cls.__dict__[name]) for _, cls, name in PARTS]
+    for label, cls, name in PARTS:
+        setattr(cls, name, timer(label, cls.__dict__[name]))
+    try:
+        timed(trace, policy, True)
+        for label in spent:
+            spent[label] = 0.0
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            timed(trace, policy, True)
+        whole = (time.perf_counter() - t0) / repeat
+    finally:
+        for cls, name, method in saved:
+            setattr(cls, name, method)
+    ms = {label: s / repeat * 1e3 for label, s in spent.items()}
+    return {"policy": policy, "first10_ms": t10 * 1e3, "whole_ms": whole * 1e3, "parts_ms": ms}
+
+
 def fmt_fold(how) -> str:
     return "-" if not how else f"{how['steps']}/{how['of_steps']} steps, period {how['period']} from {how['from_step']}"
 
@@ -158,6 +213,7 @@ def main(argv=None) -> int:
     only.add_argument("--states", metavar="TRACE", help="the state at each step boundary of TRACE, as numbers")
     only.add_argument("--walked", metavar="TRACE",
                       help="the least x10 a folded replay of TRACE can have, walking the steps it walks")
+    only.add_argument("--parts", metavar="TRACE", help="where a folded replay of TRACE spends its time, piece by piece")
     a = ap.parse_args(argv)
     global KEPT
     KEPT = a.kept
@@ -165,7 +221,7 @@ def main(argv=None) -> int:
           f"{'on' if KEPT else 'off'})")
     policies = a.policies.split(",")
     out: dict = {"fixed_shape": [], "recorded": [], "long": [], "real": [], "give_up": [], "cold": [], "short": [],
-                 "states": [], "walked": []}
+                 "states": [], "walked": [], "parts": []}
     if a.real and a.cold:
         cold_runs(policies, a.repeat, out)
         return write_json(a.json, out)
@@ -191,6 +247,17 @@ def main(argv=None) -> int:
             out["walked"].append(row)
             print(f"{p:<9}{row['first10_s'] * 1e3:>9.2f}{row['walked']:>8}{row['walked_s'] * 1e3:>8.2f}"
                   f"{row['folded_s'] * 1e3:>9.2f}{row['least_x10']:>9.2f}{row['x10']:>7.2f}{row['folder_x']:>10.2f}")
+        return write_json(a.json, out)
+    if a.parts:
+        trace = Trace.load(unpacked(a.parts))
+        for p in policies:
+            row = parts(trace, p, a.repeat)
+            out["parts"].append(row)
+            print(f"{a.parts} under {p}: a folded replay {row['whole_ms']:.2f} ms (timed, mean of {a.repeat}), its "
+                  f"first 10 steps {row['first10_ms']:.2f} ms (untimed, best); exclusive ms, and x the first 10")
+            rest = row["whole_ms"] - sum(row["parts_ms"].values())
+            for label, ms in [*row["parts_ms"].items(), ("the rest (timers, run loop)", rest)]:
+                print(f"  {label:<30}{ms:>8.2f}{ms / row['first10_ms']:>8.2f}")
         return write_json(a.json, out)
 
     short = synth.generate("transformer", iterations=10)
