@@ -118,6 +118,16 @@ def test_replay_settings_read_a_size_as_the_command_line_does(small_trace_path):
     assert fitted["capacity_bytes"] > 0
 
 
+def test_none_as_text_is_no_limit_as_the_command_line_reads_it(small_trace_path):
+    """``cap="none"``, ``capacity="off"`` and ``caps=["none", "4GB"]`` are no limit, as ``--cap none``,
+    ``--capacity off`` and ``--caps none,4GB`` (they were "cannot parse size 'none'")."""
+    assert allocsim.ReplaySettings(cap="none").cap is None and allocsim.ReplaySettings(capacity="off").capacity is None
+    assert _figures(allocsim.replay(small_trace_path, "split", cap="none")) == \
+        _figures(allocsim.replay(small_trace_path, "split"))
+    rows = allocsim.compare(small_trace_path, "split", caps=["none", "4GB"], jobs=1)
+    assert [r["cap_bytes"] for r in rows] == [None, 4 * 10**9]
+
+
 @pytest.mark.parametrize("call,error", [(lambda r: r.run(until="5"), TypeError), (lambda r: r.run(until=5.0), TypeError),
                                         (lambda r: r.run(until=-1), ValueError), (lambda r: r.step("3"), TypeError),
                                         (lambda r: r.step(True), TypeError), (lambda r: r.step(-2), ValueError)])

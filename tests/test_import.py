@@ -334,6 +334,12 @@ def test_real_cupy_log(tmp_path):
      r"\[0\]\[1\]: alloc at address 0x1, which is still live"),
     ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 4, "time_us": "x"}]]},
      "time_us is 'x'"),
+    ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 4, "time_us": 5},
+                                         {"action": "free_completed", "addr": 1, "size": 4}]]},
+     r"device_traces\[0\]\[1\]: no time_us, where device_traces\[0\]\[0\] has one"),
+    ({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 4},
+                                         {"action": "free_completed", "addr": 1, "size": 4, "time_us": 5}]]},
+     r"device_traces\[0\]\[1\]: time_us is 5, where device_traces\[0\]\[0\] has none"),
 ])
 def test_malformed_snapshots(snap, message):
     with pytest.raises(InputError, match=message) as e:
@@ -416,6 +422,41 @@ def test_rmm_csv(tmp_path):
     assert list(t.time_ns) == [0, 100_000_000, 800_000_000, 1_200_000_000, 1_900_000_000, 2_400_000_000]
     assert (s["allocs"], s["frees"], s["ooms"], s["threads"], s["days_crossed"]) == (3, 2, 1, 2, 1)
     assert t.meta["framework"] == "rmm"
+
+
+def _rmm(tmp_path, body: str) -> tuple:
+    src = tmp_path / "log.csv"
+    src.write_text("Thread,Time,Action,Pointer,Size,Stream\n" + body)
+    s = import_file(str(src), str(tmp_path / "o.bin"), force=True)
+    return Trace.load(str(tmp_path / "o.bin")), s
+
+
+def test_rmm_a_row_from_before_midnight_logged_after_one_past_it_is_a_step_back_not_a_day(tmp_path):
+    t, s = _rmm(tmp_path, "1,23:59:59.800000,allocate,0x10,5,0\n1,00:00:00.100000,allocate,0x20,5,0\n"
+                          "2,23:59:59.900000,allocate,0x30,5,0\n1,00:00:00.200000,allocate,0x40,5,0\n")
+    assert list(t.time_ns) == [0, 300_000_000, 300_000_000, 400_000_000]   # (the third clamped, not a day on)
+    assert s["days_crossed"] == 1
+
+
+def test_rmm_zero_byte_allocations_at_nullptr_may_be_live_together(tmp_path):
+    """RMM's pools return nullptr for 0 bytes: two live at once, each freed (the oldest first); a third free of
+    nullptr, with none live, is still refused."""
+    t, s = _rmm(tmp_path, "1,00:00:00.1,allocate,0x0,0,0\n1,00:00:00.2,allocate,0x0,0,0\n"
+                          "1,00:00:00.3,free,0x0,0,0\n1,00:00:00.4,allocate,0x10,8,0\n1,00:00:00.5,free,0x0,0,0\n")
+    assert [(k, i, size) for k, _, i, size, _ in rows(t)] == [("ALLOC", 0, 0), ("ALLOC", 1, 0), ("FREE", 0, 0),
+                                                              ("ALLOC", 2, 8), ("FREE", 1, 0)]
+    assert s["live_at_end"] == 1
+    with pytest.raises(InputError, match="free of unknown pointer 0x0") as e:
+        _rmm(tmp_path, "1,00:00:00.1,allocate,0x0,0,0\n1,00:00:00.2,free,0x0,0,0\n1,00:00:00.3,free,0x0,0,0\n")
+    assert e.value.position == "line 4"
+
+
+def test_a_log_of_segments_alone_is_refused_with_nothing_written(tmp_path):
+    src = tmp_path / "segs.jsonl"
+    src.write_text('{"hook":"alloc","mem_size":512,"mem_ptr":4096}\n')
+    with pytest.raises(InputError, match="holds no allocation request, only 1 event of the allocator's own"):
+        import_file(str(src), str(tmp_path / "o.bin"))
+    assert not (tmp_path / "o.bin").exists()
 
 
 def test_rmm_columns_by_name_and_cut_tail(tmp_path):

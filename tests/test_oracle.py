@@ -2,12 +2,15 @@
 address, LOAD <= oracle <= an independent online best-fit packing, and refusals."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import random_trace, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from allocsim.cli import main
 from allocsim.engine.replay import replay
 from allocsim.errors import UsageError
 from allocsim.policies.oracle import buffer_lifetimes, plan
@@ -49,6 +52,20 @@ def test_beats_online_best_fit_where_the_optimum_is_known():
     assert r.load_bytes == 2048 and r.peak_reserved_bytes == 2048
     assert r.counters["heap_arrival_bytes"] == 2560 and r.counters["heap_spatial_bytes"] == 2048
     assert naive_best_fit_heap(t) == 2560
+
+
+def test_several_orders_on_the_command_line_in_brackets_and_max_buffers_below_1_refused(tmp_path, capsys):
+    """``-O orders=[spatial,temporal]`` (the brackets keep -O from cutting at the comma) tries just those two; a
+    max_buffers below 1 is the option's fault, not the trace's."""
+    t = trace_of([("a", "a", 512), ("a", "b", 1024), ("f", "a"), ("a", "c", 1024), ("f", "b"), ("f", "c")])
+    path = str(tmp_path / "t.bin")
+    t.save(path)
+    assert main(["replay", path, "-p", "oracle", "-O", "orders=[spatial,temporal]", "--json"]) == 0
+    counters = json.loads(capsys.readouterr().out)["counters"]
+    assert "heap_spatial_bytes" in counters and "heap_temporal_bytes" in counters
+    assert "heap_arrival_bytes" not in counters
+    assert main(["replay", path, "-p", "oracle", "-O", "max_buffers=-5"]) == 2
+    assert "option max_buffers: expected an integer of at least 1, got -5" in capsys.readouterr().err
 
 
 def test_unit_option_rounds_or_keeps_exact_bytes():

@@ -83,6 +83,17 @@ def test_perturbed_trace_reports_first_divergence():
     assert names["segment allocs"] and not names["same calls, same requests"] and not names["peak reserved"]
 
 
+def test_a_trace_of_segments_and_no_request_is_told_not_a_traceback():
+    """Segment events with no ALLOC after them: each is for no request (``request_of`` indexed an empty array), and
+    the summary says so rather than print the placeholder -1."""
+    w = TraceWriter(meta={"framework": "torch"})
+    w.segment(ev.SEGMENT_ALLOC, 0x1000, 2 * MiB)
+    v = validate(w.finish())
+    assert not v.match and v.first_divergence["recorded"]["request"] == -1
+    text = validation_summary(v)
+    assert "(no later ALLOC)" in text and "ALLOC at -1" not in text
+
+
 def test_hand_written_recording():
     """What PyTorch writes for 1 MiB, 3 MiB and 3 MiB requests: a 2 MiB and a 20 MiB segment."""
     w = TraceWriter(meta={"framework": "torch"})

@@ -359,7 +359,7 @@ class ReplaySettings:
         for name in ("cap", "gc_every", "capacity"):
             value = getattr(self, name)
             if value is not None and not (name == "capacity" and value == "trace"):
-                object.__setattr__(self, name, _size_setting(name, value))
+                object.__setattr__(self, name, _size_setting(name, value))   # ("none": None, as on the command line)
         for name in ("runtime", "backend"):         # (a list was an unhashable type deep inside)
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"replay setting {name}: a name (text), not {getattr(self, name)!r}")
@@ -376,10 +376,13 @@ class ReplaySettings:
         return replace(self, **changes) if changes else self
 
 
-def _size_setting(name: str, value) -> int:
-    """A replay setting in bytes (`ReplaySettings`): an integer (numpy's too) up to 2**62, or its text."""
+def _size_setting(name: str, value) -> int | None:
+    """A replay setting in bytes (`ReplaySettings`): an integer (numpy's too) up to 2**62, or its text; the text
+    ``none`` (``off``, ``unlimited``) is None, no limit, as the command line reads it."""
     if isinstance(value, str):
-        value = parse_size(value, what=name)
+        value = parse_size(value, what=name, allow_none=True)
+        if value is None:
+            return None
     if kind_of(value) not in ("i", "u"):
         raise TypeError(f"replay setting {name}: a size in bytes (an integer, or text such as '8GB'), not {value!r}")
     least = 0 if name == "cap" else 1      # (a cap of 0 bytes refuses every request: `fit`'s intervals reach it)

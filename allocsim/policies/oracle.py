@@ -199,10 +199,11 @@ class OraclePool(Policy):
     models = "XLA GlobalDecreasingSizeBestFitHeap + ChooseBestHeapAlgorithm (docs/models/bestfit-oracle.md)"
     params = (
         Param("orders", "str", ",".join(ORDERS),
-              "placement orders tried, smallest heap kept: any of spatial, temporal, arrival"),
+              "placement orders tried, smallest heap kept: any of spatial, temporal, arrival (several in brackets "
+              "on the command line: orders=[spatial,temporal])"),
         Param("unit", "size", UNIT, "round every size up to a multiple of this (512: CuPy/PyTorch; 1: exact bytes, "
                                     "a bound also below policies that do not round, such as none)"),
-        Param("max_buffers", "int", 1_500_000, "refuse traces with more non-empty allocations than this"),
+        Param("max_buffers", "int", 1_500_000, "refuse traces with more non-empty allocations than this (at least 1)"),
     )
 
     def __init__(self, *a, progress=None, **k):
@@ -210,11 +211,17 @@ class OraclePool(Policy):
         super().__init__(*a, **k)
         if self.ctx.trace is None:
             raise UsageError("policy 'oracle' needs the whole trace (it places buffers offline)")
-        orders = tuple(o.strip() for o in str(self.orders).split(",") if o.strip())
+        text = str(self.orders).strip()
+        if text.startswith("[") and text.endswith("]"):     # (a list's brackets keep its commas from -O's)
+            text = text[1:-1]
+        orders = tuple(o.strip() for o in text.split(",") if o.strip())
         bad = [o for o in orders if o not in ORDERS]
         if bad or not orders:
             raise UsageError(f"policy 'oracle' option orders: expected some of {', '.join(ORDERS)}, "
                              f"got {self.orders!r}")
+        if self.max_buffers < 1:
+            raise UsageError(f"policy 'oracle' option max_buffers: expected an integer of at least 1, got "
+                             f"{self.max_buffers!r}")
         start, end, req = buffer_lifetimes(self.ctx.trace)
         if len(start) > self.max_buffers:
             raise UsageError(f"policy 'oracle': the trace has {len(start):,} allocations, more than "

@@ -291,7 +291,8 @@ def validation_summary(validation) -> str:
             if s is None:
                 lines.append(f"    {side:<9} (no more segment events; reserved {fmt_bytes(d[side + '_reserved'])})")
             else:
-                lines.append(f"    {side:<9} event {s['event']} (for the ALLOC at {s['request']}): "
+                request = "no later ALLOC" if s["request"] < 0 else f"for the ALLOC at {s['request']}"
+                lines.append(f"    {side:<9} event {s['event']} ({request}): "
                              f"{s['kind']} {fmt_bytes(s['size'])} "
                              f"(reserved {fmt_bytes(s['reserved_before'])} -> {fmt_bytes(s['reserved_after'])})")
     verdict = "MATCH" if v["match"] else "MISMATCH"

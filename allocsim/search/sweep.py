@@ -296,7 +296,7 @@ def compare(trace: str, policies=("split", "binned", "torch", "cupy", "bestfit")
     if isinstance(runtimes, str):
         runtimes = [runtimes]
     jobs = count_argument("jobs", jobs, 1)
-    caps = [None if cap is None else ReplaySettings(cap=cap).cap for cap in caps]   # (checked and read as a replay's)
+    caps = [ReplaySettings(cap=cap).cap for cap in caps]   # (checked and read as a replay's: "none" is None)
     specs = [PolicySpec.of(p) for p in policies]
     with trace_on_disk(trace) as (path, shown):
         cells = [Cell(path, spec, cap, rt) for spec in specs for cap in caps for rt in runtimes]

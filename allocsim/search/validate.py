@@ -152,6 +152,8 @@ def request_of(trace: Trace, events) -> list:
     segment event precedes its ALLOC; a model's call is logged at its ALLOC, or at the cache release or
     recorded OOM that made it, which the recording also shows before the next ALLOC."""
     allocs = np.flatnonzero(np.asarray(trace.kind) == ev.ALLOC)
+    if not len(allocs):
+        return [-1] * len(events)
     nxt = np.searchsorted(allocs, np.asarray(events, np.int64))
     return np.where(nxt < len(allocs), allocs[np.minimum(nxt, len(allocs) - 1)], -1).tolist()
 

@@ -20,6 +20,7 @@ from ...filenames import printable, shown_name
 from ...units import parse_size
 from ...outputs import atomic_path, check_input_file, claim_outputs
 from ...trace import TraceWriter
+from ...trace.events import ALLOC, OOM
 from ...trace.format import IMPORTABLE, MAGIC
 from ...trace.schema import check_meta
 from . import safe_pickle
@@ -159,6 +160,10 @@ def import_file(path: str, out: str, *, format: str | None = None, device: int |
         trace = writer.finish()
         if not len(trace):      # a header-only CSV, an empty JSONL: an empty trace only misleads later
             raise InputError("holds no allocation events; nothing to import (is it the right file?)", path=path)
+        if not ({ALLOC, OOM} & trace.kinds_present):     # segments alone: no request to replay
+            raise InputError(f"holds no allocation request, only {len(trace):,} event"
+                             f"{'' if len(trace) == 1 else 's'} of the allocator's own (segments, marks); nothing "
+                             f"to replay (is it the right file?)", path=path)
         try:
             trace.validate()
         except InputError as e:   # the input contradicts itself in a way the importer did not catch

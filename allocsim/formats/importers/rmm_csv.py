@@ -7,9 +7,13 @@ one row per call, in a valid global order:
     allocate failure  -> OOM (size, stream)
     free              -> FREE of the allocation live at that pointer
 
+A 0-byte ``allocate`` at pointer 0 is RMM's nullptr for 0 bytes: several can be live
+at once, and a 0-byte ``free`` at 0 ends the oldest of them.
+
 ``Time`` is a time of day with microseconds and no date: a step back of more
 than 12 hours is taken as midnight and adds a day; smaller steps back (threads
-logging out of order) are clamped so trace time never decreases. Row order, not
+logging out of order, a row from just before midnight logged after one just
+past it among them) are clamped so trace time never decreases. Row order, not
 time, is the sequence. The Python API loses the buffered tail on a crash, so a
 cut-off last line is dropped with a warning.
 
@@ -43,6 +47,7 @@ class RmmLog:
         log = LineLog(self.path)
         live: dict[int, int] = {}
         live_size: dict[int, int] = {}          # pointer -> the size its allocate logged
+        nulls: list[int] = []                   # the live 0-byte allocations at nullptr, oldest first
         counts = {"allocate": 0, "allocate failure": 0, "free": 0}
         threads = set()
         state = {"cols": None, "first": None, "day": 0, "last_us": None, "t": 0}
@@ -75,24 +80,32 @@ class RmmLog:
             us = _time_of_day(f[i_time].strip(), log)
             ptr_text = f[i_ptr].strip()
             ptr = 0 if ptr_text == "(nil)" else log.parse_int(ptr_text, "pointer", 16)
+            null = ptr == 0 and size == 0       # RMM's pools return nullptr for 0 bytes: many may be live at once
             if action == "free":
-                if ptr not in live:
+                if not (null and nulls) and ptr not in live:
                     log.bad(f"free of unknown pointer {ptr_text} (not allocated, or already freed)")
-            elif action == "allocate" and ptr in live:
+            elif action == "allocate" and ptr in live and not null:
                 log.bad(f"pointer {ptr_text} allocated twice (still live as id {live[ptr]})")
             # every check passed: advance the clock and write
+            day = state["day"]
             if state["first"] is None:
                 state["first"] = us
-            elif us + state["day"] < state["last_us"] - HALF_DAY_US:
-                state["day"] += DAY_US
-            us += state["day"]
-            state["last_us"] = us
+            elif us + day < state["last_us"] - HALF_DAY_US:
+                day = state["day"] = day + DAY_US
+            elif day and us + day > state["last_us"] + HALF_DAY_US:
+                day -= DAY_US       # logged before the last midnight, after a row past it: a step back, clamped
+            us += day
+            state["last_us"] = max(us, state["last_us"] or us)
             t = state["t"] = max(state["t"], (us - state["first"]) * 1000)
             threads.add(f[i_thread].strip())
             counts[action] += 1
-            if action == "allocate":
+            if action == "allocate" and null:
+                nulls.append(writer.alloc(0, stream, t=t))
+            elif action == "allocate":
                 live[ptr] = writer.alloc(size, stream, t=t, addr=ptr)
                 live_size[ptr] = size
+            elif action == "free" and null and nulls:     # (which one the log cannot tell: the oldest)
+                writer.free(nulls.pop(0), t=t, stream=stream)
             elif action == "free":
                 allocated = live_size.pop(ptr)
                 if size != allocated:
@@ -106,7 +119,7 @@ class RmmLog:
         if state["cols"] is None:
             raise log.error("empty log: no header line")
         return {"format": "rmm", "rows": sum(counts.values()), "allocs": counts["allocate"], "frees": counts["free"],
-                "ooms": counts["allocate failure"], "threads": len(threads), "live_at_end": len(live),
+                "ooms": counts["allocate failure"], "threads": len(threads), "live_at_end": len(live) + len(nulls),
                 "days_crossed": state["day"] // DAY_US, "dropped_line": log.dropped_line, "warnings": log.warnings}
 
 
