@@ -47,6 +47,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=default, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        if ENV_PROBLEM:     # which build runs is what --version answers: unclear, as every command says
+            parser.exit(2, f"allocsim: {ENV_PROBLEM}\n")
         sys.stdout.write(f"allocsim {version()} ({build()})\n")
         sys.stdout.flush()          # a closed pipe or a full disk shows here, as one line (`main`), not at exit
         parser.exit()

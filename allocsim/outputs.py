@@ -252,6 +252,8 @@ def _kept(path: str) -> tuple[str, str] | None:
     """``(kind, what)`` of the kept input ``path`` is (`KEPT`), or None."""
     if not os.path.isfile(path):                # a FIFO would block the read
         return None
+    if path.lower().endswith(".py"):            # (no first bytes tell it: `compare --csv train.py` replaced it)
+        return ("source", "a Python source file")
     try:
         with open(path, "rb") as f:
             head = f.read(max(map(len, KEPT)))
@@ -268,7 +270,7 @@ def is_trace(path: str) -> bool:
 
 def kept_input(path: str) -> str | None:
     """What ``path`` is, if it is a file a user keeps as an input (an allocsim trace, a PyTorch memory
-    snapshot), else None."""
+    snapshot, a Python source file), else None."""
     kept = _kept(path)
     return kept and kept[1]
 
@@ -312,7 +314,8 @@ def claim_outputs(outputs, inputs=(), *, force: bool = False) -> None:
 def add_force_argument(p) -> None:
     """``--force``, for every command that writes a file."""
     p.add_argument("--force", action="store_true",
-                   help="replace an existing trace named as an output (an input is never replaced)")
+                   help="replace an existing trace, snapshot or Python file named as an output (an input, a "
+                        "plug-in's file among them, is never replaced)")
 
 
 @contextmanager

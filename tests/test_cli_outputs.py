@@ -62,3 +62,32 @@ def test_stdouts_error_handler_writes_a_names_bytes_and_spells_the_rest_in_ascii
     assert text.encode("ascii", filenames._WRITES_ANYTHING) == b"o\xffus -- \\u2603."
     assert text.encode("latin-1", filenames._WRITES_ANYTHING) == b"o\xffus -- \\u2603."
     assert text.encode("utf-8", filenames._WRITES_ANYTHING) == b"o\xff" + "\u03bcs \u2500\u2500 \u2603.".encode()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["validate", TRACE, "--cap", "100MB"], "unrecognized arguments: --cap 100MB"),    # (ran as --capacity 100MB)
+    (["replay", TRACE, "--polic", "split"], "unrecognized arguments: --polic split"),
+])
+def test_an_option_is_spelled_whole(argv, says, capsys):
+    """A prefix of an option is refused, not taken for it: ``validate --cap 100MB`` validated on a device of 100 MB."""
+    from allocsim.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_version_refuses_an_unclear_build_as_every_command_does(monkeypatch, capsys):
+    """``ALLOCSIM_INTERPRETED=maybe allocsim --version`` said "compiled", exit 0, where every command refuses it."""
+    import allocsim.cli as cli
+    monkeypatch.setattr(cli, "ENV_PROBLEM", "ALLOCSIM_INTERPRETED='maybe': expected ...")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    out = capsys.readouterr()
+    assert e.value.code == 2 and out.out == "" and "ALLOCSIM_INTERPRETED='maybe'" in out.err
+
+
+def test_compare_csv_refuses_a_json_name(tmp_path, capsys):
+    from allocsim.cli import main
+    assert main(["compare", TRACE, "-p", "none", "-q", "--csv", str(tmp_path / "x.json")]) == 2
+    assert "--csv writes CSV, which its .json name contradicts" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()

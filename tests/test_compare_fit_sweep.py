@@ -1,6 +1,7 @@
 """compare / fit / sweep: tables equal single replays; fit is exact and monotone; executors agree."""
 import json
 import os
+import shutil
 
 import pytest
 
@@ -103,18 +104,40 @@ def test_sweep_resumes_and_drops_torn_line(tmp_path, small_trace_path):
     full = open(out).read()
     os.unlink(out)
     # an interrupted sweep: one finished row and a torn second line
-    from allocsim.commands.sweep import PARTIAL_MARK, shared_key
+    from allocsim.commands.sweep import PARTIAL_MARK, _inputs_stamp, shared_key
     cell = Cell(small_trace_path, "none", None, "eager", (), "trace")
     row = run_cells([cell], Settings())[0]
     row.pop("replay_seconds")
     with open(out + ".partial", "w") as f:
         f.write(PARTIAL_MARK.decode() + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()),
-                                trace_bytes=os.path.getsize(small_trace_path))) + "\n" + '{"trace": "tor')
+                                trace_bytes=os.path.getsize(small_trace_path), inputs_stamp=_inputs_stamp(cell)))
+                + "\n" + '{"trace": "tor')
     res = run_cli(*args)
     assert res.returncode == 0, res.stderr
     assert "1 of 3 cells already done" in res.stderr
     assert open(out).read() == full
     assert not os.path.exists(out + ".partial")
+
+
+def test_a_sweep_resumes_no_row_of_a_trace_made_again_at_the_same_size(tmp_path, small_trace_path):
+    """A partial table's row stands for its cell while the trace is the file it was replayed from: the same bytes
+    written again later (a trace recorded again, whatever its size) are replayed again, not resumed."""
+    from allocsim.commands.sweep import PARTIAL_MARK, _inputs_stamp, _still_done, shared_key
+    trace = str(tmp_path / "t.bin")
+    shutil.copy(small_trace_path, trace)
+    cell = Cell(trace, "none", None, "eager", (), "trace")
+    row = dict(run_cells([cell], Settings())[0], trace_bytes=os.path.getsize(trace), inputs_stamp=_inputs_stamp(cell))
+    assert _still_done(row, cell)
+    st = os.stat(trace)
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))     # written again: same size, later
+    assert not _still_done(row, cell)
+    assert not _still_done(dict(row, inputs_stamp=None), Cell(small_trace_path, "none", None, "eager", (), "trace"))
+    out = str(tmp_path / "s.csv")
+    with open(out + ".partial", "w") as f:
+        f.write(PARTIAL_MARK.decode() + json.dumps(dict(row, cell=cell.key(), shared=shared_key(Settings()))) + "\n")
+    res = run_cli("sweep", trace, "--policies", "none", "-o", out, "-j", "1", "-q")
+    assert res.returncode == 0, res.stderr
+    assert "already done" not in res.stderr
 
 
 def test_fit_rejects_a_zero_resolution(small_trace_path):

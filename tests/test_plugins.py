@@ -99,7 +99,7 @@ def test_an_installed_entry_point(monkeypatch, small_trace_path):
     r = allocsim.replay(small_trace_path, "firstfit[align:1024]")
     assert r.policy == "first_fit" and r.options == {"align": 1024}
     status, out, _ = cli("policies")
-    assert status == 0 and "first_fit" in out
+    assert status == 0 and "\nfirstfit " in out and "\nfirst_fit " not in out   # (the name -p takes, not the class's)
     with pytest.raises(UsageError, match="known: .*firstfit"):
         PolicySpec.parse("firstfitt")
 
@@ -277,6 +277,48 @@ def test_a_plugin_that_raises_in_malloc_is_one_line_with_debug_for_the_traceback
     assert "allocsim.errors.PluginError: policy 'p.py:Pool' failed while replaying" in ours, ours
 
 
+PLUGIN_HEAD = f"import sys\nsys.path.append({EXAMPLES!r})\nfrom first_fit import FirstFit\nclass Pool(FirstFit):\n"
+
+
+@pytest.mark.parametrize("body, says", [
+    ("    def malloc(self, size, stream):\n        h = super().malloc(size, stream)\n        self.allocated = 0\n"
+     "        return h\n", "allocated is 0 B, outside the"),
+    ("    def counters(self):\n        return {'cache_flushes': -7}\n", "cache_flushes is -7, not a count"),
+    ("    def counters(self):\n        return {'mine': float('nan')}\n", "counters() holds 'mine': nan"),
+    ("    def counters(self):\n        return [1]\n", "counters() returned list, not a dict"),
+], ids=["allocated-below-held", "negative-flushes", "nan-counter", "counters-not-a-dict"])
+def test_the_guard_refuses_a_plugins_figures_that_no_allocator_has(body, says, tmp_path, small_trace_path):
+    """``allocated`` below the bytes its live blocks were asked for (it printed 0 B, 100 % fragmentation) and
+    counters that are no counts (a negative flush count printed, then wedged a sweep's partial table)."""
+    _write(tmp_path, "p.py", PLUGIN_HEAD + body)
+    status, out, err = cli("replay", small_trace_path, "-p", "p.py:Pool", cwd=str(tmp_path))
+    assert status == 2 and out == "" and err.count("\n") == 1, err
+    assert "policy 'p.py:Pool' broke the policy contract" in err and says in err, err
+
+
+def test_a_plugins_counter_named_as_a_figure_is_said_to_be_its_own(tmp_path, small_trace_path):
+    _write(tmp_path, "p.py", PLUGIN_HEAD + "    def counters(self):\n        return {'device_mallocs': 0, 'mine': 3}\n")
+    status, out, err = cli("replay", small_trace_path, "-p", "p.py:Pool", cwd=str(tmp_path))
+    assert status == 0, err
+    assert "device mallocs (policy counter)" in out and "\n  mine " in out and "\n  device mallocs   " not in out
+
+
+@pytest.mark.parametrize("argv", [["compare", "{t}", "-p", "split,p.py:Pool", "-q", "--csv", "p.py", "--force"],
+                                  ["sweep", "{t}", "-p", "split,p.py:Pool", "-q", "-o", "p.py", "--format", "csv",
+                                   "--force"],
+                                  ["compare", "{t}", "-p", "split", "-q", "--csv", "other.py"]],
+                         ids=["compare-plugin", "sweep-plugin", "python-file-without-force"])
+def test_an_output_never_replaces_a_plugins_file_and_a_python_file_needs_force(argv, tmp_path, small_trace_path):
+    """A plug-in's file is an input (``compare --csv ff.py`` wrote its table over the plug-in's source): never
+    replaced, ``--force`` or not; another Python file is replaced only with ``--force``."""
+    _write(tmp_path, "p.py", PLUGIN_HEAD + "    pass\n")
+    _write(tmp_path, "other.py", "X = 1\n")
+    status, out, err = cli(*[a.replace("{t}", small_trace_path) for a in argv], cwd=str(tmp_path))
+    assert status == 2 and err.count("\n") == 1, err
+    assert ("would overwrite the input" if "p.py" in argv else "exists and is a Python source file") in err, err
+    assert (tmp_path / "p.py").read_text().startswith("import sys") and (tmp_path / "other.py").read_text() == "X = 1\n"
+
+
 def test_a_sweep_stopped_by_a_plugin_keeps_the_finished_rows_and_says_how_to_resume(tmp_path, small_trace_path):
     _write(tmp_path, "p.py", RAISES_IN_MALLOC)
     argv = ["sweep", small_trace_path, "-p", "split,p.py:Pool", "-j", "1", "-o", "r.csv"]
@@ -295,7 +337,7 @@ def test_a_broken_entry_point_is_one_line_and_the_rest_are_still_listed(monkeypa
            "firstfit": EntryPoint(name="firstfit", value="first_fit:FirstFit", group=spec.ENTRY_POINT_GROUP)}
     monkeypatch.setattr(spec, "entry_points", lambda: eps)
     status, out, err = cli("policies")
-    assert status == 2 and "split " in out and "first_fit " in out, out      # listed after the broken one
+    assert status == 2 and "split " in out and "firstfit " in out, out      # listed after the broken one
     assert err.count("\n") == 1 and "policy 'broken'" in err and "nosuch_pkg_xyz" in err, err
     status, out, err = cli("policies", "broken")         # asked for by name: the error itself
     assert status == 2 and out == "" and "policy 'broken'" in err, err

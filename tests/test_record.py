@@ -57,6 +57,8 @@ def test_missing_framework_or_gpu_is_one_line_exit_2(tmp_path, capsys, fw):
     ([], "no script"), (["missing.py"], "no such script"), (["-m"], "module name"),
     (["-m", "no_such_module_xyz"], "no module named"), (["--max-events", "0", "x.py"], "--max-events"),
     (["--stacks", "all"], "needs the script after it"),
+    (["-o", "", "x.py"], "the file name is empty"),           # (-o "" wrote the default x.bin)
+    (["-m", "allocsim.trace"], "is a package with no __main__ module: python -m cannot run it"),
 ])
 def test_bad_command_lines(argv, msg, capsys):
     try:
@@ -85,6 +87,7 @@ def test_script_arguments_pass_through_untouched():
     (["--framework", "torch", "--stacks", "all", "-o", "a.bin", "train.py"], "all", "train.py", [], "a.bin"),
     (["--stacks", "python", "train.py", "all"], "python", "train.py", ["all"], None),
     (["train.py", "--stacks", "all"], None, "train.py", ["--stacks", "all"], None),    # the script's own
+    (["--stacks=python", "train.py"], "python", "train.py", [], None),     # (argparse: "ignored explicit argument")
 ])
 def test_stacks_all_or_python(argv, stacks, script, args, out):
     from allocsim.cli import make_parser

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -262,8 +263,9 @@ def test_stacks_takes_what_record_takes(tmp_path):
     a TypeError inside the recorder); anything else is one line."""
     import allocsim
     from allocsim.errors import UsageError
-    with pytest.raises(UsageError, match="stacks='everything'"):
-        allocsim.start_recording(str(tmp_path / "r.bin"), stacks="everything")
+    for bad in ("everything", [], 1.0):     # ([]: a bare "unhashable type" TypeError; 1.0 was taken for True)
+        with pytest.raises(UsageError, match=re.escape(f"stacks={bad!r}")):
+            allocsim.start_recording(str(tmp_path / "r.bin"), stacks=bad)
     assert not (tmp_path / "r.bin").exists()
 
 

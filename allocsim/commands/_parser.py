@@ -20,10 +20,12 @@ class _StoreOnce(argparse._StoreAction):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser, but an error is one line (exit 2), an option given twice is refused (`_StoreOnce`) and a
-    value that starts with ``-`` is named with the spelling that passes it."""
+    """argparse's parser, but an error is one line (exit 2), an option given twice is refused (`_StoreOnce`), a
+    value that starts with ``-`` is named with the spelling that passes it, and an option is spelled whole: a
+    prefix of one was taken for it (``validate --cap 100MB`` ran as ``--capacity 100MB``, a device of 100 MB)."""
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.register("action", None, _StoreOnce)
         self.register("action", "store", _StoreOnce)

@@ -1,8 +1,12 @@
 """`allocsim compare`: policies × caps × runtimes side by side, one replay per cell, in parallel."""
 from __future__ import annotations
 
+import os
+
 from ..machine.capacity import check_caps
+from ..errors import UsageError
 from ..filenames import shown_name
+from ..engine.spec import plugin_files
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
@@ -54,7 +58,6 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
     specs = policy_specs(args.policies, options=args.policy_opt)
     runtimes = split_list(args.runtime, "--runtime")
     from ..machine.runtime import RUNTIMES
-    from ..errors import UsageError
     for r in runtimes:
         if r not in RUNTIMES:
             raise UsageError(f"unknown runtime {r!r} (known: {', '.join(RUNTIMES)})")
@@ -72,7 +75,11 @@ def run(args) -> int:
 
 
 def run_one(args) -> int:
-    claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model], force=args.force)
+    claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model, *plugin_files([args.policies])],
+                  force=args.force)
+    if args.csv and os.path.splitext(args.csv)[1].lower() in (".json", ".jsonl"):   # (as sweep refuses it)
+        raise UsageError(f"--csv {args.csv}: --csv writes CSV, which its {os.path.splitext(args.csv)[1]} name "
+                         f"contradicts; name it .csv (--json prints JSON to stdout)")
     with warm_cache_trace(args.trace, args.warm_cache, COMMAND.name) as path:
         cells, settings = build_cells(args, path)
         update, close = count_progress("compare", len(cells), "replays", args.quiet or args.json)  # off a terminal: lines

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError, UsageError
+from ..engine.spec import plugin_files
 from ..outputs import add_force_argument, atomic_folder, check_named, claim_outputs
 from ..search.sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._command import Command
@@ -98,7 +99,7 @@ def _report_is_foreign(index: str) -> bool:
 def claim(args, ext: str) -> None:
     """Refuse, before any replay, a picture or report file that would replace an input, a trace or a page
     allocsim did not write (unless --force)."""
-    inputs = [args.trace, args.cost_model]
+    inputs = [args.trace, args.cost_model, *plugin_files([args.policies])]
     if not args.report:
         return claim_outputs([("-o", args.output)], inputs, force=args.force)
     if not os.path.exists(args.report):

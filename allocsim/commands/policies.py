@@ -40,7 +40,7 @@ def run(args) -> int:
                   file=sys.stderr)
             continue
         ref = f"  [reference model of {cls.reference_of}]" if cls.reference_of else ""
-        print(f"{cls.name or n:<12} {cls.summary}{ref}")
+        print(f"{n:<12} {cls.summary}{ref}")        # (the name -p takes: an entry point's, not its class's name)
         if one:
             if cls.models:
                 print(f"  models: {cls.models}")

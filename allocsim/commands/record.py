@@ -29,6 +29,7 @@ def add_arguments(p):
                         "--stacks=all): C++ frames too, which flag the requests PyTorch survives failing "
                         "(docs/allocator-dependent.md)")
     p.add_argument("--stacks=all", dest="stacks", action="store_const", const="all", help=argparse.SUPPRESS)
+    p.add_argument("--stacks=python", dest="stacks", action="store_const", const="python", help=argparse.SUPPRESS)
     p.add_argument("--max-events", type=count(1), metavar="N",
                    help="torch: ring-buffer entries per drain (default 1000000; drained every optimizer step)")
     p.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
@@ -115,8 +116,8 @@ def run_program(args, argv: list[str]) -> int:
     from ..formats.recorders.processes import default_output, record_program
     if args.framework == "cupy":
         raise UsageError(f"{argv[0]}: recording each process of a program is for PyTorch (--framework torch)")
-    return record_program(argv, args.output or default_output(argv), force=args.force, stacks=args.stacks,
-                          max_events=args.max_events)
+    return record_program(argv, default_output(argv) if args.output is None else args.output, force=args.force,
+                          stacks=args.stacks, max_events=args.max_events)
 
 
 def stacks_choice(args) -> None:
@@ -146,7 +147,7 @@ def run(args) -> int:
     if argv is not None:
         return run_program(args, argv)
     target, default_out = parse_target(args)
-    out = args.output or default_out
+    out = default_out if args.output is None else args.output    # (-o "": refused by its name, not the default)
     misplaced = own_options_after_target(target.args)
     if misplaced and args.output is None:
         print(f"allocsim record: note: {' '.join(misplaced)} after the script goes to the script; allocsim's own "

@@ -17,6 +17,7 @@ import sys
 
 from ..errors import InputError, UsageError
 from ..filenames import clipped
+from ..engine.spec import plugin_files
 from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..search.sweep import Cell, run_cells
@@ -218,9 +219,18 @@ def _tell_what_is_kept(fd: int, partial: str, n_cells: int, shared: str) -> None
 
 
 def _still_done(row: dict | None, cell: Cell) -> bool:
-    """A partial table's row stands for ``cell`` while its trace is the file it was replayed from (as many bytes):
-    a trace recorded again under the same name is replayed again, its new row the one kept."""
-    return row is not None and row.get("trace_bytes") == os.path.getsize(cell.trace)
+    """A partial table's row stands for ``cell`` while its trace, and its plug-in's file if it has one, are the files
+    it was replayed from (as many bytes, last written at the same time, `_inputs_stamp`): a trace recorded again
+    under the same name, or a plug-in edited, is replayed again, its new row the one kept. (By size alone, a trace
+    made again at the same size was resumed from the old one's rows: one table, two traces.)"""
+    return row is not None and row.get("trace_bytes") == os.path.getsize(cell.trace) \
+        and row.get("inputs_stamp") == _inputs_stamp(cell)
+
+
+def _inputs_stamp(cell: Cell) -> list:
+    """``[bytes, modification time in ns]`` of the cell's trace and of its plug-in file, if it names one."""
+    files = [cell.trace, *plugin_files([cell.policy.ref])]
+    return [[st.st_size, st.st_mtime_ns] for st in map(os.stat, files)]
 
 
 def _table_format(output: str, given: str | None) -> str:
@@ -246,7 +256,8 @@ def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> li
     try:
         with dask_cluster(args) as (executor, _):
             def on_row(cell, row):
-                row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace))
+                row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace),
+                           inputs_stamp=_inputs_stamp(cell))
                 row.pop("sections", None)
                 row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
                 _append(log, (json.dumps(row, sort_keys=True) + "\n").encode(), partial)
@@ -261,7 +272,7 @@ def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> li
     rows = _done_rows(partial, shared)
     ordered = [rows[c.key()] for c in sorted(cells, key=Cell.sort_key)]
     for r in ordered:
-        for k in ("cell", "shared", "trace_bytes"):
+        for k in ("cell", "shared", "trace_bytes", "inputs_stamp"):
             r.pop(k, None)
     return ordered
 
@@ -271,7 +282,8 @@ def run(args) -> int:
     check_scheduler(args)
     fmt = _table_format(args.output, args.format)
     traces = distinct(traces_of(args), "traces", key=os.path.realpath)     # a run's name: its ranks' traces
-    claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model],
+    claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model,
+                                                                            *plugin_files([args.policies])],
                   force=args.force)
     cells: list[Cell] = []
     settings = None

@@ -12,13 +12,16 @@ built-ins' hot path pays nothing:
   ``reserve_address_range``, as expandable segments unmap them); ``map`` takes a positive number of bytes;
 - `guard_policy`: after each ``malloc`` and before each ``free``, the block the handle names
   (``block(handle)``) is a non-negative address, at least the request, inside memory taken
-  from the device and overlapping no live block; ``allocated`` stays within 0 and reserved.
+  from the device and overlapping no live block; ``allocated`` stays within the bytes the live
+  blocks were asked for and reserved; ``counters()`` is a dict of names and finite numbers, its
+  ``cache_flushes`` a count.
 
 Each broken rule is one `PluginError` line naming the plug-in and the rule, the rules
 `allocsim.testing.check_policy` states in full (docs/architecture.md, "The policy contract").
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_right, insort
 
 from ..errors import PluginError
@@ -114,11 +117,15 @@ def guard_policy(policy, device, taken: _Taken, name: str) -> None:
     """Check each block the policy hands out and takes back, and its ``allocated`` (see the module)."""
     malloc, free, block = policy.malloc, policy.free, policy.block
     live = _Ranges()                # the live blocks
+    requested = {}                  # each live block's request, by address
+    held = [0]                      # ... their sum: ``allocated`` is at least it (a plug-in reported 0, and 100 %
+                                    # fragmentation went out as its figure)
 
     def check_allocated(after: str):
         allocated, reserved = policy.allocated, device.reserved
-        if not 0 <= allocated <= reserved:
-            raise _broke(name, f"after {after}, allocated is {allocated} B, outside 0 to reserved ({reserved} B)")
+        if not held[0] <= allocated <= reserved:
+            raise _broke(name, f"after {after}, allocated is {allocated} B, outside the {held[0]} B the live blocks "
+                               f"were asked for to reserved ({reserved} B)")
 
     def checked_malloc(size, stream):
         handle = malloc(size, stream)
@@ -134,6 +141,8 @@ def guard_policy(policy, device, taken: _Taken, name: str) -> None:
             if live.overlaps(addr, n):
                 raise _broke(name, f"{doing} [{addr:#x}+{n}] that overlaps a live block")
             live.add(addr, n)
+            requested[addr] = size
+            held[0] += size
         check_allocated(f"malloc({size})")
         return handle
 
@@ -142,7 +151,23 @@ def guard_policy(policy, device, taken: _Taken, name: str) -> None:
         if addr not in live.size:
             raise _broke(name, f"free of a block at {addr!r} that is not live")
         live.remove(addr)
+        held[0] -= requested.pop(addr)
         free(handle)
         check_allocated("a free")
 
-    policy.malloc, policy.free = checked_malloc, checked_free
+    counters = policy.counters
+
+    def checked_counters():
+        got = counters()
+        if not isinstance(got, dict):
+            raise _broke(name, f"counters() returned {type(got).__name__}, not a dict of names and numbers")
+        for k, v in got.items():
+            if not (isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                    and math.isfinite(v)):
+                raise _broke(name, f"counters() holds {k!r}: {v!r}, not a name and a finite number")
+        flushes = got.get("cache_flushes", 0)
+        if not (isinstance(flushes, int) and flushes >= 0):
+            raise _broke(name, f"counters()' cache_flushes is {flushes!r}, not a count (a whole number from 0)")
+        return got
+
+    policy.malloc, policy.free, policy.counters = checked_malloc, checked_free, checked_counters

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from .. import policies
 from ..errors import AllocsimError, PluginError, UsageError
 from ..outputs import Terminated
-from ..params import PARSERS, Param, kind_of
+from ..params import PARSERS, Param, kind_of, split_top
 from ..policies.base import Policy
 
 ENTRY_POINT_GROUP = "allocsim.policies"
@@ -175,6 +175,18 @@ def _absolute(ref: str) -> str:
     """A plug-in file's reference with its path made absolute; anything else unchanged."""
     where, colon, name = ref.rpartition(":")
     return f"{os.path.abspath(where)}:{name}" if colon and _is_file(where) else ref
+
+
+def plugin_files(texts) -> list[str]:
+    """The plug-in files the policy lists ``texts`` name (``a.py:Class``, ``split,b.py:B[k:1]``), loading none: the
+    inputs a command's outputs must never replace (``compare --csv ff.py`` wrote its table over the plug-in)."""
+    out = []
+    for text in texts:
+        for item in split_top(text or ""):
+            where, colon, _ = item.partition("[")[0].strip().rpartition(":")
+            if colon and _is_file(where):
+                out.append(where)
+    return out
 
 
 def _resolve(ref: str, shown: str) -> type:

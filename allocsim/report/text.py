@@ -107,7 +107,8 @@ def replay_summary(result) -> str:
                      f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
                      f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r['alloc_time_seconds'])}")
     for k, v in r["counters"].items():
-        if k != "cache_flushes":
+        if k != "cache_flushes":    # (a counter named as a figure of the result's, said to be the policy's own)
+            k = f"{k} (policy counter)" if k in r else k
             lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
     lines.append(f"  load {r['load_seconds']:.3f}s  replay {r['replay_seconds']:.3f}s  "
                  f"total {r['load_seconds'] + r['replay_seconds']:.3f}s")

@@ -134,7 +134,15 @@ class Target:
             raise UsageError(f"no module named {self.module!r}")
         if spec.submodule_search_locations:          # a package: python -m runs its __main__
             main = os.path.join(list(spec.submodule_search_locations)[0], "__main__.py")
-            return main if os.path.isfile(main) else None
+            if os.path.isfile(main):
+                return main
+            try:
+                found = importlib.util.find_spec(f"{self.module}.__main__")
+            except (ImportError, ValueError):
+                found = None
+            if found is None:       # (it said: cannot tell which framework the program uses)
+                raise UsageError(f"{self.module} is a package with no __main__ module: python -m cannot run it")
+            return found.origin
         return spec.origin
 
     def check(self) -> None:

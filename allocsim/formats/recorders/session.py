@@ -60,8 +60,9 @@ def start_recording(path: str, framework: str | None = None, *, stacks: bool | s
     if os.environ.get(ENV_RUN):
         raise UsageError(f"this process is recorded by allocsim record ({ENV_RUN} is set), from when CUDA starts: "
                          "let allocsim.mark() label that recording")
-    stacks = {False: False, None: False, True: "python", "python": "python", "all": "all"}.get(stacks, stacks)
-    if stacks not in (False, "python", "all"):
+    known = {False: False, None: False, True: "python", "python": "python", "all": "all"}
+    stacks = known.get(stacks, stacks) if isinstance(stacks, (bool, str, type(None))) else stacks    # ([]: unhashable)
+    if not isinstance(stacks, (bool, str)) or stacks not in (False, "python", "all"):
         raise UsageError(f"stacks={stacks!r}: give False, True or 'python' (Python frames), or 'all' (C++ too)")
     fw = choose_framework(framework)
     cls = prepare(fw, path)
