@@ -1640,6 +1640,20 @@ HUNT_50: list[Case] = [
 ]
 
 
+# hunt 51 (helper): the leftovers of earlier hunts
+HUNT_51: list[Case] = [
+    Case("cap-with-a-negative-exponent-and-a-unit", ["replay", "{trace}", "--cap", "1e-3TB"], status=0,
+         stderr_lines=0, then=lambda d, out: _holds_line(out, "policy", "cap 953.67 MiB")),
+    Case("cap-of-less-than-a-byte", ["replay", "{trace}", "--cap", "1e-12GB"], stdout_empty=True,
+         expect="--cap: '1e-12GB' is 0.001 bytes, less than one byte (a size is a whole number of bytes; 0 is "
+                "written 0)"),
+    Case("cap-with-a-negative-exponent-a-fraction-of-a-byte", ["replay", "{trace}", "--cap", "1e-3"],
+         stdout_empty=True, expect="--cap: '1e-3' is not a whole number of bytes"),
+    Case("cap-with-a-negative-exponent-of-5000-digits", ["replay", "{trace}", "--cap", "1e-" + "9" * 5000 + "GB"],
+         stdout_empty=True, expect="is out of range"),
+]
+
+
 def _ascii_report(out: str, holds: str, digit_before: bool = False) -> None:
     """A report written to a stdout that encodes ASCII only: all of it there, its own characters spelled in ASCII
     (``holds``, after a digit where ``digit_before``: a time in ``us``)."""
@@ -1654,7 +1668,7 @@ def _holds_line(out: str, label: str, value: str) -> None:
 
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
-    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49 + HUNT_50
+    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49 + HUNT_50 + HUNT_51
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
