@@ -1651,6 +1651,18 @@ HUNT_51: list[Case] = [
          stdout_empty=True, expect="--cap: '1e-3' is not a whole number of bytes"),
     Case("cap-with-a-negative-exponent-of-5000-digits", ["replay", "{trace}", "--cap", "1e-" + "9" * 5000 + "GB"],
          stdout_empty=True, expect="is out of range"),
+    Case("sweep-caps-with-a-trailing-comma", ["sweep", "{trace}", "-p", "split", "--caps", "none,", "-j", "1", "-o",
+                                              "{d}/r.csv"], outputs=["r.csv"], stdout_empty=True,
+         expect="--caps 'none,': item 2 of 2 is empty (a comma too many, or a value missing)"),
+    Case("option-list-with-an-empty-item", ["replay", "{trace}", "-p", "torch", "-O",
+                                            "max_split_size_mb=200,,expandable_segments=true"], stdout_empty=True,
+         expect="-O: 'max_split_size_mb=200,,expandable_segments=true': item 2 of 3 is empty"),
+    Case("bracket-options-with-a-trailing-comma", ["replay", "{trace}", "-p", "torch[max_split_size_mb:200,]"],
+         stdout_empty=True, expect="policy 'torch': options 'max_split_size_mb:200,': item 2 of 2 is empty"),
+    Case("compare-policies-with-an-empty-item", ["compare", "{trace}", "-p", "split,,torch"], stdout_empty=True,
+         expect="--policies 'split,,torch': item 2 of 3 is empty"),
+    Case("compare-runtimes-with-a-leading-comma", ["compare", "{trace}", "-p", "split", "--runtime", ",eager"],
+         stdout_empty=True, expect="--runtime ',eager': item 1 of 2 is empty"),
 ]
 
 

@@ -373,8 +373,9 @@ def say_snapshot_written(snapshot: dict, path: str, what: str) -> None:
 
 
 def split_list(text: str, what: str) -> list[str]:
-    """A comma-separated option: neither empty nor naming one item twice."""
-    return distinct([s.strip() for s in text.split(",") if s.strip()], what)
+    """A comma-separated option: neither empty, nor with an empty item, nor naming one item twice."""
+    from ..params import split_top
+    return distinct(split_top(text, what), what)
 
 
 def policy_specs(text: str, what: str = "--policies", options=()) -> list:
@@ -382,7 +383,7 @@ def policy_specs(text: str, what: str = "--policies", options=()) -> list:
     ``options`` (``-O`` texts) are added to every one."""
     from ..params import split_top
     from ..engine.spec import PolicySpec
-    specs = [PolicySpec.parse(s) for s in split_top(text)]
+    specs = [PolicySpec.parse(s) for s in split_top(text, what)]
     try:
         specs = [s.with_options(options) for s in specs]
     except UsageError as e:
@@ -409,4 +410,9 @@ def option_text(text: str) -> str:
     """An ``-O`` value: ``key=value`` items; an empty one (``-O ""``, an unset variable) is refused, not ignored."""
     if not text.strip(" ,"):
         raise argparse.ArgumentTypeError("expected key=value, got an empty option")
+    from ..params import split_top
+    try:
+        split_top(text, "")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).lstrip()) from None
     return text
