@@ -1663,6 +1663,12 @@ HUNT_51: list[Case] = [
          expect="--policies 'split,,torch': item 2 of 3 is empty"),
     Case("compare-runtimes-with-a-leading-comma", ["compare", "{trace}", "-p", "split", "--runtime", ",eager"],
          stdout_empty=True, expect="--runtime ',eager': item 1 of 2 is empty"),
+    Case("synth-count-with-blanks", _SYNTH + ["mlp", "-n", " 2 ", "--scale", " 0.5"], status=0, stderr_lines=0,
+         then=lambda d, out: None if ", 2 iterations," in out else pytest.fail(out)),    # as a size's blanks
+    Case("synth-scale-with-an-underscore", _SYNTH + ["mlp", "--scale", "1_0"], outputs=["s.bin"], stdout_empty=True,
+         expect="argument --scale: expected a number, got '1_0'"),       # float() read it as 10, as int() 1_0
+    Case("synth-scale-in-another-script", _SYNTH + ["mlp", "--scale", "\u0662"], outputs=["s.bin"],
+         stdout_empty=True, expect="argument --scale: expected a number, got '\u0662'"),
 ]
 
 

@@ -110,6 +110,16 @@ def count(least: int = 0, note: str = ""):
 positive_int = count(1)
 
 
+def real_number(text: str) -> float:
+    """argparse type of a number (``--scale``), written as `count` takes a count: blanks around it dropped, ASCII, no
+    ``1_0`` (Python's float() reads it as 10, and other scripts' digits); its range is checked where it is used."""
+    from ..params import number
+    try:
+        return number(text.strip(), "float")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def at_most_cores(flag: str):
     """argparse type of a count of local processes (``-j``, ``--dask-local``): a positive integer, capped at this
     machine's cores with a note (more only adds processes: ``--dask-local 99999`` would start them all)."""
