@@ -1640,6 +1640,17 @@ HUNT_50: list[Case] = [
 ]
 
 
+def _protocol_0(wrap):
+    """A setup that writes ``wrap(the fixture snapshot)`` as ``snap.pickle`` in protocol 0 (no PROTO mark)."""
+    def setup(d):
+        import pickle
+        with open(os.path.join(FIXTURES, "snapshot.pickle"), "rb") as f:
+            snap = pickle.load(f)
+        with open(os.path.join(d, "snap.pickle"), "wb") as f:
+            pickle.dump(wrap(snap), f, protocol=0)
+    return setup
+
+
 # hunt 51 (helper): the leftovers of earlier hunts
 HUNT_51: list[Case] = [
     Case("cap-with-a-negative-exponent-and-a-unit", ["replay", "{trace}", "--cap", "1e-3TB"], status=0,
@@ -1669,6 +1680,21 @@ HUNT_51: list[Case] = [
          expect="argument --scale: expected a number, got '1_0'"),       # float() read it as 10, as int() 1_0
     Case("synth-scale-in-another-script", _SYNTH + ["mlp", "--scale", "\u0662"], outputs=["s.bin"],
          stdout_empty=True, expect="argument --scale: expected a number, got '\u0662'"),
+    Case("import-csv-as-a-snapshot", ["import", "{d}/log.csv", "--format", "torch", "-o", "{d}/o.bin"],
+         _copy_fixture("log.csv"), outputs=["o.bin"], stdout_empty=True,
+         expect="log.csv: byte 0: not a pickle, so not a PyTorch memory snapshot (as --format torch says): it is an "
+                "RMM log (--format rmm)"),      # (it said: truncated pickle)
+    Case("import-text-as-a-snapshot", ["import", "{d}/notes.txt", "--format", "torch", "-o", "{d}/o.bin"],
+         text_file("notes.txt", "hello\tworld\n"), outputs=["o.bin"], stdout_empty=True,
+         expect="notes.txt: byte 0: not a pickle, so not a PyTorch memory snapshot (as --format torch says): it "
+                "begins with 'hello\\x09world\\x0a'"),
+    Case("import-protocol-0-ordered-dict-snapshot", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         _protocol_0(lambda snap: __import__("collections").OrderedDict(snap)), status=0, stderr_lines=2,
+         expect="snap.pickle: ignored unknown actions",          # (the fixture's own two warnings)
+         then=lambda d, out: None if os.path.isfile(os.path.join(d, "o.bin")) else pytest.fail(out)),
+    Case("import-protocol-0-pickle-of-a-tuple", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         _protocol_0(lambda snap: (snap,)), outputs=["o.bin"], stdout_empty=True,
+         expect="snap.pickle: top level: not a memory snapshot (top level is tuple, expected dict)"),
 ]
 
 
