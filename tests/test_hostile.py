@@ -1695,6 +1695,13 @@ HUNT_51: list[Case] = [
     Case("import-protocol-0-pickle-of-a-tuple", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
          _protocol_0(lambda snap: (snap,)), outputs=["o.bin"], stdout_empty=True,
          expect="snap.pickle: top level: not a memory snapshot (top level is tuple, expected dict)"),
+    Case("torch-divisions-with-an-empty-item", ["replay", "{trace}", "-p", "torch", "-O",
+                                                "roundup_power2_divisions=[256:2,,512:4]"], stdout_empty=True,
+         expect="option roundup_power2_divisions: item 2 of the list [256:2,,512:4] is empty (a comma too many)"),
+    Case("torch-divisions-recorded-twice-for-one-interval", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"roundup_power2_divisions": {"1": 2, "01": 4}}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: roundup_power2_divisions keys '01' and '1' "
+                                   "name one interval"),
 ]
 
 
