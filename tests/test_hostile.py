@@ -1702,6 +1702,14 @@ HUNT_51: list[Case] = [
          trace_with({"framework": "torch", "allocator_settings": {"roundup_power2_divisions": {"1": 2, "01": 4}}}),
          stdout_empty=True, expect="bad.bin: metadata: allocator_settings: roundup_power2_divisions keys '01' and '1' "
                                    "name one interval"),
+    Case("tune-headroom-under-objective-time", ["tune", "{trace}", "--no-fit", "-q", "--objective", "time",
+                                                "--headroom", "10%"], stdout_empty=True,
+         expect="--headroom is for --objective fastest; time does not keep any"),
+    Case("tune-headroom-of-a-run-under-objective-reserved", ["tune", "{d}/run.bin", "--no-fit", "-q", "--objective",
+                                                             "reserved", "--headroom", "1GiB"], _run_of(0, 1),
+         stdout_empty=True, expect="--headroom is for --objective fastest; reserved does not keep any"),
+    Case("tune-headroom-under-objective-fastest", ["tune", "{trace}", "--no-fit", "-q", "-j", "1", "--headroom",
+                                                   "0%"], status=0, stderr_lines=0),
 ]
 
 
