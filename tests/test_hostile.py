@@ -1708,6 +1708,23 @@ HUNT_51: list[Case] = [
     Case("tune-headroom-of-a-run-under-objective-reserved", ["tune", "{d}/run.bin", "--no-fit", "-q", "--objective",
                                                              "reserved", "--headroom", "1GiB"], _run_of(0, 1),
          stdout_empty=True, expect="--headroom is for --objective fastest; reserved does not keep any"),
+    Case("tune-traces-of-no-rank-named-by-their-files", ["tune", "{trace}", "{d}/u.bin", "--no-fit", "-q", "-j", "1"],
+         lambda d: random_trace(300, seed=8, marks_every=100).save(os.path.join(d, "u.bin")), status=0, stderr_lines=0,
+         then=lambda d, out: None if f"the least room is u.bin's ({d}/u.bin)" in out else pytest.fail(out)),
+    Case("tune-trace-of-no-rank-past-the-capacity", ["tune", "{trace}", "{d}/u.bin", "--no-fit", "-q", "--capacity",
+                                                     "70MB"],
+         lambda d: random_trace(300, seed=8, marks_every=100).save(os.path.join(d, "u.bin")), stdout_empty=True,
+         expect="allocsim: u.bin ({d}/u.bin): its LOAD 89.57 MiB (peak live bytes) is more than the 66.76 MiB it has"),
+    Case("info-traces-of-no-rank-on-one-device", ["info", "{d}/a.bin", "{d}/b.bin"],
+         lambda d: [trace_with({"device": {"index": 0, "name": "H100", "total_memory": 1 << 30}}, name=n)(d)
+                    for n in ("a.bin", "b.bin")], status=0, stderr_lines=0,
+         then=lambda d, out: None if "  a.bin, b.bin share one device" in out else pytest.fail(out)),
+    Case("info-run-rank-of-no-rank-and-no-pid", ["info", "{d}/run.bin"],
+         lambda d: [trace_with(meta, name=f"run.rank{k}.bin")(d) for k, meta in
+                    ((0, {"framework": "torch", "rank": 0, "world_size": 2}),
+                     (1, {"framework": "torch", "world_size": 2}))], status=0, stderr_lines=2,
+         expect="run.rank1.bin: its name says rank 1, its metadata names no rank; it is reported as a process of no "
+                "rank and no pid (-)"),
     Case("tune-headroom-under-objective-fastest", ["tune", "{trace}", "--no-fit", "-q", "-j", "1", "--headroom",
                                                    "0%"], status=0, stderr_lines=0),
 ]
