@@ -1725,6 +1725,20 @@ HUNT_51: list[Case] = [
                      (1, {"framework": "torch", "world_size": 2}))], status=0, stderr_lines=2,
          expect="run.rank1.bin: its name says rank 1, its metadata names no rank; it is reported as a process of no "
                 "rank and no pid (-)"),
+    Case("plugin-named-as-a-builtin", ["replay", "{trace}", "-p", "{d}/p.py:Fake"],
+         text_file("p.py", "from allocsim.policies.split import SplittingPool\n\n\nclass Fake(SplittingPool):\n"
+                           "    name = 'torch'\n\n\nclass Sub(Fake):\n    pass\n"), stdout_empty=True,
+         expect="policy '{d}/p.py:Fake': Fake ({d}/p.py) is named 'torch', a built-in policy's name: its reports "
+                "would read as the built-in's; give it a name of its own"),
+    Case("plugin-inheriting-a-plugins-builtin-name", ["replay", "{trace}", "-p", "{d}/p.py:Sub"],
+         text_file("p.py", "from allocsim.policies.split import SplittingPool\n\n\nclass Fake(SplittingPool):\n"
+                           "    name = 'torch'\n\n\nclass Sub(Fake):\n    pass\n"), stdout_empty=True,
+         expect="policy '{d}/p.py:Sub': Fake ({d}/p.py) is named 'torch'"),
+    Case("plugin-registering-a-builtin-name", ["compare", "{trace}", "-p", "{d}/r.py:R,cupy", "-j", "1"],
+         text_file("r.py", "from allocsim.policies import register\nfrom allocsim.policies.split import "
+                           "SplittingPool\n\n\n@register\nclass R(SplittingPool):\n    name = 'cupy'\n"),
+         stdout_empty=True, expect="policy '{d}/r.py:R': R ({d}/r.py:5) registers itself as 'cupy', a built-in "
+                                   "policy's name; give it a name of its own"),
     Case("tune-headroom-under-objective-fastest", ["tune", "{trace}", "--no-fit", "-q", "-j", "1", "--headroom",
                                                    "0%"], status=0, stderr_lines=0),
 ]

@@ -30,6 +30,7 @@ from ..errors import AllocsimError, PluginError, UsageError
 from ..outputs import Terminated
 from ..params import PARSERS, Param, kind_of
 from ..policies.base import Policy
+from ..policies.registry import NameTaken
 
 ENTRY_POINT_GROUP = "allocsim.policies"
 
@@ -211,6 +212,7 @@ def _check_declaration(pcls: type, shown: str) -> None:
         if not isinstance(getattr(pcls, attr), str):
             raise UsageError(f"policy {shown!r}: {pcls.__name__}.{attr} must be a string, "
                              f"got {getattr(pcls, attr)!r}")
+    _check_own_name(pcls, shown)
     params = pcls.params
     if not isinstance(params, (tuple, list)) or not all(isinstance(p, Param) for p in params):
         raise UsageError(f"policy {shown!r}: {pcls.__name__}.params must be a tuple of allocsim.params.Param, "
@@ -219,6 +221,19 @@ def _check_declaration(pcls: type, shown: str) -> None:
         if not (isinstance(p.kind, tuple) or p.kind in PARSERS):
             raise UsageError(f"policy {shown!r}: {pcls.__name__}.params: {p.name}: kind {p.kind!r} is not one of "
                              f"{', '.join(PARSERS)} or a tuple of choices")
+
+
+def _check_own_name(pcls: type, shown: str) -> None:
+    """A plug-in that calls itself by a built-in policy's name (``name = "torch"``) is refused: its reports and
+    ``--json`` would read as the built-in's. A subclass of a built-in that keeps the built-in's name is left as it
+    is (its class at hand is how tests and `check_policy` vary a built-in)."""
+    definer = next(c for c in pcls.__mro__ if "name" in vars(c))
+    builtin = policies.find(pcls.name)
+    if builtin is None or builtin is definer or not is_plugin(definer):
+        return
+    source = getattr(sys.modules.get(definer.__module__), "__file__", None) or definer.__module__
+    raise UsageError(f"policy {shown!r}: {definer.__qualname__} ({source}) is named {pcls.name!r}, a built-in "
+                     f"policy's name: its reports would read as the built-in's; give it a name of its own")
 
 
 def _named(name: str) -> type:
@@ -288,6 +303,8 @@ def _raised_at(e: BaseException, path: str | None = None) -> str:
 
 def _import_failed(e: BaseException, shown: str, path: str | None = None) -> UsageError:
     """One line naming where the plug-in failed: its file and line, and the error."""
+    if isinstance(e, NameTaken):            # (raised in allocsim's register: the line names the plug-in's own)
+        return UsageError(f"policy {shown!r}: {e}")
     msg = e.msg if isinstance(e, SyntaxError) else _what(e)
     return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e, path)}: {type(e).__name__}: {msg}")
 
