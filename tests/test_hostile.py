@@ -188,10 +188,11 @@ DATA_LOSS: list[Case] = [
          outputs=["x.bin"]),
     Case("plot-report-is-a-file", ["plot", "{trace}", "-p", "none", "--report", "{trace}"],
          expect="not a folder"),
-    Case("replay-snapshot-input", ["replay", "{trace}", "-p", "torch", "--snapshot", "{trace}"], expect=_OVER_INPUT,
-         stdout_empty=True),
-    Case("replay-snapshot-over-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/old.bin"],
-         setup=_write("old.bin"), expect=_OVER_TRACE, stdout_empty=True),
+    Case("replay-snapshot-input", ["replay", "{d}/t.pkl", "-p", "torch", "--snapshot", "{d}/t.pkl"],
+         lambda d: shutil.copy(os.path.join(d, "t.bin"), os.path.join(d, "t.pkl")), expect=_OVER_INPUT,
+         stdout_empty=True),            # (a name ending in .bin is refused by its name first: HUNT_51)
+    Case("replay-snapshot-over-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/old.pickle"],
+         setup=_write("old.pickle"), expect=_OVER_TRACE, stdout_empty=True),
     Case("replay-snapshot-dir-missing", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/no/s.pickle"],
          expect="does not exist", stdout_empty=True),
 ]
@@ -1601,7 +1602,7 @@ HUNT_50: list[Case] = [
                 "whole number of bytes"),
     Case("tune-plot-and-snapshot-one-file", ["tune", "{trace}", "--no-fit", "-q", "--plot", "{d}/same.png",
                                              "--snapshot", "{d}/same.png"], outputs=["same.png"], stdout_empty=True,
-         expect="same.png: --snapshot: is --plot's output too: name another file for each"),
+         expect="--snapshot {d}/same.png: names a .png file"),   # (a picture's name: refused by itself, HUNT_51)
     Case("plugin-names-the-policy-contract", ["replay", "{trace}", "-p", "allocsim.policies:Policy"],
          stdout_empty=True, expect="names allocsim.policies.Policy itself, the contract every policy subclasses"),
     Case("sweep-partial-row-edited-by-hand", ["sweep", "{trace}", "-p", "split", "--runtime", "eager", "-j", "1",
@@ -1739,6 +1740,21 @@ HUNT_51: list[Case] = [
                            "SplittingPool\n\n\n@register\nclass R(SplittingPool):\n    name = 'cupy'\n"),
          stdout_empty=True, expect="policy '{d}/r.py:R': R ({d}/r.py:5) registers itself as 'cupy', a built-in "
                                    "policy's name; give it a name of its own"),
+    Case("replay-snapshot-named-as-a-picture", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/x.PNG"],
+         outputs=["x.PNG"], stdout_empty=True,
+         expect="--snapshot {d}/x.PNG: names a .png file, but --snapshot writes a PyTorch memory snapshot, a pickle: "
+                "end the name in .pickle or .pkl"),
+    Case("replay-snapshot-over-a-traces-counters", ["replay", "{trace}", "-p", "torch", "--snapshot",
+                                                    "{d}/t.bin.stats.json"], _write("t.bin.stats.json", "{}"),
+         stdout_empty=True, expect="--snapshot {d}/t.bin.stats.json: names a trace's recorded counters (its "
+                                   ".stats.json), but --snapshot writes"),
+    Case("replay-snapshot-named-as-a-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/what-if.bin"],
+         outputs=["what-if.bin"], stdout_empty=True, expect="--snapshot {d}/what-if.bin: names a .bin file"),
+    Case("tune-snapshot-named-as-a-table", ["tune", "{trace}", "--no-fit", "-q", "--snapshot", "{d}/s.csv"],
+         outputs=["s.csv"], stdout_empty=True, expect="--snapshot {d}/s.csv: names a .csv file"),
+    Case("replay-snapshot-without-an-extension", ["replay", "{trace}", "-p", "torch", "-q", "--no-sections",
+                                                  "--snapshot", "{d}/what-if"], status=0, stderr_lines=1,
+         expect="allocsim: wrote {d}/what-if: the replay under torch as a PyTorch memory snapshot"),
     Case("tune-headroom-under-objective-fastest", ["tune", "{trace}", "--no-fit", "-q", "-j", "1", "--headroom",
                                                    "0%"], status=0, stderr_lines=0),
 ]

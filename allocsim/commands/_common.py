@@ -374,6 +374,23 @@ def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
     return update, close
 
 
+#: Name endings of files that are no pickle: a picture, a table, a trace, JSON (a trace's ``.stats.json`` sidecar).
+_NOT_A_SNAPSHOT = (".png", ".svg", ".pdf", ".json", ".jsonl", ".csv", ".bin")
+
+
+def check_snapshot_name(path: str | None) -> None:
+    """``--snapshot`` writes a pickle whatever the name: one ending as another format's (``x.png``, a trace's
+    ``run.bin.stats.json``) is refused before any work, not filled with a pickle where that file is expected."""
+    if path is None:
+        return
+    low = os.path.basename(path).lower()
+    ext = ".stats.json" if low.endswith(".stats.json") else os.path.splitext(low)[1]
+    if ext in _NOT_A_SNAPSHOT or ext == ".stats.json":
+        what = "a trace's recorded counters (its .stats.json)" if ext == ".stats.json" else f"a {ext} file"
+        raise UsageError(f"--snapshot {shown_name(path)}: names {what}, but --snapshot writes a PyTorch memory "
+                         f"snapshot, a pickle: end the name in .pickle or .pkl")
+
+
 def say_snapshot_written(snapshot: dict, path: str, what: str) -> None:
     """One stderr line naming the snapshot just written and what it holds: the file is a side output, easy
     to miss beside the report on stdout."""

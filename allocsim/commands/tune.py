@@ -22,8 +22,8 @@ from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._command import Command
 from ._common import (WARNINGS, PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
-                      add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, cost_model_arg, count,
-                      dask_cluster, say_snapshot_written, warm_cache_trace)
+                      add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, check_snapshot_name,
+                      cost_model_arg, count, dask_cluster, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
 COMMAND = Command(
@@ -72,6 +72,7 @@ def add_arguments(p):
 
 @COMMAND.runs
 def run(args) -> int:
+    check_snapshot_name(args.snapshot)
     paths = traces_of(args)
     if args.headroom is not None and args.objective != "fastest":
         from ..errors import UsageError     # (the other objectives rank by peak or time alone: it would change nothing)
