@@ -186,6 +186,7 @@ def _resolve(ref: str, shown: str) -> type:
         return _named(ref)
     if not where or not name.isidentifier() or (":" in where and not _is_file(where)):
         raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
+    policies.names()            # the built-ins filed before a plug-in's code runs: its `register` meets their names
     module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
     pcls = getattr(module, name, None)
     if pcls is None:
@@ -364,6 +365,7 @@ def plugin_errors(pcls: type, shown: str, doing: str):
 
 def load_entry_point(ep) -> type:
     """The class an installed entry point names; its import errors are one line, like a plug-in file's."""
+    policies.names()            # (as for a plug-in file: the built-ins filed first)
     try:
         with _plugin_output():
             pcls = ep.load()

@@ -15,10 +15,8 @@ def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: a built-in policy, found by its ``name``."""
     if not cls.name:
         raise TypeError(f"{cls.__name__} has no name")
-    if not cls.__module__.startswith("allocsim."):      # a plug-in's: the built-ins are filed first, and kept
+    if not cls.__module__.startswith("allocsim."):      # a plug-in's: its loader files the built-ins first
         import sys
-        from . import _load_all
-        _load_all()
         if REGISTRY.get(cls.name, cls) is not cls:
             caller = sys._getframe(1)
             raise NameTaken(f"{cls.__qualname__} ({caller.f_code.co_filename}:{caller.f_lineno}) registers itself as "
