@@ -129,8 +129,10 @@ class Param:
         return repr(value) if self.kind == "float" else str(value)
 
 
-def split_top(text: str) -> list[str]:
-    """Split on commas outside brackets: ``"split,torch[a:1,b:[1,2]]"`` -> two items."""
+def split_top(text: str, what: str | None = None) -> list[str]:
+    """Split on commas outside brackets: ``"split,torch[a:1,b:[1,2]]"`` -> two items. Given ``what`` (the option, as
+    the user knows it), an empty item (``none,``, ``a=1,,b=2``) is refused with its number, not skipped: a stray
+    comma often marks a value that went missing."""
     out, depth, cur = [], 0, []
     for ch in str(text):
         if ch == "," and depth == 0:
@@ -140,13 +142,17 @@ def split_top(text: str) -> list[str]:
         depth += (ch == "[") - (ch == "]")
         cur.append(ch)
     out.append("".join(cur).strip())
+    if what is not None and "" in out and any(out):
+        raise UsageError(f"{what} {str(text)!r}: item {out.index('') + 1} of {len(out)} is empty (a comma too many, "
+                         f"or a value missing)")
     return [x for x in out if x]
 
 
-def split_conf(text: str) -> list[tuple[str, str]]:
-    """``"k:v,k2=[a:1,b:2]"`` -> ``[(k, v), (k2, "[a:1,b:2]")]``: options as ``key:value`` or ``key=value``."""
+def split_conf(text: str, what: str | None = None) -> list[tuple[str, str]]:
+    """``"k:v,k2=[a:1,b:2]"`` -> ``[(k, v), (k2, "[a:1,b:2]")]``: options as ``key:value`` or ``key=value``; an
+    empty item refused as `split_top` refuses it, given ``what``."""
     out = []
-    for item in split_top(text):
+    for item in split_top(text, what):
         cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
         if cut < 0:
             raise UsageError(f"option {item!r}: expected key=value (or key:value)")

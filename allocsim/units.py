@@ -5,7 +5,9 @@ Sizes accept ``8GB`` (10^9), ``8GiB`` (2^30), ``512MiB``, ``1.5TB``, ``4k``/``4K
 ``none``/``unlimited``/``off``/``no`` for "no limit" where a limit is expected. ``inf`` and
 ``nan`` are refused, not read as "no limit": a number that is not a size is a mistake (an
 unset or mis-computed variable), and "no limit" is said in words. A count of bytes is whole:
-``1.5`` or ``1.5B`` is refused, not rounded (``1.5KB`` is 1500 bytes).
+``1.5`` or ``1.5B`` is refused, not rounded (``1.5KB`` is 1500 bytes). An exponent may carry a sign (``8e3``,
+``8e+3``, ``1e-3GB``); a size with a unit is rounded to the nearest byte (``0.1GiB``), but one more than 0 that
+rounds to 0 bytes (``1e-12GB``) is refused, not read as 0.
 
 A cap (`parse_cap`) is also written relative to what it caps: ``1.2x`` (1.2 × the trace's LOAD, its peak
 live bytes) or ``90%`` (of the device's memory, as ``torch.cuda.set_per_process_memory_fraction(0.9)``
@@ -26,7 +28,7 @@ _UNITS = {
     "t": 1024**4, "tb": 1000**4, "tib": 1024**4,
     "p": 1024**5, "pb": 1000**5, "pib": 1024**5,
 }
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([0-9]+))?\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([a-zA-Z]*)\s*$")
 _NO_LIMIT = {"none", "unlimited", "off", "no"}
 _NOT_A_NUMBER = re.compile(r"^[+-]?(inf|infinity|nan)$", re.I)
 
@@ -47,18 +49,22 @@ def parse_size(text: str | int, *, what: str = "size", allow_none: bool = False)
     m = _SIZE.match(s)
     if not m or m.group(3).lower() not in _UNITS:
         raise UsageError(f"{what}: cannot parse size {text!r} (examples: 8GB, 8GiB, 512MiB, 1.5TB, 1048576)")
-    mantissa, exponent = m.group(1), (m.group(2) or "").lstrip("0")
+    mantissa, exponent = m.group(1), (m.group(2) or "").lstrip("+")
+    digits = exponent.lstrip("-").lstrip("0")
     # lengths first: int() and Fraction() raise a ValueError on 4,300 digits; the value exact, no float rounding
-    if len(mantissa) > 100 or len(exponent) > 2 or int(exponent or 0) > 30 \
-            or (value := Fraction(mantissa) * 10 ** int(exponent or 0) * _UNITS[m.group(3).lower()]) > 2**62:
+    if len(mantissa) > 100 or len(digits) > 2 or int(exponent or 0) > 30 \
+            or (value := Fraction(mantissa) * Fraction(10) ** int(exponent or 0) * _UNITS[m.group(3).lower()]) > 2**62:
         raise UsageError(f"{what}: size {text!r} is out of range")
     if value.denominator != 1 and _UNITS[m.group(3).lower()] == 1:
         raise UsageError(f"{what}: {text!r} is not a whole number of bytes (a byte count is an integer; "
                          f"or give a unit: 1.5KB)")
+    if value and not round(value):
+        raise UsageError(f"{what}: {text!r} is {float(value):.3g} bytes, less than one byte (a size is a whole "
+                         f"number of bytes; 0 is written 0)")
     return round(value)
 
 
-_SHARE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([0-9]+))?\s*([xX%])\s*$")
+_SHARE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([+-]?[0-9]+))?\s*([xX%])\s*$")
 
 
 def parse_cap(text: str, *, what: str = "--cap", load: int | None = None, device: int | None = None,
@@ -73,10 +79,10 @@ def parse_cap(text: str, *, what: str = "--cap", load: int | None = None, device
     if not m:
         raise UsageError(f"{what}: cannot parse cap {text!r} (examples: 8GB, none, 1.2x: 1.2 × the trace's LOAD, "
                          f"90%: of the device's memory)")
-    mantissa, exponent, unit = m.group(1), (m.group(2) or "").lstrip("0"), m.group(3).lower()
-    if len(mantissa) > 100 or len(exponent) > 2:
+    mantissa, exponent, unit = m.group(1), (m.group(2) or "").lstrip("+"), m.group(3).lower()
+    if len(mantissa) > 100 or len(exponent.lstrip("-").lstrip("0")) > 2:
         raise UsageError(f"{what}: {text!r} is out of range")
-    factor = Fraction(mantissa) * 10 ** int(exponent or 0)
+    factor = Fraction(mantissa) * Fraction(10) ** int(exponent or 0)
     if factor <= 0:
         raise UsageError(f"{what}: {text!r} caps at 0 bytes; a cap is more than 0 (none: no cap)")
     if unit == "%":

@@ -128,6 +128,15 @@ def test_none_as_text_is_no_limit_as_the_command_line_reads_it(small_trace_path)
     assert [r["cap_bytes"] for r in rows] == [None, 4 * 10**9]
 
 
+@pytest.mark.parametrize("text,size", [("8e3", 8000), ("8e+3", 8000), ("1e-3GB", 10**6), ("5e-1KiB", 512),
+                                       ("0.1GiB", 107374182), ("1.5KB", 1500), ("0e-5GB", 0)])
+def test_a_size_takes_an_exponent_of_either_sign(text, size):
+    """An exponent may be negative as well as positive (``1e-3GB`` was refused while ``8e3`` was taken); a size with a
+    unit is rounded to the nearest byte as before."""
+    from allocsim.units import parse_size
+    assert parse_size(text) == size == allocsim.ReplaySettings(cap=text).cap
+
+
 @pytest.mark.parametrize("call,error", [(lambda r: r.run(until="5"), TypeError), (lambda r: r.run(until=5.0), TypeError),
                                         (lambda r: r.run(until=-1), ValueError), (lambda r: r.step("3"), TypeError),
                                         (lambda r: r.step(True), TypeError), (lambda r: r.step(-2), ValueError)])

@@ -188,10 +188,11 @@ DATA_LOSS: list[Case] = [
          outputs=["x.bin"]),
     Case("plot-report-is-a-file", ["plot", "{trace}", "-p", "none", "--report", "{trace}"],
          expect="not a folder"),
-    Case("replay-snapshot-input", ["replay", "{trace}", "-p", "torch", "--snapshot", "{trace}"], expect=_OVER_INPUT,
-         stdout_empty=True),
-    Case("replay-snapshot-over-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/old.bin"],
-         setup=_write("old.bin"), expect=_OVER_TRACE, stdout_empty=True),
+    Case("replay-snapshot-input", ["replay", "{d}/t.pkl", "-p", "torch", "--snapshot", "{d}/t.pkl"],
+         lambda d: shutil.copy(os.path.join(d, "t.bin"), os.path.join(d, "t.pkl")), expect=_OVER_INPUT,
+         stdout_empty=True),            # (a name ending in .bin is refused by its name first: HUNT_51)
+    Case("replay-snapshot-over-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/old.pickle"],
+         setup=_write("old.pickle"), expect=_OVER_TRACE, stdout_empty=True),
     Case("replay-snapshot-dir-missing", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/no/s.pickle"],
          expect="does not exist", stdout_empty=True),
 ]
@@ -1601,7 +1602,7 @@ HUNT_50: list[Case] = [
                 "whole number of bytes"),
     Case("tune-plot-and-snapshot-one-file", ["tune", "{trace}", "--no-fit", "-q", "--plot", "{d}/same.png",
                                              "--snapshot", "{d}/same.png"], outputs=["same.png"], stdout_empty=True,
-         expect="same.png: --snapshot: is --plot's output too: name another file for each"),
+         expect="--snapshot {d}/same.png: names a .png file"),   # (a picture's name: refused by itself, HUNT_51)
     Case("plugin-names-the-policy-contract", ["replay", "{trace}", "-p", "allocsim.policies:Policy"],
          stdout_empty=True, expect="names allocsim.policies.Policy itself, the contract every policy subclasses"),
     Case("sweep-partial-row-edited-by-hand", ["sweep", "{trace}", "-p", "split", "--runtime", "eager", "-j", "1",
@@ -1640,6 +1641,125 @@ HUNT_50: list[Case] = [
 ]
 
 
+def _protocol_0(wrap):
+    """A setup that writes ``wrap(the fixture snapshot)`` as ``snap.pickle`` in protocol 0 (no PROTO mark)."""
+    def setup(d):
+        import pickle
+        with open(os.path.join(FIXTURES, "snapshot.pickle"), "rb") as f:
+            snap = pickle.load(f)
+        with open(os.path.join(d, "snap.pickle"), "wb") as f:
+            pickle.dump(wrap(snap), f, protocol=0)
+    return setup
+
+
+# hunt 51 (helper): the leftovers of earlier hunts
+HUNT_51: list[Case] = [
+    Case("cap-with-a-negative-exponent-and-a-unit", ["replay", "{trace}", "--cap", "1e-3TB"], status=0,
+         stderr_lines=0, then=lambda d, out: _holds_line(out, "policy", "cap 953.67 MiB")),
+    Case("cap-of-less-than-a-byte", ["replay", "{trace}", "--cap", "1e-12GB"], stdout_empty=True,
+         expect="--cap: '1e-12GB' is 0.001 bytes, less than one byte (a size is a whole number of bytes; 0 is "
+                "written 0)"),
+    Case("cap-with-a-negative-exponent-a-fraction-of-a-byte", ["replay", "{trace}", "--cap", "1e-3"],
+         stdout_empty=True, expect="--cap: '1e-3' is not a whole number of bytes"),
+    Case("cap-with-a-negative-exponent-of-5000-digits", ["replay", "{trace}", "--cap", "1e-" + "9" * 5000 + "GB"],
+         stdout_empty=True, expect="is out of range"),
+    Case("sweep-caps-with-a-trailing-comma", ["sweep", "{trace}", "-p", "split", "--caps", "none,", "-j", "1", "-o",
+                                              "{d}/r.csv"], outputs=["r.csv"], stdout_empty=True,
+         expect="--caps 'none,': item 2 of 2 is empty (a comma too many, or a value missing)"),
+    Case("option-list-with-an-empty-item", ["replay", "{trace}", "-p", "torch", "-O",
+                                            "max_split_size_mb=200,,expandable_segments=true"], stdout_empty=True,
+         expect="-O: 'max_split_size_mb=200,,expandable_segments=true': item 2 of 3 is empty"),
+    Case("bracket-options-with-a-trailing-comma", ["replay", "{trace}", "-p", "torch[max_split_size_mb:200,]"],
+         stdout_empty=True, expect="policy 'torch': options 'max_split_size_mb:200,': item 2 of 2 is empty"),
+    Case("compare-policies-with-an-empty-item", ["compare", "{trace}", "-p", "split,,torch"], stdout_empty=True,
+         expect="--policies 'split,,torch': item 2 of 3 is empty"),
+    Case("compare-runtimes-with-a-leading-comma", ["compare", "{trace}", "-p", "split", "--runtime", ",eager"],
+         stdout_empty=True, expect="--runtime ',eager': item 1 of 2 is empty"),
+    Case("synth-count-with-blanks", _SYNTH + ["mlp", "-n", " 2 ", "--scale", " 0.5"], status=0, stderr_lines=0,
+         then=lambda d, out: None if ", 2 iterations," in out else pytest.fail(out)),    # as a size's blanks
+    Case("synth-scale-with-an-underscore", _SYNTH + ["mlp", "--scale", "1_0"], outputs=["s.bin"], stdout_empty=True,
+         expect="argument --scale: expected a number, got '1_0'"),       # float() read it as 10, as int() 1_0
+    Case("synth-scale-in-another-script", _SYNTH + ["mlp", "--scale", "\u0662"], outputs=["s.bin"],
+         stdout_empty=True, expect="argument --scale: expected a number, got '\u0662'"),
+    Case("import-csv-as-a-snapshot", ["import", "{d}/log.csv", "--format", "torch", "-o", "{d}/o.bin"],
+         _copy_fixture("log.csv"), outputs=["o.bin"], stdout_empty=True,
+         expect="log.csv: byte 0: not a pickle, so not a PyTorch memory snapshot (as --format torch says): it is an "
+                "RMM log (--format rmm)"),      # (it said: truncated pickle)
+    Case("import-text-as-a-snapshot", ["import", "{d}/notes.txt", "--format", "torch", "-o", "{d}/o.bin"],
+         text_file("notes.txt", "hello\tworld\n"), outputs=["o.bin"], stdout_empty=True,
+         expect="notes.txt: byte 0: not a pickle, so not a PyTorch memory snapshot (as --format torch says): it "
+                "begins with 'hello\\x09world\\x0a'"),
+    Case("import-protocol-0-ordered-dict-snapshot", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         _protocol_0(lambda snap: __import__("collections").OrderedDict(snap)), status=0, stderr_lines=2,
+         expect="snap.pickle: ignored unknown actions",          # (the fixture's own two warnings)
+         then=lambda d, out: None if os.path.isfile(os.path.join(d, "o.bin")) else pytest.fail(out)),
+    Case("import-protocol-0-pickle-of-a-tuple", ["import", "{d}/snap.pickle", "-o", "{d}/o.bin"],
+         _protocol_0(lambda snap: (snap,)), outputs=["o.bin"], stdout_empty=True,
+         expect="snap.pickle: top level: not a memory snapshot (top level is tuple, expected dict)"),
+    Case("torch-divisions-with-an-empty-item", ["replay", "{trace}", "-p", "torch", "-O",
+                                                "roundup_power2_divisions=[256:2,,512:4]"], stdout_empty=True,
+         expect="option roundup_power2_divisions: item 2 of the list [256:2,,512:4] is empty (a comma too many)"),
+    Case("torch-divisions-recorded-twice-for-one-interval", ["replay", "{d}/bad.bin", "-p", "torch"],
+         trace_with({"framework": "torch", "allocator_settings": {"roundup_power2_divisions": {"1": 2, "01": 4}}}),
+         stdout_empty=True, expect="bad.bin: metadata: allocator_settings: roundup_power2_divisions keys '01' and '1' "
+                                   "name one interval"),
+    Case("tune-headroom-under-objective-time", ["tune", "{trace}", "--no-fit", "-q", "--objective", "time",
+                                                "--headroom", "10%"], stdout_empty=True,
+         expect="--headroom is for --objective fastest; time does not keep any"),
+    Case("tune-headroom-of-a-run-under-objective-reserved", ["tune", "{d}/run.bin", "--no-fit", "-q", "--objective",
+                                                             "reserved", "--headroom", "1GiB"], _run_of(0, 1),
+         stdout_empty=True, expect="--headroom is for --objective fastest; reserved does not keep any"),
+    Case("tune-traces-of-no-rank-named-by-their-files", ["tune", "{trace}", "{d}/u.bin", "--no-fit", "-q", "-j", "1"],
+         lambda d: random_trace(300, seed=8, marks_every=100).save(os.path.join(d, "u.bin")), status=0, stderr_lines=0,
+         then=lambda d, out: None if f"the least room is u.bin's ({d}/u.bin)" in out else pytest.fail(out)),
+    Case("tune-trace-of-no-rank-past-the-capacity", ["tune", "{trace}", "{d}/u.bin", "--no-fit", "-q", "--capacity",
+                                                     "70MB"],
+         lambda d: random_trace(300, seed=8, marks_every=100).save(os.path.join(d, "u.bin")), stdout_empty=True,
+         expect="allocsim: u.bin ({d}/u.bin): its LOAD 89.57 MiB (peak live bytes) is more than the 66.76 MiB it has"),
+    Case("info-traces-of-no-rank-on-one-device", ["info", "{d}/a.bin", "{d}/b.bin"],
+         lambda d: [trace_with({"device": {"index": 0, "name": "H100", "total_memory": 1 << 30}}, name=n)(d)
+                    for n in ("a.bin", "b.bin")], status=0, stderr_lines=0,
+         then=lambda d, out: None if "  a.bin, b.bin share one device" in out else pytest.fail(out)),
+    Case("info-run-rank-of-no-rank-and-no-pid", ["info", "{d}/run.bin"],
+         lambda d: [trace_with(meta, name=f"run.rank{k}.bin")(d) for k, meta in
+                    ((0, {"framework": "torch", "rank": 0, "world_size": 2}),
+                     (1, {"framework": "torch", "world_size": 2}))], status=0, stderr_lines=2,
+         expect="run.rank1.bin: its name says rank 1, its metadata names no rank; it is reported as a process of no "
+                "rank and no pid (-)"),
+    Case("plugin-named-as-a-builtin", ["replay", "{trace}", "-p", "{d}/p.py:Fake"],
+         text_file("p.py", "from allocsim.policies.split import SplittingPool\n\n\nclass Fake(SplittingPool):\n"
+                           "    name = 'torch'\n\n\nclass Sub(Fake):\n    pass\n"), stdout_empty=True,
+         expect="policy '{d}/p.py:Fake': Fake ({d}/p.py) is named 'torch', a built-in policy's name: its reports "
+                "would read as the built-in's; give it a name of its own"),
+    Case("plugin-inheriting-a-plugins-builtin-name", ["replay", "{trace}", "-p", "{d}/p.py:Sub"],
+         text_file("p.py", "from allocsim.policies.split import SplittingPool\n\n\nclass Fake(SplittingPool):\n"
+                           "    name = 'torch'\n\n\nclass Sub(Fake):\n    pass\n"), stdout_empty=True,
+         expect="policy '{d}/p.py:Sub': Fake ({d}/p.py) is named 'torch'"),
+    Case("plugin-registering-a-builtin-name", ["compare", "{trace}", "-p", "{d}/r.py:R,cupy", "-j", "1"],
+         text_file("r.py", "from allocsim.policies import register\nfrom allocsim.policies.split import "
+                           "SplittingPool\n\n\n@register\nclass R(SplittingPool):\n    name = 'cupy'\n"),
+         stdout_empty=True, expect="policy '{d}/r.py:R': R ({d}/r.py:5) registers itself as 'cupy', a built-in "
+                                   "policy's name; give it a name of its own"),
+    Case("replay-snapshot-named-as-a-picture", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/x.PNG"],
+         outputs=["x.PNG"], stdout_empty=True,
+         expect="--snapshot {d}/x.PNG: names a .png file, but --snapshot writes a PyTorch memory snapshot, a pickle: "
+                "end the name in .pickle or .pkl"),
+    Case("replay-snapshot-over-a-traces-counters", ["replay", "{trace}", "-p", "torch", "--snapshot",
+                                                    "{d}/t.bin.stats.json"], _write("t.bin.stats.json", "{}"),
+         stdout_empty=True, expect="--snapshot {d}/t.bin.stats.json: names a trace's recorded counters (its "
+                                   ".stats.json), but --snapshot writes"),
+    Case("replay-snapshot-named-as-a-trace", ["replay", "{trace}", "-p", "torch", "--snapshot", "{d}/what-if.bin"],
+         outputs=["what-if.bin"], stdout_empty=True, expect="--snapshot {d}/what-if.bin: names a .bin file"),
+    Case("tune-snapshot-named-as-a-table", ["tune", "{trace}", "--no-fit", "-q", "--snapshot", "{d}/s.csv"],
+         outputs=["s.csv"], stdout_empty=True, expect="--snapshot {d}/s.csv: names a .csv file"),
+    Case("replay-snapshot-without-an-extension", ["replay", "{trace}", "-p", "torch", "-q", "--no-sections",
+                                                  "--snapshot", "{d}/what-if"], status=0, stderr_lines=1,
+         expect="allocsim: wrote {d}/what-if: the replay under torch as a PyTorch memory snapshot"),
+    Case("tune-headroom-under-objective-fastest", ["tune", "{trace}", "--no-fit", "-q", "-j", "1", "--headroom",
+                                                   "0%"], status=0, stderr_lines=0),
+]
+
+
 def _ascii_report(out: str, holds: str, digit_before: bool = False) -> None:
     """A report written to a stdout that encodes ASCII only: all of it there, its own characters spelled in ASCII
     (``holds``, after a digit where ``digit_before``: a time in ``us``)."""
@@ -1654,7 +1774,7 @@ def _holds_line(out: str, label: str, value: str) -> None:
 
 
 CASES = DATA_LOSS + MALFORMED + NONSENSE + REPORTS + INPUTS_18 + PLUGINS_18 + SETTINGS_18 + HUNT + HUNT_5 + HUNT_6 \
-    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49 + HUNT_50
+    + FILLS + _RELATIVE_CAPS + HUNT_29_RUNS + HUNT_29_SIZES + HUNT_49 + HUNT_50 + HUNT_51
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -5,6 +5,8 @@ worked by hand, not from the model's own output.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -50,6 +52,26 @@ def test_parse_divisions_both_syntaxes():
         parse_divisions("3")
     with pytest.raises(ValueError):
         parse_divisions("[300:2]")
+
+
+def test_parse_divisions_a_key_given_again_counts_last_as_pytorch():
+    """PyTorch's parseRoundUpPower2Divisions sets a key's interval each time it is given (the first key also fills the
+    intervals below it), so ``[256:2,256:4]`` rounds the 256 MiB interval in 4; an empty item is refused as PyTorch
+    refuses it (a trailing comma passes there and here)."""
+    assert parse_divisions("[256:2,256:4]") == (2,) * 8 + (4,) + (0,) * 7
+    assert parse_divisions("[256:2,512:4,256:8]") == (2,) * 8 + (8, 4) + (0,) * 6
+    assert parse_divisions("[256:2,]") == (2,) * 9 + (0,) * 7
+    for text, k in (("[256:2,,512:4]", 2), ("[,256:2]", 1)):
+        with pytest.raises(ValueError, match=rf"item {k} of the list {re.escape(text)} is empty"):
+            parse_divisions(text)
+
+
+@pytest.mark.parametrize("div", [{"1": 2, "01": 4}, {"32768": 2, "65536": 4}])
+def test_recorded_divisions_keying_one_interval_twice_are_refused(div):
+    """A snapshot's recorded divisions key each interval once; two keys of one interval (``65536`` is clamped to the
+    last, as ``32768`` is) are an edited file, not a setting PyTorch ran with."""
+    with pytest.raises(InputError, match="roundup_power2_divisions keys .* name one interval"):
+        settings_from_trace({"allocator_settings": {"roundup_power2_divisions": div}})
 
 
 def test_options_alloc_conf_syntax_and_errors():

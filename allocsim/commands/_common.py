@@ -110,6 +110,16 @@ def count(least: int = 0, note: str = ""):
 positive_int = count(1)
 
 
+def real_number(text: str) -> float:
+    """argparse type of a number (``--scale``), written as `count` takes a count: blanks around it dropped, ASCII, no
+    ``1_0`` (Python's float() reads it as 10, and other scripts' digits); its range is checked where it is used."""
+    from ..params import number
+    try:
+        return number(text.strip(), "float")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def at_most_cores(flag: str):
     """argparse type of a count of local processes (``-j``, ``--dask-local``): a positive integer, capped at this
     machine's cores with a note (more only adds processes: ``--dask-local 99999`` would start them all)."""
@@ -364,6 +374,23 @@ def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
     return update, close
 
 
+#: Name endings of files that are no pickle: a picture, a table, a trace, JSON (a trace's ``.stats.json`` sidecar).
+_NOT_A_SNAPSHOT = (".png", ".svg", ".pdf", ".json", ".jsonl", ".csv", ".bin")
+
+
+def check_snapshot_name(path: str | None) -> None:
+    """``--snapshot`` writes a pickle whatever the name: one ending as another format's (``x.png``, a trace's
+    ``run.bin.stats.json``) is refused before any work, not filled with a pickle where that file is expected."""
+    if path is None:
+        return
+    low = os.path.basename(path).lower()
+    ext = ".stats.json" if low.endswith(".stats.json") else os.path.splitext(low)[1]
+    if ext in _NOT_A_SNAPSHOT or ext == ".stats.json":
+        what = "a trace's recorded counters (its .stats.json)" if ext == ".stats.json" else f"a {ext} file"
+        raise UsageError(f"--snapshot {shown_name(path)}: names {what}, but --snapshot writes a PyTorch memory "
+                         f"snapshot, a pickle: end the name in .pickle or .pkl")
+
+
 def say_snapshot_written(snapshot: dict, path: str, what: str) -> None:
     """One stderr line naming the snapshot just written and what it holds: the file is a side output, easy
     to miss beside the report on stdout."""
@@ -373,8 +400,9 @@ def say_snapshot_written(snapshot: dict, path: str, what: str) -> None:
 
 
 def split_list(text: str, what: str) -> list[str]:
-    """A comma-separated option: neither empty nor naming one item twice."""
-    return distinct([s.strip() for s in text.split(",") if s.strip()], what)
+    """A comma-separated option: neither empty, nor with an empty item, nor naming one item twice."""
+    from ..params import split_top
+    return distinct(split_top(text, what), what)
 
 
 def policy_specs(text: str, what: str = "--policies", options=()) -> list:
@@ -382,7 +410,7 @@ def policy_specs(text: str, what: str = "--policies", options=()) -> list:
     ``options`` (``-O`` texts) are added to every one."""
     from ..params import split_top
     from ..engine.spec import PolicySpec
-    specs = [PolicySpec.parse(s) for s in split_top(text)]
+    specs = [PolicySpec.parse(s) for s in split_top(text, what)]
     try:
         specs = [s.with_options(options) for s in specs]
     except UsageError as e:
@@ -409,4 +437,9 @@ def option_text(text: str) -> str:
     """An ``-O`` value: ``key=value`` items; an empty one (``-O ""``, an unset variable) is refused, not ignored."""
     if not text.strip(" ,"):
         raise argparse.ArgumentTypeError("expected key=value, got an empty option")
+    from ..params import split_top
+    try:
+        split_top(text, "")
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e).lstrip()) from None
     return text

@@ -179,8 +179,9 @@ def misnamed(paths: list[str]) -> list[str]:
             out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata {key} {recorded} (a copy "
                        f"under another {key}'s name?); it is reported as {key} {recorded}")
         elif recorded is None:      # (it was then counted as missing while its row stood in the table)
-            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata names no {key}; it is "
-                       f"reported as {rank_label(meta)}")
+            label = rank_label(meta)
+            out.append(f"{shown_name(path)}: its name says {key} {number}, its metadata names no {key}; it is reported "
+                       + (f"as {label}" if label != "-" else "as a process of no rank and no pid (-)"))
     return out
 
 

@@ -9,7 +9,7 @@ from ..trace.analysis import Tally, summarize
 from ..units import fmt_bytes, fmt_count, fmt_seconds
 from ..report.tables import dump_json
 from ..filenames import printable, shown_name
-from ..machine.ranks import rank_label
+from ..machine.ranks import process_words, rank_label
 from ..report.text import aligned_table, phase_lines
 from ._command import Command
 from ._common import load_trace, progress_bar
@@ -167,8 +167,8 @@ def run_table(paths: list[str]) -> None:
     print(f"run of {len(paths)} processes (outside: the most device memory seen beside the caching allocator)")
     print(aligned_table(["process", "trace", "device", "LOAD", "peak reserved", "outside", "peak+outside"], rows, 3))
     for group in shared_devices(metas):
-        print(f"  {', '.join(rank_label(metas[k]) for k in group)} share one device: each one's outside holds the "
-              f"others' memory")
+        names = ", ".join(process_words(rank_label(metas[k]), paths[k]) for k in group)
+        print(f"  {names} share one device: each one's outside holds the others' memory")
 
 
 @COMMAND.runs

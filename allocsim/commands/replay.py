@@ -15,7 +15,7 @@ from ..report.text import oom_line, phase_lines, replay_summary, section_table
 from ..engine.spec import PolicySpec, plugin_files
 from ._command import Command
 from ._common import (DEFAULT_TRACE, add_replay_arguments, add_warm_cache_argument, lazy_progress_bar, load_trace,
-                      progress_bar, replay_settings, say_snapshot_written, warm_cache_trace)
+                      check_snapshot_name, progress_bar, replay_settings, say_snapshot_written, warm_cache_trace)
 from ._ranks import each_rank
 
 COMMAND = Command(
@@ -46,6 +46,7 @@ def add_arguments(p):
 
 @COMMAND.runs
 def run(args) -> int:
+    check_snapshot_name(args.snapshot)
     return each_rank(args, run_one)
 
 

@@ -6,7 +6,7 @@ from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_path, claim_outputs
 from ..units import fmt_bytes, fmt_count
 from ._command import Command
-from ._common import count, load_trace, progress_bar
+from ._common import count, load_trace, progress_bar, real_number
 
 COMMAND = Command(
     name="synth",
@@ -23,7 +23,7 @@ def add_arguments(p):
     add_force_argument(p)
     p.add_argument("--seed", type=count(0), default=0, help="random seed (same seed, same bytes); default 0")
     p.add_argument("--iterations", "-n", type=count(1), help="training iterations (one MARK each); default per preset")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply every requested size by X; default 1")
+    p.add_argument("--scale", type=real_number, default=1.0, help="multiply every requested size by X; default 1")
     p.add_argument("--variable", action="store_true",
                    help="redraw the batch / image size / sequence length every iteration")
     p.add_argument("--param", "-P", action="append", default=[], metavar="KEY=VALUE",

@@ -22,8 +22,8 @@ from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._command import Command
 from ._common import (WARNINGS, PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
-                      add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, cost_model_arg, count,
-                      dask_cluster, say_snapshot_written, warm_cache_trace)
+                      add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, check_snapshot_name,
+                      cost_model_arg, count, dask_cluster, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
 COMMAND = Command(
@@ -49,9 +49,9 @@ def add_arguments(p):
                    help="fastest: fit with --headroom to spare, then the least modeled time; reserved: least peak "
                         "reserved; time: least modeled time; both: the best balance on their Pareto frontier "
                         "(default fastest)")
-    p.add_argument("--headroom", default=f"{HEADROOM:.0%}",
+    p.add_argument("--headroom",
                    help="what fastest keeps free under the limit (the cap, else the capacity): a share such as "
-                        f"5%% or a size such as 2GiB (default {100 * HEADROOM:.0f}%%)")
+                        f"5%% or a size such as 2GiB (default {100 * HEADROOM:.0f}%%); for --objective fastest only")
     p.add_argument("--top", type=count(1), default=TOP, metavar="N", help=f"candidates in the table (default {TOP})")
     p.add_argument("--max-replays", type=count(0, " (0: no limit)"), default=0, metavar="N",
                    help="replay at most N distinct settings, those nearest the recorded ones first (default 0: all)")
@@ -72,7 +72,11 @@ def add_arguments(p):
 
 @COMMAND.runs
 def run(args) -> int:
+    check_snapshot_name(args.snapshot)
     paths = traces_of(args)
+    if args.headroom is not None and args.objective != "fastest":
+        from ..errors import UsageError     # (the other objectives rank by peak or time alone: it would change nothing)
+        raise UsageError(f"--headroom is for --objective fastest; {args.objective} does not keep any")
     if len(paths) > 1:
         return _tune_run(args, paths)
     args.trace = args.trace[0]
@@ -188,8 +192,8 @@ def run_tuned_for(trace, warm: bool) -> str | None:
 def search_options(args, workers: int = 0) -> dict:
     """`tune`'s options from the command line, the target's capacity and cap aside (``workers``: a Dask
     cluster's, which stand for ``-j``)."""
-    return dict(objective=args.objective, headroom=headroom_arg(args.headroom), jobs=workers or args.jobs,
-                top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
+    return dict(objective=args.objective, headroom=HEADROOM if args.headroom is None else headroom_arg(args.headroom),
+                jobs=workers or args.jobs, top=args.top, fit=not args.no_fit, max_replays=args.max_replays,
                 settings=Settings(ReplaySettings(costs=cost_model_arg(args.cost_model), fold=not args.no_fold)))
 
 

@@ -30,6 +30,7 @@ from ..errors import AllocsimError, PluginError, UsageError
 from ..outputs import Terminated
 from ..params import PARSERS, Param, kind_of, split_top
 from ..policies.base import Policy
+from ..policies.registry import NameTaken
 
 ENTRY_POINT_GROUP = "allocsim.policies"
 
@@ -197,6 +198,7 @@ def _resolve(ref: str, shown: str) -> type:
         return _named(ref)
     if not where or not name.isidentifier() or (":" in where and not _is_file(where)):
         raise UsageError(f"policy {shown!r}: expected file.py:Class or module:Class")
+    policies.names()            # the built-ins filed before a plug-in's code runs: its `register` meets their names
     module = _load_file(where, shown) if _is_file(where) else _import(where, shown)
     pcls = getattr(module, name, None)
     if pcls is None:
@@ -223,6 +225,7 @@ def _check_declaration(pcls: type, shown: str) -> None:
         if not isinstance(getattr(pcls, attr), str):
             raise UsageError(f"policy {shown!r}: {pcls.__name__}.{attr} must be a string, "
                              f"got {getattr(pcls, attr)!r}")
+    _check_own_name(pcls, shown)
     params = pcls.params
     if not isinstance(params, (tuple, list)) or not all(isinstance(p, Param) for p in params):
         raise UsageError(f"policy {shown!r}: {pcls.__name__}.params must be a tuple of allocsim.params.Param, "
@@ -231,6 +234,19 @@ def _check_declaration(pcls: type, shown: str) -> None:
         if not (isinstance(p.kind, tuple) or p.kind in PARSERS):
             raise UsageError(f"policy {shown!r}: {pcls.__name__}.params: {p.name}: kind {p.kind!r} is not one of "
                              f"{', '.join(PARSERS)} or a tuple of choices")
+
+
+def _check_own_name(pcls: type, shown: str) -> None:
+    """A plug-in that calls itself by a built-in policy's name (``name = "torch"``) is refused: its reports and
+    ``--json`` would read as the built-in's. A subclass of a built-in that keeps the built-in's name is left as it
+    is (its class at hand is how tests and `check_policy` vary a built-in)."""
+    definer = next(c for c in pcls.__mro__ if "name" in vars(c))
+    builtin = policies.find(pcls.name)
+    if builtin is None or builtin is definer or not is_plugin(definer):
+        return
+    source = getattr(sys.modules.get(definer.__module__), "__file__", None) or definer.__module__
+    raise UsageError(f"policy {shown!r}: {definer.__qualname__} ({source}) is named {pcls.name!r}, a built-in "
+                     f"policy's name: its reports would read as the built-in's; give it a name of its own")
 
 
 def _named(name: str) -> type:
@@ -300,6 +316,8 @@ def _raised_at(e: BaseException, path: str | None = None) -> str:
 
 def _import_failed(e: BaseException, shown: str, path: str | None = None) -> UsageError:
     """One line naming where the plug-in failed: its file and line, and the error."""
+    if isinstance(e, NameTaken):            # (raised in allocsim's register: the line names the plug-in's own)
+        return UsageError(f"policy {shown!r}: {e}")
     msg = e.msg if isinstance(e, SyntaxError) else _what(e)
     return UsageError(f"policy {shown!r}: loading it failed at {_raised_at(e, path)}: {type(e).__name__}: {msg}")
 
@@ -359,6 +377,7 @@ def plugin_errors(pcls: type, shown: str, doing: str):
 
 def load_entry_point(ep) -> type:
     """The class an installed entry point names; its import errors are one line, like a plug-in file's."""
+    policies.names()            # (as for a plug-in file: the built-ins filed first)
     try:
         with _plugin_output():
             pcls = ep.load()

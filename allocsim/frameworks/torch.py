@@ -50,8 +50,10 @@ def parse_divisions(text: str) -> tuple:
     """``roundup_power2_divisions``: ``4`` or ``[256:1,512:2,>:8]`` (keys in MiB) -> 16 entries.
 
     As AllocatorConfig::parseRoundUpPower2Divisions: the first key also fills every
-    interval below it; ``>`` fills every interval after the last key. An empty list
-    is refused: it names no interval (write ``[1:0]`` for none).
+    interval below it; ``>`` fills every interval after the last key; a key given again
+    (``[256:2,256:4]``) sets its interval again, the last one counting. An empty list
+    is refused: it names no interval (write ``[1:0]`` for none); so is an empty item
+    but a trailing one (``[256:2,,512:4]``), which PyTorch's parser refuses too.
     """
     text = str(text).replace(" ", "")
     if not (text.startswith("[") and text.endswith("]")):
@@ -59,9 +61,12 @@ def parse_divisions(text: str) -> tuple:
         if not _pow2(v):
             raise ValueError("the divisions have to be a power of 2")
         return (v,) * N_DIVISION_INTERVALS
-    items = [item for item in text[1:-1].split(",") if item]
+    split = text[1:-1].split(",")
+    items = [item for item in split if item]
     if not items:
         raise ValueError(f"the list {text} names no interval: give interval:divisions items, e.g. [256:1,>:4]")
+    if "" in split[:-1]:
+        raise ValueError(f"item {split.index('') + 1} of the list {text} is empty (a comma too many)")
     table = [0] * N_DIVISION_INTERVALS
     first, last = True, 0
     for item in items:
@@ -230,7 +235,7 @@ def settings_from_trace(meta: dict, path=None) -> dict:
             out["expandable_segments"] = s["expandable_segments"]
         div = s.get("roundup_power2_divisions")
         if isinstance(div, dict) and div:
-            table = [0] * N_DIVISION_INTERVALS
+            table, keys = [0] * N_DIVISION_INTERVALS, {}
             for k, d in div.items():
                 try:
                     mb = int(k)
@@ -238,6 +243,8 @@ def settings_from_trace(meta: dict, path=None) -> dict:
                     raise ValueError(f"roundup_power2_divisions key {k!r} is not a whole number of MiB") from None
                 if not _pow2(mb):
                     raise ValueError(f"roundup_power2_divisions key {k!r} is not a power of two")
+                if (other := keys.setdefault(interval_of_mb(mb), k)) != k:     # a snapshot keys each once
+                    raise ValueError(f"roundup_power2_divisions keys {other!r} and {k!r} name one interval")
                 table[interval_of_mb(mb)] = _recorded_divisions(d)
             out["roundup_power2_divisions"] = tuple(table)
         elif isinstance(div, (list, tuple)) and div:

@@ -63,6 +63,13 @@ def rank_label(meta: dict) -> str:
     return f"pid {meta['pid']}" if isinstance(meta.get("pid"), int) else "-"
 
 
+def process_words(label: str, path: str) -> str:
+    """A process in a sentence: its `rank_label`, or its trace's file name where that is ``-`` (the metadata names no
+    rank and no pid), which read "the least room is -'s"."""
+    from ..filenames import shown_name
+    return shown_name(os.path.basename(path)) if label == "-" else label
+
+
 def outside_bytes(meta: dict) -> int:
     """The most device memory the recording saw outside its caching allocator (0 when it did not look)."""
     mem = meta.get("device_memory")

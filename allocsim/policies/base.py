@@ -152,7 +152,7 @@ class Policy:
         known = {p.name: p for p in cls.params}
         out = {}
         for text in texts or ():
-            for key, value in split_conf(text):
+            for key, value in split_conf(text, "options"):
                 cls.merge_options(out, cls.parse_option(known, key, value))
         return out
 

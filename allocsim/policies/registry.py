@@ -7,10 +7,20 @@ from .base import Policy
 REGISTRY: dict[str, type[Policy]] = {}
 
 
+class NameTaken(TypeError):
+    """A plug-in's `register` under a built-in policy's name: the plug-in's loader says it in the plug-in's words."""
+
+
 def register(cls: type[Policy]) -> type[Policy]:
     """Class decorator: a built-in policy, found by its ``name``."""
     if not cls.name:
         raise TypeError(f"{cls.__name__} has no name")
+    if not cls.__module__.startswith("allocsim."):      # a plug-in's: its loader files the built-ins first
+        import sys
+        if REGISTRY.get(cls.name, cls) is not cls:
+            caller = sys._getframe(1)
+            raise NameTaken(f"{cls.__qualname__} ({caller.f_code.co_filename}:{caller.f_lineno}) registers itself as "
+                            f"{cls.name!r}, a built-in policy's name; give it a name of its own")
     REGISTRY[cls.name] = cls
     return cls
 

@@ -175,7 +175,8 @@ def fits_legend(rows: list[dict], target=None) -> str:
 def run_report(res, took: float) -> str:
     """`allocsim tune` on a run (a `allocsim.search.tune_ranks.RunTuning`): the worst rank's report, then the
     recommended setting on every rank at its capacity (the GPU less what lay outside its allocator)."""
-    worst = res.labels[res.worst]
+    from ..machine.ranks import process_words
+    worst = process_words(res.labels[res.worst], res.paths[res.worst])
     again = sum(len(g["positions"]) - 1 for g in res.recordings)     # recordings of a process already counted
     n = len(res.paths) - again
     processes = f"{n} process{'es' if n != 1 else ''}" + (f" ({len(res.paths)} recordings)" if again else "")

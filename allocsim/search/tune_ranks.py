@@ -22,7 +22,7 @@ import numpy as np
 from ..machine.capacity import device_capacity
 from ..errors import UsageError
 from ..filenames import shown_name
-from ..machine.ranks import fit_capacity, rank_label
+from ..machine.ranks import fit_capacity, process_words, rank_label
 from ..engine.spec import PolicySpec
 from .sweep import Cell, Settings, run_cells
 from ..trace import Trace
@@ -93,8 +93,8 @@ def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs
     totals = [device_capacity(c, t)[0] for c, t in zip(capacities, traces)]
     for path, t, total, (_, outside) in zip(paths, traces, totals, fitted):
         if total is not None and t.load_bytes > total:
-            raise UsageError(f"{rank_label(t.meta)} ({shown_name(path)}): its LOAD {fmt_bytes(t.load_bytes)} (peak "
-                             f"live bytes) is more than the {fmt_bytes(total)} it has" +
+            raise UsageError(f"{process_words(rank_label(t.meta), path)} ({shown_name(path)}): its LOAD "
+                             f"{fmt_bytes(t.load_bytes)} (peak live bytes) is more than the {fmt_bytes(total)} it has" +
                              (f" beside the {fmt_bytes(outside)} outside its allocator" if outside else "") +
                              ": no allocator setting fits the run")
     limits = [min([total] * (total is not None) + [lim["bytes"] for lim in tally.limits if lim["bytes"]] or [None])

@@ -42,8 +42,8 @@ def detect(path: str) -> str:
         raise InputError(e.strerror or str(e), path=path)
     if not head.strip():
         raise InputError("the file is empty; nothing to import", path=path, position="byte 0")
-    if safe_pickle.looks_like_pickle(head):     # protocol 0 and 1 too (no PROTO opcode)
-        return "torch"
+    if safe_pickle.looks_like_pickle(head, any_object=True):    # protocol 0 and 1 too (no PROTO opcode)
+        return "torch"          # (a pickle of no dict, an OrderedDict's global first: the importer says what it is)
     if head.startswith(MAGIC):
         raise InputError("already an allocsim trace; nothing to import", path=path, position="byte 0")
     first = head.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0].strip()
@@ -84,6 +84,7 @@ def open_source(path: str, fmt: str | None = None, *, device: int | None = None,
     fmt = fmt or detect(path)
     kw = {"device": device, "device_name": device_name, "total_memory": total_memory}
     if fmt == "torch":
+        _pickle_file(path)
         return SnapshotConversion(safe_pickle.load(path), source=path, **kw)
     kw["device"] = device or 0
     if fmt in ("rmm", "cupy"):
@@ -95,6 +96,25 @@ def open_source(path: str, fmt: str | None = None, *, device: int | None = None,
     raise UsageError(f"unknown import format {fmt!r} (known: {', '.join(FORMATS)})")
 
 
+def _pickle_file(path: str) -> None:
+    """Refuse a file given as a snapshot that is no pickle (``--format torch`` on a CSV log), saying what it is or how
+    it begins: the unpickler read its text as opcodes and called it a truncated pickle."""
+    try:
+        fmt = detect(path)              # a pickle of any protocol is "torch"
+    except InputError as e:
+        if not e.what.startswith("cannot tell the format"):
+            raise                       # unreadable, empty, an allocsim trace already: said as import says it
+        with open(path, "rb") as f:
+            head = f.read(24).decode("utf-8", "backslashreplace")
+        what = f"it begins with '{printable(head, keep='')}'"
+    else:
+        if fmt == "torch":
+            return
+        what = f"it is {WHAT[fmt]} (--format {fmt})"
+    raise InputError(f"not a pickle, so not a PyTorch memory snapshot (as --format torch says): {what}", path=path,
+                     position="byte 0")
+
+
 def _text_log(path: str, fmt: str) -> None:
     """Refuse a binary file given as a text log (``--format rmm`` on a snapshot): the line would quote its bytes. A
     log's zeros at its end are a crash's torn tail (the blocks the file system gave and nothing wrote), not binary."""
@@ -104,7 +124,7 @@ def _text_log(path: str, fmt: str) -> None:
     except OSError as e:
         raise InputError(e.strerror or str(e), path=path)
     what = ("an allocsim trace already" if head.startswith(MAGIC) else
-            "a pickle (a PyTorch snapshot: --format torch)" if safe_pickle.looks_like_pickle(head) else
+            "a pickle (a PyTorch snapshot: --format torch)" if safe_pickle.looks_like_pickle(head, any_object=True) else
             "a binary file" if b"\0" in head.rstrip(b"\0") else None)
     if what:
         raise InputError(f"is {what}, not {WHAT[fmt]} (a text log, as --format {fmt} says)", path=path,

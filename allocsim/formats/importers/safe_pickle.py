@@ -52,13 +52,14 @@ class SnapshotUnpickler(pickle.Unpickler):
 _CONTAINERS = {"DICT", "EMPTY_DICT", "LIST", "EMPTY_LIST"}
 
 
-def looks_like_pickle(head: bytes) -> bool:
-    """Do the first bytes of a file read as a pickle of a dict or list (a memory snapshot)?
+def looks_like_pickle(head: bytes, *, any_object: bool = False) -> bool:
+    """Do the first bytes of a file read as a pickle of a dict or list (a memory snapshot), or of anything with
+    ``any_object`` (an OrderedDict, a tuple: a pickle the importer then names as not a snapshot)?
 
     Protocol 2 and later open with the PROTO opcode (``\x80``). Protocols 0 and 1 (``pickle.dump(s, f, 0)``)
     have no such mark: their first opcodes are disassembled (`pickletools.genops` only reads them, nothing
-    is built or run) and must open a container and go on for eight opcodes (or to the end), which CSV or JSON
-    text does not.
+    is built or run) and must go on for eight opcodes (or to the end), opening a container unless ``any_object``,
+    which CSV or JSON text does not.
     """
     if head[:1] == b"\x80":
         return True
@@ -70,8 +71,10 @@ def looks_like_pickle(head: bytes) -> bool:
                 break
     except Exception:       # not an opcode, or an argument the head cuts short: judge what came before
         pass
+    if len(ops) < 8 and ops[-1:] != ["STOP"]:
+        return False
     first = [o for o in ops[:2] if o != "MARK"][:1]
-    return bool(first) and first[0] in _CONTAINERS and (len(ops) == 8 or ops[-1] == "STOP")
+    return any_object or (bool(first) and first[0] in _CONTAINERS)
 
 
 def loads(data: bytes, source: str = "<pickle>"):
