@@ -303,7 +303,8 @@ def test_fit_reads_its_sizes_as_the_command_line_does(small_trace_path):
 @pytest.mark.parametrize("policy,options,says", [
     ("torch", {"expandable_segments": None}, "option expandable_segments: expected true or false, got 'none'"),
     ("torch", {"roundup_power2_divisions": "abc"}, "option roundup_power2_divisions: expected an integer"),
-    ("cupy", {"version": 14}, "option version: expected one of the choices, got 14")])
+    ("cupy", {"version": 14}, "option version: expected one of the choices, got 14"),
+    ("torch", {"roundup_power2_divisions": 5.5}, "option roundup_power2_divisions: expected text or a table, got 5.5")])
 def test_a_dict_takes_none_text_and_choices_as_the_command_line_does(policy, options, says):
     """None only where "none" is a value (an unset default), a text option's own parser on its text (a bad
     divisions text died inside the replay with a bare ValueError), a choice only as its text; 0 and numpy's 0.0 are
@@ -316,7 +317,10 @@ def test_a_dict_takes_none_text_and_choices_as_the_command_line_does(policy, opt
     assert allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": 0}) == off == \
         allocsim.PolicySpec.of("torch", {"garbage_collection_threshold": np.float64(0.0)})
     assert allocsim.PolicySpec.of("torch", {"roundup_power2_divisions": "[256:4,>:1]"}) == \
-        allocsim.PolicySpec.parse("torch[roundup_power2_divisions:[256:4,>:1]]")
+        allocsim.PolicySpec.parse("torch[roundup_power2_divisions:[256:4,>:1]]") == \
+        allocsim.PolicySpec.of("torch", {"roundup_power2_divisions": {"256": 4, ">": 1}})   # (as PyTorch spells it)
+    assert allocsim.PolicySpec.of("torch", {"roundup_power2_divisions": 4}) == \
+        allocsim.PolicySpec.parse("torch[roundup_power2_divisions:4]")
 
 
 def test_a_presets_parameters_are_checked_by_their_type():

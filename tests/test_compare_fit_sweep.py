@@ -219,3 +219,18 @@ def test_every_column_of_a_sweeps_row_has_a_kind_its_resume_checks():
     kinds = [sweep_command._TEXT, sweep_command._WHOLE, sweep_command._FRACTIONAL, {"completed", "breakdown_at_peak"}]
     for column in sweep_command._ROW_KEYS:
         assert sum(column in kind for kind in kinds) == 1, column
+
+
+def test_a_scheduler_that_cannot_be_reached_is_one_line_naming_the_option(monkeypatch):
+    """dask's own line ("Timed out trying to connect to ...") named no option: the command's says which."""
+    pytest.importorskip("dask.distributed", reason="Dask is an optional extra")
+    import dask.distributed
+
+    from allocsim.errors import UsageError
+    from allocsim.search.sweep import dask_executor
+
+    def unreachable(address, **kw):
+        raise OSError(f"Timed out trying to connect to {address} after 30 s")
+    monkeypatch.setattr(dask.distributed, "Client", unreachable)
+    with pytest.raises(UsageError, match=r"--scheduler tcp://127.0.0.1:1: cannot connect: Timed out"):
+        dask_executor("tcp://127.0.0.1:1")

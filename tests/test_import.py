@@ -451,6 +451,17 @@ def test_rmm_zero_byte_allocations_at_nullptr_may_be_live_together(tmp_path):
     assert e.value.position == "line 4"
 
 
+@pytest.mark.parametrize("fmt", [None, "rmm", "cupy", "torch"])
+def test_a_compressed_input_is_told_to_be_unpacked(tmp_path, fmt):
+    """A gzip'd log said "cannot tell the format ... pass --format", and with --format rmm, "a binary file"."""
+    import gzip
+    src = tmp_path / "log.csv.gz"
+    src.write_bytes(gzip.compress(open(fixture("log.csv"), "rb").read()))
+    with pytest.raises(InputError, match=r"it is gzip-compressed; unpack it first \(gunzip -k ") as e:
+        import_file(str(src), str(tmp_path / "o.bin"), format=fmt)
+    assert e.value.position == "byte 0" and not (tmp_path / "o.bin").exists()
+
+
 def test_a_log_of_segments_alone_is_refused_with_nothing_written(tmp_path):
     src = tmp_path / "segs.jsonl"
     src.write_text('{"hook":"alloc","mem_size":512,"mem_ptr":4096}\n')

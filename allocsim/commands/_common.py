@@ -152,9 +152,12 @@ def add_dask_arguments(p) -> None:
 
 
 def check_scheduler(args) -> None:
-    """An empty ``--scheduler`` is one line, before anything is written."""
+    """An empty ``--scheduler``, or one whose port no address has, is one line, before anything is written."""
     if args.scheduler is not None and not args.scheduler.strip():
         raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
+    port = (args.scheduler or "").rpartition("://")[2].rpartition(":")[2]
+    if ":" in (args.scheduler or "").rpartition("://")[2] and port.isdigit() and not 0 < int(port) < 65536:
+        raise UsageError(f"--scheduler {args.scheduler}: port {port} is no port (1 to 65535)")
 
 
 @contextmanager

@@ -120,8 +120,15 @@ class PolicySpec:
                     except ValueError as e:
                         raise UsageError(f"option {k}: {e}") from None
                     out.update(pcls.parse_option(known, k, text))
-                else:                               # a value a text option's parser made (tune's tables)
-                    out[k] = tuple(v) if isinstance(v, list) else v
+                elif isinstance(v, dict) and p.parser is not None:     # a table as PyTorch's settings spell it
+                    text = "[" + ",".join(f"{key}:{d}" for key, d in v.items()) + "]"   # ({"256": 1, ">": 8})
+                    out.update(pcls.parse_option(known, k, text))
+                elif kind_of(v) in ("i", "u") and p.parser is not None:   # (roundup_power2_divisions=4)
+                    out.update(pcls.parse_option(known, k, str(int(v))))
+                elif isinstance(v, (tuple, list)):  # a value a text option's parser made (tune's tables)
+                    out[k] = tuple(v)
+                else:       # (a dict or a number reached the model, which said "expected an integer")
+                    raise UsageError(f"option {k}: expected text{' or a table' if p.parser else ''}, got {v!r}")
             return out
         return self._adding(typed)
 

@@ -318,6 +318,9 @@ def dask_executor(scheduler: str | None = None, local_workers: int | None = None
             # an address dask cannot read ('garbage': no port; ucx:// without UCX: an abstract connector)
             from ..errors import UsageError
             raise UsageError(f"--scheduler {scheduler}: {e} (expected e.g. tcp://host:8786)") from None
+        except OSError as e:        # (TimeoutError too: no scheduler there; dask's line named no option)
+            from ..errors import UsageError
+            raise UsageError(f"--scheduler {scheduler}: cannot connect: {e}") from None
     # the client owns the cluster, so closing it (a signal included) stops the workers; a stop's own
     # warnings and the workers' tracebacks are not the user's to read (one line says what happened)
     with _sigint_ignored():         # Ctrl-C reaches the whole process group: the parent stops the workers

@@ -21,7 +21,7 @@ from ...units import parse_size
 from ...outputs import atomic_path, check_input_file, claim_outputs
 from ...trace import TraceWriter
 from ...trace.events import ALLOC, OOM
-from ...trace.format import IMPORTABLE, MAGIC
+from ...trace.format import IMPORTABLE, MAGIC, PACKED
 from ...trace.schema import check_meta
 from . import safe_pickle
 from .cupy_jsonl import HookLog
@@ -42,6 +42,7 @@ def detect(path: str) -> str:
         raise InputError(e.strerror or str(e), path=path)
     if not head.strip():
         raise InputError("the file is empty; nothing to import", path=path, position="byte 0")
+    _refuse_packed(head, path)
     if safe_pickle.looks_like_pickle(head, any_object=True):    # protocol 0 and 1 too (no PROTO opcode)
         return "torch"          # (a pickle of no dict, an OrderedDict's global first: the importer says what it is)
     if head.startswith(MAGIC):
@@ -115,6 +116,15 @@ def _pickle_file(path: str) -> None:
                      position="byte 0")
 
 
+def _refuse_packed(head: bytes, path: str) -> None:
+    """A compressed file is read as what it holds only once unpacked: say so, and how (a gzip'd log was "cannot tell
+    the format ... pass --format", and given --format, "a binary file")."""
+    packed = next((how for magic, how in PACKED if head.startswith(magic)), None)
+    if packed:
+        raise InputError(f"it is {packed[0]}-compressed; unpack it first ({packed[1]} {path})", path=path,
+                         position="byte 0")
+
+
 def _text_log(path: str, fmt: str) -> None:
     """Refuse a binary file given as a text log (``--format rmm`` on a snapshot): the line would quote its bytes. A
     log's zeros at its end are a crash's torn tail (the blocks the file system gave and nothing wrote), not binary."""
@@ -123,6 +133,7 @@ def _text_log(path: str, fmt: str) -> None:
             head = f.read(1 << 16)
     except OSError as e:
         raise InputError(e.strerror or str(e), path=path)
+    _refuse_packed(head, path)
     what = ("an allocsim trace already" if head.startswith(MAGIC) else
             "a pickle (a PyTorch snapshot: --format torch)" if safe_pickle.looks_like_pickle(head, any_object=True) else
             "a binary file" if b"\0" in head.rstrip(b"\0") else None)
