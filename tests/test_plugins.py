@@ -382,3 +382,28 @@ def test_a_plugin_subclass_that_keeps_malloc_and_free_keeps_the_fused_loop(small
         def counters(self):
             return {}
     assert Replay(Trace.load(small_trace_path), Quiet).fast_path
+
+
+# ---- plug-in folders kept apart -----------------------------------------------------------------
+SIBLING_POLICY = (f"import sys\nsys.path.append({EXAMPLES!r})\nfrom first_fit import FirstFit\nfrom common import SEGMENT\n"
+                  f"class P(FirstFit):\n    def __init__(self, *a, **k):\n        super().__init__(*a, **k)\n"
+                  f"        self.segment = SEGMENT\n")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_plugins_in_two_folders_each_import_their_own_module_of_one_name(order, jobs, tmp_path, small_trace_path):
+    """Two plug-in folders each with a ``common.py``: each plug-in imports its own folder's, whatever the order of
+    ``-p`` and in worker processes too (the first one loaded was shared by both)."""
+    segments = {"a": 4 << 20, "b": 64 << 20}
+    for d, seg in segments.items():
+        os.mkdir(tmp_path / d)
+        _write(tmp_path / d, "common.py", f"SEGMENT = {seg}\n")
+        _write(tmp_path / d, "pol.py", SIBLING_POLICY)
+    status, out, err = cli("compare", small_trace_path, "-p", ",".join(f"{d}/pol.py:P" for d in order), "-j", jobs,
+                           "--json", cwd=str(tmp_path))
+    assert status == 0, err
+    got = {r["policy"][0]: r["peak_reserved_bytes"] for r in json.loads(out)}
+    want = {d: allocsim.replay(small_trace_path, f"{EXAMPLES}/first_fit.py:FirstFit", options={"segment": seg})
+            .peak_reserved_bytes for d, seg in segments.items()}
+    assert got == want and want["a"] != want["b"]
