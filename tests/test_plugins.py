@@ -382,3 +382,87 @@ def test_a_plugin_subclass_that_keeps_malloc_and_free_keeps_the_fused_loop(small
         def counters(self):
             return {}
     assert Replay(Trace.load(small_trace_path), Quiet).fast_path
+
+
+# ---- plug-in folders kept apart -----------------------------------------------------------------
+SIBLING_POLICY = (f"import sys\nsys.path.append({EXAMPLES!r})\nfrom first_fit import FirstFit\nfrom common import SEGMENT\n"
+                  f"class P(FirstFit):\n    def __init__(self, *a, **k):\n        super().__init__(*a, **k)\n"
+                  f"        self.segment = SEGMENT\n")
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_plugins_in_two_folders_each_import_their_own_module_of_one_name(order, jobs, tmp_path, small_trace_path):
+    """Two plug-in folders each with a ``common.py``: each plug-in imports its own folder's, whatever the order of
+    ``-p`` and in worker processes too (the first one loaded was shared by both)."""
+    segments = {"a": 4 << 20, "b": 64 << 20}
+    for d, seg in segments.items():
+        os.mkdir(tmp_path / d)
+        _write(tmp_path / d, "common.py", f"SEGMENT = {seg}\n")
+        _write(tmp_path / d, "pol.py", SIBLING_POLICY)
+    status, out, err = cli("compare", small_trace_path, "-p", ",".join(f"{d}/pol.py:P" for d in order), "-j", jobs,
+                           "--json", cwd=str(tmp_path))
+    assert status == 0, err
+    got = {r["policy"][0]: r["peak_reserved_bytes"] for r in json.loads(out)}
+    want = {d: allocsim.replay(small_trace_path, f"{EXAMPLES}/first_fit.py:FirstFit", options={"segment": seg})
+            .peak_reserved_bytes for d, seg in segments.items()}
+    assert got == want and want["a"] != want["b"]
+
+
+# ---- a subclass of a built-in and the fused loop --------------------------------------------------
+def _no_reuse(base: str, helper: str, how: str) -> type:
+    """A subclass of ``base`` whose ``helper`` (a step of its malloc that its fused loop inlines) does nothing: in the
+    class's body, from a mixin, or set on the instance."""
+    def none(self, *a):
+        return 0
+    builtin = policies.get(base)
+    if how == "mixin":
+        return type("NoReuse", (type("Mixin", (), {helper: none}), builtin), {})
+    if how == "instance":
+        def __init__(self, *a, **k):
+            builtin.__init__(self, *a, **k)
+            setattr(self, helper, lambda *a: 0)
+        return type("NoReuse", (builtin,), {"__init__": __init__})
+    return type("NoReuse", (builtin,), {helper: none})
+
+
+@pytest.mark.parametrize("how", ["subclass", "mixin", "instance"])
+@pytest.mark.parametrize("base, helper", [("bestfit", "_pop_fit"), ("split", "_repopulate")])
+def test_a_plugin_subclass_that_overrides_a_helper_the_fused_loop_inlines_walks_plainly(base, helper, how,
+                                                                                      small_trace_path):
+    """`Policy.fused_loop`: a subclass that overrides a helper of its built-in's malloc (not malloc or free) takes
+    the plain walk, and replays with its override (the fused loop, which inlines the built-in's, replayed it as
+    the built-in)."""
+    from allocsim import Replay, Trace
+    trace, pcls = Trace.load(small_trace_path), _no_reuse(base, helper, how)
+    r = Replay(trace, pcls)
+    got, plain = _as_dict(r.run()), _as_dict(Replay(trace, pcls, fast_path=False).run())
+    builtin = _as_dict(Replay(trace, base).run())
+    assert got == plain and {**got, "policy": base} != builtin
+    assert not r.fast_path
+
+
+@pytest.mark.parametrize("base", ["bestfit", "split", "cupy"])
+def test_a_plugin_subclass_that_overrides_only_what_no_fused_loop_inlines_keeps_it(base, small_trace_path):
+    """`Policy.NOT_INLINED`: ``__init__`` and what the engine reads outside the walk (counters, largest_free) may be
+    overridden, and a method of the plug-in's own added, with the built-in's fused loop kept, replaying as it."""
+    from allocsim import Replay, Trace
+    builtin = policies.get(base)
+
+    class Reporting(builtin):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.note = "mine"
+
+        def counters(self):
+            return dict(super().counters(), notes=1)
+
+        def largest_free(self):
+            return super().largest_free()
+
+        def describe(self):
+            return self.note
+    trace = Trace.load(small_trace_path)
+    r = Replay(trace, Reporting)
+    assert r.fast_path
+    assert _as_dict(r.run()) == _as_dict(Replay(trace, Reporting, fast_path=False).run())

@@ -286,7 +286,7 @@ def _load_file(path: str, shown: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module           # dataclasses and pickle inside the plug-in look it up
     try:
-        with _plugin_output():
+        with _plugin_output(), _own_siblings(folder):
             spec.loader.exec_module(module)
     except _STOPS:
         del sys.modules[modname]
@@ -295,6 +295,59 @@ def _load_file(path: str, shown: str):
         del sys.modules[modname]
         raise _import_failed(e, shown, path) from None
     return module
+
+
+#: The folders of the plug-in files loaded in this process, each with the modules beside it that its files
+#: imported as they were loaded (bare name -> module): what `_own_siblings` keeps apart.
+_FOLDERS: dict[str, dict] = {}
+
+
+def _beside(module, folder: str) -> bool:
+    """Whether ``module`` was found in ``folder`` as a module beside a plug-in file (``folder/name.py``,
+    ``folder/name/...``): not one of a package installed below it."""
+    top = module.__name__.partition(".")[0]
+    spec = getattr(module, "__spec__", None)
+    places = [getattr(spec, "origin", None) or getattr(module, "__file__", None)]
+    places += list(getattr(spec, "submodule_search_locations", None) or ())
+    for place in places:
+        if isinstance(place, str) and os.path.isabs(place):
+            rel = os.path.relpath(place, folder)
+            if not rel.startswith(os.pardir) and rel.split(os.sep)[0].split(".")[0] == top:
+                return True
+    return False
+
+
+@contextmanager
+def _own_siblings(folder: str):
+    """While a plug-in file in ``folder`` is loaded, its imports of the modules beside it (``from common import
+    X``) find its own folder's: the bare names that another plug-in folder's modules hold in ``sys.modules`` are
+    set aside and ``folder`` is searched first, as a script's own folder is; then they are put back (two plug-in
+    folders each with a ``common.py`` shared the first one loaded, so results depended on the order of ``-p``)."""
+    folder = os.path.abspath(folder)
+    own = _FOLDERS.setdefault(folder, {})
+    aside = {}                              # bare name -> what sys.modules held there before
+    for other, modules in _FOLDERS.items():
+        for name, mod in modules.items():
+            if other != folder and sys.modules.get(name) is mod and name not in own:
+                aside[name] = sys.modules.pop(name)
+    for name, mod in own.items():
+        if sys.modules.get(name) is not mod:
+            aside[name] = sys.modules.get(name)
+            sys.modules[name] = mod
+    sys.path.insert(0, folder)
+    before = set(sys.modules)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)         # (the first one: the one put ahead)
+        for name in set(sys.modules) - before:
+            mod = sys.modules[name]
+            if _beside(mod, folder):
+                own[name] = mod
+        for name, mod in aside.items():     # the bare names back as they were (a clash: the one loaded first)
+            if mod is not None:
+                sys.modules[name] = mod
 
 
 def _import(modname: str, shown: str):

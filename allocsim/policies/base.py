@@ -49,6 +49,31 @@ from ..errors import UsageError
 from ..params import Param, split_conf
 
 
+#: The members of the contract that the engine and the commands call themselves, never from inside a walk of the
+#: common events, and that no built-in's fused loop inlines (each `walk_chunk` read for them): a subclass that
+#: overrides only these keeps its built-in's fused loop (`Policy.fused_loop`). ``gc_on`` is not one (`torch`'s
+#: loop reads it once per run of events, its ``malloc`` per request).
+NOT_INLINED = frozenset({
+    "__new__", "__init__", "variant", "parse_options", "format_option", "merge_options", "check_option",
+    "parse_option", "block", "_not_implemented", "fused_loop", "fused_tape", "_meets_inlined", "largest_free",
+    "free_breakdown", "free_parts", "release_cache", "pool_event", "declares", "can_checkpoint", "checkpoint",
+    "restore", "fold_state", "addresses", "fold_counts", "fold_advance", "counters", "finish", "close"})
+
+#: How every attribute is read or written: a subclass's own makes the fused loop's reads not the plain walk's.
+_ACCESS_HOOKS = frozenset({"__getattribute__", "__setattr__", "__delattr__"})
+
+
+def _definer(cls: type, name: str) -> type | None:
+    """The class of ``cls.__mro__`` whose body defines ``name`` (None: none does)."""
+    return next((c for c in cls.__mro__ if name in c.__dict__), None)
+
+
+def _is_method(value) -> bool:
+    """Whether a class attribute is code (a function, a static or class method, a property): what a fused loop
+    may inline; data (an option's default, ``tick = None``) it reads from the instance as the plain walk does."""
+    return callable(value) or isinstance(value, (staticmethod, classmethod, property))
+
+
 class Policy:
     """Base class of allocator policies. Subclasses set ``name``, ``summary``, ``params``."""
 
@@ -208,13 +233,24 @@ class Policy:
 
     def fused_loop(self):
         """The fused loop the engine may walk the common events with: `walk_chunk` when the class that defines
-        it also defines ``malloc`` and ``free`` (so it is those two, inlined), else None. A subclass that
-        overrides malloc or free (a plug-in on a built-in) thus gets the plain loop, and its override runs.
+        it also defines ``malloc`` and ``free`` (so it is those two, inlined) and this instance meets every other
+        method as that class does (`_meets_inlined`), else None. A subclass that overrides malloc, free or a
+        helper the loop inlines (a plug-in on a built-in) thus gets the plain loop, and its override runs.
         Once per replay."""
         if self.walk_chunk is None:
             return None
-        owners = {next(c for c in type(self).__mro__ if name in c.__dict__) for name in ("malloc", "free", "walk_chunk")}
-        return self.walk_chunk if len(owners) == 1 else None
+        owners = {_definer(type(self), name) for name in ("malloc", "free", "walk_chunk")}
+        return self.walk_chunk if len(owners) == 1 and self._meets_inlined(owners.pop()) else None
+
+    def _meets_inlined(self, owner: type) -> bool:
+        """Whether each method of ``owner`` (the class whose `walk_chunk` is the fused loop) that the loop may
+        inline -- all but `NOT_INLINED` -- is here the one ``owner`` has: not overridden by a subclass or a mixin,
+        nor set on the instance (a subclass of `bestfit` overriding ``_pop_fit`` was replayed as `bestfit`, its
+        override never called). Once per replay."""
+        cls, mine = type(self), vars(self)
+        names = {n for c in owner.__mro__[:-1] for n, v in vars(c).items() if _is_method(v)} | _ACCESS_HOOKS
+        return not any(n not in NOT_INLINED and (n in mine or _definer(cls, n) is not _definer(owner, n))
+                       for n in names)
 
     def fused_tape(self) -> bool:
         """Whether the fused loop records a window onto a tape (`records_fused`, declared by the class that
