@@ -390,6 +390,8 @@ def test_old_protocol_snapshot_is_detected(tmp_path, proto):
     assert (Trace.load(str(old) + ".bin").records == Trace.load(str(new) + ".bin").records).all()
     for text in (b"Thread,Time,Action,Pointer,Size,Stream\n", b'{"hook": "malloc"}\n', b"(data is here\n"):
         assert not safe_pickle.looks_like_pickle(text)
+    for text in (b"....s.s.....x...sss...\n", b"0000000000\n"):     # (opcode-like: STOP, POP on an empty stack)
+        assert not safe_pickle.looks_like_pickle(text, any_object=True)
 
 
 def test_plain_containers_load_in_every_protocol():
@@ -436,6 +438,9 @@ def test_rmm_a_row_from_before_midnight_logged_after_one_past_it_is_a_step_back_
                           "2,23:59:59.900000,allocate,0x30,5,0\n1,00:00:00.200000,allocate,0x40,5,0\n")
     assert list(t.time_ns) == [0, 300_000_000, 300_000_000, 400_000_000]   # (the third clamped, not a day on)
     assert s["days_crossed"] == 1
+    t, s = _rmm(tmp_path, "1,00:00:00.100000,allocate,0x10,5,0\n2,23:59:59.900000,allocate,0x30,5,0\n"
+                          "1,00:00:00.200000,allocate,0x40,5,0\n")     # (a log begun just past midnight)
+    assert list(t.time_ns) == [0, 0, 100_000_000] and s["days_crossed"] == 0
 
 
 def test_rmm_zero_byte_allocations_at_nullptr_may_be_live_together(tmp_path):

@@ -303,6 +303,22 @@ def test_a_plugins_counter_named_as_a_figure_is_said_to_be_its_own(tmp_path, sma
     assert "device mallocs (policy counter)" in out and "\n  mine " in out and "\n  device mallocs   " not in out
 
 
+def test_a_counters_override_alone_is_checked_and_numpys_numbers_are_counted(tmp_path, small_trace_path):
+    """A subclass of a built-in that overrides ``counters`` alone runs unguarded, its counters checked all the same
+    (a flush count of -3 printed); numpy's numbers are numbers, given back as Python's for ``--json``."""
+    _write(tmp_path, "t.py", "from allocsim.policies.torch import TorchCachingAllocator\n"
+                             "class T(TorchCachingAllocator):\n    name = 't-plugin'\n"
+                             "    def counters(self):\n        return {**super().counters(), 'cache_flushes': -3}\n")
+    status, out, err = cli("replay", small_trace_path, "-p", "t.py:T", cwd=str(tmp_path))
+    assert status == 2 and "counters()' cache_flushes is -3, not a count" in err, err
+    _write(tmp_path, "p.py", PLUGIN_HEAD + "    def counters(self):\n        import numpy as np\n"
+                             "        return {'segments': np.int64(len(self.segments)), 'share': np.float32(0.5)}\n")
+    status, out, err = cli("replay", small_trace_path, "-p", "p.py:Pool", "--json", cwd=str(tmp_path))
+    assert status == 0, err
+    counters = json.loads(out)["counters"]
+    assert counters["share"] == 0.5 and type(counters["segments"]) is int and counters["segments"] > 0
+
+
 @pytest.mark.parametrize("argv", [["compare", "{t}", "-p", "split,p.py:Pool", "-q", "--csv", "p.py", "--force"],
                                   ["sweep", "{t}", "-p", "split,p.py:Pool", "-q", "-o", "p.py", "--format", "csv",
                                    "--force"],
@@ -466,3 +482,16 @@ def test_a_plugin_subclass_that_overrides_only_what_no_fused_loop_inlines_keeps_
     r = Replay(trace, Reporting)
     assert r.fast_path
     assert _as_dict(r.run()) == _as_dict(Replay(trace, Reporting, fast_path=False).run())
+
+
+def test_two_versions_of_a_plugin_registering_one_name_compare_side_by_side(tmp_path, small_trace_path):
+    """``@register`` under a name a built-in has is refused; under a name another plug-in registered (two versions of
+    one plug-in) it is not: that name is the plug-ins' own ("a built-in policy's name" was said of it)."""
+    body = (f"import sys\nsys.path.append({EXAMPLES!r})\nfrom allocsim.policies import register\n"
+            "from first_fit import FirstFit\n\n\n@register\nclass FF(FirstFit):\n    name = 'myff'\n")
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        _write(tmp_path / d, "ff.py", body)
+    status, out, err = cli("compare", small_trace_path, "-p", "a/ff.py:FF,b/ff.py:FF", "-q", "-j", "1",
+                           cwd=str(tmp_path))
+    assert status == 0 and "a/ff.py:FF" in out and "b/ff.py:FF" in out, err

@@ -69,6 +69,17 @@ def test_bad_command_lines(argv, msg, capsys):
     assert msg in capsys.readouterr().err
 
 
+def test_a_package_with_no_main_is_told_without_running_its_init(tmp_path, monkeypatch, capsys):
+    """``record -m pkg`` of a package with no ``__main__``: one line, and its ``__init__`` never runs in allocsim
+    (finding ``pkg.__main__`` by `importlib.util.find_spec` imported the package: a traceback, exit 1)."""
+    (tmp_path / "badpkg").mkdir()
+    (tmp_path / "badpkg" / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w')\nraise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["record", "-o", str(tmp_path / "r.bin"), "-m", "badpkg"]) == 2
+    assert "badpkg is a package with no __main__ module" in capsys.readouterr().err
+    assert not (tmp_path / "ran").exists()
+
+
 def test_script_arguments_pass_through_untouched():
     from allocsim.cli import make_parser
     from allocsim.commands.record import parse_target

@@ -228,8 +228,12 @@ def _still_done(row: dict | None, cell: Cell) -> bool:
 
 
 def _inputs_stamp(cell: Cell) -> list:
-    """``[bytes, modification time in ns]`` of the cell's trace and of its plug-in file, if it names one."""
-    files = [cell.trace, *plugin_files([cell.policy.ref])]
+    """``[bytes, modification time in ns]`` of the cell's trace and of its plug-in's module file (given as a file,
+    a module or an entry point; not the modules it imports)."""
+    cls = cell.policy.policy_class()
+    module = None if cls.__module__.startswith("allocsim.") else sys.modules.get(cls.__module__)
+    source = getattr(module, "__file__", None)      # (None: a module of no file)
+    files = [cell.trace] + ([source] if source else [])
     return [[st.st_size, st.st_mtime_ns] for st in map(os.stat, files)]
 
 

@@ -13,8 +13,9 @@ built-ins' hot path pays nothing:
 - `guard_policy`: after each ``malloc`` and before each ``free``, the block the handle names
   (``block(handle)``) is a non-negative address, at least the request, inside memory taken
   from the device and overlapping no live block; ``allocated`` stays within the bytes the live
-  blocks were asked for and reserved; ``counters()`` is a dict of names and finite numbers, its
-  ``cache_flushes`` a count.
+  blocks were asked for and reserved;
+- `guard_counters`: a plug-in's ``counters()`` (whatever else it defines) is a dict of names and finite
+  numbers, its ``cache_flushes`` a count.
 
 Each broken rule is one `PluginError` line naming the plug-in and the rule, the rules
 `allocsim.testing.check_policy` states in full (docs/architecture.md, "The policy contract").
@@ -22,7 +23,10 @@ Each broken rule is one `PluginError` line naming the plug-in and the rule, the 
 from __future__ import annotations
 
 import math
+import numbers
 from bisect import bisect_right, insort
+
+import numpy as np
 
 from ..errors import PluginError
 
@@ -155,19 +159,28 @@ def guard_policy(policy, device, taken: _Taken, name: str) -> None:
         free(handle)
         check_allocated("a free")
 
+    policy.malloc, policy.free = checked_malloc, checked_free
+
+
+def guard_counters(policy, name: str) -> None:
+    """A plug-in's ``counters()`` (guarded or not: a subclass of a built-in may override it alone) is a dict of names
+    and finite numbers, numpy's too (given back as Python's, for ``--json``), its ``cache_flushes`` a count: a
+    negative one printed, then wedged a sweep's partial table."""
     counters = policy.counters
 
     def checked_counters():
         got = counters()
         if not isinstance(got, dict):
             raise _broke(name, f"counters() returned {type(got).__name__}, not a dict of names and numbers")
+        out = {}
         for k, v in got.items():
-            if not (isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            if not (isinstance(k, str) and isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
                     and math.isfinite(v)):
                 raise _broke(name, f"counters() holds {k!r}: {v!r}, not a name and a finite number")
-        flushes = got.get("cache_flushes", 0)
+            out[k] = int(v) if isinstance(v, numbers.Integral) else float(v)
+        flushes = out.get("cache_flushes", 0)
         if not (isinstance(flushes, int) and flushes >= 0):
             raise _broke(name, f"counters()' cache_flushes is {flushes!r}, not a count (a whole number from 0)")
-        return got
+        return out
 
-    policy.malloc, policy.free, policy.counters = checked_malloc, checked_free, checked_counters
+    policy.counters = checked_counters

@@ -56,7 +56,7 @@ from ..errors import InputError, UsageError
 from .fold import Folder, LatencyTape
 from ..machine.metrics import LatencyLog, OOMRecord, ReplayResult, assemble_result, breakdown, largest_free_fragmentation
 from ..machine.runtime import RUNTIMES
-from .guard import guard_device_calls, guard_policy
+from .guard import guard_counters, guard_device_calls, guard_policy
 from ..machine.sections import Sections
 from .spec import PolicySpec, is_plugin, plugin_errors
 from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
@@ -551,6 +551,8 @@ class Replay:
             self.policy = cls(self.context, spec.values(), **({"progress": plan_progress} if cls.offline else {}))
         if guard:
             guard_policy(self.policy, self.device, taken, spec.name)
+        if is_plugin(cls.counters):
+            guard_counters(self.policy, spec.name)
         self.handles: dict = {}        # id -> handle, live objects only
         self.runtime.attach(self.policy, self.handles)
         self.keep_going, self.timeline, self.observer, self.progress = s.keep_going, s.timeline, observer, progress

@@ -125,6 +125,8 @@ class PolicySpec:
                     out.update(pcls.parse_option(known, k, text))
                 elif kind_of(v) in ("i", "u") and p.parser is not None:   # (roundup_power2_divisions=4)
                     out.update(pcls.parse_option(known, k, str(int(v))))
+                elif isinstance(v, str):            # a text option's own text
+                    out[k] = v
                 elif isinstance(v, (tuple, list)):  # a value a text option's parser made (tune's tables)
                     out[k] = tuple(v)
                 else:       # (a dict or a number reached the model, which said "expected an integer")
@@ -302,13 +304,22 @@ def _load_file(path: str, shown: str):
 _FOLDERS: dict[str, dict] = {}
 
 
+def _siblings(folder: str) -> set[str]:
+    """The module names ``folder`` holds itself (``name.py``, a ``name/`` folder): what a file there imports
+    from beside it."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return set()
+    return {e[:-3] if e.endswith(".py") else e for e in entries
+            if (e.endswith(".py") and e[:-3].isidentifier()) or (e.isidentifier() and
+                                                                  os.path.isdir(os.path.join(folder, e)))}
+
+
 def _beside(module, folder: str) -> bool:
-    """Whether ``module`` was found in ``folder`` as a module beside a plug-in file (``folder/name.py``,
-    ``folder/name/...``): not one of a package installed below it."""
-    top = module.__name__.partition(".")[0]
-    spec = getattr(module, "__spec__", None)
-    places = [getattr(spec, "origin", None) or getattr(module, "__file__", None)]
-    places += list(getattr(spec, "submodule_search_locations", None) or ())
+    """Whether ``module`` was found in ``folder`` (``folder/name.py``, ``folder/name/...``)."""
+    spec, top = module.__spec__, module.__name__.partition(".")[0]
+    places = [] if spec is None else [spec.origin, *(spec.submodule_search_locations or ())]
     for place in places:
         if isinstance(place, str) and os.path.isabs(place):
             rel = os.path.relpath(place, folder)
@@ -320,19 +331,22 @@ def _beside(module, folder: str) -> bool:
 @contextmanager
 def _own_siblings(folder: str):
     """While a plug-in file in ``folder`` is loaded, its imports of the modules beside it (``from common import
-    X``) find its own folder's: the bare names that another plug-in folder's modules hold in ``sys.modules`` are
-    set aside and ``folder`` is searched first, as a script's own folder is; then they are put back (two plug-in
-    folders each with a ``common.py`` shared the first one loaded, so results depended on the order of ``-p``)."""
+    X``) find its own folder's: a name ``folder`` holds itself whose module in ``sys.modules`` came from elsewhere
+    (another plug-in folder's ``common.py``) is set aside, with its submodules, and ``folder`` is searched first,
+    as a script's own folder is; then they are put back. (Two plug-in folders each with a ``common.py`` shared the
+    first one loaded, so results depended on the order of ``-p``.) A module ``folder`` does not hold -- a package
+    installed or beside another plug-in -- stays the one module it is."""
     folder = os.path.abspath(folder)
     own = _FOLDERS.setdefault(folder, {})
-    aside = {}                              # bare name -> what sys.modules held there before
-    for other, modules in _FOLDERS.items():
-        for name, mod in modules.items():
-            if other != folder and sys.modules.get(name) is mod and name not in own:
-                aside[name] = sys.modules.pop(name)
+    names = _siblings(folder)
+    aside = {}                              # name -> what sys.modules held there before
+    for name in [n for n in sys.modules if n.partition(".")[0] in names]:
+        mod = sys.modules[name]
+        if own.get(name) is not mod and not _beside(mod, folder):
+            aside[name] = sys.modules.pop(name)
     for name, mod in own.items():
         if sys.modules.get(name) is not mod:
-            aside[name] = sys.modules.get(name)
+            aside.setdefault(name, sys.modules.get(name))
             sys.modules[name] = mod
     sys.path.insert(0, folder)
     before = set(sys.modules)
@@ -342,10 +356,9 @@ def _own_siblings(folder: str):
         if folder in sys.path:
             sys.path.remove(folder)         # (the first one: the one put ahead)
         for name in set(sys.modules) - before:
-            mod = sys.modules[name]
-            if _beside(mod, folder):
-                own[name] = mod
-        for name, mod in aside.items():     # the bare names back as they were (a clash: the one loaded first)
+            if name.partition(".")[0] in names and _beside(sys.modules[name], folder):
+                own[name] = sys.modules[name]
+        for name, mod in aside.items():     # the names back as they were (a clash: the one loaded first)
             if mod is not None:
                 sys.modules[name] = mod
 

@@ -17,7 +17,8 @@ def register(cls: type[Policy]) -> type[Policy]:
         raise TypeError(f"{cls.__name__} has no name")
     if not cls.__module__.startswith("allocsim."):      # a plug-in's: its loader files the built-ins first
         import sys
-        if REGISTRY.get(cls.name, cls) is not cls:
+        taken = REGISTRY.get(cls.name, cls)
+        if taken is not cls and taken.__module__.startswith("allocsim."):     # (another plug-in's name: its own)
             caller = sys._getframe(1)
             raise NameTaken(f"{cls.__qualname__} ({caller.f_code.co_filename}:{caller.f_lineno}) registers itself as "
                             f"{cls.name!r}, a built-in policy's name; give it a name of its own")

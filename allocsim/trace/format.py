@@ -173,6 +173,13 @@ def _import_it(path: str) -> str:
     return f": it is {what}; import it first (allocsim import {shlex.quote(path)} -o NAME.bin)" if what else ""
 
 
+def packed_note(head: bytes, path: str) -> str | None:
+    """"it is xz-compressed; unpack it first (xz -dk PATH)" where ``head``, a file's first bytes, is a compressed
+    file's (`PACKED`), else None."""
+    packed = next((how for magic, how in PACKED if head.startswith(magic)), None)
+    return packed and f"it is {packed[0]}-compressed; unpack it first ({packed[1]} {shlex.quote(path)})"
+
+
 def read_trace_file(path: str, *, mmap: bool = True):
     """Read and check a `.bin` file; return ``(meta, records, footer, finished, version)``.
 
@@ -187,10 +194,9 @@ def read_trace_file(path: str, *, mmap: bool = True):
         with open(path, "rb") as f:
             head = f.read(HEADER_SIZE)
             if len(head) < 8 or head[:8] != MAGIC:
-                packed = next((how for magic, how in PACKED if head.startswith(magic)), None)
+                packed = packed_note(head, path)
                 raise InputError(f"not an allocsim trace (bad magic {head[:8]!r}; expected {MAGIC!r})"
-                                 + (f": it is {packed[0]}-compressed; unpack it first ({packed[1]} {path})"
-                                    if packed else _import_it(path)), path=path, position="byte 0")
+                                 + (f": {packed}" if packed else _import_it(path)), path=path, position="byte 0")
             if len(head) < HEADER_SIZE:
                 raise InputError(f"truncated header: {len(head)} of {HEADER_SIZE} bytes", path=path,
                                  position=f"byte {len(head)}")

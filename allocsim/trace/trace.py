@@ -364,8 +364,8 @@ class _RecordFields:
     ``sites`` (or none). Per kind: GC, CACHE_RELEASE and SET_LIMIT ``aux`` 0 or 1; a MARK's
     label index within ``labels``; an OOM's device free bytes and a torch SET_LIMIT's fraction
     (0 to 1) in range; a SEGMENT_FREE names a segment allocated before it (in the trace or in
-    the metadata's ``initial_segments``), a torch trace's SEGMENT_ALLOC no address still allocated, and no
-    SEGMENT_FREE or SEGMENT_UNMAP takes the recorded reserved bytes below zero. The tables are checked only in a finished file (an
+    the metadata's ``initial_segments``), and no SEGMENT_FREE or SEGMENT_UNMAP takes the
+    recorded reserved bytes below zero. The tables are checked only in a finished file (an
     unfinished one has none). The kind-specific checks read only the events of their kind, and
     the segment events (few) are followed one at a time.
     """
@@ -402,8 +402,6 @@ class _RecordFields:
                      if isinstance(s.get("address"), int)}
         #: a starting segment without an address: a free of any address may be of it
         self.by_address = all(isinstance(s.get("address"), int) for s in segs)
-        #: a torch trace sees every segment's free (CuPy's hooks see none: the recorder infers some, the importer none)
-        self.sees_frees = trace.meta.get("framework") == "torch"
         self.pools = PoolNumbers()                  # one pool per number and one number per pool
         self.open_scopes: dict[int, list] = {}     # BEGIN kind -> the open scopes' (serial, label), innermost last
         self.last_serial = 0
@@ -504,10 +502,7 @@ class _RecordFields:
         rec = c.rec[at]
         for j, kind, size, addr in zip(at.tolist(), rec["kind"].tolist(), rec["size"].tolist(), rec["addr"].tolist()):
             what = None
-            if kind == ev.SEGMENT_ALLOC and addr and addr in self.live and self.sees_frees:
-                what = (f"SEGMENT_ALLOC at {addr:#x} of {size} bytes where a segment of {self.live[addr]} bytes is "
-                        f"still allocated (never freed)")
-            elif kind == ev.SEGMENT_ALLOC:
+            if kind == ev.SEGMENT_ALLOC:
                 self.live[addr] = size
             elif kind == ev.SEGMENT_FREE and self.live.pop(addr, None) is None and self.by_address:
                 what = f"SEGMENT_FREE of a segment never allocated (address {addr:#x}, {size} bytes)"

@@ -21,7 +21,7 @@ from ...units import parse_size
 from ...outputs import atomic_path, check_input_file, claim_outputs
 from ...trace import TraceWriter
 from ...trace.events import ALLOC, OOM
-from ...trace.format import IMPORTABLE, MAGIC, PACKED
+from ...trace.format import IMPORTABLE, MAGIC, packed_note
 from ...trace.schema import check_meta
 from . import safe_pickle
 from .cupy_jsonl import HookLog
@@ -119,10 +119,9 @@ def _pickle_file(path: str) -> None:
 def _refuse_packed(head: bytes, path: str) -> None:
     """A compressed file is read as what it holds only once unpacked: say so, and how (a gzip'd log was "cannot tell
     the format ... pass --format", and given --format, "a binary file")."""
-    packed = next((how for magic, how in PACKED if head.startswith(magic)), None)
+    packed = packed_note(head, path)
     if packed:
-        raise InputError(f"it is {packed[0]}-compressed; unpack it first ({packed[1]} {path})", path=path,
-                         position="byte 0")
+        raise InputError(packed, path=path, position="byte 0")
 
 
 def _text_log(path: str, fmt: str) -> None:

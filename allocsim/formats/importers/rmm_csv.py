@@ -92,7 +92,7 @@ class RmmLog:
                 state["first"] = us
             elif us + day < state["last_us"] - HALF_DAY_US:
                 day = state["day"] = day + DAY_US
-            elif day and us + day > state["last_us"] + HALF_DAY_US:
+            elif us + day > state["last_us"] + HALF_DAY_US:
                 day -= DAY_US       # logged before the last midnight, after a row past it: a step back, clamped
             us += day
             state["last_us"] = max(us, state["last_us"] or us)

@@ -66,15 +66,34 @@ def looks_like_pickle(head: bytes, *, any_object: bool = False) -> bool:
     ops = []
     try:
         for op, _, _ in pickletools.genops(io.BytesIO(head)):
-            ops.append(op.name)
+            ops.append(op)
             if len(ops) == 8 or op.name == "STOP":
                 break
     except Exception:       # not an opcode, or an argument the head cuts short: judge what came before
         pass
-    if len(ops) < 8 and ops[-1:] != ["STOP"]:
+    if len(ops) < 8 and (not ops or ops[-1].name != "STOP") or not _stack_holds(ops):
         return False
-    first = [o for o in ops[:2] if o != "MARK"][:1]
+    first = [o.name for o in ops[:2] if o.name != "MARK"][:1]
     return any_object or (bool(first) and first[0] in _CONTAINERS)
+
+
+def _stack_holds(ops) -> bool:
+    """Whether the opcodes ``ops`` run on the unpickler's stack without taking from an empty one (each opcode's
+    declared ``stack_before``, a mark where a slice is taken): text of opcode-like characters (a test log's
+    ``....s.s..``: STOP first; ``0000``: POP) does not, a pickle does."""
+    stack: list = []        # True: a mark, False: an object
+    for op in ops:
+        before = list(op.stack_before)
+        if pickletools.stackslice in before:            # (all above the topmost mark, and the mark)
+            if True not in stack:
+                return False
+            del stack[len(stack) - 1 - stack[::-1].index(True):]
+            before = [b for b in before if b not in (pickletools.stackslice, pickletools.markobject)]
+        if len(stack) < len(before) or True in stack[len(stack) - len(before):]:
+            return False
+        del stack[len(stack) - len(before):]
+        stack += [a is pickletools.markobject for a in op.stack_after]
+    return True
 
 
 def loads(data: bytes, source: str = "<pickle>"):

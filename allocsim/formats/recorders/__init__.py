@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -136,10 +137,8 @@ class Target:
             main = os.path.join(list(spec.submodule_search_locations)[0], "__main__.py")
             if os.path.isfile(main):
                 return main
-            try:
-                found = importlib.util.find_spec(f"{self.module}.__main__")
-            except (ImportError, ValueError):
-                found = None
+            # (find_spec of "pkg.__main__" imports pkg: its __init__ would run in allocsim, before any recording)
+            found = importlib.machinery.PathFinder.find_spec("__main__", list(spec.submodule_search_locations))
             if found is None:       # (it said: cannot tell which framework the program uses)
                 raise UsageError(f"{self.module} is a package with no __main__ module: python -m cannot run it")
             return found.origin
