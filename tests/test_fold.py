@@ -1815,6 +1815,40 @@ def test_a_run_whose_ids_jump_where_a_window_starts_folds_as_the_full_walk(step,
     assert_folded_is_full(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), "torch")
 
 
+def interleaved_ids(steps: int = 40, base: int = 10) -> Trace:
+    """Steps of two ALLOCs whose ids are not one run: step ``k`` allocates ``base + 2k + 3`` (5 MiB, freed in the next
+    step) then ``base + 2k`` (3 MiB, freed at once). Every id is allocated once and each step's are its previous
+    step's plus its two ALLOCs, so the records repeat with a shift of a window's ALLOCs; but a window's ids span more
+    than its ALLOCs, and the object a window carries over has an id past the next window's lowest."""
+    w = TraceWriter(meta={"producer": "test"})
+    w.record(ALLOC, id_=base + 1, size=5 * MiB)
+    for k in range(steps):
+        w.mark(f"step {k}")
+        w.record(ALLOC, id_=base + 2 * k + 3, size=5 * MiB)
+        w.record(ALLOC, id_=base + 2 * k, size=3 * MiB)
+        w.free(base + 2 * k)
+        w.free(base + 2 * k + 1)
+    w.mark("tail")
+    w.free(base + 2 * steps + 1)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_window_whose_ids_are_not_one_run_is_not_told_by_its_records_and_folds_as_the_full_walk(monkeypatch,
+                                                                                                  policy):
+    """Windows whose ALLOC ids are not one run above the live ids (`interleaved_ids`): the records would repeat with
+    the windows' growth, but the live ids cannot be renamed by it (the object carried over lies outside the run
+    ``[first, first + D)``), so no `RecordView` is made of such a window, the fold is told by the events and renamed
+    from them, and the result is the full walk's."""
+    trace = interleaved_ids()
+    views, of = [], fold.RecordView.of
+    monkeypatch.setattr(fold.RecordView, "of", classmethod(lambda cls, *a, **kw: (views.append(of(*a, **kw)),
+                                                                                  views[-1])[1]))
+    how = assert_folded_is_full(trace, policy)
+    assert how is not None and how["steps"] >= 30, how
+    assert views and all(v is None for v in views), views
+
+
 @pytest.fixture(scope="module")
 def gpt_eval50_130():
     return real_steps("gpt-eval50", 130)
