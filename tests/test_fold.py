@@ -2191,6 +2191,26 @@ def _events(kind, ids) -> fold.Events:
     return ev
 
 
+def test_windows_repeat_reads_the_older_objects_blocks_in_window_0_only_and_none_without_them():
+    """`windows_repeat` on a template (two ALLOCs, a FREE of its own object, a FREE of an object older than it) and
+    four windows that repeat it, each freeing the object the window before carried: from window 0 with the older
+    object's blocks it counts all four where the template's older object and window 0's freed one held one block, none
+    where they held two; without the blocks an older object's FREE is unlike (none, no address read); from window 1 on
+    the blocks are not asked (three)."""
+    kind, ids = [], []
+    carried = 0                         # the template frees object 0, older than it
+    for w in range(5):
+        a, b = 100 + 2 * w, 101 + 2 * w
+        kind += [ALLOC, ALLOC, FREE, FREE]
+        ids += [a, b, a, carried]
+        carried = b
+    ev, P = _events(kind, ids), 4
+    assert fold.windows_repeat(ev, P, 0, {0: 4096}, {101: 4096}) == 4
+    assert fold.windows_repeat(ev, P, 0, {0: 4096}, {101: 8192}) == 0
+    assert fold.windows_repeat(ev, P, 0) == 0
+    assert fold.windows_repeat(ev, P, 1) == fold.windows_repeat(ev, P, 1, {0: 4096}, {101: 8192}) == 3
+
+
 @settings(max_examples=80, deadline=None)
 @given(ops=st.lists(st.integers(0, 9), min_size=1, max_size=30), perm=st.permutations(range(6)),
        swapped=st.sets(st.integers(0, 5), max_size=2), kind_at=st.none() | st.integers(0, 29))
