@@ -1444,6 +1444,24 @@ def test_a_reuse_told_record_for_record_answers_as_the_events_compared(monkeypat
         assert got == plain, (mark, got, plain)
 
 
+def test_a_reuse_whose_live_object_holds_a_block_nobody_held_after_the_recorded_window_is_refused(monkeypatch):
+    """A reuse told by the events gathered (`Folder._reused_by_events`, the records kept out) whose boundary has one
+    more live object, in a block no object held at the recorded window's end: its windows repeat, but that object
+    cannot be named after them, so the reuse is refused (False, not a crash), and the walk goes on to the full walk's
+    result."""
+    monkeypatch.setattr(fold.Folder, "_reused_by_records", lambda self, here, key, until: None)
+    asked, by_events = [], fold.Folder._reused_by_events
+
+    def stranger(self, here, key, until):
+        addr = dict(here.addr)
+        addr[max(addr, default=0) + (1 << 20)] = max(addr.values(), default=0) + (1 << 40)
+        asked.append(by_events(self, fold.Boundary(here.at, here.mark, addr), key, until))
+        return by_events(self, here, key, until)
+    monkeypatch.setattr(fold.Folder, "_reused_by_events", stranger)
+    assert_folded_is_full(real_steps("gpt-eval50", 130), "torch")
+    assert asked and not any(asked), asked
+
+
 @pytest.mark.parametrize("name, steps, policy", [("gpt-eval50", 130, "torch"), ("gpt2s-fixed", 160, "cupy"),
                                                  ("gpt2s-eval50", 120, "split")])
 def test_a_recorded_windows_live_ids_renamed_by_arithmetic_are_those_its_events_give(monkeypatch, name, steps,
