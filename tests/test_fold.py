@@ -2007,6 +2007,29 @@ def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monke
     assert_folded_is_full(trace, "torch")
 
 
+def test_a_lap_whose_records_differ_in_its_first_lap_adds_nothing_and_counts_no_fold(monkeypatch):
+    """The small GPT (`torch`) with one ALLOC of step 160 512 bytes larger: the lap from step 55's state comes round at
+    155 with the counts of the lap after it, but the records differ within that lap: no lap repeats (0), none is
+    added or counted among the folds (each fold in ``periods`` skipped steps), the run folds on with its period of
+    7, and the result is the full walk's."""
+    trace = real_steps("gpt-fixed", 300)
+    rec = np.array(trace.records)
+    x = int(fold.Steps(trace).marks[160])
+    rec["size"][x + int(np.flatnonzero(rec["kind"][x:] == ALLOC)[0])] += 512
+    trace = Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels)
+    laps, repeats = [], fold.Folder._lap_repeats
+    monkeypatch.setattr(fold.Folder, "_lap_repeats", lambda self, *a: (laps.append(repeats(self, *a)), laps[-1])[1])
+    r = Replay(trace, "torch")
+    got = r.run().to_dict()
+    assert [lap[0] for lap in laps] == [0], laps
+    periods = r._folder.periods
+    assert periods and all(n > 0 and p == 7 for p, _, n in periods), periods
+    assert r.folded["folds"] == len(periods)
+    full = Replay(trace, "torch", fold=False).run().to_dict()
+    got.pop("replay_seconds"), full.pop("replay_seconds")
+    assert got == full
+
+
 def test_a_lap_journal_leaves_plain_floats_where_the_walk_stops_or_gives_it_up(monkeypatch):
     """Stopped inside the small GPT's journal (`torch`, step 120): a checkpoint and a result hold plain floats and the
     plain `sections.add`, a replay resumed from the checkpoint walks as the full walk; a journal dropped (every lap
