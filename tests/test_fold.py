@@ -576,6 +576,40 @@ def test_a_window_begun_inside_it_adds_what_the_walk_from_there_adds(steps, cut,
     assert grown == (entries[cut:] + entries[:cut]) * k
 
 
+@pytest.mark.parametrize("quiet_first", [False, True])
+def test_a_window_begun_at_a_step_without_latencies_adds_what_the_walk_from_there_adds(quiet_first):
+    """`Rotated` cut where one side of the cut adds no latency (a step of FREEs only: the clock moves, no malloc is
+    timed): both pieces are made (`Recorder.pieces`), and the windows from the cut add the walk's clock and
+    latencies."""
+    busy, quiet = [[1e-6, 3e-7]], [2.5e-6, 1e-7]
+    totals, sections = _Totals(1.0), Sections()
+    recorder = fold.Recorder(totals, totals, sections)
+
+    def step(t, part, secs, rec=None):
+        if part is quiet:
+            for x in quiet:
+                t.clock = t.clock + x
+            return []
+        return _walk_steps(t, secs, part, rec)
+    parts = [quiet, busy] if quiet_first else [busy, quiet]
+    step(totals, parts[0], sections, recorder)
+    mark = recorder.mark()
+    step(totals, parts[1], sections, recorder)
+    window = recorder.stop()
+    rotated = fold.Rotated(recorder, mark, window, middle=None)
+    assert window is not None and rotated.parts() is not None
+    walked, folded, log = _Totals(totals.clock), _Totals(totals.clock), LatencyLog()
+    walked_sections, folded_sections = Sections(), Sections()
+    walked_sections.restore(sections.checkpoint()), folded_sections.restore(sections.checkpoint())
+    walked_lat = []
+    for _ in range(3):
+        for part in parts[1:] + parts[:1]:
+            walked_lat += step(walked, part, walked_sections)
+    rotated.repeat(3, folded, folded, folded_sections, log)
+    assert folded.clock.hex() == walked.clock.hex() and folded_sections.stats == walked_sections.stats
+    assert [log.values[c] for c in log._range(0, log.count)] == walked_lat
+
+
 def test_a_run_back_in_its_cycle_at_another_phase_folds_at_once_with_the_window_begun_there(monkeypatch):
     """The small GPT (traces/fold/gpt-fixed, state period 7, a logging step every 50): after the first logging step
     its state comes back at step 55 as one its cycle went through at another phase than its recorded window's start.
