@@ -1901,6 +1901,20 @@ def test_a_window_whose_ids_are_not_one_run_is_not_told_by_its_records_and_folds
     assert views and all(v is None for v in views), views
 
 
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_trace_whose_records_are_not_laid_out_as_words_folds_by_its_events_as_the_full_walk(policy):
+    """A trace over a strided view of its records (each a field of a wider record: `fold._words` cannot read them as
+    words): no window is told record for record (`RecordView.of`, `Folder._record_windows`), the events are
+    compared, and the folds -- first windows, reuses, resumes -- give the full walk's result."""
+    trace = real_steps("gpt-eval50", 130)
+    wide = np.zeros(len(trace), dtype=[("r", trace_module.RECORD_DTYPE), ("pad", "u1")])
+    wide["r"] = np.asarray(trace.records)
+    trace = Trace(wide["r"], dict(trace.meta), streams=trace.streams, labels=trace.labels)
+    assert fold._words(trace.records) is None
+    how = assert_folded_is_full(trace, policy)
+    assert how is not None and how["folds"] >= 2, how
+
+
 @pytest.fixture(scope="module")
 def gpt_eval50_130():
     return real_steps("gpt-eval50", 130)
