@@ -576,6 +576,40 @@ def test_a_window_begun_inside_it_adds_what_the_walk_from_there_adds(steps, cut,
     assert grown == (entries[cut:] + entries[:cut]) * k
 
 
+@pytest.mark.parametrize("quiet_first", [False, True])
+def test_a_window_begun_at_a_step_without_latencies_adds_what_the_walk_from_there_adds(quiet_first):
+    """`Rotated` cut where one side of the cut adds no latency (a step of FREEs only: the clock moves, no malloc is
+    timed): both pieces are made (`Recorder.pieces`), and the windows from the cut add the walk's clock and
+    latencies."""
+    busy, quiet = [[1e-6, 3e-7]], [2.5e-6, 1e-7]
+    totals, sections = _Totals(1.0), Sections()
+    recorder = fold.Recorder(totals, totals, sections)
+
+    def step(t, part, secs, rec=None):
+        if part is quiet:
+            for x in quiet:
+                t.clock = t.clock + x
+            return []
+        return _walk_steps(t, secs, part, rec)
+    parts = [quiet, busy] if quiet_first else [busy, quiet]
+    step(totals, parts[0], sections, recorder)
+    mark = recorder.mark()
+    step(totals, parts[1], sections, recorder)
+    window = recorder.stop()
+    rotated = fold.Rotated(recorder, mark, window, middle=None)
+    assert window is not None and rotated.parts() is not None
+    walked, folded, log = _Totals(totals.clock), _Totals(totals.clock), LatencyLog()
+    walked_sections, folded_sections = Sections(), Sections()
+    walked_sections.restore(sections.checkpoint()), folded_sections.restore(sections.checkpoint())
+    walked_lat = []
+    for _ in range(3):
+        for part in parts[1:] + parts[:1]:
+            walked_lat += step(walked, part, walked_sections)
+    rotated.repeat(3, folded, folded, folded_sections, log)
+    assert folded.clock.hex() == walked.clock.hex() and folded_sections.stats == walked_sections.stats
+    assert [log.values[c] for c in log._range(0, log.count)] == walked_lat
+
+
 def test_a_run_back_in_its_cycle_at_another_phase_folds_at_once_with_the_window_begun_there(monkeypatch):
     """The small GPT (traces/fold/gpt-fixed, state period 7, a logging step every 50): after the first logging step
     its state comes back at step 55 as one its cycle went through at another phase than its recorded window's start.
@@ -1444,6 +1478,24 @@ def test_a_reuse_told_record_for_record_answers_as_the_events_compared(monkeypat
         assert got == plain, (mark, got, plain)
 
 
+def test_a_reuse_whose_live_object_holds_a_block_nobody_held_after_the_recorded_window_is_refused(monkeypatch):
+    """A reuse told by the events gathered (`Folder._reused_by_events`, the records kept out) whose boundary has one
+    more live object, in a block no object held at the recorded window's end: its windows repeat, but that object
+    cannot be named after them, so the reuse is refused (False, not a crash), and the walk goes on to the full walk's
+    result."""
+    monkeypatch.setattr(fold.Folder, "_reused_by_records", lambda self, here, key, until: None)
+    asked, by_events = [], fold.Folder._reused_by_events
+
+    def stranger(self, here, key, until):
+        addr = dict(here.addr)
+        addr[max(addr, default=0) + (1 << 20)] = max(addr.values(), default=0) + (1 << 40)
+        asked.append(by_events(self, fold.Boundary(here.at, here.mark, addr), key, until))
+        return by_events(self, here, key, until)
+    monkeypatch.setattr(fold.Folder, "_reused_by_events", stranger)
+    assert_folded_is_full(real_steps("gpt-eval50", 130), "torch")
+    assert asked and not any(asked), asked
+
+
 @pytest.mark.parametrize("name, steps, policy", [("gpt-eval50", 130, "torch"), ("gpt2s-fixed", 160, "cupy"),
                                                  ("gpt2s-eval50", 120, "split")])
 def test_a_recorded_windows_live_ids_renamed_by_arithmetic_are_those_its_events_give(monkeypatch, name, steps,
@@ -1815,6 +1867,54 @@ def test_a_run_whose_ids_jump_where_a_window_starts_folds_as_the_full_walk(step,
     assert_folded_is_full(Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels), "torch")
 
 
+def interleaved_ids(steps: int = 40, base: int = 10) -> Trace:
+    """Steps of two ALLOCs whose ids are not one run: step ``k`` allocates ``base + 2k + 3`` (5 MiB, freed in the next
+    step) then ``base + 2k`` (3 MiB, freed at once). Every id is allocated once and each step's are its previous
+    step's plus its two ALLOCs, so the records repeat with a shift of a window's ALLOCs; but a window's ids span more
+    than its ALLOCs, and the object a window carries over has an id past the next window's lowest."""
+    w = TraceWriter(meta={"producer": "test"})
+    w.record(ALLOC, id_=base + 1, size=5 * MiB)
+    for k in range(steps):
+        w.mark(f"step {k}")
+        w.record(ALLOC, id_=base + 2 * k + 3, size=5 * MiB)
+        w.record(ALLOC, id_=base + 2 * k, size=3 * MiB)
+        w.free(base + 2 * k)
+        w.free(base + 2 * k + 1)
+    w.mark("tail")
+    w.free(base + 2 * steps + 1)
+    return w.finish()
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_window_whose_ids_are_not_one_run_is_not_told_by_its_records_and_folds_as_the_full_walk(monkeypatch,
+                                                                                                  policy):
+    """Windows whose ALLOC ids are not one run above the live ids (`interleaved_ids`): the records would repeat with
+    the windows' growth, but the live ids cannot be renamed by it (the object carried over lies outside the run
+    ``[first, first + D)``), so no `RecordView` is made of such a window, the fold is told by the events and renamed
+    from them, and the result is the full walk's."""
+    trace = interleaved_ids()
+    views, of = [], fold.RecordView.of
+    monkeypatch.setattr(fold.RecordView, "of", classmethod(lambda cls, *a, **kw: (views.append(of(*a, **kw)),
+                                                                                  views[-1])[1]))
+    how = assert_folded_is_full(trace, policy)
+    assert how is not None and how["steps"] >= 30, how
+    assert views and all(v is None for v in views), views
+
+
+@pytest.mark.parametrize("policy", ["torch", "cupy"])
+def test_a_trace_whose_records_are_not_laid_out_as_words_folds_by_its_events_as_the_full_walk(policy):
+    """A trace over a strided view of its records (each a field of a wider record: `fold._words` cannot read them as
+    words): no window is told record for record (`RecordView.of`, `Folder._record_windows`), the events are
+    compared, and the folds -- first windows, reuses, resumes -- give the full walk's result."""
+    trace = real_steps("gpt-eval50", 130)
+    wide = np.zeros(len(trace), dtype=[("r", trace_module.RECORD_DTYPE), ("pad", "u1")])
+    wide["r"] = np.asarray(trace.records)
+    trace = Trace(wide["r"], dict(trace.meta), streams=trace.streams, labels=trace.labels)
+    assert fold._words(trace.records) is None
+    how = assert_folded_is_full(trace, policy)
+    assert how is not None and how["folds"] >= 2, how
+
+
 @pytest.fixture(scope="module")
 def gpt_eval50_130():
     return real_steps("gpt-eval50", 130)
@@ -1953,6 +2053,29 @@ def test_a_lap_is_added_once_walked_once_from_the_first_fold_after_a_break(monke
     r.run()
     assert made and not [p for p, _, _ in r._folder.periods if p > 7] and r._folder.lap_misses == 0, r._folder.periods
     assert_folded_is_full(trace, "torch")
+
+
+def test_a_lap_whose_records_differ_in_its_first_lap_adds_nothing_and_counts_no_fold(monkeypatch):
+    """The small GPT (`torch`) with one ALLOC of step 160 512 bytes larger: the lap from step 55's state comes round at
+    155 with the counts of the lap after it, but the records differ within that lap: no lap repeats (0), none is
+    added or counted among the folds (each fold in ``periods`` skipped steps), the run folds on with its period of
+    7, and the result is the full walk's."""
+    trace = real_steps("gpt-fixed", 300)
+    rec = np.array(trace.records)
+    x = int(fold.Steps(trace).marks[160])
+    rec["size"][x + int(np.flatnonzero(rec["kind"][x:] == ALLOC)[0])] += 512
+    trace = Trace(rec, dict(trace.meta), streams=trace.streams, labels=trace.labels)
+    laps, repeats = [], fold.Folder._lap_repeats
+    monkeypatch.setattr(fold.Folder, "_lap_repeats", lambda self, *a: (laps.append(repeats(self, *a)), laps[-1])[1])
+    r = Replay(trace, "torch")
+    got = r.run().to_dict()
+    assert [lap[0] for lap in laps] == [0], laps
+    periods = r._folder.periods
+    assert periods and all(n > 0 and p == 7 for p, _, n in periods), periods
+    assert r.folded["folds"] == len(periods)
+    full = Replay(trace, "torch", fold=False).run().to_dict()
+    got.pop("replay_seconds"), full.pop("replay_seconds")
+    assert got == full
 
 
 def test_a_lap_journal_leaves_plain_floats_where_the_walk_stops_or_gives_it_up(monkeypatch):
@@ -2155,6 +2278,26 @@ def _events(kind, ids) -> fold.Events:
     ev.at, ev.kind = np.arange(len(kind), dtype=np.int64), np.array(kind, np.uint8)
     ev.id, ev.size, ev.stream = np.array(ids, np.uint32), np.full(len(kind), 512, np.uint64), np.zeros(len(kind), np.uint16)
     return ev
+
+
+def test_windows_repeat_reads_the_older_objects_blocks_in_window_0_only_and_none_without_them():
+    """`windows_repeat` on a template (two ALLOCs, a FREE of its own object, a FREE of an object older than it) and
+    four windows that repeat it, each freeing the object the window before carried: from window 0 with the older
+    object's blocks it counts all four where the template's older object and window 0's freed one held one block, none
+    where they held two; without the blocks an older object's FREE is unlike (none, no address read); from window 1 on
+    the blocks are not asked (three)."""
+    kind, ids = [], []
+    carried = 0                         # the template frees object 0, older than it
+    for w in range(5):
+        a, b = 100 + 2 * w, 101 + 2 * w
+        kind += [ALLOC, ALLOC, FREE, FREE]
+        ids += [a, b, a, carried]
+        carried = b
+    ev, P = _events(kind, ids), 4
+    assert fold.windows_repeat(ev, P, 0, {0: 4096}, {101: 4096}) == 4
+    assert fold.windows_repeat(ev, P, 0, {0: 4096}, {101: 8192}) == 0
+    assert fold.windows_repeat(ev, P, 0) == 0
+    assert fold.windows_repeat(ev, P, 1) == fold.windows_repeat(ev, P, 1, {0: 4096}, {101: 8192}) == 3
 
 
 @settings(max_examples=80, deadline=None)
