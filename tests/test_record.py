@@ -58,6 +58,8 @@ def test_missing_framework_or_gpu_is_one_line_exit_2(tmp_path, capsys, fw):
     (["-m", "no_such_module_xyz"], "no module named"), (["--max-events", "0", "x.py"], "--max-events"),
     (["--stacks", "all"], "needs the script after it"),
     (["-o", "", "x.py"], "the file name is empty"),           # (-o "" wrote the default x.bin)
+    (["--framework", "cupy", "--stacks", "x.py"], "--stacks: for PyTorch's recorder, not --framework cupy"),
+    (["--framework", "cupy", "--max-events", "5", "x.py"], "--max-events: for PyTorch's recorder"),
     (["-m", "allocsim.trace"], "is a package with no __main__ module: python -m cannot run it"),
 ])
 def test_bad_command_lines(argv, msg, capsys):

@@ -143,6 +143,9 @@ def stacks_choice(args) -> None:
 def run(args) -> int:
     from ..formats.recorders import record
     stacks_choice(args)
+    torch_only = [o for o, v in (("--stacks", args.stacks), ("--max-events", args.max_events)) if v is not None]
+    if args.framework == "cupy" and torch_only:     # (CuPy's recorder took them and did nothing with them)
+        raise UsageError(f"{' and '.join(torch_only)}: for PyTorch's recorder, not --framework cupy")
     argv = program_argv(args)
     if argv is not None:
         return run_program(args, argv)
