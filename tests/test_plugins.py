@@ -495,3 +495,16 @@ def test_two_versions_of_a_plugin_registering_one_name_compare_side_by_side(tmp_
     status, out, err = cli("compare", small_trace_path, "-p", "a/ff.py:FF,b/ff.py:FF", "-q", "-j", "1",
                            cwd=str(tmp_path))
     assert status == 0 and "a/ff.py:FF" in out and "b/ff.py:FF" in out, err
+
+
+def test_a_subclass_that_overrides_a_builtins_helper_is_guarded(tmp_path, small_trace_path):
+    """A subclass of `bestfit` whose ``_pop_fit`` hands out a live block again walks plainly (its helper runs) and
+    is guarded as a plug-in is: one line, where the unguarded replay gave two objects one block, exit 0."""
+    _write(tmp_path, "twice.py", "from allocsim.policies.bestfit import BestFit\n\n\nclass Twice(BestFit):\n"
+                                 "    name = 'twice'\n    last = 0\n\n    def _pop_fit(self, n):\n"
+                                 "        b = super()._pop_fit(n)\n"
+                                 "        return self.last if not b and self.last and self._size[self.last] >= n else b\n\n"
+                                 "    def _grow(self, n):\n        b = self.last = super()._grow(n)\n        return b\n")
+    status, out, err = cli("replay", small_trace_path, "-p", "twice.py:Twice", cwd=str(tmp_path))
+    assert status == 2 and err.count("\n") == 1, err
+    assert "policy 'twice.py:Twice' broke the policy contract" in err and "overlaps a live block" in err, err

@@ -3,7 +3,8 @@
 A built-in policy is held to the contract by the test suite (`allocsim.testing`); a plug-in is
 not, and one that breaks it would replay to exit 0 with wrong figures (a negative address, a
 device call of -5 bytes counted as thousands of mallocs, reserved lowered by freeing what was
-never taken). So `Replay` guards a plug-in (`spec.is_plugin`), and only a plug-in, so the
+never taken). So `Replay` guards a plug-in (`spec.is_plugin`: its allocation code, or a subclass of a built-in
+overriding a helper the built-in's loop inlines, `policies.base.overrides_inlined`), and only a plug-in, so the
 built-ins' hot path pays nothing:
 
 - `guard_device_calls`: the context's ``malloc(n)`` refuses ``n`` that is not a positive

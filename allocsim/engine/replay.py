@@ -58,6 +58,7 @@ from ..machine.metrics import LatencyLog, OOMRecord, ReplayResult, assemble_resu
 from ..machine.runtime import RUNTIMES
 from .guard import guard_counters, guard_device_calls, guard_policy
 from ..machine.sections import Sections
+from ..policies.base import overrides_inlined
 from .spec import PolicySpec, is_plugin, plugin_errors
 from ..trace import ALLOC, FREE, SEGMENT_ALLOC, Trace
 from ..trace.events import (CACHE_RELEASE, CATCHES_OOM, IN_REQUEST, OOM, POOL, POOL_RELEASE, PRESSURE, SET_LIMIT,
@@ -543,8 +544,9 @@ class Replay:
         self.runtime = RUNTIMES[s.runtime](self.device, self.sections, gc_every=s.gc_every)
         self.context = PolicyContext(self.device, self.runtime, self.sections, trace)
         if guard is None:           # a built-in's allocation code is the suite's to check; a real allocator's, its own
-            guard = not cls.real_gpu and any(f is not None and is_plugin(f) for f in
-                                             (cls.malloc, cls.free, cls.block, cls.walk_chunk))
+            guard = not cls.real_gpu and (any(f is not None and is_plugin(f) for f in
+                                              (cls.malloc, cls.free, cls.block, cls.walk_chunk))
+                                          or is_plugin(cls) and overrides_inlined(cls))   # (a helper of a built-in's)
         if guard:
             taken = guard_device_calls(self.context, self.device, spec.name)
         with plugin_errors(cls, spec.name, "being set up"):

@@ -90,6 +90,15 @@ def _inlined(cls: type, owner: type) -> tuple[frozenset, bool]:
     return got
 
 
+def overrides_inlined(cls: type) -> bool:
+    """Whether ``cls`` overrides a method its fused loop's class may inline (`NOT_INLINED` aside): a subclass of a
+    built-in that changes how blocks are found, whose replay walks plainly and is guarded as a plug-in's."""
+    if cls.walk_chunk is None:
+        return False
+    owner = _definer(cls, "walk_chunk")
+    return owner is not cls and _inlined(cls, owner)[1]
+
+
 class Policy:
     """Base class of allocator policies. Subclasses set ``name``, ``summary``, ``params``."""
 
