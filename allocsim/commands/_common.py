@@ -12,6 +12,7 @@ from ..machine.costs import CostModel
 from ..errors import UsageError
 from ..filenames import shown_name
 from ..engine.replay import ReplaySettings
+from ..engine.spec import plugin_files
 from ..trace import Trace
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_cap, parse_size
@@ -151,12 +152,20 @@ def add_dask_arguments(p) -> None:
                    help="run on a local Dask cluster of N workers, at most the number of cores")
 
 
+def inputs_of(args, traces=None) -> list:
+    """The inputs a command's outputs must never replace: its trace(s) (``traces``, else ``args.trace``), its
+    cost model and its plug-in policies' files (``compare --csv ff.py`` wrote its table over the plug-in)."""
+    policies = getattr(args, "policies", None) or getattr(args, "policy", None)
+    return [*(traces if traces is not None else [args.trace]), getattr(args, "cost_model", None),
+            *plugin_files([policies])]
+
+
 def check_scheduler(args) -> None:
     """An empty ``--scheduler``, or one whose port no address has, is one line, before anything is written."""
     if args.scheduler is not None and not args.scheduler.strip():
         raise UsageError("--scheduler: empty address (expected e.g. tcp://host:8786)")
-    port = (args.scheduler or "").rpartition("://")[2].rpartition(":")[2]
-    if ":" in (args.scheduler or "").rpartition("://")[2] and port.isdigit() and not 0 < int(port) < 65536:
+    _, colon, port = (args.scheduler or "").rpartition("://")[2].rpartition(":")
+    if colon and port.isdigit() and not 0 < int(port) < 65536:
         raise UsageError(f"--scheduler {args.scheduler}: port {port} is no port (1 to 65535)")
 
 
@@ -378,7 +387,7 @@ def lazy_progress_bar(desc: str, quiet: bool = False, unit: str = "ev"):
 
 
 #: Name endings of files that are no pickle: a picture, a table, a trace, JSON (a trace's ``.stats.json`` sidecar).
-_NOT_A_SNAPSHOT = (".png", ".svg", ".pdf", ".json", ".jsonl", ".csv", ".bin")
+_NOT_A_SNAPSHOT = (".png", ".svg", ".pdf", ".json", ".jsonl", ".csv", ".bin", ".stats.json")
 
 
 def check_snapshot_name(path: str | None) -> None:
@@ -388,7 +397,7 @@ def check_snapshot_name(path: str | None) -> None:
         return
     low = os.path.basename(path).lower()
     ext = ".stats.json" if low.endswith(".stats.json") else os.path.splitext(low)[1]
-    if ext in _NOT_A_SNAPSHOT or ext == ".stats.json":
+    if ext in _NOT_A_SNAPSHOT:
         what = "a trace's recorded counters (its .stats.json)" if ext == ".stats.json" else f"a {ext} file"
         raise UsageError(f"--snapshot {shown_name(path)}: names {what}, but --snapshot writes a PyTorch memory "
                          f"snapshot, a pickle: end the name in .pickle or .pkl")

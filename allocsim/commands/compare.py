@@ -6,14 +6,14 @@ import os
 from ..machine.capacity import check_caps
 from ..errors import UsageError
 from ..filenames import shown_name
-from ..engine.spec import plugin_files
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
 from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
 from ..search.sweep import Cell, Settings, run_cells
 from ._command import Command
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
-                      capacity_arg, caps_arg, load_trace, policy_specs, replay_settings, split_list, warm_cache_trace)
+                      capacity_arg, caps_arg, inputs_of, load_trace, policy_specs, replay_settings, split_list,
+                      warm_cache_trace)
 from ._progress import count_progress
 from ._ranks import each_rank
 
@@ -75,8 +75,7 @@ def run(args) -> int:
 
 
 def run_one(args) -> int:
-    claim_outputs([("--csv", args.csv)], [args.trace, args.cost_model, *plugin_files([args.policies])],
-                  force=args.force)
+    claim_outputs([("--csv", args.csv)], inputs_of(args), force=args.force)
     if args.csv and os.path.splitext(args.csv)[1].lower() in (".json", ".jsonl"):   # (as sweep refuses it)
         raise UsageError(f"--csv {args.csv}: --csv writes CSV, which its {os.path.splitext(args.csv)[1]} name "
                          f"contradicts; name it .csv (--json prints JSON to stdout)")

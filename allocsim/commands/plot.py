@@ -4,12 +4,11 @@ from __future__ import annotations
 import os
 
 from ..errors import InputError, UsageError
-from ..engine.spec import plugin_files
 from ..outputs import add_force_argument, atomic_folder, check_named, claim_outputs
 from ..search.sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._command import Command
 from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
-                      load_trace, plural, policy_specs, replay_settings, split_list)
+                      inputs_of, load_trace, plural, policy_specs, replay_settings, split_list)
 from ._ranks import one_trace
 
 COMMAND = Command(
@@ -99,7 +98,7 @@ def _report_is_foreign(index: str) -> bool:
 def claim(args, ext: str) -> None:
     """Refuse, before any replay, a picture or report file that would replace an input, a trace or a page
     allocsim did not write (unless --force)."""
-    inputs = [args.trace, args.cost_model, *plugin_files([args.policies])]
+    inputs = inputs_of(args)
     if not args.report:
         return claim_outputs([("-o", args.output)], inputs, force=args.force)
     if not os.path.exists(args.report):

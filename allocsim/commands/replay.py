@@ -12,10 +12,11 @@ from ..formats.exporters.torch_snapshot import replay_snapshot
 from ..report.tables import dump_json
 from ..filenames import shown_name
 from ..report.text import oom_line, phase_lines, replay_summary, section_table
-from ..engine.spec import PolicySpec, plugin_files
+from ..engine.spec import PolicySpec
 from ._command import Command
 from ._common import (DEFAULT_TRACE, add_replay_arguments, add_warm_cache_argument, lazy_progress_bar, load_trace,
-                      check_snapshot_name, progress_bar, replay_settings, say_snapshot_written, warm_cache_trace)
+                      check_snapshot_name, inputs_of, progress_bar, replay_settings, say_snapshot_written,
+                      warm_cache_trace)
 from ._ranks import each_rank
 
 COMMAND = Command(
@@ -72,8 +73,7 @@ def _replay(args, path: str | None) -> int:
     spec = PolicySpec.parse(args.policy).with_options(args.policy_opt)
     if args.snapshot is not None:
         check_exportable(spec, args.runtime)
-        claim_outputs([("--snapshot", args.snapshot)], [args.trace, args.cost_model, *plugin_files([args.policy])],
-                      force=args.force)
+        claim_outputs([("--snapshot", args.snapshot)], inputs_of(args), force=args.force)
     quiet = args.quiet or args.json
     t0 = time.perf_counter()
     trace = load_trace(path, quiet)

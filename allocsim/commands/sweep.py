@@ -17,12 +17,12 @@ import sys
 
 from ..errors import InputError, UsageError
 from ..filenames import clipped
-from ..engine.spec import plugin_files
+from ..engine.spec import is_plugin
 from ..outputs import claim_outputs, signals_unwind, temp_path
 from ..report.tables import COLUMNS, dump_json, write_rows
 from ..search.sweep import Cell, run_cells
 from ._command import Command
-from ._common import add_dask_arguments, check_scheduler, dask_cluster, distinct
+from ._common import add_dask_arguments, check_scheduler, dask_cluster, inputs_of
 from ._progress import count_progress
 from ._ranks import traces_of
 from .compare import add_arguments as _compare_arguments
@@ -223,15 +223,14 @@ def _still_done(row: dict | None, cell: Cell) -> bool:
     it was replayed from (as many bytes, last written at the same time, `_inputs_stamp`): a trace recorded again
     under the same name, or a plug-in edited, is replayed again, its new row the one kept. (By size alone, a trace
     made again at the same size was resumed from the old one's rows: one table, two traces.)"""
-    return row is not None and row.get("trace_bytes") == os.path.getsize(cell.trace) \
-        and row.get("inputs_stamp") == _inputs_stamp(cell)
+    return row is not None and row.get("inputs_stamp") == _inputs_stamp(cell)    # (its first pair: the trace's size)
 
 
 def _inputs_stamp(cell: Cell) -> list:
     """``[bytes, modification time in ns]`` of the cell's trace and of its plug-in's module file (given as a file,
     a module or an entry point; not the modules it imports)."""
     cls = cell.policy.policy_class()
-    module = None if cls.__module__.startswith("allocsim.") else sys.modules.get(cls.__module__)
+    module = sys.modules.get(cls.__module__) if is_plugin(cls) else None
     source = getattr(module, "__file__", None)      # (None: a module of no file)
     files = [cell.trace] + ([source] if source else [])
     return [[st.st_size, st.st_mtime_ns] for st in map(os.stat, files)]
@@ -260,8 +259,8 @@ def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> li
     try:
         with dask_cluster(args) as (executor, _):
             def on_row(cell, row):
-                row = dict(row, cell=cell.key(), shared=shared, trace_bytes=os.path.getsize(cell.trace),
-                           inputs_stamp=_inputs_stamp(cell))
+                stamp = _inputs_stamp(cell)
+                row = dict(row, cell=cell.key(), shared=shared, trace_bytes=stamp[0][0], inputs_stamp=stamp)
                 row.pop("sections", None)
                 row.pop("replay_seconds", None)      # wall time differs run to run; the table must not
                 _append(log, (json.dumps(row, sort_keys=True) + "\n").encode(), partial)
@@ -285,10 +284,8 @@ def _run_todo(args, cells, todo, settings, log: int, partial, shared: str) -> li
 def run(args) -> int:
     check_scheduler(args)
     fmt = _table_format(args.output, args.format)
-    traces = distinct(traces_of(args), "traces", key=os.path.realpath)     # a run's name: its ranks' traces
-    claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], [*traces, args.cost_model,
-                                                                            *plugin_files([args.policies])],
-                  force=args.force)
+    traces = traces_of(args)        # (a run's name: its ranks' traces; a trace named twice is refused there)
+    claim_outputs([("-o", args.output), ("-o", args.output + ".partial")], inputs_of(args, traces), force=args.force)
     cells: list[Cell] = []
     settings = None
     for t in traces:

@@ -23,7 +23,7 @@ from ..units import fmt_bytes, parse_size
 from ._command import Command
 from ._common import (WARNINGS, PhaseReport, add_cost_model_argument, add_dask_arguments, add_fold_argument, add_jobs_argument,
                       add_warm_cache_argument, cap_arg, capacity_arg, check_scheduler, check_snapshot_name,
-                      cost_model_arg, count, dask_cluster, say_snapshot_written, warm_cache_trace)
+                      cost_model_arg, count, dask_cluster, inputs_of, say_snapshot_written, warm_cache_trace)
 from ._ranks import traces_of
 
 COMMAND = Command(
@@ -113,7 +113,7 @@ def _check_options(args) -> None:
     """The scheduler's address and the outputs of a one-trace tune, checked before any work."""
     from ..errors import UsageError
     check_scheduler(args)
-    claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], [args.trace, args.cost_model],
+    claim_outputs([("--plot", args.plot), ("--snapshot", args.snapshot)], inputs_of(args),
                   force=args.force)
     if args.plot:
         from ..report.plots import picture_format

@@ -29,7 +29,7 @@ from .. import policies
 from ..errors import AllocsimError, PluginError, UsageError
 from ..outputs import Terminated
 from ..params import PARSERS, Param, kind_of, split_top
-from ..policies.base import Policy
+from ..policies.base import Policy, _definer
 from ..policies.registry import NameTaken
 
 ENTRY_POINT_GROUP = "allocsim.policies"
@@ -249,7 +249,7 @@ def _check_own_name(pcls: type, shown: str) -> None:
     """A plug-in that calls itself by a built-in policy's name (``name = "torch"``) is refused: its reports and
     ``--json`` would read as the built-in's. A subclass of a built-in that keeps the built-in's name is left as it
     is (its class at hand is how tests and `check_policy` vary a built-in)."""
-    definer = next(c for c in pcls.__mro__ if "name" in vars(c))
+    definer = _definer(pcls, "name")
     builtin = policies.find(pcls.name)
     if builtin is None or builtin is definer or not is_plugin(definer):
         return

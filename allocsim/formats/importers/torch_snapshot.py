@@ -810,9 +810,8 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
     """Validate every entry the conversion reads; return the time origin (µs) or None if untimed. A snapshot times
     every entry (PyTorch 2.2 on) or none: one entry without ``time_us`` among timed ones is refused at it (read as
     untimed, every time became an entry index)."""
-    timed = True
+    timed = True            # (entry 0 decides: timed or not, the others as it is)
     t0 = None
-    first_timed = untimed_at = None
     uint = _is_uint
     for i, e in enumerate(entries):
         if type(e) is not dict:
@@ -837,21 +836,19 @@ def _check_entries(entries: list, device: int, where: _Where) -> int | None:
                               f"device_traces[{device}][{i}]")
         if timed:
             tu = e.get("time_us")
-            if tu is None and first_timed is not None:
-                raise where.error(f"no time_us, where device_traces[{device}][{first_timed}] has one (a snapshot "
-                                  f"times every entry, or none)", f"device_traces[{device}][{i}]")
+            if tu is None and i:
+                raise where.error(f"no time_us, where device_traces[{device}][0] has one (a snapshot times every "
+                                  f"entry, or none)", f"device_traces[{device}][{i}]")
             if tu is None:
-                timed, untimed_at = False, i
+                timed = False
             elif type(tu) not in (int, float) or not 0 <= tu < 2**53:
                 raise where.error(f"time_us is {_shown(tu)}, expected microseconds (a number, 0 to 2**53)",
                                   f"device_traces[{device}][{i}]")
-            else:
-                first_timed = i if first_timed is None else first_timed
-                if t0 is None or tu < t0:
-                    t0 = tu
+            elif t0 is None or tu < t0:
+                t0 = tu
         elif e.get("time_us") is not None:
-            raise where.error(f"time_us is {_shown(e.get('time_us'))}, where device_traces[{device}][{untimed_at}] has none (a "
-                              f"snapshot times every entry, or none)", f"device_traces[{device}][{i}]")
+            raise where.error(f"time_us is {_shown(e.get('time_us'))}, where device_traces[{device}][0] has none "
+                              f"(a snapshot times every entry, or none)", f"device_traces[{device}][{i}]")
     if not timed:
         return None
     return t0 if t0 is not None else 0
