@@ -16,6 +16,7 @@ Python API (the same names as the command line)::
     allocsim.validate_trace("traces/resnet50.bin").match
     r = allocsim.Replay(t, "split"); r.run(until=1000); r.live_blocks(); r.run()   # stepped, then to the end
     allocsim.synthesize("transformer", seed=1); allocsim.import_trace("snapshot.pickle", "t.bin")
+    w = allocsim.TraceWriter(path="t.bin"); i = w.alloc(1 << 20); w.free(i); w.mark("step 1"); w.finish()
     allocsim.mark("epoch 2")          # inside a script run by `allocsim record`
     with allocsim.recording("run.bin"): train()       # record from inside Python (docs/recording.md)
     allocsim.start_recording("run.bin"); ...; allocsim.stop_recording()
