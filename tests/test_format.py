@@ -435,6 +435,28 @@ def test_info_on_empty_trace(tmp_path, capsys):
     assert rc == 0 and d["events"] == 0 and d["size_histogram"] == [] and d["median_alloc_bytes"] == 0
 
 
+def test_info_reads_as_a_person_reads_it(tmp_path, capsys):
+    """A per-size settings table (PyTorch reports roundup_power2_divisions as a dict of interval -> divisions) is
+    one number where all are equal and its sizes in order where not; the per-iteration median has thousands
+    separators as its min and max do; each stream is named by its id."""
+    from allocsim.commands.info import _setting
+    assert _setting({"1": 4, "1024": 4, "128": 4}) == "4"
+    assert _setting({"1024": 8, "2": 1, "256": 1}) == "[2:1,256:1,1024:8]"
+    assert _setting({"max_split_size_mb": 1}) == "{'max_split_size_mb': 1}" and _setting(134217728) == "134217728"
+    w = TraceWriter(meta={"allocator_settings": {"roundup_power2_divisions": {"1": 4, "16": 4}}})
+    for step in range(3):
+        w.mark(f"step {step}")
+        ids = [w.alloc(1 << 10, stream=7 if step == 2 else 0) for _ in range(1234)]
+        for i in ids:
+            w.free(i)
+    p = str(tmp_path / "s.bin")
+    w.finish().save(p)
+    rc, out, err = main_in_process(["info", p], capsys)
+    assert rc == 0 and "roundup_power2_divisions=4" in out, out
+    assert re.search(r"allocs per iteration median 1,234 \(min [\d,]+, max 1,234\)", out), out
+    assert "streams 2 (ids 0, 7)" in out, out
+
+
 # ---- no half-written output --------------------------------------------------------------
 def test_failed_save_leaves_no_file(tmp_path):
     t = make_trace()

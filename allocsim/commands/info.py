@@ -63,6 +63,18 @@ def _escaped(value):
     return value
 
 
+def _setting(value) -> str:
+    """One recorded allocator setting as a person reads it: a per-size table (PyTorch reports
+    ``roundup_power2_divisions`` as a dict of interval -> divisions) by its sizes in order, as one number where every
+    interval has the same; anything else as recorded."""
+    if isinstance(value, dict) and value and all(str(k).isdigit() for k in value):
+        vals = set(map(str, value.values()))
+        if len(vals) == 1:
+            return vals.pop()
+        return "[" + ",".join(f"{k}:{value[k]}" for k in sorted(value, key=int)) + "]"
+    return str(value)
+
+
 def format_summary(d: dict) -> str:
     """The human report of `summarize`'s dict."""
     m = d["metadata"]
@@ -89,7 +101,7 @@ def format_summary(d: dict) -> str:
         lines.append(f"  command {' '.join(map(str, cmd)) if isinstance(cmd, list) else cmd}")
     if m.get("allocator_settings"):
         s = m["allocator_settings"]
-        lines.append("  allocator settings " + (", ".join(f"{k}={v}" for k, v in s.items())
+        lines.append("  allocator settings " + (", ".join(f"{k}={_setting(v)}" for k, v in s.items())
                                                   if isinstance(s, dict) else str(s)))
     lines += ["",
               f"  events {d['events']:,}: " + ", ".join(f"{k} {v:,}" for k, v in d["events_by_kind"].items()),
@@ -100,13 +112,16 @@ def format_summary(d: dict) -> str:
               f"  LOAD (peak live) {fmt_bytes(d['load_bytes'])}"]
     it = f"  marks {d['marks']:,}"
     if d["marks"]:
-        it += (f"   allocs per iteration median {d['allocs_per_iteration_median']:g}"
+        med = d["allocs_per_iteration_median"]
+        median = f"{int(med):,}" if med == int(med) else f"{med:,.1f}"
+        it += (f"   allocs per iteration median {median}"
                f" (min {d['allocs_per_iteration_min']:,}, max {d['allocs_per_iteration_max']:,})")
     if m.get("iterations") is not None:
         it += f"   iterations recorded {m['iterations']}"
     lines.append(it)
-    lines.append(f"  streams {len(d['streams'])}: {', '.join(map(str, d['streams'])) or '-'}"
-                 f"   duration {fmt_seconds(d['duration_ns'] / 1e9)}")
+    ids = ", ".join(map(str, d["streams"]))
+    named = "" if not ids else f" (ids {ids})" if len(d["streams"]) > 1 else f" (id {ids})"
+    lines.append(f"  streams {len(d['streams'])}{named}   duration {fmt_seconds(d['duration_ns'] / 1e9)}")
     gc = d["gc_events"]
     lines.append(f"  GC events incr / full {gc['incremental']:,} / {gc['full']:,}   OOM events {d['oom_events']:,}"
                  f"   cache releases {d['cache_releases']:,}")
