@@ -340,6 +340,10 @@ _SYNTH = ["synth", "-o", "{d}/s.bin"]
 
 NONSENSE: list[Case] = [
     Case("unknown-policy", ["replay", "{trace}", "--policy", "nosuch"], expect="nosuch"),
+    Case("policy-misspelled", ["replay", "{trace}", "--policy", "trch"], stdout_empty=True,
+         expect="allocsim: unknown policy 'trch': did you mean 'torch'? (known: bestfit, "),
+    Case("policy-in-capitals", ["compare", "{trace}", "--policies", "split,Torch"],
+         expect="allocsim: unknown policy 'Torch': did you mean 'torch'? (known: bestfit, "),
     Case("jobs-zero", ["compare", "{trace}", "-j", "0"], expect="-j/--jobs: expected a positive integer, got 0"),
     Case("jobs-negative", ["fit", "{trace}", "-j", "-3"], expect="expected a positive integer, got -3"),
     Case("jobs-not-a-number", ["plot", "{trace}", "-j", "many", "-o", "{d}/p.png"], expect="got 'many'",
