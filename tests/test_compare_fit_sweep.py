@@ -234,3 +234,22 @@ def test_a_scheduler_that_cannot_be_reached_is_one_line_naming_the_option(monkey
     monkeypatch.setattr(dask.distributed, "Client", unreachable)
     with pytest.raises(UsageError, match=r"--scheduler tcp://127.0.0.1:1: cannot connect: Timed out"):
         dask_executor("tcp://127.0.0.1:1")
+
+
+def test_compare_says_once_that_torch_starts_from_the_recorded_settings(capsys):
+    """A trace recorded under other allocator settings replays ``torch`` under them (9.46 GiB here, 8.73 GiB with
+    trace_settings:False): compare's plain ``torch`` label hid it, where replay's header lists them. Said once, and
+    only where a row reads them and they are not the defaults."""
+    from allocsim.cli import main
+    from allocsim.commands.compare import recorded_settings
+    from allocsim.engine.spec import PolicySpec
+    from allocsim.trace import Trace
+    path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
+    assert main(["compare", path, "-p", "torch,torch[trace_settings:False]", "-q"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("torch: the recording's allocator settings (max_split_size_mb:128,roundup_power2_divisions:4) "
+                      "unless trace_settings:False")
+    assert sum("allocator settings" in line for line in out) == 1
+    specs = {PolicySpec.parse(p) for p in ("torch[trace_settings:False]", "split")}
+    assert recorded_settings(specs, Trace.load(path)) is None
+    assert recorded_settings({PolicySpec.parse("torch")}, Trace.load(os.path.join(ROOT, "traces", "gpt2.bin"))) is None

@@ -69,6 +69,28 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
     return cells, settings
 
 
+def _heading(args, trace, cells) -> str:
+    """The lines above the table: the trace (``trace``: ``args.trace`` or its warm view) and, where its rows' plain
+    labels hide them, the allocator settings it recorded (`recorded_settings`)."""
+    note = recorded_settings({c.policy for c in cells}, trace)
+    return (trace_heading(args.trace, trace) + (" (its warm view: --warm-cache)" if args.warm_cache else "")
+            + (f"\n{note}" if note else ""))
+
+
+def recorded_settings(specs, trace) -> str | None:
+    """The line under the heading for the policies that start from the allocator settings ``trace`` recorded
+    (``trace_settings``, on unless a row turns it off), where those are not the defaults: a row's plain label
+    (``torch``) does not show them, where replay's header lists the options in force. None where none applies."""
+    from ..frameworks.torch import conf_text, options_in_force
+    readers = [s for s in specs if any(p.name == "trace_settings" for p in s.policy_class().params)
+               and s.values().get("trace_settings", True)]
+    recorded = readers[0].policy_class().changed_options(options_in_force(None, trace)) if readers else {}
+    if not recorded:
+        return None
+    return (f"{', '.join(sorted({s.name for s in readers}))}: the recording's allocator settings "
+            f"({conf_text(recorded)}) unless trace_settings:False")
+
+
 @COMMAND.runs
 def run(args) -> int:
     return each_rank(args, run_one)
@@ -91,8 +113,7 @@ def run_one(args) -> int:
             rows = run_cells(cells, settings, jobs=args.jobs, on_row=on_row)
         finally:
             close()
-        heading = None if args.json else (trace_heading(args.trace, load_trace(path))
-                                          + (" (its warm view: --warm-cache)" if args.warm_cache else ""))
+        heading = None if args.json else _heading(args, load_trace(path), cells)
     for r in rows:
         r["trace"] = shown_name(args.trace)     # not the warm view's temporary file
     if args.csv:
