@@ -1,6 +1,7 @@
 """compare / fit / sweep: tables equal single replays; fit is exact and monotone; executors agree."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -253,3 +254,14 @@ def test_compare_says_once_that_torch_starts_from_the_recorded_settings(capsys):
     specs = {PolicySpec.parse(p) for p in ("torch[trace_settings:False]", "split")}
     assert recorded_settings(specs, Trace.load(path)) is None
     assert recorded_settings({PolicySpec.parse("torch")}, Trace.load(os.path.join(ROOT, "traces", "gpt2.bin"))) is None
+
+
+def test_compare_labels_a_cap_as_the_user_wrote_it(small_trace_path, capsys):
+    """``--caps 40MB`` was labelled ``38.15 MiB``, where plot's pictures and index.html say ``40MB (38.15 MiB)``: one
+    spelling for one cap, in the table and in --breakdown's (`cap_spelling`)."""
+    from allocsim.cli import main
+    assert main(["compare", small_trace_path, "-p", "none", "--caps", "none,40MB,32MiB", "-q", "--breakdown"]) == 0
+    tables = capsys.readouterr().out.split("reserved - live requested bytes")
+    for table in tables:
+        caps = [re.split(r"\s{2,}", line)[1] for line in table.splitlines() if line.startswith("none ")]
+        assert caps == ["none", "32MiB", "40MB (38.15 MiB)"], table
