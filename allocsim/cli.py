@@ -65,6 +65,7 @@ def make_parser() -> argparse.ArgumentParser:
                             epilog=f"example:\n  {command.example}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+        sp.commands = sub.choices       # (what it does not know is refused under its own name: `Parser`)
         command.add_arguments(sp)
         sp.set_defaults(_run=command.run)
     return p

@@ -6,6 +6,7 @@ and exits 2; the traceback is shown only with ``--debug``.
 """
 from __future__ import annotations
 
+import difflib
 import json
 import sys
 
@@ -61,3 +62,13 @@ def json_why(e: Exception) -> str:
         most = getattr(sys, "get_int_max_str_digits", lambda: 4300)()     # (Python 3.10.7 and later)
         return f"a number of more than {most} digits"
     return str(e)
+
+
+def closest(word: str, known) -> str | None:
+    """The one of ``known`` that ``word`` was most likely meant to be, for a refusal's "did you mean": the same
+    letters in another case first (``Torch``), then the nearest spelling (`difflib.get_close_matches`, ``trch``);
+    None where nothing is near."""
+    known = list(known)
+    same = [k for k in known if k.lower() == word.lower()]
+    near = same or difflib.get_close_matches(word, known, n=1)
+    return near[0] if near else None

@@ -1,6 +1,7 @@
 """compare / fit / sweep: tables equal single replays; fit is exact and monotone; executors agree."""
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -234,3 +235,33 @@ def test_a_scheduler_that_cannot_be_reached_is_one_line_naming_the_option(monkey
     monkeypatch.setattr(dask.distributed, "Client", unreachable)
     with pytest.raises(UsageError, match=r"--scheduler tcp://127.0.0.1:1: cannot connect: Timed out"):
         dask_executor("tcp://127.0.0.1:1")
+
+
+def test_compare_says_once_that_torch_starts_from_the_recorded_settings(capsys):
+    """A trace recorded under other allocator settings replays ``torch`` under them (9.46 GiB here, 8.73 GiB with
+    trace_settings:False): compare's plain ``torch`` label hid it, where replay's header lists them. Said once, and
+    only where a row reads them and they are not the defaults."""
+    from allocsim.cli import main
+    from allocsim.commands.compare import recorded_settings
+    from allocsim.engine.spec import PolicySpec
+    from allocsim.trace import Trace
+    path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
+    assert main(["compare", path, "-p", "torch,torch[trace_settings:False]", "-q"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("torch: the recording's allocator settings (max_split_size_mb:128,roundup_power2_divisions:4) "
+                      "unless trace_settings:False")
+    assert sum("allocator settings" in line for line in out) == 1
+    specs = {PolicySpec.parse(p) for p in ("torch[trace_settings:False]", "split")}
+    assert recorded_settings(specs, Trace.load(path)) is None
+    assert recorded_settings({PolicySpec.parse("torch")}, Trace.load(os.path.join(ROOT, "traces", "gpt2.bin"))) is None
+
+
+def test_compare_labels_a_cap_as_the_user_wrote_it(small_trace_path, capsys):
+    """``--caps 40MB`` was labelled ``38.15 MiB``, where plot's pictures and index.html say ``40MB (38.15 MiB)``: one
+    spelling for one cap, in the table and in --breakdown's (`cap_spelling`)."""
+    from allocsim.cli import main
+    assert main(["compare", small_trace_path, "-p", "none", "--caps", "none,40MB,32MiB", "-q", "--breakdown"]) == 0
+    tables = capsys.readouterr().out.split("reserved - live requested bytes")
+    for table in tables:
+        caps = [re.split(r"\s{2,}", line)[1] for line in table.splitlines() if line.startswith("none ")]
+        assert caps == ["none", "32MiB", "40MB (38.15 MiB)"], table

@@ -220,6 +220,13 @@ def caps_arg(text: str, trace=None, capacity="trace") -> list[int | None]:
     return [size(c) for c in distinct(split_list(text, "--caps"), "--caps", key=size)]
 
 
+def parse_caps(text: str, trace=None, capacity="trace") -> dict:
+    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: ``--caps``' bytes to the user's spelling, in
+    order (``1.2x``, ``90%``: of ``trace``), which plot's pictures and compare's table label a cap with
+    (`allocsim.report.text.cap_spelling`)."""
+    return dict(zip(caps_arg(text, trace, capacity), split_list(text, "--caps")))
+
+
 def gc_every_arg(text: str | None) -> int | None:
     """``--gc-every``: bytes between periodic collections, None without it; 0 is refused, not read as "never"."""
     return positive_size(text, "--gc-every") if text is not None else None

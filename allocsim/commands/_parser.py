@@ -6,6 +6,8 @@ import argparse
 import re
 import sys
 
+from ..errors import closest
+
 
 class _StoreOnce(argparse._StoreAction):
     """An option that takes one value refuses a second one (``--cap 4GB ... --cap 8GB`` in a script
@@ -22,7 +24,8 @@ class _StoreOnce(argparse._StoreAction):
 class Parser(argparse.ArgumentParser):
     """argparse's parser, but an error is one line (exit 2), an option given twice is refused (`_StoreOnce`), a
     value that starts with ``-`` is named with the spelling that passes it, and an option is spelled whole: a
-    prefix of one was taken for it (``validate --cap 100MB`` ran as ``--capacity 100MB``, a device of 100 MB)."""
+    prefix of one was taken for it (``validate --cap 100MB`` ran as ``--capacity 100MB``, a device of 100 MB). What
+    it does not know is refused under the command's name, with a hint (`_unrecognized`)."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
@@ -32,6 +35,60 @@ class Parser(argparse.ArgumentParser):
 
     #: The command line being parsed (`allocsim.cli.main` sets it): what an error may quote back.
     argv: list = []
+
+    #: On a command's own parser (`allocsim.cli.make_parser` sets it), every command's parser by name: this one
+    #: then refuses what it does not know itself, and can say which other commands take an option it lacks.
+    commands: dict | None = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse's, but a command's parser refuses what it does not know: argparse passed it up to
+        ``allocsim``'s parser, whose line named neither the command nor the option meant."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras and self.commands is not None:
+            self.error(self._unrecognized(extras))
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, with `_unrecognized`'s hint."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self._unrecognized(extras))
+        return namespace
+
+    def _unrecognized(self, extras: list) -> str:
+        """argparse's "unrecognized arguments" message and a hint at what the first of them was meant to be: this
+        parser's option of the other number (``--policies`` for ``--policy``, ``--caps`` for ``--cap``) or in
+        other capitals, else the commands that take it where it is another command's (``validate --policy``), else
+        this parser's nearest option (`closest`); for a word (``-`` too), how many this command takes (``policies
+        split torch``)."""
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        first = extras[0]
+        if not first.startswith("-") or first == "-":
+            return message + self._takes()
+        name = first.split("=", 1)[0]
+        mine = list(self._option_string_actions)
+        near = closest(name, mine)
+        other_number = ([name[:-3] + "y"] if name.endswith("ies") else [name[:-1]] if name.endswith("s")
+                        else [name[:-1] + "ies"] if name.endswith("y") else []) + [name + "s"]
+        meant = next((o for o in other_number if name.startswith("--") and o in mine),
+                     near if near and near.lower() == name.lower() else None)
+        if meant is None and self.commands:
+            takers = [c for c, p in self.commands.items() if p is not self and name in p._option_string_actions]
+            if takers:
+                return message + f" ({name} is an option of {_listed(takers)}, not of {self.prog.split()[-1]})"
+        meant = meant or near
+        return message + (f" (did you mean {meant}?)" if meant else "")
+
+    def _takes(self) -> str:
+        """How many words this command takes, for one too many: `` (policies takes at most one policy)``."""
+        words = [a for a in self._actions if not a.option_strings]
+        command = self.prog.split()[-1]
+        if not words:
+            return f" ({command} takes options only)"
+        if len(words) == 1 and words[0].nargs in (None, "?"):
+            most = "at most one" if words[0].nargs == "?" else "one"
+            return f" ({command} takes {most} {words[0].metavar or words[0].dest})"
+        return ""
 
     def _print_message(self, message, file=None):
         """As argparse's, but a failed write (``--help`` to a full disk or a closed stdout) is not swallowed."""
@@ -54,3 +111,8 @@ class Parser(argparse.ArgumentParser):
                 spelled = f"{arg}={value}" if arg.startswith("--") else f"{arg}{value}"
                 return f" ({value!r} starts with -, so it reads as an option; to give it as the value: {spelled})"
         return ""
+
+
+def _listed(names: list) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

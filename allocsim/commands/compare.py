@@ -12,7 +12,7 @@ from ..report.text import breakdown_table, compare_table, row_sections, trace_he
 from ..search.sweep import Cell, Settings, run_cells
 from ._command import Command
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
-                      capacity_arg, caps_arg, inputs_of, load_trace, policy_specs, replay_settings, split_list,
+                      capacity_arg, caps_arg, inputs_of, load_trace, parse_caps, policy_specs, replay_settings, split_list,
                       warm_cache_trace)
 from ._progress import count_progress
 from ._ranks import each_rank
@@ -69,6 +69,30 @@ def build_cells(args, path: str | None = None) -> tuple[list[Cell], Settings]:
     return cells, settings
 
 
+def _shown(args, trace, cells) -> tuple[str, dict]:
+    """The lines above the table -- the trace (``trace``: ``args.trace`` or its warm view) and, where its rows' plain
+    labels hide them, the allocator settings it recorded (`recorded_settings`) -- and the caps as the user wrote
+    them, as plot labels them (``8GB (7.45 GiB)``: a decimal size is not mistaken for the GiB the table prints)."""
+    note = recorded_settings({c.policy for c in cells}, trace)
+    heading = (trace_heading(args.trace, trace) + (" (its warm view: --warm-cache)" if args.warm_cache else "")
+               + (f"\n{note}" if note else ""))
+    return heading, parse_caps(args.caps, trace, capacity_arg(args.capacity))
+
+
+def recorded_settings(specs, trace) -> str | None:
+    """The line under the heading for the policies that start from the allocator settings ``trace`` recorded
+    (``trace_settings``, on unless a row turns it off), where those are not the defaults: a row's plain label
+    (``torch``) does not show them, where replay's header lists the options in force. None where none applies."""
+    from ..frameworks.torch import conf_text, options_in_force
+    readers = [s for s in specs if any(p.name == "trace_settings" for p in s.policy_class().params)
+               and s.values().get("trace_settings", True)]
+    recorded = readers[0].policy_class().changed_options(options_in_force(None, trace)) if readers else {}
+    if not recorded:
+        return None
+    return (f"{', '.join(sorted({s.name for s in readers}))}: the recording's allocator settings "
+            f"({conf_text(recorded)}) unless trace_settings:False")
+
+
 @COMMAND.runs
 def run(args) -> int:
     return each_rank(args, run_one)
@@ -91,8 +115,7 @@ def run_one(args) -> int:
             rows = run_cells(cells, settings, jobs=args.jobs, on_row=on_row)
         finally:
             close()
-        heading = None if args.json else (trace_heading(args.trace, load_trace(path))
-                                          + (" (its warm view: --warm-cache)" if args.warm_cache else ""))
+        heading, cap_text = (None, None) if args.json else _shown(args, load_trace(path), cells)
     for r in rows:
         r["trace"] = shown_name(args.trace)     # not the warm view's temporary file
     if args.csv:
@@ -101,10 +124,10 @@ def run_one(args) -> int:
         dump_json(rows)
         return 0
     print(heading)
-    print(compare_table(rows))
+    print(compare_table(rows, cap_text))
     if args.breakdown:
         print("\nreserved - live requested bytes at the reserved peak (docs/metrics.md, the free breakdown)")
-        print(breakdown_table(rows))
+        print(breakdown_table(rows, cap_text))
     if args.sections:
         for r in rows:
             print(row_sections(r))

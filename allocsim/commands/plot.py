@@ -7,8 +7,8 @@ from ..errors import InputError, UsageError
 from ..outputs import add_force_argument, atomic_folder, check_named, claim_outputs
 from ..search.sweep import Cell, Settings, result_row, run_cell, run_cells
 from ._command import Command
-from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, caps_arg,
-                      inputs_of, load_trace, plural, policy_specs, replay_settings, split_list)
+from ._common import (PhaseReport, add_cost_model_argument, add_jobs_argument, add_policies_argument, inputs_of,
+                      load_trace, parse_caps, plural, policy_specs, replay_settings)
 from ._ranks import one_trace
 
 COMMAND = Command(
@@ -59,12 +59,6 @@ def check_arguments(args) -> None:
         raise UsageError("--svg is for --report; for one SVG picture name it -o FILE.svg")
     if args.report and args.kind:
         raise UsageError("--kind is for -o; --report draws every kind")
-
-
-def parse_caps(text: str, trace=None) -> dict:
-    """``none,3.5GB`` -> ``{None: "none", 3758096384: "3.5GB"}``: bytes to the user's spelling, in order
-    (``1.2x``, ``90%``: of ``trace``)."""
-    return dict(zip(caps_arg(text, trace), split_list(text, "--caps")))
 
 
 def _timeline_results(trace_path, specs, settings, cap=None, runtime="eager"):

@@ -15,7 +15,7 @@ COMMAND = Command(
 
 @COMMAND.arguments
 def add_arguments(p):
-    p.add_argument("name", nargs="?", help="show one policy's options (a plug-in too: file.py:Class)")
+    p.add_argument("name", nargs="?", metavar="policy", help="show one policy's options (a plug-in too: file.py:Class)")
 
 
 @COMMAND.runs

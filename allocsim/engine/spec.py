@@ -26,7 +26,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 
 from .. import policies
-from ..errors import AllocsimError, PluginError, UsageError
+from ..errors import AllocsimError, PluginError, UsageError, closest
 from ..outputs import Terminated
 from ..params import PARSERS, Param, kind_of, split_top
 from ..policies.base import Policy, _definer
@@ -267,7 +267,9 @@ def _named(name: str) -> type:
     if name in installed:
         return load_entry_point(installed[name])
     known = policies.names() + sorted(installed)
-    raise UsageError(f"unknown policy {name!r} (known: {', '.join(known)}; or file.py:Class, module:Class)")
+    meant = closest(name, known)
+    raise UsageError(f"unknown policy {name!r}{f': did you mean {meant!r}?' if meant else ''} (known: "
+                     f"{', '.join(known)}; or file.py:Class, module:Class)")
 
 
 def _load_file(path: str, shown: str):

@@ -372,7 +372,7 @@ def assemble_result(walk, *, policy, runtime, device, trace, stats: dict, allocs
     res = ReplayResult(
         policy=pol.name or type(pol).__name__, runtime=rt.name, cap_bytes=dev.cap, capacity_bytes=dev.capacity,
         trace=shown_name(trace.path),
-        options={k: v for k, v in pol.options.items() if any(p.name == k and p.default != v for p in pol.params)},
+        options=pol.changed_options(pol.options),
         events=len(trace), driving_events=w.done, allocs=allocs, frees=frees, completed=not w.stopped,
         load_bytes=trace.load_bytes,
         peak_allocated_bytes=pol.peak_allocated_override or w.peak_alloc,     # real allocators report their own

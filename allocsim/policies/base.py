@@ -193,6 +193,13 @@ class Policy:
 
     # ---- options ---------------------------------------------------------------------
     @classmethod
+    def changed_options(cls, options: dict) -> dict:
+        """Those of ``options`` that differ from their declared defaults: a result's options (what ``replay``'s
+        header lists), and what ``compare`` says a trace's recorded settings change."""
+        defaults = {p.name: p.default for p in cls.params}
+        return {k: v for k, v in options.items() if k in defaults and defaults[k] != v}
+
+    @classmethod
     def parse_options(cls, texts) -> dict:
         """``["k=v,k2:v2", "k3=v3"]`` -> typed dict; UsageError on unknown keys or bad values.
 

@@ -191,8 +191,9 @@ def oom_cell(r: dict) -> str:
     return oom + (f" ({r['caught_ooms']:,} survived)" if r.get("caught_ooms") else "")
 
 
-def breakdown_table(rows: list[dict]) -> str:
-    """``compare --breakdown``: per row, why reserved > live requested bytes at the reserved peak."""
+def breakdown_table(rows: list[dict], cap_text: dict | None = None) -> str:
+    """``compare --breakdown``: per row, why reserved > live requested bytes at the reserved peak; caps as
+    `compare_table` shows them."""
     head = ["policy", "cap", "runtime", "event", "reserved", "live", "reserved - live", *PARTS]
     body = []
     for r in rows:
@@ -200,7 +201,7 @@ def breakdown_table(rows: list[dict]) -> str:
         cells = ([f"{b['event']:,}", fmt_bytes(b["reserved"]), fmt_bytes(b["requested"]),
                   fmt_bytes(b["reserved"] - b["requested"])] + [fmt_bytes(b[p]) for p in PARTS]
                  if b else ["n/a"] + ["-"] * (len(head) - 4))
-        body.append([row_label(r), fmt_bytes(r["cap_bytes"]), r["runtime"], *cells])
+        body.append([row_label(r), cap_spelling(r["cap_bytes"], cap_text), r["runtime"], *cells])
     return aligned_table(head, body, left=3)
 
 
