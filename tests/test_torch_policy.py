@@ -18,7 +18,9 @@ from allocsim.policies.torch import TorchCachingAllocator as Torch, get_allocati
 from allocsim.trace import TraceWriter
 from allocsim.trace import events as ev
 
-from test_fast_path import pressured_traces     # here: imported inside a @given test, its @given tests nest
+# here, not inside a @given test: importing a test module there defines its @given tests inside a run (nested)
+from test_fast_path import assert_fused_is_plain, pressured_traces
+from test_reference_models import assert_same
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -347,8 +349,6 @@ WIDE_OPTIONS = [[], ["max_split_size_mb:20"], ["expandable_segments:true"],
 def assert_wide_keys_replay_alike(trace, options, cap):
     """On a device whose segments lie 16 TiB apart: the fused loop is the plain walk, and both the reference
     model, block for block."""
-    from test_fast_path import assert_fused_is_plain
-    from test_reference_models import assert_same
     with pytest.MonkeyPatch.context() as mp:
         spread_out(mp)
         assert_fused_is_plain(trace, "torch", options, cap=cap)
