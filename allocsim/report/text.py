@@ -303,10 +303,11 @@ def validation_summary(validation) -> str:
         lines.append(f"  note: {v['try_scopes']:,} try scopes (code that catches an OOM raised inside it and goes on); "
                      f"the recorded run's OOMs are its OOM records, replayed as recorded; a request the model fails "
                      f"inside one is an OOM survived, where the recorded run served it: a divergence")
-    lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
+    width = max([22] + [len(c["name"]) + 2 for c in v["checks"]])     # the longest name still two blanks clear
+    lines.append(f"  {'check':<{width}}{'recorded':>14}{'model':>14}")
     for c in v["checks"]:
         fmt = fmt_bytes if c["name"].endswith("reserved") else str
-        lines.append(f"  {c['name']:<22}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
+        lines.append(f"  {c['name']:<{width}}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
                      f"{'shown' if c['ok'] is None else 'ok' if c['ok'] else 'MISMATCH'}")
     d = v["first_divergence"]
     if d:
