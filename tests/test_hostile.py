@@ -499,6 +499,27 @@ NONSENSE: list[Case] = [
          expect="--capacity 1000 B is below the trace's LOAD", stdout_empty=True),
     Case("tune-cap-below-load", ["tune", "{trace}", "--cap", "1KB"], expect="--cap 1000 B is below the trace's LOAD",
          stdout_empty=True),
+    # a capacity less the memory the recording saw outside the allocator (LOAD 28.73 MiB): quoted as given, with the sum
+    Case("tune-capacity-less-outside-below-load", ["tune", "{d}/bad.bin", "--capacity", "40MB"],
+         trace_with({"device_memory": {"total": 1 << 30, "outside_peak": 20 << 20}}), stdout_empty=True,
+         expect="--capacity 40MB (38.15 MiB) less the 20.00 MiB the recording saw outside the caching allocator (CUDA "
+                "context, NCCL, other processes) leaves 18.15 MiB, below the trace's LOAD 28.73 MiB (its peak live "
+                "bytes): no allocator setting fits"),
+    Case("tune-capacity-within-outside", ["tune", "{d}/bad.bin", "--capacity", "16MB"],
+         trace_with({"device_memory": {"total": 1 << 30, "outside_peak": 20 << 20}}), stdout_empty=True,
+         expect="--capacity 16MB (15.26 MiB) is no more than the 20.00 MiB the recording saw outside the caching "
+                "allocator (CUDA context, NCCL, other processes): nothing is left for the trace's LOAD 28.73 MiB"),
+    Case("tune-recorded-device-less-outside-below-load", ["tune", "{d}/bad.bin"],
+         trace_with({"device": {"name": "test", "total_memory": 40 << 20},
+                     "device_memory": {"total": 40 << 20, "outside_peak": 20 << 20}}), stdout_empty=True,
+         expect="the recorded device's memory (40.00 MiB) less the 20.00 MiB the recording saw outside the caching "
+                "allocator (CUDA context, NCCL, other processes) leaves 20.00 MiB, below the trace's LOAD 28.73 MiB"),
+    Case("tune-run-rank-within-outside", ["tune", "{d}/run.bin", "--capacity", "16MB"],
+         lambda d: [trace_with({"rank": r, "world_size": 2,
+                                "device_memory": {"total": 1 << 30, "outside_peak": r << 25}},
+                               name=f"run.rank{r}.bin")(d) for r in (0, 1)], stdout_empty=True,
+         expect="rank 1 of 2 ({d}/run.rank1.bin): --capacity 16MB (15.26 MiB) is no more than the 32.00 MiB the "
+                "recording saw outside the caching allocator"),
     Case("tune-cap-above-capacity", ["tune", "{trace}", "--capacity", "1GB", "--cap", "2GB"],
          expect="is larger than --capacity", stdout_empty=True),
     Case("tune-unknown-objective", ["tune", "{trace}", "--objective", "fast"],

@@ -300,7 +300,8 @@ def test_a_plugins_counter_named_as_a_figure_is_said_to_be_its_own(tmp_path, sma
     _write(tmp_path, "p.py", PLUGIN_HEAD + "    def counters(self):\n        return {'device_mallocs': 0, 'mine': 3}\n")
     status, out, err = cli("replay", small_trace_path, "-p", "p.py:Pool", cwd=str(tmp_path))
     assert status == 0, err
-    assert "device mallocs (policy counter)" in out and "\n  mine " in out and "\n  device mallocs   " not in out
+    assert "\n  first_fit's own counters\n    device mallocs (policy counter)" in out and "\n    mine " in out
+    assert "\n  device mallocs   " not in out
 
 
 def test_a_counters_override_alone_is_checked_and_numpys_numbers_are_counted(tmp_path, small_trace_path):

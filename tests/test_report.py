@@ -54,8 +54,9 @@ def expected_summary(r) -> str:
     ooms = "".join(OOM_LINE.format(event=o.event, size=fmt_bytes(o.size), live=fmt_bytes(o.live_bytes),
                                    allocated=fmt_bytes(o.allocated_bytes), reserved=fmt_bytes(o.reserved_bytes),
                                    lff=100 * o.largest_free_fragmentation) for o in r.oom_events[:5])
-    counters = "".join(f"  {k.replace('_', ' '):<24} {v:>12,}\n" for k, v in r.counters.items()
+    counters = "".join(f"    {k.replace('_', ' '):<22} {v:>12,}\n" for k, v in r.counters.items()
                        if k != "cache_flushes")
+    counters = counters and f"  {r.policy}'s own counters\n" + counters
     return SUMMARY.format(
         policy=r.policy, runtime=r.runtime, cap=fmt_bytes(r.cap_bytes), capacity=fmt_bytes(r.capacity_bytes),
         options=f"  options {','.join(f'{k}={v}' for k, v in r.options.items())}" if r.options else "", trace=r.trace,
@@ -87,6 +88,26 @@ def test_replay_summary_keeps_its_layout_on_a_shipped_trace(resnet, policy, cap,
     r = allocsim.replay(resnet, policy, cap=allocsim.parse_size(cap) if cap else None, runtime=runtime,
                         keep_going=keep_going)
     assert replay_summary(r) == expected_summary(r)
+
+
+def test_a_replay_that_survived_an_oom_says_what_its_load_and_ooms_count():
+    """A replay that refused a request the program survives went on without it, which LOAD counts: its peak may lie
+    below LOAD (a negative overhead), and PyTorch's own ``num_ooms`` counts the OOM that ``ooms`` leaves out. The
+    report says both beside the figures (docs/metrics.md); the fields keep their meanings."""
+    from allocsim.trace import events as ev
+    from test_caught_oom import MiB, workspace_trace
+    r = allocsim.replay(workspace_trace(ev.CATCHES_OOM), "torch", cap=40 * MiB, capacity=None)
+    assert (r.ooms, r.caught_ooms, r.counters["num_ooms"]) == (0, 1, 1) and r.overhead_vs_load < 0
+    lines = replay_summary(r).splitlines()
+    row = {line.split("   ")[0].strip(): line for line in lines}
+    assert row["overhead vs LOAD"].endswith(f"{100 * r.overhead_vs_load:.1f}%   (LOAD counts the 1 request refused "
+                                            f"and survived: no lower bound for this run)")
+    assert row["OOMs"].endswith("0   (not survived; those the program survives below)")
+    assert lines[lines.index("  torch's own counters") + 4] == \
+        "    num ooms                          1   (every OOM PyTorch counts: the 1 survived too)"
+    from allocsim.report.text import survived_note
+    rows = [r.to_dict(), {**r.to_dict(), "caught_ooms": 0}]     # a compare table's rows, one that survived an OOM
+    assert "no lower bound for that row" in survived_note(rows) and survived_note(rows[1:]) == ""
 
 
 COMPARE_HEAD = ["policy", "cap", "runtime", "peak reserved", "util", "over LOAD", "dev mallocs", "flushes",

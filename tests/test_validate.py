@@ -114,6 +114,45 @@ def test_hand_written_recording():
     assert v.first_divergence["model"]["event"] == 3
 
 
+def test_every_row_of_the_check_table_stands_in_its_columns():
+    """The figures of every check, the longest name's (``same calls, same requests``) included, end where their
+    heading does: that row stood three characters right of the others."""
+    w = TraceWriter(meta={"framework": "torch"})
+    w.segment(ev.SEGMENT_ALLOC, 0x1000, 2 * MiB)
+    w.alloc(MiB)
+    v = validate(w.finish())
+    lines = validation_summary(v).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:3] == ["check", "recorded", "model"])
+    head, rows = lines[at], lines[at + 1:at + 1 + len(v.checks)]
+    assert [r.split("  ")[1] for r in rows] == [c["name"] for c in v.checks]
+    for end in (head.index("recorded") + len("recorded"), head.index("model") + len("model")):
+        assert all(r[end - 1] != " " and r[end] == " " for r in rows), "\n".join([head, *rows])
+
+
+def cupy_recording(producer: str):
+    """What CuPy's pool does for a 1,000-byte request and a 3 MiB one, both held to the end: two segments, none
+    released; ``producer`` says who wrote the trace."""
+    w = TraceWriter(meta={"framework": "cupy", "producer": producer})
+    w.segment(ev.SEGMENT_ALLOC, 0x1000, 1024)
+    w.alloc(1000)
+    w.segment(ev.SEGMENT_ALLOC, 0x200000, 3 * MiB)
+    w.alloc(3 * MiB)
+    return w.finish()
+
+
+def test_a_cupy_recording_that_released_nothing_still_has_its_reserved_bytes_checked():
+    """`allocsim record` sees every segment CuPy's pool releases (formats/recorders/cupy.py), so a recording that
+    holds none released none, and its reserved bytes are known and checked; an imported DebugPrintHook log cannot
+    see a release, so its reserved bytes are not."""
+    v = validate(cupy_recording("allocsim 0.1.0 record"))
+    checks = {c["name"]: c for c in v.checks}
+    assert v.match and ev.SEGMENT_FREE in v.kinds_compared
+    assert checks["peak reserved"]["recorded"] == checks["final reserved"]["model"] == 1024 + 3 * MiB
+    imported = validate(cupy_recording("allocsim import"))
+    assert imported.match and ev.SEGMENT_FREE not in imported.kinds_compared
+    assert not {"peak reserved", "final reserved"} & {c["name"] for c in imported.checks}
+
+
 def test_cli_exit_status_and_json(tmp_path, capsys):
     good, _ = with_model_segments(workload(n_iter=2))
     bad, _ = with_model_segments(workload(n_iter=2), perturb=0)

@@ -8,7 +8,7 @@ from ..errors import UsageError
 from ..filenames import shown_name
 from ..outputs import add_force_argument, claim_outputs
 from ..report.tables import dump_json, write_rows
-from ..report.text import breakdown_table, compare_table, row_sections, trace_heading
+from ..report.text import breakdown_table, compare_table, row_sections, survived_note, trace_heading
 from ..search.sweep import Cell, Settings, run_cells
 from ._command import Command
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
@@ -125,6 +125,8 @@ def run_one(args) -> int:
         return 0
     print(heading)
     print(compare_table(rows, cap_text))
+    if survived_note(rows):
+        print(survived_note(rows))
     if args.breakdown:
         print("\nreserved - live requested bytes at the reserved peak (docs/metrics.md, the free breakdown)")
         print(breakdown_table(rows, cap_text))

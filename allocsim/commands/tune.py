@@ -11,13 +11,15 @@ from ..filenames import shown_name
 from ..outputs import add_force_argument, check_input_file, claim_outputs, is_trace
 from ..engine.replay import ReplaySettings
 from ..search.sweep import Settings, cached_trace
-from ..search.tune import HEADROOM, OBJECTIVES, TOP, tune
+from ..search.tune import HEADROOM, OBJECTIVES, TOP, load_words, tune
 from ..report.tables import dump_json
 from ..engine.spec import PolicySpec
 from ..trace import Trace
 from ..trace.schema import check_meta
 from ..report.tune import tune_report
-from ..machine.ranks import fit_capacity
+from ..machine.capacity import device_capacity
+from ..machine.ranks import check_room, fit_capacity, given_capacity
+from ..trace.scopes import may_survive, sure_load
 from ..trace.events import MAX_SIZE
 from ..units import fmt_bytes, parse_size
 from ._command import Command
@@ -142,9 +144,11 @@ def _tune(args, path: str) -> int:
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
     cap = cap_arg(args.cap, "--cap", trace, capacity_arg(args.capacity)) if args.cap is not None else None
+    check_room(capacity_arg(args.capacity), trace, sure_load(trace), load_words(sure_load(trace), may_survive(trace)),
+               given=args.capacity)
     capacity, outside = fit_capacity(capacity_arg(args.capacity), trace)
     if outside:
-        say_outside(args.trace, capacity, outside)
+        say_outside(args.trace, capacity, outside, args.capacity, trace)
     t0 = time.perf_counter()
     progress = PhaseReport("tune", quiet=args.json or args.quiet)
     try:
@@ -197,11 +201,13 @@ def search_options(args, workers: int = 0) -> dict:
                 settings=Settings(ReplaySettings(costs=cost_model_arg(args.cost_model), fold=not args.no_fold)))
 
 
-def say_outside(name: str, capacity: int, outside: int) -> None:
-    """One stderr line: the capacity a rank is fitted in, the GPU less what lay outside its allocator."""
+def say_outside(name: str, capacity: int, outside: int, given: str, trace) -> None:
+    """One stderr line: the capacity a trace is fitted in, the GPU (as the user gave it: ``given``, `given_capacity`)
+    less what lay outside its allocator."""
+    total, _ = device_capacity(capacity_arg(given), trace)
     print(f"allocsim tune: {shown_name(name)}: {fmt_bytes(outside)} of the device lay outside the caching allocator "
-          f"when recorded (CUDA context, NCCL, other processes): fitting in {fmt_bytes(capacity)} beside it",
-          file=sys.stderr)
+          f"when recorded (CUDA context, NCCL, other processes): fitting in the {fmt_bytes(capacity)} that "
+          f"{given_capacity(given, total)} leaves beside it", file=sys.stderr)
 
 
 def _tune_run(args, paths: list[str]) -> int:
@@ -240,7 +246,7 @@ def _tune_run(args, paths: list[str]) -> int:
     try:
         with dask_cluster(args) as (executor, workers):
             res = tune_run(paths, capacity=capacity_arg(args.capacity), cap=cap, progress=progress, executor=executor,
-                           **search_options(args, workers))
+                           given=args.capacity, **search_options(args, workers))
     finally:
         progress.close()
     if args.json:

@@ -14,6 +14,8 @@ import glob
 import os
 import re
 
+from ..errors import UsageError
+from ..units import fmt_bytes
 from .capacity import device_capacity
 
 _LABEL = re.compile(r"\.(rank|pid)(\d+)$")
@@ -78,12 +80,45 @@ def outside_bytes(meta: dict) -> int:
 
 def fit_capacity(capacity, trace) -> tuple[object, int]:
     """``(capacity for the replay, bytes outside)``: the GPU's memory (`device_capacity`'s) less what lay outside
-    the allocator on it; ``capacity`` as given when the trace saw nothing outside or the device is unlimited."""
+    the allocator on it; ``capacity`` as given when the trace saw nothing outside or the device is unlimited. It is
+    0 or less where the outside bytes fill the device: `check_room` refuses that (and any room below LOAD) first."""
     outside = outside_bytes(trace.meta)
     total, _ = device_capacity(capacity, trace)
     if not outside or total is None:
         return capacity, 0
-    return max(1, total - outside), outside
+    return total - outside, outside
+
+
+#: What lay outside the caching allocator, in a sentence (docs/several-processes.md, "Recording").
+OUTSIDE_WORDS = "the recording saw outside the caching allocator (CUDA context, NCCL, other processes)"
+
+
+def given_capacity(given, total: int) -> str:
+    """The device's memory as the user gave it, then in bytes: ``--capacity 8GB (7.45 GiB)``, ``the recorded
+    device's memory (79.18 GiB)`` (``given``: ``--capacity``'s text, ``"trace"``, or a size already parsed)."""
+    if given == "trace":
+        return f"the recorded device's memory ({fmt_bytes(total)})"
+    return f"--capacity {given} ({fmt_bytes(total)})" if isinstance(given, str) else f"--capacity {fmt_bytes(total)}"
+
+
+def check_room(capacity, trace, need: int, need_words: str, given=None, who: str = "") -> None:
+    """Refuse, in one line, a device that leaves less than ``need`` (named by ``need_words``: "the trace's LOAD
+    785.38 MiB (its peak live bytes)") beside what its recording saw outside the allocator (`fit_capacity`). The
+    figure checked is neither the one the user typed nor one they saw, so the line quotes the capacity as given
+    (``given``: `given_capacity`'s; ``capacity`` where None) and the subtraction; ``who``: the rank of a run, before
+    them."""
+    outside = outside_bytes(trace.meta)
+    total, _ = device_capacity(capacity, trace)
+    if not outside or total is None:
+        return
+    fits = f"no allocator setting fits{' the run' if who else ''}; the target is impossible"
+    words = (f"{who}: " if who else "") + given_capacity(capacity if given is None else given, total)
+    if outside >= total:
+        raise UsageError(f"{words} is no more than the {fmt_bytes(outside)} {OUTSIDE_WORDS}: nothing is left for "
+                         f"{need_words}; {fits}")
+    if total - outside < need:
+        raise UsageError(f"{words} less the {fmt_bytes(outside)} {OUTSIDE_WORDS} leaves {fmt_bytes(total - outside)}, "
+                         f"below {need_words}: {fits}")
 
 
 def shared_devices(metas: list[dict]) -> list[list[int]]:

@@ -7,7 +7,7 @@ import os
 from ..filenames import shown_name
 from ..outputs import atomic_open
 from ..units import fmt_bytes
-from .text import compare_table, fit_table
+from .text import compare_table, fit_table, survived_note
 
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}pre{font-size:12px;"
          "background:#f6f6f6;padding:1em;overflow-x:auto}img{max-width:100%;border:1px solid #ddd}")
@@ -23,7 +23,8 @@ def index_html(outdir: str, trace, images: list[tuple[str, str]], table_rows: li
              f"<style>{STYLE}</style></head><body>",
              f"<h1>allocsim report — {name}</h1>",
              f"<p>{len(trace):,} events, {trace.n_allocs:,} allocations, LOAD {fmt_bytes(trace.load_bytes)}.</p>",
-             "<h2>Comparison</h2><pre>" + html.escape(compare_table(table_rows, cap_text)) + "</pre>"]
+             "<h2>Comparison</h2><pre>" + html.escape("\n".join(
+                 t for t in (compare_table(table_rows, cap_text), survived_note(table_rows)) if t)) + "</pre>"]
     if fit:
         parts.append("<h2>Capacity frontier (safe capacity, island below)</h2><pre>"
                      + html.escape(fit_table(fit, max_replays)) + "</pre>")

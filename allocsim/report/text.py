@@ -81,7 +81,7 @@ def replay_summary(result) -> str:
         f"  peak reserved            {fmt_bytes(r['peak_reserved_bytes']):>12}"
         f"   (final {fmt_bytes(r['final_reserved_bytes'])})",
         f"  utilization              {100 * r['utilization']:>11.1f}%   fragmentation {100 * r['fragmentation']:.1f}%",
-        f"  overhead vs LOAD         {100 * r['overhead_vs_load']:>11.1f}%",
+        f"  overhead vs LOAD         {100 * r['overhead_vs_load']:>11.1f}%" + _refused_note(r),
         f"  largest-free frag @peak  {_pct(r['largest_free_fragmentation_at_peak']):>12}",
         f"  reserved - live @peak    {breakdown_line(r.get('breakdown_at_peak'))}",
         f"  device mallocs / frees   {r['device_mallocs']:>12,} / {r['device_frees']:,}"
@@ -89,7 +89,8 @@ def replay_summary(result) -> str:
         f"  cache flushes            {r['cache_flushes']:>12,}",
         f"  GC calls incr / full     {r['gc_incremental']:>12,} / {r['gc_full']:,}"
         f"   ({fmt_seconds(r['gc_time_seconds'])} paused, {fmt_bytes(r['gc_reclaimed_bytes'])} reclaimed)",
-        f"  OOMs                     {r['ooms']:>12,}",
+        f"  OOMs                     {r['ooms']:>12,}"
+        + ("   (not survived; those the program survives below)" if r.get("caught_ooms") else ""),
     ]
     lines += [f"    {oom_line(o)}" + ("  (recorded OOM)" if _fields(o).get("recorded") else "")
               for o in r["oom_events"][:5]]
@@ -106,16 +107,39 @@ def replay_summary(result) -> str:
         lines.append(f"  malloc latency ({'measured' if r['latency_measured'] else 'modeled'}) "
                      f"p50 {fmt_seconds(lat['p50'])}  p99 {fmt_seconds(lat['p99'])}"
                      f"  max {fmt_seconds(lat['max'])}  total {fmt_seconds(r['alloc_time_seconds'])}")
-    for k, v in r["counters"].items():
-        if k != "cache_flushes":    # (a counter named as a figure of the result's, said to be the policy's own)
-            k = f"{k} (policy counter)" if k in r else k
-            lines.append(f"  {k.replace('_', ' '):<24} {v:>12,}" if isinstance(v, int) else f"  {k}: {v}")
+    shown = {k: v for k, v in r["counters"].items() if k != "cache_flushes"}
+    if shown:                       # the policy's own names and counts, apart from the figures above (metrics.md)
+        lines.append(f"  {r['policy']}'s own counters")
+    for k, v in shown.items():      # (a counter named as a figure of the result's, said to be the policy's own)
+        note = (f"   (every OOM PyTorch counts: the {r['caught_ooms']:,} survived too)"
+                if k == "num_ooms" and r.get("caught_ooms") else "")
+        k = f"{k} (policy counter)" if k in r else k
+        lines.append(f"    {k.replace('_', ' '):<22} {v:>12,}{note}" if isinstance(v, int) else f"    {k}: {v}")
     lines.append(f"  load {r['load_seconds']:.3f}s  replay {r['replay_seconds']:.3f}s  "
                  f"total {r['load_seconds'] + r['replay_seconds']:.3f}s")
     folded = getattr(result, "folded", None)
     if folded:
         lines.append(f"  {folded_line(folded)}")
     return "\n".join(lines)
+
+
+def _refused_note(r: dict) -> str:
+    """Beside ``overhead vs LOAD`` where the program survived OOMs: LOAD counts the requests this replay refused (and
+    those an unwound try skipped), which it went on without, so its peak may lie below LOAD (docs/metrics.md)."""
+    if not r.get("caught_ooms"):
+        return ""
+    n, skipped = r["caught_ooms"], r.get("skipped_allocs") or 0
+    return (f"   (LOAD counts the {n:,} request{'s' * (n > 1)} refused and survived"
+            + (f" and the {skipped:,} an unwound try skipped" if skipped else "") + ": no lower bound for this run)")
+
+
+def survived_note(rows: list[dict]) -> str:
+    """The line under a compare table some of whose rows survived OOMs: their ``over LOAD`` is against a LOAD that
+    counts the requests they refused (`_refused_note`); "" when none did."""
+    if not any(r.get("caught_ooms") for r in rows):
+        return ""
+    return ("over LOAD: a row with OOMs survived went on without the requests it refused, which LOAD counts: "
+            "no lower bound for that row")
 
 
 def folded_line(folded: dict) -> str:
@@ -280,10 +304,11 @@ def validation_summary(validation) -> str:
         lines.append(f"  note: {v['try_scopes']:,} try scopes (code that catches an OOM raised inside it and goes on); "
                      f"the recorded run's OOMs are its OOM records, replayed as recorded; a request the model fails "
                      f"inside one is an OOM survived, where the recorded run served it: a divergence")
-    lines.append(f"  {'check':<22}{'recorded':>14}{'model':>14}")
+    width = max([22] + [len(c["name"]) + 2 for c in v["checks"]])     # the longest name still two blanks clear
+    lines.append(f"  {'check':<{width}}{'recorded':>14}{'model':>14}")
     for c in v["checks"]:
         fmt = fmt_bytes if c["name"].endswith("reserved") else str
-        lines.append(f"  {c['name']:<22}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
+        lines.append(f"  {c['name']:<{width}}{fmt(c['recorded']):>14}{fmt(c['model']):>14}   "
                      f"{'shown' if c['ok'] is None else 'ok' if c['ok'] else 'MISMATCH'}")
     d = v["first_divergence"]
     if d:

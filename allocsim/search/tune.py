@@ -127,9 +127,14 @@ def check_target(target: Target, load: int, capacity_name: str = "--capacity", *
     drop (`allocsim.trace.scopes.sure_load`)."""
     for what, v in ((capacity_name, target.capacity), ("--cap", target.cap)):
         if v is not None and v < load:
-            raise UsageError(f"{what} {fmt_bytes(v)} is below the trace's LOAD {fmt_bytes(load)} (its peak live "
-                             f"bytes{', of those no OOM the program survives can drop' if survivable else ''}): "
+            raise UsageError(f"{what} {fmt_bytes(v)} is below {load_words(load, survivable)}: "
                              f"no allocator setting fits; the target is impossible")
+
+
+def load_words(load: int, survivable: bool = False) -> str:
+    """The LOAD a target must hold, in `check_target`'s words (``survivable``: of the objects no survived OOM drops)."""
+    return (f"the trace's LOAD {fmt_bytes(load)} (its peak live bytes"
+            f"{', of those no OOM the program survives can drop' if survivable else ''})")
 
 
 # ---- the space ------------------------------------------------------------------------------

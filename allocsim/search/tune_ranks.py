@@ -22,7 +22,7 @@ import numpy as np
 from ..machine.capacity import device_capacity
 from ..errors import UsageError
 from ..filenames import shown_name
-from ..machine.ranks import fit_capacity, process_words, rank_label
+from ..machine.ranks import check_room, fit_capacity, process_words, rank_label
 from ..engine.spec import PolicySpec
 from .sweep import Cell, Settings, run_cells
 from ..trace import Trace
@@ -82,20 +82,22 @@ def room(need: int, capacity) -> tuple[int, int]:
 
 
 def tune_run(paths: list[str], *, capacity="trace", cap: int | None = None, jobs: int = 1,
-             settings: Settings | None = None, **options) -> RunTuning:
+             settings: Settings | None = None, given: str | None = None, **options) -> RunTuning:
     """Tune the worst rank of the run ``paths`` (``options``: `tune`'s) at its capacity, then find the best of
-    its finalists that fits every rank."""
+    its finalists that fits every rank (``given``: ``--capacity``'s text, which a refusal quotes)."""
     tallies = [Tally() for _ in paths]
     traces = [Trace.load(p, walkers=[t]) for p, t in zip(paths, tallies)]
+    for path, t in zip(paths, traces):
+        check_room(capacity, t, t.load_bytes, f"its LOAD {fmt_bytes(t.load_bytes)} (peak live bytes)", given,
+                   who=f"{process_words(rank_label(t.meta), path)} ({shown_name(path)})")
     fitted = [fit_capacity(capacity, t) for t in traces]
     capacities = [c for c, _ in fitted]
     needs = [tally.upstream_segments()["peak_reserved_bytes"] or t.load_bytes for tally, t in zip(tallies, traces)]
     totals = [device_capacity(c, t)[0] for c, t in zip(capacities, traces)]
-    for path, t, total, (_, outside) in zip(paths, traces, totals, fitted):
-        if total is not None and t.load_bytes > total:
+    for path, t, total in zip(paths, traces, totals):
+        if total is not None and t.load_bytes > total:      # (a rank without outside bytes: check_room passed it)
             raise UsageError(f"{process_words(rank_label(t.meta), path)} ({shown_name(path)}): its LOAD "
-                             f"{fmt_bytes(t.load_bytes)} (peak live bytes) is more than the {fmt_bytes(total)} it has" +
-                             (f" beside the {fmt_bytes(outside)} outside its allocator" if outside else "") +
+                             f"{fmt_bytes(t.load_bytes)} (peak live bytes) is more than the {fmt_bytes(total)} it has"
                              ": no allocator setting fits the run")
     limits = [min([total] * (total is not None) + [lim["bytes"] for lim in tally.limits if lim["bytes"]] or [None])
               for total, tally in zip(totals, tallies)]       # a rank's own memory fraction or CuPy limit too

@@ -3,7 +3,11 @@ compare the model's device calls with the recorded allocator's own upstream even
 
 A trace recorded under PyTorch carries SEGMENT_ALLOC/FREE/MAP/UNMAP events (the
 snapshot's ``segment_*`` entries); one recorded under CuPy carries SEGMENT_ALLOC
-(memory hooks) and SEGMENT_FREE when the recorder wrapped the upstream allocator.
+(memory hooks) and, from `allocsim record`, every SEGMENT_FREE (read from the pool's
+``total_bytes()``; the first recorder wrapped the upstream allocator), so its reserved
+bytes are compared even where the pool released nothing. An imported DebugPrintHook log
+sees no segment free: there the frees and reserved bytes are compared only where it
+holds a free (`Spec.always_on`).
 The matching model (`torch`, `cupy`) is replayed with the recorded settings (each
 model reads ``trace.meta`` itself) and logs its own device calls in
 ``policy.segment_log`` as ``(kind, size, event_index)``, kinds from
@@ -53,17 +57,28 @@ class Spec:
 
     framework: str
     policy: str
-    #: segment kinds the recorder always writes; kinds not listed are compared only
-    #: when the trace holds at least one (CuPy's hooks cannot see upstream frees)
+    #: segment kinds every trace of the framework holds whenever its allocator made them; kinds not listed (nor in
+    #: `recorded`) are compared only when the trace holds at least one (CuPy's hooks cannot see upstream frees)
     always: tuple = (ev.SEGMENT_ALLOC,)
     #: whether the recorder sees the order of the segment frees one call makes (CuPy's reads
     #: them from the pool's ``total_bytes()`` and writes them by address: they are compared as a set)
     free_order: bool = True
+    #: segment kinds `allocsim record` always writes besides ``always``: CuPy's recorder sees every segment free (from
+    #: the pool's ``total_bytes()``; its first version, from a wrapped upstream allocator), where an imported
+    #: DebugPrintHook log cannot; with them the trace carries the pool's reserved bytes (formats/recorders/cupy.py)
+    recorded: tuple = ()
+
+    def always_on(self, meta: dict) -> tuple:
+        """The kinds a trace with metadata ``meta`` holds whenever its allocator made them: `recorded` too for a
+        trace `allocsim record` wrote (its producer ``allocsim VERSION record``)."""
+        producer = meta.get("producer")
+        mine = isinstance(producer, str) and producer.startswith("allocsim ") and producer.endswith(" record")
+        return self.always + self.recorded * mine
 
 
 SPECS = {
     "torch": Spec("torch", "torch", always=SEGMENT_KINDS),
-    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,), free_order=False),
+    "cupy": Spec("cupy", "cupy", always=(ev.SEGMENT_ALLOC,), free_order=False, recorded=(ev.SEGMENT_FREE,)),
 }
 
 
@@ -198,13 +213,14 @@ def spec_of(trace: Trace) -> Spec:
 
 
 def compared_kinds(trace: Trace, spec: Spec) -> tuple:
-    """The segment kinds compared on ``trace`` (`Spec.always`, and those it holds); `InputError` when it holds
-    none."""
+    """The segment kinds compared on ``trace`` (`Spec.always_on` its metadata, and those it holds); `InputError` when
+    it holds none."""
     present = set(np.unique(np.asarray(trace.kind)).tolist())
     if not present & set(SEGMENT_KINDS):
         raise InputError("the trace holds no upstream segment events of the recorded allocator; nothing to "
                          "validate", path=trace.path or "<trace>", position="events")
-    return tuple(k for k in SEGMENT_KINDS if k in spec.always or k in present)
+    always = spec.always_on(trace.meta)
+    return tuple(k for k in SEGMENT_KINDS if k in always or k in present)
 
 
 def model_run(trace: Trace, spec: Spec, options, capacity, cap):
