@@ -242,7 +242,7 @@ def test_compare_says_once_that_torch_starts_from_the_recorded_settings(capsys):
     trace_settings:False): compare's plain ``torch`` label hid it, where replay's header lists them. Said once, and
     only where a row reads them and they are not the defaults."""
     from allocsim.cli import main
-    from allocsim.commands.compare import recorded_settings
+    from allocsim.commands._common import recorded_settings
     from allocsim.engine.spec import PolicySpec
     from allocsim.trace import Trace
     path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
@@ -265,3 +265,17 @@ def test_compare_labels_a_cap_as_the_user_wrote_it(small_trace_path, capsys):
     for table in tables:
         caps = [re.split(r"\s{2,}", line)[1] for line in table.splitlines() if line.startswith("none ")]
         assert caps == ["none", "32MiB", "40MB (38.15 MiB)"], table
+
+
+def test_fit_says_once_that_torch_starts_from_the_recorded_settings(capsys):
+    """fit's plain ``torch`` label hid the trace's recorded allocator settings (its safe capacity 8.79 GiB under
+    them, 8.72 GiB with trace_settings:False): it says them once under its heading, as compare does."""
+    from allocsim.cli import main
+    path = os.path.join(ROOT, "traces", "gpt2-maxsplit128-rp2div4.bin")
+    assert main(["fit", path, "-p", "torch,torch[trace_settings:False]", "-q", "--no-oracle"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("torch: the recording's allocator settings (max_split_size_mb:128,roundup_power2_divisions:4) "
+                      "unless trace_settings:False")
+    assert sum("allocator settings" in line for line in out) == 1
+    assert main(["fit", path, "-p", "torch[trace_settings:False]", "-q", "--no-oracle"]) == 0
+    assert "allocator settings" not in capsys.readouterr().out

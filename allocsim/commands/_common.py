@@ -259,6 +259,21 @@ def replay_settings(args, trace=None, **fixed) -> ReplaySettings:
 DEFAULT_TRACE = "resnet50.bin"     # traces/resnet50.bin: ResNet-50 training on an H100, recorded
 
 
+def recorded_settings(specs, trace) -> str | None:
+    """The line under the heading for the policies that start from the allocator settings ``trace`` recorded
+    (``trace_settings``, on unless a row turns it off), where those are not the defaults: a row's plain label
+    (``torch``) does not show them, where replay's header lists the options in force. None where none applies.
+    compare and fit print it under their heading."""
+    from ..frameworks.torch import conf_text, options_in_force
+    readers = [s for s in specs if any(p.name == "trace_settings" for p in s.policy_class().params)
+               and s.values().get("trace_settings", True)]
+    recorded = readers[0].policy_class().changed_options(options_in_force(None, trace)) if readers else {}
+    if not recorded:
+        return None
+    return (f"{', '.join(sorted({s.name for s in readers}))}: the recording's allocator settings "
+            f"({conf_text(recorded)}) unless trace_settings:False")
+
+
 def default_trace_path() -> str:
     """The trace embedded in the package, replayed when no trace is named."""
     return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", DEFAULT_TRACE)

@@ -12,8 +12,8 @@ from ..report.text import breakdown_table, compare_table, row_sections, survived
 from ..search.sweep import Cell, Settings, run_cells
 from ._command import Command
 from ._common import (add_jobs_argument, add_policies_argument, add_replay_arguments, add_warm_cache_argument,
-                      capacity_arg, caps_arg, inputs_of, load_trace, parse_caps, policy_specs, replay_settings, split_list,
-                      warm_cache_trace)
+                      capacity_arg, caps_arg, inputs_of, load_trace, parse_caps, policy_specs, recorded_settings,
+                      replay_settings, split_list, warm_cache_trace)
 from ._progress import count_progress
 from ._ranks import each_rank
 
@@ -77,20 +77,6 @@ def _shown(args, trace, cells) -> tuple[str, dict]:
     heading = (trace_heading(args.trace, trace) + (" (its warm view: --warm-cache)" if args.warm_cache else "")
                + (f"\n{note}" if note else ""))
     return heading, parse_caps(args.caps, trace, capacity_arg(args.capacity))
-
-
-def recorded_settings(specs, trace) -> str | None:
-    """The line under the heading for the policies that start from the allocator settings ``trace`` recorded
-    (``trace_settings``, on unless a row turns it off), where those are not the defaults: a row's plain label
-    (``torch``) does not show them, where replay's header lists the options in force. None where none applies."""
-    from ..frameworks.torch import conf_text, options_in_force
-    readers = [s for s in specs if any(p.name == "trace_settings" for p in s.policy_class().params)
-               and s.values().get("trace_settings", True)]
-    recorded = readers[0].policy_class().changed_options(options_in_force(None, trace)) if readers else {}
-    if not recorded:
-        return None
-    return (f"{', '.join(sorted({s.name for s in readers}))}: the recording's allocator settings "
-            f"({conf_text(recorded)}) unless trace_settings:False")
 
 
 @COMMAND.runs

@@ -13,7 +13,7 @@ from ..search.sweep import Settings, process_pool
 from ._command import Command
 from ._ranks import each_rank
 from ._common import (add_cost_model_argument, add_fold_argument, add_jobs_argument, add_policies_argument, load_trace,
-                      count, plural, policy_specs, positive_size, progress_bar, replay_settings)
+                      count, plural, policy_specs, positive_size, progress_bar, recorded_settings, replay_settings)
 
 COMMAND = Command(
     name="fit",
@@ -138,5 +138,5 @@ def run_one(args) -> int:
     if args.json:
         dump_json(res)
         return 0
-    print(fit_table(res, args.max_replays))
+    print(fit_table(res, args.max_replays, recorded_settings(specs, load_trace(args.trace))))
     return 0

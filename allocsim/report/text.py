@@ -249,12 +249,14 @@ def by_capacity(fits: list[dict]) -> list[dict]:
     return sorted(fits, key=lambda f: (f["capacity_bytes"] is None, f["capacity_bytes"] or 0))
 
 
-def fit_table(fit: dict, max_replays: int) -> str:
+def fit_table(fit: dict, max_replays: int, note: str | None = None) -> str:
     """``allocsim fit``'s table from a fit result (`commands.fit.frontier`); a capacity whose walk stopped
-    after ``max_replays`` replays is marked ``*``, with a note saying what that means."""
+    after ``max_replays`` replays is marked ``*``, with a note saying what that means. ``note``, a line under the
+    heading (`commands._common.recorded_settings`: the trace's allocator settings a plain ``torch`` label hides)."""
     load = fit["load_bytes"]
     lines = [f"{fit['trace']}: LOAD {fmt_bytes(load)}"
              + (f", oracle peak {fmt_bytes(fit['oracle_peak_bytes'])}" if "oracle_peak_bytes" in fit else "")]
+    lines += [note] if note else []
     w = max([len("policy")] + [len(row_label(f)) for f in fit["fits"]]) + 2
     lines.append(f"{'policy':<{w}}{'safe capacity':>14}{'vs LOAD':>10}{'island below':>14}{'no-limit peak':>16}"
                  f"{'replays':>9}")
