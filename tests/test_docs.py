@@ -116,3 +116,16 @@ def test_every_simulated_policy_cites_its_note(name):
     m = re.search(r"docs/models/[\w-]+\.md", policies.get(name).models)
     assert m, f"policy {name!r}: models={policies.get(name).models!r} cites no docs/models/ note"
     assert (ROOT / m.group(0)).is_file()
+
+
+def test_every_compare_and_fit_column_is_in_the_metrics_columns_table():
+    """Each label compare's and fit's tables print is mapped to its field in docs/metrics.md ("The tables'
+    columns"): a renamed or added column without it maps to nowhere."""
+    from allocsim.report.text import compare_table, fit_table
+    section = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8").split("## The tables' columns")[1]
+    section = section.split("\n## ")[0]
+    heads = compare_table([]).splitlines()[0]
+    heads += "  " + fit_table({"trace": "t", "load_bytes": 1, "resolution_bytes": 1, "fits": []}, 1).splitlines()[1]
+    labels = {h for h in re.split(r"\s{2,}", heads.strip())} - {"policy", "cap", "runtime"}
+    assert labels and all(f"`{label}`" in section for label in labels), sorted(
+        label for label in labels if f"`{label}`" not in section)

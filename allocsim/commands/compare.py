@@ -19,7 +19,7 @@ from ._ranks import each_rank
 
 COMMAND = Command(
     name="compare",
-    help="replay one trace under several policies, caps and runtimes; one table",
+    help="replay one trace under several policies, caps and runtimes; one table (its columns: docs/metrics.md)",
     example=("allocsim compare traces/resnet50.bin --policies binned,split,knet,torch,cupy,bestfit "
              "--caps none,8GB,12GB --runtime eager,gc -j 2"))
 
