@@ -61,7 +61,7 @@ def expected_summary(r) -> str:
         policy=r.policy, runtime=r.runtime, cap=fmt_bytes(r.cap_bytes), capacity=fmt_bytes(r.capacity_bytes),
         options=f"  options {','.join(f'{k}={v}' for k, v in r.options.items())}" if r.options else "", trace=r.trace,
         events=fmt_count(r.events), allocs=fmt_count(r.allocs), stopped="" if r.completed else
-        "  (stopped at the first OOM)", load=fmt_bytes(r.load_bytes), allocated=fmt_bytes(r.peak_allocated_bytes),
+        " replayed  (stopped at the first OOM)", load=fmt_bytes(r.load_bytes), allocated=fmt_bytes(r.peak_allocated_bytes),
         reserved=fmt_bytes(r.peak_reserved_bytes), final=fmt_bytes(r.final_reserved_bytes),
         util=f"{100 * r.utilization:.1f}", frag=f"{100 * r.fragmentation:.1f}", over=f"{100 * r.overhead_vs_load:.1f}",
         lff=f"{100 * r.largest_free_fragmentation_at_peak:.1f}%", why=why, mallocs=f"{r.device_mallocs:,}",
@@ -88,6 +88,17 @@ def test_replay_summary_keeps_its_layout_on_a_shipped_trace(resnet, policy, cap,
     r = allocsim.replay(resnet, policy, cap=allocsim.parse_size(cap) if cap else None, runtime=runtime,
                         keep_going=keep_going)
     assert replay_summary(r) == expected_summary(r)
+
+
+def test_a_replay_stopped_at_an_oom_says_its_allocs_are_those_replayed(capsys):
+    """Stopped at its first OOM, a replay's ``allocs`` are the requests it replayed, not the trace's, beside the
+    trace's events: its header said ``17.8k events, 358 allocs`` as if those were the trace's. It now names both;
+    a replay that ran to the end is unchanged."""
+    assert main(["replay", RESNET, "--policy", "torch", "--cap", "1GB", "--no-sections"]) == 1     # the OOM's status
+    header = capsys.readouterr().out.splitlines()[1]
+    assert header.endswith("resnet50.bin: 17.8k events, 358 of 5.9k allocs replayed  (stopped at the first OOM)")
+    assert main(["replay", RESNET, "--policy", "torch", "--no-sections"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("resnet50.bin: 17.8k events, 5.9k allocs")
 
 
 def test_a_replay_that_survived_an_oom_says_what_its_load_and_ooms_count():

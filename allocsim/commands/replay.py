@@ -101,7 +101,7 @@ def _replay(args, path: str | None) -> int:
                    **({"phases": phases} if phases else {}),
                    **({"warm_cache": trace.meta["warm_cache"]} if args.warm_cache else {})})
     else:
-        print(replay_summary(res))
+        print(replay_summary(res, trace.n_allocs))
         if phases:
             print("\n".join(phase_lines(phases, trace.n_allocs, "the reserved peak" if phases["at_reserved_peak"]
                                          else "the LOAD peak")))

@@ -65,16 +65,18 @@ def breakdown_shares(b: dict | None) -> str:
     return "/".join(f"{100 * b[p] / b['reserved']:.1f}" if b["reserved"] else "0" for p in PARTS)
 
 
-def replay_summary(result) -> str:
-    """The human summary ``allocsim replay`` prints above the section table."""
+def replay_summary(result, trace_allocs: int | None = None) -> str:
+    """The human summary ``allocsim replay`` prints above the section table. ``trace_allocs``: the trace's requests,
+    which a replay stopped at an OOM names beside those it replayed (its ``allocs``, not the trace's)."""
     r = _fields(result)
     capacity = fmt_bytes(r["capacity_bytes"]) if r["capacity_bytes"] is not None else "unlimited"
     lat = r["latency"]
     lines = [
         f"policy {r['policy']}  runtime {r['runtime']}  cap {fmt_bytes(r['cap_bytes'])}  capacity {capacity}"
         + (f"  options {_options(r['options'])}" if r["options"] else ""),
-        f"trace {r['trace'] or '-'}: {fmt_count(r['events'])} events, {fmt_count(r['allocs'])} allocs"
-        + ("" if r["completed"] else "  (stopped at the first OOM)"),
+        f"trace {r['trace'] or '-'}: {fmt_count(r['events'])} events, {fmt_count(r['allocs'])}"
+        + ("" if r["completed"] or trace_allocs is None else f" of {fmt_count(trace_allocs)}") + " allocs"
+        + ("" if r["completed"] else " replayed  (stopped at the first OOM)"),
         "",
         f"  LOAD (peak live)         {fmt_bytes(r['load_bytes']):>12}",
         f"  peak allocated           {fmt_bytes(r['peak_allocated_bytes']):>12}",
