@@ -66,9 +66,8 @@ def warm_cache_trace(path: str | None, warm: bool, command: str, shown: str | No
     view = checked_warm_view(load_trace(path), name)
     cut = view.meta["warm_cache"]
     print(f"allocsim {command}: {name}: --warm-cache: left out {cut['allocs']:,} allocations "
-          f"({fmt_bytes(cut['alloc_bytes'])}) made inside {cut['phases']:,} compile/autotune phases (a scope inside another counted "
-          f"with it) and freed in "
-          f"their step"
+          f"({fmt_bytes(cut['alloc_bytes'])}) made inside {cut['phases']:,} compile/autotune phases (a scope inside "
+          f"another counted with it) and freed in their step"
           + (f", {cut['ooms']:,} OOMs" if cut["ooms"] else "") + (f", {cut['tries']:,} tries" if cut["tries"] else "")
           + f" and the recorded segment calls; kept {cut['kept_allocs']:,} ({fmt_bytes(cut['kept_alloc_bytes'])}) "
           f"that outlive it", file=sys.stderr)

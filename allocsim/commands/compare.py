@@ -111,8 +111,9 @@ def run_one(args) -> int:
         return 0
     print(heading)
     print(compare_table(rows, cap_text))
-    if survived_note(rows):
-        print(survived_note(rows))
+    note = survived_note(rows)
+    if note:
+        print(note)
     if args.breakdown:
         print("\nreserved - live requested bytes at the reserved peak (docs/metrics.md, the free breakdown)")
         print(breakdown_table(rows, cap_text))

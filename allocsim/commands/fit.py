@@ -42,11 +42,13 @@ def add_arguments(p):
 
 
 def frontier(trace: str, specs, *, runtime="eager", resolution=MiB, jobs=1, settings=None, oracle=True,
-             quiet=True, max_replays=MAX_REPLAYS) -> dict:
+             quiet=True, max_replays=MAX_REPLAYS, loaded=None) -> dict:
+    """The capacity frontier of ``specs`` on the trace at path ``trace`` (``loaded``: that trace, where the caller
+    has read it already; the walks read it by its path)."""
     from .. import policies
     from ..engine.spec import PolicySpec
     from ..search.sweep import Cell, run_cell
-    t = load_trace(trace, quiet)
+    t = loaded if loaded is not None else load_trace(trace, quiet)
     fits_args = [dict(trace=trace, policy=spec, runtime=runtime, settings=settings, resolution=resolution,
                       max_replays=max_replays) for spec in specs]
     with_oracle = oracle and "oracle" in policies.names()
@@ -132,11 +134,12 @@ def run(args) -> int:
 def run_one(args) -> int:
     specs = policy_specs(args.policies)
     resolution = positive_size(args.resolution, "--resolution")
+    trace = load_trace(args.trace, args.quiet or args.json)
     res = frontier(args.trace, specs, runtime=args.runtime, resolution=resolution, max_replays=args.max_replays,
                    jobs=args.jobs, settings=Settings(replay_settings(args)),
-                   oracle=not args.no_oracle, quiet=args.quiet or args.json)
+                   oracle=not args.no_oracle, quiet=args.quiet or args.json, loaded=trace)
     if args.json:
         dump_json(res)
         return 0
-    print(fit_table(res, args.max_replays, recorded_settings(specs, load_trace(args.trace))))
+    print(fit_table(res, args.max_replays, recorded_settings(specs, trace)))
     return 0

@@ -144,8 +144,8 @@ def _tune(args, path: str) -> int:
         raise UsageError(f"--snapshot: {args.trace} was not recorded under PyTorch; only torch settings export "
                          f"as a PyTorch memory snapshot")
     cap = cap_arg(args.cap, "--cap", trace, capacity_arg(args.capacity)) if args.cap is not None else None
-    check_room(capacity_arg(args.capacity), trace, sure_load(trace), load_words(sure_load(trace), may_survive(trace)),
-               given=args.capacity)
+    need = sure_load(trace)
+    check_room(capacity_arg(args.capacity), trace, need, load_words(need, may_survive(trace)), given=args.capacity)
     capacity, outside = fit_capacity(capacity_arg(args.capacity), trace)
     if outside:
         say_outside(args.trace, capacity, outside, args.capacity, trace)
